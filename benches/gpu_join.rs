@@ -1,0 +1,152 @@
+//! End-to-end join benchmark: the same SQL on DataFusion's CPU hash join (all
+//! cores) and on the GPU join, in one process on one machine, answers checked.
+//!
+//!     cargo bench --bench gpu_join -- [--log2-rows 24] [--runs 5]
+//!
+//! R has keys 0..2^n in random order (a primary key), S has 2^n uniform
+//! foreign keys into R; both carry an Int64 payload `v`. Times are wall clock
+//! for planning + execution + collecting the one-row answer, data already in
+//! memory (`MemTable`s, one partition per core). "Cold" is the first GPU
+//! query of the process (driver and PTX load included), "warm" the median of
+//! the following runs. The floor is the pinned PCIe time of the bytes the GPU
+//! path must move (keys in, matched row-id pairs out), measured here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu::gpu::{gpu_runtime, measure_copy_bandwidth};
+use datafusion_gpu::{gpu_session_context, GpuHashJoinExec};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+
+const SQL: &str = "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k = s.k";
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn table(keys: &[i64], salt: i64, partitions: usize) -> Arc<MemTable> {
+    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false), Field::new("v", DataType::Int64, false)]));
+    let per = keys.len().div_ceil(partitions);
+    let parts = keys
+        .chunks(per.max(1))
+        .enumerate()
+        .map(|(p, chunk)| {
+            chunk
+                .chunks(8192)
+                .enumerate()
+                .map(|(b, ks)| {
+                    let first = p * per + b * 8192;
+                    let v = Int64Array::from_iter_values((0..ks.len()).map(|i| ((first + i) as i64 * 31 + salt) % 1_000_003));
+                    RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from(ks.to_vec())) as ArrayRef, Arc::new(v)]).unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    Arc::new(MemTable::try_new(schema, parts).unwrap())
+}
+
+async fn run_once(ctx: &SessionContext) -> (Duration, Vec<i64>, Arc<dyn ExecutionPlan>) {
+    let start = Instant::now();
+    let plan = ctx.sql(SQL).await.unwrap().create_physical_plan().await.unwrap();
+    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+    let elapsed = start.elapsed();
+    let answer = batches[0].columns().iter().map(|c| c.as_primitive::<Int64Type>().value(0)).collect();
+    (elapsed, answer, plan)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn gpu_join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<usize> {
+    if plan.downcast_ref::<GpuHashJoinExec>().is_some() {
+        return plan.metrics()?.sum_by_name(name).map(|m| m.as_usize());
+    }
+    plan.children().iter().find_map(|c| gpu_join_metric(c, name))
+}
+
+#[tokio::main]
+async fn main() {
+    let log2 = arg("--log2-rows", 24);
+    let runs = arg("--runs", 5).max(1);
+    let rows = 1usize << log2;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut rng = StdRng::seed_from_u64(42);
+    let mut r_keys: Vec<i64> = (0..rows as i64).collect();
+    r_keys.shuffle(&mut rng);
+    let s_keys: Vec<i64> = (0..rows).map(|_| rng.random_range(0..rows as i64)).collect();
+
+    let config = SessionConfig::new().with_target_partitions(cores);
+    let ctx = gpu_session_context(config);
+    ctx.register_table("r", table(&r_keys, 1, cores)).unwrap();
+    ctx.register_table("s", table(&s_keys, 2, cores)).unwrap();
+    println!("join benchmark: |R| = |S| = 2^{log2} Int64 rows, {cores} cores, {runs} timed runs per path");
+    println!("query: {SQL}");
+
+    ctx.sql("SET gpu.enabled = false").await.unwrap();
+    let (_, cpu_answer, _) = run_once(&ctx).await; // warm-up
+    let cpu_times: Vec<Duration> = {
+        let mut v = Vec::new();
+        for _ in 0..runs {
+            v.push(run_once(&ctx).await.0);
+        }
+        v
+    };
+    let cpu = median(cpu_times);
+    println!("CPU  (DataFusion HashJoinExec): median {:>9.1} ms  answer {cpu_answer:?}", cpu.as_secs_f64() * 1e3);
+
+    let runtime = match gpu_runtime() {
+        Ok(runtime) => runtime,
+        Err(reason) => {
+            println!("GPU: not measured, {reason}");
+            return;
+        }
+    };
+    println!("{}", runtime.describe());
+    ctx.sql("SET gpu.enabled = true").await.unwrap();
+    let (cold, gpu_answer, _) = run_once(&ctx).await;
+    let mut warm_times = Vec::new();
+    let mut last_plan = None;
+    for _ in 0..runs {
+        let (t, answer, plan) = run_once(&ctx).await;
+        assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
+        warm_times.push(t);
+        last_plan = Some(plan);
+    }
+    assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
+    let warm = median(warm_times);
+    let plan = last_plan.expect("at least one run");
+    assert!(gpu_join_metric(&plan, "probe_rows").is_some(), "the GPU join did not run");
+    let kernel_ms = gpu_join_metric(&plan, "kernel_time").unwrap_or(0) as f64 / 1e6;
+    let transfer_ms = gpu_join_metric(&plan, "transfer_time").unwrap_or(0) as f64 / 1e6;
+    let h2d = gpu_join_metric(&plan, "h2d_bytes").unwrap_or(0);
+    let d2h = gpu_join_metric(&plan, "d2h_bytes").unwrap_or(0);
+
+    let bandwidth = measure_copy_bandwidth(&runtime.devices()[0], 1 << 30, 5).unwrap();
+    let floor = (16.0 * rows as f64) / bandwidth.host_to_device + (16.0 * rows as f64) / bandwidth.device_to_host;
+    println!("GPU  (GpuHashJoinExec):         cold   {:>9.1} ms  warm median {:>9.1} ms  answer {gpu_answer:?}", cold.as_secs_f64() * 1e3, warm.as_secs_f64() * 1e3);
+    println!("     last warm run, summed over partitions: kernel {kernel_ms:.1} ms, transfers {transfer_ms:.1} ms, {h2d} B to device, {d2h} B back");
+    println!(
+        "pinned copy bandwidth: {:.1} GB/s to device, {:.1} GB/s back; floor for 2^{log2} keys in + pairs out: {:.1} ms",
+        bandwidth.host_to_device / 1e9,
+        bandwidth.device_to_host / 1e9,
+        floor * 1e3
+    );
+    println!(
+        "RESULT log2_rows={log2} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} floor_ms={:.1}",
+        cpu.as_secs_f64() * 1e3,
+        cold.as_secs_f64() * 1e3,
+        warm.as_secs_f64() * 1e3,
+        cpu.as_secs_f64() / warm.as_secs_f64(),
+        floor * 1e3
+    );
+}

@@ -1,0 +1,114 @@
+// Per-partition shared-memory hash join (seed 000 §3.2 phase 2; seed 002 A6
+// match-finding, after Sioulas et al.). Both sides are radix partitioned on
+// the low `partition_bits` bits of mix64(key) (`radix_partition.cu`), so a
+// build partition only meets the probe partition with the same id. One block
+// takes one partition at a time (grid-stride), loads up to TABLE_CAPACITY
+// build keys into a chained hash table in shared memory, indexed by the hash
+// bits above the partition bits, and streams the probe partition through it.
+// A build partition larger than the table is processed in chunks (block
+// nested loop), so any skew stays correct.
+//
+// Output is sized exactly: `hash_join_count` counts matches per partition,
+// the host scans the counts, and `hash_join_write` writes each partition's
+// (build row id, probe row id) pairs from its offset. The host may write a
+// range of partitions at a time to bound the output buffer.
+#include "common.cuh"
+
+#define TABLE_CAPACITY 2048
+#define TABLE_SLOTS 4096
+#define EMPTY_SLOT 0xffffffffu
+
+struct SharedTable {
+    u64 keys[TABLE_CAPACITY];
+    u32 next[TABLE_CAPACITY];
+    u32 heads[TABLE_SLOTS];
+};
+
+__device__ __forceinline__ u32 table_slot(u64 key, u32 partition_bits) {
+    return (u32)(mix64(key) >> partition_bits) & (TABLE_SLOTS - 1);
+}
+
+// Loads build keys [begin, begin + len) into the table. Block-wide; ends with
+// a barrier so the table is complete for every thread.
+__device__ void build_table(SharedTable& table, const u64* build_keys, u64 begin, u32 len,
+                            u32 partition_bits) {
+    for (u32 s = threadIdx.x; s < TABLE_SLOTS; s += BLOCK_THREADS) table.heads[s] = EMPTY_SLOT;
+    __syncthreads();
+    for (u32 j = threadIdx.x; j < len; j += BLOCK_THREADS) {
+        const u64 key = build_keys[begin + j];
+        table.keys[j] = key;
+        table.next[j] = atomicExch(&table.heads[table_slot(key, partition_bits)], j);
+    }
+    __syncthreads();
+}
+
+// Launch: any grid (grid-stride over partitions [partition_begin, partition_end)),
+// block = BLOCK_THREADS, static shared memory only. `*_starts` hold
+// 2^partition_bits + 1 entries. Writes match_counts[p] for every p in range.
+extern "C" __global__ void hash_join_count(const u64* build_keys, const u64* build_starts,
+                                           const u64* probe_keys, const u64* probe_starts,
+                                           u32 partition_bits, u64 partition_begin,
+                                           u64 partition_end, u64* match_counts) {
+    __shared__ SharedTable table;
+    __shared__ u64 scratch[WARPS_PER_BLOCK];
+    for (u64 p = partition_begin + blockIdx.x; p < partition_end; p += gridDim.x) {
+        const u64 build_begin = build_starts[p], build_end = build_starts[p + 1];
+        const u64 probe_begin = probe_starts[p], probe_end = probe_starts[p + 1];
+        u64 matches = 0;
+        if (probe_end > probe_begin) {
+            for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
+                const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
+                build_table(table, build_keys, chunk, len, partition_bits);
+                for (u64 i = probe_begin + threadIdx.x; i < probe_end; i += BLOCK_THREADS) {
+                    const u64 key = probe_keys[i];
+                    for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT; j = table.next[j]) {
+                        matches += (table.keys[j] == key);
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        const u64 total = block_sum_u64(matches, scratch);
+        if (threadIdx.x == 0) match_counts[p] = total;
+    }
+}
+
+// Launch: as hash_join_count, over the same or a narrower partition range.
+// `match_offsets[p]` is the exclusive scan of hash_join_count's counts;
+// partition p's pairs go to [match_offsets[p] - output_base, ...) of the
+// output arrays, which must hold the range's total. Order within a partition
+// is unspecified.
+extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* build_ids,
+                                           const u64* build_starts, const u64* probe_keys,
+                                           const u64* probe_ids, const u64* probe_starts,
+                                           u32 partition_bits, u64 partition_begin,
+                                           u64 partition_end, const u64* match_offsets,
+                                           u64 output_base, u64* out_build_ids,
+                                           u64* out_probe_ids) {
+    __shared__ SharedTable table;
+    __shared__ unsigned long long cursor;
+    for (u64 p = partition_begin + blockIdx.x; p < partition_end; p += gridDim.x) {
+        const u64 build_begin = build_starts[p], build_end = build_starts[p + 1];
+        const u64 probe_begin = probe_starts[p], probe_end = probe_starts[p + 1];
+        if (threadIdx.x == 0) cursor = match_offsets[p] - output_base;
+        __syncthreads();
+        if (probe_end > probe_begin) {
+            for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
+                const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
+                build_table(table, build_keys, chunk, len, partition_bits);
+                for (u64 i = probe_begin + threadIdx.x; i < probe_end; i += BLOCK_THREADS) {
+                    const u64 key = probe_keys[i];
+                    for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT; j = table.next[j]) {
+                        if (table.keys[j] == key) {
+                            const u64 pos = atomicAdd(&cursor, 1ULL);
+                            out_build_ids[pos] = build_ids[chunk + j];
+                            out_probe_ids[pos] = probe_ids[i];
+                        }
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        __syncthreads();  // cursor is reset for the next partition
+    }
+}

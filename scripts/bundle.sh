@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Builds the release GPU test binary, the benchmark and the quickstart,
+# strips and xz-compresses them, and writes a run script, so that the GPU
+# tests and benchmarks run on a GPU machine that has no Rust toolchain (it
+# needs only the NVIDIA driver, glibc >= 2.35 and xz).
+#
+#   scripts/bundle.sh [OUT_DIR]          (default: bundle/)
+#
+# On the GPU machine:
+#   cd OUT_DIR && ./run.sh tests         GPU tests, a missing GPU is a failure
+#   ./run.sh sanitize                    the join tests under compute-sanitizer
+#   ./run.sh bench                       the end-to-end join benchmark
+#   ./run.sh quickstart                  the example
+# Logs go to $OUT (if set) or ./logs.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${1:-$root/bundle}"
+mkdir -p "$out"
+cd "$root"
+
+executables() {
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("reason") == "compiler-artifact" and msg.get("executable"):
+        print(msg["target"]["name"], msg["executable"])
+'
+}
+
+{
+  cargo test --release --test gpu --no-run --message-format=json
+  cargo bench --bench gpu_join --no-run --message-format=json
+  cargo build --release --example quickstart --message-format=json
+} | executables | sort -u > "$out/.artifacts"
+
+while read -r name path; do
+  strip -o "$out/$name" "$path"
+  xz -T0 -9 -f "$out/$name"
+  echo "bundled $name: $(du -h "$out/$name.xz" | cut -f1)"
+done < "$out/.artifacts"
+rm -f "$out/.artifacts"
+
+cat > "$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs the bundled datafusion-gpu binaries on a GPU machine.
+set -uo pipefail
+cd "$(dirname "$0")"
+logs="${OUT:-$PWD/logs}"
+mkdir -p "$logs"
+for f in *.xz; do [[ -e "${f%.xz}" ]] || xz -dk "$f"; done
+chmod +x gpu gpu_join quickstart 2>/dev/null
+status=0
+for what in "$@"; do
+  case "$what" in
+    tests)
+      DATAFUSION_GPU_REQUIRE_GPU=1 ./gpu 2>&1 | tee "$logs/tests.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        DATAFUSION_GPU_REQUIRE_GPU=1 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+          ./gpu ops:: --test-threads=1 > "$logs/sanitize-$tool.log" 2>&1
+        rc=$?
+        echo "compute-sanitizer --tool $tool: exit $rc"; tail -8 "$logs/sanitize-$tool.log"
+        [[ $rc -eq 0 ]] || status=1
+      done ;;
+    bench)
+      # BENCH_ARGS, e.g. "--log2-rows 24 --runs 5", is passed through.
+      ./gpu_join --bench ${BENCH_ARGS:-} 2>&1 | tee "$logs/bench.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    quickstart)
+      ./quickstart 2>&1 | tee "$logs/quickstart.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+      CUDA_VISIBLE_DEVICES= ./quickstart 100000 2>&1 | tee "$logs/quickstart-no-gpu.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    *) echo "unknown: $what (tests | sanitize | bench | quickstart)"; status=2 ;;
+  esac
+done
+exit $status
+RUN
+chmod +x "$out/run.sh"
+du -ch "$out"/*.xz | tail -1

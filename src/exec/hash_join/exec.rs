@@ -1,0 +1,207 @@
+//! The plan node.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_plan::execution_plan::apply_expression_roots;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
+    SendableRecordBatchStream, StatisticsArgs, Statistics,
+};
+
+use super::build_side::BuildSide;
+use super::output::OutputAssembler;
+use super::stream::{probe_stream, ProbeSpec};
+use crate::exec::keys::KeyLayout;
+use crate::exec::once::OnceFut;
+use crate::exec::GpuJoinMetrics;
+use crate::planner::GpuOptions;
+
+/// A radix-partitioned hash join on the GPU, in place of the
+/// [`HashJoinExec`] it was made from: same inputs, output schema, column
+/// order, projection and partitioning. It does not keep the probe order, so
+/// it is only placed where the join advertised no output ordering.
+///
+/// Supported (see [`crate::planner::decide_hash_join`]): inner equi-joins on
+/// integer, date and timestamp keys packing into 64 bits, NULL keys never
+/// matching, in `CollectLeft` and `Partitioned` mode.
+pub struct GpuHashJoinExec {
+    /// The replaced node; its children are this node's children.
+    cpu_join: Arc<dyn ExecutionPlan>,
+    layout: KeyLayout,
+    properties: Arc<PlanProperties>,
+    /// `CollectLeft`: the build side, collected once for all partitions.
+    shared_build: Mutex<Option<OnceFut<BuildSide>>>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuHashJoinExec {
+    /// The algorithm name shown by `EXPLAIN` and in decisions.
+    pub const ALGORITHM: &'static str = "radix_partitioned_hash_join";
+
+    /// Wraps `cpu_join`, which must be a [`HashJoinExec`] accepted by
+    /// [`crate::planner::decide_hash_join`].
+    pub fn try_new(cpu_join: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let join = cpu_join
+            .downcast_ref::<HashJoinExec>()
+            .ok_or_else(|| DataFusionError::Internal(format!("GpuHashJoinExec made from {}", cpu_join.name())))?;
+        let layout = crate::planner::key_layout_of(join).map_err(DataFusionError::NotImplemented)?;
+        let mut properties = join.properties().as_ref().clone();
+        let mut eq_properties = properties.eq_properties.clone();
+        eq_properties.clear_orderings();
+        properties = properties.with_eq_properties(eq_properties);
+        Ok(Self {
+            layout,
+            properties: Arc::new(properties),
+            shared_build: Mutex::new(None),
+            metrics: ExecutionPlanMetricsSet::new(),
+            cpu_join,
+        })
+    }
+
+    /// The [`HashJoinExec`] this node replaces.
+    pub fn hash_join(&self) -> &HashJoinExec {
+        self.cpu_join.downcast_ref::<HashJoinExec>().expect("checked in try_new")
+    }
+
+    fn build_side(&self, partition: usize, context: &Arc<TaskContext>, options: &GpuOptions, metrics: &GpuJoinMetrics) -> Result<OnceFut<BuildSide>> {
+        let join = self.hash_join();
+        let collect = |input_partition: usize, consumer: String| -> Result<OnceFut<BuildSide>> {
+            let input = join.left().execute(input_partition, Arc::clone(context))?;
+            let reservation = MemoryConsumer::new(consumer).register(context.memory_pool());
+            Ok(OnceFut::new(BuildSide::collect(
+                input,
+                join.left().schema(),
+                join.on().iter().map(|(left, _)| Arc::clone(left)).collect(),
+                self.layout.clone(),
+                options.probe_chunk_rows,
+                reservation,
+                metrics.clone(),
+            )))
+        };
+        match join.partition_mode() {
+            PartitionMode::CollectLeft => {
+                let mut shared = self.shared_build.lock().unwrap_or_else(|p| p.into_inner());
+                if shared.is_none() {
+                    *shared = Some(collect(0, "GpuHashJoinInput".into())?);
+                }
+                Ok(shared.clone().expect("set above"))
+            }
+            PartitionMode::Partitioned => collect(partition, format!("GpuHashJoinInput[{partition}]")),
+            PartitionMode::Auto => Err(DataFusionError::Internal("GpuHashJoinExec in partition mode Auto".into())),
+        }
+    }
+}
+
+impl fmt::Debug for GpuHashJoinExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuHashJoinExec").field("cpu_join", &self.cpu_join).finish()
+    }
+}
+
+impl DisplayAs for GpuHashJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let join = self.hash_join();
+        let on = join.on().iter().map(|(l, r)| format!("({l}, {r})")).collect::<Vec<_>>().join(", ");
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => {
+                write!(f, "GpuHashJoinExec: algorithm={}, mode={:?}, join_type={}, on=[{on}]", Self::ALGORITHM, join.partition_mode(), join.join_type())?;
+                if let Some(projection) = &join.projection {
+                    write!(f, ", projection={:?}", projection.as_ref())?;
+                }
+                Ok(())
+            }
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "algorithm={}", Self::ALGORITHM)?;
+                writeln!(f, "join_type={}", join.join_type())?;
+                write!(f, "on={on}")
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for GpuHashJoinExec {
+    fn name(&self) -> &str {
+        "GpuHashJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.cpu_join.children()
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        let keys: Vec<PhysicalExprRef> = self.hash_join().on().iter().flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)]).collect();
+        apply_expression_roots(keys, f)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        #[allow(deprecated)]
+        let cpu_join = Arc::clone(&self.cpu_join).with_new_children(children)?;
+        Ok(Arc::new(Self::try_new(cpu_join)?))
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.cpu_join.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false, false]
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.cpu_join.child_stats_requests(partition)
+    }
+
+    fn statistics_from_inputs(&self, input_stats: &[Arc<Statistics>], args: &StatisticsArgs) -> Result<Arc<Statistics>> {
+        self.cpu_join.statistics_from_inputs(input_stats, args)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let join = self.hash_join();
+        let options = GpuOptions::from_config(context.session_config().options());
+        let runtime = crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let device = Arc::clone(runtime.device_for_partition(partition));
+        let metrics = GpuJoinMetrics::new(&self.metrics, partition);
+        let build = self.build_side(partition, &context, &options, &metrics)?;
+        let probe_input = join.right().execute(partition, Arc::clone(&context))?;
+        let output = OutputAssembler::new(
+            self.schema(),
+            join.projection.as_deref(),
+            join.left().schema().fields().len(),
+            join.right().schema().fields().len(),
+            context.session_config().batch_size(),
+        );
+        let spec = ProbeSpec {
+            build,
+            probe_input,
+            probe_schema: join.right().schema(),
+            probe_on: join.on().iter().map(|(_, right)| Arc::clone(right)).collect(),
+            layout: self.layout.clone(),
+            output,
+            device,
+            probe_chunk_rows: options.probe_chunk_rows.max(1),
+            max_output_pairs: options.max_output_pairs,
+            memory_fraction: options.memory_fraction,
+            metrics,
+        };
+        Ok(probe_stream(spec, self.schema()))
+    }
+}

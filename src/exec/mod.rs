@@ -1,0 +1,11 @@
+//! DataFusion execution plan nodes that run on the GPU. They own batching,
+//! Arrow conversion, metrics, memory reservations and join semantics; the
+//! algorithms themselves live in [`crate::ops`].
+
+mod hash_join;
+pub mod keys;
+mod metrics;
+mod once;
+
+pub use hash_join::GpuHashJoinExec;
+pub use metrics::GpuJoinMetrics;

@@ -1,0 +1,181 @@
+//! Admission of device memory by bytes: one budget per device, shared by every
+//! operator and partition, so that many DataFusion partitions running at once
+//! wait for each other instead of running the device out of memory.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{GpuError, GpuResult};
+
+/// Whether a reservation is released soon (so others may wait for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReservationKind {
+    /// Held for the life of an operator's state (a join's build table).
+    Resident,
+    /// Held for one unit of work (one probe chunk); waiting for it is useful.
+    Transient,
+}
+
+#[derive(Debug, Default)]
+struct BudgetState {
+    in_use: usize,
+    transient_holders: usize,
+}
+
+/// The device-wide byte budget. The limit of each request is a fraction of the
+/// memory that was free when the device was opened; the fraction comes from
+/// the requesting session's `gpu.memory_fraction`.
+#[derive(Debug)]
+pub struct DeviceBudget {
+    free_at_open: usize,
+    state: Mutex<BudgetState>,
+    released: Condvar,
+}
+
+impl DeviceBudget {
+    /// A budget over `free_at_open` bytes.
+    pub fn new(free_at_open: usize) -> Arc<Self> {
+        Arc::new(Self { free_at_open, state: Mutex::default(), released: Condvar::new() })
+    }
+
+    /// Device memory that was free when the device was opened.
+    pub fn free_at_open(&self) -> usize {
+        self.free_at_open
+    }
+
+    /// Bytes currently reserved.
+    pub fn in_use(&self) -> usize {
+        self.lock().in_use
+    }
+
+    /// The byte limit that `fraction` of the free memory gives.
+    pub fn limit_for(&self, fraction: f64) -> usize {
+        let fraction = if fraction.is_finite() { fraction.clamp(0.0, 1.0) } else { 0.0 };
+        (self.free_at_open as f64 * fraction) as usize
+    }
+
+    /// Reserves `bytes`, blocking while transient reservations of others hold
+    /// the memory it needs. Fails at once when the request can never fit, or
+    /// when only resident reservations stand in the way (nothing will be freed
+    /// by waiting). Call it from a blocking thread, never from an async task.
+    pub fn reserve(
+        self: &Arc<Self>,
+        bytes: usize,
+        fraction: f64,
+        kind: ReservationKind,
+    ) -> GpuResult<DeviceReservation> {
+        let limit = self.limit_for(fraction);
+        let started = Instant::now();
+        let mut state = self.lock();
+        loop {
+            if state.in_use.saturating_add(bytes) <= limit {
+                state.in_use += bytes;
+                if kind == ReservationKind::Transient {
+                    state.transient_holders += 1;
+                }
+                return Ok(DeviceReservation {
+                    budget: Arc::clone(self),
+                    bytes,
+                    kind,
+                    waited: started.elapsed(),
+                });
+            }
+            if bytes > limit || state.transient_holders == 0 {
+                return Err(GpuError::OutOfDeviceMemory { requested: bytes, limit, in_use: state.in_use });
+            }
+            state = self.released.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BudgetState> {
+        // The state is two counters that are always left consistent, so a
+        // panic elsewhere while holding the lock cannot corrupt it.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Bytes held against a [`DeviceBudget`]; released on drop.
+#[derive(Debug)]
+pub struct DeviceReservation {
+    budget: Arc<DeviceBudget>,
+    bytes: usize,
+    kind: ReservationKind,
+    waited: Duration,
+}
+
+impl DeviceReservation {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// How long the request waited for others to release memory.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+}
+
+impl Drop for DeviceReservation {
+    fn drop(&mut self) {
+        let mut state = self.budget.lock();
+        state.in_use -= self.bytes;
+        if self.kind == ReservationKind::Transient {
+            state.transient_holders -= 1;
+        }
+        drop(state);
+        self.budget.released.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_add_up_and_release_on_drop() {
+        let budget = DeviceBudget::new(1000);
+        let a = budget.reserve(400, 1.0, ReservationKind::Resident).unwrap();
+        let b = budget.reserve(600, 1.0, ReservationKind::Transient).unwrap();
+        assert_eq!(budget.in_use(), 1000);
+        drop(a);
+        drop(b);
+        assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn a_request_larger_than_the_limit_fails_at_once() {
+        let budget = DeviceBudget::new(1000);
+        let err = budget.reserve(600, 0.5, ReservationKind::Transient).unwrap_err();
+        assert!(matches!(err, GpuError::OutOfDeviceMemory { requested: 600, limit: 500, in_use: 0 }));
+    }
+
+    #[test]
+    fn waiting_on_resident_memory_fails_instead_of_deadlocking() {
+        let budget = DeviceBudget::new(1000);
+        let _resident = budget.reserve(800, 1.0, ReservationKind::Resident).unwrap();
+        let err = budget.reserve(300, 1.0, ReservationKind::Transient).unwrap_err();
+        assert!(matches!(err, GpuError::OutOfDeviceMemory { in_use: 800, .. }));
+    }
+
+    #[test]
+    fn a_transient_request_waits_for_another_transient_to_finish() {
+        let budget = DeviceBudget::new(1000);
+        let first = budget.reserve(700, 1.0, ReservationKind::Transient).unwrap();
+        let waiter = {
+            let budget = Arc::clone(&budget);
+            std::thread::spawn(move || budget.reserve(700, 1.0, ReservationKind::Transient).map(|r| r.bytes()))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        drop(first);
+        assert_eq!(waiter.join().unwrap().unwrap(), 700);
+        assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn fractions_outside_zero_to_one_are_clamped() {
+        let budget = DeviceBudget::new(1000);
+        assert_eq!(budget.limit_for(2.0), 1000);
+        assert_eq!(budget.limit_for(-1.0), 0);
+        assert_eq!(budget.limit_for(f64::NAN), 0);
+    }
+}

@@ -1,0 +1,158 @@
+//! One GPU: its context, kernels, memory budget, pinned pool and streams.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{sys, CudaContext, CudaStream};
+
+use super::launch::Kernels;
+use super::{DeviceBudget, DriverResultExt, GpuResult, PinnedPool};
+
+/// An opened device. Created once per process by [`super::gpu_runtime`].
+#[derive(Debug)]
+pub struct GpuDevice {
+    ordinal: usize,
+    name: String,
+    compute_capability: (i32, i32),
+    sm_count: u32,
+    total_memory: usize,
+    ctx: Arc<CudaContext>,
+    kernels: Kernels,
+    budget: Arc<DeviceBudget>,
+    pinned: Arc<PinnedPool>,
+    idle_streams: Mutex<Vec<Arc<CudaStream>>>,
+}
+
+impl GpuDevice {
+    /// Opens device `ordinal`: retains its primary context, keeps freed
+    /// stream-ordered allocations in the driver's pool (so allocation on the
+    /// hot path does not go back to the OS), and loads the PTX.
+    pub(crate) fn open(ordinal: usize) -> GpuResult<Self> {
+        let ctx = CudaContext::new(ordinal).during("creating a CUDA context")?;
+        let name = ctx.name().during("reading the device name")?;
+        let compute_capability = ctx.compute_capability().during("reading the compute capability")?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .during("reading the multiprocessor count")? as u32;
+        let total_memory = ctx.total_mem().during("reading the device memory size")?;
+        let (free_memory, _) = ctx.mem_get_info().during("reading free device memory")?;
+        if ctx.has_async_alloc() {
+            keep_freed_memory_in_pool(&ctx)?;
+        }
+        let kernels = Kernels::load(&ctx)?;
+        Ok(Self {
+            ordinal,
+            name,
+            compute_capability,
+            sm_count: sm_count.max(1),
+            total_memory,
+            pinned: PinnedPool::new(Arc::clone(&ctx)),
+            budget: DeviceBudget::new(free_memory),
+            ctx,
+            kernels,
+            idle_streams: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// CUDA device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Marketing name, e.g. "NVIDIA H100 80GB HBM3".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// (major, minor) compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// Streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// Device memory in bytes.
+    pub fn total_memory(&self) -> usize {
+        self.total_memory
+    }
+
+    /// The kernels loaded into this device.
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
+    /// The device memory budget.
+    pub fn budget(&self) -> &Arc<DeviceBudget> {
+        &self.budget
+    }
+
+    /// Pinned staging buffers of this device.
+    pub fn pinned(&self) -> &Arc<PinnedPool> {
+        &self.pinned
+    }
+
+    /// A stream for one unit of work, returned to the device on drop.
+    pub fn stream(self: &Arc<Self>) -> GpuResult<PooledStream> {
+        let idle = self.idle_streams.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let stream = match idle {
+            Some(stream) => stream,
+            None => self.ctx.new_stream().during("creating a stream")?,
+        };
+        Ok(PooledStream { stream: Some(stream), device: Arc::clone(self) })
+    }
+
+    /// Makes the context current on the calling thread (needed before driver
+    /// calls from a thread that has not used this device yet).
+    pub fn bind_to_thread(&self) -> GpuResult<()> {
+        self.ctx.bind_to_thread().during("binding the CUDA context to a thread")
+    }
+}
+
+/// Raises the release threshold of the device's default memory pool so that
+/// memory freed with cuMemFreeAsync stays cached for the next cuMemAllocAsync.
+fn keep_freed_memory_in_pool(ctx: &Arc<CudaContext>) -> GpuResult<()> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: `pool` is a valid out-pointer and the device handle comes from a
+    // live context; the driver library is present (checked by the runtime).
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .during("getting the default memory pool")?;
+    // SAFETY: the attribute takes a pointer to a cuuint64_t, which `threshold` is.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    }
+    .result()
+    .during("setting the memory pool release threshold")
+}
+
+/// A stream on loan from a [`GpuDevice`].
+#[derive(Debug)]
+pub struct PooledStream {
+    stream: Option<Arc<CudaStream>>,
+    device: Arc<GpuDevice>,
+}
+
+impl PooledStream {
+    /// The stream.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.stream.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for PooledStream {
+    fn drop(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            // A stream with unfinished or failed work is not reused.
+            if stream.synchronize().is_ok() {
+                self.device.idle_streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream);
+            }
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! Typed launches of the kernels in `ptx/`. Each function states the kernel's
+//! launch contract once (grid, block, what must hold on entry), so the
+//! algorithms above never build raw argument lists.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+
+use super::{DriverResultExt, GpuError, GpuResult};
+
+/// Threads per block of every kernel (`BLOCK_THREADS` in `ptx/common.cuh`).
+pub const BLOCK_THREADS: u32 = 256;
+/// Values scanned per block by `scan_tiles` (`SCAN_TILE` in `ptx/scan.cu`).
+pub const SCAN_TILE: usize = 1024;
+/// Largest digit of one radix pass (`MAX_RADIX_BITS` in `ptx/radix_partition.cu`).
+pub const MAX_RADIX_BITS: u32 = 8;
+/// Build rows per shared-memory hash table (`TABLE_CAPACITY` in `ptx/hash_join.cu`).
+pub const JOIN_TABLE_CAPACITY: usize = 2048;
+
+const SCAN_PTX: &str = include_str!("../../ptx/scan.ptx");
+const RADIX_PARTITION_PTX: &str = include_str!("../../ptx/radix_partition.ptx");
+const HASH_JOIN_PTX: &str = include_str!("../../ptx/hash_join.ptx");
+
+/// Every kernel of the crate, loaded into one device context.
+#[derive(Debug)]
+pub struct Kernels {
+    _modules: Vec<Arc<CudaModule>>,
+    scan_tiles: CudaFunction,
+    scan_add_tile_offsets: CudaFunction,
+    iota_u64: CudaFunction,
+    radix_histogram: CudaFunction,
+    radix_scatter: CudaFunction,
+    partition_bounds: CudaFunction,
+    hash_join_count: CudaFunction,
+    hash_join_write: CudaFunction,
+}
+
+impl Kernels {
+    /// JIT-compiles the embedded PTX for the context's device and looks up
+    /// every kernel.
+    pub fn load(ctx: &Arc<cudarc::driver::CudaContext>) -> GpuResult<Self> {
+        let load = |src: &str| ctx.load_module(Ptx::from_src(src)).during("loading PTX into the device");
+        let scan = load(SCAN_PTX)?;
+        let radix = load(RADIX_PARTITION_PTX)?;
+        let join = load(HASH_JOIN_PTX)?;
+        let function = |module: &Arc<CudaModule>, name: &'static str| {
+            module.load_function(name).during("looking up a kernel in the PTX")
+        };
+        Ok(Self {
+            scan_tiles: function(&scan, "scan_tiles")?,
+            scan_add_tile_offsets: function(&scan, "scan_add_tile_offsets")?,
+            iota_u64: function(&radix, "iota_u64")?,
+            radix_histogram: function(&radix, "radix_histogram")?,
+            radix_scatter: function(&radix, "radix_scatter")?,
+            partition_bounds: function(&radix, "partition_bounds")?,
+            hash_join_count: function(&join, "hash_join_count")?,
+            hash_join_write: function(&join, "hash_join_write")?,
+            _modules: vec![scan, radix, join],
+        })
+    }
+}
+
+fn config(grid: u64) -> GpuResult<LaunchConfig> {
+    let grid = u32::try_from(grid.max(1))
+        .map_err(|_| GpuError::Invalid(format!("grid of {grid} blocks exceeds the launch limit")))?;
+    Ok(LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 })
+}
+
+fn check_len<T>(slice: &CudaSlice<T>, needed: usize, what: &str) -> GpuResult<()> {
+    if slice.len() < needed {
+        return Err(GpuError::Invalid(format!("{what} holds {} elements, {needed} needed", slice.len())));
+    }
+    Ok(())
+}
+
+/// Blocks for a grid-stride loop over `n` items: enough to fill the device,
+/// no more than the items need.
+pub fn grid_stride_blocks(n: u64, sm_count: u32) -> u64 {
+    n.div_ceil(u64::from(BLOCK_THREADS)).clamp(1, u64::from(sm_count) * 16)
+}
+
+/// `scan_tiles`: scans `values[..n]` in place per tile of [`SCAN_TILE`] and
+/// writes each tile's total to `tile_totals` (one per tile).
+pub fn scan_tiles(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    values: &mut CudaSlice<u64>,
+    n: usize,
+    tile_totals: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let tiles = n.div_ceil(SCAN_TILE);
+    check_len(values, n, "scan input")?;
+    check_len(tile_totals, tiles, "scan tile totals")?;
+    let n64 = n as u64;
+    let mut launch = stream.launch_builder(&kernels.scan_tiles);
+    launch.arg(values).arg(&n64).arg(tile_totals);
+    // SAFETY: the kernel reads and writes values[..n] and writes
+    // tile_totals[..tiles]; both lengths were checked above.
+    unsafe { launch.launch(config(tiles as u64)?) }.during("launching scan_tiles")?;
+    Ok(())
+}
+
+/// `scan_add_tile_offsets`: adds `tile_offsets[t]` to every value of tile `t`.
+pub fn scan_add_tile_offsets(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    values: &mut CudaSlice<u64>,
+    n: usize,
+    tile_offsets: &CudaSlice<u64>,
+) -> GpuResult<()> {
+    let tiles = n.div_ceil(SCAN_TILE);
+    check_len(values, n, "scan values")?;
+    check_len(tile_offsets, tiles, "scan tile offsets")?;
+    let n64 = n as u64;
+    let mut launch = stream.launch_builder(&kernels.scan_add_tile_offsets);
+    launch.arg(values).arg(&n64).arg(tile_offsets);
+    // SAFETY: reads tile_offsets[..tiles], updates values[..n]; lengths checked.
+    unsafe { launch.launch(config(tiles as u64)?) }.during("launching scan_add_tile_offsets")?;
+    Ok(())
+}
+
+/// `iota_u64`: `out[i] = first + i` for `i < out.len()`.
+pub fn iota(kernels: &Kernels, stream: &Arc<CudaStream>, sm_count: u32, out: &mut CudaSlice<u64>, first: u64) -> GpuResult<()> {
+    let n = out.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut launch = stream.launch_builder(&kernels.iota_u64);
+    launch.arg(&mut *out).arg(&n).arg(&first);
+    // SAFETY: writes out[..n] with n = out.len().
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }.during("launching iota_u64")?;
+    Ok(())
+}
+
+/// The block decomposition shared by `radix_histogram` and `radix_scatter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RadixGrid {
+    /// Blocks; block `b` owns rows `[b * rows_per_block, (b + 1) * rows_per_block)`.
+    pub blocks: u64,
+    /// Rows per block (below 2^32, as the per-block counters are 32-bit).
+    pub rows_per_block: u64,
+}
+
+impl RadixGrid {
+    /// Spreads `rows` over about four blocks per multiprocessor, with at
+    /// least one tile of [`BLOCK_THREADS`] rows per block.
+    pub fn new(rows: u64, sm_count: u32) -> Self {
+        let target_blocks = (u64::from(sm_count) * 4).max(1);
+        let rows_per_block = rows.div_ceil(target_blocks).max(u64::from(BLOCK_THREADS) * 4);
+        let blocks = rows.div_ceil(rows_per_block).max(1);
+        Self { blocks, rows_per_block }
+    }
+}
+
+/// `radix_histogram`: per-block counts of digit `(mix64(key) >> shift) &
+/// (2^bits - 1)`, written as `histogram[digit * blocks + block]`.
+pub fn radix_histogram(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    keys: &CudaSlice<u64>,
+    shift: u32,
+    bits: u32,
+    grid: RadixGrid,
+    histogram: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    if bits == 0 || bits > MAX_RADIX_BITS {
+        return Err(GpuError::Invalid(format!("radix pass of {bits} bits")));
+    }
+    check_len(histogram, (grid.blocks as usize) << bits, "radix histogram")?;
+    let n = keys.len() as u64;
+    let mut launch = stream.launch_builder(&kernels.radix_histogram);
+    launch.arg(keys).arg(&n).arg(&shift).arg(&bits).arg(&grid.rows_per_block).arg(histogram);
+    // SAFETY: reads keys[..n]; writes histogram[..2^bits * blocks], checked above.
+    unsafe { launch.launch(config(grid.blocks)?) }.during("launching radix_histogram")?;
+    Ok(())
+}
+
+/// `radix_scatter`: stable scatter of (key, row id) pairs to the positions
+/// given by the exclusive scan of `radix_histogram`'s output.
+#[allow(clippy::too_many_arguments)]
+pub fn radix_scatter(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    keys_in: &CudaSlice<u64>,
+    ids_in: &CudaSlice<u64>,
+    shift: u32,
+    bits: u32,
+    grid: RadixGrid,
+    offsets: &CudaSlice<u64>,
+    keys_out: &mut CudaSlice<u64>,
+    ids_out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = keys_in.len();
+    if bits == 0 || bits > MAX_RADIX_BITS {
+        return Err(GpuError::Invalid(format!("radix pass of {bits} bits")));
+    }
+    check_len(ids_in, n, "row ids")?;
+    check_len(keys_out, n, "partitioned keys")?;
+    check_len(ids_out, n, "partitioned row ids")?;
+    check_len(offsets, (grid.blocks as usize) << bits, "radix offsets")?;
+    let n64 = n as u64;
+    let mut launch = stream.launch_builder(&kernels.radix_scatter);
+    launch
+        .arg(keys_in)
+        .arg(ids_in)
+        .arg(&n64)
+        .arg(&shift)
+        .arg(&bits)
+        .arg(&grid.rows_per_block)
+        .arg(offsets)
+        .arg(keys_out)
+        .arg(ids_out);
+    // SAFETY: offsets are an exclusive scan of the histogram of the same keys,
+    // so every destination lies in [0, n); all lengths checked above.
+    unsafe { launch.launch(config(grid.blocks)?) }.during("launching radix_scatter")?;
+    Ok(())
+}
+
+/// `partition_bounds`: `starts[p]` = first row of partition `p` for every `p`
+/// in `[0, 2^total_bits]`, for keys ordered by partition. `keys` must be non-empty.
+pub fn partition_bounds(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    keys: &CudaSlice<u64>,
+    total_bits: u32,
+    starts: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = keys.len() as u64;
+    if n == 0 {
+        return Err(GpuError::Invalid("partition_bounds needs at least one row".into()));
+    }
+    check_len(starts, (1usize << total_bits) + 1, "partition starts")?;
+    let mut launch = stream.launch_builder(&kernels.partition_bounds);
+    launch.arg(keys).arg(&n).arg(&total_bits).arg(starts);
+    // SAFETY: writes starts[..=2^total_bits], length checked; reads keys[..n].
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }.during("launching partition_bounds")?;
+    Ok(())
+}
+
+/// Device inputs of the join kernels: one radix-partitioned side.
+#[derive(Debug, Clone, Copy)]
+pub struct PartitionedSide<'a> {
+    /// Keys ordered by partition.
+    pub keys: &'a CudaSlice<u64>,
+    /// Row ids in the same order.
+    pub row_ids: &'a CudaSlice<u64>,
+    /// 2^partition_bits + 1 partition starts.
+    pub starts: &'a CudaSlice<u64>,
+}
+
+fn check_side(side: &PartitionedSide<'_>, partition_bits: u32) -> GpuResult<()> {
+    check_len(side.starts, (1usize << partition_bits) + 1, "partition starts")?;
+    check_len(side.row_ids, side.keys.len(), "row ids")
+}
+
+/// Blocks for the join kernels over `partitions` partitions: one partition
+/// per block at a time, about eight resident blocks per multiprocessor.
+fn join_blocks(partitions: u64, sm_count: u32) -> u64 {
+    partitions.clamp(1, u64::from(sm_count) * 8)
+}
+
+/// `hash_join_count`: `match_counts[p]` = matching pairs of partition `p`,
+/// for `p` in `partitions`.
+pub fn hash_join_count(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    build: PartitionedSide<'_>,
+    probe: PartitionedSide<'_>,
+    partition_bits: u32,
+    partitions: std::ops::Range<u64>,
+    match_counts: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    check_side(&build, partition_bits)?;
+    check_side(&probe, partition_bits)?;
+    check_len(match_counts, partitions.end as usize, "match counts")?;
+    if partitions.end > 1u64 << partition_bits {
+        return Err(GpuError::Invalid("partition range beyond the partition count".into()));
+    }
+    let mut launch = stream.launch_builder(&kernels.hash_join_count);
+    launch
+        .arg(build.keys)
+        .arg(build.starts)
+        .arg(probe.keys)
+        .arg(probe.starts)
+        .arg(&partition_bits)
+        .arg(&partitions.start)
+        .arg(&partitions.end)
+        .arg(match_counts);
+    // SAFETY: starts bound every key access; match_counts holds the range.
+    unsafe { launch.launch(config(join_blocks(partitions.end - partitions.start, sm_count))?) }
+        .during("launching hash_join_count")?;
+    Ok(())
+}
+
+/// `hash_join_write`: writes the (build row id, probe row id) pairs of
+/// `partitions` to `out_*[match_offsets[p] - output_base ..]`.
+#[allow(clippy::too_many_arguments)]
+pub fn hash_join_write(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    build: PartitionedSide<'_>,
+    probe: PartitionedSide<'_>,
+    partition_bits: u32,
+    partitions: std::ops::Range<u64>,
+    match_offsets: &CudaSlice<u64>,
+    output_base: u64,
+    output_len: usize,
+    out_build_ids: &mut CudaSlice<u64>,
+    out_probe_ids: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    check_side(&build, partition_bits)?;
+    check_side(&probe, partition_bits)?;
+    check_len(match_offsets, partitions.end as usize, "match offsets")?;
+    check_len(out_build_ids, output_len, "output build ids")?;
+    check_len(out_probe_ids, output_len, "output probe ids")?;
+    if partitions.end > 1u64 << partition_bits {
+        return Err(GpuError::Invalid("partition range beyond the partition count".into()));
+    }
+    let mut launch = stream.launch_builder(&kernels.hash_join_write);
+    launch
+        .arg(build.keys)
+        .arg(build.row_ids)
+        .arg(build.starts)
+        .arg(probe.keys)
+        .arg(probe.row_ids)
+        .arg(probe.starts)
+        .arg(&partition_bits)
+        .arg(&partitions.start)
+        .arg(&partitions.end)
+        .arg(match_offsets)
+        .arg(&output_base)
+        .arg(out_build_ids)
+        .arg(out_probe_ids);
+    // SAFETY: the caller passes the offsets of hash_join_count over the same
+    // inputs, and output_len >= the range's match total, so every write lands
+    // in [0, output_len); the other lengths are checked above.
+    unsafe { launch.launch(config(join_blocks(partitions.end - partitions.start, sm_count))?) }
+        .during("launching hash_join_write")?;
+    Ok(())
+}

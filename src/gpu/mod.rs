@@ -1,0 +1,25 @@
+//! The GPU runtime over cudarc: detection, one context per device, the PTX
+//! modules, streams, a device memory budget, pinned staging buffers and event
+//! timing. This is the only layer that names cudarc; everything above it sees
+//! [`GpuDevice`], typed launch helpers and [`GpuError`].
+
+mod budget;
+mod device;
+mod error;
+pub mod launch;
+mod pinned;
+mod runtime;
+mod timing;
+mod transfer;
+
+pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
+pub use device::{GpuDevice, PooledStream};
+pub use error::{DriverResultExt, GpuError, GpuResult};
+pub use pinned::{PinnedBuffer, PinnedPool};
+pub use runtime::{gpu_runtime, GpuRuntime, GpuUnavailable};
+pub use timing::{Phase, PhaseTimer, PhaseTimes};
+pub use transfer::{download_u64, measure_copy_bandwidth, upload_u64, CopyBandwidth};
+
+/// Device memory on one stream. Re-exported so the `ops` layer can name it
+/// without depending on cudarc directly.
+pub type DeviceVec<T> = cudarc::driver::CudaSlice<T>;

@@ -1,0 +1,103 @@
+//! Page-locked host staging buffers. Copies from pageable memory are staged by
+//! the driver through its own small pinned buffer and do not overlap with
+//! anything; copies from pinned memory run at full PCIe speed and
+//! asynchronously. Allocating pinned memory costs milliseconds, so buffers
+//! are pooled per device and reused.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, PinnedHostSlice};
+
+use super::{DriverResultExt, GpuResult};
+
+/// Smallest buffer the pool allocates, in u64 elements (512 KiB).
+const MIN_PINNED_ELEMENTS: usize = 1 << 16;
+
+/// Pool of pinned u64 buffers of one device context.
+#[derive(Debug)]
+pub struct PinnedPool {
+    ctx: Arc<CudaContext>,
+    free: Mutex<Vec<PinnedHostSlice<u64>>>,
+}
+
+impl PinnedPool {
+    /// An empty pool for `ctx`.
+    pub fn new(ctx: Arc<CudaContext>) -> Arc<Self> {
+        Arc::new(Self { ctx, free: Mutex::new(Vec::new()) })
+    }
+
+    /// A buffer of at least `len` elements: the smallest pooled one that fits,
+    /// or a new one with a power-of-two size.
+    pub fn take(self: &Arc<Self>, len: usize) -> GpuResult<PinnedBuffer> {
+        let reused = {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.len() >= len)
+                .min_by_key(|(_, b)| b.len())
+                .map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        };
+        let slice = match reused {
+            Some(slice) => slice,
+            None => {
+                let elements = len.max(MIN_PINNED_ELEMENTS).next_power_of_two();
+                // SAFETY: the memory is uninitialised; every user writes the
+                // prefix it reads (host writes before an upload, the device
+                // writes before a download) and reads no further.
+                unsafe { self.ctx.alloc_pinned_with_flags::<u64>(elements, 0) }
+                    .during("allocating pinned host memory")?
+            }
+        };
+        Ok(PinnedBuffer { slice: Some(slice), len, pool: Arc::clone(self) })
+    }
+}
+
+/// A pinned buffer on loan from a [`PinnedPool`]; returned on drop. The
+/// driver records an event on every copy that uses it, and host access waits
+/// on that event, so it is never overwritten while a copy is in flight.
+#[derive(Debug)]
+pub struct PinnedBuffer {
+    slice: Option<PinnedHostSlice<u64>>,
+    len: usize,
+    pool: Arc<PinnedPool>,
+}
+
+impl PinnedBuffer {
+    /// The first `len` elements, for the host to fill (waits for pending copies).
+    pub fn as_mut_slice(&mut self) -> GpuResult<&mut [u64]> {
+        let len = self.len;
+        let slice = self.slice.as_mut().expect("present until drop");
+        Ok(&mut slice.as_mut_slice().during("waiting for a pinned buffer")?[..len])
+    }
+
+    /// The first `len` elements, for the host to read (waits for pending copies).
+    pub fn as_slice(&self) -> GpuResult<&[u64]> {
+        let slice = self.slice.as_ref().expect("present until drop");
+        Ok(&slice.as_slice().during("waiting for a pinned buffer")?[..self.len])
+    }
+
+    /// The underlying driver allocation, mutably.
+    pub(crate) fn raw_mut(&mut self) -> &mut PinnedHostSlice<u64> {
+        self.slice.as_mut().expect("present until drop")
+    }
+
+    /// Elements in use.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no elements are in use.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if let Some(slice) = self.slice.take() {
+            self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push(slice);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Host-device copies through pinned staging buffers.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+
+use super::{DriverResultExt, GpuDevice, GpuResult, Phase, PhaseTimer};
+
+/// Copies `host` to a new device vector on `stream`, staged through a pinned
+/// buffer so that the copy runs at full bus speed. Returns once the copy is
+/// enqueued; the staging buffer goes back to the pool and is reused only
+/// after the copy has finished.
+pub fn upload_u64(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    host: &[u64],
+    timer: &mut PhaseTimer,
+) -> GpuResult<CudaSlice<u64>> {
+    if host.is_empty() {
+        return stream.null::<u64>().during("allocating an empty device vector");
+    }
+    let mut staging = device.pinned().take(host.len())?;
+    staging.as_mut_slice()?.copy_from_slice(host);
+    // SAFETY: every element is written by the copy below before any kernel reads it.
+    let mut dst = unsafe { stream.alloc::<u64>(host.len()) }.during("allocating device memory")?;
+    let len = host.len();
+    timer.time(Phase::HostToDevice, || {
+        let src = PinnedPrefix { buffer: staging.raw_mut(), len };
+        stream.memcpy_htod(&src, &mut dst).during("copying to the device")
+    })?;
+    timer.add_bytes(Phase::HostToDevice, 8 * len);
+    Ok(dst)
+}
+
+/// Copies `device_data` into `out` (resized to its length) through a pinned
+/// buffer, and waits for the copy.
+pub fn download_u64(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    device_data: &CudaView<'_, u64>,
+    out: &mut Vec<u64>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<()> {
+    out.clear();
+    if device_data.len() == 0 {
+        return Ok(());
+    }
+    let mut staging = device.pinned().take(device_data.len())?;
+    let len = device_data.len();
+    timer.time(Phase::DeviceToHost, || {
+        // The prefix matters: the driver copies as many bytes as the host
+        // slice holds, and the pooled buffer may be larger than the data.
+        let mut dst = PinnedPrefix { buffer: staging.raw_mut(), len };
+        stream.memcpy_dtoh(device_data, &mut dst).during("copying from the device")
+    })?;
+    timer.add_bytes(Phase::DeviceToHost, 8 * device_data.len());
+    out.extend_from_slice(staging.as_slice()?);
+    Ok(())
+}
+
+/// The first `len` elements of a pinned buffer, as a host slice the driver
+/// copies to or from asynchronously. cudarc copies the whole host slice, so
+/// a pooled buffer larger than the data must be narrowed to it.
+struct PinnedPrefix<'a> {
+    buffer: &'a mut cudarc::driver::PinnedHostSlice<u64>,
+    len: usize,
+}
+
+impl cudarc::driver::HostSlice<u64> for PinnedPrefix<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    unsafe fn stream_synced_slice<'b>(
+        &'b self,
+        stream: &'b CudaStream,
+    ) -> (&'b [u64], cudarc::driver::SyncOnDrop<'b>) {
+        // SAFETY: forwarded to the pinned slice under the same contract.
+        let (full, sync) = unsafe { self.buffer.stream_synced_slice(stream) };
+        (&full[..self.len], sync)
+    }
+
+    unsafe fn stream_synced_mut_slice<'b>(
+        &'b mut self,
+        stream: &'b CudaStream,
+    ) -> (&'b mut [u64], cudarc::driver::SyncOnDrop<'b>) {
+        let len = self.len;
+        // SAFETY: forwarded to the pinned slice under the same contract.
+        let (full, sync) = unsafe { self.buffer.stream_synced_mut_slice(stream) };
+        (&mut full[..len], sync)
+    }
+}
+
+/// Measured copy bandwidth of one device, pinned memory both ways: the floor
+/// that any host-resident GPU operator is compared against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CopyBandwidth {
+    /// Bytes per second, host to device.
+    pub host_to_device: f64,
+    /// Bytes per second, device to host.
+    pub device_to_host: f64,
+}
+
+/// Times `repeats` copies of `bytes` bytes each way through pinned memory
+/// with events (after one warm-up copy) and returns the median bandwidths.
+pub fn measure_copy_bandwidth(device: &std::sync::Arc<GpuDevice>, bytes: usize, repeats: usize) -> GpuResult<CopyBandwidth> {
+    device.bind_to_thread()?;
+    let elements = (bytes / 8).max(1);
+    let pooled = device.stream()?;
+    let stream = pooled.stream();
+    let mut staging = device.pinned().take(elements)?;
+    for (i, v) in staging.as_mut_slice()?.iter_mut().enumerate() {
+        *v = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    // SAFETY: written by the first copy before it is read.
+    let mut device_buffer = unsafe { stream.alloc::<u64>(elements) }.during("allocating a bandwidth buffer")?;
+    let mut h2d = Vec::new();
+    let mut d2h = Vec::new();
+    for round in 0..=repeats {
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        timer.time(Phase::HostToDevice, || {
+            let src = PinnedPrefix { buffer: staging.raw_mut(), len: elements };
+            stream.memcpy_htod(&src, &mut device_buffer).during("copying to the device")
+        })?;
+        timer.time(Phase::DeviceToHost, || {
+            let mut dst = PinnedPrefix { buffer: staging.raw_mut(), len: elements };
+            stream.memcpy_dtoh(&device_buffer, &mut dst).during("copying from the device")
+        })?;
+        let times = timer.finish()?;
+        if round > 0 {
+            h2d.push(times.host_to_device.as_secs_f64());
+            d2h.push(times.device_to_host.as_secs_f64());
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let bytes = (elements * 8) as f64;
+    Ok(CopyBandwidth { host_to_device: bytes / median(h2d), device_to_host: bytes / median(d2h) })
+}

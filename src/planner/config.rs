@@ -1,0 +1,68 @@
+//! The `gpu.*` session options, settable with SQL `SET gpu.<name> = <value>`.
+
+use datafusion::common::config::ConfigExtension;
+use datafusion::common::extensions_options;
+use datafusion::config::ConfigOptions;
+
+extensions_options! {
+    /// Options of datafusion-gpu, registered under the prefix `gpu`.
+    pub struct GpuOptions {
+        /// Run supported operators on the GPU at all.
+        pub enabled: bool, default = true
+        /// Replace `HashJoinExec` by `GpuHashJoinExec` where supported.
+        pub hash_join: bool, default = true
+        /// Keep a node on the CPU when its inputs hold fewer rows than this by
+        /// statistics (build + probe for a join). 0 sends every supported node
+        /// to the GPU, as conformance and differential tests do. Inputs
+        /// without statistics count as large.
+        pub min_rows: usize, default = 100_000
+        /// Fraction of the device memory free at start-up that GPU operators
+        /// may hold at once, in (0, 1].
+        pub memory_fraction: f64, default = 0.8
+        /// Probe rows joined per GPU launch sequence; a larger chunk amortises
+        /// launches, a smaller one needs less device memory.
+        pub probe_chunk_rows: usize, default = 4_194_304
+        /// Join output pairs kept on the device at once before they are copied
+        /// back and turned into batches.
+        pub max_output_pairs: usize, default = 8_388_608
+    }
+}
+
+impl ConfigExtension for GpuOptions {
+    const PREFIX: &'static str = "gpu";
+}
+
+impl GpuOptions {
+    /// The options of a session, or the defaults where the session has none
+    /// registered (the rule was added without [`crate::SessionStateBuilderGpuExt`]).
+    pub fn from_config(config: &ConfigOptions) -> Self {
+        config.extensions.get::<GpuOptions>().cloned().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::config::ExtensionOptions;
+
+    #[test]
+    fn options_are_settable_by_key() {
+        let mut options = GpuOptions::default();
+        options.set("enabled", "false").unwrap();
+        options.set("min_rows", "0").unwrap();
+        options.set("memory_fraction", "0.5").unwrap();
+        assert!(!options.enabled);
+        assert_eq!(options.min_rows, 0);
+        assert_eq!(options.memory_fraction, 0.5);
+        assert!(options.set("no_such_option", "1").is_err());
+        assert!(options.set("min_rows", "many").is_err());
+    }
+
+    #[test]
+    fn missing_extension_means_defaults() {
+        let config = ConfigOptions::new();
+        let options = GpuOptions::from_config(&config);
+        assert!(options.enabled && options.hash_join);
+        assert_eq!(options.min_rows, 100_000);
+    }
+}

@@ -1,0 +1,185 @@
+//! Where each operator runs, and why. The same functions drive the rule and
+//! answer [`gpu_decisions`], so the reason a user reads is the one the rule
+//! acted on.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::common::stats::Precision;
+use datafusion::common::{JoinType, NullEquality};
+use datafusion::config::ConfigOptions;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::GpuOptions;
+use crate::exec::keys::KeyLayout;
+use crate::exec::GpuHashJoinExec;
+
+/// Where a node runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// On the GPU, with this algorithm.
+    Gpu {
+        /// The algorithm, as `EXPLAIN` shows it.
+        algorithm: String,
+    },
+    /// On DataFusion's CPU operator.
+    Cpu {
+        /// Why the GPU was not used.
+        reason: String,
+    },
+}
+
+/// The placement of one operator of a physical plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeDecision {
+    /// The DataFusion operator concerned, e.g. `HashJoinExec`.
+    pub operator: String,
+    /// A one-line description of the node (join type and keys).
+    pub detail: String,
+    /// GPU or CPU, with the algorithm or the reason.
+    pub placement: Placement,
+}
+
+impl NodeDecision {
+    /// Whether the node runs on the GPU.
+    pub fn on_gpu(&self) -> bool {
+        matches!(self.placement, Placement::Gpu { .. })
+    }
+}
+
+impl fmt::Display for NodeDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.placement {
+            Placement::Gpu { algorithm } => write!(f, "{} ({}): GPU, {algorithm}", self.operator, self.detail),
+            Placement::Cpu { reason } => write!(f, "{} ({}): CPU, {reason}", self.operator, self.detail),
+        }
+    }
+}
+
+/// Decides whether `join` can run as a [`GpuHashJoinExec`]: `Ok(())` if so,
+/// otherwise the reason it stays on the CPU. `gpu` is the availability of a
+/// GPU (`Err(reason)` when there is none).
+pub fn decide_hash_join(
+    join: &HashJoinExec,
+    options: &GpuOptions,
+    gpu: Result<(), &str>,
+) -> Result<(), String> {
+    if !options.enabled {
+        return Err("GPU disabled (gpu.enabled = false)".into());
+    }
+    if !options.hash_join {
+        return Err("GPU hash join disabled (gpu.hash_join = false)".into());
+    }
+    gpu.map_err(|reason| format!("no GPU: {reason}"))?;
+    if *join.join_type() != JoinType::Inner {
+        return Err(format!("{} joins are not supported on the GPU yet (inner joins are)", join.join_type()));
+    }
+    if join.null_equality() != NullEquality::NullEqualsNothing {
+        return Err("keys that compare NULL equal to NULL are not supported on the GPU yet".into());
+    }
+    if join.null_aware {
+        return Err("null-aware anti joins are not supported on the GPU yet".into());
+    }
+    if join.filter().is_some() {
+        return Err("residual join filters are not supported on the GPU yet".into());
+    }
+    if join.fetch().is_some() {
+        return Err("a LIMIT pushed into the join is not supported on the GPU yet".into());
+    }
+    if *join.partition_mode() == PartitionMode::Auto {
+        return Err("partition mode Auto was not resolved by the planner".into());
+    }
+    if join.properties().output_ordering().is_some() {
+        return Err("the join's output ordering may be relied on above it, and the GPU join does not keep it".into());
+    }
+    key_layout(join)?;
+    if let Some(rows) = estimated_input_rows(join) {
+        if rows < options.min_rows {
+            return Err(format!(
+                "inputs too small: about {rows} rows by statistics, below gpu.min_rows = {}",
+                options.min_rows
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The packed-key layout of a join's keys, or why they cannot be packed.
+pub(crate) fn key_layout(join: &HashJoinExec) -> Result<KeyLayout, String> {
+    let left_schema = join.left().schema();
+    let right_schema = join.right().schema();
+    let mut types = Vec::with_capacity(join.on().len());
+    for (left, right) in join.on() {
+        let left_type = left.data_type(&left_schema).map_err(|e| e.to_string())?;
+        let right_type = right.data_type(&right_schema).map_err(|e| e.to_string())?;
+        if left_type != right_type {
+            return Err(format!("key types differ across the join ({left_type} and {right_type})"));
+        }
+        types.push(left_type);
+    }
+    KeyLayout::try_new(&types)
+}
+
+/// Build plus probe rows by statistics, exact or estimated; `None` when
+/// either side has none.
+fn estimated_input_rows(join: &HashJoinExec) -> Option<usize> {
+    let context = StatisticsContext::new();
+    let rows = |plan: &Arc<dyn ExecutionPlan>| -> Option<usize> {
+        let stats = context.compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
+        match stats.num_rows {
+            Precision::Exact(n) | Precision::Inexact(n) => Some(n),
+            Precision::Absent => None,
+        }
+    };
+    Some(rows(join.left())?.saturating_add(rows(join.right())?))
+}
+
+fn describe_hash_join(join: &HashJoinExec) -> String {
+    let keys = join
+        .on()
+        .iter()
+        .map(|(l, r)| format!("{l} = {r}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("{} join, mode {:?}, on {keys}", join.join_type(), join.partition_mode())
+}
+
+/// The placement of every join of `plan`, as the rule decided it (or would,
+/// for a plan the rule did not see) under `config`.
+pub fn gpu_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Vec<NodeDecision> {
+    let options = GpuOptions::from_config(config);
+    let gpu = crate::gpu::gpu_runtime().map(|_| ()).map_err(|e| e.0);
+    let mut decisions = Vec::new();
+    collect_decisions(plan, &options, gpu.as_ref().map(|_| ()).map_err(|e| e.as_str()), &mut decisions);
+    decisions
+}
+
+fn collect_decisions(
+    plan: &Arc<dyn ExecutionPlan>,
+    options: &GpuOptions,
+    gpu: Result<(), &str>,
+    out: &mut Vec<NodeDecision>,
+) {
+    if let Some(gpu_join) = plan.downcast_ref::<GpuHashJoinExec>() {
+        out.push(NodeDecision {
+            operator: "HashJoinExec".into(),
+            detail: describe_hash_join(gpu_join.hash_join()),
+            placement: Placement::Gpu { algorithm: GpuHashJoinExec::ALGORITHM.into() },
+        });
+    } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        let reason = match decide_hash_join(join, options, gpu) {
+            Err(reason) => reason,
+            Ok(()) => "eligible, but the GPU rule was not applied to this plan".into(),
+        };
+        out.push(NodeDecision {
+            operator: "HashJoinExec".into(),
+            detail: describe_hash_join(join),
+            placement: Placement::Cpu { reason },
+        });
+    }
+    for child in plan.children() {
+        collect_decisions(child, options, gpu, out);
+    }
+}

@@ -1,0 +1,11 @@
+//! Planning: the configuration, the per-node GPU/CPU decisions with their
+//! reasons, and the physical optimizer rule that applies them.
+
+mod config;
+mod decision;
+mod rule;
+
+pub use config::GpuOptions;
+pub use decision::{decide_hash_join, gpu_decisions, NodeDecision, Placement};
+pub(crate) use decision::key_layout as key_layout_of;
+pub use rule::GpuOptimizerRule;

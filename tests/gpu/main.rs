@@ -1,0 +1,11 @@
+//! The GPU integration tests: one binary (each links all of DataFusion).
+//!
+//! Without a GPU every test that needs one prints a `SKIPPED` line and
+//! passes; with `DATAFUSION_GPU_REQUIRE_GPU=1` it fails instead, which is how
+//! a GPU machine runs them.
+
+mod support;
+
+mod join_sql;
+mod ops;
+mod runtime;

@@ -1,0 +1,208 @@
+//! Helpers shared by the GPU tests: the GPU gate, data generators, and
+//! differential comparison of SQL results with and without the rule.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu::gpu::{gpu_runtime, GpuRuntime};
+use datafusion_gpu::{gpu_decisions, gpu_session_context};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+use rand_distr::Zipf;
+
+/// Environment variable that turns a missing GPU into a test failure.
+pub const REQUIRE_GPU_VAR: &str = "DATAFUSION_GPU_REQUIRE_GPU";
+
+/// The GPU runtime, or `None` after printing a visible skip line (written to
+/// the process's stderr directly, which the test harness does not capture).
+/// Panics when no GPU is there and [`REQUIRE_GPU_VAR`] is set.
+pub fn require_gpu(test: &str) -> Option<Arc<GpuRuntime>> {
+    match gpu_runtime() {
+        Ok(runtime) => Some(runtime),
+        Err(reason) => {
+            if std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1") {
+                panic!("{test}: a GPU is required ({REQUIRE_GPU_VAR}=1) but {reason}");
+            }
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+            None
+        }
+    }
+}
+
+/// Key distributions of the generated tables.
+#[derive(Debug, Clone, Copy)]
+pub enum Keys {
+    /// A permutation of 0..n (a primary key).
+    Permutation,
+    /// Uniform in 0..domain.
+    Uniform { domain: u64 },
+    /// Zipf with exponent `s` over 1..=domain.
+    Zipf { domain: u64, s: f64 },
+}
+
+/// `rows` keys drawn from `keys`, with a fraction `null_fraction` of NULLs.
+pub fn gen_keys(rows: usize, keys: Keys, null_fraction: f64, seed: u64) -> Vec<Option<i64>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut values: Vec<i64> = match keys {
+        Keys::Permutation => {
+            let mut v: Vec<i64> = (0..rows as i64).collect();
+            v.shuffle(&mut rng);
+            v
+        }
+        Keys::Uniform { domain } => (0..rows).map(|_| rng.random_range(0..domain.max(1)) as i64).collect(),
+        Keys::Zipf { domain, s } => {
+            let zipf = Zipf::new(domain.max(1) as f64, s).expect("valid Zipf parameters");
+            (0..rows).map(|_| rng.sample(zipf) as i64).collect()
+        }
+    };
+    // Spread keys over the whole i64 range sometimes, so tests do not rely on
+    // small or non-negative keys: negate odd keys (still injective).
+    for v in values.iter_mut() {
+        if *v % 2 == 1 {
+            *v = -*v;
+        }
+    }
+    values
+        .into_iter()
+        .map(|v| if null_fraction > 0.0 && rng.random_bool(null_fraction) { None } else { Some(v) })
+        .collect()
+}
+
+/// A table `(k Int64 nullable, v Int64)` split into `partitions` MemTable
+/// partitions of batches of at most `batch_rows` rows; `v` is a distinct,
+/// random-looking value per row so every output row is identifiable.
+pub fn key_value_table(keys: &[Option<i64>], value_seed: i64, partitions: usize, batch_rows: usize) -> Arc<MemTable> {
+    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("v", DataType::Int64, false)]));
+    let columns = |range: std::ops::Range<usize>| -> Vec<ArrayRef> {
+        let k = Int64Array::from(keys[range.clone()].to_vec());
+        let v = Int64Array::from_iter_values(range.map(|i| (i as i64).wrapping_mul(0x9E37_79B9).wrapping_add(value_seed)));
+        vec![Arc::new(k), Arc::new(v)]
+    };
+    table_from_columns(schema, keys.len(), partitions, batch_rows, columns)
+}
+
+/// A MemTable of `rows` rows whose columns `columns(range)` makes per batch.
+pub fn table_from_columns(
+    schema: Arc<Schema>,
+    rows: usize,
+    partitions: usize,
+    batch_rows: usize,
+    columns: impl Fn(std::ops::Range<usize>) -> Vec<ArrayRef>,
+) -> Arc<MemTable> {
+    let partitions = partitions.max(1);
+    let per_partition = rows.div_ceil(partitions);
+    let mut parts = Vec::with_capacity(partitions);
+    for p in 0..partitions {
+        let start = (p * per_partition).min(rows);
+        let end = ((p + 1) * per_partition).min(rows);
+        let mut batches = Vec::new();
+        let mut s = start;
+        while s < end {
+            let e = (s + batch_rows.max(1)).min(end);
+            batches.push(RecordBatch::try_new(Arc::clone(&schema), columns(s..e)).unwrap());
+            s = e;
+        }
+        parts.push(batches);
+    }
+    Arc::new(MemTable::try_new(schema, parts).unwrap())
+}
+
+/// How DataFusion should plan the hash joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinMode {
+    /// The build side collected once (small build sides).
+    CollectLeft,
+    /// Both sides hash-repartitioned.
+    Partitioned,
+}
+
+/// A context with the GPU rule, forcing every supported join onto the GPU
+/// (`gpu.min_rows = 0`) and the chosen partition mode, plus extra `SET`s.
+pub async fn gpu_context(mode: JoinMode, target_partitions: usize, extra: &[&str]) -> SessionContext {
+    let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(target_partitions));
+    configure(&ctx, mode, true, extra).await;
+    ctx
+}
+
+/// The same configuration with the rule switched off (`gpu.enabled = false`).
+pub async fn cpu_context(mode: JoinMode, target_partitions: usize, extra: &[&str]) -> SessionContext {
+    let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(target_partitions));
+    configure(&ctx, mode, false, extra).await;
+    ctx
+}
+
+async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&str]) {
+    let threshold = match mode {
+        JoinMode::CollectLeft => "1000000000000",
+        JoinMode::Partitioned => "0",
+    };
+    let mut statements = vec![
+        format!("SET gpu.enabled = {gpu}"),
+        "SET gpu.min_rows = 0".to_string(),
+        format!("SET datafusion.optimizer.hash_join_single_partition_threshold = {threshold}"),
+        format!("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = {threshold}"),
+    ];
+    statements.extend(extra.iter().map(|s| s.to_string()));
+    for statement in statements {
+        ctx.sql(&statement).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+}
+
+/// Runs `sql` and returns its batches and the number of operators that ran
+/// on the GPU.
+pub async fn run(ctx: &SessionContext, sql: &str) -> (Vec<RecordBatch>, usize, Arc<dyn ExecutionPlan>) {
+    let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let plan = df.create_physical_plan().await.unwrap();
+    let gpu_nodes = gpu_decisions(&plan, ctx.state().config_options()).iter().filter(|d| d.on_gpu()).count();
+    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    (batches, gpu_nodes, plan)
+}
+
+/// Rows of Int64 (nullable) columns, as a sortable multiset.
+pub fn int64_rows(batches: &[RecordBatch]) -> Vec<Vec<Option<i64>>> {
+    let mut rows = Vec::new();
+    for batch in batches {
+        let columns: Vec<_> = batch.columns().iter().map(|c| c.as_primitive::<Int64Type>()).collect();
+        for i in 0..batch.num_rows() {
+            rows.push(columns.iter().map(|c| if c.is_null(i) { None } else { Some(c.value(i)) }).collect());
+        }
+    }
+    rows.sort_unstable();
+    rows
+}
+
+/// Rows of any columns rendered as strings, as a sortable multiset (for
+/// key types other than Int64).
+pub fn string_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let formatted = datafusion::arrow::util::pretty::pretty_format_batches(batches).unwrap().to_string();
+    let mut rows: Vec<String> = formatted.lines().filter(|l| l.starts_with("| ")).skip(1).map(str::to_string).collect();
+    rows.sort_unstable();
+    rows
+}
+
+/// Runs `sql` on both contexts and asserts equal multisets of Int64 rows and
+/// at least `min_gpu_nodes` GPU operators in the GPU plan. Returns the row count.
+pub async fn assert_same_int64_rows(gpu: &SessionContext, cpu: &SessionContext, sql: &str, min_gpu_nodes: usize) -> usize {
+    let (gpu_batches, gpu_nodes, plan) = run(gpu, sql).await;
+    let (cpu_batches, cpu_nodes, _) = run(cpu, sql).await;
+    assert_eq!(cpu_nodes, 0, "the CPU context must not use the GPU");
+    assert!(
+        gpu_nodes >= min_gpu_nodes,
+        "{sql}: {gpu_nodes} GPU nodes, expected at least {min_gpu_nodes}\n{}",
+        datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
+    );
+    let gpu_rows = int64_rows(&gpu_batches);
+    let cpu_rows = int64_rows(&cpu_batches);
+    assert_eq!(gpu_rows.len(), cpu_rows.len(), "{sql}: row counts differ");
+    if gpu_rows != cpu_rows {
+        let first = gpu_rows.iter().zip(&cpu_rows).position(|(a, b)| a != b);
+        panic!("{sql}: results differ; first difference at sorted row {first:?}");
+    }
+    gpu_rows.len()
+}
