@@ -42,6 +42,40 @@ __device__ void build_table(SharedTable& table, const u64* build_keys, u64 begin
     __syncthreads();
 }
 
+// Joins build partition [build_begin, build_end) with probe partition
+// [probe_begin, probe_end), one shared-memory table chunk at a time.
+// COUNT_ONLY: returns this thread's match count. Otherwise each match takes a
+// slot from the block's `cursor` and writes its (build id, probe id) pair.
+// Block-wide: every thread must call it with the same partition.
+template <bool COUNT_ONLY>
+__device__ u64 join_partition(SharedTable& table, const u64* build_keys, const u64* build_ids,
+                              u64 build_begin, u64 build_end, const u64* probe_keys,
+                              const u64* probe_ids, u64 probe_begin, u64 probe_end,
+                              u32 partition_bits, unsigned long long* cursor,
+                              u64* out_build_ids, u64* out_probe_ids) {
+    u64 matches = 0;
+    if (probe_end <= probe_begin) return 0;
+    for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
+        const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
+        build_table(table, build_keys, chunk, len, partition_bits);
+        for (u64 i = probe_begin + threadIdx.x; i < probe_end; i += BLOCK_THREADS) {
+            const u64 key = probe_keys[i];
+            for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT; j = table.next[j]) {
+                if (table.keys[j] != key) continue;
+                if (COUNT_ONLY) {
+                    ++matches;
+                } else {
+                    const u64 pos = atomicAdd(cursor, 1ULL);
+                    out_build_ids[pos] = build_ids[chunk + j];
+                    out_probe_ids[pos] = probe_ids[i];
+                }
+            }
+        }
+        __syncthreads();  // the table is rebuilt for the next chunk
+    }
+    return matches;
+}
+
 // Launch: any grid (grid-stride over partitions [partition_begin, partition_end)),
 // block = BLOCK_THREADS, static shared memory only. `*_starts` hold
 // 2^partition_bits + 1 entries. Writes match_counts[p] for every p in range.
@@ -52,22 +86,9 @@ extern "C" __global__ void hash_join_count(const u64* build_keys, const u64* bui
     __shared__ SharedTable table;
     __shared__ u64 scratch[WARPS_PER_BLOCK];
     for (u64 p = partition_begin + blockIdx.x; p < partition_end; p += gridDim.x) {
-        const u64 build_begin = build_starts[p], build_end = build_starts[p + 1];
-        const u64 probe_begin = probe_starts[p], probe_end = probe_starts[p + 1];
-        u64 matches = 0;
-        if (probe_end > probe_begin) {
-            for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
-                const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
-                build_table(table, build_keys, chunk, len, partition_bits);
-                for (u64 i = probe_begin + threadIdx.x; i < probe_end; i += BLOCK_THREADS) {
-                    const u64 key = probe_keys[i];
-                    for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT; j = table.next[j]) {
-                        matches += (table.keys[j] == key);
-                    }
-                }
-                __syncthreads();
-            }
-        }
+        const u64 matches = join_partition<true>(
+            table, build_keys, nullptr, build_starts[p], build_starts[p + 1], probe_keys, nullptr,
+            probe_starts[p], probe_starts[p + 1], partition_bits, nullptr, nullptr, nullptr);
         const u64 total = block_sum_u64(matches, scratch);
         if (threadIdx.x == 0) match_counts[p] = total;
     }
@@ -88,27 +109,11 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
     __shared__ SharedTable table;
     __shared__ unsigned long long cursor;
     for (u64 p = partition_begin + blockIdx.x; p < partition_end; p += gridDim.x) {
-        const u64 build_begin = build_starts[p], build_end = build_starts[p + 1];
-        const u64 probe_begin = probe_starts[p], probe_end = probe_starts[p + 1];
         if (threadIdx.x == 0) cursor = match_offsets[p] - output_base;
         __syncthreads();
-        if (probe_end > probe_begin) {
-            for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
-                const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
-                build_table(table, build_keys, chunk, len, partition_bits);
-                for (u64 i = probe_begin + threadIdx.x; i < probe_end; i += BLOCK_THREADS) {
-                    const u64 key = probe_keys[i];
-                    for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT; j = table.next[j]) {
-                        if (table.keys[j] == key) {
-                            const u64 pos = atomicAdd(&cursor, 1ULL);
-                            out_build_ids[pos] = build_ids[chunk + j];
-                            out_probe_ids[pos] = probe_ids[i];
-                        }
-                    }
-                }
-                __syncthreads();
-            }
-        }
+        join_partition<false>(table, build_keys, build_ids, build_starts[p], build_starts[p + 1],
+                              probe_keys, probe_ids, probe_starts[p], probe_starts[p + 1],
+                              partition_bits, &cursor, out_build_ids, out_probe_ids);
         __syncthreads();  // cursor is reset for the next partition
     }
 }

@@ -187,6 +187,15 @@ mod tests {
     }
 
     #[test]
+    fn timestamps_keep_their_value_in_every_unit() {
+        use datafusion::arrow::array::TimestampMicrosecondArray;
+        let data_type = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let layout = KeyLayout::try_new(std::slice::from_ref(&data_type)).unwrap();
+        let col: ArrayRef = Arc::new(TimestampMicrosecondArray::from(vec![-5, 7]).with_timezone("UTC"));
+        assert_eq!(layout.normalize(&[col]).unwrap().keys, vec![(-5i64) as u64, 7]);
+    }
+
+    #[test]
     fn a_type_mismatch_is_an_error_not_a_panic() {
         let layout = KeyLayout::try_new(&[DataType::Int64]).unwrap();
         let col: ArrayRef = Arc::new(StringArray::from(vec!["a"]));

@@ -250,9 +250,20 @@ pub struct PartitionedSide<'a> {
     pub starts: &'a CudaSlice<u64>,
 }
 
-fn check_side(side: &PartitionedSide<'_>, partition_bits: u32) -> GpuResult<()> {
-    check_len(side.starts, (1usize << partition_bits) + 1, "partition starts")?;
-    check_len(side.row_ids, side.keys.len(), "row ids")
+fn check_join_inputs(
+    build: &PartitionedSide<'_>,
+    probe: &PartitionedSide<'_>,
+    partition_bits: u32,
+    partitions: &std::ops::Range<u64>,
+) -> GpuResult<()> {
+    for side in [build, probe] {
+        check_len(side.starts, (1usize << partition_bits) + 1, "partition starts")?;
+        check_len(side.row_ids, side.keys.len(), "row ids")?;
+    }
+    if partitions.start > partitions.end || partitions.end > 1u64 << partition_bits {
+        return Err(GpuError::Invalid(format!("partition range {partitions:?} beyond 2^{partition_bits} partitions")));
+    }
+    Ok(())
 }
 
 /// Blocks for the join kernels over `partitions` partitions: one partition
@@ -273,12 +284,8 @@ pub fn hash_join_count(
     partitions: std::ops::Range<u64>,
     match_counts: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
-    check_side(&build, partition_bits)?;
-    check_side(&probe, partition_bits)?;
+    check_join_inputs(&build, &probe, partition_bits, &partitions)?;
     check_len(match_counts, partitions.end as usize, "match counts")?;
-    if partitions.end > 1u64 << partition_bits {
-        return Err(GpuError::Invalid("partition range beyond the partition count".into()));
-    }
     let mut launch = stream.launch_builder(&kernels.hash_join_count);
     launch
         .arg(build.keys)
@@ -312,14 +319,10 @@ pub fn hash_join_write(
     out_build_ids: &mut CudaSlice<u64>,
     out_probe_ids: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
-    check_side(&build, partition_bits)?;
-    check_side(&probe, partition_bits)?;
+    check_join_inputs(&build, &probe, partition_bits, &partitions)?;
     check_len(match_offsets, partitions.end as usize, "match offsets")?;
     check_len(out_build_ids, output_len, "output build ids")?;
     check_len(out_probe_ids, output_len, "output probe ids")?;
-    if partitions.end > 1u64 << partition_bits {
-        return Err(GpuError::Invalid("partition range beyond the partition count".into()));
-    }
     let mut launch = stream.launch_builder(&kernels.hash_join_write);
     launch
         .arg(build.keys)

@@ -154,6 +154,13 @@ impl ExecutionPlan for GpuHashJoinExec {
         Ok(Arc::new(Self::try_new(cpu_join)?))
     }
 
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        // A fresh node forgets the collected build side, so a re-executed
+        // plan (recursive queries) reads its inputs again.
+        let cpu_join = Arc::clone(&self.cpu_join).reset_state()?;
+        Ok(Arc::new(Self::try_new(cpu_join)?))
+    }
+
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
         self.cpu_join.input_distribution_requirements()
     }

@@ -12,8 +12,9 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{SendableRecordBatchStream};
+use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
 
 use super::build_side::BuildSide;
@@ -57,7 +58,8 @@ pub(crate) fn probe_stream(spec: ProbeSpec, schema: SchemaRef) -> SendableRecord
     let stream = futures::stream::try_unfold(state, |mut state| async move {
         loop {
             if let Some(batch) = state.ready.pop_front() {
-                state.spec.metrics.baseline.record_output(batch.num_rows());
+                // Rows, batches and bytes, as DataFusion's own operators record them.
+                let batch = batch.record_output(&state.spec.metrics.baseline);
                 return Ok(Some((batch, state)));
             }
             if state.probe_exhausted {
