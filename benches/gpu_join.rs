@@ -29,11 +29,18 @@ const SQL: &str = "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k = s.
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn table(keys: &[i64], salt: i64, partitions: usize) -> Arc<MemTable> {
-    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false), Field::new("v", DataType::Int64, false)]));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+    ]));
     let per = keys.len().div_ceil(partitions);
     let parts = keys
         .chunks(per.max(1))
@@ -44,8 +51,17 @@ fn table(keys: &[i64], salt: i64, partitions: usize) -> Arc<MemTable> {
                 .enumerate()
                 .map(|(b, ks)| {
                     let first = p * per + b * 8192;
-                    let v = Int64Array::from_iter_values((0..ks.len()).map(|i| ((first + i) as i64 * 31 + salt) % 1_000_003));
-                    RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from(ks.to_vec())) as ArrayRef, Arc::new(v)]).unwrap()
+                    let v = Int64Array::from_iter_values(
+                        (0..ks.len()).map(|i| ((first + i) as i64 * 31 + salt) % 1_000_003),
+                    );
+                    RecordBatch::try_new(
+                        Arc::clone(&schema),
+                        vec![
+                            Arc::new(Int64Array::from(ks.to_vec())) as ArrayRef,
+                            Arc::new(v),
+                        ],
+                    )
+                    .unwrap()
                 })
                 .collect()
         })
@@ -55,10 +71,22 @@ fn table(keys: &[i64], salt: i64, partitions: usize) -> Arc<MemTable> {
 
 async fn run_once(ctx: &SessionContext) -> (Duration, Vec<i64>, Arc<dyn ExecutionPlan>) {
     let start = Instant::now();
-    let plan = ctx.sql(SQL).await.unwrap().create_physical_plan().await.unwrap();
-    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+    let plan = ctx
+        .sql(SQL)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
+        .await
+        .unwrap();
     let elapsed = start.elapsed();
-    let answer = batches[0].columns().iter().map(|c| c.as_primitive::<Int64Type>().value(0)).collect();
+    let answer = batches[0]
+        .columns()
+        .iter()
+        .map(|c| c.as_primitive::<Int64Type>().value(0))
+        .collect();
     (elapsed, answer, plan)
 }
 
@@ -71,7 +99,9 @@ fn gpu_join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<usize> {
     if plan.downcast_ref::<GpuHashJoinExec>().is_some() {
         return plan.metrics()?.sum_by_name(name).map(|m| m.as_usize());
     }
-    plan.children().iter().find_map(|c| gpu_join_metric(c, name))
+    plan.children()
+        .iter()
+        .find_map(|c| gpu_join_metric(c, name))
 }
 
 #[tokio::main]
@@ -79,11 +109,15 @@ async fn main() {
     let log2 = arg("--log2-rows", 24);
     let runs = arg("--runs", 5).max(1);
     let rows = 1usize << log2;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let mut rng = StdRng::seed_from_u64(42);
     let mut r_keys: Vec<i64> = (0..rows as i64).collect();
     r_keys.shuffle(&mut rng);
-    let s_keys: Vec<i64> = (0..rows).map(|_| rng.random_range(0..rows as i64)).collect();
+    let s_keys: Vec<i64> = (0..rows)
+        .map(|_| rng.random_range(0..rows as i64))
+        .collect();
 
     let config = SessionConfig::new().with_target_partitions(cores);
     let ctx = gpu_session_context(config);
@@ -102,7 +136,10 @@ async fn main() {
         v
     };
     let cpu = median(cpu_times);
-    println!("CPU  (DataFusion HashJoinExec): median {:>9.1} ms  answer {cpu_answer:?}", cpu.as_secs_f64() * 1e3);
+    println!(
+        "CPU  (DataFusion HashJoinExec): median {:>9.1} ms  answer {cpu_answer:?}",
+        cpu.as_secs_f64() * 1e3
+    );
 
     let runtime = match gpu_runtime() {
         Ok(runtime) => runtime,
@@ -125,14 +162,18 @@ async fn main() {
     assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
     let warm = median(warm_times);
     let plan = last_plan.expect("at least one run");
-    assert!(gpu_join_metric(&plan, "probe_rows").is_some(), "the GPU join did not run");
+    assert!(
+        gpu_join_metric(&plan, "probe_rows").is_some(),
+        "the GPU join did not run"
+    );
     let kernel_ms = gpu_join_metric(&plan, "kernel_time").unwrap_or(0) as f64 / 1e6;
     let transfer_ms = gpu_join_metric(&plan, "transfer_time").unwrap_or(0) as f64 / 1e6;
     let h2d = gpu_join_metric(&plan, "h2d_bytes").unwrap_or(0);
     let d2h = gpu_join_metric(&plan, "d2h_bytes").unwrap_or(0);
 
     let bandwidth = measure_copy_bandwidth(&runtime.devices()[0], 1 << 30, 5).unwrap();
-    let floor = (16.0 * rows as f64) / bandwidth.host_to_device + (16.0 * rows as f64) / bandwidth.device_to_host;
+    let floor = (16.0 * rows as f64) / bandwidth.host_to_device
+        + (16.0 * rows as f64) / bandwidth.device_to_host;
     println!("GPU  (GpuHashJoinExec):         cold   {:>9.1} ms  warm median {:>9.1} ms  answer {gpu_answer:?}", cold.as_secs_f64() * 1e3, warm.as_secs_f64() * 1e3);
     println!("     last warm run, summed over partitions: kernel {kernel_ms:.1} ms, transfers {transfer_ms:.1} ms, {h2d} B to device, {d2h} B back");
     println!(

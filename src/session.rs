@@ -37,14 +37,20 @@ fn add_gpu_options(config: &mut SessionConfig) {
 /// A new [`SessionContext`] with DataFusion's default features, `config`, and
 /// datafusion-gpu.
 pub fn gpu_session_context(config: SessionConfig) -> SessionContext {
-    let state = SessionStateBuilder::new().with_config(config).with_default_features().with_gpu().build();
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_gpu()
+        .build();
     SessionContext::new_with_state(state)
 }
 
 /// A context that shares `ctx`'s catalogs, functions and options, with
 /// datafusion-gpu added.
 pub fn with_gpu_context(ctx: &SessionContext) -> SessionContext {
-    let state = SessionStateBuilder::new_from_existing(ctx.state()).with_gpu().build();
+    let state = SessionStateBuilder::new_from_existing(ctx.state())
+        .with_gpu()
+        .build();
     SessionContext::new_with_state(state)
 }
 
@@ -74,9 +80,20 @@ mod tests {
     #[tokio::test]
     async fn an_existing_context_keeps_its_tables() {
         let ctx = SessionContext::new();
-        ctx.sql("CREATE TABLE t AS VALUES (1), (2)").await.unwrap().collect().await.unwrap();
+        ctx.sql("CREATE TABLE t AS VALUES (1), (2)")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
         let gpu_ctx = with_gpu_context(&ctx);
-        let batches = gpu_ctx.sql("SELECT count(*) FROM t").await.unwrap().collect().await.unwrap();
+        let batches = gpu_ctx
+            .sql("SELECT count(*) FROM t")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
         assert_eq!(batches[0].num_rows(), 1);
     }
 }

@@ -51,7 +51,9 @@ impl KeyLayout {
                 types.len()
             ));
         }
-        Ok(Self { types: types.to_vec() })
+        Ok(Self {
+            types: types.to_vec(),
+        })
     }
 
     /// Bits of the packed key.
@@ -88,9 +90,15 @@ impl KeyLayout {
             Some(nulls) if nulls.null_count() > 0 => {
                 let row_ids: Vec<u64> = nulls.valid_indices().map(|i| i as u64).collect();
                 let keys = row_ids.iter().map(|&i| packed[i as usize]).collect();
-                NormalizedKeys { keys, row_ids: Some(row_ids) }
+                NormalizedKeys {
+                    keys,
+                    row_ids: Some(row_ids),
+                }
             }
-            _ => NormalizedKeys { keys: packed, row_ids: None },
+            _ => NormalizedKeys {
+                keys: packed,
+                row_ids: None,
+            },
         })
     }
 }
@@ -102,7 +110,11 @@ fn append_bits(packed: &mut [u64], column: &ArrayRef, bits: u32) -> Result<()> {
             let values = column.as_primitive::<$arrow_type>().values();
             for (slot, &v) in packed.iter_mut().zip(values.iter()) {
                 let pattern = (v as $unsigned) as u64;
-                *slot = if bits == 64 { pattern } else { (*slot << bits) | pattern };
+                *slot = if bits == 64 {
+                    pattern
+                } else {
+                    (*slot << bits) | pattern
+                };
             }
         }};
     }
@@ -121,7 +133,11 @@ fn append_bits(packed: &mut [u64], column: &ArrayRef, bits: u32) -> Result<()> {
         DataType::Timestamp(TimeUnit::Millisecond, _) => pack!(TimestampMillisecondType, u64),
         DataType::Timestamp(TimeUnit::Microsecond, _) => pack!(TimestampMicrosecondType, u64),
         DataType::Timestamp(TimeUnit::Nanosecond, _) => pack!(TimestampNanosecondType, u64),
-        other => return Err(DataFusionError::NotImplemented(format!("GPU join key of type {other}"))),
+        other => {
+            return Err(DataFusionError::NotImplemented(format!(
+                "GPU join key of type {other}"
+            )))
+        }
     }
     Ok(())
 }
@@ -129,14 +145,29 @@ fn append_bits(packed: &mut [u64], column: &ArrayRef, bits: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::{Date32Array, Int16Array, Int32Array, Int64Array, StringArray, UInt8Array};
+    use datafusion::arrow::array::{
+        Date32Array, Int16Array, Int32Array, Int64Array, StringArray, UInt8Array,
+    };
     use std::sync::Arc;
 
     #[test]
     fn layouts_accept_integer_and_date_keys_up_to_64_bits() {
-        assert_eq!(KeyLayout::try_new(&[DataType::Int64]).unwrap().total_bits(), 64);
-        assert_eq!(KeyLayout::try_new(&[DataType::Int32, DataType::Date32]).unwrap().total_bits(), 64);
-        assert_eq!(KeyLayout::try_new(&[DataType::UInt8, DataType::Int16, DataType::Int32]).unwrap().total_bits(), 56);
+        assert_eq!(
+            KeyLayout::try_new(&[DataType::Int64]).unwrap().total_bits(),
+            64
+        );
+        assert_eq!(
+            KeyLayout::try_new(&[DataType::Int32, DataType::Date32])
+                .unwrap()
+                .total_bits(),
+            64
+        );
+        assert_eq!(
+            KeyLayout::try_new(&[DataType::UInt8, DataType::Int16, DataType::Int32])
+                .unwrap()
+                .total_bits(),
+            56
+        );
     }
 
     #[test]
@@ -191,8 +222,12 @@ mod tests {
         use datafusion::arrow::array::TimestampMicrosecondArray;
         let data_type = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
         let layout = KeyLayout::try_new(std::slice::from_ref(&data_type)).unwrap();
-        let col: ArrayRef = Arc::new(TimestampMicrosecondArray::from(vec![-5, 7]).with_timezone("UTC"));
-        assert_eq!(layout.normalize(&[col]).unwrap().keys, vec![(-5i64) as u64, 7]);
+        let col: ArrayRef =
+            Arc::new(TimestampMicrosecondArray::from(vec![-5, 7]).with_timezone("UTC"));
+        assert_eq!(
+            layout.normalize(&[col]).unwrap().keys,
+            vec![(-5i64) as u64, 7]
+        );
     }
 
     #[test]

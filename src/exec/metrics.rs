@@ -1,6 +1,8 @@
 //! Metrics of the GPU joins, shown by `EXPLAIN ANALYZE`.
 
-use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, Time,
+};
 
 use crate::gpu::PhaseTimes;
 

@@ -16,14 +16,21 @@ pub(crate) struct OnceFut<T> {
 
 impl<T> Clone for OnceFut<T> {
     fn clone(&self) -> Self {
-        Self { future: self.future.clone() }
+        Self {
+            future: self.future.clone(),
+        }
     }
 }
 
 impl<T: Send + Sync + 'static> OnceFut<T> {
     /// Wraps `future`; it runs when first awaited.
     pub(crate) fn new(future: impl Future<Output = Result<T>> + Send + 'static) -> Self {
-        Self { future: future.map(|r| r.map(Arc::new).map_err(Arc::new)).boxed().shared() }
+        Self {
+            future: future
+                .map(|r| r.map(Arc::new).map_err(Arc::new))
+                .boxed()
+                .shared(),
+        }
     }
 
     /// The result, computing it if no one has yet.

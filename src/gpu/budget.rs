@@ -35,7 +35,11 @@ pub struct DeviceBudget {
 impl DeviceBudget {
     /// A budget over `free_at_open` bytes.
     pub fn new(free_at_open: usize) -> Arc<Self> {
-        Arc::new(Self { free_at_open, state: Mutex::default(), released: Condvar::new() })
+        Arc::new(Self {
+            free_at_open,
+            state: Mutex::default(),
+            released: Condvar::new(),
+        })
     }
 
     /// Device memory that was free when the device was opened.
@@ -50,7 +54,11 @@ impl DeviceBudget {
 
     /// The byte limit that `fraction` of the free memory gives.
     pub fn limit_for(&self, fraction: f64) -> usize {
-        let fraction = if fraction.is_finite() { fraction.clamp(0.0, 1.0) } else { 0.0 };
+        let fraction = if fraction.is_finite() {
+            fraction.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         (self.free_at_open as f64 * fraction) as usize
     }
 
@@ -81,16 +89,25 @@ impl DeviceBudget {
                 });
             }
             if bytes > limit || state.transient_holders == 0 {
-                return Err(GpuError::OutOfDeviceMemory { requested: bytes, limit, in_use: state.in_use });
+                return Err(GpuError::OutOfDeviceMemory {
+                    requested: bytes,
+                    limit,
+                    in_use: state.in_use,
+                });
             }
-            state = self.released.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+            state = self
+                .released
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BudgetState> {
         // The state is two counters that are always left consistent, so a
         // panic elsewhere while holding the lock cannot corrupt it.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -135,7 +152,9 @@ mod tests {
     fn reservations_add_up_and_release_on_drop() {
         let budget = DeviceBudget::new(1000);
         let a = budget.reserve(400, 1.0, ReservationKind::Resident).unwrap();
-        let b = budget.reserve(600, 1.0, ReservationKind::Transient).unwrap();
+        let b = budget
+            .reserve(600, 1.0, ReservationKind::Transient)
+            .unwrap();
         assert_eq!(budget.in_use(), 1000);
         drop(a);
         drop(b);
@@ -145,25 +164,45 @@ mod tests {
     #[test]
     fn a_request_larger_than_the_limit_fails_at_once() {
         let budget = DeviceBudget::new(1000);
-        let err = budget.reserve(600, 0.5, ReservationKind::Transient).unwrap_err();
-        assert!(matches!(err, GpuError::OutOfDeviceMemory { requested: 600, limit: 500, in_use: 0 }));
+        let err = budget
+            .reserve(600, 0.5, ReservationKind::Transient)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            GpuError::OutOfDeviceMemory {
+                requested: 600,
+                limit: 500,
+                in_use: 0
+            }
+        ));
     }
 
     #[test]
     fn waiting_on_resident_memory_fails_instead_of_deadlocking() {
         let budget = DeviceBudget::new(1000);
         let _resident = budget.reserve(800, 1.0, ReservationKind::Resident).unwrap();
-        let err = budget.reserve(300, 1.0, ReservationKind::Transient).unwrap_err();
-        assert!(matches!(err, GpuError::OutOfDeviceMemory { in_use: 800, .. }));
+        let err = budget
+            .reserve(300, 1.0, ReservationKind::Transient)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            GpuError::OutOfDeviceMemory { in_use: 800, .. }
+        ));
     }
 
     #[test]
     fn a_transient_request_waits_for_another_transient_to_finish() {
         let budget = DeviceBudget::new(1000);
-        let first = budget.reserve(700, 1.0, ReservationKind::Transient).unwrap();
+        let first = budget
+            .reserve(700, 1.0, ReservationKind::Transient)
+            .unwrap();
         let waiter = {
             let budget = Arc::clone(&budget);
-            std::thread::spawn(move || budget.reserve(700, 1.0, ReservationKind::Transient).map(|r| r.bytes()))
+            std::thread::spawn(move || {
+                budget
+                    .reserve(700, 1.0, ReservationKind::Transient)
+                    .map(|r| r.bytes())
+            })
         };
         std::thread::sleep(Duration::from_millis(50));
         drop(first);

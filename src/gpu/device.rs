@@ -29,7 +29,9 @@ impl GpuDevice {
     pub(crate) fn open(ordinal: usize) -> GpuResult<Self> {
         let ctx = CudaContext::new(ordinal).during("creating a CUDA context")?;
         let name = ctx.name().during("reading the device name")?;
-        let compute_capability = ctx.compute_capability().during("reading the compute capability")?;
+        let compute_capability = ctx
+            .compute_capability()
+            .during("reading the compute capability")?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .during("reading the multiprocessor count")? as u32;
@@ -95,18 +97,27 @@ impl GpuDevice {
 
     /// A stream for one unit of work, returned to the device on drop.
     pub fn stream(self: &Arc<Self>) -> GpuResult<PooledStream> {
-        let idle = self.idle_streams.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let idle = self
+            .idle_streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
         let stream = match idle {
             Some(stream) => stream,
             None => self.ctx.new_stream().during("creating a stream")?,
         };
-        Ok(PooledStream { stream: Some(stream), device: Arc::clone(self) })
+        Ok(PooledStream {
+            stream: Some(stream),
+            device: Arc::clone(self),
+        })
     }
 
     /// Makes the context current on the calling thread (needed before driver
     /// calls from a thread that has not used this device yet).
     pub fn bind_to_thread(&self) -> GpuResult<()> {
-        self.ctx.bind_to_thread().during("binding the CUDA context to a thread")
+        self.ctx
+            .bind_to_thread()
+            .during("binding the CUDA context to a thread")
     }
 }
 
@@ -151,7 +162,11 @@ impl Drop for PooledStream {
         if let Some(stream) = self.stream.take() {
             // A stream with unfinished or failed work is not reused.
             if stream.synchronize().is_ok() {
-                self.device.idle_streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream);
+                self.device
+                    .idle_streams
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(stream);
             }
         }
     }

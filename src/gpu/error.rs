@@ -64,7 +64,9 @@ impl std::error::Error for GpuError {
 impl From<GpuError> for DataFusionError {
     fn from(err: GpuError) -> Self {
         match err {
-            GpuError::OutOfDeviceMemory { .. } => DataFusionError::ResourcesExhausted(err.to_string()),
+            GpuError::OutOfDeviceMemory { .. } => {
+                DataFusionError::ResourcesExhausted(err.to_string())
+            }
             other => DataFusionError::External(Box::new(other)),
         }
     }

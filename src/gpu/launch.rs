@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 
 use super::{DriverResultExt, GpuError, GpuResult};
@@ -40,12 +42,17 @@ impl Kernels {
     /// JIT-compiles the embedded PTX for the context's device and looks up
     /// every kernel.
     pub fn load(ctx: &Arc<cudarc::driver::CudaContext>) -> GpuResult<Self> {
-        let load = |src: &str| ctx.load_module(Ptx::from_src(src)).during("loading PTX into the device");
+        let load = |src: &str| {
+            ctx.load_module(Ptx::from_src(src))
+                .during("loading PTX into the device")
+        };
         let scan = load(SCAN_PTX)?;
         let radix = load(RADIX_PARTITION_PTX)?;
         let join = load(HASH_JOIN_PTX)?;
         let function = |module: &Arc<CudaModule>, name: &'static str| {
-            module.load_function(name).during("looking up a kernel in the PTX")
+            module
+                .load_function(name)
+                .during("looking up a kernel in the PTX")
         };
         Ok(Self {
             scan_tiles: function(&scan, "scan_tiles")?,
@@ -62,14 +69,22 @@ impl Kernels {
 }
 
 fn config(grid: u64) -> GpuResult<LaunchConfig> {
-    let grid = u32::try_from(grid.max(1))
-        .map_err(|_| GpuError::Invalid(format!("grid of {grid} blocks exceeds the launch limit")))?;
-    Ok(LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 })
+    let grid = u32::try_from(grid.max(1)).map_err(|_| {
+        GpuError::Invalid(format!("grid of {grid} blocks exceeds the launch limit"))
+    })?;
+    Ok(LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (BLOCK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
 }
 
 fn check_len<T>(slice: &CudaSlice<T>, needed: usize, what: &str) -> GpuResult<()> {
     if slice.len() < needed {
-        return Err(GpuError::Invalid(format!("{what} holds {} elements, {needed} needed", slice.len())));
+        return Err(GpuError::Invalid(format!(
+            "{what} holds {} elements, {needed} needed",
+            slice.len()
+        )));
     }
     Ok(())
 }
@@ -77,7 +92,8 @@ fn check_len<T>(slice: &CudaSlice<T>, needed: usize, what: &str) -> GpuResult<()
 /// Blocks for a grid-stride loop over `n` items: enough to fill the device,
 /// no more than the items need.
 pub fn grid_stride_blocks(n: u64, sm_count: u32) -> u64 {
-    n.div_ceil(u64::from(BLOCK_THREADS)).clamp(1, u64::from(sm_count) * 16)
+    n.div_ceil(u64::from(BLOCK_THREADS))
+        .clamp(1, u64::from(sm_count) * 16)
 }
 
 /// `scan_tiles`: scans `values[..n]` in place per tile of [`SCAN_TILE`] and
@@ -121,7 +137,13 @@ pub fn scan_add_tile_offsets(
 }
 
 /// `iota_u64`: `out[i] = first + i` for `i < out.len()`.
-pub fn iota(kernels: &Kernels, stream: &Arc<CudaStream>, sm_count: u32, out: &mut CudaSlice<u64>, first: u64) -> GpuResult<()> {
+pub fn iota(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    out: &mut CudaSlice<u64>,
+    first: u64,
+) -> GpuResult<()> {
     let n = out.len() as u64;
     if n == 0 {
         return Ok(());
@@ -129,7 +151,8 @@ pub fn iota(kernels: &Kernels, stream: &Arc<CudaStream>, sm_count: u32, out: &mu
     let mut launch = stream.launch_builder(&kernels.iota_u64);
     launch.arg(&mut *out).arg(&n).arg(&first);
     // SAFETY: writes out[..n] with n = out.len().
-    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }.during("launching iota_u64")?;
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching iota_u64")?;
     Ok(())
 }
 
@@ -147,9 +170,14 @@ impl RadixGrid {
     /// least one tile of [`BLOCK_THREADS`] rows per block.
     pub fn new(rows: u64, sm_count: u32) -> Self {
         let target_blocks = (u64::from(sm_count) * 4).max(1);
-        let rows_per_block = rows.div_ceil(target_blocks).max(u64::from(BLOCK_THREADS) * 4);
+        let rows_per_block = rows
+            .div_ceil(target_blocks)
+            .max(u64::from(BLOCK_THREADS) * 4);
         let blocks = rows.div_ceil(rows_per_block).max(1);
-        Self { blocks, rows_per_block }
+        Self {
+            blocks,
+            rows_per_block,
+        }
     }
 }
 
@@ -170,7 +198,13 @@ pub fn radix_histogram(
     check_len(histogram, (grid.blocks as usize) << bits, "radix histogram")?;
     let n = keys.len() as u64;
     let mut launch = stream.launch_builder(&kernels.radix_histogram);
-    launch.arg(keys).arg(&n).arg(&shift).arg(&bits).arg(&grid.rows_per_block).arg(histogram);
+    launch
+        .arg(keys)
+        .arg(&n)
+        .arg(&shift)
+        .arg(&bits)
+        .arg(&grid.rows_per_block)
+        .arg(histogram);
     // SAFETY: reads keys[..n]; writes histogram[..2^bits * blocks], checked above.
     unsafe { launch.launch(config(grid.blocks)?) }.during("launching radix_histogram")?;
     Ok(())
@@ -229,13 +263,16 @@ pub fn partition_bounds(
 ) -> GpuResult<()> {
     let n = keys.len() as u64;
     if n == 0 {
-        return Err(GpuError::Invalid("partition_bounds needs at least one row".into()));
+        return Err(GpuError::Invalid(
+            "partition_bounds needs at least one row".into(),
+        ));
     }
     check_len(starts, (1usize << total_bits) + 1, "partition starts")?;
     let mut launch = stream.launch_builder(&kernels.partition_bounds);
     launch.arg(keys).arg(&n).arg(&total_bits).arg(starts);
     // SAFETY: writes starts[..=2^total_bits], length checked; reads keys[..n].
-    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }.during("launching partition_bounds")?;
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching partition_bounds")?;
     Ok(())
 }
 
@@ -257,11 +294,17 @@ fn check_join_inputs(
     partitions: &std::ops::Range<u64>,
 ) -> GpuResult<()> {
     for side in [build, probe] {
-        check_len(side.starts, (1usize << partition_bits) + 1, "partition starts")?;
+        check_len(
+            side.starts,
+            (1usize << partition_bits) + 1,
+            "partition starts",
+        )?;
         check_len(side.row_ids, side.keys.len(), "row ids")?;
     }
     if partitions.start > partitions.end || partitions.end > 1u64 << partition_bits {
-        return Err(GpuError::Invalid(format!("partition range {partitions:?} beyond 2^{partition_bits} partitions")));
+        return Err(GpuError::Invalid(format!(
+            "partition range {partitions:?} beyond 2^{partition_bits} partitions"
+        )));
     }
     Ok(())
 }
@@ -297,8 +340,13 @@ pub fn hash_join_count(
         .arg(&partitions.end)
         .arg(match_counts);
     // SAFETY: starts bound every key access; match_counts holds the range.
-    unsafe { launch.launch(config(join_blocks(partitions.end - partitions.start, sm_count))?) }
-        .during("launching hash_join_count")?;
+    unsafe {
+        launch.launch(config(join_blocks(
+            partitions.end - partitions.start,
+            sm_count,
+        ))?)
+    }
+    .during("launching hash_join_count")?;
     Ok(())
 }
 
@@ -341,7 +389,12 @@ pub fn hash_join_write(
     // SAFETY: the caller passes the offsets of hash_join_count over the same
     // inputs, and output_len >= the range's match total, so every write lands
     // in [0, output_len); the other lengths are checked above.
-    unsafe { launch.launch(config(join_blocks(partitions.end - partitions.start, sm_count))?) }
-        .during("launching hash_join_write")?;
+    unsafe {
+        launch.launch(config(join_blocks(
+            partitions.end - partitions.start,
+            sm_count,
+        ))?)
+    }
+    .during("launching hash_join_write")?;
     Ok(())
 }

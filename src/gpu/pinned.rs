@@ -23,7 +23,10 @@ pub struct PinnedPool {
 impl PinnedPool {
     /// An empty pool for `ctx`.
     pub fn new(ctx: Arc<CudaContext>) -> Arc<Self> {
-        Arc::new(Self { ctx, free: Mutex::new(Vec::new()) })
+        Arc::new(Self {
+            ctx,
+            free: Mutex::new(Vec::new()),
+        })
     }
 
     /// A buffer of at least `len` elements: the smallest pooled one that fits,
@@ -50,7 +53,11 @@ impl PinnedPool {
                     .during("allocating pinned host memory")?
             }
         };
-        Ok(PinnedBuffer { slice: Some(slice), len, pool: Arc::clone(self) })
+        Ok(PinnedBuffer {
+            slice: Some(slice),
+            len,
+            pool: Arc::clone(self),
+        })
     }
 }
 
@@ -97,7 +104,11 @@ impl PinnedBuffer {
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         if let Some(slice) = self.slice.take() {
-            self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push(slice);
+            self.pool
+                .free
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(slice);
         }
     }
 }

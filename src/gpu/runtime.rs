@@ -68,7 +68,9 @@ pub fn gpu_runtime() -> Result<Arc<GpuRuntime>, GpuUnavailable> {
 fn detect() -> Result<Arc<GpuRuntime>, GpuUnavailable> {
     if let Ok(visible) = std::env::var("CUDA_VISIBLE_DEVICES") {
         if visible.trim().is_empty() {
-            return Err(GpuUnavailable("CUDA_VISIBLE_DEVICES is set and empty".into()));
+            return Err(GpuUnavailable(
+                "CUDA_VISIBLE_DEVICES is set and empty".into(),
+            ));
         }
     }
     // SAFETY: only tries to dlopen the driver library; no symbol is called.
@@ -82,13 +84,15 @@ fn detect() -> Result<Arc<GpuRuntime>, GpuUnavailable> {
     match std::panic::catch_unwind(open_devices) {
         Ok(result) => result.map(Arc::new),
         Err(_) => Err(GpuUnavailable(
-            "the NVIDIA driver lacks a CUDA 13.0 entry point (driver 580 or newer is needed)".into(),
+            "the NVIDIA driver lacks a CUDA 13.0 entry point (driver 580 or newer is needed)"
+                .into(),
         )),
     }
 }
 
 fn open_devices() -> Result<GpuRuntime, GpuUnavailable> {
-    let count = CudaContext::device_count().map_err(|e| GpuUnavailable(format!("the CUDA driver failed to initialise: {e}")))?;
+    let count = CudaContext::device_count()
+        .map_err(|e| GpuUnavailable(format!("the CUDA driver failed to initialise: {e}")))?;
     if count <= 0 {
         return Err(GpuUnavailable("the CUDA driver reports no device".into()));
     }
@@ -104,7 +108,9 @@ fn open_devices() -> Result<GpuRuntime, GpuUnavailable> {
     }
     if devices.is_empty() {
         let reason = first_error.map(|e| e.to_string()).unwrap_or_default();
-        return Err(GpuUnavailable(format!("no device could be opened: {reason}")));
+        return Err(GpuUnavailable(format!(
+            "no device could be opened: {reason}"
+        )));
     }
     Ok(GpuRuntime { devices })
 }

@@ -54,7 +54,12 @@ pub struct PhaseTimer {
 impl PhaseTimer {
     /// A timer for work on `stream`.
     pub fn new(stream: Arc<CudaStream>) -> Self {
-        Self { stream, spans: Vec::new(), host_to_device_bytes: 0, device_to_host_bytes: 0 }
+        Self {
+            stream,
+            spans: Vec::new(),
+            host_to_device_bytes: 0,
+            device_to_host_bytes: 0,
+        }
     }
 
     /// Counts `bytes` copied in a copy phase.
@@ -69,9 +74,15 @@ impl PhaseTimer {
     /// Enqueues `work` between two timing events.
     pub fn time<T>(&mut self, phase: Phase, work: impl FnOnce() -> GpuResult<T>) -> GpuResult<T> {
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self.stream.record_event(flags).during("recording a timing event")?;
+        let start = self
+            .stream
+            .record_event(flags)
+            .during("recording a timing event")?;
         let value = work()?;
-        let end = self.stream.record_event(flags).during("recording a timing event")?;
+        let end = self
+            .stream
+            .record_event(flags)
+            .during("recording a timing event")?;
         self.spans.push((phase, start, end));
         Ok(value)
     }

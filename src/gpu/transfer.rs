@@ -17,7 +17,9 @@ pub fn upload_u64(
     timer: &mut PhaseTimer,
 ) -> GpuResult<CudaSlice<u64>> {
     if host.is_empty() {
-        return stream.null::<u64>().during("allocating an empty device vector");
+        return stream
+            .null::<u64>()
+            .during("allocating an empty device vector");
     }
     let mut staging = device.pinned().take(host.len())?;
     staging.as_mut_slice()?.copy_from_slice(host);
@@ -25,8 +27,13 @@ pub fn upload_u64(
     let mut dst = unsafe { stream.alloc::<u64>(host.len()) }.during("allocating device memory")?;
     let len = host.len();
     timer.time(Phase::HostToDevice, || {
-        let src = PinnedPrefix { buffer: staging.raw_mut(), len };
-        stream.memcpy_htod(&src, &mut dst).during("copying to the device")
+        let src = PinnedPrefix {
+            buffer: staging.raw_mut(),
+            len,
+        };
+        stream
+            .memcpy_htod(&src, &mut dst)
+            .during("copying to the device")
     })?;
     timer.add_bytes(Phase::HostToDevice, 8 * len);
     Ok(dst)
@@ -50,8 +57,13 @@ pub fn download_u64(
     timer.time(Phase::DeviceToHost, || {
         // The prefix matters: the driver copies as many bytes as the host
         // slice holds, and the pooled buffer may be larger than the data.
-        let mut dst = PinnedPrefix { buffer: staging.raw_mut(), len };
-        stream.memcpy_dtoh(device_data, &mut dst).during("copying from the device")
+        let mut dst = PinnedPrefix {
+            buffer: staging.raw_mut(),
+            len,
+        };
+        stream
+            .memcpy_dtoh(device_data, &mut dst)
+            .during("copying from the device")
     })?;
     timer.add_bytes(Phase::DeviceToHost, 8 * device_data.len());
     out.extend_from_slice(staging.as_slice()?);
@@ -103,7 +115,11 @@ pub struct CopyBandwidth {
 
 /// Times `repeats` copies of `bytes` bytes each way through pinned memory
 /// with events (after one warm-up copy) and returns the median bandwidths.
-pub fn measure_copy_bandwidth(device: &std::sync::Arc<GpuDevice>, bytes: usize, repeats: usize) -> GpuResult<CopyBandwidth> {
+pub fn measure_copy_bandwidth(
+    device: &std::sync::Arc<GpuDevice>,
+    bytes: usize,
+    repeats: usize,
+) -> GpuResult<CopyBandwidth> {
     device.bind_to_thread()?;
     let elements = (bytes / 8).max(1);
     let pooled = device.stream()?;
@@ -113,18 +129,29 @@ pub fn measure_copy_bandwidth(device: &std::sync::Arc<GpuDevice>, bytes: usize, 
         *v = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
     // SAFETY: written by the first copy before it is read.
-    let mut device_buffer = unsafe { stream.alloc::<u64>(elements) }.during("allocating a bandwidth buffer")?;
+    let mut device_buffer =
+        unsafe { stream.alloc::<u64>(elements) }.during("allocating a bandwidth buffer")?;
     let mut h2d = Vec::new();
     let mut d2h = Vec::new();
     for round in 0..=repeats {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         timer.time(Phase::HostToDevice, || {
-            let src = PinnedPrefix { buffer: staging.raw_mut(), len: elements };
-            stream.memcpy_htod(&src, &mut device_buffer).during("copying to the device")
+            let src = PinnedPrefix {
+                buffer: staging.raw_mut(),
+                len: elements,
+            };
+            stream
+                .memcpy_htod(&src, &mut device_buffer)
+                .during("copying to the device")
         })?;
         timer.time(Phase::DeviceToHost, || {
-            let mut dst = PinnedPrefix { buffer: staging.raw_mut(), len: elements };
-            stream.memcpy_dtoh(&device_buffer, &mut dst).during("copying from the device")
+            let mut dst = PinnedPrefix {
+                buffer: staging.raw_mut(),
+                len: elements,
+            };
+            stream
+                .memcpy_dtoh(&device_buffer, &mut dst)
+                .during("copying from the device")
         })?;
         let times = timer.finish()?;
         if round > 0 {
@@ -137,5 +164,8 @@ pub fn measure_copy_bandwidth(device: &std::sync::Arc<GpuDevice>, bytes: usize, 
         v[v.len() / 2]
     };
     let bytes = (elements * 8) as f64;
-    Ok(CopyBandwidth { host_to_device: bytes / median(h2d), device_to_host: bytes / median(d2h) })
+    Ok(CopyBandwidth {
+        host_to_device: bytes / median(h2d),
+        device_to_host: bytes / median(d2h),
+    })
 }

@@ -10,7 +10,10 @@ use cudarc::driver::CudaStream;
 
 use super::radix::{radix_partition, PartitionedColumn, RadixPlan};
 use crate::gpu::launch;
-use crate::gpu::{download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer};
+use crate::gpu::{
+    download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
+    PhaseTimer,
+};
 
 /// The build side of a join, partitioned and resident on one device.
 #[derive(Debug)]
@@ -62,18 +65,27 @@ fn upload_and_partition(
     let device_ids = match row_ids {
         Some(ids) => {
             if ids.len() != keys.len() {
-                return Err(GpuError::Invalid(format!("{} row ids for {} keys", ids.len(), keys.len())));
+                return Err(GpuError::Invalid(format!(
+                    "{} row ids for {} keys",
+                    ids.len(),
+                    keys.len()
+                )));
             }
             upload_u64(device, stream, ids, timer)?
         }
         None => {
             // SAFETY: iota writes every element.
-            let mut ids = unsafe { stream.alloc::<u64>(keys.len()) }.during("allocating row ids")?;
-            timer.time(Phase::Kernel, || launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0))?;
+            let mut ids =
+                unsafe { stream.alloc::<u64>(keys.len()) }.during("allocating row ids")?;
+            timer.time(Phase::Kernel, || {
+                launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)
+            })?;
             ids
         }
     };
-    timer.time(Phase::Kernel, || radix_partition(device, stream, device_keys, device_ids, plan))
+    timer.time(Phase::Kernel, || {
+        radix_partition(device, stream, device_keys, device_ids, plan)
+    })
 }
 
 /// Device bytes one probe chunk of `rows` rows needs beside the build table,
@@ -105,7 +117,9 @@ pub fn probe(
     let partitions = plan.partitions() as u64;
     let sm_count = device.sm_count();
 
-    let mut counts = stream.alloc_zeros::<u64>(plan.partitions()).during("allocating match counts")?;
+    let mut counts = stream
+        .alloc_zeros::<u64>(plan.partitions())
+        .during("allocating match counts")?;
     timer.time(Phase::Kernel, || {
         launch::hash_join_count(
             device.kernels(),
@@ -132,8 +146,10 @@ pub fn probe(
         let len = (offsets[range.end] - base) as usize;
         // SAFETY (both): hash_join_write writes every one of the `len` pairs
         // of the range, as counted by hash_join_count over the same inputs.
-        let mut out_build: DeviceVec<u64> = unsafe { stream.alloc(len) }.during("allocating join output")?;
-        let mut out_probe: DeviceVec<u64> = unsafe { stream.alloc(len) }.during("allocating join output")?;
+        let mut out_build: DeviceVec<u64> =
+            unsafe { stream.alloc(len) }.during("allocating join output")?;
+        let mut out_probe: DeviceVec<u64> =
+            unsafe { stream.alloc(len) }.during("allocating join output")?;
         timer.time(Phase::Kernel, || {
             launch::hash_join_write(
                 device.kernels(),
@@ -196,7 +212,12 @@ pub mod reference {
     use std::collections::HashMap;
 
     /// Every (build row id, probe row id) pair with equal keys, sorted.
-    pub fn hash_join(build_keys: &[u64], build_ids: &[u64], probe_keys: &[u64], probe_ids: &[u64]) -> Vec<(u64, u64)> {
+    pub fn hash_join(
+        build_keys: &[u64],
+        build_ids: &[u64],
+        probe_keys: &[u64],
+        probe_ids: &[u64],
+    ) -> Vec<(u64, u64)> {
         let mut table: HashMap<u64, Vec<u64>> = HashMap::new();
         for (&k, &id) in build_keys.iter().zip(build_ids) {
             table.entry(k).or_default().push(id);
@@ -228,7 +249,10 @@ mod tests {
         let offsets = exclusive_offsets(&counts);
         let ranges = output_ranges(&offsets, 5);
         assert_eq!(ranges, vec![0..2, 2..3, 3..4, 4..8]);
-        let covered: u64 = ranges.iter().map(|r| offsets[r.end] - offsets[r.start]).sum();
+        let covered: u64 = ranges
+            .iter()
+            .map(|r| offsets[r.end] - offsets[r.start])
+            .sum();
         assert_eq!(covered, 21);
         for r in &ranges {
             let pairs = offsets[r.end] - offsets[r.start];

@@ -32,7 +32,10 @@ impl RadixPlan {
         let pass_bits = (0..passes)
             .map(|i| partition_bits / passes + u32::from(i < partition_bits % passes))
             .collect();
-        Self { partition_bits, pass_bits }
+        Self {
+            partition_bits,
+            pass_bits,
+        }
     }
 
     /// The plan for a join: enough partitions that an average build partition
@@ -85,7 +88,11 @@ pub struct PartitionedColumn {
 impl PartitionedColumn {
     /// The kernels' view of this side.
     pub fn side(&self) -> launch::PartitionedSide<'_> {
-        launch::PartitionedSide { keys: &self.keys, row_ids: &self.row_ids, starts: &self.starts }
+        launch::PartitionedSide {
+            keys: &self.keys,
+            row_ids: &self.row_ids,
+            starts: &self.starts,
+        }
     }
 
     /// Rows.
@@ -104,29 +111,61 @@ pub fn radix_partition(
 ) -> GpuResult<PartitionedColumn> {
     let rows = keys.len();
     let kernels = device.kernels();
-    let mut starts = stream.alloc_zeros::<u64>(plan.partitions() + 1).during("allocating partition starts")?;
+    let mut starts = stream
+        .alloc_zeros::<u64>(plan.partitions() + 1)
+        .during("allocating partition starts")?;
     if rows == 0 {
-        return Ok(PartitionedColumn { keys, row_ids, starts });
+        return Ok(PartitionedColumn {
+            keys,
+            row_ids,
+            starts,
+        });
     }
     let grid = RadixGrid::new(rows as u64, device.sm_count());
     let mut shift = 0;
     if !plan.pass_bits().is_empty() {
         // SAFETY (both): every element is written by the first scatter.
-        let mut keys_out = unsafe { stream.alloc::<u64>(rows) }.during("allocating partition buffers")?;
-        let mut ids_out = unsafe { stream.alloc::<u64>(rows) }.during("allocating partition buffers")?;
+        let mut keys_out =
+            unsafe { stream.alloc::<u64>(rows) }.during("allocating partition buffers")?;
+        let mut ids_out =
+            unsafe { stream.alloc::<u64>(rows) }.during("allocating partition buffers")?;
         for &bits in plan.pass_bits() {
             let histogram_len = (grid.blocks as usize) << bits;
-            let mut offsets = stream.alloc_zeros::<u64>(histogram_len).during("allocating a radix histogram")?;
+            let mut offsets = stream
+                .alloc_zeros::<u64>(histogram_len)
+                .during("allocating a radix histogram")?;
             launch::radix_histogram(kernels, stream, &keys, shift, bits, grid, &mut offsets)?;
             exclusive_scan(device, stream, &mut offsets, histogram_len)?;
-            launch::radix_scatter(kernels, stream, &keys, &row_ids, shift, bits, grid, &offsets, &mut keys_out, &mut ids_out)?;
+            launch::radix_scatter(
+                kernels,
+                stream,
+                &keys,
+                &row_ids,
+                shift,
+                bits,
+                grid,
+                &offsets,
+                &mut keys_out,
+                &mut ids_out,
+            )?;
             std::mem::swap(&mut keys, &mut keys_out);
             std::mem::swap(&mut row_ids, &mut ids_out);
             shift += bits;
         }
     }
-    launch::partition_bounds(kernels, stream, device.sm_count(), &keys, plan.partition_bits(), &mut starts)?;
-    Ok(PartitionedColumn { keys, row_ids, starts })
+    launch::partition_bounds(
+        kernels,
+        stream,
+        device.sm_count(),
+        &keys,
+        plan.partition_bits(),
+        &mut starts,
+    )?;
+    Ok(PartitionedColumn {
+        keys,
+        row_ids,
+        starts,
+    })
 }
 
 /// CPU references.
@@ -136,7 +175,11 @@ pub mod reference {
 
     /// What [`super::radix_partition`] must produce: pairs stably ordered by
     /// partition id, and the partition starts.
-    pub fn radix_partition(keys: &[u64], row_ids: &[u64], plan: &RadixPlan) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+    pub fn radix_partition(
+        keys: &[u64],
+        row_ids: &[u64],
+        plan: &RadixPlan,
+    ) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
         let mask = (1u64 << plan.partition_bits()) - 1;
         let partition = |k: u64| (mix64(k) & mask) as usize;
         let mut order: Vec<usize> = (0..keys.len()).collect();
@@ -148,7 +191,11 @@ pub mod reference {
         for p in 0..plan.partitions() {
             starts[p + 1] += starts[p];
         }
-        (order.iter().map(|&i| keys[i]).collect(), order.iter().map(|&i| row_ids[i]).collect(), starts)
+        (
+            order.iter().map(|&i| keys[i]).collect(),
+            order.iter().map(|&i| row_ids[i]).collect(),
+            starts,
+        )
     }
 }
 
@@ -187,8 +234,13 @@ mod tests {
         assert_eq!(*starts.last().unwrap(), 1000);
         for p in 0..16 {
             let range = starts[p] as usize..starts[p + 1] as usize;
-            assert!(pk[range.clone()].iter().all(|&k| (crate::ops::mix64(k) & 15) as usize == p));
-            assert!(pi[range].windows(2).all(|w| w[0] < w[1]), "stable within a partition");
+            assert!(pk[range.clone()]
+                .iter()
+                .all(|&k| (crate::ops::mix64(k) & 15) as usize == p));
+            assert!(
+                pi[range].windows(2).all(|w| w[0] < w[1]),
+                "stable within a partition"
+            );
         }
     }
 }

@@ -9,12 +9,19 @@ use cudarc::driver::CudaStream;
 
 /// Replaces `values[..n]` by its exclusive prefix sum: tiles are scanned in
 /// one launch, their totals are scanned recursively, then added back.
-pub fn exclusive_scan(device: &GpuDevice, stream: &Arc<CudaStream>, values: &mut DeviceVec<u64>, n: usize) -> GpuResult<()> {
+pub fn exclusive_scan(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    values: &mut DeviceVec<u64>,
+    n: usize,
+) -> GpuResult<()> {
     if n == 0 {
         return Ok(());
     }
     let tiles = n.div_ceil(SCAN_TILE);
-    let mut tile_totals = stream.alloc_zeros::<u64>(tiles).during("allocating scan tile totals")?;
+    let mut tile_totals = stream
+        .alloc_zeros::<u64>(tiles)
+        .during("allocating scan tile totals")?;
     launch::scan_tiles(device.kernels(), stream, values, n, &mut tile_totals)?;
     if tiles > 1 {
         exclusive_scan(device, stream, &mut tile_totals, tiles)?;
@@ -43,7 +50,10 @@ pub mod reference {
 mod tests {
     #[test]
     fn reference_scan_is_exclusive() {
-        assert_eq!(super::reference::exclusive_scan(&[3, 0, 2, 5]), vec![0, 3, 3, 5]);
+        assert_eq!(
+            super::reference::exclusive_scan(&[3, 0, 2, 5]),
+            vec![0, 3, 3, 5]
+        );
         assert!(super::reference::exclusive_scan(&[]).is_empty());
     }
 }

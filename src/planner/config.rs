@@ -36,7 +36,11 @@ impl GpuOptions {
     /// The options of a session, or the defaults where the session has none
     /// registered (the rule was added without [`crate::SessionStateBuilderGpuExt`]).
     pub fn from_config(config: &ConfigOptions) -> Self {
-        config.extensions.get::<GpuOptions>().cloned().unwrap_or_default()
+        config
+            .extensions
+            .get::<GpuOptions>()
+            .cloned()
+            .unwrap_or_default()
     }
 }
 

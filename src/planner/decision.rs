@@ -52,8 +52,12 @@ impl NodeDecision {
 impl fmt::Display for NodeDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.placement {
-            Placement::Gpu { algorithm } => write!(f, "{} ({}): GPU, {algorithm}", self.operator, self.detail),
-            Placement::Cpu { reason } => write!(f, "{} ({}): CPU, {reason}", self.operator, self.detail),
+            Placement::Gpu { algorithm } => {
+                write!(f, "{} ({}): GPU, {algorithm}", self.operator, self.detail)
+            }
+            Placement::Cpu { reason } => {
+                write!(f, "{} ({}): CPU, {reason}", self.operator, self.detail)
+            }
         }
     }
 }
@@ -74,7 +78,10 @@ pub fn decide_hash_join(
     }
     gpu.map_err(|reason| format!("no GPU: {reason}"))?;
     if *join.join_type() != JoinType::Inner {
-        return Err(format!("{} joins are not supported on the GPU yet (inner joins are)", join.join_type()));
+        return Err(format!(
+            "{} joins are not supported on the GPU yet (inner joins are)",
+            join.join_type()
+        ));
     }
     if join.null_equality() != NullEquality::NullEqualsNothing {
         return Err("keys that compare NULL equal to NULL are not supported on the GPU yet".into());
@@ -115,7 +122,9 @@ pub(crate) fn key_layout(join: &HashJoinExec) -> Result<KeyLayout, String> {
         let left_type = left.data_type(&left_schema).map_err(|e| e.to_string())?;
         let right_type = right.data_type(&right_schema).map_err(|e| e.to_string())?;
         if left_type != right_type {
-            return Err(format!("key types differ across the join ({left_type} and {right_type})"));
+            return Err(format!(
+                "key types differ across the join ({left_type} and {right_type})"
+            ));
         }
         types.push(left_type);
     }
@@ -127,7 +136,9 @@ pub(crate) fn key_layout(join: &HashJoinExec) -> Result<KeyLayout, String> {
 fn estimated_input_rows(join: &HashJoinExec) -> Option<usize> {
     let context = StatisticsContext::new();
     let rows = |plan: &Arc<dyn ExecutionPlan>| -> Option<usize> {
-        let stats = context.compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
+        let stats = context
+            .compute(plan.as_ref(), &StatisticsArgs::new())
+            .ok()?;
         match stats.num_rows {
             Precision::Exact(n) | Precision::Inexact(n) => Some(n),
             Precision::Absent => None,
@@ -143,7 +154,11 @@ fn describe_hash_join(join: &HashJoinExec) -> String {
         .map(|(l, r)| format!("{l} = {r}"))
         .collect::<Vec<_>>()
         .join(", ");
-    format!("{} join, mode {:?}, on {keys}", join.join_type(), join.partition_mode())
+    format!(
+        "{} join, mode {:?}, on {keys}",
+        join.join_type(),
+        join.partition_mode()
+    )
 }
 
 /// The placement of every join of `plan`, as the rule decided it (or would,
@@ -152,7 +167,12 @@ pub fn gpu_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> V
     let options = GpuOptions::from_config(config);
     let gpu = crate::gpu::gpu_runtime().map(|_| ()).map_err(|e| e.0);
     let mut decisions = Vec::new();
-    collect_decisions(plan, &options, gpu.as_ref().map(|_| ()).map_err(|e| e.as_str()), &mut decisions);
+    collect_decisions(
+        plan,
+        &options,
+        gpu.as_ref().map(|_| ()).map_err(|e| e.as_str()),
+        &mut decisions,
+    );
     decisions
 }
 
@@ -166,7 +186,9 @@ fn collect_decisions(
         out.push(NodeDecision {
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(gpu_join.hash_join()),
-            placement: Placement::Gpu { algorithm: GpuHashJoinExec::ALGORITHM.into() },
+            placement: Placement::Gpu {
+                algorithm: GpuHashJoinExec::ALGORITHM.into(),
+            },
         });
     } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
         let reason = match decide_hash_join(join, options, gpu) {

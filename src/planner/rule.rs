@@ -28,7 +28,11 @@ impl GpuOptimizerRule {
 }
 
 impl PhysicalOptimizerRule for GpuOptimizerRule {
-    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         let options = GpuOptions::from_config(config);
         if !options.enabled {
             return Ok(plan);
@@ -39,7 +43,9 @@ impl PhysicalOptimizerRule for GpuOptimizerRule {
             if let Some(join) = node.downcast_ref::<HashJoinExec>() {
                 if decide_hash_join(join, &options, gpu).is_ok() {
                     let gpu_join = GpuHashJoinExec::try_new(Arc::clone(&node))?;
-                    return Ok(Transformed::yes(Arc::new(gpu_join) as Arc<dyn ExecutionPlan>));
+                    return Ok(Transformed::yes(
+                        Arc::new(gpu_join) as Arc<dyn ExecutionPlan>
+                    ));
                 }
             }
             Ok(Transformed::no(node))

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    ArrayRef, Date32Array, Date64Array, Int16Array, Int32Array, Int8Array, TimestampMicrosecondArray, UInt32Array,
+    ArrayRef, Date32Array, Date64Array, Int16Array, Int32Array, Int8Array,
+    TimestampMicrosecondArray, UInt32Array,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::prelude::SessionContext;
@@ -13,15 +14,28 @@ use crate::support::*;
 
 const JOIN_ROWS: &str = "SELECT r.k, r.v, s.v FROM r JOIN s ON r.k = s.k";
 
-async fn register(ctxs: [&SessionContext; 2], r: &[Option<i64>], s: &[Option<i64>], partitions: usize, batch_rows: usize) {
+async fn register(
+    ctxs: [&SessionContext; 2],
+    r: &[Option<i64>],
+    s: &[Option<i64>],
+    partitions: usize,
+    batch_rows: usize,
+) {
     for ctx in ctxs {
-        ctx.register_table("r", key_value_table(r, 11, partitions, batch_rows)).unwrap();
-        ctx.register_table("s", key_value_table(s, 23, partitions, batch_rows)).unwrap();
+        ctx.register_table("r", key_value_table(r, 11, partitions, batch_rows))
+            .unwrap();
+        ctx.register_table("s", key_value_table(s, 23, partitions, batch_rows))
+            .unwrap();
     }
 }
 
 /// Runs [`JOIN_ROWS`] on r and s in both partition modes and compares.
-async fn check_join(name: &str, r: Vec<Option<i64>>, s: Vec<Option<i64>>, extra: &[&str]) -> Option<usize> {
+async fn check_join(
+    name: &str,
+    r: Vec<Option<i64>>,
+    s: Vec<Option<i64>>,
+    extra: &[&str],
+) -> Option<usize> {
     require_gpu(name)?;
     let mut rows = 0;
     for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
@@ -37,10 +51,28 @@ async fn check_join(name: &str, r: Vec<Option<i64>>, s: Vec<Option<i64>>, extra:
 async fn sizes_that_cross_every_threshold() {
     // Block (256 rows), table (2048 build rows per partition), batch (8192),
     // probe chunk, output range and radix pass (256 partitions) thresholds.
-    for rows in [1usize, 2, 255, 256, 257, 1023, 1024, 1025, 2047, 2048, 2049, 8191, 8192, 8193, 65_537, 300_000] {
+    for rows in [
+        1usize, 2, 255, 256, 257, 1023, 1024, 1025, 2047, 2048, 2049, 8191, 8192, 8193, 65_537,
+        300_000,
+    ] {
         let r = gen_keys(rows, Keys::Permutation, 0.0, rows as u64);
-        let s = gen_keys(rows + 7, Keys::Uniform { domain: rows as u64 + 3 }, 0.0, rows as u64 + 1);
-        if check_join(&format!("sizes_that_cross_every_threshold({rows})"), r, s, &[]).await.is_none() {
+        let s = gen_keys(
+            rows + 7,
+            Keys::Uniform {
+                domain: rows as u64 + 3,
+            },
+            0.0,
+            rows as u64 + 1,
+        );
+        if check_join(
+            &format!("sizes_that_cross_every_threshold({rows})"),
+            r,
+            s,
+            &[],
+        )
+        .await
+        .is_none()
+        {
             return;
         }
     }
@@ -50,7 +82,11 @@ async fn sizes_that_cross_every_threshold() {
 async fn small_chunks_ranges_and_batches() {
     let r = gen_keys(20_000, Keys::Uniform { domain: 5_000 }, 0.05, 1);
     let s = gen_keys(30_000, Keys::Uniform { domain: 5_000 }, 0.05, 2);
-    let extra = ["SET gpu.probe_chunk_rows = 777", "SET gpu.max_output_pairs = 1000", "SET datafusion.execution.batch_size = 97"];
+    let extra = [
+        "SET gpu.probe_chunk_rows = 777",
+        "SET gpu.max_output_pairs = 1000",
+        "SET datafusion.execution.batch_size = 97",
+    ];
     check_join("small_chunks_ranges_and_batches", r, s, &extra).await;
 }
 
@@ -68,8 +104,19 @@ async fn duplicates_on_both_sides_and_null_keys() {
 async fn zipf_keys() {
     for s_exp in [0.5, 1.0, 1.5] {
         let r = gen_keys(100_000, Keys::Permutation, 0.0, 5);
-        let s = gen_keys(200_000, Keys::Zipf { domain: 100_000, s: s_exp }, 0.0, 6);
-        if check_join(&format!("zipf_keys({s_exp})"), r, s, &[]).await.is_none() {
+        let s = gen_keys(
+            200_000,
+            Keys::Zipf {
+                domain: 100_000,
+                s: s_exp,
+            },
+            0.0,
+            6,
+        );
+        if check_join(&format!("zipf_keys({s_exp})"), r, s, &[])
+            .await
+            .is_none()
+        {
             return;
         }
     }
@@ -92,10 +139,22 @@ async fn empty_sides_one_row_all_null_and_no_match() {
         ("both empty", vec![], vec![]),
         ("one row each", vec![Some(5)], vec![Some(5)]),
         ("all NULL keys", vec![None; 1000], vec![None; 1000]),
-        ("no match", some.clone(), some.iter().map(|k| k.map(|k| k + 1_000_000)).collect()),
+        (
+            "no match",
+            some.clone(),
+            some.iter().map(|k| k.map(|k| k + 1_000_000)).collect(),
+        ),
     ];
     for (name, r, s) in cases {
-        if check_join(&format!("empty_sides_one_row_all_null_and_no_match({name})"), r, s, &[]).await.is_none() {
+        if check_join(
+            &format!("empty_sides_one_row_all_null_and_no_match({name})"),
+            r,
+            s,
+            &[],
+        )
+        .await
+        .is_none()
+        {
             return;
         }
     }
@@ -108,7 +167,14 @@ async fn primary_key_foreign_key_at_2_pow_24() {
     }
     let rows = 1 << 24;
     let r = gen_keys(rows, Keys::Permutation, 0.0, 10);
-    let s = gen_keys(rows, Keys::Uniform { domain: rows as u64 }, 0.0, 11);
+    let s = gen_keys(
+        rows,
+        Keys::Uniform {
+            domain: rows as u64,
+        },
+        0.0,
+        11,
+    );
     let gpu = gpu_context(JoinMode::Partitioned, 8, &[]).await;
     let cpu = cpu_context(JoinMode::Partitioned, 8, &[]).await;
     register([&gpu, &cpu], &r, &s, 8, 8192).await;
@@ -122,7 +188,10 @@ async fn primary_key_foreign_key_at_2_pow_24() {
 async fn an_aggregate_above_a_partitioned_join_sees_correct_partitioning() {
     // The aggregate's final phase relies on the join output being hash
     // partitioned on the key; a GPU join that broke it would double-count.
-    let Some(_) = require_gpu("an_aggregate_above_a_partitioned_join_sees_correct_partitioning") else { return };
+    let Some(_) = require_gpu("an_aggregate_above_a_partitioned_join_sees_correct_partitioning")
+    else {
+        return;
+    };
     let r = gen_keys(30_000, Keys::Uniform { domain: 3_000 }, 0.0, 12);
     let s = gen_keys(30_000, Keys::Uniform { domain: 3_000 }, 0.0, 13);
     let gpu = gpu_context(JoinMode::Partitioned, 4, &[]).await;
@@ -134,7 +203,9 @@ async fn an_aggregate_above_a_partitioned_join_sees_correct_partitioning() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn multi_column_and_narrow_key_types() {
-    let Some(_) = require_gpu("multi_column_and_narrow_key_types") else { return };
+    let Some(_) = require_gpu("multi_column_and_narrow_key_types") else {
+        return;
+    };
     let rows = 5_000usize;
     let schema = Arc::new(Schema::new(vec![
         Field::new("a8", DataType::Int8, true),
@@ -143,7 +214,11 @@ async fn multi_column_and_narrow_key_types() {
         Field::new("u32", DataType::UInt32, false),
         Field::new("d32", DataType::Date32, true),
         Field::new("d64", DataType::Date64, false),
-        Field::new("ts", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
+        Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
         Field::new("id", DataType::Int32, false),
     ]));
     let make = |salt: i64| {
@@ -152,15 +227,31 @@ async fn multi_column_and_narrow_key_types() {
             let v = |i: usize, m: i64| ((i as i64 * 7919 + salt * 104_729) % m) - m / 2;
             let valid = |i: usize| (i as i64 + salt) % 37 != 0;
             vec![
-                Arc::new(Int8Array::from_iter(range.clone().map(|i| valid(i).then(|| v(i, 200) as i8)))) as ArrayRef,
-                Arc::new(Int16Array::from_iter(range.clone().map(|i| valid(i).then(|| v(i, 300) as i16)))),
-                Arc::new(Int32Array::from_iter(range.clone().map(|i| valid(i).then(|| v(i, 500) as i32)))),
-                Arc::new(UInt32Array::from_iter_values(range.clone().map(|i| (i % 400) as u32))),
-                Arc::new(Date32Array::from_iter(range.clone().map(|i| valid(i).then(|| v(i, 90) as i32)))),
-                Arc::new(Date64Array::from_iter_values(range.clone().map(|i| v(i, 50) * 86_400_000))),
+                Arc::new(Int8Array::from_iter(
+                    range.clone().map(|i| valid(i).then(|| v(i, 200) as i8)),
+                )) as ArrayRef,
+                Arc::new(Int16Array::from_iter(
+                    range.clone().map(|i| valid(i).then(|| v(i, 300) as i16)),
+                )),
+                Arc::new(Int32Array::from_iter(
+                    range.clone().map(|i| valid(i).then(|| v(i, 500) as i32)),
+                )),
+                Arc::new(UInt32Array::from_iter_values(
+                    range.clone().map(|i| (i % 400) as u32),
+                )),
+                Arc::new(Date32Array::from_iter(
+                    range.clone().map(|i| valid(i).then(|| v(i, 90) as i32)),
+                )),
+                Arc::new(Date64Array::from_iter_values(
+                    range.clone().map(|i| v(i, 50) * 86_400_000),
+                )),
                 Arc::new(
-                    TimestampMicrosecondArray::from_iter(range.clone().map(|i| valid(i).then(|| v(i, 700) * 1_000_003)))
-                        .with_timezone("UTC"),
+                    TimestampMicrosecondArray::from_iter(
+                        range
+                            .clone()
+                            .map(|i| valid(i).then(|| v(i, 700) * 1_000_003)),
+                    )
+                    .with_timezone("UTC"),
                 ),
                 Arc::new(Int32Array::from_iter_values(range.map(|i| i as i32))),
             ]
@@ -186,38 +277,98 @@ async fn multi_column_and_narrow_key_types() {
         let (gpu_batches, gpu_nodes, _) = run(&gpu, sql).await;
         let (cpu_batches, _, _) = run(&cpu, sql).await;
         assert!(gpu_nodes >= 1, "{sql} did not run on the GPU");
-        assert_eq!(string_rows(&gpu_batches), string_rows(&cpu_batches), "{sql}");
+        assert_eq!(
+            string_rows(&gpu_batches),
+            string_rows(&cpu_batches),
+            "{sql}"
+        );
     }
     // 64 + 32 key bits do not pack into one word: CPU, with the reason.
     let wide = "SELECT x.id, y.id FROM x JOIN y ON x.d64 = y.d64 AND x.c32 = y.c32";
-    let plan = gpu.sql(wide).await.unwrap().create_physical_plan().await.unwrap();
+    let plan = gpu
+        .sql(wide)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
     let decisions = datafusion_gpu::gpu_decisions(&plan, gpu.state().config_options());
     match &decisions[0].placement {
-        datafusion_gpu::Placement::Cpu { reason } => assert!(reason.contains("96 bits"), "{reason}"),
+        datafusion_gpu::Placement::Cpu { reason } => {
+            assert!(reason.contains("96 bits"), "{reason}")
+        }
         other => panic!("{wide}: {other:?}"),
     }
     let (gpu_batches, _, _) = run(&gpu, wide).await;
     let (cpu_batches, _, _) = run(&cpu, wide).await;
-    assert_eq!(string_rows(&gpu_batches), string_rows(&cpu_batches), "{wide}");
+    assert_eq!(
+        string_rows(&gpu_batches),
+        string_rows(&cpu_batches),
+        "{wide}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn explain_shows_the_gpu_join_and_analyze_shows_its_metrics() {
-    let Some(_) = require_gpu("explain_shows_the_gpu_join_and_analyze_shows_its_metrics") else { return };
+    let Some(_) = require_gpu("explain_shows_the_gpu_join_and_analyze_shows_its_metrics") else {
+        return;
+    };
     let gpu = gpu_context(JoinMode::Partitioned, 4, &[]).await;
     let r = gen_keys(10_000, Keys::Permutation, 0.0, 14);
     let cpu = cpu_context(JoinMode::Partitioned, 4, &[]).await;
     register([&gpu, &cpu], &r, &r, 2, 1000).await;
-    let explain = |batches: Vec<datafusion::arrow::array::RecordBatch>| datafusion::arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
-    let plan = explain(gpu.sql(&format!("EXPLAIN {JOIN_ROWS}")).await.unwrap().collect().await.unwrap());
-    assert!(plan.contains("GpuHashJoinExec: algorithm=radix_partitioned_hash_join"), "{plan}");
+    let explain = |batches: Vec<datafusion::arrow::array::RecordBatch>| {
+        datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string()
+    };
+    let plan = explain(
+        gpu.sql(&format!("EXPLAIN {JOIN_ROWS}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap(),
+    );
+    assert!(
+        plan.contains("GpuHashJoinExec: algorithm=radix_partitioned_hash_join"),
+        "{plan}"
+    );
     assert!(!plan.contains(" HashJoinExec"), "{plan}");
-    let analyzed = explain(gpu.sql(&format!("EXPLAIN ANALYZE {JOIN_ROWS}")).await.unwrap().collect().await.unwrap());
-    let join_line = analyzed.lines().find(|l| l.contains("GpuHashJoinExec")).unwrap_or_else(|| panic!("{analyzed}"));
-    for metric in ["output_rows=10.00 K", "output_batches=", "probe_rows=10.00 K", "h2d_bytes=", "d2h_bytes=", "transfer_time=", "kernel_time="] {
-        assert!(join_line.contains(metric), "{metric} missing in\n{join_line}");
+    let analyzed = explain(
+        gpu.sql(&format!("EXPLAIN ANALYZE {JOIN_ROWS}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap(),
+    );
+    let join_line = analyzed
+        .lines()
+        .find(|l| l.contains("GpuHashJoinExec"))
+        .unwrap_or_else(|| panic!("{analyzed}"));
+    for metric in [
+        "output_rows=10.00 K",
+        "output_batches=",
+        "probe_rows=10.00 K",
+        "h2d_bytes=",
+        "d2h_bytes=",
+        "transfer_time=",
+        "kernel_time=",
+    ] {
+        assert!(
+            join_line.contains(metric),
+            "{metric} missing in\n{join_line}"
+        );
     }
     assert!(!join_line.contains("output_batches=0,"), "{join_line}");
-    let cpu_plan = explain(cpu.sql(&format!("EXPLAIN {JOIN_ROWS}")).await.unwrap().collect().await.unwrap());
+    let cpu_plan = explain(
+        cpu.sql(&format!("EXPLAIN {JOIN_ROWS}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap(),
+    );
     assert!(!cpu_plan.contains("GpuHashJoinExec"), "{cpu_plan}");
 }

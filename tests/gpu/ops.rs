@@ -14,7 +14,9 @@ use crate::support::require_gpu;
 
 fn random_keys(rows: usize, domain: u64, seed: u64) -> Vec<u64> {
     let mut rng = StdRng::seed_from_u64(seed);
-    (0..rows).map(|_| rng.random_range(0..domain.max(1))).collect()
+    (0..rows)
+        .map(|_| rng.random_range(0..domain.max(1)))
+        .collect()
 }
 
 fn device(test: &str) -> Option<Arc<GpuDevice>> {
@@ -23,7 +25,9 @@ fn device(test: &str) -> Option<Arc<GpuDevice>> {
 
 #[test]
 fn exclusive_scan_matches_the_reference_across_tile_boundaries() {
-    let Some(device) = device("exclusive_scan_matches_the_reference_across_tile_boundaries") else { return };
+    let Some(device) = device("exclusive_scan_matches_the_reference_across_tile_boundaries") else {
+        return;
+    };
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
@@ -34,7 +38,14 @@ fn exclusive_scan_matches_the_reference_across_tile_boundaries() {
         let mut device_values = upload_u64(&device, stream, &values, &mut timer).unwrap();
         scan::exclusive_scan(&device, stream, &mut device_values, n).unwrap();
         let mut result = vec![u64::MAX; 3];
-        download_u64(&device, stream, &device_values.as_view(), &mut result, &mut timer).unwrap();
+        download_u64(
+            &device,
+            stream,
+            &device_values.as_view(),
+            &mut result,
+            &mut timer,
+        )
+        .unwrap();
         timer.finish().unwrap();
         assert_eq!(result, scan::reference::exclusive_scan(&values), "n = {n}");
     }
@@ -42,11 +53,23 @@ fn exclusive_scan_matches_the_reference_across_tile_boundaries() {
 
 #[test]
 fn radix_partition_matches_the_stable_reference() {
-    let Some(device) = device("radix_partition_matches_the_stable_reference") else { return };
+    let Some(device) = device("radix_partition_matches_the_stable_reference") else {
+        return;
+    };
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
-    let cases = [(1usize, 0u32), (1, 5), (255, 3), (1024, 8), (1025, 9), (100_000, 14), (300_000, 18), (1 << 20, 12), (5_000, 16)];
+    let cases = [
+        (1usize, 0u32),
+        (1, 5),
+        (255, 3),
+        (1024, 8),
+        (1025, 9),
+        (100_000, 14),
+        (300_000, 18),
+        (1 << 20, 12),
+        (5_000, 16),
+    ];
     for (rows, bits) in cases {
         for domain in [rows as u64 * 4, 3] {
             let keys = random_keys(rows, domain, rows as u64 + u64::from(bits));
@@ -58,7 +81,14 @@ fn radix_partition_matches_the_stable_reference() {
             let part = radix::radix_partition(&device, stream, dk, di, &plan).unwrap();
             let (mut pk, mut pi, mut ps) = (Vec::new(), Vec::new(), Vec::new());
             download_u64(&device, stream, &part.keys.as_view(), &mut pk, &mut timer).unwrap();
-            download_u64(&device, stream, &part.row_ids.as_view(), &mut pi, &mut timer).unwrap();
+            download_u64(
+                &device,
+                stream,
+                &part.row_ids.as_view(),
+                &mut pi,
+                &mut timer,
+            )
+            .unwrap();
             download_u64(&device, stream, &part.starts.as_view(), &mut ps, &mut timer).unwrap();
             timer.finish().unwrap();
             let (rk, ri, rs) = radix::reference::radix_partition(&keys, &ids, &plan);
@@ -70,7 +100,13 @@ fn radix_partition_matches_the_stable_reference() {
 }
 
 /// Joins on the device and returns the sorted pairs.
-fn device_join(device: &Arc<GpuDevice>, build: &[u64], probe: &[u64], plan: RadixPlan, max_pairs: usize) -> (Vec<(u64, u64)>, u64) {
+fn device_join(
+    device: &Arc<GpuDevice>,
+    build: &[u64],
+    probe: &[u64],
+    plan: RadixPlan,
+    max_pairs: usize,
+) -> (Vec<(u64, u64)>, u64) {
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
@@ -78,12 +114,21 @@ fn device_join(device: &Arc<GpuDevice>, build: &[u64], probe: &[u64], plan: Radi
     let table = DeviceBuildTable::build(device, stream, build, None, plan, &mut timer).unwrap();
     let mut pairs = Vec::new();
     let mut emitted_batches = 0;
-    let total = hash_join::probe(device, stream, &table, probe, None, max_pairs, &mut timer, |b, p| {
-        assert_eq!(b.len(), p.len());
-        emitted_batches += 1;
-        pairs.extend(b.into_iter().zip(p));
-        Ok(())
-    })
+    let total = hash_join::probe(
+        device,
+        stream,
+        &table,
+        probe,
+        None,
+        max_pairs,
+        &mut timer,
+        |b, p| {
+            assert_eq!(b.len(), p.len());
+            emitted_batches += 1;
+            pairs.extend(b.into_iter().zip(p));
+            Ok(())
+        },
+    )
     .unwrap();
     timer.finish().unwrap();
     assert_eq!(total as usize, pairs.len());
@@ -99,33 +144,60 @@ fn reference_join(build: &[u64], probe: &[u64]) -> Vec<(u64, u64)> {
 
 #[test]
 fn hash_join_matches_the_reference_on_uniform_keys_of_every_size() {
-    let Some(device) = device("hash_join_matches_the_reference_on_uniform_keys_of_every_size") else { return };
-    for (build_rows, probe_rows) in [(1, 1), (1, 1000), (1000, 1), (1023, 5000), (2049, 2049), (100_000, 300_000), (1 << 20, 1 << 20)] {
+    let Some(device) = device("hash_join_matches_the_reference_on_uniform_keys_of_every_size")
+    else {
+        return;
+    };
+    for (build_rows, probe_rows) in [
+        (1, 1),
+        (1, 1000),
+        (1000, 1),
+        (1023, 5000),
+        (2049, 2049),
+        (100_000, 300_000),
+        (1 << 20, 1 << 20),
+    ] {
         let build = random_keys(build_rows, build_rows as u64 * 2, 7);
         let probe = random_keys(probe_rows, build_rows as u64 * 2, 8);
         let plan = RadixPlan::for_join(build_rows as u64, probe_rows as u64);
         let (pairs, _) = device_join(&device, &build, &probe, plan, 1 << 20);
-        assert_eq!(pairs, reference_join(&build, &probe), "build {build_rows}, probe {probe_rows}");
+        assert_eq!(
+            pairs,
+            reference_join(&build, &probe),
+            "build {build_rows}, probe {probe_rows}"
+        );
     }
 }
 
 #[test]
 fn hash_join_handles_duplicates_larger_than_a_shared_memory_table() {
-    let Some(device) = device("hash_join_handles_duplicates_larger_than_a_shared_memory_table") else { return };
+    let Some(device) = device("hash_join_handles_duplicates_larger_than_a_shared_memory_table")
+    else {
+        return;
+    };
     // 5000 equal build keys fill one partition beyond the 2048-row table, so
     // the kernel must loop over chunks; the output is 5000 * 300 pairs.
     let mut build = vec![42u64; 5000];
     build.extend(random_keys(3000, 1 << 40, 1));
     let mut probe = vec![42u64; 300];
     probe.extend(random_keys(3000, 1 << 40, 2));
-    let (pairs, _) = device_join(&device, &build, &probe, RadixPlan::for_join(8000, 3300), 1 << 22);
+    let (pairs, _) = device_join(
+        &device,
+        &build,
+        &probe,
+        RadixPlan::for_join(8000, 3300),
+        1 << 22,
+    );
     assert_eq!(pairs, reference_join(&build, &probe));
     assert!(pairs.len() >= 1_500_000);
 }
 
 #[test]
 fn bounded_output_is_written_in_several_ranges_with_the_same_pairs() {
-    let Some(device) = device("bounded_output_is_written_in_several_ranges_with_the_same_pairs") else { return };
+    let Some(device) = device("bounded_output_is_written_in_several_ranges_with_the_same_pairs")
+    else {
+        return;
+    };
     let build = random_keys(50_000, 5_000, 3);
     let probe = random_keys(50_000, 5_000, 4);
     let plan = RadixPlan::for_join(50_000, 50_000);
@@ -139,20 +211,44 @@ fn bounded_output_is_written_in_several_ranges_with_the_same_pairs() {
 
 #[test]
 fn empty_sides_produce_no_pairs() {
-    let Some(device) = device("empty_sides_produce_no_pairs") else { return };
+    let Some(device) = device("empty_sides_produce_no_pairs") else {
+        return;
+    };
     let keys = random_keys(1000, 100, 5);
-    assert!(device_join(&device, &[], &keys, RadixPlan::for_join(0, 1000), 1 << 20).0.is_empty());
-    assert!(device_join(&device, &keys, &[], RadixPlan::for_join(1000, 0), 1 << 20).0.is_empty());
+    assert!(
+        device_join(&device, &[], &keys, RadixPlan::for_join(0, 1000), 1 << 20)
+            .0
+            .is_empty()
+    );
+    assert!(
+        device_join(&device, &keys, &[], RadixPlan::for_join(1000, 0), 1 << 20)
+            .0
+            .is_empty()
+    );
     let disjoint: Vec<u64> = keys.iter().map(|k| k + 1_000_000).collect();
-    assert!(device_join(&device, &keys, &disjoint, RadixPlan::for_join(1000, 1000), 1 << 20).0.is_empty());
+    assert!(device_join(
+        &device,
+        &keys,
+        &disjoint,
+        RadixPlan::for_join(1000, 1000),
+        1 << 20
+    )
+    .0
+    .is_empty());
 }
 
 #[test]
 fn the_device_budget_refuses_work_that_cannot_fit() {
-    let Some(device) = device("the_device_budget_refuses_work_that_cannot_fit") else { return };
+    let Some(device) = device("the_device_budget_refuses_work_that_cannot_fit") else {
+        return;
+    };
     let budget = device.budget();
     let err = budget
-        .reserve(budget.free_at_open(), 0.01, datafusion_gpu::gpu::ReservationKind::Transient)
+        .reserve(
+            budget.free_at_open(),
+            0.01,
+            datafusion_gpu::gpu::ReservationKind::Transient,
+        )
         .unwrap_err();
     let message = datafusion::error::DataFusionError::from(err).to_string();
     assert!(message.contains("GPU memory budget exceeded"), "{message}");

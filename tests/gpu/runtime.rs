@@ -22,8 +22,10 @@ async fn without_a_gpu_joins_stay_on_the_cpu_with_the_reason_and_answers_are_rig
     let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(2));
     ctx.sql("SET gpu.min_rows = 0").await.unwrap();
     let r = gen_keys(1000, Keys::Permutation, 0.0, 1);
-    ctx.register_table("r", key_value_table(&r, 1, 2, 100)).unwrap();
-    ctx.register_table("s", key_value_table(&r, 2, 2, 100)).unwrap();
+    ctx.register_table("r", key_value_table(&r, 1, 2, 100))
+        .unwrap();
+    ctx.register_table("s", key_value_table(&r, 2, 2, 100))
+        .unwrap();
     let (batches, gpu_nodes, plan) = run(&ctx, "SELECT count(*) FROM r JOIN s ON r.k = s.k").await;
     assert_eq!(gpu_nodes, 0);
     assert_eq!(int64_rows(&batches), vec![vec![Some(1000)]]);
@@ -40,20 +42,39 @@ async fn unsupported_joins_stay_on_the_cpu_with_their_reason() {
     let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(2));
     ctx.sql("SET gpu.min_rows = 0").await.unwrap();
     let r = gen_keys(100, Keys::Permutation, 0.0, 1);
-    ctx.register_table("r", key_value_table(&r, 1, 1, 100)).unwrap();
-    ctx.register_table("s", key_value_table(&r, 2, 1, 100)).unwrap();
+    ctx.register_table("r", key_value_table(&r, 1, 1, 100))
+        .unwrap();
+    ctx.register_table("s", key_value_table(&r, 2, 1, 100))
+        .unwrap();
     let gpu = gpu_status().is_ok();
     let cases = [
-        ("SELECT * FROM r LEFT JOIN s ON r.k = s.k", "joins are not supported on the GPU yet"),
-        ("SELECT * FROM r JOIN s ON r.k = s.k AND r.v > s.v", "residual join filters"),
-        ("SELECT * FROM r JOIN s ON CAST(r.k AS VARCHAR) = CAST(s.k AS VARCHAR)", "key type Utf8"),
+        (
+            "SELECT * FROM r LEFT JOIN s ON r.k = s.k",
+            "joins are not supported on the GPU yet",
+        ),
+        (
+            "SELECT * FROM r JOIN s ON r.k = s.k AND r.v > s.v",
+            "residual join filters",
+        ),
+        (
+            "SELECT * FROM r JOIN s ON CAST(r.k AS VARCHAR) = CAST(s.k AS VARCHAR)",
+            "key type Utf8",
+        ),
     ];
     for (sql, expected) in cases {
-        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
         let decisions = gpu_decisions(&plan, ctx.state().config_options());
         assert_eq!(decisions.len(), 1, "{sql}");
         match &decisions[0].placement {
-            Placement::Cpu { reason } if gpu => assert!(reason.contains(expected), "{sql}: {reason}"),
+            Placement::Cpu { reason } if gpu => {
+                assert!(reason.contains(expected), "{sql}: {reason}")
+            }
             Placement::Cpu { reason } => assert!(reason.starts_with("no GPU"), "{sql}: {reason}"),
             other => panic!("{sql}: {other:?}"),
         }
@@ -62,16 +83,28 @@ async fn unsupported_joins_stay_on_the_cpu_with_their_reason() {
 
 #[tokio::test]
 async fn small_inputs_stay_on_the_cpu_by_statistics() {
-    let Some(_) = require_gpu("small_inputs_stay_on_the_cpu_by_statistics") else { return };
+    let Some(_) = require_gpu("small_inputs_stay_on_the_cpu_by_statistics") else {
+        return;
+    };
     let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(2));
     ctx.sql("SET gpu.min_rows = 1000").await.unwrap();
     let r = gen_keys(100, Keys::Permutation, 0.0, 1);
-    ctx.register_table("r", key_value_table(&r, 1, 1, 100)).unwrap();
-    ctx.register_table("s", key_value_table(&r, 2, 1, 100)).unwrap();
-    let plan = ctx.sql("SELECT * FROM r JOIN s ON r.k = s.k").await.unwrap().create_physical_plan().await.unwrap();
+    ctx.register_table("r", key_value_table(&r, 1, 1, 100))
+        .unwrap();
+    ctx.register_table("s", key_value_table(&r, 2, 1, 100))
+        .unwrap();
+    let plan = ctx
+        .sql("SELECT * FROM r JOIN s ON r.k = s.k")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
     let decisions = gpu_decisions(&plan, ctx.state().config_options());
     match &decisions[0].placement {
-        Placement::Cpu { reason } => assert!(reason.contains("below gpu.min_rows = 1000"), "{reason}"),
+        Placement::Cpu { reason } => {
+            assert!(reason.contains("below gpu.min_rows = 1000"), "{reason}")
+        }
         other => panic!("{other:?}"),
     }
 }

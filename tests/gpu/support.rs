@@ -55,7 +55,9 @@ pub fn gen_keys(rows: usize, keys: Keys, null_fraction: f64, seed: u64) -> Vec<O
             v.shuffle(&mut rng);
             v
         }
-        Keys::Uniform { domain } => (0..rows).map(|_| rng.random_range(0..domain.max(1)) as i64).collect(),
+        Keys::Uniform { domain } => (0..rows)
+            .map(|_| rng.random_range(0..domain.max(1)) as i64)
+            .collect(),
         Keys::Zipf { domain, s } => {
             let zipf = Zipf::new(domain.max(1) as f64, s).expect("valid Zipf parameters");
             (0..rows).map(|_| rng.sample(zipf) as i64).collect()
@@ -70,18 +72,36 @@ pub fn gen_keys(rows: usize, keys: Keys, null_fraction: f64, seed: u64) -> Vec<O
     }
     values
         .into_iter()
-        .map(|v| if null_fraction > 0.0 && rng.random_bool(null_fraction) { None } else { Some(v) })
+        .map(|v| {
+            if null_fraction > 0.0 && rng.random_bool(null_fraction) {
+                None
+            } else {
+                Some(v)
+            }
+        })
         .collect()
 }
 
 /// A table `(k Int64 nullable, v Int64)` split into `partitions` MemTable
 /// partitions of batches of at most `batch_rows` rows; `v` is a distinct,
 /// random-looking value per row so every output row is identifiable.
-pub fn key_value_table(keys: &[Option<i64>], value_seed: i64, partitions: usize, batch_rows: usize) -> Arc<MemTable> {
-    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("v", DataType::Int64, false)]));
+pub fn key_value_table(
+    keys: &[Option<i64>],
+    value_seed: i64,
+    partitions: usize,
+    batch_rows: usize,
+) -> Arc<MemTable> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("v", DataType::Int64, false),
+    ]));
     let columns = |range: std::ops::Range<usize>| -> Vec<ArrayRef> {
         let k = Int64Array::from(keys[range.clone()].to_vec());
-        let v = Int64Array::from_iter_values(range.map(|i| (i as i64).wrapping_mul(0x9E37_79B9).wrapping_add(value_seed)));
+        let v = Int64Array::from_iter_values(range.map(|i| {
+            (i as i64)
+                .wrapping_mul(0x9E37_79B9)
+                .wrapping_add(value_seed)
+        }));
         vec![Arc::new(k), Arc::new(v)]
     };
     table_from_columns(schema, keys.len(), partitions, batch_rows, columns)
@@ -124,14 +144,22 @@ pub enum JoinMode {
 
 /// A context with the GPU rule, forcing every supported join onto the GPU
 /// (`gpu.min_rows = 0`) and the chosen partition mode, plus extra `SET`s.
-pub async fn gpu_context(mode: JoinMode, target_partitions: usize, extra: &[&str]) -> SessionContext {
+pub async fn gpu_context(
+    mode: JoinMode,
+    target_partitions: usize,
+    extra: &[&str],
+) -> SessionContext {
     let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(target_partitions));
     configure(&ctx, mode, true, extra).await;
     ctx
 }
 
 /// The same configuration with the rule switched off (`gpu.enabled = false`).
-pub async fn cpu_context(mode: JoinMode, target_partitions: usize, extra: &[&str]) -> SessionContext {
+pub async fn cpu_context(
+    mode: JoinMode,
+    target_partitions: usize,
+    extra: &[&str],
+) -> SessionContext {
     let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(target_partitions));
     configure(&ctx, mode, false, extra).await;
     ctx
@@ -150,17 +178,27 @@ async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&st
     ];
     statements.extend(extra.iter().map(|s| s.to_string()));
     for statement in statements {
-        ctx.sql(&statement).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+        ctx.sql(&statement)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
     }
 }
 
 /// Runs `sql` and returns its batches and the number of operators that ran
 /// on the GPU.
-pub async fn run(ctx: &SessionContext, sql: &str) -> (Vec<RecordBatch>, usize, Arc<dyn ExecutionPlan>) {
+pub async fn run(
+    ctx: &SessionContext,
+    sql: &str,
+) -> (Vec<RecordBatch>, usize, Arc<dyn ExecutionPlan>) {
     let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     let plan = df.create_physical_plan().await.unwrap();
-    let gpu_nodes = gpu_decisions(&plan, ctx.state().config_options()).iter().filter(|d| d.on_gpu()).count();
-    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let gpu_nodes = gpu_decisions(&plan, ctx.state().config_options())
+        .iter()
+        .filter(|d| d.on_gpu())
+        .count();
+    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
     (batches, gpu_nodes, plan)
 }
 
@@ -168,9 +206,18 @@ pub async fn run(ctx: &SessionContext, sql: &str) -> (Vec<RecordBatch>, usize, A
 pub fn int64_rows(batches: &[RecordBatch]) -> Vec<Vec<Option<i64>>> {
     let mut rows = Vec::new();
     for batch in batches {
-        let columns: Vec<_> = batch.columns().iter().map(|c| c.as_primitive::<Int64Type>()).collect();
+        let columns: Vec<_> = batch
+            .columns()
+            .iter()
+            .map(|c| c.as_primitive::<Int64Type>())
+            .collect();
         for i in 0..batch.num_rows() {
-            rows.push(columns.iter().map(|c| if c.is_null(i) { None } else { Some(c.value(i)) }).collect());
+            rows.push(
+                columns
+                    .iter()
+                    .map(|c| if c.is_null(i) { None } else { Some(c.value(i)) })
+                    .collect(),
+            );
         }
     }
     rows.sort_unstable();
@@ -180,15 +227,27 @@ pub fn int64_rows(batches: &[RecordBatch]) -> Vec<Vec<Option<i64>>> {
 /// Rows of any columns rendered as strings, as a sortable multiset (for
 /// key types other than Int64).
 pub fn string_rows(batches: &[RecordBatch]) -> Vec<String> {
-    let formatted = datafusion::arrow::util::pretty::pretty_format_batches(batches).unwrap().to_string();
-    let mut rows: Vec<String> = formatted.lines().filter(|l| l.starts_with("| ")).skip(1).map(str::to_string).collect();
+    let formatted = datafusion::arrow::util::pretty::pretty_format_batches(batches)
+        .unwrap()
+        .to_string();
+    let mut rows: Vec<String> = formatted
+        .lines()
+        .filter(|l| l.starts_with("| "))
+        .skip(1)
+        .map(str::to_string)
+        .collect();
     rows.sort_unstable();
     rows
 }
 
 /// Runs `sql` on both contexts and asserts equal multisets of Int64 rows and
 /// at least `min_gpu_nodes` GPU operators in the GPU plan. Returns the row count.
-pub async fn assert_same_int64_rows(gpu: &SessionContext, cpu: &SessionContext, sql: &str, min_gpu_nodes: usize) -> usize {
+pub async fn assert_same_int64_rows(
+    gpu: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+    min_gpu_nodes: usize,
+) -> usize {
     let (gpu_batches, gpu_nodes, plan) = run(gpu, sql).await;
     let (cpu_batches, cpu_nodes, _) = run(cpu, sql).await;
     assert_eq!(cpu_nodes, 0, "the CPU context must not use the GPU");

@@ -66,12 +66,23 @@ impl BuildSide {
         let keys = layout.normalize(&evaluate_keys(&on, &batch)?)?;
         reservation.try_grow(8 * (keys.keys.len() + keys.row_ids.as_ref().map_or(0, Vec::len)))?;
         let plan = RadixPlan::for_join(keys.keys.len() as u64, probe_chunk_rows as u64);
-        Ok(Self { batch, keys, plan, device_tables: Mutex::new(HashMap::new()), _host_memory: reservation })
+        Ok(Self {
+            batch,
+            keys,
+            plan,
+            device_tables: Mutex::new(HashMap::new()),
+            _host_memory: reservation,
+        })
     }
 
     /// The build table on `device`, copied and partitioned on first use.
     /// Blocking: call from a blocking task.
-    pub(crate) fn device_table(&self, device: &Arc<GpuDevice>, memory_fraction: f64, metrics: &GpuJoinMetrics) -> GpuResult<Arc<ResidentTable>> {
+    pub(crate) fn device_table(
+        &self,
+        device: &Arc<GpuDevice>,
+        memory_fraction: f64,
+        metrics: &GpuJoinMetrics,
+    ) -> GpuResult<Arc<ResidentTable>> {
         // Held while building, so a second partition on the same device
         // waits for the first one's table instead of building its own.
         let mut tables = self.device_tables.lock().unwrap_or_else(|p| p.into_inner());
@@ -83,15 +94,33 @@ impl BuildSide {
         let scratch = self.plan.device_bytes(rows, device.sm_count());
         // Partitioning needs its scratch buffers only briefly; the table
         // itself stays resident while the join runs.
-        let scratch_memory = device.budget().reserve(scratch, memory_fraction, ReservationKind::Transient)?;
-        let device_memory = device.budget().reserve(resident, memory_fraction, ReservationKind::Resident)?;
-        metrics.device_memory_wait.add_duration(scratch_memory.waited() + device_memory.waited());
+        let scratch_memory =
+            device
+                .budget()
+                .reserve(scratch, memory_fraction, ReservationKind::Transient)?;
+        let device_memory =
+            device
+                .budget()
+                .reserve(resident, memory_fraction, ReservationKind::Resident)?;
+        metrics
+            .device_memory_wait
+            .add_duration(scratch_memory.waited() + device_memory.waited());
         let stream = device.stream()?;
         let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
-        let table = DeviceBuildTable::build(device, stream.stream(), &self.keys.keys, self.keys.row_ids.as_deref(), self.plan.clone(), &mut timer)?;
+        let table = DeviceBuildTable::build(
+            device,
+            stream.stream(),
+            &self.keys.keys,
+            self.keys.row_ids.as_deref(),
+            self.plan.clone(),
+            &mut timer,
+        )?;
         metrics.record_device(&timer.finish()?);
         drop(scratch_memory);
-        let table = Arc::new(ResidentTable { table, _device_memory: device_memory });
+        let table = Arc::new(ResidentTable {
+            table,
+            _device_memory: device_memory,
+        });
         tables.insert(device.ordinal(), Arc::clone(&table));
         Ok(table)
     }

@@ -12,8 +12,8 @@ use datafusion::physical_plan::execution_plan::apply_expression_roots;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
-    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
-    SendableRecordBatchStream, StatisticsArgs, Statistics,
+    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
+    PlanProperties, SendableRecordBatchStream, Statistics, StatisticsArgs,
 };
 
 use super::build_side::BuildSide;
@@ -49,10 +49,11 @@ impl GpuHashJoinExec {
     /// Wraps `cpu_join`, which must be a [`HashJoinExec`] accepted by
     /// [`crate::planner::decide_hash_join`].
     pub fn try_new(cpu_join: Arc<dyn ExecutionPlan>) -> Result<Self> {
-        let join = cpu_join
-            .downcast_ref::<HashJoinExec>()
-            .ok_or_else(|| DataFusionError::Internal(format!("GpuHashJoinExec made from {}", cpu_join.name())))?;
-        let layout = crate::planner::key_layout_of(join).map_err(DataFusionError::NotImplemented)?;
+        let join = cpu_join.downcast_ref::<HashJoinExec>().ok_or_else(|| {
+            DataFusionError::Internal(format!("GpuHashJoinExec made from {}", cpu_join.name()))
+        })?;
+        let layout =
+            crate::planner::key_layout_of(join).map_err(DataFusionError::NotImplemented)?;
         let mut properties = join.properties().as_ref().clone();
         let mut eq_properties = properties.eq_properties.clone();
         eq_properties.clear_orderings();
@@ -68,10 +69,18 @@ impl GpuHashJoinExec {
 
     /// The [`HashJoinExec`] this node replaces.
     pub fn hash_join(&self) -> &HashJoinExec {
-        self.cpu_join.downcast_ref::<HashJoinExec>().expect("checked in try_new")
+        self.cpu_join
+            .downcast_ref::<HashJoinExec>()
+            .expect("checked in try_new")
     }
 
-    fn build_side(&self, partition: usize, context: &Arc<TaskContext>, options: &GpuOptions, metrics: &GpuJoinMetrics) -> Result<OnceFut<BuildSide>> {
+    fn build_side(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+        options: &GpuOptions,
+        metrics: &GpuJoinMetrics,
+    ) -> Result<OnceFut<BuildSide>> {
         let join = self.hash_join();
         let collect = |input_partition: usize, consumer: String| -> Result<OnceFut<BuildSide>> {
             let input = join.left().execute(input_partition, Arc::clone(context))?;
@@ -94,25 +103,42 @@ impl GpuHashJoinExec {
                 }
                 Ok(shared.clone().expect("set above"))
             }
-            PartitionMode::Partitioned => collect(partition, format!("GpuHashJoinInput[{partition}]")),
-            PartitionMode::Auto => Err(DataFusionError::Internal("GpuHashJoinExec in partition mode Auto".into())),
+            PartitionMode::Partitioned => {
+                collect(partition, format!("GpuHashJoinInput[{partition}]"))
+            }
+            PartitionMode::Auto => Err(DataFusionError::Internal(
+                "GpuHashJoinExec in partition mode Auto".into(),
+            )),
         }
     }
 }
 
 impl fmt::Debug for GpuHashJoinExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GpuHashJoinExec").field("cpu_join", &self.cpu_join).finish()
+        f.debug_struct("GpuHashJoinExec")
+            .field("cpu_join", &self.cpu_join)
+            .finish()
     }
 }
 
 impl DisplayAs for GpuHashJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let join = self.hash_join();
-        let on = join.on().iter().map(|(l, r)| format!("({l}, {r})")).collect::<Vec<_>>().join(", ");
+        let on = join
+            .on()
+            .iter()
+            .map(|(l, r)| format!("({l}, {r})"))
+            .collect::<Vec<_>>()
+            .join(", ");
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => {
-                write!(f, "GpuHashJoinExec: algorithm={}, mode={:?}, join_type={}, on=[{on}]", Self::ALGORITHM, join.partition_mode(), join.join_type())?;
+                write!(
+                    f,
+                    "GpuHashJoinExec: algorithm={}, mode={:?}, join_type={}, on=[{on}]",
+                    Self::ALGORITHM,
+                    join.partition_mode(),
+                    join.join_type()
+                )?;
                 if let Some(projection) = &join.projection {
                     write!(f, ", projection={:?}", projection.as_ref())?;
                 }
@@ -144,11 +170,19 @@ impl ExecutionPlan for GpuHashJoinExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        let keys: Vec<PhysicalExprRef> = self.hash_join().on().iter().flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)]).collect();
+        let keys: Vec<PhysicalExprRef> = self
+            .hash_join()
+            .on()
+            .iter()
+            .flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)])
+            .collect();
         apply_expression_roots(keys, f)
     }
 
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         #[allow(deprecated)]
         let cpu_join = Arc::clone(&self.cpu_join).with_new_children(children)?;
         Ok(Arc::new(Self::try_new(cpu_join)?))
@@ -173,7 +207,11 @@ impl ExecutionPlan for GpuHashJoinExec {
         self.cpu_join.child_stats_requests(partition)
     }
 
-    fn statistics_from_inputs(&self, input_stats: &[Arc<Statistics>], args: &StatisticsArgs) -> Result<Arc<Statistics>> {
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
         self.cpu_join.statistics_from_inputs(input_stats, args)
     }
 
@@ -181,10 +219,15 @@ impl ExecutionPlan for GpuHashJoinExec {
         Some(self.metrics.clone_inner())
     }
 
-    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
         let join = self.hash_join();
         let options = GpuOptions::from_config(context.session_config().options());
-        let runtime = crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let runtime =
+            crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
         let device = Arc::clone(runtime.device_for_partition(partition));
         let metrics = GpuJoinMetrics::new(&self.metrics, partition);
         let build = self.build_side(partition, &context, &options, &metrics)?;
@@ -200,7 +243,11 @@ impl ExecutionPlan for GpuHashJoinExec {
             build,
             probe_input,
             probe_schema: join.right().schema(),
-            probe_on: join.on().iter().map(|(_, right)| Arc::clone(right)).collect(),
+            probe_on: join
+                .on()
+                .iter()
+                .map(|(_, right)| Arc::clone(right))
+                .collect(),
             layout: self.layout.clone(),
             output,
             device,

@@ -29,37 +29,73 @@ impl OutputAssembler {
     /// `schema` is the output schema (projection applied); `projection`
     /// indexes into the join schema, whose first `build_columns` columns come
     /// from the build side.
-    pub(crate) fn new(schema: SchemaRef, projection: Option<&[usize]>, build_columns: usize, probe_columns: usize, batch_size: usize) -> Self {
+    pub(crate) fn new(
+        schema: SchemaRef,
+        projection: Option<&[usize]>,
+        build_columns: usize,
+        probe_columns: usize,
+        batch_size: usize,
+    ) -> Self {
         let all: Vec<usize> = (0..build_columns + probe_columns).collect();
         let sources = projection
             .unwrap_or(&all)
             .iter()
-            .map(|&i| if i < build_columns { ColumnSource::Build(i) } else { ColumnSource::Probe(i - build_columns) })
+            .map(|&i| {
+                if i < build_columns {
+                    ColumnSource::Build(i)
+                } else {
+                    ColumnSource::Probe(i - build_columns)
+                }
+            })
             .collect();
-        Self { schema, sources, batch_size: batch_size.max(1) }
+        Self {
+            schema,
+            sources,
+            batch_size: batch_size.max(1),
+        }
     }
 
     /// The rows `(build[build_ids[i]], probe[probe_ids[i]])`, in that order.
-    pub(crate) fn assemble(&self, build: &RecordBatch, probe: &RecordBatch, build_ids: &[u64], probe_ids: &[u64]) -> Result<Vec<RecordBatch>> {
+    pub(crate) fn assemble(
+        &self,
+        build: &RecordBatch,
+        probe: &RecordBatch,
+        build_ids: &[u64],
+        probe_ids: &[u64],
+    ) -> Result<Vec<RecordBatch>> {
         debug_assert_eq!(build_ids.len(), probe_ids.len());
         let mut batches = Vec::with_capacity(build_ids.len().div_ceil(self.batch_size));
         for start in (0..build_ids.len()).step_by(self.batch_size) {
             let end = (start + self.batch_size).min(build_ids.len());
             let needs = |side: fn(&ColumnSource) -> bool| self.sources.iter().any(side);
-            let build_take = needs(|s| matches!(s, ColumnSource::Build(_))).then(|| UInt64Array::from(build_ids[start..end].to_vec()));
-            let probe_take = needs(|s| matches!(s, ColumnSource::Probe(_))).then(|| UInt64Array::from(probe_ids[start..end].to_vec()));
+            let build_take = needs(|s| matches!(s, ColumnSource::Build(_)))
+                .then(|| UInt64Array::from(build_ids[start..end].to_vec()));
+            let probe_take = needs(|s| matches!(s, ColumnSource::Probe(_)))
+                .then(|| UInt64Array::from(probe_ids[start..end].to_vec()));
             let columns = self
                 .sources
                 .iter()
                 .map(|source| -> Result<ArrayRef> {
                     Ok(match source {
-                        ColumnSource::Build(i) => take(build.column(*i), build_take.as_ref().expect("built when needed"), None)?,
-                        ColumnSource::Probe(i) => take(probe.column(*i), probe_take.as_ref().expect("built when needed"), None)?,
+                        ColumnSource::Build(i) => take(
+                            build.column(*i),
+                            build_take.as_ref().expect("built when needed"),
+                            None,
+                        )?,
+                        ColumnSource::Probe(i) => take(
+                            probe.column(*i),
+                            probe_take.as_ref().expect("built when needed"),
+                            None,
+                        )?,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
             let options = RecordBatchOptions::new().with_row_count(Some(end - start));
-            batches.push(RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?);
+            batches.push(RecordBatch::try_new_with_options(
+                Arc::clone(&self.schema),
+                columns,
+                &options,
+            )?);
         }
         Ok(batches)
     }
@@ -74,10 +110,17 @@ mod tests {
     fn sides() -> (RecordBatch, RecordBatch) {
         let build = RecordBatch::try_from_iter([
             ("bk", Arc::new(Int32Array::from(vec![1, 2, 3])) as ArrayRef),
-            ("bv", Arc::new(StringArray::from(vec!["a", "b", "c"])) as ArrayRef),
+            (
+                "bv",
+                Arc::new(StringArray::from(vec!["a", "b", "c"])) as ArrayRef,
+            ),
         ])
         .unwrap();
-        let probe = RecordBatch::try_from_iter([("pk", Arc::new(Int32Array::from(vec![3, 1])) as ArrayRef)]).unwrap();
+        let probe = RecordBatch::try_from_iter([(
+            "pk",
+            Arc::new(Int32Array::from(vec![3, 1])) as ArrayRef,
+        )])
+        .unwrap();
         (build, probe)
     }
 
@@ -89,14 +132,32 @@ mod tests {
             Field::new("bv", DataType::Utf8, false),
             Field::new("pk", DataType::Int32, false),
         ]));
-        let out = OutputAssembler::new(schema, None, 2, 1, 1).assemble(&build, &probe, &[2, 0], &[0, 1]).unwrap();
+        let out = OutputAssembler::new(schema, None, 2, 1, 1)
+            .assemble(&build, &probe, &[2, 0], &[0, 1])
+            .unwrap();
         assert_eq!(out.len(), 2);
         let rows: Vec<(i32, String, i32)> = out
             .iter()
             .map(|b| {
-                let c0 = b.column(0).as_any().downcast_ref::<Int32Array>().unwrap().value(0);
-                let c1 = b.column(1).as_any().downcast_ref::<StringArray>().unwrap().value(0).to_string();
-                let c2 = b.column(2).as_any().downcast_ref::<Int32Array>().unwrap().value(0);
+                let c0 = b
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int32Array>()
+                    .unwrap()
+                    .value(0);
+                let c1 = b
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .unwrap()
+                    .value(0)
+                    .to_string();
+                let c2 = b
+                    .column(2)
+                    .as_any()
+                    .downcast_ref::<Int32Array>()
+                    .unwrap()
+                    .value(0);
                 (c0, c1, c2)
             })
             .collect();
@@ -107,7 +168,9 @@ mod tests {
     fn an_empty_projection_keeps_the_row_count() {
         let (build, probe) = sides();
         let schema = Arc::new(Schema::empty());
-        let out = OutputAssembler::new(schema, Some(&[]), 2, 1, 8192).assemble(&build, &probe, &[0, 1, 2], &[1, 1, 0]).unwrap();
+        let out = OutputAssembler::new(schema, Some(&[]), 2, 1, 8192)
+            .assemble(&build, &probe, &[0, 1, 2], &[1, 1, 0])
+            .unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].num_rows(), 3);
         assert_eq!(out[0].num_columns(), 0);
@@ -120,9 +183,21 @@ mod tests {
             Field::new("pk", DataType::Int32, false),
             Field::new("bv", DataType::Utf8, false),
         ]));
-        let out = OutputAssembler::new(schema, Some(&[2, 1]), 2, 1, 10).assemble(&build, &probe, &[0], &[1]).unwrap();
-        let pk = out[0].column(0).as_any().downcast_ref::<Int32Array>().unwrap().value(0);
-        let bv = out[0].column(1).as_any().downcast_ref::<StringArray>().unwrap().value(0);
+        let out = OutputAssembler::new(schema, Some(&[2, 1]), 2, 1, 10)
+            .assemble(&build, &probe, &[0], &[1])
+            .unwrap();
+        let pk = out[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int32Array>()
+            .unwrap()
+            .value(0);
+        let bv = out[0]
+            .column(1)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap()
+            .value(0);
         assert_eq!((pk, bv), (1, "a"));
     }
 }

@@ -27,7 +27,9 @@ use crate::ops::hash_join::{probe, probe_device_bytes};
 
 /// Evaluates the key expressions of one side on `batch`.
 pub(crate) fn evaluate_keys(on: &[PhysicalExprRef], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
-    on.iter().map(|expr| expr.evaluate(batch)?.into_array(batch.num_rows())).collect()
+    on.iter()
+        .map(|expr| expr.evaluate(batch)?.into_array(batch.num_rows()))
+        .collect()
 }
 
 /// Everything one partition's probe loop needs.
@@ -54,7 +56,12 @@ struct ProbeLoop {
 
 /// The output stream of one partition.
 pub(crate) fn probe_stream(spec: ProbeSpec, schema: SchemaRef) -> SendableRecordBatchStream {
-    let state = ProbeLoop { spec, build: None, probe_exhausted: false, ready: VecDeque::new() };
+    let state = ProbeLoop {
+        spec,
+        build: None,
+        probe_exhausted: false,
+        ready: VecDeque::new(),
+    };
     let stream = futures::stream::try_unfold(state, |mut state| async move {
         loop {
             if let Some(batch) = state.ready.pop_front() {
@@ -116,10 +123,16 @@ impl ProbeLoop {
     }
 
     /// Joins one probe chunk on the device, off the async runtime.
-    async fn join_chunk(&mut self, build: Arc<BuildSide>, chunk: RecordBatch) -> Result<Vec<RecordBatch>> {
+    async fn join_chunk(
+        &mut self,
+        build: Arc<BuildSide>,
+        chunk: RecordBatch,
+    ) -> Result<Vec<RecordBatch>> {
         let probe_keys = {
             let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
-            self.spec.layout.normalize(&evaluate_keys(&self.spec.probe_on, &chunk)?)?
+            self.spec
+                .layout
+                .normalize(&evaluate_keys(&self.spec.probe_on, &chunk)?)?
         };
         let device = Arc::clone(&self.spec.device);
         let output = self.spec.output.clone();
@@ -131,20 +144,37 @@ impl ProbeLoop {
             device.bind_to_thread()?;
             let resident = build.device_table(&device, memory_fraction, &metrics)?;
             let table = &resident.table;
-            let bytes = probe_device_bytes(probe_keys.keys.len(), table.plan(), max_pairs, device.sm_count());
-            let memory = device.budget().reserve(bytes, memory_fraction, ReservationKind::Transient)?;
+            let bytes = probe_device_bytes(
+                probe_keys.keys.len(),
+                table.plan(),
+                max_pairs,
+                device.sm_count(),
+            );
+            let memory =
+                device
+                    .budget()
+                    .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
             metrics.device_memory_wait.add_duration(memory.waited());
             let stream = device.stream()?;
             let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
             let mut batches = Vec::new();
             let mut assembly_error = None;
-            probe(&device, stream.stream(), table, &probe_keys.keys, probe_keys.row_ids.as_deref(), max_pairs, &mut timer, |build_ids, probe_ids| {
-                match output.assemble(&build.batch, &chunk, &build_ids, &probe_ids) {
-                    Ok(out) => batches.extend(out),
-                    Err(e) => assembly_error = Some(e),
-                }
-                Ok(())
-            })?;
+            probe(
+                &device,
+                stream.stream(),
+                table,
+                &probe_keys.keys,
+                probe_keys.row_ids.as_deref(),
+                max_pairs,
+                &mut timer,
+                |build_ids, probe_ids| {
+                    match output.assemble(&build.batch, &chunk, &build_ids, &probe_ids) {
+                        Ok(out) => batches.extend(out),
+                        Err(e) => assembly_error = Some(e),
+                    }
+                    Ok(())
+                },
+            )?;
             metrics.record_device(&timer.finish()?);
             metrics.probe_chunks.add(1);
             match assembly_error {
@@ -152,6 +182,8 @@ impl ProbeLoop {
                 None => Ok(batches),
             }
         });
-        task.join().await.map_err(|e| DataFusionError::Execution(format!("GPU join task failed: {e}")))?
+        task.join()
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("GPU join task failed: {e}")))?
     }
 }
