@@ -16,7 +16,7 @@ pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
 pub use device::{GpuDevice, PooledStream};
 pub use error::{DriverResultExt, GpuError, GpuResult};
 pub use pinned::{PinnedBuffer, PinnedPool};
-pub use runtime::{gpu_runtime, GpuRuntime, GpuUnavailable};
+pub use runtime::{gpu_availability, gpu_runtime, GpuRuntime, GpuUnavailable};
 pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{download_u64, measure_copy_bandwidth, upload_u64, CopyBandwidth};
 

@@ -65,6 +65,12 @@ pub fn gpu_runtime() -> Result<Arc<GpuRuntime>, GpuUnavailable> {
     RUNTIME.get_or_init(detect).clone()
 }
 
+/// `Ok(())` when a GPU can be used, otherwise the reason: the form the
+/// planner's decisions take.
+pub fn gpu_availability() -> Result<(), String> {
+    gpu_runtime().map(|_| ()).map_err(|e| e.0)
+}
+
 fn detect() -> Result<Arc<GpuRuntime>, GpuUnavailable> {
     if let Ok(visible) = std::env::var("CUDA_VISIBLE_DEVICES") {
         if visible.trim().is_empty() {

@@ -165,7 +165,7 @@ fn describe_hash_join(join: &HashJoinExec) -> String {
 /// for a plan the rule did not see) under `config`.
 pub fn gpu_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Vec<NodeDecision> {
     let options = GpuOptions::from_config(config);
-    let gpu = crate::gpu::gpu_runtime().map(|_| ()).map_err(|e| e.0);
+    let gpu = crate::gpu::gpu_availability();
     let mut decisions = Vec::new();
     collect_decisions(
         plan,

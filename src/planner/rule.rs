@@ -37,7 +37,7 @@ impl PhysicalOptimizerRule for GpuOptimizerRule {
         if !options.enabled {
             return Ok(plan);
         }
-        let gpu = crate::gpu::gpu_runtime().map(|_| ()).map_err(|e| e.0);
+        let gpu = crate::gpu::gpu_availability();
         let gpu = gpu.as_ref().map(|_| ()).map_err(|e| e.as_str());
         plan.transform_up(|node| {
             if let Some(join) = node.downcast_ref::<HashJoinExec>() {

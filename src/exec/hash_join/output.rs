@@ -56,22 +56,27 @@ impl OutputAssembler {
     }
 
     /// The rows `(build[build_ids[i]], probe[probe_ids[i]])`, in that order.
+    /// The id vectors become Arrow arrays without a copy; each batch takes a
+    /// zero-copy slice of them.
     pub(crate) fn assemble(
         &self,
         build: &RecordBatch,
         probe: &RecordBatch,
-        build_ids: &[u64],
-        probe_ids: &[u64],
+        build_ids: Vec<u64>,
+        probe_ids: Vec<u64>,
     ) -> Result<Vec<RecordBatch>> {
         debug_assert_eq!(build_ids.len(), probe_ids.len());
-        let mut batches = Vec::with_capacity(build_ids.len().div_ceil(self.batch_size));
-        for start in (0..build_ids.len()).step_by(self.batch_size) {
-            let end = (start + self.batch_size).min(build_ids.len());
-            let needs = |side: fn(&ColumnSource) -> bool| self.sources.iter().any(side);
-            let build_take = needs(|s| matches!(s, ColumnSource::Build(_)))
-                .then(|| UInt64Array::from(build_ids[start..end].to_vec()));
-            let probe_take = needs(|s| matches!(s, ColumnSource::Probe(_)))
-                .then(|| UInt64Array::from(probe_ids[start..end].to_vec()));
+        let rows = build_ids.len();
+        let needs = |side: fn(&ColumnSource) -> bool| self.sources.iter().any(side);
+        let build_ids =
+            needs(|s| matches!(s, ColumnSource::Build(_))).then(|| UInt64Array::from(build_ids));
+        let probe_ids =
+            needs(|s| matches!(s, ColumnSource::Probe(_))).then(|| UInt64Array::from(probe_ids));
+        let mut batches = Vec::with_capacity(rows.div_ceil(self.batch_size));
+        for start in (0..rows).step_by(self.batch_size) {
+            let end = (start + self.batch_size).min(rows);
+            let build_take = build_ids.as_ref().map(|ids| ids.slice(start, end - start));
+            let probe_take = probe_ids.as_ref().map(|ids| ids.slice(start, end - start));
             let columns = self
                 .sources
                 .iter()
@@ -133,7 +138,7 @@ mod tests {
             Field::new("pk", DataType::Int32, false),
         ]));
         let out = OutputAssembler::new(schema, None, 2, 1, 1)
-            .assemble(&build, &probe, &[2, 0], &[0, 1])
+            .assemble(&build, &probe, vec![2, 0], vec![0, 1])
             .unwrap();
         assert_eq!(out.len(), 2);
         let rows: Vec<(i32, String, i32)> = out
@@ -169,7 +174,7 @@ mod tests {
         let (build, probe) = sides();
         let schema = Arc::new(Schema::empty());
         let out = OutputAssembler::new(schema, Some(&[]), 2, 1, 8192)
-            .assemble(&build, &probe, &[0, 1, 2], &[1, 1, 0])
+            .assemble(&build, &probe, vec![0, 1, 2], vec![1, 1, 0])
             .unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].num_rows(), 3);
@@ -184,7 +189,7 @@ mod tests {
             Field::new("bv", DataType::Utf8, false),
         ]));
         let out = OutputAssembler::new(schema, Some(&[2, 1]), 2, 1, 10)
-            .assemble(&build, &probe, &[0], &[1])
+            .assemble(&build, &probe, vec![0], vec![1])
             .unwrap();
         let pk = out[0]
             .column(0)

@@ -168,9 +168,12 @@ impl ProbeLoop {
                 max_pairs,
                 &mut timer,
                 |build_ids, probe_ids| {
-                    match output.assemble(&build.batch, &chunk, &build_ids, &probe_ids) {
-                        Ok(out) => batches.extend(out),
-                        Err(e) => assembly_error = Some(e),
+                    // After a failed assembly the rest of the chunk is not worth building.
+                    if assembly_error.is_none() {
+                        match output.assemble(&build.batch, &chunk, build_ids, probe_ids) {
+                            Ok(out) => batches.extend(out),
+                            Err(e) => assembly_error = Some(e),
+                        }
                     }
                     Ok(())
                 },
