@@ -2,9 +2,12 @@
 //! cores) and on the GPU join, in one process on one machine, answers checked.
 //!
 //!     cargo bench --bench gpu_join -- [--log2-rows 24] [--runs 5]
+//!                                      [--match-percent 100] [--zipf 0]
 //!
-//! R has keys 0..2^n in random order (a primary key), S has 2^n uniform
-//! foreign keys into R; both carry an Int64 payload `v`. Times are wall clock
+//! R has keys 0..2^n in random order (a primary key), S has 2^n foreign keys
+//! drawn uniformly so that `--match-percent` of them hit R (100: every one),
+//! or, with `--zipf s` > 0, drawn from a Zipf(s) distribution over R's keys;
+//! both carry an Int64 payload `v`. Times are wall clock
 //! for planning + execution + collecting the one-row answer, data already in
 //! memory (`MemTable`s, one partition per core). "Cold" is the first GPU
 //! query of the process (driver and PTX load included), "warm" the median of
@@ -28,6 +31,15 @@ use rand::{RngExt, SeedableRng};
 const SQL: &str = "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k = s.k";
 
 fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn arg_f64(name: &str, default: f64) -> f64 {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
         .position(|a| a == name)
@@ -115,15 +127,24 @@ async fn main() {
     let mut rng = StdRng::seed_from_u64(42);
     let mut r_keys: Vec<i64> = (0..rows as i64).collect();
     r_keys.shuffle(&mut rng);
-    let s_keys: Vec<i64> = (0..rows)
-        .map(|_| rng.random_range(0..rows as i64))
-        .collect();
+    let match_percent = arg_f64("--match-percent", 100.0).clamp(0.001, 100.0);
+    let zipf = arg_f64("--zipf", 0.0);
+    let s_keys: Vec<i64> = if zipf > 0.0 {
+        let distribution = rand_distr::Zipf::new(rows as f64, zipf).expect("Zipf parameters");
+        (0..rows)
+            .map(|_| rng.sample(distribution) as i64 - 1)
+            .collect()
+    } else {
+        let domain = ((rows as f64) * 100.0 / match_percent) as i64;
+        (0..rows).map(|_| rng.random_range(0..domain)).collect()
+    };
 
     let config = SessionConfig::new().with_target_partitions(cores);
     let ctx = gpu_session_context(config);
     ctx.register_table("r", table(&r_keys, 1, cores)).unwrap();
     ctx.register_table("s", table(&s_keys, 2, cores)).unwrap();
-    println!("join benchmark: |R| = |S| = 2^{log2} Int64 rows, {cores} cores, {runs} timed runs per path");
+    println!("join benchmark: |R| = |S| = 2^{log2} Int64 rows, {cores} cores, {runs} timed runs per path, S keys: {}",
+        if zipf > 0.0 { format!("Zipf {zipf}") } else { format!("uniform, {match_percent}% matching") });
     println!("query: {SQL}");
 
     ctx.sql("SET gpu.enabled = false").await.unwrap();
@@ -172,8 +193,10 @@ async fn main() {
     let d2h = gpu_join_metric(&plan, "d2h_bytes").unwrap_or(0);
 
     let bandwidth = measure_copy_bandwidth(&runtime.devices()[0], 1 << 30, 5).unwrap();
+    // Keys of both sides in, one pair of row ids per output row out.
+    let matches = cpu_answer[0] as f64;
     let floor = (16.0 * rows as f64) / bandwidth.host_to_device
-        + (16.0 * rows as f64) / bandwidth.device_to_host;
+        + (16.0 * matches) / bandwidth.device_to_host;
     println!("GPU  (GpuHashJoinExec):         cold   {:>9.1} ms  warm median {:>9.1} ms  answer {gpu_answer:?}", cold.as_secs_f64() * 1e3, warm.as_secs_f64() * 1e3);
     println!("     last warm run, summed over partitions: kernel {kernel_ms:.1} ms, transfers {transfer_ms:.1} ms, {h2d} B to device, {d2h} B back");
     println!(
@@ -183,7 +206,7 @@ async fn main() {
         floor * 1e3
     );
     println!(
-        "RESULT log2_rows={log2} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} floor_ms={:.1}",
+        "RESULT log2_rows={log2} match_percent={match_percent} zipf={zipf} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} floor_ms={:.1}",
         cpu.as_secs_f64() * 1e3,
         cold.as_secs_f64() * 1e3,
         warm.as_secs_f64() * 1e3,

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Builds the release GPU test binary, the benchmark and the quickstart,
-# strips and xz-compresses them, and writes a run script, so that the GPU
+# Builds the release GPU test binary (with the conformance runner), the
+# benchmark and the examples, strips and xz-compresses them, packs
+# DataFusion's sqllogictest files, and writes a run script, so that the GPU
 # tests and benchmarks run on a GPU machine that has no Rust toolchain (it
-# needs only the NVIDIA driver, glibc >= 2.35 and xz).
+# needs only the NVIDIA driver, glibc >= 2.35, tar and xz).
 #
 #   scripts/bundle.sh [OUT_DIR]          (default: bundle/)
 #
 # On the GPU machine:
-#   cd OUT_DIR && ./run.sh tests         GPU tests, a missing GPU is a failure
+#   cd OUT_DIR && ./run.sh tests         GPU tests and conformance, a missing GPU is a failure
+#   ./run.sh conformance                 only the sqllogictest conformance files
 #   ./run.sh sanitize                    the join tests under compute-sanitizer
-#   ./run.sh bench                       the end-to-end join benchmark
+#   ./run.sh bench                       the end-to-end join benchmark (BENCH_ARGS)
+#   ./run.sh tpch                        the TPC-H-derived example (TPCH_ARGS)
 #   ./run.sh quickstart                  the example
-# Logs go to $OUT (if set) or ./logs.
+# Logs go to $OUT (if set) or ./logs. Each binary is its own file, so a
+# machine that takes a limited upload can be sent only the ones it runs
+# (plus run.sh and test_files.tar.xz).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -32,7 +37,7 @@ for line in sys.stdin:
 {
   cargo test --release --test gpu --no-run --message-format=json
   cargo bench --bench gpu_join --no-run --message-format=json
-  cargo build --release --example quickstart --message-format=json
+  cargo build --release --example quickstart --example tpch --message-format=json
 } | executables | sort -u > "$out/.artifacts"
 
 while read -r name path; do
@@ -42,6 +47,17 @@ while read -r name path; do
 done < "$out/.artifacts"
 rm -f "$out/.artifacts"
 
+# DataFusion's own .slt files and TPC-H-derived queries, from the package
+# the tests depend on.
+test_files="$(cargo metadata --format-version 1 | python3 -c '
+import json, os, sys
+for p in json.load(sys.stdin)["packages"]:
+    if p["name"] == "datafusion-sqllogictest":
+        print(os.path.join(os.path.dirname(p["manifest_path"]), "test_files"))
+')"
+tar -C "$(dirname "$test_files")" -cJf "$out/test_files.tar.xz" test_files
+echo "bundled test_files: $(du -h "$out/test_files.tar.xz" | cut -f1)"
+
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the bundled datafusion-gpu binaries on a GPU machine.
@@ -49,13 +65,27 @@ set -uo pipefail
 cd "$(dirname "$0")"
 logs="${OUT:-$PWD/logs}"
 mkdir -p "$logs"
-for f in *.xz; do [[ -e "${f%.xz}" ]] || xz -dk "$f"; done
-chmod +x gpu gpu_join quickstart 2>/dev/null
+for f in *.xz; do
+  [[ $f == *.tar.xz ]] && continue
+  [[ -e "${f%.xz}" ]] || xz -dk "$f"
+done
+[[ -d test_files || ! -e test_files.tar.xz ]] || tar -xJf test_files.tar.xz
+export DATAFUSION_SLT_TEST_FILES="$PWD/test_files"
+chmod +x gpu gpu_join quickstart tpch 2>/dev/null
 status=0
 for what in "$@"; do
   case "$what" in
     tests)
-      DATAFUSION_GPU_REQUIRE_GPU=1 ./gpu 2>&1 | tee "$logs/tests.log"
+      DATAFUSION_GPU_CONFORMANCE_LOG="$logs/conformance.log" DATAFUSION_GPU_REQUIRE_GPU=1 \
+        ./gpu 2>&1 | tee "$logs/tests.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    conformance)
+      DATAFUSION_GPU_CONFORMANCE_LOG="$logs/conformance.log" DATAFUSION_GPU_REQUIRE_GPU=1 \
+        ./gpu conformance:: 2>&1 | tee "$logs/conformance-tests.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    tpch)
+      # TPCH_ARGS, e.g. "--sf 1 --runs 3", is passed through.
+      ./tpch ${TPCH_ARGS:-} --json "$logs/tpch.json" 2>&1 | tee "$logs/tpch.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     sanitize)
       # memcheck: the device tests and two SQL join tests (small sizes, every
@@ -78,7 +108,7 @@ for what in "$@"; do
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       CUDA_VISIBLE_DEVICES= ./quickstart 100000 2>&1 | tee "$logs/quickstart-no-gpu.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
-    *) echo "unknown: $what (tests | sanitize | bench | quickstart)"; status=2 ;;
+    *) echo "unknown: $what (tests | conformance | sanitize | bench | tpch | quickstart)"; status=2 ;;
   esac
 done
 exit $status

@@ -1,79 +1,136 @@
-//! Join keys normalized into one u64 per row: the bit patterns of the key
-//! columns packed side by side. Packing is injective, so two rows have equal
-//! normalized keys exactly when every key column is equal, and the device
-//! compares one word per row whatever the key types.
+//! Join keys turned into one u64 per row, which is all the device compares.
+//!
+//! Two encodings, chosen at run time from the collected build side:
+//!
+//! * **Packed**: every key column is a fixed-width value (integers, dates,
+//!   times, timestamps, durations, Decimal128, Boolean). Each column is coded
+//!   as its offset from the build side's minimum, in just enough bits for the
+//!   build side's range (plus one code for NULL when NULL equals NULL), and
+//!   the codes are packed side by side. The coding is injective over the
+//!   build domain, so equal packed keys mean equal rows and the device's
+//!   answer needs no check. A probe value outside the build range cannot
+//!   match and is dropped before the upload. TPC-H's two-column Int64 keys
+//!   pack this way although their types take 128 bits.
+//! * **Hashed**: everything else (strings, floats, composites too wide to
+//!   pack). The key is DataFusion's own row hash of the key columns; the
+//!   device finds candidate pairs with equal hashes and the host keeps those
+//!   whose key columns compare equal under the join's NULL semantics, using
+//!   the same comparison as `HashJoinExec`.
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, UInt64Array};
 use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::compute::kernels::boolean::and;
+use datafusion::arrow::compute::kernels::cmp::{eq, not_distinct};
+use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::*;
+use datafusion::common::hash_utils::{create_hashes, RandomState};
+use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
-/// How the key columns of a join pack into a u64.
+/// The plan-time description of a join's keys: their types and NULL
+/// semantics. Accepting a spec means every key type can be encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyLayout {
+pub struct KeySpec {
     types: Vec<DataType>,
+    null_equality: NullEquality,
 }
 
-/// Keys of the rows whose key columns are all non-null (a NULL key never
-/// matches under SQL equality).
+/// Keys of the rows that can match, one u64 each.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NormalizedKeys {
-    /// One packed key per kept row.
+    /// One encoded key per kept row.
     pub keys: Vec<u64>,
     /// Index of each kept row in the input, or `None` when every row was kept.
     pub row_ids: Option<Vec<u64>>,
 }
 
-/// Bits a key column of `data_type` takes, or why it cannot be a GPU key.
-pub fn key_bits(data_type: &DataType) -> std::result::Result<u32, String> {
-    match data_type {
-        DataType::Int8 | DataType::UInt8 => Ok(8),
-        DataType::Int16 | DataType::UInt16 => Ok(16),
-        DataType::Int32 | DataType::UInt32 | DataType::Date32 => Ok(32),
-        DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _) => Ok(64),
-        other => Err(format!("key type {other} is not supported on the GPU yet")),
-    }
+/// Whether a column of `data_type` packs as a fixed-width value.
+fn packable(data_type: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        data_type,
+        Int8 | Int16
+            | Int32
+            | Int64
+            | UInt8
+            | UInt16
+            | UInt32
+            | UInt64
+            | Date32
+            | Date64
+            | Time32(_)
+            | Time64(_)
+            | Timestamp(_, _)
+            | Duration(_)
+            | Decimal128(_, _)
+            | Boolean
+    )
 }
 
-impl KeyLayout {
-    /// The layout for key columns of `types`, or why the GPU cannot take them.
-    pub fn try_new(types: &[DataType]) -> std::result::Result<Self, String> {
+/// Whether a column of `data_type` can be hashed and compared on the host.
+fn hashable(data_type: &DataType) -> bool {
+    use DataType::*;
+    packable(data_type)
+        || matches!(
+            data_type,
+            Float16
+                | Float32
+                | Float64
+                | Utf8
+                | LargeUtf8
+                | Utf8View
+                | Binary
+                | LargeBinary
+                | BinaryView
+                | FixedSizeBinary(_)
+                | Decimal32(_, _)
+                | Decimal64(_, _)
+                | Decimal256(_, _)
+        )
+}
+
+impl KeySpec {
+    /// The spec for key columns of `types`, or why the GPU cannot take them.
+    pub fn try_new(
+        types: &[DataType],
+        null_equality: NullEquality,
+    ) -> std::result::Result<Self, String> {
         if types.is_empty() {
             return Err("the join has no equi-join keys".into());
         }
-        let mut total = 0u32;
-        for t in types {
-            total += key_bits(t)?;
-        }
-        if total > 64 {
-            return Err(format!(
-                "the composite key of {} columns takes {total} bits, more than the 64 the GPU join packs",
-                types.len()
-            ));
+        if let Some(other) = types.iter().find(|t| !hashable(t)) {
+            return Err(format!("key type {other} is not supported on the GPU"));
         }
         Ok(Self {
             types: types.to_vec(),
+            null_equality,
         })
     }
 
-    /// Bits of the packed key.
-    pub fn total_bits(&self) -> u32 {
-        self.types.iter().map(|t| key_bits(t).unwrap_or(64)).sum()
+    /// Key column types.
+    pub fn types(&self) -> &[DataType] {
+        &self.types
     }
 
-    /// Packs `columns` (one array per key column, equal lengths, types as in
-    /// the layout) and drops rows with a NULL in any key column.
-    pub fn normalize(&self, columns: &[ArrayRef]) -> Result<NormalizedKeys> {
+    /// Whether NULL keys match each other.
+    pub fn null_equality(&self) -> NullEquality {
+        self.null_equality
+    }
+
+    /// Whether every key column can be packed (given a narrow enough range).
+    pub fn packable(&self) -> bool {
+        self.types.iter().all(packable)
+    }
+
+    fn check_columns(&self, columns: &[ArrayRef]) -> Result<usize> {
         if columns.len() != self.types.len() {
             return Err(DataFusionError::Internal(format!(
-                "{} key columns for a layout of {}",
+                "{} key columns for {} planned",
                 columns.len(),
                 self.types.len()
             )));
         }
         let rows = columns.first().map(|c| c.len()).unwrap_or(0);
-        let mut packed = vec![0u64; rows];
-        let mut nulls: Option<NullBuffer> = None;
         for (column, data_type) in columns.iter().zip(&self.types) {
             if column.data_type() != data_type || column.len() != rows {
                 return Err(DataFusionError::Internal(format!(
@@ -82,160 +139,476 @@ impl KeyLayout {
                     column.len()
                 )));
             }
-            let bits = key_bits(data_type).map_err(DataFusionError::NotImplemented)?;
-            append_bits(&mut packed, column, bits)?;
-            nulls = NullBuffer::union(nulls.as_ref(), column.logical_nulls().as_ref());
         }
-        Ok(match nulls {
-            Some(nulls) if nulls.null_count() > 0 => {
-                let row_ids: Vec<u64> = nulls.valid_indices().map(|i| i as u64).collect();
-                let keys = row_ids.iter().map(|&i| packed[i as usize]).collect();
-                NormalizedKeys {
-                    keys,
-                    row_ids: Some(row_ids),
-                }
-            }
-            _ => NormalizedKeys {
-                keys: packed,
-                row_ids: None,
-            },
+        Ok(rows)
+    }
+}
+
+/// The range of one packed key column over the build side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Domain {
+    /// Smallest build value; with `max < min` the build side has none.
+    min: i128,
+    max: i128,
+    /// Code 0 stands for NULL (NULL equals NULL), values start at 1.
+    null_code: bool,
+    bits: u32,
+}
+
+impl Domain {
+    fn new(min: i128, max: i128, null_code: bool) -> Self {
+        let values = if max < min {
+            0
+        } else {
+            (max as u128).wrapping_sub(min as u128) + 1
+        };
+        let codes = values.saturating_add(u128::from(null_code));
+        let bits = if codes <= 1 {
+            0
+        } else {
+            128 - (codes - 1).leading_zeros()
+        };
+        Self {
+            min,
+            max,
+            null_code,
+            bits,
+        }
+    }
+
+    /// The code of `value`, or `None` when no build value equals it.
+    #[inline]
+    fn code(&self, value: i128) -> Option<u64> {
+        (self.min <= value && value <= self.max).then(|| {
+            ((value as u128).wrapping_sub(self.min as u128) as u64) + u64::from(self.null_code)
         })
     }
 }
 
-/// `packed[i] = (packed[i] << bits) | bit pattern of column[i]`.
-fn append_bits(packed: &mut [u64], column: &ArrayRef, bits: u32) -> Result<()> {
-    macro_rules! pack {
-        ($arrow_type:ty, $unsigned:ty) => {{
-            let values = column.as_primitive::<$arrow_type>().values();
-            for (slot, &v) in packed.iter_mut().zip(values.iter()) {
-                let pattern = (v as $unsigned) as u64;
-                *slot = if bits == 64 {
-                    pattern
-                } else {
-                    (*slot << bits) | pattern
-                };
+/// How keys are encoded for one join, fixed once the build side is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyEncoder {
+    spec: KeySpec,
+    packing: Option<Vec<Domain>>,
+}
+
+/// The seed of the hashed encoding; both sides must use the same one.
+const HASH_SEED: u64 = 0x6470_755f_6a6f_696e;
+
+impl KeyEncoder {
+    /// Chooses the encoding from the build side's key columns.
+    pub fn for_build_side(spec: &KeySpec, build_columns: &[ArrayRef]) -> Result<Self> {
+        spec.check_columns(build_columns)?;
+        let packing = if spec.packable() {
+            let null_code = spec.null_equality == NullEquality::NullEqualsNull;
+            let mut domains = Vec::with_capacity(build_columns.len());
+            let mut bits = 0u32;
+            for column in build_columns {
+                let (min, max) = value_range(column)?;
+                let domain = Domain::new(min, max, null_code);
+                bits += domain.bits;
+                domains.push(domain);
+            }
+            (bits <= 64).then_some(domains)
+        } else {
+            None
+        };
+        Ok(Self {
+            spec: spec.clone(),
+            packing,
+        })
+    }
+
+    /// Whether device matches must be checked on the host (hashed keys).
+    pub fn needs_verification(&self) -> bool {
+        self.packing.is_none()
+    }
+
+    /// `"packed"` or `"hashed"`, for metrics and tests.
+    pub fn kind(&self) -> &'static str {
+        if self.packing.is_some() {
+            "packed"
+        } else {
+            "hashed"
+        }
+    }
+
+    /// Encodes `columns`, dropping rows that cannot match anything: a NULL
+    /// key when NULL equals nothing, and a value outside the build range.
+    pub fn encode(&self, columns: &[ArrayRef]) -> Result<NormalizedKeys> {
+        let rows = self.spec.check_columns(columns)?;
+        let mut keep = vec![true; rows];
+        let mut keys = vec![0u64; rows];
+        if self.spec.null_equality == NullEquality::NullEqualsNothing {
+            for column in columns {
+                if let Some(nulls) = column.logical_nulls() {
+                    for i in nulls
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, v)| (!v).then_some(i))
+                    {
+                        keep[i] = false;
+                    }
+                }
+            }
+        }
+        match &self.packing {
+            Some(domains) => {
+                for (column, domain) in columns.iter().zip(domains) {
+                    pack_column(column, domain, &mut keys, &mut keep)?;
+                }
+            }
+            None => {
+                create_hashes(columns, &RandomState::with_seed(HASH_SEED), &mut keys)?;
+            }
+        }
+        Ok(compact(keys, &keep))
+    }
+
+    /// Which candidate pairs really have equal keys, comparing the key
+    /// columns as `HashJoinExec` does. Only needed for hashed keys.
+    pub fn verify(
+        &self,
+        build_columns: &[ArrayRef],
+        probe_columns: &[ArrayRef],
+        build_ids: &UInt64Array,
+        probe_ids: &UInt64Array,
+    ) -> Result<BooleanArray> {
+        let mut equal: Option<BooleanArray> = None;
+        for (build, probe) in build_columns.iter().zip(probe_columns) {
+            let build = take(build.as_ref(), build_ids, None)?;
+            let probe = take(probe.as_ref(), probe_ids, None)?;
+            let column_equal = match self.spec.null_equality {
+                NullEquality::NullEqualsNothing => eq(&build, &probe)?,
+                NullEquality::NullEqualsNull => not_distinct(&build, &probe)?,
+            };
+            equal = Some(match equal {
+                None => column_equal,
+                Some(so_far) => and(&so_far, &column_equal)?,
+            });
+        }
+        equal.ok_or_else(|| DataFusionError::Internal("a join without keys".into()))
+    }
+}
+
+/// Keeps the rows marked in `keep`.
+fn compact(keys: Vec<u64>, keep: &[bool]) -> NormalizedKeys {
+    if keep.iter().all(|&k| k) {
+        return NormalizedKeys {
+            keys,
+            row_ids: None,
+        };
+    }
+    let row_ids: Vec<u64> = keep
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &k)| k.then_some(i as u64))
+        .collect();
+    let keys = row_ids.iter().map(|&i| keys[i as usize]).collect();
+    NormalizedKeys {
+        keys,
+        row_ids: Some(row_ids),
+    }
+}
+
+/// Calls `f(row, value)` for every row of a packable column, NULL slots
+/// included (their value is arbitrary).
+fn for_each_value(column: &ArrayRef, mut f: impl FnMut(usize, i128)) -> Result<()> {
+    macro_rules! each {
+        ($arrow_type:ty) => {{
+            for (i, &v) in column
+                .as_primitive::<$arrow_type>()
+                .values()
+                .iter()
+                .enumerate()
+            {
+                f(i, v as i128);
             }
         }};
     }
+    use DataType::*;
     match column.data_type() {
-        DataType::Int8 => pack!(Int8Type, u8),
-        DataType::Int16 => pack!(Int16Type, u16),
-        DataType::Int32 => pack!(Int32Type, u32),
-        DataType::Int64 => pack!(Int64Type, u64),
-        DataType::UInt8 => pack!(UInt8Type, u8),
-        DataType::UInt16 => pack!(UInt16Type, u16),
-        DataType::UInt32 => pack!(UInt32Type, u32),
-        DataType::UInt64 => pack!(UInt64Type, u64),
-        DataType::Date32 => pack!(Date32Type, u32),
-        DataType::Date64 => pack!(Date64Type, u64),
-        DataType::Timestamp(TimeUnit::Second, _) => pack!(TimestampSecondType, u64),
-        DataType::Timestamp(TimeUnit::Millisecond, _) => pack!(TimestampMillisecondType, u64),
-        DataType::Timestamp(TimeUnit::Microsecond, _) => pack!(TimestampMicrosecondType, u64),
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => pack!(TimestampNanosecondType, u64),
+        Int8 => each!(Int8Type),
+        Int16 => each!(Int16Type),
+        Int32 => each!(Int32Type),
+        Int64 => each!(Int64Type),
+        UInt8 => each!(UInt8Type),
+        UInt16 => each!(UInt16Type),
+        UInt32 => each!(UInt32Type),
+        UInt64 => each!(UInt64Type),
+        Date32 => each!(Date32Type),
+        Date64 => each!(Date64Type),
+        Time32(TimeUnit::Second) => each!(Time32SecondType),
+        Time32(TimeUnit::Millisecond) => each!(Time32MillisecondType),
+        Time64(TimeUnit::Microsecond) => each!(Time64MicrosecondType),
+        Time64(TimeUnit::Nanosecond) => each!(Time64NanosecondType),
+        Timestamp(TimeUnit::Second, _) => each!(TimestampSecondType),
+        Timestamp(TimeUnit::Millisecond, _) => each!(TimestampMillisecondType),
+        Timestamp(TimeUnit::Microsecond, _) => each!(TimestampMicrosecondType),
+        Timestamp(TimeUnit::Nanosecond, _) => each!(TimestampNanosecondType),
+        Duration(TimeUnit::Second) => each!(DurationSecondType),
+        Duration(TimeUnit::Millisecond) => each!(DurationMillisecondType),
+        Duration(TimeUnit::Microsecond) => each!(DurationMicrosecondType),
+        Duration(TimeUnit::Nanosecond) => each!(DurationNanosecondType),
+        Decimal128(_, _) => each!(Decimal128Type),
+        Boolean => {
+            for (i, v) in column.as_boolean().values().iter().enumerate() {
+                f(i, i128::from(v));
+            }
+        }
         other => {
-            return Err(DataFusionError::NotImplemented(format!(
-                "GPU join key of type {other}"
+            return Err(DataFusionError::Internal(format!(
+                "packing a key column of type {other}"
             )))
         }
     }
     Ok(())
 }
 
+/// The smallest and largest non-NULL value (`(1, 0)` when there is none).
+fn value_range(column: &ArrayRef) -> Result<(i128, i128)> {
+    let nulls = column.logical_nulls();
+    let (mut min, mut max) = (i128::MAX, i128::MIN);
+    for_each_value(column, |i, v| {
+        if nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
+            min = min.min(v);
+            max = max.max(v);
+        }
+    })?;
+    Ok(if min > max { (1, 0) } else { (min, max) })
+}
+
+/// `keys[i] = keys[i] << bits | code(column[i])`, clearing `keep[i]` where
+/// the value has no code.
+fn pack_column(
+    column: &ArrayRef,
+    domain: &Domain,
+    keys: &mut [u64],
+    keep: &mut [bool],
+) -> Result<()> {
+    let nulls: Option<NullBuffer> = column.logical_nulls().filter(|n| n.null_count() > 0);
+    let shift = |key: u64, code: u64| {
+        if domain.bits >= 64 {
+            code
+        } else {
+            (key << domain.bits) | code
+        }
+    };
+    for_each_value(column, |i, v| {
+        let code = if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
+            // Rows with NULL keys were already dropped unless NULL has a code.
+            domain.null_code.then_some(0)
+        } else {
+            domain.code(v)
+        };
+        match code {
+            Some(code) => keys[i] = shift(keys[i], code),
+            None => keep[i] = false,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use datafusion::arrow::array::{
-        Date32Array, Int16Array, Int32Array, Int64Array, StringArray, UInt8Array,
+        BooleanArray, Date32Array, Decimal128Array, Float64Array, Int16Array, Int32Array,
+        Int64Array, StringArray, StringViewArray, TimestampMicrosecondArray, UInt8Array,
     };
     use std::sync::Arc;
 
+    fn spec(types: &[DataType]) -> KeySpec {
+        KeySpec::try_new(types, NullEquality::NullEqualsNothing).unwrap()
+    }
+
+    fn arr<A: Array + 'static>(a: A) -> ArrayRef {
+        Arc::new(a)
+    }
+
     #[test]
-    fn layouts_accept_integer_and_date_keys_up_to_64_bits() {
+    fn specs_reject_only_types_that_cannot_be_compared() {
+        assert!(KeySpec::try_new(&[], NullEquality::NullEqualsNothing).is_err());
+        let nested = DataType::List(Arc::new(Field::new("x", DataType::Int32, true)));
+        let err = KeySpec::try_new(&[nested], NullEquality::NullEqualsNothing).unwrap_err();
+        assert!(err.contains("List"), "{err}");
+        assert!(spec(&[DataType::Utf8View, DataType::Float64]).types().len() == 2);
+        assert!(spec(&[DataType::Int64, DataType::Decimal128(15, 2)]).packable());
+        assert!(!spec(&[DataType::Int64, DataType::Utf8]).packable());
+    }
+
+    #[test]
+    fn codes_are_offsets_from_the_build_minimum_in_just_enough_bits() {
+        let s = spec(&[DataType::Int32]);
+        let build = arr(Int32Array::from(vec![-3, 4, 0]));
+        let encoder = KeyEncoder::for_build_side(&s, &[build.clone()]).unwrap();
+        assert_eq!(encoder.kind(), "packed");
+        assert_eq!(encoder.encode(&[build]).unwrap().keys, vec![0, 7, 3]);
+        // 10 and -4 lie outside the build range [-3, 4]: they cannot match.
+        let probe = arr(Int32Array::from(vec![10, 4, -4, -3]));
+        let keys = encoder.encode(&[probe]).unwrap();
+        assert_eq!(keys.keys, vec![7, 0]);
+        assert_eq!(keys.row_ids, Some(vec![1, 3]));
+    }
+
+    #[test]
+    fn two_int64_columns_with_narrow_ranges_pack_into_one_word() {
+        let s = spec(&[DataType::Int64, DataType::Int64]);
+        let a = arr(Int64Array::from(vec![1_000_000, 1_000_003]));
+        let b = arr(Int64Array::from(vec![i64::MIN, i64::MIN + 1]));
+        let encoder = KeyEncoder::for_build_side(&s, &[a.clone(), b.clone()]).unwrap();
+        assert_eq!(encoder.kind(), "packed");
+        // Ranges of 4 and 2 values: 2 bits then 1 bit.
+        assert_eq!(encoder.encode(&[a, b]).unwrap().keys, vec![0b000, 0b111]);
+    }
+
+    #[test]
+    fn wide_ranges_fall_back_to_hashing() {
+        let s = spec(&[DataType::Int64, DataType::Int64]);
+        let a = arr(Int64Array::from(vec![i64::MIN, i64::MAX]));
+        let encoder = KeyEncoder::for_build_side(&s, &[a.clone(), a]).unwrap();
+        assert_eq!(encoder.kind(), "hashed");
+        assert!(encoder.needs_verification());
+    }
+
+    #[test]
+    fn full_width_keys_still_pack_when_null_equals_nothing() {
+        let s = spec(&[DataType::UInt64]);
+        let build = arr(datafusion::arrow::array::UInt64Array::from(vec![
+            0,
+            u64::MAX,
+        ]));
+        let encoder = KeyEncoder::for_build_side(&s, &[build.clone()]).unwrap();
+        assert_eq!(encoder.kind(), "packed");
+        assert_eq!(encoder.encode(&[build]).unwrap().keys, vec![0, u64::MAX]);
+        let with_null_code =
+            KeySpec::try_new(&[DataType::UInt64], NullEquality::NullEqualsNull).unwrap();
+        let build = arr(datafusion::arrow::array::UInt64Array::from(vec![
+            0,
+            u64::MAX,
+        ]));
         assert_eq!(
-            KeyLayout::try_new(&[DataType::Int64]).unwrap().total_bits(),
-            64
-        );
-        assert_eq!(
-            KeyLayout::try_new(&[DataType::Int32, DataType::Date32])
+            KeyEncoder::for_build_side(&with_null_code, &[build])
                 .unwrap()
-                .total_bits(),
-            64
-        );
-        assert_eq!(
-            KeyLayout::try_new(&[DataType::UInt8, DataType::Int16, DataType::Int32])
-                .unwrap()
-                .total_bits(),
-            56
+                .kind(),
+            "hashed"
         );
     }
 
     #[test]
-    fn layouts_reject_wide_composites_and_other_types_with_a_reason() {
-        let err = KeyLayout::try_new(&[DataType::Int64, DataType::Int32]).unwrap_err();
-        assert!(err.contains("96 bits"), "{err}");
-        let err = KeyLayout::try_new(&[DataType::Utf8]).unwrap_err();
-        assert!(err.contains("Utf8"), "{err}");
-        assert!(KeyLayout::try_new(&[]).is_err());
+    fn null_keys_are_dropped_or_coded_by_null_equality() {
+        let column = arr(Int16Array::from(vec![Some(5), None, Some(6)]));
+        let nothing = spec(&[DataType::Int16]);
+        let encoder = KeyEncoder::for_build_side(&nothing, &[column.clone()]).unwrap();
+        let keys = encoder.encode(&[column.clone()]).unwrap();
+        assert_eq!((keys.keys, keys.row_ids), (vec![0, 1], Some(vec![0, 2])));
+
+        let null = KeySpec::try_new(&[DataType::Int16], NullEquality::NullEqualsNull).unwrap();
+        let encoder = KeyEncoder::for_build_side(&null, &[column.clone()]).unwrap();
+        let keys = encoder.encode(&[column]).unwrap();
+        assert_eq!((keys.keys, keys.row_ids), (vec![1, 0, 2], None));
     }
 
     #[test]
-    fn negative_values_keep_their_identity() {
-        let layout = KeyLayout::try_new(&[DataType::Int32]).unwrap();
-        let col: ArrayRef = Arc::new(Int32Array::from(vec![-1, 1, i32::MIN, 0]));
-        let keys = layout.normalize(&[col]).unwrap();
-        assert_eq!(keys.keys, vec![0xffff_ffff, 1, 0x8000_0000, 0]);
-        assert_eq!(keys.row_ids, None);
+    fn an_all_null_or_empty_build_side_matches_no_probe_value() {
+        let s = spec(&[DataType::Int32]);
+        let build = arr(Int32Array::from(vec![None, None]));
+        let encoder = KeyEncoder::for_build_side(&s, &[build]).unwrap();
+        let keys = encoder
+            .encode(&[arr(Int32Array::from(vec![0, -1, i32::MAX]))])
+            .unwrap();
+        assert!(keys.keys.is_empty());
+        let empty = arr(Int32Array::from(Vec::<i32>::new()));
+        let encoder = KeyEncoder::for_build_side(&s, &[empty]).unwrap();
+        assert!(encoder
+            .encode(&[arr(Int32Array::from(vec![0]))])
+            .unwrap()
+            .keys
+            .is_empty());
     }
 
     #[test]
-    fn composite_keys_pack_in_column_order() {
-        let layout = KeyLayout::try_new(&[DataType::Int16, DataType::UInt8]).unwrap();
-        let a: ArrayRef = Arc::new(Int16Array::from(vec![1, -1]));
-        let b: ArrayRef = Arc::new(UInt8Array::from(vec![2, 255]));
-        let keys = layout.normalize(&[a, b]).unwrap();
-        assert_eq!(keys.keys, vec![0x0102, 0xffff_ff]);
+    fn decimals_booleans_dates_and_timestamps_pack() {
+        let s = spec(&[
+            DataType::Decimal128(15, 2),
+            DataType::Boolean,
+            DataType::Date32,
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        ]);
+        let columns = vec![
+            arr(Decimal128Array::from(vec![12_345, -1])
+                .with_precision_and_scale(15, 2)
+                .unwrap()),
+            arr(BooleanArray::from(vec![true, false])),
+            arr(Date32Array::from(vec![10, 12])),
+            arr(TimestampMicrosecondArray::from(vec![-5, 7]).with_timezone("UTC")),
+        ];
+        let encoder = KeyEncoder::for_build_side(&s, &columns).unwrap();
+        assert_eq!(encoder.kind(), "packed");
+        let keys = encoder.encode(&columns).unwrap().keys;
+        assert_ne!(keys[0], keys[1]);
+        assert_eq!(encoder.encode(&columns).unwrap().keys, keys);
     }
 
     #[test]
-    fn composite_packing_is_injective_where_naive_concatenation_is_not() {
+    fn composite_codes_are_injective() {
         // (1, 23) and (12, 3) would collide as decimal strings "123".
-        let layout = KeyLayout::try_new(&[DataType::Int32, DataType::Int32]).unwrap();
-        let a: ArrayRef = Arc::new(Int32Array::from(vec![1, 12]));
-        let b: ArrayRef = Arc::new(Int32Array::from(vec![23, 3]));
-        let keys = layout.normalize(&[a, b]).unwrap();
-        assert_ne!(keys.keys[0], keys.keys[1]);
+        let s = spec(&[DataType::Int32, DataType::UInt8]);
+        let a = arr(Int32Array::from(vec![1, 12]));
+        let b = arr(UInt8Array::from(vec![23, 3]));
+        let encoder = KeyEncoder::for_build_side(&s, &[a.clone(), b.clone()]).unwrap();
+        let keys = encoder.encode(&[a, b]).unwrap().keys;
+        assert_ne!(keys[0], keys[1]);
     }
 
     #[test]
-    fn rows_with_any_null_key_are_dropped_and_the_rest_keep_their_index() {
-        let layout = KeyLayout::try_new(&[DataType::Int32, DataType::Date32]).unwrap();
-        let a: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), None, Some(3), Some(4)]));
-        let b: ArrayRef = Arc::new(Date32Array::from(vec![Some(10), Some(20), None, Some(40)]));
-        let keys = layout.normalize(&[a, b]).unwrap();
-        assert_eq!(keys.row_ids, Some(vec![0, 3]));
-        assert_eq!(keys.keys, vec![(1 << 32) | 10, (4 << 32) | 40]);
+    fn strings_and_floats_are_hashed_and_verified_like_hash_join_exec() {
+        let s = spec(&[DataType::Utf8View, DataType::Float64]);
+        let build = vec![
+            arr(StringViewArray::from(vec!["a", "b", "a"])),
+            arr(Float64Array::from(vec![1.0, 2.0, 1.5])),
+        ];
+        let probe = vec![
+            arr(StringViewArray::from(vec!["a", "a"])),
+            arr(Float64Array::from(vec![1.0, 1.0])),
+        ];
+        let encoder = KeyEncoder::for_build_side(&s, &build).unwrap();
+        assert_eq!(encoder.kind(), "hashed");
+        let b = encoder.encode(&build).unwrap().keys;
+        let p = encoder.encode(&probe).unwrap().keys;
+        assert_eq!(b[0], p[0]);
+        assert_eq!(p[0], p[1]);
+        let equal = encoder
+            .verify(
+                &build,
+                &probe,
+                &UInt64Array::from(vec![0, 2, 1]),
+                &UInt64Array::from(vec![0, 1, 1]),
+            )
+            .unwrap();
+        assert_eq!(equal, BooleanArray::from(vec![true, false, false]));
     }
 
     #[test]
-    fn timestamps_keep_their_value_in_every_unit() {
-        use datafusion::arrow::array::TimestampMicrosecondArray;
-        let data_type = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
-        let layout = KeyLayout::try_new(std::slice::from_ref(&data_type)).unwrap();
-        let col: ArrayRef =
-            Arc::new(TimestampMicrosecondArray::from(vec![-5, 7]).with_timezone("UTC"));
-        assert_eq!(
-            layout.normalize(&[col]).unwrap().keys,
-            vec![(-5i64) as u64, 7]
-        );
+    fn verification_follows_null_equality() {
+        let build = vec![arr(StringArray::from(vec![None::<&str>]))];
+        let ids = UInt64Array::from(vec![0]);
+        let null = KeySpec::try_new(&[DataType::Utf8], NullEquality::NullEqualsNull).unwrap();
+        let encoder = KeyEncoder::for_build_side(&null, &build).unwrap();
+        assert!(encoder.verify(&build, &build, &ids, &ids).unwrap().value(0));
+        assert_eq!(encoder.encode(&build).unwrap().keys.len(), 1);
+        let nothing = spec(&[DataType::Utf8]);
+        let encoder = KeyEncoder::for_build_side(&nothing, &build).unwrap();
+        assert!(encoder.encode(&build).unwrap().keys.is_empty());
     }
 
     #[test]
     fn a_type_mismatch_is_an_error_not_a_panic() {
-        let layout = KeyLayout::try_new(&[DataType::Int64]).unwrap();
-        let col: ArrayRef = Arc::new(StringArray::from(vec!["a"]));
-        assert!(layout.normalize(&[col]).is_err());
-        let col: ArrayRef = Arc::new(Int64Array::from(vec![1]));
-        assert!(layout.normalize(&[Arc::clone(&col), col]).is_err());
+        let s = spec(&[DataType::Int64]);
+        let good = arr(Int64Array::from(vec![1]));
+        let encoder = KeyEncoder::for_build_side(&s, &[good.clone()]).unwrap();
+        assert!(encoder
+            .encode(&[arr(StringArray::from(vec!["a"]))])
+            .is_err());
+        assert!(encoder.encode(&[good.clone(), good]).is_err());
     }
 }

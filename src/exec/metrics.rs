@@ -27,6 +27,8 @@ pub struct GpuJoinMetrics {
     pub kernel_time: Time,
     /// Time spent waiting for the device memory budget.
     pub device_memory_wait: Time,
+    /// Probe chunks joined on the host because the device lacked memory.
+    pub cpu_fallback_chunks: Count,
 }
 
 impl GpuJoinMetrics {
@@ -43,6 +45,7 @@ impl GpuJoinMetrics {
             transfer_time: builder().subset_time("transfer_time", partition),
             kernel_time: builder().subset_time("kernel_time", partition),
             device_memory_wait: builder().subset_time("device_memory_wait", partition),
+            cpu_fallback_chunks: builder().counter("cpu_fallback_chunks", partition),
         }
     }
 

@@ -6,14 +6,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::common::stats::Precision;
-use datafusion::common::{JoinType, NullEquality};
 use datafusion::config::ConfigOptions;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::GpuOptions;
-use crate::exec::keys::KeyLayout;
+use crate::exec::keys::KeySpec;
 use crate::exec::GpuHashJoinExec;
 
 /// Where a node runs.
@@ -77,23 +76,11 @@ pub fn decide_hash_join(
         return Err("GPU hash join disabled (gpu.hash_join = false)".into());
     }
     gpu.map_err(|reason| format!("no GPU: {reason}"))?;
-    if *join.join_type() != JoinType::Inner {
-        return Err(format!(
-            "{} joins are not supported on the GPU yet (inner joins are)",
-            join.join_type()
-        ));
-    }
-    if join.null_equality() != NullEquality::NullEqualsNothing {
-        return Err("keys that compare NULL equal to NULL are not supported on the GPU yet".into());
-    }
-    if join.null_aware {
-        return Err("null-aware anti joins are not supported on the GPU yet".into());
-    }
-    if join.filter().is_some() {
-        return Err("residual join filters are not supported on the GPU yet".into());
-    }
-    if join.fetch().is_some() {
-        return Err("a LIMIT pushed into the join is not supported on the GPU yet".into());
+    if join.null_aware && *join.partition_mode() != PartitionMode::CollectLeft {
+        return Err(
+            "a null-aware anti join must see the whole probe side, which it does only in CollectLeft mode"
+                .into(),
+        );
     }
     if *join.partition_mode() == PartitionMode::Auto {
         return Err("partition mode Auto was not resolved by the planner".into());
@@ -101,7 +88,7 @@ pub fn decide_hash_join(
     if join.properties().output_ordering().is_some() {
         return Err("the join's output ordering may be relied on above it, and the GPU join does not keep it".into());
     }
-    key_layout(join)?;
+    key_spec(join)?;
     if let Some(rows) = estimated_input_rows(join) {
         if rows < options.min_rows {
             return Err(format!(
@@ -113,8 +100,8 @@ pub fn decide_hash_join(
     Ok(())
 }
 
-/// The packed-key layout of a join's keys, or why they cannot be packed.
-pub(crate) fn key_layout(join: &HashJoinExec) -> Result<KeyLayout, String> {
+/// The key spec of a join, or why its keys cannot be encoded.
+pub(crate) fn key_spec(join: &HashJoinExec) -> Result<KeySpec, String> {
     let left_schema = join.left().schema();
     let right_schema = join.right().schema();
     let mut types = Vec::with_capacity(join.on().len());
@@ -128,7 +115,7 @@ pub(crate) fn key_layout(join: &HashJoinExec) -> Result<KeyLayout, String> {
         }
         types.push(left_type);
     }
-    KeyLayout::try_new(&types)
+    KeySpec::try_new(&types, join.null_equality())
 }
 
 /// Build plus probe rows by statistics, exact or estimated; `None` when

@@ -6,6 +6,6 @@ mod decision;
 mod rule;
 
 pub use config::GpuOptions;
-pub(crate) use decision::key_layout as key_layout_of;
+pub(crate) use decision::key_spec as key_spec_of;
 pub use decision::{decide_hash_join, gpu_decisions, NodeDecision, Placement};
 pub use rule::GpuOptimizerRule;

@@ -283,24 +283,11 @@ async fn multi_column_and_narrow_key_types() {
             "{sql}"
         );
     }
-    // 64 + 32 key bits do not pack into one word: CPU, with the reason.
+    // 64 + 32 bits of key types, packed by the build side's value ranges.
     let wide = "SELECT x.id, y.id FROM x JOIN y ON x.d64 = y.d64 AND x.c32 = y.c32";
-    let plan = gpu
-        .sql(wide)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let decisions = datafusion_gpu::gpu_decisions(&plan, gpu.state().config_options());
-    match &decisions[0].placement {
-        datafusion_gpu::Placement::Cpu { reason } => {
-            assert!(reason.contains("96 bits"), "{reason}")
-        }
-        other => panic!("{wide}: {other:?}"),
-    }
-    let (gpu_batches, _, _) = run(&gpu, wide).await;
+    let (gpu_batches, gpu_nodes, _) = run(&gpu, wide).await;
     let (cpu_batches, _, _) = run(&cpu, wide).await;
+    assert!(gpu_nodes >= 1, "{wide} did not run on the GPU");
     assert_eq!(
         string_rows(&gpu_batches),
         string_rows(&cpu_batches),

@@ -6,6 +6,8 @@
 
 mod support;
 
+mod conformance;
 mod join_sql;
+mod join_types;
 mod ops;
 mod runtime;

@@ -3,31 +3,50 @@
 //! and partitioned once per device that probes it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::JoinType;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::TryStreamExt;
 
+use super::host_fallback::HostBuildTable;
+use super::matches::{tracks_build_matches, VisitedRows};
 use super::stream::evaluate_keys;
-use crate::exec::keys::{KeyLayout, NormalizedKeys};
+use crate::exec::keys::{KeyEncoder, KeySpec, NormalizedKeys};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::DeviceBuildTable;
 use crate::ops::radix::RadixPlan;
 
-/// All build rows and their packed keys, shared by the probing partitions.
+/// All build rows and their encoded keys, shared by the probing partitions,
+/// with what those partitions learn together: which build rows matched,
+/// how many partitions are still probing, and (for the null-aware anti
+/// join) what the probe side held.
 #[derive(Debug)]
 pub(crate) struct BuildSide {
     /// Every build row, in one batch so that row ids index it directly.
     pub(crate) batch: RecordBatch,
+    /// The key columns evaluated on `batch`.
+    pub(crate) key_columns: Vec<ArrayRef>,
+    pub(crate) encoder: KeyEncoder,
     pub(crate) keys: NormalizedKeys,
+    /// Matched build rows, for join types that emit build rows at the end.
+    pub(crate) visited: Option<VisitedRows>,
+    probes_running: AtomicUsize,
+    /// Null-aware anti join: some probe key was NULL / some probe row came.
+    pub(crate) probe_saw_null: AtomicBool,
+    pub(crate) probe_saw_rows: AtomicBool,
     plan: RadixPlan,
+    /// Built on the first chunk the device cannot take.
+    host_table: OnceLock<HostBuildTable>,
     device_tables: Mutex<HashMap<usize, Arc<ResidentTable>>>,
     _host_memory: MemoryReservation,
 }
@@ -40,13 +59,17 @@ pub(crate) struct ResidentTable {
 }
 
 impl BuildSide {
-    /// Collects `input`, packs its keys and plans the partitioning for probe
-    /// chunks of about `probe_chunk_rows` rows.
+    /// Collects `input`, encodes its keys and plans the partitioning for
+    /// probe chunks of about `probe_chunk_rows` rows; `probe_partitions`
+    /// partitions will probe it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn collect(
         input: SendableRecordBatchStream,
         schema: SchemaRef,
         on: Vec<PhysicalExprRef>,
-        layout: KeyLayout,
+        spec: KeySpec,
+        join_type: JoinType,
+        probe_partitions: usize,
         probe_chunk_rows: usize,
         reservation: MemoryReservation,
         metrics: GpuJoinMetrics,
@@ -63,16 +86,38 @@ impl BuildSide {
         drop(batches);
         reservation.try_resize(batch.get_array_memory_size())?;
         metrics.build_rows.add(batch.num_rows());
-        let keys = layout.normalize(&evaluate_keys(&on, &batch)?)?;
+        let key_columns = evaluate_keys(&on, &batch)?;
+        let encoder = KeyEncoder::for_build_side(&spec, &key_columns)?;
+        let keys = encoder.encode(&key_columns)?;
         reservation.try_grow(8 * (keys.keys.len() + keys.row_ids.as_ref().map_or(0, Vec::len)))?;
         let plan = RadixPlan::for_join(keys.keys.len() as u64, probe_chunk_rows as u64);
+        let visited = tracks_build_matches(join_type).then(|| VisitedRows::new(batch.num_rows()));
         Ok(Self {
             batch,
+            key_columns,
+            encoder,
             keys,
+            visited,
+            probes_running: AtomicUsize::new(probe_partitions.max(1)),
+            probe_saw_null: AtomicBool::new(false),
+            probe_saw_rows: AtomicBool::new(false),
             plan,
+            host_table: OnceLock::new(),
             device_tables: Mutex::new(HashMap::new()),
             _host_memory: reservation,
         })
+    }
+
+    /// The build keys for joining on the host (see [`HostBuildTable`]).
+    pub(crate) fn host_table(&self) -> &HostBuildTable {
+        self.host_table
+            .get_or_init(|| HostBuildTable::new(&self.keys))
+    }
+
+    /// Records that one probe partition has finished; true for the last.
+    pub(crate) fn probe_finished(&self) -> bool {
+        // AcqRel: the last partition sees every other partition's marks.
+        self.probes_running.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
     /// The build table on `device`, copied and partitioned on first use.

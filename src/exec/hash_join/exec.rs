@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
@@ -18,8 +19,8 @@ use datafusion::physical_plan::{
 
 use super::build_side::BuildSide;
 use super::output::OutputAssembler;
-use super::stream::{probe_stream, ProbeSpec};
-use crate::exec::keys::KeyLayout;
+use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
+use crate::exec::keys::KeySpec;
 use crate::exec::once::OnceFut;
 use crate::exec::GpuJoinMetrics;
 use crate::planner::GpuOptions;
@@ -29,13 +30,14 @@ use crate::planner::GpuOptions;
 /// order, projection and partitioning. It does not keep the probe order, so
 /// it is only placed where the join advertised no output ordering.
 ///
-/// Supported (see [`crate::planner::decide_hash_join`]): inner equi-joins on
-/// integer, date and timestamp keys packing into 64 bits, NULL keys never
-/// matching, in `CollectLeft` and `Partitioned` mode.
+/// Supported (see [`crate::planner::decide_hash_join`]): every join type,
+/// both NULL equalities, the null-aware anti join, residual filters (on the
+/// host, per bounded batch of candidates), a pushed-down fetch, keys of any
+/// type that [`KeySpec`] accepts, in `CollectLeft` and `Partitioned` mode.
 pub struct GpuHashJoinExec {
     /// The replaced node; its children are this node's children.
     cpu_join: Arc<dyn ExecutionPlan>,
-    layout: KeyLayout,
+    keys: KeySpec,
     properties: Arc<PlanProperties>,
     /// `CollectLeft`: the build side, collected once for all partitions.
     shared_build: Mutex<Option<OnceFut<BuildSide>>>,
@@ -52,14 +54,13 @@ impl GpuHashJoinExec {
         let join = cpu_join.downcast_ref::<HashJoinExec>().ok_or_else(|| {
             DataFusionError::Internal(format!("GpuHashJoinExec made from {}", cpu_join.name()))
         })?;
-        let layout =
-            crate::planner::key_layout_of(join).map_err(DataFusionError::NotImplemented)?;
+        let keys = crate::planner::key_spec_of(join).map_err(DataFusionError::NotImplemented)?;
         let mut properties = join.properties().as_ref().clone();
         let mut eq_properties = properties.eq_properties.clone();
         eq_properties.clear_orderings();
         properties = properties.with_eq_properties(eq_properties);
         Ok(Self {
-            layout,
+            keys,
             properties: Arc::new(properties),
             shared_build: Mutex::new(None),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -82,14 +83,19 @@ impl GpuHashJoinExec {
         metrics: &GpuJoinMetrics,
     ) -> Result<OnceFut<BuildSide>> {
         let join = self.hash_join();
-        let collect = |input_partition: usize, consumer: String| -> Result<OnceFut<BuildSide>> {
+        let collect = |input_partition: usize,
+                       probe_partitions: usize,
+                       consumer: String|
+         -> Result<OnceFut<BuildSide>> {
             let input = join.left().execute(input_partition, Arc::clone(context))?;
             let reservation = MemoryConsumer::new(consumer).register(context.memory_pool());
             Ok(OnceFut::new(BuildSide::collect(
                 input,
                 join.left().schema(),
                 join.on().iter().map(|(left, _)| Arc::clone(left)).collect(),
-                self.layout.clone(),
+                self.keys.clone(),
+                *join.join_type(),
+                probe_partitions,
                 options.probe_chunk_rows,
                 reservation,
                 metrics.clone(),
@@ -99,12 +105,17 @@ impl GpuHashJoinExec {
             PartitionMode::CollectLeft => {
                 let mut shared = self.shared_build.lock().unwrap_or_else(|p| p.into_inner());
                 if shared.is_none() {
-                    *shared = Some(collect(0, "GpuHashJoinInput".into())?);
+                    let probe_partitions = join
+                        .right()
+                        .properties()
+                        .output_partitioning()
+                        .partition_count();
+                    *shared = Some(collect(0, probe_partitions, "GpuHashJoinInput".into())?);
                 }
                 Ok(shared.clone().expect("set above"))
             }
             PartitionMode::Partitioned => {
-                collect(partition, format!("GpuHashJoinInput[{partition}]"))
+                collect(partition, 1, format!("GpuHashJoinInput[{partition}]"))
             }
             PartitionMode::Auto => Err(DataFusionError::Internal(
                 "GpuHashJoinExec in partition mode Auto".into(),
@@ -139,8 +150,20 @@ impl DisplayAs for GpuHashJoinExec {
                     join.partition_mode(),
                     join.join_type()
                 )?;
+                if let Some(filter) = join.filter() {
+                    write!(f, ", filter={}", filter.expression())?;
+                }
+                if join.null_equality() == NullEquality::NullEqualsNull {
+                    write!(f, ", null_equality=NullEqualsNull")?;
+                }
+                if join.null_aware {
+                    write!(f, ", null_aware=true")?;
+                }
                 if let Some(projection) = &join.projection {
                     write!(f, ", projection={:?}", projection.as_ref())?;
+                }
+                if let Some(fetch) = join.fetch() {
+                    write!(f, ", fetch={fetch}")?;
                 }
                 Ok(())
             }
@@ -170,13 +193,14 @@ impl ExecutionPlan for GpuHashJoinExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        let keys: Vec<PhysicalExprRef> = self
-            .hash_join()
+        let join = self.hash_join();
+        let mut roots: Vec<PhysicalExprRef> = join
             .on()
             .iter()
             .flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)])
             .collect();
-        apply_expression_roots(keys, f)
+        roots.extend(join.filter().map(|filter| Arc::clone(filter.expression())));
+        apply_expression_roots(roots, f)
     }
 
     fn with_new_children(
@@ -215,6 +239,10 @@ impl ExecutionPlan for GpuHashJoinExec {
         self.cpu_join.statistics_from_inputs(input_stats, args)
     }
 
+    fn fetch(&self) -> Option<usize> {
+        self.cpu_join.fetch()
+    }
+
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
     }
@@ -234,6 +262,7 @@ impl ExecutionPlan for GpuHashJoinExec {
         let probe_input = join.right().execute(partition, Arc::clone(&context))?;
         let output = OutputAssembler::new(
             self.schema(),
+            *join.join_type(),
             join.projection.as_deref(),
             join.left().schema().fields().len(),
             join.right().schema().fields().len(),
@@ -248,7 +277,12 @@ impl ExecutionPlan for GpuHashJoinExec {
                 .iter()
                 .map(|(_, right)| Arc::clone(right))
                 .collect(),
-            layout: self.layout.clone(),
+            semantics: JoinSemantics {
+                join_type: *join.join_type(),
+                filter: join.filter().cloned().map(Arc::new),
+                null_aware: join.null_aware,
+                fetch: join.fetch(),
+            },
             output,
             device,
             probe_chunk_rows: options.probe_chunk_rows.max(1),

@@ -1,9 +1,15 @@
 //! `GpuHashJoinExec`: the plan node ([`exec`]), the build side shared by the
-//! partitions ([`build_side`]), the probe stream ([`stream`]) and the
-//! assembly of output batches from matched row ids ([`output`]).
+//! partitions ([`build_side`]), the probe stream ([`stream`]), the host
+//! checks of device candidates ([`candidates`]), what each join type does
+//! with matches ([`matches`]), the host join used when the device lacks
+//! memory ([`host_fallback`]) and the assembly of output batches from row
+//! ids ([`output`]).
 
 mod build_side;
+mod candidates;
 mod exec;
+mod host_fallback;
+mod matches;
 mod output;
 mod stream;
 

@@ -1,13 +1,15 @@
-//! Output batches of an inner join from matched (build row, probe row) ids:
-//! the join schema is the build columns followed by the probe columns, and
-//! the `HashJoinExec`'s embedded projection picks the columns emitted.
+//! Output batches of a join from row ids. The join schema is laid out as
+//! `HashJoinExec` lays it out for each join type (build columns, probe
+//! columns, the mark column), and the node's embedded projection picks the
+//! columns emitted.
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, UInt64Array};
+use datafusion::arrow::array::{new_null_array, ArrayRef, BooleanArray, UInt64Array};
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::common::JoinType;
 use datafusion::error::Result;
 
 /// Where each output column comes from.
@@ -15,6 +17,75 @@ use datafusion::error::Result;
 enum ColumnSource {
     Build(usize),
     Probe(usize),
+    /// The `mark` column of a mark join: whether the row found a match.
+    Mark,
+}
+
+/// The rows of one side that make up the output rows.
+#[derive(Debug, Clone)]
+pub(crate) enum SideRows {
+    /// Row `i` of the output takes row `ids[i]` of this side.
+    Ids(UInt64Array),
+    /// This side contributes NULLs (the unmatched rows of an outer join).
+    Null,
+}
+
+impl SideRows {
+    fn slice(&self, offset: usize, len: usize) -> Self {
+        match self {
+            Self::Ids(ids) => Self::Ids(ids.slice(offset, len)),
+            Self::Null => Self::Null,
+        }
+    }
+
+    fn column(&self, source: &ArrayRef, rows: usize) -> Result<ArrayRef> {
+        Ok(match self {
+            Self::Ids(ids) => take(source.as_ref(), ids, None)?,
+            Self::Null => new_null_array(source.data_type(), rows),
+        })
+    }
+}
+
+/// Output rows described by row ids into the build and probe batches.
+#[derive(Debug, Clone)]
+pub(crate) struct OutputRows {
+    pub(crate) len: usize,
+    pub(crate) build: SideRows,
+    pub(crate) probe: SideRows,
+    pub(crate) mark: Option<BooleanArray>,
+}
+
+impl OutputRows {
+    /// Matched pairs.
+    pub(crate) fn pairs(build_ids: UInt64Array, probe_ids: UInt64Array) -> Self {
+        debug_assert_eq!(build_ids.len(), probe_ids.len());
+        Self {
+            len: build_ids.len(),
+            build: SideRows::Ids(build_ids),
+            probe: SideRows::Ids(probe_ids),
+            mark: None,
+        }
+    }
+
+    /// Build rows alone (probe columns NULL or absent), with an optional mark.
+    pub(crate) fn build_only(ids: UInt64Array, mark: Option<BooleanArray>) -> Self {
+        Self {
+            len: ids.len(),
+            build: SideRows::Ids(ids),
+            probe: SideRows::Null,
+            mark,
+        }
+    }
+
+    /// Probe rows alone (build columns NULL or absent), with an optional mark.
+    pub(crate) fn probe_only(ids: UInt64Array, mark: Option<BooleanArray>) -> Self {
+        Self {
+            len: ids.len(),
+            build: SideRows::Null,
+            probe: SideRows::Ids(ids),
+            mark,
+        }
+    }
 }
 
 /// Builds output batches of at most `batch_size` rows.
@@ -27,27 +98,30 @@ pub(crate) struct OutputAssembler {
 
 impl OutputAssembler {
     /// `schema` is the output schema (projection applied); `projection`
-    /// indexes into the join schema, whose first `build_columns` columns come
-    /// from the build side.
+    /// indexes into the join schema of `join_type`.
     pub(crate) fn new(
         schema: SchemaRef,
+        join_type: JoinType,
         projection: Option<&[usize]>,
         build_columns: usize,
         probe_columns: usize,
         batch_size: usize,
     ) -> Self {
-        let all: Vec<usize> = (0..build_columns + probe_columns).collect();
-        let sources = projection
-            .unwrap_or(&all)
-            .iter()
-            .map(|&i| {
-                if i < build_columns {
-                    ColumnSource::Build(i)
-                } else {
-                    ColumnSource::Probe(i - build_columns)
-                }
-            })
-            .collect();
+        let build = (0..build_columns).map(ColumnSource::Build);
+        let probe = (0..probe_columns).map(ColumnSource::Probe);
+        let join_columns: Vec<ColumnSource> = match join_type {
+            JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full => {
+                build.chain(probe).collect()
+            }
+            JoinType::LeftSemi | JoinType::LeftAnti => build.collect(),
+            JoinType::LeftMark => build.chain([ColumnSource::Mark]).collect(),
+            JoinType::RightSemi | JoinType::RightAnti => probe.collect(),
+            JoinType::RightMark => probe.chain([ColumnSource::Mark]).collect(),
+        };
+        let sources = match projection {
+            Some(projection) => projection.iter().map(|&i| join_columns[i]).collect(),
+            None => join_columns,
+        };
         Self {
             schema,
             sources,
@@ -55,47 +129,36 @@ impl OutputAssembler {
         }
     }
 
-    /// The rows `(build[build_ids[i]], probe[probe_ids[i]])`, in that order.
-    /// The id vectors become Arrow arrays without a copy; each batch takes a
-    /// zero-copy slice of them.
+    /// The output batches of `rows`, in order. Each batch takes a zero-copy
+    /// slice of the id arrays.
     pub(crate) fn assemble(
         &self,
         build: &RecordBatch,
         probe: &RecordBatch,
-        build_ids: Vec<u64>,
-        probe_ids: Vec<u64>,
+        rows: &OutputRows,
     ) -> Result<Vec<RecordBatch>> {
-        debug_assert_eq!(build_ids.len(), probe_ids.len());
-        let rows = build_ids.len();
-        let needs = |side: fn(&ColumnSource) -> bool| self.sources.iter().any(side);
-        let build_ids =
-            needs(|s| matches!(s, ColumnSource::Build(_))).then(|| UInt64Array::from(build_ids));
-        let probe_ids =
-            needs(|s| matches!(s, ColumnSource::Probe(_))).then(|| UInt64Array::from(probe_ids));
-        let mut batches = Vec::with_capacity(rows.div_ceil(self.batch_size));
-        for start in (0..rows).step_by(self.batch_size) {
-            let end = (start + self.batch_size).min(rows);
-            let build_take = build_ids.as_ref().map(|ids| ids.slice(start, end - start));
-            let probe_take = probe_ids.as_ref().map(|ids| ids.slice(start, end - start));
+        let mut batches = Vec::with_capacity(rows.len.div_ceil(self.batch_size));
+        for start in (0..rows.len).step_by(self.batch_size) {
+            let len = (start + self.batch_size).min(rows.len) - start;
+            let build_rows = rows.build.slice(start, len);
+            let probe_rows = rows.probe.slice(start, len);
             let columns = self
                 .sources
                 .iter()
                 .map(|source| -> Result<ArrayRef> {
-                    Ok(match source {
-                        ColumnSource::Build(i) => take(
-                            build.column(*i),
-                            build_take.as_ref().expect("built when needed"),
-                            None,
-                        )?,
-                        ColumnSource::Probe(i) => take(
-                            probe.column(*i),
-                            probe_take.as_ref().expect("built when needed"),
-                            None,
-                        )?,
-                    })
+                    match source {
+                        ColumnSource::Build(i) => build_rows.column(build.column(*i), len),
+                        ColumnSource::Probe(i) => probe_rows.column(probe.column(*i), len),
+                        ColumnSource::Mark => Ok(Arc::new(
+                            rows.mark
+                                .as_ref()
+                                .map(|m| m.slice(start, len))
+                                .unwrap_or_else(|| BooleanArray::from(vec![false; len])),
+                        )),
+                    }
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let options = RecordBatchOptions::new().with_row_count(Some(end - start));
+            let options = RecordBatchOptions::new().with_row_count(Some(len));
             batches.push(RecordBatch::try_new_with_options(
                 Arc::clone(&self.schema),
                 columns,
@@ -109,8 +172,8 @@ impl OutputAssembler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::{Int32Array, StringArray};
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::array::{Array, AsArray, Int32Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema};
 
     fn sides() -> (RecordBatch, RecordBatch) {
         let build = RecordBatch::try_from_iter([
@@ -129,6 +192,10 @@ mod tests {
         (build, probe)
     }
 
+    fn ids(v: Vec<u64>) -> UInt64Array {
+        UInt64Array::from(v)
+    }
+
     #[test]
     fn assembles_build_then_probe_columns_in_batches() {
         let (build, probe) = sides();
@@ -137,33 +204,22 @@ mod tests {
             Field::new("bv", DataType::Utf8, false),
             Field::new("pk", DataType::Int32, false),
         ]));
-        let out = OutputAssembler::new(schema, None, 2, 1, 1)
-            .assemble(&build, &probe, vec![2, 0], vec![0, 1])
+        let out = OutputAssembler::new(schema, JoinType::Inner, None, 2, 1, 1)
+            .assemble(
+                &build,
+                &probe,
+                &OutputRows::pairs(ids(vec![2, 0]), ids(vec![0, 1])),
+            )
             .unwrap();
         assert_eq!(out.len(), 2);
         let rows: Vec<(i32, String, i32)> = out
             .iter()
             .map(|b| {
-                let c0 = b
-                    .column(0)
-                    .as_any()
-                    .downcast_ref::<Int32Array>()
-                    .unwrap()
-                    .value(0);
-                let c1 = b
-                    .column(1)
-                    .as_any()
-                    .downcast_ref::<StringArray>()
-                    .unwrap()
-                    .value(0)
-                    .to_string();
-                let c2 = b
-                    .column(2)
-                    .as_any()
-                    .downcast_ref::<Int32Array>()
-                    .unwrap()
-                    .value(0);
-                (c0, c1, c2)
+                (
+                    b.column(0).as_primitive::<Int32Type>().value(0),
+                    b.column(1).as_string::<i32>().value(0).to_string(),
+                    b.column(2).as_primitive::<Int32Type>().value(0),
+                )
             })
             .collect();
         assert_eq!(rows, vec![(3, "c".into(), 3), (1, "a".into(), 1)]);
@@ -172,10 +228,20 @@ mod tests {
     #[test]
     fn an_empty_projection_keeps_the_row_count() {
         let (build, probe) = sides();
-        let schema = Arc::new(Schema::empty());
-        let out = OutputAssembler::new(schema, Some(&[]), 2, 1, 8192)
-            .assemble(&build, &probe, vec![0, 1, 2], vec![1, 1, 0])
-            .unwrap();
+        let out = OutputAssembler::new(
+            Arc::new(Schema::empty()),
+            JoinType::Inner,
+            Some(&[]),
+            2,
+            1,
+            8192,
+        )
+        .assemble(
+            &build,
+            &probe,
+            &OutputRows::pairs(ids(vec![0, 1, 2]), ids(vec![1, 1, 0])),
+        )
+        .unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].num_rows(), 3);
         assert_eq!(out[0].num_columns(), 0);
@@ -188,21 +254,68 @@ mod tests {
             Field::new("pk", DataType::Int32, false),
             Field::new("bv", DataType::Utf8, false),
         ]));
-        let out = OutputAssembler::new(schema, Some(&[2, 1]), 2, 1, 10)
-            .assemble(&build, &probe, vec![0], vec![1])
+        let out = OutputAssembler::new(schema, JoinType::Inner, Some(&[2, 1]), 2, 1, 10)
+            .assemble(
+                &build,
+                &probe,
+                &OutputRows::pairs(ids(vec![0]), ids(vec![1])),
+            )
             .unwrap();
-        let pk = out[0]
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int32Array>()
-            .unwrap()
-            .value(0);
-        let bv = out[0]
-            .column(1)
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .unwrap()
-            .value(0);
+        let pk = out[0].column(0).as_primitive::<Int32Type>().value(0);
+        let bv = out[0].column(1).as_string::<i32>().value(0);
         assert_eq!((pk, bv), (1, "a"));
+    }
+
+    #[test]
+    fn unmatched_rows_get_nulls_on_the_other_side() {
+        let (build, probe) = sides();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("bk", DataType::Int32, true),
+            Field::new("bv", DataType::Utf8, true),
+            Field::new("pk", DataType::Int32, true),
+        ]));
+        let assembler = OutputAssembler::new(schema, JoinType::Full, None, 2, 1, 10);
+        let out = assembler
+            .assemble(&build, &probe, &OutputRows::build_only(ids(vec![1]), None))
+            .unwrap();
+        assert_eq!(out[0].column(0).as_primitive::<Int32Type>().value(0), 2);
+        assert!(out[0].column(2).is_null(0));
+        // An empty build batch still gives NULL build columns.
+        let empty_build = build.slice(0, 0);
+        let out = assembler
+            .assemble(
+                &empty_build,
+                &probe,
+                &OutputRows::probe_only(ids(vec![0, 1]), None),
+            )
+            .unwrap();
+        assert_eq!(out[0].column(0).null_count(), 2);
+        assert_eq!(
+            out[0].column(2).as_primitive::<Int32Type>().values(),
+            &[3, 1]
+        );
+    }
+
+    #[test]
+    fn mark_joins_append_the_mark_column() {
+        let (build, probe) = sides();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("pk", DataType::Int32, false),
+            Field::new("mark", DataType::Boolean, false),
+        ]));
+        let out = OutputAssembler::new(schema, JoinType::RightMark, None, 2, 1, 10)
+            .assemble(
+                &build,
+                &probe,
+                &OutputRows::probe_only(
+                    ids(vec![0, 1]),
+                    Some(BooleanArray::from(vec![true, false])),
+                ),
+            )
+            .unwrap();
+        assert_eq!(
+            out[0].column(1).as_boolean(),
+            &BooleanArray::from(vec![true, false])
+        );
     }
 }

@@ -1,28 +1,37 @@
 //! The probe side of a GPU hash join, one DataFusion partition: wait for the
 //! build side, then read probe batches into chunks, join each chunk on the
-//! device in a blocking task, and emit the output batches.
+//! device in a blocking task and emit its output, and after the last chunk
+//! emit the build rows the join type calls for (once, from the partition
+//! that finishes last).
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::array::{ArrayRef, UInt64Array};
+use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
 
 use super::build_side::BuildSide;
-use super::output::OutputAssembler;
-use crate::exec::keys::KeyLayout;
+use super::candidates::{confirm_pairs, SideView};
+use super::host_fallback::is_out_of_device_memory;
+use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
+use super::output::{OutputAssembler, OutputRows};
+use crate::exec::keys::NormalizedKeys;
 use crate::exec::once::OnceFut;
 use crate::exec::GpuJoinMetrics;
-use crate::gpu::{GpuDevice, PhaseTimer, ReservationKind};
+use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::{probe, probe_device_bytes};
 
 /// Evaluates the key expressions of one side on `batch`.
@@ -32,13 +41,24 @@ pub(crate) fn evaluate_keys(on: &[PhysicalExprRef], batch: &RecordBatch) -> Resu
         .collect()
 }
 
+/// What the join computes, beyond its keys.
+#[derive(Debug, Clone)]
+pub(crate) struct JoinSemantics {
+    pub(crate) join_type: JoinType,
+    pub(crate) filter: Option<Arc<JoinFilter>>,
+    /// `NOT IN` semantics of a single-key LeftAnti join.
+    pub(crate) null_aware: bool,
+    /// At most this many rows from this partition.
+    pub(crate) fetch: Option<usize>,
+}
+
 /// Everything one partition's probe loop needs.
 pub(crate) struct ProbeSpec {
     pub(crate) build: OnceFut<BuildSide>,
     pub(crate) probe_input: SendableRecordBatchStream,
     pub(crate) probe_schema: SchemaRef,
     pub(crate) probe_on: Vec<PhysicalExprRef>,
-    pub(crate) layout: KeyLayout,
+    pub(crate) semantics: JoinSemantics,
     pub(crate) output: OutputAssembler,
     pub(crate) device: Arc<GpuDevice>,
     pub(crate) probe_chunk_rows: usize,
@@ -51,25 +71,39 @@ struct ProbeLoop {
     spec: ProbeSpec,
     build: Option<Arc<BuildSide>>,
     probe_exhausted: bool,
+    finished: bool,
+    rows_left: usize,
     ready: VecDeque<RecordBatch>,
 }
 
 /// The output stream of one partition.
 pub(crate) fn probe_stream(spec: ProbeSpec, schema: SchemaRef) -> SendableRecordBatchStream {
     let state = ProbeLoop {
+        rows_left: spec.semantics.fetch.unwrap_or(usize::MAX),
         spec,
         build: None,
         probe_exhausted: false,
+        finished: false,
         ready: VecDeque::new(),
     };
     let stream = futures::stream::try_unfold(state, |mut state| async move {
         loop {
+            if state.rows_left == 0 {
+                state.spec.metrics.baseline.done();
+                return Ok(None);
+            }
             if let Some(batch) = state.ready.pop_front() {
+                let batch = if batch.num_rows() > state.rows_left {
+                    batch.slice(0, state.rows_left)
+                } else {
+                    batch
+                };
+                state.rows_left -= batch.num_rows();
                 // Rows, batches and bytes, as DataFusion's own operators record them.
                 let batch = batch.record_output(&state.spec.metrics.baseline);
                 return Ok(Some((batch, state)));
             }
-            if state.probe_exhausted {
+            if state.finished {
                 state.spec.metrics.baseline.done();
                 return Ok(None);
             }
@@ -81,13 +115,15 @@ pub(crate) fn probe_stream(spec: ProbeSpec, schema: SchemaRef) -> SendableRecord
                     build
                 }
             };
-            let chunk = state.read_chunk().await?;
-            match chunk {
-                None => state.probe_exhausted = true,
-                Some(chunk) => {
-                    let output = state.join_chunk(build, chunk).await?;
-                    state.ready.extend(output);
-                }
+            if state.probe_exhausted {
+                let output = state.final_rows(&build)?;
+                state.ready.extend(output);
+                state.finished = true;
+                continue;
+            }
+            if let Some(chunk) = state.read_chunk().await? {
+                let output = state.join_chunk(build, chunk).await?;
+                state.ready.extend(output);
             }
         }
     });
@@ -122,17 +158,62 @@ impl ProbeLoop {
         Ok(Some(concat_batches(&self.spec.probe_schema, &batches)?))
     }
 
+    /// The build rows emitted after the last probe partition: unmatched
+    /// (Left, Full, LeftAnti), matched (LeftSemi) or all with a mark
+    /// (LeftMark). Only the partition that finishes last emits them.
+    fn final_rows(&self, build: &BuildSide) -> Result<Vec<RecordBatch>> {
+        let Some(visited) = &build.visited else {
+            return Ok(vec![]);
+        };
+        if !build.probe_finished() {
+            return Ok(vec![]);
+        }
+        let semantics = &self.spec.semantics;
+        if semantics.null_aware && build.probe_saw_null.load(Ordering::Acquire) {
+            // x NOT IN (..., NULL, ...) is never true.
+            return Ok(vec![]);
+        }
+        let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
+        let (mut ids, mark) = rows_emitted_alone(semantics.join_type, &visited.snapshot());
+        if semantics.null_aware && build.probe_saw_rows.load(Ordering::Acquire) {
+            // NULL NOT IN (a non-empty set) is not true either.
+            let key = &build.key_columns[0];
+            ids = ids
+                .values()
+                .iter()
+                .copied()
+                .filter(|&i| key.is_valid(i as usize))
+                .collect();
+        }
+        let no_probe = RecordBatch::new_empty(Arc::clone(&self.spec.probe_schema));
+        self.spec
+            .output
+            .assemble(&build.batch, &no_probe, &OutputRows::build_only(ids, mark))
+    }
+
     /// Joins one probe chunk on the device, off the async runtime.
     async fn join_chunk(
         &mut self,
         build: Arc<BuildSide>,
         chunk: RecordBatch,
     ) -> Result<Vec<RecordBatch>> {
-        let probe_keys = {
+        let semantics = self.spec.semantics.clone();
+        let (probe_key_columns, probe_keys) = {
             let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
-            self.spec
-                .layout
-                .normalize(&evaluate_keys(&self.spec.probe_on, &chunk)?)?
+            let columns = evaluate_keys(&self.spec.probe_on, &chunk)?;
+            if semantics.null_aware {
+                build.probe_saw_rows.store(true, Ordering::Release);
+                if columns[0].null_count() > 0 {
+                    build.probe_saw_null.store(true, Ordering::Release);
+                }
+                if build.probe_saw_null.load(Ordering::Acquire) {
+                    // Nothing will be emitted; the rest of the probe side is
+                    // read only to finish the input.
+                    return Ok(vec![]);
+                }
+            }
+            let keys = build.encoder.encode(&columns)?;
+            (columns, keys)
         };
         let device = Arc::clone(&self.spec.device);
         let output = self.spec.output.clone();
@@ -141,52 +222,154 @@ impl ProbeLoop {
         let max_pairs = self.spec.max_output_pairs.max(1);
         let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
             let _timer = metrics.baseline.elapsed_compute().timer();
-            device.bind_to_thread()?;
-            let resident = build.device_table(&device, memory_fraction, &metrics)?;
-            let table = &resident.table;
-            let bytes = probe_device_bytes(
-                probe_keys.keys.len(),
-                table.plan(),
-                max_pairs,
-                device.sm_count(),
-            );
-            let memory =
-                device
-                    .budget()
-                    .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
-            metrics.device_memory_wait.add_duration(memory.waited());
-            let stream = device.stream()?;
-            let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
+            let join_type = semantics.join_type;
+            let mut probe_matched =
+                tracks_probe_matches(join_type).then(|| vec![false; chunk.num_rows()]);
             let mut batches = Vec::new();
-            let mut assembly_error = None;
-            probe(
-                &device,
-                stream.stream(),
-                table,
-                &probe_keys.keys,
-                probe_keys.row_ids.as_deref(),
-                max_pairs,
-                &mut timer,
-                |build_ids, probe_ids| {
-                    // After a failed assembly the rest of the chunk is not worth building.
-                    if assembly_error.is_none() {
-                        match output.assemble(&build.batch, &chunk, build_ids, probe_ids) {
-                            Ok(out) => batches.extend(out),
-                            Err(e) => assembly_error = Some(e),
+            // Rows of either side that no key can match never reach the device.
+            if !probe_keys.keys.is_empty() && !build.keys.keys.is_empty() {
+                let mut on_pairs = |build_ids: Vec<u64>, probe_ids: Vec<u64>| -> Result<()> {
+                    let (build_ids, probe_ids) = confirm_pairs(
+                        &build.encoder,
+                        semantics.filter.as_deref(),
+                        SideView {
+                            batch: &build.batch,
+                            keys: &build.key_columns,
+                        },
+                        SideView {
+                            batch: &chunk,
+                            keys: &probe_key_columns,
+                        },
+                        UInt64Array::from(build_ids),
+                        UInt64Array::from(probe_ids),
+                    )?;
+                    if let Some(visited) = &build.visited {
+                        visited.mark(build_ids.values());
+                    }
+                    if let Some(matched) = probe_matched.as_mut() {
+                        for &i in probe_ids.values() {
+                            matched[i as usize] = true;
                         }
                     }
+                    if emits_pairs(join_type) {
+                        batches.extend(output.assemble(
+                            &build.batch,
+                            &chunk,
+                            &OutputRows::pairs(build_ids, probe_ids),
+                        )?);
+                    }
                     Ok(())
-                },
-            )?;
-            metrics.record_device(&timer.finish()?);
-            metrics.probe_chunks.add(1);
-            match assembly_error {
-                Some(e) => Err(e),
-                None => Ok(batches),
+                };
+                find_pairs(
+                    &device,
+                    &build,
+                    &probe_keys,
+                    max_pairs,
+                    memory_fraction,
+                    &metrics,
+                    &mut on_pairs,
+                )?;
             }
+            if let Some(matched) = probe_matched {
+                let (ids, mark) = rows_emitted_alone(join_type, &BooleanBuffer::from(matched));
+                batches.extend(output.assemble(
+                    &build.batch,
+                    &chunk,
+                    &OutputRows::probe_only(ids, mark),
+                )?);
+            }
+            metrics.probe_chunks.add(1);
+            Ok(batches)
         });
         task.join()
             .await
             .map_err(|e| DataFusionError::Execution(format!("GPU join task failed: {e}")))?
     }
+}
+
+/// Finds the candidate pairs of one probe chunk and hands them to
+/// `on_pairs` in bounded batches: on the device, or on the host when the
+/// device lacks the memory and nothing was handed on yet. Blocking.
+fn find_pairs(
+    device: &Arc<GpuDevice>,
+    build: &BuildSide,
+    probe_keys: &NormalizedKeys,
+    max_pairs: usize,
+    memory_fraction: f64,
+    metrics: &GpuJoinMetrics,
+    on_pairs: &mut dyn FnMut(Vec<u64>, Vec<u64>) -> Result<()>,
+) -> Result<()> {
+    let mut handed_on = false;
+    let mut host_error = None;
+    let on_device = pairs_on_device(
+        device,
+        build,
+        probe_keys,
+        max_pairs,
+        memory_fraction,
+        metrics,
+        &mut |build_ids, probe_ids| {
+            handed_on = true;
+            // A host-side failure stops further host work; the device
+            // finishes its ranges and the error is returned after.
+            if host_error.is_none() {
+                if let Err(e) = on_pairs(build_ids, probe_ids) {
+                    host_error = Some(e);
+                }
+            }
+        },
+    );
+    if let Some(e) = host_error {
+        return Err(e);
+    }
+    match on_device {
+        Ok(()) => Ok(()),
+        Err(e) if !handed_on && is_out_of_device_memory(&e) => {
+            metrics.cpu_fallback_chunks.add(1);
+            build.host_table().probe(probe_keys, max_pairs, on_pairs)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The device part of [`find_pairs`].
+fn pairs_on_device(
+    device: &Arc<GpuDevice>,
+    build: &BuildSide,
+    probe_keys: &NormalizedKeys,
+    max_pairs: usize,
+    memory_fraction: f64,
+    metrics: &GpuJoinMetrics,
+    on_pairs: &mut dyn FnMut(Vec<u64>, Vec<u64>),
+) -> GpuResult<()> {
+    device.bind_to_thread()?;
+    let resident = build.device_table(device, memory_fraction, metrics)?;
+    let table = &resident.table;
+    let bytes = probe_device_bytes(
+        probe_keys.keys.len(),
+        table.plan(),
+        max_pairs,
+        device.sm_count(),
+    );
+    let memory = device
+        .budget()
+        .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
+    metrics.device_memory_wait.add_duration(memory.waited());
+    let stream = device.stream()?;
+    let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
+    probe(
+        device,
+        stream.stream(),
+        table,
+        &probe_keys.keys,
+        probe_keys.row_ids.as_deref(),
+        max_pairs,
+        &mut timer,
+        |build_ids, probe_ids| {
+            on_pairs(build_ids, probe_ids);
+            Ok(())
+        },
+    )?;
+    metrics.record_device(&timer.finish()?);
+    Ok(())
 }

@@ -1,0 +1,509 @@
+//! A TPC-H-derived benchmark: CPU against GPU, answers checked.
+//!
+//! Generates the eight tables in memory at a chosen scale factor, runs the
+//! 22 queries on DataFusion's CPU operators and again with the GPU rule,
+//! checks that the answers agree, and prints a table of timings, speedups and
+//! where each join ran. Numbers are "derived from TPC-H"; they are not
+//! TPC-H results.
+//!
+//! ```text
+//! cargo run --release --example tpch -- [--sf 1] [--runs 3] [--queries 1,3,9]
+//!                                       [--partitions N] [--json out.json]
+//! ```
+//!
+//! The query text is DataFusion's TPC-H-derived benchmark SQL (Apache-2.0,
+//! derived from TPC-H under the TPC Fair Use Policy), as the published
+//! `datafusion-sqllogictest` package carries it in `test_files/tpch/answers`;
+//! set `DATAFUSION_SLT_TEST_FILES` to that folder on a machine without the
+//! cargo registry. Without a GPU the CPU column is printed with the reason
+//! the GPU column is empty.
+
+#[path = "../tests/common/slt_files.rs"]
+mod slt_files;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::datasource::MemTable;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu::{gpu_decisions, gpu_session_context, gpu_status, Placement};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Relative tolerance for floating-point answers (sums of floats may be
+/// added in a different order).
+const FLOAT_TOLERANCE: f64 = 1e-9;
+
+struct Args {
+    scale_factor: f64,
+    runs: usize,
+    queries: Vec<usize>,
+    partitions: usize,
+    json: Option<String>,
+}
+
+fn parse_args() -> std::result::Result<Args, String> {
+    let mut args = Args {
+        scale_factor: 1.0,
+        runs: 3,
+        queries: (1..=22).collect(),
+        partitions: std::thread::available_parallelism().map_or(4, |n| n.get()),
+        json: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--sf" => args.scale_factor = value()?.parse().map_err(|e| format!("--sf: {e}"))?,
+            "--runs" => args.runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?,
+            "--partitions" => {
+                args.partitions = value()?.parse().map_err(|e| format!("--partitions: {e}"))?
+            }
+            "--json" => args.json = Some(value()?),
+            "--queries" => {
+                args.queries = value()?
+                    .split(',')
+                    .map(|q| match q.trim().parse::<usize>() {
+                        Ok(n) if (1..=22).contains(&n) => Ok(n),
+                        _ => Err(format!("--queries: {q} is not a query number 1 to 22")),
+                    })
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            "--help" | "-h" => return Err(
+                "usage: tpch [--sf F] [--runs N] [--queries 1,2,..] [--partitions N] [--json FILE]"
+                    .into(),
+            ),
+            other => return Err(format!("unknown argument {other} (try --help)")),
+        }
+    }
+    if args.scale_factor <= 0.0 || args.runs == 0 || args.partitions == 0 {
+        return Err("--sf, --runs and --partitions must be positive".into());
+    }
+    Ok(args)
+}
+
+/// The SQL of query `n`: the first `query` record of its answer file.
+fn query_sql(test_files: &Path, n: usize) -> Result<String> {
+    let path = test_files
+        .join("tpch")
+        .join("answers")
+        .join(format!("q{n}.slt.part"));
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| DataFusionError::Execution(format!("{}: {e}", path.display())))?;
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("query "));
+    lines.next();
+    let sql: Vec<&str> = lines.take_while(|l| l.trim() != "----").collect();
+    if sql.is_empty() {
+        return Err(DataFusionError::Execution(format!(
+            "{}: no query record",
+            path.display()
+        )));
+    }
+    Ok(sql.join("\n"))
+}
+
+/// Generates one table with `parts` generator parts in parallel.
+fn generate<I>(parts: usize, make: impl Fn(i32, i32) -> I + Sync) -> Result<Arc<MemTable>>
+where
+    I: Iterator<Item = std::result::Result<RecordBatch, datafusion::arrow::error::ArrowError>>
+        + datafusion::arrow::record_batch::RecordBatchReader,
+{
+    let partitions: Vec<Vec<RecordBatch>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (1..=parts as i32)
+            .map(|part| {
+                let make = &make;
+                scope.spawn(move || {
+                    make(part, parts as i32).collect::<std::result::Result<Vec<_>, _>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("generator thread"))
+            .collect::<std::result::Result<Vec<_>, _>>()
+    })?;
+    let schema = make(1, 1).schema();
+    Ok(Arc::new(MemTable::try_new(schema, partitions)?))
+}
+
+/// The eight tables, generated in memory.
+fn tpch_tables(
+    sf: f64,
+    parts: usize,
+    progress: &ProgressBar,
+) -> Result<Vec<(&'static str, Arc<MemTable>)>> {
+    use tpchgen::generators::*;
+    use tpchgen_arrow::*;
+    const BATCH: usize = 8192;
+    let mut tables = Vec::new();
+    macro_rules! table {
+        ($name:literal, $arrow:ident, $generator:ident) => {{
+            progress.set_message(concat!("generating ", $name));
+            let table = generate(parts, |part, count| {
+                $arrow::new($generator::new(sf, part, count)).with_batch_size(BATCH)
+            })?;
+            tables.push(($name, table));
+            progress.inc(1);
+        }};
+    }
+    table!("nation", NationArrow, NationGenerator);
+    table!("region", RegionArrow, RegionGenerator);
+    table!("part", PartArrow, PartGenerator);
+    table!("supplier", SupplierArrow, SupplierGenerator);
+    table!("partsupp", PartSuppArrow, PartSuppGenerator);
+    table!("customer", CustomerArrow, CustomerGenerator);
+    table!("orders", OrderArrow, OrderGenerator);
+    table!("lineitem", LineItemArrow, LineItemGenerator);
+    Ok(tables)
+}
+
+/// One cell of an answer: compared exactly, or as a float with tolerance.
+#[derive(Debug, Clone, PartialEq)]
+enum Cell {
+    Exact(String),
+    Float(f64),
+}
+
+fn answer_rows(batches: &[RecordBatch]) -> Result<Vec<Vec<Cell>>> {
+    let mut rows = Vec::new();
+    let options = FormatOptions::default().with_null("NULL");
+    for batch in batches {
+        let mut columns: Vec<Vec<Cell>> = Vec::with_capacity(batch.num_columns());
+        for column in batch.columns() {
+            let cells = match column.data_type() {
+                DataType::Float64 => {
+                    let a = column.as_primitive::<Float64Type>();
+                    (0..a.len())
+                        .map(|i| {
+                            if a.is_null(i) {
+                                Cell::Exact("NULL".into())
+                            } else {
+                                Cell::Float(a.value(i))
+                            }
+                        })
+                        .collect()
+                }
+                DataType::Float32 => {
+                    let a = column.as_primitive::<Float32Type>();
+                    (0..a.len())
+                        .map(|i| {
+                            if a.is_null(i) {
+                                Cell::Exact("NULL".into())
+                            } else {
+                                Cell::Float(a.value(i) as f64)
+                            }
+                        })
+                        .collect()
+                }
+                _ => {
+                    let formatter = ArrayFormatter::try_new(column.as_ref(), &options)?;
+                    (0..column.len())
+                        .map(|i| Cell::Exact(formatter.value(i).to_string()))
+                        .collect()
+                }
+            };
+            columns.push(cells);
+        }
+        for i in 0..batch.num_rows() {
+            rows.push(columns.iter().map(|c| c[i].clone()).collect());
+        }
+    }
+    Ok(rows)
+}
+
+fn cell_order(a: &Cell, b: &Cell) -> std::cmp::Ordering {
+    match (a, b) {
+        (Cell::Exact(a), Cell::Exact(b)) => a.cmp(b),
+        (Cell::Float(a), Cell::Float(b)) => a.total_cmp(b),
+        (Cell::Exact(_), Cell::Float(_)) => std::cmp::Ordering::Less,
+        (Cell::Float(_), Cell::Exact(_)) => std::cmp::Ordering::Greater,
+    }
+}
+
+/// Whether two answers agree: same rows as multisets (ties in ORDER BY may
+/// come out in either order), floats within [`FLOAT_TOLERANCE`].
+fn answers_agree(
+    cpu: &[RecordBatch],
+    gpu: &[RecordBatch],
+) -> Result<std::result::Result<(), String>> {
+    let sort = |mut rows: Vec<Vec<Cell>>| {
+        rows.sort_by(|a, b| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| cell_order(x, y))
+                .find(|o| o.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        rows
+    };
+    let (cpu, gpu) = (sort(answer_rows(cpu)?), sort(answer_rows(gpu)?));
+    if cpu.len() != gpu.len() {
+        return Ok(Err(format!(
+            "{} rows on the CPU, {} on the GPU",
+            cpu.len(),
+            gpu.len()
+        )));
+    }
+    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        let same = c.len() == g.len()
+            && c.iter().zip(g).all(|(c, g)| match (c, g) {
+                (Cell::Float(c), Cell::Float(g)) => {
+                    c == g
+                        || (c.is_nan() && g.is_nan())
+                        || (c - g).abs() <= FLOAT_TOLERANCE * c.abs().max(g.abs()).max(1.0)
+                }
+                _ => c == g,
+            });
+        if !same {
+            return Ok(Err(format!("row {i} differs: CPU {c:?}, GPU {g:?}")));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Plans and runs `sql`, returning the answer, the time and the plan.
+async fn run_once(
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<(Vec<RecordBatch>, Duration, Arc<dyn ExecutionPlan>)> {
+    let start = Instant::now();
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+    Ok((batches, start.elapsed(), plan))
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn count_nodes(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    usize::from(plan.name() == name)
+        + plan
+            .children()
+            .iter()
+            .map(|c| count_nodes(c, name))
+            .sum::<usize>()
+}
+
+/// One row of the report.
+struct QueryReport {
+    query: usize,
+    cpu: Duration,
+    gpu: Option<(Duration, Duration)>,
+    joins_on_gpu: usize,
+    joins: usize,
+    aggregations_on_gpu: usize,
+    aggregations: usize,
+    first_cpu_reason: Option<String>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn report_json(
+    args: &Args,
+    gpu: &std::result::Result<String, String>,
+    reports: &[QueryReport],
+) -> String {
+    let queries: Vec<String> = reports
+        .iter()
+        .map(|r| {
+            let (cold, warm, speedup) = match r.gpu {
+                Some((cold, warm)) => (
+                    format!("{:.3}", ms(cold)),
+                    format!("{:.3}", ms(warm)),
+                    format!("{:.3}", ms(r.cpu) / ms(warm).max(1e-9)),
+                ),
+                None => ("null".into(), "null".into(), "null".into()),
+            };
+            format!(
+                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"first_cpu_reason\":{}}}",
+                r.query,
+                ms(r.cpu),
+                r.joins_on_gpu,
+                r.joins,
+                r.aggregations_on_gpu,
+                r.aggregations,
+                r.first_cpu_reason.as_deref().map_or("null".into(), json_string),
+            )
+        })
+        .collect();
+    format!(
+        "{{\"scale_factor\":{},\"runs\":{},\"partitions\":{},\"gpu\":{},\"queries\":[{}]}}\n",
+        args.scale_factor,
+        args.runs,
+        args.partitions,
+        match gpu {
+            Ok(description) => json_string(description),
+            Err(reason) => json_string(&format!("unavailable: {reason}")),
+        },
+        queries.join(",")
+    )
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let test_files = slt_files::find_test_files().map_err(DataFusionError::Execution)?;
+    let gpu = gpu_status().map_err(|reason| reason.0);
+    println!(
+        "TPC-H-derived benchmark (not TPC-H results), SF {}, {} partitions, median of {} warm runs",
+        args.scale_factor, args.partitions, args.runs
+    );
+    match &gpu {
+        Ok(description) => println!("GPU: {description}"),
+        Err(reason) => println!("no GPU ({reason}): the GPU columns stay empty"),
+    }
+
+    let style = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let progress = ProgressBar::new(8).with_style(style.clone());
+    let started = Instant::now();
+    let tables = tpch_tables(args.scale_factor, args.partitions, &progress)?;
+    progress.finish_and_clear();
+    println!(
+        "generated 8 tables in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let config = || SessionConfig::new().with_target_partitions(args.partitions);
+    let cpu_ctx = SessionContext::new_with_config(config());
+    let gpu_ctx = gpu_session_context(config());
+    for (name, table) in &tables {
+        cpu_ctx.register_table(*name, Arc::clone(table) as _)?;
+        gpu_ctx.register_table(*name, Arc::clone(table) as _)?;
+    }
+
+    let progress = ProgressBar::new(args.queries.len() as u64).with_style(style);
+    let mut reports = Vec::new();
+    let mut disagreements = Vec::new();
+    for &n in &args.queries {
+        progress.set_message(format!("q{n}"));
+        let sql = query_sql(&test_files, n)?;
+        let (cpu_answer, _, cpu_plan) = run_once(&cpu_ctx, &sql).await?;
+        let mut cpu_times = Vec::new();
+        for _ in 0..args.runs {
+            cpu_times.push(run_once(&cpu_ctx, &sql).await?.1);
+        }
+        let joins =
+            count_nodes(&cpu_plan, "HashJoinExec") + count_nodes(&cpu_plan, "SortMergeJoinExec");
+        let aggregations = count_nodes(&cpu_plan, "AggregateExec");
+        let mut report = QueryReport {
+            query: n,
+            cpu: median(cpu_times),
+            gpu: None,
+            joins_on_gpu: 0,
+            joins,
+            aggregations_on_gpu: 0,
+            aggregations,
+            first_cpu_reason: gpu.as_ref().err().map(|r| format!("no GPU: {r}")),
+        };
+        if gpu.is_ok() {
+            let (gpu_answer, cold, gpu_plan) = run_once(&gpu_ctx, &sql).await?;
+            let mut warm = Vec::new();
+            for _ in 0..args.runs {
+                warm.push(run_once(&gpu_ctx, &sql).await?.1);
+            }
+            report.gpu = Some((cold, median(warm)));
+            let decisions = gpu_decisions(&gpu_plan, gpu_ctx.state().config_options());
+            report.joins_on_gpu = decisions
+                .iter()
+                .filter(|d| d.on_gpu() && d.operator.contains("Join"))
+                .count();
+            report.aggregations_on_gpu = decisions
+                .iter()
+                .filter(|d| d.on_gpu() && d.operator.contains("Aggregate"))
+                .count();
+            report.first_cpu_reason = decisions.iter().find_map(|d| match &d.placement {
+                Placement::Cpu { reason } => Some(format!("{}: {reason}", d.operator)),
+                Placement::Gpu { .. } => None,
+            });
+            if let Err(difference) = answers_agree(&cpu_answer, &gpu_answer)? {
+                disagreements.push(format!("q{n}: {difference}"));
+            }
+        }
+        reports.push(report);
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+
+    println!();
+    println!(
+        "{:>5} {:>10} {:>12} {:>12} {:>8} {:>7} {:>7}  first reason a node stayed on the CPU",
+        "query", "CPU ms", "GPU cold ms", "GPU warm ms", "speedup", "joins", "aggs"
+    );
+    for r in &reports {
+        let (cold, warm, speedup) = match r.gpu {
+            Some((cold, warm)) => (
+                format!("{:.1}", ms(cold)),
+                format!("{:.1}", ms(warm)),
+                format!("{:.2}x", ms(r.cpu) / ms(warm).max(1e-9)),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "{:>5} {:>10.1} {cold:>12} {warm:>12} {speedup:>8} {:>7} {:>7}  {}",
+            format!("q{}", r.query),
+            ms(r.cpu),
+            format!("{}/{}", r.joins_on_gpu, r.joins),
+            format!("{}/{}", r.aggregations_on_gpu, r.aggregations),
+            r.first_cpu_reason.as_deref().unwrap_or("")
+        );
+    }
+    let total_cpu: f64 = reports.iter().map(|r| ms(r.cpu)).sum();
+    if gpu.is_ok() {
+        let total_gpu: f64 = reports.iter().filter_map(|r| r.gpu.map(|g| ms(g.1))).sum();
+        println!(
+            "total {total_cpu:>10.1} {:>12} {total_gpu:>12.1} {:>7.2}x",
+            "",
+            total_cpu / total_gpu.max(1e-9)
+        );
+    } else {
+        println!("total {total_cpu:>10.1}");
+    }
+    if let Some(path) = &args.json {
+        std::fs::File::create(path)
+            .and_then(|mut f| f.write_all(report_json(&args, &gpu, &reports).as_bytes()))
+            .map_err(|e| DataFusionError::Execution(format!("{path}: {e}")))?;
+        println!("wrote {path}");
+    }
+    if !disagreements.is_empty() {
+        eprintln!("ANSWERS DISAGREE between the CPU and the GPU:");
+        for d in &disagreements {
+            eprintln!("  {d}");
+        }
+        std::process::exit(1);
+    }
+    if gpu.is_ok() {
+        println!("answers agree on all {} queries", reports.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! Candidate pairs from the device, narrowed to the join's real matches on
+//! the host: equal keys where keys were hashed, then the residual join
+//! filter. Both run on one bounded batch of pairs at a time, so the full
+//! candidate set is never materialized.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, UInt64Array};
+use datafusion::arrow::compute::{filter, take};
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::common::JoinSide;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::physical_plan::joins::utils::JoinFilter;
+
+use crate::exec::keys::KeyEncoder;
+
+/// One side of the join as the checks see it.
+pub(crate) struct SideView<'a> {
+    pub(crate) batch: &'a RecordBatch,
+    pub(crate) keys: &'a [ArrayRef],
+}
+
+/// Keeps the pairs whose keys are equal (when the encoding needs a check)
+/// and for which the residual filter is true.
+pub(crate) fn confirm_pairs(
+    encoder: &KeyEncoder,
+    join_filter: Option<&JoinFilter>,
+    build: SideView<'_>,
+    probe: SideView<'_>,
+    build_ids: UInt64Array,
+    probe_ids: UInt64Array,
+) -> Result<(UInt64Array, UInt64Array)> {
+    if build_ids.is_empty() || (!encoder.needs_verification() && join_filter.is_none()) {
+        return Ok((build_ids, probe_ids));
+    }
+    let mut keep: Option<BooleanArray> = None;
+    if encoder.needs_verification() {
+        keep = Some(encoder.verify(build.keys, probe.keys, &build_ids, &probe_ids)?);
+    }
+    if let Some(join_filter) = join_filter {
+        // Evaluate the filter only on pairs that survived the key check.
+        let (b, p) = match &keep {
+            Some(k) => (narrow(&build_ids, k)?, narrow(&probe_ids, k)?),
+            None => (build_ids.clone(), probe_ids.clone()),
+        };
+        let passed = evaluate_filter(join_filter, build.batch, probe.batch, &b, &p)?;
+        return Ok((narrow(&b, &passed)?, narrow(&p, &passed)?));
+    }
+    let keep = keep.expect("set when verification is needed");
+    Ok((narrow(&build_ids, &keep)?, narrow(&probe_ids, &keep)?))
+}
+
+fn narrow(ids: &UInt64Array, keep: &BooleanArray) -> Result<UInt64Array> {
+    // NULL in `keep` (a comparison with NULL) drops the pair, as SQL does.
+    Ok(filter(ids, keep)?.as_primitive().clone())
+}
+
+/// The filter's value on each pair.
+fn evaluate_filter(
+    join_filter: &JoinFilter,
+    build: &RecordBatch,
+    probe: &RecordBatch,
+    build_ids: &UInt64Array,
+    probe_ids: &UInt64Array,
+) -> Result<BooleanArray> {
+    let columns = join_filter
+        .column_indices()
+        .iter()
+        .map(|column| -> Result<ArrayRef> {
+            match column.side {
+                JoinSide::Left => Ok(take(build.column(column.index).as_ref(), build_ids, None)?),
+                JoinSide::Right => Ok(take(probe.column(column.index).as_ref(), probe_ids, None)?),
+                JoinSide::None => Err(DataFusionError::Internal(
+                    "a join filter column from neither side".into(),
+                )),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(build_ids.len()));
+    let intermediate =
+        RecordBatch::try_new_with_options(Arc::clone(join_filter.schema()), columns, &options)?;
+    let value = join_filter
+        .expression()
+        .evaluate(&intermediate)?
+        .into_array(intermediate.num_rows())?;
+    let value = value.as_boolean_opt().ok_or_else(|| {
+        DataFusionError::Internal(format!(
+            "join filter returned {} instead of Boolean",
+            value.data_type()
+        ))
+    })?;
+    // `filter` treats NULL as false, as SQL's WHERE does.
+    Ok(value.clone())
+}
