@@ -3,6 +3,7 @@
 //!
 //!     cargo bench --bench gpu_join -- [--log2-rows 24] [--runs 5]
 //!                                      [--match-percent 100] [--zipf 0]
+//!                                      [--unordered]
 //!
 //! R has keys 0..2^n in random order (a primary key), S has 2^n foreign keys
 //! drawn uniformly so that `--match-percent` of them hit R (100: every one),
@@ -171,6 +172,11 @@ async fn main() {
     };
     println!("{}", runtime.describe());
     ctx.sql("SET gpu.enabled = true").await.unwrap();
+    // --unordered: skip reproducing HashJoinExec's row order (gpu.preserve_order).
+    let unordered = std::env::args().any(|a| a == "--unordered");
+    if unordered {
+        ctx.sql("SET gpu.preserve_order = false").await.unwrap();
+    }
     let (cold, gpu_answer, _) = run_once(&ctx).await;
     let mut warm_times = Vec::new();
     let mut last_plan = None;
@@ -206,7 +212,8 @@ async fn main() {
         floor * 1e3
     );
     println!(
-        "RESULT log2_rows={log2} match_percent={match_percent} zipf={zipf} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} floor_ms={:.1}",
+        "RESULT log2_rows={log2} match_percent={match_percent} zipf={zipf} preserve_order={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} floor_ms={:.1}",
+        !unordered,
         cpu.as_secs_f64() * 1e3,
         cold.as_secs_f64() * 1e3,
         warm.as_secs_f64() * 1e3,

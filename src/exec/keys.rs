@@ -14,14 +14,12 @@
 //! * **Hashed**: everything else (strings, floats, composites too wide to
 //!   pack). The key is DataFusion's own row hash of the key columns; the
 //!   device finds candidate pairs with equal hashes and the host keeps those
-//!   whose key columns compare equal under the join's NULL semantics, using
-//!   the same comparison as `HashJoinExec`.
+//!   whose key columns compare equal under the join's NULL semantics, with
+//!   `HashJoinExec`'s own key comparator (floats: -0.0 equals 0.0, NaN
+//!   equals NaN).
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, UInt64Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::buffer::NullBuffer;
-use datafusion::arrow::compute::kernels::boolean::and;
-use datafusion::arrow::compute::kernels::cmp::{eq, not_distinct};
-use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::*;
 use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::NullEquality;
@@ -219,6 +217,11 @@ impl KeyEncoder {
         })
     }
 
+    /// Whether NULL keys match each other.
+    pub fn null_equality(&self) -> NullEquality {
+        self.spec.null_equality
+    }
+
     /// Whether device matches must be checked on the host (hashed keys).
     pub fn needs_verification(&self) -> bool {
         self.packing.is_none()
@@ -263,31 +266,6 @@ impl KeyEncoder {
             }
         }
         Ok(compact(keys, &keep))
-    }
-
-    /// Which candidate pairs really have equal keys, comparing the key
-    /// columns as `HashJoinExec` does. Only needed for hashed keys.
-    pub fn verify(
-        &self,
-        build_columns: &[ArrayRef],
-        probe_columns: &[ArrayRef],
-        build_ids: &UInt64Array,
-        probe_ids: &UInt64Array,
-    ) -> Result<BooleanArray> {
-        let mut equal: Option<BooleanArray> = None;
-        for (build, probe) in build_columns.iter().zip(probe_columns) {
-            let build = take(build.as_ref(), build_ids, None)?;
-            let probe = take(probe.as_ref(), probe_ids, None)?;
-            let column_equal = match self.spec.null_equality {
-                NullEquality::NullEqualsNothing => eq(&build, &probe)?,
-                NullEquality::NullEqualsNull => not_distinct(&build, &probe)?,
-            };
-            equal = Some(match equal {
-                None => column_equal,
-                Some(so_far) => and(&so_far, &column_equal)?,
-            });
-        }
-        equal.ok_or_else(|| DataFusionError::Internal("a join without keys".into()))
     }
 }
 
@@ -561,7 +539,7 @@ mod tests {
     }
 
     #[test]
-    fn strings_and_floats_are_hashed_and_verified_like_hash_join_exec() {
+    fn strings_and_floats_are_hashed_alike_on_both_sides() {
         let s = spec(&[DataType::Utf8View, DataType::Float64]);
         let build = vec![
             arr(StringViewArray::from(vec!["a", "b", "a"])),
@@ -573,32 +551,23 @@ mod tests {
         ];
         let encoder = KeyEncoder::for_build_side(&s, &build).unwrap();
         assert_eq!(encoder.kind(), "hashed");
+        assert!(encoder.needs_verification());
         let b = encoder.encode(&build).unwrap().keys;
         let p = encoder.encode(&probe).unwrap().keys;
         assert_eq!(b[0], p[0]);
         assert_eq!(p[0], p[1]);
-        let equal = encoder
-            .verify(
-                &build,
-                &probe,
-                &UInt64Array::from(vec![0, 2, 1]),
-                &UInt64Array::from(vec![0, 1, 1]),
-            )
-            .unwrap();
-        assert_eq!(equal, BooleanArray::from(vec![true, false, false]));
+        assert_ne!(b[0], b[2]);
     }
 
     #[test]
-    fn verification_follows_null_equality() {
-        let build = vec![arr(StringArray::from(vec![None::<&str>]))];
-        let ids = UInt64Array::from(vec![0]);
+    fn hashed_keys_keep_or_drop_nulls_by_null_equality() {
+        let build = vec![arr(StringArray::from(vec![None::<&str>, Some("x")]))];
         let null = KeySpec::try_new(&[DataType::Utf8], NullEquality::NullEqualsNull).unwrap();
         let encoder = KeyEncoder::for_build_side(&null, &build).unwrap();
-        assert!(encoder.verify(&build, &build, &ids, &ids).unwrap().value(0));
-        assert_eq!(encoder.encode(&build).unwrap().keys.len(), 1);
+        assert_eq!(encoder.encode(&build).unwrap().keys.len(), 2);
         let nothing = spec(&[DataType::Utf8]);
         let encoder = KeyEncoder::for_build_side(&nothing, &build).unwrap();
-        assert!(encoder.encode(&build).unwrap().keys.is_empty());
+        assert_eq!(encoder.encode(&build).unwrap().row_ids, Some(vec![1]));
     }
 
     #[test]

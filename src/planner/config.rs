@@ -25,6 +25,13 @@ extensions_options! {
         /// Join output pairs kept on the device at once before they are copied
         /// back and turned into batches.
         pub max_output_pairs: usize, default = 8_388_608
+        /// Emit join rows in the order `HashJoinExec` would: probe rows in
+        /// arrival order, each with its build matches in build order, and
+        /// unmatched probe rows where `HashJoinExec` puts them. SQL leaves
+        /// that order unspecified, but applications and test suites may
+        /// depend on it; it costs a counting sort of each chunk's matches on
+        /// the host. `false` emits in the device's partition order.
+        pub preserve_order: bool, default = true
     }
 }
 

@@ -42,6 +42,11 @@ fn mix(x: u64) -> u64 {
 /// A table whose key columns of many types all derive from one key per row,
 /// so a join on any of them has the same shape.
 fn typed_table(shape: Shape, seed: u64) -> Arc<MemTable> {
+    typed_table_in(shape, seed, 3)
+}
+
+/// [`typed_table`] in `partitions` partitions.
+fn typed_table_in(shape: Shape, seed: u64, partitions: usize) -> Arc<MemTable> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("v", DataType::Int64, false),
@@ -68,63 +73,72 @@ fn typed_table(shape: Shape, seed: u64) -> Arc<MemTable> {
             Some(mix(h) % shape.domain.max(1))
         }
     };
-    table_from_columns(Arc::clone(&schema), shape.rows, 3, 700, move |range| {
-        let keys: Vec<Option<u64>> = range.clone().map(key).collect();
-        let map_i64 = |f: &dyn Fn(u64) -> i64| Int64Array::from_iter(keys.iter().map(|k| k.map(f)));
-        let text = |prefix: &str, k: u64| format!("{prefix}{k}");
-        vec![
-            Arc::new(Int64Array::from_iter_values(
-                range
-                    .clone()
-                    .map(|i| (seed as i64) * 1_000_000_000 + i as i64),
-            )) as ArrayRef,
-            Arc::new(Int64Array::from_iter_values(
-                range.clone().map(|i| (mix(seed + i as u64) % 1000) as i64),
-            )),
-            Arc::new(map_i64(&|k| k as i64 * 1_000_003 - 5_000_000)),
-            Arc::new(Int32Array::from_iter(
-                keys.iter().map(|k| k.map(|k| k as i32 - 40)),
-            )),
-            Arc::new(StringArray::from_iter(
-                keys.iter().map(|k| k.map(|k| text("k", k))),
-            )),
-            Arc::new(LargeStringArray::from_iter(
-                keys.iter().map(|k| k.map(|k| text("large-", k))),
-            )),
-            Arc::new(StringViewArray::from_iter(keys.iter().map(|k| {
-                k.map(|k| text("a view string longer than twelve bytes ", k))
-            }))),
-            Arc::new(Float64Array::from_iter(keys.iter().map(|k| {
-                k.map(|k| match k {
-                    1 => -0.0,
-                    2 => 0.0,
-                    3 => f64::NAN,
-                    k => k as f64 * 0.25,
-                })
-            }))),
-            Arc::new(
-                Decimal128Array::from_iter(keys.iter().map(|k| k.map(|k| k as i128 * 100 + 37)))
+    table_from_columns(
+        Arc::clone(&schema),
+        shape.rows,
+        partitions,
+        700,
+        move |range| {
+            let keys: Vec<Option<u64>> = range.clone().map(key).collect();
+            let map_i64 =
+                |f: &dyn Fn(u64) -> i64| Int64Array::from_iter(keys.iter().map(|k| k.map(f)));
+            let text = |prefix: &str, k: u64| format!("{prefix}{k}");
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    range
+                        .clone()
+                        .map(|i| (seed as i64) * 1_000_000_000 + i as i64),
+                )) as ArrayRef,
+                Arc::new(Int64Array::from_iter_values(
+                    range.clone().map(|i| (mix(seed + i as u64) % 1000) as i64),
+                )),
+                Arc::new(map_i64(&|k| k as i64 * 1_000_003 - 5_000_000)),
+                Arc::new(Int32Array::from_iter(
+                    keys.iter().map(|k| k.map(|k| k as i32 - 40)),
+                )),
+                Arc::new(StringArray::from_iter(
+                    keys.iter().map(|k| k.map(|k| text("k", k))),
+                )),
+                Arc::new(LargeStringArray::from_iter(
+                    keys.iter().map(|k| k.map(|k| text("large-", k))),
+                )),
+                Arc::new(StringViewArray::from_iter(keys.iter().map(|k| {
+                    k.map(|k| text("a view string longer than twelve bytes ", k))
+                }))),
+                Arc::new(Float64Array::from_iter(keys.iter().map(|k| {
+                    k.map(|k| match k {
+                        1 => -0.0,
+                        2 => 0.0,
+                        3 => f64::NAN,
+                        k => k as f64 * 0.25,
+                    })
+                }))),
+                Arc::new(
+                    Decimal128Array::from_iter(
+                        keys.iter().map(|k| k.map(|k| k as i128 * 100 + 37)),
+                    )
                     .with_precision_and_scale(15, 2)
                     .unwrap(),
-            ),
-            Arc::new(BooleanArray::from_iter(
-                keys.iter().map(|k| k.map(|k| k % 3 == 0)),
-            )),
-            Arc::new(Date32Array::from_iter(
-                keys.iter().map(|k| k.map(|k| 19_000 + k as i32)),
-            )),
-            Arc::new(TimestampNanosecondArray::from_iter(
-                keys.iter().map(|k| k.map(|k| k as i64 * 1_000_000_007)),
-            )),
-            Arc::new(map_i64(&|k| {
-                if k % 2 == 0 {
-                    i64::MIN + k as i64
-                } else {
-                    i64::MAX - k as i64
-                }
-            })),
-        ]
-    })
+                ),
+                Arc::new(BooleanArray::from_iter(
+                    keys.iter().map(|k| k.map(|k| k % 3 == 0)),
+                )),
+                Arc::new(Date32Array::from_iter(
+                    keys.iter().map(|k| k.map(|k| 19_000 + k as i32)),
+                )),
+                Arc::new(TimestampNanosecondArray::from_iter(
+                    keys.iter().map(|k| k.map(|k| k as i64 * 1_000_000_007)),
+                )),
+                Arc::new(map_i64(&|k| {
+                    if k % 2 == 0 {
+                        i64::MIN + k as i64
+                    } else {
+                        i64::MAX - k as i64
+                    }
+                })),
+            ]
+        },
+    )
 }
 
 /// Join conditions over the typed tables, `r` and `s` standing for the sides.
@@ -375,7 +389,7 @@ async fn null_equals_null_and_the_null_aware_anti_join() {
     let queries = [
         "SELECT r.id, s.id FROM r JOIN s ON r.k32 IS NOT DISTINCT FROM s.k32",
         "SELECT r.id, s.id FROM r FULL JOIN s ON r.ks IS NOT DISTINCT FROM s.ks",
-        "SELECT r.id, s.id FROM r LEFT JOIN s ON r.k64 IS NOT DISTINCT FROM s.k64 AND r.kb IS NOT DISTINCT FROM s.kb",
+        "SELECT r.id, s.id FROM r LEFT JOIN s ON (r.k64 IS NOT DISTINCT FROM s.k64) AND (r.kb IS NOT DISTINCT FROM s.kb)",
         "SELECT r.id, s.id FROM r JOIN s ON r.kwide IS NOT DISTINCT FROM s.kwide",
         "SELECT r.id FROM r WHERE r.k64 NOT IN (SELECT s.k64 FROM s)",
         "SELECT r.id FROM r WHERE r.ks NOT IN (SELECT s.ks FROM s WHERE s.v < 500)",
@@ -467,6 +481,65 @@ async fn a_device_budget_too_small_for_the_join_falls_back_to_the_host() {
             assert!(
                 gpu_join_metric(&plan, "cpu_fallback_chunks") > 0,
                 "{sql}: no chunk fell back to the host"
+            );
+        }
+    }
+}
+
+/// Output rows in the order they came, rendered as text.
+fn rows_in_order(batches: &[datafusion::arrow::array::RecordBatch]) -> Vec<String> {
+    datafusion::arrow::util::pretty::pretty_format_batches(batches)
+        .unwrap()
+        .to_string()
+        .lines()
+        .filter(|l| l.starts_with("| "))
+        .skip(1)
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rows_leave_in_the_order_hash_join_exec_emits_them() {
+    let Some(_) = require_gpu("rows_leave_in_the_order_hash_join_exec_emits_them") else {
+        return;
+    };
+    // One partition per input: DataFusion's output order is deterministic,
+    // and with gpu.preserve_order (the default) the GPU join must match it
+    // row for row, duplicates, unmatched rows and several probe batches included.
+    let queries = [
+        "SELECT r.id, s.id FROM r JOIN s ON r.k64 = s.k64",
+        "SELECT r.id, s.id FROM r LEFT JOIN s ON r.ks = s.ks",
+        "SELECT r.id, s.id FROM r RIGHT JOIN s ON r.k32 = s.k32 AND r.v < s.v",
+        "SELECT r.id, s.id FROM r FULL JOIN s ON r.kf = s.kf",
+        "SELECT r.id FROM r LEFT SEMI JOIN s ON r.k64 = s.k64",
+        "SELECT s.id FROM r RIGHT ANTI JOIN s ON r.kd = s.kd",
+        "SELECT r.id, s.id FROM r JOIN s ON r.k64 = s.k64 LIMIT 50",
+        "SELECT r.id, s.id FROM r RIGHT JOIN (SELECT * FROM s ORDER BY v LIMIT 500) s ON r.k64 = s.k64",
+    ];
+    let extra = [
+        "SET gpu.probe_chunk_rows = 1000",
+        "SET gpu.max_output_pairs = 300",
+    ];
+    let gpu = gpu_context(JoinMode::CollectLeft, 1, &extra).await;
+    let cpu = cpu_context(JoinMode::CollectLeft, 1, &extra).await;
+    for ctx in [&gpu, &cpu] {
+        ctx.register_table("r", typed_table_in(shape(1_500, 400, 11, 5), 1, 1))
+            .unwrap();
+        ctx.register_table("s", typed_table_in(shape(2_500, 500, 13, 5), 2, 1))
+            .unwrap();
+    }
+    for sql in queries {
+        let (gpu_batches, gpu_nodes, plan) = run(&gpu, sql).await;
+        let (cpu_batches, _, _) = run(&cpu, sql).await;
+        assert!(gpu_nodes >= 1, "{sql}: no join ran on the GPU");
+        let (g, c) = (rows_in_order(&gpu_batches), rows_in_order(&cpu_batches));
+        assert_eq!(g.len(), c.len(), "{sql}: row counts differ");
+        if let Some(first) = g.iter().zip(&c).position(|(a, b)| a != b) {
+            panic!(
+                "{sql}: row {first} differs: GPU {} CPU {}\n{}",
+                g[first],
+                c[first],
+                datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
             );
         }
     }

@@ -19,6 +19,7 @@ use futures::TryStreamExt;
 
 use super::host_fallback::HostBuildTable;
 use super::matches::{tracks_build_matches, VisitedRows};
+use super::order::ArrivalOrder;
 use super::stream::evaluate_keys;
 use crate::exec::keys::{KeyEncoder, KeySpec, NormalizedKeys};
 use crate::exec::GpuJoinMetrics;
@@ -34,6 +35,8 @@ use crate::ops::radix::RadixPlan;
 pub(crate) struct BuildSide {
     /// Every build row, in one batch so that row ids index it directly.
     pub(crate) batch: RecordBatch,
+    /// The arrival position of each row of `batch`.
+    pub(crate) arrival: ArrivalOrder,
     /// The key columns evaluated on `batch`.
     pub(crate) key_columns: Vec<ArrayRef>,
     pub(crate) encoder: KeyEncoder,
@@ -82,7 +85,10 @@ impl BuildSide {
             .try_collect()
             .await?;
         let _timer = metrics.baseline.elapsed_compute().timer();
-        let batch = concat_batches(&schema, &batches)?;
+        // In reverse arrival order, as `HashJoinExec` concatenates its build
+        // side: build row ids then order rows the way it does.
+        let arrival = ArrivalOrder::new(&batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>());
+        let batch = concat_batches(&schema, batches.iter().rev())?;
         drop(batches);
         reservation.try_resize(batch.get_array_memory_size())?;
         metrics.build_rows.add(batch.num_rows());
@@ -94,6 +100,7 @@ impl BuildSide {
         let visited = tracks_build_matches(join_type).then(|| VisitedRows::new(batch.num_rows()));
         Ok(Self {
             batch,
+            arrival,
             key_columns,
             encoder,
             keys,

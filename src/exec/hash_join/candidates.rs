@@ -6,44 +6,53 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, UInt64Array};
+use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::compute::{filter, take};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::JoinSide;
+use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::physical_plan::joins::utils::JoinFilter;
+use datafusion::physical_plan::joins::utils::{JoinFilter, JoinKeyComparator};
 
-use crate::exec::keys::KeyEncoder;
-
-/// One side of the join as the checks see it.
-pub(crate) struct SideView<'a> {
-    pub(crate) batch: &'a RecordBatch,
-    pub(crate) keys: &'a [ArrayRef],
+/// `HashJoinExec`'s key equality between the build side's key columns and
+/// one probe chunk's, for keys that were hashed.
+pub(crate) fn key_comparator(
+    build_keys: &[ArrayRef],
+    probe_keys: &[ArrayRef],
+    null_equality: NullEquality,
+) -> Result<JoinKeyComparator> {
+    let options = vec![SortOptions::default(); build_keys.len()];
+    JoinKeyComparator::new(build_keys, probe_keys, &options, null_equality)
 }
 
-/// Keeps the pairs whose keys are equal (when the encoding needs a check)
-/// and for which the residual filter is true.
+/// Keeps the pairs whose keys are equal (when `keys_equal` is given, for
+/// hashed keys) and for which the residual filter is true.
 pub(crate) fn confirm_pairs(
-    encoder: &KeyEncoder,
+    keys_equal: Option<&JoinKeyComparator>,
     join_filter: Option<&JoinFilter>,
-    build: SideView<'_>,
-    probe: SideView<'_>,
+    build: &RecordBatch,
+    probe: &RecordBatch,
     build_ids: UInt64Array,
     probe_ids: UInt64Array,
 ) -> Result<(UInt64Array, UInt64Array)> {
-    if build_ids.is_empty() || (!encoder.needs_verification() && join_filter.is_none()) {
+    if build_ids.is_empty() || (keys_equal.is_none() && join_filter.is_none()) {
         return Ok((build_ids, probe_ids));
     }
-    let mut keep: Option<BooleanArray> = None;
-    if encoder.needs_verification() {
-        keep = Some(encoder.verify(build.keys, probe.keys, &build_ids, &probe_ids)?);
-    }
+    let keep: Option<BooleanArray> = keys_equal.map(|comparator| {
+        build_ids
+            .values()
+            .iter()
+            .zip(probe_ids.values())
+            .map(|(&b, &p)| Some(comparator.is_equal(b as usize, p as usize)))
+            .collect()
+    });
     if let Some(join_filter) = join_filter {
         // Evaluate the filter only on pairs that survived the key check.
         let (b, p) = match &keep {
             Some(k) => (narrow(&build_ids, k)?, narrow(&probe_ids, k)?),
             None => (build_ids.clone(), probe_ids.clone()),
         };
-        let passed = evaluate_filter(join_filter, build.batch, probe.batch, &b, &p)?;
+        let passed = evaluate_filter(join_filter, build, probe, &b, &p)?;
         return Ok((narrow(&b, &passed)?, narrow(&p, &passed)?));
     }
     let keep = keep.expect("set when verification is needed");

@@ -282,6 +282,8 @@ impl ExecutionPlan for GpuHashJoinExec {
                 filter: join.filter().cloned().map(Arc::new),
                 null_aware: join.null_aware,
                 fetch: join.fetch(),
+                preserve_order: options.preserve_order,
+                probe_ordered: join.right().properties().output_ordering().is_some(),
             },
             output,
             device,

@@ -1,7 +1,7 @@
 //! `GpuHashJoinExec`: the plan node ([`exec`]), the build side shared by the
 //! partitions ([`build_side`]), the probe stream ([`stream`]), the host
 //! checks of device candidates ([`candidates`]), what each join type does
-//! with matches ([`matches`]), the host join used when the device lacks
+//! with matches ([`matches`]), the order rows leave in ([`order`]), the host join used when the device lacks
 //! memory ([`host_fallback`]) and the assembly of output batches from row
 //! ids ([`output`]).
 
@@ -10,6 +10,7 @@ mod candidates;
 mod exec;
 mod host_fallback;
 mod matches;
+mod order;
 mod output;
 mod stream;
 

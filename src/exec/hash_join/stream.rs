@@ -24,10 +24,11 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
 
 use super::build_side::BuildSide;
-use super::candidates::{confirm_pairs, SideView};
+use super::candidates::{confirm_pairs, key_comparator};
 use super::host_fallback::is_out_of_device_memory;
 use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
-use super::output::{OutputAssembler, OutputRows};
+use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
+use super::output::{OutputAssembler, OutputRows, SideRows};
 use crate::exec::keys::NormalizedKeys;
 use crate::exec::once::OnceFut;
 use crate::exec::GpuJoinMetrics;
@@ -50,6 +51,18 @@ pub(crate) struct JoinSemantics {
     pub(crate) null_aware: bool,
     /// At most this many rows from this partition.
     pub(crate) fetch: Option<usize>,
+    /// Emit rows in `HashJoinExec`'s order (see `gpu.preserve_order`).
+    pub(crate) preserve_order: bool,
+    /// The probe input is ordered: `HashJoinExec` then puts unmatched probe
+    /// rows of outer joins at their position rather than after each batch.
+    pub(crate) probe_ordered: bool,
+}
+
+/// Probe rows joined in one device launch sequence.
+struct ProbeChunk {
+    batch: RecordBatch,
+    /// End row of each input batch the chunk was made of.
+    batch_ends: Vec<usize>,
 }
 
 /// Everything one partition's probe loop needs.
@@ -132,7 +145,7 @@ pub(crate) fn probe_stream(spec: ProbeSpec, schema: SchemaRef) -> SendableRecord
 
 impl ProbeLoop {
     /// Up to `probe_chunk_rows` probe rows as one batch; `None` at the end.
-    async fn read_chunk(&mut self) -> Result<Option<RecordBatch>> {
+    async fn read_chunk(&mut self) -> Result<Option<ProbeChunk>> {
         let mut batches = Vec::new();
         let mut rows = 0;
         while rows < self.spec.probe_chunk_rows {
@@ -155,7 +168,17 @@ impl ProbeLoop {
         }
         self.spec.metrics.probe_rows.add(rows);
         let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
-        Ok(Some(concat_batches(&self.spec.probe_schema, &batches)?))
+        let batch_ends = batches
+            .iter()
+            .scan(0, |end, b| {
+                *end += b.num_rows();
+                Some(*end)
+            })
+            .collect();
+        Ok(Some(ProbeChunk {
+            batch: concat_batches(&self.spec.probe_schema, &batches)?,
+            batch_ends,
+        }))
     }
 
     /// The build rows emitted after the last probe partition: unmatched
@@ -195,8 +218,12 @@ impl ProbeLoop {
     async fn join_chunk(
         &mut self,
         build: Arc<BuildSide>,
-        chunk: RecordBatch,
+        chunk: ProbeChunk,
     ) -> Result<Vec<RecordBatch>> {
+        let ProbeChunk {
+            batch: chunk,
+            batch_ends,
+        } = chunk;
         let semantics = self.spec.semantics.clone();
         let (probe_key_columns, probe_keys) = {
             let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
@@ -223,23 +250,30 @@ impl ProbeLoop {
         let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
             let _timer = metrics.baseline.elapsed_compute().timer();
             let join_type = semantics.join_type;
+            let keys_equal = if build.encoder.needs_verification() {
+                Some(key_comparator(
+                    &build.key_columns,
+                    &probe_key_columns,
+                    build.encoder.null_equality(),
+                )?)
+            } else {
+                None
+            };
             let mut probe_matched =
                 tracks_probe_matches(join_type).then(|| vec![false; chunk.num_rows()]);
+            // With the order preserved, the chunk's pairs are gathered, sorted
+            // and emitted at the end; otherwise each range is emitted as it comes.
+            let mut ordered_pairs = (semantics.preserve_order && emits_pairs(join_type))
+                .then(|| (Vec::new(), Vec::new()));
             let mut batches = Vec::new();
             // Rows of either side that no key can match never reach the device.
             if !probe_keys.keys.is_empty() && !build.keys.keys.is_empty() {
                 let mut on_pairs = |build_ids: Vec<u64>, probe_ids: Vec<u64>| -> Result<()> {
                     let (build_ids, probe_ids) = confirm_pairs(
-                        &build.encoder,
+                        keys_equal.as_ref(),
                         semantics.filter.as_deref(),
-                        SideView {
-                            batch: &build.batch,
-                            keys: &build.key_columns,
-                        },
-                        SideView {
-                            batch: &chunk,
-                            keys: &probe_key_columns,
-                        },
+                        &build.batch,
+                        &chunk,
                         UInt64Array::from(build_ids),
                         UInt64Array::from(probe_ids),
                     )?;
@@ -251,7 +285,10 @@ impl ProbeLoop {
                             matched[i as usize] = true;
                         }
                     }
-                    if emits_pairs(join_type) {
+                    if let Some((all_build, all_probe)) = ordered_pairs.as_mut() {
+                        all_build.extend_from_slice(build_ids.values());
+                        all_probe.extend_from_slice(probe_ids.values());
+                    } else if emits_pairs(join_type) {
                         batches.extend(output.assemble(
                             &build.batch,
                             &chunk,
@@ -270,13 +307,52 @@ impl ProbeLoop {
                     &mut on_pairs,
                 )?;
             }
-            if let Some(matched) = probe_matched {
-                let (ids, mark) = rows_emitted_alone(join_type, &BooleanBuffer::from(matched));
-                batches.extend(output.assemble(
-                    &build.batch,
-                    &chunk,
-                    &OutputRows::probe_only(ids, mark),
-                )?);
+            let probe_matched = probe_matched.map(BooleanBuffer::from);
+            if let Some((all_build, all_probe)) = ordered_pairs {
+                let (build_ids, probe_ids) =
+                    sort_by_probe_row(&all_build, &all_probe, chunk.num_rows(), &build.arrival);
+                let rows = match (&probe_matched, join_type) {
+                    (Some(matched), JoinType::Right | JoinType::Full) => {
+                        let (build_ids, probe_ids) = with_unmatched_probe_rows(
+                            &build_ids,
+                            &probe_ids,
+                            matched,
+                            &batch_ends,
+                            semantics.probe_ordered,
+                        );
+                        OutputRows {
+                            len: probe_ids.len(),
+                            build: SideRows::Ids(build_ids),
+                            probe: SideRows::Ids(probe_ids),
+                            mark: None,
+                        }
+                    }
+                    _ => OutputRows::pairs(
+                        UInt64Array::from(build_ids),
+                        UInt64Array::from(probe_ids),
+                    ),
+                };
+                batches.extend(output.assemble(&build.batch, &chunk, &rows)?);
+            } else if let Some(matched) = &probe_matched {
+                if matches!(join_type, JoinType::Right | JoinType::Full) {
+                    let (ids, _) = rows_emitted_alone(join_type, matched);
+                    batches.extend(output.assemble(
+                        &build.batch,
+                        &chunk,
+                        &OutputRows::probe_only(ids, None),
+                    )?);
+                }
+            }
+            if let Some(matched) = &probe_matched {
+                if !matches!(join_type, JoinType::Right | JoinType::Full) {
+                    // RightSemi, RightAnti, RightMark: probe rows, in order.
+                    let (ids, mark) = rows_emitted_alone(join_type, matched);
+                    batches.extend(output.assemble(
+                        &build.batch,
+                        &chunk,
+                        &OutputRows::probe_only(ids, mark),
+                    )?);
+                }
             }
             metrics.probe_chunks.add(1);
             Ok(batches)
