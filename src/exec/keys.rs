@@ -365,6 +365,7 @@ fn pack_column(
     keep: &mut [bool],
 ) -> Result<()> {
     let nulls: Option<NullBuffer> = column.logical_nulls().filter(|n| n.null_count() > 0);
+    let is_null = |i: usize| nulls.as_ref().is_some_and(|n| n.is_null(i));
     let shift = |key: u64, code: u64| {
         if domain.bits >= 64 {
             code
@@ -372,9 +373,55 @@ fn pack_column(
             (key << domain.bits) | code
         }
     };
+    // Values of up to 64 bits: offsets in wrapping u64 arithmetic, one
+    // compare for the range check (the hot path of integer keys).
+    macro_rules! pack64 {
+        ($arrow_type:ty) => {{
+            let values = column.as_primitive::<$arrow_type>().values();
+            let empty = domain.max < domain.min;
+            let base = domain.min as u64;
+            let span = (domain.max as u64).wrapping_sub(base);
+            let null_code = u64::from(domain.null_code);
+            for (i, &v) in values.iter().enumerate() {
+                if is_null(i) {
+                    match domain.null_code {
+                        true => keys[i] = shift(keys[i], 0),
+                        false => keep[i] = false,
+                    }
+                    continue;
+                }
+                // Sign- or zero-extended to 64 bits, as the domain was.
+                let offset = (v as i128 as u64).wrapping_sub(base);
+                if !empty && offset <= span {
+                    keys[i] = shift(keys[i], offset + null_code);
+                } else {
+                    keep[i] = false;
+                }
+            }
+            return Ok(());
+        }};
+    }
+    use DataType::*;
+    match column.data_type() {
+        Int8 => pack64!(Int8Type),
+        Int16 => pack64!(Int16Type),
+        Int32 => pack64!(Int32Type),
+        Int64 => pack64!(Int64Type),
+        UInt8 => pack64!(UInt8Type),
+        UInt16 => pack64!(UInt16Type),
+        UInt32 => pack64!(UInt32Type),
+        UInt64 => pack64!(UInt64Type),
+        Date32 => pack64!(Date32Type),
+        Date64 => pack64!(Date64Type),
+        Timestamp(TimeUnit::Second, _) => pack64!(TimestampSecondType),
+        Timestamp(TimeUnit::Millisecond, _) => pack64!(TimestampMillisecondType),
+        Timestamp(TimeUnit::Microsecond, _) => pack64!(TimestampMicrosecondType),
+        Timestamp(TimeUnit::Nanosecond, _) => pack64!(TimestampNanosecondType),
+        _ => {}
+    }
+    // Decimal128, Boolean, times and durations: through i128.
     for_each_value(column, |i, v| {
-        let code = if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
-            // Rows with NULL keys were already dropped unless NULL has a code.
+        let code = if is_null(i) {
             domain.null_code.then_some(0)
         } else {
             domain.code(v)
@@ -470,6 +517,29 @@ mod tests {
                 .kind(),
             "hashed"
         );
+    }
+
+    #[test]
+    fn the_64_bit_path_checks_ranges_at_the_extremes() {
+        let s = spec(&[DataType::Int64]);
+        let build = arr(Int64Array::from(vec![i64::MIN, i64::MIN + 2]));
+        let encoder = KeyEncoder::for_build_side(&s, &[build]).unwrap();
+        let probe = arr(Int64Array::from(vec![
+            i64::MAX,
+            i64::MIN + 1,
+            i64::MIN,
+            -1,
+            i64::MIN + 3,
+        ]));
+        let keys = encoder.encode(&[probe]).unwrap();
+        assert_eq!((keys.keys, keys.row_ids), (vec![1, 0], Some(vec![1, 2])));
+        let s = spec(&[DataType::UInt8]);
+        let build = arr(UInt8Array::from(vec![250, 252]));
+        let encoder = KeyEncoder::for_build_side(&s, &[build]).unwrap();
+        let keys = encoder
+            .encode(&[arr(UInt8Array::from(vec![255, 0, 251, 249]))])
+            .unwrap();
+        assert_eq!((keys.keys, keys.row_ids), (vec![1], Some(vec![2])));
     }
 
     #[test]

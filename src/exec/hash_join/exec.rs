@@ -39,6 +39,9 @@ pub struct GpuHashJoinExec {
     cpu_join: Arc<dyn ExecutionPlan>,
     keys: KeySpec,
     properties: Arc<PlanProperties>,
+    /// Whether rows leave in `HashJoinExec`'s order (where it can be seen
+    /// above, and `gpu.preserve_order` is on).
+    preserve_order: bool,
     /// `CollectLeft`: the build side, collected once for all partitions.
     shared_build: Mutex<Option<OnceFut<BuildSide>>>,
     metrics: ExecutionPlanMetricsSet,
@@ -62,10 +65,18 @@ impl GpuHashJoinExec {
         Ok(Self {
             keys,
             properties: Arc::new(properties),
+            preserve_order: true,
             shared_build: Mutex::new(None),
             metrics: ExecutionPlanMetricsSet::new(),
             cpu_join,
         })
+    }
+
+    /// Whether to emit rows in `HashJoinExec`'s order; the rule turns it off
+    /// where no node above can observe that order (default: on).
+    pub fn with_preserve_order(mut self, preserve_order: bool) -> Self {
+        self.preserve_order = preserve_order;
+        self
     }
 
     /// The [`HashJoinExec`] this node replaces.
@@ -165,6 +176,9 @@ impl DisplayAs for GpuHashJoinExec {
                 if let Some(fetch) = join.fetch() {
                     write!(f, ", fetch={fetch}")?;
                 }
+                if self.preserve_order {
+                    write!(f, ", row_order=hash_join_exec")?;
+                }
                 Ok(())
             }
             DisplayFormatType::TreeRender => {
@@ -209,14 +223,18 @@ impl ExecutionPlan for GpuHashJoinExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         #[allow(deprecated)]
         let cpu_join = Arc::clone(&self.cpu_join).with_new_children(children)?;
-        Ok(Arc::new(Self::try_new(cpu_join)?))
+        Ok(Arc::new(
+            Self::try_new(cpu_join)?.with_preserve_order(self.preserve_order),
+        ))
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
         // A fresh node forgets the collected build side, so a re-executed
         // plan (recursive queries) reads its inputs again.
         let cpu_join = Arc::clone(&self.cpu_join).reset_state()?;
-        Ok(Arc::new(Self::try_new(cpu_join)?))
+        Ok(Arc::new(
+            Self::try_new(cpu_join)?.with_preserve_order(self.preserve_order),
+        ))
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
@@ -282,7 +300,7 @@ impl ExecutionPlan for GpuHashJoinExec {
                 filter: join.filter().cloned().map(Arc::new),
                 null_aware: join.null_aware,
                 fetch: join.fetch(),
-                preserve_order: options.preserve_order,
+                preserve_order: options.preserve_order && self.preserve_order,
                 probe_ordered: join.right().properties().output_ordering().is_some(),
             },
             output,
