@@ -3,7 +3,8 @@
 //!
 //!     cargo bench --bench gpu_join -- [--log2-rows 24] [--runs 5]
 //!                                      [--match-percent 100] [--zipf 0]
-//!                                      [--unordered]
+//!                                      [--unordered] [--explain-analyze]
+//!                                      [--merged]
 //!
 //! R has keys 0..2^n in random order (a primary key), S has 2^n foreign keys
 //! drawn uniformly so that `--match-percent` of them hit R (100: every one),
@@ -12,7 +13,9 @@
 //! for planning + execution + collecting the one-row answer, data already in
 //! memory (`MemTable`s, one partition per core). "Cold" is the first GPU
 //! query of the process (driver and PTX load included), "warm" the median of
-//! the following runs. The floor is the pinned PCIe time of the bytes the GPU
+//! the following runs. `--merged` also times the GPU join run once over
+//! all input partitions, without DataFusion's CPU hash repartitions
+//! (`gpu.merge_partitions = true`), in the same process. The floor is the pinned PCIe time of the bytes the GPU
 //! path must move (keys in, matched row-id pairs out), measured here.
 
 use std::sync::Arc;
@@ -103,6 +106,15 @@ async fn run_once(ctx: &SessionContext) -> (Duration, Vec<i64>, Arc<dyn Executio
     (elapsed, answer, plan)
 }
 
+/// Prints `plan` with each operator's metrics from its last execution.
+fn print_metrics(path: &str, plan: &Arc<dyn ExecutionPlan>) {
+    let shown =
+        datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(plan.as_ref())
+            .indent(true)
+            .to_string();
+    println!("{path} plan with metrics (last run):\n{shown}");
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -148,8 +160,12 @@ async fn main() {
         if zipf > 0.0 { format!("Zipf {zipf}") } else { format!("uniform, {match_percent}% matching") });
     println!("query: {SQL}");
 
+    let explain_analyze = std::env::args().any(|a| a == "--explain-analyze");
     ctx.sql("SET gpu.enabled = false").await.unwrap();
-    let (_, cpu_answer, _) = run_once(&ctx).await; // warm-up
+    let (_, cpu_answer, cpu_plan) = run_once(&ctx).await; // warm-up
+    if explain_analyze {
+        print_metrics("CPU", &cpu_plan);
+    }
     let cpu_times: Vec<Duration> = {
         let mut v = Vec::new();
         for _ in 0..runs {
@@ -172,12 +188,35 @@ async fn main() {
     };
     println!("{}", runtime.describe());
     ctx.sql("SET gpu.enabled = true").await.unwrap();
+    // The GPU path is what is measured, whatever the size.
+    ctx.sql("SET gpu.min_rows = 0").await.unwrap();
     // --unordered: skip reproducing HashJoinExec's row order (gpu.preserve_order).
     let unordered = std::env::args().any(|a| a == "--unordered");
     if unordered {
         ctx.sql("SET gpu.preserve_order = false").await.unwrap();
     }
     let (cold, gpu_answer, _) = run_once(&ctx).await;
+    let merged_warm = if std::env::args().any(|a| a == "--merged") {
+        ctx.sql("SET gpu.merge_partitions = true").await.unwrap();
+        let mut times = Vec::new();
+        for _ in 0..runs {
+            let (t, answer, plan) = run_once(&ctx).await;
+            assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
+            times.push(t);
+            if explain_analyze && times.len() == runs {
+                print_metrics("GPU over all input partitions", &plan);
+            }
+        }
+        ctx.sql("SET gpu.merge_partitions = false").await.unwrap();
+        let warm = median(times);
+        println!(
+            "GPU over all input partitions (gpu.merge_partitions = true): warm median {:>9.1} ms",
+            warm.as_secs_f64() * 1e3
+        );
+        Some(warm)
+    } else {
+        None
+    };
     let mut warm_times = Vec::new();
     let mut last_plan = None;
     for _ in 0..runs {
@@ -189,6 +228,9 @@ async fn main() {
     assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
     let warm = median(warm_times);
     let plan = last_plan.expect("at least one run");
+    if explain_analyze {
+        print_metrics("GPU", &plan);
+    }
     assert!(
         gpu_join_metric(&plan, "probe_rows").is_some(),
         "the GPU join did not run"
@@ -211,6 +253,13 @@ async fn main() {
         bandwidth.device_to_host / 1e9,
         floor * 1e3
     );
+    if let Some(merged) = merged_warm {
+        println!(
+            "RESULT_MERGED log2_rows={log2} gpu_warm_ms={:.1} speedup_warm={:.2}",
+            merged.as_secs_f64() * 1e3,
+            cpu.as_secs_f64() / merged.as_secs_f64()
+        );
+    }
     println!(
         "RESULT log2_rows={log2} match_percent={match_percent} zipf={zipf} preserve_order={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} floor_ms={:.1}",
         !unordered,

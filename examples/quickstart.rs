@@ -43,7 +43,7 @@ async fn main() -> Result<()> {
     let rows: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
-        .unwrap_or(1_000_000);
+        .unwrap_or(5_000_000);
     let partitions = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(4);

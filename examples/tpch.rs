@@ -48,6 +48,8 @@ struct Args {
     json: Option<String>,
     /// Every run's time and each query's total on stderr.
     verbose: bool,
+    /// `SET` statements for the GPU session (`--set gpu.min_rows=0`).
+    settings: Vec<(String, String)>,
 }
 
 fn parse_args() -> std::result::Result<Args, String> {
@@ -58,6 +60,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         partitions: std::thread::available_parallelism().map_or(4, |n| n.get()),
         json: None,
         verbose: false,
+        settings: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -70,6 +73,13 @@ fn parse_args() -> std::result::Result<Args, String> {
             }
             "--json" => args.json = Some(value()?),
             "--verbose" => args.verbose = true,
+            "--set" => {
+                let setting = value()?;
+                let (key, val) = setting
+                    .split_once('=')
+                    .ok_or(format!("--set {setting}: expected KEY=VALUE"))?;
+                args.settings.push((key.trim().to_string(), val.trim().to_string()));
+            }
             "--queries" => {
                 args.queries = value()?
                     .split(',')
@@ -80,7 +90,7 @@ fn parse_args() -> std::result::Result<Args, String> {
                     .collect::<std::result::Result<_, _>>()?
             }
             "--help" | "-h" => return Err(
-                "usage: tpch [--sf F] [--runs N] [--queries 1,2,..] [--partitions N] [--json FILE] [--verbose]"
+                "usage: tpch [--sf F] [--runs N] [--queries 1,2,..] [--partitions N] [--json FILE] [--verbose] [--set gpu.KEY=VALUE ...]"
                     .into(),
             ),
             other => return Err(format!("unknown argument {other} (try --help)")),
@@ -404,6 +414,10 @@ async fn main() -> Result<()> {
     let config = || SessionConfig::new().with_target_partitions(args.partitions);
     let cpu_ctx = SessionContext::new_with_config(config());
     let gpu_ctx = gpu_session_context(config());
+    for (key, value) in &args.settings {
+        gpu_ctx.sql(&format!("SET {key} = {value}")).await?;
+        println!("GPU session: SET {key} = {value}");
+    }
     for (name, table) in &tables {
         cpu_ctx.register_table(*name, Arc::clone(table) as _)?;
         gpu_ctx.register_table(*name, Arc::clone(table) as _)?;

@@ -269,6 +269,58 @@ impl KeyEncoder {
     }
 }
 
+impl KeyEncoder {
+    /// [`Self::encode`] on up to `threads` threads, each taking a contiguous
+    /// slice of rows (of at least `MIN_ROWS_PER_THREAD`), with the same
+    /// result as one call over all rows.
+    pub fn encode_parallel(&self, columns: &[ArrayRef], threads: usize) -> Result<NormalizedKeys> {
+        const MIN_ROWS_PER_THREAD: usize = 1 << 20;
+        let rows = self.spec.check_columns(columns)?;
+        let threads = threads.min(rows / MIN_ROWS_PER_THREAD).max(1);
+        if threads == 1 {
+            return self.encode(columns);
+        }
+        let per_thread = rows.div_ceil(threads);
+        let pieces: Vec<Result<NormalizedKeys>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..rows)
+                .step_by(per_thread)
+                .map(|start| {
+                    let len = per_thread.min(rows - start);
+                    let slice: Vec<ArrayRef> =
+                        columns.iter().map(|c| c.slice(start, len)).collect();
+                    scope.spawn(move || self.encode(&slice))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(DataFusionError::Internal(
+                            "key encoding thread panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        let pieces = pieces.into_iter().collect::<Result<Vec<_>>>()?;
+        let any_dropped = pieces.iter().any(|p| p.row_ids.is_some());
+        let kept: usize = pieces.iter().map(|p| p.keys.len()).sum();
+        let mut keys = Vec::with_capacity(kept);
+        let mut row_ids = any_dropped.then(|| Vec::with_capacity(kept));
+        for (i, piece) in pieces.into_iter().enumerate() {
+            let offset = (i * per_thread) as u64;
+            if let Some(all_ids) = row_ids.as_mut() {
+                match &piece.row_ids {
+                    Some(ids) => all_ids.extend(ids.iter().map(|&id| id + offset)),
+                    None => all_ids.extend(offset..offset + piece.keys.len() as u64),
+                }
+            }
+            keys.extend_from_slice(&piece.keys);
+        }
+        Ok(NormalizedKeys { keys, row_ids })
+    }
+}
+
 /// Keeps the rows marked in `keep`.
 fn compact(keys: Vec<u64>, keep: &[bool]) -> NormalizedKeys {
     if keep.iter().all(|&k| k) {
@@ -638,6 +690,57 @@ mod tests {
         let nothing = spec(&[DataType::Utf8]);
         let encoder = KeyEncoder::for_build_side(&nothing, &build).unwrap();
         assert_eq!(encoder.encode(&build).unwrap().row_ids, Some(vec![1]));
+    }
+
+    #[test]
+    fn parallel_encoding_matches_one_pass_with_and_without_dropped_rows() {
+        let rows = 3 * (1 << 20) + 12_345;
+        let values: Vec<Option<i64>> = (0..rows as i64)
+            .map(|i| (i % 1_000_003 != 7).then_some((i * 7919) % 5_000_000 - 2_000_000))
+            .collect();
+        let with_nulls = arr(Int64Array::from(values));
+        let without_nulls = arr(Int64Array::from_iter_values(
+            (0..rows as i64).map(|i| (i * 31) % 4_000_000),
+        ));
+        for (column, equality) in [
+            (&with_nulls, NullEquality::NullEqualsNothing),
+            (&with_nulls, NullEquality::NullEqualsNull),
+            (&without_nulls, NullEquality::NullEqualsNothing),
+        ] {
+            let spec = KeySpec::try_new(&[DataType::Int64], equality).unwrap();
+            let encoder = KeyEncoder::for_build_side(&spec, std::slice::from_ref(column)).unwrap();
+            let one_pass = encoder.encode(std::slice::from_ref(column)).unwrap();
+            for threads in [2, 3, 16] {
+                let parallel = encoder
+                    .encode_parallel(std::slice::from_ref(column), threads)
+                    .unwrap();
+                assert_eq!(
+                    parallel.keys, one_pass.keys,
+                    "{equality:?}, {threads} threads"
+                );
+                assert_eq!(
+                    parallel.row_ids, one_pass.row_ids,
+                    "{equality:?}, {threads} threads"
+                );
+            }
+        }
+        // A probe side with values outside the build range drops rows in
+        // some slices only.
+        let spec = KeySpec::try_new(&[DataType::Int64], NullEquality::NullEqualsNothing).unwrap();
+        let build = arr(Int64Array::from_iter_values(0..1000));
+        let encoder = KeyEncoder::for_build_side(&spec, &[build]).unwrap();
+        let probe = arr(Int64Array::from_iter_values((0..rows as i64).map(|i| {
+            if i < (1 << 21) {
+                i % 1000
+            } else {
+                i
+            }
+        })));
+        let one_pass = encoder.encode(std::slice::from_ref(&probe)).unwrap();
+        let parallel = encoder.encode_parallel(&[probe], 3).unwrap();
+        assert_eq!(parallel.keys, one_pass.keys);
+        assert_eq!(parallel.row_ids, one_pass.row_ids);
+        assert!(one_pass.row_ids.is_some());
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct GpuJoinMetrics {
     pub kernel_time: Time,
     /// Time spent waiting for the device memory budget.
     pub device_memory_wait: Time,
+    /// Time spent waiting for a slot of `gpu.max_concurrent_tasks`.
+    pub device_admission_wait: Time,
     /// Probe chunks joined on the host because the device lacked memory.
     pub cpu_fallback_chunks: Count,
 }
@@ -46,6 +48,7 @@ impl GpuJoinMetrics {
             kernel_time: builder().subset_time("kernel_time", partition),
             device_memory_wait: builder().subset_time("device_memory_wait", partition),
             cpu_fallback_chunks: builder().counter("cpu_fallback_chunks", partition),
+            device_admission_wait: builder().subset_time("device_admission_wait", partition),
         }
     }
 

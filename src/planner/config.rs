@@ -11,11 +11,22 @@ extensions_options! {
         pub enabled: bool, default = true
         /// Replace `HashJoinExec` by `GpuHashJoinExec` where supported.
         pub hash_join: bool, default = true
+        /// Run a `Partitioned` hash join once over all input partitions,
+        /// without DataFusion's CPU hash repartition of its inputs, where no
+        /// node above depends on the join's hash partitioning (the GPU
+        /// partitions the keys itself). Off by default: measured slower
+        /// than the GPU join over DataFusion's repartitions (0.80x against
+        /// 1.44x of the CPU at 2^26 rows a side, BENCHMARKS.md), because
+        /// the whole build side is then collected and encoded before any
+        /// probe partition starts.
+        pub merge_partitions: bool, default = false
         /// Keep a node on the CPU when its inputs hold fewer rows than this by
         /// statistics (build + probe for a join). 0 sends every supported node
         /// to the GPU, as conformance and differential tests do. Inputs
-        /// without statistics count as large.
-        pub min_rows: usize, default = 100_000
+        /// without statistics count as large. The default is the measured
+        /// crossover (BENCHMARKS.md): the GPU join lost at 2 M rows and at
+        /// every TPC-H SF 1 join (up to 7.5 M rows), and won from 8 M rows.
+        pub min_rows: usize, default = 8_000_000
         /// Fraction of the device memory free at start-up that GPU operators
         /// may hold at once, in (0, 1].
         pub memory_fraction: f64, default = 0.8
@@ -32,6 +43,10 @@ extensions_options! {
         /// depend on it; it costs a counting sort of each chunk's matches on
         /// the host. `false` emits in the device's partition order.
         pub preserve_order: bool, default = true
+        /// GPU tasks (one probe chunk each) admitted on one device at once;
+        /// the others wait. Many concurrent tasks on one context slow each
+        /// other down far more than they overlap.
+        pub max_concurrent_tasks: usize, default = 4
     }
 }
 
@@ -74,6 +89,7 @@ mod tests {
         let config = ConfigOptions::new();
         let options = GpuOptions::from_config(&config);
         assert!(options.enabled && options.hash_join);
-        assert_eq!(options.min_rows, 100_000);
+        assert_eq!(options.min_rows, 8_000_000);
+        assert!(!options.merge_partitions);
     }
 }

@@ -174,7 +174,14 @@ fn collect_decisions(
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(gpu_join.hash_join()),
             placement: Placement::Gpu {
-                algorithm: GpuHashJoinExec::ALGORITHM.into(),
+                algorithm: if gpu_join.repartition_removed() {
+                    format!(
+                        "{} over all input partitions (CPU hash repartition removed)",
+                        GpuHashJoinExec::ALGORITHM
+                    )
+                } else {
+                    GpuHashJoinExec::ALGORITHM.into()
+                },
             },
         });
     } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {

@@ -3,6 +3,7 @@
 
 mod config;
 mod decision;
+mod partitioning;
 mod rule;
 
 pub use config::GpuOptions;

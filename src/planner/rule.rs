@@ -11,6 +11,7 @@ use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
+use super::partitioning::{children_partitioning_free, over_unrepartitioned_inputs};
 use super::{decide_hash_join, GpuOptions};
 use crate::exec::GpuHashJoinExec;
 
@@ -42,7 +43,7 @@ impl PhysicalOptimizerRule for GpuOptimizerRule {
         let gpu = gpu.as_ref().map(|_| ()).map_err(|e| e.as_str());
         // Rows of several partitions reach the caller in no fixed order.
         let order_observable = plan.properties().output_partitioning().partition_count() <= 1;
-        rewrite(plan, order_observable, &options, gpu)
+        rewrite(plan, order_observable, true, &options, gpu)
     }
 
     fn name(&self) -> &str {
@@ -58,28 +59,70 @@ impl PhysicalOptimizerRule for GpuOptimizerRule {
 /// keeps `HashJoinExec`'s row order only where that order can be seen
 /// (`order_observable`): not below a node that merges several partitions
 /// in whatever order they come, since nothing above it can depend on the
-/// order of one partition's rows.
+/// order of one partition's rows. Where nothing above a `Partitioned` join
+/// depends on its hash partitioning (`partitioning_free`), the join runs
+/// once over all input partitions instead (see [`super::partitioning`]).
 fn rewrite(
     node: Arc<dyn ExecutionPlan>,
     order_observable: bool,
+    partitioning_free: bool,
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let children_observable = order_observable && !merges_in_arrival_order(&node);
+    let children_free = children_partitioning_free(&node, partitioning_free);
     let children = node
         .children()
         .into_iter()
-        .map(|child| rewrite(Arc::clone(child), children_observable, options, gpu))
+        .zip(children_free)
+        .map(|(child, free)| rewrite(Arc::clone(child), children_observable, free, options, gpu))
         .collect::<Result<Vec<_>>>()?;
     let node = replace_children_if_necessary(node, children)?;
     if let Some(join) = node.downcast_ref::<HashJoinExec>() {
-        if decide_hash_join(join, options, gpu).is_ok() {
-            let gpu_join =
-                GpuHashJoinExec::try_new(Arc::clone(&node))?.with_preserve_order(order_observable);
+        let merge_partitions = options.merge_partitions && partitioning_free && !order_observable;
+        if let Some(gpu_join) = gpu_join(
+            &node,
+            join,
+            order_observable,
+            merge_partitions,
+            options,
+            gpu,
+        )? {
             return Ok(Arc::new(gpu_join));
         }
     }
     Ok(node)
+}
+
+/// The GPU join replacing `join` (the plan node `node`), if any: over all
+/// input partitions where `merge_partitions` allows and the join has CPU
+/// repartitions to remove, otherwise over the same inputs.
+fn gpu_join(
+    node: &Arc<dyn ExecutionPlan>,
+    join: &HashJoinExec,
+    order_observable: bool,
+    merge_partitions: bool,
+    options: &GpuOptions,
+    gpu: std::result::Result<(), &str>,
+) -> Result<Option<GpuHashJoinExec>> {
+    if merge_partitions {
+        if let Some(merged) = over_unrepartitioned_inputs(join)? {
+            if decide_hash_join(&merged, options, gpu).is_ok() {
+                let merged: Arc<dyn ExecutionPlan> = Arc::new(merged);
+                return Ok(Some(
+                    GpuHashJoinExec::try_new(merged)?
+                        .with_preserve_order(false)
+                        .with_repartition_removed(true),
+                ));
+            }
+        }
+    }
+    if decide_hash_join(join, options, gpu).is_ok() {
+        return Ok(Some(
+            GpuHashJoinExec::try_new(Arc::clone(node))?.with_preserve_order(order_observable),
+        ));
+    }
+    Ok(None)
 }
 
 /// Whether `node` interleaves several input partitions in arrival order.
@@ -96,4 +139,155 @@ fn merges_in_arrival_order(node: &Arc<dyn ExecutionPlan>) -> bool {
         return !repartition.preserve_order() && inputs(node) > 1;
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    //! The plan rewrite, checked on plans without executing them, so these
+    //! run without a GPU: the rule is applied as if one were present.
+    use super::*;
+    use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::MemTable;
+    use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
+    use datafusion::physical_plan::Partitioning;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    fn table(partitions: usize) -> Arc<MemTable> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let parts = (0..partitions as i64)
+            .map(|p| {
+                let k: ArrayRef = Arc::new(Int64Array::from_iter_values(p * 100..p * 100 + 100));
+                let v: ArrayRef = Arc::new(Int64Array::from_iter_values(0..100));
+                vec![RecordBatch::try_new(Arc::clone(&schema), vec![k, v]).unwrap()]
+            })
+            .collect();
+        Arc::new(MemTable::try_new(schema, parts).unwrap())
+    }
+
+    /// The physical plan of `sql` with DataFusion's rules, every join
+    /// `Partitioned`, then the GPU rewrite as if a GPU were present.
+    async fn rewritten(sql: &str, merge_partitions: bool) -> Arc<dyn ExecutionPlan> {
+        let config = SessionConfig::new()
+            .with_target_partitions(4)
+            .set_usize(
+                "datafusion.optimizer.hash_join_single_partition_threshold",
+                0,
+            )
+            .set_usize(
+                "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+                0,
+            );
+        let ctx = SessionContext::new_with_config(config);
+        ctx.register_table("r", table(4)).unwrap();
+        ctx.register_table("s", table(3)).unwrap();
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let options = GpuOptions {
+            min_rows: 0,
+            merge_partitions,
+            ..GpuOptions::default()
+        };
+        let order_observable = plan.properties().output_partitioning().partition_count() <= 1;
+        let plan = rewrite(plan, order_observable, true, &options, Ok(())).unwrap();
+        // The rewritten plan still meets every node's distribution and
+        // ordering requirements.
+        SanityCheckPlan::new()
+            .optimize(Arc::clone(&plan), ctx.state().config_options())
+            .unwrap_or_else(|e| panic!("{e}\n{}", show(&plan)))
+    }
+
+    fn show(plan: &Arc<dyn ExecutionPlan>) -> String {
+        datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(true)
+            .to_string()
+    }
+
+    fn gpu_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuHashJoinExec> {
+        let mut joins: Vec<&GpuHashJoinExec> = plan.downcast_ref().into_iter().collect();
+        for child in plan.children() {
+            joins.extend(gpu_joins(child));
+        }
+        joins
+    }
+
+    fn hash_repartitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
+        let here = plan
+            .downcast_ref::<RepartitionExec>()
+            .is_some_and(|r| matches!(r.partitioning(), Partitioning::Hash(..)));
+        usize::from(here)
+            + plan
+                .children()
+                .into_iter()
+                .map(hash_repartitions)
+                .sum::<usize>()
+    }
+
+    #[tokio::test]
+    async fn a_join_under_an_ungrouped_aggregate_runs_over_all_input_partitions() {
+        let sql = "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k = s.k";
+        let plan = rewritten(sql, true).await;
+        let joins = gpu_joins(&plan);
+        assert_eq!(joins.len(), 1, "{}", show(&plan));
+        assert!(joins[0].repartition_removed(), "{}", show(&plan));
+        assert_eq!(
+            *joins[0].hash_join().partition_mode(),
+            datafusion::physical_plan::joins::PartitionMode::CollectLeft
+        );
+        assert_eq!(hash_repartitions(&plan), 0, "{}", show(&plan));
+        // The probe side is read in the table's own partitions.
+        let probe = joins[0].hash_join().right();
+        assert!(
+            probe.downcast_ref::<RepartitionExec>().is_none(),
+            "{}",
+            show(&plan)
+        );
+        assert_eq!(
+            joins[0]
+                .properties()
+                .output_partitioning()
+                .partition_count(),
+            probe.properties().output_partitioning().partition_count()
+        );
+        assert!(show(&plan).contains("cpu_repartition=removed"));
+
+        let plan = rewritten(sql, false).await;
+        let joins = gpu_joins(&plan);
+        assert!(!joins[0].repartition_removed(), "{}", show(&plan));
+        assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+    }
+
+    #[tokio::test]
+    async fn a_join_whose_hash_partitioning_is_relied_on_keeps_it() {
+        // The aggregate groups by the join key: DataFusion plans it over the
+        // join's hash partitioning, without a repartition of its own.
+        let sql = "SELECT r.k, count(*) FROM r JOIN s ON r.k = s.k GROUP BY r.k";
+        let plan = rewritten(sql, true).await;
+        let joins = gpu_joins(&plan);
+        assert_eq!(joins.len(), 1, "{}", show(&plan));
+        assert!(!joins[0].repartition_removed(), "{}", show(&plan));
+        assert_eq!(
+            *joins[0].hash_join().partition_mode(),
+            datafusion::physical_plan::joins::PartitionMode::Partitioned
+        );
+    }
+
+    #[tokio::test]
+    async fn joins_stacked_on_one_key_keep_the_partitioning_the_upper_one_needs() {
+        let sql = "SELECT count(*) FROM r JOIN s ON r.k = s.k JOIN r AS r2 ON s.k = r2.k";
+        let plan = rewritten(sql, true).await;
+        let joins = gpu_joins(&plan);
+        assert_eq!(joins.len(), 2, "{}", show(&plan));
+        // The lower join (listed second) feeds a join that requires its
+        // hash partitioning, so it keeps DataFusion's repartitions.
+        assert!(!joins[1].repartition_removed(), "{}", show(&plan));
+    }
 }

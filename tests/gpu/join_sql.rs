@@ -38,7 +38,7 @@ async fn check_join(
 ) -> Option<usize> {
     require_gpu(name)?;
     let mut rows = 0;
-    for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+    for mode in JoinMode::ALL {
         let gpu = gpu_context(mode, 4, extra).await;
         let cpu = cpu_context(mode, 4, extra).await;
         register([&gpu, &cpu], &r, &s, 3, 1000).await;

@@ -184,6 +184,10 @@ const QUERIES: &[&str] = &[
     "SELECT s.id FROM r RIGHT SEMI JOIN s ON {on} AND s.v < r.v",
 ];
 
+/// Marks, among the join types seen, a GPU join that ran over all input
+/// partitions with DataFusion's CPU hash repartitions removed.
+const OVER_ALL_PARTITIONS: &str = "over all input partitions";
+
 /// The join types of the GPU joins in `plan`.
 fn gpu_join_types(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeSet<String>) {
     if let Some(join) = plan.downcast_ref::<GpuHashJoinExec>() {
@@ -192,6 +196,9 @@ fn gpu_join_types(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeSet<String>) {
             name.push_str(" (null-aware)");
         }
         out.insert(name);
+        if join.repartition_removed() {
+            out.insert(OVER_ALL_PARTITIONS.to_string());
+        }
     }
     for child in plan.children() {
         gpu_join_types(child, out);
@@ -236,7 +243,7 @@ async fn every_join_type_and_key(
 ) -> Option<BTreeSet<String>> {
     require_gpu(name)?;
     let mut seen = BTreeSet::new();
-    for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+    for mode in JoinMode::ALL {
         let gpu = gpu_context(mode, 4, extra).await;
         let cpu = cpu_context(mode, 4, extra).await;
         register([&gpu, &cpu], r, s);
@@ -346,6 +353,10 @@ async fn every_join_type_on_every_key_type() {
             "{join_type} never ran on the GPU; seen: {seen:?}"
         );
     }
+    assert!(
+        seen.contains(OVER_ALL_PARTITIONS),
+        "no GPU join ran over all input partitions; seen: {seen:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -402,7 +413,7 @@ async fn null_equals_null_and_the_null_aware_anti_join() {
         (shape(1_200, 300, 10, 0), shape(2_000, 400, 0, 0)),
         (shape(0, 1, 0, 0), shape(300, 40, 4, 0)),
     ] {
-        for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+        for mode in JoinMode::ALL {
             let gpu = gpu_context(mode, 4, &[]).await;
             let cpu = cpu_context(mode, 4, &[]).await;
             register([&gpu, &cpu], r, s);
@@ -466,7 +477,7 @@ async fn a_device_budget_too_small_for_the_join_falls_back_to_the_host() {
         "SELECT r.id FROM r LEFT ANTI JOIN s ON r.k32 = s.k32",
         "SELECT r.id FROM r WHERE r.k64 NOT IN (SELECT s.k64 FROM s)",
     ];
-    for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+    for mode in JoinMode::ALL {
         let gpu = gpu_context(mode, 4, &tiny).await;
         let cpu = cpu_context(mode, 4, &[]).await;
         register(

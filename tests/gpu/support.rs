@@ -138,8 +138,22 @@ pub fn table_from_columns(
 pub enum JoinMode {
     /// The build side collected once (small build sides).
     CollectLeft,
-    /// Both sides hash-repartitioned.
+    /// Both sides hash-repartitioned by DataFusion; the GPU rule runs the
+    /// join over all input partitions instead where it may
+    /// (`gpu.merge_partitions = true`).
     Partitioned,
+    /// As `Partitioned`, with `gpu.merge_partitions = false`: the GPU join
+    /// runs per hash partition, over DataFusion's repartitions.
+    PartitionedKept,
+}
+
+impl JoinMode {
+    /// Every mode, for tests that cover them all.
+    pub const ALL: [JoinMode; 3] = [
+        JoinMode::CollectLeft,
+        JoinMode::Partitioned,
+        JoinMode::PartitionedKept,
+    ];
 }
 
 /// A context with the GPU rule, forcing every supported join onto the GPU
@@ -168,7 +182,7 @@ pub async fn cpu_context(
 async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&str]) {
     let threshold = match mode {
         JoinMode::CollectLeft => "1000000000000",
-        JoinMode::Partitioned => "0",
+        JoinMode::Partitioned | JoinMode::PartitionedKept => "0",
     };
     let mut statements = vec![
         format!("SET gpu.enabled = {gpu}"),
@@ -176,6 +190,10 @@ async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&st
         format!("SET datafusion.optimizer.hash_join_single_partition_threshold = {threshold}"),
         format!("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = {threshold}"),
     ];
+    statements.push(format!(
+        "SET gpu.merge_partitions = {}",
+        mode == JoinMode::Partitioned
+    ));
     statements.extend(extra.iter().map(|s| s.to_string()));
     for statement in statements {
         ctx.sql(&statement)

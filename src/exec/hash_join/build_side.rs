@@ -6,12 +6,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use datafusion::arrow::array::ArrayRef;
-use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::array::{Array, ArrayRef};
+use datafusion::arrow::compute::{concat, concat_batches};
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::JoinType;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::SendableRecordBatchStream;
@@ -61,6 +62,85 @@ pub(crate) struct ResidentTable {
     _device_memory: crate::gpu::DeviceReservation,
 }
 
+/// The collected build rows in one batch, with their encoded keys.
+struct PreparedBuild {
+    arrival: ArrivalOrder,
+    batch: RecordBatch,
+    key_columns: Vec<ArrayRef>,
+    encoder: KeyEncoder,
+    keys: NormalizedKeys,
+}
+
+impl PreparedBuild {
+    /// Concatenates `batches` and encodes their keys, both spread over the
+    /// host's cores: this runs once, before any probe partition can start.
+    fn new(
+        batches: &[RecordBatch],
+        schema: &SchemaRef,
+        on: &[PhysicalExprRef],
+        spec: &KeySpec,
+    ) -> Result<Self> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // In reverse arrival order, as `HashJoinExec` concatenates its build
+        // side: build row ids then order rows the way it does.
+        let arrival = ArrivalOrder::new(&batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>());
+        let batch = concat_in_parallel(schema, batches.iter().rev(), threads)?;
+        let key_columns = evaluate_keys(on, &batch)?;
+        let encoder = KeyEncoder::for_build_side(spec, &key_columns)?;
+        let keys = encoder.encode_parallel(&key_columns, threads)?;
+        Ok(Self {
+            arrival,
+            batch,
+            key_columns,
+            encoder,
+            keys,
+        })
+    }
+}
+
+/// `concat_batches`, one column per thread (up to `threads` at a time).
+fn concat_in_parallel<'a>(
+    schema: &SchemaRef,
+    batches: impl Iterator<Item = &'a RecordBatch>,
+    threads: usize,
+) -> Result<RecordBatch> {
+    let batches: Vec<&RecordBatch> = batches.collect();
+    let columns = schema.fields().len();
+    if columns <= 1 || threads <= 1 || batches.len() <= 1 {
+        return Ok(concat_batches(schema, batches)?);
+    }
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let concatenated: Vec<Result<ArrayRef>> = std::thread::scope(|scope| {
+        let mut results = Vec::with_capacity(columns);
+        for first in (0..columns).step_by(threads) {
+            let handles: Vec<_> = (first..(first + threads).min(columns))
+                .map(|c| {
+                    let batches = &batches;
+                    scope.spawn(move || {
+                        let arrays: Vec<&dyn Array> =
+                            batches.iter().map(|b| b.column(c).as_ref()).collect();
+                        Ok(concat(&arrays)?)
+                    })
+                })
+                .collect();
+            results.extend(handles.into_iter().map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(DataFusionError::Internal(
+                        "build concatenation thread panicked".into(),
+                    ))
+                })
+            }));
+        }
+        results
+    });
+    let columns = concatenated.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new_with_options(
+        Arc::clone(schema),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?)
+}
+
 impl BuildSide {
     /// Collects `input`, encodes its keys and plans the partitioning for
     /// probe chunks of about `probe_chunk_rows` rows; `probe_partitions`
@@ -84,17 +164,25 @@ impl BuildSide {
             })
             .try_collect()
             .await?;
-        let _timer = metrics.baseline.elapsed_compute().timer();
-        // In reverse arrival order, as `HashJoinExec` concatenates its build
-        // side: build row ids then order rows the way it does.
-        let arrival = ArrivalOrder::new(&batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>());
-        let batch = concat_batches(&schema, batches.iter().rev())?;
-        drop(batches);
+        let prepared = {
+            let metrics = metrics.clone();
+            SpawnedTask::spawn_blocking(move || -> Result<PreparedBuild> {
+                let _timer = metrics.baseline.elapsed_compute().timer();
+                PreparedBuild::new(&batches, &schema, &on, &spec)
+            })
+            .join()
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("GPU join build task failed: {e}")))??
+        };
+        let PreparedBuild {
+            arrival,
+            batch,
+            key_columns,
+            encoder,
+            keys,
+        } = prepared;
         reservation.try_resize(batch.get_array_memory_size())?;
         metrics.build_rows.add(batch.num_rows());
-        let key_columns = evaluate_keys(&on, &batch)?;
-        let encoder = KeyEncoder::for_build_side(&spec, &key_columns)?;
-        let keys = encoder.encode(&key_columns)?;
         reservation.try_grow(8 * (keys.keys.len() + keys.row_ids.as_ref().map_or(0, Vec::len)))?;
         let plan = RadixPlan::for_join(keys.keys.len() as u64, probe_chunk_rows as u64);
         let visited = tracks_build_matches(join_type).then(|| VisitedRows::new(batch.num_rows()));

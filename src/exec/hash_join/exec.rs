@@ -42,6 +42,9 @@ pub struct GpuHashJoinExec {
     /// Whether rows leave in `HashJoinExec`'s order (where it can be seen
     /// above, and `gpu.preserve_order` is on).
     preserve_order: bool,
+    /// The rule re-planned a `Partitioned` join in `CollectLeft` mode over
+    /// the inputs of its CPU hash repartitions (shown by `EXPLAIN`).
+    repartition_removed: bool,
     /// `CollectLeft`: the build side, collected once for all partitions.
     shared_build: Mutex<Option<OnceFut<BuildSide>>>,
     metrics: ExecutionPlanMetricsSet,
@@ -66,6 +69,7 @@ impl GpuHashJoinExec {
             keys,
             properties: Arc::new(properties),
             preserve_order: true,
+            repartition_removed: false,
             shared_build: Mutex::new(None),
             metrics: ExecutionPlanMetricsSet::new(),
             cpu_join,
@@ -77,6 +81,18 @@ impl GpuHashJoinExec {
     pub fn with_preserve_order(mut self, preserve_order: bool) -> Self {
         self.preserve_order = preserve_order;
         self
+    }
+
+    /// Marks a join the rule re-planned over the inputs of the CPU hash
+    /// repartitions it removed (default: not).
+    pub fn with_repartition_removed(mut self, repartition_removed: bool) -> Self {
+        self.repartition_removed = repartition_removed;
+        self
+    }
+
+    /// Whether the rule removed the CPU hash repartitions below this join.
+    pub fn repartition_removed(&self) -> bool {
+        self.repartition_removed
     }
 
     /// The [`HashJoinExec`] this node replaces.
@@ -179,6 +195,9 @@ impl DisplayAs for GpuHashJoinExec {
                 if self.preserve_order {
                     write!(f, ", row_order=hash_join_exec")?;
                 }
+                if self.repartition_removed {
+                    write!(f, ", cpu_repartition=removed")?;
+                }
                 Ok(())
             }
             DisplayFormatType::TreeRender => {
@@ -224,7 +243,9 @@ impl ExecutionPlan for GpuHashJoinExec {
         #[allow(deprecated)]
         let cpu_join = Arc::clone(&self.cpu_join).with_new_children(children)?;
         Ok(Arc::new(
-            Self::try_new(cpu_join)?.with_preserve_order(self.preserve_order),
+            Self::try_new(cpu_join)?
+                .with_preserve_order(self.preserve_order)
+                .with_repartition_removed(self.repartition_removed),
         ))
     }
 
@@ -233,7 +254,9 @@ impl ExecutionPlan for GpuHashJoinExec {
         // plan (recursive queries) reads its inputs again.
         let cpu_join = Arc::clone(&self.cpu_join).reset_state()?;
         Ok(Arc::new(
-            Self::try_new(cpu_join)?.with_preserve_order(self.preserve_order),
+            Self::try_new(cpu_join)?
+                .with_preserve_order(self.preserve_order)
+                .with_repartition_removed(self.repartition_removed),
         ))
     }
 
@@ -308,6 +331,7 @@ impl ExecutionPlan for GpuHashJoinExec {
             probe_chunk_rows: options.probe_chunk_rows.max(1),
             max_output_pairs: options.max_output_pairs,
             memory_fraction: options.memory_fraction,
+            max_concurrent_tasks: options.max_concurrent_tasks,
             metrics,
         };
         Ok(probe_stream(spec, self.schema()))

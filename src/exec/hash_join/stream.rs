@@ -4,6 +4,7 @@
 //! emit the build rows the join type calls for (once, from the partition
 //! that finishes last).
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -77,6 +78,8 @@ pub(crate) struct ProbeSpec {
     pub(crate) probe_chunk_rows: usize,
     pub(crate) max_output_pairs: usize,
     pub(crate) memory_fraction: f64,
+    /// Tasks admitted on the device at once (`gpu.max_concurrent_tasks`).
+    pub(crate) max_concurrent_tasks: usize,
     pub(crate) metrics: GpuJoinMetrics,
 }
 
@@ -247,6 +250,7 @@ impl ProbeLoop {
         let metrics = self.spec.metrics.clone();
         let memory_fraction = self.spec.memory_fraction;
         let max_pairs = self.spec.max_output_pairs.max(1);
+        let max_concurrent_tasks = self.spec.max_concurrent_tasks;
         let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
             let _timer = metrics.baseline.elapsed_compute().timer();
             let join_type = semantics.join_type;
@@ -301,8 +305,11 @@ impl ProbeLoop {
                     &device,
                     &build,
                     &probe_keys,
-                    max_pairs,
-                    memory_fraction,
+                    DeviceLimits {
+                        max_pairs,
+                        memory_fraction,
+                        max_concurrent_tasks,
+                    },
                     &metrics,
                     &mut on_pairs,
                 )?;
@@ -366,17 +373,41 @@ impl ProbeLoop {
 /// Finds the candidate pairs of one probe chunk and hands them to
 /// `on_pairs` in bounded batches: on the device, or on the host when the
 /// device lacks the memory and nothing was handed on yet. Blocking.
+/// Limits on one chunk's device work.
+struct DeviceLimits {
+    max_pairs: usize,
+    memory_fraction: f64,
+    max_concurrent_tasks: usize,
+}
+
 fn find_pairs(
     device: &Arc<GpuDevice>,
     build: &BuildSide,
     probe_keys: &NormalizedKeys,
-    max_pairs: usize,
-    memory_fraction: f64,
+    limits: DeviceLimits,
     metrics: &GpuJoinMetrics,
     on_pairs: &mut dyn FnMut(Vec<u64>, Vec<u64>) -> Result<()>,
 ) -> Result<()> {
+    let DeviceLimits {
+        max_pairs,
+        memory_fraction,
+        max_concurrent_tasks,
+    } = limits;
     let mut handed_on = false;
     let mut host_error = None;
+    // The device work of a chunk holds one of `max_concurrent_tasks` slots;
+    // the host work on its pairs (key checks, filters, gathering output
+    // columns) does not, so it runs on every core while other chunks use
+    // the device.
+    let admit = || {
+        let waiting = std::time::Instant::now();
+        let admission = device.admit(max_concurrent_tasks);
+        metrics
+            .device_admission_wait
+            .add_duration(waiting.elapsed());
+        admission
+    };
+    let admission = RefCell::new(Some(admit()));
     let on_device = pairs_on_device(
         device,
         build,
@@ -386,6 +417,7 @@ fn find_pairs(
         metrics,
         &mut |build_ids, probe_ids| {
             handed_on = true;
+            admission.borrow_mut().take();
             // A host-side failure stops further host work; the device
             // finishes its ranges and the error is returned after.
             if host_error.is_none() {
@@ -393,8 +425,10 @@ fn find_pairs(
                     host_error = Some(e);
                 }
             }
+            *admission.borrow_mut() = Some(admit());
         },
     );
+    admission.borrow_mut().take();
     if let Some(e) = host_error {
         return Err(e);
     }

@@ -1,0 +1,126 @@
+//! One GPU join over all input partitions (design brief, "Plan properties and
+//! partitioning"): in `Partitioned` mode DataFusion hash-repartitions both
+//! join inputs on the CPU only so that N CPU threads can each join one slice.
+//! The GPU partitions the keys itself, so where nothing above the join
+//! depends on its hash partitioning, the join is re-planned in `CollectLeft`
+//! mode over the inputs of those repartitions: the build side is collected
+//! once from all its partitions, and every partition of the probe input
+//! probes it as it arrives. A full CPU pass over both inputs disappears.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::TreeNode;
+use datafusion::error::Result;
+use datafusion::physical_expr::expressions::UnKnownColumn;
+use datafusion::physical_expr::{Distribution, Partitioning};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::ExecutionPlan;
+
+/// Whether the output partitioning of each child of `node` may change
+/// without changing what the plan computes, given whether `node`'s own may
+/// (`node_free`; true at the root, whose partitions are merged by whoever
+/// collects them).
+///
+/// A child's partitioning is free when `node` states no distribution
+/// requirement for it and either `node` sets its own partitioning (a
+/// repartition or a merge) or `node` has that one child, is free itself and
+/// does not pass on a hash partitioning that a node above might rely on.
+/// Everything else is treated as relied on: the test is conservative, since
+/// the rule runs after `EnsureRequirements` and nothing re-checks the plan.
+pub(super) fn children_partitioning_free(
+    node: &Arc<dyn ExecutionPlan>,
+    node_free: bool,
+) -> Vec<bool> {
+    let children = node.children();
+    let requirements = node.input_distribution_requirements();
+    let sets_own = node.is::<RepartitionExec>()
+        || node.is::<CoalescePartitionsExec>()
+        || node.is::<SortPreservingMergeExec>();
+    let passes_on_hash = usable_hash_partitioning(node.properties().output_partitioning());
+    (0..children.len())
+        .map(|i| {
+            let unrequired = matches!(
+                requirements.child_distribution(i),
+                None | Some(Distribution::UnspecifiedDistribution)
+            );
+            unrequired && (sets_own || (children.len() == 1 && node_free && !passes_on_hash))
+        })
+        .collect()
+}
+
+/// Whether `partitioning` is a hash partitioning that a requirement above
+/// could match. One over a column the node no longer outputs (DataFusion
+/// keeps it as an `UnKnownColumn` once a projection drops the key) matches
+/// no requirement.
+fn usable_hash_partitioning(partitioning: &Partitioning) -> bool {
+    let Partitioning::Hash(exprs, _) = partitioning else {
+        return false;
+    };
+    !exprs.iter().any(|expr| {
+        expr.exists(|e| Ok(e.downcast_ref::<UnKnownColumn>().is_some()))
+            .unwrap_or(true)
+    })
+}
+
+/// `join`, a `Partitioned` hash join with a CPU hash repartition below at
+/// least one input, re-planned in `CollectLeft` mode over the repartitions'
+/// inputs (the build input merged into one partition); `None` when `join`
+/// is not of that shape. The caller must have checked that the join's
+/// output partitioning is free ([`children_partitioning_free`]).
+pub(super) fn over_unrepartitioned_inputs(join: &HashJoinExec) -> Result<Option<HashJoinExec>> {
+    if *join.partition_mode() != PartitionMode::Partitioned {
+        return Ok(None);
+    }
+    let (build, build_stripped) = without_hash_repartition(join.left());
+    let (probe, probe_stripped) = without_hash_repartition(join.right());
+    if !build_stripped && !probe_stripped {
+        return Ok(None);
+    }
+    // Spreading the build input round-robin only to merge it again is waste.
+    let (build, _) = without_round_robin(&build);
+    let build: Arc<dyn ExecutionPlan> =
+        if build.properties().output_partitioning().partition_count() > 1 {
+            Arc::new(CoalescePartitionsExec::new(build))
+        } else {
+            build
+        };
+    let collect_left = join
+        .builder()
+        .with_partition_mode(PartitionMode::CollectLeft)
+        .with_new_children(vec![build, probe])?
+        .recompute_properties()
+        .reset_state()
+        .build()?;
+    Ok(Some(collect_left))
+}
+
+/// The input of `plan` if it is a hash repartition that keeps no order.
+fn without_hash_repartition(plan: &Arc<dyn ExecutionPlan>) -> (Arc<dyn ExecutionPlan>, bool) {
+    match plan.downcast_ref::<RepartitionExec>() {
+        Some(repartition)
+            if matches!(repartition.partitioning(), Partitioning::Hash(..))
+                && !repartition.preserve_order() =>
+        {
+            (Arc::clone(repartition.input()), true)
+        }
+        _ => (Arc::clone(plan), false),
+    }
+}
+
+/// The input of `plan` if it is a round-robin repartition that keeps no order.
+fn without_round_robin(plan: &Arc<dyn ExecutionPlan>) -> (Arc<dyn ExecutionPlan>, bool) {
+    match plan.downcast_ref::<RepartitionExec>() {
+        Some(repartition)
+            if matches!(
+                repartition.partitioning(),
+                Partitioning::RoundRobinBatch(..)
+            ) && !repartition.preserve_order() =>
+        {
+            (Arc::clone(repartition.input()), true)
+        }
+        _ => (Arc::clone(plan), false),
+    }
+}
