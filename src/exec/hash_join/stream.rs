@@ -395,19 +395,18 @@ fn find_pairs(
     } = limits;
     let mut handed_on = false;
     let mut host_error = None;
-    // The device work of a chunk holds one of `max_concurrent_tasks` slots;
-    // the host work on its pairs (key checks, filters, gathering output
-    // columns) does not, so it runs on every core while other chunks use
-    // the device.
-    let admit = || {
-        let waiting = std::time::Instant::now();
-        let admission = device.admit(max_concurrent_tasks);
-        metrics
-            .device_admission_wait
-            .add_duration(waiting.elapsed());
-        admission
-    };
-    let admission = RefCell::new(Some(admit()));
+    // A chunk waits for one of `max_concurrent_tasks` slots before its
+    // device work starts and gives the slot up when its first pairs reach
+    // the host: the host work on them (key checks, filters, gathering output
+    // columns) then runs on every core while other chunks use the device.
+    // The chunk's further device work (more output ranges of a large join)
+    // runs without a slot, so a chunk holding device memory never waits for
+    // one while a slot holder waits for that memory.
+    let waiting = std::time::Instant::now();
+    let admission = RefCell::new(Some(device.admit(max_concurrent_tasks)));
+    metrics
+        .device_admission_wait
+        .add_duration(waiting.elapsed());
     let on_device = pairs_on_device(
         device,
         build,
@@ -425,7 +424,6 @@ fn find_pairs(
                     host_error = Some(e);
                 }
             }
-            *admission.borrow_mut() = Some(admit());
         },
     );
     admission.borrow_mut().take();
