@@ -43,11 +43,9 @@ impl Drop for Admission<'_> {
 }
 
 impl GpuDevice {
-    /// Waits until fewer than `limit` tasks hold a slot, then takes one.
-    /// Many concurrent tasks each issuing small copies, launches and
-    /// synchronizations on one context slow every one of them down (a
-    /// TPC-H-derived query ran 40 times slower with 16 concurrent
-    /// partitions than with 4), so operators admit a bounded number.
+    /// Waits until fewer than `limit` tasks hold a slot, then takes one, so
+    /// operators bound the device work they start at once (one task per
+    /// DataFusion partition would otherwise all start together).
     pub fn admit(&self, limit: usize) -> Admission<'_> {
         let mut admitted = self.admitted.lock().unwrap_or_else(|p| p.into_inner());
         while *admitted >= limit.max(1) {

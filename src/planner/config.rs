@@ -43,9 +43,9 @@ extensions_options! {
         /// depend on it; it costs a counting sort of each chunk's matches on
         /// the host. `false` emits in the device's partition order.
         pub preserve_order: bool, default = true
-        /// GPU tasks (one probe chunk each) admitted on one device at once;
-        /// the others wait. Many concurrent tasks on one context slow each
-        /// other down far more than they overlap.
+        /// Probe chunks that start device work on one device at once; the
+        /// others wait, which bounds the device work in flight. A chunk
+        /// gives its slot up when its first matches reach the host.
         pub max_concurrent_tasks: usize, default = 4
     }
 }
