@@ -38,7 +38,9 @@ impl Drop for Admission<'_> {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         *admitted -= 1;
-        self.device.admission_freed.notify_one();
+        // Every waiter re-checks: callers may pass different limits, so the
+        // one woken by `notify_one` might not be the one that can go on.
+        self.device.admission_freed.notify_all();
     }
 }
 

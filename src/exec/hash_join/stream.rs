@@ -370,9 +370,6 @@ impl ProbeLoop {
     }
 }
 
-/// Finds the candidate pairs of one probe chunk and hands them to
-/// `on_pairs` in bounded batches: on the device, or on the host when the
-/// device lacks the memory and nothing was handed on yet. Blocking.
 /// Limits on one chunk's device work.
 struct DeviceLimits {
     max_pairs: usize,
@@ -380,6 +377,9 @@ struct DeviceLimits {
     max_concurrent_tasks: usize,
 }
 
+/// Finds the candidate pairs of one probe chunk and hands them to
+/// `on_pairs` in bounded batches: on the device, or on the host when the
+/// device lacks the memory and nothing was handed on yet. Blocking.
 fn find_pairs(
     device: &Arc<GpuDevice>,
     build: &BuildSide,
