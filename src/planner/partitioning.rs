@@ -6,6 +6,9 @@
 //! mode over the inputs of those repartitions: the build side is collected
 //! once from all its partitions, and every partition of the probe input
 //! probes it as it arrives. A full CPU pass over both inputs disappears.
+//! Off by default (`gpu.merge_partitions`): until the build side is prepared
+//! partition-parallel, the serial build makes it slower end to end
+//! (BENCHMARKS.md).
 
 use std::sync::Arc;
 
