@@ -77,13 +77,13 @@ pub(super) fn over_unrepartitioned_inputs(join: &HashJoinExec) -> Result<Option<
     if *join.partition_mode() != PartitionMode::Partitioned {
         return Ok(None);
     }
-    let (build, build_stripped) = without_hash_repartition(join.left());
-    let (probe, probe_stripped) = without_hash_repartition(join.right());
+    let (build, build_stripped) = without_repartition(join.left(), is_hash);
+    let (probe, probe_stripped) = without_repartition(join.right(), is_hash);
     if !build_stripped && !probe_stripped {
         return Ok(None);
     }
     // Spreading the build input round-robin only to merge it again is waste.
-    let (build, _) = without_round_robin(&build);
+    let (build, _) = without_repartition(&build, is_round_robin);
     let build: Arc<dyn ExecutionPlan> =
         if build.properties().output_partitioning().partition_count() > 1 {
             Arc::new(CoalescePartitionsExec::new(build))
@@ -100,30 +100,24 @@ pub(super) fn over_unrepartitioned_inputs(join: &HashJoinExec) -> Result<Option<
     Ok(Some(collect_left))
 }
 
-/// The input of `plan` if it is a hash repartition that keeps no order.
-fn without_hash_repartition(plan: &Arc<dyn ExecutionPlan>) -> (Arc<dyn ExecutionPlan>, bool) {
+/// The input of `plan` if it is a repartition that keeps no order and whose
+/// partitioning `kind` accepts; otherwise `plan` itself. The flag says which.
+fn without_repartition(
+    plan: &Arc<dyn ExecutionPlan>,
+    kind: fn(&Partitioning) -> bool,
+) -> (Arc<dyn ExecutionPlan>, bool) {
     match plan.downcast_ref::<RepartitionExec>() {
-        Some(repartition)
-            if matches!(repartition.partitioning(), Partitioning::Hash(..))
-                && !repartition.preserve_order() =>
-        {
+        Some(repartition) if kind(repartition.partitioning()) && !repartition.preserve_order() => {
             (Arc::clone(repartition.input()), true)
         }
         _ => (Arc::clone(plan), false),
     }
 }
 
-/// The input of `plan` if it is a round-robin repartition that keeps no order.
-fn without_round_robin(plan: &Arc<dyn ExecutionPlan>) -> (Arc<dyn ExecutionPlan>, bool) {
-    match plan.downcast_ref::<RepartitionExec>() {
-        Some(repartition)
-            if matches!(
-                repartition.partitioning(),
-                Partitioning::RoundRobinBatch(..)
-            ) && !repartition.preserve_order() =>
-        {
-            (Arc::clone(repartition.input()), true)
-        }
-        _ => (Arc::clone(plan), false),
-    }
+fn is_hash(partitioning: &Partitioning) -> bool {
+    matches!(partitioning, Partitioning::Hash(..))
+}
+
+fn is_round_robin(partitioning: &Partitioning) -> bool {
+    matches!(partitioning, Partitioning::RoundRobinBatch(..))
 }
