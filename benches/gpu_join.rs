@@ -1,11 +1,14 @@
-//! End-to-end join benchmark: the same SQL on DataFusion's CPU hash join (all
-//! cores) and on the GPU join, in one process on one machine, answers checked.
+//! End-to-end benchmarks: the same SQL on DataFusion's CPU operators (all
+//! cores) and on the GPU ones, in one process on one machine, answers checked.
 //!
 //!     cargo bench --bench gpu_join -- [--log2-rows 24] [--runs 5]
 //!                                      [--match-percent 100] [--zipf 0]
 //!                                      [--unordered] [--explain-analyze]
 //!                                      [--merged]
+//!     cargo bench --bench gpu_join -- --group-by [--log2-rows 24] [--runs 5]
+//!                                      [--log2-groups 1,4,8,12,16,20,24] [--zipf 0]
 //!
+//! The join benchmark (the default):
 //! R has keys 0..2^n in random order (a primary key), S has 2^n foreign keys
 //! drawn uniformly so that `--match-percent` of them hit R (100: every one),
 //! or, with `--zipf s` > 0, drawn from a Zipf(s) distribution over R's keys;
@@ -31,6 +34,9 @@ use datafusion_gpu::{gpu_session_context, GpuHashJoinExec};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
+
+#[path = "gpu_join/group_by.rs"]
+mod group_by;
 
 const SQL: &str = "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k = s.k";
 
@@ -133,6 +139,21 @@ fn gpu_join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<usize> {
 async fn main() {
     let log2 = arg("--log2-rows", 24);
     let runs = arg("--runs", 5).max(1);
+    if std::env::args().any(|a| a == "--group-by") {
+        let args: Vec<String> = std::env::args().collect();
+        let groups: Vec<u32> = args
+            .iter()
+            .position(|a| a == "--log2-groups")
+            .and_then(|i| args.get(i + 1))
+            .map(|list| {
+                list.split(',')
+                    .filter_map(|g| g.trim().parse().ok())
+                    .collect()
+            })
+            .unwrap_or_else(|| vec![1, 4, 8, 12, 16, 20, 24]);
+        group_by::benchmark(log2, &groups, arg_f64("--zipf", 0.0), runs).await;
+        return;
+    }
     let rows = 1usize << log2;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())

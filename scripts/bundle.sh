@@ -11,7 +11,7 @@
 #   cd OUT_DIR && ./run.sh tests         GPU tests and conformance, a missing GPU is a failure
 #   ./run.sh conformance                 only the sqllogictest conformance files
 #   ./run.sh sanitize                    the join tests under compute-sanitizer
-#   ./run.sh bench                       the end-to-end join benchmark (BENCH_ARGS)
+#   ./run.sh bench                       the end-to-end benchmarks (BENCH_ARGS; --group-by)
 #   ./run.sh tpch                        the TPC-H-derived example (TPCH_ARGS)
 #   ./run.sh quickstart                  the example
 # Logs go to $OUT (if set) or ./logs. Each binary is its own file, so a
@@ -91,7 +91,7 @@ for what in "$@"; do
       # memcheck: the device tests and two SQL join tests (small sizes, every
       # threshold crossed); racecheck: the device tests, whose kernels share memory.
       for tool in memcheck racecheck; do
-        filters=(ops::)
+        filters=(ops:: aggregate::device_)
         [[ $tool == memcheck ]] && filters+=(join_sql::small_chunks_ranges_and_batches join_sql::empty_sides_one_row_all_null_and_no_match)
         DATAFUSION_GPU_REQUIRE_GPU=1 compute-sanitizer --tool "$tool" --error-exitcode 3 \
           ./gpu "${filters[@]}" --test-threads=1 > "$logs/sanitize-$tool.log" 2>&1

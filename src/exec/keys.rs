@@ -120,6 +120,11 @@ impl KeySpec {
         self.types.iter().all(packable)
     }
 
+    /// Whether a key column of `data_type` packs (given a narrow enough range).
+    pub fn is_packable(data_type: &DataType) -> bool {
+        packable(data_type)
+    }
+
     fn check_columns(&self, columns: &[ArrayRef]) -> Result<usize> {
         if columns.len() != self.types.len() {
             return Err(DataFusionError::Internal(format!(

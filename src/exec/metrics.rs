@@ -1,4 +1,4 @@
-//! Metrics of the GPU joins, shown by `EXPLAIN ANALYZE`.
+//! Metrics of the GPU operators, shown by `EXPLAIN ANALYZE`.
 
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, Time,
@@ -49,6 +49,68 @@ impl GpuJoinMetrics {
             device_memory_wait: builder().subset_time("device_memory_wait", partition),
             cpu_fallback_chunks: builder().counter("cpu_fallback_chunks", partition),
             device_admission_wait: builder().subset_time("device_admission_wait", partition),
+        }
+    }
+
+    /// Adds the device times and bytes of one unit of work.
+    pub fn record_device(&self, times: &PhaseTimes) {
+        self.transfer_time.add_duration(times.transfer());
+        self.kernel_time.add_duration(times.kernel);
+        self.h2d_bytes.add(times.host_to_device_bytes);
+        self.d2h_bytes.add(times.device_to_host_bytes);
+    }
+}
+
+/// Per-partition metrics of a GPU aggregation.
+#[derive(Debug, Clone)]
+pub struct GpuAggregateMetrics {
+    /// Output rows, batches and host compute time.
+    pub baseline: BaselineMetrics,
+    /// Input rows read.
+    pub input_rows: Count,
+    /// Groups found.
+    pub groups: Count,
+    /// Host time evaluating, packing and converting the collected input.
+    pub prepare_time: Time,
+    /// Wall time of the device part (waits, copies, kernels, staging).
+    pub device_wall_time: Time,
+    /// Host time turning per-group results into output batches.
+    pub emit_time: Time,
+    /// Bytes copied host to device.
+    pub h2d_bytes: Count,
+    /// Bytes copied device to host.
+    pub d2h_bytes: Count,
+    /// Device time in copies, both directions (CUDA events).
+    pub transfer_time: Time,
+    /// Device time in kernels (CUDA events).
+    pub kernel_time: Time,
+    /// Time spent waiting for the device memory budget.
+    pub device_memory_wait: Time,
+    /// Time spent waiting for a slot of `gpu.max_concurrent_tasks`.
+    pub device_admission_wait: Time,
+    /// Partitions aggregated by DataFusion's CPU operator at run time
+    /// (device out of memory, or keys too wide to pack).
+    pub cpu_fallback_partitions: Count,
+}
+
+impl GpuAggregateMetrics {
+    /// Registers the metrics of `partition` in `set`.
+    pub fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let builder = || MetricBuilder::new(set);
+        Self {
+            baseline: BaselineMetrics::new(set, partition),
+            input_rows: builder().counter("input_rows", partition),
+            groups: builder().counter("groups", partition),
+            prepare_time: builder().subset_time("prepare_time", partition),
+            device_wall_time: builder().subset_time("device_wall_time", partition),
+            emit_time: builder().subset_time("emit_time", partition),
+            h2d_bytes: builder().counter("h2d_bytes", partition),
+            d2h_bytes: builder().counter("d2h_bytes", partition),
+            transfer_time: builder().subset_time("transfer_time", partition),
+            kernel_time: builder().subset_time("kernel_time", partition),
+            device_memory_wait: builder().subset_time("device_memory_wait", partition),
+            device_admission_wait: builder().subset_time("device_admission_wait", partition),
+            cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }
     }
 

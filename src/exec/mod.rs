@@ -2,10 +2,13 @@
 //! Arrow conversion, metrics, memory reservations and join semantics; the
 //! algorithms themselves live in [`crate::ops`].
 
+mod aggregate;
 mod hash_join;
 pub mod keys;
 mod metrics;
 mod once;
 
+pub use aggregate::GpuAggregateExec;
+pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
-pub use metrics::GpuJoinMetrics;
+pub use metrics::{GpuAggregateMetrics, GpuJoinMetrics};

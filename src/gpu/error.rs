@@ -52,6 +52,20 @@ impl fmt::Display for GpuError {
     }
 }
 
+impl GpuError {
+    /// Whether the device lacks memory for the work, which DataFusion's CPU
+    /// operators can then do instead, rather than a fault to report.
+    pub fn is_out_of_device_memory(&self) -> bool {
+        match self {
+            GpuError::OutOfDeviceMemory { .. } => true,
+            GpuError::Driver { source, .. } => {
+                source.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
+            }
+            _ => false,
+        }
+    }
+}
+
 impl std::error::Error for GpuError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

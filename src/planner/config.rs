@@ -11,6 +11,8 @@ extensions_options! {
         pub enabled: bool, default = true
         /// Replace `HashJoinExec` by `GpuHashJoinExec` where supported.
         pub hash_join: bool, default = true
+        /// Replace `AggregateExec` by `GpuAggregateExec` where supported.
+        pub aggregate: bool, default = true
         /// Run a `Partitioned` hash join once over all input partitions,
         /// without DataFusion's CPU hash repartition of its inputs, where no
         /// node above depends on the join's hash partitioning (the GPU
@@ -21,7 +23,7 @@ extensions_options! {
         /// probe partition starts.
         pub merge_partitions: bool, default = false
         /// Keep a node on the CPU when its inputs hold fewer rows than this by
-        /// statistics (build + probe for a join). 0 sends every supported node
+        /// statistics (build + probe for a join, the input of an aggregation). 0 sends every supported node
         /// to the GPU, as conformance and differential tests do. Inputs
         /// without statistics count as large. The default is the measured
         /// crossover (BENCHMARKS.md): the GPU join lost at 2 M rows and at
@@ -88,7 +90,7 @@ mod tests {
     fn missing_extension_means_defaults() {
         let config = ConfigOptions::new();
         let options = GpuOptions::from_config(&config);
-        assert!(options.enabled && options.hash_join);
+        assert!(options.enabled && options.hash_join && options.aggregate);
         assert_eq!(options.min_rows, 8_000_000);
         assert!(!options.merge_partitions);
     }

@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use datafusion::common::stats::Precision;
 use datafusion::config::ConfigOptions;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::GpuOptions;
 use crate::exec::keys::KeySpec;
-use crate::exec::GpuHashJoinExec;
+use crate::exec::{describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec};
 
 /// Where a node runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,15 +90,39 @@ pub fn decide_hash_join(
         return Err("the join's output ordering may be relied on above it, and the GPU join does not keep it".into());
     }
     key_spec(join)?;
-    if let Some(rows) = estimated_input_rows(join) {
-        if rows < options.min_rows {
-            return Err(format!(
-                "inputs too small: about {rows} rows by statistics, below gpu.min_rows = {}",
-                options.min_rows
-            ));
-        }
+    let rows = estimated_rows(join.left())
+        .and_then(|left| Some(left.saturating_add(estimated_rows(join.right())?)));
+    check_size(rows, options)
+}
+
+/// Decides whether `agg` can run as a [`GpuAggregateExec`]: `Ok(())` if so,
+/// otherwise the reason it stays on the CPU.
+pub fn decide_aggregate(
+    agg: &AggregateExec,
+    options: &GpuOptions,
+    gpu: Result<(), &str>,
+) -> Result<(), String> {
+    if !options.enabled {
+        return Err("GPU disabled (gpu.enabled = false)".into());
     }
-    Ok(())
+    if !options.aggregate {
+        return Err("GPU aggregation disabled (gpu.aggregate = false)".into());
+    }
+    gpu.map_err(|reason| format!("no GPU: {reason}"))?;
+    AggregateSpec::try_new(agg)?;
+    check_size(estimated_rows(agg.input()), options)
+}
+
+/// Keeps a node whose inputs hold fewer than `gpu.min_rows` rows (by
+/// statistics; none counts as large) on the CPU.
+fn check_size(rows: Option<usize>, options: &GpuOptions) -> Result<(), String> {
+    match rows {
+        Some(rows) if rows < options.min_rows => Err(format!(
+            "inputs too small: about {rows} rows by statistics, below gpu.min_rows = {}",
+            options.min_rows
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The key spec of a join, or why its keys cannot be encoded.
@@ -118,20 +143,15 @@ pub(crate) fn key_spec(join: &HashJoinExec) -> Result<KeySpec, String> {
     KeySpec::try_new(&types, join.null_equality())
 }
 
-/// Build plus probe rows by statistics, exact or estimated; `None` when
-/// either side has none.
-fn estimated_input_rows(join: &HashJoinExec) -> Option<usize> {
-    let context = StatisticsContext::new();
-    let rows = |plan: &Arc<dyn ExecutionPlan>| -> Option<usize> {
-        let stats = context
-            .compute(plan.as_ref(), &StatisticsArgs::new())
-            .ok()?;
-        match stats.num_rows {
-            Precision::Exact(n) | Precision::Inexact(n) => Some(n),
-            Precision::Absent => None,
-        }
-    };
-    Some(rows(join.left())?.saturating_add(rows(join.right())?))
+/// Rows of `plan` by statistics, exact or estimated; `None` without any.
+fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    let stats = StatisticsContext::new()
+        .compute(plan.as_ref(), &StatisticsArgs::new())
+        .ok()?;
+    match stats.num_rows {
+        Precision::Exact(n) | Precision::Inexact(n) => Some(n),
+        Precision::Absent => None,
+    }
 }
 
 fn describe_hash_join(join: &HashJoinExec) -> String {
@@ -148,8 +168,8 @@ fn describe_hash_join(join: &HashJoinExec) -> String {
     )
 }
 
-/// The placement of every join of `plan`, as the rule decided it (or would,
-/// for a plan the rule did not see) under `config`.
+/// The placement of every join and aggregation of `plan`, as the rule
+/// decided it (or would, for a plan the rule did not see) under `config`.
 pub fn gpu_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Vec<NodeDecision> {
     let options = GpuOptions::from_config(config);
     let gpu = crate::gpu::gpu_availability();
@@ -162,6 +182,8 @@ pub fn gpu_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> V
     );
     decisions
 }
+
+const NOT_APPLIED: &str = "eligible, but the GPU rule was not applied to this plan";
 
 fn collect_decisions(
     plan: &Arc<dyn ExecutionPlan>,
@@ -187,11 +209,29 @@ fn collect_decisions(
     } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
         let reason = match decide_hash_join(join, options, gpu) {
             Err(reason) => reason,
-            Ok(()) => "eligible, but the GPU rule was not applied to this plan".into(),
+            Ok(()) => NOT_APPLIED.into(),
         };
         out.push(NodeDecision {
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(join),
+            placement: Placement::Cpu { reason },
+        });
+    } else if let Some(gpu_agg) = plan.downcast_ref::<GpuAggregateExec>() {
+        out.push(NodeDecision {
+            operator: "AggregateExec".into(),
+            detail: describe_aggregate(gpu_agg.aggregate()),
+            placement: Placement::Gpu {
+                algorithm: GpuAggregateExec::ALGORITHM.into(),
+            },
+        });
+    } else if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
+        let reason = match decide_aggregate(agg, options, gpu) {
+            Err(reason) => reason,
+            Ok(()) => NOT_APPLIED.into(),
+        };
+        out.push(NodeDecision {
+            operator: "AggregateExec".into(),
+            detail: describe_aggregate(agg),
             placement: Placement::Cpu { reason },
         });
     }

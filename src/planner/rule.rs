@@ -6,18 +6,20 @@ use std::sync::Arc;
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
 use super::partitioning::{children_partitioning_free, over_unrepartitioned_inputs};
-use super::{decide_hash_join, GpuOptions};
-use crate::exec::GpuHashJoinExec;
+use super::{decide_aggregate, decide_hash_join, GpuOptions};
+use crate::exec::{GpuAggregateExec, GpuHashJoinExec};
 
 /// Replaces each `HashJoinExec` that [`decide_hash_join`] accepts by a
-/// [`GpuHashJoinExec`] with the same inputs, schema and partitioning, and
-/// leaves every other node exactly as it was. It runs after DataFusion's own
+/// [`GpuHashJoinExec`], and each `AggregateExec` that [`decide_aggregate`]
+/// accepts by a [`GpuAggregateExec`], with the same inputs, schema and
+/// partitioning, and leaves every other node exactly as it was. It runs after DataFusion's own
 /// rules, on the final plan.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct GpuOptimizerRule;
@@ -89,6 +91,11 @@ fn rewrite(
             gpu,
         )? {
             return Ok(Arc::new(gpu_join));
+        }
+    }
+    if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+        if decide_aggregate(agg, options, gpu).is_ok() {
+            return Ok(Arc::new(GpuAggregateExec::try_new(node)?));
         }
     }
     Ok(node)
@@ -289,5 +296,87 @@ mod tests {
         // The lower join (listed second) feeds a join that requires its
         // hash partitioning, so it keeps DataFusion's repartitions.
         assert!(!joins[1].repartition_removed(), "{}", show(&plan));
+    }
+
+    fn gpu_aggregates(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuAggregateExec> {
+        let mut aggs: Vec<&GpuAggregateExec> = plan.downcast_ref().into_iter().collect();
+        for child in plan.children() {
+            aggs.extend(gpu_aggregates(child));
+        }
+        aggs
+    }
+
+    fn cpu_aggregates(plan: &Arc<dyn ExecutionPlan>) -> Vec<&AggregateExec> {
+        let mut aggs: Vec<&AggregateExec> = plan.downcast_ref().into_iter().collect();
+        for child in plan.children() {
+            aggs.extend(cpu_aggregates(child));
+        }
+        aggs
+    }
+
+    #[tokio::test]
+    async fn aggregations_run_on_the_gpu_in_every_mode_of_a_two_phase_plan() {
+        use datafusion::physical_plan::aggregates::AggregateMode;
+        for (sql, modes) in [
+            (
+                "SELECT k, count(*), sum(v), min(v), max(v), avg(v) FROM r GROUP BY k",
+                [AggregateMode::Partial, AggregateMode::FinalPartitioned],
+            ),
+            (
+                "SELECT count(*), sum(v), avg(v) FROM r",
+                [AggregateMode::Partial, AggregateMode::Final],
+            ),
+        ] {
+            let plan = rewritten(sql, false).await;
+            let mut seen: Vec<AggregateMode> = gpu_aggregates(&plan)
+                .iter()
+                .map(|agg| *agg.aggregate().mode())
+                .collect();
+            seen.sort_by_key(|m| format!("{m:?}"));
+            let mut expected = modes.to_vec();
+            expected.sort_by_key(|m| format!("{m:?}"));
+            assert_eq!(seen, expected, "{}", show(&plan));
+            assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
+            assert!(show(&plan).contains("GpuAggregateExec: algorithm=hash_group_by"));
+        }
+    }
+
+    #[tokio::test]
+    async fn aggregations_the_gpu_cannot_run_stay_on_the_cpu_and_say_why() {
+        let options = GpuOptions {
+            min_rows: 0,
+            ..GpuOptions::default()
+        };
+        for (sql, reason) in [
+            (
+                "SELECT CAST(k AS VARCHAR), count(*) FROM r GROUP BY CAST(k AS VARCHAR)",
+                "group key type Utf8",
+            ),
+            (
+                "SELECT k, min(CAST(v AS DOUBLE)) FROM r GROUP BY k",
+                "min over Float64",
+            ),
+            (
+                "SELECT k, v, count(*) FROM r GROUP BY ROLLUP (k, v)",
+                "GROUPING SETS",
+            ),
+            (
+                "SELECT k, array_agg(v) FROM r GROUP BY k",
+                "array_agg is not supported",
+            ),
+        ] {
+            let plan = rewritten(sql, false).await;
+            let aggs = cpu_aggregates(&plan);
+            assert!(!aggs.is_empty(), "{sql}\n{}", show(&plan));
+            for agg in aggs {
+                let why = super::decide_aggregate(agg, &options, Ok(())).unwrap_err();
+                assert!(why.contains(reason), "{sql}: {why}");
+            }
+        }
+        // Too small by statistics, under the default threshold.
+        let plan = rewritten("SELECT k, count(*) FROM r GROUP BY k", false).await;
+        let agg = gpu_aggregates(&plan)[0].aggregate();
+        let why = super::decide_aggregate(agg, &GpuOptions::default(), Ok(())).unwrap_err();
+        assert!(why.contains("below gpu.min_rows"), "{why}");
     }
 }

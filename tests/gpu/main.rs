@@ -6,6 +6,7 @@
 
 mod support;
 
+mod aggregate;
 mod conformance;
 mod join_sql;
 mod join_types;

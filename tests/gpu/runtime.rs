@@ -15,7 +15,7 @@ fn detection_never_panics_and_reports_a_reason() {
 }
 
 #[tokio::test]
-async fn without_a_gpu_joins_stay_on_the_cpu_with_the_reason_and_answers_are_right() {
+async fn without_a_gpu_joins_and_aggregations_stay_on_the_cpu_with_the_reason() {
     if gpu_status().is_ok() {
         return; // covered by the differential tests on GPU machines
     }
@@ -30,10 +30,18 @@ async fn without_a_gpu_joins_stay_on_the_cpu_with_the_reason_and_answers_are_rig
     assert_eq!(gpu_nodes, 0);
     assert_eq!(int64_rows(&batches), vec![vec![Some(1000)]]);
     let decisions = gpu_decisions(&plan, ctx.state().config_options());
-    assert_eq!(decisions.len(), 1);
-    match &decisions[0].placement {
-        Placement::Cpu { reason } => assert!(reason.starts_with("no GPU: "), "{reason}"),
-        other => panic!("{other:?}"),
+    // The join, and the two phases of the aggregation above it.
+    let operators: Vec<&str> = decisions.iter().map(|d| d.operator.as_str()).collect();
+    assert_eq!(
+        operators,
+        ["AggregateExec", "AggregateExec", "HashJoinExec"],
+        "{decisions:?}"
+    );
+    for decision in &decisions {
+        match &decision.placement {
+            Placement::Cpu { reason } => assert!(reason.starts_with("no GPU: "), "{reason}"),
+            other => panic!("{other:?}"),
+        }
     }
 }
 

@@ -202,17 +202,27 @@ async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&st
     }
 }
 
-/// Runs `sql` and returns its batches and the number of operators that ran
-/// on the GPU.
+/// Runs `sql` and returns its batches, the number of joins that ran on the
+/// GPU, and the plan.
 pub async fn run(
     ctx: &SessionContext,
     sql: &str,
+) -> (Vec<RecordBatch>, usize, Arc<dyn ExecutionPlan>) {
+    run_counting(ctx, sql, "HashJoinExec").await
+}
+
+/// Runs `sql` and returns its batches, the number of `operator` nodes
+/// (`HashJoinExec`, `AggregateExec`) that ran on the GPU, and the plan.
+pub async fn run_counting(
+    ctx: &SessionContext,
+    sql: &str,
+    operator: &str,
 ) -> (Vec<RecordBatch>, usize, Arc<dyn ExecutionPlan>) {
     let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     let plan = df.create_physical_plan().await.unwrap();
     let gpu_nodes = gpu_decisions(&plan, ctx.state().config_options())
         .iter()
-        .filter(|d| d.on_gpu())
+        .filter(|d| d.on_gpu() && d.operator == operator)
         .count();
     let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
         .await

@@ -7,7 +7,6 @@
 use datafusion::error::Result;
 
 use crate::exec::keys::NormalizedKeys;
-use crate::gpu::GpuError;
 
 /// The build keys sorted, with their row ids, for binary-search probing.
 #[derive(Debug)]
@@ -66,18 +65,6 @@ impl HostBuildTable {
     }
 }
 
-/// Whether `error` means the device lacks memory for the work, which the
-/// host can do instead, rather than a fault that must be reported.
-pub(crate) fn is_out_of_device_memory(error: &GpuError) -> bool {
-    match error {
-        GpuError::OutOfDeviceMemory { .. } => true,
-        GpuError::Driver { source, .. } => {
-            source.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
-        }
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,11 +104,13 @@ mod tests {
 
     #[test]
     fn only_memory_errors_fall_back() {
-        assert!(is_out_of_device_memory(&GpuError::OutOfDeviceMemory {
+        use crate::gpu::GpuError;
+        assert!(GpuError::OutOfDeviceMemory {
             requested: 10,
             limit: 1,
             in_use: 0
-        }));
-        assert!(!is_out_of_device_memory(&GpuError::Invalid("x".into())));
+        }
+        .is_out_of_device_memory());
+        assert!(!GpuError::Invalid("x".into()).is_out_of_device_memory());
     }
 }

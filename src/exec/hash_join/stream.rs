@@ -26,7 +26,6 @@ use futures::StreamExt;
 
 use super::build_side::BuildSide;
 use super::candidates::{confirm_pairs, key_comparator};
-use super::host_fallback::is_out_of_device_memory;
 use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
 use super::output::{OutputAssembler, OutputRows, SideRows};
@@ -432,7 +431,7 @@ fn find_pairs(
     }
     match on_device {
         Ok(()) => Ok(()),
-        Err(e) if !handed_on && is_out_of_device_memory(&e) => {
+        Err(e) if !handed_on && e.is_out_of_device_memory() => {
             metrics.cpu_fallback_chunks.add(1);
             build.host_table().probe(probe_keys, max_pairs, on_pairs)
         }

@@ -11,6 +11,12 @@ use cudarc::nvrtc::Ptx;
 
 use super::{DriverResultExt, GpuError, GpuResult};
 
+mod group_by;
+pub use group_by::{
+    aggregate_f64_sum, aggregate_i128_sum, aggregate_u64, fill_u64, group_insert, group_resolve,
+    AggregateOp, GroupRows, PRIVATIZED_GROUPS,
+};
+
 /// Threads per block of every kernel (`BLOCK_THREADS` in `ptx/common.cuh`).
 pub const BLOCK_THREADS: u32 = 256;
 /// Values scanned per block by `scan_tiles` (`SCAN_TILE` in `ptx/scan.cu`).
@@ -20,9 +26,10 @@ pub const MAX_RADIX_BITS: u32 = 8;
 /// Build rows per shared-memory hash table (`TABLE_CAPACITY` in `ptx/hash_join.cu`).
 pub const JOIN_TABLE_CAPACITY: usize = 2048;
 
-const SCAN_PTX: &str = include_str!("../../ptx/scan.ptx");
-const RADIX_PARTITION_PTX: &str = include_str!("../../ptx/radix_partition.ptx");
-const HASH_JOIN_PTX: &str = include_str!("../../ptx/hash_join.ptx");
+const SCAN_PTX: &str = include_str!("../../../ptx/scan.ptx");
+const RADIX_PARTITION_PTX: &str = include_str!("../../../ptx/radix_partition.ptx");
+const HASH_JOIN_PTX: &str = include_str!("../../../ptx/hash_join.ptx");
+const GROUP_BY_PTX: &str = include_str!("../../../ptx/group_by.ptx");
 
 /// Every kernel of the crate, loaded into one device context.
 #[derive(Debug)]
@@ -36,6 +43,12 @@ pub struct Kernels {
     partition_bounds: CudaFunction,
     hash_join_count: CudaFunction,
     hash_join_write: CudaFunction,
+    fill_u64: CudaFunction,
+    group_insert: CudaFunction,
+    group_resolve: CudaFunction,
+    aggregate_u64: CudaFunction,
+    aggregate_f64_sum: CudaFunction,
+    aggregate_i128_sum: CudaFunction,
 }
 
 impl Kernels {
@@ -49,6 +62,7 @@ impl Kernels {
         let scan = load(SCAN_PTX)?;
         let radix = load(RADIX_PARTITION_PTX)?;
         let join = load(HASH_JOIN_PTX)?;
+        let group_by = load(GROUP_BY_PTX)?;
         let function = |module: &Arc<CudaModule>, name: &'static str| {
             module
                 .load_function(name)
@@ -63,7 +77,13 @@ impl Kernels {
             partition_bounds: function(&radix, "partition_bounds")?,
             hash_join_count: function(&join, "hash_join_count")?,
             hash_join_write: function(&join, "hash_join_write")?,
-            _modules: vec![scan, radix, join],
+            fill_u64: function(&group_by, "fill_u64")?,
+            group_insert: function(&group_by, "group_insert")?,
+            group_resolve: function(&group_by, "group_resolve")?,
+            aggregate_u64: function(&group_by, "aggregate_u64")?,
+            aggregate_f64_sum: function(&group_by, "aggregate_f64_sum")?,
+            aggregate_i128_sum: function(&group_by, "aggregate_i128_sum")?,
+            _modules: vec![scan, radix, join, group_by],
         })
     }
 }

@@ -1,0 +1,191 @@
+//! The group-by benchmark (seed 002's B10/B12 workload), `--group-by`:
+//! `SELECT k, max(a), max(b) FROM r GROUP BY k` over 2^n rows with keys
+//! uniform over g groups (or Zipf with `--zipf s`), for each g of
+//! `--log2-groups` (a comma-separated list), on DataFusion's CPU
+//! aggregation (all cores) and on the GPU aggregation, in one process,
+//! answers checked by an order-independent checksum of every output row.
+//! The floor is the pinned PCIe time of the bytes the GPU path moves in
+//! (one 8-byte word per key and per value).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu::gpu::{gpu_runtime, measure_copy_bandwidth};
+use datafusion_gpu::{gpu_session_context, GpuAggregateExec};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+const SQL: &str = "SELECT k, max(a), max(b) FROM r GROUP BY k";
+
+fn table(rows: usize, groups: u64, zipf: f64, partitions: usize) -> Arc<MemTable> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("a", DataType::Int64, false),
+        Field::new("b", DataType::Int64, false),
+    ]));
+    let per = rows.div_ceil(partitions);
+    let parts = (0..partitions)
+        .map(|p| {
+            let mut rng = StdRng::seed_from_u64(p as u64);
+            let zipf = (zipf > 0.0)
+                .then(|| rand_distr::Zipf::new(groups as f64, zipf).expect("Zipf parameters"));
+            let start = (p * per).min(rows);
+            let end = ((p + 1) * per).min(rows);
+            (start..end)
+                .step_by(8192)
+                .map(|first| {
+                    let len = 8192.min(end - first);
+                    let k = Int64Array::from_iter_values((0..len).map(|_| match zipf {
+                        Some(z) => rng.sample(z) as i64 - 1,
+                        None => rng.random_range(0..groups) as i64,
+                    }));
+                    let a = Int64Array::from_iter_values((0..len).map(|_| rng.random::<i64>()));
+                    let b = Int64Array::from_iter_values((0..len).map(|_| rng.random::<i64>()));
+                    RecordBatch::try_new(
+                        Arc::clone(&schema),
+                        vec![Arc::new(k) as ArrayRef, Arc::new(a), Arc::new(b)],
+                    )
+                    .unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    Arc::new(MemTable::try_new(schema, parts).unwrap())
+}
+
+/// Wall time of planning, executing and collecting, and a checksum of the
+/// output rows that does not depend on their order.
+async fn run_once(ctx: &SessionContext) -> (Duration, (usize, u64), Arc<dyn ExecutionPlan>) {
+    let start = Instant::now();
+    let plan = ctx
+        .sql(SQL)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
+        .await
+        .unwrap();
+    let elapsed = start.elapsed();
+    let mut rows = 0;
+    let mut checksum = 0u64;
+    for batch in &batches {
+        let column = |i: usize| batch.column(i).as_primitive::<Int64Type>();
+        let (k, a, b) = (column(0), column(1), column(2));
+        for i in 0..batch.num_rows() {
+            let row = (k.value(i) as u64)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add((a.value(i) as u64).rotate_left(17))
+                .wrapping_add((b.value(i) as u64).rotate_left(41));
+            checksum = checksum.wrapping_add(datafusion_gpu::ops::mix64(row));
+        }
+        rows += batch.num_rows();
+    }
+    (elapsed, (rows, checksum), plan)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Sum of metric `name` over every GPU aggregation of `plan`.
+fn gpu_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let here = plan
+        .downcast_ref::<GpuAggregateExec>()
+        .and_then(|agg| agg.metrics())
+        .and_then(|m| m.sum_by_name(name))
+        .map_or(0, |v| v.as_usize());
+    here + plan
+        .children()
+        .into_iter()
+        .map(|c| gpu_metric(c, name))
+        .sum::<usize>()
+}
+
+pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: usize) {
+    let rows = 1usize << log2_rows;
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let runtime = gpu_runtime();
+    println!(
+        "group-by benchmark: 2^{log2_rows} rows (k, a, b Int64), {cores} cores, {runs} timed runs per path, keys {}",
+        if zipf > 0.0 { format!("Zipf {zipf}") } else { "uniform".into() }
+    );
+    println!("query: {SQL}");
+    let bandwidth = match &runtime {
+        Ok(runtime) => {
+            println!("{}", runtime.describe());
+            Some(measure_copy_bandwidth(&runtime.devices()[0], 1 << 30, 5).unwrap())
+        }
+        Err(reason) => {
+            println!("GPU: not measured, {reason}");
+            None
+        }
+    };
+    for &log2_g in log2_groups {
+        let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(cores));
+        ctx.register_table("r", table(rows, 1u64 << log2_g, zipf, cores))
+            .unwrap();
+        ctx.sql("SET gpu.enabled = false").await.unwrap();
+        let (_, cpu_answer, _) = run_once(&ctx).await;
+        let mut cpu_times = Vec::new();
+        for _ in 0..runs {
+            cpu_times.push(run_once(&ctx).await.0);
+        }
+        let cpu = median(cpu_times);
+        let Some(bandwidth) = bandwidth else {
+            println!(
+                "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} cpu_ms={:.1}",
+                cpu.as_secs_f64() * 1e3
+            );
+            continue;
+        };
+        ctx.sql("SET gpu.enabled = true").await.unwrap();
+        ctx.sql("SET gpu.min_rows = 0").await.unwrap();
+        let (cold, gpu_answer, _) = run_once(&ctx).await;
+        assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
+        let mut warm_times = Vec::new();
+        let mut last_plan = None;
+        for _ in 0..runs {
+            let (t, answer, plan) = run_once(&ctx).await;
+            assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
+            warm_times.push(t);
+            last_plan = Some(plan);
+        }
+        let warm = median(warm_times);
+        let plan = last_plan.expect("at least one run");
+        if std::env::args().any(|a| a == "--explain-analyze") {
+            let shown = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
+                plan.as_ref(),
+            )
+            .indent(true)
+            .to_string();
+            println!("GPU plan with metrics (last run), 2^{log2_g} groups:\n{shown}");
+        }
+        assert!(
+            gpu_metric(&plan, "input_rows") > 0,
+            "the GPU aggregation did not run"
+        );
+        let kernel_ms = gpu_metric(&plan, "kernel_time") as f64 / 1e6;
+        let transfer_ms = gpu_metric(&plan, "transfer_time") as f64 / 1e6;
+        let fallbacks = gpu_metric(&plan, "cpu_fallback_partitions");
+        let floor = 24.0 * rows as f64 / bandwidth.host_to_device;
+        println!(
+            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}",
+            cpu_answer.0,
+            cpu.as_secs_f64() * 1e3,
+            cold.as_secs_f64() * 1e3,
+            warm.as_secs_f64() * 1e3,
+            cpu.as_secs_f64() / warm.as_secs_f64(),
+            floor * 1e3
+        );
+    }
+}

@@ -1,0 +1,222 @@
+// Hash group-by (seed 002 §4.2, HGB): stage 1 gives every row a dense group
+// id through one global hash table, stage 2 reduces each aggregate column
+// into per-group slots, privatized in shared memory when the groups fit.
+//
+// Stage 1, `group_insert`: linear probing on mix64(key) in a table of
+// `capacity` (a power of two, at least twice the rows) key slots plus one
+// reserved slot for the key EMPTY_KEY itself, so every u64 is a valid key.
+// The thread that claims a slot takes the next group id from an atomic
+// counter and records the row as the group's first row (the host reads the
+// group's key columns from that row). Every row records its slot; the next
+// kernel, `group_resolve`, turns slots into group ids (a separate launch, so
+// every claimed slot's group id is visible by then).
+//
+// Stage 2, `aggregate_u64` / `aggregate_f64_sum` / `aggregate_i128_sum`:
+// SUM, MIN, MAX and COUNT over 64-bit values. The host maps every type to
+// an unsigned value whose order is the type's order (signed integers with
+// the sign bit flipped), so MIN and MAX are unsigned atomics; wrapping SUM
+// is the same on signed and unsigned bits. NULL rows (and rows a FILTER
+// drops) are skipped through a validity bitmap, 64 rows per word.
+#include "common.cuh"
+
+#define EMPTY_KEY 0xffffffffffffffffULL
+
+#define OP_SUM 0
+#define OP_MIN 1
+#define OP_MAX 2
+#define OP_COUNT 3
+
+// Writes `value` to out[0..n). Launch: any grid, block = BLOCK_THREADS.
+extern "C" __global__ void fill_u64(u64* out, u64 n, u64 value) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        out[i] = value;
+    }
+}
+
+// Stage 1. `table_keys` holds capacity + 1 entries, all EMPTY_KEY on entry;
+// `group_count` is 0 on entry. Writes the claimed slot of every row to
+// `row_slots[i]`, and for each new group g: table_groups[slot] = g and
+// group_first_rows[g] = the claiming row. At most n groups, so
+// `group_first_rows` needs n entries.
+// Launch: any grid (grid-stride), block = BLOCK_THREADS.
+extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys, u64* table_groups,
+                                        u64 capacity, u64* group_count, u64* group_first_rows,
+                                        u64* row_slots) {
+    const u64 mask = capacity - 1;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 key = keys[i];
+        u64 slot;
+        bool claimed;
+        if (key == EMPTY_KEY) {
+            // The reserved slot: its stored value only marks it claimed.
+            slot = capacity;
+            claimed = atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
+        } else {
+            slot = mix64(key) & mask;
+            while (true) {
+                // A plain read first: most rows find their key already there.
+                // A stale EMPTY_KEY only sends the row to the CAS below.
+                const u64 seen = *(volatile u64*)&table_keys[slot];
+                if (seen == key) {
+                    claimed = false;
+                    break;
+                }
+                if (seen == EMPTY_KEY) {
+                    const u64 old = atomicCAS(&table_keys[slot], EMPTY_KEY, key);
+                    if (old == EMPTY_KEY) {
+                        claimed = true;
+                        break;
+                    }
+                    if (old == key) {
+                        claimed = false;
+                        break;
+                    }
+                }
+                slot = (slot + 1) & mask;
+            }
+        }
+        if (claimed) {
+            const u64 group = atomicAdd(group_count, 1ULL);
+            table_groups[slot] = group;
+            group_first_rows[group] = i;
+        }
+        row_slots[i] = slot;
+    }
+}
+
+// Replaces each row's slot by its group id. Launch: any grid, BLOCK_THREADS.
+extern "C" __global__ void group_resolve(u64* row_groups, u64 n, const u64* table_groups) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        row_groups[i] = table_groups[row_groups[i]];
+    }
+}
+
+__device__ __forceinline__ bool row_valid(const u64* valid_bits, u64 i) {
+    return valid_bits == nullptr || ((valid_bits[i >> 6] >> (i & 63)) & 1ULL);
+}
+
+__device__ __forceinline__ u64 identity_of(u32 op) { return op == OP_MIN ? ~0ULL : 0ULL; }
+
+__device__ __forceinline__ u64 combine(u32 op, u64 a, u64 b) {
+    switch (op) {
+        case OP_MIN: return a < b ? a : b;
+        case OP_MAX: return a > b ? a : b;
+        default: return a + b;
+    }
+}
+
+__device__ __forceinline__ void atomic_apply(u32 op, u64* target, u64 value) {
+    switch (op) {
+        case OP_MIN: atomicMin(target, value); break;
+        case OP_MAX: atomicMax(target, value); break;
+        default: atomicAdd(target, value); break;
+    }
+}
+
+// Stage 2 for 64-bit values. For each valid row i of group g
+// (row_groups[i], or 0 for all rows when row_groups is null):
+//   OP_SUM/MIN/MAX: out[g] = op(out[g], values[i]); OP_COUNT: out[g] += 1
+//   (values unused, may be null).
+// With `tie_values` non-null, only rows where tie_values[i] == tie_best[g]
+// count: the low word of a 128-bit MIN/MAX after its high word's pass.
+// `out` holds `groups` entries set to the op's identity (~0 for MIN, else 0).
+// With `privatize`, each block first reduces into `groups` slots of dynamic
+// shared memory (shared bytes = 8 * groups) and then merges them into `out`.
+// Launch: any grid, block = BLOCK_THREADS.
+extern "C" __global__ void aggregate_u64(const u64* row_groups, const u64* values,
+                                         const u64* valid_bits, const u64* tie_values,
+                                         const u64* tie_best, u64 n, u32 op, u64* out, u64 groups,
+                                         u32 privatize) {
+    extern __shared__ u64 local[];
+    const u64 identity = identity_of(op);
+    u64* target = out;
+    if (privatize) {
+        for (u64 g = threadIdx.x; g < groups; g += blockDim.x) local[g] = identity;
+        __syncthreads();
+        target = local;
+    }
+    // Without groups every row goes to group 0: reduce in a register first.
+    u64 own = identity;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        if (!row_valid(valid_bits, i)) continue;
+        const u64 group = row_groups == nullptr ? 0 : row_groups[i];
+        if (tie_values != nullptr && tie_values[i] != tie_best[group]) continue;
+        const u64 value = op == OP_COUNT ? 1ULL : values[i];
+        if (row_groups == nullptr) {
+            own = combine(op, own, value);
+        } else {
+            atomic_apply(op, &target[group], value);
+        }
+    }
+    if (row_groups == nullptr && own != identity) atomic_apply(op, &target[0], own);
+    if (privatize) {
+        __syncthreads();
+        for (u64 g = threadIdx.x; g < groups; g += blockDim.x) {
+            if (local[g] != identity) atomic_apply(op, &out[g], local[g]);
+        }
+    }
+}
+
+// Stage 2 for SUM over doubles: as aggregate_u64 with OP_SUM. The order of
+// the additions varies from run to run, so the last bits may too.
+extern "C" __global__ void aggregate_f64_sum(const u64* row_groups, const double* values,
+                                             const u64* valid_bits, u64 n, double* out, u64 groups,
+                                             u32 privatize) {
+    extern __shared__ double local_sums[];
+    double* target = out;
+    if (privatize) {
+        for (u64 g = threadIdx.x; g < groups; g += blockDim.x) local_sums[g] = 0.0;
+        __syncthreads();
+        target = local_sums;
+    }
+    double own = 0.0;
+    bool any = false;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        if (!row_valid(valid_bits, i)) continue;
+        if (row_groups == nullptr) {
+            own += values[i];
+            any = true;
+        } else {
+            atomicAdd(&target[row_groups[i]], values[i]);
+        }
+    }
+    if (any) atomicAdd(&target[0], own);
+    if (privatize) {
+        __syncthreads();
+        for (u64 g = threadIdx.x; g < groups; g += blockDim.x) {
+            // A +0.0 changes nothing (out starts at +0.0, as the CPU's sum does).
+            if (__double_as_longlong(local_sums[g]) != 0) {
+                atomicAdd(&out[g], local_sums[g]);
+            }
+        }
+    }
+}
+
+// Stage 2 for wrapping 128-bit SUM (Decimal128), the value split into its
+// low word `lo` and high word `hi`. out_lo accumulates the low words; every
+// addition that wraps it adds one to out_hi, which also accumulates the high
+// words, so out_hi * 2^64 + out_lo is the sum modulo 2^128. No privatization.
+// Launch: any grid, block = BLOCK_THREADS.
+extern "C" __global__ void aggregate_i128_sum(const u64* row_groups, const u64* lo, const u64* hi,
+                                              const u64* valid_bits, u64 n, u64* out_lo,
+                                              u64* out_hi) {
+    u64 own_lo = 0, own_hi = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        if (!row_valid(valid_bits, i)) continue;
+        if (row_groups == nullptr) {
+            const u64 sum = own_lo + lo[i];
+            own_hi += hi[i] + (sum < own_lo ? 1ULL : 0ULL);
+            own_lo = sum;
+        } else {
+            const u64 group = row_groups[i];
+            const u64 old = atomicAdd(&out_lo[group], lo[i]);
+            const u64 carry = old + lo[i] < old ? 1ULL : 0ULL;
+            atomicAdd(&out_hi[group], hi[i] + carry);
+        }
+    }
+    if (row_groups == nullptr && (own_lo != 0 || own_hi != 0)) {
+        const u64 old = atomicAdd(&out_lo[0], own_lo);
+        const u64 carry = old + own_lo < old ? 1ULL : 0ULL;
+        atomicAdd(&out_hi[0], own_hi + carry);
+    }
+}

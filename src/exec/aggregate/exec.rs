@@ -1,0 +1,221 @@
+//! The plan node.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::aggregates::{
+    aggregate_expressions, AggregateExec, AggregateOutputMode,
+};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
+    PlanProperties, SendableRecordBatchStream, Statistics, StatisticsArgs,
+};
+
+use super::spec::AggregateSpec;
+use super::stream::{aggregate_stream, AggregateInputs, AggregateTask};
+use crate::exec::GpuAggregateMetrics;
+use crate::planner::GpuOptions;
+
+/// A hash aggregation on the GPU in place of the [`AggregateExec`] it was
+/// made from: same input, mode, output schema and partitioning. Groups
+/// leave in no particular order, so it is only placed where the aggregation
+/// advertised no output ordering.
+///
+/// Supported (see [`crate::planner::decide_aggregate`]): every mode;
+/// `COUNT`, `SUM`, `MIN`, `MAX`, `AVG` without DISTINCT, with or without
+/// FILTER; group keys that pack into 64 bits (integers, dates, times,
+/// timestamps, decimals, booleans, several columns), NULL as a group; the
+/// aggregation without GROUP BY.
+pub struct GpuAggregateExec {
+    /// The replaced node; its child is this node's child.
+    cpu_aggregate: Arc<dyn ExecutionPlan>,
+    spec: AggregateSpec,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuAggregateExec {
+    /// The algorithm name shown by `EXPLAIN` and in decisions.
+    pub const ALGORITHM: &'static str = "hash_group_by";
+
+    /// Wraps `cpu_aggregate`, which must be an [`AggregateExec`] accepted by
+    /// [`crate::planner::decide_aggregate`].
+    pub fn try_new(cpu_aggregate: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let agg = cpu_aggregate
+            .downcast_ref::<AggregateExec>()
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "GpuAggregateExec made from {}",
+                    cpu_aggregate.name()
+                ))
+            })?;
+        let spec = AggregateSpec::try_new(agg).map_err(DataFusionError::NotImplemented)?;
+        Ok(Self {
+            spec,
+            properties: Arc::clone(agg.properties()),
+            metrics: ExecutionPlanMetricsSet::new(),
+            cpu_aggregate,
+        })
+    }
+
+    /// The [`AggregateExec`] this node replaces.
+    pub fn aggregate(&self) -> &AggregateExec {
+        self.cpu_aggregate
+            .downcast_ref::<AggregateExec>()
+            .expect("checked in try_new")
+    }
+}
+
+impl fmt::Debug for GpuAggregateExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuAggregateExec")
+            .field("cpu_aggregate", &self.cpu_aggregate)
+            .finish()
+    }
+}
+
+/// `mode=..., gby=[...], aggr=[...]`, as `AggregateExec` shows them.
+pub(crate) fn describe_aggregate(agg: &AggregateExec) -> String {
+    let keys = agg
+        .group_expr()
+        .expr()
+        .iter()
+        .map(|(expr, name)| format!("{expr} as {name}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let aggregates = agg
+        .aggr_expr()
+        .iter()
+        .map(|a| a.name().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("mode={:?}, gby=[{keys}], aggr=[{aggregates}]", agg.mode())
+}
+
+impl DisplayAs for GpuAggregateExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let agg = self.aggregate();
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
+                f,
+                "GpuAggregateExec: algorithm={}, {}",
+                Self::ALGORITHM,
+                describe_aggregate(agg)
+            ),
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "algorithm={}", Self::ALGORITHM)?;
+                write!(f, "mode={:?}", agg.mode())
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for GpuAggregateExec {
+    fn name(&self) -> &str {
+        "GpuAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.cpu_aggregate.children()
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.cpu_aggregate.apply_expressions(f)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        #[allow(deprecated)]
+        let cpu_aggregate = Arc::clone(&self.cpu_aggregate).with_new_children(children)?;
+        Ok(Arc::new(Self::try_new(cpu_aggregate)?))
+    }
+
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        let cpu_aggregate = Arc::clone(&self.cpu_aggregate).reset_state()?;
+        Ok(Arc::new(Self::try_new(cpu_aggregate)?))
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.cpu_aggregate.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.cpu_aggregate.child_stats_requests(partition)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        self.cpu_aggregate.statistics_from_inputs(input_stats, args)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let agg = self.aggregate();
+        let options = GpuOptions::from_config(context.session_config().options());
+        let runtime =
+            crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let device = Arc::clone(runtime.device_for_partition(partition));
+        let inputs = AggregateInputs {
+            group_exprs: agg
+                .group_expr()
+                .expr()
+                .iter()
+                .map(|(expr, _)| Arc::clone(expr))
+                .collect(),
+            aggregate_args: aggregate_expressions(
+                agg.aggr_expr(),
+                agg.mode(),
+                agg.group_expr().num_group_exprs(),
+            )?,
+            filters: agg.filter_expr().to_vec(),
+        };
+        let input = agg.input().execute(partition, Arc::clone(&context))?;
+        let reservation = MemoryConsumer::new(format!("GpuAggregateInput[{partition}]"))
+            .register(context.memory_pool());
+        Ok(aggregate_stream(AggregateTask {
+            spec: self.spec.clone(),
+            inputs,
+            final_output: agg.mode().output_mode() == AggregateOutputMode::Final,
+            input,
+            input_schema: agg.input().schema(),
+            output_schema: agg.schema(),
+            cpu_aggregate: Arc::clone(&self.cpu_aggregate),
+            batch_size: context.session_config().batch_size(),
+            context,
+            reservation,
+            device,
+            memory_fraction: options.memory_fraction,
+            max_concurrent_tasks: options.max_concurrent_tasks,
+            metrics: GpuAggregateMetrics::new(&self.metrics, partition),
+        }))
+    }
+}

@@ -1,0 +1,15 @@
+//! `GpuAggregateExec`: the plan node ([`exec`]), which aggregations the
+//! GPU takes ([`spec`]), each aggregate as device reductions and its
+//! DataFusion state rebuilt from them ([`reductions`]), Arrow columns as
+//! device words and back ([`words`]), and one partition's stream with its
+//! run-time CPU fallback ([`stream`]).
+
+mod exec;
+mod reductions;
+mod spec;
+mod stream;
+mod words;
+
+pub(crate) use exec::describe_aggregate;
+pub use exec::GpuAggregateExec;
+pub(crate) use spec::AggregateSpec;

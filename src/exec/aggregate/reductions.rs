@@ -1,0 +1,245 @@
+//! Each aggregate as device reductions, and its DataFusion state rebuilt
+//! from their results.
+//!
+//! The device produces, per group, exactly the state DataFusion's own
+//! accumulator keeps (COUNT: a count; SUM, MIN, MAX: a value or NULL; AVG:
+//! a count and a sum). The host then hands that state to the function's
+//! own `GroupsAccumulator` (`merge_batch`, then `evaluate` or `state`), so
+//! result types, decimal rounding and NULL rules are DataFusion's.
+
+use datafusion::arrow::array::{ArrayRef, BooleanArray};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::EmitTo;
+
+use super::spec::{AggregateKind, GpuAggregate, ValueKind};
+use super::words::{column_from_words, ordered_words, row_validity, sum_words, Words};
+use crate::ops::group_by::{ReduceInput, Reduced, Reduction};
+
+/// How one state column comes from the reductions' results.
+#[derive(Debug, Clone)]
+struct StateColumn {
+    /// Index of the reduction holding the values.
+    reduced: usize,
+    kind: ValueKind,
+    /// The values are ordered words (MIN, MAX).
+    ordered: bool,
+    /// Index of a `Count` reduction: NULL in groups where it is zero.
+    null_where_empty: Option<usize>,
+}
+
+/// The device work of every aggregate of one node, and how to read it back.
+#[derive(Debug, Default)]
+pub(crate) struct DeviceWork {
+    pub(crate) inputs: Vec<ReduceInput>,
+    pub(crate) bitmaps: Vec<Vec<u64>>,
+    /// Per aggregate, its state columns.
+    states: Vec<Vec<StateColumn>>,
+}
+
+impl DeviceWork {
+    fn bitmap(&mut self, bits: Option<Vec<u64>>) -> Option<usize> {
+        bits.map(|bits| {
+            self.bitmaps.push(bits);
+            self.bitmaps.len() - 1
+        })
+    }
+
+    fn reduce(&mut self, reduction: Reduction, words: Words, valid: Option<usize>) -> usize {
+        self.inputs.push(ReduceInput {
+            reduction,
+            values: words.low,
+            high_words: words.high,
+            valid,
+        });
+        self.inputs.len() - 1
+    }
+
+    fn count(&mut self, valid: Option<usize>) -> usize {
+        self.reduce(Reduction::Count, Words::default(), valid)
+    }
+
+    /// Adds the reductions of one aggregate over its input columns `args`
+    /// (its argument, or its partial states), with its FILTER if any.
+    /// `with_keys`: every group has a row (without keys the one group
+    /// exists even without rows, and its SUM, MIN, MAX are then NULL).
+    pub(crate) fn add(
+        &mut self,
+        aggregate: &GpuAggregate,
+        merges_states: bool,
+        args: &[ArrayRef],
+        filter: Option<&BooleanArray>,
+        with_keys: bool,
+    ) -> Result<()> {
+        let arg = |i: usize| -> Result<(&ArrayRef, ValueKind)> {
+            let array = args
+                .get(i)
+                .ok_or_else(|| DataFusionError::Internal(format!("aggregate input {i} missing")))?;
+            let kind = aggregate.inputs.get(i).copied().flatten();
+            Ok((array, kind.unwrap_or(ValueKind::Signed)))
+        };
+        let mut states = Vec::new();
+        match (aggregate.kind, merges_states) {
+            (AggregateKind::Count, false) => {
+                let (array, _) = arg(0)?;
+                let valid = self.bitmap(row_validity(array.as_ref(), filter));
+                let reduced = self.count(valid);
+                states.push(plain(reduced, ValueKind::Signed));
+            }
+            (AggregateKind::Count, true) => {
+                let (array, kind) = arg(0)?;
+                let valid = self.bitmap(row_validity(array.as_ref(), None));
+                let reduced = self.reduce(Reduction::Sum, sum_words(array.as_ref(), kind)?, valid);
+                states.push(plain(reduced, ValueKind::Signed));
+            }
+            (AggregateKind::Sum, _) => {
+                let (array, kind) = arg(0)?;
+                states.push(self.sum(array, kind, filter, with_keys)?);
+            }
+            (AggregateKind::Min | AggregateKind::Max, _) => {
+                let (array, kind) = arg(0)?;
+                let valid_bits = row_validity(array.as_ref(), filter);
+                let nullable = valid_bits.is_some() || !with_keys;
+                let valid = self.bitmap(valid_bits);
+                let wide = kind == ValueKind::Decimal128;
+                let reduction = match (aggregate.kind == AggregateKind::Min, wide) {
+                    (true, false) => Reduction::Min,
+                    (true, true) => Reduction::MinI128,
+                    (false, false) => Reduction::Max,
+                    (false, true) => Reduction::MaxI128,
+                };
+                let reduced = self.reduce(reduction, ordered_words(array.as_ref(), kind)?, valid);
+                states.push(StateColumn {
+                    reduced,
+                    kind,
+                    ordered: true,
+                    null_where_empty: nullable.then(|| self.count(valid)),
+                });
+            }
+            (AggregateKind::Avg, false) => {
+                let (array, kind) = arg(0)?;
+                let valid = self.bitmap(row_validity(array.as_ref(), filter));
+                let count = self.count(valid);
+                let sum = self.reduce(sum_reduction(kind), sum_words(array.as_ref(), kind)?, valid);
+                // DataFusion's AVG state is NULL, count included, in a group
+                // without values (a count of 0 would be divided by).
+                states.push(StateColumn {
+                    reduced: count,
+                    kind: ValueKind::Unsigned,
+                    ordered: false,
+                    null_where_empty: Some(count),
+                });
+                states.push(StateColumn {
+                    reduced: sum,
+                    kind,
+                    ordered: false,
+                    null_where_empty: Some(count),
+                });
+            }
+            (AggregateKind::Avg, true) => {
+                let (counts, count_kind) = arg(0)?;
+                let valid = self.bitmap(row_validity(counts.as_ref(), None));
+                let count = self.reduce(
+                    Reduction::Sum,
+                    sum_words(counts.as_ref(), count_kind)?,
+                    valid,
+                );
+                // As DataFusion's merge: a group has a count once any of its
+                // partial counts is not NULL.
+                let seen = (valid.is_some() || !with_keys).then(|| self.count(valid));
+                states.push(StateColumn {
+                    reduced: count,
+                    kind: ValueKind::Unsigned,
+                    ordered: false,
+                    null_where_empty: seen,
+                });
+                let (sums, kind) = arg(1)?;
+                states.push(self.sum(sums, kind, None, with_keys)?);
+            }
+        }
+        self.states.push(states);
+        Ok(())
+    }
+
+    fn sum(
+        &mut self,
+        array: &ArrayRef,
+        kind: ValueKind,
+        filter: Option<&BooleanArray>,
+        with_keys: bool,
+    ) -> Result<StateColumn> {
+        let valid_bits = row_validity(array.as_ref(), filter);
+        let nullable = valid_bits.is_some() || !with_keys;
+        let valid = self.bitmap(valid_bits);
+        let reduced = self.reduce(sum_reduction(kind), sum_words(array.as_ref(), kind)?, valid);
+        Ok(StateColumn {
+            reduced,
+            kind,
+            ordered: false,
+            null_where_empty: nullable.then(|| self.count(valid)),
+        })
+    }
+
+    /// The output columns of aggregate `index` for `groups` groups: its
+    /// final value (`final_output`) or its partial state, computed by the
+    /// function's own accumulator from the state the device produced.
+    pub(crate) fn finish(
+        &self,
+        index: usize,
+        aggregate: &GpuAggregate,
+        reduced: &[Reduced],
+        groups: usize,
+        final_output: bool,
+    ) -> Result<Vec<ArrayRef>> {
+        let columns = &self.states[index];
+        if columns.len() != aggregate.state_fields.len() {
+            return Err(DataFusionError::Internal(format!(
+                "{} state columns for {} state fields",
+                columns.len(),
+                aggregate.state_fields.len()
+            )));
+        }
+        let state = columns
+            .iter()
+            .zip(&aggregate.state_fields)
+            .map(|(column, field)| {
+                let result = &reduced[column.reduced];
+                let valid = column
+                    .null_where_empty
+                    .map(|count| reduced[count].values.iter().map(|&c| c > 0).collect());
+                column_from_words(
+                    field.data_type(),
+                    column.kind,
+                    column.ordered,
+                    &result.values,
+                    &result.high_words,
+                    valid,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut accumulator = aggregate.expr.create_groups_accumulator()?;
+        let group_indices: Vec<usize> = (0..groups).collect();
+        accumulator.merge_batch(&state, &group_indices, groups)?;
+        if final_output {
+            Ok(vec![accumulator.evaluate(EmitTo::All)?])
+        } else {
+            accumulator.state(EmitTo::All)
+        }
+    }
+}
+
+fn plain(reduced: usize, kind: ValueKind) -> StateColumn {
+    StateColumn {
+        reduced,
+        kind,
+        ordered: false,
+        null_where_empty: None,
+    }
+}
+
+fn sum_reduction(kind: ValueKind) -> Reduction {
+    match kind {
+        ValueKind::Float64 => Reduction::SumF64,
+        ValueKind::Decimal128 => Reduction::SumI128,
+        ValueKind::Signed | ValueKind::Unsigned => Reduction::Sum,
+    }
+}

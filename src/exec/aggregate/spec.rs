@@ -1,0 +1,248 @@
+//! Which `AggregateExec` nodes the GPU can run, decided from the plan alone.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, FieldRef, SchemaRef};
+use datafusion::common::NullEquality;
+use datafusion::functions_aggregate::average::Avg;
+use datafusion::functions_aggregate::count::Count;
+use datafusion::functions_aggregate::min_max::{Max, Min};
+use datafusion::functions_aggregate::sum::Sum;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateInputMode};
+use datafusion::physical_plan::{ExecutionPlan, InputOrderMode};
+
+use crate::exec::keys::KeySpec;
+
+/// An aggregate function the GPU computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AggregateKind {
+    /// `COUNT(x)`, `COUNT(*)`.
+    Count,
+    /// `SUM(x)`.
+    Sum,
+    /// `MIN(x)`.
+    Min,
+    /// `MAX(x)`.
+    Max,
+    /// `AVG(x)`.
+    Avg,
+}
+
+/// How the values of a column become 64-bit device words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ValueKind {
+    /// Signed integers of 1 to 8 bytes, and the types stored as them
+    /// (dates, times, timestamps, durations).
+    Signed,
+    /// Unsigned integers of 1 to 8 bytes.
+    Unsigned,
+    /// `Float64`.
+    Float64,
+    /// `Decimal128`, two words.
+    Decimal128,
+}
+
+impl ValueKind {
+    /// The kind of `data_type`, if the device can hold it.
+    pub(crate) fn of(data_type: &DataType) -> Option<Self> {
+        use DataType::*;
+        match data_type {
+            Int8
+            | Int16
+            | Int32
+            | Int64
+            | Date32
+            | Date64
+            | Time32(_)
+            | Time64(_)
+            | Timestamp(_, _)
+            | Duration(_) => Some(ValueKind::Signed),
+            UInt8 | UInt16 | UInt32 | UInt64 => Some(ValueKind::Unsigned),
+            Float64 => Some(ValueKind::Float64),
+            Decimal128(_, _) => Some(ValueKind::Decimal128),
+            _ => None,
+        }
+    }
+}
+
+/// One aggregate expression as the GPU computes it: its function, the type
+/// of each of its input columns (the argument, or the partial states), and
+/// the DataFusion expression whose accumulator finishes it on the host.
+#[derive(Debug, Clone)]
+pub(crate) struct GpuAggregate {
+    pub(crate) kind: AggregateKind,
+    /// Value kind of each input column.
+    pub(crate) inputs: Vec<Option<ValueKind>>,
+    /// The state fields, in DataFusion's order and types.
+    pub(crate) state_fields: Vec<FieldRef>,
+    pub(crate) expr: Arc<AggregateFunctionExpr>,
+}
+
+/// Everything the GPU needs to know about an `AggregateExec`.
+#[derive(Debug, Clone)]
+pub(crate) struct AggregateSpec {
+    /// Whether the inputs are partial states (Final, FinalPartitioned,
+    /// PartialReduce) rather than raw rows.
+    pub(crate) merges_states: bool,
+    /// Group key types (empty for an aggregate without GROUP BY).
+    pub(crate) keys: Option<KeySpec>,
+    pub(crate) aggregates: Vec<GpuAggregate>,
+}
+
+impl AggregateSpec {
+    /// The spec of `agg`, or why the GPU cannot run it.
+    pub(crate) fn try_new(agg: &AggregateExec) -> Result<Self, String> {
+        if !agg.group_expr().is_single() {
+            return Err("GROUPING SETS, ROLLUP and CUBE stay on the CPU".into());
+        }
+        if agg.limit_options().is_some() {
+            return Err(
+                "a grouped aggregation with a LIMIT pushed into it stays on the CPU".into(),
+            );
+        }
+        if *agg.input_order_mode() != InputOrderMode::Linear {
+            return Err("the aggregation streams over input sorted on its keys".into());
+        }
+        if agg.properties().output_ordering().is_some() {
+            return Err("the aggregation's output ordering may be relied on above it".into());
+        }
+        let input_schema = agg.input().schema();
+        let merges_states = agg.mode().input_mode() == AggregateInputMode::Partial;
+        let keys = key_spec(agg, &input_schema)?;
+        let aggregates = agg
+            .aggr_expr()
+            .iter()
+            .zip(agg.filter_expr())
+            .map(|(expr, filter)| {
+                if merges_states && filter.is_some() {
+                    return Err("a FILTER on merged partial states".to_string());
+                }
+                gpu_aggregate(expr, merges_states, &input_schema)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            merges_states,
+            keys,
+            aggregates,
+        })
+    }
+}
+
+fn key_spec(agg: &AggregateExec, input_schema: &SchemaRef) -> Result<Option<KeySpec>, String> {
+    let exprs = agg.group_expr().expr();
+    if exprs.is_empty() {
+        return Ok(None);
+    }
+    let types = exprs
+        .iter()
+        .map(|(expr, _)| expr.data_type(input_schema).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    // NULL is a group of its own: NULL keys compare equal.
+    let spec = KeySpec::try_new(&types, NullEquality::NullEqualsNull)?;
+    if !spec.packable() {
+        let other = types
+            .iter()
+            .find(|t| !KeySpec::is_packable(t))
+            .expect("some key is not packable");
+        return Err(format!(
+            "group key type {other} is not supported on the GPU"
+        ));
+    }
+    Ok(Some(spec))
+}
+
+fn kind_of(expr: &AggregateFunctionExpr) -> Option<AggregateKind> {
+    let function: &dyn Any = expr.fun().inner().as_ref();
+    if function.is::<Count>() {
+        Some(AggregateKind::Count)
+    } else if function.is::<Sum>() {
+        Some(AggregateKind::Sum)
+    } else if function.is::<Min>() {
+        Some(AggregateKind::Min)
+    } else if function.is::<Max>() {
+        Some(AggregateKind::Max)
+    } else if function.is::<Avg>() {
+        Some(AggregateKind::Avg)
+    } else {
+        None
+    }
+}
+
+fn gpu_aggregate(
+    expr: &Arc<AggregateFunctionExpr>,
+    merges_states: bool,
+    input_schema: &SchemaRef,
+) -> Result<GpuAggregate, String> {
+    let name = expr.fun().name();
+    let kind = kind_of(expr)
+        .ok_or_else(|| format!("aggregate function {name} is not supported on the GPU"))?;
+    if expr.is_distinct() {
+        return Err(format!("{name}(DISTINCT ...) is not supported on the GPU"));
+    }
+    if !expr.order_bys().is_empty() {
+        return Err(format!("{name} with ORDER BY stays on the CPU"));
+    }
+    if !expr.groups_accumulator_supported() {
+        return Err(format!(
+            "{name} over these types has no grouped accumulator"
+        ));
+    }
+    let state_fields = expr.state_fields().map_err(|e| e.to_string())?;
+    let input_types: Vec<DataType> = if merges_states {
+        state_fields.iter().map(|f| f.data_type().clone()).collect()
+    } else {
+        expr.expressions()
+            .iter()
+            .map(|e| e.data_type(input_schema).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?
+    };
+    let unsupported = |t: &DataType| Err(format!("{name} over {t} is not supported on the GPU"));
+    let expected_inputs = if merges_states && kind == AggregateKind::Avg {
+        2
+    } else {
+        1
+    };
+    if input_types.len() != expected_inputs {
+        return Err(format!(
+            "{name} with {} input columns is not supported on the GPU",
+            input_types.len()
+        ));
+    }
+    let mut inputs = Vec::with_capacity(input_types.len());
+    for (i, data_type) in input_types.iter().enumerate() {
+        let value = ValueKind::of(data_type);
+        let fits = match (kind, merges_states, i) {
+            // COUNT reads only validity; its state is an Int64 count.
+            (AggregateKind::Count, false, _) => true,
+            (AggregateKind::Count, true, _) => value == Some(ValueKind::Signed),
+            (AggregateKind::Sum, ..) => {
+                matches!(
+                    data_type,
+                    DataType::Int64 | DataType::UInt64 | DataType::Float64
+                ) || value == Some(ValueKind::Decimal128)
+            }
+            // MIN and MAX over floats depend on the order rows arrive in
+            // DataFusion (NaN and -0.0 compare neither less nor greater).
+            (AggregateKind::Min | AggregateKind::Max, ..) => {
+                value.is_some() && value != Some(ValueKind::Float64)
+            }
+            // AVG's partial count.
+            (AggregateKind::Avg, true, 0) => *data_type == DataType::UInt64,
+            (AggregateKind::Avg, ..) => {
+                matches!(value, Some(ValueKind::Float64 | ValueKind::Decimal128))
+            }
+        };
+        if !fits {
+            return unsupported(data_type);
+        }
+        inputs.push(value);
+    }
+    Ok(GpuAggregate {
+        kind,
+        inputs,
+        state_fields,
+        expr: Arc::clone(expr),
+    })
+}

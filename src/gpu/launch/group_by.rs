@@ -1,0 +1,313 @@
+//! Typed launches of the hash group-by kernels in `ptx/group_by.cu`.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, LaunchArgs, PushKernelArg};
+
+use super::{check_len, config, grid_stride_blocks, Kernels};
+use crate::gpu::{DriverResultExt, GpuError, GpuResult};
+
+/// Groups whose per-block copies of one aggregate fit the shared memory a
+/// kernel may use without opting in (8 bytes each, 32 KiB of the 48 KiB).
+pub const PRIVATIZED_GROUPS: u64 = 4096;
+
+/// What `aggregate_u64` does with each value (`OP_*` in `group_by.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggregateOp {
+    /// Wrapping sum.
+    Sum = 0,
+    /// Unsigned minimum.
+    Min = 1,
+    /// Unsigned maximum.
+    Max = 2,
+    /// Valid rows.
+    Count = 3,
+}
+
+impl AggregateOp {
+    /// The value an output slot starts from.
+    pub fn identity(self) -> u64 {
+        match self {
+            AggregateOp::Min => u64::MAX,
+            _ => 0,
+        }
+    }
+}
+
+/// The rows of a stage-2 launch: their group ids (or one group for all),
+/// how many there are, and which are valid.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupRows<'a> {
+    /// Group id per row; `None`: every row is in group 0.
+    pub groups_of_rows: Option<&'a CudaSlice<u64>>,
+    /// Rows.
+    pub rows: usize,
+    /// Validity bitmap, bit `i % 64` of word `i / 64`; `None`: all valid.
+    pub valid_bits: Option<&'a CudaSlice<u64>>,
+    /// Groups (output slots).
+    pub groups: usize,
+}
+
+impl GroupRows<'_> {
+    fn check(&self) -> GpuResult<()> {
+        if let Some(groups) = self.groups_of_rows {
+            check_len(groups, self.rows, "group ids")?;
+        } else if self.groups != 1 {
+            return Err(GpuError::Invalid(format!(
+                "{} groups without group ids",
+                self.groups
+            )));
+        }
+        if let Some(bits) = self.valid_bits {
+            check_len(bits, self.rows.div_ceil(64), "validity bitmap")?;
+        }
+        Ok(())
+    }
+
+    /// Whether each block reduces into shared memory first.
+    fn privatize(&self) -> bool {
+        (self.groups as u64) <= PRIVATIZED_GROUPS
+    }
+
+    /// Blocks for the rows: privatized blocks each merge every group at
+    /// the end, so fewer of them pay for that.
+    fn blocks(&self, sm_count: u32) -> u64 {
+        let blocks = grid_stride_blocks(self.rows as u64, sm_count);
+        if self.privatize() && self.groups > 1 {
+            blocks.min(u64::from(sm_count) * 2)
+        } else {
+            blocks
+        }
+    }
+}
+
+/// A kernel parameter that is a null pointer (an absent optional input).
+static NULL_POINTER: u64 = 0;
+
+fn arg_or_null<'a>(launch: &mut LaunchArgs<'a>, slice: Option<&'a CudaSlice<u64>>) {
+    match slice {
+        Some(slice) => launch.arg(slice),
+        None => launch.arg(&NULL_POINTER),
+    };
+}
+
+/// `fill_u64`: sets every element of `out` to `value`.
+pub fn fill_u64(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    out: &mut CudaSlice<u64>,
+    value: u64,
+) -> GpuResult<()> {
+    let n = out.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut launch = stream.launch_builder(&kernels.fill_u64);
+    launch.arg(&mut *out).arg(&n).arg(&value);
+    // SAFETY: writes out[..n] with n = out.len().
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching fill_u64")?;
+    Ok(())
+}
+
+/// `group_insert`: stage 1 of the hash group-by. `table_keys` holds
+/// `capacity + 1` entries set to `u64::MAX`, `capacity` a power of two;
+/// `group_count` one entry set to 0. Writes each row's table slot to
+/// `row_slots` and each new group's first row to `group_first_rows`.
+#[allow(clippy::too_many_arguments)]
+pub fn group_insert(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    keys: &CudaSlice<u64>,
+    table_keys: &mut CudaSlice<u64>,
+    table_groups: &mut CudaSlice<u64>,
+    capacity: u64,
+    group_count: &mut CudaSlice<u64>,
+    group_first_rows: &mut CudaSlice<u64>,
+    row_slots: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = keys.len();
+    if !capacity.is_power_of_two() || capacity < 2 * n as u64 {
+        return Err(GpuError::Invalid(format!(
+            "hash table of {capacity} slots for {n} rows"
+        )));
+    }
+    let slots = capacity as usize + 1;
+    check_len(table_keys, slots, "hash table keys")?;
+    check_len(table_groups, slots, "hash table groups")?;
+    check_len(group_count, 1, "group count")?;
+    check_len(group_first_rows, n, "group first rows")?;
+    check_len(row_slots, n, "row slots")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as u64;
+    let mut launch = stream.launch_builder(&kernels.group_insert);
+    launch
+        .arg(keys)
+        .arg(&n64)
+        .arg(table_keys)
+        .arg(table_groups)
+        .arg(&capacity)
+        .arg(group_count)
+        .arg(group_first_rows)
+        .arg(row_slots);
+    // SAFETY: the table has capacity + 1 slots and at least twice as many as
+    // rows, so linear probing always finds a free slot; slots < capacity + 1,
+    // group ids < n; every length is checked above.
+    unsafe { launch.launch(config(grid_stride_blocks(n64, sm_count))?) }
+        .during("launching group_insert")?;
+    Ok(())
+}
+
+/// `group_resolve`: replaces the table slot of each row by its group id.
+pub fn group_resolve(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    row_groups: &mut CudaSlice<u64>,
+    table_groups: &CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = row_groups.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut launch = stream.launch_builder(&kernels.group_resolve);
+    launch.arg(&mut *row_groups).arg(&n).arg(table_groups);
+    // SAFETY: every slot was written by group_insert for the same rows and
+    // indexes table_groups (capacity + 1 entries), whose claimed slots hold
+    // group ids; reads and writes row_groups[..n].
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching group_resolve")?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+/// `aggregate_u64`: reduces `values` (unused by [`AggregateOp::Count`]) by
+/// `op` into `out[group]`, which holds the op's identity on entry. With
+/// `tie` = (values of the high word, the high word's result per group), only
+/// rows whose high word equals their group's result take part.
+pub fn aggregate_u64(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    rows: GroupRows<'_>,
+    values: Option<&CudaSlice<u64>>,
+    tie: Option<(&CudaSlice<u64>, &CudaSlice<u64>)>,
+    op: AggregateOp,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    rows.check()?;
+    check_len(out, rows.groups, "aggregate output")?;
+    match values {
+        Some(values) => check_len(values, rows.rows, "aggregate input")?,
+        None if op != AggregateOp::Count => {
+            return Err(GpuError::Invalid(format!("{op:?} without values")))
+        }
+        None => {}
+    }
+    if let Some((tie_values, tie_best)) = tie {
+        check_len(tie_values, rows.rows, "tie values")?;
+        check_len(tie_best, rows.groups, "tie results")?;
+    }
+    if rows.rows == 0 {
+        return Ok(());
+    }
+    let n = rows.rows as u64;
+    let op_code = op as u32;
+    let groups = rows.groups as u64;
+    let privatize = u32::from(rows.privatize());
+    let mut launch = stream.launch_builder(&kernels.aggregate_u64);
+    arg_or_null(&mut launch, rows.groups_of_rows);
+    arg_or_null(&mut launch, values);
+    arg_or_null(&mut launch, rows.valid_bits);
+    arg_or_null(&mut launch, tie.map(|(values, _)| values));
+    arg_or_null(&mut launch, tie.map(|(_, best)| best));
+    launch
+        .arg(&n)
+        .arg(&op_code)
+        .arg(&mut *out)
+        .arg(&groups)
+        .arg(&privatize);
+    let mut cfg = config(rows.blocks(sm_count))?;
+    if privatize == 1 {
+        cfg.shared_mem_bytes = (8 * groups) as u32;
+    }
+    // SAFETY: group ids are < groups (written by group_resolve for these
+    // rows, or absent meaning 0 with groups = 1); every array the kernel
+    // reads holds `rows` entries (or `groups` for tie results and out), the
+    // bitmap rows/64 words, all checked above; null pointers stand only for
+    // absent optional inputs, which the kernel tests before use; shared
+    // memory holds `groups` u64 when privatized (at most 32 KiB).
+    unsafe { launch.launch(cfg) }.during("launching aggregate_u64")?;
+    Ok(())
+}
+
+/// `aggregate_f64_sum`: sums the doubles whose bits are in `values` into
+/// `out[group]` (bits of 0.0 on entry).
+pub fn aggregate_f64_sum(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    rows: GroupRows<'_>,
+    values: &CudaSlice<u64>,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    rows.check()?;
+    check_len(out, rows.groups, "aggregate output")?;
+    check_len(values, rows.rows, "aggregate input")?;
+    if rows.rows == 0 {
+        return Ok(());
+    }
+    let n = rows.rows as u64;
+    let groups = rows.groups as u64;
+    let privatize = u32::from(rows.privatize());
+    let mut launch = stream.launch_builder(&kernels.aggregate_f64_sum);
+    arg_or_null(&mut launch, rows.groups_of_rows);
+    launch.arg(values);
+    arg_or_null(&mut launch, rows.valid_bits);
+    launch.arg(&n).arg(&mut *out).arg(&groups).arg(&privatize);
+    let mut cfg = config(rows.blocks(sm_count))?;
+    if privatize == 1 {
+        cfg.shared_mem_bytes = (8 * groups) as u32;
+    }
+    // SAFETY: as aggregate_u64; doubles and u64 have the same size, and the
+    // kernel reads the bits as doubles.
+    unsafe { launch.launch(cfg) }.during("launching aggregate_f64_sum")?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+/// `aggregate_i128_sum`: wrapping 128-bit sums of (`lo`, `hi`) word pairs
+/// into (`out_lo`, `out_hi`), zero on entry.
+pub fn aggregate_i128_sum(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    rows: GroupRows<'_>,
+    lo: &CudaSlice<u64>,
+    hi: &CudaSlice<u64>,
+    out_lo: &mut CudaSlice<u64>,
+    out_hi: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    rows.check()?;
+    check_len(lo, rows.rows, "aggregate input (low words)")?;
+    check_len(hi, rows.rows, "aggregate input (high words)")?;
+    check_len(out_lo, rows.groups, "aggregate output (low words)")?;
+    check_len(out_hi, rows.groups, "aggregate output (high words)")?;
+    if rows.rows == 0 {
+        return Ok(());
+    }
+    let n = rows.rows as u64;
+    let mut launch = stream.launch_builder(&kernels.aggregate_i128_sum);
+    arg_or_null(&mut launch, rows.groups_of_rows);
+    launch.arg(lo).arg(hi);
+    arg_or_null(&mut launch, rows.valid_bits);
+    launch.arg(&n).arg(&mut *out_lo).arg(&mut *out_hi);
+    // SAFETY: as aggregate_u64, without shared memory.
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching aggregate_i128_sum")?;
+    Ok(())
+}

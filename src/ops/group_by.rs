@@ -1,0 +1,624 @@
+//! The hash group-by on device columns (seed 002 §4.2, HGB): dense group ids
+//! from one global hash table, then one reduction per aggregate column into
+//! per-group slots, privatized in shared memory while the groups fit.
+//!
+//! It knows nothing of Arrow: keys are one `u64` per row (see
+//! `exec::keys`), values are 64-bit words whose unsigned order and wrapping
+//! sum are what the caller wants, 128-bit values are split into two words.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+use crate::gpu::launch::{self, AggregateOp, GroupRows};
+use crate::gpu::{
+    download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
+    PhaseTimer,
+};
+
+/// One reduction of one column into every group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    /// Valid rows of the group (no values needed).
+    Count,
+    /// Wrapping sum of the 64-bit words.
+    Sum,
+    /// Smallest word, unsigned.
+    Min,
+    /// Largest word, unsigned.
+    Max,
+    /// Sum of the doubles whose bits the words are.
+    SumF64,
+    /// Wrapping 128-bit sum of (low word, high word) pairs.
+    SumI128,
+    /// Smallest (high word, low word) pair, both compared unsigned: the
+    /// caller flips the sign bit of signed high words.
+    MinI128,
+    /// Largest (high word, low word) pair, as [`Reduction::MinI128`].
+    MaxI128,
+}
+
+impl Reduction {
+    /// Whether the values come in two words.
+    pub fn is_wide(self) -> bool {
+        matches!(
+            self,
+            Reduction::SumI128 | Reduction::MinI128 | Reduction::MaxI128
+        )
+    }
+}
+
+/// A column to reduce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReduceInput {
+    /// What to compute.
+    pub reduction: Reduction,
+    /// One word per row (the low word of wide values); empty for `Count`.
+    pub values: Vec<u64>,
+    /// High words of wide values, otherwise empty.
+    pub high_words: Vec<u64>,
+    /// Index into the bitmaps passed alongside; `None`: every row counts.
+    pub valid: Option<usize>,
+}
+
+/// The result of one [`ReduceInput`], one entry per group. Groups without
+/// a valid row hold the reduction's identity (0, or `u64::MAX` for minima);
+/// the caller tells them apart with a `Count` over the same bitmap.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reduced {
+    /// One word per group (low words of wide results).
+    pub values: Vec<u64>,
+    /// High words of wide results, otherwise empty.
+    pub high_words: Vec<u64>,
+}
+
+/// The groups of a set of rows and the reductions over them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Grouped {
+    /// Number of groups: distinct keys, or 1 without keys.
+    pub groups: usize,
+    /// A row of each group (from which the caller reads its key); empty
+    /// without keys.
+    pub group_rows: Vec<u64>,
+    /// One result per input, in input order.
+    pub reduced: Vec<Reduced>,
+}
+
+/// Validity bitmap of `valid(i)` for `rows` rows, 64 rows per word.
+pub fn validity_bitmap(rows: usize, valid: impl Fn(usize) -> bool) -> Vec<u64> {
+    let mut bits = vec![0u64; rows.div_ceil(64)];
+    for i in 0..rows {
+        if valid(i) {
+            bits[i / 64] |= 1 << (i % 64);
+        }
+    }
+    bits
+}
+
+/// Hash-table slots for `rows` keys: a power of two, at least twice the rows.
+fn table_capacity(rows: usize) -> u64 {
+    ((2 * rows as u64).max(2)).next_power_of_two()
+}
+
+/// Device bytes [`group_by`] may hold at once for `rows` rows: every group
+/// distinct in the worst case.
+pub fn group_by_device_bytes(
+    rows: usize,
+    with_keys: bool,
+    inputs: &[ReduceInput],
+    bitmaps: usize,
+) -> usize {
+    let table = if with_keys {
+        // keys, table keys and groups, first rows, row groups
+        8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 2 * rows + 1)
+    } else {
+        0
+    };
+    let groups = if with_keys { rows.max(1) } else { 1 };
+    let columns: usize = inputs
+        .iter()
+        .map(|input| {
+            let words = if input.reduction.is_wide() { 2 } else { 1 };
+            8 * words * (rows + groups) + 8 * groups
+        })
+        .sum();
+    table + columns + bitmaps * 8 * rows.div_ceil(64)
+}
+
+/// Groups `rows` rows by `keys` (`None`: all rows form one group, which
+/// exists even without rows) and computes every input's reduction per
+/// group. `bitmaps` are validity bitmaps ([`validity_bitmap`]) that inputs
+/// refer to by index.
+pub fn group_by(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: Option<&[u64]>,
+    rows: usize,
+    inputs: &[ReduceInput],
+    bitmaps: &[Vec<u64>],
+    timer: &mut PhaseTimer,
+) -> GpuResult<Grouped> {
+    check_inputs(keys, rows, inputs, bitmaps)?;
+    let sm_count = device.sm_count();
+    let (groups, group_rows, row_groups) = match keys {
+        Some(keys) => {
+            let (groups, group_rows, row_groups) = assign_groups(device, stream, keys, timer)?;
+            (groups, group_rows, Some(row_groups))
+        }
+        None => (1, Vec::new(), None),
+    };
+    let device_bitmaps = bitmaps
+        .iter()
+        .map(|bits| upload_u64(device, stream, bits, timer))
+        .collect::<GpuResult<Vec<_>>>()?;
+    let mut reduced = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let group_rows_of = GroupRows {
+            groups_of_rows: row_groups.as_ref(),
+            rows,
+            valid_bits: input.valid.map(|i| &device_bitmaps[i]),
+            groups,
+        };
+        reduced.push(reduce(
+            device,
+            stream,
+            sm_count,
+            group_rows_of,
+            input,
+            timer,
+        )?);
+    }
+    Ok(Grouped {
+        groups,
+        group_rows,
+        reduced,
+    })
+}
+
+fn check_inputs(
+    keys: Option<&[u64]>,
+    rows: usize,
+    inputs: &[ReduceInput],
+    bitmaps: &[Vec<u64>],
+) -> GpuResult<()> {
+    if let Some(keys) = keys {
+        if keys.len() != rows {
+            return Err(GpuError::Invalid(format!(
+                "{} keys for {rows} rows",
+                keys.len()
+            )));
+        }
+    }
+    for bits in bitmaps {
+        if bits.len() != rows.div_ceil(64) {
+            return Err(GpuError::Invalid(format!(
+                "validity bitmap of {} words for {rows} rows",
+                bits.len()
+            )));
+        }
+    }
+    for input in inputs {
+        let values = if input.reduction == Reduction::Count {
+            0
+        } else {
+            rows
+        };
+        let high = if input.reduction.is_wide() { rows } else { 0 };
+        if input.values.len() != values || input.high_words.len() != high {
+            return Err(GpuError::Invalid(format!(
+                "{:?} over {} words and {} high words for {rows} rows",
+                input.reduction,
+                input.values.len(),
+                input.high_words.len()
+            )));
+        }
+        if input.valid.is_some_and(|i| i >= bitmaps.len()) {
+            return Err(GpuError::Invalid(format!(
+                "validity bitmap {:?} of {}",
+                input.valid,
+                bitmaps.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Stage 1: the group id of every row (on the device), the number of
+/// groups and a row of each group (on the host).
+fn assign_groups(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: &[u64],
+    timer: &mut PhaseTimer,
+) -> GpuResult<(usize, Vec<u64>, DeviceVec<u64>)> {
+    let rows = keys.len();
+    let sm_count = device.sm_count();
+    if rows == 0 {
+        // No groups; the reductions launch nothing for no rows.
+        let none = stream
+            .alloc_zeros::<u64>(1)
+            .during("allocating row groups")?;
+        return Ok((0, Vec::new(), none));
+    }
+    let device_keys = upload_u64(device, stream, keys, timer)?;
+    let capacity = table_capacity(rows);
+    let slots = capacity as usize + 1;
+    // SAFETY (table_keys): filled with EMPTY_KEY below before any read.
+    let mut table_keys: DeviceVec<u64> =
+        unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
+    // SAFETY (table_groups): group_insert writes the slots it claims, and
+    // only claimed slots are read.
+    let mut table_groups: DeviceVec<u64> =
+        unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
+    let mut group_count = stream
+        .alloc_zeros::<u64>(1)
+        .during("allocating the group counter")?;
+    // SAFETY (first rows): entries [0, groups) are written, only those are read.
+    let mut first_rows: DeviceVec<u64> =
+        unsafe { stream.alloc(rows) }.during("allocating group rows")?;
+    // SAFETY (row groups): group_insert writes one slot per row.
+    let mut row_groups: DeviceVec<u64> =
+        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+    timer.time(Phase::Kernel, || {
+        launch::fill_u64(
+            device.kernels(),
+            stream,
+            sm_count,
+            &mut table_keys,
+            u64::MAX,
+        )?;
+        launch::group_insert(
+            device.kernels(),
+            stream,
+            sm_count,
+            &device_keys,
+            &mut table_keys,
+            &mut table_groups,
+            capacity,
+            &mut group_count,
+            &mut first_rows,
+            &mut row_groups,
+        )?;
+        launch::group_resolve(
+            device.kernels(),
+            stream,
+            sm_count,
+            &mut row_groups,
+            &table_groups,
+        )
+    })?;
+    let mut count = Vec::with_capacity(1);
+    download_u64(device, stream, &group_count.as_view(), &mut count, timer)?;
+    let groups = count[0] as usize;
+    if groups > rows {
+        return Err(GpuError::Invalid(format!(
+            "{groups} groups reported for {rows} rows"
+        )));
+    }
+    let mut group_rows = Vec::with_capacity(groups);
+    download_u64(
+        device,
+        stream,
+        &first_rows.slice(0..groups),
+        &mut group_rows,
+        timer,
+    )?;
+    Ok((groups, group_rows, row_groups))
+}
+
+/// Stage 2 for one input.
+fn reduce(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    rows: GroupRows<'_>,
+    input: &ReduceInput,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Reduced> {
+    let groups = rows.groups;
+    let kernels = device.kernels();
+    let new_output = |timer: &mut PhaseTimer, identity: u64| -> GpuResult<DeviceVec<u64>> {
+        // SAFETY: filled right below, before any read.
+        let mut out: DeviceVec<u64> =
+            unsafe { stream.alloc(groups.max(1)) }.during("allocating aggregate output")?;
+        timer.time(Phase::Kernel, || {
+            launch::fill_u64(kernels, stream, sm_count, &mut out, identity)
+        })?;
+        Ok(out)
+    };
+    let download = |out: &DeviceVec<u64>, timer: &mut PhaseTimer| -> GpuResult<Vec<u64>> {
+        let mut host = Vec::with_capacity(groups);
+        download_u64(device, stream, &out.slice(0..groups), &mut host, timer)?;
+        Ok(host)
+    };
+    if rows.rows == 0 {
+        // Nothing to reduce: every group (the one group without keys) keeps
+        // the identity.
+        let identity = match input.reduction {
+            Reduction::Min | Reduction::MinI128 => u64::MAX,
+            Reduction::SumF64 => 0f64.to_bits(),
+            _ => 0,
+        };
+        let high_words = if input.reduction.is_wide() {
+            vec![identity; groups]
+        } else {
+            Vec::new()
+        };
+        return Ok(Reduced {
+            values: vec![identity; groups],
+            high_words,
+        });
+    }
+    let values = if input.values.is_empty() {
+        None
+    } else {
+        Some(upload_u64(device, stream, &input.values, timer)?)
+    };
+    let high = if input.high_words.is_empty() {
+        None
+    } else {
+        Some(upload_u64(device, stream, &input.high_words, timer)?)
+    };
+    let missing = || GpuError::Invalid(format!("{:?} without its values", input.reduction));
+    match input.reduction {
+        Reduction::Count | Reduction::Sum | Reduction::Min | Reduction::Max => {
+            let op = match input.reduction {
+                Reduction::Count => AggregateOp::Count,
+                Reduction::Sum => AggregateOp::Sum,
+                Reduction::Min => AggregateOp::Min,
+                _ => AggregateOp::Max,
+            };
+            let mut out = new_output(timer, op.identity())?;
+            timer.time(Phase::Kernel, || {
+                launch::aggregate_u64(
+                    kernels,
+                    stream,
+                    sm_count,
+                    rows,
+                    values.as_ref(),
+                    None,
+                    op,
+                    &mut out,
+                )
+            })?;
+            Ok(Reduced {
+                values: download(&out, timer)?,
+                high_words: Vec::new(),
+            })
+        }
+        Reduction::SumF64 => {
+            let values = values.ok_or_else(missing)?;
+            let mut out = new_output(timer, 0f64.to_bits())?;
+            timer.time(Phase::Kernel, || {
+                launch::aggregate_f64_sum(kernels, stream, sm_count, rows, &values, &mut out)
+            })?;
+            Ok(Reduced {
+                values: download(&out, timer)?,
+                high_words: Vec::new(),
+            })
+        }
+        Reduction::SumI128 => {
+            let (lo, hi) = (values.ok_or_else(missing)?, high.ok_or_else(missing)?);
+            let mut out_lo = new_output(timer, 0)?;
+            let mut out_hi = new_output(timer, 0)?;
+            timer.time(Phase::Kernel, || {
+                launch::aggregate_i128_sum(
+                    kernels,
+                    stream,
+                    sm_count,
+                    rows,
+                    &lo,
+                    &hi,
+                    &mut out_lo,
+                    &mut out_hi,
+                )
+            })?;
+            Ok(Reduced {
+                values: download(&out_lo, timer)?,
+                high_words: download(&out_hi, timer)?,
+            })
+        }
+        Reduction::MinI128 | Reduction::MaxI128 => {
+            let (lo, hi) = (values.ok_or_else(missing)?, high.ok_or_else(missing)?);
+            let op = if input.reduction == Reduction::MinI128 {
+                AggregateOp::Min
+            } else {
+                AggregateOp::Max
+            };
+            // The high words decide; the low words only among rows that tie
+            // with their group's best high word.
+            let mut out_hi = new_output(timer, op.identity())?;
+            let mut out_lo = new_output(timer, op.identity())?;
+            timer.time(Phase::Kernel, || {
+                launch::aggregate_u64(
+                    kernels,
+                    stream,
+                    sm_count,
+                    rows,
+                    Some(&hi),
+                    None,
+                    op,
+                    &mut out_hi,
+                )?;
+                launch::aggregate_u64(
+                    kernels,
+                    stream,
+                    sm_count,
+                    rows,
+                    Some(&lo),
+                    Some((&hi, &out_hi)),
+                    op,
+                    &mut out_lo,
+                )
+            })?;
+            Ok(Reduced {
+                values: download(&out_lo, timer)?,
+                high_words: download(&out_hi, timer)?,
+            })
+        }
+    }
+}
+
+/// CPU reference: the same results, with groups in first-occurrence order
+/// and `group_rows` the first row of each group.
+pub mod reference {
+    use std::collections::HashMap;
+
+    use super::{Grouped, ReduceInput, Reduced, Reduction};
+
+    /// See [`super::group_by`].
+    pub fn group_by(
+        keys: Option<&[u64]>,
+        rows: usize,
+        inputs: &[ReduceInput],
+        bitmaps: &[Vec<u64>],
+    ) -> Grouped {
+        let mut group_of_row = Vec::with_capacity(rows);
+        let mut group_rows = Vec::new();
+        match keys {
+            Some(keys) => {
+                let mut ids: HashMap<u64, usize> = HashMap::new();
+                for (row, key) in keys.iter().enumerate() {
+                    let next = ids.len();
+                    let id = *ids.entry(*key).or_insert(next);
+                    if id == next {
+                        group_rows.push(row as u64);
+                    }
+                    group_of_row.push(id);
+                }
+            }
+            None => group_of_row.resize(rows, 0),
+        }
+        let groups = if keys.is_some() { group_rows.len() } else { 1 };
+        let reduced = inputs
+            .iter()
+            .map(|input| reduce(input, &group_of_row, groups, bitmaps))
+            .collect();
+        Grouped {
+            groups,
+            group_rows,
+            reduced,
+        }
+    }
+
+    fn reduce(
+        input: &ReduceInput,
+        group_of_row: &[usize],
+        groups: usize,
+        bitmaps: &[Vec<u64>],
+    ) -> Reduced {
+        let valid = |i: usize| {
+            input
+                .valid
+                .is_none_or(|b| (bitmaps[b][i / 64] >> (i % 64)) & 1 == 1)
+        };
+        let wide = |i: usize| (u128::from(input.high_words[i]) << 64) | u128::from(input.values[i]);
+        let (identity, combine): (u128, fn(u128, u128) -> u128) = match input.reduction {
+            Reduction::Count | Reduction::Sum | Reduction::SumI128 => (0, u128::wrapping_add),
+            Reduction::Min => (u64::MAX.into(), u128::min),
+            Reduction::MinI128 => (u128::MAX, u128::min),
+            Reduction::Max | Reduction::MaxI128 => (0, u128::max),
+            Reduction::SumF64 => (0f64.to_bits().into(), |a, b| {
+                (f64::from_bits(a as u64) + f64::from_bits(b as u64))
+                    .to_bits()
+                    .into()
+            }),
+        };
+        let mut out = vec![identity; groups];
+        for (i, &g) in group_of_row.iter().enumerate() {
+            if !valid(i) {
+                continue;
+            }
+            let value = match input.reduction {
+                Reduction::Count => 1,
+                r if r.is_wide() => wide(i),
+                _ => u128::from(input.values[i]),
+            };
+            out[g] = combine(out[g], value);
+        }
+        if input.reduction.is_wide() {
+            Reduced {
+                values: out.iter().map(|&v| v as u64).collect(),
+                high_words: out.iter().map(|&v| (v >> 64) as u64).collect(),
+            }
+        } else {
+            Reduced {
+                // Sums wrap at 64 bits like the device's.
+                values: out.iter().map(|&v| v as u64).collect(),
+                high_words: Vec::new(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_sets_one_bit_per_valid_row() {
+        let bits = validity_bitmap(130, |i| i % 2 == 0 || i == 129);
+        assert_eq!(bits.len(), 3);
+        assert_eq!(bits[0], 0x5555_5555_5555_5555);
+        assert_eq!(bits[2], 0b11);
+    }
+
+    #[test]
+    fn reference_groups_in_first_occurrence_order() {
+        let keys = [7, 3, 7, 9, 3];
+        let bitmaps = vec![validity_bitmap(5, |i| i != 2)];
+        let inputs = [
+            ReduceInput {
+                reduction: Reduction::Count,
+                values: vec![],
+                high_words: vec![],
+                valid: Some(0),
+            },
+            ReduceInput {
+                reduction: Reduction::Sum,
+                values: vec![1, 2, 4, 8, 16],
+                high_words: vec![],
+                valid: Some(0),
+            },
+            ReduceInput {
+                reduction: Reduction::MaxI128,
+                values: vec![5, 0, 9, 1, u64::MAX],
+                high_words: vec![1, 0, 1, 0, 0],
+                valid: None,
+            },
+        ];
+        let grouped = reference::group_by(Some(&keys), 5, &inputs, &bitmaps);
+        assert_eq!(grouped.groups, 3);
+        assert_eq!(grouped.group_rows, vec![0, 1, 3]);
+        assert_eq!(grouped.reduced[0].values, vec![1, 2, 1]);
+        assert_eq!(grouped.reduced[1].values, vec![1, 18, 8]);
+        assert_eq!(grouped.reduced[2].values, vec![9, u64::MAX, 1]);
+        assert_eq!(grouped.reduced[2].high_words, vec![1, 0, 0]);
+    }
+
+    #[test]
+    fn reference_without_keys_has_one_group_even_without_rows() {
+        let inputs = [ReduceInput {
+            reduction: Reduction::Min,
+            values: vec![],
+            high_words: vec![],
+            valid: None,
+        }];
+        let grouped = reference::group_by(None, 0, &inputs, &[]);
+        assert_eq!(grouped.groups, 1);
+        assert_eq!(grouped.reduced[0].values, vec![u64::MAX]);
+    }
+
+    #[test]
+    fn inputs_of_the_wrong_length_are_refused() {
+        let inputs = [ReduceInput {
+            reduction: Reduction::Sum,
+            values: vec![1],
+            high_words: vec![],
+            valid: None,
+        }];
+        assert!(check_inputs(None, 2, &inputs, &[]).is_err());
+        assert!(check_inputs(Some(&[1]), 2, &[], &[]).is_err());
+        assert!(check_inputs(None, 1, &inputs, &[]).is_ok());
+    }
+}

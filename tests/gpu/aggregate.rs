@@ -1,0 +1,498 @@
+//! GPU aggregation against DataFusion's `AggregateExec` on generated data:
+//! every supported aggregate and key type, NULLs, FILTER, empty input,
+//! group counts on both sides of the shared-memory threshold, skew, every
+//! aggregation mode (Single with one partition; Partial, Final and
+//! FinalPartitioned with four), and the run-time CPU fallbacks.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float64Array, Int32Array,
+    Int64Array, RecordBatch, StringArray, UInt32Array,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionContext;
+use datafusion_gpu::gpu::PhaseTimer;
+use datafusion_gpu::ops::group_by::{self, ReduceInput, Reduction};
+use datafusion_gpu::GpuAggregateExec;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::support::{
+    cpu_context, gen_keys, gpu_context, require_gpu, run_counting, string_rows, table_from_columns,
+    JoinMode, Keys,
+};
+
+/// Rows of the test table `t`: keys drawn from `keys`, every value column
+/// with some NULLs, floats that are multiples of 1/4 (so their sums are
+/// exact in any order and compare exactly).
+fn table(rows: usize, keys: Keys, partitions: usize, seed: u64) -> Arc<MemTable> {
+    let k = gen_keys(rows, keys, 0.05, seed);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let v: Vec<Option<i64>> = (0..rows)
+        .map(|_| {
+            rng.random_bool(0.9)
+                .then(|| rng.random_range(-1_000_000_000i64..1_000_000_000))
+        })
+        .collect();
+    let d: Vec<Option<i128>> = (0..rows)
+        .map(|_| {
+            rng.random_bool(0.9).then(|| {
+                rng.random_range(-10_000_000_000_000i64..10_000_000_000_000)
+                    .into()
+            })
+        })
+        .collect();
+    let big: Vec<i128> = (0..rows)
+        .map(|_| {
+            let magnitude = rng.random_range(0..1_000_000_000_000_000i64) as i128;
+            let scale = 100_000_000_000_000i128; // up to 1e32 in all
+            let value = magnitude * scale + rng.random_range(0..scale as i64) as i128;
+            if rng.random_bool(0.5) {
+                -value
+            } else {
+                value
+            }
+        })
+        .collect();
+    let f: Vec<Option<f64>> = (0..rows)
+        .map(|_| {
+            rng.random_bool(0.95)
+                .then(|| rng.random_range(-4_000_000i64..4_000_000) as f64 / 4.0)
+        })
+        .collect();
+    let u: Vec<u32> = (0..rows).map(|_| rng.random_range(0..u32::MAX)).collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("k2", DataType::Int32, true),
+        Field::new("dt", DataType::Date32, true),
+        Field::new("b", DataType::Boolean, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("v", DataType::Int64, true),
+        Field::new("u", DataType::UInt32, false),
+        Field::new("d", DataType::Decimal128(15, 2), true),
+        Field::new("big", DataType::Decimal128(38, 0), false),
+        Field::new("f", DataType::Float64, true),
+    ]));
+    let columns = move |range: std::ops::Range<usize>| -> Vec<ArrayRef> {
+        let keys = &k[range.clone()];
+        vec![
+            Arc::new(Int64Array::from(keys.to_vec())),
+            Arc::new(Int32Array::from(
+                keys.iter()
+                    .map(|k| k.map(|k| (k % 7) as i32))
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(Date32Array::from(
+                keys.iter()
+                    .map(|k| k.map(|k| (k % 5000) as i32))
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(BooleanArray::from(
+                keys.iter()
+                    .map(|k| k.map(|k| k % 3 == 0))
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                keys.iter()
+                    .map(|k| k.map(|k| format!("s{}", k % 11)))
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(v[range.clone()].to_vec())),
+            Arc::new(UInt32Array::from(u[range.clone()].to_vec())),
+            Arc::new(
+                Decimal128Array::from(d[range.clone()].to_vec())
+                    .with_precision_and_scale(15, 2)
+                    .unwrap(),
+            ),
+            Arc::new(
+                Decimal128Array::from(big[range.clone()].to_vec())
+                    .with_precision_and_scale(38, 0)
+                    .unwrap(),
+            ),
+            Arc::new(Float64Array::from(f[range].to_vec())),
+        ]
+    };
+    table_from_columns(schema, rows, partitions, 4096, columns)
+}
+
+const AGGREGATES: &str = "count(*), count(v), sum(v), min(v), max(v), avg(v), \
+     sum(d), min(d), max(d), avg(d), sum(big), min(big), max(big), \
+     sum(f), avg(f), min(u), max(u), sum(u), min(dt), max(k2), count(s)";
+
+async fn contexts(partitions: usize, extra: &[&str]) -> (SessionContext, SessionContext) {
+    (
+        gpu_context(JoinMode::CollectLeft, partitions, extra).await,
+        cpu_context(JoinMode::CollectLeft, partitions, &[]).await,
+    )
+}
+
+/// Runs `sql` on both contexts: the same rows (exactly, as text), and at
+/// least one aggregation on the GPU. Returns the GPU plan.
+async fn check(gpu: &SessionContext, cpu: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    let (gpu_batches, gpu_nodes, plan) = run_counting(gpu, sql, "AggregateExec").await;
+    let (cpu_batches, cpu_nodes, _) = run_counting(cpu, sql, "AggregateExec").await;
+    assert_eq!(cpu_nodes, 0);
+    assert!(
+        gpu_nodes >= 1,
+        "{sql}: no aggregation ran on the GPU\n{}",
+        datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
+    );
+    let (gpu_rows, cpu_rows) = (string_rows(&gpu_batches), string_rows(&cpu_batches));
+    assert_eq!(gpu_rows.len(), cpu_rows.len(), "{sql}: row counts differ");
+    if let Some(i) = (0..gpu_rows.len()).find(|&i| gpu_rows[i] != cpu_rows[i]) {
+        panic!(
+            "{sql}: results differ at sorted row {i}\n gpu {}\n cpu {}",
+            gpu_rows[i], cpu_rows[i]
+        );
+    }
+    plan
+}
+
+fn register(ctxs: [&SessionContext; 2], table: Arc<MemTable>) {
+    for ctx in ctxs {
+        ctx.deregister_table("t").unwrap();
+        ctx.register_table("t", Arc::clone(&table) as _).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
+    let Some(_) = require_gpu("grouped_aggregates_match_the_cpu_for_every_key_type_and_mode")
+    else {
+        return;
+    };
+    let keys = ["k", "k2", "dt", "b", "d", "k, k2", "k2, b, dt", "k % 100"];
+    for partitions in [1, 4] {
+        let (gpu, cpu) = contexts(partitions, &[]).await;
+        // Few groups with many duplicates; groups across the shared-memory
+        // threshold (4096); nearly every row its own group; Zipf skew.
+        for (rows, dist) in [
+            (20_000, Keys::Uniform { domain: 50 }),
+            (30_000, Keys::Uniform { domain: 9_000 }),
+            (10_000, Keys::Uniform { domain: 1 << 40 }),
+            (
+                30_000,
+                Keys::Zipf {
+                    domain: 5_000,
+                    s: 1.5,
+                },
+            ),
+        ] {
+            register([&gpu, &cpu], table(rows, dist, partitions, rows as u64));
+            for key in keys {
+                let sql = format!("SELECT {key}, {AGGREGATES} FROM t GROUP BY {key}");
+                check(&gpu, &cpu, &sql).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aggregates_without_group_by_and_over_empty_input_match_the_cpu() {
+    let Some(_) = require_gpu("aggregates_without_group_by_and_over_empty_input_match_the_cpu")
+    else {
+        return;
+    };
+    for partitions in [1, 4] {
+        let (gpu, cpu) = contexts(partitions, &[]).await;
+        for rows in [0usize, 1, 3, 50_000] {
+            register(
+                [&gpu, &cpu],
+                table(rows, Keys::Uniform { domain: 100 }, partitions, 7),
+            );
+            check(&gpu, &cpu, &format!("SELECT {AGGREGATES} FROM t")).await;
+            // Every value filtered out: counts 0, the rest NULL.
+            check(
+                &gpu,
+                &cpu,
+                &format!("SELECT {AGGREGATES} FROM t WHERE v > 2000000000"),
+            )
+            .await;
+            if rows > 0 {
+                check(
+                    &gpu,
+                    &cpu,
+                    &format!("SELECT k, {AGGREGATES} FROM t WHERE v IS NULL GROUP BY k"),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn filtered_aggregates_match_the_cpu() {
+    let Some(_) = require_gpu("filtered_aggregates_match_the_cpu") else {
+        return;
+    };
+    for partitions in [1, 4] {
+        let (gpu, cpu) = contexts(partitions, &[]).await;
+        register(
+            [&gpu, &cpu],
+            table(40_000, Keys::Uniform { domain: 300 }, partitions, 11),
+        );
+        for sql in [
+            "SELECT k2, count(*) FILTER (WHERE v > 0), sum(v) FILTER (WHERE v % 3 = 0), \
+             max(d) FILTER (WHERE b), avg(f) FILTER (WHERE f < 0) FROM t GROUP BY k2",
+            "SELECT count(v) FILTER (WHERE k IS NULL), min(big) FILTER (WHERE u > 100) FROM t",
+        ] {
+            check(&gpu, &cpu, sql).await;
+        }
+    }
+}
+
+/// Rows as (text of the exact columns, float columns), sorted by the text.
+fn split_float_rows(batches: &[RecordBatch], float_columns: &[usize]) -> Vec<(String, Vec<f64>)> {
+    let mut rows = Vec::new();
+    for batch in batches {
+        for i in 0..batch.num_rows() {
+            let mut exact = String::new();
+            let mut floats = Vec::new();
+            for (c, column) in batch.columns().iter().enumerate() {
+                if float_columns.contains(&c) {
+                    let f = column
+                        .as_any()
+                        .downcast_ref::<Float64Array>()
+                        .expect("a Float64 column");
+                    floats.push(if f.is_null(i) { f64::NAN } else { f.value(i) });
+                } else {
+                    let value =
+                        datafusion::arrow::util::display::array_value_to_string(column, i).unwrap();
+                    exact.push_str(&value);
+                    exact.push('|');
+                }
+            }
+            rows.push((exact, floats));
+        }
+    }
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn float_sums_agree_within_a_relative_tolerance() {
+    let Some(_) = require_gpu("float_sums_agree_within_a_relative_tolerance") else {
+        return;
+    };
+    // Sums of arbitrary doubles depend on the order of additions, which
+    // differs between the device's atomics and the CPU's loop: the
+    // results must agree to 1e-9 relative to the sum of magnitudes.
+    const TOLERANCE: f64 = 1e-9;
+    let (gpu, cpu) = contexts(4, &[]).await;
+    let rows = 60_000;
+    let mut rng = StdRng::seed_from_u64(3);
+    let k: Vec<i64> = (0..rows).map(|_| rng.random_range(0..500)).collect();
+    let x: Vec<f64> = (0..rows)
+        .map(|_| rng.random_range(-1.0..1.0) * 10f64.powi(rng.random_range(-3..6)))
+        .collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("x", DataType::Float64, false),
+    ]));
+    let table = table_from_columns(schema, rows, 4, 4096, move |range| {
+        vec![
+            Arc::new(Int64Array::from(k[range.clone()].to_vec())) as ArrayRef,
+            Arc::new(Float64Array::from(x[range].to_vec())),
+        ]
+    });
+    register([&gpu, &cpu], table);
+    let sql = "SELECT k, sum(x), avg(x), sum(abs(x)) FROM t GROUP BY k";
+    let (gpu_batches, gpu_nodes, _) = run_counting(&gpu, sql, "AggregateExec").await;
+    let (cpu_batches, _, _) = run_counting(&cpu, sql, "AggregateExec").await;
+    assert!(gpu_nodes >= 1);
+    let gpu_rows = split_float_rows(&gpu_batches, &[1, 2, 3]);
+    let cpu_rows = split_float_rows(&cpu_batches, &[1, 2, 3]);
+    assert_eq!(gpu_rows.len(), 500);
+    assert_eq!(gpu_rows.len(), cpu_rows.len());
+    for (g, c) in gpu_rows.iter().zip(&cpu_rows) {
+        assert_eq!(g.0, c.0);
+        // The magnitude sum bounds the rounding error of either order.
+        let scale = c.1[2].abs().max(f64::MIN_POSITIVE);
+        for (a, b) in g.1.iter().zip(&c.1) {
+            assert!(
+                (a - b).abs() <= TOLERANCE * scale,
+                "group {}: GPU {a} against CPU {b}",
+                g.0
+            );
+        }
+    }
+}
+
+/// The sum of metric `name` over the GPU aggregations of `plan`.
+fn gpu_aggregate_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let here = plan
+        .downcast_ref::<GpuAggregateExec>()
+        .and_then(|agg| agg.metrics())
+        .and_then(|m| m.sum_by_name(name))
+        .map_or(0, |v| v.as_usize());
+    here + plan
+        .children()
+        .into_iter()
+        .map(|c| gpu_aggregate_metric(c, name))
+        .sum::<usize>()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
+    let Some(_) = require_gpu("work_the_device_cannot_take_runs_on_the_cpu_operator") else {
+        return;
+    };
+    // A device budget of a few bytes: every partition falls back.
+    let (gpu, cpu) = contexts(4, &["SET gpu.memory_fraction = 0.000000001"]).await;
+    register(
+        [&gpu, &cpu],
+        table(20_000, Keys::Uniform { domain: 700 }, 4, 5),
+    );
+    let sql = format!("SELECT k, {AGGREGATES} FROM t GROUP BY k");
+    let plan = check(&gpu, &cpu, &sql).await;
+    assert!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions") > 0);
+
+    // Keys whose ranges need more than 64 bits together: full-range
+    // Int64 keys on two columns.
+    let (gpu, cpu) = contexts(4, &[]).await;
+    register(
+        [&gpu, &cpu],
+        table(20_000, Keys::Uniform { domain: 1 << 62 }, 4, 6),
+    );
+    let sql = "SELECT k, v, count(*), sum(u) FROM t GROUP BY k, v";
+    let plan = check(&gpu, &cpu, sql).await;
+    assert!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions") > 0);
+    assert_eq!(gpu_aggregate_metric(&plan, "groups"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn device_group_by_matches_the_reference() {
+    let Some(runtime) = require_gpu("device_group_by_matches_the_reference") else {
+        return;
+    };
+    let device = Arc::clone(&runtime.devices()[0]);
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    for (rows, domain) in [
+        (0usize, 1u64),
+        (1, 1),
+        (5_000, 3),
+        (50_000, 4_096),
+        (50_000, 4_097),
+        (200_000, 1 << 30),
+    ] {
+        let mut rng = StdRng::seed_from_u64(rows as u64 + domain);
+        let keys: Vec<u64> = (0..rows)
+            .map(|_| match rng.random_range(0..4) {
+                // The reserved slot's key, and ordinary ones.
+                0 => u64::MAX,
+                _ => rng.random_range(0..domain),
+            })
+            .collect();
+        let words = |rng: &mut StdRng| -> Vec<u64> { (0..rows).map(|_| rng.random()).collect() };
+        let bitmaps = vec![group_by::validity_bitmap(rows, |i| i % 5 != 2)];
+        let mut inputs = Vec::new();
+        for reduction in [
+            Reduction::Count,
+            Reduction::Sum,
+            Reduction::Min,
+            Reduction::Max,
+            Reduction::SumI128,
+            Reduction::MinI128,
+            Reduction::MaxI128,
+        ] {
+            for valid in [None, Some(0)] {
+                let values = if reduction == Reduction::Count {
+                    Vec::new()
+                } else {
+                    words(&mut rng)
+                };
+                let high_words = if reduction.is_wide() {
+                    // Few distinct high words, so ties decide by low words.
+                    (0..rows).map(|_| rng.random_range(0..3u64)).collect()
+                } else {
+                    Vec::new()
+                };
+                inputs.push(ReduceInput {
+                    reduction,
+                    values,
+                    high_words,
+                    valid,
+                });
+            }
+        }
+        for with_keys in [true, false] {
+            let keys = with_keys.then_some(keys.as_slice());
+            let mut timer = PhaseTimer::new(Arc::clone(stream));
+            let got =
+                group_by::group_by(&device, stream, keys, rows, &inputs, &bitmaps, &mut timer)
+                    .unwrap();
+            timer.finish().unwrap();
+            let want = group_by::reference::group_by(keys, rows, &inputs, &bitmaps);
+            assert_eq!(got.groups, want.groups, "rows {rows}, domain {domain}");
+            // Device group ids come in any order: compare by key.
+            let order = |grouped: &group_by::Grouped| -> Vec<usize> {
+                let mut ids: Vec<usize> = (0..grouped.groups).collect();
+                if let Some(keys) = keys {
+                    ids.sort_by_key(|&g| keys[grouped.group_rows[g] as usize]);
+                }
+                ids
+            };
+            let (got_order, want_order) = (order(&got), order(&want));
+            for (i, (g, w)) in got.reduced.iter().zip(&want.reduced).enumerate() {
+                let pick = |r: &[u64], order: &[usize]| -> Vec<u64> {
+                    if r.is_empty() {
+                        Vec::new()
+                    } else {
+                        order.iter().map(|&g| r[g]).collect()
+                    }
+                };
+                assert_eq!(
+                    pick(&g.values, &got_order),
+                    pick(&w.values, &want_order),
+                    "rows {rows}, domain {domain}, input {i} ({:?})",
+                    inputs[i].reduction
+                );
+                assert_eq!(
+                    pick(&g.high_words, &got_order),
+                    pick(&w.high_words, &want_order),
+                    "rows {rows}, domain {domain}, input {i} high words"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn device_float_sums_of_exact_values_are_exact() {
+    let Some(runtime) = require_gpu("device_float_sums_of_exact_values_are_exact") else {
+        return;
+    };
+    let device = Arc::clone(&runtime.devices()[0]);
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let rows = 100_000;
+    let keys: Vec<u64> = (0..rows as u64).map(|i| i % 10).collect();
+    // Quarters sum exactly in any order.
+    let values: Vec<u64> = (0..rows)
+        .map(|i| ((i as f64 - 50_000.0) / 4.0).to_bits())
+        .collect();
+    let inputs = [ReduceInput {
+        reduction: Reduction::SumF64,
+        values,
+        high_words: Vec::new(),
+        valid: None,
+    }];
+    for keys in [Some(keys.as_slice()), None] {
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let got =
+            group_by::group_by(&device, stream, keys, rows, &inputs, &[], &mut timer).unwrap();
+        timer.finish().unwrap();
+        let want = group_by::reference::group_by(keys, rows, &inputs, &[]);
+        let total = |g: &group_by::Grouped| -> f64 {
+            g.reduced[0].values.iter().map(|&w| f64::from_bits(w)).sum()
+        };
+        assert_eq!(got.groups, want.groups);
+        assert_eq!(total(&got), total(&want));
+    }
+}
