@@ -115,8 +115,9 @@ __device__ __forceinline__ void atomic_apply(u32 op, u64* target, u64 value) {
 
 // Stage 2 for 64-bit values. For each valid row i of group g
 // (row_groups[i], or 0 for all rows when row_groups is null):
-//   OP_SUM/MIN/MAX: out[g] = op(out[g], values[i]); OP_COUNT: out[g] += 1
-//   (values unused, may be null).
+//   OP_SUM/MIN/MAX: out[g] = op(out[g], values[i] ^ flip); OP_COUNT:
+//   out[g] += 1 (values unused, may be null). A `flip` of the sign bit turns
+//   signed values into words whose unsigned order is theirs.
 // With `tie_values` non-null, only rows where tie_values[i] == tie_best[g]
 // count: the low word of a 128-bit MIN/MAX after its high word's pass.
 // `out` holds `groups` entries set to the op's identity (~0 for MIN, else 0).
@@ -125,8 +126,8 @@ __device__ __forceinline__ void atomic_apply(u32 op, u64* target, u64 value) {
 // Launch: any grid, block = BLOCK_THREADS.
 extern "C" __global__ void aggregate_u64(const u64* row_groups, const u64* values,
                                          const u64* valid_bits, const u64* tie_values,
-                                         const u64* tie_best, u64 n, u32 op, u64* out, u64 groups,
-                                         u32 privatize) {
+                                         const u64* tie_best, u64 n, u32 op, u64 flip, u64* out,
+                                         u64 groups, u32 privatize) {
     extern __shared__ u64 local[];
     const u64 identity = identity_of(op);
     u64* target = out;
@@ -141,7 +142,7 @@ extern "C" __global__ void aggregate_u64(const u64* row_groups, const u64* value
         if (!row_valid(valid_bits, i)) continue;
         const u64 group = row_groups == nullptr ? 0 : row_groups[i];
         if (tie_values != nullptr && tie_values[i] != tie_best[group]) continue;
-        const u64 value = op == OP_COUNT ? 1ULL : values[i];
+        const u64 value = op == OP_COUNT ? 1ULL : values[i] ^ flip;
         if (row_groups == nullptr) {
             own = combine(op, own, value);
         } else {

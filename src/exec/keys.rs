@@ -201,13 +201,32 @@ const HASH_SEED: u64 = 0x6470_755f_6a6f_696e;
 impl KeyEncoder {
     /// Chooses the encoding from the build side's key columns.
     pub fn for_build_side(spec: &KeySpec, build_columns: &[ArrayRef]) -> Result<Self> {
-        spec.check_columns(build_columns)?;
+        Self::for_pieces(spec, std::slice::from_ref(&build_columns.to_vec()))
+    }
+
+    /// Chooses the encoding from key columns held in pieces (each element
+    /// of `pieces` holds every key column of some rows), as if the pieces
+    /// were one set of columns.
+    pub fn for_pieces(spec: &KeySpec, pieces: &[Vec<ArrayRef>]) -> Result<Self> {
+        for piece in pieces {
+            spec.check_columns(piece)?;
+        }
         let packing = if spec.packable() {
             let null_code = spec.null_equality == NullEquality::NullEqualsNull;
-            let mut domains = Vec::with_capacity(build_columns.len());
+            let mut domains = Vec::with_capacity(spec.types.len());
             let mut bits = 0u32;
-            for column in build_columns {
-                let (min, max) = value_range(column)?;
+            for column in 0..spec.types.len() {
+                let (mut min, mut max) = (i128::MAX, i128::MIN);
+                for piece in pieces {
+                    let (piece_min, piece_max) = value_range(&piece[column])?;
+                    if piece_min <= piece_max {
+                        min = min.min(piece_min);
+                        max = max.max(piece_max);
+                    }
+                }
+                if min > max {
+                    (min, max) = (1, 0);
+                }
                 let domain = Domain::new(min, max, null_code);
                 bits += domain.bits;
                 domains.push(domain);

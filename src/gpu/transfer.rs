@@ -39,6 +39,83 @@ pub fn upload_u64(
     Ok(dst)
 }
 
+/// Copies `pieces`, laid end to end, to one new device vector on `stream`,
+/// staged through one pinned buffer (filled by several threads when the
+/// pieces are large), so that a column held as many Arrow batches is never
+/// concatenated on the host. Returns once the copy is enqueued.
+pub fn upload_u64_pieces(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    pieces: &[&[u64]],
+    timer: &mut PhaseTimer,
+) -> GpuResult<CudaSlice<u64>> {
+    /// Words one staging thread copies at least.
+    const WORDS_PER_THREAD: usize = 1 << 21;
+    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    if len == 0 {
+        return stream
+            .null::<u64>()
+            .during("allocating an empty device vector");
+    }
+    let mut staging = device.pinned().take(len)?;
+    {
+        let target = &mut staging.as_mut_slice()?[..len];
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(len / WORDS_PER_THREAD)
+            .max(1);
+        // Pieces are split between threads at piece boundaries, each thread
+        // taking about len / threads words.
+        let mut groups: Vec<(&mut [u64], Vec<&[u64]>)> = Vec::with_capacity(threads);
+        let mut rest = target;
+        let mut current: Vec<&[u64]> = Vec::new();
+        let mut current_len = 0;
+        let share = len.div_ceil(threads);
+        for piece in pieces {
+            current.push(piece);
+            current_len += piece.len();
+            if current_len >= share {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(current_len);
+                groups.push((head, std::mem::take(&mut current)));
+                rest = tail;
+                current_len = 0;
+            }
+        }
+        if !current.is_empty() {
+            groups.push((rest, current));
+        }
+        let copy = |(target, pieces): (&mut [u64], Vec<&[u64]>)| {
+            let mut at = 0;
+            for piece in pieces {
+                target[at..at + piece.len()].copy_from_slice(piece);
+                at += piece.len();
+            }
+        };
+        if groups.len() == 1 {
+            groups.into_iter().for_each(copy);
+        } else {
+            std::thread::scope(|scope| {
+                for group in groups {
+                    scope.spawn(move || copy(group));
+                }
+            });
+        }
+    }
+    // SAFETY: every element is written by the copy below before any kernel reads it.
+    let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
+    timer.time(Phase::HostToDevice, || {
+        let src = PinnedPrefix {
+            buffer: staging.raw_mut(),
+            len,
+        };
+        stream
+            .memcpy_htod(&src, &mut dst)
+            .during("copying to the device")
+    })?;
+    timer.add_bytes(Phase::HostToDevice, 8 * len);
+    Ok(dst)
+}
+
 /// Copies `device_data` into `out` (resized to its length) through a pinned
 /// buffer, and waits for the copy.
 pub fn download_u64(

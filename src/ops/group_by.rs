@@ -3,8 +3,11 @@
 //! per-group slots, privatized in shared memory while the groups fit.
 //!
 //! It knows nothing of Arrow: keys are one `u64` per row (see
-//! `exec::keys`), values are 64-bit words whose unsigned order and wrapping
-//! sum are what the caller wants, 128-bit values are split into two words.
+//! `exec::keys`), values are 64-bit words whose unsigned order (after an
+//! optional flip of the sign bit) and wrapping sum are what the caller
+//! wants, 128-bit values are split into two words. Columns come as
+//! [`Words`]: pieces laid end to end, copied once into the upload's pinned
+//! staging buffer.
 
 use std::sync::Arc;
 
@@ -12,9 +15,63 @@ use cudarc::driver::CudaStream;
 
 use crate::gpu::launch::{self, AggregateOp, GroupRows};
 use crate::gpu::{
-    download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
-    PhaseTimer,
+    download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
+    GpuResult, Phase, PhaseTimer,
 };
+
+/// A piece of a column's words, owned or borrowed from wherever the caller
+/// keeps them (an Arrow buffer of 8-byte values needs no copy).
+pub type WordPiece = Box<dyn AsRef<[u64]> + Send + Sync>;
+
+/// One 64-bit word per row, in pieces laid end to end (one per input
+/// batch, typically).
+#[derive(Default)]
+pub struct Words {
+    pieces: Vec<WordPiece>,
+    len: usize,
+}
+
+impl Words {
+    /// Appends a piece.
+    pub fn push(&mut self, piece: WordPiece) {
+        self.len += piece.as_ref().as_ref().len();
+        self.pieces.push(piece);
+    }
+
+    /// Words in all.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The pieces, in order.
+    pub fn pieces(&self) -> Vec<&[u64]> {
+        self.pieces.iter().map(|p| p.as_ref().as_ref()).collect()
+    }
+
+    /// All words in one vector (tests and references).
+    pub fn to_vec(&self) -> Vec<u64> {
+        self.pieces().concat()
+    }
+}
+
+impl From<Vec<u64>> for Words {
+    fn from(words: Vec<u64>) -> Self {
+        let mut all = Words::default();
+        all.push(Box::new(words));
+        all
+    }
+}
+
+impl std::fmt::Debug for Words {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Words({} in {} pieces)", self.len, self.pieces.len())
+    }
+}
 
 /// One reduction of one column into every group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,14 +106,17 @@ impl Reduction {
 }
 
 /// A column to reduce.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct ReduceInput {
     /// What to compute.
     pub reduction: Reduction,
     /// One word per row (the low word of wide values); empty for `Count`.
-    pub values: Vec<u64>,
+    pub values: Words,
     /// High words of wide values, otherwise empty.
-    pub high_words: Vec<u64>,
+    pub high_words: Words,
+    /// XORed into each value of `Sum`, `Min` and `Max` before it is used:
+    /// the sign bit turns signed values into order-preserving words.
+    pub flip: u64,
     /// Index into the bitmaps passed alongside; `None`: every row counts.
     pub valid: Option<usize>,
 }
@@ -132,7 +192,7 @@ pub fn group_by_device_bytes(
 pub fn group_by(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: Option<&[u64]>,
+    keys: Option<&Words>,
     rows: usize,
     inputs: &[ReduceInput],
     bitmaps: &[Vec<u64>],
@@ -176,7 +236,7 @@ pub fn group_by(
 }
 
 fn check_inputs(
-    keys: Option<&[u64]>,
+    keys: Option<&Words>,
     rows: usize,
     inputs: &[ReduceInput],
     bitmaps: &[Vec<u64>],
@@ -228,7 +288,7 @@ fn check_inputs(
 fn assign_groups(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: &[u64],
+    keys: &Words,
     timer: &mut PhaseTimer,
 ) -> GpuResult<(usize, Vec<u64>, DeviceVec<u64>)> {
     let rows = keys.len();
@@ -240,7 +300,7 @@ fn assign_groups(
             .during("allocating row groups")?;
         return Ok((0, Vec::new(), none));
     }
-    let device_keys = upload_u64(device, stream, keys, timer)?;
+    let device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
     let capacity = table_capacity(rows);
     let slots = capacity as usize + 1;
     // SAFETY (table_keys): filled with EMPTY_KEY below before any read.
@@ -352,12 +412,22 @@ fn reduce(
     let values = if input.values.is_empty() {
         None
     } else {
-        Some(upload_u64(device, stream, &input.values, timer)?)
+        Some(upload_u64_pieces(
+            device,
+            stream,
+            &input.values.pieces(),
+            timer,
+        )?)
     };
     let high = if input.high_words.is_empty() {
         None
     } else {
-        Some(upload_u64(device, stream, &input.high_words, timer)?)
+        Some(upload_u64_pieces(
+            device,
+            stream,
+            &input.high_words.pieces(),
+            timer,
+        )?)
     };
     let missing = || GpuError::Invalid(format!("{:?} without its values", input.reduction));
     match input.reduction {
@@ -378,6 +448,7 @@ fn reduce(
                     values.as_ref(),
                     None,
                     op,
+                    input.flip,
                     &mut out,
                 )
             })?;
@@ -438,6 +509,7 @@ fn reduce(
                     Some(&hi),
                     None,
                     op,
+                    0,
                     &mut out_hi,
                 )?;
                 launch::aggregate_u64(
@@ -448,6 +520,7 @@ fn reduce(
                     Some(&lo),
                     Some((&hi, &out_hi)),
                     op,
+                    0,
                     &mut out_lo,
                 )
             })?;
@@ -512,7 +585,8 @@ pub mod reference {
                 .valid
                 .is_none_or(|b| (bitmaps[b][i / 64] >> (i % 64)) & 1 == 1)
         };
-        let wide = |i: usize| (u128::from(input.high_words[i]) << 64) | u128::from(input.values[i]);
+        let (values, high_words) = (input.values.to_vec(), input.high_words.to_vec());
+        let wide = |i: usize| (u128::from(high_words[i]) << 64) | u128::from(values[i]);
         let (identity, combine): (u128, fn(u128, u128) -> u128) = match input.reduction {
             Reduction::Count | Reduction::Sum | Reduction::SumI128 => (0, u128::wrapping_add),
             Reduction::Min => (u64::MAX.into(), u128::min),
@@ -532,7 +606,10 @@ pub mod reference {
             let value = match input.reduction {
                 Reduction::Count => 1,
                 r if r.is_wide() => wide(i),
-                _ => u128::from(input.values[i]),
+                Reduction::Sum | Reduction::Min | Reduction::Max => {
+                    u128::from(values[i] ^ input.flip)
+                }
+                _ => u128::from(values[i]),
             };
             out[g] = combine(out[g], value);
         }
@@ -570,20 +647,23 @@ mod tests {
         let inputs = [
             ReduceInput {
                 reduction: Reduction::Count,
-                values: vec![],
-                high_words: vec![],
+                values: Words::default(),
+                high_words: Words::default(),
+                flip: 0,
                 valid: Some(0),
             },
             ReduceInput {
                 reduction: Reduction::Sum,
-                values: vec![1, 2, 4, 8, 16],
-                high_words: vec![],
+                values: vec![1, 2, 4, 8, 16].into(),
+                high_words: Words::default(),
+                flip: 0,
                 valid: Some(0),
             },
             ReduceInput {
                 reduction: Reduction::MaxI128,
-                values: vec![5, 0, 9, 1, u64::MAX],
-                high_words: vec![1, 0, 1, 0, 0],
+                values: vec![5, 0, 9, 1, u64::MAX].into(),
+                high_words: vec![1, 0, 1, 0, 0].into(),
+                flip: 0,
                 valid: None,
             },
         ];
@@ -600,8 +680,9 @@ mod tests {
     fn reference_without_keys_has_one_group_even_without_rows() {
         let inputs = [ReduceInput {
             reduction: Reduction::Min,
-            values: vec![],
-            high_words: vec![],
+            values: Words::default(),
+            high_words: Words::default(),
+            flip: 0,
             valid: None,
         }];
         let grouped = reference::group_by(None, 0, &inputs, &[]);
@@ -613,12 +694,13 @@ mod tests {
     fn inputs_of_the_wrong_length_are_refused() {
         let inputs = [ReduceInput {
             reduction: Reduction::Sum,
-            values: vec![1],
-            high_words: vec![],
+            values: vec![1].into(),
+            high_words: Words::default(),
+            flip: 0,
             valid: None,
         }];
         assert!(check_inputs(None, 2, &inputs, &[]).is_err());
-        assert!(check_inputs(Some(&[1]), 2, &[], &[]).is_err());
+        assert!(check_inputs(Some(&vec![1].into()), 2, &[], &[]).is_err());
         assert!(check_inputs(None, 1, &inputs, &[]).is_ok());
     }
 }

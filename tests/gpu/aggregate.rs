@@ -15,7 +15,7 @@ use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use datafusion_gpu::gpu::PhaseTimer;
-use datafusion_gpu::ops::group_by::{self, ReduceInput, Reduction};
+use datafusion_gpu::ops::group_by::{self, ReduceInput, Reduction, Words};
 use datafusion_gpu::GpuAggregateExec;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -164,7 +164,20 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
     else {
         return;
     };
-    let keys = ["k", "k2", "dt", "b", "d", "k, k2", "k2, b, dt", "k % 100"];
+    // Keys with NULLs are packed; a single integer key without NULLs is its
+    // own word (the last two).
+    let keys = [
+        "k",
+        "k2",
+        "dt",
+        "b",
+        "d",
+        "k, k2",
+        "k2, b, dt",
+        "k % 100",
+        "coalesce(k, -1)",
+        "u % 1000",
+    ];
     for partitions in [1, 4] {
         let (gpu, cpu) = contexts(partitions, &[]).await;
         // Few groups with many duplicates; groups across the shared-memory
@@ -363,6 +376,20 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     assert_eq!(gpu_aggregate_metric(&plan, "groups"), 0);
 }
 
+/// `words` split into pieces of uneven sizes (as batches would be).
+fn in_pieces(words: Vec<u64>) -> Words {
+    let mut pieces = Words::default();
+    let mut rest = words.as_slice();
+    let mut size = 1;
+    while !rest.is_empty() {
+        let (head, tail) = rest.split_at(size.min(rest.len()));
+        pieces.push(Box::new(head.to_vec()));
+        rest = tail;
+        size = size * 7 % 10_007 + 1;
+    }
+    pieces
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn device_group_by_matches_the_reference() {
     let Some(runtime) = require_gpu("device_group_by_matches_the_reference") else {
@@ -412,20 +439,31 @@ async fn device_group_by_matches_the_reference() {
                 } else {
                     Vec::new()
                 };
+                // Signed MIN and MAX flip the sign bit on the device.
+                let flip = if rng.random_bool(0.5) { 1 << 63 } else { 0 };
                 inputs.push(ReduceInput {
                     reduction,
-                    values,
-                    high_words,
+                    values: in_pieces(values),
+                    high_words: in_pieces(high_words),
+                    flip,
                     valid,
                 });
             }
         }
+        let key_words = in_pieces(keys.clone());
         for with_keys in [true, false] {
             let keys = with_keys.then_some(keys.as_slice());
             let mut timer = PhaseTimer::new(Arc::clone(stream));
-            let got =
-                group_by::group_by(&device, stream, keys, rows, &inputs, &bitmaps, &mut timer)
-                    .unwrap();
+            let got = group_by::group_by(
+                &device,
+                stream,
+                with_keys.then_some(&key_words),
+                rows,
+                &inputs,
+                &bitmaps,
+                &mut timer,
+            )
+            .unwrap();
             timer.finish().unwrap();
             let want = group_by::reference::group_by(keys, rows, &inputs, &bitmaps);
             assert_eq!(got.groups, want.groups, "rows {rows}, domain {domain}");
@@ -479,14 +517,25 @@ async fn device_float_sums_of_exact_values_are_exact() {
         .collect();
     let inputs = [ReduceInput {
         reduction: Reduction::SumF64,
-        values,
-        high_words: Vec::new(),
+        values: values.into(),
+        high_words: Words::default(),
+        flip: 0,
         valid: None,
     }];
-    for keys in [Some(keys.as_slice()), None] {
+    let key_words: Words = keys.clone().into();
+    for with_keys in [true, false] {
+        let keys = with_keys.then_some(keys.as_slice());
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let got =
-            group_by::group_by(&device, stream, keys, rows, &inputs, &[], &mut timer).unwrap();
+        let got = group_by::group_by(
+            &device,
+            stream,
+            with_keys.then_some(&key_words),
+            rows,
+            &inputs,
+            &[],
+            &mut timer,
+        )
+        .unwrap();
         timer.finish().unwrap();
         let want = group_by::reference::group_by(keys, rows, &inputs, &[]);
         let total = |g: &group_by::Grouped| -> f64 {

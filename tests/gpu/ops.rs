@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use datafusion_gpu::gpu::{download_u64, upload_u64, GpuDevice, PhaseTimer};
+use datafusion_gpu::gpu::{download_u64, upload_u64, upload_u64_pieces, GpuDevice, PhaseTimer};
 use datafusion_gpu::ops::hash_join::{self, DeviceBuildTable};
 use datafusion_gpu::ops::radix::{self, RadixPlan};
 use datafusion_gpu::ops::scan;
@@ -252,4 +252,32 @@ fn the_device_budget_refuses_work_that_cannot_fit() {
         .unwrap_err();
     let message = datafusion::error::DataFusionError::from(err).to_string();
     assert!(message.contains("GPU memory budget exceeded"), "{message}");
+}
+
+#[test]
+fn pieces_upload_end_to_end_on_one_thread_and_on_many() {
+    let Some(device) = device("pieces_upload_end_to_end_on_one_thread_and_on_many") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // 5 M words are staged by several threads, 10 000 by one.
+    for total in [10_000usize, 5_000_000] {
+        let words = random_keys(total, u64::MAX, total as u64);
+        let mut pieces = Vec::new();
+        let (mut at, mut size) = (0, 1);
+        while at < total {
+            let end = (at + size).min(total);
+            pieces.push(&words[at..end]);
+            at = end;
+            size = size * 13 % 1_000_003 + 1;
+        }
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let uploaded = upload_u64_pieces(&device, stream, &pieces, &mut timer).unwrap();
+        let mut back = Vec::new();
+        download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
+        timer.finish().unwrap();
+        assert_eq!(back, words, "{total} words in {} pieces", pieces.len());
+    }
 }

@@ -12,7 +12,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::EmitTo;
 
 use super::spec::{AggregateKind, GpuAggregate, ValueKind};
-use super::words::{column_from_words, ordered_words, row_validity, sum_words, Words};
+use super::words::{column_from_words, ordered_words, row_validity, sum_words, ColumnWords};
 use crate::ops::group_by::{ReduceInput, Reduced, Reduction};
 
 /// How one state column comes from the reductions' results.
@@ -44,51 +44,53 @@ impl DeviceWork {
         })
     }
 
-    fn reduce(&mut self, reduction: Reduction, words: Words, valid: Option<usize>) -> usize {
+    fn reduce(&mut self, reduction: Reduction, words: ColumnWords, valid: Option<usize>) -> usize {
         self.inputs.push(ReduceInput {
             reduction,
             values: words.low,
             high_words: words.high,
+            flip: words.flip,
             valid,
         });
         self.inputs.len() - 1
     }
 
     fn count(&mut self, valid: Option<usize>) -> usize {
-        self.reduce(Reduction::Count, Words::default(), valid)
+        self.reduce(Reduction::Count, ColumnWords::default(), valid)
     }
 
     /// Adds the reductions of one aggregate over its input columns `args`
-    /// (its argument, or its partial states), with its FILTER if any.
+    /// (its argument, or its partial states; each column in pieces, one per
+    /// input batch), with its FILTER (in the same pieces) if any.
     /// `with_keys`: every group has a row (without keys the one group
     /// exists even without rows, and its SUM, MIN, MAX are then NULL).
     pub(crate) fn add(
         &mut self,
         aggregate: &GpuAggregate,
         merges_states: bool,
-        args: &[ArrayRef],
-        filter: Option<&BooleanArray>,
+        args: &[Vec<ArrayRef>],
+        filter: Option<&[BooleanArray]>,
         with_keys: bool,
     ) -> Result<()> {
-        let arg = |i: usize| -> Result<(&ArrayRef, ValueKind)> {
+        let arg = |i: usize| -> Result<(&[ArrayRef], ValueKind)> {
             let array = args
                 .get(i)
                 .ok_or_else(|| DataFusionError::Internal(format!("aggregate input {i} missing")))?;
             let kind = aggregate.inputs.get(i).copied().flatten();
-            Ok((array, kind.unwrap_or(ValueKind::Signed)))
+            Ok((array.as_slice(), kind.unwrap_or(ValueKind::Signed)))
         };
         let mut states = Vec::new();
         match (aggregate.kind, merges_states) {
             (AggregateKind::Count, false) => {
                 let (array, _) = arg(0)?;
-                let valid = self.bitmap(row_validity(array.as_ref(), filter));
+                let valid = self.bitmap(row_validity(array, filter));
                 let reduced = self.count(valid);
                 states.push(plain(reduced, ValueKind::Signed));
             }
             (AggregateKind::Count, true) => {
                 let (array, kind) = arg(0)?;
-                let valid = self.bitmap(row_validity(array.as_ref(), None));
-                let reduced = self.reduce(Reduction::Sum, sum_words(array.as_ref(), kind)?, valid);
+                let valid = self.bitmap(row_validity(array, None));
+                let reduced = self.reduce(Reduction::Sum, sum_words(array, kind)?, valid);
                 states.push(plain(reduced, ValueKind::Signed));
             }
             (AggregateKind::Sum, _) => {
@@ -97,7 +99,7 @@ impl DeviceWork {
             }
             (AggregateKind::Min | AggregateKind::Max, _) => {
                 let (array, kind) = arg(0)?;
-                let valid_bits = row_validity(array.as_ref(), filter);
+                let valid_bits = row_validity(array, filter);
                 let nullable = valid_bits.is_some() || !with_keys;
                 let valid = self.bitmap(valid_bits);
                 let wide = kind == ValueKind::Decimal128;
@@ -107,7 +109,7 @@ impl DeviceWork {
                     (false, false) => Reduction::Max,
                     (false, true) => Reduction::MaxI128,
                 };
-                let reduced = self.reduce(reduction, ordered_words(array.as_ref(), kind)?, valid);
+                let reduced = self.reduce(reduction, ordered_words(array, kind)?, valid);
                 states.push(StateColumn {
                     reduced,
                     kind,
@@ -117,9 +119,9 @@ impl DeviceWork {
             }
             (AggregateKind::Avg, false) => {
                 let (array, kind) = arg(0)?;
-                let valid = self.bitmap(row_validity(array.as_ref(), filter));
+                let valid = self.bitmap(row_validity(array, filter));
                 let count = self.count(valid);
-                let sum = self.reduce(sum_reduction(kind), sum_words(array.as_ref(), kind)?, valid);
+                let sum = self.reduce(sum_reduction(kind), sum_words(array, kind)?, valid);
                 // DataFusion's AVG state is NULL, count included, in a group
                 // without values (a count of 0 would be divided by).
                 states.push(StateColumn {
@@ -137,12 +139,8 @@ impl DeviceWork {
             }
             (AggregateKind::Avg, true) => {
                 let (counts, count_kind) = arg(0)?;
-                let valid = self.bitmap(row_validity(counts.as_ref(), None));
-                let count = self.reduce(
-                    Reduction::Sum,
-                    sum_words(counts.as_ref(), count_kind)?,
-                    valid,
-                );
+                let valid = self.bitmap(row_validity(counts, None));
+                let count = self.reduce(Reduction::Sum, sum_words(counts, count_kind)?, valid);
                 // As DataFusion's merge: a group has a count once any of its
                 // partial counts is not NULL.
                 let seen = (valid.is_some() || !with_keys).then(|| self.count(valid));
@@ -162,15 +160,15 @@ impl DeviceWork {
 
     fn sum(
         &mut self,
-        array: &ArrayRef,
+        array: &[ArrayRef],
         kind: ValueKind,
-        filter: Option<&BooleanArray>,
+        filter: Option<&[BooleanArray]>,
         with_keys: bool,
     ) -> Result<StateColumn> {
-        let valid_bits = row_validity(array.as_ref(), filter);
+        let valid_bits = row_validity(array, filter);
         let nullable = valid_bits.is_some() || !with_keys;
         let valid = self.bitmap(valid_bits);
-        let reduced = self.reduce(sum_reduction(kind), sum_words(array.as_ref(), kind)?, valid);
+        let reduced = self.reduce(sum_reduction(kind), sum_words(array, kind)?, valid);
         Ok(StateColumn {
             reduced,
             kind,

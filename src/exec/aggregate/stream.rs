@@ -7,11 +7,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    new_empty_array, Array, ArrayRef, AsArray, RecordBatch, UInt64Array,
-};
-use datafusion::arrow::compute::{concat, take};
-use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::array::{new_empty_array, Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::compute::interleave;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
@@ -24,11 +22,12 @@ use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::{StreamExt, TryStreamExt};
 
 use super::reductions::DeviceWork;
-use super::spec::AggregateSpec;
-use crate::exec::keys::KeyEncoder;
+use super::spec::{AggregateSpec, ValueKind};
+use super::words::piece_words;
+use crate::exec::keys::{KeyEncoder, KeySpec};
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
-use crate::ops::group_by::{group_by, group_by_device_bytes, Grouped};
+use crate::ops::group_by::{group_by, group_by_device_bytes, Grouped, Words};
 
 /// The expressions one partition evaluates over its input.
 pub(crate) struct AggregateInputs {
@@ -91,7 +90,6 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     let device_task = Arc::new(DevicePart {
         spec: task.spec.clone(),
         final_output: task.final_output,
-        input_schema: Arc::clone(&task.input_schema),
         output_schema: Arc::clone(&task.output_schema),
         device: Arc::clone(&task.device),
         memory_fraction: task.memory_fraction,
@@ -148,7 +146,6 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
 struct DevicePart {
     spec: AggregateSpec,
     final_output: bool,
-    input_schema: SchemaRef,
     output_schema: SchemaRef,
     device: Arc<GpuDevice>,
     memory_fraction: f64,
@@ -157,26 +154,99 @@ struct DevicePart {
     metrics: GpuAggregateMetrics,
 }
 
-/// `exprs` evaluated over every batch, each concatenated into one column.
-fn evaluate_all(
+/// `exprs` evaluated over every batch: per expression, one array per batch
+/// (the pieces are never concatenated; see [`Words`]).
+fn evaluate_pieces(
     exprs: &[Arc<dyn PhysicalExpr>],
     batches: &[RecordBatch],
-    input_schema: &Schema,
-) -> Result<Vec<ArrayRef>> {
+) -> Result<Vec<Vec<ArrayRef>>> {
     exprs
         .iter()
         .map(|expr| {
-            let pieces = batches
+            batches
                 .iter()
                 .map(|batch| expr.evaluate(batch)?.into_array(batch.num_rows()))
-                .collect::<Result<Vec<_>>>()?;
-            if pieces.is_empty() {
-                return Ok(new_empty_array(&expr.data_type(input_schema)?));
-            }
-            let pieces: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
-            Ok(concat(&pieces)?)
+                .collect()
         })
         .collect()
+}
+
+/// The group keys of every batch as one word per row: a single integer
+/// column without NULLs is its own word (any injective word will do for
+/// grouping); anything else is packed as join keys are, the batches spread
+/// over the cores. `None` when the packed ranges need more than 64 bits.
+fn encode_keys(
+    key_spec: &KeySpec,
+    key_columns: &[Vec<ArrayRef>],
+    batches: usize,
+) -> Result<Option<Words>> {
+    if let [column] = key_columns {
+        let kind = ValueKind::of(&key_spec.types()[0])
+            .filter(|k| matches!(k, ValueKind::Signed | ValueKind::Unsigned));
+        if let Some(kind) = kind {
+            if column.iter().all(|piece| piece.logical_null_count() == 0) {
+                let mut words = Words::default();
+                for piece in column {
+                    words.push(piece_words(piece.as_ref(), kind)?);
+                }
+                return Ok(Some(words));
+            }
+        }
+    }
+    // Per batch, its key columns.
+    let pieces: Vec<Vec<ArrayRef>> = (0..batches)
+        .map(|b| key_columns.iter().map(|c| Arc::clone(&c[b])).collect())
+        .collect();
+    let encoder = KeyEncoder::for_pieces(key_spec, &pieces)?;
+    if encoder.needs_verification() {
+        return Ok(None);
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(pieces.len())
+        .max(1);
+    let per_thread = pieces.len().div_ceil(threads).max(1);
+    let encoded: Vec<Result<Vec<Vec<u64>>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = pieces
+            .chunks(per_thread)
+            .map(|chunk| {
+                let encoder = &encoder;
+                scope.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|columns| {
+                            let encoded = encoder.encode(columns)?;
+                            // NULL is a group and every value is in range:
+                            // no row is ever dropped.
+                            if encoded.row_ids.is_some() {
+                                return Err(DataFusionError::Internal(
+                                    "group key encoding dropped rows".into(),
+                                ));
+                            }
+                            Ok(encoded.keys)
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(DataFusionError::Internal(
+                        "key encoding thread panicked".into(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut words = Words::default();
+    for chunk in encoded {
+        for keys in chunk? {
+            words.push(Box::new(keys));
+        }
+    }
+    Ok(Some(words))
 }
 
 impl DevicePart {
@@ -184,38 +254,31 @@ impl DevicePart {
         let _timer = self.metrics.baseline.elapsed_compute().timer();
         let prepare = self.metrics.prepare_time.timer();
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        let key_columns = evaluate_all(&inputs.group_exprs, batches, &self.input_schema)?;
+        let key_columns = evaluate_pieces(&inputs.group_exprs, batches)?;
         let keys = match &self.spec.keys {
-            Some(key_spec) if rows > 0 => {
-                let encoder = KeyEncoder::for_build_side(key_spec, &key_columns)?;
-                if encoder.needs_verification() {
-                    // The keys' ranges need more than 64 bits together.
-                    return Ok(Outcome::OnCpu);
-                }
-                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-                let encoded = encoder.encode_parallel(&key_columns, threads)?;
-                if encoded.row_ids.is_some() || encoded.keys.len() != rows {
-                    return Err(DataFusionError::Internal(
-                        "group key encoding dropped rows".into(),
-                    ));
-                }
-                Some(encoded.keys)
-            }
-            Some(_) => Some(Vec::new()),
+            Some(key_spec) => match encode_keys(key_spec, &key_columns, batches.len())? {
+                Some(keys) => Some(keys),
+                // The keys' ranges need more than 64 bits together.
+                None => return Ok(Outcome::OnCpu),
+            },
             None => None,
         };
         let with_keys = keys.is_some();
         let mut work = DeviceWork::default();
         for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
-            let args = evaluate_all(&inputs.aggregate_args[i], batches, &self.input_schema)?;
+            let args = evaluate_pieces(&inputs.aggregate_args[i], batches)?;
             let filter = match &inputs.filters[i] {
                 Some(filter) => {
-                    let column =
-                        evaluate_all(std::slice::from_ref(filter), batches, &self.input_schema)?;
+                    let pieces = evaluate_pieces(std::slice::from_ref(filter), batches)?;
                     Some(
-                        column[0].as_boolean_opt().cloned().ok_or_else(|| {
-                            DataFusionError::Internal("FILTER is not boolean".into())
-                        })?,
+                        pieces[0]
+                            .iter()
+                            .map(|piece| {
+                                piece.as_boolean_opt().cloned().ok_or_else(|| {
+                                    DataFusionError::Internal("FILTER is not boolean".into())
+                                })
+                            })
+                            .collect::<Result<Vec<_>>>()?,
                     )
                 }
                 None => None,
@@ -224,13 +287,13 @@ impl DevicePart {
                 aggregate,
                 self.spec.merges_states,
                 &args,
-                filter.as_ref(),
+                filter.as_deref(),
                 with_keys,
             )?;
         }
         prepare.done();
         let device = self.metrics.device_wall_time.timer();
-        let grouped = self.on_device(keys.as_deref(), rows, &work);
+        let grouped = self.on_device(keys.as_ref(), rows, &work);
         device.done();
         let grouped = match grouped {
             Ok(grouped) => grouped,
@@ -239,13 +302,13 @@ impl DevicePart {
         };
         self.metrics.groups.add(grouped.groups);
         let _emit = self.metrics.emit_time.timer();
-        self.output(&key_columns, &work, &grouped)
+        self.output(&key_columns, batches, &work, &grouped)
             .map(Outcome::Batches)
     }
 
     fn on_device(
         &self,
-        keys: Option<&[u64]>,
+        keys: Option<&Words>,
         rows: usize,
         work: &DeviceWork,
     ) -> GpuResult<Grouped> {
@@ -283,16 +346,40 @@ impl DevicePart {
     /// each aggregate's value or state columns.
     fn output(
         &self,
-        key_columns: &[ArrayRef],
+        key_columns: &[Vec<ArrayRef>],
+        batches: &[RecordBatch],
         work: &DeviceWork,
         grouped: &Grouped,
     ) -> Result<Vec<RecordBatch>> {
         let groups = grouped.groups;
-        let group_rows = UInt64Array::from(grouped.group_rows.clone());
         let mut columns = Vec::with_capacity(self.output_schema.fields().len());
         if self.spec.keys.is_some() {
-            for key in key_columns {
-                columns.push(take(key.as_ref(), &group_rows, None)?);
+            // (batch, row in batch) of each group's row.
+            let starts: Vec<usize> = batches
+                .iter()
+                .scan(0, |start, b| {
+                    let this = *start;
+                    *start += b.num_rows();
+                    Some(this)
+                })
+                .collect();
+            let at: Vec<(usize, usize)> = grouped
+                .group_rows
+                .iter()
+                .map(|&row| {
+                    let row = row as usize;
+                    let batch = starts.partition_point(|&s| s <= row) - 1;
+                    (batch, row - starts[batch])
+                })
+                .collect();
+            for (key, pieces) in key_columns.iter().enumerate() {
+                let column = if pieces.is_empty() {
+                    new_empty_array(self.output_schema.field(key).data_type())
+                } else {
+                    let sources: Vec<&dyn Array> = pieces.iter().map(|p| p.as_ref()).collect();
+                    interleave(&sources, &at)?
+                };
+                columns.push(column);
             }
         }
         for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
@@ -303,9 +390,6 @@ impl DevicePart {
                 groups,
                 self.final_output,
             )?);
-        }
-        if self.spec.keys.is_some() && key_columns.is_empty() {
-            return Err(DataFusionError::Internal("group keys missing".into()));
         }
         let batch = RecordBatch::try_new(Arc::clone(&self.output_schema), columns)?;
         let size = self.batch_size.max(1);

@@ -11,15 +11,17 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
 use super::spec::ValueKind;
-use crate::ops::group_by::validity_bitmap;
+use crate::ops::group_by::{WordPiece, Words};
 
 const SIGN: u64 = 1 << 63;
 
-/// The words of one column: low words, and high words for Decimal128.
+/// The words of one column: low words, high words for Decimal128, and the
+/// flip the device applies to the low words before comparing them.
 #[derive(Debug, Default)]
-pub(crate) struct Words {
-    pub(crate) low: Vec<u64>,
-    pub(crate) high: Vec<u64>,
+pub(crate) struct ColumnWords {
+    pub(crate) low: Words,
+    pub(crate) high: Words,
+    pub(crate) flip: u64,
 }
 
 fn width(data_type: &DataType) -> Result<usize> {
@@ -28,26 +30,43 @@ fn width(data_type: &DataType) -> Result<usize> {
     })
 }
 
-/// The values of `array` as i64 (signed kinds) or u64 bit patterns
-/// (unsigned kinds), NULL slots holding whatever the buffer holds.
-fn widened(array: &dyn Array, kind: ValueKind) -> Result<Vec<u64>> {
+/// The values buffer of an 8-byte column, read as words where it lies.
+struct BufferWords(Buffer);
+
+impl AsRef<[u64]> for BufferWords {
+    fn as_ref(&self) -> &[u64] {
+        // Arrow keeps 8-byte values 8-byte aligned (a PrimitiveArray
+        // checks it), so the cast never fails.
+        self.0.typed_data::<u64>()
+    }
+}
+
+/// The values of one piece as words: the Arrow buffer itself for 8-byte
+/// types; 1, 2 and 4-byte values widened (sign-extended for signed kinds).
+/// NULL slots hold whatever the buffer holds.
+pub(crate) fn piece_words(array: &dyn Array, kind: ValueKind) -> Result<WordPiece> {
     let data = array.to_data();
     let len = data.len();
-    macro_rules! read {
+    macro_rules! widen {
         ($t:ty, $widen:expr) => {
-            data.buffer::<$t>(0)[..len].iter().map($widen).collect()
+            Box::new(
+                data.buffer::<$t>(0)[..len]
+                    .iter()
+                    .map($widen)
+                    .collect::<Vec<u64>>(),
+            )
         };
     }
     Ok(match (kind, width(data.data_type())?) {
-        (ValueKind::Signed, 1) => read!(i8, |&v| v as i64 as u64),
-        (ValueKind::Signed, 2) => read!(i16, |&v| v as i64 as u64),
-        (ValueKind::Signed, 4) => read!(i32, |&v| v as i64 as u64),
-        (ValueKind::Signed, 8) => read!(i64, |&v| v as u64),
-        (ValueKind::Unsigned, 1) => read!(u8, |&v| u64::from(v)),
-        (ValueKind::Unsigned, 2) => read!(u16, |&v| u64::from(v)),
-        (ValueKind::Unsigned, 4) => read!(u32, |&v| u64::from(v)),
-        (ValueKind::Unsigned, 8) => read!(u64, |&v| v),
-        (ValueKind::Float64, 8) => read!(f64, |&v| v.to_bits()),
+        (ValueKind::Signed | ValueKind::Unsigned | ValueKind::Float64, 8) => Box::new(BufferWords(
+            data.buffers()[0].slice_with_length(data.offset() * 8, len * 8),
+        )),
+        (ValueKind::Signed, 1) => widen!(i8, |&v| v as i64 as u64),
+        (ValueKind::Signed, 2) => widen!(i16, |&v| v as i64 as u64),
+        (ValueKind::Signed, 4) => widen!(i32, |&v| v as i64 as u64),
+        (ValueKind::Unsigned, 1) => widen!(u8, |&v| u64::from(v)),
+        (ValueKind::Unsigned, 2) => widen!(u16, |&v| u64::from(v)),
+        (ValueKind::Unsigned, 4) => widen!(u32, |&v| u64::from(v)),
         (kind, width) => {
             return Err(DataFusionError::Internal(format!(
                 "{kind:?} values of {width} bytes"
@@ -56,60 +75,82 @@ fn widened(array: &dyn Array, kind: ValueKind) -> Result<Vec<u64>> {
     })
 }
 
-fn decimal_words(array: &dyn Array, ordered: bool) -> Words {
-    let data = array.to_data();
-    let values = &data.buffer::<i128>(0)[..data.len()];
+fn decimal_words(pieces: &[ArrayRef], ordered: bool) -> ColumnWords {
     let flip = if ordered { SIGN } else { 0 };
-    Words {
-        low: values.iter().map(|&v| v as u64).collect(),
-        high: values.iter().map(|&v| ((v >> 64) as u64) ^ flip).collect(),
+    let mut words = ColumnWords::default();
+    for array in pieces {
+        let data = array.to_data();
+        let values = &data.buffer::<i128>(0)[..data.len()];
+        words.low.push(Box::new(
+            values.iter().map(|&v| v as u64).collect::<Vec<u64>>(),
+        ));
+        words.high.push(Box::new(
+            values
+                .iter()
+                .map(|&v| ((v >> 64) as u64) ^ flip)
+                .collect::<Vec<u64>>(),
+        ));
     }
+    words
+}
+
+fn low_words(pieces: &[ArrayRef], kind: ValueKind, flip: u64) -> Result<ColumnWords> {
+    let mut words = ColumnWords {
+        flip,
+        ..ColumnWords::default()
+    };
+    for array in pieces {
+        words.low.push(piece_words(array.as_ref(), kind)?);
+    }
+    Ok(words)
 }
 
 /// Words whose wrapping sum is the sum of the values.
-pub(crate) fn sum_words(array: &dyn Array, kind: ValueKind) -> Result<Words> {
+pub(crate) fn sum_words(pieces: &[ArrayRef], kind: ValueKind) -> Result<ColumnWords> {
     match kind {
-        ValueKind::Decimal128 => Ok(decimal_words(array, false)),
-        kind => Ok(Words {
-            low: widened(array, kind)?,
-            high: Vec::new(),
-        }),
+        ValueKind::Decimal128 => Ok(decimal_words(pieces, false)),
+        kind => low_words(pieces, kind, 0),
     }
 }
 
-/// Words whose unsigned order is the values' order.
-pub(crate) fn ordered_words(array: &dyn Array, kind: ValueKind) -> Result<Words> {
+/// Words whose unsigned order, once the device applies `flip`, is the
+/// values' order.
+pub(crate) fn ordered_words(pieces: &[ArrayRef], kind: ValueKind) -> Result<ColumnWords> {
     match kind {
-        ValueKind::Decimal128 => Ok(decimal_words(array, true)),
-        ValueKind::Signed => Ok(Words {
-            low: widened(array, kind)?
-                .into_iter()
-                .map(|w| w ^ SIGN)
-                .collect(),
-            high: Vec::new(),
-        }),
-        ValueKind::Unsigned => Ok(Words {
-            low: widened(array, kind)?,
-            high: Vec::new(),
-        }),
+        ValueKind::Decimal128 => Ok(decimal_words(pieces, true)),
+        ValueKind::Signed => low_words(pieces, kind, SIGN),
+        ValueKind::Unsigned => low_words(pieces, kind, 0),
         ValueKind::Float64 => Err(DataFusionError::Internal(
             "floats have no ordered words here".into(),
         )),
     }
 }
 
-/// The rows that take part: valid in `array` and, with a FILTER, where it
-/// is true. `None` when that is every row.
-pub(crate) fn row_validity(array: &dyn Array, filter: Option<&BooleanArray>) -> Option<Vec<u64>> {
-    let nulls = array.logical_nulls();
-    let filter = filter.filter(|f| f.null_count() > 0 || f.false_count() > 0);
-    if nulls.is_none() && filter.is_none() {
+/// The rows that take part, over all pieces: valid in the column and, with
+/// a FILTER, where it is true. `None` when that is every row.
+pub(crate) fn row_validity(
+    pieces: &[ArrayRef],
+    filter: Option<&[BooleanArray]>,
+) -> Option<Vec<u64>> {
+    let nulls: Vec<Option<NullBuffer>> = pieces.iter().map(|p| p.logical_nulls()).collect();
+    let filter = filter.filter(|f| f.iter().any(|f| f.null_count() > 0 || f.false_count() > 0));
+    if nulls.iter().all(Option::is_none) && filter.is_none() {
         return None;
     }
-    Some(validity_bitmap(array.len(), |i| {
-        nulls.as_ref().is_none_or(|n| n.is_valid(i))
-            && filter.is_none_or(|f| f.is_valid(i) && f.value(i))
-    }))
+    let rows: usize = pieces.iter().map(|p| p.len()).sum();
+    let mut bits = vec![0u64; rows.div_ceil(64)];
+    let mut row = 0;
+    for (p, piece) in pieces.iter().enumerate() {
+        for i in 0..piece.len() {
+            let valid = nulls[p].as_ref().is_none_or(|n| n.is_valid(i))
+                && filter.is_none_or(|f| f[p].is_valid(i) && f[p].value(i));
+            if valid {
+                bits[row / 64] |= 1 << (row % 64);
+            }
+            row += 1;
+        }
+    }
+    Some(bits)
 }
 
 /// A column of `data_type` from one word (and high word) per group, the
@@ -168,21 +209,36 @@ fn narrow<T>(words: &[u64], unflip: impl Fn(u64) -> u64, to: impl Fn(u64) -> T) 
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use datafusion::arrow::array::{
-        AsArray, Date32Array, Decimal128Array, Int16Array, UInt32Array,
+        AsArray, Date32Array, Decimal128Array, Int16Array, Int64Array, UInt32Array,
     };
     use datafusion::arrow::datatypes::{Date32Type, Decimal128Type, Int16Type};
 
+    fn pieces(arrays: Vec<ArrayRef>) -> Vec<ArrayRef> {
+        arrays
+    }
+
     #[test]
-    fn ordered_words_sort_like_the_values() {
+    fn ordered_words_sort_like_the_values_once_flipped() {
         let values = Int16Array::from(vec![-5, 3, i16::MIN, 0, i16::MAX]);
-        let words = ordered_words(&values, ValueKind::Signed).unwrap().low;
+        let words =
+            ordered_words(&pieces(vec![Arc::new(values.clone())]), ValueKind::Signed).unwrap();
+        let flipped: Vec<u64> = words.low.to_vec().iter().map(|w| w ^ words.flip).collect();
         let mut by_word: Vec<usize> = (0..5).collect();
-        by_word.sort_by_key(|&i| words[i]);
+        by_word.sort_by_key(|&i| flipped[i]);
         assert_eq!(by_word, vec![2, 0, 3, 1, 4]);
-        let back = column_from_words(&DataType::Int16, ValueKind::Signed, true, &words, &[], None)
-            .unwrap();
+        let back = column_from_words(
+            &DataType::Int16,
+            ValueKind::Signed,
+            true,
+            &flipped,
+            &[],
+            None,
+        )
+        .unwrap();
         assert_eq!(back.as_primitive::<Int16Type>(), &values);
     }
 
@@ -191,18 +247,21 @@ mod tests {
         let values = Decimal128Array::from(vec![-(1i128 << 70), 12345, -1, i128::MAX])
             .with_precision_and_scale(38, 2)
             .unwrap();
+        let column: Vec<ArrayRef> =
+            vec![Arc::new(values.slice(0, 1)), Arc::new(values.slice(1, 3))];
         for ordered in [false, true] {
             let words = if ordered {
-                ordered_words(&values, ValueKind::Decimal128).unwrap()
+                ordered_words(&column, ValueKind::Decimal128).unwrap()
             } else {
-                sum_words(&values, ValueKind::Decimal128).unwrap()
+                sum_words(&column, ValueKind::Decimal128).unwrap()
             };
+            assert_eq!(words.flip, 0);
             let back = column_from_words(
                 values.data_type(),
                 ValueKind::Decimal128,
                 ordered,
-                &words.low,
-                &words.high,
+                &words.low.to_vec(),
+                &words.high.to_vec(),
                 Some(vec![true, true, false, true]),
             )
             .unwrap();
@@ -212,41 +271,55 @@ mod tests {
             assert!(back.is_null(2));
             assert_eq!(back.data_type(), values.data_type());
         }
-        let ordered = ordered_words(&values, ValueKind::Decimal128).unwrap();
-        let key = |i: usize| (ordered.high[i], ordered.low[i]);
+        let ordered = ordered_words(&column, ValueKind::Decimal128).unwrap();
+        let (high, low) = (ordered.high.to_vec(), ordered.low.to_vec());
+        let key = |i: usize| (high[i], low[i]);
         assert!(key(0) < key(2) && key(2) < key(1) && key(1) < key(3));
     }
 
     #[test]
-    fn sliced_and_typed_columns_read_from_their_offset() {
+    fn sliced_pieces_read_from_their_offset_and_8_byte_values_are_not_copied() {
         let dates = Date32Array::from(vec![1, 2, 3, 4]).slice(1, 2);
-        let words = sum_words(&dates, ValueKind::Signed).unwrap().low;
-        assert_eq!(words, vec![2, 3]);
+        let words = sum_words(&pieces(vec![Arc::new(dates)]), ValueKind::Signed).unwrap();
+        assert_eq!(words.low.to_vec(), vec![2, 3]);
         let back = column_from_words(
             &DataType::Date32,
             ValueKind::Signed,
             false,
-            &words,
+            &words.low.to_vec(),
             &[],
             None,
         )
         .unwrap();
         assert_eq!(back.as_primitive::<Date32Type>().values(), &[2, 3]);
-        let unsigned = UInt32Array::from(vec![u32::MAX, 0]);
+        let wide = Int64Array::from(vec![-1, 5, 7]);
+        let piece = wide.slice(1, 2);
+        let words = sum_words(&pieces(vec![Arc::new(piece.clone())]), ValueKind::Signed).unwrap();
+        assert_eq!(words.low.to_vec(), vec![5, 7]);
         assert_eq!(
-            ordered_words(&unsigned, ValueKind::Unsigned).unwrap().low,
-            vec![u64::from(u32::MAX), 0]
+            words.low.pieces()[0].as_ptr() as usize,
+            piece.values().as_ptr() as usize
         );
+        let unsigned = UInt32Array::from(vec![u32::MAX, 0]);
+        let words = ordered_words(&pieces(vec![Arc::new(unsigned)]), ValueKind::Unsigned).unwrap();
+        assert_eq!(words.low.to_vec(), vec![u64::from(u32::MAX), 0]);
+        assert_eq!(words.flip, 0);
     }
 
     #[test]
-    fn validity_combines_nulls_and_the_filter() {
-        let values = Int16Array::from(vec![Some(1), None, Some(3), Some(4)]);
-        let filter = BooleanArray::from(vec![Some(true), Some(true), None, Some(false)]);
-        let bits = row_validity(&values, Some(&filter)).unwrap();
-        assert_eq!(bits, vec![0b0001]);
-        let all_true = BooleanArray::from(vec![true; 4]);
-        let no_nulls = Int16Array::from(vec![1, 2, 3, 4]);
+    fn validity_spans_pieces_and_combines_nulls_and_the_filter() {
+        let column: Vec<ArrayRef> = vec![
+            Arc::new(Int16Array::from(vec![Some(1), None])),
+            Arc::new(Int16Array::from(vec![Some(3), Some(4)])),
+        ];
+        let filter = [
+            BooleanArray::from(vec![Some(true), Some(true)]),
+            BooleanArray::from(vec![None, Some(true)]),
+        ];
+        let bits = row_validity(&column, Some(&filter)).unwrap();
+        assert_eq!(bits, vec![0b1001]);
+        let all_true = [BooleanArray::from(vec![true; 2])];
+        let no_nulls: Vec<ArrayRef> = vec![Arc::new(Int16Array::from(vec![1, 2]))];
         assert!(row_validity(&no_nulls, Some(&all_true)).is_none());
     }
 }

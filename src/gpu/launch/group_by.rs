@@ -185,8 +185,8 @@ pub fn group_resolve(
 }
 
 #[allow(clippy::too_many_arguments)]
-/// `aggregate_u64`: reduces `values` (unused by [`AggregateOp::Count`]) by
-/// `op` into `out[group]`, which holds the op's identity on entry. With
+/// `aggregate_u64`: reduces `values ^ flip` (unused by [`AggregateOp::Count`])
+/// by `op` into `out[group]`, which holds the op's identity on entry. With
 /// `tie` = (values of the high word, the high word's result per group), only
 /// rows whose high word equals their group's result take part.
 pub fn aggregate_u64(
@@ -197,6 +197,7 @@ pub fn aggregate_u64(
     values: Option<&CudaSlice<u64>>,
     tie: Option<(&CudaSlice<u64>, &CudaSlice<u64>)>,
     op: AggregateOp,
+    flip: u64,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
     rows.check()?;
@@ -228,6 +229,7 @@ pub fn aggregate_u64(
     launch
         .arg(&n)
         .arg(&op_code)
+        .arg(&flip)
         .arg(&mut *out)
         .arg(&groups)
         .arg(&privatize);
