@@ -6,17 +6,9 @@ use datafusion::physical_plan::metrics::{
 
 use crate::gpu::PhaseTimes;
 
-/// Per-partition metrics of a GPU join.
+/// Per-partition metrics of device work, shared by every GPU operator.
 #[derive(Debug, Clone)]
-pub struct GpuJoinMetrics {
-    /// Output rows, batches and host compute time.
-    pub baseline: BaselineMetrics,
-    /// Build rows collected (all of them, NULL keys included).
-    pub build_rows: Count,
-    /// Probe rows read.
-    pub probe_rows: Count,
-    /// Probe chunks sent to the device.
-    pub probe_chunks: Count,
+pub struct DeviceMetrics {
     /// Bytes copied host to device.
     pub h2d_bytes: Count,
     /// Bytes copied device to host.
@@ -29,6 +21,43 @@ pub struct GpuJoinMetrics {
     pub device_memory_wait: Time,
     /// Time spent waiting for a slot of `gpu.max_concurrent_tasks`.
     pub device_admission_wait: Time,
+}
+
+impl DeviceMetrics {
+    fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let builder = || MetricBuilder::new(set);
+        Self {
+            h2d_bytes: builder().counter("h2d_bytes", partition),
+            d2h_bytes: builder().counter("d2h_bytes", partition),
+            transfer_time: builder().subset_time("transfer_time", partition),
+            kernel_time: builder().subset_time("kernel_time", partition),
+            device_memory_wait: builder().subset_time("device_memory_wait", partition),
+            device_admission_wait: builder().subset_time("device_admission_wait", partition),
+        }
+    }
+
+    /// Adds the device times and bytes of one unit of work.
+    pub fn record(&self, times: &PhaseTimes) {
+        self.transfer_time.add_duration(times.transfer());
+        self.kernel_time.add_duration(times.kernel);
+        self.h2d_bytes.add(times.host_to_device_bytes);
+        self.d2h_bytes.add(times.device_to_host_bytes);
+    }
+}
+
+/// Per-partition metrics of a GPU join.
+#[derive(Debug, Clone)]
+pub struct GpuJoinMetrics {
+    /// Output rows, batches and host compute time.
+    pub baseline: BaselineMetrics,
+    /// Build rows collected (all of them, NULL keys included).
+    pub build_rows: Count,
+    /// Probe rows read.
+    pub probe_rows: Count,
+    /// Probe chunks sent to the device.
+    pub probe_chunks: Count,
+    /// Copies, kernels and waits on the device.
+    pub device: DeviceMetrics,
     /// Probe chunks joined on the host because the device lacked memory.
     pub cpu_fallback_chunks: Count,
 }
@@ -42,22 +71,9 @@ impl GpuJoinMetrics {
             build_rows: builder().counter("build_rows", partition),
             probe_rows: builder().counter("probe_rows", partition),
             probe_chunks: builder().counter("probe_chunks", partition),
-            h2d_bytes: builder().counter("h2d_bytes", partition),
-            d2h_bytes: builder().counter("d2h_bytes", partition),
-            transfer_time: builder().subset_time("transfer_time", partition),
-            kernel_time: builder().subset_time("kernel_time", partition),
-            device_memory_wait: builder().subset_time("device_memory_wait", partition),
+            device: DeviceMetrics::new(set, partition),
             cpu_fallback_chunks: builder().counter("cpu_fallback_chunks", partition),
-            device_admission_wait: builder().subset_time("device_admission_wait", partition),
         }
-    }
-
-    /// Adds the device times and bytes of one unit of work.
-    pub fn record_device(&self, times: &PhaseTimes) {
-        self.transfer_time.add_duration(times.transfer());
-        self.kernel_time.add_duration(times.kernel);
-        self.h2d_bytes.add(times.host_to_device_bytes);
-        self.d2h_bytes.add(times.device_to_host_bytes);
     }
 }
 
@@ -76,18 +92,8 @@ pub struct GpuAggregateMetrics {
     pub device_wall_time: Time,
     /// Host time turning per-group results into output batches.
     pub emit_time: Time,
-    /// Bytes copied host to device.
-    pub h2d_bytes: Count,
-    /// Bytes copied device to host.
-    pub d2h_bytes: Count,
-    /// Device time in copies, both directions (CUDA events).
-    pub transfer_time: Time,
-    /// Device time in kernels (CUDA events).
-    pub kernel_time: Time,
-    /// Time spent waiting for the device memory budget.
-    pub device_memory_wait: Time,
-    /// Time spent waiting for a slot of `gpu.max_concurrent_tasks`.
-    pub device_admission_wait: Time,
+    /// Copies, kernels and waits on the device.
+    pub device: DeviceMetrics,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, or keys too wide to pack).
     pub cpu_fallback_partitions: Count,
@@ -104,21 +110,8 @@ impl GpuAggregateMetrics {
             prepare_time: builder().subset_time("prepare_time", partition),
             device_wall_time: builder().subset_time("device_wall_time", partition),
             emit_time: builder().subset_time("emit_time", partition),
-            h2d_bytes: builder().counter("h2d_bytes", partition),
-            d2h_bytes: builder().counter("d2h_bytes", partition),
-            transfer_time: builder().subset_time("transfer_time", partition),
-            kernel_time: builder().subset_time("kernel_time", partition),
-            device_memory_wait: builder().subset_time("device_memory_wait", partition),
-            device_admission_wait: builder().subset_time("device_admission_wait", partition),
+            device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }
-    }
-
-    /// Adds the device times and bytes of one unit of work.
-    pub fn record_device(&self, times: &PhaseTimes) {
-        self.transfer_time.add_duration(times.transfer());
-        self.kernel_time.add_duration(times.kernel);
-        self.h2d_bytes.add(times.host_to_device_bytes);
-        self.d2h_bytes.add(times.device_to_host_bytes);
     }
 }

@@ -11,4 +11,4 @@ mod once;
 pub use aggregate::GpuAggregateExec;
 pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
-pub use metrics::{GpuAggregateMetrics, GpuJoinMetrics};
+pub use metrics::{DeviceMetrics, GpuAggregateMetrics, GpuJoinMetrics};

@@ -315,6 +315,7 @@ impl DevicePart {
         let waiting = std::time::Instant::now();
         let _admission = self.device.admit(self.max_concurrent_tasks);
         self.metrics
+            .device
             .device_admission_wait
             .add_duration(waiting.elapsed());
         self.device.bind_to_thread()?;
@@ -325,6 +326,7 @@ impl DevicePart {
             ReservationKind::Transient,
         )?;
         self.metrics
+            .device
             .device_memory_wait
             .add_duration(memory.waited());
         let stream = self.device.stream()?;
@@ -338,7 +340,7 @@ impl DevicePart {
             &work.bitmaps,
             &mut timer,
         )?;
-        self.metrics.record_device(&timer.finish()?);
+        self.metrics.device.record(&timer.finish()?);
         Ok(grouped)
     }
 

@@ -243,6 +243,7 @@ impl BuildSide {
                 .budget()
                 .reserve(resident, memory_fraction, ReservationKind::Resident)?;
         metrics
+            .device
             .device_memory_wait
             .add_duration(scratch_memory.waited() + device_memory.waited());
         let stream = device.stream()?;
@@ -255,7 +256,7 @@ impl BuildSide {
             self.plan.clone(),
             &mut timer,
         )?;
-        metrics.record_device(&timer.finish()?);
+        metrics.device.record(&timer.finish()?);
         drop(scratch_memory);
         let table = Arc::new(ResidentTable {
             table,

@@ -404,6 +404,7 @@ fn find_pairs(
     let waiting = std::time::Instant::now();
     let admission = RefCell::new(Some(device.admit(max_concurrent_tasks)));
     metrics
+        .device
         .device_admission_wait
         .add_duration(waiting.elapsed());
     let on_device = pairs_on_device(
@@ -461,7 +462,10 @@ fn pairs_on_device(
     let memory = device
         .budget()
         .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
-    metrics.device_memory_wait.add_duration(memory.waited());
+    metrics
+        .device
+        .device_memory_wait
+        .add_duration(memory.waited());
     let stream = device.stream()?;
     let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
     probe(
@@ -477,6 +481,6 @@ fn pairs_on_device(
             Ok(())
         },
     )?;
-    metrics.record_device(&timer.finish()?);
+    metrics.device.record(&timer.finish()?);
     Ok(())
 }
