@@ -7,6 +7,7 @@
 //!                                      [--merged]
 //!     cargo bench --bench gpu_join -- --group-by [--log2-rows 24] [--runs 5]
 //!                                      [--log2-groups 1,4,8,12,16,20,24] [--zipf 0]
+//!                                      [--single-phase] [--explain-analyze]
 //!
 //! The join benchmark (the default):
 //! R has keys 0..2^n in random order (a primary key), S has 2^n foreign keys

@@ -4,6 +4,9 @@
 //! `--log2-groups` (a comma-separated list), on DataFusion's CPU
 //! aggregation (all cores) and on the GPU aggregation, in one process,
 //! answers checked by an order-independent checksum of every output row.
+//! The GPU path runs in DataFusion's two phases (the default);
+//! `--single-phase` also times one GPU aggregation over all input
+//! partitions in their place (`gpu.aggregate_single_phase`).
 //! The floor is the pinned PCIe time of the bytes the GPU path moves in
 //! (one 8-byte word per key and per value).
 
@@ -162,6 +165,28 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         }
         let warm = median(warm_times);
         let plan = last_plan.expect("at least one run");
+        // --single-phase: also time one GPU aggregation in place of
+        // DataFusion's two phases (gpu.aggregate_single_phase = true).
+        let single_phase = if std::env::args().any(|a| a == "--single-phase") {
+            ctx.sql("SET gpu.aggregate_single_phase = true")
+                .await
+                .unwrap();
+            let mut times = Vec::new();
+            for _ in 0..runs {
+                let (t, answer, _) = run_once(&ctx).await;
+                assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
+                times.push(t);
+            }
+            ctx.sql("SET gpu.aggregate_single_phase = false")
+                .await
+                .unwrap();
+            format!(
+                " gpu_single_phase_warm_ms={:.1}",
+                median(times).as_secs_f64() * 1e3
+            )
+        } else {
+            String::new()
+        };
         if std::env::args().any(|a| a == "--explain-analyze") {
             let shown = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
                 plan.as_ref(),
@@ -179,7 +204,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         let fallbacks = gpu_metric(&plan, "cpu_fallback_partitions");
         let floor = 24.0 * rows as f64 / bandwidth.host_to_device;
         println!(
-            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}",
+            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}{single_phase}",
             cpu_answer.0,
             cpu.as_secs_f64() * 1e3,
             cold.as_secs_f64() * 1e3,

@@ -13,6 +13,14 @@ extensions_options! {
         pub hash_join: bool, default = true
         /// Replace `AggregateExec` by `GpuAggregateExec` where supported.
         pub aggregate: bool, default = true
+        /// Replace DataFusion's two aggregation phases (a partial
+        /// aggregation per partition, a CPU repartition, a final one) by one
+        /// GPU aggregation over all input partitions, where no node above
+        /// depends on the final aggregation's partitioning. Off by default:
+        /// measured slower at 2^26 rows except around 2^20 groups
+        /// (BENCHMARKS.md), because that one aggregation collects its input
+        /// and emits its groups on one thread.
+        pub aggregate_single_phase: bool, default = false
         /// Run a `Partitioned` hash join once over all input partitions,
         /// without DataFusion's CPU hash repartition of its inputs, where no
         /// node above depends on the join's hash partitioning (the GPU
@@ -92,6 +100,6 @@ mod tests {
         let options = GpuOptions::from_config(&config);
         assert!(options.enabled && options.hash_join && options.aggregate);
         assert_eq!(options.min_rows, 8_000_000);
-        assert!(!options.merge_partitions);
+        assert!(!options.merge_partitions && !options.aggregate_single_phase);
     }
 }

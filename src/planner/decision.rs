@@ -221,7 +221,14 @@ fn collect_decisions(
             operator: "AggregateExec".into(),
             detail: describe_aggregate(gpu_agg.aggregate()),
             placement: Placement::Gpu {
-                algorithm: GpuAggregateExec::ALGORITHM.into(),
+                algorithm: if gpu_agg.phases_merged() {
+                    format!(
+                        "{} over all input partitions (CPU partial aggregation and repartition removed)",
+                        GpuAggregateExec::ALGORITHM
+                    )
+                } else {
+                    GpuAggregateExec::ALGORITHM.into()
+                },
             },
         });
     } else if let Some(agg) = plan.downcast_ref::<AggregateExec>() {

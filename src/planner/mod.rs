@@ -4,6 +4,7 @@
 mod config;
 mod decision;
 mod partitioning;
+mod phases;
 mod rule;
 
 pub use config::GpuOptions;

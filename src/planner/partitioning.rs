@@ -12,9 +12,7 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::TreeNode;
 use datafusion::error::Result;
-use datafusion::physical_expr::expressions::UnKnownColumn;
 use datafusion::physical_expr::{Distribution, Partitioning};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -29,10 +27,12 @@ use datafusion::physical_plan::ExecutionPlan;
 ///
 /// A child's partitioning is free when `node` states no distribution
 /// requirement for it and either `node` sets its own partitioning (a
-/// repartition or a merge) or `node` has that one child, is free itself and
-/// does not pass on a hash partitioning that a node above might rely on.
-/// Everything else is treated as relied on: the test is conservative, since
-/// the rule runs after `EnsureRequirements` and nothing re-checks the plan.
+/// repartition or a merge) or `node` has that one child and is free itself
+/// (a projection or sort passes its input's partitioning on, and whatever
+/// above could rely on it states a requirement, which makes `node` not
+/// free). Everything else is treated as relied on: the test is
+/// conservative, since the rule runs after `EnsureRequirements` and nothing
+/// re-checks the plan.
 pub(super) fn children_partitioning_free(
     node: &Arc<dyn ExecutionPlan>,
     node_free: bool,
@@ -42,30 +42,15 @@ pub(super) fn children_partitioning_free(
     let sets_own = node.is::<RepartitionExec>()
         || node.is::<CoalescePartitionsExec>()
         || node.is::<SortPreservingMergeExec>();
-    let passes_on_hash = usable_hash_partitioning(node.properties().output_partitioning());
     (0..children.len())
         .map(|i| {
             let unrequired = matches!(
                 requirements.child_distribution(i),
                 None | Some(Distribution::UnspecifiedDistribution)
             );
-            unrequired && (sets_own || (children.len() == 1 && node_free && !passes_on_hash))
+            unrequired && (sets_own || (children.len() == 1 && node_free))
         })
         .collect()
-}
-
-/// Whether `partitioning` is a hash partitioning that a requirement above
-/// could match. One over a column the node no longer outputs (DataFusion
-/// keeps it as an `UnKnownColumn` once a projection drops the key) matches
-/// no requirement.
-fn usable_hash_partitioning(partitioning: &Partitioning) -> bool {
-    let Partitioning::Hash(exprs, _) = partitioning else {
-        return false;
-    };
-    !exprs.iter().any(|expr| {
-        expr.exists(|e| Ok(e.downcast_ref::<UnKnownColumn>().is_some()))
-            .unwrap_or(true)
-    })
 }
 
 /// `join`, a `Partitioned` hash join with a CPU hash repartition below at

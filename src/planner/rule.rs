@@ -13,6 +13,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
 use super::partitioning::{children_partitioning_free, over_unrepartitioned_inputs};
+use super::phases::single_phase;
 use super::{decide_aggregate, decide_hash_join, GpuOptions};
 use crate::exec::{GpuAggregateExec, GpuHashJoinExec};
 
@@ -94,8 +95,8 @@ fn rewrite(
         }
     }
     if let Some(agg) = node.downcast_ref::<AggregateExec>() {
-        if decide_aggregate(agg, options, gpu).is_ok() {
-            return Ok(Arc::new(GpuAggregateExec::try_new(node)?));
+        if let Some(gpu_agg) = gpu_aggregate(&node, agg, partitioning_free, options, gpu)? {
+            return Ok(Arc::new(gpu_agg));
         }
     }
     Ok(node)
@@ -128,6 +129,34 @@ fn gpu_join(
         return Ok(Some(
             GpuHashJoinExec::try_new(Arc::clone(node))?.with_preserve_order(order_observable),
         ));
+    }
+    Ok(None)
+}
+
+/// The GPU aggregation replacing `agg` (the plan node `node`), if any: one
+/// aggregation in place of DataFusion's two phases where
+/// `gpu.aggregate_single_phase` allows and nothing above relies on the
+/// final aggregation's partitioning, otherwise over the same input.
+fn gpu_aggregate(
+    node: &Arc<dyn ExecutionPlan>,
+    agg: &AggregateExec,
+    partitioning_free: bool,
+    options: &GpuOptions,
+    gpu: std::result::Result<(), &str>,
+) -> Result<Option<GpuAggregateExec>> {
+    let one_partition = agg.properties().output_partitioning().partition_count() == 1;
+    if options.aggregate_single_phase && (partitioning_free || one_partition) {
+        if let Some(single) = single_phase(agg)? {
+            if decide_aggregate(&single, options, gpu).is_ok() {
+                let single: Arc<dyn ExecutionPlan> = Arc::new(single);
+                return Ok(Some(
+                    GpuAggregateExec::try_new(single)?.with_phases_merged(true),
+                ));
+            }
+        }
+    }
+    if decide_aggregate(agg, options, gpu).is_ok() {
+        return Ok(Some(GpuAggregateExec::try_new(Arc::clone(node))?));
     }
     Ok(None)
 }
@@ -178,6 +207,19 @@ mod tests {
     /// The physical plan of `sql` with DataFusion's rules, every join
     /// `Partitioned`, then the GPU rewrite as if a GPU were present.
     async fn rewritten(sql: &str, merge_partitions: bool) -> Arc<dyn ExecutionPlan> {
+        rewritten_with(
+            sql,
+            GpuOptions {
+                min_rows: 0,
+                merge_partitions,
+                ..GpuOptions::default()
+            },
+        )
+        .await
+    }
+
+    /// As [`rewritten`], with the rule's options given.
+    async fn rewritten_with(sql: &str, options: GpuOptions) -> Arc<dyn ExecutionPlan> {
         let config = SessionConfig::new()
             .with_target_partitions(4)
             .set_usize(
@@ -198,11 +240,6 @@ mod tests {
             .create_physical_plan()
             .await
             .unwrap();
-        let options = GpuOptions {
-            min_rows: 0,
-            merge_partitions,
-            ..GpuOptions::default()
-        };
         let order_observable = plan.properties().output_partitioning().partition_count() <= 1;
         let plan = rewrite(plan, order_observable, true, &options, Ok(())).unwrap();
         // The rewritten plan still meets every node's distribution and
@@ -339,6 +376,44 @@ mod tests {
             assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
             assert!(show(&plan).contains("GpuAggregateExec: algorithm=hash_group_by"));
         }
+    }
+
+    #[tokio::test]
+    async fn two_aggregation_phases_become_one_gpu_aggregation_where_partitioning_is_free() {
+        use datafusion::physical_plan::aggregates::AggregateMode;
+        let single_phase = || GpuOptions {
+            min_rows: 0,
+            aggregate_single_phase: true,
+            ..GpuOptions::default()
+        };
+        for sql in [
+            "SELECT k, count(*), sum(v), min(v), max(v), avg(v) FROM r GROUP BY k",
+            "SELECT count(*), sum(v), avg(v) FROM r",
+        ] {
+            let plan = rewritten_with(sql, single_phase()).await;
+            let aggs = gpu_aggregates(&plan);
+            assert_eq!(aggs.len(), 1, "{}", show(&plan));
+            assert_eq!(*aggs[0].aggregate().mode(), AggregateMode::Single);
+            assert!(aggs[0].phases_merged());
+            assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
+            assert_eq!(hash_repartitions(&plan), 0, "{}", show(&plan));
+            assert!(show(&plan).contains("cpu_phases=removed"));
+        }
+        // A join above relies on the aggregation's hash partitioning on its
+        // key: the two phases stay.
+        let sql = "SELECT a.k, a.c, s.v FROM (SELECT k, count(*) AS c FROM r GROUP BY k) a \
+                   JOIN s ON a.k = s.k";
+        let plan = rewritten_with(sql, single_phase()).await;
+        let modes: Vec<AggregateMode> = gpu_aggregates(&plan)
+            .iter()
+            .map(|agg| *agg.aggregate().mode())
+            .collect();
+        assert!(
+            modes.contains(&AggregateMode::FinalPartitioned),
+            "{modes:?}\n{}",
+            show(&plan)
+        );
+        assert!(gpu_aggregates(&plan).iter().all(|a| !a.phases_merged()));
     }
 
     #[tokio::test]

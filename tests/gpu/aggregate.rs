@@ -1,8 +1,9 @@
 //! GPU aggregation against DataFusion's `AggregateExec` on generated data:
 //! every supported aggregate and key type, NULLs, FILTER, empty input,
 //! group counts on both sides of the shared-memory threshold, skew, every
-//! aggregation mode (Single with one partition; Partial, Final and
-//! FinalPartitioned with four), and the run-time CPU fallbacks.
+//! aggregation mode (Single with one partition or in place of DataFusion's
+//! two phases; Partial, Final and FinalPartitioned with four partitions),
+//! and the run-time CPU fallbacks.
 
 use std::sync::Arc;
 
@@ -122,6 +123,16 @@ const AGGREGATES: &str = "count(*), count(v), sum(v), min(v), max(v), avg(v), \
      sum(d), min(d), max(d), avg(d), sum(big), min(big), max(big), \
      sum(f), avg(f), min(u), max(u), sum(u), min(dt), max(k2), count(s)";
 
+/// Input partitions and how the rule places the aggregation phases: one
+/// partition (DataFusion plans `Single`); four, DataFusion's `Partial`,
+/// repartition and `FinalPartitioned` (or `Final`) replaced by one GPU
+/// aggregation; four, both phases on the GPU.
+const PLANS: [(usize, &str); 3] = [
+    (1, "SET gpu.aggregate_single_phase = true"),
+    (4, "SET gpu.aggregate_single_phase = true"),
+    (4, "SET gpu.aggregate_single_phase = false"),
+];
+
 async fn contexts(partitions: usize, extra: &[&str]) -> (SessionContext, SessionContext) {
     (
         gpu_context(JoinMode::CollectLeft, partitions, extra).await,
@@ -178,8 +189,8 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
         "coalesce(k, -1)",
         "u % 1000",
     ];
-    for partitions in [1, 4] {
-        let (gpu, cpu) = contexts(partitions, &[]).await;
+    for (partitions, phases) in PLANS {
+        let (gpu, cpu) = contexts(partitions, &[phases]).await;
         // Few groups with many duplicates; groups across the shared-memory
         // threshold (4096); nearly every row its own group; Zipf skew.
         for (rows, dist) in [
@@ -209,8 +220,8 @@ async fn aggregates_without_group_by_and_over_empty_input_match_the_cpu() {
     else {
         return;
     };
-    for partitions in [1, 4] {
-        let (gpu, cpu) = contexts(partitions, &[]).await;
+    for (partitions, phases) in PLANS {
+        let (gpu, cpu) = contexts(partitions, &[phases]).await;
         for rows in [0usize, 1, 3, 50_000] {
             register(
                 [&gpu, &cpu],
@@ -241,8 +252,8 @@ async fn filtered_aggregates_match_the_cpu() {
     let Some(_) = require_gpu("filtered_aggregates_match_the_cpu") else {
         return;
     };
-    for partitions in [1, 4] {
-        let (gpu, cpu) = contexts(partitions, &[]).await;
+    for (partitions, phases) in PLANS {
+        let (gpu, cpu) = contexts(partitions, &[phases]).await;
         register(
             [&gpu, &cpu],
             table(40_000, Keys::Uniform { domain: 300 }, partitions, 11),
@@ -354,7 +365,14 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
         return;
     };
     // A device budget of a few bytes: every partition falls back.
-    let (gpu, cpu) = contexts(4, &["SET gpu.memory_fraction = 0.000000001"]).await;
+    let (gpu, cpu) = contexts(
+        4,
+        &[
+            "SET gpu.memory_fraction = 0.000000001",
+            "SET gpu.aggregate_single_phase = false",
+        ],
+    )
+    .await;
     register(
         [&gpu, &cpu],
         table(20_000, Keys::Uniform { domain: 700 }, 4, 5),

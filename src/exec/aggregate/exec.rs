@@ -37,6 +37,9 @@ pub struct GpuAggregateExec {
     cpu_aggregate: Arc<dyn ExecutionPlan>,
     spec: AggregateSpec,
     properties: Arc<PlanProperties>,
+    /// The rule replaced DataFusion's partial aggregation, repartition and
+    /// final aggregation by this one (shown by `EXPLAIN`).
+    phases_merged: bool,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -59,9 +62,22 @@ impl GpuAggregateExec {
         Ok(Self {
             spec,
             properties: Arc::clone(agg.properties()),
+            phases_merged: false,
             metrics: ExecutionPlanMetricsSet::new(),
             cpu_aggregate,
         })
+    }
+
+    /// Marks an aggregation that replaced DataFusion's two phases (default:
+    /// not).
+    pub fn with_phases_merged(mut self, phases_merged: bool) -> Self {
+        self.phases_merged = phases_merged;
+        self
+    }
+
+    /// Whether this aggregation replaced DataFusion's two phases.
+    pub fn phases_merged(&self) -> bool {
+        self.phases_merged
     }
 
     /// The [`AggregateExec`] this node replaces.
@@ -102,12 +118,18 @@ impl DisplayAs for GpuAggregateExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let agg = self.aggregate();
         match t {
-            DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
-                f,
-                "GpuAggregateExec: algorithm={}, {}",
-                Self::ALGORITHM,
-                describe_aggregate(agg)
-            ),
+            DisplayFormatType::Default | DisplayFormatType::Verbose => {
+                write!(
+                    f,
+                    "GpuAggregateExec: algorithm={}, {}",
+                    Self::ALGORITHM,
+                    describe_aggregate(agg)
+                )?;
+                if self.phases_merged {
+                    write!(f, ", cpu_phases=removed")?;
+                }
+                Ok(())
+            }
             DisplayFormatType::TreeRender => {
                 writeln!(f, "algorithm={}", Self::ALGORITHM)?;
                 write!(f, "mode={:?}", agg.mode())
@@ -142,12 +164,16 @@ impl ExecutionPlan for GpuAggregateExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         #[allow(deprecated)]
         let cpu_aggregate = Arc::clone(&self.cpu_aggregate).with_new_children(children)?;
-        Ok(Arc::new(Self::try_new(cpu_aggregate)?))
+        Ok(Arc::new(
+            Self::try_new(cpu_aggregate)?.with_phases_merged(self.phases_merged),
+        ))
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
         let cpu_aggregate = Arc::clone(&self.cpu_aggregate).reset_state()?;
-        Ok(Arc::new(Self::try_new(cpu_aggregate)?))
+        Ok(Arc::new(
+            Self::try_new(cpu_aggregate)?.with_phases_merged(self.phases_merged),
+        ))
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
