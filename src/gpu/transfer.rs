@@ -16,27 +16,7 @@ pub fn upload_u64(
     host: &[u64],
     timer: &mut PhaseTimer,
 ) -> GpuResult<CudaSlice<u64>> {
-    if host.is_empty() {
-        return stream
-            .null::<u64>()
-            .during("allocating an empty device vector");
-    }
-    let mut staging = device.pinned().take(host.len())?;
-    staging.as_mut_slice()?.copy_from_slice(host);
-    // SAFETY: every element is written by the copy below before any kernel reads it.
-    let mut dst = unsafe { stream.alloc::<u64>(host.len()) }.during("allocating device memory")?;
-    let len = host.len();
-    timer.time(Phase::HostToDevice, || {
-        let src = PinnedPrefix {
-            buffer: staging.raw_mut(),
-            len,
-        };
-        stream
-            .memcpy_htod(&src, &mut dst)
-            .during("copying to the device")
-    })?;
-    timer.add_bytes(Phase::HostToDevice, 8 * len);
-    Ok(dst)
+    upload_u64_pieces(device, stream, &[host], timer)
 }
 
 /// Copies `pieces`, laid end to end, to one new device vector on `stream`,
