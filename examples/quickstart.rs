@@ -1,7 +1,7 @@
 //! Quickstart: two generated tables, the GPU rule registered, a join +
 //! aggregate in SQL. Prints the answer, the physical plan, and where each join
-//! ran and why. Runs on any machine: without a GPU the joins stay on
-//! DataFusion's CPU operators and the reason is printed.
+//! and aggregation ran and why. Runs on any machine: without a GPU they stay
+//! on DataFusion's CPU operators and the reason is printed.
 //!
 //!     cargo run --release --example quickstart [ROWS]
 
