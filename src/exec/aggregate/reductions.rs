@@ -3,9 +3,10 @@
 //!
 //! The device produces, per group, exactly the state DataFusion's own
 //! accumulator keeps (COUNT: a count; SUM, MIN, MAX: a value or NULL; AVG:
-//! a count and a sum). The host then hands that state to the function's
-//! own `GroupsAccumulator` (`merge_batch`, then `evaluate` or `state`), so
-//! result types, decimal rounding and NULL rules are DataFusion's.
+//! a count and a sum, both NULL without values). A partial aggregation
+//! emits it as it is; a final one hands it to the function's own
+//! `GroupsAccumulator` (`merge_batch`, then `evaluate`), so result types,
+//! decimal rounding and NULL rules are DataFusion's.
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray};
 use datafusion::error::{DataFusionError, Result};
@@ -178,8 +179,8 @@ impl DeviceWork {
     }
 
     /// The output columns of aggregate `index` for `groups` groups: its
-    /// final value (`final_output`) or its partial state, computed by the
-    /// function's own accumulator from the state the device produced.
+    /// final value (`final_output`), computed by the function's own
+    /// accumulator from the state the device produced, or that state.
     pub(crate) fn finish(
         &self,
         index: usize,
@@ -214,14 +215,17 @@ impl DeviceWork {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
+        if !final_output {
+            // Already the state DataFusion's accumulator would emit (its
+            // types, and NULL exactly where it has seen no value), one row
+            // per group: merging it into a fresh accumulator only to read
+            // it back out would copy it twice.
+            return Ok(state);
+        }
         let mut accumulator = aggregate.expr.create_groups_accumulator()?;
         let group_indices: Vec<usize> = (0..groups).collect();
         accumulator.merge_batch(&state, &group_indices, groups)?;
-        if final_output {
-            Ok(vec![accumulator.evaluate(EmitTo::All)?])
-        } else {
-            accumulator.state(EmitTo::All)
-        }
+        Ok(vec![accumulator.evaluate(EmitTo::All)?])
     }
 }
 
