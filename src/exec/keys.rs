@@ -25,6 +25,8 @@ use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
+use super::parallel::on_threads;
+
 /// The plan-time description of a join's keys: their types and NULL
 /// semantics. Accepting a spec means every key type can be encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -305,28 +307,12 @@ impl KeyEncoder {
             return self.encode(columns);
         }
         let per_thread = rows.div_ceil(threads);
-        let pieces: Vec<Result<NormalizedKeys>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..rows)
-                .step_by(per_thread)
-                .map(|start| {
-                    let len = per_thread.min(rows - start);
-                    let slice: Vec<ArrayRef> =
-                        columns.iter().map(|c| c.slice(start, len)).collect();
-                    scope.spawn(move || self.encode(&slice))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(DataFusionError::Internal(
-                            "key encoding thread panicked".into(),
-                        ))
-                    })
-                })
-                .collect()
-        });
-        let pieces = pieces.into_iter().collect::<Result<Vec<_>>>()?;
+        let pieces = on_threads(rows.div_ceil(per_thread), |i| {
+            let start = i * per_thread;
+            let len = per_thread.min(rows - start);
+            let slice: Vec<ArrayRef> = columns.iter().map(|c| c.slice(start, len)).collect();
+            self.encode(&slice)
+        })?;
         let any_dropped = pieces.iter().any(|p| p.row_ids.is_some());
         let kept: usize = pieces.iter().map(|p| p.keys.len()).sum();
         let mut keys = Vec::with_capacity(kept);

@@ -7,6 +7,7 @@ mod hash_join;
 pub mod keys;
 mod metrics;
 mod once;
+mod parallel;
 
 pub use aggregate::GpuAggregateExec;
 pub(crate) use aggregate::{describe_aggregate, AggregateSpec};

@@ -96,6 +96,15 @@ pub enum Reduction {
 }
 
 impl Reduction {
+    /// The word a group's result starts from (and keeps without rows).
+    pub fn identity(self) -> u64 {
+        match self {
+            Reduction::Min | Reduction::MinI128 => u64::MAX,
+            Reduction::SumF64 => 0f64.to_bits(),
+            _ => 0,
+        }
+    }
+
     /// Whether the values come in two words.
     pub fn is_wide(self) -> bool {
         matches!(
@@ -394,11 +403,7 @@ fn reduce(
     if rows.rows == 0 {
         // Nothing to reduce: every group (the one group without keys) keeps
         // the identity.
-        let identity = match input.reduction {
-            Reduction::Min | Reduction::MinI128 => u64::MAX,
-            Reduction::SumF64 => 0f64.to_bits(),
-            _ => 0,
-        };
+        let identity = input.reduction.identity();
         let high_words = if input.reduction.is_wide() {
             vec![identity; groups]
         } else {

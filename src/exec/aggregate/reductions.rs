@@ -8,6 +8,9 @@
 //! `GroupsAccumulator` (`merge_batch`, then `evaluate`), so result types,
 //! decimal rounding and NULL rules are DataFusion's.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use datafusion::arrow::array::{ArrayRef, BooleanArray};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::EmitTo;
@@ -33,16 +36,35 @@ struct StateColumn {
 pub(crate) struct DeviceWork {
     pub(crate) inputs: Vec<ReduceInput>,
     pub(crate) bitmaps: Vec<Vec<u64>>,
+    /// The bitmap (or none) of each unfiltered column seen, by the
+    /// addresses of its pieces: aggregates over one column share it. The
+    /// pieces are held, so that no later column can reuse an address.
+    bitmap_of_column: HashMap<Vec<usize>, (Option<usize>, Vec<ArrayRef>)>,
     /// Per aggregate, its state columns.
     states: Vec<Vec<StateColumn>>,
 }
 
 impl DeviceWork {
-    fn bitmap(&mut self, bits: Option<Vec<u64>>) -> Option<usize> {
-        bits.map(|bits| {
+    /// The index of the validity bitmap of `column` under `filter`
+    /// ([`row_validity`]), made once per unfiltered column.
+    fn validity(&mut self, column: &[ArrayRef], filter: Option<&[BooleanArray]>) -> Option<usize> {
+        let key = filter.is_none().then(|| {
+            column
+                .iter()
+                .map(|p| Arc::as_ptr(p) as *const () as usize)
+                .collect()
+        });
+        if let Some((known, _)) = key.as_ref().and_then(|k| self.bitmap_of_column.get(k)) {
+            return *known;
+        }
+        let index = row_validity(column, filter).map(|bits| {
             self.bitmaps.push(bits);
             self.bitmaps.len() - 1
-        })
+        });
+        if let Some(key) = key {
+            self.bitmap_of_column.insert(key, (index, column.to_vec()));
+        }
+        index
     }
 
     fn reduce(&mut self, reduction: Reduction, words: ColumnWords, valid: Option<usize>) -> usize {
@@ -84,13 +106,13 @@ impl DeviceWork {
         match (aggregate.kind, merges_states) {
             (AggregateKind::Count, false) => {
                 let (array, _) = arg(0)?;
-                let valid = self.bitmap(row_validity(array, filter));
+                let valid = self.validity(array, filter);
                 let reduced = self.count(valid);
                 states.push(plain(reduced, ValueKind::Signed));
             }
             (AggregateKind::Count, true) => {
                 let (array, kind) = arg(0)?;
-                let valid = self.bitmap(row_validity(array, None));
+                let valid = self.validity(array, None);
                 let reduced = self.reduce(Reduction::Sum, sum_words(array, kind)?, valid);
                 states.push(plain(reduced, ValueKind::Signed));
             }
@@ -100,9 +122,8 @@ impl DeviceWork {
             }
             (AggregateKind::Min | AggregateKind::Max, _) => {
                 let (array, kind) = arg(0)?;
-                let valid_bits = row_validity(array, filter);
-                let nullable = valid_bits.is_some() || !with_keys;
-                let valid = self.bitmap(valid_bits);
+                let valid = self.validity(array, filter);
+                let nullable = valid.is_some() || !with_keys;
                 let wide = kind == ValueKind::Decimal128;
                 let reduction = match (aggregate.kind == AggregateKind::Min, wide) {
                     (true, false) => Reduction::Min,
@@ -120,7 +141,7 @@ impl DeviceWork {
             }
             (AggregateKind::Avg, false) => {
                 let (array, kind) = arg(0)?;
-                let valid = self.bitmap(row_validity(array, filter));
+                let valid = self.validity(array, filter);
                 let count = self.count(valid);
                 let sum = self.reduce(sum_reduction(kind), sum_words(array, kind)?, valid);
                 // DataFusion's AVG state is NULL, count included, in a group
@@ -140,7 +161,7 @@ impl DeviceWork {
             }
             (AggregateKind::Avg, true) => {
                 let (counts, count_kind) = arg(0)?;
-                let valid = self.bitmap(row_validity(counts, None));
+                let valid = self.validity(counts, None);
                 let count = self.reduce(Reduction::Sum, sum_words(counts, count_kind)?, valid);
                 // As DataFusion's merge: a group has a count once any of its
                 // partial counts is not NULL.
@@ -166,9 +187,8 @@ impl DeviceWork {
         filter: Option<&[BooleanArray]>,
         with_keys: bool,
     ) -> Result<StateColumn> {
-        let valid_bits = row_validity(array, filter);
-        let nullable = valid_bits.is_some() || !with_keys;
-        let valid = self.bitmap(valid_bits);
+        let valid = self.validity(array, filter);
+        let nullable = valid.is_some() || !with_keys;
         let reduced = self.reduce(sum_reduction(kind), sum_words(array, kind)?, valid);
         Ok(StateColumn {
             reduced,
@@ -243,5 +263,27 @@ fn sum_reduction(kind: ValueKind) -> Reduction {
         ValueKind::Float64 => Reduction::SumF64,
         ValueKind::Decimal128 => Reduction::SumI128,
         ValueKind::Signed | ValueKind::Unsigned => Reduction::Sum,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+
+    #[test]
+    fn aggregates_over_one_column_share_its_bitmap_but_not_under_a_filter() {
+        let with_nulls: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![Some(1), None]))];
+        let other: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![None, Some(2)]))];
+        let no_nulls: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![1, 2]))];
+        let mut work = DeviceWork::default();
+        let first = work.validity(&with_nulls, None);
+        assert_eq!(first, Some(0));
+        assert_eq!(work.validity(&with_nulls, None), first);
+        assert_eq!(work.validity(&other, None), Some(1));
+        assert_eq!(work.validity(&no_nulls, None), None);
+        let filter = [BooleanArray::from(vec![true, false])];
+        assert_eq!(work.validity(&with_nulls, Some(&filter)), Some(2));
+        assert_eq!(work.bitmaps, vec![vec![0b01], vec![0b10], vec![0b01]]);
     }
 }

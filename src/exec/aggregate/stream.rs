@@ -25,6 +25,7 @@ use super::reductions::DeviceWork;
 use super::spec::{AggregateSpec, ValueKind};
 use super::words::piece_words;
 use crate::exec::keys::{KeyEncoder, KeySpec};
+use crate::exec::parallel::on_threads;
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::group_by::{group_by, group_by_device_bytes, Grouped, Words};
@@ -206,43 +207,26 @@ fn encode_keys(
         .min(pieces.len())
         .max(1);
     let per_thread = pieces.len().div_ceil(threads).max(1);
-    let encoded: Vec<Result<Vec<Vec<u64>>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = pieces
-            .chunks(per_thread)
-            .map(|chunk| {
-                let encoder = &encoder;
-                scope.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|columns| {
-                            let encoded = encoder.encode(columns)?;
-                            // NULL is a group and every value is in range:
-                            // no row is ever dropped.
-                            if encoded.row_ids.is_some() {
-                                return Err(DataFusionError::Internal(
-                                    "group key encoding dropped rows".into(),
-                                ));
-                            }
-                            Ok(encoded.keys)
-                        })
-                        .collect()
-                })
+    let chunks: Vec<&[Vec<ArrayRef>]> = pieces.chunks(per_thread).collect();
+    let encoded = on_threads(chunks.len(), |i| {
+        chunks[i]
+            .iter()
+            .map(|columns| {
+                let encoded = encoder.encode(columns)?;
+                // NULL is a group and every value is in range: no row is
+                // ever dropped.
+                if encoded.row_ids.is_some() {
+                    return Err(DataFusionError::Internal(
+                        "group key encoding dropped rows".into(),
+                    ));
+                }
+                Ok(encoded.keys)
             })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(DataFusionError::Internal(
-                        "key encoding thread panicked".into(),
-                    ))
-                })
-            })
-            .collect()
-    });
+            .collect::<Result<Vec<_>>>()
+    })?;
     let mut words = Words::default();
     for chunk in encoded {
-        for keys in chunk? {
+        for keys in chunk {
             words.push(Box::new(keys));
         }
     }
