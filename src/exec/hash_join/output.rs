@@ -5,9 +5,11 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{new_null_array, ArrayRef, BooleanArray, UInt64Array};
+use datafusion::arrow::array::{
+    new_null_array, ArrayRef, AsArray, BooleanArray, GenericByteViewArray, UInt64Array,
+};
 use datafusion::arrow::compute::take;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{ByteViewType, DataType, SchemaRef};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::JoinType;
 use datafusion::error::Result;
@@ -40,10 +42,31 @@ impl SideRows {
 
     fn column(&self, source: &ArrayRef, rows: usize) -> Result<ArrayRef> {
         Ok(match self {
-            Self::Ids(ids) => take(source.as_ref(), ids, None)?,
+            Self::Ids(ids) => compact_views(take(source.as_ref(), ids, None)?),
             Self::Null => new_null_array(source.data_type(), rows),
         })
     }
+}
+
+/// A `take` from a view array (`Utf8View`, `BinaryView`) keeps every data
+/// buffer of its source alive, however few strings it took. Batches passed
+/// on like that add up: a downstream concatenation (the build side of the
+/// next join) copies each batch's buffers whole, so memory and time grow
+/// with batches x source bytes, and stacked joins multiply it. As
+/// DataFusion's own join output does (through arrow's batch coalescer), the
+/// strings are copied into dense buffers when the buffers hold more than
+/// twice the bytes the rows use.
+fn compact_views(array: ArrayRef) -> ArrayRef {
+    fn compact<T: ByteViewType + ?Sized>(views: &GenericByteViewArray<T>) -> Option<ArrayRef> {
+        let held: usize = views.data_buffers().iter().map(|b| b.capacity()).sum();
+        (held > 2 * views.total_buffer_bytes_used()).then(|| Arc::new(views.gc()) as ArrayRef)
+    }
+    let compacted = match array.data_type() {
+        DataType::Utf8View => compact(array.as_string_view()),
+        DataType::BinaryView => compact(array.as_binary_view()),
+        _ => None,
+    };
+    compacted.unwrap_or(array)
 }
 
 /// Output rows described by row ids into the build and probe batches.
@@ -293,6 +316,52 @@ mod tests {
         assert_eq!(
             out[0].column(2).as_primitive::<Int32Type>().values(),
             &[3, 1]
+        );
+    }
+
+    #[test]
+    fn string_views_taken_from_a_large_side_are_compacted() {
+        use datafusion::arrow::array::StringViewArray;
+        let long = |i: usize| format!("a string longer than twelve bytes #{i:06}");
+        let build_strings = StringViewArray::from_iter_values((0..10_000).map(long));
+        let source_bytes: usize = build_strings
+            .data_buffers()
+            .iter()
+            .map(|b| b.capacity())
+            .sum();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "s",
+            DataType::Utf8View,
+            false,
+        )]));
+        let build =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(build_strings)]).unwrap();
+        let probe = RecordBatch::new_empty(Arc::new(Schema::empty()));
+        let assembler = OutputAssembler::new(schema, JoinType::LeftSemi, None, 1, 0, 8192);
+        let out = assembler
+            .assemble(
+                &build,
+                &probe,
+                &OutputRows::build_only(ids(vec![7, 9_999, 7]), None),
+            )
+            .unwrap();
+        let column = out[0].column(0).as_string_view();
+        let expected = [long(7), long(9_999), long(7)];
+        assert_eq!(
+            column
+                .iter()
+                .map(|v| v.unwrap().to_string())
+                .collect::<Vec<_>>(),
+            expected
+        );
+        let held: usize = column.data_buffers().iter().map(|b| b.capacity()).sum();
+        assert!(
+            held <= 2 * column.total_buffer_bytes_used(),
+            "held {held} bytes"
+        );
+        assert!(
+            held * 100 < source_bytes,
+            "held {held} of the source's {source_bytes} bytes"
         );
     }
 
