@@ -8,6 +8,11 @@
 //!     cargo bench --bench gpu_join -- --group-by [--log2-rows 24] [--runs 5]
 //!                                      [--log2-groups 1,4,8,12,16,20,24] [--zipf 0]
 //!                                      [--single-phase] [--explain-analyze]
+//!     cargo bench --bench gpu_join -- --seeds [rt1,b10,...] [--log2-rows 24]
+//!
+//! `--seeds` runs the seeds' workloads as criterion benchmarks (see
+//! `gpu_join/seeds.rs`); the other two modes are the end-to-end
+//! measurements quoted in BENCHMARKS.md.
 //!
 //! The join benchmark (the default):
 //! R has keys 0..2^n in random order (a primary key), S has 2^n foreign keys
@@ -38,6 +43,8 @@ use rand::{RngExt, SeedableRng};
 
 #[path = "gpu_join/group_by.rs"]
 mod group_by;
+#[path = "gpu_join/seeds.rs"]
+mod seeds;
 
 const SQL: &str = "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k = s.k";
 
@@ -136,8 +143,25 @@ fn gpu_join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<usize> {
         .find_map(|c| gpu_join_metric(c, name))
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--seeds") {
+        let families: Vec<String> = args
+            .get(at + 1)
+            .filter(|list| !list.starts_with("--"))
+            .map(|list| list.split(',').map(|f| f.trim().to_string()).collect())
+            .unwrap_or_default();
+        seeds::benchmark(arg("--log2-rows", 24), &families);
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(end_to_end());
+}
+
+async fn end_to_end() {
     let log2 = arg("--log2-rows", 24);
     let runs = arg("--runs", 5).max(1);
     if std::env::args().any(|a| a == "--group-by") {

@@ -12,6 +12,8 @@
 #   ./run.sh conformance                 only the sqllogictest conformance files
 #   ./run.sh sanitize                    the join tests under compute-sanitizer
 #   ./run.sh bench                       the end-to-end benchmarks (BENCH_ARGS; --group-by)
+#   ./run.sh seeds                       the seeds' workloads as criterion benchmarks
+#                                        (SEEDS, e.g. "join" or "rt1,b10": the families to run)
 #   ./run.sh tpch                        the TPC-H-derived example (TPCH_ARGS)
 #   ./run.sh quickstart                  the example
 # Logs go to $OUT (if set) or ./logs. Each binary is its own file, so a
@@ -103,12 +105,16 @@ for what in "$@"; do
       # BENCH_ARGS, e.g. "--log2-rows 24 --runs 5", is passed through.
       ./gpu_join --bench ${BENCH_ARGS:-} 2>&1 | tee "$logs/bench.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    seeds)
+      # SEEDS: workload families to run (default: all); criterion's files go to $logs/criterion.
+      CRITERION_HOME="$logs/criterion" ./gpu_join --bench --seeds ${SEEDS:-} 2>&1 | tee "$logs/seeds.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     quickstart)
       ./quickstart 2>&1 | tee "$logs/quickstart.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       CUDA_VISIBLE_DEVICES= ./quickstart 100000 2>&1 | tee "$logs/quickstart-no-gpu.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
-    *) echo "unknown: $what (tests | conformance | sanitize | bench | tpch | quickstart)"; status=2 ;;
+    *) echo "unknown: $what (tests | conformance | sanitize | bench | seeds | tpch | quickstart)"; status=2 ;;
   esac
 done
 exit $status
