@@ -1,6 +1,6 @@
 //! The seeds' benchmark workloads as criterion benchmarks (`--seeds`):
-//! the join workloads RT-1 to RT-4 (seed 000), HE-3 (seed 004), B2, B3
-//! and B6 (seed 002), and the group-by workloads B10, B11 and B12 (seed 002),
+//! the join workloads RT-1 to RT-4 (seed 000), HE-3 (seed 004) and B2 to
+//! B9 (seed 002), and the group-by workloads B10, B11 and B12 (seed 002),
 //! each as SQL over `MemTable`s on DataFusion's own operators (a plain
 //! `SessionContext`, all cores) and with the GPU rule (size thresholds at
 //! zero, so the GPU operator is what is measured).
@@ -42,6 +42,8 @@ use rand::{RngExt, SeedableRng};
 const JOIN_NARROW: &str = "SELECT count(*), sum(r.p1), sum(s.p1) FROM r JOIN s ON r.k = s.k";
 const JOIN_WIDE: &str =
     "SELECT count(*), sum(r.p1), sum(r.p2), sum(s.p1), sum(s.p2) FROM r JOIN s ON r.k = s.k";
+const JOIN_FOUR: &str = "SELECT count(*), sum(r.p1), sum(r.p2), sum(r.p3), sum(r.p4), \
+     sum(s.p1), sum(s.p2), sum(s.p3), sum(s.p4) FROM r JOIN s ON r.k = s.k";
 const GROUP_BY: &str = "SELECT k, max(r1), max(r2) FROM r GROUP BY k";
 
 /// One column of generated data.
@@ -151,25 +153,60 @@ fn zipf_ranks(n: usize, domain: usize, z: f64, seed: u64) -> Vec<usize> {
     generate(n, seed, |rng| rng.sample(zipf) as usize - 1)
 }
 
-/// A join's two tables: R(k, p1[, p2]) and S(k, p1[, p2]).
+/// A join's two tables: R(k, p1[, p2 ...]) and S(k, p1[, p2 ...]), with
+/// Int32 keys and payloads (p1 the tuple id, the others random).
 fn join_tables(
     r_keys: Vec<i32>,
     s_keys: Vec<i32>,
-    wide: bool,
+    payloads: usize,
     partitions: usize,
 ) -> Vec<(&'static str, Arc<MemTable>)> {
+    typed_join_tables(r_keys, s_keys, payloads, Widths::default(), partitions)
+}
+
+/// Eight-byte keys or payloads in place of four-byte ones (seed 002's B8).
+#[derive(Default, Clone, Copy)]
+struct Widths {
+    keys: bool,
+    payloads: bool,
+}
+
+fn typed_join_tables(
+    r_keys: Vec<i32>,
+    s_keys: Vec<i32>,
+    payloads: usize,
+    widths: Widths,
+    partitions: usize,
+) -> Vec<(&'static str, Arc<MemTable>)> {
+    const NAMES: [&str; 4] = ["p1", "p2", "p3", "p4"];
     let side = |keys: Vec<i32>, seed: u64| {
         let n = keys.len();
-        let mut columns = vec![
-            ("k", Column::Int32(keys)),
-            ("p1", Column::Int32(tuple_ids(n))),
-        ];
-        if wide {
-            columns.push(("p2", payload(n, seed)));
+        let keys = if widths.keys {
+            // Spread over 64 bits so the keys need all eight bytes.
+            Column::Int64(
+                keys.into_iter()
+                    .map(|k| (k as i64) << 32 | k as i64)
+                    .collect(),
+            )
+        } else {
+            Column::Int32(keys)
+        };
+        let mut columns = vec![("k", keys)];
+        for (i, name) in NAMES.iter().take(payloads).enumerate() {
+            let values = if i == 0 {
+                Column::Int32(tuple_ids(n))
+            } else {
+                payload(n, seed + i as u64)
+            };
+            let values = match (widths.payloads, values) {
+                (true, Column::Int32(v)) => Column::Int64(v.into_iter().map(i64::from).collect()),
+                (_, values) => values,
+            };
+            columns.push((*name, values));
         }
         mem_table(columns, partitions)
     };
-    vec![("r", side(r_keys, 11)), ("s", side(s_keys, 12))]
+    vec![("r", side(r_keys, 11)), ("s", side(s_keys, 21))]
 }
 
 /// One workload: a family (criterion's group), a parameter, and how to make
@@ -199,7 +236,7 @@ fn workloads(n: usize) -> Vec<Workload> {
             sql: JOIN_NARROW,
             operator: "GpuHashJoinExec",
             tables: Box::new(move |p| {
-                join_tables(shuffled_keys(rows, 1), shuffled_keys(rows, 2), false, p)
+                join_tables(shuffled_keys(rows, 1), shuffled_keys(rows, 2), 1, p)
             }),
         });
     }
@@ -221,7 +258,7 @@ fn workloads(n: usize) -> Vec<Workload> {
                 let mut r: Vec<i32> = (0..rows).map(|i| (i % distinct) as i32 + 1).collect();
                 r.shuffle(&mut StdRng::seed_from_u64(3));
                 let s = generate(rows, 4, |rng| rng.random_range(1..=distinct as i32));
-                join_tables(r, s, false, p)
+                join_tables(r, s, 1, p)
             }),
         }
     };
@@ -245,7 +282,7 @@ fn workloads(n: usize) -> Vec<Workload> {
                     .into_iter()
                     .map(|i| r[i])
                     .collect();
-                join_tables(r, s, false, p)
+                join_tables(r, s, 1, p)
             }),
         });
     }
@@ -263,7 +300,7 @@ fn workloads(n: usize) -> Vec<Workload> {
                 let duplicated = big * percent / 100;
                 r[..duplicated].iter_mut().for_each(|k| *k = 1);
                 let s = generate(big, 8, |rng| rng.random_range(1..=big as i32));
-                join_tables(r, s, false, p)
+                join_tables(r, s, 1, p)
             }),
         });
     }
@@ -281,7 +318,7 @@ fn workloads(n: usize) -> Vec<Workload> {
             operator: "GpuHashJoinExec",
             tables: Box::new(move |p| {
                 let s = generate(2 * big, 9, |rng| rng.random_range(1..=big as i32));
-                join_tables(shuffled_keys(big, 10), s, wide, p)
+                join_tables(shuffled_keys(big, 10), s, if wide { 2 } else { 1 }, p)
             }),
         });
     }
@@ -296,7 +333,93 @@ fn workloads(n: usize) -> Vec<Workload> {
             tables: Box::new(move |p| {
                 let domain = (big as f64 * 100.0 / match_percent) as i32;
                 let s = generate(big, 13, |rng| rng.random_range(1..=domain));
-                join_tables(shuffled_keys(big, 14), s, true, p)
+                join_tables(shuffled_keys(big, 14), s, 2, p)
+            }),
+        });
+    }
+    // B4: size ratio: |S| = 2N, |R| from 2N down to N/8, two payloads.
+    for log2_r in [n + 1, n.saturating_sub(1), n.saturating_sub(3)] {
+        let r_rows = 1usize << log2_r;
+        all.push(Workload {
+            family: "b4_join_size_ratio",
+            parameter: format!("R=2^{log2_r},S=2^{}", n + 1),
+            tuples: (r_rows + 2 * big) as u64,
+            sql: JOIN_WIDE,
+            operator: "GpuHashJoinExec",
+            tables: Box::new(move |p| {
+                let s = generate(2 * big, 22, |rng| rng.random_range(1..=r_rows as i32));
+                join_tables(shuffled_keys(r_rows, 23), s, 2, p)
+            }),
+        });
+    }
+    // B5: payload count: one, two and four payload columns a side.
+    for (payloads, sql) in [(1, JOIN_NARROW), (2, JOIN_WIDE), (4, JOIN_FOUR)] {
+        all.push(Workload {
+            family: "b5_join_payload_count",
+            parameter: format!("{payloads}"),
+            tuples: 2 * big as u64,
+            sql,
+            operator: "GpuHashJoinExec",
+            tables: Box::new(move |p| {
+                let s = generate(big, 24, |rng| rng.random_range(1..=big as i32));
+                join_tables(shuffled_keys(big, 25), s, payloads, p)
+            }),
+        });
+    }
+    // B7: foreign-key skew beyond RT-4's range, two payloads.
+    for z in [0.5, 1.0, 1.5] {
+        all.push(Workload {
+            family: "b7_join_fk_skew",
+            parameter: format!("z={z}"),
+            tuples: 2 * big as u64,
+            sql: JOIN_WIDE,
+            operator: "GpuHashJoinExec",
+            tables: Box::new(move |p| {
+                let r = shuffled_keys(big, 26);
+                let s = zipf_ranks(big, big, z, 27)
+                    .into_iter()
+                    .map(|i| r[i])
+                    .collect();
+                join_tables(r, s, 2, p)
+            }),
+        });
+    }
+    // B8: data types: 4-byte keys with 8-byte payloads, 8-byte both.
+    for (parameter, keys) in [("4B_key,8B_payload", false), ("8B_key,8B_payload", true)] {
+        all.push(Workload {
+            family: "b8_join_data_types",
+            parameter: parameter.into(),
+            tuples: 2 * big as u64,
+            sql: JOIN_WIDE,
+            operator: "GpuHashJoinExec",
+            tables: Box::new(move |p| {
+                let s = generate(big, 28, |rng| rng.random_range(1..=big as i32));
+                let widths = Widths {
+                    keys,
+                    payloads: true,
+                };
+                typed_join_tables(shuffled_keys(big, 29), s, 2, widths, p)
+            }),
+        });
+    }
+    // B9: many-to-many: both sides' keys uniform over K = N/8 .. N/2 keys,
+    // N^2 / K output rows.
+    for log2_k in [
+        n.saturating_sub(3),
+        n.saturating_sub(2),
+        n.saturating_sub(1),
+    ] {
+        all.push(Workload {
+            family: "b9_join_many_to_many",
+            parameter: format!("K=2^{log2_k}"),
+            tuples: 2 * big as u64,
+            sql: JOIN_WIDE,
+            operator: "GpuHashJoinExec",
+            tables: Box::new(move |p| {
+                let k = 1i32 << log2_k;
+                let r = generate(big, 30, |rng| rng.random_range(1..=k));
+                let s = generate(big, 31, |rng| rng.random_range(1..=k));
+                join_tables(r, s, 2, p)
             }),
         });
     }
