@@ -686,54 +686,81 @@ pub fn benchmark(log2_rows: usize, families: &[String]) {
     }
 }
 
-fn print_summary_line(s: &Summary) {
-    let cpu_ms = s.cpu.as_secs_f64() * 1e3;
-    match s.gpu {
-        Some((wall, kernels, copies)) => println!(
-            "SEED {} tuples={} cpu_ms={cpu_ms:.1} gpu_ms={:.1} speedup={:.2} cpu_mtuples_s={:.0} gpu_mtuples_s={:.0} device_kernel_ms={:.1} device_copy_ms={:.1}",
-            s.name,
-            s.tuples,
-            wall.as_secs_f64() * 1e3,
-            s.cpu.as_secs_f64() / wall.as_secs_f64(),
-            rate(s.tuples, s.cpu),
-            rate(s.tuples, wall),
-            kernels.as_secs_f64() * 1e3,
-            copies.as_secs_f64() * 1e3,
-        ),
-        None => println!(
-            "SEED {} tuples={} cpu_ms={cpu_ms:.1} cpu_mtuples_s={:.0} gpu: {}",
-            s.name,
-            s.tuples,
-            rate(s.tuples, s.cpu),
-            if s.note.is_empty() { "not measured" } else { &s.note }
-        ),
+/// The closing table's columns, with the `SEED` line's key for each.
+const COLUMNS: [(&str, &str); 9] = [
+    ("workload", "name"),
+    ("tuples", "tuples"),
+    ("DataFusion ms", "cpu_ms"),
+    ("GPU ms", "gpu_ms"),
+    ("speedup", "speedup"),
+    ("DataFusion Mtuples/s", "cpu_mtuples_s"),
+    ("GPU Mtuples/s", "gpu_mtuples_s"),
+    ("device kernels ms", "device_kernel_ms"),
+    ("device copies ms", "device_copy_ms"),
+];
+
+impl Summary {
+    /// One value per entry of [`COLUMNS`]; the GPU's are empty when it was
+    /// not measured, and the GPU time column then says why.
+    fn cells(&self) -> [String; 9] {
+        let ms = |t: Duration| format!("{:.1}", t.as_secs_f64() * 1e3);
+        let (gpu, speedup, gpu_rate, kernels, copies) = match self.gpu {
+            Some((wall, kernels, copies)) => (
+                ms(wall),
+                format!("{:.2}x", self.cpu.as_secs_f64() / wall.as_secs_f64()),
+                format!("{:.0}", rate(self.tuples, wall)),
+                ms(kernels),
+                ms(copies),
+            ),
+            None => {
+                let why = if self.note.is_empty() {
+                    "not measured"
+                } else {
+                    &self.note
+                };
+                (
+                    why.to_string(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                )
+            }
+        };
+        [
+            self.name.clone(),
+            self.tuples.to_string(),
+            ms(self.cpu),
+            gpu,
+            speedup,
+            format!("{:.0}", rate(self.tuples, self.cpu)),
+            gpu_rate,
+            kernels,
+            copies,
+        ]
     }
 }
 
+fn print_summary_line(summary: &Summary) {
+    let pairs: Vec<String> = COLUMNS
+        .iter()
+        .zip(summary.cells())
+        .skip(1)
+        .filter(|(_, value)| !value.is_empty())
+        .map(|((_, key), value)| format!("{key}={}", value.replace(' ', "_")))
+        .collect();
+    println!("SEED {} {}", summary.name, pairs.join(" "));
+}
+
 fn print_table(summaries: &[Summary]) {
-    println!("\n| workload | tuples | DataFusion ms | GPU ms | speedup | DataFusion Mtuples/s | GPU Mtuples/s | device kernels ms | device copies ms |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for s in summaries {
-        let cpu_ms = s.cpu.as_secs_f64() * 1e3;
-        match s.gpu {
-            Some((wall, kernels, copies)) => println!(
-                "| {} | {} | {cpu_ms:.1} | {:.1} | {:.2}x | {:.0} | {:.0} | {:.1} | {:.1} |",
-                s.name,
-                s.tuples,
-                wall.as_secs_f64() * 1e3,
-                s.cpu.as_secs_f64() / wall.as_secs_f64(),
-                rate(s.tuples, s.cpu),
-                rate(s.tuples, wall),
-                kernels.as_secs_f64() * 1e3,
-                copies.as_secs_f64() * 1e3,
-            ),
-            None => println!(
-                "| {} | {} | {cpu_ms:.1} | {} | | {:.0} | | | |",
-                s.name,
-                s.tuples,
-                if s.note.is_empty() { "-" } else { &s.note },
-                rate(s.tuples, s.cpu),
-            ),
-        }
+    let row = |cells: Vec<String>| format!("| {} |", cells.join(" | "));
+    println!();
+    println!(
+        "{}",
+        row(COLUMNS.iter().map(|(title, _)| title.to_string()).collect())
+    );
+    println!("|---|{}", "---:|".repeat(COLUMNS.len() - 1));
+    for summary in summaries {
+        println!("{}", row(summary.cells().to_vec()));
     }
 }
