@@ -36,7 +36,7 @@ use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu::gpu::{gpu_runtime, measure_copy_bandwidth};
-use datafusion_gpu::{gpu_session_context, GpuHashJoinExec};
+use datafusion_gpu::gpu_session_context;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
@@ -129,18 +129,33 @@ fn print_metrics(path: &str, plan: &Arc<dyn ExecutionPlan>) {
     println!("{path} plan with metrics (last run):\n{shown}");
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
+/// The median of `times` (the upper one of an even count).
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort();
+    times.get(times.len() / 2).copied().unwrap_or_default()
 }
 
-fn gpu_join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<usize> {
-    if plan.downcast_ref::<GpuHashJoinExec>().is_some() {
-        return plan.metrics()?.sum_by_name(name).map(|m| m.as_usize());
-    }
-    plan.children()
-        .iter()
-        .find_map(|c| gpu_join_metric(c, name))
+/// How many nodes of `plan` are called `operator`, and the sum of their
+/// metric `name` (summed over each node's partitions).
+fn operator_metric(plan: &Arc<dyn ExecutionPlan>, operator: &str, name: &str) -> (usize, usize) {
+    let here = if plan.name() == operator {
+        let value = plan
+            .metrics()
+            .and_then(|m| m.sum_by_name(name))
+            .map_or(0, |v| v.as_usize());
+        (1, value)
+    } else {
+        (0, 0)
+    };
+    plan.children().into_iter().fold(here, |(n, v), child| {
+        let (cn, cv) = operator_metric(child, operator, name);
+        (n + cn, v + cv)
+    })
+}
+
+/// Metric `name` summed over the plan's GPU joins.
+fn gpu_join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    operator_metric(plan, "GpuHashJoinExec", name).1
 }
 
 fn main() {
@@ -212,14 +227,14 @@ async fn end_to_end() {
     if explain_analyze {
         print_metrics("CPU", &cpu_plan);
     }
-    let cpu_times: Vec<Duration> = {
+    let mut cpu_times: Vec<Duration> = {
         let mut v = Vec::new();
         for _ in 0..runs {
             v.push(run_once(&ctx).await.0);
         }
         v
     };
-    let cpu = median(cpu_times);
+    let cpu = median(&mut cpu_times);
     println!(
         "CPU  (DataFusion HashJoinExec): median {:>9.1} ms  answer {cpu_answer:?}",
         cpu.as_secs_f64() * 1e3
@@ -254,7 +269,7 @@ async fn end_to_end() {
             }
         }
         ctx.sql("SET gpu.merge_partitions = false").await.unwrap();
-        let warm = median(times);
+        let warm = median(&mut times);
         println!(
             "GPU over all input partitions (gpu.merge_partitions = true): warm median {:>9.1} ms",
             warm.as_secs_f64() * 1e3
@@ -272,19 +287,19 @@ async fn end_to_end() {
         last_plan = Some(plan);
     }
     assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
-    let warm = median(warm_times);
+    let warm = median(&mut warm_times);
     let plan = last_plan.expect("at least one run");
     if explain_analyze {
         print_metrics("GPU", &plan);
     }
     assert!(
-        gpu_join_metric(&plan, "probe_rows").is_some(),
+        operator_metric(&plan, "GpuHashJoinExec", "probe_rows").0 > 0,
         "the GPU join did not run"
     );
-    let kernel_ms = gpu_join_metric(&plan, "kernel_time").unwrap_or(0) as f64 / 1e6;
-    let transfer_ms = gpu_join_metric(&plan, "transfer_time").unwrap_or(0) as f64 / 1e6;
-    let h2d = gpu_join_metric(&plan, "h2d_bytes").unwrap_or(0);
-    let d2h = gpu_join_metric(&plan, "d2h_bytes").unwrap_or(0);
+    let kernel_ms = gpu_join_metric(&plan, "kernel_time") as f64 / 1e6;
+    let transfer_ms = gpu_join_metric(&plan, "transfer_time") as f64 / 1e6;
+    let h2d = gpu_join_metric(&plan, "h2d_bytes");
+    let d2h = gpu_join_metric(&plan, "d2h_bytes");
 
     let bandwidth = measure_copy_bandwidth(&runtime.devices()[0], 1 << 30, 5).unwrap();
     // Keys of both sides in, one pair of row ids per output row out.

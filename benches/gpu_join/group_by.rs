@@ -19,9 +19,11 @@ use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu::gpu::{gpu_runtime, measure_copy_bandwidth};
-use datafusion_gpu::{gpu_session_context, GpuAggregateExec};
+use datafusion_gpu::gpu_session_context;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+
+use super::median;
 
 const SQL: &str = "SELECT k, max(a), max(b) FROM r GROUP BY k";
 
@@ -93,23 +95,9 @@ async fn run_once(ctx: &SessionContext) -> (Duration, (usize, u64), Arc<dyn Exec
     (elapsed, (rows, checksum), plan)
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-/// Sum of metric `name` over every GPU aggregation of `plan`.
+/// Metric `name` summed over the plan's GPU aggregations.
 fn gpu_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let here = plan
-        .downcast_ref::<GpuAggregateExec>()
-        .and_then(|agg| agg.metrics())
-        .and_then(|m| m.sum_by_name(name))
-        .map_or(0, |v| v.as_usize());
-    here + plan
-        .children()
-        .into_iter()
-        .map(|c| gpu_metric(c, name))
-        .sum::<usize>()
+    super::operator_metric(plan, "GpuAggregateExec", name).1
 }
 
 pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: usize) {
@@ -143,7 +131,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         for _ in 0..runs {
             cpu_times.push(run_once(&ctx).await.0);
         }
-        let cpu = median(cpu_times);
+        let cpu = median(&mut cpu_times);
         let Some(bandwidth) = bandwidth else {
             println!(
                 "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} cpu_ms={:.1}",
@@ -163,7 +151,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
             warm_times.push(t);
             last_plan = Some(plan);
         }
-        let warm = median(warm_times);
+        let warm = median(&mut warm_times);
         let plan = last_plan.expect("at least one run");
         // --single-phase: also time one GPU aggregation in place of
         // DataFusion's two phases (gpu.aggregate_single_phase = true).
@@ -182,7 +170,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
                 .unwrap();
             format!(
                 " gpu_single_phase_warm_ms={:.1}",
-                median(times).as_secs_f64() * 1e3
+                median(&mut times).as_secs_f64() * 1e3
             )
         } else {
             String::new()

@@ -39,6 +39,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 
+use super::{median, operator_metric};
+
 const JOIN_NARROW: &str = "SELECT count(*), sum(r.p1), sum(s.p1) FROM r JOIN s ON r.k = s.k";
 const JOIN_WIDE: &str =
     "SELECT count(*), sum(r.p1), sum(r.p2), sum(s.p1), sum(s.p2) FROM r JOIN s ON r.k = s.k";
@@ -509,24 +511,6 @@ async fn run_query(ctx: &SessionContext, sql: &str) -> (Vec<RecordBatch>, Arc<dy
     (batches, plan)
 }
 
-/// Sum of metric `name` over the nodes of `plan` called `operator`, and
-/// how many such nodes there are.
-fn operator_metric(plan: &Arc<dyn ExecutionPlan>, operator: &str, name: &str) -> (usize, usize) {
-    let here = if plan.name() == operator {
-        let value = plan
-            .metrics()
-            .and_then(|m| m.sum_by_name(name))
-            .map_or(0, |v| v.as_usize());
-        (1, value)
-    } else {
-        (0, 0)
-    };
-    plan.children().into_iter().fold(here, |(n, v), child| {
-        let (cn, cv) = operator_metric(child, operator, name);
-        (n + cn, v + cv)
-    })
-}
-
 /// Device time of one GPU run: kernels and copies of every GPU node.
 fn device_time(plan: &Arc<dyn ExecutionPlan>) -> (Duration, Duration) {
     let mut kernels = 0;
@@ -539,11 +523,6 @@ fn device_time(plan: &Arc<dyn ExecutionPlan>) -> (Duration, Duration) {
         Duration::from_nanos(kernels as u64),
         Duration::from_nanos(copies as u64),
     )
-}
-
-fn median(v: &mut [Duration]) -> Duration {
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
 /// One workload's outcome, for the closing table.
