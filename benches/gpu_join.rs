@@ -9,9 +9,11 @@
 //!                                      [--log2-groups 1,4,8,12,16,20,24] [--zipf 0]
 //!                                      [--single-phase] [--explain-analyze]
 //!     cargo bench --bench gpu_join -- --seeds [rt1,b10,...] [--log2-rows 24]
+//!     cargo bench --bench gpu_join -- --sort-merge [--log2-rows 24] [--runs 5]
 //!
 //! `--seeds` runs the seeds' workloads as criterion benchmarks (see
-//! `gpu_join/seeds.rs`); the other two modes are the end-to-end
+//! `gpu_join/seeds.rs`); `--sort-merge` the sort-merge join (see
+//! `gpu_join/sort_merge.rs`); the other two modes are the end-to-end
 //! measurements quoted in BENCHMARKS.md.
 //!
 //! The join benchmark (the default):
@@ -45,6 +47,8 @@ use rand::{RngExt, SeedableRng};
 mod group_by;
 #[path = "gpu_join/seeds.rs"]
 mod seeds;
+#[path = "gpu_join/sort_merge.rs"]
+mod sort_merge;
 
 const SQL: &str = "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k = s.k";
 
@@ -192,6 +196,10 @@ async fn end_to_end() {
             })
             .unwrap_or_else(|| vec![1, 4, 8, 12, 16, 20, 24]);
         group_by::benchmark(log2, &groups, arg_f64("--zipf", 0.0), runs).await;
+        return;
+    }
+    if std::env::args().any(|a| a == "--sort-merge") {
+        sort_merge::benchmark(log2, runs).await;
         return;
     }
     let rows = 1usize << log2;

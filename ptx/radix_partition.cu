@@ -12,6 +12,13 @@
 #define MAX_RADIX_BITS 8
 #define MAX_BINS (1 << MAX_RADIX_BITS)
 
+// The digit of a pass: bits [shift, shift + log2(bins)) of mix64(key) when
+// partitioning for a hash join (HASHED), of the key itself when sorting.
+template <bool HASHED>
+__device__ __forceinline__ u32 radix_digit(u64 key, u32 shift, u32 bins) {
+    return (u32)((HASHED ? mix64(key) : key) >> shift) & (bins - 1);
+}
+
 // Writes `first + i` to `out[i]` for i < n (the initial row ids).
 // Launch: any grid, block = BLOCK_THREADS (grid-stride loop).
 extern "C" __global__ void iota_u64(u64* out, u64 n, u64 first) {
@@ -24,8 +31,9 @@ extern "C" __global__ void iota_u64(u64* out, u64 n, u64 first) {
 // each block. Block b owns rows [b * rows_per_block, (b + 1) * rows_per_block).
 // Launch: grid = ceil(n / rows_per_block), block = BLOCK_THREADS, bits <= 8,
 // rows_per_block < 2^32. Output: histogram[digit * gridDim.x + block].
-extern "C" __global__ void radix_histogram(const u64* keys, u64 n, u32 shift, u32 bits,
-                                           u64 rows_per_block, u64* histogram) {
+template <bool HASHED>
+__device__ void histogram_body(const u64* keys, u64 n, u32 shift, u32 bits, u64 rows_per_block,
+                               u64* histogram) {
     __shared__ u32 counts[MAX_BINS];
     const u32 bins = 1u << bits;
     for (u32 b = threadIdx.x; b < bins; b += BLOCK_THREADS) counts[b] = 0;
@@ -34,7 +42,7 @@ extern "C" __global__ void radix_histogram(const u64* keys, u64 n, u32 shift, u3
     const u64 begin = (u64)blockIdx.x * rows_per_block;
     const u64 end = min(n, begin + rows_per_block);
     for (u64 i = begin + threadIdx.x; i < end; i += BLOCK_THREADS) {
-        const u32 digit = (u32)(mix64(keys[i]) >> shift) & (bins - 1);
+        const u32 digit = radix_digit<HASHED>(keys[i], shift, bins);
         atomicAdd(&counts[digit], 1u);
     }
     __syncthreads();
@@ -50,9 +58,9 @@ extern "C" __global__ void radix_histogram(const u64* keys, u64 n, u32 shift, u3
 // comes from earlier warps (per-warp digit counts in shared memory) plus
 // earlier lanes of its own warp (__match_any_sync), which keeps input order.
 // Launch: same grid and block as radix_histogram. `*_out` must not alias `*_in`.
-extern "C" __global__ void radix_scatter(const u64* keys_in, const u64* ids_in, u64 n, u32 shift,
-                                         u32 bits, u64 rows_per_block, const u64* offsets,
-                                         u64* keys_out, u64* ids_out) {
+template <bool HASHED>
+__device__ void scatter_body(const u64* keys_in, const u64* ids_in, u64 n, u32 shift, u32 bits,
+                             u64 rows_per_block, const u64* offsets, u64* keys_out, u64* ids_out) {
     __shared__ u64 digit_base[MAX_BINS];
     __shared__ u32 warp_counts[WARPS_PER_BLOCK][MAX_BINS];
     const u32 bins = 1u << bits;
@@ -74,7 +82,7 @@ extern "C" __global__ void radix_scatter(const u64* keys_in, const u64* ids_in, 
         if (valid) {
             key = keys_in[i];
             id = ids_in[i];
-            digit = (u32)(mix64(key) >> shift) & (bins - 1);
+            digit = radix_digit<HASHED>(key, shift, bins);
         }
         const u32 peers = __match_any_sync(0xffffffffu, digit);
         const u32 rank_in_warp = __popc(peers & lanemask_lt());
@@ -99,6 +107,32 @@ extern "C" __global__ void radix_scatter(const u64* keys_in, const u64* ids_in, 
         }
         __syncthreads();
     }
+}
+
+extern "C" __global__ void radix_histogram(const u64* keys, u64 n, u32 shift, u32 bits,
+                                           u64 rows_per_block, u64* histogram) {
+    histogram_body<true>(keys, n, shift, bits, rows_per_block, histogram);
+}
+
+extern "C" __global__ void radix_scatter(const u64* keys_in, const u64* ids_in, u64 n, u32 shift,
+                                         u32 bits, u64 rows_per_block, const u64* offsets,
+                                         u64* keys_out, u64* ids_out) {
+    scatter_body<true>(keys_in, ids_in, n, shift, bits, rows_per_block, offsets, keys_out, ids_out);
+}
+
+// The same two kernels on the key's own bits: passes over bits [0, B) leave
+// the pairs sorted by key & (2^B - 1), stably, which is an LSD radix sort of
+// keys below 2^B (the sort-merge join's sort, seed 000 §3.3).
+extern "C" __global__ void radix_sort_histogram(const u64* keys, u64 n, u32 shift, u32 bits,
+                                                u64 rows_per_block, u64* histogram) {
+    histogram_body<false>(keys, n, shift, bits, rows_per_block, histogram);
+}
+
+extern "C" __global__ void radix_sort_scatter(const u64* keys_in, const u64* ids_in, u64 n,
+                                              u32 shift, u32 bits, u64 rows_per_block,
+                                              const u64* offsets, u64* keys_out, u64* ids_out) {
+    scatter_body<false>(keys_in, ids_in, n, shift, bits, rows_per_block, offsets, keys_out,
+                        ids_out);
 }
 
 // After the last pass, keys are ordered by partition id p = mix64(key) &

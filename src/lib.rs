@@ -39,7 +39,7 @@ pub mod ops;
 pub mod planner;
 mod session;
 
-pub use exec::{GpuAggregateExec, GpuHashJoinExec};
+pub use exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
 pub use planner::{gpu_decisions, GpuOptimizerRule, GpuOptions, NodeDecision, Placement};
 pub use session::{gpu_session_context, with_gpu_context, SessionStateBuilderGpuExt};
 

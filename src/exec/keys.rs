@@ -353,7 +353,7 @@ fn compact(keys: Vec<u64>, keep: &[bool]) -> NormalizedKeys {
 
 /// Calls `f(row, value)` for every row of a packable column, NULL slots
 /// included (their value is arbitrary).
-fn for_each_value(column: &ArrayRef, mut f: impl FnMut(usize, i128)) -> Result<()> {
+pub(crate) fn for_each_value(column: &ArrayRef, mut f: impl FnMut(usize, i128)) -> Result<()> {
     macro_rules! each {
         ($arrow_type:ty) => {{
             for (i, &v) in column
@@ -406,7 +406,40 @@ fn for_each_value(column: &ArrayRef, mut f: impl FnMut(usize, i128)) -> Result<(
 }
 
 /// The smallest and largest non-NULL value (`(1, 0)` when there is none).
-fn value_range(column: &ArrayRef) -> Result<(i128, i128)> {
+pub(crate) fn value_range(column: &ArrayRef) -> Result<(i128, i128)> {
+    // Integers and decimals: arrow's vectorized kernels (NULLs skipped).
+    macro_rules! range {
+        ($arrow_type:ty) => {{
+            let values = column.as_primitive::<$arrow_type>();
+            let (min, max) = (
+                datafusion::arrow::compute::min(values),
+                datafusion::arrow::compute::max(values),
+            );
+            return Ok(match (min, max) {
+                (Some(min), Some(max)) => (min as i128, max as i128),
+                _ => (1, 0),
+            });
+        }};
+    }
+    match column.data_type() {
+        DataType::Int8 => range!(Int8Type),
+        DataType::Int16 => range!(Int16Type),
+        DataType::Int32 => range!(Int32Type),
+        DataType::Int64 => range!(Int64Type),
+        DataType::UInt8 => range!(UInt8Type),
+        DataType::UInt16 => range!(UInt16Type),
+        DataType::UInt32 => range!(UInt32Type),
+        DataType::UInt64 => range!(UInt64Type),
+        DataType::Date32 => range!(Date32Type),
+        DataType::Date64 => range!(Date64Type),
+        DataType::Timestamp(TimeUnit::Second, _) => range!(TimestampSecondType),
+        DataType::Timestamp(TimeUnit::Millisecond, _) => range!(TimestampMillisecondType),
+        DataType::Timestamp(TimeUnit::Microsecond, _) => range!(TimestampMicrosecondType),
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => range!(TimestampNanosecondType),
+        DataType::Decimal128(_, _) => range!(Decimal128Type),
+        _ => {}
+    }
+    // Boolean, times and durations: one pass through i128.
     let nulls = column.logical_nulls();
     let (mut min, mut max) = (i128::MAX, i128::MIN);
     for_each_value(column, |i, v| {

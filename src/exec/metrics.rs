@@ -77,6 +77,49 @@ impl GpuJoinMetrics {
     }
 }
 
+/// Per-partition metrics of a GPU sort-merge join.
+#[derive(Debug, Clone)]
+pub struct GpuSortMergeJoinMetrics {
+    /// Output rows, batches and host compute time.
+    pub baseline: BaselineMetrics,
+    /// Left rows collected.
+    pub left_rows: Count,
+    /// Right rows collected.
+    pub right_rows: Count,
+    /// Wall time reading both inputs (their pipelines' time included).
+    pub collect_time: Time,
+    /// Host time evaluating the key columns and coding them in sort order.
+    pub encode_time: Time,
+    /// Wall time of the device part: waits, copies, sort, merge, and the
+    /// output made and handed on range by range.
+    pub device_wall_time: Time,
+    /// Host time turning pairs into output batches (filter, order, gather).
+    pub emit_time: Time,
+    /// Copies, kernels and waits on the device.
+    pub device: DeviceMetrics,
+    /// Partitions joined by DataFusion's `SortMergeJoinExec` at run time
+    /// (device out of memory, or keys too wide for 64-bit codes).
+    pub cpu_fallback_partitions: Count,
+}
+
+impl GpuSortMergeJoinMetrics {
+    /// Registers the metrics of `partition` in `set`.
+    pub fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let builder = || MetricBuilder::new(set);
+        Self {
+            baseline: BaselineMetrics::new(set, partition),
+            left_rows: builder().counter("left_rows", partition),
+            right_rows: builder().counter("right_rows", partition),
+            collect_time: builder().subset_time("collect_time", partition),
+            encode_time: builder().subset_time("encode_time", partition),
+            device_wall_time: builder().subset_time("device_wall_time", partition),
+            emit_time: builder().subset_time("emit_time", partition),
+            device: DeviceMetrics::new(set, partition),
+            cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
+        }
+    }
+}
+
 /// Per-partition metrics of a GPU aggregation.
 #[derive(Debug, Clone)]
 pub struct GpuAggregateMetrics {

@@ -8,8 +8,10 @@ pub mod keys;
 mod metrics;
 mod once;
 mod parallel;
+mod sort_merge_join;
 
 pub use aggregate::GpuAggregateExec;
 pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
-pub use metrics::{DeviceMetrics, GpuAggregateMetrics, GpuJoinMetrics};
+pub use metrics::{DeviceMetrics, GpuAggregateMetrics, GpuJoinMetrics, GpuSortMergeJoinMetrics};
+pub use sort_merge_join::GpuSortMergeJoinExec;

@@ -1,11 +1,12 @@
 //! Algorithms on device columns, knowing nothing of DataFusion: exclusive
-//! scan, radix partitioning, the partitioned hash join and the hash
-//! group-by. Each has a plain
+//! scan, radix partitioning, the partitioned hash join, the sort-merge join
+//! and the hash group-by. Each has a plain
 //! CPU reference implementation in its `reference` module, used by tests to
 //! check the device results exactly.
 
 pub mod group_by;
 pub mod hash_join;
+pub mod merge_join;
 pub mod radix;
 pub mod scan;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::scan::exclusive_scan;
-use crate::gpu::launch::{self, RadixGrid, JOIN_TABLE_CAPACITY, MAX_RADIX_BITS};
+use crate::gpu::launch::{self, RadixDigits, RadixGrid, JOIN_TABLE_CAPACITY, MAX_RADIX_BITS};
 use crate::gpu::{DeviceVec, DriverResultExt, GpuDevice, GpuResult};
 
 /// Largest partition count: 2^18 partitions of [`JOIN_TABLE_CAPACITY`] build
@@ -105,8 +105,8 @@ impl PartitionedColumn {
 pub fn radix_partition(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    mut keys: DeviceVec<u64>,
-    mut row_ids: DeviceVec<u64>,
+    keys: DeviceVec<u64>,
+    row_ids: DeviceVec<u64>,
     plan: &RadixPlan,
 ) -> GpuResult<PartitionedColumn> {
     let rows = keys.len();
@@ -121,38 +121,14 @@ pub fn radix_partition(
             starts,
         });
     }
-    let grid = RadixGrid::new(rows as u64, device.sm_count());
-    let mut shift = 0;
-    if !plan.pass_bits().is_empty() {
-        // SAFETY (both): every element is written by the first scatter.
-        let mut keys_out =
-            unsafe { stream.alloc::<u64>(rows) }.during("allocating partition buffers")?;
-        let mut ids_out =
-            unsafe { stream.alloc::<u64>(rows) }.during("allocating partition buffers")?;
-        for &bits in plan.pass_bits() {
-            let histogram_len = (grid.blocks as usize) << bits;
-            let mut offsets = stream
-                .alloc_zeros::<u64>(histogram_len)
-                .during("allocating a radix histogram")?;
-            launch::radix_histogram(kernels, stream, &keys, shift, bits, grid, &mut offsets)?;
-            exclusive_scan(device, stream, &mut offsets, histogram_len)?;
-            launch::radix_scatter(
-                kernels,
-                stream,
-                &keys,
-                &row_ids,
-                shift,
-                bits,
-                grid,
-                &offsets,
-                &mut keys_out,
-                &mut ids_out,
-            )?;
-            std::mem::swap(&mut keys, &mut keys_out);
-            std::mem::swap(&mut row_ids, &mut ids_out);
-            shift += bits;
-        }
-    }
+    let (keys, row_ids) = stable_radix_passes(
+        device,
+        stream,
+        keys,
+        row_ids,
+        RadixDigits::Hashed,
+        plan.pass_bits(),
+    )?;
     launch::partition_bounds(
         kernels,
         stream,
@@ -166,6 +142,63 @@ pub fn radix_partition(
         row_ids,
         starts,
     })
+}
+
+/// Stable LSD radix passes over (key, row id) pairs: pass `i` orders them by
+/// `pass_bits[i]` bits of the digits' source (`mix64(key)` or the key),
+/// least significant first, keeping the order of equal digits.
+pub fn stable_radix_passes(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    mut keys: DeviceVec<u64>,
+    mut row_ids: DeviceVec<u64>,
+    digits: RadixDigits,
+    pass_bits: &[u32],
+) -> GpuResult<(DeviceVec<u64>, DeviceVec<u64>)> {
+    let rows = keys.len();
+    if rows == 0 || pass_bits.is_empty() {
+        return Ok((keys, row_ids));
+    }
+    let kernels = device.kernels();
+    let grid = RadixGrid::new(rows as u64, device.sm_count());
+    // SAFETY (both): every element is written by the first scatter.
+    let mut keys_out = unsafe { stream.alloc::<u64>(rows) }.during("allocating radix buffers")?;
+    let mut ids_out = unsafe { stream.alloc::<u64>(rows) }.during("allocating radix buffers")?;
+    let mut shift = 0;
+    for &bits in pass_bits {
+        let histogram_len = (grid.blocks as usize) << bits;
+        let mut offsets = stream
+            .alloc_zeros::<u64>(histogram_len)
+            .during("allocating a radix histogram")?;
+        launch::radix_histogram(
+            kernels,
+            stream,
+            digits,
+            &keys,
+            shift,
+            bits,
+            grid,
+            &mut offsets,
+        )?;
+        exclusive_scan(device, stream, &mut offsets, histogram_len)?;
+        launch::radix_scatter(
+            kernels,
+            stream,
+            digits,
+            &keys,
+            &row_ids,
+            shift,
+            bits,
+            grid,
+            &offsets,
+            &mut keys_out,
+            &mut ids_out,
+        )?;
+        std::mem::swap(&mut keys, &mut keys_out);
+        std::mem::swap(&mut row_ids, &mut ids_out);
+        shift += bits;
+    }
+    Ok((keys, row_ids))
 }
 
 /// CPU references.

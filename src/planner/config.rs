@@ -11,6 +11,10 @@ extensions_options! {
         pub enabled: bool, default = true
         /// Replace `HashJoinExec` by `GpuHashJoinExec` where supported.
         pub hash_join: bool, default = true
+        /// Replace `SortMergeJoinExec` by `GpuSortMergeJoinExec` where
+        /// supported (with the `SortExec`s DataFusion put below it just for
+        /// the join, which then sort on the device).
+        pub sort_merge_join: bool, default = true
         /// Replace `AggregateExec` by `GpuAggregateExec` where supported.
         pub aggregate: bool, default = true
         /// Replace DataFusion's two aggregation phases (a partial
@@ -99,6 +103,7 @@ mod tests {
         let config = ConfigOptions::new();
         let options = GpuOptions::from_config(&config);
         assert!(options.enabled && options.hash_join && options.aggregate);
+        assert!(options.sort_merge_join);
         assert_eq!(options.min_rows, 8_000_000);
         assert!(!options.merge_partitions && !options.aggregate_single_phase);
     }

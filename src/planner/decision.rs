@@ -5,16 +5,20 @@
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::stats::Precision;
 use datafusion::config::ConfigOptions;
+use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::GpuOptions;
 use crate::exec::keys::KeySpec;
-use crate::exec::{describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec};
+use crate::exec::{
+    describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec,
+};
 
 /// Where a node runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,13 +74,12 @@ pub fn decide_hash_join(
     options: &GpuOptions,
     gpu: Result<(), &str>,
 ) -> Result<(), String> {
-    if !options.enabled {
-        return Err("GPU disabled (gpu.enabled = false)".into());
-    }
-    if !options.hash_join {
-        return Err("GPU hash join disabled (gpu.hash_join = false)".into());
-    }
-    gpu.map_err(|reason| format!("no GPU: {reason}"))?;
+    gpu_usable(
+        options,
+        options.hash_join,
+        "GPU hash join disabled (gpu.hash_join = false)",
+        gpu,
+    )?;
     if join.null_aware && *join.partition_mode() != PartitionMode::CollectLeft {
         return Err(
             "a null-aware anti join must see the whole probe side, which it does only in CollectLeft mode"
@@ -90,9 +93,31 @@ pub fn decide_hash_join(
         return Err("the join's output ordering may be relied on above it, and the GPU join does not keep it".into());
     }
     key_spec(join)?;
-    let rows = estimated_rows(join.left())
-        .and_then(|left| Some(left.saturating_add(estimated_rows(join.right())?)));
-    check_size(rows, options)
+    check_join_size(join.left(), join.right(), options)
+}
+
+/// Decides whether `join` can run as a [`GpuSortMergeJoinExec`]: `Ok(())`
+/// if so, otherwise the reason it stays on the CPU.
+pub fn decide_sort_merge_join(
+    join: &SortMergeJoinExec,
+    options: &GpuOptions,
+    gpu: Result<(), &str>,
+) -> Result<(), String> {
+    gpu_usable(
+        options,
+        options.sort_merge_join,
+        "GPU sort-merge join disabled (gpu.sort_merge_join = false)",
+        gpu,
+    )?;
+    for key_type in key_types(join.left(), join.right(), join.on())? {
+        if !KeySpec::is_packable(&key_type) {
+            return Err(format!(
+                "key type {key_type} has no order-preserving fixed-width code on the GPU \
+                 (integers, dates, times, timestamps, durations, Decimal128 and Boolean do)"
+            ));
+        }
+    }
+    check_join_size(join.left(), join.right(), options)
 }
 
 /// Decides whether `agg` can run as a [`GpuAggregateExec`]: `Ok(())` if so,
@@ -102,15 +127,42 @@ pub fn decide_aggregate(
     options: &GpuOptions,
     gpu: Result<(), &str>,
 ) -> Result<(), String> {
+    gpu_usable(
+        options,
+        options.aggregate,
+        "GPU aggregation disabled (gpu.aggregate = false)",
+        gpu,
+    )?;
+    AggregateSpec::try_new(agg)?;
+    check_size(estimated_rows(agg.input()), options)
+}
+
+/// Whether the GPU may be used at all: the session's switch, the
+/// operator's (`operator_enabled`, with the reason `disabled`), a device.
+fn gpu_usable(
+    options: &GpuOptions,
+    operator_enabled: bool,
+    disabled: &str,
+    gpu: Result<(), &str>,
+) -> Result<(), String> {
     if !options.enabled {
         return Err("GPU disabled (gpu.enabled = false)".into());
     }
-    if !options.aggregate {
-        return Err("GPU aggregation disabled (gpu.aggregate = false)".into());
+    if !operator_enabled {
+        return Err(disabled.into());
     }
-    gpu.map_err(|reason| format!("no GPU: {reason}"))?;
-    AggregateSpec::try_new(agg)?;
-    check_size(estimated_rows(agg.input()), options)
+    gpu.map_err(|reason| format!("no GPU: {reason}"))
+}
+
+/// [`check_size`] on the rows of both inputs of a join.
+fn check_join_size(
+    left: &Arc<dyn ExecutionPlan>,
+    right: &Arc<dyn ExecutionPlan>,
+    options: &GpuOptions,
+) -> Result<(), String> {
+    let rows =
+        estimated_rows(left).and_then(|left| Some(left.saturating_add(estimated_rows(right)?)));
+    check_size(rows, options)
 }
 
 /// Keeps a node whose inputs hold fewer than `gpu.min_rows` rows (by
@@ -127,20 +179,29 @@ fn check_size(rows: Option<usize>, options: &GpuOptions) -> Result<(), String> {
 
 /// The key spec of a join, or why its keys cannot be encoded.
 pub(crate) fn key_spec(join: &HashJoinExec) -> Result<KeySpec, String> {
-    let left_schema = join.left().schema();
-    let right_schema = join.right().schema();
-    let mut types = Vec::with_capacity(join.on().len());
-    for (left, right) in join.on() {
-        let left_type = left.data_type(&left_schema).map_err(|e| e.to_string())?;
-        let right_type = right.data_type(&right_schema).map_err(|e| e.to_string())?;
-        if left_type != right_type {
-            return Err(format!(
-                "key types differ across the join ({left_type} and {right_type})"
-            ));
-        }
-        types.push(left_type);
-    }
+    let types = key_types(join.left(), join.right(), join.on())?;
     KeySpec::try_new(&types, join.null_equality())
+}
+
+/// The type of each equi-join key, or why the two sides' types differ.
+fn key_types(
+    left: &Arc<dyn ExecutionPlan>,
+    right: &Arc<dyn ExecutionPlan>,
+    on: &[(PhysicalExprRef, PhysicalExprRef)],
+) -> Result<Vec<DataType>, String> {
+    let (left_schema, right_schema) = (left.schema(), right.schema());
+    on.iter()
+        .map(|(left, right)| {
+            let left_type = left.data_type(&left_schema).map_err(|e| e.to_string())?;
+            let right_type = right.data_type(&right_schema).map_err(|e| e.to_string())?;
+            if left_type != right_type {
+                return Err(format!(
+                    "key types differ across the join ({left_type} and {right_type})"
+                ));
+            }
+            Ok(left_type)
+        })
+        .collect()
 }
 
 /// Rows of `plan` by statistics, exact or estimated; `None` without any.
@@ -166,6 +227,16 @@ fn describe_hash_join(join: &HashJoinExec) -> String {
         join.join_type(),
         join.partition_mode()
     )
+}
+
+fn describe_sort_merge_join(join: &SortMergeJoinExec) -> String {
+    let keys = join
+        .on()
+        .iter()
+        .map(|(l, r)| format!("{l} = {r}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("{} join, on {keys}", join.join_type())
 }
 
 /// The placement of every join and aggregation of `plan`, as the rule
@@ -214,6 +285,31 @@ fn collect_decisions(
         out.push(NodeDecision {
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(join),
+            placement: Placement::Cpu { reason },
+        });
+    } else if let Some(gpu_join) = plan.downcast_ref::<GpuSortMergeJoinExec>() {
+        let [left, right] = gpu_join.sort_on_device();
+        let sorted_by = |on_device: bool| if on_device { "device" } else { "input" };
+        out.push(NodeDecision {
+            operator: "SortMergeJoinExec".into(),
+            detail: describe_sort_merge_join(gpu_join.sort_merge_join()),
+            placement: Placement::Gpu {
+                algorithm: format!(
+                    "{} (left sorted by the {}, right by the {})",
+                    GpuSortMergeJoinExec::ALGORITHM,
+                    sorted_by(left),
+                    sorted_by(right)
+                ),
+            },
+        });
+    } else if let Some(join) = plan.downcast_ref::<SortMergeJoinExec>() {
+        let reason = match decide_sort_merge_join(join, options, gpu) {
+            Err(reason) => reason,
+            Ok(()) => NOT_APPLIED.into(),
+        };
+        out.push(NodeDecision {
+            operator: "SortMergeJoinExec".into(),
+            detail: describe_sort_merge_join(join),
             placement: Placement::Cpu { reason },
         });
     } else if let Some(gpu_agg) = plan.downcast_ref::<GpuAggregateExec>() {

@@ -9,5 +9,8 @@ mod rule;
 
 pub use config::GpuOptions;
 pub(crate) use decision::key_spec as key_spec_of;
-pub use decision::{decide_aggregate, decide_hash_join, gpu_decisions, NodeDecision, Placement};
+pub use decision::{
+    decide_aggregate, decide_hash_join, decide_sort_merge_join, gpu_decisions, NodeDecision,
+    Placement,
+};
 pub use rule::GpuOptimizerRule;

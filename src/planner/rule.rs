@@ -8,14 +8,15 @@ use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
 use super::partitioning::{children_partitioning_free, over_unrepartitioned_inputs};
 use super::phases::single_phase;
-use super::{decide_aggregate, decide_hash_join, GpuOptions};
-use crate::exec::{GpuAggregateExec, GpuHashJoinExec};
+use super::{decide_aggregate, decide_hash_join, decide_sort_merge_join, GpuOptions};
+use crate::exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
 
 /// Replaces each `HashJoinExec` that [`decide_hash_join`] accepts by a
 /// [`GpuHashJoinExec`], and each `AggregateExec` that [`decide_aggregate`]
@@ -94,6 +95,15 @@ fn rewrite(
             return Ok(Arc::new(gpu_join));
         }
     }
+    if let Some(join) = node.downcast_ref::<SortMergeJoinExec>() {
+        if decide_sort_merge_join(join, options, gpu).is_ok() {
+            let sorts = absorbable_sorts(join);
+            return Ok(Arc::new(GpuSortMergeJoinExec::try_new(
+                Arc::clone(&node),
+                sorts,
+            )?));
+        }
+    }
     if let Some(agg) = node.downcast_ref::<AggregateExec>() {
         if let Some(gpu_agg) = gpu_aggregate(&node, agg, partitioning_free, options, gpu)? {
             return Ok(Arc::new(gpu_agg));
@@ -159,6 +169,44 @@ fn gpu_aggregate(
         return Ok(Some(GpuAggregateExec::try_new(Arc::clone(node))?));
     }
     Ok(None)
+}
+
+/// Per side of `join`: whether its child is a `SortExec` that sorts each
+/// partition on exactly the join's keys, in the join's directions, with no
+/// limit: a sort DataFusion planned for the join alone, which the GPU join
+/// then does on the device.
+fn absorbable_sorts(join: &SortMergeJoinExec) -> [bool; 2] {
+    let sides = [
+        (
+            join.left(),
+            join.on().iter().map(|(l, _)| l).collect::<Vec<_>>(),
+        ),
+        (
+            join.right(),
+            join.on().iter().map(|(_, r)| r).collect::<Vec<_>>(),
+        ),
+    ];
+    sides.map(|(child, keys)| {
+        let Some(sort) = child.downcast_ref::<SortExec>() else {
+            return false;
+        };
+        let per_partition = sort.preserve_partitioning()
+            || sort
+                .input()
+                .properties()
+                .output_partitioning()
+                .partition_count()
+                <= 1;
+        let on_the_keys = sort.expr().len() == keys.len()
+            && sort
+                .expr()
+                .iter()
+                .zip(keys.iter().zip(join.sort_options()))
+                .all(|(sort_expr, (key, options))| {
+                    sort_expr.options == *options && sort_expr.expr.eq(*key)
+                });
+        sort.fetch().is_none() && per_partition && on_the_keys
+    })
 }
 
 /// Whether `node` interleaves several input partitions in arrival order.
@@ -414,6 +462,69 @@ mod tests {
             show(&plan)
         );
         assert!(gpu_aggregates(&plan).iter().all(|a| !a.phases_merged()));
+    }
+
+    fn gpu_merge_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuSortMergeJoinExec> {
+        let mut joins: Vec<&GpuSortMergeJoinExec> = plan.downcast_ref().into_iter().collect();
+        for child in plan.children() {
+            joins.extend(gpu_merge_joins(child));
+        }
+        joins
+    }
+
+    fn find_merge_join(plan: &Arc<dyn ExecutionPlan>) -> Option<&SortMergeJoinExec> {
+        plan.downcast_ref::<SortMergeJoinExec>()
+            .or_else(|| plan.children().into_iter().find_map(find_merge_join))
+    }
+
+    #[tokio::test]
+    async fn sort_merge_joins_absorb_the_sorts_planned_for_them() {
+        let options = GpuOptions {
+            min_rows: 0,
+            ..GpuOptions::default()
+        };
+        let config = SessionConfig::new()
+            .with_target_partitions(4)
+            .set_bool("datafusion.optimizer.prefer_hash_join", false);
+        let ctx = SessionContext::new_with_config(config);
+        ctx.register_table("r", table(4)).unwrap();
+        ctx.register_table("s", table(3)).unwrap();
+        for sql in [
+            "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k",
+            "SELECT r.v, s.v FROM r FULL JOIN s ON r.k = s.k AND r.v > s.v",
+            "SELECT s.v FROM r RIGHT ANTI JOIN s ON r.k = s.k",
+        ] {
+            let plan = ctx
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            let plan = rewrite(plan, false, true, &options, Ok(())).unwrap();
+            // Every requirement still holds, with the sorts gone.
+            let plan = SanityCheckPlan::new()
+                .optimize(plan, ctx.state().config_options())
+                .unwrap();
+            let joins = gpu_merge_joins(&plan);
+            assert_eq!(joins.len(), 1, "{sql}\n{}", show(&plan));
+            assert_eq!(joins[0].sort_on_device(), [true, true], "{}", show(&plan));
+            assert!(!show(&plan).contains("SortExec"), "{}", show(&plan));
+            assert!(show(&plan).contains("sort=[left: device, right: device]"));
+        }
+        // String keys have no order-preserving code: the join stays, and says why.
+        let plan = ctx
+            .sql("SELECT r.v FROM r JOIN s ON CAST(r.k AS VARCHAR) = CAST(s.k AS VARCHAR)")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let plan = rewrite(plan, false, true, &options, Ok(())).unwrap();
+        assert!(gpu_merge_joins(&plan).is_empty(), "{}", show(&plan));
+        let join = find_merge_join(&plan).expect("a sort-merge join");
+        let why = super::decide_sort_merge_join(join, &options, Ok(())).unwrap_err();
+        assert!(why.contains("order-preserving"), "{why}");
     }
 
     #[tokio::test]

@@ -34,12 +34,19 @@ use sqllogictest::{parse_file, strict_column_validator, Condition, Record};
 mod slt_files;
 use slt_files::find_test_files;
 
+/// GPU nodes placed over a run: all of them, and the sort-merge joins.
+#[derive(Debug, Default)]
+struct GpuNodeCounts {
+    all: AtomicUsize,
+    sort_merge_joins: AtomicUsize,
+}
+
 /// The rule, counting the GPU nodes it places, so a run can prove that the
 /// GPU was used.
 #[derive(Debug)]
 struct CountingGpuRule {
     rule: GpuOptimizerRule,
-    gpu_nodes: Arc<AtomicUsize>,
+    gpu_nodes: Arc<GpuNodeCounts>,
 }
 
 impl PhysicalOptimizerRule for CountingGpuRule {
@@ -49,11 +56,20 @@ impl PhysicalOptimizerRule for CountingGpuRule {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let plan = self.rule.optimize(plan, config)?;
-        let placed = gpu_decisions(&plan, config)
-            .iter()
+        let placed: Vec<_> = gpu_decisions(&plan, config)
+            .into_iter()
             .filter(|d| d.on_gpu())
+            .collect();
+        let merge_joins = placed
+            .iter()
+            .filter(|d| d.operator == "SortMergeJoinExec")
             .count();
-        self.gpu_nodes.fetch_add(placed, Ordering::Relaxed);
+        self.gpu_nodes
+            .all
+            .fetch_add(placed.len(), Ordering::Relaxed);
+        self.gpu_nodes
+            .sort_merge_joins
+            .fetch_add(merge_joins, Ordering::Relaxed);
         Ok(plan)
     }
 
@@ -158,7 +174,7 @@ fn for_other_engine(conditions: &[Condition]) -> bool {
 
 /// Runs every record of `relative` (relative to the workspace), with the
 /// GPU rule or without it.
-async fn run_file(relative: &Path, gpu_nodes: Option<Arc<AtomicUsize>>) -> Result<FileRun> {
+async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Result<FileRun> {
     let Some(test_ctx) = TestContext::try_new_for_test_file(relative).await else {
         return Ok(FileRun::default());
     };
@@ -249,6 +265,12 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<AtomicUsize>>) -> Resul
 /// Runs one file both ways, prints its summary line, and fails on a record
 /// that only fails with the rule.
 async fn conformance(relative: &str, expects_gpu_nodes: bool) {
+    conformance_with(relative, expects_gpu_nodes, false).await;
+}
+
+/// [`conformance`]; with `expects_sort_merge_joins`, sort-merge joins must
+/// also have run on the GPU.
+async fn conformance_with(relative: &str, expects_gpu_nodes: bool, expects_sort_merge_joins: bool) {
     let workspace = match workspace() {
         Ok(w) => w,
         Err(reason) => {
@@ -264,7 +286,7 @@ async fn conformance(relative: &str, expects_gpu_nodes: bool) {
     }
     let relative = Path::new(relative);
     let baseline = run_file(relative, None).await.expect("baseline run");
-    let counter = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::new(GpuNodeCounts::default());
     let with_rule = run_file(relative, Some(Arc::clone(&counter)))
         .await
         .expect("run with the rule");
@@ -285,9 +307,10 @@ async fn conformance(relative: &str, expects_gpu_nodes: bool) {
             (true, false) => failures.push(format!("{loc}: {message}")),
         }
     }
-    let gpu_nodes = counter.load(Ordering::Relaxed);
+    let gpu_nodes = counter.all.load(Ordering::Relaxed);
+    let sort_merge_joins = counter.sort_merge_joins.load(Ordering::Relaxed);
     let summary = format!(
-        "conformance {}: records {}, passed {passed}, failed {}, skipped {} ({} EXPLAIN, {} other engine, {environment} failing without the rule too); GPU nodes planned: {gpu_nodes}",
+        "conformance {}: records {}, passed {passed}, failed {}, skipped {} ({} EXPLAIN, {} other engine, {environment} failing without the rule too); GPU nodes planned: {gpu_nodes} ({sort_merge_joins} sort-merge joins)",
         relative.display(),
         with_rule.records.len() + with_rule.explain_skipped + with_rule.other_engine_skipped,
         failures.len(),
@@ -315,6 +338,12 @@ async fn conformance(relative: &str, expects_gpu_nodes: bool) {
     );
     if gpu_status().is_ok() && expects_gpu_nodes {
         assert!(gpu_nodes > 0, "{summary}: no node ran on the GPU");
+    }
+    if gpu_status().is_ok() && expects_sort_merge_joins {
+        assert!(
+            sort_merge_joins > 0,
+            "{summary}: no sort-merge join ran on the GPU"
+        );
     }
     if gpu_status().is_err() {
         assert_eq!(gpu_nodes, 0, "{summary}: GPU nodes without a GPU");
@@ -351,15 +380,14 @@ async fn group_by_slt() {
     conformance("group_by.slt", true).await;
 }
 
-// The sort-merge join is not on the GPU yet: this shows that the rule
-// changes nothing there and keeps the runner ready for it.
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sort_merge_join_slt() {
-    conformance("sort_merge_join.slt", false).await;
+    conformance_with("sort_merge_join.slt", true, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tpch_slt_at_sf_0_1() {
-    conformance("tpch/tpch.slt", true).await;
+    // The file answers the 22 queries twice: with hash joins, then with
+    // `prefer_hash_join = false`, which plans sort-merge joins.
+    conformance_with("tpch/tpch.slt", true, true).await;
 }

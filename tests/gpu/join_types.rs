@@ -22,7 +22,7 @@ use crate::support::*;
 
 /// How the keys of a generated table are drawn.
 #[derive(Debug, Clone, Copy)]
-struct Shape {
+pub(crate) struct Shape {
     rows: usize,
     /// Distinct key values (duplicates when smaller than `rows`).
     domain: u64,
@@ -46,7 +46,7 @@ fn typed_table(shape: Shape, seed: u64) -> Arc<MemTable> {
 }
 
 /// [`typed_table`] in `partitions` partitions.
-fn typed_table_in(shape: Shape, seed: u64, partitions: usize) -> Arc<MemTable> {
+pub(crate) fn typed_table_in(shape: Shape, seed: u64, partitions: usize) -> Arc<MemTable> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("v", DataType::Int64, false),
@@ -142,7 +142,7 @@ fn typed_table_in(shape: Shape, seed: u64, partitions: usize) -> Arc<MemTable> {
 }
 
 /// Join conditions over the typed tables, `r` and `s` standing for the sides.
-const KEYS: &[(&str, &str)] = &[
+pub(crate) const KEYS: &[(&str, &str)] = &[
     ("Int64", "r.k64 = s.k64"),
     ("Int32", "r.k32 = s.k32"),
     ("Utf8", "r.ks = s.ks"),
@@ -164,7 +164,7 @@ const KEYS: &[(&str, &str)] = &[
 ];
 
 /// Queries per join type; `{on}` is the join condition.
-const QUERIES: &[&str] = &[
+pub(crate) const QUERIES: &[&str] = &[
     "SELECT r.id, s.id FROM r JOIN s ON {on}",
     "SELECT r.id, s.id FROM r LEFT JOIN s ON {on}",
     "SELECT r.id, s.id FROM r RIGHT JOIN s ON {on}",
@@ -256,7 +256,7 @@ async fn every_join_type_and_key(
     Some(seen)
 }
 
-const fn shape(rows: usize, domain: u64, null_every: usize, hot_percent: u64) -> Shape {
+pub(crate) const fn shape(rows: usize, domain: u64, null_every: usize, hot_percent: u64) -> Shape {
     Shape {
         rows,
         domain,

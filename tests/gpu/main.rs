@@ -12,3 +12,4 @@ mod join_sql;
 mod join_types;
 mod ops;
 mod runtime;
+mod sort_merge_join;

@@ -281,3 +281,86 @@ fn pieces_upload_end_to_end_on_one_thread_and_on_many() {
         assert_eq!(back, words, "{total} words in {} pieces", pieces.len());
     }
 }
+
+#[test]
+fn radix_sort_and_merge_path_match_their_references() {
+    use datafusion_gpu::ops::merge_join::{self, MergeMatches, SortedSide};
+    let Some(device) = device("radix_sort_and_merge_path_match_their_references") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // (streamed rows, other rows, key bits, distinct keys): empty sides, one
+    // row, tile edges, many duplicates, keys using all 64 bits.
+    let cases = [
+        (0usize, 10usize, 8u32, 5u64),
+        (10, 0, 8, 5),
+        (1, 1, 1, 2),
+        (1025, 3000, 12, 4096),
+        (100_000, 70_000, 20, 1 << 20),
+        (50_000, 50_000, 17, 37),
+        (300_000, 200_000, 64, u64::MAX),
+    ];
+    for (n, m, bits, domain) in cases {
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let streamed: Vec<u64> = random_keys(n, domain, n as u64 + 7)
+            .into_iter()
+            .map(|k| k & mask)
+            .collect();
+        let other: Vec<u64> = random_keys(m, domain, m as u64 + 11)
+            .into_iter()
+            .map(|k| k & mask)
+            .collect();
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let a = SortedSide::upload(&device, stream, &streamed, bits, false, &mut timer).unwrap();
+        let b = SortedSide::upload(&device, stream, &other, bits, false, &mut timer).unwrap();
+        // The sort: stable, so ids equal the reference's exactly.
+        let (a_sorted, a_ids) = merge_join::reference::sort(&streamed);
+        let (b_sorted, b_ids) = merge_join::reference::sort(&other);
+        assert_eq!(
+            a.download_row_ids(&device, stream, &mut timer).unwrap(),
+            a_ids,
+            "{n} x {m}"
+        );
+        assert_eq!(
+            b.download_row_ids(&device, stream, &mut timer).unwrap(),
+            b_ids,
+            "{n} x {m}"
+        );
+        // The merge, expanded in ranges of 1000 pairs.
+        let matches = MergeMatches::find(&device, stream, &a, &b, true, &mut timer).unwrap();
+        let (positions, ids) = merge_join::reference::merge_pairs(&a_sorted, &b_sorted, &b_ids);
+        assert_eq!(matches.total(), positions.len() as u64, "{n} x {m}");
+        let counts = matches.counts().unwrap().to_vec();
+        assert_eq!(counts.iter().sum::<u64>(), matches.total());
+        let (mut got_positions, mut got_ids) = (Vec::new(), Vec::new());
+        matches
+            .expand(&device, stream, &b, 1000, &mut timer, |p, i| {
+                assert!(p.len() <= 1000);
+                got_positions.extend(p);
+                got_ids.extend(i);
+                Ok(())
+            })
+            .unwrap();
+        timer.finish().unwrap();
+        assert_eq!(got_positions, positions, "{n} x {m}");
+        assert_eq!(got_ids, ids, "{n} x {m}");
+        // Presorted input is taken as it is.
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let presorted =
+            SortedSide::upload(&device, stream, &a_sorted, bits, true, &mut timer).unwrap();
+        let identity: Vec<u64> = (0..n as u64).collect();
+        assert_eq!(
+            presorted
+                .download_row_ids(&device, stream, &mut timer)
+                .unwrap(),
+            identity
+        );
+        timer.finish().unwrap();
+    }
+}

@@ -65,7 +65,7 @@ fn narrow(ids: &UInt64Array, keep: &BooleanArray) -> Result<UInt64Array> {
 }
 
 /// The filter's value on each pair.
-fn evaluate_filter(
+pub(crate) fn evaluate_filter(
     join_filter: &JoinFilter,
     build: &RecordBatch,
     probe: &RecordBatch,

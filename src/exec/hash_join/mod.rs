@@ -15,3 +15,9 @@ mod output;
 mod stream;
 
 pub use exec::GpuHashJoinExec;
+// Shared with the sort-merge join: join-type roles, output assembly and the
+// host-side filter over candidate pairs.
+pub(crate) use candidates::evaluate_filter;
+pub(crate) use matches::emits_pairs;
+pub(crate) use output::{take_rows, OutputAssembler, OutputRows, SideRows};
+pub(crate) use stream::evaluate_keys;

@@ -42,10 +42,15 @@ impl SideRows {
 
     fn column(&self, source: &ArrayRef, rows: usize) -> Result<ArrayRef> {
         Ok(match self {
-            Self::Ids(ids) => compact_views(take(source.as_ref(), ids, None)?),
+            Self::Ids(ids) => take_rows(source, ids)?,
             Self::Null => new_null_array(source.data_type(), rows),
         })
     }
+}
+
+/// The rows `ids` of `source`, compacted (see [`compact_views`]).
+pub(crate) fn take_rows(source: &ArrayRef, ids: &UInt64Array) -> Result<ArrayRef> {
+    Ok(compact_views(take(source.as_ref(), ids, None)?))
 }
 
 /// A `take` from a view array (`Utf8View`, `BinaryView`) keeps every data
@@ -150,6 +155,27 @@ impl OutputAssembler {
             sources,
             batch_size: batch_size.max(1),
         }
+    }
+
+    /// Output batches from whole output columns of `len` rows, in the
+    /// output schema's order, sliced (zero-copy) into batches.
+    pub(crate) fn batches_from_columns(
+        &self,
+        columns: &[ArrayRef],
+        len: usize,
+    ) -> Result<Vec<RecordBatch>> {
+        (0..len)
+            .step_by(self.batch_size)
+            .map(|start| {
+                let rows = self.batch_size.min(len - start);
+                let options = RecordBatchOptions::new().with_row_count(Some(rows));
+                Ok(RecordBatch::try_new_with_options(
+                    Arc::clone(&self.schema),
+                    columns.iter().map(|c| c.slice(start, rows)).collect(),
+                    &options,
+                )?)
+            })
+            .collect()
     }
 
     /// The output batches of `rows`, in order. Each batch takes a zero-copy

@@ -12,9 +12,13 @@ use cudarc::nvrtc::Ptx;
 use super::{DriverResultExt, GpuError, GpuResult};
 
 mod group_by;
+mod merge_join;
 pub use group_by::{
     aggregate_f64_sum, aggregate_i128_sum, aggregate_u64, fill_u64, group_insert, group_resolve,
     AggregateOp, GroupRows, PRIVATIZED_GROUPS,
+};
+pub use merge_join::{
+    expand_pairs, gather_u64, merge_path_bounds, MergeBound, MERGE_ITEMS_PER_THREAD,
 };
 
 /// Threads per block of every kernel (`BLOCK_THREADS` in `ptx/common.cuh`).
@@ -30,6 +34,7 @@ const SCAN_PTX: &str = include_str!("../../../ptx/scan.ptx");
 const RADIX_PARTITION_PTX: &str = include_str!("../../../ptx/radix_partition.ptx");
 const HASH_JOIN_PTX: &str = include_str!("../../../ptx/hash_join.ptx");
 const GROUP_BY_PTX: &str = include_str!("../../../ptx/group_by.ptx");
+const MERGE_JOIN_PTX: &str = include_str!("../../../ptx/merge_join.ptx");
 
 /// Every kernel of the crate, loaded into one device context.
 #[derive(Debug)]
@@ -40,6 +45,11 @@ pub struct Kernels {
     iota_u64: CudaFunction,
     radix_histogram: CudaFunction,
     radix_scatter: CudaFunction,
+    radix_sort_histogram: CudaFunction,
+    radix_sort_scatter: CudaFunction,
+    merge_path_bounds: CudaFunction,
+    expand_pairs: CudaFunction,
+    gather_u64: CudaFunction,
     partition_bounds: CudaFunction,
     hash_join_count: CudaFunction,
     hash_join_write: CudaFunction,
@@ -63,6 +73,7 @@ impl Kernels {
         let radix = load(RADIX_PARTITION_PTX)?;
         let join = load(HASH_JOIN_PTX)?;
         let group_by = load(GROUP_BY_PTX)?;
+        let merge = load(MERGE_JOIN_PTX)?;
         let function = |module: &Arc<CudaModule>, name: &'static str| {
             module
                 .load_function(name)
@@ -74,6 +85,11 @@ impl Kernels {
             iota_u64: function(&radix, "iota_u64")?,
             radix_histogram: function(&radix, "radix_histogram")?,
             radix_scatter: function(&radix, "radix_scatter")?,
+            radix_sort_histogram: function(&radix, "radix_sort_histogram")?,
+            radix_sort_scatter: function(&radix, "radix_sort_scatter")?,
+            merge_path_bounds: function(&merge, "merge_path_bounds")?,
+            expand_pairs: function(&merge, "expand_pairs")?,
+            gather_u64: function(&merge, "gather_u64")?,
             partition_bounds: function(&radix, "partition_bounds")?,
             hash_join_count: function(&join, "hash_join_count")?,
             hash_join_write: function(&join, "hash_join_write")?,
@@ -83,7 +99,7 @@ impl Kernels {
             aggregate_u64: function(&group_by, "aggregate_u64")?,
             aggregate_f64_sum: function(&group_by, "aggregate_f64_sum")?,
             aggregate_i128_sum: function(&group_by, "aggregate_i128_sum")?,
-            _modules: vec![scan, radix, join, group_by],
+            _modules: vec![scan, radix, join, group_by, merge],
         })
     }
 }
@@ -201,11 +217,23 @@ impl RadixGrid {
     }
 }
 
-/// `radix_histogram`: per-block counts of digit `(mix64(key) >> shift) &
-/// (2^bits - 1)`, written as `histogram[digit * blocks + block]`.
+/// Which bits of a key a radix pass reads its digit from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RadixDigits {
+    /// Bits of `mix64(key)`: partitioning for the hash join.
+    Hashed,
+    /// Bits of the key itself: sorting.
+    Key,
+}
+
+/// `radix_histogram` (or `radix_sort_histogram` for [`RadixDigits::Key`]):
+/// per-block counts of digit `(mix64(key) >> shift) & (2^bits - 1)` (or of
+/// the key's own bits), written as `histogram[digit * blocks + block]`.
+#[allow(clippy::too_many_arguments)]
 pub fn radix_histogram(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
+    digits: RadixDigits,
     keys: &CudaSlice<u64>,
     shift: u32,
     bits: u32,
@@ -217,7 +245,11 @@ pub fn radix_histogram(
     }
     check_len(histogram, (grid.blocks as usize) << bits, "radix histogram")?;
     let n = keys.len() as u64;
-    let mut launch = stream.launch_builder(&kernels.radix_histogram);
+    let kernel = match digits {
+        RadixDigits::Hashed => &kernels.radix_histogram,
+        RadixDigits::Key => &kernels.radix_sort_histogram,
+    };
+    let mut launch = stream.launch_builder(kernel);
     launch
         .arg(keys)
         .arg(&n)
@@ -230,12 +262,14 @@ pub fn radix_histogram(
     Ok(())
 }
 
-/// `radix_scatter`: stable scatter of (key, row id) pairs to the positions
-/// given by the exclusive scan of `radix_histogram`'s output.
+/// `radix_scatter` (or `radix_sort_scatter`): stable scatter of (key, row
+/// id) pairs to the positions given by the exclusive scan of
+/// [`radix_histogram`]'s output with the same `digits`.
 #[allow(clippy::too_many_arguments)]
 pub fn radix_scatter(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
+    digits: RadixDigits,
     keys_in: &CudaSlice<u64>,
     ids_in: &CudaSlice<u64>,
     shift: u32,
@@ -254,7 +288,11 @@ pub fn radix_scatter(
     check_len(ids_out, n, "partitioned row ids")?;
     check_len(offsets, (grid.blocks as usize) << bits, "radix offsets")?;
     let n64 = n as u64;
-    let mut launch = stream.launch_builder(&kernels.radix_scatter);
+    let kernel = match digits {
+        RadixDigits::Hashed => &kernels.radix_scatter,
+        RadixDigits::Key => &kernels.radix_sort_scatter,
+    };
+    let mut launch = stream.launch_builder(kernel);
     launch
         .arg(keys_in)
         .arg(ids_in)

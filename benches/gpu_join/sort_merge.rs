@@ -1,0 +1,170 @@
+//! `--sort-merge`: the sort-merge join end to end, DataFusion's
+//! `SortMergeJoinExec` (with its `SortExec`s, on all cores) against
+//! `GpuSortMergeJoinExec`, on the join benchmark's tables: R a shuffled
+//! primary key 0..2^n, S 2^n uniform foreign keys, both with an Int64
+//! payload, `prefer_hash_join = false`. Twice: with unsorted inputs, and
+//! with each `MemTable` partition sorted on `k` and declared so, and
+//! `prefer_existing_sort = true` (DataFusion then keeps the order through its
+//! hash repartition, merging the sorted streams, and plans no sort; the GPU
+//! join merges without sorting).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::logical_expr::{col, SortExpr};
+use datafusion::physical_plan::displayable;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpu::gpu::{gpu_runtime, measure_copy_bandwidth};
+use datafusion_gpu::gpu_session_context;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+
+use super::{median, operator_metric, run_once};
+
+/// `keys` in `partitions` partitions of 8192-row batches, each partition
+/// sorted on `k` (and declared so) when `sorted`.
+fn table(keys: &[i64], salt: i64, partitions: usize, sorted: bool) -> Arc<MemTable> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+    ]));
+    let per = keys.len().div_ceil(partitions).max(1);
+    let parts = keys
+        .chunks(per)
+        .map(|chunk| {
+            let mut chunk = chunk.to_vec();
+            if sorted {
+                chunk.sort_unstable();
+            }
+            chunk
+                .chunks(8192)
+                .map(|ks| {
+                    let v = Int64Array::from_iter_values(
+                        ks.iter().map(|k| (k * 31 + salt) % 1_000_003),
+                    );
+                    RecordBatch::try_new(
+                        Arc::clone(&schema),
+                        vec![
+                            Arc::new(Int64Array::from(ks.to_vec())) as ArrayRef,
+                            Arc::new(v),
+                        ],
+                    )
+                    .unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    let table = MemTable::try_new(schema, parts).unwrap();
+    Arc::new(if sorted {
+        table.with_sort_order(vec![vec![SortExpr::new(col("k"), true, true)]])
+    } else {
+        table
+    })
+}
+
+async fn timed(ctx: &SessionContext, runs: usize) -> (Duration, Vec<i64>, String, String) {
+    let (_, answer, _) = run_once(ctx).await; // warm-up
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..runs {
+        let (t, a, plan) = run_once(ctx).await;
+        assert_eq!(a, answer, "answers differ between runs");
+        times.push(t);
+        last = Some(plan);
+    }
+    let plan = last.expect("one run");
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    // The GPU join's last run, summed over its partitions (which overlap).
+    let ms = |name: &str| operator_metric(&plan, "GpuSortMergeJoinExec", name).1 as f64 / 1e6;
+    let breakdown = format!(
+        "collect_ms={:.1} encode_ms={:.1} device_wall_ms={:.1} kernel_ms={:.1} transfer_ms={:.1} emit_ms={:.1} memory_wait_ms={:.1} admission_wait_ms={:.1} h2d_bytes={} d2h_bytes={}",
+        ms("collect_time"),
+        ms("encode_time"),
+        ms("device_wall_time"),
+        ms("kernel_time"),
+        ms("transfer_time"),
+        ms("emit_time"),
+        ms("device_memory_wait"),
+        ms("device_admission_wait"),
+        operator_metric(&plan, "GpuSortMergeJoinExec", "h2d_bytes").1,
+        operator_metric(&plan, "GpuSortMergeJoinExec", "d2h_bytes").1,
+    );
+    (median(&mut times), answer, text, breakdown)
+}
+
+/// Runs both input layouts at 2^`log2` rows a side.
+pub async fn benchmark(log2: usize, runs: usize) {
+    let rows = 1usize << log2;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut rng = StdRng::seed_from_u64(42);
+    let mut r_keys: Vec<i64> = (0..rows as i64).collect();
+    r_keys.shuffle(&mut rng);
+    let s_keys: Vec<i64> = (0..rows)
+        .map(|_| rng.random_range(0..rows as i64))
+        .collect();
+    println!("sort-merge join benchmark: |R| = |S| = 2^{log2} Int64 rows, {cores} cores, {runs} timed runs per path");
+    let gpu_available = gpu_runtime().is_ok();
+    if let Ok(runtime) = gpu_runtime() {
+        // The bytes the GPU join must move: 8-byte codes of both sides in,
+        // one (position, row id) pair of 8-byte words per output row out
+        // (2^n rows: every S key matches one R key), and the sorted side's
+        // row ids back.
+        let bandwidth = measure_copy_bandwidth(&runtime.devices()[0], 1 << 30, 5).unwrap();
+        let floor = 16.0 * rows as f64 / bandwidth.host_to_device
+            + 24.0 * rows as f64 / bandwidth.device_to_host;
+        println!(
+            "pinned copy bandwidth: {:.1} GB/s to device, {:.1} GB/s back; floor for 2^{log2} x 2^{log2}: {:.1} ms",
+            bandwidth.host_to_device / 1e9,
+            bandwidth.device_to_host / 1e9,
+            floor * 1e3
+        );
+    }
+    for sorted in [false, true] {
+        let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(cores));
+        ctx.register_table("r", table(&r_keys, 1, cores, sorted))
+            .unwrap();
+        ctx.register_table("s", table(&s_keys, 2, cores, sorted))
+            .unwrap();
+        let keep_order = format!("SET datafusion.optimizer.prefer_existing_sort = {sorted}");
+        for statement in [
+            "SET datafusion.optimizer.prefer_hash_join = false",
+            keep_order.as_str(),
+            "SET gpu.min_rows = 0",
+            // The aggregation above the join stays DataFusion's on both
+            // paths, so the join is all that differs.
+            "SET gpu.aggregate = false",
+            "SET gpu.enabled = false",
+        ] {
+            ctx.sql(statement).await.unwrap();
+        }
+        let layout = if sorted { "presorted" } else { "unsorted" };
+        let (cpu, cpu_answer, cpu_plan, _) = timed(&ctx, runs).await;
+        println!("{layout}: CPU plan\n{cpu_plan}");
+        if !gpu_available {
+            println!(
+                "{layout}: CPU {:.1} ms; GPU not measured (no GPU)",
+                cpu.as_secs_f64() * 1e3
+            );
+            continue;
+        }
+        ctx.sql("SET gpu.enabled = true").await.unwrap();
+        let (gpu, gpu_answer, gpu_plan, breakdown) = timed(&ctx, runs).await;
+        println!("{layout}: GPU plan\n{gpu_plan}");
+        assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
+        assert!(
+            gpu_plan.contains("GpuSortMergeJoinExec"),
+            "the GPU join did not run"
+        );
+        println!(
+            "RESULT_SMJ layout={layout} log2_rows={log2} cpu_ms={:.1} gpu_ms={:.1} speedup={:.2} answer={cpu_answer:?}",
+            cpu.as_secs_f64() * 1e3,
+            gpu.as_secs_f64() * 1e3,
+            cpu.as_secs_f64() / gpu.as_secs_f64(),
+        );
+        println!("  GPU join, last run, summed over partitions: {breakdown}");
+    }
+}

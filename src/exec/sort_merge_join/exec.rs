@@ -1,0 +1,331 @@
+//! The plan node.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::NullEquality;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{OrderingRequirements, PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_plan::execution_plan::{apply_expression_roots, EmissionType};
+use datafusion::physical_plan::joins::SortMergeJoinExec;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::{
+    ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
+    PlanProperties, SendableRecordBatchStream, Statistics, StatisticsArgs,
+};
+
+use super::stream::{merge_join_stream, MergeJoinPlan, MergeJoinTask};
+use crate::exec::hash_join::OutputAssembler;
+use crate::exec::GpuSortMergeJoinMetrics;
+use crate::planner::GpuOptions;
+
+/// A merge-path sort-merge join on the GPU, in place of the
+/// [`SortMergeJoinExec`] it was made from, with the same output schema,
+/// partitioning and output ordering, so nodes above that rely on the order
+/// stay correct. Where DataFusion sorted an input just for the join (a
+/// `SortExec` on exactly the join keys below it), that sort is absorbed and
+/// done on the device; an input that arrives sorted is merged as it is.
+///
+/// Supported (see [`crate::planner::decide_sort_merge_join`]): every join
+/// type, both NULL equalities, residual filters (on the host, per bounded
+/// range of pairs), keys of integer, date, time, timestamp, duration,
+/// Decimal128 and Boolean columns, one or several.
+pub struct GpuSortMergeJoinExec {
+    /// The replaced node, over the absorbed `SortExec`s where there were.
+    cpu_join: Arc<dyn ExecutionPlan>,
+    /// Per side (left, right): whether its `SortExec` was absorbed.
+    sort_on_device: [bool; 2],
+    /// What this node reads: the replaced node's children, or the inputs of
+    /// the absorbed sorts.
+    inputs: [Arc<dyn ExecutionPlan>; 2],
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuSortMergeJoinExec {
+    /// The algorithm name shown by `EXPLAIN` and in decisions.
+    pub const ALGORITHM: &'static str = "merge_path_sort_merge_join";
+
+    /// Wraps `cpu_join`, a [`SortMergeJoinExec`] accepted by
+    /// [`crate::planner::decide_sort_merge_join`]. Where `sort_on_device`
+    /// says so, that side's child must be a `SortExec`, which this node
+    /// replaces by a sort on the device.
+    pub fn try_new(cpu_join: Arc<dyn ExecutionPlan>, sort_on_device: [bool; 2]) -> Result<Self> {
+        let join = cpu_join
+            .downcast_ref::<SortMergeJoinExec>()
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "GpuSortMergeJoinExec made from {}",
+                    cpu_join.name()
+                ))
+            })?;
+        let children = [join.left(), join.right()];
+        let mut inputs = Vec::with_capacity(2);
+        for (side, child) in children.into_iter().enumerate() {
+            inputs.push(if sort_on_device[side] {
+                let sort = child.downcast_ref::<SortExec>().ok_or_else(|| {
+                    DataFusionError::Internal(format!(
+                        "a GPU sort-merge join absorbs a SortExec, not {}",
+                        child.name()
+                    ))
+                })?;
+                Arc::clone(sort.input())
+            } else {
+                Arc::clone(child)
+            });
+        }
+        let inputs: [Arc<dyn ExecutionPlan>; 2] = inputs.try_into().expect("two sides");
+        // Every output row is known only once both inputs are collected.
+        let properties = join
+            .properties()
+            .as_ref()
+            .clone()
+            .with_emission_type(EmissionType::Final);
+        Ok(Self {
+            cpu_join,
+            sort_on_device,
+            inputs,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// The [`SortMergeJoinExec`] this node replaces.
+    pub fn sort_merge_join(&self) -> &SortMergeJoinExec {
+        self.cpu_join
+            .downcast_ref::<SortMergeJoinExec>()
+            .expect("checked in try_new")
+    }
+
+    /// Per side (left, right): whether the device sorts it (the `SortExec`
+    /// DataFusion planned was absorbed) or it arrives sorted.
+    pub fn sort_on_device(&self) -> [bool; 2] {
+        self.sort_on_device
+    }
+
+    fn describe_sides(&self) -> String {
+        let side = |sorted_here: bool| if sorted_here { "device" } else { "input" };
+        format!(
+            "sort=[left: {}, right: {}]",
+            side(self.sort_on_device[0]),
+            side(self.sort_on_device[1])
+        )
+    }
+}
+
+impl fmt::Debug for GpuSortMergeJoinExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuSortMergeJoinExec")
+            .field("cpu_join", &self.cpu_join)
+            .field("sort_on_device", &self.sort_on_device)
+            .finish()
+    }
+}
+
+impl DisplayAs for GpuSortMergeJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let join = self.sort_merge_join();
+        let on = join
+            .on()
+            .iter()
+            .map(|(l, r)| format!("({l}, {r})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => {
+                write!(
+                    f,
+                    "GpuSortMergeJoinExec: algorithm={}, join_type={}, on=[{on}], {}",
+                    Self::ALGORITHM,
+                    join.join_type(),
+                    self.describe_sides()
+                )?;
+                if let Some(filter) = join.filter() {
+                    write!(f, ", filter={}", filter.expression())?;
+                }
+                if join.null_equality() == NullEquality::NullEqualsNull {
+                    write!(f, ", null_equality=NullEqualsNull")?;
+                }
+                Ok(())
+            }
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "algorithm={}", Self::ALGORITHM)?;
+                writeln!(f, "join_type={}", join.join_type())?;
+                write!(f, "on={on}")
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for GpuSortMergeJoinExec {
+    fn name(&self) -> &str {
+        "GpuSortMergeJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.inputs.iter().collect()
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        let join = self.sort_merge_join();
+        let mut roots: Vec<PhysicalExprRef> = join
+            .on()
+            .iter()
+            .flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)])
+            .collect();
+        roots.extend(
+            join.filter()
+                .as_ref()
+                .map(|filter| Arc::clone(filter.expression())),
+        );
+        apply_expression_roots(roots, f)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 2 {
+            return Err(DataFusionError::Internal(format!(
+                "GpuSortMergeJoinExec given {} children",
+                children.len()
+            )));
+        }
+        let join = self.sort_merge_join();
+        let old = [join.left(), join.right()];
+        let mut join_children = Vec::with_capacity(2);
+        for (side, child) in children.into_iter().enumerate() {
+            join_children.push(if self.sort_on_device[side] {
+                // The absorbed sort, over the new input.
+                #[allow(deprecated)]
+                Arc::clone(old[side]).with_new_children(vec![child])?
+            } else {
+                child
+            });
+        }
+        #[allow(deprecated)]
+        let cpu_join = Arc::clone(&self.cpu_join).with_new_children(join_children)?;
+        Ok(Arc::new(Self::try_new(cpu_join, self.sort_on_device)?))
+    }
+
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        let cpu_join = Arc::clone(&self.cpu_join).reset_state()?;
+        Ok(Arc::new(Self::try_new(cpu_join, self.sort_on_device)?))
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.cpu_join.input_distribution_requirements()
+    }
+
+    fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
+        // A side this node sorts itself needs no order; the other must
+        // arrive sorted, as the replaced join required.
+        self.cpu_join
+            .required_input_ordering()
+            .into_iter()
+            .zip(self.sort_on_device)
+            .map(|(required, sorted_here)| if sorted_here { None } else { required })
+            .collect()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        self.cpu_join
+            .maintains_input_order()
+            .into_iter()
+            .zip(self.sort_on_device)
+            .map(|(kept, sorted_here)| kept && !sorted_here)
+            .collect()
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.cpu_join.child_stats_requests(partition)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        // A sort keeps its input's statistics, so the inputs' statistics
+        // are the replaced join's children's.
+        self.cpu_join.statistics_from_inputs(input_stats, args)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let join = self.sort_merge_join();
+        let options = GpuOptions::from_config(context.session_config().options());
+        let runtime =
+            crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let device = Arc::clone(runtime.device_for_partition(partition));
+        let left_schema = self.inputs[0].schema();
+        let right_schema = self.inputs[1].schema();
+        let key_types = join
+            .on()
+            .iter()
+            .map(|(left, _)| left.data_type(&left_schema))
+            .collect::<Result<Vec<_>>>()?;
+        let plan = MergeJoinPlan {
+            output: OutputAssembler::new(
+                self.schema(),
+                join.join_type(),
+                None,
+                left_schema.fields().len(),
+                right_schema.fields().len(),
+                context.session_config().batch_size(),
+            ),
+            left_on: join.on().iter().map(|(l, _)| Arc::clone(l)).collect(),
+            right_on: join.on().iter().map(|(_, r)| Arc::clone(r)).collect(),
+            left_schema,
+            right_schema,
+            key_types,
+            sort_options: join.sort_options().to_vec(),
+            null_equality: join.null_equality(),
+            join_type: join.join_type(),
+            filter: join.filter().clone(),
+            sort_on_device: self.sort_on_device,
+            host_threads: std::thread::available_parallelism().map_or(1, |n| n.get())
+                / self
+                    .properties
+                    .output_partitioning()
+                    .partition_count()
+                    .max(1)
+                + 1,
+            cpu_join: Arc::clone(&self.cpu_join),
+        };
+        let reservation = MemoryConsumer::new(format!("GpuSortMergeJoinInput[{partition}]"))
+            .register(context.memory_pool());
+        let task = MergeJoinTask {
+            left: self.inputs[0].execute(partition, Arc::clone(&context))?,
+            right: self.inputs[1].execute(partition, Arc::clone(&context))?,
+            plan: Arc::new(plan),
+            output_schema: self.schema(),
+            context,
+            reservation,
+            device,
+            max_output_pairs: options.max_output_pairs,
+            memory_fraction: options.memory_fraction,
+            max_concurrent_tasks: options.max_concurrent_tasks,
+            metrics: GpuSortMergeJoinMetrics::new(&self.metrics, partition),
+        };
+        Ok(merge_join_stream(task))
+    }
+}

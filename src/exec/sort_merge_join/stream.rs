@@ -1,0 +1,517 @@
+//! One partition of a GPU sort-merge join: collect both inputs, code their
+//! keys in sort order, then in a blocking task sort them on the device
+//! (where the plan did not already sort them), merge, and emit the output
+//! range by range through a bounded channel, so a large result streams out
+//! while later ranges are still being made. When the device cannot take
+//! the partition (keys too wide for 64-bit codes, too little device
+//! memory), DataFusion's `SortMergeJoinExec` joins the collected inputs
+//! instead, and a metric says so.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::UInt64Array;
+use datafusion::arrow::compute::{concat_batches, SortOptions};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::{JoinType, NullEquality};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryReservation;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_plan::joins::utils::JoinFilter;
+use datafusion::physical_plan::metrics::RecordOutput;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt, TryStreamExt};
+
+use super::device_gather::{gathers_by_pair, DeviceColumns};
+use super::emit::{needs_pairs, streams_left, StreamedWalk};
+use super::ordered_keys::{KeySide, OrderedKeyEncoder};
+use crate::exec::hash_join::{evaluate_filter, evaluate_keys, OutputAssembler, OutputRows};
+use crate::exec::GpuSortMergeJoinMetrics;
+use crate::gpu::{GpuDevice, GpuError, PhaseTimer, ReservationKind};
+use crate::ops::merge_join::{merge_join_device_bytes, MergeMatches, SortedSide};
+
+/// What every partition of one join shares.
+pub(crate) struct MergeJoinPlan {
+    pub(crate) left_schema: SchemaRef,
+    pub(crate) right_schema: SchemaRef,
+    pub(crate) left_on: Vec<PhysicalExprRef>,
+    pub(crate) right_on: Vec<PhysicalExprRef>,
+    pub(crate) key_types: Vec<DataType>,
+    pub(crate) sort_options: Vec<SortOptions>,
+    pub(crate) null_equality: NullEquality,
+    pub(crate) join_type: JoinType,
+    pub(crate) filter: Option<JoinFilter>,
+    /// Per side (left, right): sorted on the device, or arriving sorted.
+    pub(crate) sort_on_device: [bool; 2],
+    pub(crate) output: OutputAssembler,
+    /// Threads one partition codes its keys on: the host's cores shared by
+    /// the partitions, which run at once.
+    pub(crate) host_threads: usize,
+    /// The replaced `SortMergeJoinExec` (with the `SortExec`s this node
+    /// absorbed), run over the collected inputs when the device cannot.
+    pub(crate) cpu_join: Arc<dyn ExecutionPlan>,
+}
+
+/// Everything one partition needs.
+pub(crate) struct MergeJoinTask {
+    pub(crate) plan: Arc<MergeJoinPlan>,
+    pub(crate) left: SendableRecordBatchStream,
+    pub(crate) right: SendableRecordBatchStream,
+    pub(crate) output_schema: SchemaRef,
+    pub(crate) context: Arc<TaskContext>,
+    pub(crate) reservation: MemoryReservation,
+    pub(crate) device: Arc<GpuDevice>,
+    pub(crate) max_output_pairs: usize,
+    pub(crate) memory_fraction: f64,
+    pub(crate) max_concurrent_tasks: usize,
+    pub(crate) metrics: GpuSortMergeJoinMetrics,
+}
+
+/// The output stream of one partition.
+pub(crate) fn merge_join_stream(task: MergeJoinTask) -> SendableRecordBatchStream {
+    let schema = Arc::clone(&task.output_schema);
+    let stream = futures::stream::once(run(task)).try_flatten();
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+}
+
+/// Output batches in flight between the device task and the consumer.
+const CHANNEL_BATCHES: usize = 4;
+
+/// How the blocking part ended.
+enum Outcome {
+    /// Every output batch was sent.
+    Done,
+    /// Nothing was sent; DataFusion's operator must join the inputs (why).
+    OnCpu(String),
+}
+
+/// One side's input, collected into one batch (so row ids index it), with
+/// the row count of each batch it arrived in.
+#[derive(Clone)]
+struct Collected {
+    batch: RecordBatch,
+    arrived: Vec<usize>,
+}
+
+impl Collected {
+    /// The batches as they arrived, as zero-copy slices: DataFusion's own
+    /// join, when it takes over, sees the input it would have seen.
+    fn as_arrived(&self) -> Vec<RecordBatch> {
+        let mut offset = 0;
+        self.arrived
+            .iter()
+            .map(|&rows| {
+                let slice = self.batch.slice(offset, rows);
+                offset += rows;
+                slice
+            })
+            .collect()
+    }
+}
+
+async fn collect(
+    mut input: SendableRecordBatchStream,
+    schema: &SchemaRef,
+    reservation: &MemoryReservation,
+) -> Result<Collected> {
+    let mut batches = Vec::new();
+    while let Some(batch) = input.next().await {
+        let batch = batch?;
+        if batch.num_rows() > 0 {
+            reservation.try_grow(batch.get_array_memory_size())?;
+            batches.push(batch);
+        }
+    }
+    Ok(Collected {
+        arrived: batches.iter().map(|b| b.num_rows()).collect(),
+        batch: concat_batches(schema, &batches)?,
+    })
+}
+
+async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
+    let plan = Arc::clone(&task.plan);
+    // Both inputs are read at once, as `SortMergeJoinExec` reads them: their
+    // pipelines (a repartition, a sort) then run side by side.
+    let collecting = task.metrics.collect_time.timer();
+    let (left, right) = futures::try_join!(
+        collect(task.left, &plan.left_schema, &task.reservation),
+        collect(task.right, &plan.right_schema, &task.reservation)
+    )?;
+    collecting.done();
+    task.metrics.left_rows.add(left.batch.num_rows());
+    task.metrics.right_rows.add(right.batch.num_rows());
+
+    let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(CHANNEL_BATCHES);
+    let device_part = DevicePart {
+        plan: Arc::clone(&plan),
+        device: Arc::clone(&task.device),
+        max_output_pairs: task.max_output_pairs.max(1),
+        memory_fraction: task.memory_fraction,
+        max_concurrent_tasks: task.max_concurrent_tasks,
+        metrics: task.metrics.clone(),
+    };
+    let device_task = {
+        let (left, right) = (left.batch.clone(), right.batch.clone());
+        SpawnedTask::spawn_blocking(move || device_part.join(&left, &right, sender))
+    };
+    let metrics = task.metrics.clone();
+    let output = receiver.map(move |batch| batch.map(|b| b.record_output(&metrics.baseline)));
+    let (context, output_schema) = (task.context, Arc::clone(&task.output_schema));
+    let reservation = task.reservation;
+    let metrics = task.metrics;
+    let after = futures::stream::once(async move {
+        let outcome: Outcome = device_task.join().await.map_err(|e| {
+            DataFusionError::Execution(format!("GPU sort-merge join task failed: {e}"))
+        })??;
+        match outcome {
+            Outcome::Done => {
+                metrics.baseline.done();
+                drop(reservation);
+                Ok::<_, DataFusionError>(Box::pin(RecordBatchStreamAdapter::new(
+                    output_schema,
+                    futures::stream::empty(),
+                )) as SendableRecordBatchStream)
+            }
+            Outcome::OnCpu(_why) => {
+                metrics.cpu_fallback_partitions.add(1);
+                let stream = cpu_join(&plan, left, right, &context)?;
+                // The collected inputs stay reserved until the CPU
+                // operator's stream, which reads them, is dropped.
+                Ok(Box::pin(RecordBatchStreamAdapter::new(
+                    output_schema,
+                    stream.inspect(move |_| {
+                        let _ = &reservation;
+                    }),
+                )) as SendableRecordBatchStream)
+            }
+        }
+    })
+    .try_flatten();
+    Ok(Box::pin(RecordBatchStreamAdapter::new(
+        Arc::clone(&task.output_schema),
+        output.chain(after),
+    )))
+}
+
+/// DataFusion's `SortMergeJoinExec` over the collected inputs, with the
+/// sorts this node absorbed.
+fn cpu_join(
+    plan: &MergeJoinPlan,
+    left: Collected,
+    right: Collected,
+    context: &Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
+    let children = plan.cpu_join.children();
+    let mut inputs = Vec::with_capacity(2);
+    for (side, input) in [left, right].into_iter().enumerate() {
+        let schema = input.batch.schema();
+        let source: Arc<dyn ExecutionPlan> =
+            MemorySourceConfig::try_new_exec(&[input.as_arrived()], schema, None)?;
+        inputs.push(if plan.sort_on_device[side] {
+            // The absorbed SortExec, over the collected input.
+            #[allow(deprecated)]
+            Arc::clone(children[side]).with_new_children(vec![source])?
+        } else {
+            source
+        });
+    }
+    #[allow(deprecated)]
+    let join = Arc::clone(&plan.cpu_join).with_new_children(inputs)?;
+    join.execute(0, Arc::clone(context))
+}
+
+/// The blocking part of one partition.
+struct DevicePart {
+    plan: Arc<MergeJoinPlan>,
+    device: Arc<GpuDevice>,
+    max_output_pairs: usize,
+    memory_fraction: f64,
+    max_concurrent_tasks: usize,
+    metrics: GpuSortMergeJoinMetrics,
+}
+
+/// Sends batches to the consumer; false once it has gone (the query was
+/// cancelled or finished early), which stops the work.
+struct Sender {
+    channel: mpsc::Sender<Result<RecordBatch>>,
+    sent_any: bool,
+}
+
+impl Sender {
+    fn send(&mut self, batches: Vec<RecordBatch>) -> bool {
+        for batch in batches {
+            self.sent_any = true;
+            if futures::executor::block_on(self.channel.send(Ok(batch))).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl DevicePart {
+    fn join(
+        &self,
+        left: &RecordBatch,
+        right: &RecordBatch,
+        channel: mpsc::Sender<Result<RecordBatch>>,
+    ) -> Result<Outcome> {
+        let plan = &self.plan;
+        let encoding = self.metrics.encode_time.timer();
+        let left_keys = evaluate_keys(&plan.left_on, left)?;
+        let right_keys = evaluate_keys(&plan.right_on, right)?;
+        let Some(encoder) = OrderedKeyEncoder::for_sides(
+            &plan.key_types,
+            &plan.sort_options,
+            plan.null_equality,
+            &left_keys,
+            &right_keys,
+        )?
+        else {
+            return Ok(Outcome::OnCpu(
+                "the keys' range needs more than 64 bits".into(),
+            ));
+        };
+        let threads = plan.host_threads;
+        let left_codes = encoder.encode(&left_keys, KeySide::Left, threads)?;
+        let right_codes = encoder.encode(&right_keys, KeySide::Right, threads)?;
+        for (side, codes) in [&left_codes, &right_codes].into_iter().enumerate() {
+            if !plan.sort_on_device[side] && !codes.windows(2).all(|w| w[0] <= w[1]) {
+                return Err(DataFusionError::Internal(format!(
+                    "the {} input of a GPU sort-merge join is not sorted on its keys as the plan says",
+                    ["left", "right"][side]
+                )));
+            }
+        }
+        encoding.done();
+        let left_streams = streams_left(plan.join_type);
+        let (streamed, other) = if left_streams {
+            (
+                (left_codes, plan.sort_on_device[0]),
+                (right_codes, plan.sort_on_device[1]),
+            )
+        } else {
+            (
+                (right_codes, plan.sort_on_device[1]),
+                (left_codes, plan.sort_on_device[0]),
+            )
+        };
+        let mut sender = Sender {
+            channel,
+            sent_any: false,
+        };
+        let on_device = self.metrics.device_wall_time.timer();
+        let outcome = self.on_device(left, right, &encoder, streamed, other, &mut sender);
+        on_device.done();
+        // Host compute: coding the keys and making the output (not the
+        // device waits, nor waiting for the consumer).
+        let host_ns = self.metrics.encode_time.value() + self.metrics.emit_time.value();
+        self.metrics
+            .baseline
+            .elapsed_compute()
+            .add_duration(std::time::Duration::from_nanos(host_ns as u64));
+        match outcome {
+            Ok(()) => Ok(Outcome::Done),
+            Err(DeviceFailure::Gpu(e)) if !sender.sent_any && e.is_out_of_device_memory() => {
+                Ok(Outcome::OnCpu(e.to_string()))
+            }
+            Err(DeviceFailure::Gpu(e)) => Err(e.into()),
+            Err(DeviceFailure::Host(e)) => Err(e),
+        }
+    }
+
+    /// Sorts, merges and emits. `streamed` and `other` are each side's codes
+    /// and whether the device sorts them.
+    fn on_device(
+        &self,
+        left: &RecordBatch,
+        right: &RecordBatch,
+        encoder: &OrderedKeyEncoder,
+        (streamed_codes, sort_streamed): (Vec<u64>, bool),
+        (other_codes, sort_other): (Vec<u64>, bool),
+        sender: &mut Sender,
+    ) -> std::result::Result<(), DeviceFailure> {
+        let plan = &self.plan;
+        let device = &self.device;
+        let join_type = plan.join_type;
+        let (streamed_rows, other_rows) = (streamed_codes.len(), other_codes.len());
+        let waiting = std::time::Instant::now();
+        let mut admission = Some(device.admit(self.max_concurrent_tasks));
+        self.metrics
+            .device
+            .device_admission_wait
+            .add_duration(waiting.elapsed());
+        device.bind_to_thread()?;
+        let gather = gathers_by_pair(join_type, plan.filter.is_some());
+        let gather_bytes = if gather {
+            DeviceColumns::device_bytes(left, right, self.max_output_pairs)
+        } else {
+            0
+        };
+        let memory = device.budget().reserve(
+            merge_join_device_bytes(
+                streamed_rows,
+                other_rows,
+                self.max_output_pairs,
+                device.sm_count(),
+            ) + gather_bytes,
+            self.memory_fraction,
+            ReservationKind::Transient,
+        )?;
+        self.metrics
+            .device
+            .device_memory_wait
+            .add_duration(memory.waited());
+        let stream = device.stream()?;
+        let stream = stream.stream();
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let bits = encoder.bits();
+        let streamed = SortedSide::upload(
+            device,
+            stream,
+            &streamed_codes,
+            bits,
+            !sort_streamed,
+            &mut timer,
+        )?;
+        drop(streamed_codes);
+        let other =
+            SortedSide::upload(device, stream, &other_codes, bits, !sort_other, &mut timer)?;
+        drop(other_codes);
+        let pairs = needs_pairs(join_type, plan.filter.is_some());
+        let matches = MergeMatches::find(device, stream, &streamed, &other, !pairs, &mut timer)?;
+        let streamed_order = match sort_streamed {
+            true => Some(streamed.download_row_ids(device, stream, &mut timer)?),
+            false => None,
+        };
+        let other_order = match sort_other && join_type == JoinType::Full {
+            true => Some(other.download_row_ids(device, stream, &mut timer)?),
+            false => None,
+        };
+        let mut walk = StreamedWalk::new(join_type, streamed_rows, streamed_order, other_rows);
+        let left_streams = streams_left(join_type);
+        let mut open = true;
+        let mut host_error = None;
+        let emit = |rows: OutputRows, sender: &mut Sender| -> Result<bool> {
+            let batches = {
+                let _timer = self.metrics.emit_time.timer();
+                plan.output.assemble(left, right, &rows)?
+            };
+            Ok(sender.send(batches))
+        };
+        let device_columns = match gather {
+            true => DeviceColumns::upload(device, stream, left, right, &mut timer)?,
+            false => None,
+        };
+        if let Some(columns) = &device_columns {
+            // Every pair is an output row: gather whole columns on the device.
+            matches.expand_on_device(
+                device,
+                stream,
+                &other,
+                self.max_output_pairs,
+                &mut timer,
+                |pairs, timer| {
+                    admission.take();
+                    if !open || host_error.is_some() {
+                        return Ok(());
+                    }
+                    let gathered = columns.gather(
+                        device,
+                        stream,
+                        &pairs,
+                        &streamed.row_ids,
+                        (left, right),
+                        timer,
+                    )?;
+                    let sent = gathered.and_then(|columns| {
+                        let batches = {
+                            let _timer = self.metrics.emit_time.timer();
+                            plan.output.batches_from_columns(&columns, pairs.len)?
+                        };
+                        Ok(sender.send(batches))
+                    });
+                    match sent {
+                        Ok(still_open) => open = still_open,
+                        Err(e) => host_error = Some(e),
+                    }
+                    Ok(())
+                },
+            )?;
+        } else if pairs {
+            matches.expand(
+                device,
+                stream,
+                &other,
+                self.max_output_pairs,
+                &mut timer,
+                |positions, other_ids| {
+                    // The device's part of this partition is done once its
+                    // first pairs arrive: let another partition start.
+                    admission.take();
+                    if !open || host_error.is_some() {
+                        return Ok(());
+                    }
+                    let result = (|| -> Result<bool> {
+                        let ordering = self.metrics.emit_time.timer();
+                        let other_ids = UInt64Array::from(other_ids);
+                        let keep = match &plan.filter {
+                            Some(filter) => {
+                                let streamed_ids: UInt64Array = positions
+                                    .iter()
+                                    .map(|&p| walk.input_row(p as usize))
+                                    .collect();
+                                let (left_ids, right_ids) = match left_streams {
+                                    true => (&streamed_ids, &other_ids),
+                                    false => (&other_ids, &streamed_ids),
+                                };
+                                Some(evaluate_filter(filter, left, right, left_ids, right_ids)?)
+                            }
+                            None => None,
+                        };
+                        let rows = walk.pairs(&positions, other_ids.values(), keep.as_ref());
+                        ordering.done();
+                        emit(rows, sender)
+                    })();
+                    match result {
+                        Ok(still_open) => open = still_open,
+                        Err(e) => host_error = Some(e),
+                    }
+                    Ok(())
+                },
+            )?;
+        } else if let Some(counts) = matches.counts() {
+            admission.take();
+            let rows = walk.counts(counts);
+            open = emit(rows, sender).map_err(DeviceFailure::Host)?;
+        }
+        drop(admission);
+        self.metrics.device.record(&timer.finish()?);
+        if let Some(e) = host_error {
+            return Err(DeviceFailure::Host(e));
+        }
+        if open {
+            let other_order = other_order.as_deref();
+            emit(walk.end(other_order), sender).map_err(DeviceFailure::Host)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why the device part stopped: the device (which may mean falling back to
+/// the CPU) or the host work on its output.
+enum DeviceFailure {
+    Gpu(GpuError),
+    Host(DataFusionError),
+}
+
+impl From<GpuError> for DeviceFailure {
+    fn from(e: GpuError) -> Self {
+        DeviceFailure::Gpu(e)
+    }
+}

@@ -1,0 +1,135 @@
+//! Typed launches of the merge-path kernels in `ptx/merge_join.cu`.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
+
+use super::{check_len, config, grid_stride_blocks, Kernels, BLOCK_THREADS};
+use crate::gpu::{DriverResultExt, GpuResult};
+
+/// Merged elements each thread of `merge_path_bounds` walks: long enough to
+/// amortise its binary search, short enough to spread any input over the
+/// whole device.
+pub const MERGE_ITEMS_PER_THREAD: u64 = 16;
+
+/// Which bound of the run of equal keys `merge_path_bounds` computes.
+#[derive(Debug, Clone, Copy)]
+pub enum MergeBound<'a> {
+    /// `out[i] = #{b < a[i]}`.
+    Lower,
+    /// `out[i] = #{b <= a[i]} - lower[i]`: the number of matches of `a[i]`.
+    CountAbove(&'a CudaSlice<u64>),
+}
+
+/// `merge_path_bounds` over sorted `a` and `b`, writing `out[..a.len()]`.
+pub fn merge_path_bounds(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    a: &CudaSlice<u64>,
+    b: &CudaSlice<u64>,
+    bound: MergeBound<'_>,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let (n, m) = (a.len() as u64, b.len() as u64);
+    if n == 0 {
+        return Ok(());
+    }
+    check_len(out, n as usize, "merge bounds")?;
+    let threads = (n + m).div_ceil(MERGE_ITEMS_PER_THREAD);
+    let blocks = threads.div_ceil(u64::from(BLOCK_THREADS));
+    let (upper, lower): (u32, Option<&CudaSlice<u64>>) = match bound {
+        MergeBound::Lower => (0, None),
+        MergeBound::CountAbove(lower) => {
+            check_len(lower, n as usize, "lower bounds")?;
+            (1, Some(lower))
+        }
+    };
+    let mut launch = stream.launch_builder(&kernels.merge_path_bounds);
+    launch
+        .arg(a)
+        .arg(&n)
+        .arg(b)
+        .arg(&m)
+        .arg(&upper)
+        .arg(&MERGE_ITEMS_PER_THREAD);
+    // A null pointer tells the kernel there is nothing to subtract.
+    let null: u64 = 0;
+    match lower {
+        Some(lower) => launch.arg(lower),
+        None => launch.arg(&null),
+    };
+    launch.arg(out);
+    // SAFETY: threads cover the n + m merged elements; each reads a[..n] and
+    // b[..m] (the slices' lengths) and writes out[i] for i < n, checked
+    // above; `lower` holds n elements when given, and a zero pointer is
+    // never dereferenced (the kernel tests it).
+    unsafe { launch.launch(config(blocks)?) }.during("launching merge_path_bounds")?;
+    Ok(())
+}
+
+/// `expand_pairs`: the pairs at output positions `[first, first + len)`,
+/// as (sorted position in a, row id of b), into `out_*[..len]`.
+#[allow(clippy::too_many_arguments)]
+pub fn expand_pairs(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    offsets: &CudaSlice<u64>,
+    lower: &CudaSlice<u64>,
+    b_ids: &CudaSlice<u64>,
+    first: u64,
+    len: usize,
+    out_a_pos: &mut CudaSlice<u64>,
+    out_b_ids: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = offsets.len() as u64;
+    if len == 0 || n == 0 {
+        return Ok(());
+    }
+    check_len(lower, n as usize, "lower bounds")?;
+    check_len(out_a_pos, len, "pair positions")?;
+    check_len(out_b_ids, len, "pair row ids")?;
+    let len64 = len as u64;
+    let mut launch = stream.launch_builder(&kernels.expand_pairs);
+    launch
+        .arg(offsets)
+        .arg(lower)
+        .arg(&n)
+        .arg(b_ids)
+        .arg(&first)
+        .arg(&len64)
+        .arg(out_a_pos)
+        .arg(out_b_ids);
+    // SAFETY: `offsets` is the exclusive scan of the match counts made from
+    // `lower` over `b_ids`' side, and the caller keeps first + len within the
+    // match total, so every lower[i] + (p - offsets[i]) is below b_ids.len();
+    // writes stay in out_*[..len], checked above.
+    unsafe { launch.launch(config(grid_stride_blocks(len64, sm_count))?) }
+        .during("launching expand_pairs")?;
+    Ok(())
+}
+
+/// `gather_u64`: `out[i] = src[ids[i]]` for `i < len`.
+pub fn gather_u64(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    src: &CudaSlice<u64>,
+    ids: &CudaSlice<u64>,
+    len: usize,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    check_len(ids, len, "gather ids")?;
+    check_len(out, len, "gather output")?;
+    let (src_len, len64) = (src.len() as u64, len as u64);
+    let mut launch = stream.launch_builder(&kernels.gather_u64);
+    launch.arg(src).arg(&src_len).arg(ids).arg(&len64).arg(out);
+    // SAFETY: reads ids[..len] and src at indices below src_len (the kernel
+    // checks each), writes out[..len]; both lengths checked above.
+    unsafe { launch.launch(config(grid_stride_blocks(len64, sm_count))?) }
+        .during("launching gather_u64")?;
+    Ok(())
+}

@@ -1,0 +1,371 @@
+//! The sort-merge join on device columns (seed 000 §3.3, seed 001 §3): keys
+//! with their row ids sorted by an LSD radix sort over the key bits in use,
+//! the two sorted sides matched by merge path (the run of equal keys in the
+//! other side for every streamed key), the output sized from the match
+//! counts, then written range by range so the output buffer stays bounded.
+//!
+//! Keys are order-preserving codes: ascending codes are the join's sort
+//! order, so both the sort and the merge compare plain u64.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+use super::radix::stable_radix_passes;
+use super::scan::exclusive_scan;
+use crate::gpu::launch::{self, MergeBound, RadixDigits, RadixGrid, MAX_RADIX_BITS};
+use crate::gpu::{
+    download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuResult, Phase, PhaseTimer,
+};
+
+/// One side of the join on the device, ordered by key.
+#[derive(Debug)]
+pub struct SortedSide {
+    /// Keys, ascending.
+    pub keys: DeviceVec<u64>,
+    /// The input row of each key.
+    pub row_ids: DeviceVec<u64>,
+}
+
+impl SortedSide {
+    /// Copies `keys` to the device and sorts them with their row ids on the
+    /// low `key_bits` bits, or, with `presorted`, takes them as already in
+    /// order (row ids `0..n`).
+    pub fn upload(
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        keys: &[u64],
+        key_bits: u32,
+        presorted: bool,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        let device_keys = upload_u64(device, stream, keys, timer)?;
+        let mut ids = if keys.is_empty() {
+            stream.null::<u64>().during("allocating row ids")?
+        } else {
+            // SAFETY: iota writes every element.
+            unsafe { stream.alloc::<u64>(keys.len()) }.during("allocating row ids")?
+        };
+        timer.time(Phase::Kernel, || {
+            launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)
+        })?;
+        if presorted {
+            return Ok(Self {
+                keys: device_keys,
+                row_ids: ids,
+            });
+        }
+        timer.time(Phase::Kernel, || {
+            radix_sort(device, stream, device_keys, ids, key_bits)
+        })
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The row ids in key order, on the host.
+    pub fn download_row_ids(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Vec<u64>> {
+        let mut ids = Vec::new();
+        download_u64(device, stream, &self.row_ids.as_view(), &mut ids, timer)?;
+        Ok(ids)
+    }
+}
+
+/// Bits of each radix-sort pass over `key_bits` bits, least significant first:
+/// the fewest passes of at most [`MAX_RADIX_BITS`], split evenly.
+pub fn sort_pass_bits(key_bits: u32) -> Vec<u32> {
+    let key_bits = key_bits.min(64);
+    let passes = key_bits.div_ceil(MAX_RADIX_BITS);
+    (0..passes)
+        .map(|i| key_bits / passes + u32::from(i < key_bits % passes))
+        .collect()
+}
+
+/// Stable LSD radix sort of `keys` (with `row_ids`) on bits `[0, key_bits)`;
+/// every key must be below `2^key_bits`.
+pub fn radix_sort(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: DeviceVec<u64>,
+    row_ids: DeviceVec<u64>,
+    key_bits: u32,
+) -> GpuResult<SortedSide> {
+    if keys.len() <= 1 {
+        return Ok(SortedSide { keys, row_ids });
+    }
+    let (keys, row_ids) = stable_radix_passes(
+        device,
+        stream,
+        keys,
+        row_ids,
+        RadixDigits::Key,
+        &sort_pass_bits(key_bits),
+    )?;
+    Ok(SortedSide { keys, row_ids })
+}
+
+/// The matches of every streamed key, found by merge path: where its run of
+/// equal keys starts in the other side, and the running total of matches.
+#[derive(Debug)]
+pub struct MergeMatches {
+    /// `lower[i]`: the first row of the other side (in key order) whose key
+    /// equals streamed key `i`.
+    lower: DeviceVec<u64>,
+    /// Exclusive scan of the match counts.
+    offsets: DeviceVec<u64>,
+    /// Matches of each streamed key, when asked for.
+    counts: Option<Vec<u64>>,
+    total: u64,
+}
+
+impl MergeMatches {
+    /// Matches `streamed` against `other` (both sorted). With `want_counts`,
+    /// the per-row match counts are also copied to the host.
+    pub fn find(
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        streamed: &SortedSide,
+        other: &SortedSide,
+        want_counts: bool,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        let n = streamed.rows();
+        let kernels = device.kernels();
+        let alloc = |what: &'static str| -> GpuResult<DeviceVec<u64>> {
+            if n == 0 {
+                return stream.null::<u64>().during(what);
+            }
+            // SAFETY: merge_path_bounds writes every one of the n elements.
+            unsafe { stream.alloc::<u64>(n) }.during(what)
+        };
+        let mut lower = alloc("allocating merge bounds")?;
+        let mut counts = alloc("allocating match counts")?;
+        timer.time(Phase::Kernel, || {
+            launch::merge_path_bounds(
+                kernels,
+                stream,
+                &streamed.keys,
+                &other.keys,
+                MergeBound::Lower,
+                &mut lower,
+            )?;
+            launch::merge_path_bounds(
+                kernels,
+                stream,
+                &streamed.keys,
+                &other.keys,
+                MergeBound::CountAbove(&lower),
+                &mut counts,
+            )
+        })?;
+        let host_counts = if want_counts {
+            let mut host = Vec::new();
+            download_u64(device, stream, &counts.as_view(), &mut host, timer)?;
+            Some(host)
+        } else {
+            None
+        };
+        let mut last = Vec::new();
+        if n > 0 {
+            download_u64(device, stream, &counts.slice(n - 1..), &mut last, timer)?;
+        }
+        timer.time(Phase::Kernel, || {
+            exclusive_scan(device, stream, &mut counts, n)
+        })?;
+        let mut total = last.first().copied().unwrap_or(0);
+        if n > 0 {
+            download_u64(device, stream, &counts.slice(n - 1..), &mut last, timer)?;
+            total += last[0];
+        }
+        Ok(Self {
+            lower,
+            offsets: counts,
+            counts: host_counts,
+            total,
+        })
+    }
+
+    /// Matching pairs in all.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The per-row match counts, when [`Self::find`] was asked for them.
+    pub fn counts(&self) -> Option<&[u64]> {
+        self.counts.as_deref()
+    }
+
+    /// For each range of at most `max_pairs` output positions, in order,
+    /// calls `emit(streamed_positions, other_row_ids)`: the streamed side's
+    /// position in key order and the other side's input row of every pair.
+    /// Pairs come ordered by streamed position, then by the other side's
+    /// key order (input order among equal keys).
+    pub fn expand(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        other: &SortedSide,
+        max_pairs: usize,
+        timer: &mut PhaseTimer,
+        mut emit: impl FnMut(Vec<u64>, Vec<u64>) -> GpuResult<()>,
+    ) -> GpuResult<()> {
+        self.expand_on_device(device, stream, other, max_pairs, timer, |pairs, timer| {
+            let (mut positions, mut ids) = (Vec::new(), Vec::new());
+            let len = pairs.len;
+            download_u64(
+                device,
+                stream,
+                &pairs.positions.slice(..len),
+                &mut positions,
+                timer,
+            )?;
+            download_u64(
+                device,
+                stream,
+                &pairs.other_ids.slice(..len),
+                &mut ids,
+                timer,
+            )?;
+            emit(positions, ids)
+        })
+    }
+
+    /// As [`Self::expand`], handing each range's pairs over while they are
+    /// still on the device (for work on them there, such as gathering
+    /// payload columns).
+    pub fn expand_on_device(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        other: &SortedSide,
+        max_pairs: usize,
+        timer: &mut PhaseTimer,
+        mut emit: impl FnMut(DevicePairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
+    ) -> GpuResult<()> {
+        if self.total == 0 {
+            return Ok(());
+        }
+        let max_pairs = max_pairs.max(1);
+        let buffer = (self.total as usize).min(max_pairs);
+        // SAFETY (both): expand_pairs writes the first `len` elements, and
+        // only those are copied back.
+        let mut positions =
+            unsafe { stream.alloc::<u64>(buffer) }.during("allocating output pairs")?;
+        let mut other_ids =
+            unsafe { stream.alloc::<u64>(buffer) }.during("allocating output pairs")?;
+        let mut first = 0u64;
+        while first < self.total {
+            let len = (self.total - first).min(buffer as u64) as usize;
+            timer.time(Phase::Kernel, || {
+                launch::expand_pairs(
+                    device.kernels(),
+                    stream,
+                    device.sm_count(),
+                    &self.offsets,
+                    &self.lower,
+                    &other.row_ids,
+                    first,
+                    len,
+                    &mut positions,
+                    &mut other_ids,
+                )
+            })?;
+            emit(
+                DevicePairs {
+                    positions: &positions,
+                    other_ids: &other_ids,
+                    len,
+                },
+                timer,
+            )?;
+            first += len as u64;
+        }
+        Ok(())
+    }
+}
+
+/// One range of pairs on the device: the first `len` elements of each
+/// buffer.
+pub struct DevicePairs<'a> {
+    /// The streamed side's position (in key order) of each pair.
+    pub positions: &'a DeviceVec<u64>,
+    /// The other side's input row of each pair.
+    pub other_ids: &'a DeviceVec<u64>,
+    /// Pairs in the range.
+    pub len: usize,
+}
+
+/// Device bytes a join of `streamed` x `other` rows needs at most, with at
+/// most `max_pairs` output pairs on the device at a time.
+pub fn merge_join_device_bytes(
+    streamed: usize,
+    other: usize,
+    max_pairs: usize,
+    sm_count: u32,
+) -> usize {
+    let rows = streamed + other;
+    let grid = RadixGrid::new(streamed.max(other) as u64, sm_count);
+    let histogram = (grid.blocks as usize) << MAX_RADIX_BITS;
+    // Keys and ids of both sides, the sort's second buffers for the larger
+    // side, bounds and offsets of the streamed side, the histogram and its
+    // scan, and the output pairs.
+    8 * (2 * rows + 2 * streamed.max(other) + 2 * streamed + 2 * histogram + 2 * max_pairs)
+}
+
+/// CPU references.
+pub mod reference {
+    /// What [`super::radix_sort`] must produce: a stable sort by key.
+    pub fn sort(keys: &[u64]) -> (Vec<u64>, Vec<u64>) {
+        let mut order: Vec<u64> = (0..keys.len() as u64).collect();
+        order.sort_by_key(|&i| keys[i as usize]); // stable
+        (order.iter().map(|&i| keys[i as usize]).collect(), order)
+    }
+
+    /// The (streamed position, other row id) pairs of sorted `streamed`
+    /// against sorted `other` (with `other_ids` its row ids), in the order
+    /// [`super::MergeMatches::expand`] emits them.
+    pub fn merge_pairs(streamed: &[u64], other: &[u64], other_ids: &[u64]) -> (Vec<u64>, Vec<u64>) {
+        let (mut positions, mut ids) = (Vec::new(), Vec::new());
+        for (i, key) in streamed.iter().enumerate() {
+            let lower = other.partition_point(|k| k < key);
+            let upper = other.partition_point(|k| k <= key);
+            for &id in &other_ids[lower..upper] {
+                positions.push(i as u64);
+                ids.push(id);
+            }
+        }
+        (positions, ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sort_passes_cover_the_key_bits_evenly() {
+        assert!(sort_pass_bits(0).is_empty());
+        assert_eq!(sort_pass_bits(1), vec![1]);
+        assert_eq!(sort_pass_bits(8), vec![8]);
+        assert_eq!(sort_pass_bits(26), vec![7, 7, 6, 6]);
+        assert_eq!(sort_pass_bits(64), vec![8; 8]);
+        assert_eq!(sort_pass_bits(70), vec![8; 8]);
+    }
+
+    #[test]
+    fn reference_merge_pairs_each_key_with_its_run() {
+        let (sorted, ids) = reference::sort(&[5, 3, 5, 9]);
+        assert_eq!(sorted, vec![3, 5, 5, 9]);
+        assert_eq!(ids, vec![1, 0, 2, 3]);
+        let (positions, other) = reference::merge_pairs(&[1, 5, 9, 9], &sorted, &ids);
+        assert_eq!(positions, vec![1, 1, 2, 3]);
+        assert_eq!(other, vec![0, 2, 3, 3]);
+    }
+}

@@ -1,0 +1,452 @@
+//! Differential tests of the GPU sort-merge join against DataFusion's
+//! `SortMergeJoinExec` (`prefer_hash_join = false` on both sides): every
+//! join type the planner makes a sort-merge join of, every fixed-width key
+//! type, residual filters, NULLs, duplicates, skew and empty sides, the
+//! output order nodes above rely on, inputs that arrive sorted, bounded
+//! output ranges, and the run-time fallback to the CPU join.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::logical_expr::{col, SortExpr};
+use datafusion::physical_plan::joins::SortMergeJoinExec;
+use datafusion::physical_plan::{displayable, ExecutionPlan};
+use datafusion::prelude::SessionContext;
+use datafusion_gpu::GpuSortMergeJoinExec;
+
+use crate::join_types::{shape, typed_table_in, Shape, KEYS, QUERIES};
+use crate::support::*;
+
+/// DataFusion plans a sort-merge join for an equi-join with this, when
+/// there are several target partitions.
+const SORT_MERGE: &str = "SET datafusion.optimizer.prefer_hash_join = false";
+
+/// Where a join is expected to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// On the GPU.
+    Gpu,
+    /// Planned on the GPU, joined by DataFusion's operator at run time (keys
+    /// whose ranges need more than 64 bits together).
+    GpuFallingBack,
+    /// On the CPU (no order-preserving code for the key type).
+    Cpu,
+}
+
+/// Where a join on the key condition named `key` (in `KEYS`) runs: types
+/// with order-preserving codes on the GPU, unless their ranges are too
+/// wide; the others (strings, floats) on the CPU.
+fn expect(key: &str) -> Expect {
+    let fixed_width = !["Utf8", "Float64", "Utf8View", "LargeUtf8"]
+        .iter()
+        .any(|t| key.split('+').any(|part| part == *t));
+    match (fixed_width, key.contains("wide")) {
+        (false, _) => Expect::Cpu,
+        (true, true) => Expect::GpuFallingBack,
+        (true, false) => Expect::Gpu,
+    }
+}
+
+fn show(plan: &Arc<dyn ExecutionPlan>) -> String {
+    displayable(plan.as_ref()).indent(true).to_string()
+}
+
+/// The join types of the GPU and the CPU sort-merge joins in `plan`.
+fn merge_join_types(
+    plan: &Arc<dyn ExecutionPlan>,
+    gpu: &mut BTreeSet<String>,
+    cpu: &mut BTreeSet<String>,
+) {
+    if let Some(join) = plan.downcast_ref::<GpuSortMergeJoinExec>() {
+        gpu.insert(join.sort_merge_join().join_type().to_string());
+    }
+    if let Some(join) = plan.downcast_ref::<SortMergeJoinExec>() {
+        cpu.insert(join.join_type().to_string());
+    }
+    for child in plan.children() {
+        merge_join_types(child, gpu, cpu);
+    }
+}
+
+/// The sum of metric `name` over the GPU sort-merge joins of `plan`.
+fn merge_join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let here = plan
+        .downcast_ref::<GpuSortMergeJoinExec>()
+        .and_then(|join| join.metrics())
+        .and_then(|metrics| metrics.sum_by_name(name))
+        .map_or(0, |value| value.as_usize());
+    here + plan
+        .children()
+        .iter()
+        .map(|child| merge_join_metric(child, name))
+        .sum::<usize>()
+}
+
+/// The contexts a query runs in: sort-merge joins with the GPU rule, the
+/// same on DataFusion's CPU operators, and DataFusion's hash joins.
+struct Contexts {
+    gpu: SessionContext,
+    cpu: SessionContext,
+    cpu_hash: SessionContext,
+}
+
+async fn contexts(partitions: usize, extra: &[&str]) -> Contexts {
+    let mut statements = vec![SORT_MERGE];
+    statements.extend_from_slice(extra);
+    Contexts {
+        gpu: gpu_context(JoinMode::PartitionedKept, partitions, &statements).await,
+        cpu: cpu_context(JoinMode::PartitionedKept, partitions, &statements).await,
+        cpu_hash: cpu_context(JoinMode::PartitionedKept, partitions, extra).await,
+    }
+}
+
+fn register(ctxs: [&SessionContext; 3], r: Shape, s: Shape, partitions: usize) {
+    for ctx in ctxs {
+        ctx.register_table("r", typed_table_in(r, 1, partitions))
+            .unwrap();
+        ctx.register_table("s", typed_table_in(s, 2, partitions))
+            .unwrap();
+    }
+}
+
+/// The rows of `sql` on DataFusion's `SortMergeJoinExec`, or, where that
+/// fails, on its `HashJoinExec`, with the failure: DataFusion 55.2's
+/// sort-merge join errors on Left and Full joins whose filter reads a
+/// non-nullable column of the buffered side ("declared as non-nullable but
+/// contains null values", the family of apache/datafusion#21197), which the
+/// GPU join answers.
+async fn reference_rows(ctxs: &Contexts, sql: &str) -> (Vec<RecordBatch>, Option<String>) {
+    let planned = ctxs
+        .cpu
+        .sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    match planned.collect().await {
+        Ok(batches) => (batches, None),
+        Err(e) => (run(&ctxs.cpu_hash, sql).await.0, Some(e.to_string())),
+    }
+}
+
+/// Runs `sql` on the GPU and on the CPU; asserts equal rows and, for
+/// fixed-width keys, a sort-merge join on the GPU. Returns the GPU plan and
+/// its rows (a plan runs once: DataFusion's repartitions cannot rerun).
+async fn check(
+    ctxs: &Contexts,
+    sql: &str,
+    expect: Expect,
+) -> (Arc<dyn ExecutionPlan>, Vec<RecordBatch>) {
+    let on_gpu = expect != Expect::Cpu;
+    let (cpu_batches, smj_failure) = reference_rows(ctxs, sql).await;
+    if let (true, Some(failure)) = (expect != Expect::Gpu, &smj_failure) {
+        // DataFusion's own join runs (planned so, or as the fallback), and
+        // fails the same way on both paths.
+        let plan = ctxs
+            .gpu
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        assert_eq!(
+            show(&plan).contains("GpuSortMergeJoinExec"),
+            on_gpu,
+            "{sql}"
+        );
+        eprintln!("not compared, DataFusion's sort-merge join fails either way: {sql}: {failure}");
+        return (plan, vec![]);
+    }
+    if let Some(failure) = &smj_failure {
+        eprintln!("reference for {sql}: HashJoinExec, as SortMergeJoinExec fails: {failure}");
+    }
+    let (gpu_batches, gpu_nodes, plan) = run_counting(&ctxs.gpu, sql, "SortMergeJoinExec").await;
+    if on_gpu {
+        assert!(
+            gpu_nodes >= 1,
+            "{sql}: no sort-merge join on the GPU\n{}",
+            show(&plan)
+        );
+    } else {
+        assert_eq!(
+            gpu_nodes,
+            0,
+            "{sql}: a key type without codes on the GPU\n{}",
+            show(&plan)
+        );
+    }
+    let (g, c) = (string_rows(&gpu_batches), string_rows(&cpu_batches));
+    if g != c {
+        let first = g.iter().zip(&c).position(|(a, b)| a != b);
+        panic!(
+            "{sql}: GPU {} rows, CPU {} rows, first difference at sorted row {first:?}\n{}",
+            g.len(),
+            c.len(),
+            show(&plan)
+        );
+    }
+    (plan, gpu_batches)
+}
+
+/// Every query of the hash join's differential tests, as sort-merge joins.
+async fn every_query(
+    name: &str,
+    r: Shape,
+    s: Shape,
+    extra: &[&str],
+) -> Option<[BTreeSet<String>; 2]> {
+    require_gpu(name)?;
+    let (mut on_gpu, mut on_cpu) = (BTreeSet::new(), BTreeSet::new());
+    for partitions in [2, 4] {
+        let ctxs = contexts(partitions, extra).await;
+        register([&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash], r, s, partitions);
+        for (key, on) in KEYS {
+            for query in QUERIES {
+                let sql = query.replace("{on}", on);
+                let (plan, _) = check(&ctxs, &sql, expect(key)).await;
+                let mut cpu_types = BTreeSet::new();
+                merge_join_types(&plan, &mut on_gpu, &mut cpu_types);
+                if expect(key) != Expect::Cpu {
+                    on_cpu.extend(cpu_types);
+                }
+            }
+        }
+    }
+    Some([on_gpu, on_cpu])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_sort_merge_join_type_on_every_fixed_width_key() {
+    let mut seen = BTreeSet::new();
+    for (r, s) in [
+        (shape(1_500, 700, 11, 0), shape(4_000, 900, 13, 0)),
+        (shape(5_000, 2_000, 7, 0), shape(900, 400, 0, 0)),
+    ] {
+        let Some([on_gpu, on_cpu]) = every_query(
+            "every_sort_merge_join_type_on_every_fixed_width_key",
+            r,
+            s,
+            &[],
+        )
+        .await
+        else {
+            return;
+        };
+        assert!(
+            on_cpu.is_empty(),
+            "sort-merge joins on fixed-width keys left on the CPU: {on_cpu:?}"
+        );
+        seen.extend(on_gpu);
+    }
+    for join_type in [
+        "Inner",
+        "Left",
+        "Right",
+        "Full",
+        "LeftSemi",
+        "LeftAnti",
+        "RightSemi",
+        "RightAnti",
+    ] {
+        assert!(
+            seen.contains(join_type),
+            "{join_type} never ran as a GPU sort-merge join; seen: {seen:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn skew_nulls_empty_sides_and_bounded_output_ranges() {
+    for (r, s, extra) in [
+        // A tenth of each side on one key, output ranges of 300 pairs.
+        (
+            shape(1_000, 300, 9, 10),
+            shape(1_200, 300, 0, 10),
+            &["SET gpu.max_output_pairs = 300"][..],
+        ),
+        (shape(0, 1, 0, 0), shape(1_000, 100, 5, 0), &[][..]),
+        (shape(1_000, 100, 5, 0), shape(0, 1, 0, 0), &[][..]),
+        (shape(500, 50, 1, 0), shape(800, 50, 3, 0), &[][..]),
+    ] {
+        if every_query(
+            "skew_nulls_empty_sides_and_bounded_output_ranges",
+            r,
+            s,
+            extra,
+        )
+        .await
+        .is_none()
+        {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn null_equals_null_as_a_sort_merge_join() {
+    let Some(_) = require_gpu("null_equals_null_as_a_sort_merge_join") else {
+        return;
+    };
+    let queries = [
+        "SELECT r.id, s.id FROM r JOIN s ON r.k32 IS NOT DISTINCT FROM s.k32",
+        "SELECT r.id, s.id FROM r FULL JOIN s ON r.k64 IS NOT DISTINCT FROM s.k64",
+        "SELECT r.id, s.id FROM r LEFT JOIN s ON (r.k64 IS NOT DISTINCT FROM s.k64) AND (r.kb IS NOT DISTINCT FROM s.kb)",
+    ];
+    for partitions in [2, 4] {
+        let ctxs = contexts(partitions, &[]).await;
+        register(
+            [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
+            shape(1_200, 300, 10, 0),
+            shape(2_000, 400, 17, 0),
+            partitions,
+        );
+        for sql in queries {
+            check(&ctxs, sql, Expect::Gpu).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_output_keeps_the_key_order_nodes_above_rely_on() {
+    let Some(_) = require_gpu("the_output_keeps_the_key_order_nodes_above_rely_on") else {
+        return;
+    };
+    // The ORDER BY is satisfied by the join's own output order, so no sort
+    // runs above it: the rows come out in key order only if the GPU join
+    // keeps it (one partition), or keeps it per partition (a merge of four).
+    // DataFusion plans its sort-merge joins ascending with NULLs first.
+    let queries = [
+        "SELECT r.k64, r.id, s.id FROM r JOIN s ON r.k64 = s.k64 ORDER BY r.k64 NULLS FIRST",
+        "SELECT r.k64, r.id, s.id FROM r LEFT JOIN s ON r.k64 = s.k64 ORDER BY r.k64 NULLS FIRST",
+        "SELECT s.k64, s.id FROM r RIGHT SEMI JOIN s ON r.k64 = s.k64 ORDER BY s.k64 NULLS FIRST",
+        "SELECT r.k64, r.id FROM r LEFT ANTI JOIN s ON r.k64 = s.k64 AND r.v < s.v ORDER BY r.k64 NULLS FIRST",
+    ];
+    for partitions in [2, 4] {
+        let ctxs = contexts(partitions, &[]).await;
+        register(
+            [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
+            shape(1_500, 400, 11, 5),
+            shape(2_500, 500, 13, 5),
+            partitions,
+        );
+        for sql in queries {
+            let (plan, batches) = check(&ctxs, sql, Expect::Gpu).await;
+            let text = show(&plan);
+            assert!(
+                !text.contains("SortExec"),
+                "{sql}: a sort remained above or below the join\n{text}"
+            );
+            let keys: Vec<Option<i64>> = batches
+                .iter()
+                .flat_map(|b| {
+                    let column = b.column(0).as_primitive::<Int64Type>();
+                    (0..column.len())
+                        .map(|i| column.is_valid(i).then(|| column.value(i)))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            // Ascending, NULLs first.
+            let rank = |k: &Option<i64>| (k.is_some(), k.unwrap_or(0));
+            assert!(
+                keys.windows(2).all(|w| rank(&w[0]) <= rank(&w[1])),
+                "{sql}: rows out of key order\n{text}"
+            );
+        }
+    }
+}
+
+/// Two tables sorted on `k`, declared so: DataFusion then plans no sort.
+fn sorted_table(rows: i64, step: i64, seed: i64) -> Arc<MemTable> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("id", DataType::Int64, false),
+    ]));
+    // Ten NULLs first, then duplicates (k = i / 3 * step), in key order.
+    let k: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..rows).map(|i| (i >= 10).then_some((i - 10) / 3 * step)),
+    ));
+    let id: ArrayRef = Arc::new(Int64Array::from_iter_values(
+        (0..rows).map(|i| seed * 1_000_000 + i),
+    ));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![k, id]).unwrap();
+    let batches = (0..rows as usize)
+        .step_by(700)
+        .map(|start| batch.slice(start, 700.min(rows as usize - start)))
+        .collect();
+    // Ascending, NULLs first: the order DataFusion's sort-merge join asks for.
+    let order = vec![vec![SortExpr::new(col("k"), true, true)]];
+    Arc::new(
+        MemTable::try_new(schema, vec![batches])
+            .unwrap()
+            .with_sort_order(order),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inputs_that_arrive_sorted_are_merged_without_a_sort() {
+    let Some(_) = require_gpu("inputs_that_arrive_sorted_are_merged_without_a_sort") else {
+        return;
+    };
+    // DataFusion plans sort-merge joins over several partitions only; it
+    // keeps the tables' order through its hash repartition when asked to.
+    let ctxs = contexts(2, &["SET datafusion.optimizer.prefer_existing_sort = true"]).await;
+    for ctx in [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash] {
+        ctx.register_table("a", sorted_table(3_000, 2, 1)).unwrap();
+        ctx.register_table("b", sorted_table(2_000, 3, 2)).unwrap();
+    }
+    for sql in [
+        "SELECT a.id, b.id FROM a JOIN b ON a.k = b.k",
+        "SELECT a.id, b.id FROM a FULL JOIN b ON a.k = b.k",
+        "SELECT a.id FROM a LEFT ANTI JOIN b ON a.k = b.k",
+        "SELECT b.id FROM a RIGHT SEMI JOIN b ON a.k = b.k AND a.id % 2 = 0",
+    ] {
+        let (plan, _) = check(&ctxs, sql, Expect::Gpu).await;
+        let text = show(&plan);
+        assert!(
+            text.contains("sort=[left: input, right: input]"),
+            "{sql}: the sorted inputs were sorted again\n{text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_too_wide_or_a_device_too_small_fall_back_to_the_cpu_join() {
+    let Some(_) = require_gpu("keys_too_wide_or_a_device_too_small_fall_back_to_the_cpu_join")
+    else {
+        return;
+    };
+    let cases = [
+        // kwide spans the whole Int64 range: with k64, more than 64 bits.
+        (
+            "SELECT r.id, s.id FROM r JOIN s ON r.kwide = s.kwide AND r.k64 = s.k64",
+            &[][..],
+        ),
+        // (No filter: DataFusion's own sort-merge join, which then runs,
+        // fails on a Full join's filter over these non-nullable columns.)
+        (
+            "SELECT r.id, s.id FROM r FULL JOIN s ON r.k64 = s.k64",
+            &["SET gpu.memory_fraction = 0.000000001"][..],
+        ),
+        (
+            "SELECT r.id FROM r LEFT ANTI JOIN s ON r.k32 = s.k32",
+            &["SET gpu.memory_fraction = 0.000000001"][..],
+        ),
+    ];
+    for (sql, extra) in cases {
+        let ctxs = contexts(4, extra).await;
+        register(
+            [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
+            shape(2_000, 500, 9, 0),
+            shape(3_000, 600, 0, 0),
+            4,
+        );
+        let (plan, _) = check(&ctxs, sql, Expect::Gpu).await;
+        // `check` ran the plan it returns.
+        assert!(
+            merge_join_metric(&plan, "cpu_fallback_partitions") > 0,
+            "{sql}: no partition fell back to the CPU join"
+        );
+    }
+}
