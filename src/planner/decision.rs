@@ -109,6 +109,11 @@ pub fn decide_sort_merge_join(
         "GPU sort-merge join disabled (gpu.sort_merge_join = false)",
         gpu,
     )?;
+    if join.properties().boundedness.is_unbounded() {
+        return Err(
+            "an input is unbounded, and the GPU sort-merge join reads its inputs whole".into(),
+        );
+    }
     for key_type in key_types(join.left(), join.right(), join.on())? {
         if !KeySpec::is_packable(&key_type) {
             return Err(format!(

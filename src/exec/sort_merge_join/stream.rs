@@ -86,8 +86,10 @@ const CHANNEL_BATCHES: usize = 4;
 enum Outcome {
     /// Every output batch was sent.
     Done,
-    /// Nothing was sent; DataFusion's operator must join the inputs (why).
-    OnCpu(String),
+    /// Nothing was sent, and the device cannot take the inputs (keys too
+    /// wide for 64-bit codes, too little device memory): DataFusion's
+    /// operator joins them.
+    OnCpu,
 }
 
 /// One side's input, collected into one batch (so row ids index it), with
@@ -177,7 +179,7 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
                     futures::stream::empty(),
                 )) as SendableRecordBatchStream)
             }
-            Outcome::OnCpu(_why) => {
+            Outcome::OnCpu => {
                 metrics.cpu_fallback_partitions.add(1);
                 let stream = cpu_join(&plan, left, right, &context)?;
                 // The collected inputs stay reserved until the CPU
@@ -273,9 +275,8 @@ impl DevicePart {
             &right_keys,
         )?
         else {
-            return Ok(Outcome::OnCpu(
-                "the keys' range needs more than 64 bits".into(),
-            ));
+            // The keys' ranges need more than 64 bits together.
+            return Ok(Outcome::OnCpu);
         };
         let threads = plan.host_threads;
         let left_codes = encoder.encode(&left_keys, KeySide::Left, threads)?;
@@ -318,7 +319,7 @@ impl DevicePart {
         match outcome {
             Ok(()) => Ok(Outcome::Done),
             Err(DeviceFailure::Gpu(e)) if !sender.sent_any && e.is_out_of_device_memory() => {
-                Ok(Outcome::OnCpu(e.to_string()))
+                Ok(Outcome::OnCpu)
             }
             Err(DeviceFailure::Gpu(e)) => Err(e.into()),
             Err(DeviceFailure::Host(e)) => Err(e),
