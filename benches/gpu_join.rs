@@ -10,6 +10,7 @@
 //!                                      [--single-phase] [--explain-analyze]
 //!     cargo bench --bench gpu_join -- --seeds [rt1,b10,...] [--log2-rows 24]
 //!     cargo bench --bench gpu_join -- --sort-merge [--log2-rows 24] [--runs 5]
+//!                                      [--set gpu.KEY=VALUE ...]
 //!
 //! `--seeds` runs the seeds' workloads as criterion benchmarks (see
 //! `gpu_join/seeds.rs`); `--sort-merge` the sort-merge join (see

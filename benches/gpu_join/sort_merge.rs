@@ -96,6 +96,17 @@ async fn timed(ctx: &SessionContext, runs: usize) -> (Duration, Vec<i64>, String
     (median(&mut times), answer, text, breakdown)
 }
 
+/// `--set KEY=VALUE` arguments, as `KEY = VALUE`: options for the GPU
+/// path's runs only (e.g. `gpu.max_concurrent_tasks=16`).
+fn gpu_settings() -> Vec<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2)
+        .filter(|pair| pair[0] == "--set")
+        .filter_map(|pair| pair[1].split_once('='))
+        .map(|(key, value)| format!("{key} = {value}"))
+        .collect()
+}
+
 /// Runs both input layouts at 2^`log2` rows a side.
 pub async fn benchmark(log2: usize, runs: usize) {
     let rows = 1usize << log2;
@@ -106,7 +117,7 @@ pub async fn benchmark(log2: usize, runs: usize) {
     let s_keys: Vec<i64> = (0..rows)
         .map(|_| rng.random_range(0..rows as i64))
         .collect();
-    println!("sort-merge join benchmark: |R| = |S| = 2^{log2} Int64 rows, {cores} cores, {runs} timed runs per path");
+    println!("sort-merge join benchmark: |R| = |S| = 2^{log2} Int64 rows, {cores} cores, {runs} timed runs per path, GPU settings {:?}", gpu_settings());
     let gpu_available = gpu_runtime().is_ok();
     if let Ok(runtime) = gpu_runtime() {
         // The bytes the GPU join must move: 8-byte codes of both sides in,
@@ -152,6 +163,9 @@ pub async fn benchmark(log2: usize, runs: usize) {
             continue;
         }
         ctx.sql("SET gpu.enabled = true").await.unwrap();
+        for setting in gpu_settings() {
+            ctx.sql(&format!("SET {setting}")).await.unwrap();
+        }
         let (gpu, gpu_answer, gpu_plan, breakdown) = timed(&ctx, runs).await;
         println!("{layout}: GPU plan\n{gpu_plan}");
         assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
