@@ -7,6 +7,8 @@
 // each pair to its digit's region keeping input order within a digit. After
 // the passes over bits [0, B) the pairs are ordered by `mix64(key) & (2^B-1)`,
 // the partition id, and `partition_bounds` finds where each partition starts.
+// The same passes on the key's own bits (`radix_sort_*`) are the LSD radix
+// sort of the sort-merge join.
 #include "common.cuh"
 
 #define MAX_RADIX_BITS 8
@@ -27,8 +29,7 @@ extern "C" __global__ void iota_u64(u64* out, u64 n, u64 first) {
     }
 }
 
-// Counts the digit (mix64(key) >> shift) & (2^bits - 1) of the rows owned by
-// each block. Block b owns rows [b * rows_per_block, (b + 1) * rows_per_block).
+// Counts the digit (radix_digit) of the rows owned by each block. Block b owns rows [b * rows_per_block, (b + 1) * rows_per_block).
 // Launch: grid = ceil(n / rows_per_block), block = BLOCK_THREADS, bits <= 8,
 // rows_per_block < 2^32. Output: histogram[digit * gridDim.x + block].
 template <bool HASHED>
