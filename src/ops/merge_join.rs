@@ -206,7 +206,8 @@ impl MergeMatches {
     /// calls `emit(streamed_positions, other_row_ids)`: the streamed side's
     /// position in key order and the other side's input row of every pair.
     /// Pairs come ordered by streamed position, then by the other side's
-    /// key order (input order among equal keys).
+    /// key order (input order among equal keys). `emit` returns whether to
+    /// go on; `false` leaves the remaining ranges unmade.
     pub fn expand(
         &self,
         device: &GpuDevice,
@@ -214,7 +215,7 @@ impl MergeMatches {
         other: &SortedSide,
         max_pairs: usize,
         timer: &mut PhaseTimer,
-        mut emit: impl FnMut(Vec<u64>, Vec<u64>) -> GpuResult<()>,
+        mut emit: impl FnMut(Vec<u64>, Vec<u64>) -> GpuResult<bool>,
     ) -> GpuResult<()> {
         self.expand_on_device(device, stream, other, max_pairs, timer, |pairs, timer| {
             let (mut positions, mut ids) = (Vec::new(), Vec::new());
@@ -247,7 +248,7 @@ impl MergeMatches {
         other: &SortedSide,
         max_pairs: usize,
         timer: &mut PhaseTimer,
-        mut emit: impl FnMut(DevicePairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
+        mut emit: impl FnMut(DevicePairs<'_>, &mut PhaseTimer) -> GpuResult<bool>,
     ) -> GpuResult<()> {
         if self.total == 0 {
             return Ok(());
@@ -277,7 +278,7 @@ impl MergeMatches {
                     &mut other_ids,
                 )
             })?;
-            emit(
+            let go_on = emit(
                 DevicePairs {
                     positions: &positions,
                     other_ids: &other_ids,
@@ -285,6 +286,9 @@ impl MergeMatches {
                 },
                 timer,
             )?;
+            if !go_on {
+                break;
+            }
             first += len as u64;
         }
         Ok(())

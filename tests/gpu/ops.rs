@@ -344,7 +344,7 @@ fn radix_sort_and_merge_path_match_their_references() {
                 assert!(p.len() <= 1000);
                 got_positions.extend(p);
                 got_ids.extend(i);
-                Ok(())
+                Ok(true)
             })
             .unwrap();
         timer.finish().unwrap();

@@ -419,9 +419,6 @@ impl DevicePart {
                 &mut timer,
                 |pairs, timer| {
                     admission.take();
-                    if !open || host_error.is_some() {
-                        return Ok(());
-                    }
                     let gathered = columns.gather(
                         device,
                         stream,
@@ -441,7 +438,8 @@ impl DevicePart {
                         Ok(still_open) => open = still_open,
                         Err(e) => host_error = Some(e),
                     }
-                    Ok(())
+                    // Stop at a host failure or a consumer that has gone.
+                    Ok(open && host_error.is_none())
                 },
             )?;
         } else if pairs {
@@ -455,9 +453,6 @@ impl DevicePart {
                     // The device's part of this partition is done once its
                     // first pairs arrive: let another partition start.
                     admission.take();
-                    if !open || host_error.is_some() {
-                        return Ok(());
-                    }
                     let result = (|| -> Result<bool> {
                         let ordering = self.metrics.emit_time.timer();
                         let other_ids = UInt64Array::from(other_ids);
@@ -483,7 +478,7 @@ impl DevicePart {
                         Ok(still_open) => open = still_open,
                         Err(e) => host_error = Some(e),
                     }
-                    Ok(())
+                    Ok(open && host_error.is_none())
                 },
             )?;
         } else if let Some(counts) = matches.counts() {
