@@ -450,3 +450,42 @@ async fn keys_too_wide_or_a_device_too_small_fall_back_to_the_cpu_join() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_limit_above_the_join_stops_it_early_with_the_rows_asked_for() {
+    let Some(_) = require_gpu("a_limit_above_the_join_stops_it_early_with_the_rows_asked_for")
+    else {
+        return;
+    };
+    // Output ranges of 100 pairs, batches of 64 rows: the LIMIT is met
+    // within the first ranges, and the join stops when its consumer goes.
+    let ctxs = contexts(
+        2,
+        &[
+            "SET gpu.max_output_pairs = 100",
+            "SET datafusion.execution.batch_size = 64",
+        ],
+    )
+    .await;
+    register(
+        [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
+        shape(3_000, 50, 0, 0),
+        shape(3_000, 50, 0, 0),
+        2,
+    );
+    for (sql, rows) in [
+        (
+            "SELECT r.id, s.id FROM r JOIN s ON r.k64 = s.k64 LIMIT 77",
+            77,
+        ),
+        (
+            "SELECT r.id, s.id FROM r LEFT JOIN s ON r.k32 = s.k32 AND r.v < s.v LIMIT 130",
+            130,
+        ),
+    ] {
+        let (batches, gpu_nodes, plan) = run_counting(&ctxs.gpu, sql, "SortMergeJoinExec").await;
+        assert!(gpu_nodes >= 1, "{sql}\n{}", show(&plan));
+        let got: usize = batches.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(got, rows, "{sql}");
+    }
+}
