@@ -351,6 +351,33 @@ fn compact(keys: Vec<u64>, keep: &[bool]) -> NormalizedKeys {
     }
 }
 
+/// Expands `$each!(ArrowType)` for the column types whose values are integers
+/// of at most 64 bits (integers, dates, timestamps), matched on `$data_type`;
+/// other types fall through, so a caller handles them after it. Each caller's
+/// `$each` returns from the calling function.
+macro_rules! for_64_bit_integer_type {
+    ($data_type:expr, $each:ident) => {
+        match $data_type {
+            DataType::Int8 => $each!(Int8Type),
+            DataType::Int16 => $each!(Int16Type),
+            DataType::Int32 => $each!(Int32Type),
+            DataType::Int64 => $each!(Int64Type),
+            DataType::UInt8 => $each!(UInt8Type),
+            DataType::UInt16 => $each!(UInt16Type),
+            DataType::UInt32 => $each!(UInt32Type),
+            DataType::UInt64 => $each!(UInt64Type),
+            DataType::Date32 => $each!(Date32Type),
+            DataType::Date64 => $each!(Date64Type),
+            DataType::Timestamp(TimeUnit::Second, _) => $each!(TimestampSecondType),
+            DataType::Timestamp(TimeUnit::Millisecond, _) => $each!(TimestampMillisecondType),
+            DataType::Timestamp(TimeUnit::Microsecond, _) => $each!(TimestampMicrosecondType),
+            DataType::Timestamp(TimeUnit::Nanosecond, _) => $each!(TimestampNanosecondType),
+            _ => {}
+        }
+    };
+}
+pub(crate) use for_64_bit_integer_type;
+
 /// Calls `f(row, value)` for every row of a packable column, NULL slots
 /// included (their value is arbitrary).
 pub(crate) fn for_each_value(column: &ArrayRef, mut f: impl FnMut(usize, i128)) -> Result<()> {
@@ -421,23 +448,9 @@ pub(crate) fn value_range(column: &ArrayRef) -> Result<(i128, i128)> {
             });
         }};
     }
-    match column.data_type() {
-        DataType::Int8 => range!(Int8Type),
-        DataType::Int16 => range!(Int16Type),
-        DataType::Int32 => range!(Int32Type),
-        DataType::Int64 => range!(Int64Type),
-        DataType::UInt8 => range!(UInt8Type),
-        DataType::UInt16 => range!(UInt16Type),
-        DataType::UInt32 => range!(UInt32Type),
-        DataType::UInt64 => range!(UInt64Type),
-        DataType::Date32 => range!(Date32Type),
-        DataType::Date64 => range!(Date64Type),
-        DataType::Timestamp(TimeUnit::Second, _) => range!(TimestampSecondType),
-        DataType::Timestamp(TimeUnit::Millisecond, _) => range!(TimestampMillisecondType),
-        DataType::Timestamp(TimeUnit::Microsecond, _) => range!(TimestampMicrosecondType),
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => range!(TimestampNanosecondType),
-        DataType::Decimal128(_, _) => range!(Decimal128Type),
-        _ => {}
+    for_64_bit_integer_type!(column.data_type(), range);
+    if let DataType::Decimal128(_, _) = column.data_type() {
+        range!(Decimal128Type);
     }
     // Boolean, times and durations: one pass through i128.
     let nulls = column.logical_nulls();
@@ -496,24 +509,7 @@ fn pack_column(
             return Ok(());
         }};
     }
-    use DataType::*;
-    match column.data_type() {
-        Int8 => pack64!(Int8Type),
-        Int16 => pack64!(Int16Type),
-        Int32 => pack64!(Int32Type),
-        Int64 => pack64!(Int64Type),
-        UInt8 => pack64!(UInt8Type),
-        UInt16 => pack64!(UInt16Type),
-        UInt32 => pack64!(UInt32Type),
-        UInt64 => pack64!(UInt64Type),
-        Date32 => pack64!(Date32Type),
-        Date64 => pack64!(Date64Type),
-        Timestamp(TimeUnit::Second, _) => pack64!(TimestampSecondType),
-        Timestamp(TimeUnit::Millisecond, _) => pack64!(TimestampMillisecondType),
-        Timestamp(TimeUnit::Microsecond, _) => pack64!(TimestampMicrosecondType),
-        Timestamp(TimeUnit::Nanosecond, _) => pack64!(TimestampNanosecondType),
-        _ => {}
-    }
+    for_64_bit_integer_type!(column.data_type(), pack64);
     // Decimal128, Boolean, times and durations: through i128.
     for_each_value(column, |i, v| {
         let code = if is_null(i) {

@@ -19,7 +19,7 @@ use datafusion::arrow::datatypes::*;
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::exec::keys::{for_each_value, value_range, KeySpec};
+use crate::exec::keys::{for_64_bit_integer_type, for_each_value, value_range, KeySpec};
 use crate::exec::parallel::on_threads;
 
 /// The code of one key column.
@@ -255,24 +255,7 @@ fn code_column(
             return Ok(());
         }};
     }
-    use DataType::*;
-    match column.data_type() {
-        Int8 => code64!(Int8Type),
-        Int16 => code64!(Int16Type),
-        Int32 => code64!(Int32Type),
-        Int64 => code64!(Int64Type),
-        UInt8 => code64!(UInt8Type),
-        UInt16 => code64!(UInt16Type),
-        UInt32 => code64!(UInt32Type),
-        UInt64 => code64!(UInt64Type),
-        Date32 => code64!(Date32Type),
-        Date64 => code64!(Date64Type),
-        Timestamp(TimeUnit::Second, _) => code64!(TimestampSecondType),
-        Timestamp(TimeUnit::Millisecond, _) => code64!(TimestampMillisecondType),
-        Timestamp(TimeUnit::Microsecond, _) => code64!(TimestampMicrosecondType),
-        Timestamp(TimeUnit::Nanosecond, _) => code64!(TimestampNanosecondType),
-        _ => {}
-    }
+    for_64_bit_integer_type!(column.data_type(), code64);
     // Decimal128, Boolean, times and durations: through i128.
     for_each_value(column, |i, v| {
         let value = if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
