@@ -160,24 +160,29 @@ struct Domain {
     bits: u32,
 }
 
+/// Bits that code every value of `[min, max]` (none when `max < min`)
+/// and, with `null_code`, one more code for NULL.
+pub(crate) fn code_bits(min: i128, max: i128, null_code: bool) -> u32 {
+    let values = if max < min {
+        0
+    } else {
+        (max as u128).wrapping_sub(min as u128) + 1
+    };
+    let codes = values.saturating_add(u128::from(null_code));
+    if codes <= 1 {
+        0
+    } else {
+        128 - (codes - 1).leading_zeros()
+    }
+}
+
 impl Domain {
     fn new(min: i128, max: i128, null_code: bool) -> Self {
-        let values = if max < min {
-            0
-        } else {
-            (max as u128).wrapping_sub(min as u128) + 1
-        };
-        let codes = values.saturating_add(u128::from(null_code));
-        let bits = if codes <= 1 {
-            0
-        } else {
-            128 - (codes - 1).leading_zeros()
-        };
         Self {
             min,
             max,
             null_code,
-            bits,
+            bits: code_bits(min, max, null_code),
         }
     }
 

@@ -147,18 +147,16 @@ impl StreamedWalk {
     /// Settles position `next` (matched or not) and moves past it.
     fn settle_next(&mut self, out: &mut RowsBuilder) {
         let row = Some(self.input_row(self.next));
+        // Only an outer join's rows carry the other side (NULL here); the
+        // semi, anti and mark joins emit the streamed side alone.
         match (self.alone, self.next_matched) {
-            (Alone::NullPaddedIfUnmatched, false) | (Alone::IfUnmatched, false) => {
+            (Alone::NullPaddedIfUnmatched, false) => {
                 out.streamed.push(row);
                 out.other.push(None);
             }
-            (Alone::IfMatched, true) => {
-                out.streamed.push(row);
-                out.other.push(None);
-            }
+            (Alone::IfUnmatched, false) | (Alone::IfMatched, true) => out.streamed.push(row),
             (Alone::WithMark, matched) => {
                 out.streamed.push(row);
-                out.other.push(None);
                 out.mark.push(matched);
             }
             _ => {}

@@ -19,7 +19,7 @@ use datafusion::arrow::datatypes::*;
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::exec::keys::{for_64_bit_integer_type, for_each_value, value_range, KeySpec};
+use crate::exec::keys::{code_bits, for_64_bit_integer_type, for_each_value, value_range, KeySpec};
 use crate::exec::parallel::on_threads;
 
 /// The code of one key column.
@@ -37,24 +37,13 @@ struct ColumnCode {
 
 impl ColumnCode {
     fn new(min: i128, max: i128, options: SortOptions, has_null: bool) -> Self {
-        let values = if max < min {
-            0
-        } else {
-            (max as u128).wrapping_sub(min as u128) + 1
-        };
-        let codes = values.saturating_add(u128::from(has_null));
-        let bits = if codes <= 1 {
-            0
-        } else {
-            128 - (codes - 1).leading_zeros()
-        };
         Self {
             min,
             max,
             descending: options.descending,
             nulls_first: options.nulls_first,
             has_null,
-            bits,
+            bits: code_bits(min, max, has_null),
         }
     }
 
