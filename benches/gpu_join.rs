@@ -4,7 +4,8 @@
 //!     cargo bench --bench gpu_join -- [--log2-rows 24] [--runs 5]
 //!                                      [--match-percent 100] [--zipf 0]
 //!                                      [--unordered] [--explain-analyze]
-//!                                      [--merged]
+//!                                      [--repartitioned] [--host-gather]
+//!                                      [--set gpu.KEY=VALUE ...]
 //!     cargo bench --bench gpu_join -- --group-by [--log2-rows 24] [--runs 5]
 //!                                      [--log2-groups 1,4,8,12,16,20,24] [--zipf 0]
 //!                                      [--single-phase] [--explain-analyze]
@@ -25,10 +26,13 @@
 //! for planning + execution + collecting the one-row answer, data already in
 //! memory (`MemTable`s, one partition per core). "Cold" is the first GPU
 //! query of the process (driver and PTX load included), "warm" the median of
-//! the following runs. `--merged` also times the GPU join run once over
-//! all input partitions, without DataFusion's CPU hash repartitions
-//! (`gpu.merge_partitions = true`), in the same process. The floor is the pinned PCIe time of the bytes the GPU
-//! path must move (keys in, matched row-id pairs out), measured here.
+//! the following runs. The GPU join runs once over all input partitions
+//! (`gpu.merge_partitions`, the default); `--repartitioned` also times it
+//! over DataFusion's CPU hash repartitions (`gpu.merge_partitions = false`),
+//! in the same process; `--host-gather`
+//! times the GPU join with its output columns gathered on the host
+//! (`gpu.device_gather = false`). The floor is the pinned PCIe time of the
+//! bytes the GPU path must move (keys in, matched row-id pairs out), measured here.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,6 +136,34 @@ fn print_metrics(path: &str, plan: &Arc<dyn ExecutionPlan>) {
             .indent(true)
             .to_string();
     println!("{path} plan with metrics (last run):\n{shown}");
+}
+
+/// The warm median of `runs` GPU runs with `option` set to its first value
+/// (then back to its second), each answer checked against `expected`.
+async fn timed_variant(
+    ctx: &SessionContext,
+    runs: usize,
+    (option, value, restore): (&str, &str, &str),
+    label: &str,
+    (expected, explain_analyze): (&[i64], bool),
+) -> Duration {
+    ctx.sql(&format!("SET {option} = {value}")).await.unwrap();
+    let mut times = Vec::new();
+    for _ in 0..runs {
+        let (t, answer, plan) = run_once(ctx).await;
+        assert_eq!(answer, expected, "GPU answer differs from the CPU's");
+        times.push(t);
+        if explain_analyze && times.len() == runs {
+            print_metrics(label, &plan);
+        }
+    }
+    ctx.sql(&format!("SET {option} = {restore}")).await.unwrap();
+    let warm = median(&mut times);
+    println!(
+        "{label} ({option} = {value}): warm median {:>9.1} ms",
+        warm.as_secs_f64() * 1e3
+    );
+    warm
 }
 
 /// The median of `times` (the upper one of an even count).
@@ -265,25 +297,23 @@ async fn end_to_end() {
     if unordered {
         ctx.sql("SET gpu.preserve_order = false").await.unwrap();
     }
+    // --set gpu.KEY=VALUE: options of the GPU path's runs.
+    for setting in sort_merge::gpu_settings() {
+        println!("GPU path: SET {setting}");
+        ctx.sql(&format!("SET {setting}")).await.unwrap();
+    }
     let (cold, gpu_answer, _) = run_once(&ctx).await;
-    let merged_warm = if std::env::args().any(|a| a == "--merged") {
-        ctx.sql("SET gpu.merge_partitions = true").await.unwrap();
-        let mut times = Vec::new();
-        for _ in 0..runs {
-            let (t, answer, plan) = run_once(&ctx).await;
-            assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
-            times.push(t);
-            if explain_analyze && times.len() == runs {
-                print_metrics("GPU over all input partitions", &plan);
-            }
-        }
-        ctx.sql("SET gpu.merge_partitions = false").await.unwrap();
-        let warm = median(&mut times);
-        println!(
-            "GPU over all input partitions (gpu.merge_partitions = true): warm median {:>9.1} ms",
-            warm.as_secs_f64() * 1e3
-        );
-        Some(warm)
+    let repartitioned_warm = if std::env::args().any(|a| a == "--repartitioned") {
+        Some(
+            timed_variant(
+                &ctx,
+                runs,
+                ("gpu.merge_partitions", "false", "true"),
+                "GPU over DataFusion's repartitions",
+                (&cpu_answer, explain_analyze),
+            )
+            .await,
+        )
     } else {
         None
     };
@@ -305,6 +335,22 @@ async fn end_to_end() {
         operator_metric(&plan, "GpuHashJoinExec", "probe_rows").0 > 0,
         "the GPU join did not run"
     );
+    // --host-gather: the same GPU join with its output gathered on the host
+    // (gpu.device_gather = false), for the comparison in one process.
+    let host_gather_warm = if std::env::args().any(|a| a == "--host-gather") {
+        Some(
+            timed_variant(
+                &ctx,
+                runs,
+                ("gpu.device_gather", "false", "true"),
+                "GPU, output gathered on the host",
+                (&cpu_answer, explain_analyze),
+            )
+            .await,
+        )
+    } else {
+        None
+    };
     let kernel_ms = gpu_join_metric(&plan, "kernel_time") as f64 / 1e6;
     let transfer_ms = gpu_join_metric(&plan, "transfer_time") as f64 / 1e6;
     let h2d = gpu_join_metric(&plan, "h2d_bytes");
@@ -323,11 +369,18 @@ async fn end_to_end() {
         bandwidth.device_to_host / 1e9,
         floor * 1e3
     );
-    if let Some(merged) = merged_warm {
+    if let Some(repartitioned) = repartitioned_warm {
         println!(
-            "RESULT_MERGED log2_rows={log2} gpu_warm_ms={:.1} speedup_warm={:.2}",
-            merged.as_secs_f64() * 1e3,
-            cpu.as_secs_f64() / merged.as_secs_f64()
+            "RESULT_REPARTITIONED log2_rows={log2} gpu_warm_ms={:.1} speedup_warm={:.2}",
+            repartitioned.as_secs_f64() * 1e3,
+            cpu.as_secs_f64() / repartitioned.as_secs_f64()
+        );
+    }
+    if let Some(host) = host_gather_warm {
+        println!(
+            "RESULT_HOST_GATHER log2_rows={log2} gpu_warm_ms={:.1} speedup_warm={:.2}",
+            host.as_secs_f64() * 1e3,
+            cpu.as_secs_f64() / host.as_secs_f64()
         );
     }
     println!(

@@ -35,6 +35,7 @@
 
 pub mod exec;
 pub mod gpu;
+mod host_copy;
 pub mod ops;
 pub mod planner;
 mod session;

@@ -141,6 +141,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         };
         ctx.sql("SET gpu.enabled = true").await.unwrap();
         ctx.sql("SET gpu.min_rows = 0").await.unwrap();
+        ctx.sql("SET gpu.min_groups = 0").await.unwrap();
         let (cold, gpu_answer, _) = run_once(&ctx).await;
         assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
         let mut warm_times = Vec::new();

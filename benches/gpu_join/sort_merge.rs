@@ -98,7 +98,7 @@ async fn timed(ctx: &SessionContext, runs: usize) -> (Duration, Vec<i64>, String
 
 /// `--set KEY=VALUE` arguments, as `KEY = VALUE`: options for the GPU
 /// path's runs only (e.g. `gpu.max_concurrent_tasks=16`).
-fn gpu_settings() -> Vec<String> {
+pub(crate) fn gpu_settings() -> Vec<String> {
     let args: Vec<String> = std::env::args().collect();
     args.windows(2)
         .filter(|pair| pair[0] == "--set")

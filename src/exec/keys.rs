@@ -1,7 +1,14 @@
 //! Join keys turned into one u64 per row, which is all the device compares.
 //!
-//! Two encodings, chosen at run time from the collected build side:
+//! Three encodings, chosen at run time from the collected build side:
 //!
+//! * **Raw**: one key column of an 8-byte integer type (Int64, UInt64,
+//!   Date64, Time64, Timestamp, Duration), when NULL keys cannot match
+//!   (NULL equals nothing, or the build side has none). The key is the
+//!   value's own bits, read in place from the Arrow buffer: no pass over the
+//!   rows and no copy, the common case of large joins. Equal bits mean
+//!   equal values; a probe value absent from the build side simply finds no
+//!   match on the device. NULL rows are dropped.
 //! * **Packed**: every key column is a fixed-width value (integers, dates,
 //!   times, timestamps, durations, Decimal128, Boolean). Each column is coded
 //!   as its offset from the build side's minimum, in just enough bits for the
@@ -19,7 +26,7 @@
 //!   equals NaN).
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
-use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::buffer::{NullBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::*;
 use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::NullEquality;
@@ -38,8 +45,9 @@ pub struct KeySpec {
 /// Keys of the rows that can match, one u64 each.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NormalizedKeys {
-    /// One encoded key per kept row.
-    pub keys: Vec<u64>,
+    /// One encoded key per kept row (with the raw encoding, the key
+    /// column's own buffer).
+    pub keys: ScalarBuffer<u64>,
     /// Index of each kept row in the input, or `None` when every row was kept.
     pub row_ids: Option<Vec<u64>>,
 }
@@ -64,6 +72,16 @@ fn packable(data_type: &DataType) -> bool {
             | Duration(_)
             | Decimal128(_, _)
             | Boolean
+    )
+}
+
+/// Whether a single key column of `data_type` is its own key: an 8-byte
+/// integer, whose bits compare equal exactly when the values do.
+fn raw(data_type: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        data_type,
+        Int64 | UInt64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_)
     )
 }
 
@@ -199,7 +217,17 @@ impl Domain {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyEncoder {
     spec: KeySpec,
-    packing: Option<Vec<Domain>>,
+    encoding: Encoding,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Encoding {
+    /// The single key column's own bits.
+    Raw,
+    /// Offsets from the build minimum, one domain per column.
+    Packed(Vec<Domain>),
+    /// DataFusion's row hash, checked on the host.
+    Hashed,
 }
 
 /// The seed of the hashed encoding; both sides must use the same one.
@@ -217,6 +245,14 @@ impl KeyEncoder {
     pub fn for_pieces(spec: &KeySpec, pieces: &[Vec<ArrayRef>]) -> Result<Self> {
         for piece in pieces {
             spec.check_columns(piece)?;
+        }
+        let nulls_cannot_match = spec.null_equality == NullEquality::NullEqualsNothing
+            || pieces.iter().all(|piece| piece[0].null_count() == 0);
+        if spec.types.len() == 1 && raw(&spec.types[0]) && nulls_cannot_match {
+            return Ok(Self {
+                spec: spec.clone(),
+                encoding: Encoding::Raw,
+            });
         }
         let packing = if spec.packable() {
             let null_code = spec.null_equality == NullEquality::NullEqualsNull;
@@ -244,7 +280,7 @@ impl KeyEncoder {
         };
         Ok(Self {
             spec: spec.clone(),
-            packing,
+            encoding: packing.map_or(Encoding::Hashed, Encoding::Packed),
         })
     }
 
@@ -255,15 +291,15 @@ impl KeyEncoder {
 
     /// Whether device matches must be checked on the host (hashed keys).
     pub fn needs_verification(&self) -> bool {
-        self.packing.is_none()
+        self.encoding == Encoding::Hashed
     }
 
-    /// `"packed"` or `"hashed"`, for metrics and tests.
+    /// `"raw"`, `"packed"` or `"hashed"`, for metrics and tests.
     pub fn kind(&self) -> &'static str {
-        if self.packing.is_some() {
-            "packed"
-        } else {
-            "hashed"
+        match self.encoding {
+            Encoding::Raw => "raw",
+            Encoding::Packed(_) => "packed",
+            Encoding::Hashed => "hashed",
         }
     }
 
@@ -271,6 +307,9 @@ impl KeyEncoder {
     /// key when NULL equals nothing, and a value outside the build range.
     pub fn encode(&self, columns: &[ArrayRef]) -> Result<NormalizedKeys> {
         let rows = self.spec.check_columns(columns)?;
+        if self.encoding == Encoding::Raw {
+            return Ok(raw_keys(&columns[0]));
+        }
         let mut keep = vec![true; rows];
         let mut keys = vec![0u64; rows];
         if self.spec.null_equality == NullEquality::NullEqualsNothing {
@@ -286,15 +325,16 @@ impl KeyEncoder {
                 }
             }
         }
-        match &self.packing {
-            Some(domains) => {
+        match &self.encoding {
+            Encoding::Packed(domains) => {
                 for (column, domain) in columns.iter().zip(domains) {
                     pack_column(column, domain, &mut keys, &mut keep)?;
                 }
             }
-            None => {
+            Encoding::Hashed => {
                 create_hashes(columns, &RandomState::with_seed(HASH_SEED), &mut keys)?;
             }
+            Encoding::Raw => unreachable!("returned above"),
         }
         Ok(compact(keys, &keep))
     }
@@ -308,7 +348,7 @@ impl KeyEncoder {
         const MIN_ROWS_PER_THREAD: usize = 1 << 20;
         let rows = self.spec.check_columns(columns)?;
         let threads = threads.min(rows / MIN_ROWS_PER_THREAD).max(1);
-        if threads == 1 {
+        if threads == 1 || self.encoding == Encoding::Raw {
             return self.encode(columns);
         }
         let per_thread = rows.div_ceil(threads);
@@ -332,7 +372,31 @@ impl KeyEncoder {
             }
             keys.extend_from_slice(&piece.keys);
         }
-        Ok(NormalizedKeys { keys, row_ids })
+        Ok(NormalizedKeys {
+            keys: keys.into(),
+            row_ids,
+        })
+    }
+}
+
+/// The raw encoding of an 8-byte integer column: its buffer as it is, or,
+/// with NULLs, the valid rows' values and their row ids.
+fn raw_keys(column: &ArrayRef) -> NormalizedKeys {
+    let data = column.to_data();
+    let words = ScalarBuffer::<u64>::new(data.buffers()[0].clone(), data.offset(), data.len());
+    match column.logical_nulls().filter(|n| n.null_count() > 0) {
+        None => NormalizedKeys {
+            keys: words,
+            row_ids: None,
+        },
+        Some(nulls) => {
+            let row_ids: Vec<u64> = nulls.valid_indices().map(|i| i as u64).collect();
+            let keys = row_ids.iter().map(|&i| words[i as usize]).collect();
+            NormalizedKeys {
+                keys,
+                row_ids: Some(row_ids),
+            }
+        }
     }
 }
 
@@ -340,7 +404,7 @@ impl KeyEncoder {
 fn compact(keys: Vec<u64>, keep: &[bool]) -> NormalizedKeys {
     if keep.iter().all(|&k| k) {
         return NormalizedKeys {
-            keys,
+            keys: keys.into(),
             row_ids: None,
         };
     }
@@ -592,15 +656,17 @@ mod tests {
     }
 
     #[test]
-    fn full_width_keys_still_pack_when_null_equals_nothing() {
+    fn one_8_byte_integer_column_is_its_own_key_read_in_place() {
         let s = spec(&[DataType::UInt64]);
         let build = arr(datafusion::arrow::array::UInt64Array::from(vec![
             0,
             u64::MAX,
         ]));
         let encoder = KeyEncoder::for_build_side(&s, &[build.clone()]).unwrap();
-        assert_eq!(encoder.kind(), "packed");
+        assert_eq!(encoder.kind(), "raw");
+        assert!(!encoder.needs_verification());
         assert_eq!(encoder.encode(&[build]).unwrap().keys, vec![0, u64::MAX]);
+        // NULL equals NULL, but the build side has none: still raw.
         let with_null_code =
             KeySpec::try_new(&[DataType::UInt64], NullEquality::NullEqualsNull).unwrap();
         let build = arr(datafusion::arrow::array::UInt64Array::from(vec![
@@ -611,31 +677,93 @@ mod tests {
             KeyEncoder::for_build_side(&with_null_code, &[build])
                 .unwrap()
                 .kind(),
+            "raw"
+        );
+        // With a NULL build key that must match probe NULLs: hashed, as the
+        // range leaves no code for NULL.
+        let build = arr(datafusion::arrow::array::UInt64Array::from(vec![
+            Some(0),
+            None,
+            Some(u64::MAX),
+        ]));
+        assert_eq!(
+            KeyEncoder::for_build_side(&with_null_code, &[build])
+                .unwrap()
+                .kind(),
             "hashed"
         );
     }
 
     #[test]
-    fn the_64_bit_path_checks_ranges_at_the_extremes() {
+    fn raw_keys_share_the_column_buffer_and_drop_null_rows() {
         let s = spec(&[DataType::Int64]);
         let build = arr(Int64Array::from(vec![i64::MIN, i64::MIN + 2]));
         let encoder = KeyEncoder::for_build_side(&s, &[build]).unwrap();
-        let probe = arr(Int64Array::from(vec![
+        assert_eq!(encoder.kind(), "raw");
+        let whole = arr(Int64Array::from(vec![
             i64::MAX,
             i64::MIN + 1,
             i64::MIN,
             -1,
-            i64::MIN + 3,
+            7,
         ]));
-        let keys = encoder.encode(&[probe]).unwrap();
-        assert_eq!((keys.keys, keys.row_ids), (vec![1, 0], Some(vec![1, 2])));
+        let probe = whole.slice(1, 3);
+        let keys = encoder.encode(&[probe.clone()]).unwrap();
+        assert_eq!(
+            keys.keys,
+            vec![(i64::MIN + 1) as u64, i64::MIN as u64, u64::MAX]
+        );
+        assert_eq!(keys.row_ids, None);
+        // No copy: the keys point into the column's own values.
+        let values = whole.to_data().buffers()[0].as_ptr();
+        assert_eq!(keys.keys.inner().as_ptr(), unsafe {
+            // SAFETY: the slice starts at element 1 of the 5-element buffer.
+            values.add(8)
+        });
+        let with_nulls = arr(Int64Array::from(vec![Some(3), None, Some(-4)]));
+        let keys = encoder.encode(&[with_nulls]).unwrap();
+        assert_eq!(keys.keys, vec![3, (-4i64) as u64]);
+        assert_eq!(keys.row_ids, Some(vec![0, 2]));
+        // The parallel path gives the same.
+        let many = arr(Int64Array::from_iter_values(0..3_000_000));
+        assert_eq!(
+            encoder.encode_parallel(&[many.clone()], 4).unwrap(),
+            encoder.encode(&[many]).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_64_bit_packing_path_checks_ranges_at_the_extremes() {
+        // Two columns, so the keys pack rather than being used raw.
+        let s = spec(&[DataType::Int64, DataType::Boolean]);
+        let build = vec![
+            arr(Int64Array::from(vec![i64::MIN, i64::MIN + 2])),
+            arr(BooleanArray::from(vec![true, true])),
+        ];
+        let encoder = KeyEncoder::for_build_side(&s, &build).unwrap();
+        assert_eq!(encoder.kind(), "packed");
+        let probe = vec![
+            arr(Int64Array::from(vec![
+                i64::MAX,
+                i64::MIN + 1,
+                i64::MIN,
+                -1,
+                i64::MIN + 3,
+            ])),
+            arr(BooleanArray::from(vec![true; 5])),
+        ];
+        let keys = encoder.encode(&probe).unwrap();
+        assert_eq!(
+            (keys.keys, keys.row_ids),
+            (vec![1, 0].into(), Some(vec![1, 2]))
+        );
         let s = spec(&[DataType::UInt8]);
         let build = arr(UInt8Array::from(vec![250, 252]));
         let encoder = KeyEncoder::for_build_side(&s, &[build]).unwrap();
         let keys = encoder
             .encode(&[arr(UInt8Array::from(vec![255, 0, 251, 249]))])
             .unwrap();
-        assert_eq!((keys.keys, keys.row_ids), (vec![1], Some(vec![2])));
+        assert_eq!((keys.keys, keys.row_ids), (vec![1].into(), Some(vec![2])));
     }
 
     #[test]
@@ -644,12 +772,15 @@ mod tests {
         let nothing = spec(&[DataType::Int16]);
         let encoder = KeyEncoder::for_build_side(&nothing, &[column.clone()]).unwrap();
         let keys = encoder.encode(&[column.clone()]).unwrap();
-        assert_eq!((keys.keys, keys.row_ids), (vec![0, 1], Some(vec![0, 2])));
+        assert_eq!(
+            (keys.keys, keys.row_ids),
+            (vec![0, 1].into(), Some(vec![0, 2]))
+        );
 
         let null = KeySpec::try_new(&[DataType::Int16], NullEquality::NullEqualsNull).unwrap();
         let encoder = KeyEncoder::for_build_side(&null, &[column.clone()]).unwrap();
         let keys = encoder.encode(&[column]).unwrap();
-        assert_eq!((keys.keys, keys.row_ids), (vec![1, 0, 2], None));
+        assert_eq!((keys.keys, keys.row_ids), (vec![1, 0, 2].into(), None));
     }
 
     #[test]
@@ -739,20 +870,22 @@ mod tests {
     #[test]
     fn parallel_encoding_matches_one_pass_with_and_without_dropped_rows() {
         let rows = 3 * (1 << 20) + 12_345;
-        let values: Vec<Option<i64>> = (0..rows as i64)
-            .map(|i| (i % 1_000_003 != 7).then_some((i * 7919) % 5_000_000 - 2_000_000))
+        // Int32 keys, which pack (a single Int64 column would be used raw).
+        let values: Vec<Option<i32>> = (0..rows as i64)
+            .map(|i| (i % 1_000_003 != 7).then_some(((i * 7919) % 5_000_000 - 2_000_000) as i32))
             .collect();
-        let with_nulls = arr(Int64Array::from(values));
-        let without_nulls = arr(Int64Array::from_iter_values(
-            (0..rows as i64).map(|i| (i * 31) % 4_000_000),
+        let with_nulls = arr(Int32Array::from(values));
+        let without_nulls = arr(Int32Array::from_iter_values(
+            (0..rows as i64).map(|i| ((i * 31) % 4_000_000) as i32),
         ));
         for (column, equality) in [
             (&with_nulls, NullEquality::NullEqualsNothing),
             (&with_nulls, NullEquality::NullEqualsNull),
             (&without_nulls, NullEquality::NullEqualsNothing),
         ] {
-            let spec = KeySpec::try_new(&[DataType::Int64], equality).unwrap();
+            let spec = KeySpec::try_new(&[DataType::Int32], equality).unwrap();
             let encoder = KeyEncoder::for_build_side(&spec, std::slice::from_ref(column)).unwrap();
+            assert_eq!(encoder.kind(), "packed");
             let one_pass = encoder.encode(std::slice::from_ref(column)).unwrap();
             for threads in [2, 3, 16] {
                 let parallel = encoder
@@ -770,10 +903,12 @@ mod tests {
         }
         // A probe side with values outside the build range drops rows in
         // some slices only.
-        let spec = KeySpec::try_new(&[DataType::Int64], NullEquality::NullEqualsNothing).unwrap();
-        let build = arr(Int64Array::from_iter_values(0..1000));
+        // (Int32 keys pack; a single Int64 column would be used raw.)
+        let spec = KeySpec::try_new(&[DataType::Int32], NullEquality::NullEqualsNothing).unwrap();
+        let build = arr(Int32Array::from_iter_values(0..1000));
         let encoder = KeyEncoder::for_build_side(&spec, &[build]).unwrap();
-        let probe = arr(Int64Array::from_iter_values((0..rows as i64).map(|i| {
+        assert_eq!(encoder.kind(), "packed");
+        let probe = arr(Int32Array::from_iter_values((0..rows as i32).map(|i| {
             if i < (1 << 21) {
                 i % 1000
             } else {

@@ -56,10 +56,23 @@ pub struct GpuJoinMetrics {
     pub probe_rows: Count,
     /// Probe chunks sent to the device.
     pub probe_chunks: Count,
+    /// Host time concatenating the build batches and encoding their keys.
+    pub build_prepare_time: Time,
+    /// Host time evaluating and encoding the probe chunks' keys.
+    pub encode_time: Time,
+    /// Wall time finding the chunks' pairs: waits, copies, kernels, gathers
+    /// on the device, and the host work on each output range.
+    pub device_wall_time: Time,
+    /// Host time turning pairs into output batches (key checks, filter,
+    /// order, gather).
+    pub emit_time: Time,
     /// Copies, kernels and waits on the device.
     pub device: DeviceMetrics,
     /// Probe chunks joined on the host because the device lacked memory.
     pub cpu_fallback_chunks: Count,
+    /// Output rows whose columns were gathered on the device (the rest were
+    /// gathered on the host by row id).
+    pub rows_gathered_on_device: Count,
 }
 
 impl GpuJoinMetrics {
@@ -71,8 +84,13 @@ impl GpuJoinMetrics {
             build_rows: builder().counter("build_rows", partition),
             probe_rows: builder().counter("probe_rows", partition),
             probe_chunks: builder().counter("probe_chunks", partition),
+            build_prepare_time: builder().subset_time("build_prepare_time", partition),
+            encode_time: builder().subset_time("encode_time", partition),
+            device_wall_time: builder().subset_time("device_wall_time", partition),
+            emit_time: builder().subset_time("emit_time", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_chunks: builder().counter("cpu_fallback_chunks", partition),
+            rows_gathered_on_device: builder().counter("rows_gathered_on_device", partition),
         }
     }
 }

@@ -3,6 +3,8 @@
 //! algorithms themselves live in [`crate::ops`].
 
 mod aggregate;
+mod concat;
+mod device_gather;
 mod hash_join;
 pub mod keys;
 mod metrics;

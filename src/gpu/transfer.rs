@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 
-use super::{DriverResultExt, GpuDevice, GpuResult, Phase, PhaseTimer};
+use super::{DriverResultExt, GpuDevice, GpuResult, Phase, PhaseTimer, PinnedBuffer};
+use crate::host_copy::{copy_pieces, host_threads};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
 /// buffer so that the copy runs at full bus speed. Returns once the copy is
@@ -38,49 +39,12 @@ pub fn upload_u64_pieces(
             .during("allocating an empty device vector");
     }
     let mut staging = device.pinned().take(len)?;
-    {
-        let target = &mut staging.as_mut_slice()?[..len];
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(len / WORDS_PER_THREAD)
-            .max(1);
-        // Pieces are split between threads at piece boundaries, each thread
-        // taking about len / threads words.
-        let mut groups: Vec<(&mut [u64], Vec<&[u64]>)> = Vec::with_capacity(threads);
-        let mut rest = target;
-        let mut current: Vec<&[u64]> = Vec::new();
-        let mut current_len = 0;
-        let share = len.div_ceil(threads);
-        for piece in pieces {
-            current.push(piece);
-            current_len += piece.len();
-            if current_len >= share {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(current_len);
-                groups.push((head, std::mem::take(&mut current)));
-                rest = tail;
-                current_len = 0;
-            }
-        }
-        if !current.is_empty() {
-            groups.push((rest, current));
-        }
-        let copy = |(target, pieces): (&mut [u64], Vec<&[u64]>)| {
-            let mut at = 0;
-            for piece in pieces {
-                target[at..at + piece.len()].copy_from_slice(piece);
-                at += piece.len();
-            }
-        };
-        if groups.len() == 1 {
-            groups.into_iter().for_each(copy);
-        } else {
-            std::thread::scope(|scope| {
-                for group in groups {
-                    scope.spawn(move || copy(group));
-                }
-            });
-        }
-    }
+    copy_pieces(
+        &mut staging.as_mut_slice()?[..len],
+        pieces,
+        host_threads(),
+        WORDS_PER_THREAD,
+    );
     // SAFETY: every element is written by the copy below before any kernel reads it.
     let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
     timer.time(Phase::HostToDevice, || {
@@ -106,11 +70,25 @@ pub fn download_u64(
     timer: &mut PhaseTimer,
 ) -> GpuResult<()> {
     out.clear();
-    if device_data.len() == 0 {
-        return Ok(());
+    if let Some(staging) = download_to_staging(device, stream, device_data, timer)? {
+        out.extend_from_slice(staging.as_slice()?);
     }
-    let mut staging = device.pinned().take(device_data.len())?;
+    Ok(())
+}
+
+/// Copies `device_data` into a pinned buffer and waits for the copy;
+/// `None` when it is empty.
+fn download_to_staging(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    device_data: &CudaView<'_, u64>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Option<PinnedBuffer>> {
     let len = device_data.len();
+    if len == 0 {
+        return Ok(None);
+    }
+    let mut staging = device.pinned().take(len)?;
     timer.time(Phase::DeviceToHost, || {
         // The prefix matters: the driver copies as many bytes as the host
         // slice holds, and the pooled buffer may be larger than the data.
@@ -122,9 +100,29 @@ pub fn download_u64(
             .memcpy_dtoh(device_data, &mut dst)
             .during("copying from the device")
     })?;
-    timer.add_bytes(Phase::DeviceToHost, 8 * device_data.len());
-    out.extend_from_slice(staging.as_slice()?);
-    Ok(())
+    timer.add_bytes(Phase::DeviceToHost, 8 * len);
+    Ok(Some(staging))
+}
+
+/// Copies `device_data` to the host through a pinned buffer, waits for the
+/// copy, and returns it as vectors of `piece_len` elements each (the last
+/// may be shorter): each piece owns its memory, so the batches made of them
+/// account for their own rows only.
+pub fn download_u64_pieces(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    device_data: &CudaView<'_, u64>,
+    piece_len: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Vec<Vec<u64>>> {
+    let Some(staging) = download_to_staging(device, stream, device_data, timer)? else {
+        return Ok(Vec::new());
+    };
+    Ok(staging
+        .as_slice()?
+        .chunks(piece_len.max(1))
+        .map(<[u64]>::to_vec)
+        .collect())
 }
 
 /// The first `len` elements of a pinned buffer, as a host slice the driver

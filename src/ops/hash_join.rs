@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
+use super::merge_join::radix_sort;
 use super::radix::{radix_partition, PartitionedColumn, RadixPlan};
 use crate::gpu::launch;
 use crate::gpu::{
@@ -94,10 +95,51 @@ pub fn probe_device_bytes(rows: usize, plan: &RadixPlan, max_pairs: usize, sm_co
     plan.device_bytes(rows, sm_count) + 8 * 2 * (plan.partitions() + 1) + 16 * max_pairs
 }
 
+/// One range of a probe chunk's matching pairs, on the device.
+#[derive(Debug)]
+pub struct DeviceJoinPairs<'a> {
+    /// The build row of each pair (exactly `len` elements).
+    pub build_ids: &'a DeviceVec<u64>,
+    /// The probe row of each pair (exactly `len` elements).
+    pub probe_ids: &'a DeviceVec<u64>,
+    /// Pairs in the range.
+    pub len: usize,
+    /// Whether this range holds every pair of the chunk.
+    pub whole_chunk: bool,
+}
+
+impl DeviceJoinPairs<'_> {
+    /// The pairs on the host: (build row ids, probe row ids).
+    pub fn download(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<(Vec<u64>, Vec<u64>)> {
+        let mut build_ids = Vec::with_capacity(self.len);
+        let mut probe_ids = Vec::with_capacity(self.len);
+        download_u64(
+            device,
+            stream,
+            &self.build_ids.as_view(),
+            &mut build_ids,
+            timer,
+        )?;
+        download_u64(
+            device,
+            stream,
+            &self.probe_ids.as_view(),
+            &mut probe_ids,
+            timer,
+        )?;
+        Ok((build_ids, probe_ids))
+    }
+}
+
 /// Joins one chunk of probe keys against `table`. For each range of
 /// partitions whose output fits `max_pairs` (or a single larger partition),
-/// calls `emit(build_row_ids, probe_row_ids)` with the matching pairs in
-/// host memory. Returns the number of pairs.
+/// calls `emit` with the matching pairs on the device. Returns the number
+/// of pairs.
 #[allow(clippy::too_many_arguments)]
 pub fn probe(
     device: &GpuDevice,
@@ -107,7 +149,7 @@ pub fn probe(
     row_ids: Option<&[u64]>,
     max_pairs: usize,
     timer: &mut PhaseTimer,
-    mut emit: impl FnMut(Vec<u64>, Vec<u64>) -> GpuResult<()>,
+    mut emit: impl FnMut(DeviceJoinPairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
 ) -> GpuResult<u64> {
     if keys.is_empty() || table.rows() == 0 {
         return Ok(0);
@@ -141,7 +183,9 @@ pub fn probe(
     }
     let device_offsets = upload_u64(device, stream, &offsets[..plan.partitions()], timer)?;
 
-    for range in output_ranges(&offsets, max_pairs as u64) {
+    let ranges = output_ranges(&offsets, max_pairs as u64);
+    let whole_chunk = ranges.len() == 1;
+    for range in ranges {
         let base = offsets[range.start];
         let len = (offsets[range.end] - base) as usize;
         // SAFETY (both): hash_join_write writes every one of the `len` pairs
@@ -166,13 +210,118 @@ pub fn probe(
                 &mut out_probe,
             )
         })?;
-        let mut build_ids = Vec::with_capacity(len);
-        let mut probe_ids = Vec::with_capacity(len);
-        download_u64(device, stream, &out_build.as_view(), &mut build_ids, timer)?;
-        download_u64(device, stream, &out_probe.as_view(), &mut probe_ids, timer)?;
-        emit(build_ids, probe_ids)?;
+        emit(
+            DeviceJoinPairs {
+                build_ids: &out_build,
+                probe_ids: &out_probe,
+                len,
+                whole_chunk,
+            },
+            timer,
+        )?;
     }
     Ok(total)
+}
+
+/// Bits that hold every value below `n` (at least 1).
+pub fn bits_below(n: u64) -> u32 {
+    (u64::BITS - n.saturating_sub(1).leading_zeros()).max(1)
+}
+
+/// Device bytes [`order_by_probe_row`] allocates for `pairs` pairs, the
+/// radix histograms aside.
+pub fn order_device_bytes(pairs: usize) -> usize {
+    // Ranks, permutation, the sort's second buffers, probe and build ids.
+    8 * 6 * pairs
+}
+
+/// `pairs` in `HashJoinExec`'s order: by probe row, then by the arrival
+/// rank of the build row (`build_ranks[build row]`, or the build row itself
+/// when `None`: the rows arrived in row order). Two stable LSD radix sorts, the rank first, then
+/// the probe row over the rank order, and gathers. `build_rows` and
+/// `probe_rows` bound the ranks and probe row ids. Returns the ordered
+/// (build row ids, probe row ids).
+pub fn order_by_probe_row(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    pairs: &DeviceJoinPairs<'_>,
+    build_ranks: Option<&DeviceVec<u64>>,
+    (build_rows, probe_rows): (u64, u64),
+    timer: &mut PhaseTimer,
+) -> GpuResult<(DeviceVec<u64>, DeviceVec<u64>)> {
+    let len = pairs.len;
+    let kernels = device.kernels();
+    let sm_count = device.sm_count();
+    let alloc = |what: &'static str| -> GpuResult<DeviceVec<u64>> {
+        // SAFETY: each buffer is written whole (iota, gather_u64 over `len`
+        // elements, or the sort) before it is read.
+        unsafe { stream.alloc::<u64>(len) }.during(what)
+    };
+    let mut order = alloc("allocating the pair order")?;
+    timer.time(Phase::Kernel, || {
+        launch::iota(kernels, stream, sm_count, &mut order, 0)
+    })?;
+    let pair_ranks = match build_ranks {
+        Some(ranks) => {
+            let mut pair_ranks = alloc("allocating pair ranks")?;
+            timer.time(Phase::Kernel, || {
+                launch::gather_u64(
+                    kernels,
+                    stream,
+                    sm_count,
+                    ranks,
+                    pairs.build_ids,
+                    len,
+                    &mut pair_ranks,
+                )
+            })?;
+            pair_ranks
+        }
+        None => timer.time(Phase::Kernel, || {
+            stream
+                .clone_dtod(pairs.build_ids)
+                .during("copying build row ids")
+        })?,
+    };
+    order = timer
+        .time(Phase::Kernel, || {
+            radix_sort(device, stream, pair_ranks, order, bits_below(build_rows))
+        })?
+        .row_ids;
+    let mut probe_in_order = alloc("allocating ordered probe ids")?;
+    timer.time(Phase::Kernel, || {
+        launch::gather_u64(
+            kernels,
+            stream,
+            sm_count,
+            pairs.probe_ids,
+            &order,
+            len,
+            &mut probe_in_order,
+        )
+    })?;
+    let sorted = timer.time(Phase::Kernel, || {
+        radix_sort(
+            device,
+            stream,
+            probe_in_order,
+            order,
+            bits_below(probe_rows),
+        )
+    })?;
+    let mut build_in_order = alloc("allocating ordered build ids")?;
+    timer.time(Phase::Kernel, || {
+        launch::gather_u64(
+            kernels,
+            stream,
+            sm_count,
+            pairs.build_ids,
+            &sorted.row_ids,
+            len,
+            &mut build_in_order,
+        )
+    })?;
+    Ok((build_in_order, sorted.keys))
 }
 
 /// `offsets[p]` = pairs before partition p; `offsets[counts.len()]` = total.
@@ -236,6 +385,18 @@ pub mod reference {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bits_below_cover_every_value() {
+        assert_eq!(bits_below(0), 1);
+        assert_eq!(bits_below(1), 1);
+        assert_eq!(bits_below(2), 1);
+        assert_eq!(bits_below(3), 2);
+        assert_eq!(bits_below(4), 2);
+        assert_eq!(bits_below(5), 3);
+        assert_eq!(bits_below(1 << 40), 40);
+        assert_eq!(bits_below(u64::MAX), 64);
+    }
 
     #[test]
     fn offsets_end_with_the_total() {

@@ -28,12 +28,14 @@ extensions_options! {
         /// Run a `Partitioned` hash join once over all input partitions,
         /// without DataFusion's CPU hash repartition of its inputs, where no
         /// node above depends on the join's hash partitioning (the GPU
-        /// partitions the keys itself). Off by default: measured slower
-        /// than the GPU join over DataFusion's repartitions (0.80x against
-        /// 1.44x of the CPU at 2^26 rows a side, BENCHMARKS.md), because
-        /// the whole build side is then collected and encoded before any
-        /// probe partition starts.
-        pub merge_partitions: bool, default = false
+        /// partitions the keys itself). Measured faster than the GPU join
+        /// over DataFusion's repartitions from 2^24 rows a side (2.95x
+        /// against 2.34x of the CPU at 2^26, BENCHMARKS.md), and unharmed
+        /// by skewed keys, which the CPU repartition sends to one partition
+        /// (Zipf 1.5 at 2^24: 2.22x against 0.85x); slower at 2^22 rows a
+        /// side (1.08x against 1.23x), where the whole build side collected
+        /// before any probe starts costs more than the repartition saves.
+        pub merge_partitions: bool, default = true
         /// Keep a node on the CPU when its inputs hold fewer rows than this by
         /// statistics (build + probe for a join, the input of an aggregation). 0 sends every supported node
         /// to the GPU, as conformance and differential tests do. Inputs
@@ -41,6 +43,15 @@ extensions_options! {
         /// crossover (BENCHMARKS.md): the GPU join lost at 2 M rows and at
         /// every TPC-H SF 1 join (up to 7.5 M rows), and won from 8 M rows.
         pub min_rows: usize, default = 8_000_000
+        /// Keep an aggregation on the CPU when it makes fewer groups than
+        /// this: one without GROUP BY, else the product of its key columns'
+        /// distinct counts by statistics (without them it counts as many).
+        /// Its input crosses PCIe whatever the groups, and with few groups
+        /// one CPU pass over host memory is faster: the GPU aggregation
+        /// measured 0.48x to 0.52x of DataFusion's from 2 to 2^12 groups and
+        /// 1.22x at 2^16 (BENCHMARKS.md). 0 sends every supported
+        /// aggregation to the GPU, as conformance and differential tests do.
+        pub min_groups: usize, default = 65_536
         /// Fraction of the device memory free at start-up that GPU operators
         /// may hold at once, in (0, 1].
         pub memory_fraction: f64, default = 0.8
@@ -57,10 +68,21 @@ extensions_options! {
         /// depend on it; it costs a counting sort of each chunk's matches on
         /// the host. `false` emits in the device's partition order.
         pub preserve_order: bool, default = true
+        /// Gather the output columns of an inner join without a residual
+        /// filter on the device: 8-byte columns without NULLs are copied
+        /// there once and gathered by the matching pairs, and with
+        /// `preserve_order` the pairs are ordered there too, instead of
+        /// gathering every column row by row on the host. `false` gathers
+        /// on the host, as other joins always do.
+        pub device_gather: bool, default = true
         /// Probe chunks that start device work on one device at once; the
-        /// others wait, which bounds the device work in flight. A chunk
-        /// gives its slot up when its first matches reach the host.
-        pub max_concurrent_tasks: usize, default = 4
+        /// others wait, which bounds the device work in flight (device
+        /// memory is bounded by `memory_fraction` either way). A chunk
+        /// gives its slot up when its first matches reach the host. 16
+        /// (one per core of the measuring host) beat 4 and 8 at 2^26 rows a
+        /// side: a chunk holds its slot while its output is copied back, and
+        /// with 4 slots 16 partitions queued for them (BENCHMARKS.md).
+        pub max_concurrent_tasks: usize, default = 16
     }
 }
 
@@ -105,6 +127,7 @@ mod tests {
         assert!(options.enabled && options.hash_join && options.aggregate);
         assert!(options.sort_merge_join);
         assert_eq!(options.min_rows, 8_000_000);
-        assert!(!options.merge_partitions && !options.aggregate_single_phase);
+        assert_eq!(options.min_groups, 65_536);
+        assert!(options.merge_partitions && !options.aggregate_single_phase);
     }
 }

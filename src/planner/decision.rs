@@ -8,6 +8,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::stats::Precision;
 use datafusion::config::ConfigOptions;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
@@ -139,7 +140,47 @@ pub fn decide_aggregate(
         gpu,
     )?;
     AggregateSpec::try_new(agg)?;
-    check_size(estimated_rows(agg.input()), options)
+    check_size(estimated_rows(agg.input()), options)?;
+    check_groups(agg, options)
+}
+
+/// Keeps an aggregation that makes fewer than `gpu.min_groups` groups (one
+/// without GROUP BY, or by statistics; none counts as many) on the CPU.
+fn check_groups(agg: &AggregateExec, options: &GpuOptions) -> Result<(), String> {
+    match estimated_groups(agg) {
+        Some(groups) if groups < options.min_groups => Err(format!(
+            "few groups: {}, below gpu.min_groups = {} (the input crosses PCIe whatever \
+             the groups; with few groups one CPU pass over host memory is faster)",
+            if agg.group_expr().expr().is_empty() {
+                "one (no GROUP BY)".to_string()
+            } else {
+                format!("about {groups} by statistics")
+            },
+            options.min_groups
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The groups `agg` makes: one without grouping keys, else the product of
+/// its key columns' distinct counts in its input's statistics; `None` when
+/// a key is not a plain column or has no distinct count.
+fn estimated_groups(agg: &AggregateExec) -> Option<usize> {
+    let exprs = agg.group_expr().expr();
+    if exprs.is_empty() {
+        return Some(1);
+    }
+    let stats = StatisticsContext::new()
+        .compute(agg.input().as_ref(), &StatisticsArgs::new())
+        .ok()?;
+    exprs.iter().try_fold(1usize, |groups, (expr, _)| {
+        let column = expr.downcast_ref::<Column>()?;
+        let distinct = match stats.column_statistics.get(column.index())?.distinct_count {
+            Precision::Exact(n) | Precision::Inexact(n) => n,
+            Precision::Absent => return None,
+        };
+        Some(groups.saturating_mul(distinct.max(1)))
+    })
 }
 
 /// Whether the GPU may be used at all: the session's switch, the

@@ -259,6 +259,7 @@ mod tests {
             sql,
             GpuOptions {
                 min_rows: 0,
+                min_groups: 0,
                 merge_partitions,
                 ..GpuOptions::default()
             },
@@ -431,6 +432,7 @@ mod tests {
         use datafusion::physical_plan::aggregates::AggregateMode;
         let single_phase = || GpuOptions {
             min_rows: 0,
+            min_groups: 0,
             aggregate_single_phase: true,
             ..GpuOptions::default()
         };
@@ -481,6 +483,7 @@ mod tests {
     async fn sort_merge_joins_absorb_the_sorts_planned_for_them() {
         let options = GpuOptions {
             min_rows: 0,
+            min_groups: 0,
             ..GpuOptions::default()
         };
         let config = SessionConfig::new()
@@ -531,6 +534,7 @@ mod tests {
     async fn aggregations_the_gpu_cannot_run_stay_on_the_cpu_and_say_why() {
         let options = GpuOptions {
             min_rows: 0,
+            min_groups: 0,
             ..GpuOptions::default()
         };
         for (sql, reason) in [
@@ -564,5 +568,29 @@ mod tests {
         let agg = gpu_aggregates(&plan)[0].aggregate();
         let why = super::decide_aggregate(agg, &GpuOptions::default(), Ok(())).unwrap_err();
         assert!(why.contains("below gpu.min_rows"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn aggregations_without_group_by_stay_on_the_cpu_unless_min_groups_is_zero() {
+        let sql = "SELECT count(*), sum(v) FROM r";
+        // The rewrite with min_groups = 0 sends both phases to the GPU.
+        let plan = rewritten(sql, false).await;
+        let aggs = gpu_aggregates(&plan);
+        assert!(!aggs.is_empty(), "{}", show(&plan));
+        let few_groups = GpuOptions {
+            min_rows: 0,
+            ..GpuOptions::default()
+        };
+        for agg in aggs {
+            let agg = agg.aggregate();
+            let why = super::decide_aggregate(agg, &few_groups, Ok(())).unwrap_err();
+            assert!(why.contains("one (no GROUP BY)"), "{why}");
+            assert!(why.contains("below gpu.min_groups = 65536"), "{why}");
+        }
+        // Grouping keys without distinct counts count as many groups.
+        let plan = rewritten("SELECT k, count(*) FROM r GROUP BY k", false).await;
+        for agg in gpu_aggregates(&plan) {
+            super::decide_aggregate(agg.aggregate(), &few_groups, Ok(())).unwrap();
+        }
     }
 }

@@ -186,6 +186,7 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
             let config = builder.config().get_or_insert_with(SessionConfig::new);
             let mut options = GpuOptions::default();
             options.min_rows = 0;
+            options.min_groups = 0;
             config.options_mut().extensions.insert(options);
             config
                 .options_mut()

@@ -527,31 +527,116 @@ async fn rows_leave_in_the_order_hash_join_exec_emits_them() {
         "SELECT r.id, s.id FROM r JOIN s ON r.k64 = s.k64 LIMIT 50",
         "SELECT r.id, s.id FROM r RIGHT JOIN (SELECT * FROM s ORDER BY v LIMIT 500) s ON r.k64 = s.k64",
     ];
-    let extra = [
-        "SET gpu.probe_chunk_rows = 1000",
-        "SET gpu.max_output_pairs = 300",
-    ];
-    let gpu = gpu_context(JoinMode::CollectLeft, 1, &extra).await;
-    let cpu = cpu_context(JoinMode::CollectLeft, 1, &extra).await;
-    for ctx in [&gpu, &cpu] {
-        ctx.register_table("r", typed_table_in(shape(1_500, 400, 11, 5), 1, 1))
-            .unwrap();
-        ctx.register_table("s", typed_table_in(shape(2_500, 500, 13, 5), 2, 1))
-            .unwrap();
-    }
-    for sql in queries {
-        let (gpu_batches, gpu_nodes, plan) = run(&gpu, sql).await;
-        let (cpu_batches, _, _) = run(&cpu, sql).await;
-        assert!(gpu_nodes >= 1, "{sql}: no join ran on the GPU");
-        let (g, c) = (rows_in_order(&gpu_batches), rows_in_order(&cpu_batches));
-        assert_eq!(g.len(), c.len(), "{sql}: row counts differ");
-        if let Some(first) = g.iter().zip(&c).position(|(a, b)| a != b) {
-            panic!(
-                "{sql}: row {first} differs: GPU {} CPU {}\n{}",
-                g[first],
-                c[first],
-                datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
+    // Output ranges of 300 pairs split a chunk's pairs, which are then
+    // ordered on the host; with the default bound each chunk's pairs are one
+    // range, and an inner join orders and gathers them on the device.
+    for (ranges, extra) in [
+        (
+            "several ranges a chunk",
+            &[
+                "SET gpu.probe_chunk_rows = 1000",
+                "SET gpu.max_output_pairs = 300",
+            ][..],
+        ),
+        (
+            "one range a chunk",
+            &["SET gpu.probe_chunk_rows = 1000"][..],
+        ),
+    ] {
+        let gpu = gpu_context(JoinMode::CollectLeft, 1, extra).await;
+        let cpu = cpu_context(JoinMode::CollectLeft, 1, extra).await;
+        for ctx in [&gpu, &cpu] {
+            // Tables of 700-row batches: the build side arrives in three,
+            // so arrival order differs from the concatenated rows' order.
+            ctx.register_table("r", typed_table_in(shape(1_500, 400, 11, 5), 1, 1))
+                .unwrap();
+            ctx.register_table("s", typed_table_in(shape(2_500, 500, 13, 5), 2, 1))
+                .unwrap();
+        }
+        let mut gathered_on_device = 0;
+        for sql in queries {
+            let (gpu_batches, gpu_nodes, plan) = run(&gpu, sql).await;
+            let (cpu_batches, _, _) = run(&cpu, sql).await;
+            assert!(gpu_nodes >= 1, "{sql} ({ranges}): no join ran on the GPU");
+            gathered_on_device += gpu_join_metric(&plan, "rows_gathered_on_device");
+            let (g, c) = (rows_in_order(&gpu_batches), rows_in_order(&cpu_batches));
+            assert_eq!(g.len(), c.len(), "{sql} ({ranges}): row counts differ");
+            if let Some(first) = g.iter().zip(&c).position(|(a, b)| a != b) {
+                panic!(
+                    "{sql} ({ranges}): row {first} differs: GPU {} CPU {}\n{}",
+                    g[first],
+                    c[first],
+                    datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
+                );
+            }
+        }
+        if ranges == "one range a chunk" {
+            assert!(
+                gathered_on_device > 0,
+                "no inner join gathered its output on the device"
             );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inner_joins_gather_their_output_on_the_device() {
+    let Some(_) = require_gpu("inner_joins_gather_their_output_on_the_device") else {
+        return;
+    };
+    // 8-byte columns without NULLs are gathered on the device; the others
+    // (NULL-bearing Int64, Int32, strings, decimals) on the host from the
+    // same pairs, in one batch. Every variant must give DataFusion's rows
+    // and must have gathered on the device, in both partition modes, with
+    // and without the order kept, with small chunks too.
+    let queries = [
+        "SELECT r.id, s.id, r.v, s.v FROM r JOIN s ON r.k64 = s.k64",
+        "SELECT s.v, r.k64, r.k32, s.ks, r.kd, r.kf FROM r JOIN s ON r.k32 = s.k32",
+        "SELECT r.kts, s.kdate, s.id FROM r JOIN s ON r.k64 = s.k64 AND r.kdate = s.kdate",
+        "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k64 = s.k64",
+    ];
+    for extra in [
+        &[][..],
+        &["SET gpu.preserve_order = false"][..],
+        &["SET gpu.probe_chunk_rows = 700"][..],
+        &["SET datafusion.execution.batch_size = 100"][..],
+    ] {
+        for mode in JoinMode::ALL {
+            let gpu = gpu_context(mode, 4, extra).await;
+            let cpu = cpu_context(mode, 4, extra).await;
+            register(
+                [&gpu, &cpu],
+                shape(3_000, 1_000, 17, 3),
+                shape(5_000, 1_200, 0, 0),
+            );
+            for sql in queries {
+                let mut seen = BTreeSet::new();
+                check(&gpu, &cpu, sql, &mut seen).await;
+                let (_, _, plan) = run(&gpu, sql).await;
+                assert!(
+                    gpu_join_metric(&plan, "rows_gathered_on_device") > 0,
+                    "{sql} {extra:?} {mode:?}: nothing gathered on the device"
+                );
+            }
+            // Each batch holds its own rows' memory, not a slice of a
+            // column gathered for a whole range.
+            let (batches, _, _) = run(&gpu, queries[0]).await;
+            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+            let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+            assert!(
+                bytes <= 2 * 4 * 8 * rows + 4096 * batches.len(),
+                "{extra:?} {mode:?}: {bytes} bytes held for {rows} rows of four Int64 columns"
+            );
+            // Switched off, the host gathers everything.
+            let off = gpu_context(mode, 4, &["SET gpu.device_gather = false"]).await;
+            off.register_table("r", typed_table(shape(3_000, 1_000, 17, 3), 1))
+                .unwrap();
+            off.register_table("s", typed_table(shape(5_000, 1_200, 0, 0), 2))
+                .unwrap();
+            let mut seen = BTreeSet::new();
+            check(&off, &cpu, queries[0], &mut seen).await;
+            let (_, _, plan) = run(&off, queries[0]).await;
+            assert_eq!(gpu_join_metric(&plan, "rows_gathered_on_device"), 0);
         }
     }
 }

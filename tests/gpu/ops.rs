@@ -114,6 +114,9 @@ fn device_join(
     let table = DeviceBuildTable::build(device, stream, build, None, plan, &mut timer).unwrap();
     let mut pairs = Vec::new();
     let mut emitted_batches = 0;
+    // Build rows arrived last to first: rank = build rows - 1 - row.
+    let ranks: Vec<u64> = (0..build.len() as u64).rev().collect();
+    let device_ranks = upload_u64(device, stream, &ranks, &mut timer).unwrap();
     let total = hash_join::probe(
         device,
         stream,
@@ -122,8 +125,33 @@ fn device_join(
         None,
         max_pairs,
         &mut timer,
-        |b, p| {
+        |range, timer| {
+            let (b, p) = range.download(device, stream, timer)?;
             assert_eq!(b.len(), p.len());
+            assert_eq!(b.len(), range.len);
+            if range.whole_chunk {
+                // HashJoinExec's order, with and without arrival ranks,
+                // against a sort on the host.
+                for ranked in [false, true] {
+                    let rank = |b: u64| if ranked { ranks[b as usize] } else { b };
+                    let mut expected: Vec<(u64, u64)> =
+                        b.iter().copied().zip(p.iter().copied()).collect();
+                    expected.sort_unstable_by_key(|&(b, p)| (p, rank(b)));
+                    let (ob, op) = hash_join::order_by_probe_row(
+                        device,
+                        stream,
+                        &range,
+                        ranked.then_some(&device_ranks),
+                        (build.len() as u64, probe.len() as u64),
+                        timer,
+                    )?;
+                    let (mut hb, mut hp) = (Vec::new(), Vec::new());
+                    download_u64(device, stream, &ob.as_view(), &mut hb, timer)?;
+                    download_u64(device, stream, &op.as_view(), &mut hp, timer)?;
+                    let ordered: Vec<(u64, u64)> = hb.into_iter().zip(hp).collect();
+                    assert_eq!(ordered, expected, "ranked {ranked}");
+                }
+            }
             emitted_batches += 1;
             pairs.extend(b.into_iter().zip(p));
             Ok(())

@@ -187,6 +187,7 @@ async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&st
     let mut statements = vec![
         format!("SET gpu.enabled = {gpu}"),
         "SET gpu.min_rows = 0".to_string(),
+        "SET gpu.min_groups = 0".to_string(),
         format!("SET datafusion.optimizer.hash_join_single_partition_threshold = {threshold}"),
         format!("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = {threshold}"),
     ];

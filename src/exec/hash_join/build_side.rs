@@ -6,10 +6,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use datafusion::arrow::array::{Array, ArrayRef};
-use datafusion::arrow::compute::{concat, concat_batches};
+use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result};
@@ -22,9 +21,11 @@ use super::host_fallback::HostBuildTable;
 use super::matches::{tracks_build_matches, VisitedRows};
 use super::order::ArrivalOrder;
 use super::stream::evaluate_keys;
+use crate::exec::concat::concat_in_parallel;
+use crate::exec::device_gather::ResidentColumns;
 use crate::exec::keys::{KeyEncoder, KeySpec, NormalizedKeys};
 use crate::exec::GpuJoinMetrics;
-use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
+use crate::gpu::{upload_u64, DeviceVec, GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::DeviceBuildTable;
 use crate::ops::radix::RadixPlan;
 
@@ -49,6 +50,8 @@ pub(crate) struct BuildSide {
     pub(crate) probe_saw_null: AtomicBool,
     pub(crate) probe_saw_rows: AtomicBool,
     plan: RadixPlan,
+    /// The output columns gathered on the device, if any.
+    gather: Option<BuildGather>,
     /// Built on the first chunk the device cannot take.
     host_table: OnceLock<HostBuildTable>,
     device_tables: Mutex<HashMap<usize, Arc<ResidentTable>>>,
@@ -59,7 +62,30 @@ pub(crate) struct BuildSide {
 #[derive(Debug)]
 pub(crate) struct ResidentTable {
     pub(crate) table: DeviceBuildTable,
+    /// The build's output columns for gathers on the device.
+    pub(crate) gather: Option<ResidentBuildColumns>,
     _device_memory: crate::gpu::DeviceReservation,
+}
+
+/// What an inner join without a filter gathers from its build side on the
+/// device (see [`crate::exec::device_gather`]).
+#[derive(Debug, Clone)]
+pub(crate) struct BuildGather {
+    /// Per build column, whether the output uses it.
+    pub(crate) columns: Vec<bool>,
+    /// Whether pairs are put in `HashJoinExec`'s order on the device, which
+    /// needs the build rows' arrival positions there.
+    pub(crate) ordered: bool,
+}
+
+/// The build side's part of gathers on one device.
+#[derive(Debug)]
+pub(crate) struct ResidentBuildColumns {
+    /// The output columns that can be gathered on the device.
+    pub(crate) columns: ResidentColumns,
+    /// The arrival position of each build row, where pairs are ordered on
+    /// the device and the rows did not arrive in one batch.
+    pub(crate) positions: Option<DeviceVec<u64>>,
 }
 
 /// The collected build rows in one batch, with their encoded keys.
@@ -98,49 +124,6 @@ impl PreparedBuild {
     }
 }
 
-/// `concat_batches`, one column per thread (up to `threads` at a time).
-fn concat_in_parallel<'a>(
-    schema: &SchemaRef,
-    batches: impl Iterator<Item = &'a RecordBatch>,
-    threads: usize,
-) -> Result<RecordBatch> {
-    let batches: Vec<&RecordBatch> = batches.collect();
-    let columns = schema.fields().len();
-    if columns <= 1 || threads <= 1 || batches.len() <= 1 {
-        return Ok(concat_batches(schema, batches)?);
-    }
-    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let concatenated: Vec<Result<ArrayRef>> = std::thread::scope(|scope| {
-        let mut results = Vec::with_capacity(columns);
-        for first in (0..columns).step_by(threads) {
-            let handles: Vec<_> = (first..(first + threads).min(columns))
-                .map(|c| {
-                    let batches = &batches;
-                    scope.spawn(move || {
-                        let arrays: Vec<&dyn Array> =
-                            batches.iter().map(|b| b.column(c).as_ref()).collect();
-                        Ok(concat(&arrays)?)
-                    })
-                })
-                .collect();
-            results.extend(handles.into_iter().map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(DataFusionError::Internal(
-                        "build concatenation thread panicked".into(),
-                    ))
-                })
-            }));
-        }
-        results
-    });
-    let columns = concatenated.into_iter().collect::<Result<Vec<_>>>()?;
-    Ok(RecordBatch::try_new_with_options(
-        Arc::clone(schema),
-        columns,
-        &RecordBatchOptions::new().with_row_count(Some(rows)),
-    )?)
-}
-
 impl BuildSide {
     /// Collects `input`, encodes its keys and plans the partitioning for
     /// probe chunks of about `probe_chunk_rows` rows; `probe_partitions`
@@ -155,6 +138,7 @@ impl BuildSide {
         probe_partitions: usize,
         probe_chunk_rows: usize,
         reservation: MemoryReservation,
+        gather: Option<BuildGather>,
         metrics: GpuJoinMetrics,
     ) -> Result<Self> {
         let batches: Vec<RecordBatch> = input
@@ -168,6 +152,7 @@ impl BuildSide {
             let metrics = metrics.clone();
             SpawnedTask::spawn_blocking(move || -> Result<PreparedBuild> {
                 let _timer = metrics.baseline.elapsed_compute().timer();
+                let _prepare = metrics.build_prepare_time.timer();
                 PreparedBuild::new(&batches, &schema, &on, &spec)
             })
             .join()
@@ -197,6 +182,7 @@ impl BuildSide {
             probe_saw_null: AtomicBool::new(false),
             probe_saw_rows: AtomicBool::new(false),
             plan,
+            gather,
             host_table: OnceLock::new(),
             device_tables: Mutex::new(HashMap::new()),
             _host_memory: reservation,
@@ -230,7 +216,16 @@ impl BuildSide {
             return Ok(Arc::clone(table));
         }
         let rows = self.keys.keys.len();
-        let resident = DeviceBuildTable::resident_bytes(rows, &self.plan);
+        let positions = self
+            .gather
+            .as_ref()
+            .filter(|gather| gather.ordered)
+            .and_then(|_| self.arrival.positions(self.batch.num_rows() as u64));
+        let gather_bytes = self.gather.as_ref().map_or(0, |gather| {
+            ResidentColumns::device_bytes(&self.batch, &gather.columns)
+                + positions.as_ref().map_or(0, |p| 8 * p.len())
+        });
+        let resident = DeviceBuildTable::resident_bytes(rows, &self.plan) + gather_bytes;
         let scratch = self.plan.device_bytes(rows, device.sm_count());
         // Partitioning needs its scratch buffers only briefly; the table
         // itself stays resident while the join runs.
@@ -256,10 +251,26 @@ impl BuildSide {
             self.plan.clone(),
             &mut timer,
         )?;
+        let gather = match &self.gather {
+            Some(gather) => Some(ResidentBuildColumns {
+                columns: ResidentColumns::upload(
+                    device,
+                    stream.stream(),
+                    &self.batch,
+                    &gather.columns,
+                    &mut timer,
+                )?,
+                positions: positions
+                    .map(|p| upload_u64(device, stream.stream(), &p, &mut timer))
+                    .transpose()?,
+            }),
+            None => None,
+        };
         metrics.device.record(&timer.finish()?);
         drop(scratch_memory);
         let table = Arc::new(ResidentTable {
             table,
+            gather,
             _device_memory: device_memory,
         });
         tables.insert(device.ordinal(), Arc::clone(&table));

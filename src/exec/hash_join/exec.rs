@@ -17,9 +17,10 @@ use datafusion::physical_plan::{
     PlanProperties, SendableRecordBatchStream, Statistics, StatisticsArgs,
 };
 
-use super::build_side::BuildSide;
+use super::build_side::{BuildGather, BuildSide};
 use super::output::OutputAssembler;
 use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
+use crate::exec::device_gather::{gathers_by_pair, output_columns};
 use crate::exec::keys::KeySpec;
 use crate::exec::once::OnceFut;
 use crate::exec::GpuJoinMetrics;
@@ -107,6 +108,7 @@ impl GpuHashJoinExec {
         partition: usize,
         context: &Arc<TaskContext>,
         options: &GpuOptions,
+        gather: Option<BuildGather>,
         metrics: &GpuJoinMetrics,
     ) -> Result<OnceFut<BuildSide>> {
         let join = self.hash_join();
@@ -125,6 +127,7 @@ impl GpuHashJoinExec {
                 probe_partitions,
                 options.probe_chunk_rows,
                 reservation,
+                gather.clone(),
                 metrics.clone(),
             )))
         };
@@ -299,16 +302,35 @@ impl ExecutionPlan for GpuHashJoinExec {
             crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
         let device = Arc::clone(runtime.device_for_partition(partition));
         let metrics = GpuJoinMetrics::new(&self.metrics, partition);
-        let build = self.build_side(partition, &context, &options, &metrics)?;
-        let probe_input = join.right().execute(partition, Arc::clone(&context))?;
+        let (build_columns, probe_columns) = (
+            join.left().schema().fields().len(),
+            join.right().schema().fields().len(),
+        );
         let output = OutputAssembler::new(
             self.schema(),
             *join.join_type(),
             join.projection.as_deref(),
-            join.left().schema().fields().len(),
-            join.right().schema().fields().len(),
+            build_columns,
+            probe_columns,
             context.session_config().batch_size(),
         );
+        let preserve_order = options.preserve_order && self.preserve_order;
+        let gathered = (options.device_gather
+            && gathers_by_pair(*join.join_type(), join.filter().is_some()))
+        .then(|| output_columns(&output, build_columns, probe_columns))
+        .flatten();
+        let (build_gather, gather_probe_columns) = match gathered {
+            Some((build, probe)) => (
+                Some(BuildGather {
+                    columns: build,
+                    ordered: preserve_order,
+                }),
+                Some(probe),
+            ),
+            None => (None, None),
+        };
+        let build = self.build_side(partition, &context, &options, build_gather, &metrics)?;
+        let probe_input = join.right().execute(partition, Arc::clone(&context))?;
         let spec = ProbeSpec {
             build,
             probe_input,
@@ -323,10 +345,11 @@ impl ExecutionPlan for GpuHashJoinExec {
                 filter: join.filter().cloned().map(Arc::new),
                 null_aware: join.null_aware,
                 fetch: join.fetch(),
-                preserve_order: options.preserve_order && self.preserve_order,
+                preserve_order,
                 probe_ordered: join.right().properties().output_ordering().is_some(),
             },
             output,
+            gather_probe_columns,
             device,
             probe_chunk_rows: options.probe_chunk_rows.max(1),
             max_output_pairs: options.max_output_pairs,

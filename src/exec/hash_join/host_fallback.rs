@@ -73,11 +73,11 @@ mod tests {
     #[test]
     fn matches_the_reference_join_with_duplicates_and_row_ids() {
         let build = NormalizedKeys {
-            keys: vec![5, 1, 5, 9, 5],
+            keys: vec![5, 1, 5, 9, 5].into(),
             row_ids: Some(vec![10, 11, 12, 13, 14]),
         };
         let probe = NormalizedKeys {
-            keys: vec![5, 2, 9, 5],
+            keys: vec![5, 2, 9, 5].into(),
             row_ids: None,
         };
         let table = HostBuildTable::new(&build);

@@ -50,6 +50,28 @@ impl ArrivalOrder {
         let block = self.starts.partition_point(|&s| s <= row) - 1;
         self.arrived_at[block] + (row - self.starts[block])
     }
+
+    /// The arrival position of each of the `rows` build rows, or `None`
+    /// where it is the row itself (rows arrived in one batch).
+    pub(crate) fn positions(&self, rows: u64) -> Option<Vec<u64>> {
+        let ends = self.starts.iter().skip(1).copied().chain([rows]);
+        let blocks: Vec<(u64, u64, u64)> = self
+            .starts
+            .iter()
+            .zip(ends)
+            .zip(&self.arrived_at)
+            .map(|((&start, end), &at)| (start, end, at))
+            .filter(|&(start, end, _)| end > start)
+            .collect();
+        if blocks.len() <= 1 {
+            return None;
+        }
+        let mut positions = Vec::with_capacity(rows as usize);
+        for (start, end, at) in blocks {
+            positions.extend(at..at + (end - start));
+        }
+        Some(positions)
+    }
 }
 
 /// Sorts the pairs by probe row, then by the build rows' arrival order: a
@@ -161,6 +183,20 @@ mod tests {
         assert_eq!(positions, vec![5, 2, 3, 4, 0, 1]);
         let (b, _) = sort_by_probe_row(&[0, 4, 2, 5], &[0, 0, 0, 0], 1, &order);
         assert_eq!(b, vec![4, 5, 2, 0]);
+        assert_eq!(order.positions(6), Some(positions));
+    }
+
+    #[test]
+    fn positions_of_one_batch_are_the_rows_themselves() {
+        assert_eq!(ArrivalOrder::new(&[4]).positions(4), None);
+        assert_eq!(ArrivalOrder::new(&[]).positions(0), None);
+        // Empty batches around one full batch change nothing.
+        assert_eq!(ArrivalOrder::new(&[0, 4, 0]).positions(4), None);
+        let order = ArrivalOrder::new(&[0, 2, 0, 1]);
+        assert_eq!(
+            order.positions(3),
+            Some((0..3).map(|r| order.position(r)).collect())
+        );
     }
 
     #[test]

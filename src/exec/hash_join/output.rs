@@ -16,7 +16,7 @@ use datafusion::error::Result;
 
 /// Where each output column comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ColumnSource {
+pub(crate) enum ColumnSource {
     Build(usize),
     Probe(usize),
     /// The `mark` column of a mark join: whether the row found a match.
@@ -157,25 +157,29 @@ impl OutputAssembler {
         }
     }
 
-    /// Output batches from whole output columns of `len` rows, in the
-    /// output schema's order, sliced (zero-copy) into batches.
-    pub(crate) fn batches_from_columns(
+    /// Where each output column comes from, in the output schema's order.
+    pub(crate) fn sources(&self) -> &[ColumnSource] {
+        &self.sources
+    }
+
+    /// Rows per output batch.
+    pub(crate) fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// One output batch of `rows` rows from its columns, in the output
+    /// schema's order.
+    pub(crate) fn batch_from_columns(
         &self,
-        columns: &[ArrayRef],
-        len: usize,
-    ) -> Result<Vec<RecordBatch>> {
-        (0..len)
-            .step_by(self.batch_size)
-            .map(|start| {
-                let rows = self.batch_size.min(len - start);
-                let options = RecordBatchOptions::new().with_row_count(Some(rows));
-                Ok(RecordBatch::try_new_with_options(
-                    Arc::clone(&self.schema),
-                    columns.iter().map(|c| c.slice(start, rows)).collect(),
-                    &options,
-                )?)
-            })
-            .collect()
+        columns: Vec<ArrayRef>,
+        rows: usize,
+    ) -> Result<RecordBatch> {
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            columns,
+            &options,
+        )?)
     }
 
     /// The output batches of `rows`, in order. Each batch takes a zero-copy

@@ -29,11 +29,12 @@ use super::candidates::{confirm_pairs, key_comparator};
 use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
 use super::output::{OutputAssembler, OutputRows, SideRows};
+use crate::exec::device_gather::{gather_batches, GatherSide, ResidentColumns};
 use crate::exec::keys::NormalizedKeys;
 use crate::exec::once::OnceFut;
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
-use crate::ops::hash_join::{probe, probe_device_bytes};
+use crate::ops::hash_join::{order_by_probe_row, order_device_bytes, probe, probe_device_bytes};
 
 /// Evaluates the key expressions of one side on `batch`.
 pub(crate) fn evaluate_keys(on: &[PhysicalExprRef], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
@@ -73,6 +74,9 @@ pub(crate) struct ProbeSpec {
     pub(crate) probe_on: Vec<PhysicalExprRef>,
     pub(crate) semantics: JoinSemantics,
     pub(crate) output: OutputAssembler,
+    /// Per probe column, whether the output uses it, where output columns
+    /// are gathered on the device (an inner join without a filter).
+    pub(crate) gather_probe_columns: Option<Vec<bool>>,
     pub(crate) device: Arc<GpuDevice>,
     pub(crate) probe_chunk_rows: usize,
     pub(crate) max_output_pairs: usize,
@@ -229,6 +233,7 @@ impl ProbeLoop {
         let semantics = self.spec.semantics.clone();
         let (probe_key_columns, probe_keys) = {
             let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
+            let _encode = self.spec.metrics.encode_time.timer();
             let columns = evaluate_keys(&self.spec.probe_on, &chunk)?;
             if semantics.null_aware {
                 build.probe_saw_rows.store(true, Ordering::Release);
@@ -246,6 +251,13 @@ impl ProbeLoop {
         };
         let device = Arc::clone(&self.spec.device);
         let output = self.spec.output.clone();
+        // Hashed keys need a check of the key columns on the host, so only
+        // exactly coded keys let the device make the output.
+        let gather_probe_columns = self
+            .spec
+            .gather_probe_columns
+            .clone()
+            .filter(|_| !build.encoder.needs_verification());
         let metrics = self.spec.metrics.clone();
         let memory_fraction = self.spec.memory_fraction;
         let max_pairs = self.spec.max_output_pairs.max(1);
@@ -271,7 +283,17 @@ impl ProbeLoop {
             let mut batches = Vec::new();
             // Rows of either side that no key can match never reach the device.
             if !probe_keys.keys.is_empty() && !build.keys.keys.is_empty() {
-                let mut on_pairs = |build_ids: Vec<u64>, probe_ids: Vec<u64>| -> Result<()> {
+                let mut on_output = |output_part: ChunkOutput| -> Result<()> {
+                    let _emit = metrics.emit_time.timer();
+                    let (build_ids, probe_ids) = match output_part {
+                        ChunkOutput::Pairs(build_ids, probe_ids) => (build_ids, probe_ids),
+                        ChunkOutput::Batches(gathered, len) => {
+                            // Every pair is an output row, in order already.
+                            metrics.rows_gathered_on_device.add(len);
+                            batches.extend(gathered);
+                            return Ok(());
+                        }
+                    };
                     let (build_ids, probe_ids) = confirm_pairs(
                         keys_equal.as_ref(),
                         semantics.filter.as_deref(),
@@ -300,6 +322,15 @@ impl ProbeLoop {
                     }
                     Ok(())
                 };
+                let gather = gather_probe_columns
+                    .as_ref()
+                    .map(|probe_columns| ChunkGather {
+                        chunk: &chunk,
+                        probe_columns,
+                        output: &output,
+                        ordered: semantics.preserve_order,
+                    });
+                let device_wall = metrics.device_wall_time.timer();
                 find_pairs(
                     &device,
                     &build,
@@ -309,10 +340,13 @@ impl ProbeLoop {
                         memory_fraction,
                         max_concurrent_tasks,
                     },
+                    gather,
                     &metrics,
-                    &mut on_pairs,
+                    &mut on_output,
                 )?;
+                device_wall.done();
             }
+            let _emit = metrics.emit_time.timer();
             let probe_matched = probe_matched.map(BooleanBuffer::from);
             if let Some((all_build, all_probe)) = ordered_pairs {
                 let (build_ids, probe_ids) =
@@ -369,7 +403,27 @@ impl ProbeLoop {
     }
 }
 
+/// What a chunk hands on: matching pairs (build row ids, probe row ids),
+/// or the output batches of `len` rows gathered on the device.
+enum ChunkOutput {
+    Pairs(Vec<u64>, Vec<u64>),
+    Batches(Vec<RecordBatch>, usize),
+}
+
+/// Output gathered on the device for one chunk (see
+/// [`crate::exec::device_gather`]).
+struct ChunkGather<'a> {
+    chunk: &'a RecordBatch,
+    /// Per probe column, whether the output uses it.
+    probe_columns: &'a [bool],
+    output: &'a OutputAssembler,
+    /// Emit in `HashJoinExec`'s order: ordered on the device when the
+    /// chunk's pairs fit one output range, else handed on as pairs.
+    ordered: bool,
+}
+
 /// Limits on one chunk's device work.
+#[derive(Clone, Copy)]
 struct DeviceLimits {
     max_pairs: usize,
     memory_fraction: f64,
@@ -384,13 +438,14 @@ fn find_pairs(
     build: &BuildSide,
     probe_keys: &NormalizedKeys,
     limits: DeviceLimits,
+    gather: Option<ChunkGather<'_>>,
     metrics: &GpuJoinMetrics,
-    on_pairs: &mut dyn FnMut(Vec<u64>, Vec<u64>) -> Result<()>,
+    on_output: &mut dyn FnMut(ChunkOutput) -> Result<()>,
 ) -> Result<()> {
     let DeviceLimits {
         max_pairs,
-        memory_fraction,
         max_concurrent_tasks,
+        ..
     } = limits;
     let mut handed_on = false;
     let mut host_error = None;
@@ -411,16 +466,16 @@ fn find_pairs(
         device,
         build,
         probe_keys,
-        max_pairs,
-        memory_fraction,
+        &limits,
+        gather.as_ref(),
         metrics,
-        &mut |build_ids, probe_ids| {
+        &mut |output| {
             handed_on = true;
             admission.borrow_mut().take();
             // A host-side failure stops further host work; the device
             // finishes its ranges and the error is returned after.
             if host_error.is_none() {
-                if let Err(e) = on_pairs(build_ids, probe_ids) {
+                if let Err(e) = output.and_then(&mut *on_output) {
                     host_error = Some(e);
                 }
             }
@@ -434,7 +489,11 @@ fn find_pairs(
         Ok(()) => Ok(()),
         Err(e) if !handed_on && e.is_out_of_device_memory() => {
             metrics.cpu_fallback_chunks.add(1);
-            build.host_table().probe(probe_keys, max_pairs, on_pairs)
+            build
+                .host_table()
+                .probe(probe_keys, max_pairs, &mut |build_ids, probe_ids| {
+                    on_output(ChunkOutput::Pairs(build_ids, probe_ids))
+                })
         }
         Err(e) => Err(e.into()),
     }
@@ -445,20 +504,35 @@ fn pairs_on_device(
     device: &Arc<GpuDevice>,
     build: &BuildSide,
     probe_keys: &NormalizedKeys,
-    max_pairs: usize,
-    memory_fraction: f64,
+    limits: &DeviceLimits,
+    gather: Option<&ChunkGather<'_>>,
     metrics: &GpuJoinMetrics,
-    on_pairs: &mut dyn FnMut(Vec<u64>, Vec<u64>),
+    on_output: &mut dyn FnMut(Result<ChunkOutput>),
 ) -> GpuResult<()> {
+    let DeviceLimits {
+        max_pairs,
+        memory_fraction,
+        ..
+    } = *limits;
     device.bind_to_thread()?;
     let resident = build.device_table(device, memory_fraction, metrics)?;
     let table = &resident.table;
+    let build_gather = resident.gather.as_ref();
+    let gather = gather.zip(build_gather);
+    let gather_bytes = gather.map_or(0, |(gather, _)| {
+        let order = if gather.ordered {
+            order_device_bytes(max_pairs)
+        } else {
+            0
+        };
+        ResidentColumns::device_bytes(gather.chunk, gather.probe_columns) + order + 8 * max_pairs
+    });
     let bytes = probe_device_bytes(
         probe_keys.keys.len(),
         table.plan(),
         max_pairs,
         device.sm_count(),
-    );
+    ) + gather_bytes;
     let memory = device
         .budget()
         .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
@@ -467,17 +541,71 @@ fn pairs_on_device(
         .device_memory_wait
         .add_duration(memory.waited());
     let stream = device.stream()?;
-    let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
+    let stream = stream.stream();
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let probe_columns = match gather {
+        Some((gather, _)) => Some(ResidentColumns::upload(
+            device,
+            stream,
+            gather.chunk,
+            gather.probe_columns,
+            &mut timer,
+        )?),
+        None => None,
+    };
     probe(
         device,
-        stream.stream(),
+        stream,
         table,
         &probe_keys.keys,
         probe_keys.row_ids.as_deref(),
         max_pairs,
         &mut timer,
-        |build_ids, probe_ids| {
-            on_pairs(build_ids, probe_ids);
+        |pairs, timer| {
+            let on_device = gather
+                .zip(probe_columns.as_ref())
+                .filter(|((gather, _), _)| !gather.ordered || pairs.whole_chunk);
+            let Some(((gather, build_columns), probe_columns)) = on_device else {
+                let (build_ids, probe_ids) = pairs.download(device, stream, timer)?;
+                on_output(Ok(ChunkOutput::Pairs(build_ids, probe_ids)));
+                return Ok(());
+            };
+            let ordered = match gather.ordered {
+                true => Some(order_by_probe_row(
+                    device,
+                    stream,
+                    &pairs,
+                    build_columns.positions.as_ref(),
+                    (
+                        build.batch.num_rows() as u64,
+                        gather.chunk.num_rows() as u64,
+                    ),
+                    timer,
+                )?),
+                false => None,
+            };
+            let (build_ids, probe_ids) = match &ordered {
+                Some((build_ids, probe_ids)) => (build_ids, probe_ids),
+                None => (pairs.build_ids, pairs.probe_ids),
+            };
+            let gathered = gather_batches(
+                device,
+                stream,
+                gather.output,
+                &GatherSide {
+                    batch: &build.batch,
+                    resident: &build_columns.columns,
+                    ids: build_ids,
+                },
+                &GatherSide {
+                    batch: gather.chunk,
+                    resident: probe_columns,
+                    ids: probe_ids,
+                },
+                pairs.len,
+                timer,
+            )?;
+            on_output(gathered.map(|batches| ChunkOutput::Batches(batches, pairs.len)));
             Ok(())
         },
     )?;

@@ -27,12 +27,13 @@ use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 
-use super::device_gather::{gathers_by_pair, DeviceColumns};
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
 use super::ordered_keys::{KeySide, OrderedKeyEncoder};
+use crate::exec::device_gather::{gather_batches, gathers_by_pair, GatherSide, ResidentColumns};
 use crate::exec::hash_join::{evaluate_filter, evaluate_keys, OutputAssembler, OutputRows};
 use crate::exec::GpuSortMergeJoinMetrics;
-use crate::gpu::{GpuDevice, GpuError, PhaseTimer, ReservationKind};
+use crate::gpu::launch;
+use crate::gpu::{DriverResultExt, GpuDevice, GpuError, Phase, PhaseTimer, ReservationKind};
 use crate::ops::merge_join::{merge_join_device_bytes, MergeMatches, SortedSide};
 
 /// What every partition of one join shares.
@@ -349,8 +350,12 @@ impl DevicePart {
             .add_duration(waiting.elapsed());
         device.bind_to_thread()?;
         let gather = gathers_by_pair(join_type, plan.filter.is_some());
+        let all_left = vec![true; left.num_columns()];
+        let all_right = vec![true; right.num_columns()];
         let gather_bytes = if gather {
-            DeviceColumns::device_bytes(left, right, self.max_output_pairs)
+            ResidentColumns::device_bytes(left, &all_left)
+                + ResidentColumns::device_bytes(right, &all_right)
+                + 2 * 8 * self.max_output_pairs
         } else {
             0
         };
@@ -406,10 +411,14 @@ impl DevicePart {
             Ok(sender.send(batches))
         };
         let device_columns = match gather {
-            true => DeviceColumns::upload(device, stream, left, right, &mut timer)?,
+            true => Some((
+                ResidentColumns::upload(device, stream, left, &all_left, &mut timer)?,
+                ResidentColumns::upload(device, stream, right, &all_right, &mut timer)?,
+            )),
             false => None,
-        };
-        if let Some(columns) = &device_columns {
+        }
+        .filter(|(l, r)| l.any() || r.any());
+        if let Some((left_columns, right_columns)) = &device_columns {
             // Every pair is an output row: gather whole columns on the device.
             matches.expand_on_device(
                 device,
@@ -419,21 +428,41 @@ impl DevicePart {
                 &mut timer,
                 |pairs, timer| {
                     admission.take();
-                    let gathered = columns.gather(
+                    // An inner join streams its left side: the pairs'
+                    // positions in key order map to left rows.
+                    // SAFETY: gather_u64 writes the first `len` elements,
+                    // and only those are read.
+                    let mut left_ids = unsafe { stream.alloc::<u64>(pairs.len) }
+                        .during("allocating gather ids")?;
+                    timer.time(Phase::Kernel, || {
+                        launch::gather_u64(
+                            device.kernels(),
+                            stream,
+                            device.sm_count(),
+                            &streamed.row_ids,
+                            pairs.positions,
+                            pairs.len,
+                            &mut left_ids,
+                        )
+                    })?;
+                    let gathered = gather_batches(
                         device,
                         stream,
-                        &pairs,
-                        &streamed.row_ids,
-                        (left, right),
+                        &plan.output,
+                        &GatherSide {
+                            batch: left,
+                            resident: left_columns,
+                            ids: &left_ids,
+                        },
+                        &GatherSide {
+                            batch: right,
+                            resident: right_columns,
+                            ids: pairs.other_ids,
+                        },
+                        pairs.len,
                         timer,
                     )?;
-                    let sent = gathered.and_then(|columns| {
-                        let batches = {
-                            let _timer = self.metrics.emit_time.timer();
-                            plan.output.batches_from_columns(&columns, pairs.len)?
-                        };
-                        Ok(sender.send(batches))
-                    });
+                    let sent = gathered.map(|batches| sender.send(batches));
                     match sent {
                         Ok(still_open) => open = still_open,
                         Err(e) => host_error = Some(e),
