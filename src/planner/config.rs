@@ -29,12 +29,13 @@ extensions_options! {
         /// without DataFusion's CPU hash repartition of its inputs, where no
         /// node above depends on the join's hash partitioning (the GPU
         /// partitions the keys itself). Measured faster than the GPU join
-        /// over DataFusion's repartitions from 2^24 rows a side (2.95x
-        /// against 2.34x of the CPU at 2^26, BENCHMARKS.md), and unharmed
+        /// over DataFusion's repartitions from 2^24 rows a side (3.49x
+        /// against 2.33x of the CPU at 2^26, BENCHMARKS.md), and unharmed
         /// by skewed keys, which the CPU repartition sends to one partition
-        /// (Zipf 1.5 at 2^24: 2.22x against 0.85x); slower at 2^22 rows a
-        /// side (1.08x against 1.23x), where the whole build side collected
-        /// before any probe starts costs more than the repartition saves.
+        /// (Zipf 1.5 at 2^24: 2.49x against 1.06x). At 2^22 rows a side the
+        /// two traded places between runs (1.08x against 1.23x, then 1.04x
+        /// against 0.82x): there the whole build side, collected before any
+        /// probe starts, costs about what the repartition saves.
         pub merge_partitions: bool, default = true
         /// Keep a node on the CPU when its inputs hold fewer rows than this by
         /// statistics (build + probe for a join, the input of an aggregation). 0 sends every supported node
