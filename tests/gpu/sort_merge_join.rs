@@ -489,3 +489,30 @@ async fn a_limit_above_the_join_stops_it_early_with_the_rows_asked_for() {
         assert_eq!(got, rows, "{sql}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inner_join_batches_gathered_on_the_device_own_their_rows() {
+    let Some(_) = require_gpu("inner_join_batches_gathered_on_the_device_own_their_rows") else {
+        return;
+    };
+    // Output columns gathered on the device for a whole range of pairs come
+    // back as one download; each 100-row batch must still hold only its own
+    // rows' memory, or memory accounting above the join counts each batch
+    // as the whole range.
+    let ctxs = contexts(2, &["SET datafusion.execution.batch_size = 100"]).await;
+    register(
+        [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
+        shape(3_000, 1_000, 0, 0),
+        shape(4_000, 1_000, 0, 0),
+        2,
+    );
+    let sql = "SELECT r.id, s.id, r.v, s.v FROM r JOIN s ON r.k64 = s.k64";
+    let (plan, batches) = check(&ctxs, sql, Expect::Gpu).await;
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    assert!(rows > 1_000, "{rows} rows\n{}", show(&plan));
+    let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    assert!(
+        bytes <= 2 * 4 * 8 * rows + 4096 * batches.len(),
+        "{bytes} bytes held for {rows} rows of four Int64 columns"
+    );
+}
