@@ -15,7 +15,8 @@
 //!
 //! `--seeds` runs the seeds' workloads as criterion benchmarks (see
 //! `gpu_join/seeds.rs`); `--sort-merge` the sort-merge join (see
-//! `gpu_join/sort_merge.rs`); the other two modes are the end-to-end
+//! `gpu_join/sort_merge.rs`; it ends with a hash join sorted on its key,
+//! which the GPU plans as a sort-merge join); the other two modes are the end-to-end
 //! measurements quoted in BENCHMARKS.md.
 //!
 //! The join benchmark (the default):

@@ -6,13 +6,17 @@
 //! with each `MemTable` partition sorted on `k` and declared so, and
 //! `prefer_existing_sort = true` (DataFusion then keeps the order through its
 //! hash repartition, merging the sorted streams, and plans no sort; the GPU
-//! join merges without sorting).
+//! join merges without sorting). Then `ORDER BY` the key of a join
+//! DataFusion plans as a hash join (`prefer_hash_join` as by default), every
+//! row collected: `HashJoinExec` and a `SortExec` against the GPU sort-merge
+//! join planned in their place, and against the GPU hash join with the CPU
+//! sort (`gpu.sort_merge_join_for_order = false`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{col, SortExpr};
 use datafusion::physical_plan::displayable;
@@ -181,4 +185,98 @@ pub async fn benchmark(log2: usize, runs: usize) {
         );
         println!("  GPU join, last run, summed over partitions: {breakdown}");
     }
+    if gpu_available {
+        order_by(&r_keys, &s_keys, log2, runs, cores).await;
+    }
+}
+
+/// The query of a hash join sorted on its key (`ORDER BY` the join key),
+/// every row collected: DataFusion's `HashJoinExec` and `SortExec` against
+/// the GPU sort-merge join planned in their place
+/// (`gpu.sort_merge_join_for_order`).
+const ORDER_BY_SQL: &str = "SELECT r.k, s.v FROM r JOIN s ON r.k = s.k ORDER BY r.k";
+
+/// Row count, sums of both columns, and whether the keys ascend.
+fn ordered_checksum(batches: &[RecordBatch]) -> (usize, i64, i64, bool) {
+    let (mut rows, mut k_sum, mut v_sum, mut ascending, mut last) = (0, 0i64, 0i64, true, i64::MIN);
+    for batch in batches {
+        let k = batch.column(0).as_primitive::<Int64Type>();
+        let v = batch.column(1).as_primitive::<Int64Type>();
+        for i in 0..batch.num_rows() {
+            ascending &= k.value(i) >= last;
+            last = k.value(i);
+            k_sum = k_sum.wrapping_add(k.value(i));
+            v_sum = v_sum.wrapping_add(v.value(i));
+        }
+        rows += batch.num_rows();
+    }
+    (rows, k_sum, v_sum, ascending)
+}
+
+async fn timed_collect(
+    ctx: &SessionContext,
+    runs: usize,
+) -> (Duration, (usize, i64, i64, bool), String) {
+    let run = || async {
+        let start = std::time::Instant::now();
+        let df = ctx.sql(ORDER_BY_SQL).await.unwrap();
+        let plan = df.create_physical_plan().await.unwrap();
+        let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
+            .await
+            .unwrap();
+        let elapsed = start.elapsed();
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        (elapsed, ordered_checksum(&batches), text)
+    };
+    let (_, answer, _) = run().await; // warm-up
+    let mut times = Vec::new();
+    let mut text = String::new();
+    for _ in 0..runs {
+        let (t, a, plan) = run().await;
+        assert_eq!(a, answer, "answers differ between runs");
+        times.push(t);
+        text = plan;
+    }
+    (median(&mut times), answer, text)
+}
+
+async fn order_by(r_keys: &[i64], s_keys: &[i64], log2: usize, runs: usize, cores: usize) {
+    let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(cores));
+    ctx.register_table("r", table(r_keys, 1, cores, false))
+        .unwrap();
+    ctx.register_table("s", table(s_keys, 2, cores, false))
+        .unwrap();
+    for statement in ["SET gpu.min_rows = 0", "SET gpu.enabled = false"] {
+        ctx.sql(statement).await.unwrap();
+    }
+    let (cpu, cpu_answer, cpu_plan) = timed_collect(&ctx, runs).await;
+    println!("order-by: CPU plan\n{cpu_plan}");
+    ctx.sql("SET gpu.enabled = true").await.unwrap();
+    ctx.sql("SET gpu.sort_merge_join_for_order = true")
+        .await
+        .unwrap();
+    let (gpu, gpu_answer, gpu_plan) = timed_collect(&ctx, runs).await;
+    println!("order-by: GPU plan\n{gpu_plan}");
+    assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
+    assert!(cpu_answer.3, "the CPU's rows are not in key order");
+    assert!(
+        gpu_plan.contains("in_place_of=HashJoinExec"),
+        "no sort-merge join in place of the hash join"
+    );
+    ctx.sql("SET gpu.sort_merge_join_for_order = false")
+        .await
+        .unwrap();
+    let (hash, hash_answer, _) = timed_collect(&ctx, runs).await;
+    assert_eq!(
+        hash_answer, cpu_answer,
+        "GPU hash join answer differs from the CPU's"
+    );
+    println!(
+        "RESULT_SMJ layout=order-by log2_rows={log2} cpu_ms={:.1} gpu_ms={:.1} speedup={:.2} gpu_hash_join_and_cpu_sort_ms={:.1} rows={}",
+        cpu.as_secs_f64() * 1e3,
+        gpu.as_secs_f64() * 1e3,
+        cpu.as_secs_f64() / gpu.as_secs_f64(),
+        hash.as_secs_f64() * 1e3,
+        cpu_answer.0,
+    );
 }

@@ -15,6 +15,17 @@ extensions_options! {
         /// supported (with the `SortExec`s DataFusion put below it just for
         /// the join, which then sort on the device).
         pub sort_merge_join: bool, default = true
+        /// Plan a GPU sort-merge join in place of a `Partitioned` inner or
+        /// outer hash join whose output is sorted on exactly the join keys
+        /// right after (`ORDER BY` the key): the device sorts both inputs
+        /// as part of the join and the rows come out in key order, so the
+        /// CPU sort of the join's output is dropped. Off by default: with
+        /// every row collected through DataFusion's merge of the sorted
+        /// partitions, it measured 1.07x and 1.26x of DataFusion at 2^24 and
+        /// 2^26 rows a side, but slower than the GPU hash join with the CPU
+        /// sort at 2^24 (1493.7 against 1227.8 ms; 4847.2 against 4940.3 ms
+        /// at 2^26, BENCHMARKS.md).
+        pub sort_merge_join_for_order: bool, default = false
         /// Replace `AggregateExec` by `GpuAggregateExec` where supported.
         pub aggregate: bool, default = true
         /// Replace DataFusion's two aggregation phases (a partial
@@ -126,7 +137,7 @@ mod tests {
         let config = ConfigOptions::new();
         let options = GpuOptions::from_config(&config);
         assert!(options.enabled && options.hash_join && options.aggregate);
-        assert!(options.sort_merge_join);
+        assert!(options.sort_merge_join && !options.sort_merge_join_for_order);
         assert_eq!(options.min_rows, 8_000_000);
         assert_eq!(options.min_groups, 65_536);
         assert!(options.merge_partitions && !options.aggregate_single_phase);

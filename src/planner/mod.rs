@@ -3,6 +3,7 @@
 
 mod config;
 mod decision;
+mod merge_for_order;
 mod partitioning;
 mod phases;
 mod rule;

@@ -13,6 +13,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
+use super::merge_for_order::{merge_join_for_sort, MergeForOrder};
 use super::partitioning::{children_partitioning_free, over_unrepartitioned_inputs};
 use super::phases::single_phase;
 use super::{decide_aggregate, decide_hash_join, decide_sort_merge_join, GpuOptions};
@@ -73,6 +74,24 @@ fn rewrite(
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    if let Some(merge) = merge_join_for_sort(&node, options, gpu)? {
+        // The sorts below it keep the hash partitioning the merge needs;
+        // below them, row order does not matter.
+        let children = merge
+            .join
+            .children()
+            .into_iter()
+            .map(|child| rewrite(Arc::clone(child), false, false, options, gpu))
+            .collect::<Result<Vec<_>>>()?;
+        let join = replace_children_if_necessary(merge.join, children)?;
+        let sorts = match join.downcast_ref::<SortMergeJoinExec>() {
+            Some(merge_join) => absorbable_sorts(merge_join),
+            None => [false, false],
+        };
+        let gpu_join: Arc<dyn ExecutionPlan> =
+            Arc::new(GpuSortMergeJoinExec::try_new(join, sorts)?.with_in_place_of_hash_join(true));
+        return MergeForOrder::project(merge.projection.as_deref(), gpu_join);
+    }
     let children_observable = order_observable && !merges_in_arrival_order(&node);
     let children_free = children_partitioning_free(&node, partitioning_free);
     let children = node
@@ -568,6 +587,55 @@ mod tests {
         let agg = gpu_aggregates(&plan)[0].aggregate();
         let why = super::decide_aggregate(agg, &GpuOptions::default(), Ok(())).unwrap_err();
         assert!(why.contains("below gpu.min_rows"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn a_hash_join_sorted_on_its_keys_becomes_a_gpu_sort_merge_join_without_the_sort() {
+        let options = |for_order: bool| GpuOptions {
+            min_rows: 0,
+            min_groups: 0,
+            sort_merge_join_for_order: for_order,
+            ..GpuOptions::default()
+        };
+        for sql in [
+            "SELECT r.k, s.v FROM r JOIN s ON r.k = s.k ORDER BY r.k",
+            "SELECT r.v, s.k FROM r JOIN s ON r.k = s.k ORDER BY s.k DESC",
+        ] {
+            let plan = rewritten_with(sql, options(true)).await;
+            let joins = gpu_merge_joins(&plan);
+            assert_eq!(joins.len(), 1, "{sql}\n{}", show(&plan));
+            assert!(joins[0].in_place_of_hash_join());
+            assert_eq!(joins[0].sort_on_device(), [true, true], "{}", show(&plan));
+            // The sort of the join output is gone; the merge of the sorted
+            // partitions stays.
+            assert!(!show(&plan).contains("SortExec"), "{sql}\n{}", show(&plan));
+            assert!(
+                show(&plan).contains("SortPreservingMergeExec"),
+                "{}",
+                show(&plan)
+            );
+            assert!(show(&plan).contains("in_place_of=HashJoinExec"));
+            let decisions = crate::planner::gpu_decisions(&plan, &ConfigOptions::new());
+            assert!(
+                decisions.iter().any(|d| matches!(&d.placement,
+                    crate::Placement::Gpu { algorithm } if algorithm.contains("in place of HashJoinExec"))),
+                "{decisions:?}"
+            );
+            // Switched off, the hash join and the sort stay.
+            let plan = rewritten_with(sql, options(false)).await;
+            assert!(gpu_merge_joins(&plan).is_empty(), "{}", show(&plan));
+            assert!(show(&plan).contains("SortExec"), "{}", show(&plan));
+        }
+        // A sort on something else, with a limit, or over a full join (whose
+        // unmatched rows break the merge's key order) keeps the hash join.
+        for sql in [
+            "SELECT r.k, s.v FROM r JOIN s ON r.k = s.k ORDER BY s.v",
+            "SELECT r.k, s.v FROM r JOIN s ON r.k = s.k ORDER BY r.k LIMIT 5",
+            "SELECT r.k, s.v FROM r FULL JOIN s ON r.k = s.k ORDER BY r.k",
+        ] {
+            let plan = rewritten_with(sql, options(true)).await;
+            assert!(gpu_merge_joins(&plan).is_empty(), "{sql}\n{}", show(&plan));
+        }
     }
 
     #[tokio::test]

@@ -516,3 +516,63 @@ async fn inner_join_batches_gathered_on_the_device_own_their_rows() {
         "{bytes} bytes held for {rows} rows of four Int64 columns"
     );
 }
+
+/// Whether `plan` holds a `SortExec` directly above a `HashJoinExec`.
+fn sorts_a_hash_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let here = plan.name() == "SortExec"
+        && plan
+            .children()
+            .first()
+            .is_some_and(|child| child.name() == "HashJoinExec");
+    here || plan.children().into_iter().any(sorts_a_hash_join)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hash_join_sorted_on_its_keys_runs_as_a_gpu_merge_join_in_key_order() {
+    // DataFusion plans a hash join and sorts its output on the key; the GPU
+    // rule plans a sort-merge join instead, whose output is in key order.
+    // Checked on the CPU plan everywhere, on the GPU where there is one.
+    let r = gen_keys(6_000, Keys::Permutation, 0.0, 11);
+    let s = gen_keys(9_000, Keys::Uniform { domain: 7_000 }, 0.05, 12);
+    let sql = "SELECT r.k, s.v FROM r JOIN s ON r.k = s.k ORDER BY r.k";
+    let cpu = cpu_context(JoinMode::PartitionedKept, 4, &[]).await;
+    let gpu = gpu_context(
+        JoinMode::PartitionedKept,
+        4,
+        &["SET gpu.sort_merge_join_for_order = true"],
+    )
+    .await;
+    for ctx in [&cpu, &gpu] {
+        ctx.register_table("r", key_value_table(&r, 1, 4, 500))
+            .unwrap();
+        ctx.register_table("s", key_value_table(&s, 2, 3, 700))
+            .unwrap();
+    }
+    let (cpu_batches, _, cpu_plan) = run(&cpu, sql).await;
+    assert!(sorts_a_hash_join(&cpu_plan), "{}", show(&cpu_plan));
+    let Some(_) =
+        require_gpu("a_hash_join_sorted_on_its_keys_runs_as_a_gpu_merge_join_in_key_order")
+    else {
+        return;
+    };
+    let (gpu_batches, gpu_nodes, plan) = run_counting(&gpu, sql, "SortMergeJoinExec").await;
+    assert_eq!(gpu_nodes, 1, "{}", show(&plan));
+    assert!(
+        show(&plan).contains("in_place_of=HashJoinExec"),
+        "{}",
+        show(&plan)
+    );
+    assert!(
+        !sorts_a_hash_join(&plan) && !show(&plan).contains("SortExec"),
+        "{}",
+        show(&plan)
+    );
+    // The same rows, and the GPU's come out ordered on the key.
+    assert_eq!(string_rows(&gpu_batches), string_rows(&cpu_batches));
+    let keys: Vec<i64> = int64_rows(&gpu_batches)
+        .iter()
+        .map(|row| row[0].expect("inner join keys are not NULL"))
+        .collect();
+    assert!(keys.len() > 5_000, "{} rows", keys.len());
+    assert!(keys.windows(2).all(|w| w[0] <= w[1]), "not in key order");
+}

@@ -42,6 +42,9 @@ pub struct GpuSortMergeJoinExec {
     /// What this node reads: the replaced node's children, or the inputs of
     /// the absorbed sorts.
     inputs: [Arc<dyn ExecutionPlan>; 2],
+    /// Planned in place of a `HashJoinExec` whose output was sorted on the
+    /// join keys right after (the merge's own output order).
+    in_place_of_hash_join: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -89,9 +92,22 @@ impl GpuSortMergeJoinExec {
             cpu_join,
             sort_on_device,
             inputs,
+            in_place_of_hash_join: false,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// Marks this join as planned in place of a `HashJoinExec` whose output
+    /// was sorted on the join keys (see `gpu.sort_merge_join_for_order`).
+    pub fn with_in_place_of_hash_join(mut self, in_place: bool) -> Self {
+        self.in_place_of_hash_join = in_place;
+        self
+    }
+
+    /// Whether this join was planned in place of a `HashJoinExec`.
+    pub fn in_place_of_hash_join(&self) -> bool {
+        self.in_place_of_hash_join
     }
 
     /// The [`SortMergeJoinExec`] this node replaces.
@@ -149,6 +165,9 @@ impl DisplayAs for GpuSortMergeJoinExec {
                 }
                 if join.null_equality() == NullEquality::NullEqualsNull {
                     write!(f, ", null_equality=NullEqualsNull")?;
+                }
+                if self.in_place_of_hash_join {
+                    write!(f, ", in_place_of=HashJoinExec")?;
                 }
                 Ok(())
             }
@@ -216,12 +235,18 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
         }
         #[allow(deprecated)]
         let cpu_join = Arc::clone(&self.cpu_join).with_new_children(join_children)?;
-        Ok(Arc::new(Self::try_new(cpu_join, self.sort_on_device)?))
+        Ok(Arc::new(
+            Self::try_new(cpu_join, self.sort_on_device)?
+                .with_in_place_of_hash_join(self.in_place_of_hash_join),
+        ))
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
         let cpu_join = Arc::clone(&self.cpu_join).reset_state()?;
-        Ok(Arc::new(Self::try_new(cpu_join, self.sort_on_device)?))
+        Ok(Arc::new(
+            Self::try_new(cpu_join, self.sort_on_device)?
+                .with_in_place_of_hash_join(self.in_place_of_hash_join),
+        ))
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
