@@ -46,7 +46,10 @@ extensions_options! {
         /// (Zipf 1.5 at 2^24: 2.49x against 1.06x). At 2^22 rows a side the
         /// two traded places between runs (1.08x against 1.23x, then 1.04x
         /// against 0.82x): there the whole build side, collected before any
-        /// probe starts, costs about what the repartition saves.
+        /// probe starts, costs about what the repartition saves. Slower for
+        /// joins whose output columns are gathered on the host (4-byte
+        /// payloads: the seeds' Int32 joins, 0.8-1.0x against 1.4-1.5x),
+        /// where each row-id gather reads randomly over the whole build side.
         pub merge_partitions: bool, default = true
         /// Keep a node on the CPU when its inputs hold fewer rows than this by
         /// statistics (build + probe for a join, the input of an aggregation). 0 sends every supported node
