@@ -17,3 +17,26 @@ pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
 pub use metrics::{DeviceMetrics, GpuAggregateMetrics, GpuJoinMetrics, GpuSortMergeJoinMetrics};
 pub use sort_merge_join::GpuSortMergeJoinExec;
+
+use std::sync::Arc;
+
+use datafusion::error::{DataFusionError, Result};
+use datafusion::physical_expr::PhysicalExprRef;
+
+use crate::gpu::GpuDevice;
+
+/// The device that runs DataFusion partition `partition`, or why there is
+/// none (a node planned on the GPU executed where no GPU is).
+pub(crate) fn partition_device(partition: usize) -> Result<Arc<GpuDevice>> {
+    let runtime =
+        crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
+    Ok(Arc::clone(runtime.device_for_partition(partition)))
+}
+
+/// A join's equi-join keys as `EXPLAIN` shows them: `(left, right), ...`.
+pub(crate) fn join_keys_text(on: &[(PhysicalExprRef, PhysicalExprRef)]) -> String {
+    on.iter()
+        .map(|(l, r)| format!("({l}, {r})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -207,9 +207,7 @@ impl ExecutionPlan for GpuAggregateExec {
     ) -> Result<SendableRecordBatchStream> {
         let agg = self.aggregate();
         let options = GpuOptions::from_config(context.session_config().options());
-        let runtime =
-            crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
-        let device = Arc::clone(runtime.device_for_partition(partition));
+        let device = crate::exec::partition_device(partition)?;
         let inputs = AggregateInputs {
             group_exprs: agg
                 .group_expr()

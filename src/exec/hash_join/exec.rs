@@ -165,12 +165,7 @@ impl fmt::Debug for GpuHashJoinExec {
 impl DisplayAs for GpuHashJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let join = self.hash_join();
-        let on = join
-            .on()
-            .iter()
-            .map(|(l, r)| format!("({l}, {r})"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let on = crate::exec::join_keys_text(join.on());
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => {
                 write!(
@@ -298,9 +293,7 @@ impl ExecutionPlan for GpuHashJoinExec {
     ) -> Result<SendableRecordBatchStream> {
         let join = self.hash_join();
         let options = GpuOptions::from_config(context.session_config().options());
-        let runtime =
-            crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
-        let device = Arc::clone(runtime.device_for_partition(partition));
+        let device = crate::exec::partition_device(partition)?;
         let metrics = GpuJoinMetrics::new(&self.metrics, partition);
         let (build_columns, probe_columns) = (
             join.left().schema().fields().len(),

@@ -145,12 +145,7 @@ impl fmt::Debug for GpuSortMergeJoinExec {
 impl DisplayAs for GpuSortMergeJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let join = self.sort_merge_join();
-        let on = join
-            .on()
-            .iter()
-            .map(|(l, r)| format!("({l}, {r})"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let on = crate::exec::join_keys_text(join.on());
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => {
                 write!(
@@ -298,9 +293,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
     ) -> Result<SendableRecordBatchStream> {
         let join = self.sort_merge_join();
         let options = GpuOptions::from_config(context.session_config().options());
-        let runtime =
-            crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
-        let device = Arc::clone(runtime.device_for_partition(partition));
+        let device = crate::exec::partition_device(partition)?;
         let left_schema = self.inputs[0].schema();
         let right_schema = self.inputs[1].schema();
         let key_types = join
