@@ -32,8 +32,6 @@ use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
-use super::parallel::on_threads;
-
 /// The plan-time description of a join's keys: their types and NULL
 /// semantics. Accepting a spec means every key type can be encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,7 +259,7 @@ impl KeyEncoder {
             for column in 0..spec.types.len() {
                 let (mut min, mut max) = (i128::MAX, i128::MIN);
                 for piece in pieces {
-                    let (piece_min, piece_max) = value_range(&piece[column])?;
+                    let (piece_min, piece_max) = value_range_in_parallel(&piece[column])?;
                     if piece_min <= piece_max {
                         min = min.min(piece_min);
                         max = max.max(piece_max);
@@ -306,76 +304,102 @@ impl KeyEncoder {
     /// Encodes `columns`, dropping rows that cannot match anything: a NULL
     /// key when NULL equals nothing, and a value outside the build range.
     pub fn encode(&self, columns: &[ArrayRef]) -> Result<NormalizedKeys> {
-        let rows = self.spec.check_columns(columns)?;
-        if self.encoding == Encoding::Raw {
-            return Ok(raw_keys(&columns[0]));
-        }
-        let mut keep = vec![true; rows];
-        let mut keys = vec![0u64; rows];
+        self.encode_parallel(columns, 1)
+    }
+
+    /// Writes the codes of `columns` (all of `keys.len()` rows) into `keys`,
+    /// setting `dropped[i]` where row `i` cannot match anything. Not for the
+    /// raw encoding, whose keys are the column itself.
+    fn encode_into(
+        &self,
+        columns: &[ArrayRef],
+        keys: &mut [u64],
+        dropped: &mut [bool],
+    ) -> Result<()> {
         if self.spec.null_equality == NullEquality::NullEqualsNothing {
             for column in columns {
-                if let Some(nulls) = column.logical_nulls() {
+                if let Some(nulls) = column.logical_nulls().filter(|n| n.null_count() > 0) {
                     for i in nulls
                         .iter()
                         .enumerate()
                         .filter_map(|(i, v)| (!v).then_some(i))
                     {
-                        keep[i] = false;
+                        dropped[i] = true;
                     }
                 }
             }
         }
         match &self.encoding {
             Encoding::Packed(domains) => {
-                for (column, domain) in columns.iter().zip(domains) {
-                    pack_column(column, domain, &mut keys, &mut keep)?;
+                for (i, (column, domain)) in columns.iter().zip(domains).enumerate() {
+                    pack_column(column, domain, i == 0, keys, dropped)?;
                 }
+                Ok(())
             }
             Encoding::Hashed => {
-                create_hashes(columns, &RandomState::with_seed(HASH_SEED), &mut keys)?;
+                create_hashes(columns, &RandomState::with_seed(HASH_SEED), keys)?;
+                Ok(())
             }
-            Encoding::Raw => unreachable!("returned above"),
+            Encoding::Raw => Err(DataFusionError::Internal(
+                "raw keys are read in place, not encoded".into(),
+            )),
         }
-        Ok(compact(keys, &keep))
     }
 }
 
 impl KeyEncoder {
-    /// [`Self::encode`] on up to `threads` threads, each taking a contiguous
-    /// slice of rows (of at least `MIN_ROWS_PER_THREAD`), with the same
-    /// result as one call over all rows.
+    /// [`Self::encode`] on up to `threads` threads, each writing the codes
+    /// of a contiguous slice of rows (of at least `MIN_ROWS_PER_THREAD`)
+    /// into its own range of one buffer, with the same result as one call
+    /// over all rows. One buffer, first touched by the threads that fill
+    /// it: a build side of many millions of rows is encoded while every
+    /// probe partition waits, so neither a merge of per-thread pieces nor
+    /// one thread faulting in hundreds of megabytes may be on that path.
     pub fn encode_parallel(&self, columns: &[ArrayRef], threads: usize) -> Result<NormalizedKeys> {
         const MIN_ROWS_PER_THREAD: usize = 1 << 20;
         let rows = self.spec.check_columns(columns)?;
+        if self.encoding == Encoding::Raw {
+            return Ok(raw_keys(&columns[0]));
+        }
         let threads = threads.min(rows / MIN_ROWS_PER_THREAD).max(1);
-        if threads == 1 || self.encoding == Encoding::Raw {
-            return self.encode(columns);
+        // Both zeroed lazily by the allocator. The threads write every code
+        // without reading the buffer first (and mark only the rows they
+        // drop): a read before the first write maps the shared zero page,
+        // and replacing it on the write costs every core running the
+        // process a TLB flush, which made four threads slower than one.
+        let mut keys = vec![0u64; rows];
+        let mut dropped = vec![false; rows];
+        if threads == 1 {
+            self.encode_into(columns, &mut keys, &mut dropped)?;
+        } else {
+            let per_thread = rows.div_ceil(threads);
+            let results: Vec<Result<()>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = keys
+                    .chunks_mut(per_thread)
+                    .zip(dropped.chunks_mut(per_thread))
+                    .enumerate()
+                    .map(|(i, (keys, dropped))| {
+                        let slice: Vec<ArrayRef> = columns
+                            .iter()
+                            .map(|c| c.slice(i * per_thread, keys.len()))
+                            .collect();
+                        scope.spawn(move || self.encode_into(&slice, keys, dropped))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|handle| {
+                        handle.join().unwrap_or_else(|_| {
+                            Err(DataFusionError::Internal(
+                                "a key encoding thread panicked".into(),
+                            ))
+                        })
+                    })
+                    .collect()
+            });
+            results.into_iter().collect::<Result<Vec<()>>>()?;
         }
-        let per_thread = rows.div_ceil(threads);
-        let pieces = on_threads(rows.div_ceil(per_thread), |i| {
-            let start = i * per_thread;
-            let len = per_thread.min(rows - start);
-            let slice: Vec<ArrayRef> = columns.iter().map(|c| c.slice(start, len)).collect();
-            self.encode(&slice)
-        })?;
-        let any_dropped = pieces.iter().any(|p| p.row_ids.is_some());
-        let kept: usize = pieces.iter().map(|p| p.keys.len()).sum();
-        let mut keys = Vec::with_capacity(kept);
-        let mut row_ids = any_dropped.then(|| Vec::with_capacity(kept));
-        for (i, piece) in pieces.into_iter().enumerate() {
-            let offset = (i * per_thread) as u64;
-            if let Some(all_ids) = row_ids.as_mut() {
-                match &piece.row_ids {
-                    Some(ids) => all_ids.extend(ids.iter().map(|&id| id + offset)),
-                    None => all_ids.extend(offset..offset + piece.keys.len() as u64),
-                }
-            }
-            keys.extend_from_slice(&piece.keys);
-        }
-        Ok(NormalizedKeys {
-            keys: keys.into(),
-            row_ids,
-        })
+        Ok(compact(keys, &dropped))
     }
 }
 
@@ -400,18 +424,18 @@ fn raw_keys(column: &ArrayRef) -> NormalizedKeys {
     }
 }
 
-/// Keeps the rows marked in `keep`.
-fn compact(keys: Vec<u64>, keep: &[bool]) -> NormalizedKeys {
-    if keep.iter().all(|&k| k) {
+/// Keeps the rows not marked in `dropped`.
+fn compact(keys: Vec<u64>, dropped: &[bool]) -> NormalizedKeys {
+    if !dropped.contains(&true) {
         return NormalizedKeys {
             keys: keys.into(),
             row_ids: None,
         };
     }
-    let row_ids: Vec<u64> = keep
+    let row_ids: Vec<u64> = dropped
         .iter()
         .enumerate()
-        .filter_map(|(i, &k)| k.then_some(i as u64))
+        .filter_map(|(i, &d)| (!d).then_some(i as u64))
         .collect();
     let keys = row_ids.iter().map(|&i| keys[i as usize]).collect();
     NormalizedKeys {
@@ -501,6 +525,26 @@ pub(crate) fn for_each_value(column: &ArrayRef, mut f: impl FnMut(usize, i128)) 
     Ok(())
 }
 
+/// [`value_range`] over slices of a large column on the host's cores: the
+/// build side's range is found while every probe partition waits.
+fn value_range_in_parallel(column: &ArrayRef) -> Result<(i128, i128)> {
+    const MIN_ROWS_PER_THREAD: usize = 1 << 21;
+    let threads = crate::host_copy::host_threads().min(column.len() / MIN_ROWS_PER_THREAD);
+    if threads <= 1 {
+        return value_range(column);
+    }
+    let per_thread = column.len().div_ceil(threads);
+    let ranges = super::parallel::on_threads(column.len().div_ceil(per_thread), |i| {
+        let start = i * per_thread;
+        value_range(&column.slice(start, per_thread.min(column.len() - start)))
+    })?;
+    Ok(ranges
+        .into_iter()
+        .filter(|(min, max)| min <= max)
+        .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
+        .unwrap_or((1, 0)))
+}
+
 /// The smallest and largest non-NULL value (`(1, 0)` when there is none).
 pub(crate) fn value_range(column: &ArrayRef) -> Result<(i128, i128)> {
     // Integers and decimals: arrow's vectorized kernels (NULLs skipped).
@@ -533,22 +577,25 @@ pub(crate) fn value_range(column: &ArrayRef) -> Result<(i128, i128)> {
     Ok(if min > max { (1, 0) } else { (min, max) })
 }
 
-/// `keys[i] = keys[i] << bits | code(column[i])`, clearing `keep[i]` where
-/// the value has no code.
+/// `keys[i] = keys[i] << bits | code(column[i])`, or, for the `first`
+/// column, `keys[i] = code(column[i])` without reading `keys` (see
+/// [`KeyEncoder::encode_parallel`]); sets `dropped[i]` where the value has
+/// no code.
 fn pack_column(
     column: &ArrayRef,
     domain: &Domain,
+    first: bool,
     keys: &mut [u64],
-    keep: &mut [bool],
+    dropped: &mut [bool],
 ) -> Result<()> {
     let nulls: Option<NullBuffer> = column.logical_nulls().filter(|n| n.null_count() > 0);
     let is_null = |i: usize| nulls.as_ref().is_some_and(|n| n.is_null(i));
-    let shift = |key: u64, code: u64| {
-        if domain.bits >= 64 {
+    let put = |key: &mut u64, code: u64| {
+        *key = if first || domain.bits >= 64 {
             code
         } else {
-            (key << domain.bits) | code
-        }
+            (*key << domain.bits) | code
+        };
     };
     // Values of up to 64 bits: offsets in wrapping u64 arithmetic, one
     // compare for the range check (the hot path of integer keys).
@@ -559,20 +606,33 @@ fn pack_column(
             let base = domain.min as u64;
             let span = (domain.max as u64).wrapping_sub(base);
             let null_code = u64::from(domain.null_code);
+            // Sign- or zero-extended to 64 bits, as the domain was.
+            let offset = |v| (v as i128 as u64).wrapping_sub(base);
+            if first && nulls.is_none() && !empty {
+                // The common case, one store per row and no branch but
+                // the rare drop.
+                for ((key, drop), &v) in keys.iter_mut().zip(dropped.iter_mut()).zip(values) {
+                    let offset = offset(v);
+                    *key = offset.wrapping_add(null_code);
+                    if offset > span {
+                        *drop = true;
+                    }
+                }
+                return Ok(());
+            }
             for (i, &v) in values.iter().enumerate() {
                 if is_null(i) {
                     match domain.null_code {
-                        true => keys[i] = shift(keys[i], 0),
-                        false => keep[i] = false,
+                        true => put(&mut keys[i], 0),
+                        false => dropped[i] = true,
                     }
                     continue;
                 }
-                // Sign- or zero-extended to 64 bits, as the domain was.
-                let offset = (v as i128 as u64).wrapping_sub(base);
+                let offset = offset(v);
                 if !empty && offset <= span {
-                    keys[i] = shift(keys[i], offset + null_code);
+                    put(&mut keys[i], offset + null_code);
                 } else {
-                    keep[i] = false;
+                    dropped[i] = true;
                 }
             }
             return Ok(());
@@ -587,8 +647,8 @@ fn pack_column(
             domain.code(v)
         };
         match code {
-            Some(code) => keys[i] = shift(keys[i], code),
-            None => keep[i] = false,
+            Some(code) => put(&mut keys[i], code),
+            None => dropped[i] = true,
         }
     })
 }
@@ -920,6 +980,25 @@ mod tests {
         assert_eq!(parallel.keys, one_pass.keys);
         assert_eq!(parallel.row_ids, one_pass.row_ids);
         assert!(one_pass.row_ids.is_some());
+    }
+
+    #[test]
+    fn the_range_of_a_large_column_found_in_slices_is_that_of_one_pass() {
+        // 5 M rows: two or more slices on any host with two cores.
+        let rows = 5_000_000;
+        let column = arr(Int32Array::from_iter((0..rows).map(|i| match i {
+            3 => Some(9_000_000),
+            _ if i == rows - 2 => Some(-7),
+            _ if i % 11 == 0 => None,
+            _ => Some(i % 1000),
+        })));
+        assert_eq!(value_range_in_parallel(&column).unwrap(), (-7, 9_000_000));
+        assert_eq!(
+            value_range_in_parallel(&column).unwrap(),
+            value_range(&column).unwrap()
+        );
+        let nulls = arr(Int32Array::from(vec![None; rows as usize]));
+        assert_eq!(value_range_in_parallel(&nulls).unwrap(), (1, 0));
     }
 
     #[test]
