@@ -95,17 +95,3 @@ extern "C" __global__ void expand_pairs(const u64* offsets, const u64* lower, u6
         out_b_ids[k] = b_ids[lower[lo] + (p - offsets[lo])];
     }
 }
-
-// out[i] = src[ids[i]] for i < n: a payload column gathered on the device
-// by the row ids of the join's pairs, so the host copies whole output
-// columns instead of gathering them row by row. An id at or beyond src_len
-// (never made by the kernels above) writes nothing.
-// Launch: any grid, block = BLOCK_THREADS (grid-stride).
-extern "C" __global__ void gather_u64(const u64* src, u64 src_len, const u64* ids, u64 n,
-                                      u64* out) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        const u64 id = ids[i];
-        if (id < src_len) out[i] = src[id];
-    }
-}

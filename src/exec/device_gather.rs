@@ -1,11 +1,11 @@
 //! Output columns gathered on the device (seed 002's gather by row id).
 //! Where every pair of a join is an output row (an inner join without a
-//! residual filter), each 8-byte output column without NULLs is copied to
-//! the device once, gathered there by the pairs' row ids, and copied back
-//! whole, instead of being gathered row by row on the host, where random
-//! reads from a large side cost about what the CPU join itself does. Other
-//! columns (NULLs, other widths, variable width) are taken on the host from
-//! the same pairs.
+//! residual filter), each fixed-width output column of 4, 8 or 16 bytes
+//! without NULLs is copied to the device once, gathered there by the pairs'
+//! row ids, and copied back whole, instead of being gathered row by row on
+//! the host, where random reads from a large side cost about what the CPU
+//! join itself does. Other columns (NULLs, booleans, other widths, variable
+//! width) are taken on the host from the same pairs.
 //!
 //! Shared by the hash join and the sort-merge join; the two sides are called
 //! build and probe as in [`OutputAssembler`] (the sort-merge join's left and
@@ -17,15 +17,14 @@ use cudarc::driver::CudaStream;
 use datafusion::arrow::array::ArrayData;
 use datafusion::arrow::array::{make_array, Array, ArrayRef, UInt64Array};
 use datafusion::arrow::buffer::Buffer;
-use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::exec::hash_join::{take_rows, ColumnSource, OutputAssembler};
-use crate::gpu::launch;
+use crate::gpu::launch::{self, ValueWidth};
 use crate::gpu::{
-    download_u64, download_u64_pieces, upload_u64, DeviceVec, DriverResultExt, GpuDevice,
+    download_byte_pieces, download_u64, upload_byte_pieces, DeviceVec, DriverResultExt, GpuDevice,
     GpuResult, Phase, PhaseTimer,
 };
 
@@ -35,26 +34,40 @@ pub(crate) fn gathers_by_pair(join_type: JoinType, has_filter: bool) -> bool {
     join_type == JoinType::Inner && !has_filter
 }
 
-/// Whether columns of `data_type` can be gathered on the device (when they
-/// hold no NULLs): 8-byte primitives, moved as plain words.
-pub(crate) fn gatherable_type(data_type: &DataType) -> bool {
-    data_type.primitive_width() == Some(8)
+/// Whether a chunk's own columns are worth copying to the device to be
+/// gathered there, given its first range of `pairs` pairs (`whole_chunk`:
+/// all of them) out of `rows` rows. Copying costs the host a staging copy of
+/// every row and the bus a copy of every row; gathering on the host costs a
+/// take per pair, from a chunk read nearly in order. From about one pair per
+/// two rows the copy is cheaper; below it (a selective join, such as
+/// TPC-H's orders against a filtered lineitem, 1 % of whose rows match) the
+/// host takes the few rows it needs. The build side's columns are on the
+/// device already, for every chunk.
+pub(crate) fn probe_side_pays(pairs: usize, whole_chunk: bool, rows: usize) -> bool {
+    !whole_chunk || 2 * pairs >= rows
 }
 
-/// Whether `column` is gathered on the device: fixed width of 8 bytes,
-/// no NULLs.
-fn on_device(column: &ArrayRef) -> bool {
-    gatherable_type(column.data_type())
-        && column.null_count() == 0
-        && column.to_data().buffers().len() == 1
+/// The width `column` is gathered on the device with, or `None` where it
+/// is taken on the host: a fixed width a gather kernel moves, no NULLs, one
+/// values buffer.
+fn device_width(column: &ArrayRef) -> Option<ValueWidth> {
+    let width = ValueWidth::of_bytes(column.data_type().primitive_width()?)?;
+    (column.null_count() == 0 && column.to_data().buffers().len() == 1).then_some(width)
 }
 
-/// `f` over the 8-byte values of a column [`on_device`] accepts, read in
-/// place from its Arrow buffer.
-fn with_words<R>(column: &ArrayRef, f: impl FnOnce(&[u64]) -> R) -> R {
+/// The bytes of the values of a column of `width`, read in place from its
+/// Arrow buffer.
+fn value_bytes(column: &ArrayRef, width: ValueWidth) -> Buffer {
     let data = column.to_data();
-    let bytes = data.buffers()[0].slice_with_length(data.offset() * 8, data.len() * 8);
-    f(bytes.typed_data::<u64>())
+    let w = width.bytes();
+    data.buffers()[0].slice_with_length(data.offset() * w, data.len() * w)
+}
+
+/// One column resident on the device: its values packed into words.
+#[derive(Debug)]
+struct ResidentColumn {
+    words: DeviceVec<u64>,
+    width: ValueWidth,
 }
 
 /// The columns of one side's batch that are gathered on the device,
@@ -62,29 +75,45 @@ fn with_words<R>(column: &ArrayRef, f: impl FnOnce(&[u64]) -> R) -> R {
 #[derive(Debug)]
 pub(crate) struct ResidentColumns {
     /// Per column of the batch, its copy on the device, or `None` (host).
-    columns: Vec<Option<DeviceVec<u64>>>,
+    columns: Vec<Option<ResidentColumn>>,
 }
 
 impl ResidentColumns {
-    /// The columns of `batch` that `wanted` names and [`on_device`] accepts.
+    /// The width of each column of `batch` that `wanted` names and that is
+    /// gathered on the device.
     fn chosen<'a>(
         batch: &'a RecordBatch,
         wanted: &'a [bool],
-    ) -> impl Iterator<Item = (usize, bool)> + 'a {
+    ) -> impl Iterator<Item = (usize, Option<ValueWidth>)> + 'a {
         batch.columns().iter().enumerate().map(move |(i, c)| {
-            (
-                i,
-                wanted.get(i).copied().unwrap_or(false) && on_device(c) && !c.is_empty(),
-            )
+            let wanted = wanted.get(i).copied().unwrap_or(false) && !c.is_empty();
+            (i, device_width(c).filter(|_| wanted))
         })
     }
 
     /// Device bytes of the columns of `batch` that [`Self::upload`] copies.
     pub(crate) fn device_bytes(batch: &RecordBatch, wanted: &[bool]) -> usize {
         Self::chosen(batch, wanted)
-            .filter(|&(_, chosen)| chosen)
-            .map(|_| 8 * batch.num_rows())
+            .filter_map(|(_, width)| width)
+            .map(|width| 8 * width.words(batch.num_rows()))
             .sum()
+    }
+
+    /// Bytes per row of the widest column of `batch` that [`Self::upload`]
+    /// copies (0 when none): what [`gather_batches`] needs per pair.
+    pub(crate) fn widest(batch: &RecordBatch, wanted: &[bool]) -> usize {
+        Self::chosen(batch, wanted)
+            .filter_map(|(_, width)| width)
+            .map(ValueWidth::bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// No column on the device: every column is taken on the host.
+    pub(crate) fn none() -> Self {
+        Self {
+            columns: Vec::new(),
+        }
     }
 
     /// Copies the columns of `batch` that `wanted[i]` asks for and that can
@@ -97,16 +126,29 @@ impl ResidentColumns {
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
         let mut columns = Vec::with_capacity(batch.num_columns());
-        for (i, chosen) in Self::chosen(batch, wanted) {
-            columns.push(if chosen {
-                Some(with_words(batch.column(i), |words| {
-                    upload_u64(device, stream, words, timer)
-                })?)
-            } else {
-                None
+        for (i, width) in Self::chosen(batch, wanted) {
+            columns.push(match width {
+                Some(width) => {
+                    let bytes = value_bytes(batch.column(i), width);
+                    Some(ResidentColumn {
+                        words: upload_byte_pieces(device, stream, &[bytes.as_slice()], timer)?,
+                        width,
+                    })
+                }
+                None => None,
             });
         }
         Ok(Self { columns })
+    }
+
+    /// Bytes per row of the widest column on the device (0 when none).
+    pub(crate) fn widest_resident(&self) -> usize {
+        self.columns
+            .iter()
+            .flatten()
+            .map(|column| column.width.bytes())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Whether any column is on the device.
@@ -114,7 +156,7 @@ impl ResidentColumns {
         self.columns.iter().any(Option::is_some)
     }
 
-    fn get(&self, column: usize) -> Option<&DeviceVec<u64>> {
+    fn get(&self, column: usize) -> Option<&ResidentColumn> {
         self.columns.get(column).and_then(Option::as_ref)
     }
 }
@@ -167,6 +209,7 @@ pub(crate) fn gather_batches(
     let batches = len.div_ceil(batch_size);
     // Per output column, its pieces of `batch_size` rows.
     let mut columns: Vec<Vec<ArrayRef>> = Vec::with_capacity(assembler.sources().len());
+    // One buffer for every gathered column in turn, as wide as the widest.
     let mut gathered: Option<DeviceVec<u64>> = None;
     let mut host_ids: [Option<UInt64Array>; 2] = [None, None];
     for source in assembler.sources() {
@@ -182,34 +225,49 @@ pub(crate) fn gather_batches(
         let source_column = side.batch.column(column);
         let mut pieces = Vec::with_capacity(batches);
         if let Some(values) = side.resident.get(column).filter(|_| len > 0) {
+            let width = values.width;
             let target = match &mut gathered {
-                Some(target) => target,
-                None => {
-                    // SAFETY: gather_u64 writes the first `len` elements
-                    // before each read of them below.
-                    let buffer =
-                        unsafe { stream.alloc::<u64>(len) }.during("allocating gathered values")?;
+                Some(target) if target.len() >= width.words(len) => target,
+                _ => {
+                    let widest = [build, probe]
+                        .iter()
+                        .flat_map(|side| side.resident.columns.iter().flatten())
+                        .map(|column| column.width)
+                        .max()
+                        .unwrap_or(width);
+                    // SAFETY: each gather writes the first `len` values
+                    // before the download below reads them.
+                    let buffer = unsafe { stream.alloc::<u64>(widest.words(len)) }
+                        .during("allocating gathered values")?;
                     gathered.insert(buffer)
                 }
             };
             timer.time(Phase::Kernel, || {
-                launch::gather_u64(
+                launch::gather_values(
                     device.kernels(),
                     stream,
                     device.sm_count(),
-                    values,
+                    width,
+                    &values.words,
+                    side.batch.num_rows(),
                     side.ids,
                     len,
                     target,
                 )
             })?;
-            let words =
-                download_u64_pieces(device, stream, &target.slice(..len), batch_size, timer)?;
-            for words in words {
-                let rows = words.len();
+            let buffers = download_byte_pieces(
+                device,
+                stream,
+                &target.slice(..),
+                len * width.bytes(),
+                batch_size * width.bytes(),
+                timer,
+            )?;
+            for buffer in buffers {
+                let rows = buffer.len() / width.bytes();
                 let data = ArrayData::builder(source_column.data_type().clone())
                     .len(rows)
-                    .add_buffer(Buffer::from_vec(words))
+                    .add_buffer(buffer)
                     .build();
                 match data {
                     Ok(data) => pieces.push(make_array(data)),
@@ -250,7 +308,10 @@ pub(crate) fn gather_batches(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::{Float64Array, Int32Array, Int64Array, StringArray};
+    use datafusion::arrow::array::{
+        BooleanArray, Date32Array, Decimal128Array, Float64Array, Int16Array, Int32Array,
+        Int64Array, StringArray,
+    };
     use datafusion::arrow::datatypes::{Field, Schema};
 
     fn arr<A: Array + 'static>(a: A) -> ArrayRef {
@@ -258,25 +319,57 @@ mod tests {
     }
 
     #[test]
-    fn only_8_byte_columns_without_nulls_go_to_the_device() {
-        assert!(on_device(&arr(Int64Array::from(vec![1, 2]))));
-        assert!(on_device(&arr(Float64Array::from(vec![1.5]))));
-        assert!(!on_device(&arr(Int64Array::from(vec![Some(1), None]))));
-        assert!(!on_device(&arr(Int32Array::from(vec![1]))));
-        assert!(!on_device(&arr(StringArray::from(vec!["a"]))));
+    fn fixed_width_columns_of_4_8_16_bytes_without_nulls_go_to_the_device() {
+        let width = |a: ArrayRef| device_width(&a);
+        assert_eq!(
+            width(arr(Int64Array::from(vec![1, 2]))),
+            Some(ValueWidth::Eight)
+        );
+        assert_eq!(
+            width(arr(Float64Array::from(vec![1.5]))),
+            Some(ValueWidth::Eight)
+        );
+        assert_eq!(
+            width(arr(Int32Array::from(vec![1]))),
+            Some(ValueWidth::Four)
+        );
+        assert_eq!(
+            width(arr(Date32Array::from(vec![1]))),
+            Some(ValueWidth::Four)
+        );
+        let decimal = Decimal128Array::from(vec![1i128, -2])
+            .with_precision_and_scale(15, 2)
+            .unwrap();
+        assert_eq!(width(arr(decimal)), Some(ValueWidth::Sixteen));
+        assert_eq!(width(arr(Int64Array::from(vec![Some(1), None]))), None);
+        assert_eq!(width(arr(Int16Array::from(vec![1]))), None);
+        assert_eq!(width(arr(BooleanArray::from(vec![true]))), None);
+        assert_eq!(width(arr(StringArray::from(vec!["a"]))), None);
         assert!(gathers_by_pair(JoinType::Inner, false));
         assert!(!gathers_by_pair(JoinType::Inner, true));
         assert!(!gathers_by_pair(JoinType::Left, false));
     }
 
     #[test]
-    fn words_are_the_values_of_a_slice_bit_for_bit() {
-        let column = arr(Int64Array::from(vec![5, -1, 7, 9])).slice(1, 2);
-        assert_eq!(with_words(&column, <[u64]>::to_vec), vec![u64::MAX, 7]);
-        let floats = arr(Float64Array::from(vec![0.5, -2.0]));
+    fn the_probe_side_is_copied_only_where_most_of_its_rows_match() {
+        assert!(probe_side_pays(1_000, true, 1_000));
+        assert!(probe_side_pays(500, true, 1_000));
+        assert!(!probe_side_pays(499, true, 1_000));
+        assert!(!probe_side_pays(10, true, 1_000));
+        // More pairs than one range holds: at least a range's worth.
+        assert!(probe_side_pays(10, false, 1_000));
+        assert!(!ResidentColumns::none().any());
+    }
+
+    #[test]
+    fn value_bytes_are_those_of_a_slice() {
+        let column = arr(Int32Array::from(vec![5, -1, 7, 9])).slice(1, 2);
+        let bytes = value_bytes(&column, ValueWidth::Four);
+        assert_eq!(bytes.typed_data::<i32>(), &[-1, 7]);
+        let decimal: ArrayRef = arr(Decimal128Array::from(vec![3i128, -4, 5])).slice(2, 1);
         assert_eq!(
-            with_words(&floats, <[u64]>::to_vec),
-            vec![0.5f64.to_bits(), (-2.0f64).to_bits()]
+            value_bytes(&decimal, ValueWidth::Sixteen).typed_data::<i128>(),
+            &[5]
         );
     }
 
@@ -295,11 +388,17 @@ mod tests {
         let batch = batch();
         assert_eq!(
             ResidentColumns::device_bytes(&batch, &[true, true, true, true]),
-            2 * 8 * 2
+            2 * 8 * 2 + 8
         );
         assert_eq!(
+            ResidentColumns::widest(&batch, &[true, true, true, true]),
+            8
+        );
+        assert_eq!(ResidentColumns::widest(&batch, &[false, true, true]), 4);
+        assert_eq!(ResidentColumns::widest(&batch, &[false, true]), 0);
+        assert_eq!(
             ResidentColumns::device_bytes(&batch, &[false, true, true, true]),
-            8 * 2
+            8 * 2 + 8
         );
         assert_eq!(ResidentColumns::device_bytes(&batch, &[]), 0);
     }

@@ -79,6 +79,17 @@ impl PinnedBuffer {
         Ok(&mut slice.as_mut_slice().during("waiting for a pinned buffer")?[..len])
     }
 
+    /// The bytes of the first `len` elements, for the host to fill with
+    /// values of any width (waits for pending copies).
+    pub fn as_mut_bytes(&mut self) -> GpuResult<&mut [u8]> {
+        let words = self.as_mut_slice()?;
+        let bytes = std::mem::size_of_val(words);
+        // SAFETY: the words' memory, borrowed mutably for the returned
+        // lifetime, viewed as bytes: u8 has alignment 1 and every bit
+        // pattern of the bytes is a valid u64 again.
+        Ok(unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), bytes) })
+    }
+
     /// The first `len` elements, for the host to read (waits for pending copies).
     pub fn as_slice(&self) -> GpuResult<&[u64]> {
         let slice = self.slice.as_ref().expect("present until drop");

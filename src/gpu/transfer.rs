@@ -3,8 +3,10 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use datafusion::arrow::buffer::Buffer;
+use datafusion::arrow::datatypes::ToByteSlice;
 
-use super::{DriverResultExt, GpuDevice, GpuResult, Phase, PhaseTimer, PinnedBuffer};
+use super::{DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer};
 use crate::host_copy::{copy_pieces, host_threads};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
@@ -30,21 +32,34 @@ pub fn upload_u64_pieces(
     pieces: &[&[u64]],
     timer: &mut PhaseTimer,
 ) -> GpuResult<CudaSlice<u64>> {
-    /// Words one staging thread copies at least.
-    const WORDS_PER_THREAD: usize = 1 << 21;
-    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
+    upload_byte_pieces(device, stream, &bytes, timer)
+}
+
+/// Copies the bytes of `pieces`, laid end to end, to one new device vector
+/// of whole words on `stream` (the last word padded with zeros), staged
+/// through one pinned buffer: how columns of 4- and 16-byte values travel
+/// in the same words as 8-byte ones. Returns once the copy is enqueued.
+pub fn upload_byte_pieces(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    pieces: &[&[u8]],
+    timer: &mut PhaseTimer,
+) -> GpuResult<CudaSlice<u64>> {
+    /// Bytes one staging thread copies at least.
+    const BYTES_PER_THREAD: usize = 1 << 24;
+    let bytes: usize = pieces.iter().map(|p| p.len()).sum();
+    let len = bytes.div_ceil(8);
     if len == 0 {
         return stream
             .null::<u64>()
             .during("allocating an empty device vector");
     }
     let mut staging = device.pinned().take(len)?;
-    copy_pieces(
-        &mut staging.as_mut_slice()?[..len],
-        pieces,
-        host_threads(),
-        WORDS_PER_THREAD,
-    );
+    let target = staging.as_mut_bytes()?;
+    let (data, padding) = target.split_at_mut(bytes);
+    copy_pieces(data, pieces, host_threads(), BYTES_PER_THREAD);
+    padding.fill(0);
     // SAFETY: every element is written by the copy below before any kernel reads it.
     let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
     timer.time(Phase::HostToDevice, || {
@@ -104,24 +119,32 @@ fn download_to_staging(
     Ok(Some(staging))
 }
 
-/// Copies `device_data` to the host through a pinned buffer, waits for the
-/// copy, and returns it as vectors of `piece_len` elements each (the last
-/// may be shorter): each piece owns its memory, so the batches made of them
-/// account for their own rows only.
-pub fn download_u64_pieces(
+/// Copies the first `bytes` bytes of the words of `device_data` to the host
+/// through a pinned buffer, waits for the copy, and returns them as Arrow
+/// buffers of `piece_bytes` bytes each (the last may be shorter): each piece
+/// owns its memory, so the batches made of them account for their own rows
+/// only.
+pub fn download_byte_pieces(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     device_data: &CudaView<'_, u64>,
-    piece_len: usize,
+    bytes: usize,
+    piece_bytes: usize,
     timer: &mut PhaseTimer,
-) -> GpuResult<Vec<Vec<u64>>> {
-    let Some(staging) = download_to_staging(device, stream, device_data, timer)? else {
+) -> GpuResult<Vec<Buffer>> {
+    if bytes > 8 * device_data.len() {
+        return Err(GpuError::Invalid(format!(
+            "{bytes} bytes asked of {} device words",
+            device_data.len()
+        )));
+    }
+    let words = device_data.slice(..bytes.div_ceil(8));
+    let Some(staging) = download_to_staging(device, stream, &words, timer)? else {
         return Ok(Vec::new());
     };
-    Ok(staging
-        .as_slice()?
-        .chunks(piece_len.max(1))
-        .map(<[u64]>::to_vec)
+    Ok(staging.as_slice()?.to_byte_slice()[..bytes]
+        .chunks(piece_bytes.max(1))
+        .map(Buffer::from_slice_ref)
         .collect())
 }
 

@@ -37,19 +37,18 @@ extensions_options! {
         /// and emits its groups on one thread.
         pub aggregate_single_phase: bool, default = false
         /// Run a `Partitioned` hash join once over all input partitions,
-        /// without DataFusion's CPU hash repartition of its inputs, where no
-        /// node above depends on the join's hash partitioning (the GPU
-        /// partitions the keys itself). Measured faster than the GPU join
-        /// over DataFusion's repartitions from 2^24 rows a side (3.49x
-        /// against 2.33x of the CPU at 2^26, BENCHMARKS.md), and unharmed
-        /// by skewed keys, which the CPU repartition sends to one partition
-        /// (Zipf 1.5 at 2^24: 2.49x against 1.06x). At 2^22 rows a side the
-        /// two traded places between runs (1.08x against 1.23x, then 1.04x
-        /// against 0.82x): there the whole build side, collected before any
-        /// probe starts, costs about what the repartition saves. Slower for
-        /// joins whose output columns are gathered on the host (4-byte
-        /// payloads: the seeds' Int32 joins, 0.8-1.0x against 1.4-1.5x),
-        /// where each row-id gather reads randomly over the whole build side.
+        /// without DataFusion's CPU hash repartition of its inputs (the GPU
+        /// partitions the keys itself): as it is where no node above
+        /// depends on the join's hash partitioning, and with its output
+        /// hash-repartitioned as the join's was where one does (unless
+        /// statistics say the join makes more rows than it reads, or its
+        /// projection dropped the partitioning columns). Measured faster
+        /// than the GPU join over DataFusion's repartitions from 2^24 rows a
+        /// side (BENCHMARKS.md), and unharmed by skewed keys, which the CPU
+        /// repartition sends to one partition (Zipf 1.5 at 2^24: 2.49x
+        /// against 1.06x). At 2^22 rows a side the two traded places
+        /// between runs: there the whole build side, collected before any
+        /// probe starts, costs about what the repartition saves.
         pub merge_partitions: bool, default = true
         /// Keep a node on the CPU when its inputs hold fewer rows than this by
         /// statistics (build + probe for a join, the input of an aggregation). 0 sends every supported node
@@ -84,11 +83,12 @@ extensions_options! {
         /// the host. `false` emits in the device's partition order.
         pub preserve_order: bool, default = true
         /// Gather the output columns of an inner join without a residual
-        /// filter on the device: 8-byte columns without NULLs are copied
-        /// there once and gathered by the matching pairs, and with
-        /// `preserve_order` the pairs are ordered there too, instead of
-        /// gathering every column row by row on the host. `false` gathers
-        /// on the host, as other joins always do.
+        /// filter on the device: 4-, 8- and 16-byte columns without NULLs
+        /// are copied there (the build side's once, a probe chunk's when at
+        /// least half its rows match) and gathered by the matching pairs,
+        /// and with `preserve_order` the pairs are ordered there too,
+        /// instead of gathering every column row by row on the host. `false`
+        /// gathers on the host, as other joins always do.
         pub device_gather: bool, default = true
         /// Probe chunks that start device work on one device at once; the
         /// others wait, which bounds the device work in flight (device

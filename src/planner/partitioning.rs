@@ -1,11 +1,13 @@
 //! One GPU join over all input partitions (design brief, "Plan properties and
 //! partitioning"): in `Partitioned` mode DataFusion hash-repartitions both
 //! join inputs on the CPU only so that N CPU threads can each join one slice.
-//! The GPU partitions the keys itself, so where nothing above the join
-//! depends on its hash partitioning, the join is re-planned in `CollectLeft`
-//! mode over the inputs of those repartitions: the build side is collected
-//! once from all its partitions, and every partition of the probe input
-//! probes it as it arrives. A full CPU pass over both inputs disappears.
+//! The GPU partitions the keys itself, so the join is re-planned in
+//! `CollectLeft` mode over the inputs of those repartitions: the build side
+//! is collected once from all its partitions, and every partition of the
+//! probe input probes it as it arrives. A full CPU pass over both inputs
+//! disappears. Where something above depends on the join's hash
+//! partitioning, the rule puts one repartition of the join's output in its
+//! place (see `rule.rs`).
 //! On by default (`gpu.merge_partitions`): with the build side concatenated
 //! on every core and single integer keys used in place, it is faster from
 //! 2^24 rows a side and does not suffer from skewed keys (BENCHMARKS.md).

@@ -3,14 +3,20 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
+use datafusion::physical_expr::expressions::{Column, UnKnownColumn};
+use datafusion::physical_expr::Partitioning;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
 use super::merge_for_order::{merge_join_for_sort, MergeForOrder};
@@ -64,9 +70,10 @@ impl PhysicalOptimizerRule for GpuOptimizerRule {
 /// keeps `HashJoinExec`'s row order only where that order can be seen
 /// (`order_observable`): not below a node that merges several partitions
 /// in whatever order they come, since nothing above it can depend on the
-/// order of one partition's rows. Where nothing above a `Partitioned` join
-/// depends on its hash partitioning (`partitioning_free`), the join runs
-/// once over all input partitions instead (see [`super::partitioning`]).
+/// order of one partition's rows. A `Partitioned` join runs once over all
+/// input partitions instead (see [`super::partitioning`]): as it is where
+/// nothing above depends on its hash partitioning (`partitioning_free`),
+/// with its output repartitioned where something does.
 fn rewrite(
     node: Arc<dyn ExecutionPlan>,
     order_observable: bool,
@@ -102,16 +109,14 @@ fn rewrite(
         .collect::<Result<Vec<_>>>()?;
     let node = replace_children_if_necessary(node, children)?;
     if let Some(join) = node.downcast_ref::<HashJoinExec>() {
-        let merge_partitions = options.merge_partitions && partitioning_free && !order_observable;
-        if let Some(gpu_join) = gpu_join(
-            &node,
-            join,
-            order_observable,
-            merge_partitions,
-            options,
-            gpu,
-        )? {
-            return Ok(Arc::new(gpu_join));
+        let merge =
+            (options.merge_partitions && !order_observable).then_some(if partitioning_free {
+                MergeInputs::Free
+            } else {
+                MergeInputs::RepartitionOutput
+            });
+        if let Some(gpu_join) = gpu_join(&node, join, order_observable, merge, options, gpu)? {
+            return Ok(gpu_join);
         }
     }
     if let Some(join) = node.downcast_ref::<SortMergeJoinExec>() {
@@ -131,35 +136,116 @@ fn rewrite(
     Ok(node)
 }
 
+/// How a `Partitioned` join may run once over all its input partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MergeInputs {
+    /// Nothing above relies on the join's hash partitioning.
+    Free,
+    /// Something above does: the join's output is hash-repartitioned as
+    /// the join's was, which moves fewer rows than repartitioning both
+    /// inputs wherever the join makes no more rows than it reads.
+    RepartitionOutput,
+}
+
 /// The GPU join replacing `join` (the plan node `node`), if any: over all
-/// input partitions where `merge_partitions` allows and the join has CPU
-/// repartitions to remove, otherwise over the same inputs.
+/// input partitions where `merge` allows and the join has CPU repartitions
+/// to remove (with its output repartitioned where that is relied on),
+/// otherwise over the same inputs.
 fn gpu_join(
     node: &Arc<dyn ExecutionPlan>,
     join: &HashJoinExec,
     order_observable: bool,
-    merge_partitions: bool,
+    merge: Option<MergeInputs>,
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
-) -> Result<Option<GpuHashJoinExec>> {
-    if merge_partitions {
-        if let Some(merged) = over_unrepartitioned_inputs(join)? {
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    if let Some(merge) = merge {
+        let output_partitioning = join.properties().output_partitioning().clone();
+        let allowed = match merge {
+            MergeInputs::Free => true,
+            MergeInputs::RepartitionOutput => {
+                evaluable_hash(&output_partitioning, &join.schema())
+                    && !makes_more_rows_than_it_reads(join)
+            }
+        };
+        if let Some(merged) = allowed
+            .then(|| over_unrepartitioned_inputs(join))
+            .transpose()?
+            .flatten()
+        {
             if decide_hash_join(&merged, options, gpu).is_ok() {
                 let merged: Arc<dyn ExecutionPlan> = Arc::new(merged);
-                return Ok(Some(
+                let gpu_join: Arc<dyn ExecutionPlan> = Arc::new(
                     GpuHashJoinExec::try_new(merged)?
                         .with_preserve_order(false)
                         .with_repartition_removed(true),
-                ));
+                );
+                return Ok(Some(match merge {
+                    MergeInputs::Free => gpu_join,
+                    MergeInputs::RepartitionOutput => {
+                        Arc::new(RepartitionExec::try_new(gpu_join, output_partitioning)?)
+                    }
+                }));
             }
         }
     }
     if decide_hash_join(join, options, gpu).is_ok() {
-        return Ok(Some(
+        return Ok(Some(Arc::new(
             GpuHashJoinExec::try_new(Arc::clone(node))?.with_preserve_order(order_observable),
-        ));
+        )));
     }
     Ok(None)
+}
+
+/// Whether `partitioning` hashes expressions that a repartition above a node
+/// of `schema` can evaluate: every column one of the schema's. A join whose
+/// projection drops its key columns reports a partitioning on columns it no
+/// longer outputs; nothing can re-create that one.
+fn evaluable_hash(partitioning: &Partitioning, schema: &SchemaRef) -> bool {
+    let Partitioning::Hash(exprs, _) = partitioning else {
+        return false;
+    };
+    exprs.iter().all(|expr| {
+        let mut evaluable = true;
+        let walked = expr.apply(|node| {
+            if node.downcast_ref::<UnKnownColumn>().is_some() {
+                evaluable = false;
+            } else if let Some(column) = node.downcast_ref::<Column>() {
+                evaluable &= schema
+                    .fields()
+                    .get(column.index())
+                    .is_some_and(|field| field.name() == column.name());
+            }
+            Ok(if evaluable {
+                TreeNodeRecursion::Continue
+            } else {
+                TreeNodeRecursion::Stop
+            })
+        });
+        walked.is_ok() && evaluable
+    })
+}
+
+/// Whether statistics say that `join` makes more rows than its two inputs
+/// hold together (an exploding join, whose output costs more to repartition
+/// than its inputs); unknown sizes count as not.
+fn makes_more_rows_than_it_reads(join: &HashJoinExec) -> bool {
+    let node: &dyn ExecutionPlan = join;
+    let rows = |plan: &dyn ExecutionPlan| match StatisticsContext::new()
+        .compute(plan, &StatisticsArgs::new())
+        .map(|stats| stats.num_rows)
+    {
+        Ok(Precision::Exact(n) | Precision::Inexact(n)) => Some(n),
+        _ => None,
+    };
+    match (
+        rows(node),
+        rows(join.left().as_ref()),
+        rows(join.right().as_ref()),
+    ) {
+        (Some(output), Some(left), Some(right)) => output > left.saturating_add(right),
+        _ => false,
+    }
 }
 
 /// The GPU aggregation replacing `agg` (the plan node `node`), if any: one
@@ -378,29 +464,87 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_join_whose_hash_partitioning_is_relied_on_keeps_it() {
+    async fn a_join_whose_hash_partitioning_is_relied_on_has_its_output_repartitioned() {
         // The aggregate groups by the join key: DataFusion plans it over the
-        // join's hash partitioning, without a repartition of its own.
+        // join's hash partitioning, without a repartition of its own. The
+        // GPU join reads its inputs as they are and its output is
+        // repartitioned as the join's was: one repartition instead of two.
         let sql = "SELECT r.k, count(*) FROM r JOIN s ON r.k = s.k GROUP BY r.k";
         let plan = rewritten(sql, true).await;
         let joins = gpu_joins(&plan);
         assert_eq!(joins.len(), 1, "{}", show(&plan));
-        assert!(!joins[0].repartition_removed(), "{}", show(&plan));
+        assert!(joins[0].repartition_removed(), "{}", show(&plan));
         assert_eq!(
             *joins[0].hash_join().partition_mode(),
-            datafusion::physical_plan::joins::PartitionMode::Partitioned
+            datafusion::physical_plan::joins::PartitionMode::CollectLeft
         );
+        assert_eq!(hash_repartitions(&plan), 1, "{}", show(&plan));
+        let shown = show(&plan);
+        let lines: Vec<&str> = shown.lines().map(str::trim).collect();
+        assert!(
+            lines.windows(2).any(|pair| {
+                pair[0].starts_with("RepartitionExec: partitioning=Hash([k@0], 4)")
+                    && pair[1].starts_with("GpuHashJoinExec")
+            }),
+            "{shown}"
+        );
+        // Without merging, DataFusion's two input repartitions stay.
+        let plan = rewritten(sql, false).await;
+        assert!(!gpu_joins(&plan)[0].repartition_removed());
+        assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+    }
+
+    #[test]
+    fn only_hash_partitionings_on_output_columns_can_be_made_again() {
+        // TPC-H q2, q9, q10, q11 and q16 plan joins whose projection drops
+        // their keys below a node that keeps their partitioning from being
+        // free; repartitioning on the dropped column failed at run time.
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::physical_expr::PhysicalExpr;
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", DataType::Int64, false),
+        ]));
+        let hash = |exprs: Vec<Arc<dyn PhysicalExpr>>| Partitioning::Hash(exprs, 4);
+        assert!(evaluable_hash(
+            &hash(vec![Arc::new(Column::new("b", 1))]),
+            &schema
+        ));
+        // A column beyond the output, or named otherwise, or unknown.
+        assert!(!evaluable_hash(
+            &hash(vec![Arc::new(Column::new("o_orderkey", 6))]),
+            &schema
+        ));
+        assert!(!evaluable_hash(
+            &hash(vec![Arc::new(Column::new("a", 1))]),
+            &schema
+        ));
+        assert!(!evaluable_hash(
+            &hash(vec![
+                Arc::new(Column::new("a", 0)),
+                Arc::new(UnKnownColumn::new("k"))
+            ]),
+            &schema
+        ));
+        assert!(!evaluable_hash(&Partitioning::RoundRobinBatch(4), &schema));
     }
 
     #[tokio::test]
-    async fn joins_stacked_on_one_key_keep_the_partitioning_the_upper_one_needs() {
+    async fn joins_stacked_on_one_key_run_over_all_input_partitions() {
         let sql = "SELECT count(*) FROM r JOIN s ON r.k = s.k JOIN r AS r2 ON s.k = r2.k";
         let plan = rewritten(sql, true).await;
         let joins = gpu_joins(&plan);
         assert_eq!(joins.len(), 2, "{}", show(&plan));
         // The lower join (listed second) feeds a join that requires its
-        // hash partitioning, so it keeps DataFusion's repartitions.
-        assert!(!joins[1].repartition_removed(), "{}", show(&plan));
+        // hash partitioning, so its output is repartitioned; the upper
+        // join, free of any requirement, then reads the lower one's output
+        // without that repartition.
+        assert!(
+            joins.iter().all(|j| j.repartition_removed()),
+            "{}",
+            show(&plan)
+        );
+        assert_eq!(hash_repartitions(&plan), 0, "{}", show(&plan));
     }
 
     fn gpu_aggregates(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuAggregateExec> {

@@ -584,9 +584,9 @@ async fn inner_joins_gather_their_output_on_the_device() {
     let Some(_) = require_gpu("inner_joins_gather_their_output_on_the_device") else {
         return;
     };
-    // 8-byte columns without NULLs are gathered on the device; the others
-    // (NULL-bearing Int64, Int32, strings, decimals) on the host from the
-    // same pairs, in one batch. Every variant must give DataFusion's rows
+    // 4-, 8- and 16-byte columns without NULLs are gathered on the device;
+    // the others (NULL-bearing columns, strings, booleans) on the host from
+    // the same pairs, in one batch. Every variant must give DataFusion's rows
     // and must have gathered on the device, in both partition modes, with
     // and without the order kept, with small chunks too.
     let queries = [
@@ -594,6 +594,13 @@ async fn inner_joins_gather_their_output_on_the_device() {
         "SELECT s.v, r.k64, r.k32, s.ks, r.kd, r.kf FROM r JOIN s ON r.k32 = s.k32",
         "SELECT r.kts, s.kdate, s.id FROM r JOIN s ON r.k64 = s.k64 AND r.kdate = s.kdate",
         "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k64 = s.k64",
+        // t, the smaller side, builds: 4-, 8- and 16-byte columns without
+        // NULLs from both sides (Int32, Date32, Float64, Decimal128).
+        "SELECT t.k32, s.kd, t.kd, s.kdate, t.kf, s.k32, t.id FROM t JOIN s ON t.k64 = s.k64",
+        // A few percent of the probe rows match: the build side's columns
+        // are gathered on the device, the probe's taken on the host.
+        "SELECT t.kd, s.kd, t.k32, s.v FROM (SELECT * FROM t WHERE id % 50 = 0) t \
+         JOIN s ON t.k64 = s.k64",
     ];
     for extra in [
         &[][..],
@@ -609,6 +616,10 @@ async fn inner_joins_gather_their_output_on_the_device() {
                 shape(3_000, 1_000, 17, 3),
                 shape(5_000, 1_200, 0, 0),
             );
+            for ctx in [&gpu, &cpu] {
+                ctx.register_table("t", typed_table(shape(2_000, 1_500, 0, 2), 3))
+                    .unwrap();
+            }
             for sql in queries {
                 let mut seen = BTreeSet::new();
                 check(&gpu, &cpu, sql, &mut seen).await;

@@ -3,7 +3,11 @@
 
 use std::sync::Arc;
 
-use datafusion_gpu::gpu::{download_u64, upload_u64, upload_u64_pieces, GpuDevice, PhaseTimer};
+use datafusion_gpu::gpu::launch::{self, ValueWidth};
+use datafusion_gpu::gpu::{
+    download_byte_pieces, download_u64, upload_byte_pieces, upload_u64, upload_u64_pieces,
+    GpuDevice, PhaseTimer,
+};
 use datafusion_gpu::ops::hash_join::{self, DeviceBuildTable};
 use datafusion_gpu::ops::radix::{self, RadixPlan};
 use datafusion_gpu::ops::scan;
@@ -307,6 +311,95 @@ fn pieces_upload_end_to_end_on_one_thread_and_on_many() {
         download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
         timer.finish().unwrap();
         assert_eq!(back, words, "{total} words in {} pieces", pieces.len());
+    }
+}
+
+#[test]
+fn gathers_of_4_8_and_16_byte_values_match_the_host() {
+    let Some(device) = device("gathers_of_4_8_and_16_byte_values_match_the_host") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    for width in [ValueWidth::Four, ValueWidth::Eight, ValueWidth::Sixteen] {
+        let w = width.bytes();
+        // Odd counts leave a 4-byte value alone in its last word.
+        for (values, len) in [
+            (1usize, 1usize),
+            (7, 3),
+            (1_001, 2_999),
+            (3_000_001, 1_000_001),
+        ] {
+            let bytes: Vec<u8> = random_keys(values * w, 256, (values * w) as u64)
+                .into_iter()
+                .map(|b| b as u8)
+                .collect();
+            let ids = random_keys(len, values as u64, len as u64);
+            // Uploaded in pieces that split values, as batches never do.
+            let cut = (bytes.len() / 3) | 1;
+            let pieces = [&bytes[..cut], &bytes[cut..]];
+            let mut timer = PhaseTimer::new(Arc::clone(stream));
+            let src = upload_byte_pieces(&device, stream, &pieces, &mut timer).unwrap();
+            assert_eq!(src.len(), width.words(values));
+            let device_ids = upload_u64(&device, stream, &ids, &mut timer).unwrap();
+            // SAFETY: the gather writes what the download reads.
+            let mut out = unsafe { stream.alloc::<u64>(width.words(len)) }.unwrap();
+            launch::gather_values(
+                device.kernels(),
+                stream,
+                device.sm_count(),
+                width,
+                &src,
+                values,
+                &device_ids,
+                len,
+                &mut out,
+            )
+            .unwrap();
+            let piece_bytes = 1_000 * w;
+            let back = download_byte_pieces(
+                &device,
+                stream,
+                &out.as_view(),
+                len * w,
+                piece_bytes,
+                &mut timer,
+            )
+            .unwrap();
+            timer.finish().unwrap();
+            assert_eq!(back.len(), (len * w).div_ceil(piece_bytes));
+            assert!(back.iter().rev().skip(1).all(|b| b.len() == piece_bytes));
+            let gathered: Vec<u8> = back.iter().flat_map(|b| b.as_slice().to_vec()).collect();
+            let expected: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| bytes[id as usize * w..(id as usize + 1) * w].to_vec())
+                .collect();
+            assert_eq!(
+                gathered, expected,
+                "{w}-byte values: {values} gathered to {len}"
+            );
+        }
+        // A source shorter than the values it claims is refused.
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let short = upload_u64(&device, stream, &[1, 2], &mut timer).unwrap();
+        let ids = upload_u64(&device, stream, &[0], &mut timer).unwrap();
+        // SAFETY: never read: the launch is refused.
+        let mut out = unsafe { stream.alloc::<u64>(2) }.unwrap();
+        timer.finish().unwrap();
+        let too_many = 16 / w + 1;
+        assert!(launch::gather_values(
+            device.kernels(),
+            stream,
+            device.sm_count(),
+            width,
+            &short,
+            too_many,
+            &ids,
+            1,
+            &mut out
+        )
+        .is_err());
     }
 }
 

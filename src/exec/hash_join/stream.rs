@@ -29,7 +29,7 @@ use super::candidates::{confirm_pairs, key_comparator};
 use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
 use super::output::{OutputAssembler, OutputRows, SideRows};
-use crate::exec::device_gather::{gather_batches, GatherSide, ResidentColumns};
+use crate::exec::device_gather::{gather_batches, probe_side_pays, GatherSide, ResidentColumns};
 use crate::exec::keys::NormalizedKeys;
 use crate::exec::once::OnceFut;
 use crate::exec::GpuJoinMetrics;
@@ -519,13 +519,18 @@ fn pairs_on_device(
     let table = &resident.table;
     let build_gather = resident.gather.as_ref();
     let gather = gather.zip(build_gather);
-    let gather_bytes = gather.map_or(0, |(gather, _)| {
+    let gather_bytes = gather.map_or(0, |(gather, build_columns)| {
         let order = if gather.ordered {
             order_device_bytes(max_pairs)
         } else {
             0
         };
-        ResidentColumns::device_bytes(gather.chunk, gather.probe_columns) + order + 8 * max_pairs
+        // One buffer of the widest column's values per pair.
+        let widest = ResidentColumns::widest(gather.chunk, gather.probe_columns)
+            .max(build_columns.columns.widest_resident());
+        ResidentColumns::device_bytes(gather.chunk, gather.probe_columns)
+            + order
+            + widest * max_pairs
     });
     let bytes = probe_device_bytes(
         probe_keys.keys.len(),
@@ -543,16 +548,9 @@ fn pairs_on_device(
     let stream = device.stream()?;
     let stream = stream.stream();
     let mut timer = PhaseTimer::new(Arc::clone(stream));
-    let probe_columns = match gather {
-        Some((gather, _)) => Some(ResidentColumns::upload(
-            device,
-            stream,
-            gather.chunk,
-            gather.probe_columns,
-            &mut timer,
-        )?),
-        None => None,
-    };
+    // The chunk's own columns go to the device once its pairs are counted,
+    // and only where that pays (see `probe_side_pays`).
+    let mut probe_columns: Option<ResidentColumns> = None;
     probe(
         device,
         stream,
@@ -562,13 +560,27 @@ fn pairs_on_device(
         max_pairs,
         &mut timer,
         |pairs, timer| {
-            let on_device = gather
-                .zip(probe_columns.as_ref())
-                .filter(|((gather, _), _)| !gather.ordered || pairs.whole_chunk);
-            let Some(((gather, build_columns), probe_columns)) = on_device else {
+            let on_device = gather.filter(|(gather, _)| !gather.ordered || pairs.whole_chunk);
+            let Some((gather, build_columns)) = on_device else {
                 let (build_ids, probe_ids) = pairs.download(device, stream, timer)?;
                 on_output(Ok(ChunkOutput::Pairs(build_ids, probe_ids)));
                 return Ok(());
+            };
+            let probe_columns = match &mut probe_columns {
+                Some(columns) => columns,
+                None => probe_columns.insert(
+                    if probe_side_pays(pairs.len, pairs.whole_chunk, gather.chunk.num_rows()) {
+                        ResidentColumns::upload(
+                            device,
+                            stream,
+                            gather.chunk,
+                            gather.probe_columns,
+                            timer,
+                        )?
+                    } else {
+                        ResidentColumns::none()
+                    },
+                ),
             };
             let ordered = match gather.ordered {
                 true => Some(order_by_probe_row(

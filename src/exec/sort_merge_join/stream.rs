@@ -355,7 +355,11 @@ impl DevicePart {
         let gather_bytes = if gather {
             ResidentColumns::device_bytes(left, &all_left)
                 + ResidentColumns::device_bytes(right, &all_right)
-                + 2 * 8 * self.max_output_pairs
+                // The left row ids and one buffer of the widest column's
+                // values, per pair.
+                + (8 + ResidentColumns::widest(left, &all_left)
+                    .max(ResidentColumns::widest(right, &all_right)))
+                    * self.max_output_pairs
         } else {
             0
         };

@@ -108,28 +108,3 @@ pub fn expand_pairs(
         .during("launching expand_pairs")?;
     Ok(())
 }
-
-/// `gather_u64`: `out[i] = src[ids[i]]` for `i < len`.
-pub fn gather_u64(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
-    src: &CudaSlice<u64>,
-    ids: &CudaSlice<u64>,
-    len: usize,
-    out: &mut CudaSlice<u64>,
-) -> GpuResult<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    check_len(ids, len, "gather ids")?;
-    check_len(out, len, "gather output")?;
-    let (src_len, len64) = (src.len() as u64, len as u64);
-    let mut launch = stream.launch_builder(&kernels.gather_u64);
-    launch.arg(src).arg(&src_len).arg(ids).arg(&len64).arg(out);
-    // SAFETY: reads ids[..len] and src at indices below src_len (the kernel
-    // checks each), writes out[..len]; both lengths checked above.
-    unsafe { launch.launch(config(grid_stride_blocks(len64, sm_count))?) }
-        .during("launching gather_u64")?;
-    Ok(())
-}

@@ -11,15 +11,15 @@ use cudarc::nvrtc::Ptx;
 
 use super::{DriverResultExt, GpuError, GpuResult};
 
+mod gather;
 mod group_by;
 mod merge_join;
+pub use gather::{gather_u64, gather_values, ValueWidth};
 pub use group_by::{
     aggregate_f64_sum, aggregate_i128_sum, aggregate_u64, fill_u64, group_insert, group_resolve,
     AggregateOp, GroupRows, PRIVATIZED_GROUPS,
 };
-pub use merge_join::{
-    expand_pairs, gather_u64, merge_path_bounds, MergeBound, MERGE_ITEMS_PER_THREAD,
-};
+pub use merge_join::{expand_pairs, merge_path_bounds, MergeBound, MERGE_ITEMS_PER_THREAD};
 
 /// Threads per block of every kernel (`BLOCK_THREADS` in `ptx/common.cuh`).
 pub const BLOCK_THREADS: u32 = 256;
@@ -35,6 +35,7 @@ const RADIX_PARTITION_PTX: &str = include_str!("../../../ptx/radix_partition.ptx
 const HASH_JOIN_PTX: &str = include_str!("../../../ptx/hash_join.ptx");
 const GROUP_BY_PTX: &str = include_str!("../../../ptx/group_by.ptx");
 const MERGE_JOIN_PTX: &str = include_str!("../../../ptx/merge_join.ptx");
+const GATHER_PTX: &str = include_str!("../../../ptx/gather.ptx");
 
 /// Every kernel of the crate, loaded into one device context.
 #[derive(Debug)]
@@ -49,7 +50,9 @@ pub struct Kernels {
     radix_sort_scatter: CudaFunction,
     merge_path_bounds: CudaFunction,
     expand_pairs: CudaFunction,
+    gather_u32: CudaFunction,
     gather_u64: CudaFunction,
+    gather_u128: CudaFunction,
     partition_bounds: CudaFunction,
     hash_join_count: CudaFunction,
     hash_join_write: CudaFunction,
@@ -74,6 +77,7 @@ impl Kernels {
         let join = load(HASH_JOIN_PTX)?;
         let group_by = load(GROUP_BY_PTX)?;
         let merge = load(MERGE_JOIN_PTX)?;
+        let gather = load(GATHER_PTX)?;
         let function = |module: &Arc<CudaModule>, name: &'static str| {
             module
                 .load_function(name)
@@ -89,7 +93,9 @@ impl Kernels {
             radix_sort_scatter: function(&radix, "radix_sort_scatter")?,
             merge_path_bounds: function(&merge, "merge_path_bounds")?,
             expand_pairs: function(&merge, "expand_pairs")?,
-            gather_u64: function(&merge, "gather_u64")?,
+            gather_u32: function(&gather, "gather_u32")?,
+            gather_u64: function(&gather, "gather_u64")?,
+            gather_u128: function(&gather, "gather_u128")?,
             partition_bounds: function(&radix, "partition_bounds")?,
             hash_join_count: function(&join, "hash_join_count")?,
             hash_join_write: function(&join, "hash_join_write")?,
@@ -99,7 +105,7 @@ impl Kernels {
             aggregate_u64: function(&group_by, "aggregate_u64")?,
             aggregate_f64_sum: function(&group_by, "aggregate_f64_sum")?,
             aggregate_i128_sum: function(&group_by, "aggregate_i128_sum")?,
-            _modules: vec![scan, radix, join, group_by, merge],
+            _modules: vec![scan, radix, join, group_by, merge, gather],
         })
     }
 }

@@ -1,0 +1,136 @@
+//! Typed launches of the gather kernels in `ptx/gather.cu`.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
+
+use super::{check_len, config, grid_stride_blocks, Kernels};
+use crate::gpu::{DriverResultExt, GpuError, GpuResult};
+
+/// The width of the values a gather moves, one kernel each. Values are
+/// held on the device packed end to end in `u64` words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ValueWidth {
+    /// Int32, Float32, Date32 and other 4-byte values.
+    Four,
+    /// Int64, Float64, timestamps and other 8-byte values.
+    Eight,
+    /// Decimal128 and other 16-byte values.
+    Sixteen,
+}
+
+impl ValueWidth {
+    /// The width of values of `bytes` bytes, where a kernel moves them.
+    pub fn of_bytes(bytes: usize) -> Option<Self> {
+        match bytes {
+            4 => Some(Self::Four),
+            8 => Some(Self::Eight),
+            16 => Some(Self::Sixteen),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one value.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::Four => 4,
+            Self::Eight => 8,
+            Self::Sixteen => 16,
+        }
+    }
+
+    /// The `u64` words that hold `values` values packed end to end.
+    pub fn words(self, values: usize) -> usize {
+        (values * self.bytes()).div_ceil(8)
+    }
+
+    fn kernel(self, kernels: &Kernels) -> &CudaFunction {
+        match self {
+            Self::Four => &kernels.gather_u32,
+            Self::Eight => &kernels.gather_u64,
+            Self::Sixteen => &kernels.gather_u128,
+        }
+    }
+}
+
+/// `gather_u32` / `gather_u64` / `gather_u128`: value `i` of `out` is value
+/// `ids[i]` of `src`, for `i < len`, where `src` holds `src_values` values of
+/// `width` packed into words (a whole allocation, so 16-byte values are
+/// aligned).
+#[allow(clippy::too_many_arguments)]
+pub fn gather_values(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    width: ValueWidth,
+    src: &CudaSlice<u64>,
+    src_values: usize,
+    ids: &CudaSlice<u64>,
+    len: usize,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    if src.len() < width.words(src_values) {
+        return Err(GpuError::Invalid(format!(
+            "gather source of {} words holds fewer than {src_values} values of {} bytes",
+            src.len(),
+            width.bytes()
+        )));
+    }
+    check_len(ids, len, "gather ids")?;
+    check_len(out, width.words(len), "gather output")?;
+    let (src_len, len64) = (src_values as u64, len as u64);
+    let mut launch = stream.launch_builder(width.kernel(kernels));
+    launch.arg(src).arg(&src_len).arg(ids).arg(&len64).arg(out);
+    // SAFETY: the kernel reads ids[..len] and the values of src below
+    // src_values (it checks each id), which lie within src's words, and
+    // writes the first len values of out, within its words: all three
+    // lengths are checked above. Both buffers are whole allocations, aligned
+    // for any of the three widths.
+    unsafe { launch.launch(config(grid_stride_blocks(len64, sm_count))?) }
+        .during("launching a gather")?;
+    Ok(())
+}
+
+/// [`gather_values`] over 8-byte values: `out[i] = src[ids[i]]` for
+/// `i < len`.
+pub fn gather_u64(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    src: &CudaSlice<u64>,
+    ids: &CudaSlice<u64>,
+    len: usize,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    gather_values(
+        kernels,
+        stream,
+        sm_count,
+        ValueWidth::Eight,
+        src,
+        src.len(),
+        ids,
+        len,
+        out,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widths_pack_values_into_whole_words() {
+        assert_eq!(ValueWidth::of_bytes(4), Some(ValueWidth::Four));
+        assert_eq!(ValueWidth::of_bytes(2), None);
+        assert_eq!(ValueWidth::of_bytes(32), None);
+        assert_eq!(ValueWidth::Four.words(3), 2);
+        assert_eq!(ValueWidth::Four.words(4), 2);
+        assert_eq!(ValueWidth::Eight.words(3), 3);
+        assert_eq!(ValueWidth::Sixteen.words(3), 6);
+        assert_eq!(ValueWidth::Sixteen.words(0), 0);
+    }
+}
