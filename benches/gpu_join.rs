@@ -4,7 +4,7 @@
 //!     cargo bench --bench gpu_join -- [--log2-rows 24] [--runs 5]
 //!                                      [--match-percent 100] [--zipf 0]
 //!                                      [--unordered] [--explain-analyze]
-//!                                      [--repartitioned] [--host-gather]
+//!                                      [--repartitioned] [--host-gather] [--int32]
 //!                                      [--set gpu.KEY=VALUE ...]
 //!     cargo bench --bench gpu_join -- --group-by [--log2-rows 24] [--runs 5]
 //!                                      [--log2-groups 1,4,8,12,16,20,24] [--zipf 0]
@@ -24,7 +24,8 @@
 //! R has keys 0..2^n in random order (a primary key), S has 2^n foreign keys
 //! drawn uniformly so that `--match-percent` of them hit R (100: every one),
 //! or, with `--zipf s` > 0, drawn from a Zipf(s) distribution over R's keys;
-//! both carry an Int64 payload `v`. Times are wall clock
+//! both carry an Int64 payload `v` (with `--int32`, keys and payloads are
+//! Int32, as in the seeds' workloads). Times are wall clock
 //! for planning + execution + collecting the one-row answer, data already in
 //! memory (`MemTable`s, one partition per core). "Cold" is the first GPU
 //! query of the process (driver and PTX load included), "warm" the median of
@@ -40,6 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
@@ -77,11 +79,19 @@ fn arg_f64(name: &str, default: f64) -> f64 {
         .unwrap_or(default)
 }
 
-fn table(keys: &[i64], salt: i64, partitions: usize) -> Arc<MemTable> {
+/// R or S: key `k` and payload `v`, Int64 or (`int32`) Int32, in
+/// `partitions` partitions of 8192-row batches.
+fn table(keys: &[i64], salt: i64, partitions: usize, int32: bool) -> Arc<MemTable> {
+    let data_type = if int32 {
+        DataType::Int32
+    } else {
+        DataType::Int64
+    };
     let schema = Arc::new(Schema::new(vec![
-        Field::new("k", DataType::Int64, false),
-        Field::new("v", DataType::Int64, false),
+        Field::new("k", data_type.clone(), false),
+        Field::new("v", data_type.clone(), false),
     ]));
+    let typed = |column: ArrayRef| cast(&column, &data_type).expect("keys and payloads fit");
     let per = keys.len().div_ceil(partitions);
     let parts = keys
         .chunks(per.max(1))
@@ -98,8 +108,8 @@ fn table(keys: &[i64], salt: i64, partitions: usize) -> Arc<MemTable> {
                     RecordBatch::try_new(
                         Arc::clone(&schema),
                         vec![
-                            Arc::new(Int64Array::from(ks.to_vec())) as ArrayRef,
-                            Arc::new(v),
+                            typed(Arc::new(Int64Array::from(ks.to_vec()))),
+                            typed(Arc::new(v)),
                         ],
                     )
                     .unwrap()
@@ -258,9 +268,13 @@ async fn end_to_end() {
 
     let config = SessionConfig::new().with_target_partitions(cores);
     let ctx = gpu_session_context(config);
-    ctx.register_table("r", table(&r_keys, 1, cores)).unwrap();
-    ctx.register_table("s", table(&s_keys, 2, cores)).unwrap();
-    println!("join benchmark: |R| = |S| = 2^{log2} Int64 rows, {cores} cores, {runs} timed runs per path, S keys: {}",
+    let int32 = std::env::args().any(|a| a == "--int32");
+    ctx.register_table("r", table(&r_keys, 1, cores, int32))
+        .unwrap();
+    ctx.register_table("s", table(&s_keys, 2, cores, int32))
+        .unwrap();
+    let key_type = if int32 { "Int32" } else { "Int64" };
+    println!("join benchmark: |R| = |S| = 2^{log2} {key_type} rows, {cores} cores, {runs} timed runs per path, S keys: {}",
         if zipf > 0.0 { format!("Zipf {zipf}") } else { format!("uniform, {match_percent}% matching") });
     println!("query: {SQL}");
 
@@ -386,7 +400,7 @@ async fn end_to_end() {
         );
     }
     println!(
-        "RESULT log2_rows={log2} match_percent={match_percent} zipf={zipf} preserve_order={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} floor_ms={:.1}",
+        "RESULT log2_rows={log2} key_type={key_type} match_percent={match_percent} zipf={zipf} preserve_order={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} floor_ms={:.1}",
         !unordered,
         cpu.as_secs_f64() * 1e3,
         cold.as_secs_f64() * 1e3,
