@@ -32,6 +32,8 @@ use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
+use super::parallel::on_row_chunks;
+
 /// The plan-time description of a join's keys: their types and NULL
 /// semantics. Accepting a spec means every key type can be encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -369,36 +371,19 @@ impl KeyEncoder {
         // process a TLB flush, which made four threads slower than one.
         let mut keys = vec![0u64; rows];
         let mut dropped = vec![false; rows];
-        if threads == 1 {
-            self.encode_into(columns, &mut keys, &mut dropped)?;
-        } else {
-            let per_thread = rows.div_ceil(threads);
-            let results: Vec<Result<()>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = keys
-                    .chunks_mut(per_thread)
-                    .zip(dropped.chunks_mut(per_thread))
-                    .enumerate()
-                    .map(|(i, (keys, dropped))| {
-                        let slice: Vec<ArrayRef> = columns
-                            .iter()
-                            .map(|c| c.slice(i * per_thread, keys.len()))
-                            .collect();
-                        scope.spawn(move || self.encode_into(&slice, keys, dropped))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|handle| {
-                        handle.join().unwrap_or_else(|_| {
-                            Err(DataFusionError::Internal(
-                                "a key encoding thread panicked".into(),
-                            ))
-                        })
-                    })
-                    .collect()
-            });
-            results.into_iter().collect::<Result<Vec<()>>>()?;
-        }
+        on_row_chunks(
+            &mut keys,
+            Some(&mut dropped),
+            rows.div_ceil(threads),
+            |start, keys, dropped| {
+                let slice: Vec<ArrayRef> =
+                    columns.iter().map(|c| c.slice(start, keys.len())).collect();
+                let dropped = dropped.ok_or_else(|| {
+                    DataFusionError::Internal("key encoding without its drop flags".into())
+                })?;
+                self.encode_into(&slice, keys, dropped)
+            },
+        )?;
         Ok(compact(keys, &dropped))
     }
 }

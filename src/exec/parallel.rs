@@ -28,6 +28,44 @@ pub(crate) fn on_threads<R: Send>(
     })
 }
 
+/// `work(start, rows, flags)` over consecutive chunks of `per_task` rows of
+/// `rows` and of `flags` (the same chunks of it, where given), each chunk on
+/// a thread of its own: how one output buffer is filled by several threads
+/// without a merge afterwards. The first error (or a panicking task,
+/// reported as one) is returned.
+pub(crate) fn on_row_chunks<T: Send, F: Send>(
+    rows: &mut [T],
+    flags: Option<&mut [F]>,
+    per_task: usize,
+    work: impl Fn(usize, &mut [T], Option<&mut [F]>) -> Result<()> + Sync,
+) -> Result<()> {
+    let per_task = per_task.max(1);
+    if rows.len() <= per_task {
+        return work(0, rows, flags);
+    }
+    let mut flag_chunks: Vec<Option<&mut [F]>> = match flags {
+        Some(flags) => flags.chunks_mut(per_task).map(Some).collect(),
+        None => Vec::new(),
+    };
+    flag_chunks.resize_with(rows.len().div_ceil(per_task), || None);
+    let work = &work;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = rows
+            .chunks_mut(per_task)
+            .zip(flag_chunks)
+            .enumerate()
+            .map(|(i, (rows, flags))| scope.spawn(move || work(i * per_task, rows, flags)))
+            .collect();
+        handles.into_iter().try_for_each(|handle| {
+            handle.join().unwrap_or_else(|_| {
+                Err(DataFusionError::Internal(
+                    "a host worker thread panicked".into(),
+                ))
+            })
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,5 +85,45 @@ mod tests {
             }
         });
         assert!(failed.unwrap_err().to_string().contains("task 1"));
+    }
+
+    #[test]
+    fn row_chunks_fill_one_buffer_and_their_flags() {
+        for per_task in [1, 3, 10, 100] {
+            let mut rows = vec![0usize; 10];
+            let mut flags = vec![false; 10];
+            on_row_chunks(
+                &mut rows,
+                Some(&mut flags),
+                per_task,
+                |start, rows, flags| {
+                    for (i, row) in rows.iter_mut().enumerate() {
+                        *row = start + i;
+                    }
+                    flags.expect("given")[0] = true;
+                    Ok(())
+                },
+            )
+            .unwrap();
+            assert_eq!(rows, (0..10).collect::<Vec<_>>());
+            let firsts: Vec<bool> = (0..10).map(|i| i % per_task == 0).collect();
+            assert_eq!(flags, firsts, "{per_task} a task");
+        }
+        let mut empty: Vec<u8> = Vec::new();
+        let mut no_flags: Vec<bool> = Vec::new();
+        on_row_chunks(&mut empty, Some(&mut no_flags), 0, |start, rows, flags| {
+            assert_eq!((start, rows.len(), flags.map(|f| f.len())), (0, 0, Some(0)));
+            Ok(())
+        })
+        .unwrap();
+        let mut rows = vec![0u8; 4];
+        let failed = on_row_chunks::<u8, bool>(&mut rows, None, 2, |start, _, flags| {
+            assert!(flags.is_none());
+            match start {
+                2 => Err(DataFusionError::Internal("chunk at 2".into())),
+                _ => Ok(()),
+            }
+        });
+        assert!(failed.unwrap_err().to_string().contains("chunk at 2"));
     }
 }

@@ -20,7 +20,7 @@ use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::exec::keys::{code_bits, for_64_bit_integer_type, for_each_value, value_range, KeySpec};
-use crate::exec::parallel::on_threads;
+use crate::exec::parallel::on_row_chunks;
 
 /// The code of one key column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,52 +161,71 @@ impl OrderedKeyEncoder {
         const MIN_ROWS_PER_THREAD: usize = 1 << 20;
         let rows = columns.first().map_or(0, |c| c.len());
         let threads = threads.min(rows / MIN_ROWS_PER_THREAD).max(1);
-        let per_thread = rows.div_ceil(threads).max(1);
-        let pieces = on_threads(rows.div_ceil(per_thread).max(1), |i| {
-            let start = (i * per_thread).min(rows);
-            let len = per_thread.min(rows - start);
-            let slice: Vec<ArrayRef> = columns.iter().map(|c| c.slice(start, len)).collect();
-            self.encode_rows(&slice, side)
-        })?;
-        Ok(pieces.concat())
-    }
-
-    fn encode_rows(&self, columns: &[ArrayRef], side: KeySide) -> Result<Vec<u64>> {
-        let rows = columns.first().map_or(0, |c| c.len());
+        // One buffer filled in place by every thread, each code written
+        // without reading the buffer first (see `KeyEncoder::encode_parallel`).
         let mut keys = vec![0u64; rows];
         let mut any_null = self.null_bit.then(|| vec![false; rows]);
-        for (column, code) in columns.iter().zip(&self.columns) {
-            code_column(column, code, &mut keys, any_null.as_deref_mut())?;
+        on_row_chunks(
+            &mut keys,
+            any_null.as_deref_mut(),
+            rows.div_ceil(threads),
+            |start, keys, any_null| {
+                let slice: Vec<ArrayRef> =
+                    columns.iter().map(|c| c.slice(start, keys.len())).collect();
+                self.encode_rows(&slice, side, keys, any_null)
+            },
+        )?;
+        Ok(keys)
+    }
+
+    /// The codes of `columns` (of `keys.len()` rows) into `keys`, NULLs
+    /// noted in `any_null` (zeroed on entry) where codes carry a NULL bit.
+    fn encode_rows(
+        &self,
+        columns: &[ArrayRef],
+        side: KeySide,
+        keys: &mut [u64],
+        mut any_null: Option<&mut [bool]>,
+    ) -> Result<()> {
+        for (i, (column, code)) in columns.iter().zip(&self.columns).enumerate() {
+            code_column(column, code, i == 0, keys, any_null.as_deref_mut())?;
         }
         if let Some(any_null) = any_null {
             let bit = u64::from(side == KeySide::Left);
-            for (key, null) in keys.iter_mut().zip(any_null) {
+            for (key, &null) in keys.iter_mut().zip(any_null.iter()) {
                 *key = (*key << 1) | if null { bit } else { 0 };
             }
         }
-        Ok(keys)
+        Ok(())
     }
 }
 
-/// `keys[i] = keys[i] << bits | code(column[i])`, noting NULLs in `any_null`.
+/// `keys[i] = keys[i] << bits | code(column[i])`, or for the `first`
+/// column `keys[i] = code(column[i])` without reading `keys`; NULLs noted in
+/// `any_null` (only written where a row is NULL).
 fn code_column(
     column: &ArrayRef,
     code: &ColumnCode,
+    first: bool,
     keys: &mut [u64],
     any_null: Option<&mut [bool]>,
 ) -> Result<()> {
     let nulls = column.logical_nulls().filter(|n| n.null_count() > 0);
-    let shift = |key: u64, value: u64| {
-        if code.bits >= 64 {
+    let put = |key: &mut u64, value: u64| {
+        *key = if first || code.bits >= 64 {
             value
         } else {
-            (key << code.bits) | value
-        }
+            (*key << code.bits) | value
+        };
     };
     if let Some(nulls) = &nulls {
         if let Some(any_null) = any_null {
-            for (flag, valid) in any_null.iter_mut().zip(nulls.iter()) {
-                *flag |= !valid;
+            for i in nulls
+                .iter()
+                .enumerate()
+                .filter_map(|(i, valid)| (!valid).then_some(i))
+            {
+                any_null[i] = true;
             }
         }
     }
@@ -227,7 +246,7 @@ fn code_column(
             match &nulls {
                 None => {
                     for (key, &v) in keys.iter_mut().zip(values.iter()) {
-                        *key = shift(*key, value(v as i128 as u64));
+                        put(key, value(v as i128 as u64));
                     }
                 }
                 Some(nulls) => {
@@ -237,7 +256,7 @@ fn code_column(
                         } else {
                             value(v as i128 as u64)
                         };
-                        *key = shift(*key, coded);
+                        put(key, coded);
                     }
                 }
             }
@@ -252,7 +271,7 @@ fn code_column(
         } else {
             code.code(v)
         };
-        keys[i] = shift(keys[i], value);
+        put(&mut keys[i], value);
     })
 }
 
@@ -463,5 +482,26 @@ mod tests {
             .encode(std::slice::from_ref(&column), KeySide::Right, 4)
             .unwrap();
         assert_eq!(one, four);
+        // Two columns, the second with NULLs coded by a NULL bit: slices
+        // of rows filled by different threads, NULL flags included.
+        let with_nulls = arr(Int32Array::from_iter(
+            (0..(3 << 20)).map(|i: i32| (i % 7 != 3).then_some(i % 1000)),
+        ));
+        let columns = vec![Arc::clone(&column), with_nulls];
+        let encoder = OrderedKeyEncoder::for_sides(
+            &[DataType::Int64, DataType::Int32],
+            &[SortOptions::default(), SortOptions::default()],
+            NullEquality::NullEqualsNull,
+            &columns,
+            &columns,
+        )
+        .unwrap()
+        .unwrap();
+        for side in [KeySide::Left, KeySide::Right] {
+            let one = encoder.encode(&columns, side, 1).unwrap();
+            let three = encoder.encode(&columns, side, 3).unwrap();
+            assert_eq!(one, three);
+            assert_eq!(one.len(), 3 << 20);
+        }
     }
 }
