@@ -221,3 +221,103 @@ extern "C" __global__ void aggregate_i128_sum(const u64* row_groups, const u64* 
         atomicAdd(&out_hi[0], own_hi + carry);
     }
 }
+
+// Deterministic SUM over doubles (`gpu.deterministic_float_sums`), in two
+// passes. Integer additions give the same result in any order, so each
+// double is turned into a 128-bit fixed-point integer on a scale shared by
+// its group and the integers are summed with atomics:
+//
+//   1. `f64_sum_scale`: per group, the largest exponent field of its finite
+//      values (`max_exponent`, 0 on entry), and which of NaN (1), +inf (2)
+//      and -inf (4) it saw (`specials`, 0 on entry).
+//   2. `f64_sum_fixed`: each finite value v = m * 2^(e - 1075) (e at least
+//      1, m its 53-bit significand) counted as m * 2^(e - emax + 9) in units
+//      of 2^(emax - 1084), truncated toward zero: the group's largest
+//      values take 62 bits, so 2^64 of them cannot overflow 128 bits. The
+//      host turns (sum, emax, specials) into the double.
+#define F64_EXPONENT(bits) (((bits) >> 52) & 0x7ffULL)
+#define F64_SPECIAL 0x7ffULL
+
+// Launch: any grid, block = BLOCK_THREADS.
+extern "C" __global__ void f64_sum_scale(const u64* row_groups, const u64* values,
+                                         const u64* valid_bits, u64 n, u64* max_exponent,
+                                         u64* specials) {
+    u64 own_max = 0, own_specials = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        if (!row_valid(valid_bits, i)) continue;
+        const u64 bits = values[i];
+        const u64 exponent = F64_EXPONENT(bits);
+        u64 special = 0;
+        if (exponent == F64_SPECIAL) {
+            special = (bits & 0xfffffffffffffULL) != 0 ? 1ULL : ((bits >> 63) ? 4ULL : 2ULL);
+        }
+        if (row_groups == nullptr) {
+            if (special) own_specials |= special;
+            else if (exponent > own_max) own_max = exponent;
+        } else {
+            const u64 group = row_groups[i];
+            if (special) atomicOr(&specials[group], special);
+            else atomicMax(&max_exponent[group], exponent);
+        }
+    }
+    if (row_groups == nullptr) {
+        if (own_max != 0) atomicMax(&max_exponent[0], own_max);
+        if (own_specials != 0) atomicOr(&specials[0], own_specials);
+    }
+}
+
+__device__ __forceinline__ void add_i128(u64* out_lo, u64* out_hi, u64 lo, u64 hi) {
+    const u64 old = atomicAdd(out_lo, lo);
+    const u64 carry = old + lo < old ? 1ULL : 0ULL;
+    atomicAdd(out_hi, hi + carry);
+}
+
+// Launch: any grid, block = BLOCK_THREADS. `out_lo` and `out_hi` are 0 on
+// entry; `max_exponent` is pass 1's result.
+extern "C" __global__ void f64_sum_fixed(const u64* row_groups, const u64* values,
+                                         const u64* valid_bits, u64 n, const u64* max_exponent,
+                                         u64* out_lo, u64* out_hi) {
+    u64 own_lo = 0, own_hi = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        if (!row_valid(valid_bits, i)) continue;
+        const u64 bits = values[i];
+        u64 exponent = F64_EXPONENT(bits);
+        if (exponent == F64_SPECIAL) continue;
+        u64 significand = bits & 0xfffffffffffffULL;
+        if (exponent == 0) {
+            exponent = 1;  // subnormal: no implicit bit
+        } else {
+            significand |= 1ULL << 52;
+        }
+        const u64 group = row_groups == nullptr ? 0 : row_groups[i];
+        u64 top = max_exponent[group];
+        if (top == 0) top = 1;
+        // exponent <= top, so the left shift is at most 9.
+        const u64 drop = top - exponent;
+        u64 magnitude;
+        if (drop <= 9) {
+            magnitude = significand << (9 - drop);
+        } else if (drop - 9 < 64) {
+            magnitude = significand >> (drop - 9);
+        } else {
+            magnitude = 0;
+        }
+        if (magnitude == 0) continue;
+        // Two's complement of the 128-bit value.
+        u64 lo = magnitude, hi = 0;
+        if (bits >> 63) {
+            lo = ~magnitude + 1ULL;
+            hi = ~0ULL;
+        }
+        if (row_groups == nullptr) {
+            const u64 sum = own_lo + lo;
+            own_hi += hi + (sum < own_lo ? 1ULL : 0ULL);
+            own_lo = sum;
+        } else {
+            add_i128(&out_lo[group], &out_hi[group], lo, hi);
+        }
+    }
+    if (row_groups == nullptr && (own_lo != 0 || own_hi != 0)) {
+        add_i128(&out_lo[0], &out_hi[0], own_lo, own_hi);
+    }
+}

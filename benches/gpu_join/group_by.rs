@@ -7,13 +7,15 @@
 //! The GPU path runs in DataFusion's two phases (the default);
 //! `--single-phase` also times one GPU aggregation over all input
 //! partitions in their place (`gpu.aggregate_single_phase`).
+//! `--string-keys` makes the keys Utf8 strings (`key-<n>`), which the GPU
+//! path groups by a 64-bit hash and checks on the host.
 //! The floor is the pinned PCIe time of the bytes the GPU path moves in
-//! (one 8-byte word per key and per value).
+//! (one 8-byte word per key, or key hash, and per value).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
@@ -27,9 +29,18 @@ use super::median;
 
 const SQL: &str = "SELECT k, max(a), max(b) FROM r GROUP BY k";
 
+fn string_keys() -> bool {
+    std::env::args().any(|a| a == "--string-keys")
+}
+
 fn table(rows: usize, groups: u64, zipf: f64, partitions: usize) -> Arc<MemTable> {
+    let key_type = if string_keys() {
+        DataType::Utf8
+    } else {
+        DataType::Int64
+    };
     let schema = Arc::new(Schema::new(vec![
-        Field::new("k", DataType::Int64, false),
+        Field::new("k", key_type, false),
         Field::new("a", DataType::Int64, false),
         Field::new("b", DataType::Int64, false),
     ]));
@@ -45,17 +56,23 @@ fn table(rows: usize, groups: u64, zipf: f64, partitions: usize) -> Arc<MemTable
                 .step_by(8192)
                 .map(|first| {
                     let len = 8192.min(end - first);
-                    let k = Int64Array::from_iter_values((0..len).map(|_| match zipf {
-                        Some(z) => rng.sample(z) as i64 - 1,
-                        None => rng.random_range(0..groups) as i64,
-                    }));
+                    let keys: Vec<i64> = (0..len)
+                        .map(|_| match zipf {
+                            Some(z) => rng.sample(z) as i64 - 1,
+                            None => rng.random_range(0..groups) as i64,
+                        })
+                        .collect();
+                    let k: ArrayRef = if string_keys() {
+                        Arc::new(StringArray::from_iter_values(
+                            keys.iter().map(|k| format!("key-{k}")),
+                        ))
+                    } else {
+                        Arc::new(Int64Array::from(keys))
+                    };
                     let a = Int64Array::from_iter_values((0..len).map(|_| rng.random::<i64>()));
                     let b = Int64Array::from_iter_values((0..len).map(|_| rng.random::<i64>()));
-                    RecordBatch::try_new(
-                        Arc::clone(&schema),
-                        vec![Arc::new(k) as ArrayRef, Arc::new(a), Arc::new(b)],
-                    )
-                    .unwrap()
+                    RecordBatch::try_new(Arc::clone(&schema), vec![k, Arc::new(a), Arc::new(b)])
+                        .unwrap()
                 })
                 .collect()
         })
@@ -82,9 +99,21 @@ async fn run_once(ctx: &SessionContext) -> (Duration, (usize, u64), Arc<dyn Exec
     let mut checksum = 0u64;
     for batch in &batches {
         let column = |i: usize| batch.column(i).as_primitive::<Int64Type>();
-        let (k, a, b) = (column(0), column(1), column(2));
+        let (a, b) = (column(1), column(2));
+        let keys = batch.column(0);
+        let key = |i: usize| -> u64 {
+            match keys.as_string_opt::<i32>() {
+                Some(strings) => strings
+                    .value(i)
+                    .bytes()
+                    .fold(0xcbf2_9ce4_8422_2325u64, |h, byte| {
+                        (h ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3)
+                    }),
+                None => keys.as_primitive::<Int64Type>().value(i) as u64,
+            }
+        };
         for i in 0..batch.num_rows() {
-            let row = (k.value(i) as u64)
+            let row = key(i)
                 .wrapping_mul(0x9E37_79B9_7F4A_7C15)
                 .wrapping_add((a.value(i) as u64).rotate_left(17))
                 .wrapping_add((b.value(i) as u64).rotate_left(41));
@@ -107,7 +136,8 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         .unwrap_or(1);
     let runtime = gpu_runtime();
     println!(
-        "group-by benchmark: 2^{log2_rows} rows (k, a, b Int64), {cores} cores, {runs} timed runs per path, keys {}",
+        "group-by benchmark: 2^{log2_rows} rows (k {}, a, b Int64), {cores} cores, {runs} timed runs per path, keys {}",
+        if string_keys() { "Utf8" } else { "Int64" },
         if zipf > 0.0 { format!("Zipf {zipf}") } else { "uniform".into() }
     );
     println!("query: {SQL}");
@@ -142,6 +172,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         ctx.sql("SET gpu.enabled = true").await.unwrap();
         ctx.sql("SET gpu.min_rows = 0").await.unwrap();
         ctx.sql("SET gpu.min_groups = 0").await.unwrap();
+        ctx.sql("SET gpu.hashed_group_keys = true").await.unwrap();
         let (cold, gpu_answer, _) = run_once(&ctx).await;
         assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
         let mut warm_times = Vec::new();
@@ -193,7 +224,8 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         let fallbacks = gpu_metric(&plan, "cpu_fallback_partitions");
         let floor = 24.0 * rows as f64 / bandwidth.host_to_device;
         println!(
-            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}{single_phase}",
+            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}{single_phase}",
+            if string_keys() { "utf8" } else { "int64" },
             cpu_answer.0,
             cpu.as_secs_f64() * 1e3,
             cold.as_secs_f64() * 1e3,

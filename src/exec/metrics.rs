@@ -155,8 +155,16 @@ pub struct GpuAggregateMetrics {
     pub emit_time: Time,
     /// Copies, kernels and waits on the device.
     pub device: DeviceMetrics,
+    /// Host time checking that each group of hashed keys holds one key.
+    pub key_check_time: Time,
+    /// Partitions whose hashed keys collided (two keys, one hash), which
+    /// then ran on the CPU operator.
+    pub hashed_key_collisions: Count,
+    /// Partitions whose sampled keys showed fewer groups than
+    /// `gpu.min_groups`, which then ran on the CPU operator.
+    pub few_groups_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
-    /// (device out of memory, or keys too wide to pack).
+    /// (device out of memory, hashed keys that collided, or few groups).
     pub cpu_fallback_partitions: Count,
 }
 
@@ -171,6 +179,9 @@ impl GpuAggregateMetrics {
             prepare_time: builder().subset_time("prepare_time", partition),
             device_wall_time: builder().subset_time("device_wall_time", partition),
             emit_time: builder().subset_time("emit_time", partition),
+            key_check_time: builder().subset_time("key_check_time", partition),
+            hashed_key_collisions: builder().counter("hashed_key_collisions", partition),
+            few_groups_partitions: builder().counter("few_groups_partitions", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }

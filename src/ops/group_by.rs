@@ -84,8 +84,15 @@ pub enum Reduction {
     Min,
     /// Largest word, unsigned.
     Max,
-    /// Sum of the doubles whose bits the words are.
+    /// Sum of the doubles whose bits the words are, in whatever order the
+    /// device's atomics add them (the last bits may vary from run to run).
     SumF64,
+    /// Sum of the doubles whose bits the words are, the same in any order:
+    /// each value counted as a 128-bit fixed-point integer on a scale set
+    /// by its group's largest exponent ([`fixed_point_term`]), truncated
+    /// below 2^-62 of the group's largest magnitude, and rounded to a
+    /// double once ([`fixed_sum_to_f64`]).
+    SumF64Fixed,
     /// Wrapping 128-bit sum of (low word, high word) pairs.
     SumI128,
     /// Smallest (high word, low word) pair, both compared unsigned: the
@@ -100,7 +107,7 @@ impl Reduction {
     pub fn identity(self) -> u64 {
         match self {
             Reduction::Min | Reduction::MinI128 => u64::MAX,
-            Reduction::SumF64 => 0f64.to_bits(),
+            Reduction::SumF64 | Reduction::SumF64Fixed => 0f64.to_bits(),
             _ => 0,
         }
     }
@@ -112,6 +119,95 @@ impl Reduction {
             Reduction::SumI128 | Reduction::MinI128 | Reduction::MaxI128
         )
     }
+
+    /// Device words per group while reducing.
+    fn result_words(self) -> usize {
+        match self {
+            r if r.is_wide() => 2,
+            // Largest exponent, special values, 128-bit sum.
+            Reduction::SumF64Fixed => 4,
+            _ => 1,
+        }
+    }
+}
+
+/// Bits of a double's exponent field.
+const EXPONENT_BITS: u64 = 0x7ff;
+/// The bits of a double's significand below its implicit bit.
+const SIGNIFICAND_MASK: u64 = (1 << 52) - 1;
+
+/// The exponent field of a finite double with bits `bits`, or the
+/// special-value flag it raises: NaN 1, +inf 2, -inf 4
+/// ([`Reduction::SumF64Fixed`], pass 1 in `ptx/group_by.cu`).
+pub fn fixed_point_scale(bits: u64) -> Result<u64, u64> {
+    let exponent = (bits >> 52) & EXPONENT_BITS;
+    if exponent != EXPONENT_BITS {
+        Ok(exponent)
+    } else if bits & SIGNIFICAND_MASK != 0 {
+        Err(1)
+    } else if bits >> 63 == 1 {
+        Err(4)
+    } else {
+        Err(2)
+    }
+}
+
+/// The finite double with bits `bits` as an integer in units of
+/// 2^(`top` - 1084), truncated toward zero, where `top` is the largest
+/// exponent field of its group (at least the value's own): the group's
+/// largest values take 62 bits ([`Reduction::SumF64Fixed`], pass 2 in
+/// `ptx/group_by.cu`).
+pub fn fixed_point_term(bits: u64, top: u64) -> i128 {
+    let mut exponent = (bits >> 52) & EXPONENT_BITS;
+    let mut significand = bits & SIGNIFICAND_MASK;
+    if exponent == 0 {
+        exponent = 1;
+    } else {
+        significand |= 1 << 52;
+    }
+    let top = top.max(1);
+    let drop = top.saturating_sub(exponent);
+    let magnitude = if drop <= 9 {
+        significand << (9 - drop)
+    } else if drop - 9 < 64 {
+        significand >> (drop - 9)
+    } else {
+        0
+    };
+    if bits >> 63 == 1 {
+        -i128::from(magnitude)
+    } else {
+        i128::from(magnitude)
+    }
+}
+
+/// The double of a fixed-point sum (`sum` in units of 2^(`top` - 1084)),
+/// or of the special values its group saw: NaN, or +inf and -inf together,
+/// give NaN; one infinity gives itself.
+pub fn fixed_sum_to_f64(sum: i128, top: u64, specials: u64) -> f64 {
+    if specials & 1 != 0 || specials & 6 == 6 {
+        return f64::NAN;
+    }
+    if specials & 2 != 0 {
+        return f64::INFINITY;
+    }
+    if specials & 4 != 0 {
+        return f64::NEG_INFINITY;
+    }
+    // One rounding to a double, then exact scaling (but in the subnormal
+    // range): the same bits however the terms were added.
+    let mut value = sum as f64;
+    let mut power = top.max(1) as i32 - 1084;
+    let step = |p: i32| f64::from_bits(((p + 1023) as u64) << 52);
+    while power > 1000 {
+        value *= step(1000);
+        power -= 1000;
+    }
+    while power < -1000 {
+        value *= step(-1000);
+        power += 1000;
+    }
+    value * step(power)
 }
 
 /// A column to reduce.
@@ -149,6 +245,9 @@ pub struct Grouped {
     /// A row of each group (from which the caller reads its key); empty
     /// without keys.
     pub group_rows: Vec<u64>,
+    /// The group of every row, where asked for (to check hashed keys);
+    /// otherwise empty.
+    pub row_groups: Vec<u64>,
     /// One result per input, in input order.
     pub reduced: Vec<Reduced>,
 }
@@ -187,8 +286,8 @@ pub fn group_by_device_bytes(
     let columns: usize = inputs
         .iter()
         .map(|input| {
-            let words = if input.reduction.is_wide() { 2 } else { 1 };
-            8 * words * (rows + groups) + 8 * groups
+            let input_words = if input.reduction.is_wide() { 2 } else { 1 };
+            8 * input_words * rows + 8 * (input.reduction.result_words() + 1) * groups
         })
         .sum();
     table + columns + bitmaps * 8 * rows.div_ceil(64)
@@ -197,7 +296,9 @@ pub fn group_by_device_bytes(
 /// Groups `rows` rows by `keys` (`None`: all rows form one group, which
 /// exists even without rows) and computes every input's reduction per
 /// group. `bitmaps` are validity bitmaps ([`validity_bitmap`]) that inputs
-/// refer to by index.
+/// refer to by index. With `keep_row_groups`, the group of every row comes
+/// back too.
+#[allow(clippy::too_many_arguments)]
 pub fn group_by(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
@@ -205,6 +306,7 @@ pub fn group_by(
     rows: usize,
     inputs: &[ReduceInput],
     bitmaps: &[Vec<u64>],
+    keep_row_groups: bool,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Grouped> {
     check_inputs(keys, rows, inputs, bitmaps)?;
@@ -220,6 +322,19 @@ pub fn group_by(
         .iter()
         .map(|bits| upload_u64(device, stream, bits, timer))
         .collect::<GpuResult<Vec<_>>>()?;
+    let mut kept_row_groups = Vec::new();
+    if let (true, Some(row_groups)) = (keep_row_groups, &row_groups) {
+        if rows > 0 {
+            kept_row_groups.reserve_exact(rows);
+            download_u64(
+                device,
+                stream,
+                &row_groups.slice(0..rows),
+                &mut kept_row_groups,
+                timer,
+            )?;
+        }
+    }
     let mut reduced = Vec::with_capacity(inputs.len());
     for input in inputs {
         let group_rows_of = GroupRows {
@@ -240,6 +355,7 @@ pub fn group_by(
     Ok(Grouped {
         groups,
         group_rows,
+        row_groups: kept_row_groups,
         reduced,
     })
 }
@@ -473,6 +589,46 @@ fn reduce(
                 high_words: Vec::new(),
             })
         }
+        Reduction::SumF64Fixed => {
+            let values = values.ok_or_else(missing)?;
+            let mut top = new_output(timer, 0)?;
+            let mut specials = new_output(timer, 0)?;
+            let mut out_lo = new_output(timer, 0)?;
+            let mut out_hi = new_output(timer, 0)?;
+            timer.time(Phase::Kernel, || {
+                launch::f64_sum_scale(
+                    kernels,
+                    stream,
+                    sm_count,
+                    rows,
+                    &values,
+                    &mut top,
+                    &mut specials,
+                )?;
+                launch::f64_sum_fixed(
+                    kernels,
+                    stream,
+                    sm_count,
+                    rows,
+                    &values,
+                    &top,
+                    &mut out_lo,
+                    &mut out_hi,
+                )
+            })?;
+            let (top, specials) = (download(&top, timer)?, download(&specials, timer)?);
+            let (lo, hi) = (download(&out_lo, timer)?, download(&out_hi, timer)?);
+            let values = (0..groups)
+                .map(|g| {
+                    let sum = ((u128::from(hi[g]) << 64) | u128::from(lo[g])) as i128;
+                    fixed_sum_to_f64(sum, top[g], specials[g]).to_bits()
+                })
+                .collect();
+            Ok(Reduced {
+                values,
+                high_words: Vec::new(),
+            })
+        }
         Reduction::SumI128 => {
             let (lo, hi) = (values.ok_or_else(missing)?, high.ok_or_else(missing)?);
             let mut out_lo = new_output(timer, 0)?;
@@ -542,7 +698,10 @@ fn reduce(
 pub mod reference {
     use std::collections::HashMap;
 
-    use super::{Grouped, ReduceInput, Reduced, Reduction};
+    use super::{
+        fixed_point_scale, fixed_point_term, fixed_sum_to_f64, Grouped, ReduceInput, Reduced,
+        Reduction,
+    };
 
     /// See [`super::group_by`].
     pub fn group_by(
@@ -575,6 +734,11 @@ pub mod reference {
         Grouped {
             groups,
             group_rows,
+            row_groups: if keys.is_some() {
+                group_of_row.iter().map(|&g| g as u64).collect()
+            } else {
+                Vec::new()
+            },
             reduced,
         }
     }
@@ -591,13 +755,16 @@ pub mod reference {
                 .is_none_or(|b| (bitmaps[b][i / 64] >> (i % 64)) & 1 == 1)
         };
         let (values, high_words) = (input.values.to_vec(), input.high_words.to_vec());
+        if input.reduction == Reduction::SumF64Fixed {
+            return fixed_sums(&values, group_of_row, groups, valid);
+        }
         let wide = |i: usize| (u128::from(high_words[i]) << 64) | u128::from(values[i]);
         let (identity, combine): (u128, fn(u128, u128) -> u128) = match input.reduction {
             Reduction::Count | Reduction::Sum | Reduction::SumI128 => (0, u128::wrapping_add),
             Reduction::Min => (u64::MAX.into(), u128::min),
             Reduction::MinI128 => (u128::MAX, u128::min),
             Reduction::Max | Reduction::MaxI128 => (0, u128::max),
-            Reduction::SumF64 => (0f64.to_bits().into(), |a, b| {
+            Reduction::SumF64 | Reduction::SumF64Fixed => (0f64.to_bits().into(), |a, b| {
                 (f64::from_bits(a as u64) + f64::from_bits(b as u64))
                     .to_bits()
                     .into()
@@ -631,11 +798,96 @@ pub mod reference {
             }
         }
     }
+
+    /// [`Reduction::SumF64Fixed`] as the device computes it, to the bit.
+    fn fixed_sums(
+        values: &[u64],
+        group_of_row: &[usize],
+        groups: usize,
+        valid: impl Fn(usize) -> bool,
+    ) -> Reduced {
+        let mut top = vec![0u64; groups];
+        let mut specials = vec![0u64; groups];
+        for (i, &g) in group_of_row.iter().enumerate() {
+            if valid(i) {
+                match fixed_point_scale(values[i]) {
+                    Ok(exponent) => top[g] = top[g].max(exponent),
+                    Err(flag) => specials[g] |= flag,
+                }
+            }
+        }
+        let mut sums = vec![0i128; groups];
+        for (i, &g) in group_of_row.iter().enumerate() {
+            if valid(i) && fixed_point_scale(values[i]).is_ok() {
+                sums[g] = sums[g].wrapping_add(fixed_point_term(values[i], top[g]));
+            }
+        }
+        Reduced {
+            values: (0..groups)
+                .map(|g| fixed_sum_to_f64(sums[g], top[g], specials[g]).to_bits())
+                .collect(),
+            high_words: Vec::new(),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fixed_point_sums_are_exact_where_the_terms_are_and_keep_special_values() {
+        let sum = |values: &[f64]| -> f64 {
+            let scales: Vec<Result<u64, u64>> = values
+                .iter()
+                .map(|v| fixed_point_scale(v.to_bits()))
+                .collect();
+            let top = scales.iter().filter_map(|s| s.ok()).max().unwrap_or(0);
+            let specials = scales.iter().filter_map(|s| s.err()).fold(0, |a, b| a | b);
+            let total: i128 = values
+                .iter()
+                .filter(|v| v.is_finite())
+                .map(|v| fixed_point_term(v.to_bits(), top))
+                .sum();
+            fixed_sum_to_f64(total, top, specials)
+        };
+        assert_eq!(sum(&[]).to_bits(), 0f64.to_bits());
+        assert_eq!(sum(&[-0.0]).to_bits(), 0f64.to_bits());
+        assert_eq!(sum(&[1.5, -0.25, 1024.0]), 1025.25);
+        assert_eq!(
+            sum(&[f64::MAX, -f64::MAX, 3.0]),
+            0.0,
+            "3 is below 2^-62 of MAX"
+        );
+        assert_eq!(sum(&[f64::MAX, f64::MAX]), f64::INFINITY);
+        assert_eq!(
+            sum(&[f64::MIN_POSITIVE / 8.0, f64::MIN_POSITIVE / 8.0]),
+            f64::MIN_POSITIVE / 4.0
+        );
+        assert_eq!(sum(&[1e-300, 2e-300]), 1e-300 + 2e-300);
+        assert_eq!(
+            sum(&[0.1; 10]),
+            1.0,
+            "the exact sum of ten 0.1s rounds to 1.0"
+        );
+        assert!(sum(&[1.0, f64::NAN]).is_nan());
+        assert!(sum(&[f64::INFINITY, f64::NEG_INFINITY]).is_nan());
+        assert_eq!(sum(&[f64::NEG_INFINITY, 5.0]), f64::NEG_INFINITY);
+        // Any order, the same bits.
+        let values: Vec<f64> = (0..1000)
+            .map(|i| {
+                ((i * 7919) % 1013) as f64
+                    * 1.1f64.powi(i % 300 - 150)
+                    * if i % 3 == 0 { -1.0 } else { 1.0 }
+            })
+            .collect();
+        let mut reversed = values.clone();
+        reversed.reverse();
+        assert_eq!(sum(&values).to_bits(), sum(&reversed).to_bits());
+        let naive: f64 = values.iter().sum();
+        let magnitude: f64 = values.iter().map(|v| v.abs()).sum();
+        assert!((sum(&values) - naive).abs() <= 1e-13 * magnitude);
+    }
 
     #[test]
     fn bitmap_sets_one_bit_per_valid_row() {

@@ -98,6 +98,37 @@ extensions_options! {
         /// side: a chunk holds its slot while its output is copied back, and
         /// with 4 slots 16 partitions queued for them (BENCHMARKS.md).
         pub max_concurrent_tasks: usize, default = 16
+        /// Sum floating-point values on the GPU so that the result does not
+        /// depend on the order the device adds them in: each value becomes
+        /// a 128-bit fixed-point integer on a scale set by its group's
+        /// largest magnitude, the integers are summed, and the sum is
+        /// rounded to a double once. Bits below 2^-62 of a group's largest
+        /// magnitude are dropped (within DataFusion's own rounding error
+        /// for sums of up to millions of values). Off: the device adds the
+        /// doubles with atomics, and the last bits of SUM and AVG over
+        /// Float64 may differ from run to run. Either way a result may
+        /// differ from DataFusion's in its last bits, whose additions run
+        /// in yet another order.
+        pub deterministic_float_sums: bool, default = false
+        /// Run aggregations whose group keys must be hashed on the GPU:
+        /// strings, binary, floats with NULLs or beside other columns, and
+        /// integer-like keys whose ranges do not fit 64 bits together. The
+        /// device groups rows by a 64-bit hash of the key and the host
+        /// checks every row's key against its group's (two keys that
+        /// shared a hash send the partition to the CPU operator). Off by
+        /// default: that host work mirrors DataFusion's own hash table, and
+        /// the GPU path measured 0.39x to 0.95x of DataFusion's for Utf8
+        /// keys at 2^26 rows (BENCHMARKS.md). Off, such aggregations stay
+        /// on the CPU and `gpu_decisions` says why.
+        pub hashed_group_keys: bool, default = false
+        /// For testing the check of hashed group keys: the low bits of each
+        /// hashed key that the device groups by, 1 to 64. Group keys that
+        /// do not pack into 64 bits (strings, floats with other columns,
+        /// wide ranges) are grouped by a hash, and every row's key is then
+        /// compared with its group's on the host; keys that shared a hash
+        /// send the partition to DataFusion's CPU operator. Fewer bits make
+        /// that happen on purpose. Keep 64.
+        pub hashed_group_key_bits: u32, default = 64
     }
 }
 

@@ -139,7 +139,19 @@ pub fn decide_aggregate(
         "GPU aggregation disabled (gpu.aggregate = false)",
         gpu,
     )?;
-    AggregateSpec::try_new(agg)?;
+    let spec = AggregateSpec::try_new(agg)?;
+    if spec.keys_need_hashing && !options.hashed_group_keys {
+        let types: Vec<String> = spec
+            .keys
+            .iter()
+            .flat_map(|keys| keys.types().iter().map(|t| t.to_string()))
+            .collect();
+        return Err(format!(
+            "group keys [{}] would be hashed and checked on the host, which measured slower \
+             than DataFusion's own hash table (gpu.hashed_group_keys = false)",
+            types.join(", ")
+        ));
+    }
     check_size(estimated_rows(agg.input()), options)?;
     check_groups(agg, options)
 }

@@ -702,8 +702,8 @@ mod tests {
         };
         for (sql, reason) in [
             (
-                "SELECT CAST(k AS VARCHAR), count(*) FROM r GROUP BY CAST(k AS VARCHAR)",
-                "group key type Utf8",
+                "SELECT named_struct('a', k), count(*) FROM r GROUP BY named_struct('a', k)",
+                "group key type Struct",
             ),
             (
                 "SELECT k, min(CAST(v AS DOUBLE)) FROM r GROUP BY k",
@@ -726,6 +726,37 @@ mod tests {
                 assert!(why.contains(reason), "{sql}: {why}");
             }
         }
+        // Strings, and floats beside other columns, are hashed and checked
+        // on the host: on the CPU unless gpu.hashed_group_keys is set. A
+        // single float column is its own key.
+        for sql in [
+            "SELECT CAST(k AS VARCHAR), count(*) FROM r GROUP BY CAST(k AS VARCHAR)",
+            "SELECT CAST(v AS DOUBLE), k, max(k) FROM r GROUP BY CAST(v AS DOUBLE), k",
+        ] {
+            let plan = rewritten(sql, false).await;
+            let aggs = cpu_aggregates(&plan);
+            assert!(!aggs.is_empty(), "{sql}\n{}", show(&plan));
+            for agg in aggs {
+                let why = super::decide_aggregate(agg, &options, Ok(())).unwrap_err();
+                assert!(
+                    why.contains("gpu.hashed_group_keys = false"),
+                    "{sql}: {why}"
+                );
+            }
+            let hashed = GpuOptions {
+                hashed_group_keys: true,
+                ..options.clone()
+            };
+            let plan = rewritten_with(sql, hashed).await;
+            assert!(cpu_aggregates(&plan).is_empty(), "{sql}\n{}", show(&plan));
+            assert_eq!(gpu_aggregates(&plan).len(), 2, "{sql}\n{}", show(&plan));
+        }
+        let plan = rewritten(
+            "SELECT CAST(v AS DOUBLE), max(k) FROM r GROUP BY CAST(v AS DOUBLE)",
+            false,
+        )
+        .await;
+        assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
         // Too small by statistics, under the default threshold.
         let plan = rewritten("SELECT k, count(*) FROM r GROUP BY k", false).await;
         let agg = gpu_aggregates(&plan)[0].aggregate();

@@ -76,6 +76,7 @@ fn table(rows: usize, keys: Keys, partitions: usize, seed: u64) -> Arc<MemTable>
         Field::new("d", DataType::Decimal128(15, 2), true),
         Field::new("big", DataType::Decimal128(38, 0), false),
         Field::new("f", DataType::Float64, true),
+        Field::new("fk", DataType::Float64, true),
     ]));
     let columns = move |range: std::ops::Range<usize>| -> Vec<ArrayRef> {
         let keys = &k[range.clone()];
@@ -114,6 +115,22 @@ fn table(rows: usize, keys: Keys, partitions: usize, seed: u64) -> Arc<MemTable>
                     .unwrap(),
             ),
             Arc::new(Float64Array::from(f[range].to_vec())),
+            // A float key: both zeros, two NaN payloads, both infinities.
+            Arc::new(Float64Array::from(
+                keys.iter()
+                    .map(|k| {
+                        k.map(|k| match k.rem_euclid(13) {
+                            0 => -0.0,
+                            1 => 0.0,
+                            2 => f64::NAN,
+                            3 => f64::from_bits(0x7ff8_0000_0000_0001),
+                            4 => f64::INFINITY,
+                            5 => f64::NEG_INFINITY,
+                            r => r as f64 * 0.5 + (k % 1000) as f64,
+                        })
+                    })
+                    .collect::<Vec<_>>(),
+            )),
         ]
     };
     table_from_columns(schema, rows, partitions, 4096, columns)
@@ -175,8 +192,10 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
     else {
         return;
     };
-    // Keys with NULLs are packed; a single integer key without NULLs is its
-    // own word (the last two).
+    // Keys with NULLs are packed; a single integer or float key without
+    // NULLs is its own word ("coalesce(k, -1)", "u % 1000", "coalesce(fk, 1.5)");
+    // strings, floats with NULLs or beside other columns, and keys too wide
+    // to pack are hashed and checked on the host (the rest).
     let keys = [
         "k",
         "k2",
@@ -188,6 +207,15 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
         "k % 100",
         "coalesce(k, -1)",
         "u % 1000",
+        "coalesce(fk, 1.5)",
+        "s",
+        "fk",
+        "CAST(fk AS REAL)",
+        "s, k2",
+        "fk, b",
+        "CAST(k AS VARCHAR)",
+        "CAST(k AS VARCHAR), s, dt",
+        "k, big",
     ];
     for (partitions, phases) in PLANS {
         let (gpu, cpu) = contexts(partitions, &[phases]).await;
@@ -303,9 +331,10 @@ async fn float_sums_agree_within_a_relative_tolerance() {
     };
     // Sums of arbitrary doubles depend on the order of additions, which
     // differs between the device's atomics and the CPU's loop: the
-    // results must agree to 1e-9 relative to the sum of magnitudes.
+    // results must agree to 1e-9 relative to the sum of magnitudes. With
+    // `gpu.deterministic_float_sums` the GPU's must also be the same bits
+    // in every run.
     const TOLERANCE: f64 = 1e-9;
-    let (gpu, cpu) = contexts(4, &[]).await;
     let rows = 60_000;
     let mut rng = StdRng::seed_from_u64(3);
     let k: Vec<i64> = (0..rows).map(|_| rng.random_range(0..500)).collect();
@@ -322,29 +351,60 @@ async fn float_sums_agree_within_a_relative_tolerance() {
             Arc::new(Float64Array::from(x[range].to_vec())),
         ]
     });
-    register([&gpu, &cpu], table);
-    // The exact columns (key and count) are compared as text.
-    let sql = "SELECT k, count(*), sum(x), avg(x), sum(abs(x)) FROM t GROUP BY k";
-    let (gpu_batches, gpu_nodes, _) = run_counting(&gpu, sql, "AggregateExec").await;
-    let (cpu_batches, _, _) = run_counting(&cpu, sql, "AggregateExec").await;
-    assert!(gpu_nodes >= 1);
-    let gpu_rows = split_float_rows(&gpu_batches, &[2, 3, 4]);
-    let cpu_rows = split_float_rows(&cpu_batches, &[2, 3, 4]);
-    assert_eq!(gpu_rows.len(), 500);
-    assert_eq!(gpu_rows.len(), cpu_rows.len());
-    for (g, c) in gpu_rows.iter().zip(&cpu_rows) {
-        assert_eq!(g.0, c.0);
-        // The magnitude sum bounds the rounding error of either order of
-        // additions; an average's error is the sum's over the count.
-        let scale = c.1[2].abs().max(f64::MIN_POSITIVE);
-        let count: f64 = g.0.split('|').nth(1).unwrap().parse().unwrap();
-        let bounds = [scale, scale / count, scale];
-        for ((a, b), bound) in g.1.iter().zip(&c.1).zip(bounds) {
-            assert!(
-                (a - b).abs() <= TOLERANCE * bound,
-                "group {}: GPU {a} against CPU {b}",
-                g.0
-            );
+    for deterministic in [false, true] {
+        let (gpu, cpu) = contexts(
+            4,
+            &[&format!(
+                "SET gpu.deterministic_float_sums = {deterministic}"
+            )],
+        )
+        .await;
+        register([&gpu, &cpu], Arc::clone(&table));
+        // The exact columns (key and count) are compared as text.
+        for sql in [
+            "SELECT k, count(*), sum(x), avg(x), sum(abs(x)) FROM t GROUP BY k",
+            "SELECT k % 7, count(*), sum(x), avg(x), sum(abs(x)) FROM t GROUP BY k % 7",
+        ] {
+            let (cpu_batches, _, _) = run_counting(&cpu, sql, "AggregateExec").await;
+            let cpu_rows = split_float_rows(&cpu_batches, &[2, 3, 4]);
+            let mut first_run: Option<Vec<(String, Vec<f64>)>> = None;
+            for _ in 0..3 {
+                let (gpu_batches, gpu_nodes, _) = run_counting(&gpu, sql, "AggregateExec").await;
+                assert!(gpu_nodes >= 1);
+                let gpu_rows = split_float_rows(&gpu_batches, &[2, 3, 4]);
+                assert_eq!(gpu_rows.len(), cpu_rows.len());
+                for (g, c) in gpu_rows.iter().zip(&cpu_rows) {
+                    assert_eq!(g.0, c.0);
+                    // The magnitude sum bounds the rounding error of either
+                    // order of additions; an average's error is the sum's
+                    // over the count.
+                    let scale = c.1[2].abs().max(f64::MIN_POSITIVE);
+                    let count: f64 = g.0.split('|').nth(1).unwrap().parse().unwrap();
+                    let bounds = [scale, scale / count, scale];
+                    for ((a, b), bound) in g.1.iter().zip(&c.1).zip(bounds) {
+                        assert!(
+                            (a - b).abs() <= TOLERANCE * bound,
+                            "{sql}, group {}: GPU {a} against CPU {b}",
+                            g.0
+                        );
+                    }
+                }
+                if deterministic {
+                    let bits = |rows: &[(String, Vec<f64>)]| -> Vec<Vec<u64>> {
+                        rows.iter()
+                            .map(|r| r.1.iter().map(|v| v.to_bits()).collect())
+                            .collect()
+                    };
+                    match &first_run {
+                        Some(first) => assert_eq!(
+                            bits(first),
+                            bits(&gpu_rows),
+                            "{sql}: deterministic sums changed between runs"
+                        ),
+                        None => first_run = Some(gpu_rows),
+                    }
+                }
+            }
         }
     }
 }
@@ -385,8 +445,8 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     let plan = check(&gpu, &cpu, &sql).await;
     assert!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions") > 0);
 
-    // Keys whose ranges need more than 64 bits together: full-range
-    // Int64 keys on two columns.
+    // Keys whose ranges need more than 64 bits together (full-range Int64
+    // keys on two columns) are hashed and checked: they stay on the GPU.
     let (gpu, cpu) = contexts(4, &[]).await;
     register(
         [&gpu, &cpu],
@@ -394,8 +454,50 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     );
     let sql = "SELECT k, v, count(*), sum(u) FROM t GROUP BY k, v";
     let plan = check(&gpu, &cpu, sql).await;
+    assert_eq!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions"), 0);
+    assert_eq!(gpu_aggregate_metric(&plan, "hashed_key_collisions"), 0);
+    assert!(gpu_aggregate_metric(&plan, "groups") > 0);
+    // Without gpu.hashed_group_keys, those keys run on the CPU operator,
+    // found at run time (their types pack; their ranges do not).
+    let (gpu, cpu) = contexts(4, &["SET gpu.hashed_group_keys = false"]).await;
+    register(
+        [&gpu, &cpu],
+        table(20_000, Keys::Uniform { domain: 1 << 62 }, 4, 6),
+    );
+    let plan = check(&gpu, &cpu, sql).await;
     assert!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions") > 0);
     assert_eq!(gpu_aggregate_metric(&plan, "groups"), 0);
+
+    // With gpu.min_groups, a partition whose sampled keys show few groups
+    // runs on the CPU operator; one with many stays on the GPU.
+    let (gpu, cpu) = contexts(4, &["SET gpu.min_groups = 65536"]).await;
+    register(
+        [&gpu, &cpu],
+        table(40_000, Keys::Uniform { domain: 1 << 40 }, 4, 9),
+    );
+    let plan = check(&gpu, &cpu, "SELECT s, count(*), sum(v) FROM t GROUP BY s").await;
+    assert!(gpu_aggregate_metric(&plan, "few_groups_partitions") > 0);
+    let plan = check(&gpu, &cpu, "SELECT k, count(*), sum(v) FROM t GROUP BY k").await;
+    assert_eq!(gpu_aggregate_metric(&plan, "few_groups_partitions"), 0);
+    assert!(gpu_aggregate_metric(&plan, "groups") > 0);
+
+    // Hashes cut to 3 bits: different keys share a hash, the host check
+    // finds it, and those partitions run on the CPU operator with the same
+    // answer.
+    let (gpu, cpu) = contexts(4, &["SET gpu.hashed_group_key_bits = 3"]).await;
+    register(
+        [&gpu, &cpu],
+        table(20_000, Keys::Uniform { domain: 700 }, 4, 8),
+    );
+    for sql in [
+        "SELECT s, k2, count(*), sum(v), max(d) FROM t GROUP BY s, k2",
+        "SELECT CAST(k AS VARCHAR), min(v), avg(f) FROM t GROUP BY CAST(k AS VARCHAR)",
+    ] {
+        let plan = check(&gpu, &cpu, sql).await;
+        let collisions = gpu_aggregate_metric(&plan, "hashed_key_collisions");
+        assert!(collisions > 0, "{sql}: no collision with 3-bit hashes");
+        assert!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions") >= collisions);
+    }
 }
 
 /// `words` split into pieces of uneven sizes (as batches would be).
@@ -448,6 +550,9 @@ async fn device_group_by_matches_the_reference() {
             Reduction::SumI128,
             Reduction::MinI128,
             Reduction::MaxI128,
+            // Random words: doubles of every exponent, NaNs and infinities
+            // among them; the reference reproduces the device's bits.
+            Reduction::SumF64Fixed,
         ] {
             for valid in [None, Some(0)] {
                 let values = if reduction == Reduction::Count {
@@ -483,12 +588,23 @@ async fn device_group_by_matches_the_reference() {
                 rows,
                 &inputs,
                 &bitmaps,
+                with_keys,
                 &mut timer,
             )
             .unwrap();
             timer.finish().unwrap();
             let want = group_by::reference::group_by(keys, rows, &inputs, &bitmaps);
             assert_eq!(got.groups, want.groups, "rows {rows}, domain {domain}");
+            // Every row's group, as asked for: the group whose row has its key.
+            if let Some(keys) = keys {
+                assert_eq!(got.row_groups.len(), rows);
+                for (row, &group) in got.row_groups.iter().enumerate() {
+                    let first = got.group_rows[group as usize] as usize;
+                    assert_eq!(keys[first], keys[row], "row {row} in group {group}");
+                }
+            } else {
+                assert!(got.row_groups.is_empty());
+            }
             // Device group ids come in any order: compare by key.
             let order = |grouped: &group_by::Grouped| -> Vec<usize> {
                 let mut ids: Vec<usize> = (0..grouped.groups).collect();
@@ -555,6 +671,7 @@ async fn device_float_sums_of_exact_values_are_exact() {
             rows,
             &inputs,
             &[],
+            false,
             &mut timer,
         )
         .unwrap();

@@ -187,6 +187,7 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
             let mut options = GpuOptions::default();
             options.min_rows = 0;
             options.min_groups = 0;
+            options.hashed_group_keys = true;
             config.options_mut().extensions.insert(options);
             config
                 .options_mut()

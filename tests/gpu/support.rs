@@ -188,6 +188,7 @@ async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&st
         format!("SET gpu.enabled = {gpu}"),
         "SET gpu.min_rows = 0".to_string(),
         "SET gpu.min_groups = 0".to_string(),
+        "SET gpu.hashed_group_keys = true".to_string(),
         format!("SET datafusion.optimizer.hash_join_single_partition_threshold = {threshold}"),
         format!("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = {threshold}"),
     ];

@@ -239,6 +239,10 @@ impl ExecutionPlan for GpuAggregateExec {
             device,
             memory_fraction: options.memory_fraction,
             max_concurrent_tasks: options.max_concurrent_tasks,
+            deterministic_float_sums: options.deterministic_float_sums,
+            hashed_group_key_bits: options.hashed_group_key_bits,
+            min_groups: options.min_groups,
+            hashed_group_keys: options.hashed_group_keys,
             metrics: GpuAggregateMetrics::new(&self.metrics, partition),
         }))
     }

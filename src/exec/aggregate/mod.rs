@@ -1,10 +1,12 @@
 //! `GpuAggregateExec`: the plan node ([`exec`]), which aggregations the
-//! GPU takes ([`spec`]), each aggregate as device reductions and its
+//! GPU takes ([`spec`]), group keys as device words and the check of hashed
+//! ones ([`group_keys`]), each aggregate as device reductions and its
 //! DataFusion state rebuilt from them ([`reductions`]), Arrow columns as
 //! device words and back ([`words`]), and one partition's stream with its
 //! run-time CPU fallback ([`stream`]).
 
 mod exec;
+mod group_keys;
 mod reductions;
 mod spec;
 mod stream;

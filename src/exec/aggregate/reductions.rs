@@ -42,9 +42,28 @@ pub(crate) struct DeviceWork {
     bitmap_of_column: HashMap<Vec<usize>, (Option<usize>, Vec<ArrayRef>)>,
     /// Per aggregate, its state columns.
     states: Vec<Vec<StateColumn>>,
+    /// Sum doubles in an order-independent way ([`Reduction::SumF64Fixed`]).
+    deterministic_float_sums: bool,
 }
 
 impl DeviceWork {
+    /// No work yet; float sums deterministic or not.
+    pub(crate) fn new(deterministic_float_sums: bool) -> Self {
+        Self {
+            deterministic_float_sums,
+            ..Self::default()
+        }
+    }
+
+    fn sum_reduction(&self, kind: ValueKind) -> Reduction {
+        match kind {
+            ValueKind::Float64 if self.deterministic_float_sums => Reduction::SumF64Fixed,
+            ValueKind::Float64 => Reduction::SumF64,
+            ValueKind::Decimal128 => Reduction::SumI128,
+            ValueKind::Signed | ValueKind::Unsigned => Reduction::Sum,
+        }
+    }
+
     /// The index of the validity bitmap of `column` under `filter`
     /// ([`row_validity`]), made once per unfiltered column.
     fn validity(&mut self, column: &[ArrayRef], filter: Option<&[BooleanArray]>) -> Option<usize> {
@@ -143,7 +162,7 @@ impl DeviceWork {
                 let (array, kind) = arg(0)?;
                 let valid = self.validity(array, filter);
                 let count = self.count(valid);
-                let sum = self.reduce(sum_reduction(kind), sum_words(array, kind)?, valid);
+                let sum = self.reduce(self.sum_reduction(kind), sum_words(array, kind)?, valid);
                 // DataFusion's AVG state is NULL, count included, in a group
                 // without values (a count of 0 would be divided by).
                 states.push(StateColumn {
@@ -189,7 +208,7 @@ impl DeviceWork {
     ) -> Result<StateColumn> {
         let valid = self.validity(array, filter);
         let nullable = valid.is_some() || !with_keys;
-        let reduced = self.reduce(sum_reduction(kind), sum_words(array, kind)?, valid);
+        let reduced = self.reduce(self.sum_reduction(kind), sum_words(array, kind)?, valid);
         Ok(StateColumn {
             reduced,
             kind,
@@ -255,14 +274,6 @@ fn plain(reduced: usize, kind: ValueKind) -> StateColumn {
         kind,
         ordered: false,
         null_where_empty: None,
-    }
-}
-
-fn sum_reduction(kind: ValueKind) -> Reduction {
-    match kind {
-        ValueKind::Float64 => Reduction::SumF64,
-        ValueKind::Decimal128 => Reduction::SumI128,
-        ValueKind::Signed | ValueKind::Unsigned => Reduction::Sum,
     }
 }
 

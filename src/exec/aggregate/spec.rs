@@ -88,6 +88,10 @@ pub(crate) struct AggregateSpec {
     pub(crate) merges_states: bool,
     /// Group key types (empty for an aggregate without GROUP BY).
     pub(crate) keys: Option<KeySpec>,
+    /// Whether the keys are hashed whatever their values (see
+    /// `group_keys`): not every key packs, and they are not a single float
+    /// column (its own word where it has no NULLs).
+    pub(crate) keys_need_hashing: bool,
     pub(crate) aggregates: Vec<GpuAggregate>,
 }
 
@@ -122,9 +126,13 @@ impl AggregateSpec {
                 gpu_aggregate(expr, merges_states, &input_schema)
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let keys_need_hashing = keys.as_ref().is_some_and(|spec| {
+            !spec.packable() && !matches!(spec.types(), [DataType::Float32 | DataType::Float64])
+        });
         Ok(Self {
             merges_states,
             keys,
+            keys_need_hashing,
             aggregates,
         })
     }
@@ -139,17 +147,17 @@ fn key_spec(agg: &AggregateExec, input_schema: &SchemaRef) -> Result<Option<KeyS
         .iter()
         .map(|(expr, _)| expr.data_type(input_schema).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
-    // NULL is a group of its own: NULL keys compare equal.
-    let spec = KeySpec::try_new(&types, NullEquality::NullEqualsNull)?;
-    if !spec.packable() {
+    // NULL is a group of its own: NULL keys compare equal. Keys that do not
+    // pack are hashed and checked on the host (`group_keys`).
+    let spec = KeySpec::try_new(&types, NullEquality::NullEqualsNull).map_err(|_| {
         let other = types
             .iter()
-            .find(|t| !KeySpec::is_packable(t))
-            .expect("some key is not packable");
-        return Err(format!(
-            "group key type {other} is not supported on the GPU"
-        ));
-    }
+            .find(|t| {
+                KeySpec::try_new(std::slice::from_ref(t), NullEquality::NullEqualsNull).is_err()
+            })
+            .map_or_else(|| format!("{types:?}"), |t| t.to_string());
+        format!("group key type {other} is not supported on the GPU")
+    })?;
     Ok(Some(spec))
 }
 

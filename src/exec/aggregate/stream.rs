@@ -1,9 +1,10 @@
 //! One partition of a GPU aggregation: collect the input, group and reduce
 //! it on the device in a blocking task, finish each aggregate with
 //! DataFusion's own accumulator over the per-group state, emit the groups.
-//! When the device cannot take the work (too little device memory, keys
-//! too wide to pack into 64 bits), DataFusion's CPU operator aggregates the
-//! collected input instead, and a metric says so.
+//! When the device cannot take the work (too little device memory, or two
+//! hashed keys that shared a hash), or should not (a sample of the keys
+//! shows fewer groups than `gpu.min_groups`), DataFusion's CPU operator
+//! aggregates the collected input instead, and a metric says so.
 
 use std::sync::Arc;
 
@@ -21,11 +22,12 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::{StreamExt, TryStreamExt};
 
+use super::group_keys::{
+    fold_negative_zeros, group_key_words, groups_hold_one_key, sample_shows_few_groups,
+    sampled_distinct_words, GROUP_SAMPLE_ROWS,
+};
 use super::reductions::DeviceWork;
-use super::spec::{AggregateSpec, ValueKind};
-use super::words::piece_words;
-use crate::exec::keys::{KeyEncoder, KeySpec};
-use crate::exec::parallel::on_threads;
+use super::spec::AggregateSpec;
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::group_by::{group_by, group_by_device_bytes, Grouped, Words};
@@ -57,6 +59,15 @@ pub(crate) struct AggregateTask {
     pub(crate) device: Arc<GpuDevice>,
     pub(crate) memory_fraction: f64,
     pub(crate) max_concurrent_tasks: usize,
+    pub(crate) deterministic_float_sums: bool,
+    /// Low bits of a hashed group key used (64 but in tests).
+    pub(crate) hashed_group_key_bits: u32,
+    /// `gpu.min_groups`: a partition whose sampled keys show fewer groups
+    /// runs on the CPU operator (0: never).
+    pub(crate) min_groups: usize,
+    /// `gpu.hashed_group_keys`: keys that turn out to need hashing (ranges
+    /// too wide to pack) run on the CPU operator when false.
+    pub(crate) hashed_group_keys: bool,
     pub(crate) batch_size: usize,
     pub(crate) metrics: GpuAggregateMetrics,
 }
@@ -71,8 +82,8 @@ pub(crate) fn aggregate_stream(task: AggregateTask) -> SendableRecordBatchStream
 /// What the blocking part produced.
 enum Outcome {
     Batches(Vec<RecordBatch>),
-    /// The device cannot take this input (keys too wide to pack, or too
-    /// little device memory): DataFusion's CPU operator aggregates it.
+    /// The device cannot take this input (too little device memory, or
+    /// hashed keys that collided): DataFusion's CPU operator aggregates it.
     OnCpu,
 }
 
@@ -95,20 +106,28 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         device: Arc::clone(&task.device),
         memory_fraction: task.memory_fraction,
         max_concurrent_tasks: task.max_concurrent_tasks,
+        deterministic_float_sums: task.deterministic_float_sums,
+        hashed_group_key_bits: task.hashed_group_key_bits,
+        min_groups: task.min_groups,
+        hashed_group_keys: task.hashed_group_keys,
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
     });
     let inputs = Arc::new(task.inputs);
-    let outcome = {
+    let (outcome, reservation) = {
         let batches = Arc::clone(&batches);
         let inputs = Arc::clone(&inputs);
-        SpawnedTask::spawn_blocking(move || device_task.aggregate(&batches, &inputs))
-            .join()
-            .await
-            .map_err(|e| {
-                DataFusionError::Execution(format!("GPU aggregation task failed: {e}"))
-            })??
+        let mut reservation = task.reservation;
+        SpawnedTask::spawn_blocking(move || {
+            let outcome = device_task.aggregate(&batches, &inputs, &mut reservation);
+            (outcome, reservation)
+        })
+        .join()
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("GPU aggregation task failed: {e}")))?
     };
+    task.reservation = reservation;
+    let outcome = outcome?;
     match outcome {
         Outcome::Batches(output) => {
             drop(batches);
@@ -151,6 +170,10 @@ struct DevicePart {
     device: Arc<GpuDevice>,
     memory_fraction: f64,
     max_concurrent_tasks: usize,
+    deterministic_float_sums: bool,
+    hashed_group_key_bits: u32,
+    min_groups: usize,
+    hashed_group_keys: bool,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
 }
@@ -172,83 +195,47 @@ fn evaluate_pieces(
         .collect()
 }
 
-/// The group keys of every batch as one word per row: a single integer
-/// column without NULLs is its own word (any injective word will do for
-/// grouping); anything else is packed as join keys are, the batches spread
-/// over the cores. `None` when the packed ranges need more than 64 bits.
-fn encode_keys(
-    key_spec: &KeySpec,
-    key_columns: &[Vec<ArrayRef>],
-    batches: usize,
-) -> Result<Option<Words>> {
-    if let [column] = key_columns {
-        let kind = ValueKind::of(&key_spec.types()[0])
-            .filter(|k| matches!(k, ValueKind::Signed | ValueKind::Unsigned));
-        if let Some(kind) = kind {
-            if column.iter().all(|piece| piece.logical_null_count() == 0) {
-                let mut words = Words::default();
-                for piece in column {
-                    words.push(piece_words(piece.as_ref(), kind)?);
-                }
-                return Ok(Some(words));
-            }
-        }
-    }
-    // Per batch, its key columns.
-    let pieces: Vec<Vec<ArrayRef>> = (0..batches)
-        .map(|b| key_columns.iter().map(|c| Arc::clone(&c[b])).collect())
-        .collect();
-    let encoder = KeyEncoder::for_pieces(key_spec, &pieces)?;
-    if encoder.needs_verification() {
-        return Ok(None);
-    }
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(pieces.len())
-        .max(1);
-    let per_thread = pieces.len().div_ceil(threads).max(1);
-    let chunks: Vec<&[Vec<ArrayRef>]> = pieces.chunks(per_thread).collect();
-    let encoded = on_threads(chunks.len(), |i| {
-        chunks[i]
-            .iter()
-            .map(|columns| {
-                let encoded = encoder.encode(columns)?;
-                // NULL is a group and every value is in range: no row is
-                // ever dropped.
-                if encoded.row_ids.is_some() {
-                    return Err(DataFusionError::Internal(
-                        "group key encoding dropped rows".into(),
-                    ));
-                }
-                Ok(encoded.keys)
-            })
-            .collect::<Result<Vec<_>>>()
-    })?;
-    let mut words = Words::default();
-    for chunk in encoded {
-        for keys in chunk {
-            words.push(Box::new(keys));
-        }
-    }
-    Ok(Some(words))
-}
-
 impl DevicePart {
-    fn aggregate(&self, batches: &[RecordBatch], inputs: &AggregateInputs) -> Result<Outcome> {
+    fn aggregate(
+        &self,
+        batches: &[RecordBatch],
+        inputs: &AggregateInputs,
+        reservation: &mut MemoryReservation,
+    ) -> Result<Outcome> {
         let _timer = self.metrics.baseline.elapsed_compute().timer();
         let prepare = self.metrics.prepare_time.timer();
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        let key_columns = evaluate_pieces(&inputs.group_exprs, batches)?;
+        // Floats as DataFusion stores group values, `-0.0` folded into `+0.0`.
+        let key_columns = fold_negative_zeros(evaluate_pieces(&inputs.group_exprs, batches)?)?;
         let keys = match &self.spec.keys {
-            Some(key_spec) => match encode_keys(key_spec, &key_columns, batches.len())? {
-                Some(keys) => Some(keys),
-                // The keys' ranges need more than 64 bits together.
-                None => return Ok(Outcome::OnCpu),
-            },
+            Some(key_spec) => Some(group_key_words(
+                key_spec,
+                &key_columns,
+                batches.len(),
+                self.hashed_group_key_bits,
+            )?),
             None => None,
         };
-        let with_keys = keys.is_some();
-        let mut work = DeviceWork::default();
+        if let Some(keys) = &keys {
+            // Statistics rarely know the groups (the rule counts unknown as
+            // many): a sample of the keys decides before anything is
+            // copied, where one CPU pass over host memory would be faster.
+            let (sampled, distinct) = sampled_distinct_words(&keys.words, GROUP_SAMPLE_ROWS);
+            if sample_shows_few_groups(sampled, distinct, self.min_groups) {
+                self.metrics.few_groups_partitions.add(1);
+                return Ok(Outcome::OnCpu);
+            }
+        }
+        let hashed = keys.as_ref().is_some_and(|k| k.hashed);
+        if hashed && !self.hashed_group_keys {
+            // Packable keys whose ranges need more than 64 bits together.
+            return Ok(Outcome::OnCpu);
+        }
+        if hashed {
+            // Each row's group comes back to the host for the key check.
+            reservation.try_grow(8 * rows)?;
+        }
+        let mut work = DeviceWork::new(self.deterministic_float_sums);
         for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
             let args = evaluate_pieces(&inputs.aggregate_args[i], batches)?;
             let filter = match &inputs.filters[i] {
@@ -272,21 +259,32 @@ impl DevicePart {
                 self.spec.merges_states,
                 &args,
                 filter.as_deref(),
-                with_keys,
+                keys.is_some(),
             )?;
         }
         prepare.done();
         let device = self.metrics.device_wall_time.timer();
-        let grouped = self.on_device(keys.as_ref(), rows, &work);
+        let grouped = self.on_device(keys.as_ref().map(|k| &k.words), rows, &work, hashed);
         device.done();
         let grouped = match grouped {
             Ok(grouped) => grouped,
             Err(e) if e.is_out_of_device_memory() => return Ok(Outcome::OnCpu),
             Err(e) => return Err(e.into()),
         };
+        let emit = self.metrics.emit_time.timer();
+        let group_keys = self.group_keys(&key_columns, batches, &grouped)?;
+        emit.done();
+        if hashed {
+            let _check = self.metrics.key_check_time.timer();
+            if !groups_hold_one_key(&key_columns, &group_keys, &grouped.row_groups)? {
+                // Two different keys shared a hash: the groups are wrong.
+                self.metrics.hashed_key_collisions.add(1);
+                return Ok(Outcome::OnCpu);
+            }
+        }
         self.metrics.groups.add(grouped.groups);
         let _emit = self.metrics.emit_time.timer();
-        self.output(&key_columns, batches, &work, &grouped)
+        self.output(group_keys, &work, &grouped)
             .map(Outcome::Batches)
     }
 
@@ -295,6 +293,7 @@ impl DevicePart {
         keys: Option<&Words>,
         rows: usize,
         work: &DeviceWork,
+        keep_row_groups: bool,
     ) -> GpuResult<Grouped> {
         let waiting = std::time::Instant::now();
         let _admission = self.device.admit(self.max_concurrent_tasks);
@@ -322,52 +321,65 @@ impl DevicePart {
             rows,
             &work.inputs,
             &work.bitmaps,
+            keep_row_groups,
             &mut timer,
         )?;
         self.metrics.device.record(&timer.finish()?);
         Ok(grouped)
     }
 
-    /// The output batches: group keys read from a row of each group, then
-    /// each aggregate's value or state columns.
-    fn output(
+    /// Each group's key columns, read from the row that stands for it.
+    fn group_keys(
         &self,
         key_columns: &[Vec<ArrayRef>],
         batches: &[RecordBatch],
+        grouped: &Grouped,
+    ) -> Result<Vec<ArrayRef>> {
+        if self.spec.keys.is_none() {
+            return Ok(Vec::new());
+        }
+        // (batch, row in batch) of each group's row.
+        let starts: Vec<usize> = batches
+            .iter()
+            .scan(0, |start, b| {
+                let this = *start;
+                *start += b.num_rows();
+                Some(this)
+            })
+            .collect();
+        let at: Vec<(usize, usize)> = grouped
+            .group_rows
+            .iter()
+            .map(|&row| {
+                let row = row as usize;
+                let batch = starts.partition_point(|&s| s <= row) - 1;
+                (batch, row - starts[batch])
+            })
+            .collect();
+        key_columns
+            .iter()
+            .enumerate()
+            .map(|(key, pieces)| {
+                if pieces.is_empty() {
+                    Ok(new_empty_array(self.output_schema.field(key).data_type()))
+                } else {
+                    let sources: Vec<&dyn Array> = pieces.iter().map(|p| p.as_ref()).collect();
+                    Ok(interleave(&sources, &at)?)
+                }
+            })
+            .collect()
+    }
+
+    /// The output batches: the group keys, then each aggregate's value or
+    /// state columns.
+    fn output(
+        &self,
+        group_keys: Vec<ArrayRef>,
         work: &DeviceWork,
         grouped: &Grouped,
     ) -> Result<Vec<RecordBatch>> {
         let groups = grouped.groups;
-        let mut columns = Vec::with_capacity(self.output_schema.fields().len());
-        if self.spec.keys.is_some() {
-            // (batch, row in batch) of each group's row.
-            let starts: Vec<usize> = batches
-                .iter()
-                .scan(0, |start, b| {
-                    let this = *start;
-                    *start += b.num_rows();
-                    Some(this)
-                })
-                .collect();
-            let at: Vec<(usize, usize)> = grouped
-                .group_rows
-                .iter()
-                .map(|&row| {
-                    let row = row as usize;
-                    let batch = starts.partition_point(|&s| s <= row) - 1;
-                    (batch, row - starts[batch])
-                })
-                .collect();
-            for (key, pieces) in key_columns.iter().enumerate() {
-                let column = if pieces.is_empty() {
-                    new_empty_array(self.output_schema.field(key).data_type())
-                } else {
-                    let sources: Vec<&dyn Array> = pieces.iter().map(|p| p.as_ref()).collect();
-                    interleave(&sources, &at)?
-                };
-                columns.push(column);
-            }
-        }
+        let mut columns = group_keys;
         for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
             columns.extend(work.finish(
                 i,

@@ -313,3 +313,74 @@ pub fn aggregate_i128_sum(
         .during("launching aggregate_i128_sum")?;
     Ok(())
 }
+
+/// `f64_sum_scale`: pass 1 of the deterministic double sum. Per group, the
+/// largest exponent field of its finite values into `max_exponent` and the
+/// NaN (1), +inf (2), -inf (4) flags it saw into `specials`, both 0 on entry.
+pub fn f64_sum_scale(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    rows: GroupRows<'_>,
+    values: &CudaSlice<u64>,
+    max_exponent: &mut CudaSlice<u64>,
+    specials: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    rows.check()?;
+    check_len(values, rows.rows, "aggregate input")?;
+    check_len(max_exponent, rows.groups, "largest exponents")?;
+    check_len(specials, rows.groups, "special values")?;
+    if rows.rows == 0 {
+        return Ok(());
+    }
+    let n = rows.rows as u64;
+    let mut launch = stream.launch_builder(&kernels.f64_sum_scale);
+    arg_or_null(&mut launch, rows.groups_of_rows);
+    launch.arg(values);
+    arg_or_null(&mut launch, rows.valid_bits);
+    launch.arg(&n).arg(&mut *max_exponent).arg(&mut *specials);
+    // SAFETY: as aggregate_u64, without shared memory: group ids < groups,
+    // inputs of `rows` entries, outputs of `groups`, all checked above.
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching f64_sum_scale")?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+/// `f64_sum_fixed`: pass 2 of the deterministic double sum. Adds each
+/// finite value, as a fixed-point integer on its group's scale from
+/// `max_exponent` (pass 1), into the 128-bit sums (`out_lo`, `out_hi`),
+/// zero on entry.
+pub fn f64_sum_fixed(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    rows: GroupRows<'_>,
+    values: &CudaSlice<u64>,
+    max_exponent: &CudaSlice<u64>,
+    out_lo: &mut CudaSlice<u64>,
+    out_hi: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    rows.check()?;
+    check_len(values, rows.rows, "aggregate input")?;
+    check_len(max_exponent, rows.groups, "largest exponents")?;
+    check_len(out_lo, rows.groups, "aggregate output (low words)")?;
+    check_len(out_hi, rows.groups, "aggregate output (high words)")?;
+    if rows.rows == 0 {
+        return Ok(());
+    }
+    let n = rows.rows as u64;
+    let mut launch = stream.launch_builder(&kernels.f64_sum_fixed);
+    arg_or_null(&mut launch, rows.groups_of_rows);
+    launch.arg(values);
+    arg_or_null(&mut launch, rows.valid_bits);
+    launch
+        .arg(&n)
+        .arg(max_exponent)
+        .arg(&mut *out_lo)
+        .arg(&mut *out_hi);
+    // SAFETY: as f64_sum_scale; the shifts are bounded in the kernel.
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching f64_sum_fixed")?;
+    Ok(())
+}

@@ -16,8 +16,8 @@ mod group_by;
 mod merge_join;
 pub use gather::{gather_u64, gather_values, ValueWidth};
 pub use group_by::{
-    aggregate_f64_sum, aggregate_i128_sum, aggregate_u64, fill_u64, group_insert, group_resolve,
-    AggregateOp, GroupRows, PRIVATIZED_GROUPS,
+    aggregate_f64_sum, aggregate_i128_sum, aggregate_u64, f64_sum_fixed, f64_sum_scale, fill_u64,
+    group_insert, group_resolve, AggregateOp, GroupRows, PRIVATIZED_GROUPS,
 };
 pub use merge_join::{expand_pairs, merge_path_bounds, MergeBound, MERGE_ITEMS_PER_THREAD};
 
@@ -62,6 +62,8 @@ pub struct Kernels {
     aggregate_u64: CudaFunction,
     aggregate_f64_sum: CudaFunction,
     aggregate_i128_sum: CudaFunction,
+    f64_sum_scale: CudaFunction,
+    f64_sum_fixed: CudaFunction,
 }
 
 impl Kernels {
@@ -105,6 +107,8 @@ impl Kernels {
             aggregate_u64: function(&group_by, "aggregate_u64")?,
             aggregate_f64_sum: function(&group_by, "aggregate_f64_sum")?,
             aggregate_i128_sum: function(&group_by, "aggregate_i128_sum")?,
+            f64_sum_scale: function(&group_by, "f64_sum_scale")?,
+            f64_sum_fixed: function(&group_by, "f64_sum_fixed")?,
             _modules: vec![scan, radix, join, group_by, merge, gather],
         })
     }

@@ -1,0 +1,502 @@
+//! Group keys as one 64-bit word per row, and the host check that makes
+//! hashed words safe.
+//!
+//! The device groups rows by equal words, so a word must stand for one key.
+//! Three ways to get one, cheapest first:
+//!
+//! * **Own word**: one integer or float column without NULLs. Its bits are
+//!   the word (floats after DataFusion's folding of `-0.0` into `+0.0`).
+//! * **Packed**: integer-like columns whose ranges fit 64 bits together,
+//!   coded as join keys are ([`KeyEncoder`]); NULL has a code of its own.
+//! * **Hashed**: anything else (strings, binary, several columns with a
+//!   float, ranges too wide to pack): DataFusion's row hash. Two keys may
+//!   share a hash, so every row's key is then compared on the host with the
+//!   key of the row that stands for its group ([`groups_hold_one_key`]);
+//!   one difference sends the partition to DataFusion's CPU operator.
+//!
+//! Equality is DataFusion's for group values: NULL is a group of its own,
+//! floats compare by bits once `-0.0` is folded into `+0.0` (so NaNs with
+//! different payloads are different groups, as they are there).
+
+use std::cmp::Ordering;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{make_array, make_comparator, Array, ArrayData, ArrayRef, AsArray};
+use datafusion::arrow::buffer::Buffer;
+use datafusion::arrow::compute::SortOptions;
+use datafusion::arrow::datatypes::{ArrowNativeType, DataType, Float32Type};
+use datafusion::common::hash_utils::{create_hashes, RandomState};
+use datafusion::error::{DataFusionError, Result};
+
+use super::spec::ValueKind;
+use super::words::piece_words;
+use crate::exec::keys::{KeyEncoder, KeySpec};
+use crate::exec::parallel::on_threads;
+use crate::ops::group_by::Words;
+
+/// The seed of hashed group keys.
+const GROUP_HASH_SEED: u64 = 0x6770_755f_6772_6f75;
+
+/// One word per row, and whether equal words may stand for different keys.
+pub(crate) struct GroupKeyWords {
+    pub(crate) words: Words,
+    /// The words are hashes: the groups must be checked on the host.
+    pub(crate) hashed: bool,
+}
+
+/// Key columns (per key expression, one array per input batch) with every
+/// float `-0.0` replaced by `+0.0`, as DataFusion's group values store
+/// them: the key a group shows is then the one DataFusion would show, and
+/// bitwise equality is its equality. Columns without `-0.0` are kept as
+/// they are.
+pub(crate) fn fold_negative_zeros(key_columns: Vec<Vec<ArrayRef>>) -> Result<Vec<Vec<ArrayRef>>> {
+    key_columns
+        .into_iter()
+        .map(|pieces| {
+            pieces
+                .into_iter()
+                .map(|piece| match piece.data_type() {
+                    DataType::Float16 => fold::<u16>(piece),
+                    DataType::Float32 => fold::<u32>(piece),
+                    DataType::Float64 => fold::<u64>(piece),
+                    _ => Ok(piece),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The bits of a float of one width, read as an unsigned integer.
+trait FloatBits: ArrowNativeType + Eq {
+    /// The bits of `-0.0`: the sign bit alone.
+    const NEGATIVE_ZERO: Self;
+}
+
+impl FloatBits for u16 {
+    const NEGATIVE_ZERO: Self = 1 << 15;
+}
+
+impl FloatBits for u32 {
+    const NEGATIVE_ZERO: Self = 1 << 31;
+}
+
+impl FloatBits for u64 {
+    const NEGATIVE_ZERO: Self = 1 << 63;
+}
+
+/// `piece`, a float column whose values are `U`'s width, with `-0.0`
+/// replaced by `+0.0` (all bits zero).
+fn fold<U: FloatBits>(piece: ArrayRef) -> Result<ArrayRef> {
+    let data = piece.to_data();
+    let values = &data.buffer::<U>(0)[..data.len()];
+    if !values.contains(&U::NEGATIVE_ZERO) {
+        return Ok(piece);
+    }
+    let folded: Vec<U> = values
+        .iter()
+        .map(|&v| {
+            if v == U::NEGATIVE_ZERO {
+                U::default()
+            } else {
+                v
+            }
+        })
+        .collect();
+    let data = ArrayData::builder(data.data_type().clone())
+        .len(data.len())
+        .add_buffer(Buffer::from_vec(folded))
+        .nulls(data.nulls().cloned())
+        .build()?;
+    Ok(make_array(data))
+}
+
+/// The words of `key_columns` (per key expression, one array per batch;
+/// floats already folded by [`fold_negative_zeros`]) for `batches` batches.
+/// Hashed words keep their low `hash_bits` bits (64 but in tests of the
+/// check).
+pub(crate) fn group_key_words(
+    key_spec: &KeySpec,
+    key_columns: &[Vec<ArrayRef>],
+    batches: usize,
+    hash_bits: u32,
+) -> Result<GroupKeyWords> {
+    if !(1..=64).contains(&hash_bits) {
+        return Err(DataFusionError::Configuration(format!(
+            "gpu.hashed_group_key_bits must be within 1 and 64, not {hash_bits}"
+        )));
+    }
+    let hash_mask = u64::MAX >> (64 - hash_bits);
+    if let [column] = key_columns {
+        if column.iter().all(|piece| piece.logical_null_count() == 0) {
+            if let Some(words) = own_words(&key_spec.types()[0], column)? {
+                return Ok(GroupKeyWords {
+                    words,
+                    hashed: false,
+                });
+            }
+        }
+    }
+    // Per batch, its key columns.
+    let pieces: Vec<Vec<ArrayRef>> = (0..batches)
+        .map(|b| key_columns.iter().map(|c| Arc::clone(&c[b])).collect())
+        .collect();
+    if key_spec.packable() {
+        let encoder = KeyEncoder::for_pieces(key_spec, &pieces)?;
+        if !encoder.needs_verification() {
+            let encoded = on_pieces(&pieces, |columns| {
+                let encoded = encoder.encode(columns)?;
+                // NULL is a group and every value is in range: no row is
+                // ever dropped.
+                if encoded.row_ids.is_some() {
+                    return Err(DataFusionError::Internal(
+                        "group key encoding dropped rows".into(),
+                    ));
+                }
+                Ok(encoded.keys.to_vec())
+            })?;
+            return Ok(GroupKeyWords {
+                words: words_of(encoded),
+                hashed: false,
+            });
+        }
+    }
+    let hashes = on_pieces(&pieces, |columns| {
+        let rows = columns.first().map_or(0, |c| c.len());
+        let mut hashes = vec![0u64; rows];
+        create_hashes(
+            columns,
+            &RandomState::with_seed(GROUP_HASH_SEED),
+            &mut hashes,
+        )?;
+        if hash_mask != u64::MAX {
+            hashes.iter_mut().for_each(|h| *h &= hash_mask);
+        }
+        Ok(hashes)
+    })?;
+    Ok(GroupKeyWords {
+        words: words_of(hashes),
+        hashed: true,
+    })
+}
+
+/// A single key column without NULLs that is its own word: an integer, or
+/// a float (its bits, which are injective and, once `-0.0` is folded, are
+/// DataFusion's equality).
+fn own_words(data_type: &DataType, column: &[ArrayRef]) -> Result<Option<Words>> {
+    let mut words = Words::default();
+    match data_type {
+        DataType::Float64 => {
+            for piece in column {
+                words.push(piece_words(piece.as_ref(), ValueKind::Float64)?);
+            }
+        }
+        DataType::Float32 => {
+            for piece in column {
+                let values = piece.as_primitive::<Float32Type>().values();
+                words.push(Box::new(
+                    values
+                        .iter()
+                        .map(|v| u64::from(v.to_bits()))
+                        .collect::<Vec<u64>>(),
+                ));
+            }
+        }
+        other => match ValueKind::of(other) {
+            Some(kind @ (ValueKind::Signed | ValueKind::Unsigned)) => {
+                for piece in column {
+                    words.push(piece_words(piece.as_ref(), kind)?);
+                }
+            }
+            _ => return Ok(None),
+        },
+    }
+    Ok(Some(words))
+}
+
+/// `encode` over every batch's key columns, the batches spread over the
+/// cores, results in batch order.
+fn on_pieces(
+    pieces: &[Vec<ArrayRef>],
+    encode: impl Fn(&[ArrayRef]) -> Result<Vec<u64>> + Sync,
+) -> Result<Vec<Vec<Vec<u64>>>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(pieces.len())
+        .max(1);
+    let per_thread = pieces.len().div_ceil(threads).max(1);
+    let chunks: Vec<&[Vec<ArrayRef>]> = pieces.chunks(per_thread).collect();
+    on_threads(chunks.len(), |i| {
+        chunks[i]
+            .iter()
+            .map(|columns| encode(columns))
+            .collect::<Result<Vec<_>>>()
+    })
+}
+
+fn words_of(chunks: Vec<Vec<Vec<u64>>>) -> Words {
+    let mut words = Words::default();
+    for piece in chunks.into_iter().flatten() {
+        words.push(Box::new(piece));
+    }
+    words
+}
+
+/// Rows sampled to estimate how many groups a partition makes.
+pub(crate) const GROUP_SAMPLE_ROWS: usize = 65_536;
+
+/// How many rows were sampled and how many distinct words they hold: up
+/// to `sample` rows spread evenly over `words` (evenly, not the first rows,
+/// so that input sorted on its keys is not mistaken for a few groups).
+pub(crate) fn sampled_distinct_words(words: &Words, sample: usize) -> (usize, usize) {
+    let rows = words.len();
+    if rows == 0 || sample == 0 {
+        return (0, 0);
+    }
+    let stride = rows.div_ceil(sample).max(1);
+    let mut seen = HashSet::with_capacity(sample.min(rows));
+    let (mut sampled, mut first_row, mut next) = (0, 0, 0);
+    for piece in words.pieces() {
+        while next < first_row + piece.len() {
+            seen.insert(piece[next - first_row]);
+            sampled += 1;
+            next += stride;
+        }
+        first_row += piece.len();
+    }
+    (sampled, seen.len())
+}
+
+/// Whether a sample of `sampled` rows holding `distinct` keys says the
+/// partition makes fewer groups than the GPU needs to win: each sampled
+/// key repeats 8 times on average, and 8 times the distinct keys stay under
+/// `min_groups` (`gpu.min_groups`; 0 never says so). The group-by sweep
+/// measured the GPU at half DataFusion's speed up to 2^12 groups and ahead
+/// from 2^16 (BENCHMARKS.md); a sample of 2^16 rows tells 2^12 groups
+/// (4096 distinct) from 2^16 (about 41,000).
+pub(crate) fn sample_shows_few_groups(sampled: usize, distinct: usize, min_groups: usize) -> bool {
+    min_groups > 0 && sampled > 0 && distinct * 8 <= sampled && distinct * 8 < min_groups
+}
+
+/// Whether every row's key equals the key of its group: `row_groups[i]` is
+/// the group of row `i` (rows counted across the batches in order), and
+/// `group_keys` holds each group's key (one array per key expression, one
+/// row per group). False when two keys shared a hash.
+pub(crate) fn groups_hold_one_key(
+    key_columns: &[Vec<ArrayRef>],
+    group_keys: &[ArrayRef],
+    row_groups: &[u64],
+) -> Result<bool> {
+    let Some(first) = key_columns.first() else {
+        return Ok(true);
+    };
+    let batches = first.len();
+    let mut starts = Vec::with_capacity(batches);
+    let mut rows = 0usize;
+    for piece in first {
+        starts.push(rows);
+        rows += piece.len();
+    }
+    if rows != row_groups.len() {
+        return Err(DataFusionError::Internal(format!(
+            "{} row groups for {rows} rows",
+            row_groups.len()
+        )));
+    }
+    let groups = group_keys.first().map_or(0, |k| k.len());
+    if let Some(&g) = row_groups.iter().find(|&&g| g as usize >= groups) {
+        return Err(DataFusionError::Internal(format!(
+            "row group {g} of {groups} groups"
+        )));
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(batches)
+        .max(1);
+    let per_thread = batches.div_ceil(threads).max(1);
+    let verdicts = on_threads(batches.div_ceil(per_thread).max(1), |t| {
+        for b in (t * per_thread)..((t + 1) * per_thread).min(batches) {
+            let groups_of_rows = &row_groups[starts[b]..starts[b] + first[b].len()];
+            for (pieces, keys) in key_columns.iter().zip(group_keys) {
+                // NULL compares equal to NULL: it is a group of its own.
+                let compare =
+                    make_comparator(pieces[b].as_ref(), keys.as_ref(), SortOptions::default())?;
+                let differs = groups_of_rows
+                    .iter()
+                    .enumerate()
+                    .any(|(row, &group)| compare(row, group as usize) != Ordering::Equal);
+                if differs {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    })?;
+    Ok(verdicts.into_iter().all(|holds| holds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::Float64Type;
+    use datafusion::common::NullEquality;
+
+    fn spec(types: &[DataType]) -> KeySpec {
+        KeySpec::try_new(types, NullEquality::NullEqualsNull).unwrap()
+    }
+
+    fn arr<A: Array + 'static>(a: A) -> ArrayRef {
+        Arc::new(a)
+    }
+
+    #[test]
+    fn negative_zeros_fold_into_positive_zero_and_nans_keep_their_bits() {
+        let other_nan = f64::from_bits(0x7ff8_0000_0000_0001);
+        let column = arr(Float64Array::from(vec![
+            Some(-0.0),
+            Some(0.0),
+            None,
+            Some(f64::NAN),
+            Some(other_nan),
+            Some(-1.5),
+        ]));
+        let folded = fold_negative_zeros(vec![vec![column]]).unwrap();
+        let folded = folded[0][0].as_primitive::<Float64Type>();
+        let bits: Vec<Option<u64>> = folded.iter().map(|v| v.map(f64::to_bits)).collect();
+        assert_eq!(
+            bits,
+            vec![
+                Some(0),
+                Some(0),
+                None,
+                Some(f64::NAN.to_bits()),
+                Some(other_nan.to_bits()),
+                Some((-1.5f64).to_bits()),
+            ]
+        );
+        // Nothing to fold: the same array.
+        let plain = arr(Float64Array::from(vec![1.0, 2.0]));
+        let kept = fold_negative_zeros(vec![vec![Arc::clone(&plain)]]).unwrap();
+        assert!(Arc::ptr_eq(&kept[0][0], &plain));
+    }
+
+    #[test]
+    fn one_column_without_nulls_is_its_own_word_and_the_rest_is_packed_or_hashed() {
+        let ints = vec![vec![
+            arr(Int64Array::from(vec![5, -1])),
+            arr(Int64Array::from(vec![7])),
+        ]];
+        let words = group_key_words(&spec(&[DataType::Int64]), &ints, 2, 64).unwrap();
+        assert!(!words.hashed);
+        assert_eq!(words.words.to_vec(), vec![5, (-1i64) as u64, 7]);
+
+        let floats = vec![vec![arr(Float64Array::from(vec![0.5, -2.0]))]];
+        let words = group_key_words(&spec(&[DataType::Float64]), &floats, 1, 64).unwrap();
+        assert!(!words.hashed);
+        assert_eq!(
+            words.words.to_vec(),
+            vec![0.5f64.to_bits(), (-2.0f64).to_bits()]
+        );
+
+        // With a NULL, an integer column is packed (NULL has a code).
+        let with_null = vec![vec![arr(Int64Array::from(vec![Some(5), None]))]];
+        let words = group_key_words(&spec(&[DataType::Int64]), &with_null, 1, 64).unwrap();
+        assert!(!words.hashed);
+        let w = words.words.to_vec();
+        assert_ne!(w[0], w[1]);
+
+        // Strings, and floats with a NULL, are hashed: equal keys, equal words.
+        let strings = vec![vec![arr(StringArray::from(vec![
+            Some("a"),
+            None,
+            Some("a"),
+        ]))]];
+        let words = group_key_words(&spec(&[DataType::Utf8]), &strings, 1, 64).unwrap();
+        assert!(words.hashed);
+        let w = words.words.to_vec();
+        assert_eq!(w[0], w[2]);
+        assert_ne!(w[0], w[1]);
+
+        // One bit of hash: two words at most; a bit count out of range is an
+        // error.
+        let many = vec![vec![arr(StringArray::from(
+            (0..100).map(|i| i.to_string()).collect::<Vec<_>>(),
+        ))]];
+        let words = group_key_words(&spec(&[DataType::Utf8]), &many, 1, 1).unwrap();
+        assert!(words.words.to_vec().iter().all(|&w| w <= 1));
+        assert!(group_key_words(&spec(&[DataType::Utf8]), &many, 1, 0).is_err());
+        assert!(group_key_words(&spec(&[DataType::Utf8]), &many, 1, 65).is_err());
+
+        // Two full-range Int64 columns do not pack into 64 bits.
+        let wide = vec![
+            vec![arr(Int64Array::from(vec![i64::MIN, i64::MAX]))],
+            vec![arr(Int64Array::from(vec![i64::MAX, i64::MIN]))],
+        ];
+        let words =
+            group_key_words(&spec(&[DataType::Int64, DataType::Int64]), &wide, 1, 64).unwrap();
+        assert!(words.hashed);
+    }
+
+    #[test]
+    fn a_sample_spread_over_the_pieces_counts_distinct_keys() {
+        // Sorted keys, 1000 groups of 100 rows, in uneven pieces: a sample
+        // of the first rows would see one group.
+        let keys: Vec<u64> = (0..100_000u64).map(|i| i / 100).collect();
+        let mut words = Words::default();
+        for piece in keys.chunks(7_777) {
+            words.push(Box::new(piece.to_vec()));
+        }
+        let (sampled, distinct) = sampled_distinct_words(&words, 1000);
+        assert_eq!(sampled, 1000);
+        assert_eq!(distinct, 1000);
+        let (sampled, distinct) = sampled_distinct_words(&words, 100);
+        assert_eq!((sampled, distinct), (100, 100));
+        assert_eq!(sampled_distinct_words(&Words::default(), 100), (0, 0));
+        let few: Words = vec![3u64; 5000].into();
+        assert_eq!(sampled_distinct_words(&few, 65_536), (5000, 1));
+    }
+
+    #[test]
+    fn few_groups_are_told_from_many_by_the_sample() {
+        // 2^12 groups in a 2^16-row sample: few; 2^16 groups: about 41,000
+        // distinct, many; 2^13: at the edge, many.
+        assert!(sample_shows_few_groups(65_536, 4_096, 65_536));
+        assert!(!sample_shows_few_groups(65_536, 41_000, 65_536));
+        assert!(!sample_shows_few_groups(65_536, 8_192, 65_536));
+        // TPC-H q1: four groups.
+        assert!(sample_shows_few_groups(65_536, 4, 65_536));
+        // gpu.min_groups = 0 sends everything to the GPU; no rows, no sample.
+        assert!(!sample_shows_few_groups(65_536, 4, 0));
+        assert!(!sample_shows_few_groups(0, 0, 65_536));
+        // A small partition of few keys, each seen a few times only.
+        assert!(!sample_shows_few_groups(100, 50, 65_536));
+    }
+
+    #[test]
+    fn a_group_holding_two_keys_is_found() {
+        let keys = vec![
+            vec![
+                arr(StringArray::from(vec![Some("a"), None])),
+                arr(StringArray::from(vec![Some("b"), Some("a")])),
+            ],
+            vec![
+                arr(Int64Array::from(vec![1, 2])),
+                arr(Int64Array::from(vec![3, 1])),
+            ],
+        ];
+        // Groups: ("a", 1), (NULL, 2), ("b", 3).
+        let group_keys = vec![
+            arr(StringArray::from(vec![Some("a"), None, Some("b")])),
+            arr(Int64Array::from(vec![1, 2, 3])),
+        ];
+        assert!(groups_hold_one_key(&keys, &group_keys, &[0, 1, 2, 0]).unwrap());
+        // ("b", 3) put in the group of ("a", 1): a collision.
+        assert!(!groups_hold_one_key(&keys, &group_keys, &[0, 1, 0, 0]).unwrap());
+        // NULL in the group of "a".
+        assert!(!groups_hold_one_key(&keys, &group_keys, &[0, 0, 2, 0]).unwrap());
+        // A group id out of range, or a row count that differs, is an error.
+        assert!(groups_hold_one_key(&keys, &group_keys, &[0, 1, 2, 3]).is_err());
+        assert!(groups_hold_one_key(&keys, &group_keys, &[0, 1, 2]).is_err());
+    }
+}
