@@ -63,8 +63,13 @@ extensions_options! {
         /// Its input crosses PCIe whatever the groups, and with few groups
         /// one CPU pass over host memory is faster: the GPU aggregation
         /// measured 0.48x to 0.52x of DataFusion's from 2 to 2^12 groups and
-        /// 1.22x at 2^16 (BENCHMARKS.md). 0 sends every supported
-        /// aggregation to the GPU, as conformance and differential tests do.
+        /// 1.22x at 2^16 (BENCHMARKS.md). At run time, a sample of 65,536
+        /// keys spread over each partition is counted before the keys are
+        /// encoded: few distinct keys (each repeated 8 times on average, and
+        /// 8 times their count under this) send the partition to
+        /// DataFusion's operator (`few_groups_partitions`). 0 sends every
+        /// supported aggregation to the GPU, as conformance and
+        /// differential tests do.
         pub min_groups: usize, default = 65_536
         /// Fraction of the device memory free at start-up that GPU operators
         /// may hold at once, in (0, 1].

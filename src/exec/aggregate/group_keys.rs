@@ -22,9 +22,10 @@ use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use datafusion::arrow::array::UInt64Array;
 use datafusion::arrow::array::{make_array, make_comparator, Array, ArrayData, ArrayRef, AsArray};
 use datafusion::arrow::buffer::Buffer;
-use datafusion::arrow::compute::SortOptions;
+use datafusion::arrow::compute::{take, SortOptions};
 use datafusion::arrow::datatypes::{ArrowNativeType, DataType, Float32Type};
 use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::error::{DataFusionError, Result};
@@ -245,26 +246,49 @@ fn words_of(chunks: Vec<Vec<Vec<u64>>>) -> Words {
 /// Rows sampled to estimate how many groups a partition makes.
 pub(crate) const GROUP_SAMPLE_ROWS: usize = 65_536;
 
-/// How many rows were sampled and how many distinct words they hold: up
-/// to `sample` rows spread evenly over `words` (evenly, not the first rows,
-/// so that input sorted on its keys is not mistaken for a few groups).
-pub(crate) fn sampled_distinct_words(words: &Words, sample: usize) -> (usize, usize) {
-    let rows = words.len();
+/// How many rows were sampled and how many distinct keys they hold: up
+/// to `sample` rows spread evenly over the batches' key columns (per key
+/// expression, one array per batch), evenly rather than the first rows so
+/// that input sorted on its keys is not mistaken for a few groups. Only the
+/// sampled rows are read (each key hashed; a collision of two 64-bit
+/// hashes would undercount by one), so the decision costs nothing like a
+/// pass over the partition.
+pub(crate) fn sampled_distinct_keys(
+    key_columns: &[Vec<ArrayRef>],
+    sample: usize,
+) -> Result<(usize, usize)> {
+    let Some(first) = key_columns.first() else {
+        return Ok((0, 0));
+    };
+    let rows: usize = first.iter().map(|piece| piece.len()).sum();
     if rows == 0 || sample == 0 {
-        return (0, 0);
+        return Ok((0, 0));
     }
     let stride = rows.div_ceil(sample).max(1);
+    let random_state = RandomState::with_seed(GROUP_HASH_SEED);
     let mut seen = HashSet::with_capacity(sample.min(rows));
     let (mut sampled, mut first_row, mut next) = (0, 0, 0);
-    for piece in words.pieces() {
-        while next < first_row + piece.len() {
-            seen.insert(piece[next - first_row]);
-            sampled += 1;
-            next += stride;
+    for (batch, piece) in first.iter().enumerate() {
+        let end = first_row + piece.len();
+        let picked: Vec<u64> = (next..end)
+            .step_by(stride)
+            .map(|row| (row - first_row) as u64)
+            .collect();
+        if !picked.is_empty() {
+            next += picked.len() * stride;
+            let indices = UInt64Array::from(picked);
+            let columns = key_columns
+                .iter()
+                .map(|pieces| take(pieces[batch].as_ref(), &indices, None))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let mut hashes = vec![0u64; indices.len()];
+            create_hashes(&columns, &random_state, &mut hashes)?;
+            sampled += hashes.len();
+            seen.extend(hashes);
         }
-        first_row += piece.len();
+        first_row = end;
     }
-    (sampled, seen.len())
+    Ok((sampled, seen.len()))
 }
 
 /// Whether a sample of `sampled` rows holding `distinct` keys says the
@@ -440,21 +464,29 @@ mod tests {
 
     #[test]
     fn a_sample_spread_over_the_pieces_counts_distinct_keys() {
-        // Sorted keys, 1000 groups of 100 rows, in uneven pieces: a sample
-        // of the first rows would see one group.
-        let keys: Vec<u64> = (0..100_000u64).map(|i| i / 100).collect();
-        let mut words = Words::default();
+        // Sorted keys, 1000 groups of 100 rows, in uneven pieces, with a
+        // second key column: a sample of the first rows would see one group.
+        let keys: Vec<i64> = (0..100_000i64).map(|i| i / 100).collect();
+        let mut columns = vec![Vec::new(), Vec::new()];
         for piece in keys.chunks(7_777) {
-            words.push(Box::new(piece.to_vec()));
+            columns[0].push(arr(Int64Array::from(piece.to_vec())));
+            columns[1].push(arr(StringArray::from(
+                piece
+                    .iter()
+                    .map(|k| format!("s{}", k % 3))
+                    .collect::<Vec<_>>(),
+            )));
         }
-        let (sampled, distinct) = sampled_distinct_words(&words, 1000);
-        assert_eq!(sampled, 1000);
-        assert_eq!(distinct, 1000);
-        let (sampled, distinct) = sampled_distinct_words(&words, 100);
-        assert_eq!((sampled, distinct), (100, 100));
-        assert_eq!(sampled_distinct_words(&Words::default(), 100), (0, 0));
-        let few: Words = vec![3u64; 5000].into();
-        assert_eq!(sampled_distinct_words(&few, 65_536), (5000, 1));
+        assert_eq!(sampled_distinct_keys(&columns, 1000).unwrap(), (1000, 1000));
+        assert_eq!(sampled_distinct_keys(&columns, 100).unwrap(), (100, 100));
+        // The string column alone: three keys.
+        assert_eq!(sampled_distinct_keys(&columns[1..], 500).unwrap(), (500, 3));
+        assert_eq!(sampled_distinct_keys(&[], 100).unwrap(), (0, 0));
+        let few = vec![vec![arr(Int64Array::from(vec![3i64; 5000]))]];
+        assert_eq!(sampled_distinct_keys(&few, 65_536).unwrap(), (5000, 1));
+        // NULL is a key like any other.
+        let nulls = vec![vec![arr(Int64Array::from(vec![None, Some(1), None]))]];
+        assert_eq!(sampled_distinct_keys(&nulls, 10).unwrap(), (3, 2));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::group_keys::{
     fold_negative_zeros, group_key_words, groups_hold_one_key, sample_shows_few_groups,
-    sampled_distinct_words, GROUP_SAMPLE_ROWS,
+    sampled_distinct_keys, GROUP_SAMPLE_ROWS,
 };
 use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
@@ -207,6 +207,16 @@ impl DevicePart {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         // Floats as DataFusion stores group values, `-0.0` folded into `+0.0`.
         let key_columns = fold_negative_zeros(evaluate_pieces(&inputs.group_exprs, batches)?)?;
+        if self.spec.keys.is_some() && self.min_groups > 0 {
+            // Statistics rarely know the groups (the rule counts unknown as
+            // many): a sample of the keys decides before they are encoded
+            // or copied, where one CPU pass over host memory would be faster.
+            let (sampled, distinct) = sampled_distinct_keys(&key_columns, GROUP_SAMPLE_ROWS)?;
+            if sample_shows_few_groups(sampled, distinct, self.min_groups) {
+                self.metrics.few_groups_partitions.add(1);
+                return Ok(Outcome::OnCpu);
+            }
+        }
         let keys = match &self.spec.keys {
             Some(key_spec) => Some(group_key_words(
                 key_spec,
@@ -216,16 +226,6 @@ impl DevicePart {
             )?),
             None => None,
         };
-        if let Some(keys) = &keys {
-            // Statistics rarely know the groups (the rule counts unknown as
-            // many): a sample of the keys decides before anything is
-            // copied, where one CPU pass over host memory would be faster.
-            let (sampled, distinct) = sampled_distinct_words(&keys.words, GROUP_SAMPLE_ROWS);
-            if sample_shows_few_groups(sampled, distinct, self.min_groups) {
-                self.metrics.few_groups_partitions.add(1);
-                return Ok(Outcome::OnCpu);
-            }
-        }
         let hashed = keys.as_ref().is_some_and(|k| k.hashed);
         if hashed && !self.hashed_group_keys {
             // Packable keys whose ranges need more than 64 bits together.
