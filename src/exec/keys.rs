@@ -518,10 +518,8 @@ fn value_range_in_parallel(column: &ArrayRef) -> Result<(i128, i128)> {
     if threads <= 1 {
         return value_range(column);
     }
-    let per_thread = column.len().div_ceil(threads);
-    let ranges = super::parallel::on_threads(column.len().div_ceil(per_thread), |i| {
-        let start = i * per_thread;
-        value_range(&column.slice(start, per_thread.min(column.len() - start)))
+    let ranges = super::parallel::on_ranges(column.len(), threads, |rows| {
+        value_range(&column.slice(rows.start, rows.len()))
     })?;
     Ok(ranges
         .into_iter()

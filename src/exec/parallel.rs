@@ -28,6 +28,25 @@ pub(crate) fn on_threads<R: Send>(
     })
 }
 
+/// `work(range)` over `0..len` cut into at most `tasks` consecutive ranges
+/// of equal length (the last shorter), each on a thread of its own, the
+/// results in range order: how a pass over rows or batches is spread over
+/// the cores. No range is empty; `len = 0` runs nothing.
+pub(crate) fn on_ranges<R: Send>(
+    len: usize,
+    tasks: usize,
+    work: impl Fn(std::ops::Range<usize>) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let per_task = len.div_ceil(tasks.clamp(1, len));
+    on_threads(len.div_ceil(per_task), |i| {
+        let start = i * per_task;
+        work(start..(start + per_task).min(len))
+    })
+}
+
 /// `work(start, rows, flags)` over consecutive chunks of `per_task` rows of
 /// `rows` and of `flags` (the same chunks of it, where given), each chunk on
 /// a thread of its own: how one output buffer is filled by several threads
@@ -85,6 +104,18 @@ mod tests {
             }
         });
         assert!(failed.unwrap_err().to_string().contains("task 1"));
+    }
+
+    #[test]
+    fn ranges_cover_the_length_in_order_without_empty_ones() {
+        for (len, tasks) in [(10, 3), (10, 1), (10, 0), (3, 8), (1, 1), (16, 4)] {
+            let ranges = on_ranges(len, tasks, Ok).unwrap();
+            assert!(ranges.len() <= tasks.max(1), "{len} in {tasks}: {ranges:?}");
+            assert!(ranges.iter().all(|r| !r.is_empty()), "{ranges:?}");
+            let covered: Vec<usize> = ranges.into_iter().flatten().collect();
+            assert_eq!(covered, (0..len).collect::<Vec<_>>());
+        }
+        assert!(on_ranges(0, 4, Ok).unwrap().is_empty());
     }
 
     #[test]

@@ -345,12 +345,71 @@ async fn float_sums_agree_within_a_relative_tolerance() {
         Field::new("k", DataType::Int64, false),
         Field::new("x", DataType::Float64, false),
     ]));
-    let table = table_from_columns(schema, rows, 4, 4096, move |range| {
-        vec![
-            Arc::new(Int64Array::from(k[range.clone()].to_vec())) as ArrayRef,
-            Arc::new(Float64Array::from(x[range].to_vec())),
-        ]
-    });
+    let columns = {
+        let (k, x) = (k.clone(), x.clone());
+        move |range: std::ops::Range<usize>| {
+            vec![
+                Arc::new(Int64Array::from(k[range.clone()].to_vec())) as ArrayRef,
+                Arc::new(Float64Array::from(x[range].to_vec())),
+            ]
+        }
+    };
+    let table = table_from_columns(Arc::clone(&schema), rows, 4, 4096, columns.clone());
+
+    // One partition, one aggregation over all rows: with the option, each
+    // sum is exactly the fixed-point sum of its group's values, bit for bit.
+    let (gpu, _) = contexts(
+        1,
+        &[
+            "SET gpu.aggregate_single_phase = true",
+            "SET gpu.deterministic_float_sums = true",
+        ],
+    )
+    .await;
+    gpu.register_table("t", table_from_columns(schema, rows, 1, 4096, columns))
+        .unwrap();
+    let (batches, gpu_nodes, _) =
+        run_counting(&gpu, "SELECT k, sum(x) FROM t GROUP BY k", "AggregateExec").await;
+    assert!(gpu_nodes >= 1);
+    let mut groups = std::collections::HashMap::<i64, Vec<f64>>::new();
+    for (&key, &value) in k.iter().zip(&x) {
+        groups.entry(key).or_default().push(value);
+    }
+    let mut checked = 0;
+    for batch in &batches {
+        let keys = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let sums = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap();
+        for i in 0..batch.num_rows() {
+            let values = &groups[&keys.value(i)];
+            let top = values
+                .iter()
+                .filter_map(|v| group_by::fixed_point_scale(v.to_bits()).ok())
+                .max()
+                .unwrap_or(0);
+            let total: i128 = values
+                .iter()
+                .map(|v| group_by::fixed_point_term(v.to_bits(), top))
+                .sum();
+            let want = group_by::fixed_sum_to_f64(total, top, 0);
+            assert_eq!(
+                sums.value(i).to_bits(),
+                want.to_bits(),
+                "group {}",
+                keys.value(i)
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 500);
+
     for deterministic in [false, true] {
         let (gpu, cpu) = contexts(
             4,

@@ -33,7 +33,8 @@ use datafusion::error::{DataFusionError, Result};
 use super::spec::ValueKind;
 use super::words::piece_words;
 use crate::exec::keys::{KeyEncoder, KeySpec};
-use crate::exec::parallel::on_threads;
+use crate::exec::parallel::on_ranges;
+use crate::host_copy::host_threads;
 use crate::ops::group_by::Words;
 
 /// The seed of hashed group keys.
@@ -115,13 +116,15 @@ fn fold<U: FloatBits>(piece: ArrayRef) -> Result<ArrayRef> {
 /// The words of `key_columns` (per key expression, one array per batch;
 /// floats already folded by [`fold_negative_zeros`]) for `batches` batches.
 /// Hashed words keep their low `hash_bits` bits (64 but in tests of the
-/// check).
+/// check). `None` when the keys need hashing and `allow_hashing` is false
+/// (found before any key is hashed).
 pub(crate) fn group_key_words(
     key_spec: &KeySpec,
     key_columns: &[Vec<ArrayRef>],
     batches: usize,
+    allow_hashing: bool,
     hash_bits: u32,
-) -> Result<GroupKeyWords> {
+) -> Result<Option<GroupKeyWords>> {
     if !(1..=64).contains(&hash_bits) {
         return Err(DataFusionError::Configuration(format!(
             "gpu.hashed_group_key_bits must be within 1 and 64, not {hash_bits}"
@@ -131,10 +134,10 @@ pub(crate) fn group_key_words(
     if let [column] = key_columns {
         if column.iter().all(|piece| piece.logical_null_count() == 0) {
             if let Some(words) = own_words(&key_spec.types()[0], column)? {
-                return Ok(GroupKeyWords {
+                return Ok(Some(GroupKeyWords {
                     words,
                     hashed: false,
-                });
+                }));
             }
         }
     }
@@ -145,7 +148,7 @@ pub(crate) fn group_key_words(
     if key_spec.packable() {
         let encoder = KeyEncoder::for_pieces(key_spec, &pieces)?;
         if !encoder.needs_verification() {
-            let encoded = on_pieces(&pieces, |columns| {
+            let words = on_pieces(&pieces, |columns| {
                 let encoded = encoder.encode(columns)?;
                 // NULL is a group and every value is in range: no row is
                 // ever dropped.
@@ -154,15 +157,18 @@ pub(crate) fn group_key_words(
                         "group key encoding dropped rows".into(),
                     ));
                 }
-                Ok(encoded.keys.to_vec())
+                Ok(encoded.keys)
             })?;
-            return Ok(GroupKeyWords {
-                words: words_of(encoded),
+            return Ok(Some(GroupKeyWords {
+                words,
                 hashed: false,
-            });
+            }));
         }
     }
-    let hashes = on_pieces(&pieces, |columns| {
+    if !allow_hashing {
+        return Ok(None);
+    }
+    let words = on_pieces(&pieces, |columns| {
         let rows = columns.first().map_or(0, |c| c.len());
         let mut hashes = vec![0u64; rows];
         create_hashes(
@@ -175,10 +181,10 @@ pub(crate) fn group_key_words(
         }
         Ok(hashes)
     })?;
-    Ok(GroupKeyWords {
-        words: words_of(hashes),
+    Ok(Some(GroupKeyWords {
+        words,
         hashed: true,
-    })
+    }))
 }
 
 /// A single key column without NULLs that is its own word: an integer, or
@@ -216,31 +222,22 @@ fn own_words(data_type: &DataType, column: &[ArrayRef]) -> Result<Option<Words>>
 }
 
 /// `encode` over every batch's key columns, the batches spread over the
-/// cores, results in batch order.
-fn on_pieces(
+/// cores, one piece of words per batch in batch order.
+fn on_pieces<P: AsRef<[u64]> + Send + Sync + 'static>(
     pieces: &[Vec<ArrayRef>],
-    encode: impl Fn(&[ArrayRef]) -> Result<Vec<u64>> + Sync,
-) -> Result<Vec<Vec<Vec<u64>>>> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(pieces.len())
-        .max(1);
-    let per_thread = pieces.len().div_ceil(threads).max(1);
-    let chunks: Vec<&[Vec<ArrayRef>]> = pieces.chunks(per_thread).collect();
-    on_threads(chunks.len(), |i| {
-        chunks[i]
+    encode: impl Fn(&[ArrayRef]) -> Result<P> + Sync,
+) -> Result<Words> {
+    let encoded = on_ranges(pieces.len(), host_threads(), |batches| {
+        pieces[batches]
             .iter()
             .map(|columns| encode(columns))
             .collect::<Result<Vec<_>>>()
-    })
-}
-
-fn words_of(chunks: Vec<Vec<Vec<u64>>>) -> Words {
+    })?;
     let mut words = Words::default();
-    for piece in chunks.into_iter().flatten() {
+    for piece in encoded.into_iter().flatten() {
         words.push(Box::new(piece));
     }
-    words
+    Ok(words)
 }
 
 /// Rows sampled to estimate how many groups a partition makes.
@@ -333,13 +330,8 @@ pub(crate) fn groups_hold_one_key(
             "row group {g} of {groups} groups"
         )));
     }
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(batches)
-        .max(1);
-    let per_thread = batches.div_ceil(threads).max(1);
-    let verdicts = on_threads(batches.div_ceil(per_thread).max(1), |t| {
-        for b in (t * per_thread)..((t + 1) * per_thread).min(batches) {
+    let verdicts = on_ranges(batches, host_threads(), |batch_range| {
+        for b in batch_range {
             let groups_of_rows = &row_groups[starts[b]..starts[b] + first[b].len()];
             for (pieces, keys) in key_columns.iter().zip(group_keys) {
                 // NULL compares equal to NULL: it is a group of its own.
@@ -411,12 +403,16 @@ mod tests {
             arr(Int64Array::from(vec![5, -1])),
             arr(Int64Array::from(vec![7])),
         ]];
-        let words = group_key_words(&spec(&[DataType::Int64]), &ints, 2, 64).unwrap();
+        let words = group_key_words(&spec(&[DataType::Int64]), &ints, 2, true, 64)
+            .unwrap()
+            .unwrap();
         assert!(!words.hashed);
         assert_eq!(words.words.to_vec(), vec![5, (-1i64) as u64, 7]);
 
         let floats = vec![vec![arr(Float64Array::from(vec![0.5, -2.0]))]];
-        let words = group_key_words(&spec(&[DataType::Float64]), &floats, 1, 64).unwrap();
+        let words = group_key_words(&spec(&[DataType::Float64]), &floats, 1, true, 64)
+            .unwrap()
+            .unwrap();
         assert!(!words.hashed);
         assert_eq!(
             words.words.to_vec(),
@@ -425,7 +421,9 @@ mod tests {
 
         // With a NULL, an integer column is packed (NULL has a code).
         let with_null = vec![vec![arr(Int64Array::from(vec![Some(5), None]))]];
-        let words = group_key_words(&spec(&[DataType::Int64]), &with_null, 1, 64).unwrap();
+        let words = group_key_words(&spec(&[DataType::Int64]), &with_null, 1, true, 64)
+            .unwrap()
+            .unwrap();
         assert!(!words.hashed);
         let w = words.words.to_vec();
         assert_ne!(w[0], w[1]);
@@ -436,7 +434,9 @@ mod tests {
             None,
             Some("a"),
         ]))]];
-        let words = group_key_words(&spec(&[DataType::Utf8]), &strings, 1, 64).unwrap();
+        let words = group_key_words(&spec(&[DataType::Utf8]), &strings, 1, true, 64)
+            .unwrap()
+            .unwrap();
         assert!(words.hashed);
         let w = words.words.to_vec();
         assert_eq!(w[0], w[2]);
@@ -447,19 +447,48 @@ mod tests {
         let many = vec![vec![arr(StringArray::from(
             (0..100).map(|i| i.to_string()).collect::<Vec<_>>(),
         ))]];
-        let words = group_key_words(&spec(&[DataType::Utf8]), &many, 1, 1).unwrap();
+        let words = group_key_words(&spec(&[DataType::Utf8]), &many, 1, true, 1)
+            .unwrap()
+            .unwrap();
         assert!(words.words.to_vec().iter().all(|&w| w <= 1));
-        assert!(group_key_words(&spec(&[DataType::Utf8]), &many, 1, 0).is_err());
-        assert!(group_key_words(&spec(&[DataType::Utf8]), &many, 1, 65).is_err());
+        assert!(group_key_words(&spec(&[DataType::Utf8]), &many, 1, true, 0).is_err());
+        // Hashing not allowed: found before any key is hashed.
+        assert!(
+            group_key_words(&spec(&[DataType::Utf8]), &many, 1, false, 64)
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            group_key_words(&spec(&[DataType::Int64]), &ints, 2, false, 64)
+                .unwrap()
+                .is_some()
+        );
+        assert!(group_key_words(&spec(&[DataType::Utf8]), &many, 1, true, 65).is_err());
 
         // Two full-range Int64 columns do not pack into 64 bits.
         let wide = vec![
             vec![arr(Int64Array::from(vec![i64::MIN, i64::MAX]))],
             vec![arr(Int64Array::from(vec![i64::MAX, i64::MIN]))],
         ];
-        let words =
-            group_key_words(&spec(&[DataType::Int64, DataType::Int64]), &wide, 1, 64).unwrap();
+        let words = group_key_words(
+            &spec(&[DataType::Int64, DataType::Int64]),
+            &wide,
+            1,
+            true,
+            64,
+        )
+        .unwrap()
+        .unwrap();
         assert!(words.hashed);
+        assert!(group_key_words(
+            &spec(&[DataType::Int64, DataType::Int64]),
+            &wide,
+            1,
+            false,
+            64
+        )
+        .unwrap()
+        .is_none());
     }
 
     #[test]

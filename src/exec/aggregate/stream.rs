@@ -218,19 +218,22 @@ impl DevicePart {
             }
         }
         let keys = match &self.spec.keys {
-            Some(key_spec) => Some(group_key_words(
+            Some(key_spec) => match group_key_words(
                 key_spec,
                 &key_columns,
                 batches.len(),
+                self.hashed_group_keys,
                 self.hashed_group_key_bits,
-            )?),
+            )? {
+                Some(keys) => Some(keys),
+                // Keys that need hashing without gpu.hashed_group_keys:
+                // packable types whose ranges need more than 64 bits
+                // together, or one float column with NULLs.
+                None => return Ok(Outcome::OnCpu),
+            },
             None => None,
         };
         let hashed = keys.as_ref().is_some_and(|k| k.hashed);
-        if hashed && !self.hashed_group_keys {
-            // Packable keys whose ranges need more than 64 bits together.
-            return Ok(Outcome::OnCpu);
-        }
         if hashed {
             // Each row's group comes back to the host for the key check.
             reservation.try_grow(8 * rows)?;
