@@ -50,6 +50,57 @@ pub(crate) fn copy_pieces<T: Copy + Send + Sync>(
     }
 }
 
+/// Copies the `target.len()` elements that begin at element `start` of
+/// `pieces` laid end to end into `target`, on up to `max_threads` threads
+/// of at least `min_per_thread` elements each: one window of a long column
+/// staged for an upload, without the column ever being whole on the host.
+/// `target` must not reach past the pieces' end.
+pub(crate) fn copy_window<T: Copy + Send + Sync>(
+    target: &mut [T],
+    pieces: &[&[T]],
+    start: usize,
+    max_threads: usize,
+    min_per_thread: usize,
+) {
+    // Where each piece begins in the concatenation.
+    let mut offsets = Vec::with_capacity(pieces.len());
+    let mut total = 0;
+    for piece in pieces {
+        offsets.push(total);
+        total += piece.len();
+    }
+    assert!(
+        start + target.len() <= total,
+        "a window of {} elements at {start} of {total}",
+        target.len()
+    );
+    let fill = |mut at: usize, target: &mut [T]| {
+        let mut piece = offsets.partition_point(|&o| o <= at).saturating_sub(1);
+        let mut done = 0;
+        while done < target.len() {
+            let from = &pieces[piece][at - offsets[piece]..];
+            let n = from.len().min(target.len() - done);
+            target[done..done + n].copy_from_slice(&from[..n]);
+            done += n;
+            at += n;
+            piece += 1;
+        }
+    };
+    let len = target.len();
+    let threads = max_threads.min(len / min_per_thread.max(1)).max(1);
+    if threads <= 1 {
+        fill(start, target);
+        return;
+    }
+    let share = len.div_ceil(threads);
+    let fill = &fill;
+    std::thread::scope(|scope| {
+        for (i, chunk) in target.chunks_mut(share).enumerate() {
+            scope.spawn(move || fill(start + i * share, chunk));
+        }
+    });
+}
+
 /// The host's cores, as the default thread count of host copies.
 pub(crate) fn host_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -75,6 +126,34 @@ mod tests {
         }
         let mut empty: Vec<u8> = Vec::new();
         copy_pieces(&mut empty, &[], 4, 1);
+        assert!(empty.is_empty());
+    }
+
+    #[test]
+    fn every_window_of_the_pieces_is_copied_whatever_the_thread_count() {
+        // Empty pieces among them, windows starting and ending inside,
+        // on and between piece boundaries.
+        let pieces: Vec<Vec<u32>> = (0..23u32)
+            .map(|i| (0..(i * 7 % 11)).map(|j| i * 1000 + j).collect())
+            .collect();
+        let refs: Vec<&[u32]> = pieces.iter().map(Vec::as_slice).collect();
+        let whole: Vec<u32> = pieces.concat();
+        for start in 0..whole.len() {
+            for len in [0, 1, 5, 13, whole.len() - start] {
+                let len = len.min(whole.len() - start);
+                for threads in [1, 3, 8] {
+                    let mut target = vec![0u32; len];
+                    copy_window(&mut target, &refs, start, threads, 1);
+                    assert_eq!(
+                        target,
+                        whole[start..start + len],
+                        "{start}+{len}, {threads}"
+                    );
+                }
+            }
+        }
+        let mut empty: Vec<u8> = Vec::new();
+        copy_window(&mut empty, &[], 0, 4, 1);
         assert!(empty.is_empty());
     }
 }

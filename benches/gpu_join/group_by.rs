@@ -4,9 +4,9 @@
 //! `--log2-groups` (a comma-separated list), on DataFusion's CPU
 //! aggregation (all cores) and on the GPU aggregation, in one process,
 //! answers checked by an order-independent checksum of every output row.
-//! The GPU path runs in DataFusion's two phases (the default);
-//! `--single-phase` also times one GPU aggregation over all input
-//! partitions in their place (`gpu.aggregate_single_phase`).
+//! The GPU path runs as one GPU aggregation over all input partitions
+//! (`gpu.aggregate_single_phase`, the default); `--two-phase` also times it
+//! in DataFusion's two phases, both on the GPU.
 //! `--string-keys` makes the keys Utf8 strings (`key-<n>`), which the GPU
 //! path groups by a 64-bit hash and checks on the host.
 //! The floor is the pinned PCIe time of the bytes the GPU path moves in
@@ -28,6 +28,10 @@ use rand::{RngExt, SeedableRng};
 use super::median;
 
 const SQL: &str = "SELECT k, max(a), max(b) FROM r GROUP BY k";
+
+fn explain_analyze() -> bool {
+    std::env::args().any(|a| a == "--explain-analyze")
+}
 
 fn string_keys() -> bool {
     std::env::args().any(|a| a == "--string-keys")
@@ -185,29 +189,40 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         }
         let warm = median(&mut warm_times);
         let plan = last_plan.expect("at least one run");
-        // --single-phase: also time one GPU aggregation in place of
-        // DataFusion's two phases (gpu.aggregate_single_phase = true).
-        let single_phase = if std::env::args().any(|a| a == "--single-phase") {
-            ctx.sql("SET gpu.aggregate_single_phase = true")
-                .await
-                .unwrap();
-            let mut times = Vec::new();
-            for _ in 0..runs {
-                let (t, answer, _) = run_once(&ctx).await;
-                assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
-                times.push(t);
-            }
+        // --two-phase: also time the GPU aggregation in DataFusion's two
+        // phases (gpu.aggregate_single_phase = false).
+        let two_phase = if std::env::args().any(|a| a == "--two-phase") {
             ctx.sql("SET gpu.aggregate_single_phase = false")
                 .await
                 .unwrap();
+            let mut times = Vec::new();
+            let mut two_phase_plan = None;
+            for _ in 0..runs {
+                let (t, answer, plan) = run_once(&ctx).await;
+                assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
+                times.push(t);
+                two_phase_plan = Some(plan);
+            }
+            if let Some(plan) = two_phase_plan.filter(|_| explain_analyze()) {
+                let shown =
+                    datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
+                        plan.as_ref(),
+                    )
+                    .indent(true)
+                    .to_string();
+                println!("GPU two-phase plan with metrics (last run), 2^{log2_g} groups:\n{shown}");
+            }
+            ctx.sql("SET gpu.aggregate_single_phase = true")
+                .await
+                .unwrap();
             format!(
-                " gpu_single_phase_warm_ms={:.1}",
+                " gpu_two_phase_warm_ms={:.1}",
                 median(&mut times).as_secs_f64() * 1e3
             )
         } else {
             String::new()
         };
-        if std::env::args().any(|a| a == "--explain-analyze") {
+        if explain_analyze() {
             let shown = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
                 plan.as_ref(),
             )
@@ -224,7 +239,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         let fallbacks = gpu_metric(&plan, "cpu_fallback_partitions");
         let floor = 24.0 * rows as f64 / bandwidth.host_to_device;
         println!(
-            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}{single_phase}",
+            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}{two_phase}",
             if string_keys() { "utf8" } else { "int64" },
             cpu_answer.0,
             cpu.as_secs_f64() * 1e3,

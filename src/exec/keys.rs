@@ -25,8 +25,10 @@
 //!   `HashJoinExec`'s own key comparator (floats: -0.0 equals 0.0, NaN
 //!   equals NaN).
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
-use datafusion::arrow::buffer::{NullBuffer, ScalarBuffer};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{make_array, Array, ArrayData, ArrayRef, AsArray, BooleanArray};
+use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::*;
 use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::NullEquality;
@@ -259,14 +261,7 @@ impl KeyEncoder {
             let mut domains = Vec::with_capacity(spec.types.len());
             let mut bits = 0u32;
             for column in 0..spec.types.len() {
-                let (mut min, mut max) = (i128::MAX, i128::MIN);
-                for piece in pieces {
-                    let (piece_min, piece_max) = value_range_in_parallel(&piece[column])?;
-                    if piece_min <= piece_max {
-                        min = min.min(piece_min);
-                        max = max.max(piece_max);
-                    }
-                }
+                let (mut min, mut max) = pieces_value_range(pieces, column)?;
                 if min > max {
                     (min, max) = (1, 0);
                 }
@@ -300,6 +295,44 @@ impl KeyEncoder {
             Encoding::Raw => "raw",
             Encoding::Packed(_) => "packed",
             Encoding::Hashed => "hashed",
+        }
+    }
+
+    /// The key columns whose encoded keys are `keys`: the inverse of
+    /// [`KeyEncoder::encode`] for the raw and packed encodings (a group's
+    /// key rebuilt from its word, in order, rather than read from a row of
+    /// it at random). Hashed keys cannot be decoded.
+    pub fn decode(&self, keys: &[u64]) -> Result<Vec<ArrayRef>> {
+        match &self.encoding {
+            Encoding::Raw => Ok(vec![column_of_words(&self.spec.types[0], keys)?]),
+            Encoding::Packed(domains) => {
+                let mut columns = Vec::with_capacity(domains.len());
+                // The last column holds the lowest bits.
+                let mut shift = domains.iter().map(|d| d.bits).sum::<u32>();
+                for (domain, data_type) in domains.iter().zip(&self.spec.types) {
+                    shift -= domain.bits;
+                    let mask = if domain.bits >= 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << domain.bits) - 1
+                    };
+                    let code = |key: u64| key.checked_shr(shift).unwrap_or(0) & mask;
+                    let nulls = domain
+                        .null_code
+                        .then(|| NullBuffer::from_iter(keys.iter().map(|&key| code(key) != 0)));
+                    let null_code = u64::from(domain.null_code);
+                    let values = keys.iter().map(|&key| {
+                        // A NULL's slot holds the minimum; its value is never read.
+                        let offset = code(key).saturating_sub(null_code);
+                        (domain.min as u128).wrapping_add(u128::from(offset)) as i128
+                    });
+                    columns.push(column_of_values(data_type, keys.len(), values, nulls)?);
+                }
+                Ok(columns)
+            }
+            Encoding::Hashed => Err(DataFusionError::Internal(
+                "hashed keys cannot be decoded".into(),
+            )),
         }
     }
 
@@ -528,6 +561,37 @@ fn value_range_in_parallel(column: &ArrayRef) -> Result<(i128, i128)> {
         .unwrap_or((1, 0)))
 }
 
+/// [`value_range`] of key column `column` over every piece (`(1, 0)` when
+/// there is no value): one large piece (a build side) split over the
+/// host's cores, or many pieces (an aggregation's input batches) spread
+/// over them.
+fn pieces_value_range(pieces: &[Vec<ArrayRef>], column: usize) -> Result<(i128, i128)> {
+    let merge = |ranges: Vec<(i128, i128)>| {
+        ranges
+            .into_iter()
+            .filter(|(min, max)| min <= max)
+            .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
+            .unwrap_or((1, 0))
+    };
+    if let [piece] = pieces {
+        return value_range_in_parallel(&piece[column]);
+    }
+    // A thread per 64 Ki rows at least: starting one costs microseconds.
+    let rows: usize = pieces.iter().map(|piece| piece[column].len()).sum();
+    let threads = crate::host_copy::host_threads()
+        .min(pieces.len())
+        .min(rows >> 16)
+        .max(1);
+    let ranges = super::parallel::on_ranges(pieces.len(), threads, |range| {
+        pieces[range]
+            .iter()
+            .map(|piece| value_range(&piece[column]))
+            .collect::<Result<Vec<_>>>()
+            .map(merge)
+    })?;
+    Ok(merge(ranges))
+}
+
 /// The smallest and largest non-NULL value (`(1, 0)` when there is none).
 pub(crate) fn value_range(column: &ArrayRef) -> Result<(i128, i128)> {
     // Integers and decimals: arrow's vectorized kernels (NULLs skipped).
@@ -636,6 +700,61 @@ fn pack_column(
     })
 }
 
+/// A column of `data_type` (an integer, float or temporal type of up to 8
+/// bytes) whose values' bits are the low bytes of `words`: the inverse of a
+/// column viewed as one word per value, sign- or zero-extended.
+pub(crate) fn column_of_words(data_type: &DataType, words: &[u64]) -> Result<ArrayRef> {
+    let buffer = match data_type.primitive_width() {
+        Some(8) => Buffer::from_slice_ref(words),
+        Some(4) => Buffer::from_iter(words.iter().map(|&w| w as u32)),
+        Some(2) => Buffer::from_iter(words.iter().map(|&w| w as u16)),
+        Some(1) => Buffer::from_iter(words.iter().map(|&w| w as u8)),
+        _ => {
+            return Err(DataFusionError::Internal(format!(
+                "a {data_type} column from words"
+            )))
+        }
+    };
+    let data = ArrayData::builder(data_type.clone())
+        .len(words.len())
+        .add_buffer(buffer)
+        .build()?;
+    Ok(make_array(data))
+}
+
+/// A column of the packable `data_type` holding `values` (as
+/// [`for_each_value`] reads them) and `nulls`.
+fn column_of_values(
+    data_type: &DataType,
+    len: usize,
+    values: impl Iterator<Item = i128>,
+    nulls: Option<NullBuffer>,
+) -> Result<ArrayRef> {
+    if *data_type == DataType::Boolean {
+        let values = BooleanBuffer::from_iter(values.map(|v| v != 0));
+        return Ok(Arc::new(BooleanArray::new(values, nulls)));
+    }
+    // Two's complement: the low bytes of the i128 are the value's bits.
+    let buffer = match data_type.primitive_width() {
+        Some(16) => Buffer::from_iter(values),
+        Some(8) => Buffer::from_iter(values.map(|v| v as u64)),
+        Some(4) => Buffer::from_iter(values.map(|v| v as u32)),
+        Some(2) => Buffer::from_iter(values.map(|v| v as u16)),
+        Some(1) => Buffer::from_iter(values.map(|v| v as u8)),
+        _ => {
+            return Err(DataFusionError::Internal(format!(
+                "a {data_type} key column from its codes"
+            )))
+        }
+    };
+    let data = ArrayData::builder(data_type.clone())
+        .len(len)
+        .add_buffer(buffer)
+        .nulls(nulls)
+        .build()?;
+    Ok(make_array(data))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -668,7 +787,7 @@ mod tests {
     fn codes_are_offsets_from_the_build_minimum_in_just_enough_bits() {
         let s = spec(&[DataType::Int32]);
         let build = arr(Int32Array::from(vec![-3, 4, 0]));
-        let encoder = KeyEncoder::for_build_side(&s, &[build.clone()]).unwrap();
+        let encoder = KeyEncoder::for_build_side(&s, std::slice::from_ref(&build)).unwrap();
         assert_eq!(encoder.kind(), "packed");
         assert_eq!(encoder.encode(&[build]).unwrap().keys, vec![0, 7, 3]);
         // 10 and -4 lie outside the build range [-3, 4]: they cannot match.
@@ -705,7 +824,7 @@ mod tests {
             0,
             u64::MAX,
         ]));
-        let encoder = KeyEncoder::for_build_side(&s, &[build.clone()]).unwrap();
+        let encoder = KeyEncoder::for_build_side(&s, std::slice::from_ref(&build)).unwrap();
         assert_eq!(encoder.kind(), "raw");
         assert!(!encoder.needs_verification());
         assert_eq!(encoder.encode(&[build]).unwrap().keys, vec![0, u64::MAX]);
@@ -751,7 +870,7 @@ mod tests {
             7,
         ]));
         let probe = whole.slice(1, 3);
-        let keys = encoder.encode(&[probe.clone()]).unwrap();
+        let keys = encoder.encode(std::slice::from_ref(&probe)).unwrap();
         assert_eq!(
             keys.keys,
             vec![(i64::MIN + 1) as u64, i64::MIN as u64, u64::MAX]
@@ -770,7 +889,9 @@ mod tests {
         // The parallel path gives the same.
         let many = arr(Int64Array::from_iter_values(0..3_000_000));
         assert_eq!(
-            encoder.encode_parallel(&[many.clone()], 4).unwrap(),
+            encoder
+                .encode_parallel(std::slice::from_ref(&many), 4)
+                .unwrap(),
             encoder.encode(&[many]).unwrap()
         );
     }
@@ -813,15 +934,15 @@ mod tests {
     fn null_keys_are_dropped_or_coded_by_null_equality() {
         let column = arr(Int16Array::from(vec![Some(5), None, Some(6)]));
         let nothing = spec(&[DataType::Int16]);
-        let encoder = KeyEncoder::for_build_side(&nothing, &[column.clone()]).unwrap();
-        let keys = encoder.encode(&[column.clone()]).unwrap();
+        let encoder = KeyEncoder::for_build_side(&nothing, std::slice::from_ref(&column)).unwrap();
+        let keys = encoder.encode(std::slice::from_ref(&column)).unwrap();
         assert_eq!(
             (keys.keys, keys.row_ids),
             (vec![0, 1].into(), Some(vec![0, 2]))
         );
 
         let null = KeySpec::try_new(&[DataType::Int16], NullEquality::NullEqualsNull).unwrap();
-        let encoder = KeyEncoder::for_build_side(&null, &[column.clone()]).unwrap();
+        let encoder = KeyEncoder::for_build_side(&null, std::slice::from_ref(&column)).unwrap();
         let keys = encoder.encode(&[column]).unwrap();
         assert_eq!((keys.keys, keys.row_ids), (vec![1, 0, 2].into(), None));
     }
@@ -988,7 +1109,7 @@ mod tests {
     fn a_type_mismatch_is_an_error_not_a_panic() {
         let s = spec(&[DataType::Int64]);
         let good = arr(Int64Array::from(vec![1]));
-        let encoder = KeyEncoder::for_build_side(&s, &[good.clone()]).unwrap();
+        let encoder = KeyEncoder::for_build_side(&s, std::slice::from_ref(&good)).unwrap();
         assert!(encoder
             .encode(&[arr(StringArray::from(vec!["a"]))])
             .is_err());

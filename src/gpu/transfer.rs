@@ -7,7 +7,7 @@ use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::datatypes::ToByteSlice;
 
 use super::{DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer};
-use crate::host_copy::{copy_pieces, host_threads};
+use crate::host_copy::{copy_window, host_threads};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
 /// buffer so that the copy runs at full bus speed. Returns once the copy is
@@ -36,18 +36,40 @@ pub fn upload_u64_pieces(
     upload_byte_pieces(device, stream, &bytes, timer)
 }
 
+/// Bytes staged for one host-to-device copy. A longer upload goes through
+/// two pinned buffers of this size in turn: the host fills one while the
+/// previous one is on the bus, so the staging copy and the transfer overlap,
+/// and pinned memory stays bounded whatever the column's length (a first
+/// query over a 2 GB column would otherwise wait a second for the driver to
+/// pin 2 GB).
+const STAGING_WINDOW_BYTES: usize = 1 << 26;
+
 /// Copies the bytes of `pieces`, laid end to end, to one new device vector
 /// of whole words on `stream` (the last word padded with zeros), staged
-/// through one pinned buffer: how columns of 4- and 16-byte values travel
-/// in the same words as 8-byte ones. Returns once the copy is enqueued.
+/// through pinned windows of [`STAGING_WINDOW_BYTES`]: how columns of 4- and
+/// 16-byte values travel in the same words as 8-byte ones. Returns once the
+/// last copy is enqueued.
 pub fn upload_byte_pieces(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     pieces: &[&[u8]],
     timer: &mut PhaseTimer,
 ) -> GpuResult<CudaSlice<u64>> {
+    upload_byte_pieces_in_windows(device, stream, pieces, STAGING_WINDOW_BYTES, timer)
+}
+
+/// [`upload_byte_pieces`] through windows of `window_bytes` (rounded down
+/// to whole words, at least one): a test can cross many window boundaries
+/// with little data.
+pub fn upload_byte_pieces_in_windows(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    pieces: &[&[u8]],
+    window_bytes: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<CudaSlice<u64>> {
     /// Bytes one staging thread copies at least.
-    const BYTES_PER_THREAD: usize = 1 << 24;
+    const BYTES_PER_THREAD: usize = 1 << 22;
     let bytes: usize = pieces.iter().map(|p| p.len()).sum();
     let len = bytes.div_ceil(8);
     if len == 0 {
@@ -55,22 +77,35 @@ pub fn upload_byte_pieces(
             .null::<u64>()
             .during("allocating an empty device vector");
     }
-    let mut staging = device.pinned().take(len)?;
-    let target = staging.as_mut_bytes()?;
-    let (data, padding) = target.split_at_mut(bytes);
-    copy_pieces(data, pieces, host_threads(), BYTES_PER_THREAD);
-    padding.fill(0);
-    // SAFETY: every element is written by the copy below before any kernel reads it.
+    let window_words = (window_bytes / 8).max(1);
+    // SAFETY: every element is written by the copies below before any kernel reads it.
     let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
-    timer.time(Phase::HostToDevice, || {
-        let src = PinnedPrefix {
-            buffer: staging.raw_mut(),
-            len,
+    // Two buffers in turn: filling one waits (in `as_mut_bytes`) only for
+    // the copy enqueued from it two windows earlier.
+    let mut buffers: [Option<PinnedBuffer>; 2] = [None, None];
+    for (window, first_word) in (0..len).step_by(window_words).enumerate() {
+        let words = window_words.min(len - first_word);
+        let staging = match &mut buffers[window % 2] {
+            Some(buffer) => buffer,
+            empty => empty.insert(device.pinned().take(words)?),
         };
-        stream
-            .memcpy_htod(&src, &mut dst)
-            .during("copying to the device")
-    })?;
+        let target = &mut staging.as_mut_bytes()?[..8 * words];
+        let first_byte = 8 * first_word;
+        let data_bytes = (bytes - first_byte).min(8 * words);
+        let (data, padding) = target.split_at_mut(data_bytes);
+        copy_window(data, pieces, first_byte, host_threads(), BYTES_PER_THREAD);
+        padding.fill(0);
+        timer.time(Phase::HostToDevice, || {
+            let src = PinnedPrefix {
+                buffer: staging.raw_mut(),
+                len: words,
+            };
+            let mut window_of_dst = dst.slice_mut(first_word..first_word + words);
+            stream
+                .memcpy_htod(&src, &mut window_of_dst)
+                .during("copying to the device")
+        })?;
+    }
     timer.add_bytes(Phase::HostToDevice, 8 * len);
     Ok(dst)
 }
@@ -84,9 +119,21 @@ pub fn download_u64(
     out: &mut Vec<u64>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<()> {
+    /// Below this many words one thread copies them out.
+    const WORDS_PER_THREAD: usize = 1 << 19;
     out.clear();
     if let Some(staging) = download_to_staging(device, stream, device_data, timer)? {
-        out.extend_from_slice(staging.as_slice()?);
+        let words = staging.as_slice()?;
+        if words.len() < 2 * WORDS_PER_THREAD {
+            out.extend_from_slice(words);
+        } else {
+            // A zeroed allocation this large is mapped lazily, so its pages
+            // are first touched, like the words are copied, on every core:
+            // one thread copying 128 MB of group results out of pinned
+            // memory spends most of its time in page faults.
+            *out = vec![0; words.len()];
+            copy_window(out, &[words], 0, host_threads(), WORDS_PER_THREAD);
+        }
     }
     Ok(())
 }

@@ -237,15 +237,30 @@ pub struct Reduced {
     pub high_words: Vec<u64>,
 }
 
+/// What comes back to the host to tell the groups apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupsBack {
+    /// Each group's key word, gathered on the device: keys that are their
+    /// values (packed or raw), which the host decodes in order instead of
+    /// reading a row of each group at random.
+    KeyWords,
+    /// A row of each group and the group of every row: hashed keys, which
+    /// the host checks against the rows.
+    RowsAndRowGroups,
+}
+
 /// The groups of a set of rows and the reductions over them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Grouped {
     /// Number of groups: distinct keys, or 1 without keys.
     pub groups: usize,
-    /// A row of each group (from which the caller reads its key); empty
-    /// without keys.
+    /// The key word of each group, with [`GroupsBack::KeyWords`];
+    /// otherwise empty.
+    pub group_keys: Vec<u64>,
+    /// A row of each group, with [`GroupsBack::RowsAndRowGroups`];
+    /// otherwise empty.
     pub group_rows: Vec<u64>,
-    /// The group of every row, where asked for (to check hashed keys);
+    /// The group of every row, with [`GroupsBack::RowsAndRowGroups`];
     /// otherwise empty.
     pub row_groups: Vec<u64>,
     /// One result per input, in input order.
@@ -277,8 +292,9 @@ pub fn group_by_device_bytes(
     bitmaps: usize,
 ) -> usize {
     let table = if with_keys {
-        // keys, table keys and groups, first rows, row groups
-        8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 2 * rows + 1)
+        // keys, table keys and groups, first rows, row groups, the key
+        // word of each group
+        8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 3 * rows + 1)
     } else {
         0
     };
@@ -296,8 +312,7 @@ pub fn group_by_device_bytes(
 /// Groups `rows` rows by `keys` (`None`: all rows form one group, which
 /// exists even without rows) and computes every input's reduction per
 /// group. `bitmaps` are validity bitmaps ([`validity_bitmap`]) that inputs
-/// refer to by index. With `keep_row_groups`, the group of every row comes
-/// back too.
+/// refer to by index. `back` says what identifies the groups on the host.
 #[allow(clippy::too_many_arguments)]
 pub fn group_by(
     device: &GpuDevice,
@@ -306,24 +321,39 @@ pub fn group_by(
     rows: usize,
     inputs: &[ReduceInput],
     bitmaps: &[Vec<u64>],
-    keep_row_groups: bool,
+    back: GroupsBack,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Grouped> {
     check_inputs(keys, rows, inputs, bitmaps)?;
     let sm_count = device.sm_count();
-    let (groups, group_rows, row_groups) = match keys {
-        Some(keys) => {
-            let (groups, group_rows, row_groups) = assign_groups(device, stream, keys, timer)?;
-            (groups, group_rows, Some(row_groups))
-        }
-        None => (1, Vec::new(), None),
-    };
+    // Everything goes onto the stream before the host first waits for it:
+    // the keys' copy and the grouping kernels, then every column's copy, so
+    // that the host stages the next column while the device works through
+    // the queue.
+    let pending = keys
+        .map(|keys| launch_group_assignment(device, stream, keys, timer))
+        .transpose()?;
     let device_bitmaps = bitmaps
         .iter()
         .map(|bits| upload_u64(device, stream, bits, timer))
         .collect::<GpuResult<Vec<_>>>()?;
+    let columns = inputs
+        .iter()
+        .map(|input| upload_input(device, stream, input, rows, timer))
+        .collect::<GpuResult<Vec<_>>>()?;
+    let (groups, identities, row_groups) = match pending {
+        Some(pending) => {
+            let (groups, identities, row_groups) = pending.finish(device, stream, back, timer)?;
+            (groups, identities, Some(row_groups))
+        }
+        None => (1, Vec::new(), None),
+    };
+    let (group_keys, group_rows) = match back {
+        GroupsBack::KeyWords => (identities, Vec::new()),
+        GroupsBack::RowsAndRowGroups => (Vec::new(), identities),
+    };
     let mut kept_row_groups = Vec::new();
-    if let (true, Some(row_groups)) = (keep_row_groups, &row_groups) {
+    if let (GroupsBack::RowsAndRowGroups, Some(row_groups)) = (back, &row_groups) {
         if rows > 0 {
             kept_row_groups.reserve_exact(rows);
             download_u64(
@@ -336,7 +366,7 @@ pub fn group_by(
         }
     }
     let mut reduced = Vec::with_capacity(inputs.len());
-    for input in inputs {
+    for (input, column) in inputs.iter().zip(columns) {
         let group_rows_of = GroupRows {
             groups_of_rows: row_groups.as_ref(),
             rows,
@@ -349,11 +379,13 @@ pub fn group_by(
             sm_count,
             group_rows_of,
             input,
+            column,
             timer,
         )?);
     }
     Ok(Grouped {
         groups,
+        group_keys,
         group_rows,
         row_groups: kept_row_groups,
         reduced,
@@ -408,22 +440,38 @@ fn check_inputs(
     Ok(())
 }
 
-/// Stage 1: the group id of every row (on the device), the number of
-/// groups and a row of each group (on the host).
-fn assign_groups(
+/// Stage 1 on the device, enqueued: the group id of every row.
+struct PendingGroups {
+    /// The keys, kept for the gather of each group's key word.
+    keys: DeviceVec<u64>,
+    group_count: DeviceVec<u64>,
+    first_rows: DeviceVec<u64>,
+    row_groups: DeviceVec<u64>,
+    rows: usize,
+}
+
+/// Enqueues the keys' copy and the kernels that give every row a group.
+fn launch_group_assignment(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     keys: &Words,
     timer: &mut PhaseTimer,
-) -> GpuResult<(usize, Vec<u64>, DeviceVec<u64>)> {
+) -> GpuResult<PendingGroups> {
     let rows = keys.len();
     let sm_count = device.sm_count();
+    let mut group_count = stream
+        .alloc_zeros::<u64>(1)
+        .during("allocating the group counter")?;
     if rows == 0 {
         // No groups; the reductions launch nothing for no rows.
-        let none = stream
-            .alloc_zeros::<u64>(1)
-            .during("allocating row groups")?;
-        return Ok((0, Vec::new(), none));
+        let none = || stream.alloc_zeros::<u64>(1).during("allocating row groups");
+        return Ok(PendingGroups {
+            keys: none()?,
+            group_count,
+            first_rows: none()?,
+            row_groups: none()?,
+            rows,
+        });
     }
     let device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
     let capacity = table_capacity(rows);
@@ -435,9 +483,6 @@ fn assign_groups(
     // only claimed slots are read.
     let mut table_groups: DeviceVec<u64> =
         unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
-    let mut group_count = stream
-        .alloc_zeros::<u64>(1)
-        .during("allocating the group counter")?;
     // SAFETY (first rows): entries [0, groups) are written, only those are read.
     let mut first_rows: DeviceVec<u64> =
         unsafe { stream.alloc(rows) }.during("allocating group rows")?;
@@ -472,23 +517,106 @@ fn assign_groups(
             &table_groups,
         )
     })?;
-    let mut count = Vec::with_capacity(1);
-    download_u64(device, stream, &group_count.as_view(), &mut count, timer)?;
-    let groups = count[0] as usize;
-    if groups > rows {
-        return Err(GpuError::Invalid(format!(
-            "{groups} groups reported for {rows} rows"
-        )));
+    // The table is freed in stream order, after the kernels that read it.
+    Ok(PendingGroups {
+        keys: device_keys,
+        group_count,
+        first_rows,
+        row_groups,
+        rows,
+    })
+}
+
+impl PendingGroups {
+    /// Waits for stage 1: the number of groups and what identifies each
+    /// group on the host (its key word or a row of it, as `back` asks),
+    /// with the group of every row left on the device.
+    fn finish(
+        self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        back: GroupsBack,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<(usize, Vec<u64>, DeviceVec<u64>)> {
+        if self.rows == 0 {
+            return Ok((0, Vec::new(), self.row_groups));
+        }
+        let mut count = Vec::with_capacity(1);
+        download_u64(
+            device,
+            stream,
+            &self.group_count.as_view(),
+            &mut count,
+            timer,
+        )?;
+        let groups = count[0] as usize;
+        if groups == 0 || groups > self.rows {
+            return Err(GpuError::Invalid(format!(
+                "{groups} groups reported for {} rows",
+                self.rows
+            )));
+        }
+        let mut identities = Vec::with_capacity(groups);
+        match back {
+            GroupsBack::RowsAndRowGroups => download_u64(
+                device,
+                stream,
+                &self.first_rows.slice(0..groups),
+                &mut identities,
+                timer,
+            )?,
+            GroupsBack::KeyWords => {
+                // SAFETY: the gather below writes all `groups` words, and
+                // only those are read.
+                let mut group_keys: DeviceVec<u64> =
+                    unsafe { stream.alloc(groups) }.during("allocating group keys")?;
+                timer.time(Phase::Kernel, || {
+                    launch::gather_u64(
+                        device.kernels(),
+                        stream,
+                        device.sm_count(),
+                        &self.keys,
+                        &self.first_rows,
+                        groups,
+                        &mut group_keys,
+                    )
+                })?;
+                download_u64(
+                    device,
+                    stream,
+                    &group_keys.as_view(),
+                    &mut identities,
+                    timer,
+                )?;
+            }
+        }
+        Ok((groups, identities, self.row_groups))
     }
-    let mut group_rows = Vec::with_capacity(groups);
-    download_u64(
-        device,
-        stream,
-        &first_rows.slice(0..groups),
-        &mut group_rows,
-        timer,
-    )?;
-    Ok((groups, group_rows, row_groups))
+}
+
+/// One input's columns on the device (none without rows).
+struct UploadedInput {
+    values: Option<DeviceVec<u64>>,
+    high: Option<DeviceVec<u64>>,
+}
+
+/// Enqueues the copy of one input's columns.
+fn upload_input(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    input: &ReduceInput,
+    rows: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<UploadedInput> {
+    let upload = |words: &Words, timer: &mut PhaseTimer| {
+        (rows > 0 && !words.is_empty())
+            .then(|| upload_u64_pieces(device, stream, &words.pieces(), timer))
+            .transpose()
+    };
+    Ok(UploadedInput {
+        values: upload(&input.values, timer)?,
+        high: upload(&input.high_words, timer)?,
+    })
 }
 
 /// Stage 2 for one input.
@@ -498,6 +626,7 @@ fn reduce(
     sm_count: u32,
     rows: GroupRows<'_>,
     input: &ReduceInput,
+    column: UploadedInput,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Reduced> {
     let groups = rows.groups;
@@ -530,26 +659,7 @@ fn reduce(
             high_words,
         });
     }
-    let values = if input.values.is_empty() {
-        None
-    } else {
-        Some(upload_u64_pieces(
-            device,
-            stream,
-            &input.values.pieces(),
-            timer,
-        )?)
-    };
-    let high = if input.high_words.is_empty() {
-        None
-    } else {
-        Some(upload_u64_pieces(
-            device,
-            stream,
-            &input.high_words.pieces(),
-            timer,
-        )?)
-    };
+    let UploadedInput { values, high } = column;
     let missing = || GpuError::Invalid(format!("{:?} without its values", input.reduction));
     match input.reduction {
         Reduction::Count | Reduction::Sum | Reduction::Min | Reduction::Max => {
@@ -694,7 +804,8 @@ fn reduce(
 }
 
 /// CPU reference: the same results, with groups in first-occurrence order
-/// and `group_rows` the first row of each group.
+/// and `group_rows` the first row of each group; every field is filled,
+/// whatever a [`super::GroupsBack`] would ask for.
 pub mod reference {
     use std::collections::HashMap;
 
@@ -733,6 +844,10 @@ pub mod reference {
             .collect();
         Grouped {
             groups,
+            group_keys: match keys {
+                Some(keys) => group_rows.iter().map(|&row| keys[row as usize]).collect(),
+                None => Vec::new(),
+            },
             group_rows,
             row_groups: if keys.is_some() {
                 group_of_row.iter().map(|&g| g as u64).collect()
@@ -927,6 +1042,7 @@ mod tests {
         let grouped = reference::group_by(Some(&keys), 5, &inputs, &bitmaps);
         assert_eq!(grouped.groups, 3);
         assert_eq!(grouped.group_rows, vec![0, 1, 3]);
+        assert_eq!(grouped.group_keys, vec![keys[0], keys[1], keys[3]]);
         assert_eq!(grouped.reduced[0].values, vec![1, 2, 1]);
         assert_eq!(grouped.reduced[1].values, vec![1, 18, 8]);
         assert_eq!(grouped.reduced[2].values, vec![9, u64::MAX, 1]);

@@ -30,12 +30,12 @@ extensions_options! {
         pub aggregate: bool, default = true
         /// Replace DataFusion's two aggregation phases (a partial
         /// aggregation per partition, a CPU repartition, a final one) by one
-        /// GPU aggregation over all input partitions, where no node above
-        /// depends on the final aggregation's partitioning. Off by default:
-        /// measured slower at 2^26 rows except around 2^20 groups
-        /// (BENCHMARKS.md), because that one aggregation collects its input
-        /// and emits its groups on one thread.
-        pub aggregate_single_phase: bool, default = false
+        /// GPU aggregation over all input partitions. Its groups are
+        /// repartitioned as the final aggregation's were where a node above
+        /// relies on that (by hash) or ran on several threads (round
+        /// robin); its CPU fallback runs DataFusion's two phases. On by
+        /// default: measured faster at 2^28 rows (BENCHMARKS.md).
+        pub aggregate_single_phase: bool, default = true
         /// Run a `Partitioned` hash join once over all input partitions,
         /// without DataFusion's CPU hash repartition of its inputs (the GPU
         /// partitions the keys itself): as it is where no node above
@@ -179,6 +179,6 @@ mod tests {
         assert!(options.sort_merge_join && !options.sort_merge_join_for_order);
         assert_eq!(options.min_rows, 8_000_000);
         assert_eq!(options.min_groups, 65_536);
-        assert!(options.merge_partitions && !options.aggregate_single_phase);
+        assert!(options.merge_partitions && options.aggregate_single_phase);
     }
 }

@@ -14,4 +14,5 @@ pub use decision::{
     decide_aggregate, decide_hash_join, decide_sort_merge_join, gpu_decisions, NodeDecision,
     Placement,
 };
+pub(crate) use phases::cpu_phases_over;
 pub use rule::GpuOptimizerRule;

@@ -7,10 +7,11 @@
 //! one `Single` aggregation over the partial aggregation's input merged
 //! into one partition: the partial groups never exist (seed 002 groups all
 //! rows at once; at 2^24 groups DataFusion's two phases move 16 M partial
-//! groups). Off by default (`gpu.aggregate_single_phase`): measured slower
-//! than both phases on the GPU except around 2^20 groups, because the one
-//! aggregation collects its input and emits its groups on one thread
-//! (BENCHMARKS.md).
+//! groups). Where the final aggregation had several partitions, the rule
+//! repartitions the groups again (by hash where something above relies on
+//! it), and the CPU fallback runs DataFusion's two phases over the collected
+//! input ([`cpu_phases`]), on every core. On by default
+//! (`gpu.aggregate_single_phase`; BENCHMARKS.md).
 
 use std::sync::Arc;
 
@@ -21,6 +22,42 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::exec::GpuAggregateExec;
+
+/// `final_agg` (see [`single_phase`]) with DataFusion's own partial
+/// aggregation below its exchange: what the one GPU aggregation falls back
+/// to, over its collected input, so that a partition the device cannot or
+/// should not take still aggregates on every core.
+pub(super) fn cpu_phases(final_agg: &AggregateExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let exchange = Arc::clone(final_agg.input());
+    let Some(below) = exchange.children().first().copied() else {
+        return Ok(None);
+    };
+    let partial: Arc<dyn ExecutionPlan> = match below.downcast_ref::<GpuAggregateExec>() {
+        Some(gpu) => Arc::new(gpu.aggregate().clone()),
+        None => Arc::clone(below),
+    };
+    #[allow(deprecated)]
+    let exchange = exchange.with_new_children(vec![partial])?;
+    #[allow(deprecated)]
+    let cpu = Arc::new(final_agg.clone()).with_new_children(vec![exchange])?;
+    Ok(Some(cpu))
+}
+
+/// `cpu_phases` (from [`cpu_phases`]) over `input` in place of the partial
+/// aggregation's input.
+pub(crate) fn cpu_phases_over(
+    cpu_phases: &Arc<dyn ExecutionPlan>,
+    input: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let exchange = Arc::clone(cpu_phases.children()[0]);
+    let partial = Arc::clone(exchange.children()[0]);
+    #[allow(deprecated)]
+    let partial = partial.with_new_children(vec![input])?;
+    #[allow(deprecated)]
+    let exchange = exchange.with_new_children(vec![partial])?;
+    #[allow(deprecated)]
+    Arc::clone(cpu_phases).with_new_children(vec![exchange])
+}
 
 /// The `Single` aggregation computing what `final_agg` computes, when
 /// `final_agg` is a `Final` or `FinalPartitioned` aggregation over a

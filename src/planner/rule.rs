@@ -21,7 +21,7 @@ use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
 use super::merge_for_order::{merge_join_for_sort, MergeForOrder};
 use super::partitioning::{children_partitioning_free, over_unrepartitioned_inputs};
-use super::phases::single_phase;
+use super::phases::{cpu_phases, single_phase};
 use super::{decide_aggregate, decide_hash_join, decide_sort_merge_join, GpuOptions};
 use crate::exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
 
@@ -130,7 +130,7 @@ fn rewrite(
     }
     if let Some(agg) = node.downcast_ref::<AggregateExec>() {
         if let Some(gpu_agg) = gpu_aggregate(&node, agg, partitioning_free, options, gpu)? {
-            return Ok(Arc::new(gpu_agg));
+            return Ok(gpu_agg);
         }
     }
     Ok(node)
@@ -250,28 +250,51 @@ fn makes_more_rows_than_it_reads(join: &HashJoinExec) -> bool {
 
 /// The GPU aggregation replacing `agg` (the plan node `node`), if any: one
 /// aggregation in place of DataFusion's two phases where
-/// `gpu.aggregate_single_phase` allows and nothing above relies on the
-/// final aggregation's partitioning, otherwise over the same input.
+/// `gpu.aggregate_single_phase` allows, otherwise over the same input. The
+/// one aggregation has one output partition; where the final aggregation
+/// had several, a repartition of its groups restores their number (by hash
+/// where something above relies on the final aggregation's hash
+/// partitioning, round robin where nothing does), so that the operators
+/// above run on as many threads as before. A hash repartition hashes in
+/// one task per input partition, so the groups are first dealt round robin
+/// to as many partitions: millions of groups are then hashed on every core,
+/// not on one.
 fn gpu_aggregate(
     node: &Arc<dyn ExecutionPlan>,
     agg: &AggregateExec,
     partitioning_free: bool,
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
-) -> Result<Option<GpuAggregateExec>> {
-    let one_partition = agg.properties().output_partitioning().partition_count() == 1;
-    if options.aggregate_single_phase && (partitioning_free || one_partition) {
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let output_partitioning = agg.properties().output_partitioning().clone();
+    let partitions = output_partitioning.partition_count();
+    let restorable =
+        partitioning_free || partitions == 1 || evaluable_hash(&output_partitioning, &agg.schema());
+    if options.aggregate_single_phase && restorable {
         if let Some(single) = single_phase(agg)? {
             if decide_aggregate(&single, options, gpu).is_ok() {
                 let single: Arc<dyn ExecutionPlan> = Arc::new(single);
-                return Ok(Some(
-                    GpuAggregateExec::try_new(single)?.with_phases_merged(true),
-                ));
+                let gpu_agg: Arc<dyn ExecutionPlan> =
+                    Arc::new(GpuAggregateExec::try_new(single)?.with_cpu_phases(cpu_phases(agg)?));
+                return Ok(Some(if partitions == 1 {
+                    gpu_agg
+                } else if partitioning_free {
+                    Arc::new(RepartitionExec::try_new(
+                        gpu_agg,
+                        Partitioning::RoundRobinBatch(partitions),
+                    )?)
+                } else {
+                    let dealt = Arc::new(RepartitionExec::try_new(
+                        gpu_agg,
+                        Partitioning::RoundRobinBatch(partitions),
+                    )?);
+                    Arc::new(RepartitionExec::try_new(dealt, output_partitioning)?)
+                }));
             }
         }
     }
     if decide_aggregate(agg, options, gpu).is_ok() {
-        return Ok(Some(GpuAggregateExec::try_new(Arc::clone(node))?));
+        return Ok(Some(Arc::new(GpuAggregateExec::try_new(Arc::clone(node))?)));
     }
     Ok(None)
 }
@@ -366,6 +389,9 @@ mod tests {
                 min_rows: 0,
                 min_groups: 0,
                 merge_partitions,
+                // Each aggregation node as DataFusion planned it; the
+                // single-phase rewrite has its own test.
+                aggregate_single_phase: false,
                 ..GpuOptions::default()
             },
         )
@@ -611,22 +637,47 @@ mod tests {
             assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
             assert_eq!(hash_repartitions(&plan), 0, "{}", show(&plan));
             assert!(show(&plan).contains("cpu_phases=removed"));
+            assert!(
+                show(&plan).contains("reads_merge_inputs=4"),
+                "{}",
+                show(&plan)
+            );
         }
         // A join above relies on the aggregation's hash partitioning on its
-        // key: the two phases stay.
+        // key: the one aggregation's groups are hash-repartitioned.
         let sql = "SELECT a.k, a.c, s.v FROM (SELECT k, count(*) AS c FROM r GROUP BY k) a \
                    JOIN s ON a.k = s.k";
+        for merge_partitions in [false, true] {
+            let options = GpuOptions {
+                merge_partitions,
+                ..single_phase()
+            };
+            let plan = rewritten_with(sql, options).await;
+            let aggs = gpu_aggregates(&plan);
+            assert_eq!(aggs.len(), 1, "{}", show(&plan));
+            assert_eq!(*aggs[0].aggregate().mode(), AggregateMode::Single);
+            assert!(aggs[0].phases_merged());
+            assert!(
+                show(&plan).contains(
+                    "RepartitionExec: partitioning=Hash([k@0], 4), input_partitions=4\n      \
+                     RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1\n        \
+                     GpuAggregateExec"
+                ),
+                "{}",
+                show(&plan)
+            );
+        }
+        // Nothing above relies on the partitioning, but the aggregation had
+        // several partitions: its groups are spread round robin.
+        let sql = "SELECT k + 1, c FROM (SELECT k, count(*) AS c FROM r GROUP BY k)";
         let plan = rewritten_with(sql, single_phase()).await;
-        let modes: Vec<AggregateMode> = gpu_aggregates(&plan)
-            .iter()
-            .map(|agg| *agg.aggregate().mode())
-            .collect();
         assert!(
-            modes.contains(&AggregateMode::FinalPartitioned),
-            "{modes:?}\n{}",
+            show(&plan)
+                .contains("RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1"),
+            "{}",
             show(&plan)
         );
-        assert!(gpu_aggregates(&plan).iter().all(|a| !a.phases_merged()));
+        assert_eq!(gpu_aggregates(&plan).len(), 1, "{}", show(&plan));
     }
 
     fn gpu_merge_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuSortMergeJoinExec> {
@@ -698,6 +749,7 @@ mod tests {
         let options = GpuOptions {
             min_rows: 0,
             min_groups: 0,
+            aggregate_single_phase: false,
             ..GpuOptions::default()
         };
         for (sql, reason) in [

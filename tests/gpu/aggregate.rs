@@ -16,7 +16,7 @@ use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use datafusion_gpu::gpu::PhaseTimer;
-use datafusion_gpu::ops::group_by::{self, ReduceInput, Reduction, Words};
+use datafusion_gpu::ops::group_by::{self, GroupsBack, ReduceInput, Reduction, Words};
 use datafusion_gpu::GpuAggregateExec;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -487,22 +487,31 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     let Some(_) = require_gpu("work_the_device_cannot_take_runs_on_the_cpu_operator") else {
         return;
     };
-    // A device budget of a few bytes: every partition falls back.
-    let (gpu, cpu) = contexts(
-        4,
-        &[
-            "SET gpu.memory_fraction = 0.000000001",
-            "SET gpu.aggregate_single_phase = false",
-        ],
-    )
-    .await;
-    register(
-        [&gpu, &cpu],
-        table(20_000, Keys::Uniform { domain: 700 }, 4, 5),
-    );
-    let sql = format!("SELECT k, {AGGREGATES} FROM t GROUP BY k");
-    let plan = check(&gpu, &cpu, &sql).await;
-    assert!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions") > 0);
+    // A device budget of a few bytes: every partition falls back, to the
+    // replaced node, or to DataFusion's two phases where one GPU
+    // aggregation replaced them.
+    for phases in [
+        "SET gpu.aggregate_single_phase = false",
+        "SET gpu.aggregate_single_phase = true",
+    ] {
+        let (gpu, cpu) = contexts(4, &["SET gpu.memory_fraction = 0.000000001", phases]).await;
+        register(
+            [&gpu, &cpu],
+            table(20_000, Keys::Uniform { domain: 700 }, 4, 5),
+        );
+        let sql = format!("SELECT k, {AGGREGATES} FROM t GROUP BY k");
+        let plan = check(&gpu, &cpu, &sql).await;
+        assert!(
+            gpu_aggregate_metric(&plan, "cpu_fallback_partitions") > 0,
+            "{phases}"
+        );
+        let sql = format!("SELECT {AGGREGATES} FROM t");
+        let plan = check(&gpu, &cpu, &sql).await;
+        assert!(
+            gpu_aggregate_metric(&plan, "cpu_fallback_partitions") > 0,
+            "{phases}"
+        );
+    }
 
     // Keys whose ranges need more than 64 bits together (full-range Int64
     // keys on two columns) are hashed and checked: they stay on the GPU.
@@ -529,16 +538,28 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
 
     // With gpu.min_groups, a partition whose sampled keys show few groups
     // runs on the CPU operator; one with many stays on the GPU.
-    let (gpu, cpu) = contexts(4, &["SET gpu.min_groups = 65536"]).await;
-    register(
-        [&gpu, &cpu],
-        table(40_000, Keys::Uniform { domain: 1 << 40 }, 4, 9),
-    );
-    let plan = check(&gpu, &cpu, "SELECT s, count(*), sum(v) FROM t GROUP BY s").await;
-    assert!(gpu_aggregate_metric(&plan, "few_groups_partitions") > 0);
-    let plan = check(&gpu, &cpu, "SELECT k, count(*), sum(v) FROM t GROUP BY k").await;
-    assert_eq!(gpu_aggregate_metric(&plan, "few_groups_partitions"), 0);
-    assert!(gpu_aggregate_metric(&plan, "groups") > 0);
+    for phases in [
+        "SET gpu.aggregate_single_phase = false",
+        "SET gpu.aggregate_single_phase = true",
+    ] {
+        let (gpu, cpu) = contexts(4, &["SET gpu.min_groups = 65536", phases]).await;
+        register(
+            [&gpu, &cpu],
+            table(40_000, Keys::Uniform { domain: 1 << 40 }, 4, 9),
+        );
+        let plan = check(&gpu, &cpu, "SELECT s, count(*), sum(v) FROM t GROUP BY s").await;
+        assert!(
+            gpu_aggregate_metric(&plan, "few_groups_partitions") > 0,
+            "{phases}"
+        );
+        let plan = check(&gpu, &cpu, "SELECT k, count(*), sum(v) FROM t GROUP BY k").await;
+        assert_eq!(
+            gpu_aggregate_metric(&plan, "few_groups_partitions"),
+            0,
+            "{phases}"
+        );
+        assert!(gpu_aggregate_metric(&plan, "groups") > 0, "{phases}");
+    }
 
     // Hashes cut to 3 bits: different keys share a hash, the host check
     // finds it, and those partitions run on the CPU operator with the same
@@ -637,7 +658,11 @@ async fn device_group_by_matches_the_reference() {
             }
         }
         let key_words = in_pieces(keys.clone());
-        for with_keys in [true, false] {
+        for (with_keys, back) in [
+            (true, GroupsBack::KeyWords),
+            (true, GroupsBack::RowsAndRowGroups),
+            (false, GroupsBack::KeyWords),
+        ] {
             let keys = with_keys.then_some(keys.as_slice());
             let mut timer = PhaseTimer::new(Arc::clone(stream));
             let got = group_by::group_by(
@@ -647,32 +672,54 @@ async fn device_group_by_matches_the_reference() {
                 rows,
                 &inputs,
                 &bitmaps,
-                with_keys,
+                back,
                 &mut timer,
             )
             .unwrap();
             timer.finish().unwrap();
             let want = group_by::reference::group_by(keys, rows, &inputs, &bitmaps);
             assert_eq!(got.groups, want.groups, "rows {rows}, domain {domain}");
-            // Every row's group, as asked for: the group whose row has its key.
-            if let Some(keys) = keys {
-                assert_eq!(got.row_groups.len(), rows);
-                for (row, &group) in got.row_groups.iter().enumerate() {
-                    let first = got.group_rows[group as usize] as usize;
-                    assert_eq!(keys[first], keys[row], "row {row} in group {group}");
+            // What identifies the groups, as asked for.
+            let key_of_group: Vec<u64> = match (keys, back) {
+                (None, _) => {
+                    assert!(got.row_groups.is_empty() && got.group_rows.is_empty());
+                    assert!(got.group_keys.is_empty());
+                    Vec::new()
                 }
-            } else {
-                assert!(got.row_groups.is_empty());
-            }
+                (Some(keys), GroupsBack::RowsAndRowGroups) => {
+                    // Every row's group: the group whose row has its key.
+                    assert!(got.group_keys.is_empty());
+                    assert_eq!(got.row_groups.len(), rows);
+                    for (row, &group) in got.row_groups.iter().enumerate() {
+                        let first = got.group_rows[group as usize] as usize;
+                        assert_eq!(keys[first], keys[row], "row {row} in group {group}");
+                    }
+                    got.group_rows
+                        .iter()
+                        .map(|&row| keys[row as usize])
+                        .collect()
+                }
+                (Some(_), GroupsBack::KeyWords) => {
+                    // Each group's key word: every key once.
+                    assert!(got.row_groups.is_empty() && got.group_rows.is_empty());
+                    let mut sorted = got.group_keys.clone();
+                    sorted.sort_unstable();
+                    let mut want_keys = want.group_keys.clone();
+                    want_keys.sort_unstable();
+                    assert_eq!(sorted, want_keys, "rows {rows}, domain {domain}");
+                    got.group_keys.clone()
+                }
+            };
             // Device group ids come in any order: compare by key.
-            let order = |grouped: &group_by::Grouped| -> Vec<usize> {
+            let order = |grouped: &group_by::Grouped, key_of_group: &[u64]| -> Vec<usize> {
                 let mut ids: Vec<usize> = (0..grouped.groups).collect();
-                if let Some(keys) = keys {
-                    ids.sort_by_key(|&g| keys[grouped.group_rows[g] as usize]);
+                if keys.is_some() {
+                    ids.sort_by_key(|&g| key_of_group[g]);
                 }
                 ids
             };
-            let (got_order, want_order) = (order(&got), order(&want));
+            let (got_order, want_order) =
+                (order(&got, &key_of_group), order(&want, &want.group_keys));
             for (i, (g, w)) in got.reduced.iter().zip(&want.reduced).enumerate() {
                 let pick = |r: &[u64], order: &[usize]| -> Vec<u64> {
                     if r.is_empty() {
@@ -730,7 +777,7 @@ async fn device_float_sums_of_exact_values_are_exact() {
             rows,
             &inputs,
             &[],
-            false,
+            GroupsBack::KeyWords,
             &mut timer,
         )
         .unwrap();

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use datafusion_gpu::gpu::launch::{self, ValueWidth};
 use datafusion_gpu::gpu::{
-    download_byte_pieces, download_u64, upload_byte_pieces, upload_u64, upload_u64_pieces,
-    GpuDevice, PhaseTimer,
+    download_byte_pieces, download_u64, upload_byte_pieces, upload_byte_pieces_in_windows,
+    upload_u64, upload_u64_pieces, GpuDevice, PhaseTimer,
 };
 use datafusion_gpu::ops::hash_join::{self, DeviceBuildTable};
 use datafusion_gpu::ops::radix::{self, RadixPlan};
@@ -294,8 +294,9 @@ fn pieces_upload_end_to_end_on_one_thread_and_on_many() {
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
-    // 5 M words are staged by several threads, 10 000 by one.
-    for total in [10_000usize, 5_000_000] {
+    // 5 M words are staged by several threads, 10 000 by one; 20 M words
+    // (160 MB) cross two boundaries of the 64 MiB staging windows.
+    for total in [10_000usize, 5_000_000, 20_000_000] {
         let words = random_keys(total, u64::MAX, total as u64);
         let mut pieces = Vec::new();
         let (mut at, mut size) = (0, 1);
@@ -311,6 +312,41 @@ fn pieces_upload_end_to_end_on_one_thread_and_on_many() {
         download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
         timer.finish().unwrap();
         assert_eq!(back, words, "{total} words in {} pieces", pieces.len());
+    }
+}
+
+#[test]
+fn byte_pieces_upload_through_windows_of_any_size() {
+    let Some(device) = device("byte_pieces_upload_through_windows_of_any_size") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // Pieces of odd byte lengths (empty ones among them), so that windows
+    // begin and end inside pieces and the last word is padded.
+    let bytes: Vec<u8> = (0..100_003u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut pieces = Vec::new();
+    let (mut at, mut size) = (0, 0);
+    while at < bytes.len() {
+        let end = (at + size).min(bytes.len());
+        pieces.push(&bytes[at..end]);
+        at = end;
+        size = (size * 7 + 3) % 4_099;
+    }
+    let mut expected = bytes.clone();
+    expected.resize(bytes.len().div_ceil(8) * 8, 0);
+    for window in [1, 8, 24, 1_000, 65_536, 1 << 26] {
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let uploaded =
+            upload_byte_pieces_in_windows(&device, stream, &pieces, window, &mut timer).unwrap();
+        let mut back = Vec::new();
+        download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
+        timer.finish().unwrap();
+        let back: Vec<u8> = back.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert!(back == expected, "windows of {window} bytes");
     }
 }
 

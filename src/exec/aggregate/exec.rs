@@ -11,6 +11,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::{
     aggregate_expressions, AggregateExec, AggregateOutputMode,
 };
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
@@ -37,9 +38,10 @@ pub struct GpuAggregateExec {
     cpu_aggregate: Arc<dyn ExecutionPlan>,
     spec: AggregateSpec,
     properties: Arc<PlanProperties>,
-    /// The rule replaced DataFusion's partial aggregation, repartition and
-    /// final aggregation by this one (shown by `EXPLAIN`).
-    phases_merged: bool,
+    /// DataFusion's partial aggregation, exchange and final aggregation,
+    /// where the rule replaced them by this one (shown by `EXPLAIN`): the
+    /// CPU fallback then runs them over the collected input, on every core.
+    cpu_phases: Option<Arc<dyn ExecutionPlan>>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -62,22 +64,35 @@ impl GpuAggregateExec {
         Ok(Self {
             spec,
             properties: Arc::clone(agg.properties()),
-            phases_merged: false,
+            cpu_phases: None,
             metrics: ExecutionPlanMetricsSet::new(),
             cpu_aggregate,
         })
     }
 
-    /// Marks an aggregation that replaced DataFusion's two phases (default:
-    /// not).
-    pub fn with_phases_merged(mut self, phases_merged: bool) -> Self {
-        self.phases_merged = phases_merged;
+    /// Marks an aggregation that replaced DataFusion's two phases,
+    /// `cpu_phases` (a final aggregation over an exchange over a partial
+    /// one, all DataFusion's), which its CPU fallback runs instead of the
+    /// `Single` aggregation it was made from (default: none).
+    pub fn with_cpu_phases(mut self, cpu_phases: Option<Arc<dyn ExecutionPlan>>) -> Self {
+        self.cpu_phases = cpu_phases;
         self
     }
 
     /// Whether this aggregation replaced DataFusion's two phases.
     pub fn phases_merged(&self) -> bool {
-        self.phases_merged
+        self.cpu_phases.is_some()
+    }
+
+    /// The merge below an aggregation that replaced DataFusion's two
+    /// phases, whose input partitions it reads itself, each in a task of
+    /// its own (the merge would, and hand each batch through a channel
+    /// besides).
+    fn merge_read_through(&self) -> Option<&CoalescePartitionsExec> {
+        self.aggregate()
+            .input()
+            .downcast_ref::<CoalescePartitionsExec>()
+            .filter(|merge| self.phases_merged() && merge.fetch().is_none())
     }
 
     /// The [`AggregateExec`] this node replaces.
@@ -125,8 +140,13 @@ impl DisplayAs for GpuAggregateExec {
                     Self::ALGORITHM,
                     describe_aggregate(agg)
                 )?;
-                if self.phases_merged {
+                if self.phases_merged() {
                     write!(f, ", cpu_phases=removed")?;
+                }
+                if let Some(merge) = self.merge_read_through() {
+                    // The merge below is shown but not run.
+                    let partitions = merge.input().properties().output_partitioning();
+                    write!(f, ", reads_merge_inputs={}", partitions.partition_count())?;
                 }
                 Ok(())
             }
@@ -165,14 +185,19 @@ impl ExecutionPlan for GpuAggregateExec {
         #[allow(deprecated)]
         let cpu_aggregate = Arc::clone(&self.cpu_aggregate).with_new_children(children)?;
         Ok(Arc::new(
-            Self::try_new(cpu_aggregate)?.with_phases_merged(self.phases_merged),
+            Self::try_new(cpu_aggregate)?.with_cpu_phases(self.cpu_phases.clone()),
         ))
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
         let cpu_aggregate = Arc::clone(&self.cpu_aggregate).reset_state()?;
+        let cpu_phases = self
+            .cpu_phases
+            .as_ref()
+            .map(|plan| Arc::clone(plan).reset_state())
+            .transpose()?;
         Ok(Arc::new(
-            Self::try_new(cpu_aggregate)?.with_phases_merged(self.phases_merged),
+            Self::try_new(cpu_aggregate)?.with_cpu_phases(cpu_phases),
         ))
     }
 
@@ -222,7 +247,15 @@ impl ExecutionPlan for GpuAggregateExec {
             )?,
             filters: agg.filter_expr().to_vec(),
         };
-        let input = agg.input().execute(partition, Arc::clone(&context))?;
+        let input = match self.merge_read_through() {
+            Some(merge) => {
+                let below = merge.input();
+                (0..below.properties().output_partitioning().partition_count())
+                    .map(|i| below.execute(i, Arc::clone(&context)))
+                    .collect::<Result<Vec<_>>>()?
+            }
+            None => vec![agg.input().execute(partition, Arc::clone(&context))?],
+        };
         let reservation = MemoryConsumer::new(format!("GpuAggregateInput[{partition}]"))
             .register(context.memory_pool());
         Ok(aggregate_stream(AggregateTask {
@@ -233,6 +266,7 @@ impl ExecutionPlan for GpuAggregateExec {
             input_schema: agg.input().schema(),
             output_schema: agg.schema(),
             cpu_aggregate: Arc::clone(&self.cpu_aggregate),
+            cpu_phases: self.cpu_phases.clone(),
             batch_size: context.session_config().batch_size(),
             context,
             reservation,

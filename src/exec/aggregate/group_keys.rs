@@ -31,8 +31,8 @@ use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::error::{DataFusionError, Result};
 
 use super::spec::ValueKind;
-use super::words::piece_words;
-use crate::exec::keys::{KeyEncoder, KeySpec};
+use super::words::pieces_words;
+use crate::exec::keys::{column_of_words, KeyEncoder, KeySpec};
 use crate::exec::parallel::on_ranges;
 use crate::host_copy::host_threads;
 use crate::ops::group_by::Words;
@@ -40,11 +40,41 @@ use crate::ops::group_by::Words;
 /// The seed of hashed group keys.
 const GROUP_HASH_SEED: u64 = 0x6770_755f_6772_6f75;
 
-/// One word per row, and whether equal words may stand for different keys.
+/// One word per row, and how a word stands for its key.
 pub(crate) struct GroupKeyWords {
     pub(crate) words: Words,
-    /// The words are hashes: the groups must be checked on the host.
-    pub(crate) hashed: bool,
+    pub(crate) kind: GroupKeyKind,
+}
+
+/// How a group key became its word.
+pub(crate) enum GroupKeyKind {
+    /// The one key column's own bits, of this type.
+    Own(DataType),
+    /// Packed codes.
+    Packed(KeyEncoder),
+    /// Hashes: equal words may stand for different keys, so the groups
+    /// must be checked on the host, and a word cannot be turned back into
+    /// its key.
+    Hashed,
+}
+
+impl GroupKeyWords {
+    /// Whether the words are hashes.
+    pub(crate) fn hashed(&self) -> bool {
+        matches!(self.kind, GroupKeyKind::Hashed)
+    }
+
+    /// The key columns of the groups whose words are `words`; not for
+    /// hashed words.
+    pub(crate) fn decode(&self, words: &[u64]) -> Result<Vec<ArrayRef>> {
+        match &self.kind {
+            GroupKeyKind::Own(data_type) => Ok(vec![column_of_words(data_type, words)?]),
+            GroupKeyKind::Packed(encoder) => encoder.decode(words),
+            GroupKeyKind::Hashed => Err(DataFusionError::Internal(
+                "hashed group keys cannot be decoded".into(),
+            )),
+        }
+    }
 }
 
 /// Key columns (per key expression, one array per input batch) with every
@@ -133,10 +163,11 @@ pub(crate) fn group_key_words(
     let hash_mask = u64::MAX >> (64 - hash_bits);
     if let [column] = key_columns {
         if column.iter().all(|piece| piece.logical_null_count() == 0) {
-            if let Some(words) = own_words(&key_spec.types()[0], column)? {
+            let data_type = &key_spec.types()[0];
+            if let Some(words) = own_words(data_type, column)? {
                 return Ok(Some(GroupKeyWords {
                     words,
-                    hashed: false,
+                    kind: GroupKeyKind::Own(data_type.clone()),
                 }));
             }
         }
@@ -161,7 +192,7 @@ pub(crate) fn group_key_words(
             })?;
             return Ok(Some(GroupKeyWords {
                 words,
-                hashed: false,
+                kind: GroupKeyKind::Packed(encoder),
             }));
         }
     }
@@ -183,7 +214,7 @@ pub(crate) fn group_key_words(
     })?;
     Ok(Some(GroupKeyWords {
         words,
-        hashed: true,
+        kind: GroupKeyKind::Hashed,
     }))
 }
 
@@ -194,8 +225,8 @@ fn own_words(data_type: &DataType, column: &[ArrayRef]) -> Result<Option<Words>>
     let mut words = Words::default();
     match data_type {
         DataType::Float64 => {
-            for piece in column {
-                words.push(piece_words(piece.as_ref(), ValueKind::Float64)?);
+            for piece in pieces_words(column, ValueKind::Float64)? {
+                words.push(piece);
             }
         }
         DataType::Float32 => {
@@ -211,8 +242,8 @@ fn own_words(data_type: &DataType, column: &[ArrayRef]) -> Result<Option<Words>>
         }
         other => match ValueKind::of(other) {
             Some(kind @ (ValueKind::Signed | ValueKind::Unsigned)) => {
-                for piece in column {
-                    words.push(piece_words(piece.as_ref(), kind)?);
+                for piece in pieces_words(column, kind)? {
+                    words.push(piece);
                 }
             }
             _ => return Ok(None),
@@ -406,14 +437,14 @@ mod tests {
         let words = group_key_words(&spec(&[DataType::Int64]), &ints, 2, true, 64)
             .unwrap()
             .unwrap();
-        assert!(!words.hashed);
+        assert!(!words.hashed());
         assert_eq!(words.words.to_vec(), vec![5, (-1i64) as u64, 7]);
 
         let floats = vec![vec![arr(Float64Array::from(vec![0.5, -2.0]))]];
         let words = group_key_words(&spec(&[DataType::Float64]), &floats, 1, true, 64)
             .unwrap()
             .unwrap();
-        assert!(!words.hashed);
+        assert!(!words.hashed());
         assert_eq!(
             words.words.to_vec(),
             vec![0.5f64.to_bits(), (-2.0f64).to_bits()]
@@ -424,7 +455,7 @@ mod tests {
         let words = group_key_words(&spec(&[DataType::Int64]), &with_null, 1, true, 64)
             .unwrap()
             .unwrap();
-        assert!(!words.hashed);
+        assert!(!words.hashed());
         let w = words.words.to_vec();
         assert_ne!(w[0], w[1]);
 
@@ -437,7 +468,7 @@ mod tests {
         let words = group_key_words(&spec(&[DataType::Utf8]), &strings, 1, true, 64)
             .unwrap()
             .unwrap();
-        assert!(words.hashed);
+        assert!(words.hashed());
         let w = words.words.to_vec();
         assert_eq!(w[0], w[2]);
         assert_ne!(w[0], w[1]);
@@ -479,7 +510,7 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert!(words.hashed);
+        assert!(words.hashed());
         assert!(group_key_words(
             &spec(&[DataType::Int64, DataType::Int64]),
             &wide,
@@ -489,6 +520,78 @@ mod tests {
         )
         .unwrap()
         .is_none());
+    }
+
+    #[test]
+    fn key_words_decode_back_into_the_keys_they_stand_for() {
+        use datafusion::arrow::array::{
+            BooleanArray, Date32Array, Decimal128Array, Float32Array, Int32Array, Int8Array,
+            TimestampMicrosecondArray, UInt16Array, UInt8Array,
+        };
+        use datafusion::arrow::compute::concat;
+        let tz = || TimestampMicrosecondArray::from(vec![Some(-5), None, Some(1 << 40)]);
+        let cases: Vec<Vec<ArrayRef>> = vec![
+            // Own words: every width, signed and unsigned, floats, times.
+            vec![arr(Int32Array::from(vec![-3, i32::MAX, i32::MIN]))],
+            vec![arr(UInt8Array::from(vec![0, 255, 7]))],
+            vec![arr(Float32Array::from(vec![-1.5, f32::NAN, 0.0]))],
+            vec![arr(Float64Array::from(vec![f64::MIN, 2.25, -7.0]))],
+            vec![arr(Date32Array::from(vec![-719_162, 0, 19_000]))],
+            vec![arr(
+                TimestampMicrosecondArray::from(vec![1, -2, 3]).with_timezone("+02:00")
+            )],
+            // Packed: NULLs, several columns, decimals and booleans.
+            vec![arr(Int64Array::from(vec![
+                Some(i64::MIN),
+                None,
+                Some(i64::MAX - 1),
+            ]))],
+            vec![arr(tz().with_timezone("UTC"))],
+            vec![
+                arr(Int8Array::from(vec![Some(-128), None, Some(127)])),
+                arr(BooleanArray::from(vec![Some(true), Some(false), None])),
+                arr(UInt16Array::from(vec![None, Some(9), Some(65_535)])),
+            ],
+            vec![
+                arr(Decimal128Array::from(vec![Some(-12_345), Some(99), None])
+                    .with_precision_and_scale(15, 2)
+                    .unwrap()),
+                arr(Date32Array::from(vec![Some(10), None, Some(10)])),
+            ],
+            // A column of NULLs only, beside one of a single value.
+            vec![
+                arr(Int32Array::from(vec![None, None, None])),
+                arr(Int32Array::from(vec![4, 4, 4])),
+            ],
+        ];
+        for columns in cases {
+            let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
+            // Each column in two pieces, as two input batches.
+            let pieces: Vec<Vec<ArrayRef>> = columns
+                .iter()
+                .map(|c| vec![c.slice(0, 1), c.slice(1, 2)])
+                .collect();
+            let words = group_key_words(&spec(&types), &pieces, 2, false, 64)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{types:?} need hashing"));
+            let decoded = words.decode(&words.words.to_vec()).unwrap();
+            assert_eq!(decoded.len(), columns.len());
+            for (got, want) in decoded.iter().zip(&columns) {
+                let want = concat(&[want.as_ref()]).unwrap();
+                assert_eq!(got.data_type(), want.data_type());
+                assert_eq!(&got.to_data(), &want.to_data(), "{types:?}");
+            }
+            // A group's word alone decodes to its key.
+            let last = words.decode(&words.words.to_vec()[2..]).unwrap();
+            for (got, want) in last.iter().zip(&columns) {
+                assert_eq!(&got.to_data(), &want.slice(2, 1).to_data(), "{types:?}");
+            }
+        }
+        let strings = vec![vec![arr(StringArray::from(vec!["a", "b"]))]];
+        let hashed = group_key_words(&spec(&[DataType::Utf8]), &strings, 1, true, 64)
+            .unwrap()
+            .unwrap();
+        assert!(hashed.decode(&hashed.words.to_vec()).is_err());
     }
 
     #[test]

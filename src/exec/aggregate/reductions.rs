@@ -9,6 +9,7 @@
 //! decimal rounding and NULL rules are DataFusion's.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray};
@@ -217,15 +218,17 @@ impl DeviceWork {
         })
     }
 
-    /// The output columns of aggregate `index` for `groups` groups: its
-    /// final value (`final_output`), computed by the function's own
-    /// accumulator from the state the device produced, or that state.
+    /// The output columns of aggregate `index` for the groups `groups` (a
+    /// range of group ids, so that batches are built on several threads,
+    /// each owning its memory): its final value (`final_output`), computed
+    /// by the function's own accumulator from the state the device
+    /// produced, or that state.
     pub(crate) fn finish(
         &self,
         index: usize,
         aggregate: &GpuAggregate,
         reduced: &[Reduced],
-        groups: usize,
+        groups: Range<usize>,
         final_output: bool,
     ) -> Result<Vec<ArrayRef>> {
         let columns = &self.states[index];
@@ -241,15 +244,26 @@ impl DeviceWork {
             .zip(&aggregate.state_fields)
             .map(|(column, field)| {
                 let result = &reduced[column.reduced];
-                let valid = column
-                    .null_where_empty
-                    .map(|count| reduced[count].values.iter().map(|&c| c > 0).collect());
+                let valid = match column.null_where_empty {
+                    Some(count) => Some(
+                        window(&reduced[count].values, &groups)?
+                            .iter()
+                            .map(|&c| c > 0)
+                            .collect(),
+                    ),
+                    None => None,
+                };
+                let high = if result.high_words.is_empty() {
+                    &[][..]
+                } else {
+                    window(&result.high_words, &groups)?
+                };
                 column_from_words(
                     field.data_type(),
                     column.kind,
                     column.ordered,
-                    &result.values,
-                    &result.high_words,
+                    window(&result.values, &groups)?,
+                    high,
                     valid,
                 )
             })
@@ -261,11 +275,19 @@ impl DeviceWork {
             // it back out would copy it twice.
             return Ok(state);
         }
+        let groups = groups.len();
         let mut accumulator = aggregate.expr.create_groups_accumulator()?;
         let group_indices: Vec<usize> = (0..groups).collect();
         accumulator.merge_batch(&state, &group_indices, groups)?;
         Ok(vec![accumulator.evaluate(EmitTo::All)?])
     }
+}
+
+/// The results of the groups `groups`.
+fn window<'a>(words: &'a [u64], groups: &Range<usize>) -> Result<&'a [u64]> {
+    words.get(groups.clone()).ok_or_else(|| {
+        DataFusionError::Internal(format!("groups {groups:?} of {} results", words.len()))
+    })
 }
 
 fn plain(reduced: usize, kind: ValueKind) -> StateColumn {

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{new_empty_array, Array, ArrayRef, AsArray, RecordBatch};
-use datafusion::arrow::compute::interleave;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::compute::{concat, interleave};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -19,18 +19,22 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
+use datafusion::physical_plan::{execute_stream, ExecutionPlan, SendableRecordBatchStream};
 use futures::{StreamExt, TryStreamExt};
 
 use super::group_keys::{
     fold_negative_zeros, group_key_words, groups_hold_one_key, sample_shows_few_groups,
-    sampled_distinct_keys, GROUP_SAMPLE_ROWS,
+    sampled_distinct_keys, GroupKeyWords, GROUP_SAMPLE_ROWS,
 };
 use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
+use super::words::threads_for;
+use crate::exec::parallel::on_ranges;
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
-use crate::ops::group_by::{group_by, group_by_device_bytes, Grouped, Words};
+use crate::host_copy::host_threads;
+use crate::ops::group_by::{group_by, group_by_device_bytes, Grouped, GroupsBack, Words};
+use crate::planner::cpu_phases_over;
 
 /// The expressions one partition evaluates over its input.
 pub(crate) struct AggregateInputs {
@@ -48,12 +52,18 @@ pub(crate) struct AggregateTask {
     pub(crate) inputs: AggregateInputs,
     /// Output final values (Final, Single modes) rather than partial states.
     pub(crate) final_output: bool,
-    pub(crate) input: SendableRecordBatchStream,
+    /// The input: one stream, or every partition of the input of a merge
+    /// that this one aggregation reads itself (collected concurrently).
+    pub(crate) input: Vec<SendableRecordBatchStream>,
     pub(crate) input_schema: SchemaRef,
     pub(crate) output_schema: SchemaRef,
     /// The replaced `AggregateExec`, run over the collected input when the
     /// device cannot take it.
     pub(crate) cpu_aggregate: Arc<dyn ExecutionPlan>,
+    /// DataFusion's two phases, where this one aggregation replaced them:
+    /// the fallback runs those over the collected input instead, on every
+    /// core ([`cpu_phases_over`]).
+    pub(crate) cpu_phases: Option<Arc<dyn ExecutionPlan>>,
     pub(crate) context: Arc<TaskContext>,
     pub(crate) reservation: MemoryReservation,
     pub(crate) device: Arc<GpuDevice>,
@@ -87,17 +97,71 @@ enum Outcome {
     OnCpu,
 }
 
-async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
+/// Every batch of `input`, reserved against `reservation`'s pool.
+async fn collect_input(
+    mut input: SendableRecordBatchStream,
+    reservation: &MemoryReservation,
+    metrics: &GpuAggregateMetrics,
+) -> Result<Vec<RecordBatch>> {
     let mut batches = Vec::new();
-    while let Some(batch) = task.input.next().await {
+    while let Some(batch) = input.next().await {
         let batch = batch?;
         if batch.num_rows() == 0 {
             continue;
         }
-        task.reservation.try_grow(batch.get_array_memory_size())?;
-        task.metrics.input_rows.add(batch.num_rows());
+        reservation.try_grow(batch.get_array_memory_size())?;
+        metrics.input_rows.add(batch.num_rows());
         batches.push(batch);
     }
+    Ok(batches)
+}
+
+/// One input partition's batches and the reservation that holds them.
+type CollectedPartition = (Vec<RecordBatch>, MemoryReservation);
+
+/// Every batch of every input stream: one stream in this task; several each
+/// in a task of its own, as DataFusion's merge would (a scan below decodes
+/// as it is polled), without a channel's hand-off per batch. Each task's
+/// reservation is returned, to be held as long as the batches.
+async fn collect_inputs(
+    mut inputs: Vec<SendableRecordBatchStream>,
+    reservation: &MemoryReservation,
+    metrics: &GpuAggregateMetrics,
+) -> Result<(Vec<RecordBatch>, Vec<MemoryReservation>)> {
+    if inputs.len() == 1 {
+        let input = inputs.pop().expect("one input");
+        return Ok((
+            collect_input(input, reservation, metrics).await?,
+            Vec::new(),
+        ));
+    }
+    let tasks: Vec<SpawnedTask<Result<CollectedPartition>>> = inputs
+        .into_iter()
+        .map(|input| {
+            let reservation = reservation.new_empty();
+            let metrics = metrics.clone();
+            SpawnedTask::spawn(async move {
+                let batches = collect_input(input, &reservation, &metrics).await?;
+                Ok((batches, reservation))
+            })
+        })
+        .collect();
+    let mut batches = Vec::new();
+    let mut reservations = Vec::new();
+    for task in tasks {
+        let (part, reserved) = task.join().await.map_err(|e| {
+            DataFusionError::Execution(format!("GPU aggregation input task failed: {e}"))
+        })??;
+        batches.extend(part);
+        reservations.push(reserved);
+    }
+    Ok((batches, reservations))
+}
+
+async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
+    let input = std::mem::take(&mut task.input);
+    let (batches, input_reservations) =
+        collect_inputs(input, &task.reservation, &task.metrics).await?;
     let batches = Arc::new(batches);
     let device_task = Arc::new(DevicePart {
         spec: task.spec.clone(),
@@ -131,6 +195,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     match outcome {
         Outcome::Batches(output) => {
             drop(batches);
+            drop(input_reservations);
             task.reservation.free();
             let output: Vec<Result<RecordBatch>> = output
                 .into_iter()
@@ -145,17 +210,35 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         Outcome::OnCpu => {
             task.metrics.cpu_fallback_partitions.add(1);
             let batches = Arc::try_unwrap(batches).unwrap_or_else(|shared| (*shared).clone());
-            let source = MemorySourceConfig::try_new_exec(&[batches], task.input_schema, None)?;
-            #[allow(deprecated)]
-            let plan = Arc::clone(&task.cpu_aggregate).with_new_children(vec![source])?;
-            let stream = plan.execute(0, Arc::clone(&task.context))?;
+            let stream = match &task.cpu_phases {
+                Some(cpu_phases) => {
+                    // As many partitions as DataFusion's plan would have
+                    // read, dealt round robin.
+                    let partitions = task.context.session_config().target_partitions().max(1);
+                    let mut parts = vec![Vec::new(); partitions.min(batches.len()).max(1)];
+                    let count = parts.len();
+                    for (i, batch) in batches.into_iter().enumerate() {
+                        parts[i % count].push(batch);
+                    }
+                    let source = MemorySourceConfig::try_new_exec(&parts, task.input_schema, None)?;
+                    let plan = cpu_phases_over(cpu_phases, source)?;
+                    execute_stream(plan, Arc::clone(&task.context))?
+                }
+                None => {
+                    let source =
+                        MemorySourceConfig::try_new_exec(&[batches], task.input_schema, None)?;
+                    #[allow(deprecated)]
+                    let plan = Arc::clone(&task.cpu_aggregate).with_new_children(vec![source])?;
+                    plan.execute(0, Arc::clone(&task.context))?
+                }
+            };
             // The collected input stays reserved until the CPU operator's
             // stream, which reads it, is dropped.
-            let reservation = task.reservation;
+            let reservations = (task.reservation, input_reservations);
             Ok(Box::pin(RecordBatchStreamAdapter::new(
                 task.output_schema,
                 stream.inspect(move |_| {
-                    let _ = &reservation;
+                    let _ = &reservations;
                 }),
             )))
         }
@@ -178,21 +261,32 @@ struct DevicePart {
     metrics: GpuAggregateMetrics,
 }
 
-/// `exprs` evaluated over every batch: per expression, one array per batch
-/// (the pieces are never concatenated; see [`Words`]).
+/// `exprs` evaluated over every batch, on every core: per expression, one
+/// array per batch (the pieces are never concatenated; see [`Words`]).
 fn evaluate_pieces(
     exprs: &[Arc<dyn PhysicalExpr>],
     batches: &[RecordBatch],
 ) -> Result<Vec<Vec<ArrayRef>>> {
-    exprs
-        .iter()
-        .map(|expr| {
-            batches
-                .iter()
-                .map(|batch| expr.evaluate(batch)?.into_array(batch.num_rows()))
-                .collect()
-        })
-        .collect()
+    let rows = batches.iter().map(|b| b.num_rows()).sum();
+    let threads = threads_for(batches.len(), rows);
+    let per_range = on_ranges(batches.len(), threads, |range| {
+        batches[range]
+            .iter()
+            .map(|batch| {
+                exprs
+                    .iter()
+                    .map(|expr| expr.evaluate(batch)?.into_array(batch.num_rows()))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let mut pieces = vec![Vec::with_capacity(batches.len()); exprs.len()];
+    for arrays in per_range.into_iter().flatten() {
+        for (expr, array) in arrays.into_iter().enumerate() {
+            pieces[expr].push(array);
+        }
+    }
+    Ok(pieces)
 }
 
 impl DevicePart {
@@ -233,7 +327,7 @@ impl DevicePart {
             },
             None => None,
         };
-        let hashed = keys.as_ref().is_some_and(|k| k.hashed);
+        let hashed = keys.as_ref().is_some_and(|k| k.hashed());
         if hashed {
             // Each row's group comes back to the host for the key check.
             reservation.try_grow(8 * rows)?;
@@ -267,7 +361,11 @@ impl DevicePart {
         }
         prepare.done();
         let device = self.metrics.device_wall_time.timer();
-        let grouped = self.on_device(keys.as_ref().map(|k| &k.words), rows, &work, hashed);
+        let back = match hashed {
+            true => GroupsBack::RowsAndRowGroups,
+            false => GroupsBack::KeyWords,
+        };
+        let grouped = self.on_device(keys.as_ref().map(|k| &k.words), rows, &work, back);
         device.done();
         let grouped = match grouped {
             Ok(grouped) => grouped,
@@ -275,10 +373,15 @@ impl DevicePart {
             Err(e) => return Err(e.into()),
         };
         let emit = self.metrics.emit_time.timer();
-        let group_keys = self.group_keys(&key_columns, batches, &grouped)?;
+        let size = self.batch_size.max(1);
+        let key_chunks = match &keys {
+            Some(keys) if !hashed => decoded_key_chunks(keys, &grouped, size)?,
+            _ => self.group_key_chunks(&key_columns, batches, &grouped, size)?,
+        };
         emit.done();
         if hashed {
             let _check = self.metrics.key_check_time.timer();
+            let group_keys = concat_chunks(&key_chunks)?;
             if !groups_hold_one_key(&key_columns, &group_keys, &grouped.row_groups)? {
                 // Two different keys shared a hash: the groups are wrong.
                 self.metrics.hashed_key_collisions.add(1);
@@ -287,7 +390,7 @@ impl DevicePart {
         }
         self.metrics.groups.add(grouped.groups);
         let _emit = self.metrics.emit_time.timer();
-        self.output(group_keys, &work, &grouped)
+        self.output(key_chunks, &work, &grouped, size)
             .map(Outcome::Batches)
     }
 
@@ -296,7 +399,7 @@ impl DevicePart {
         keys: Option<&Words>,
         rows: usize,
         work: &DeviceWork,
-        keep_row_groups: bool,
+        back: GroupsBack,
     ) -> GpuResult<Grouped> {
         let waiting = std::time::Instant::now();
         let _admission = self.device.admit(self.max_concurrent_tasks);
@@ -324,24 +427,30 @@ impl DevicePart {
             rows,
             &work.inputs,
             &work.bitmaps,
-            keep_row_groups,
+            back,
             &mut timer,
         )?;
         self.metrics.device.record(&timer.finish()?);
         Ok(grouped)
     }
 
-    /// Each group's key columns, read from the row that stands for it.
-    fn group_keys(
+    /// Each group's key columns, read from the row that stands for it, in
+    /// chunks of `size` groups (one per output batch): hashed keys, whose
+    /// words cannot be decoded. The rows are spread over the input at
+    /// random, so each group costs a cache miss: the chunks are read on
+    /// every core.
+    fn group_key_chunks(
         &self,
         key_columns: &[Vec<ArrayRef>],
         batches: &[RecordBatch],
         grouped: &Grouped,
-    ) -> Result<Vec<ArrayRef>> {
+        size: usize,
+    ) -> Result<Vec<Vec<ArrayRef>>> {
+        let chunks = grouped.groups.div_ceil(size);
         if self.spec.keys.is_none() {
-            return Ok(Vec::new());
+            return Ok(vec![Vec::new(); chunks]);
         }
-        // (batch, row in batch) of each group's row.
+        // Where each batch begins among the rows.
         let starts: Vec<usize> = batches
             .iter()
             .scan(0, |start, b| {
@@ -350,53 +459,96 @@ impl DevicePart {
                 Some(this)
             })
             .collect();
-        let at: Vec<(usize, usize)> = grouped
-            .group_rows
-            .iter()
-            .map(|&row| {
-                let row = row as usize;
-                let batch = starts.partition_point(|&s| s <= row) - 1;
-                (batch, row - starts[batch])
-            })
-            .collect();
-        key_columns
-            .iter()
-            .enumerate()
-            .map(|(key, pieces)| {
-                if pieces.is_empty() {
-                    Ok(new_empty_array(self.output_schema.field(key).data_type()))
-                } else {
-                    let sources: Vec<&dyn Array> = pieces.iter().map(|p| p.as_ref()).collect();
-                    Ok(interleave(&sources, &at)?)
-                }
-            })
-            .collect()
+        let per_range = on_ranges(chunks, host_threads(), |range| {
+            range
+                .map(|chunk| {
+                    let groups = chunk * size..((chunk + 1) * size).min(grouped.groups);
+                    // (batch, row in batch) of each group's row.
+                    let at: Vec<(usize, usize)> = grouped.group_rows[groups]
+                        .iter()
+                        .map(|&row| {
+                            let row = row as usize;
+                            let batch = starts.partition_point(|&s| s <= row) - 1;
+                            (batch, row - starts[batch])
+                        })
+                        .collect();
+                    key_columns
+                        .iter()
+                        .map(|pieces| {
+                            let sources: Vec<&dyn Array> =
+                                pieces.iter().map(|p| p.as_ref()).collect();
+                            Ok(interleave(&sources, &at)?)
+                        })
+                        .collect::<Result<Vec<ArrayRef>>>()
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        Ok(per_range.into_iter().flatten().collect())
     }
 
-    /// The output batches: the group keys, then each aggregate's value or
-    /// state columns.
+    /// The output batches, one per chunk of `size` groups, built on every
+    /// core: the group keys, then each aggregate's value or state columns.
     fn output(
         &self,
-        group_keys: Vec<ArrayRef>,
+        key_chunks: Vec<Vec<ArrayRef>>,
         work: &DeviceWork,
         grouped: &Grouped,
+        size: usize,
     ) -> Result<Vec<RecordBatch>> {
-        let groups = grouped.groups;
-        let mut columns = group_keys;
-        for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
-            columns.extend(work.finish(
-                i,
-                aggregate,
-                &grouped.reduced,
-                groups,
-                self.final_output,
-            )?);
-        }
-        let batch = RecordBatch::try_new(Arc::clone(&self.output_schema), columns)?;
-        let size = self.batch_size.max(1);
-        Ok((0..batch.num_rows())
-            .step_by(size)
-            .map(|start| batch.slice(start, size.min(batch.num_rows() - start)))
-            .collect())
+        let per_range = on_ranges(key_chunks.len(), host_threads(), |range| {
+            range
+                .map(|chunk| {
+                    let groups = chunk * size..((chunk + 1) * size).min(grouped.groups);
+                    let mut columns = key_chunks[chunk].clone();
+                    for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
+                        columns.extend(work.finish(
+                            i,
+                            aggregate,
+                            &grouped.reduced,
+                            groups.clone(),
+                            self.final_output,
+                        )?);
+                    }
+                    Ok(RecordBatch::try_new_with_options(
+                        Arc::clone(&self.output_schema),
+                        columns,
+                        &RecordBatchOptions::new().with_row_count(Some(groups.len())),
+                    )?)
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        Ok(per_range.into_iter().flatten().collect())
     }
+}
+
+/// Each group's key columns decoded from its key word, in chunks of `size`
+/// groups (one per output batch), on every core.
+fn decoded_key_chunks(
+    keys: &GroupKeyWords,
+    grouped: &Grouped,
+    size: usize,
+) -> Result<Vec<Vec<ArrayRef>>> {
+    let chunks = grouped.groups.div_ceil(size);
+    let per_range = on_ranges(chunks, host_threads(), |range| {
+        range
+            .map(|chunk| {
+                let groups = chunk * size..((chunk + 1) * size).min(grouped.groups);
+                keys.decode(&grouped.group_keys[groups])
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    Ok(per_range.into_iter().flatten().collect())
+}
+
+/// Each key column whole, from its chunks.
+fn concat_chunks(chunks: &[Vec<ArrayRef>]) -> Result<Vec<ArrayRef>> {
+    let Some(first) = chunks.first() else {
+        return Ok(Vec::new());
+    };
+    (0..first.len())
+        .map(|key| {
+            let pieces: Vec<&dyn Array> = chunks.iter().map(|c| c[key].as_ref()).collect();
+            Ok(concat(&pieces)?)
+        })
+        .collect()
 }
