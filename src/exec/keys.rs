@@ -319,7 +319,8 @@ impl KeyEncoder {
                     let code = |key: u64| key.checked_shr(shift).unwrap_or(0) & mask;
                     let nulls = domain
                         .null_code
-                        .then(|| NullBuffer::from_iter(keys.iter().map(|&key| code(key) != 0)));
+                        .then(|| NullBuffer::from_iter(keys.iter().map(|&key| code(key) != 0)))
+                        .filter(|nulls| nulls.null_count() > 0);
                     let null_code = u64::from(domain.null_code);
                     let values = keys.iter().map(|&key| {
                         // A NULL's slot holds the minimum; its value is never read.
