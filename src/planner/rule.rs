@@ -745,6 +745,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_single_count_distinct_runs_on_the_gpu_as_datafusion_rewrites_it() {
+        // DataFusion plans one DISTINCT column as a grouping by the key and
+        // the column, then a count per key: two plain aggregations.
+        let sql = "SELECT k, count(DISTINCT v), max(v) FROM r GROUP BY k";
+        for single_phase in [false, true] {
+            let options = GpuOptions {
+                min_rows: 0,
+                min_groups: 0,
+                aggregate_single_phase: single_phase,
+                ..GpuOptions::default()
+            };
+            let plan = rewritten_with(sql, options).await;
+            assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
+            assert!(gpu_aggregates(&plan).len() >= 2, "{}", show(&plan));
+        }
+    }
+
+    #[tokio::test]
     async fn aggregations_the_gpu_cannot_run_stay_on_the_cpu_and_say_why() {
         let options = GpuOptions {
             min_rows: 0,
@@ -768,6 +786,12 @@ mod tests {
             (
                 "SELECT k, array_agg(v) FROM r GROUP BY k",
                 "array_agg is not supported",
+            ),
+            (
+                // Two DISTINCT columns: DataFusion keeps the DISTINCT
+                // aggregates (one is rewritten, see below).
+                "SELECT k, count(DISTINCT v), count(DISTINCT v + k) FROM r GROUP BY k",
+                "(DISTINCT ...) is not supported",
             ),
         ] {
             let plan = rewritten(sql, false).await;
