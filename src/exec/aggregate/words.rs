@@ -11,7 +11,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
 use super::spec::ValueKind;
-use crate::exec::parallel::on_ranges;
+use crate::exec::parallel::{on_ranges, on_row_chunks};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{WordPiece, Words};
 
@@ -167,7 +167,8 @@ pub(crate) fn ordered_words(pieces: &[ArrayRef], kind: ValueKind) -> Result<Colu
 }
 
 /// The rows that take part, over all pieces: valid in the column and, with
-/// a FILTER, where it is true. `None` when that is every row.
+/// a FILTER, where it is true. `None` when that is every row. Built on
+/// every core, each thread filling whole words of the bitmap.
 pub(crate) fn row_validity(
     pieces: &[ArrayRef],
     filter: Option<&[BooleanArray]>,
@@ -177,19 +178,42 @@ pub(crate) fn row_validity(
     if nulls.iter().all(Option::is_none) && filter.is_none() {
         return None;
     }
-    let rows: usize = pieces.iter().map(|p| p.len()).sum();
-    let mut bits = vec![0u64; rows.div_ceil(64)];
-    let mut row = 0;
-    for (p, piece) in pieces.iter().enumerate() {
-        for i in 0..piece.len() {
-            let valid = nulls[p].as_ref().is_none_or(|n| n.is_valid(i))
-                && filter.is_none_or(|f| f[p].is_valid(i) && f[p].value(i));
-            if valid {
-                bits[row / 64] |= 1 << (row % 64);
-            }
-            row += 1;
-        }
+    // Where each piece begins among the rows.
+    let mut starts = Vec::with_capacity(pieces.len());
+    let mut rows = 0;
+    for piece in pieces {
+        starts.push(rows);
+        rows += piece.len();
     }
+    let valid = |p: usize, i: usize| {
+        nulls[p].as_ref().is_none_or(|n| n.is_valid(i))
+            && filter.is_none_or(|f| f[p].is_valid(i) && f[p].value(i))
+    };
+    let mut bits = vec![0u64; rows.div_ceil(64)];
+    let threads = threads_for(bits.len(), rows);
+    let words_per_thread = bits.len().div_ceil(threads).max(1);
+    // Filling words cannot fail.
+    let _ = on_row_chunks(
+        &mut bits,
+        None::<&mut [()]>,
+        words_per_thread,
+        |first_word, words, _| {
+            let first_row = 64 * first_word;
+            let end = (first_row + 64 * words.len()).min(rows);
+            let mut piece = starts
+                .partition_point(|&s| s <= first_row)
+                .saturating_sub(1);
+            for row in first_row..end {
+                while row - starts[piece] >= pieces[piece].len() {
+                    piece += 1;
+                }
+                if valid(piece, row - starts[piece]) {
+                    words[(row - first_row) / 64] |= 1 << (row % 64);
+                }
+            }
+            Ok(())
+        },
+    );
     Some(bits)
 }
 
@@ -358,6 +382,38 @@ mod tests {
         ];
         let bits = row_validity(&column, Some(&filter)).unwrap();
         assert_eq!(bits, vec![0b1001]);
+        // Many uneven pieces, some empty, over several threads' words:
+        // every row's bit is its own.
+        let mut rng = 7u64;
+        let mut next = move || {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            rng >> 33
+        };
+        let (mut column, mut filter, mut want) = (Vec::<ArrayRef>::new(), Vec::new(), Vec::new());
+        for _ in 0..300 {
+            let len = (next() % 3000) as usize;
+            let values: Vec<Option<i16>> =
+                (0..len).map(|_| (next() % 5 != 0).then_some(1)).collect();
+            let keep: Vec<Option<bool>> = (0..len)
+                .map(|_| match next() % 7 {
+                    0 => None,
+                    n => Some(n % 2 == 0),
+                })
+                .collect();
+            want.extend(
+                values
+                    .iter()
+                    .zip(&keep)
+                    .map(|(v, k)| v.is_some() && *k == Some(true)),
+            );
+            column.push(Arc::new(Int16Array::from(values)));
+            filter.push(BooleanArray::from(keep));
+        }
+        let bits = row_validity(&column, Some(&filter)).unwrap();
+        assert_eq!(bits.len(), want.len().div_ceil(64));
+        for (row, &valid) in want.iter().enumerate() {
+            assert_eq!(bits[row / 64] >> (row % 64) & 1 == 1, valid, "row {row}");
+        }
         let all_true = [BooleanArray::from(vec![true; 2])];
         let no_nulls: Vec<ArrayRef> = vec![Arc::new(Int16Array::from(vec![1, 2]))];
         assert!(row_validity(&no_nulls, Some(&all_true)).is_none());
