@@ -3,57 +3,11 @@
 //! a join's build side both move hundreds of megabytes, which one thread
 //! copies at a fraction of the memory bandwidth.
 
-/// Copies `pieces`, end to end, into `target` (whose length is theirs
-/// summed) on up to `max_threads` threads, each taking whole pieces of
-/// about `target.len() / threads` elements and at least `min_per_thread`.
-pub(crate) fn copy_pieces<T: Copy + Send + Sync>(
-    target: &mut [T],
-    pieces: &[&[T]],
-    max_threads: usize,
-    min_per_thread: usize,
-) {
-    let len = target.len();
-    debug_assert_eq!(len, pieces.iter().map(|p| p.len()).sum::<usize>());
-    let threads = max_threads.min(len / min_per_thread.max(1)).max(1);
-    let share = len.div_ceil(threads);
-    let mut groups: Vec<(&mut [T], Vec<&[T]>)> = Vec::with_capacity(threads);
-    let mut rest = target;
-    let (mut current, mut current_len) = (Vec::new(), 0);
-    for &piece in pieces {
-        current.push(piece);
-        current_len += piece.len();
-        if current_len >= share {
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(current_len);
-            groups.push((head, std::mem::take(&mut current)));
-            rest = tail;
-            current_len = 0;
-        }
-    }
-    if !current.is_empty() {
-        groups.push((rest, current));
-    }
-    let copy = |(target, pieces): (&mut [T], Vec<&[T]>)| {
-        let mut at = 0;
-        for piece in pieces {
-            target[at..at + piece.len()].copy_from_slice(piece);
-            at += piece.len();
-        }
-    };
-    if groups.len() <= 1 {
-        groups.into_iter().for_each(copy);
-    } else {
-        std::thread::scope(|scope| {
-            for group in groups {
-                scope.spawn(move || copy(group));
-            }
-        });
-    }
-}
-
 /// Copies the `target.len()` elements that begin at element `start` of
 /// `pieces` laid end to end into `target`, on up to `max_threads` threads
 /// of at least `min_per_thread` elements each: one window of a long column
-/// staged for an upload, without the column ever being whole on the host.
+/// staged for an upload, without the column ever being whole on the host,
+/// or, from element 0, all of them (a join's build side concatenated).
 /// `target` must not reach past the pieces' end.
 pub(crate) fn copy_window<T: Copy + Send + Sync>(
     target: &mut [T],
@@ -120,12 +74,12 @@ mod tests {
         for threads in [1, 2, 5, 64] {
             for min in [1, 10, 1000] {
                 let mut target = vec![0u32; expected.len()];
-                copy_pieces(&mut target, &refs, threads, min);
+                copy_window(&mut target, &refs, 0, threads, min);
                 assert_eq!(target, expected, "{threads} threads, {min} at least");
             }
         }
         let mut empty: Vec<u8> = Vec::new();
-        copy_pieces(&mut empty, &[], 4, 1);
+        copy_window(&mut empty, &[], 0, 4, 1);
         assert!(empty.is_empty());
     }
 

@@ -12,7 +12,7 @@ use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::Result;
 
 use super::parallel::on_threads;
-use crate::host_copy::copy_pieces;
+use crate::host_copy::copy_window;
 
 /// Bytes one copying thread takes at least.
 const BYTES_PER_THREAD: usize = 8 << 20;
@@ -82,7 +82,7 @@ fn concat_fixed_width(arrays: &[&dyn Array], threads: usize) -> Result<Option<Ar
     // Zeroed lazily by the allocator: the pages are first touched by the
     // copying threads, in parallel.
     let mut target = vec![0u8; rows * width];
-    copy_pieces(&mut target, &pieces, threads, BYTES_PER_THREAD);
+    copy_window(&mut target, &pieces, 0, threads, BYTES_PER_THREAD);
     let array = ArrayData::builder(data_type.clone())
         .len(rows)
         .add_buffer(Buffer::from_vec(target))

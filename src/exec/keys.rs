@@ -716,11 +716,7 @@ pub(crate) fn column_of_words(data_type: &DataType, words: &[u64]) -> Result<Arr
             )))
         }
     };
-    let data = ArrayData::builder(data_type.clone())
-        .len(words.len())
-        .add_buffer(buffer)
-        .build()?;
-    Ok(make_array(data))
+    column_of_buffer(data_type, words.len(), buffer, None)
 }
 
 /// A column of the packable `data_type` holding `values` (as
@@ -748,9 +744,20 @@ fn column_of_values(
             )))
         }
     };
+    column_of_buffer(data_type, len, buffer, nulls)
+}
+
+/// A fixed-width column of `data_type` whose `len` values are `values`,
+/// NULL where `nulls` says.
+pub(crate) fn column_of_buffer(
+    data_type: &DataType,
+    len: usize,
+    values: Buffer,
+    nulls: Option<NullBuffer>,
+) -> Result<ArrayRef> {
     let data = ArrayData::builder(data_type.clone())
         .len(len)
-        .add_buffer(buffer)
+        .add_buffer(values)
         .nulls(nulls)
         .build()?;
     Ok(make_array(data))

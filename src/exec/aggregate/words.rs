@@ -5,12 +5,13 @@
 //! words, whose unsigned order is the type's order: signed values with the
 //! sign bit flipped. A Decimal128 is two words, low and high.
 
-use datafusion::arrow::array::{make_array, Array, ArrayData, ArrayRef, BooleanArray};
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray};
 use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
 use super::spec::ValueKind;
+use crate::exec::keys::column_of_buffer;
 use crate::exec::parallel::{on_ranges, on_row_chunks};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{WordPiece, Words};
@@ -259,12 +260,7 @@ pub(crate) fn column_from_words(
         }
     };
     let nulls = valid.map(NullBuffer::from).filter(|n| n.null_count() > 0);
-    let data = ArrayData::builder(data_type.clone())
-        .len(len)
-        .add_buffer(buffer)
-        .nulls(nulls)
-        .build()?;
-    Ok(make_array(data))
+    column_of_buffer(data_type, len, buffer, nulls)
 }
 
 fn narrow<T>(words: &[u64], unflip: impl Fn(u64) -> u64, to: impl Fn(u64) -> T) -> Vec<T> {
