@@ -195,7 +195,9 @@ pub(crate) fn output_columns(
 /// downloaded once. Each batch owns its columns' memory (no batch holds a
 /// slice of a larger buffer), so memory accounting downstream sees each
 /// batch's own rows. Device failures are returned as the outer error, host
-/// ones as the inner.
+/// ones as the inner. Gathered columns are copied out on up to
+/// `host_threads` threads.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gather_batches(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
@@ -203,6 +205,7 @@ pub(crate) fn gather_batches(
     build: &GatherSide<'_>,
     probe: &GatherSide<'_>,
     len: usize,
+    host_threads: usize,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Result<Vec<RecordBatch>>> {
     let batch_size = assembler.batch_size();
@@ -261,6 +264,7 @@ pub(crate) fn gather_batches(
                 &target.slice(..),
                 len * width.bytes(),
                 batch_size * width.bytes(),
+                host_threads,
                 timer,
             )?;
             for buffer in buffers {

@@ -546,7 +546,7 @@ pub(crate) fn for_each_value(column: &ArrayRef, mut f: impl FnMut(usize, i128)) 
 
 /// [`value_range`] over slices of a large column on the host's cores: the
 /// build side's range is found while every probe partition waits.
-fn value_range_in_parallel(column: &ArrayRef) -> Result<(i128, i128)> {
+pub(crate) fn value_range_in_parallel(column: &ArrayRef) -> Result<(i128, i128)> {
     const MIN_ROWS_PER_THREAD: usize = 1 << 21;
     let threads = crate::host_copy::host_threads().min(column.len() / MIN_ROWS_PER_THREAD);
     if threads <= 1 {

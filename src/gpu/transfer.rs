@@ -170,13 +170,16 @@ fn download_to_staging(
 /// through a pinned buffer, waits for the copy, and returns them as Arrow
 /// buffers of `piece_bytes` bytes each (the last may be shorter): each piece
 /// owns its memory, so the batches made of them account for their own rows
-/// only.
+/// only. The pieces are copied out of pinned memory on up to `threads`
+/// threads: a caller that runs alone passes the host's cores, one of many
+/// partitions running at once passes its share.
 pub fn download_byte_pieces(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     device_data: &CudaView<'_, u64>,
     bytes: usize,
     piece_bytes: usize,
+    threads: usize,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Vec<Buffer>> {
     if bytes > 8 * device_data.len() {
@@ -189,10 +192,50 @@ pub fn download_byte_pieces(
     let Some(staging) = download_to_staging(device, stream, &words, timer)? else {
         return Ok(Vec::new());
     };
-    Ok(staging.as_slice()?.to_byte_slice()[..bytes]
+    let pieces: Vec<&[u8]> = staging.as_slice()?.to_byte_slice()[..bytes]
         .chunks(piece_bytes.max(1))
-        .map(Buffer::from_slice_ref)
-        .collect())
+        .collect();
+    copy_out_in_parallel(&pieces, threads)
+}
+
+/// Each of `pieces` copied into a buffer of its own, on up to `threads`
+/// threads when they are large: a join over all its input partitions
+/// brings back gigabytes of gathered columns through one stream, and one
+/// thread copying them out of pinned memory (touching every fresh page)
+/// takes longer than the bus.
+fn copy_out_in_parallel(pieces: &[&[u8]], threads: usize) -> GpuResult<Vec<Buffer>> {
+    /// Bytes one copying thread takes at least.
+    const BYTES_PER_THREAD: usize = 1 << 22;
+    let bytes: usize = pieces.iter().map(|p| p.len()).sum();
+    let threads = threads
+        .min(bytes / BYTES_PER_THREAD)
+        .min(pieces.len())
+        .max(1);
+    if threads <= 1 {
+        return Ok(pieces.iter().map(|p| Buffer::from_slice_ref(*p)).collect());
+    }
+    let per_thread = pieces.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = pieces
+            .chunks(per_thread)
+            .map(|group| {
+                scope.spawn(move || {
+                    group
+                        .iter()
+                        .map(|p| Buffer::from_slice_ref(*p))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut buffers = Vec::with_capacity(pieces.len());
+        for handle in handles {
+            let copied = handle.join().map_err(|_| {
+                GpuError::Invalid("a thread copying device results out panicked".into())
+            })?;
+            buffers.extend(copied);
+        }
+        Ok(buffers)
+    })
 }
 
 /// The first `len` elements of a pinned buffer, as a host slice the driver
@@ -293,4 +336,25 @@ pub fn measure_copy_bandwidth(
         host_to_device: bytes / median(h2d),
         device_to_host: bytes / median(d2h),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_copied_out_on_several_threads_equal_their_sources() {
+        // 24 MB in uneven pieces, the last one short: enough for six
+        // threads of 4 MB each.
+        let data: Vec<u8> = (0..24_000_003u32).map(|i| (i % 251) as u8).collect();
+        let pieces: Vec<&[u8]> = data.chunks(1_000_003).collect();
+        for threads in [1, 3, 16] {
+            let buffers = copy_out_in_parallel(&pieces, threads).unwrap();
+            assert_eq!(buffers.len(), pieces.len(), "{threads} threads");
+            for (buffer, piece) in buffers.iter().zip(&pieces) {
+                assert_eq!(buffer.as_slice(), *piece, "{threads} threads");
+            }
+        }
+        assert!(copy_out_in_parallel(&[], 8).unwrap().is_empty());
+    }
 }

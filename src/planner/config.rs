@@ -49,7 +49,25 @@ extensions_options! {
         /// against 1.06x). At 2^22 rows a side the two traded places
         /// between runs: there the whole build side, collected before any
         /// probe starts, costs about what the repartition saves.
+        /// A sort-merge join with a CPU hash repartition below each input,
+        /// one of which keeps the order of sorted input partitions (a merge
+        /// of the sorted streams on one thread per output partition), runs
+        /// once over all input partitions too, where no node above depends
+        /// on its hash partitioning: each input is merged into one
+        /// partition and sorted on the device (one that is already a single
+        /// sorted partition is not), and the output, in key order, is spread
+        /// round robin over the join's partitions, each still sorted.
+        /// Measured 1.53x of DataFusion at 2^26 rows a side, where the join
+        /// per partition over the order-keeping repartitions ran at 0.99x
+        /// (BENCHMARKS.md).
         pub merge_partitions: bool, default = true
+        /// With `merge_partitions`, run a sort-merge join once over all
+        /// input partitions also where its inputs are unsorted (DataFusion
+        /// sorts each hash partition for the join). Off by default: at 2^26
+        /// rows a side it measured 840 ms against 765 ms for one GPU join
+        /// per partition, whose host work (collecting, coding keys, staging
+        /// copies) runs on every core at once (BENCHMARKS.md).
+        pub merge_unsorted_sort_merge_inputs: bool, default = false
         /// Keep a node on the CPU when its inputs hold fewer rows than this by
         /// statistics (build + probe for a join, the input of an aggregation). 0 sends every supported node
         /// to the GPU, as conformance and differential tests do. Inputs

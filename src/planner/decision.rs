@@ -353,13 +353,18 @@ fn collect_decisions(
             detail: describe_sort_merge_join(gpu_join.sort_merge_join()),
             placement: Placement::Gpu {
                 algorithm: format!(
-                    "{} (left sorted by the {}, right by the {}){}",
+                    "{} (left sorted by the {}, right by the {}){}{}",
                     GpuSortMergeJoinExec::ALGORITHM,
                     sorted_by(left),
                     sorted_by(right),
                     if gpu_join.in_place_of_hash_join() {
                         ", in place of HashJoinExec: its output was sorted on the join keys, \
                          which the merge's output order gives without the sort"
+                    } else {
+                        ""
+                    },
+                    if gpu_join.repartitions_removed() {
+                        ", over all input partitions (CPU hash repartitions removed)"
                     } else {
                         ""
                     }

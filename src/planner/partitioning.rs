@@ -8,6 +8,11 @@
 //! disappears. Where something above depends on the join's hash
 //! partitioning, the rule puts one repartition of the join's output in its
 //! place (see `rule.rs`).
+//! A sort-merge join over sorted partitions is re-planned the same way
+//! ([`merge_join_over_unrepartitioned_inputs`]): both inputs merged into
+//! one partition each, which the GPU join sorts on the device, in place of
+//! a CPU pass that merges the sorted partitions while it hashes every row
+//! before the join starts.
 //! On by default (`gpu.merge_partitions`): with the build side concatenated
 //! on every core and single integer keys used in place, it is faster from
 //! 2^24 rows a side and does not suffer from skewed keys (BENCHMARKS.md).
@@ -16,9 +21,11 @@ use std::sync::Arc;
 
 use datafusion::error::Result;
 use datafusion::physical_expr::{Distribution, Partitioning};
+use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -85,6 +92,87 @@ pub(super) fn over_unrepartitioned_inputs(join: &HashJoinExec) -> Result<Option<
         .reset_state()
         .build()?;
     Ok(Some(collect_left))
+}
+
+/// `join`, a sort-merge join with a CPU hash repartition below each input
+/// (under the `SortExec` DataFusion planned for the join, or keeping the
+/// order of sorted input partitions), re-planned over the repartitions'
+/// inputs, each merged into one partition and sorted on the keys: the GPU
+/// join absorbs that sort (its radix sort costs less than a CPU pass that
+/// hashes and moves every row), so the join runs once over all the input.
+/// An input that is already one partition sorted on the keys is not
+/// sorted again. `None` when `join` is not of that shape, or when its keys
+/// repeat (one sort expression per key is what the GPU join absorbs). The
+/// Unless `unsorted_too`, only where a repartition keeps the order of
+/// sorted partitions: it merges them on one thread per output partition,
+/// which costs more than the GPU sort, where a plain hash repartition costs
+/// less than the host work one GPU join per partition overlaps (see
+/// `gpu.merge_unsorted_sort_merge_inputs`). The
+/// join's output is one partition, in key order; the caller must have
+/// checked that the join's output partitioning is free
+/// ([`children_partitioning_free`]).
+pub(super) fn merge_join_over_unrepartitioned_inputs(
+    join: &SortMergeJoinExec,
+    unsorted_too: bool,
+) -> Result<Option<SortMergeJoinExec>> {
+    let on = join.on();
+    let sides = [
+        (join.left(), on.iter().map(|(l, _)| l).collect::<Vec<_>>()),
+        (join.right(), on.iter().map(|(_, r)| r).collect::<Vec<_>>()),
+    ];
+    let mut inputs = Vec::with_capacity(2);
+    let mut merges_sorted_partitions = false;
+    for (child, keys) in sides {
+        let ordering = LexOrdering::new(
+            keys.iter()
+                .zip(join.sort_options())
+                .map(|(key, options)| PhysicalSortExpr::new(Arc::clone(key), *options)),
+        );
+        let Some(ordering) = ordering.filter(|o| o.len() == keys.len()) else {
+            return Ok(None);
+        };
+        let below_sort = match child.downcast_ref::<SortExec>() {
+            Some(sort) if sort.fetch().is_none() && sort.expr() == &ordering => sort.input(),
+            _ => child,
+        };
+        let Some(repartition) = below_sort
+            .downcast_ref::<RepartitionExec>()
+            .filter(|r| is_hash(r.partitioning()))
+        else {
+            return Ok(None);
+        };
+        merges_sorted_partitions |= repartition.preserve_order();
+        // Spreading the input round-robin only to merge it again is waste.
+        let (input, _) = without_repartition(repartition.input(), is_round_robin);
+        let input: Arc<dyn ExecutionPlan> =
+            if input.properties().output_partitioning().partition_count() > 1 {
+                Arc::new(CoalescePartitionsExec::new(input))
+            } else {
+                input
+            };
+        let sorted = input
+            .properties()
+            .equivalence_properties()
+            .ordering_satisfy(ordering.clone())?;
+        inputs.push(if sorted {
+            input
+        } else {
+            Arc::new(SortExec::new(ordering, input)) as Arc<dyn ExecutionPlan>
+        });
+    }
+    if !merges_sorted_partitions && !unsorted_too {
+        return Ok(None);
+    }
+    let [left, right]: [Arc<dyn ExecutionPlan>; 2] = inputs.try_into().expect("two sides");
+    Ok(Some(SortMergeJoinExec::try_new(
+        left,
+        right,
+        on.to_vec(),
+        join.filter().clone(),
+        join.join_type(),
+        join.sort_options().to_vec(),
+        join.null_equality(),
+    )?))
 }
 
 /// The input of `plan` if it is a repartition that keeps no order and whose

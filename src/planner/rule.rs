@@ -20,7 +20,9 @@ use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
 use super::merge_for_order::{merge_join_for_sort, MergeForOrder};
-use super::partitioning::{children_partitioning_free, over_unrepartitioned_inputs};
+use super::partitioning::{
+    children_partitioning_free, merge_join_over_unrepartitioned_inputs, over_unrepartitioned_inputs,
+};
 use super::phases::{cpu_phases, single_phase};
 use super::{decide_aggregate, decide_hash_join, decide_sort_merge_join, GpuOptions};
 use crate::exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
@@ -121,6 +123,12 @@ fn rewrite(
     }
     if let Some(join) = node.downcast_ref::<SortMergeJoinExec>() {
         if decide_sort_merge_join(join, options, gpu).is_ok() {
+            if options.merge_partitions && partitioning_free {
+                let unsorted_too = options.merge_unsorted_sort_merge_inputs;
+                if let Some(merged) = merge_join_over_unrepartitioned_inputs(join, unsorted_too)? {
+                    return merge_join_over_all_partitions(&node, merged);
+                }
+            }
             let sorts = absorbable_sorts(join);
             return Ok(Arc::new(GpuSortMergeJoinExec::try_new(
                 Arc::clone(&node),
@@ -134,6 +142,30 @@ fn rewrite(
         }
     }
     Ok(node)
+}
+
+/// The GPU join in place of `node`, a sort-merge join that `merged` re-plans
+/// over all its input partitions (see
+/// [`merge_join_over_unrepartitioned_inputs`]). Its one output partition,
+/// in key order, is spread round robin over as many partitions as `node`
+/// had, so the nodes above keep their parallelism: whole batches, in order,
+/// each partition still sorted on the keys.
+fn merge_join_over_all_partitions(
+    node: &Arc<dyn ExecutionPlan>,
+    merged: SortMergeJoinExec,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let sorts = absorbable_sorts(&merged);
+    let gpu_join: Arc<dyn ExecutionPlan> = Arc::new(
+        GpuSortMergeJoinExec::try_new(Arc::new(merged), sorts)?.with_repartitions_removed(true),
+    );
+    let partitions = node.properties().output_partitioning().partition_count();
+    if partitions <= 1 {
+        return Ok(gpu_join);
+    }
+    Ok(Arc::new(RepartitionExec::try_new(
+        gpu_join,
+        Partitioning::RoundRobinBatch(partitions),
+    )?))
 }
 
 /// How a `Partitioned` join may run once over all its input partitions.
@@ -695,9 +727,12 @@ mod tests {
 
     #[tokio::test]
     async fn sort_merge_joins_absorb_the_sorts_planned_for_them() {
+        // Each partition on its own: the joins of the merge over all input
+        // partitions have their own test.
         let options = GpuOptions {
             min_rows: 0,
             min_groups: 0,
+            merge_partitions: false,
             ..GpuOptions::default()
         };
         let config = SessionConfig::new()
@@ -742,6 +777,160 @@ mod tests {
         let join = find_merge_join(&plan).expect("a sort-merge join");
         let why = super::decide_sort_merge_join(join, &options, Ok(())).unwrap_err();
         assert!(why.contains("order-preserving"), "{why}");
+    }
+
+    /// The plan of `sql` with sort-merge joins, rewritten with `options` and
+    /// checked against every node's requirements; `sorted` registers the
+    /// tables with their partitions sorted on `k` and DataFusion asked to
+    /// keep that order.
+    async fn merge_join_plan(
+        sql: &str,
+        options: &GpuOptions,
+        sorted: bool,
+    ) -> Arc<dyn ExecutionPlan> {
+        let config = SessionConfig::new()
+            .with_target_partitions(4)
+            .set_bool("datafusion.optimizer.prefer_hash_join", false)
+            .set_bool("datafusion.optimizer.prefer_existing_sort", sorted);
+        let ctx = SessionContext::new_with_config(config);
+        let order = vec![vec![datafusion::logical_expr::col("k").sort(true, true)]];
+        for (name, partitions) in [("r", 4), ("s", 3)] {
+            let table = Arc::into_inner(table(partitions)).expect("one owner");
+            let table = if sorted {
+                table.with_sort_order(order.clone())
+            } else {
+                table
+            };
+            ctx.register_table(name, Arc::new(table)).unwrap();
+        }
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let plan = rewrite(plan, false, true, options, Ok(())).unwrap();
+        SanityCheckPlan::new()
+            .optimize(Arc::clone(&plan), ctx.state().config_options())
+            .unwrap_or_else(|e| panic!("{e}\n{}", show(&plan)))
+    }
+
+    #[tokio::test]
+    async fn a_sort_merge_join_runs_once_over_all_input_partitions_where_nothing_relies_on_its_partitioning(
+    ) {
+        let options = GpuOptions {
+            min_rows: 0,
+            min_groups: 0,
+            ..GpuOptions::default()
+        };
+        assert!(options.merge_partitions && !options.merge_unsorted_sort_merge_inputs);
+        // By default over sorted partitions, which DataFusion merges while
+        // it repartitions them; with the option, over unsorted ones too.
+        let unsorted_too = GpuOptions {
+            merge_unsorted_sort_merge_inputs: true,
+            ..options.clone()
+        };
+        for sorted in [false, true] {
+            let options = if sorted { &options } else { &unsorted_too };
+            for sql in [
+                "SELECT count(*), sum(r.v), sum(s.v) FROM r JOIN s ON r.k = s.k",
+                "SELECT r.v, s.v FROM r FULL JOIN s ON r.k = s.k AND r.v > s.v",
+                "SELECT s.v FROM r RIGHT ANTI JOIN s ON r.k = s.k",
+                "SELECT r.k, s.v FROM r JOIN s ON r.k = s.k ORDER BY r.k NULLS FIRST",
+            ] {
+                let plan = merge_join_plan(sql, options, sorted).await;
+                let text = show(&plan);
+                let joins = gpu_merge_joins(&plan);
+                assert_eq!(joins.len(), 1, "{sql}\n{text}");
+                let join = joins[0];
+                assert!(join.repartitions_removed(), "{sql}\n{text}");
+                assert!(text.contains("cpu_repartitions=removed"), "{text}");
+                // No CPU pass hashes the inputs; the device sorts both,
+                // sorted partitions or not, as one partition each.
+                assert_eq!(hash_repartitions(&plan), 0, "{sql}\n{text}");
+                assert_eq!(join.sort_on_device(), [true, true], "{sql}\n{text}");
+                for child in join.children() {
+                    assert_eq!(
+                        child.properties().output_partitioning().partition_count(),
+                        1,
+                        "{text}"
+                    );
+                }
+                // Its output, in key order, is spread round robin over the
+                // join's partitions, each still sorted.
+                assert!(
+                    text.contains(
+                        "RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1"
+                    ),
+                    "{sql}\n{text}"
+                );
+                assert!(!text.contains("SortExec"), "{sql}\n{text}");
+            }
+        }
+        // An input already in one sorted partition is merged as it is.
+        let plan = merge_join_plan(
+            "SELECT r.v, s.v FROM r JOIN (SELECT * FROM s ORDER BY k NULLS FIRST LIMIT 1000) s ON r.k = s.k",
+            &unsorted_too,
+            false,
+        )
+        .await;
+        let joins = gpu_merge_joins(&plan);
+        assert_eq!(joins.len(), 1, "{}", show(&plan));
+        assert_eq!(joins[0].sort_on_device(), [true, false], "{}", show(&plan));
+        // Unsorted inputs by default: a GPU join per partition of
+        // DataFusion's repartitions, the sorts absorbed.
+        let plan = merge_join_plan(
+            "SELECT count(*) FROM r JOIN s ON r.k = s.k",
+            &options,
+            false,
+        )
+        .await;
+        let joins = gpu_merge_joins(&plan);
+        assert!(!joins[0].repartitions_removed(), "{}", show(&plan));
+        assert_eq!(joins[0].sort_on_device(), [true, true], "{}", show(&plan));
+        assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+        // Where a node above relies on the join's hash partitioning, each
+        // partition joins on its own, as DataFusion planned it.
+        let plan = merge_join_plan(
+            "SELECT r.k, count(*) FROM r JOIN s ON r.k = s.k GROUP BY r.k",
+            &unsorted_too,
+            false,
+        )
+        .await;
+        let joins = gpu_merge_joins(&plan);
+        assert_eq!(joins.len(), 1, "{}", show(&plan));
+        assert!(!joins[0].repartitions_removed(), "{}", show(&plan));
+        assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+        // And so it does with the option off.
+        let plan = merge_join_plan(
+            "SELECT count(*) FROM r JOIN s ON r.k = s.k",
+            &GpuOptions {
+                merge_partitions: false,
+                ..unsorted_too.clone()
+            },
+            false,
+        )
+        .await;
+        assert!(!gpu_merge_joins(&plan)[0].repartitions_removed());
+        assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+        // There, sorted partitions keep their order through DataFusion's
+        // order-preserving repartitions, and are merged without a sort.
+        let plan = merge_join_plan(
+            "SELECT count(*) FROM r JOIN s ON r.k = s.k",
+            &GpuOptions {
+                merge_partitions: false,
+                ..options.clone()
+            },
+            true,
+        )
+        .await;
+        assert_eq!(
+            gpu_merge_joins(&plan)[0].sort_on_device(),
+            [false, false],
+            "{}",
+            show(&plan)
+        );
     }
 
     #[tokio::test]

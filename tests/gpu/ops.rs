@@ -400,6 +400,8 @@ fn gathers_of_4_8_and_16_byte_values_match_the_host() {
                 &out.as_view(),
                 len * w,
                 piece_bytes,
+                // The largest case is copied out on several threads.
+                4,
                 &mut timer,
             )
             .unwrap();

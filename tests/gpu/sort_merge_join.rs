@@ -93,14 +93,32 @@ struct Contexts {
     cpu_hash: SessionContext,
 }
 
-async fn contexts(partitions: usize, extra: &[&str]) -> Contexts {
+/// `mode` is `Partitioned` for the GPU join over all input partitions
+/// (`gpu.merge_partitions`, by default only over sorted partitions, here
+/// over unsorted ones too), `PartitionedKept` for one GPU join per
+/// partition of DataFusion's repartitions.
+async fn contexts(mode: JoinMode, partitions: usize, extra: &[&str]) -> Contexts {
     let mut statements = vec![SORT_MERGE];
+    if mode == JoinMode::Partitioned {
+        statements.push("SET gpu.merge_unsorted_sort_merge_inputs = true");
+    }
     statements.extend_from_slice(extra);
     Contexts {
-        gpu: gpu_context(JoinMode::PartitionedKept, partitions, &statements).await,
-        cpu: cpu_context(JoinMode::PartitionedKept, partitions, &statements).await,
-        cpu_hash: cpu_context(JoinMode::PartitionedKept, partitions, extra).await,
+        gpu: gpu_context(mode, partitions, &statements).await,
+        cpu: cpu_context(mode, partitions, &statements).await,
+        cpu_hash: cpu_context(mode, partitions, extra).await,
     }
+}
+
+/// Both ways a GPU sort-merge join runs: once over all input partitions,
+/// and per partition of DataFusion's repartitions.
+const MODES: [JoinMode; 2] = [JoinMode::Partitioned, JoinMode::PartitionedKept];
+
+/// Whether `plan` holds a GPU sort-merge join over all input partitions.
+fn runs_over_all_partitions(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.downcast_ref::<GpuSortMergeJoinExec>()
+        .is_some_and(|join| join.repartitions_removed())
+        || plan.children().into_iter().any(runs_over_all_partitions)
 }
 
 fn register(ctxs: [&SessionContext; 3], r: Shape, s: Shape, partitions: usize) {
@@ -199,19 +217,31 @@ async fn every_query(
 ) -> Option<[BTreeSet<String>; 2]> {
     require_gpu(name)?;
     let (mut on_gpu, mut on_cpu) = (BTreeSet::new(), BTreeSet::new());
-    for partitions in [2, 4] {
-        let ctxs = contexts(partitions, extra).await;
-        register([&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash], r, s, partitions);
-        for (key, on) in KEYS {
-            for query in QUERIES {
-                let sql = query.replace("{on}", on);
-                let (plan, _) = check(&ctxs, &sql, expect(key)).await;
-                let mut cpu_types = BTreeSet::new();
-                merge_join_types(&plan, &mut on_gpu, &mut cpu_types);
-                if expect(key) != Expect::Cpu {
-                    on_cpu.extend(cpu_types);
+    for mode in MODES {
+        let mut over_all_partitions = 0;
+        for partitions in [2, 4] {
+            let ctxs = contexts(mode, partitions, extra).await;
+            register([&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash], r, s, partitions);
+            for (key, on) in KEYS {
+                for query in QUERIES {
+                    let sql = query.replace("{on}", on);
+                    let (plan, _) = check(&ctxs, &sql, expect(key)).await;
+                    let mut cpu_types = BTreeSet::new();
+                    merge_join_types(&plan, &mut on_gpu, &mut cpu_types);
+                    if expect(key) != Expect::Cpu {
+                        on_cpu.extend(cpu_types);
+                    }
+                    over_all_partitions += usize::from(runs_over_all_partitions(&plan));
                 }
             }
+        }
+        // Each mode ran the joins it names.
+        match mode {
+            JoinMode::PartitionedKept => assert_eq!(over_all_partitions, 0, "{name}"),
+            _ => assert!(
+                over_all_partitions > 0,
+                "{name}: no join over all partitions"
+            ),
         }
     }
     Some([on_gpu, on_cpu])
@@ -294,8 +324,8 @@ async fn null_equals_null_as_a_sort_merge_join() {
         "SELECT r.id, s.id FROM r FULL JOIN s ON r.k64 IS NOT DISTINCT FROM s.k64",
         "SELECT r.id, s.id FROM r LEFT JOIN s ON (r.k64 IS NOT DISTINCT FROM s.k64) AND (r.kb IS NOT DISTINCT FROM s.kb)",
     ];
-    for partitions in [2, 4] {
-        let ctxs = contexts(partitions, &[]).await;
+    for (mode, partitions) in MODES.into_iter().flat_map(|m| [(m, 2), (m, 4)]) {
+        let ctxs = contexts(mode, partitions, &[]).await;
         register(
             [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
             shape(1_200, 300, 10, 0),
@@ -323,8 +353,8 @@ async fn the_output_keeps_the_key_order_nodes_above_rely_on() {
         "SELECT s.k64, s.id FROM r RIGHT SEMI JOIN s ON r.k64 = s.k64 ORDER BY s.k64 NULLS FIRST",
         "SELECT r.k64, r.id FROM r LEFT ANTI JOIN s ON r.k64 = s.k64 AND r.v < s.v ORDER BY r.k64 NULLS FIRST",
     ];
-    for partitions in [2, 4] {
-        let ctxs = contexts(partitions, &[]).await;
+    for (mode, partitions) in MODES.into_iter().flat_map(|m| [(m, 2), (m, 4)]) {
+        let ctxs = contexts(mode, partitions, &[]).await;
         register(
             [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
             shape(1_500, 400, 11, 5),
@@ -357,8 +387,9 @@ async fn the_output_keeps_the_key_order_nodes_above_rely_on() {
     }
 }
 
-/// Two tables sorted on `k`, declared so: DataFusion then plans no sort.
-fn sorted_table(rows: i64, step: i64, seed: i64) -> Arc<MemTable> {
+/// A table of `rows` rows sorted on `k` in `partitions` partitions (each a
+/// stretch of the sorted rows), declared so: DataFusion then plans no sort.
+fn sorted_table(rows: i64, step: i64, seed: i64, partitions: usize) -> Arc<MemTable> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, true),
         Field::new("id", DataType::Int64, false),
@@ -371,14 +402,21 @@ fn sorted_table(rows: i64, step: i64, seed: i64) -> Arc<MemTable> {
         (0..rows).map(|i| seed * 1_000_000 + i),
     ));
     let batch = RecordBatch::try_new(Arc::clone(&schema), vec![k, id]).unwrap();
-    let batches = (0..rows as usize)
-        .step_by(700)
-        .map(|start| batch.slice(start, 700.min(rows as usize - start)))
+    let per_partition = (rows as usize).div_ceil(partitions);
+    let parts = (0..partitions)
+        .map(|p| {
+            let start = (p * per_partition).min(rows as usize);
+            let end = ((p + 1) * per_partition).min(rows as usize);
+            (start..end)
+                .step_by(700)
+                .map(|at| batch.slice(at, 700.min(end - at)))
+                .collect()
+        })
         .collect();
     // Ascending, NULLs first: the order DataFusion's sort-merge join asks for.
     let order = vec![vec![SortExpr::new(col("k"), true, true)]];
     Arc::new(
-        MemTable::try_new(schema, vec![batches])
+        MemTable::try_new(schema, parts)
             .unwrap()
             .with_sort_order(order),
     )
@@ -390,24 +428,44 @@ async fn inputs_that_arrive_sorted_are_merged_without_a_sort() {
         return;
     };
     // DataFusion plans sort-merge joins over several partitions only; it
-    // keeps the tables' order through its hash repartition when asked to.
-    let ctxs = contexts(2, &["SET datafusion.optimizer.prefer_existing_sort = true"]).await;
-    for ctx in [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash] {
-        ctx.register_table("a", sorted_table(3_000, 2, 1)).unwrap();
-        ctx.register_table("b", sorted_table(2_000, 3, 2)).unwrap();
-    }
-    for sql in [
-        "SELECT a.id, b.id FROM a JOIN b ON a.k = b.k",
-        "SELECT a.id, b.id FROM a FULL JOIN b ON a.k = b.k",
-        "SELECT a.id FROM a LEFT ANTI JOIN b ON a.k = b.k",
-        "SELECT b.id FROM a RIGHT SEMI JOIN b ON a.k = b.k AND a.id % 2 = 0",
-    ] {
-        let (plan, _) = check(&ctxs, sql, Expect::Gpu).await;
-        let text = show(&plan);
-        assert!(
-            text.contains("sort=[left: input, right: input]"),
-            "{sql}: the sorted inputs were sorted again\n{text}"
-        );
+    // keeps the tables' order through its hash repartition when asked to
+    // (tables of several sorted partitions), or plans none (tables of one).
+    for (mode, partitions) in MODES.into_iter().flat_map(|m| [(m, 1), (m, 3)]) {
+        let ctxs = contexts(
+            mode,
+            2,
+            &["SET datafusion.optimizer.prefer_existing_sort = true"],
+        )
+        .await;
+        for ctx in [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash] {
+            ctx.register_table("a", sorted_table(3_000, 2, 1, partitions))
+                .unwrap();
+            ctx.register_table("b", sorted_table(2_000, 3, 2, partitions))
+                .unwrap();
+        }
+        // Where the join runs over all input partitions in place of the
+        // repartitions, it sorts the sorted partitions' rows on the device;
+        // otherwise each side arrives sorted and is merged as it is. (A
+        // table of one partition, read below the repartitions DataFusion
+        // put over it, still arrives sorted.)
+        let merged = mode == JoinMode::Partitioned;
+        let sides = match merged && partitions > 1 {
+            true => "sort=[left: device, right: device]",
+            false => "sort=[left: input, right: input]",
+        };
+        for sql in [
+            "SELECT a.id, b.id FROM a JOIN b ON a.k = b.k",
+            "SELECT a.id, b.id FROM a FULL JOIN b ON a.k = b.k",
+            "SELECT a.id FROM a LEFT ANTI JOIN b ON a.k = b.k",
+            "SELECT b.id FROM a RIGHT SEMI JOIN b ON a.k = b.k AND a.id % 2 = 0",
+        ] {
+            let (plan, _) = check(&ctxs, sql, Expect::Gpu).await;
+            let text = show(&plan);
+            assert!(text.contains(sides), "{sql}: expected {sides}\n{text}");
+            if !merged || partitions > 1 {
+                assert_eq!(runs_over_all_partitions(&plan), merged, "{sql}\n{text}");
+            }
+        }
     }
 }
 
@@ -434,8 +492,8 @@ async fn keys_too_wide_or_a_device_too_small_fall_back_to_the_cpu_join() {
             &["SET gpu.memory_fraction = 0.000000001"][..],
         ),
     ];
-    for (sql, extra) in cases {
-        let ctxs = contexts(4, extra).await;
+    for (mode, (sql, extra)) in MODES.into_iter().flat_map(|m| cases.map(|c| (m, c))) {
+        let ctxs = contexts(mode, 4, extra).await;
         register(
             [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
             shape(2_000, 500, 9, 0),
@@ -459,34 +517,38 @@ async fn a_limit_above_the_join_stops_it_early_with_the_rows_asked_for() {
     };
     // Output ranges of 100 pairs, batches of 64 rows: the LIMIT is met
     // within the first ranges, and the join stops when its consumer goes.
-    let ctxs = contexts(
-        2,
-        &[
-            "SET gpu.max_output_pairs = 100",
-            "SET datafusion.execution.batch_size = 64",
-        ],
-    )
-    .await;
-    register(
-        [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
-        shape(3_000, 50, 0, 0),
-        shape(3_000, 50, 0, 0),
-        2,
-    );
-    for (sql, rows) in [
-        (
-            "SELECT r.id, s.id FROM r JOIN s ON r.k64 = s.k64 LIMIT 77",
-            77,
-        ),
-        (
-            "SELECT r.id, s.id FROM r LEFT JOIN s ON r.k32 = s.k32 AND r.v < s.v LIMIT 130",
-            130,
-        ),
-    ] {
-        let (batches, gpu_nodes, plan) = run_counting(&ctxs.gpu, sql, "SortMergeJoinExec").await;
-        assert!(gpu_nodes >= 1, "{sql}\n{}", show(&plan));
-        let got: usize = batches.iter().map(|b| b.num_rows()).sum();
-        assert_eq!(got, rows, "{sql}");
+    for mode in MODES {
+        let ctxs = contexts(
+            mode,
+            2,
+            &[
+                "SET gpu.max_output_pairs = 100",
+                "SET datafusion.execution.batch_size = 64",
+            ],
+        )
+        .await;
+        register(
+            [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
+            shape(3_000, 50, 0, 0),
+            shape(3_000, 50, 0, 0),
+            2,
+        );
+        for (sql, rows) in [
+            (
+                "SELECT r.id, s.id FROM r JOIN s ON r.k64 = s.k64 LIMIT 77",
+                77,
+            ),
+            (
+                "SELECT r.id, s.id FROM r LEFT JOIN s ON r.k32 = s.k32 AND r.v < s.v LIMIT 130",
+                130,
+            ),
+        ] {
+            let (batches, gpu_nodes, plan) =
+                run_counting(&ctxs.gpu, sql, "SortMergeJoinExec").await;
+            assert!(gpu_nodes >= 1, "{sql}\n{}", show(&plan));
+            let got: usize = batches.iter().map(|b| b.num_rows()).sum();
+            assert_eq!(got, rows, "{sql}");
+        }
     }
 }
 
@@ -499,7 +561,12 @@ async fn inner_join_batches_gathered_on_the_device_own_their_rows() {
     // back as one download; each 100-row batch must still hold only its own
     // rows' memory, or memory accounting above the join counts each batch
     // as the whole range.
-    let ctxs = contexts(2, &["SET datafusion.execution.batch_size = 100"]).await;
+    let ctxs = contexts(
+        JoinMode::PartitionedKept,
+        2,
+        &["SET datafusion.execution.batch_size = 100"],
+    )
+    .await;
     register(
         [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
         shape(3_000, 1_000, 0, 0),

@@ -615,6 +615,8 @@ fn pairs_on_device(
                     ids: probe_ids,
                 },
                 pairs.len,
+                // One thread per chunk: many partitions' chunks run at once.
+                1,
                 timer,
             )?;
             on_output(gathered.map(|batches| ChunkOutput::Batches(batches, pairs.len)));

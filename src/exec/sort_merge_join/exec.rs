@@ -45,6 +45,9 @@ pub struct GpuSortMergeJoinExec {
     /// Planned in place of a `HashJoinExec` whose output was sorted on the
     /// join keys right after (the merge's own output order).
     in_place_of_hash_join: bool,
+    /// Planned over all input partitions, in place of the CPU hash
+    /// repartitions DataFusion put below the replaced join.
+    repartitions_removed: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -93,6 +96,7 @@ impl GpuSortMergeJoinExec {
             sort_on_device,
             inputs,
             in_place_of_hash_join: false,
+            repartitions_removed: false,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -103,6 +107,20 @@ impl GpuSortMergeJoinExec {
     pub fn with_in_place_of_hash_join(mut self, in_place: bool) -> Self {
         self.in_place_of_hash_join = in_place;
         self
+    }
+
+    /// Marks this join as planned over all input partitions, without the
+    /// CPU hash repartitions below the replaced join (see
+    /// `gpu.merge_partitions`).
+    pub fn with_repartitions_removed(mut self, removed: bool) -> Self {
+        self.repartitions_removed = removed;
+        self
+    }
+
+    /// Whether this join runs over all input partitions, without the CPU
+    /// hash repartitions below the replaced join.
+    pub fn repartitions_removed(&self) -> bool {
+        self.repartitions_removed
     }
 
     /// Whether this join was planned in place of a `HashJoinExec`.
@@ -163,6 +181,9 @@ impl DisplayAs for GpuSortMergeJoinExec {
                 }
                 if self.in_place_of_hash_join {
                     write!(f, ", in_place_of=HashJoinExec")?;
+                }
+                if self.repartitions_removed {
+                    write!(f, ", cpu_repartitions=removed")?;
                 }
                 Ok(())
             }
@@ -232,7 +253,8 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
         let cpu_join = Arc::clone(&self.cpu_join).with_new_children(join_children)?;
         Ok(Arc::new(
             Self::try_new(cpu_join, self.sort_on_device)?
-                .with_in_place_of_hash_join(self.in_place_of_hash_join),
+                .with_in_place_of_hash_join(self.in_place_of_hash_join)
+                .with_repartitions_removed(self.repartitions_removed),
         ))
     }
 
@@ -240,7 +262,8 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
         let cpu_join = Arc::clone(&self.cpu_join).reset_state()?;
         Ok(Arc::new(
             Self::try_new(cpu_join, self.sort_on_device)?
-                .with_in_place_of_hash_join(self.in_place_of_hash_join),
+                .with_in_place_of_hash_join(self.in_place_of_hash_join)
+                .with_repartitions_removed(self.repartitions_removed),
         ))
     }
 

@@ -19,7 +19,9 @@ use datafusion::arrow::datatypes::*;
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::exec::keys::{code_bits, for_64_bit_integer_type, for_each_value, value_range, KeySpec};
+use crate::exec::keys::{
+    code_bits, for_64_bit_integer_type, for_each_value, value_range_in_parallel, KeySpec,
+};
 use crate::exec::parallel::on_row_chunks;
 
 /// The code of one key column.
@@ -121,7 +123,7 @@ impl OrderedKeyEncoder {
             let (mut min, mut max) = (i128::MAX, i128::MIN);
             let mut has_null = false;
             for side in [&left[column], &right[column]] {
-                let (side_min, side_max) = value_range(side)?;
+                let (side_min, side_max) = value_range_in_parallel(side)?;
                 if side_min <= side_max {
                     min = min.min(side_min);
                     max = max.max(side_max);

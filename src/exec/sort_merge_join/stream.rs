@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::UInt64Array;
-use datafusion::arrow::compute::{concat_batches, SortOptions};
+use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
@@ -29,6 +29,7 @@ use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
 use super::ordered_keys::{KeySide, OrderedKeyEncoder};
+use crate::exec::concat::concat_in_parallel;
 use crate::exec::device_gather::{gather_batches, gathers_by_pair, GatherSide, ResidentColumns};
 use crate::exec::hash_join::{evaluate_filter, evaluate_keys, OutputAssembler, OutputRows};
 use crate::exec::GpuSortMergeJoinMetrics;
@@ -117,10 +118,13 @@ impl Collected {
     }
 }
 
+/// Reads `input` whole and concatenates it on `threads` threads (a join
+/// over all input partitions collects every row of a side here).
 async fn collect(
     mut input: SendableRecordBatchStream,
     schema: &SchemaRef,
     reservation: &MemoryReservation,
+    threads: usize,
 ) -> Result<Collected> {
     let mut batches = Vec::new();
     while let Some(batch) = input.next().await {
@@ -130,10 +134,16 @@ async fn collect(
             batches.push(batch);
         }
     }
-    Ok(Collected {
-        arrived: batches.iter().map(|b| b.num_rows()).collect(),
-        batch: concat_batches(schema, &batches)?,
-    })
+    let arrived = batches.iter().map(|b| b.num_rows()).collect();
+    let schema = Arc::clone(schema);
+    let batch =
+        SpawnedTask::spawn_blocking(move || concat_in_parallel(&schema, batches.iter(), threads))
+            .join()
+            .await
+            .map_err(|e| {
+                DataFusionError::Execution(format!("concatenating a join input failed: {e}"))
+            })??;
+    Ok(Collected { arrived, batch })
 }
 
 async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
@@ -142,8 +152,18 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
     // pipelines (a repartition, a sort) then run side by side.
     let collecting = task.metrics.collect_time.timer();
     let (left, right) = futures::try_join!(
-        collect(task.left, &plan.left_schema, &task.reservation),
-        collect(task.right, &plan.right_schema, &task.reservation)
+        collect(
+            task.left,
+            &plan.left_schema,
+            &task.reservation,
+            plan.host_threads
+        ),
+        collect(
+            task.right,
+            &plan.right_schema,
+            &task.reservation,
+            plan.host_threads
+        )
     )?;
     collecting.done();
     task.metrics.left_rows.add(left.batch.num_rows());
@@ -395,7 +415,18 @@ impl DevicePart {
         drop(other_codes);
         let pairs = needs_pairs(join_type, plan.filter.is_some());
         let matches = MergeMatches::find(device, stream, &streamed, &other, !pairs, &mut timer)?;
-        let streamed_order = match sort_streamed {
+        let device_columns = match gather {
+            true => Some((
+                ResidentColumns::upload(device, stream, left, &all_left, &mut timer)?,
+                ResidentColumns::upload(device, stream, right, &all_right, &mut timer)?,
+            )),
+            false => None,
+        }
+        .filter(|(l, r)| l.any() || r.any());
+        // The host maps output positions to input rows by the sorted order,
+        // unless the device gathers every output row (it reads the sorted
+        // row ids there).
+        let streamed_order = match sort_streamed && device_columns.is_none() {
             true => Some(streamed.download_row_ids(device, stream, &mut timer)?),
             false => None,
         };
@@ -414,14 +445,6 @@ impl DevicePart {
             };
             Ok(sender.send(batches))
         };
-        let device_columns = match gather {
-            true => Some((
-                ResidentColumns::upload(device, stream, left, &all_left, &mut timer)?,
-                ResidentColumns::upload(device, stream, right, &all_right, &mut timer)?,
-            )),
-            false => None,
-        }
-        .filter(|(l, r)| l.any() || r.any());
         if let Some((left_columns, right_columns)) = &device_columns {
             // Every pair is an output row: gather whole columns on the device.
             matches.expand_on_device(
@@ -464,6 +487,7 @@ impl DevicePart {
                             ids: pairs.other_ids,
                         },
                         pairs.len,
+                        plan.host_threads,
                         timer,
                     )?;
                     let sent = gathered.map(|batches| sender.send(batches));
@@ -524,7 +548,8 @@ impl DevicePart {
         if let Some(e) = host_error {
             return Err(DeviceFailure::Host(e));
         }
-        if open {
+        // An inner join emits pairs only: nothing is left to settle.
+        if open && join_type != JoinType::Inner {
             let other_order = other_order.as_deref();
             emit(walk.end(other_order), sender).map_err(DeviceFailure::Host)?;
         }
