@@ -98,19 +98,19 @@ pub(super) fn over_unrepartitioned_inputs(join: &HashJoinExec) -> Result<Option<
 /// (under the `SortExec` DataFusion planned for the join, or keeping the
 /// order of sorted input partitions), re-planned over the repartitions'
 /// inputs, each merged into one partition and sorted on the keys: the GPU
-/// join absorbs that sort (its radix sort costs less than a CPU pass that
-/// hashes and moves every row), so the join runs once over all the input.
-/// An input that is already one partition sorted on the keys is not
-/// sorted again. `None` when `join` is not of that shape, or when its keys
-/// repeat (one sort expression per key is what the GPU join absorbs). The
-/// Unless `unsorted_too`, only where a repartition keeps the order of
-/// sorted partitions: it merges them on one thread per output partition,
-/// which costs more than the GPU sort, where a plain hash repartition costs
-/// less than the host work one GPU join per partition overlaps (see
-/// `gpu.merge_unsorted_sort_merge_inputs`). The
-/// join's output is one partition, in key order; the caller must have
-/// checked that the join's output partitioning is free
+/// join absorbs that sort, so the join runs once over all the input. An
+/// input that is already one partition sorted on the keys is not sorted
+/// again. The join's output is one partition, in key order; the caller
+/// must have checked that the join's output partitioning is free
 /// ([`children_partitioning_free`]).
+///
+/// Unless `unsorted_too`, only where a repartition keeps the order of
+/// sorted partitions: that one merges them on one thread per output
+/// partition, which costs more than the device sort, while a plain hash
+/// repartition costs less than the host work that one GPU join per
+/// partition overlaps (see `gpu.merge_unsorted_sort_merge_inputs`).
+/// `None` when `join` is not of that shape, or when its keys repeat (one
+/// sort expression per key is what the GPU join absorbs).
 pub(super) fn merge_join_over_unrepartitioned_inputs(
     join: &SortMergeJoinExec,
     unsorted_too: bool,
