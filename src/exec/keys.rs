@@ -544,11 +544,13 @@ pub(crate) fn for_each_value(column: &ArrayRef, mut f: impl FnMut(usize, i128)) 
     Ok(())
 }
 
-/// [`value_range`] over slices of a large column on the host's cores: the
-/// build side's range is found while every probe partition waits.
-pub(crate) fn value_range_in_parallel(column: &ArrayRef) -> Result<(i128, i128)> {
+/// [`value_range`] over slices of a large column on up to `threads`
+/// threads: the build side's range is found while every probe partition
+/// waits (all the host's cores), a sort-merge join partition's on its share
+/// of them.
+pub(crate) fn value_range_in_parallel(column: &ArrayRef, threads: usize) -> Result<(i128, i128)> {
     const MIN_ROWS_PER_THREAD: usize = 1 << 21;
-    let threads = crate::host_copy::host_threads().min(column.len() / MIN_ROWS_PER_THREAD);
+    let threads = threads.min(column.len() / MIN_ROWS_PER_THREAD);
     if threads <= 1 {
         return value_range(column);
     }
@@ -575,7 +577,7 @@ fn pieces_value_range(pieces: &[Vec<ArrayRef>], column: usize) -> Result<(i128, 
             .unwrap_or((1, 0))
     };
     if let [piece] = pieces {
-        return value_range_in_parallel(&piece[column]);
+        return value_range_in_parallel(&piece[column], crate::host_copy::host_threads());
     }
     // A thread per 64 Ki rows at least: starting one costs microseconds.
     let rows: usize = pieces.iter().map(|piece| piece[column].len()).sum();
@@ -1104,13 +1106,16 @@ mod tests {
             _ if i % 11 == 0 => None,
             _ => Some(i % 1000),
         })));
-        assert_eq!(value_range_in_parallel(&column).unwrap(), (-7, 9_000_000));
         assert_eq!(
-            value_range_in_parallel(&column).unwrap(),
+            value_range_in_parallel(&column, 8).unwrap(),
+            (-7, 9_000_000)
+        );
+        assert_eq!(
+            value_range_in_parallel(&column, 8).unwrap(),
             value_range(&column).unwrap()
         );
         let nulls = arr(Int32Array::from(vec![None; rows as usize]));
-        assert_eq!(value_range_in_parallel(&nulls).unwrap(), (1, 0));
+        assert_eq!(value_range_in_parallel(&nulls, 8).unwrap(), (1, 0));
     }
 
     #[test]

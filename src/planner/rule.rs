@@ -816,6 +816,16 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}\n{}", show(&plan)))
     }
 
+    /// Asserts that `plan` holds one GPU sort-merge join per partition of
+    /// DataFusion's two hash repartitions, and returns it.
+    fn joined_per_partition(plan: &Arc<dyn ExecutionPlan>) -> &GpuSortMergeJoinExec {
+        let joins = gpu_merge_joins(plan);
+        assert_eq!(joins.len(), 1, "{}", show(plan));
+        assert!(!joins[0].repartitions_removed(), "{}", show(plan));
+        assert_eq!(hash_repartitions(plan), 2, "{}", show(plan));
+        joins[0]
+    }
+
     #[tokio::test]
     async fn a_sort_merge_join_runs_once_over_all_input_partitions_where_nothing_relies_on_its_partitioning(
     ) {
@@ -866,6 +876,16 @@ mod tests {
                     "{sql}\n{text}"
                 );
                 assert!(!text.contains("SortExec"), "{sql}\n{text}");
+                // The decision record says so.
+                let decisions = crate::gpu_decisions(&plan, &ConfigOptions::default());
+                assert!(
+                    decisions.iter().any(|d| matches!(
+                        &d.placement,
+                        crate::Placement::Gpu { algorithm }
+                            if algorithm.contains("over all input partitions (CPU hash repartitions removed)")
+                    )),
+                    "{sql}: {decisions:?}"
+                );
             }
         }
         // An input already in one sorted partition is merged as it is.
@@ -886,10 +906,8 @@ mod tests {
             false,
         )
         .await;
-        let joins = gpu_merge_joins(&plan);
-        assert!(!joins[0].repartitions_removed(), "{}", show(&plan));
-        assert_eq!(joins[0].sort_on_device(), [true, true], "{}", show(&plan));
-        assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+        let join = joined_per_partition(&plan);
+        assert_eq!(join.sort_on_device(), [true, true], "{}", show(&plan));
         // Where a node above relies on the join's hash partitioning, each
         // partition joins on its own, as DataFusion planned it.
         let plan = merge_join_plan(
@@ -898,10 +916,7 @@ mod tests {
             false,
         )
         .await;
-        let joins = gpu_merge_joins(&plan);
-        assert_eq!(joins.len(), 1, "{}", show(&plan));
-        assert!(!joins[0].repartitions_removed(), "{}", show(&plan));
-        assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+        joined_per_partition(&plan);
         // And so it does with the option off.
         let plan = merge_join_plan(
             "SELECT count(*) FROM r JOIN s ON r.k = s.k",
@@ -912,8 +927,7 @@ mod tests {
             false,
         )
         .await;
-        assert!(!gpu_merge_joins(&plan)[0].repartitions_removed());
-        assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+        joined_per_partition(&plan);
         // There, sorted partitions keep their order through DataFusion's
         // order-preserving repartitions, and are merged without a sort.
         let plan = merge_join_plan(
@@ -925,12 +939,8 @@ mod tests {
             true,
         )
         .await;
-        assert_eq!(
-            gpu_merge_joins(&plan)[0].sort_on_device(),
-            [false, false],
-            "{}",
-            show(&plan)
-        );
+        let join = joined_per_partition(&plan);
+        assert_eq!(join.sort_on_device(), [false, false], "{}", show(&plan));
     }
 
     #[tokio::test]

@@ -93,13 +93,15 @@ pub(crate) struct OrderedKeyEncoder {
 impl OrderedKeyEncoder {
     /// The coding for key columns `left` and `right` (one entry per key
     /// column each, of the planned `types`), or `None` when the codes would
-    /// need more than 64 bits or a type has no fixed-width code.
+    /// need more than 64 bits or a type has no fixed-width code. The
+    /// columns' ranges are found on up to `threads` threads.
     pub(crate) fn for_sides(
         types: &[DataType],
         sort_options: &[SortOptions],
         null_equality: NullEquality,
         left: &[ArrayRef],
         right: &[ArrayRef],
+        threads: usize,
     ) -> Result<Option<Self>> {
         if sort_options.len() != types.len()
             || left.len() != types.len()
@@ -123,7 +125,7 @@ impl OrderedKeyEncoder {
             let (mut min, mut max) = (i128::MAX, i128::MIN);
             let mut has_null = false;
             for side in [&left[column], &right[column]] {
-                let (side_min, side_max) = value_range_in_parallel(side)?;
+                let (side_min, side_max) = value_range_in_parallel(side, threads)?;
                 if side_min <= side_max {
                     min = min.min(side_min);
                     max = max.max(side_max);
@@ -300,6 +302,7 @@ mod tests {
             NullEquality::NullEqualsNull,
             &columns,
             &columns,
+            4,
         )
         .unwrap()
         .unwrap();
@@ -409,6 +412,7 @@ mod tests {
             NullEquality::NullEqualsNothing,
             &left,
             &right,
+            4,
         )
         .unwrap()
         .unwrap();
@@ -426,6 +430,7 @@ mod tests {
             NullEquality::NullEqualsNull,
             &left,
             &right,
+            4,
         )
         .unwrap()
         .unwrap();
@@ -447,7 +452,8 @@ mod tests {
             &options,
             NullEquality::NullEqualsNull,
             &wide,
-            &wide
+            &wide,
+            4,
         )
         .unwrap()
         .is_none());
@@ -457,7 +463,8 @@ mod tests {
             &options[..1],
             NullEquality::NullEqualsNull,
             &text,
-            &text
+            &text,
+            4,
         )
         .unwrap()
         .is_none());
@@ -474,6 +481,7 @@ mod tests {
             NullEquality::NullEqualsNothing,
             std::slice::from_ref(&column),
             std::slice::from_ref(&column),
+            4,
         )
         .unwrap()
         .unwrap();
@@ -496,6 +504,7 @@ mod tests {
             NullEquality::NullEqualsNull,
             &columns,
             &columns,
+            4,
         )
         .unwrap()
         .unwrap();

@@ -294,6 +294,7 @@ impl DevicePart {
             plan.null_equality,
             &left_keys,
             &right_keys,
+            plan.host_threads,
         )?
         else {
             // The keys' ranges need more than 64 bits together.
