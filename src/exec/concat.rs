@@ -56,6 +56,23 @@ pub(crate) fn concat_in_parallel<'a>(
     )?)
 }
 
+/// One column's pieces concatenated, on up to `threads` threads where it is
+/// fixed-width without NULLs (see [`concat_in_parallel`]); `None` for no
+/// pieces.
+pub(crate) fn concat_column_in_parallel(
+    arrays: &[&dyn Array],
+    threads: usize,
+) -> Result<Option<ArrayRef>> {
+    match arrays {
+        [] => Ok(None),
+        [one] => Ok(Some(make_array(one.to_data()))),
+        many => match concat_fixed_width(many, threads.max(1))? {
+            Some(array) => Ok(Some(array)),
+            None => Ok(Some(concat(many)?)),
+        },
+    }
+}
+
 /// The concatenation of `arrays` when they share a fixed-width primitive
 /// type and hold no NULLs (one values buffer each), copied on up to
 /// `threads` threads; `None` for any other column.

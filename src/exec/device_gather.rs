@@ -21,7 +21,8 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::exec::hash_join::{take_rows, ColumnSource, OutputAssembler};
+use crate::exec::hash_join::{ColumnSource, OutputAssembler};
+use crate::exec::row_source::RowSource;
 use crate::gpu::launch::{self, ValueWidth};
 use crate::gpu::{
     download_byte_pieces, download_u64, upload_byte_pieces, DeviceVec, DriverResultExt, GpuDevice,
@@ -47,12 +48,15 @@ pub(crate) fn probe_side_pays(pairs: usize, whole_chunk: bool, rows: usize) -> b
     !whole_chunk || 2 * pairs >= rows
 }
 
-/// The width `column` is gathered on the device with, or `None` where it
-/// is taken on the host: a fixed width a gather kernel moves, no NULLs, one
-/// values buffer.
-fn device_width(column: &ArrayRef) -> Option<ValueWidth> {
-    let width = ValueWidth::of_bytes(column.data_type().primitive_width()?)?;
-    (column.null_count() == 0 && column.to_data().buffers().len() == 1).then_some(width)
+/// The width column `column` of `rows` is gathered on the device with, or
+/// `None` where it is taken on the host: a fixed width a gather kernel
+/// moves, no NULLs, one values buffer in every piece.
+fn device_width(rows: &dyn RowSource, column: usize) -> Option<ValueWidth> {
+    let width = ValueWidth::of_bytes(rows.data_type(column).primitive_width()?)?;
+    rows.pieces(column)
+        .iter()
+        .all(|piece| piece.null_count() == 0 && piece.to_data().buffers().len() == 1)
+        .then_some(width)
 }
 
 /// The bytes of the values of a column of `width`, read in place from its
@@ -82,17 +86,18 @@ impl ResidentColumns {
     /// The width of each column of `batch` that `wanted` names and that is
     /// gathered on the device.
     fn chosen<'a>(
-        batch: &'a RecordBatch,
+        batch: &'a dyn RowSource,
         wanted: &'a [bool],
     ) -> impl Iterator<Item = (usize, Option<ValueWidth>)> + 'a {
-        batch.columns().iter().enumerate().map(move |(i, c)| {
-            let wanted = wanted.get(i).copied().unwrap_or(false) && !c.is_empty();
-            (i, device_width(c).filter(|_| wanted))
+        let rows = batch.num_rows();
+        (0..batch.num_columns()).map(move |i| {
+            let wanted = wanted.get(i).copied().unwrap_or(false) && rows > 0;
+            (i, wanted.then(|| device_width(batch, i)).flatten())
         })
     }
 
     /// Device bytes of the columns of `batch` that [`Self::upload`] copies.
-    pub(crate) fn device_bytes(batch: &RecordBatch, wanted: &[bool]) -> usize {
+    pub(crate) fn device_bytes(batch: &dyn RowSource, wanted: &[bool]) -> usize {
         Self::chosen(batch, wanted)
             .filter_map(|(_, width)| width)
             .map(|width| 8 * width.words(batch.num_rows()))
@@ -101,7 +106,7 @@ impl ResidentColumns {
 
     /// Bytes per row of the widest column of `batch` that [`Self::upload`]
     /// copies (0 when none): what [`gather_batches`] needs per pair.
-    pub(crate) fn widest(batch: &RecordBatch, wanted: &[bool]) -> usize {
+    pub(crate) fn widest(batch: &dyn RowSource, wanted: &[bool]) -> usize {
         Self::chosen(batch, wanted)
             .filter_map(|(_, width)| width)
             .map(ValueWidth::bytes)
@@ -117,11 +122,12 @@ impl ResidentColumns {
     }
 
     /// Copies the columns of `batch` that `wanted[i]` asks for and that can
-    /// be gathered on the device.
+    /// be gathered on the device, each piece of a column straight into its
+    /// place (a chunk's batches are not concatenated first).
     pub(crate) fn upload(
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
-        batch: &RecordBatch,
+        batch: &dyn RowSource,
         wanted: &[bool],
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
@@ -129,9 +135,14 @@ impl ResidentColumns {
         for (i, width) in Self::chosen(batch, wanted) {
             columns.push(match width {
                 Some(width) => {
-                    let bytes = value_bytes(batch.column(i), width);
+                    let buffers: Vec<Buffer> = batch
+                        .pieces(i)
+                        .into_iter()
+                        .map(|piece| value_bytes(piece, width))
+                        .collect();
+                    let pieces: Vec<&[u8]> = buffers.iter().map(Buffer::as_slice).collect();
                     Some(ResidentColumn {
-                        words: upload_byte_pieces(device, stream, &[bytes.as_slice()], timer)?,
+                        words: upload_byte_pieces(device, stream, &pieces, timer)?,
                         width,
                     })
                 }
@@ -164,7 +175,7 @@ impl ResidentColumns {
 /// One side of the pairs being gathered.
 pub(crate) struct GatherSide<'a> {
     /// The side's rows.
-    pub(crate) batch: &'a RecordBatch,
+    pub(crate) batch: &'a dyn RowSource,
     /// Its columns on the device.
     pub(crate) resident: &'a ResidentColumns,
     /// The side's row of each pair (the first `len` elements).
@@ -211,11 +222,12 @@ pub(crate) fn gather_batches(
     let batch_size = assembler.batch_size();
     let batches = len.div_ceil(batch_size);
     // Per output column, its pieces of `batch_size` rows.
-    let mut columns: Vec<Vec<ArrayRef>> = Vec::with_capacity(assembler.sources().len());
+    let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); assembler.sources().len()];
+    // Per side, the (output position, column) of columns taken on the host.
+    let mut on_host: [Vec<(usize, usize)>; 2] = [Vec::new(), Vec::new()];
     // One buffer for every gathered column in turn, as wide as the widest.
     let mut gathered: Option<DeviceVec<u64>> = None;
-    let mut host_ids: [Option<UInt64Array>; 2] = [None, None];
-    for source in assembler.sources() {
+    for (position, source) in assembler.sources().iter().enumerate() {
         let (which, side, column) = match *source {
             ColumnSource::Build(i) => (0, build, i),
             ColumnSource::Probe(i) => (1, probe, i),
@@ -225,77 +237,87 @@ pub(crate) fn gather_batches(
                 )))
             }
         };
-        let source_column = side.batch.column(column);
-        let mut pieces = Vec::with_capacity(batches);
-        if let Some(values) = side.resident.get(column).filter(|_| len > 0) {
-            let width = values.width;
-            let target = match &mut gathered {
-                Some(target) if target.len() >= width.words(len) => target,
-                _ => {
-                    let widest = [build, probe]
-                        .iter()
-                        .flat_map(|side| side.resident.columns.iter().flatten())
-                        .map(|column| column.width)
-                        .max()
-                        .unwrap_or(width);
-                    // SAFETY: each gather writes the first `len` values
-                    // before the download below reads them.
-                    let buffer = unsafe { stream.alloc::<u64>(widest.words(len)) }
-                        .during("allocating gathered values")?;
-                    gathered.insert(buffer)
-                }
-            };
-            timer.time(Phase::Kernel, || {
-                launch::gather_values(
-                    device.kernels(),
-                    stream,
-                    device.sm_count(),
-                    width,
-                    &values.words,
-                    side.batch.num_rows(),
-                    side.ids,
-                    len,
-                    target,
-                )
-            })?;
-            let buffers = download_byte_pieces(
-                device,
+        let Some(values) = side.resident.get(column).filter(|_| len > 0) else {
+            on_host[which].push((position, column));
+            continue;
+        };
+        let width = values.width;
+        let target = match &mut gathered {
+            Some(target) if target.len() >= width.words(len) => target,
+            _ => {
+                let widest = [build, probe]
+                    .iter()
+                    .flat_map(|side| side.resident.columns.iter().flatten())
+                    .map(|column| column.width)
+                    .max()
+                    .unwrap_or(width);
+                // SAFETY: each gather writes the first `len` values
+                // before the download below reads them.
+                let buffer = unsafe { stream.alloc::<u64>(widest.words(len)) }
+                    .during("allocating gathered values")?;
+                gathered.insert(buffer)
+            }
+        };
+        timer.time(Phase::Kernel, || {
+            launch::gather_values(
+                device.kernels(),
                 stream,
-                &target.slice(..),
-                len * width.bytes(),
-                batch_size * width.bytes(),
-                host_threads,
-                timer,
-            )?;
-            for buffer in buffers {
-                let rows = buffer.len() / width.bytes();
-                let data = ArrayData::builder(source_column.data_type().clone())
-                    .len(rows)
-                    .add_buffer(buffer)
-                    .build();
-                match data {
-                    Ok(data) => pieces.push(make_array(data)),
-                    Err(e) => return Ok(Err(e.into())),
-                }
-            }
-        } else {
-            if host_ids[which].is_none() {
-                let mut ids = Vec::new();
-                if len > 0 {
-                    download_u64(device, stream, &side.ids.slice(..len), &mut ids, timer)?;
-                }
-                host_ids[which] = Some(UInt64Array::from(ids));
-            }
-            let ids = host_ids[which].as_ref().expect("set above");
-            for start in (0..len).step_by(batch_size) {
-                let rows = batch_size.min(len - start);
-                match take_rows(source_column, &ids.slice(start, rows)) {
-                    Ok(piece) => pieces.push(piece),
-                    Err(e) => return Ok(Err(e)),
-                }
+                device.sm_count(),
+                width,
+                &values.words,
+                side.batch.num_rows(),
+                side.ids,
+                len,
+                target,
+            )
+        })?;
+        let buffers = download_byte_pieces(
+            device,
+            stream,
+            &target.slice(..),
+            len * width.bytes(),
+            batch_size * width.bytes(),
+            host_threads,
+            timer,
+        )?;
+        let data_type = side.batch.data_type(column);
+        for buffer in buffers {
+            let rows = buffer.len() / width.bytes();
+            let data = ArrayData::builder(data_type.clone())
+                .len(rows)
+                .add_buffer(buffer)
+                .build();
+            match data {
+                Ok(data) => columns[position].push(make_array(data)),
+                Err(e) => return Ok(Err(e.into())),
             }
         }
-        columns.push(pieces);
+    }
+    // The other columns are taken on the host, each side's together, with
+    // the side's row ids downloaded once.
+    for (side, wanted) in [build, probe].into_iter().zip(&on_host) {
+        if wanted.is_empty() {
+            continue;
+        }
+        let mut ids = Vec::new();
+        if len > 0 {
+            download_u64(device, stream, &side.ids.slice(..len), &mut ids, timer)?;
+        }
+        let ids = UInt64Array::from(ids);
+        let wanted_columns: Vec<usize> = wanted.iter().map(|&(_, column)| column).collect();
+        for start in (0..len).step_by(batch_size) {
+            let rows = batch_size.min(len - start);
+            let taken = match side
+                .batch
+                .take_columns(&wanted_columns, &ids.slice(start, rows))
+            {
+                Ok(taken) => taken,
+                Err(e) => return Ok(Err(e)),
+            };
+            for (&(position, _), piece) in wanted.iter().zip(taken) {
+                columns[position].push(piece);
+            }
+        }
     }
     Ok((0..batches)
         .map(|b| {
@@ -316,7 +338,9 @@ mod tests {
         BooleanArray, Date32Array, Decimal128Array, Float64Array, Int16Array, Int32Array,
         Int64Array, StringArray,
     };
-    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    use crate::exec::row_source::ArrivedBatches;
 
     fn arr<A: Array + 'static>(a: A) -> ArrayRef {
         Arc::new(a)
@@ -324,7 +348,7 @@ mod tests {
 
     #[test]
     fn fixed_width_columns_of_4_8_16_bytes_without_nulls_go_to_the_device() {
-        let width = |a: ArrayRef| device_width(&a);
+        let width = |a: ArrayRef| device_width(&RecordBatch::try_from_iter([("c", a)]).unwrap(), 0);
         assert_eq!(
             width(arr(Int64Array::from(vec![1, 2]))),
             Some(ValueWidth::Eight)
@@ -385,6 +409,37 @@ mod tests {
             ("d", arr(Float64Array::from(vec![1.0, 2.0]))),
         ])
         .unwrap()
+    }
+
+    #[test]
+    fn a_column_in_pieces_goes_to_the_device_only_where_no_piece_has_nulls() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Int32, true),
+        ]));
+        let batch = |a: Vec<Option<i64>>, b: Vec<i32>| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![arr(Int64Array::from(a)), arr(Int32Array::from(b))],
+            )
+            .unwrap()
+        };
+        let pieces = ArrivedBatches::new(
+            Arc::clone(&schema),
+            vec![
+                batch(vec![Some(1), Some(2)], vec![1, 2]),
+                batch(vec![None, Some(4), Some(5)], vec![3, 4, 5]),
+            ],
+        );
+        assert_eq!(
+            device_width(&pieces, 0),
+            None,
+            "the second piece has a NULL"
+        );
+        assert_eq!(device_width(&pieces, 1), Some(ValueWidth::Four));
+        // Five 4-byte values in 8-byte words.
+        assert_eq!(ResidentColumns::device_bytes(&pieces, &[true, true]), 24);
+        assert_eq!(ResidentColumns::widest(&pieces, &[true, true]), 4);
     }
 
     #[test]

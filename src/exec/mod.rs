@@ -10,6 +10,7 @@ pub mod keys;
 mod metrics;
 mod once;
 mod parallel;
+mod row_source;
 mod sort_merge_join;
 
 pub use aggregate::GpuAggregateExec;

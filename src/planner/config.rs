@@ -103,7 +103,11 @@ extensions_options! {
         /// unmatched probe rows where `HashJoinExec` puts them. SQL leaves
         /// that order unspecified, but applications and test suites may
         /// depend on it; it costs a counting sort of each chunk's matches on
-        /// the host. `false` emits in the device's partition order.
+        /// the host. The rule keeps it only where the order can be seen:
+        /// not below a node that merges partitions as they come, nor for a
+        /// join whose inputs arrive in no fixed order already (through such
+        /// a merge), whose rows `HashJoinExec` emits in no fixed order
+        /// either. `false` emits in the device's partition order.
         pub preserve_order: bool, default = true
         /// Gather the output columns of an inner join without a residual
         /// filter on the device: 4-, 8- and 16-byte columns without NULLs

@@ -39,9 +39,11 @@ use datafusion::physical_plan::ExecutionPlan;
 /// repartition or a merge) or `node` has that one child and is free itself
 /// (a projection or sort passes its input's partitioning on, and whatever
 /// above could rely on it states a requirement, which makes `node` not
-/// free). Everything else is treated as relied on: the test is
-/// conservative, since the rule runs after `EnsureRequirements` and nothing
-/// re-checks the plan.
+/// free). The probe input of a `CollectLeft` hash join is the one child of
+/// two that passes its partitioning on the same way (the build input is
+/// collected whole), so it is free where the join is. Everything else is
+/// treated as relied on: the test is conservative, since the rule runs
+/// after `EnsureRequirements` and nothing re-checks the plan.
 pub(super) fn children_partitioning_free(
     node: &Arc<dyn ExecutionPlan>,
     node_free: bool,
@@ -51,13 +53,19 @@ pub(super) fn children_partitioning_free(
     let sets_own = node.is::<RepartitionExec>()
         || node.is::<CoalescePartitionsExec>()
         || node.is::<SortPreservingMergeExec>();
+    let passed_on = |i: usize| {
+        children.len() == 1
+            || node
+                .downcast_ref::<HashJoinExec>()
+                .is_some_and(|join| *join.partition_mode() == PartitionMode::CollectLeft && i == 1)
+    };
     (0..children.len())
         .map(|i| {
             let unrequired = matches!(
                 requirements.child_distribution(i),
                 None | Some(Distribution::UnspecifiedDistribution)
             );
-            unrequired && (sets_own || (children.len() == 1 && node_free))
+            unrequired && (sets_own || (passed_on(i) && node_free))
         })
         .collect()
 }

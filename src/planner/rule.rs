@@ -16,6 +16,7 @@ use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
@@ -111,6 +112,10 @@ fn rewrite(
         .collect::<Result<Vec<_>>>()?;
     let node = replace_children_if_necessary(node, children)?;
     if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+        // A join whose inputs arrive in no fixed order emits its rows in no
+        // fixed order either, on the CPU as on the GPU.
+        let order_observable =
+            order_observable && !node.children().into_iter().any(order_depends_on_arrival);
         let merge =
             (options.merge_partitions && !order_observable).then_some(if partitioning_free {
                 MergeInputs::Free
@@ -369,6 +374,21 @@ fn absorbable_sorts(join: &SortMergeJoinExec) -> [bool; 2] {
     })
 }
 
+/// Whether the rows of `plan` come out in an order that depends on when
+/// batches arrive: somewhere below, a node interleaves several partitions
+/// as they come, and no sort has ordered the rows since. `HashJoinExec`'s
+/// order (probe rows as they arrive) is then no fixed order: DataFusion's
+/// own runs differ from one another, so a GPU join need not keep it.
+fn order_depends_on_arrival(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    if merges_in_arrival_order(plan) {
+        return true;
+    }
+    if plan.is::<SortExec>() || plan.is::<SortPreservingMergeExec>() {
+        return false;
+    }
+    plan.children().into_iter().any(order_depends_on_arrival)
+}
+
 /// Whether `node` interleaves several input partitions in arrival order.
 fn merges_in_arrival_order(node: &Arc<dyn ExecutionPlan>) -> bool {
     let inputs = |node: &Arc<dyn ExecutionPlan>| {
@@ -432,11 +452,23 @@ mod tests {
 
     /// As [`rewritten`], with the rule's options given.
     async fn rewritten_with(sql: &str, options: GpuOptions) -> Arc<dyn ExecutionPlan> {
+        rewritten_where(sql, options, 0).await
+    }
+
+    /// As [`rewritten_with`], with joins whose build side holds fewer than
+    /// `collect_left_bytes` bytes planned in `CollectLeft` mode. The
+    /// tables: r (4 partitions of 100 rows of two Int64 columns), s (3),
+    /// t (1).
+    async fn rewritten_where(
+        sql: &str,
+        options: GpuOptions,
+        collect_left_bytes: usize,
+    ) -> Arc<dyn ExecutionPlan> {
         let config = SessionConfig::new()
             .with_target_partitions(4)
             .set_usize(
                 "datafusion.optimizer.hash_join_single_partition_threshold",
-                0,
+                collect_left_bytes,
             )
             .set_usize(
                 "datafusion.optimizer.hash_join_single_partition_threshold_rows",
@@ -445,6 +477,7 @@ mod tests {
         let ctx = SessionContext::new_with_config(config);
         ctx.register_table("r", table(4)).unwrap();
         ctx.register_table("s", table(3)).unwrap();
+        ctx.register_table("t", table(1)).unwrap();
         let plan = ctx
             .sql(sql)
             .await
@@ -519,6 +552,71 @@ mod tests {
         let joins = gpu_joins(&plan);
         assert!(!joins[0].repartition_removed(), "{}", show(&plan));
         assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+    }
+
+    #[tokio::test]
+    async fn a_join_below_a_collect_left_probe_side_runs_over_all_input_partitions() {
+        // t (the 800 bytes of its column v) is collected whole by the outer join;
+        // the inner join (s, 2,400 bytes of k, builds) feeds that join's probe
+        // side, whose partitioning nothing relies on.
+        let sql = "SELECT count(*) FROM t JOIN (SELECT r.k FROM r JOIN s ON r.k = s.k) x \
+                   ON t.v = x.k";
+        let options = GpuOptions {
+            min_rows: 0,
+            min_groups: 0,
+            aggregate_single_phase: false,
+            ..GpuOptions::default()
+        };
+        let plan = rewritten_where(sql, options, 2_000).await;
+        let joins = gpu_joins(&plan);
+        assert_eq!(joins.len(), 2, "{}", show(&plan));
+        let outer = joins
+            .iter()
+            .find(|j| !j.repartition_removed())
+            .unwrap_or_else(|| panic!("{}", show(&plan)));
+        assert_eq!(
+            *outer.hash_join().partition_mode(),
+            datafusion::physical_plan::joins::PartitionMode::CollectLeft,
+            "{}",
+            show(&plan)
+        );
+        assert!(
+            joins.iter().any(|j| j.repartition_removed()),
+            "the inner join kept its repartitions:\n{}",
+            show(&plan)
+        );
+        assert_eq!(hash_repartitions(&plan), 0, "{}", show(&plan));
+    }
+
+    #[tokio::test]
+    async fn a_join_over_inputs_in_arrival_order_need_not_keep_its_order() {
+        // A TopK over the join reads its rows in the order the join made
+        // them (ties are kept in arrival order), so with deterministic
+        // inputs (one partition each) the GPU join keeps HashJoinExec's
+        // order. Over tables of several partitions the inputs arrive
+        // through hash repartitions, in no fixed order: the join runs over
+        // all input partitions, with no repartition left.
+        let top = |from: &str| {
+            format!("SELECT a.k, b.v FROM {from} ON a.k = b.k ORDER BY b.v DESC LIMIT 3")
+        };
+        let options = GpuOptions {
+            min_rows: 0,
+            min_groups: 0,
+            aggregate_single_phase: false,
+            ..GpuOptions::default()
+        };
+        let plan = rewritten_with(&top("t a JOIN t b"), options.clone()).await;
+        let joins = gpu_joins(&plan);
+        assert_eq!(joins.len(), 1, "{}", show(&plan));
+        assert!(joins[0].preserves_order(), "{}", show(&plan));
+        assert!(!joins[0].repartition_removed(), "{}", show(&plan));
+
+        let plan = rewritten_with(&top("r a JOIN s b"), options).await;
+        let joins = gpu_joins(&plan);
+        assert_eq!(joins.len(), 1, "{}", show(&plan));
+        assert!(!joins[0].preserves_order(), "{}", show(&plan));
+        assert!(joins[0].repartition_removed(), "{}", show(&plan));
+        assert_eq!(hash_repartitions(&plan), 0, "{}", show(&plan));
     }
 
     #[tokio::test]

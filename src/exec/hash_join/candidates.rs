@@ -6,13 +6,15 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, UInt64Array};
+use datafusion::arrow::compute::filter;
 use datafusion::arrow::compute::SortOptions;
-use datafusion::arrow::compute::{filter, take};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::JoinSide;
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_plan::joins::utils::{JoinFilter, JoinKeyComparator};
+
+use crate::exec::row_source::RowSource;
 
 /// `HashJoinExec`'s key equality between the build side's key columns and
 /// one probe chunk's, for keys that were hashed.
@@ -30,8 +32,8 @@ pub(crate) fn key_comparator(
 pub(crate) fn confirm_pairs(
     keys_equal: Option<&JoinKeyComparator>,
     join_filter: Option<&JoinFilter>,
-    build: &RecordBatch,
-    probe: &RecordBatch,
+    build: &dyn RowSource,
+    probe: &dyn RowSource,
     build_ids: UInt64Array,
     probe_ids: UInt64Array,
 ) -> Result<(UInt64Array, UInt64Array)> {
@@ -67,24 +69,40 @@ fn narrow(ids: &UInt64Array, keep: &BooleanArray) -> Result<UInt64Array> {
 /// The filter's value on each pair.
 pub(crate) fn evaluate_filter(
     join_filter: &JoinFilter,
-    build: &RecordBatch,
-    probe: &RecordBatch,
+    build: &dyn RowSource,
+    probe: &dyn RowSource,
     build_ids: &UInt64Array,
     probe_ids: &UInt64Array,
 ) -> Result<BooleanArray> {
-    let columns = join_filter
-        .column_indices()
+    // Each side's columns are taken together (a probe chunk of several
+    // batches locates its rows once), then put in the filter's order.
+    let indices = join_filter.column_indices();
+    let side_columns = |side: JoinSide| -> Vec<usize> {
+        indices
+            .iter()
+            .filter(|c| c.side == side)
+            .map(|c| c.index)
+            .collect()
+    };
+    let mut left = build
+        .take_columns(&side_columns(JoinSide::Left), build_ids)?
+        .into_iter();
+    let mut right = probe
+        .take_columns(&side_columns(JoinSide::Right), probe_ids)?
+        .into_iter();
+    let columns = indices
         .iter()
-        .map(|column| -> Result<ArrayRef> {
+        .map(|column| {
             match column.side {
-                JoinSide::Left => Ok(take(build.column(column.index).as_ref(), build_ids, None)?),
-                JoinSide::Right => Ok(take(probe.column(column.index).as_ref(), probe_ids, None)?),
-                JoinSide::None => Err(DataFusionError::Internal(
-                    "a join filter column from neither side".into(),
-                )),
+                JoinSide::Left => left.next(),
+                JoinSide::Right => right.next(),
+                JoinSide::None => None,
             }
+            .ok_or_else(|| {
+                DataFusionError::Internal("a join filter column from neither side".into())
+            })
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<ArrayRef>>>()?;
     let options = RecordBatchOptions::new().with_row_count(Some(build_ids.len()));
     let intermediate =
         RecordBatch::try_new_with_options(Arc::clone(join_filter.schema()), columns, &options)?;

@@ -84,6 +84,11 @@ impl GpuHashJoinExec {
         self
     }
 
+    /// Whether rows leave in `HashJoinExec`'s order.
+    pub fn preserves_order(&self) -> bool {
+        self.preserve_order
+    }
+
     /// Marks a join the rule re-planned over the inputs of the CPU hash
     /// repartitions it removed (default: not).
     pub fn with_repartition_removed(mut self, repartition_removed: bool) -> Self {

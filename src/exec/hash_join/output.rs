@@ -12,7 +12,9 @@ use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{ByteViewType, DataType, SchemaRef};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::JoinType;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
+
+use crate::exec::row_source::RowSource;
 
 /// Where each output column comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,11 +42,20 @@ impl SideRows {
         }
     }
 
-    fn column(&self, source: &ArrayRef, rows: usize) -> Result<ArrayRef> {
-        Ok(match self {
-            Self::Ids(ids) => take_rows(source, ids)?,
-            Self::Null => new_null_array(source.data_type(), rows),
-        })
+    /// Each of `columns` of `source` for these rows (`rows` of them).
+    fn columns(
+        &self,
+        source: &dyn RowSource,
+        columns: &[usize],
+        rows: usize,
+    ) -> Result<Vec<ArrayRef>> {
+        match self {
+            Self::Ids(ids) => source.take_columns(columns, ids),
+            Self::Null => Ok(columns
+                .iter()
+                .map(|&c| new_null_array(source.data_type(c), rows))
+                .collect()),
+        }
     }
 }
 
@@ -61,7 +72,7 @@ pub(crate) fn take_rows(source: &ArrayRef, ids: &UInt64Array) -> Result<ArrayRef
 /// DataFusion's own join output does (through arrow's batch coalescer), the
 /// strings are copied into dense buffers when the buffers hold more than
 /// twice the bytes the rows use.
-fn compact_views(array: ArrayRef) -> ArrayRef {
+pub(crate) fn compact_views(array: ArrayRef) -> ArrayRef {
     fn compact<T: ByteViewType + ?Sized>(views: &GenericByteViewArray<T>) -> Option<ArrayRef> {
         let held: usize = views.data_buffers().iter().map(|b| b.capacity()).sum();
         (held > 2 * views.total_buffer_bytes_used()).then(|| Arc::new(views.gc()) as ArrayRef)
@@ -157,6 +168,11 @@ impl OutputAssembler {
         }
     }
 
+    /// The side columns that `pick` finds among the sources, in order.
+    fn side_columns(&self, pick: impl Fn(ColumnSource) -> Option<usize>) -> Vec<usize> {
+        self.sources.iter().filter_map(|&s| pick(s)).collect()
+    }
+
     /// Where each output column comes from, in the output schema's order.
     pub(crate) fn sources(&self) -> &[ColumnSource] {
         &self.sources
@@ -186,29 +202,52 @@ impl OutputAssembler {
     /// slice of the id arrays.
     pub(crate) fn assemble(
         &self,
-        build: &RecordBatch,
-        probe: &RecordBatch,
+        build: &dyn RowSource,
+        probe: &dyn RowSource,
         rows: &OutputRows,
     ) -> Result<Vec<RecordBatch>> {
+        let build_columns: Vec<usize> = self.side_columns(|s| match s {
+            ColumnSource::Build(i) => Some(i),
+            _ => None,
+        });
+        let probe_columns: Vec<usize> = self.side_columns(|s| match s {
+            ColumnSource::Probe(i) => Some(i),
+            _ => None,
+        });
         let mut batches = Vec::with_capacity(rows.len.div_ceil(self.batch_size));
         for start in (0..rows.len).step_by(self.batch_size) {
             let len = (start + self.batch_size).min(rows.len) - start;
-            let build_rows = rows.build.slice(start, len);
-            let probe_rows = rows.probe.slice(start, len);
+            // Each side's columns are taken together: a probe chunk of
+            // several batches locates its rows once for all of them.
+            let mut build_taken = rows
+                .build
+                .slice(start, len)
+                .columns(build, &build_columns, len)?
+                .into_iter();
+            let mut probe_taken = rows
+                .probe
+                .slice(start, len)
+                .columns(probe, &probe_columns, len)?
+                .into_iter();
             let columns = self
                 .sources
                 .iter()
                 .map(|source| -> Result<ArrayRef> {
-                    match source {
-                        ColumnSource::Build(i) => build_rows.column(build.column(*i), len),
-                        ColumnSource::Probe(i) => probe_rows.column(probe.column(*i), len),
-                        ColumnSource::Mark => Ok(Arc::new(
-                            rows.mark
-                                .as_ref()
-                                .map(|m| m.slice(start, len))
-                                .unwrap_or_else(|| BooleanArray::from(vec![false; len])),
-                        )),
-                    }
+                    let taken = match source {
+                        ColumnSource::Build(_) => build_taken.next(),
+                        ColumnSource::Probe(_) => probe_taken.next(),
+                        ColumnSource::Mark => {
+                            return Ok(Arc::new(
+                                rows.mark
+                                    .as_ref()
+                                    .map(|m| m.slice(start, len))
+                                    .unwrap_or_else(|| BooleanArray::from(vec![false; len])),
+                            ))
+                        }
+                    };
+                    taken.ok_or_else(|| {
+                        DataFusionError::Internal("an output column was not taken".into())
+                    })
                 })
                 .collect::<Result<Vec<_>>>()?;
             let options = RecordBatchOptions::new().with_row_count(Some(len));

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::buffer::BooleanBuffer;
-use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
@@ -32,6 +31,7 @@ use super::output::{OutputAssembler, OutputRows, SideRows};
 use crate::exec::device_gather::{gather_batches, probe_side_pays, GatherSide, ResidentColumns};
 use crate::exec::keys::NormalizedKeys;
 use crate::exec::once::OnceFut;
+use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::{order_by_probe_row, order_device_bytes, probe, probe_device_bytes};
@@ -61,9 +61,8 @@ pub(crate) struct JoinSemantics {
 
 /// Probe rows joined in one device launch sequence.
 struct ProbeChunk {
-    batch: RecordBatch,
-    /// End row of each input batch the chunk was made of.
-    batch_ends: Vec<usize>,
+    /// The probe batches the chunk is made of, as they arrived.
+    rows: ArrivedBatches,
 }
 
 /// Everything one partition's probe loop needs.
@@ -173,17 +172,10 @@ impl ProbeLoop {
             return Ok(None);
         }
         self.spec.metrics.probe_rows.add(rows);
-        let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
-        let batch_ends = batches
-            .iter()
-            .scan(0, |end, b| {
-                *end += b.num_rows();
-                Some(*end)
-            })
-            .collect();
+        // Not concatenated: only the keys are made contiguous (see
+        // `crate::exec::row_source`).
         Ok(Some(ProbeChunk {
-            batch: concat_batches(&self.spec.probe_schema, &batches)?,
-            batch_ends,
+            rows: ArrivedBatches::new(Arc::clone(&self.spec.probe_schema), batches),
         }))
     }
 
@@ -226,15 +218,14 @@ impl ProbeLoop {
         build: Arc<BuildSide>,
         chunk: ProbeChunk,
     ) -> Result<Vec<RecordBatch>> {
-        let ProbeChunk {
-            batch: chunk,
-            batch_ends,
-        } = chunk;
+        let ProbeChunk { rows: chunk } = chunk;
+        let batch_ends = chunk.batch_ends().to_vec();
         let semantics = self.spec.semantics.clone();
         let (probe_key_columns, probe_keys) = {
             let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
             let _encode = self.spec.metrics.encode_time.timer();
-            let columns = evaluate_keys(&self.spec.probe_on, &chunk)?;
+            // One thread: the partitions' chunks are read at once.
+            let columns = chunk.key_columns(&self.spec.probe_on, 1)?;
             if semantics.null_aware {
                 build.probe_saw_rows.store(true, Ordering::Release);
                 if columns[0].null_count() > 0 {
@@ -413,7 +404,7 @@ enum ChunkOutput {
 /// Output gathered on the device for one chunk (see
 /// [`crate::exec::device_gather`]).
 struct ChunkGather<'a> {
-    chunk: &'a RecordBatch,
+    chunk: &'a ArrivedBatches,
     /// Per probe column, whether the output uses it.
     probe_columns: &'a [bool],
     output: &'a OutputAssembler,

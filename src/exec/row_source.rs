@@ -1,0 +1,356 @@
+//! The rows of one side of a join, as the join reads them: a batch, or a
+//! probe chunk kept in the batches it arrived in.
+//!
+//! A probe chunk used to be concatenated into one batch before the device
+//! saw its keys. That copied every column of every probe row through host
+//! memory, while a selective join (TPC-H's `part` against all of
+//! `lineitem`) needs only the keys on the device and a few rows of the
+//! other columns after: on TPC-H SF 10 the copy took most of such a join's
+//! time. Now only the key columns are made contiguous; output rows are
+//! taken from the arrived batches by chunk-wide row id, and a column that
+//! goes to the device is copied there piece by piece.
+
+use datafusion::arrow::array::{new_empty_array, new_null_array, Array, ArrayRef, UInt64Array};
+use datafusion::arrow::compute::interleave;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::physical_expr::PhysicalExprRef;
+
+use crate::exec::concat::concat_column_in_parallel;
+
+use crate::exec::hash_join::{compact_views, take_rows};
+
+/// Rows that a join takes output rows from by row id.
+pub(crate) trait RowSource: Sync {
+    /// Rows in all.
+    fn num_rows(&self) -> usize;
+
+    /// Columns per row.
+    fn num_columns(&self) -> usize;
+
+    /// The type of column `column`.
+    fn data_type(&self, column: usize) -> &DataType;
+
+    /// Column `column` in pieces, in row order (one piece for a batch).
+    fn pieces(&self, column: usize) -> Vec<&ArrayRef>;
+
+    /// Rows `ids` (row ids over all pieces) of each of `columns`, in the
+    /// order of `ids`. Variable-width views are compacted (see
+    /// [`take_rows`]).
+    fn take_columns(&self, columns: &[usize], ids: &UInt64Array) -> Result<Vec<ArrayRef>>;
+}
+
+impl RowSource for RecordBatch {
+    fn num_rows(&self) -> usize {
+        RecordBatch::num_rows(self)
+    }
+
+    fn num_columns(&self) -> usize {
+        RecordBatch::num_columns(self)
+    }
+
+    fn data_type(&self, column: usize) -> &DataType {
+        self.column(column).data_type()
+    }
+
+    fn pieces(&self, column: usize) -> Vec<&ArrayRef> {
+        vec![self.column(column)]
+    }
+
+    fn take_columns(&self, columns: &[usize], ids: &UInt64Array) -> Result<Vec<ArrayRef>> {
+        columns
+            .iter()
+            .map(|&column| take_rows(self.column(column), ids))
+            .collect()
+    }
+}
+
+/// The batches of a probe chunk as they arrived, never concatenated.
+#[derive(Debug, Clone)]
+pub(crate) struct ArrivedBatches {
+    schema: SchemaRef,
+    /// Non-empty batches.
+    batches: Vec<RecordBatch>,
+    /// The row id after each batch's last row (running row counts).
+    ends: Vec<usize>,
+}
+
+impl ArrivedBatches {
+    /// The batches of `schema`, in order; empty ones are dropped.
+    pub(crate) fn new(schema: SchemaRef, batches: Vec<RecordBatch>) -> Self {
+        let batches: Vec<RecordBatch> = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
+        let ends = batches
+            .iter()
+            .scan(0, |end, batch| {
+                *end += batch.num_rows();
+                Some(*end)
+            })
+            .collect();
+        Self {
+            schema,
+            batches,
+            ends,
+        }
+    }
+
+    /// The row id after each batch's last row.
+    pub(crate) fn batch_ends(&self) -> &[usize] {
+        &self.ends
+    }
+
+    /// The batches.
+    #[cfg(test)]
+    pub(crate) fn batches(&self) -> &[RecordBatch] {
+        &self.batches
+    }
+
+    /// The values of `on` (key expressions) over all rows, each one
+    /// contiguous array: evaluated on every batch, then concatenated on up
+    /// to `threads` threads. The device needs the keys contiguous; the
+    /// other columns stay in their batches.
+    pub(crate) fn key_columns(
+        &self,
+        on: &[PhysicalExprRef],
+        threads: usize,
+    ) -> Result<Vec<ArrayRef>> {
+        let mut per_key: Vec<Vec<ArrayRef>> =
+            vec![Vec::with_capacity(self.batches.len()); on.len()];
+        for batch in &self.batches {
+            for (pieces, expr) in per_key.iter_mut().zip(on) {
+                pieces.push(expr.evaluate(batch)?.into_array(batch.num_rows())?);
+            }
+        }
+        on.iter()
+            .zip(&per_key)
+            .map(|(expr, pieces)| {
+                let pieces: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
+                match concat_column_in_parallel(&pieces, threads)? {
+                    Some(array) => Ok(array),
+                    None => Ok(new_empty_array(&expr.data_type(&self.schema)?)),
+                }
+            })
+            .collect()
+    }
+
+    /// The (batch, row within it) of each id; a NULL id (the missing side
+    /// of an outer join's row) is row 0 of piece `batches.len()`, where
+    /// [`RowSource::take_columns`] puts a NULL. Ids mostly come in runs
+    /// within one batch, so the batch is looked up only when an id leaves
+    /// the current one.
+    fn locate(&self, ids: &UInt64Array) -> Result<Vec<(usize, usize)>> {
+        let mut located = Vec::with_capacity(ids.len());
+        let mut batch = 0;
+        let has_nulls = ids.null_count() > 0;
+        for (i, &id) in ids.values().iter().enumerate() {
+            if has_nulls && ids.is_null(i) {
+                located.push((self.batches.len(), 0));
+                continue;
+            }
+            let id = id as usize;
+            let start = |b: usize| if b == 0 { 0 } else { self.ends[b - 1] };
+            if batch >= self.ends.len() || id < start(batch) || id >= self.ends[batch] {
+                batch = self.ends.partition_point(|&end| end <= id);
+                if batch == self.ends.len() {
+                    return Err(DataFusionError::Internal(format!(
+                        "row id {id} past the {} rows of a join input",
+                        self.ends.last().copied().unwrap_or(0)
+                    )));
+                }
+            }
+            located.push((batch, id - start(batch)));
+        }
+        Ok(located)
+    }
+}
+
+impl RowSource for ArrivedBatches {
+    fn num_rows(&self) -> usize {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    fn num_columns(&self) -> usize {
+        self.schema.fields().len()
+    }
+
+    fn data_type(&self, column: usize) -> &DataType {
+        self.schema.field(column).data_type()
+    }
+
+    fn pieces(&self, column: usize) -> Vec<&ArrayRef> {
+        self.batches.iter().map(|b| b.column(column)).collect()
+    }
+
+    fn take_columns(&self, columns: &[usize], ids: &UInt64Array) -> Result<Vec<ArrayRef>> {
+        if let [batch] = self.batches.as_slice() {
+            return batch.take_columns(columns, ids);
+        }
+        if ids.is_empty() {
+            return Ok(columns
+                .iter()
+                .map(|&c| new_empty_array(self.data_type(c)))
+                .collect());
+        }
+        let located = self.locate(ids)?;
+        let has_nulls = ids.null_count() > 0;
+        columns
+            .iter()
+            .map(|&column| {
+                // NULL ids take the one row of a NULL piece after the batches.
+                let null = has_nulls.then(|| new_null_array(self.data_type(column), 1));
+                let pieces: Vec<&dyn Array> = self
+                    .batches
+                    .iter()
+                    .map(|b| b.column(column).as_ref())
+                    .chain(null.as_deref())
+                    .collect();
+                // One pass over the ids; the result is compacted as a take's is.
+                Ok(compact_views(interleave(&pieces, &located)?))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{AsArray, Int32Array, Int64Array, StringViewArray};
+    use datafusion::arrow::compute::concat_batches;
+    use datafusion::arrow::datatypes::{Field, Int64Type, Schema};
+    use std::sync::Arc;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int32, true),
+            Field::new("s", DataType::Utf8View, true),
+        ]))
+    }
+
+    /// Batches of 3, 0, 1 and 4 rows; row i has k = 10 * i.
+    fn arrived() -> ArrivedBatches {
+        let batch = |from: i64, rows: i64| {
+            let k: Vec<i64> = (from..from + rows).map(|i| 10 * i).collect();
+            let v: Int32Array = (from..from + rows)
+                .map(|i| (i % 3 != 0).then_some(i as i32))
+                .collect();
+            let s: StringViewArray = (from..from + rows)
+                .map(|i| Some(format!("a string longer than twelve bytes {i}")))
+                .collect();
+            RecordBatch::try_new(
+                schema(),
+                vec![Arc::new(Int64Array::from(k)), Arc::new(v), Arc::new(s)],
+            )
+            .unwrap()
+        };
+        ArrivedBatches::new(
+            schema(),
+            vec![batch(0, 3), batch(3, 0), batch(3, 1), batch(4, 4)],
+        )
+    }
+
+    #[test]
+    fn rows_are_taken_across_batches_as_from_their_concatenation() {
+        let rows = arrived();
+        assert_eq!(rows.batches().len(), 3, "the empty batch is dropped");
+        assert_eq!(rows.batch_ends(), &[3, 4, 8]);
+        assert_eq!(RowSource::num_rows(&rows), 8);
+        let whole = concat_batches(&schema(), rows.batches()).unwrap();
+        // Out of order, repeated, crossing every batch boundary both ways.
+        let ids = UInt64Array::from(vec![7, 0, 3, 3, 2, 4, 1, 6, 0, 5]);
+        let taken = rows.take_columns(&[2, 0, 1], &ids).unwrap();
+        let expected = whole.take_columns(&[2, 0, 1], &ids).unwrap();
+        assert_eq!(taken.len(), 3);
+        for (t, e) in taken.iter().zip(&expected) {
+            assert_eq!(t.as_ref(), e.as_ref());
+        }
+        assert_eq!(
+            taken[1].as_primitive::<Int64Type>().values().to_vec(),
+            vec![70, 0, 30, 30, 20, 40, 10, 60, 0, 50]
+        );
+        // v is NULL on rows 0, 3 and 6.
+        assert_eq!(taken[2].null_count(), 5);
+        assert_eq!(
+            taken[0].as_string_view().value(0),
+            "a string longer than twelve bytes 7"
+        );
+        assert_eq!(
+            taken[0].as_string_view().value(9),
+            "a string longer than twelve bytes 5"
+        );
+    }
+
+    #[test]
+    fn null_ids_take_null_rows_also_from_no_batches() {
+        // The missing side of an outer join's rows has NULL ids.
+        let rows = arrived();
+        let whole = concat_batches(&schema(), rows.batches()).unwrap();
+        let ids = UInt64Array::from(vec![Some(5), None, Some(1), None, Some(7)]);
+        let taken = rows.take_columns(&[0, 1, 2], &ids).unwrap();
+        let expected = whole.take_columns(&[0, 1, 2], &ids).unwrap();
+        for (t, e) in taken.iter().zip(&expected) {
+            assert_eq!(t.as_ref(), e.as_ref());
+        }
+        assert!(taken[0].is_null(1) && taken[0].is_null(3) && taken[0].is_valid(4));
+
+        let empty = ArrivedBatches::new(schema(), vec![]);
+        let all_null = UInt64Array::from(vec![None, None]);
+        let taken = empty.take_columns(&[2, 0], &all_null).unwrap();
+        assert_eq!(taken[0].len(), 2);
+        assert_eq!(taken[0].null_count(), 2);
+        assert_eq!(taken[1].data_type(), &DataType::Int64);
+        assert_eq!(taken[1].null_count(), 2);
+    }
+
+    #[test]
+    fn no_ids_take_empty_columns_and_a_row_past_the_end_is_an_error() {
+        let rows = arrived();
+        let none = rows
+            .take_columns(&[0, 2], &UInt64Array::from(Vec::<u64>::new()))
+            .unwrap();
+        assert!(none.iter().all(|c| c.is_empty()));
+        assert_eq!(none[1].data_type(), &DataType::Utf8View);
+        let err = rows
+            .take_columns(&[0], &UInt64Array::from(vec![1, 8]))
+            .unwrap_err();
+        assert!(err.to_string().contains("row id 8"), "{err}");
+    }
+
+    #[test]
+    fn key_columns_are_contiguous_and_other_columns_stay_in_pieces() {
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{col, BinaryExpr};
+        let rows = arrived();
+        let pieces: Vec<usize> = rows.pieces(0).iter().map(|p| p.len()).collect();
+        assert_eq!(pieces, vec![3, 1, 4]);
+        let k = col("k", &schema()).unwrap();
+        let doubled: PhysicalExprRef = Arc::new(BinaryExpr::new(
+            Arc::clone(&k),
+            Operator::Plus,
+            Arc::clone(&k),
+        ));
+        for threads in [1, 4] {
+            let keys = rows
+                .key_columns(
+                    &[k.clone(), doubled.clone(), col("v", &schema()).unwrap()],
+                    threads,
+                )
+                .unwrap();
+            assert_eq!(
+                keys[0].as_primitive::<Int64Type>().values().to_vec(),
+                (0..8).map(|i| 10 * i).collect::<Vec<i64>>()
+            );
+            assert_eq!(
+                keys[1].as_primitive::<Int64Type>().values().to_vec(),
+                (0..8).map(|i| 20 * i).collect::<Vec<i64>>()
+            );
+            // v keeps its NULLs (rows 0, 3, 6).
+            assert_eq!(keys[2].len(), 8);
+            assert_eq!(keys[2].null_count(), 3);
+        }
+        let none = ArrivedBatches::new(schema(), vec![]);
+        let keys = none.key_columns(&[k], 2).unwrap();
+        assert!(keys[0].is_empty());
+        assert_eq!(keys[0].data_type(), &DataType::Int64);
+    }
+}
