@@ -21,7 +21,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::exec::hash_join::{ColumnSource, OutputAssembler};
+use crate::exec::hash_join::{compact_views, ColumnSource, OutputAssembler};
 use crate::exec::row_source::RowSource;
 use crate::gpu::launch::{self, ValueWidth};
 use crate::gpu::{
@@ -315,7 +315,7 @@ pub(crate) fn gather_batches(
                 Err(e) => return Ok(Err(e)),
             };
             for (&(position, _), piece) in wanted.iter().zip(taken) {
-                columns[position].push(piece);
+                columns[position].push(compact_views(piece));
             }
         }
     }

@@ -19,7 +19,7 @@ use datafusion::physical_expr::PhysicalExprRef;
 
 use crate::exec::concat::concat_column_in_parallel;
 
-use crate::exec::hash_join::{compact_views, take_rows};
+use datafusion::arrow::compute::take;
 
 /// Rows that a join takes output rows from by row id.
 pub(crate) trait RowSource: Sync {
@@ -35,9 +35,11 @@ pub(crate) trait RowSource: Sync {
     /// Column `column` in pieces, in row order (one piece for a batch).
     fn pieces(&self, column: usize) -> Vec<&ArrayRef>;
 
-    /// Rows `ids` (row ids over all pieces) of each of `columns`, in the
-    /// order of `ids`. Variable-width views are compacted (see
-    /// [`take_rows`]).
+    /// Rows `ids` (row ids over all pieces; a NULL id makes a NULL row) of
+    /// each of `columns`, in the order of `ids`. Views are not compacted:
+    /// a join filter's intermediate columns are dropped at once, and
+    /// output columns are compacted where they are made (see
+    /// [`crate::exec::hash_join::compact_views`]).
     fn take_columns(&self, columns: &[usize], ids: &UInt64Array) -> Result<Vec<ArrayRef>>;
 }
 
@@ -61,7 +63,7 @@ impl RowSource for RecordBatch {
     fn take_columns(&self, columns: &[usize], ids: &UInt64Array) -> Result<Vec<ArrayRef>> {
         columns
             .iter()
-            .map(|&column| take_rows(self.column(column), ids))
+            .map(|&column| Ok(take(self.column(column).as_ref(), ids, None)?))
             .collect()
     }
 }
@@ -204,8 +206,8 @@ impl RowSource for ArrivedBatches {
                     .map(|b| b.column(column).as_ref())
                     .chain(null.as_deref())
                     .collect();
-                // One pass over the ids; the result is compacted as a take's is.
-                Ok(compact_views(interleave(&pieces, &located)?))
+                // One pass over the ids.
+                Ok(interleave(&pieces, &located)?)
             })
             .collect()
     }

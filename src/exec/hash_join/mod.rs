@@ -19,7 +19,5 @@ pub use exec::GpuHashJoinExec;
 // host-side filter over candidate pairs.
 pub(crate) use candidates::evaluate_filter;
 pub(crate) use matches::emits_pairs;
-pub(crate) use output::{
-    compact_views, take_rows, ColumnSource, OutputAssembler, OutputRows, SideRows,
-};
+pub(crate) use output::{compact_views, ColumnSource, OutputAssembler, OutputRows, SideRows};
 pub(crate) use stream::evaluate_keys;

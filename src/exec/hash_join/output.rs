@@ -8,7 +8,6 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     new_null_array, ArrayRef, AsArray, BooleanArray, GenericByteViewArray, UInt64Array,
 };
-use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{ByteViewType, DataType, SchemaRef};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::JoinType;
@@ -50,18 +49,17 @@ impl SideRows {
         rows: usize,
     ) -> Result<Vec<ArrayRef>> {
         match self {
-            Self::Ids(ids) => source.take_columns(columns, ids),
+            Self::Ids(ids) => Ok(source
+                .take_columns(columns, ids)?
+                .into_iter()
+                .map(compact_views)
+                .collect()),
             Self::Null => Ok(columns
                 .iter()
                 .map(|&c| new_null_array(source.data_type(c), rows))
                 .collect()),
         }
     }
-}
-
-/// The rows `ids` of `source`, compacted (see [`compact_views`]).
-pub(crate) fn take_rows(source: &ArrayRef, ids: &UInt64Array) -> Result<ArrayRef> {
-    Ok(compact_views(take(source.as_ref(), ids, None)?))
 }
 
 /// A `take` from a view array (`Utf8View`, `BinaryView`) keeps every data
