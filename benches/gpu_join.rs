@@ -179,6 +179,19 @@ async fn timed_variant(
 }
 
 /// The median of `times` (the upper one of an even count).
+/// The process's minor page faults so far (Linux), `None` elsewhere.
+fn minor_page_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the parenthesized command name; minflt is field 10.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    fields.get(7)?.parse().ok()
+}
+
+/// Minor page faults per run since `before`.
+fn faults_per_run(before: Option<u64>, runs: usize) -> Option<u64> {
+    Some((minor_page_faults()? - before?) / runs.max(1) as u64)
+}
+
 fn median(times: &mut [Duration]) -> Duration {
     times.sort();
     times.get(times.len() / 2).copied().unwrap_or_default()
@@ -284,6 +297,7 @@ async fn end_to_end() {
     if explain_analyze {
         print_metrics("CPU", &cpu_plan);
     }
+    let faults_before = minor_page_faults();
     let mut cpu_times: Vec<Duration> = {
         let mut v = Vec::new();
         for _ in 0..runs {
@@ -291,6 +305,7 @@ async fn end_to_end() {
         }
         v
     };
+    let cpu_faults = faults_per_run(faults_before, runs);
     let cpu = median(&mut cpu_times);
     println!(
         "CPU  (DataFusion HashJoinExec): median {:>9.1} ms  answer {cpu_answer:?}",
@@ -335,12 +350,14 @@ async fn end_to_end() {
     };
     let mut warm_times = Vec::new();
     let mut last_plan = None;
+    let faults_before = minor_page_faults();
     for _ in 0..runs {
         let (t, answer, plan) = run_once(&ctx).await;
         assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
         warm_times.push(t);
         last_plan = Some(plan);
     }
+    let gpu_faults = faults_per_run(faults_before, runs);
     assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
     let warm = median(&mut warm_times);
     let plan = last_plan.expect("at least one run");
@@ -379,6 +396,11 @@ async fn end_to_end() {
         + (16.0 * matches) / bandwidth.device_to_host;
     println!("GPU  (GpuHashJoinExec):         cold   {:>9.1} ms  warm median {:>9.1} ms  answer {gpu_answer:?}", cold.as_secs_f64() * 1e3, warm.as_secs_f64() * 1e3);
     println!("     last warm run, summed over partitions: kernel {kernel_ms:.1} ms, transfers {transfer_ms:.1} ms, {h2d} B to device, {d2h} B back");
+    if let (Some(cpu_faults), Some(gpu_faults)) = (cpu_faults, gpu_faults) {
+        // Each fault is a fresh page of host memory the process touched:
+        // allocations that the allocator maps anew for every query.
+        println!("     minor page faults per run: CPU {cpu_faults}, GPU {gpu_faults}");
+    }
     println!(
         "pinned copy bandwidth: {:.1} GB/s to device, {:.1} GB/s back; floor for 2^{log2} keys in + pairs out: {:.1} ms",
         bandwidth.host_to_device / 1e9,

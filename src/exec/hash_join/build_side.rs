@@ -20,10 +20,9 @@ use futures::TryStreamExt;
 use super::host_fallback::HostBuildTable;
 use super::matches::{tracks_build_matches, VisitedRows};
 use super::order::ArrivalOrder;
-use super::stream::evaluate_keys;
-use crate::exec::concat::concat_in_parallel;
 use crate::exec::device_gather::ResidentColumns;
 use crate::exec::keys::{KeyEncoder, KeySpec, NormalizedKeys};
+use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::{upload_u64, DeviceVec, GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::DeviceBuildTable;
@@ -35,11 +34,12 @@ use crate::ops::radix::RadixPlan;
 /// join) what the probe side held.
 #[derive(Debug)]
 pub(crate) struct BuildSide {
-    /// Every build row, in one batch so that row ids index it directly.
-    pub(crate) batch: RecordBatch,
-    /// The arrival position of each row of `batch`.
+    /// Every build row, in the batches it arrived in, last batch first:
+    /// row ids count across them as over their concatenation.
+    pub(crate) rows: ArrivedBatches,
+    /// The arrival position of each row of `rows`.
     pub(crate) arrival: ArrivalOrder,
-    /// The key columns evaluated on `batch`.
+    /// The key columns evaluated on `rows`, each one contiguous array.
     pub(crate) key_columns: Vec<ArrayRef>,
     pub(crate) encoder: KeyEncoder,
     pub(crate) keys: NormalizedKeys,
@@ -88,21 +88,28 @@ pub(crate) struct ResidentBuildColumns {
     pub(crate) positions: Option<DeviceVec<u64>>,
 }
 
-/// The collected build rows in one batch, with their encoded keys.
+/// The collected build rows, with their encoded keys.
 struct PreparedBuild {
     arrival: ArrivalOrder,
-    batch: RecordBatch,
+    rows: ArrivedBatches,
     key_columns: Vec<ArrayRef>,
     encoder: KeyEncoder,
     keys: NormalizedKeys,
 }
 
 impl PreparedBuild {
-    /// Concatenates `batches` and encodes their keys, both spread over the
-    /// host's cores: this runs once, before any probe partition can start.
+    /// Makes the key columns of `batches` contiguous and encodes them, both
+    /// spread over the host's cores: this runs once, before any probe
+    /// partition can start. The other columns stay in their batches: output
+    /// rows are taken from them by id, and the device gets them piece by
+    /// piece. Concatenating them took most of this step: 1 s for TPC-H
+    /// q18's 4.8 GB build side at SF 10. Making only the columns taken on
+    /// the host contiguous, on first use, was tried and measured slower
+    /// there: arrow concatenates strings value by value (15 M customer
+    /// names, about 1 s on one thread) while every probe partition waits.
     fn new(
-        batches: &[RecordBatch],
-        schema: &SchemaRef,
+        batches: Vec<RecordBatch>,
+        schema: SchemaRef,
         on: &[PhysicalExprRef],
         spec: &KeySpec,
     ) -> Result<Self> {
@@ -110,13 +117,13 @@ impl PreparedBuild {
         // In reverse arrival order, as `HashJoinExec` concatenates its build
         // side: build row ids then order rows the way it does.
         let arrival = ArrivalOrder::new(&batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>());
-        let batch = concat_in_parallel(schema, batches.iter().rev(), threads)?;
-        let key_columns = evaluate_keys(on, &batch)?;
+        let rows = ArrivedBatches::new(schema, batches.into_iter().rev().collect());
+        let key_columns = rows.key_columns(on, threads)?;
         let encoder = KeyEncoder::for_build_side(spec, &key_columns)?;
         let keys = encoder.encode_parallel(&key_columns, threads)?;
         Ok(Self {
             arrival,
-            batch,
+            rows,
             key_columns,
             encoder,
             keys,
@@ -153,7 +160,7 @@ impl BuildSide {
             SpawnedTask::spawn_blocking(move || -> Result<PreparedBuild> {
                 let _timer = metrics.baseline.elapsed_compute().timer();
                 let _prepare = metrics.build_prepare_time.timer();
-                PreparedBuild::new(&batches, &schema, &on, &spec)
+                PreparedBuild::new(batches, schema, &on, &spec)
             })
             .join()
             .await
@@ -161,18 +168,22 @@ impl BuildSide {
         };
         let PreparedBuild {
             arrival,
-            batch,
+            rows,
             key_columns,
             encoder,
             keys,
         } = prepared;
-        reservation.try_resize(batch.get_array_memory_size())?;
-        metrics.build_rows.add(batch.num_rows());
-        reservation.try_grow(8 * (keys.keys.len() + keys.row_ids.as_ref().map_or(0, Vec::len)))?;
+        metrics.build_rows.add(rows.num_rows());
+        // The arrived batches are reserved already; the contiguous key
+        // columns and the encoded keys are new.
+        let key_bytes: usize = key_columns.iter().map(|c| c.get_array_memory_size()).sum();
+        reservation.try_grow(
+            key_bytes + 8 * (keys.keys.len() + keys.row_ids.as_ref().map_or(0, Vec::len)),
+        )?;
         let plan = RadixPlan::for_join(keys.keys.len() as u64, probe_chunk_rows as u64);
-        let visited = tracks_build_matches(join_type).then(|| VisitedRows::new(batch.num_rows()));
+        let visited = tracks_build_matches(join_type).then(|| VisitedRows::new(rows.num_rows()));
         Ok(Self {
-            batch,
+            rows,
             arrival,
             key_columns,
             encoder,
@@ -220,9 +231,9 @@ impl BuildSide {
             .gather
             .as_ref()
             .filter(|gather| gather.ordered)
-            .and_then(|_| self.arrival.positions(self.batch.num_rows() as u64));
+            .and_then(|_| self.arrival.positions(self.rows.num_rows() as u64));
         let gather_bytes = self.gather.as_ref().map_or(0, |gather| {
-            ResidentColumns::device_bytes(&self.batch, &gather.columns)
+            ResidentColumns::device_bytes(&self.rows, &gather.columns)
                 + positions.as_ref().map_or(0, |p| 8 * p.len())
         });
         let resident = DeviceBuildTable::resident_bytes(rows, &self.plan) + gather_bytes;
@@ -256,7 +267,7 @@ impl BuildSide {
                 columns: ResidentColumns::upload(
                     device,
                     stream.stream(),
-                    &self.batch,
+                    &self.rows,
                     &gather.columns,
                     &mut timer,
                 )?,

@@ -209,7 +209,7 @@ impl ProbeLoop {
         let no_probe = RecordBatch::new_empty(Arc::clone(&self.spec.probe_schema));
         self.spec
             .output
-            .assemble(&build.batch, &no_probe, &OutputRows::build_only(ids, mark))
+            .assemble(&build.rows, &no_probe, &OutputRows::build_only(ids, mark))
     }
 
     /// Joins one probe chunk on the device, off the async runtime.
@@ -288,7 +288,7 @@ impl ProbeLoop {
                     let (build_ids, probe_ids) = confirm_pairs(
                         keys_equal.as_ref(),
                         semantics.filter.as_deref(),
-                        &build.batch,
+                        &build.rows,
                         &chunk,
                         UInt64Array::from(build_ids),
                         UInt64Array::from(probe_ids),
@@ -306,7 +306,7 @@ impl ProbeLoop {
                         all_probe.extend_from_slice(probe_ids.values());
                     } else if emits_pairs(join_type) {
                         batches.extend(output.assemble(
-                            &build.batch,
+                            &build.rows,
                             &chunk,
                             &OutputRows::pairs(build_ids, probe_ids),
                         )?);
@@ -363,12 +363,12 @@ impl ProbeLoop {
                         UInt64Array::from(probe_ids),
                     ),
                 };
-                batches.extend(output.assemble(&build.batch, &chunk, &rows)?);
+                batches.extend(output.assemble(&build.rows, &chunk, &rows)?);
             } else if let Some(matched) = &probe_matched {
                 if matches!(join_type, JoinType::Right | JoinType::Full) {
                     let (ids, _) = rows_emitted_alone(join_type, matched);
                     batches.extend(output.assemble(
-                        &build.batch,
+                        &build.rows,
                         &chunk,
                         &OutputRows::probe_only(ids, None),
                     )?);
@@ -379,7 +379,7 @@ impl ProbeLoop {
                     // RightSemi, RightAnti, RightMark: probe rows, in order.
                     let (ids, mark) = rows_emitted_alone(join_type, matched);
                     batches.extend(output.assemble(
-                        &build.batch,
+                        &build.rows,
                         &chunk,
                         &OutputRows::probe_only(ids, mark),
                     )?);
@@ -579,10 +579,7 @@ fn pairs_on_device(
                     stream,
                     &pairs,
                     build_columns.positions.as_ref(),
-                    (
-                        build.batch.num_rows() as u64,
-                        gather.chunk.num_rows() as u64,
-                    ),
+                    (build.rows.num_rows() as u64, gather.chunk.num_rows() as u64),
                     timer,
                 )?),
                 false => None,
@@ -596,7 +593,7 @@ fn pairs_on_device(
                 stream,
                 gather.output,
                 &GatherSide {
-                    batch: &build.batch,
+                    batch: &build.rows,
                     resident: &build_columns.columns,
                     ids: build_ids,
                 },
