@@ -54,6 +54,58 @@ pub struct NormalizedKeys {
     pub row_ids: Option<Vec<u64>>,
 }
 
+/// A probe chunk's keys: encoded into one buffer, or, where the raw
+/// encoding reads them in place and none is NULL, the key column's own
+/// buffers batch by batch. Copying those into one buffer first took 20 to
+/// 35 ms per 4 M-row chunk (`encode_time`), the device copies them piece
+/// by piece anyway.
+#[derive(Debug, Clone)]
+pub enum ProbeKeys {
+    Encoded(NormalizedKeys),
+    RawPieces(Vec<ScalarBuffer<u64>>),
+}
+
+impl ProbeKeys {
+    /// Keys in all.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Encoded(keys) => keys.keys.len(),
+            Self::RawPieces(pieces) => pieces.iter().map(|p| p.len()).sum(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The keys, in pieces laid end to end.
+    pub fn pieces(&self) -> Vec<&[u64]> {
+        match self {
+            Self::Encoded(keys) => vec![&keys.keys[..]],
+            Self::RawPieces(pieces) => pieces.iter().map(|p| &p[..]).collect(),
+        }
+    }
+
+    /// Each key's row in the chunk, or `None` where every row has its key.
+    pub fn row_ids(&self) -> Option<&[u64]> {
+        match self {
+            Self::Encoded(keys) => keys.row_ids.as_deref(),
+            Self::RawPieces(_) => None,
+        }
+    }
+
+    /// The keys in one buffer (copied where they are in pieces).
+    pub fn to_normalized(&self) -> std::borrow::Cow<'_, NormalizedKeys> {
+        match self {
+            Self::Encoded(keys) => std::borrow::Cow::Borrowed(keys),
+            Self::RawPieces(pieces) => std::borrow::Cow::Owned(NormalizedKeys {
+                keys: pieces.iter().flat_map(|p| p.iter().copied()).collect(),
+                row_ids: None,
+            }),
+        }
+    }
+}
+
 /// Whether a column of `data_type` packs as a fixed-width value.
 fn packable(data_type: &DataType) -> bool {
     use DataType::*;
@@ -282,6 +334,22 @@ impl KeyEncoder {
     /// Whether NULL keys match each other.
     pub fn null_equality(&self) -> NullEquality {
         self.spec.null_equality
+    }
+
+    /// The probe keys of a chunk whose key columns are in `pieces` (per key
+    /// column, its arrays batch by batch), each piece's own buffer, when
+    /// the raw encoding reads them in place and none is NULL; `None`
+    /// otherwise (the columns are then concatenated and encoded).
+    pub fn raw_pieces(&self, pieces: &[Vec<ArrayRef>]) -> Option<Vec<ScalarBuffer<u64>>> {
+        let [column] = pieces else {
+            return None;
+        };
+        let in_place = self.encoding == Encoding::Raw
+            && column.iter().all(|piece| {
+                piece.logical_null_count() == 0
+                    && self.spec.check_columns(std::slice::from_ref(piece)).is_ok()
+            });
+        in_place.then(|| column.iter().map(|piece| raw_keys(piece).keys).collect())
     }
 
     /// Whether device matches must be checked on the host (hashed keys).
@@ -864,6 +932,47 @@ mod tests {
                 .kind(),
             "hashed"
         );
+    }
+
+    #[test]
+    fn raw_probe_keys_stay_in_their_pieces_unless_one_is_null() {
+        let s = spec(&[DataType::Int64]);
+        let build = arr(Int64Array::from(vec![1, 5, 9]));
+        let encoder = KeyEncoder::for_build_side(&s, &[build]).unwrap();
+        assert_eq!(encoder.kind(), "raw");
+        let first = arr(Int64Array::from(vec![5, -3]));
+        let second = arr(Int64Array::from(vec![9, 1, 7]));
+        let pieces = vec![vec![Arc::clone(&first), Arc::clone(&second)]];
+        let raw = encoder.raw_pieces(&pieces).expect("raw pieces");
+        assert_eq!(raw.len(), 2);
+        // Each piece is its column's own buffer.
+        assert_eq!(
+            raw[1].inner().as_ptr(),
+            second.to_data().buffers()[0].as_ptr()
+        );
+        let keys = ProbeKeys::RawPieces(raw);
+        assert_eq!(keys.len(), 5);
+        assert_eq!(keys.row_ids(), None);
+        let whole = datafusion::arrow::compute::concat(&[first.as_ref(), second.as_ref()]).unwrap();
+        let encoded = encoder.encode(&[whole]).unwrap();
+        assert_eq!(*keys.to_normalized(), encoded);
+        let laid_end_to_end: Vec<u64> = keys.pieces().concat();
+        assert_eq!(laid_end_to_end, encoded.keys.to_vec());
+
+        // A NULL in any piece: the rows are concatenated and encoded (the
+        // NULL row dropped) instead.
+        let with_null = arr(Int64Array::from(vec![Some(9), None]));
+        assert!(encoder.raw_pieces(&[vec![first, with_null]]).is_none());
+        // Other encodings never hand out pieces.
+        let packed = KeyEncoder::for_build_side(
+            &spec(&[DataType::Int32]),
+            &[arr(Int32Array::from(vec![1, 2]))],
+        )
+        .unwrap();
+        assert_eq!(packed.kind(), "packed");
+        assert!(packed
+            .raw_pieces(&[vec![arr(Int32Array::from(vec![1]))]])
+            .is_none());
     }
 
     #[test]

@@ -137,6 +137,13 @@ impl ArrivedBatches {
         on: &[PhysicalExprRef],
         threads: usize,
     ) -> Result<Vec<ArrayRef>> {
+        let per_key = self.key_pieces(on)?;
+        self.concat_key_pieces(on, &per_key, threads)
+    }
+
+    /// The values of `on` (key expressions) batch by batch: per key, one
+    /// array per batch.
+    pub(crate) fn key_pieces(&self, on: &[PhysicalExprRef]) -> Result<Vec<Vec<ArrayRef>>> {
         let mut per_key: Vec<Vec<ArrayRef>> =
             vec![Vec::with_capacity(self.batches.len()); on.len()];
         for batch in &self.batches {
@@ -144,8 +151,19 @@ impl ArrivedBatches {
                 pieces.push(expr.evaluate(batch)?.into_array(batch.num_rows())?);
             }
         }
+        Ok(per_key)
+    }
+
+    /// [`Self::key_pieces`]' output made contiguous, one array per key, on
+    /// up to `threads` threads.
+    pub(crate) fn concat_key_pieces(
+        &self,
+        on: &[PhysicalExprRef],
+        per_key: &[Vec<ArrayRef>],
+        threads: usize,
+    ) -> Result<Vec<ArrayRef>> {
         on.iter()
-            .zip(&per_key)
+            .zip(per_key)
             .map(|(expr, pieces)| {
                 let pieces: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
                 match concat_column_in_parallel(&pieces, threads)? {

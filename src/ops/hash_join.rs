@@ -12,8 +12,8 @@ use super::merge_join::radix_sort;
 use super::radix::{radix_partition, PartitionedColumn, RadixPlan};
 use crate::gpu::launch;
 use crate::gpu::{
-    download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
-    PhaseTimer,
+    download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
+    GpuResult, Phase, PhaseTimer,
 };
 
 /// The build side of a join, partitioned and resident on one device.
@@ -34,7 +34,7 @@ impl DeviceBuildTable {
         plan: RadixPlan,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let build = upload_and_partition(device, stream, keys, row_ids, &plan, timer)?;
+        let build = upload_and_partition(device, stream, &[keys], row_ids, &plan, timer)?;
         Ok(Self { plan, build })
     }
 
@@ -57,27 +57,26 @@ impl DeviceBuildTable {
 fn upload_and_partition(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: &[u64],
+    keys: &[&[u64]],
     row_ids: Option<&[u64]>,
     plan: &RadixPlan,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PartitionedColumn> {
-    let device_keys = upload_u64(device, stream, keys, timer)?;
+    let device_keys = upload_u64_pieces(device, stream, keys, timer)?;
+    let rows: usize = keys.iter().map(|piece| piece.len()).sum();
     let device_ids = match row_ids {
         Some(ids) => {
-            if ids.len() != keys.len() {
+            if ids.len() != rows {
                 return Err(GpuError::Invalid(format!(
-                    "{} row ids for {} keys",
+                    "{} row ids for {rows} keys",
                     ids.len(),
-                    keys.len()
                 )));
             }
             upload_u64(device, stream, ids, timer)?
         }
         None => {
             // SAFETY: iota writes every element.
-            let mut ids =
-                unsafe { stream.alloc::<u64>(keys.len()) }.during("allocating row ids")?;
+            let mut ids = unsafe { stream.alloc::<u64>(rows) }.during("allocating row ids")?;
             timer.time(Phase::Kernel, || {
                 launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)
             })?;
@@ -136,7 +135,8 @@ impl DeviceJoinPairs<'_> {
     }
 }
 
-/// Joins one chunk of probe keys against `table`. For each range of
+/// Joins one chunk of probe keys (`keys`: pieces laid end to end, copied
+/// to the device one after the other) against `table`. For each range of
 /// partitions whose output fits `max_pairs` (or a single larger partition),
 /// calls `emit` with the matching pairs on the device. Returns the number
 /// of pairs.
@@ -145,13 +145,13 @@ pub fn probe(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     table: &DeviceBuildTable,
-    keys: &[u64],
+    keys: &[&[u64]],
     row_ids: Option<&[u64]>,
     max_pairs: usize,
     timer: &mut PhaseTimer,
     mut emit: impl FnMut(DeviceJoinPairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
 ) -> GpuResult<u64> {
-    if keys.is_empty() || table.rows() == 0 {
+    if keys.iter().all(|piece| piece.is_empty()) || table.rows() == 0 {
         return Ok(0);
     }
     let plan = table.plan();

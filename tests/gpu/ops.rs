@@ -121,11 +121,13 @@ fn device_join(
     // Build rows arrived last to first: rank = build rows - 1 - row.
     let ranks: Vec<u64> = (0..build.len() as u64).rev().collect();
     let device_ranks = upload_u64(device, stream, &ranks, &mut timer).unwrap();
+    // The probe keys in uneven pieces, as a chunk's batches hand them over.
+    let pieces: Vec<&[u64]> = probe.chunks(probe.len() / 3 + 1).collect();
     let total = hash_join::probe(
         device,
         stream,
         &table,
-        probe,
+        &pieces,
         None,
         max_pairs,
         &mut timer,

@@ -29,7 +29,7 @@ use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
 use super::output::{OutputAssembler, OutputRows, SideRows};
 use crate::exec::device_gather::{gather_batches, probe_side_pays, GatherSide, ResidentColumns};
-use crate::exec::keys::NormalizedKeys;
+use crate::exec::keys::ProbeKeys;
 use crate::exec::once::OnceFut;
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
@@ -224,11 +224,10 @@ impl ProbeLoop {
         let (probe_key_columns, probe_keys) = {
             let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
             let _encode = self.spec.metrics.encode_time.timer();
-            // One thread: the partitions' chunks are read at once.
-            let columns = chunk.key_columns(&self.spec.probe_on, 1)?;
+            let pieces = chunk.key_pieces(&self.spec.probe_on)?;
             if semantics.null_aware {
                 build.probe_saw_rows.store(true, Ordering::Release);
-                if columns[0].null_count() > 0 {
+                if pieces[0].iter().any(|piece| piece.null_count() > 0) {
                     build.probe_saw_null.store(true, Ordering::Release);
                 }
                 if build.probe_saw_null.load(Ordering::Acquire) {
@@ -237,8 +236,16 @@ impl ProbeLoop {
                     return Ok(vec![]);
                 }
             }
-            let keys = build.encoder.encode(&columns)?;
-            (columns, keys)
+            match build.encoder.raw_pieces(&pieces) {
+                // Raw keys need no check against the key columns.
+                Some(raw) => (Vec::new(), ProbeKeys::RawPieces(raw)),
+                None => {
+                    // One thread: the partitions' chunks are read at once.
+                    let columns = chunk.concat_key_pieces(&self.spec.probe_on, &pieces, 1)?;
+                    let keys = build.encoder.encode(&columns)?;
+                    (columns, ProbeKeys::Encoded(keys))
+                }
+            }
         };
         let device = Arc::clone(&self.spec.device);
         let output = self.spec.output.clone();
@@ -273,7 +280,7 @@ impl ProbeLoop {
                 .then(|| (Vec::new(), Vec::new()));
             let mut batches = Vec::new();
             // Rows of either side that no key can match never reach the device.
-            if !probe_keys.keys.is_empty() && !build.keys.keys.is_empty() {
+            if !probe_keys.is_empty() && !build.keys.keys.is_empty() {
                 let mut on_output = |output_part: ChunkOutput| -> Result<()> {
                     let _emit = metrics.emit_time.timer();
                     let (build_ids, probe_ids) = match output_part {
@@ -427,7 +434,7 @@ struct DeviceLimits {
 fn find_pairs(
     device: &Arc<GpuDevice>,
     build: &BuildSide,
-    probe_keys: &NormalizedKeys,
+    probe_keys: &ProbeKeys,
     limits: DeviceLimits,
     gather: Option<ChunkGather<'_>>,
     metrics: &GpuJoinMetrics,
@@ -480,11 +487,11 @@ fn find_pairs(
         Ok(()) => Ok(()),
         Err(e) if !handed_on && e.is_out_of_device_memory() => {
             metrics.cpu_fallback_chunks.add(1);
-            build
-                .host_table()
-                .probe(probe_keys, max_pairs, &mut |build_ids, probe_ids| {
-                    on_output(ChunkOutput::Pairs(build_ids, probe_ids))
-                })
+            build.host_table().probe(
+                &probe_keys.to_normalized(),
+                max_pairs,
+                &mut |build_ids, probe_ids| on_output(ChunkOutput::Pairs(build_ids, probe_ids)),
+            )
         }
         Err(e) => Err(e.into()),
     }
@@ -494,7 +501,7 @@ fn find_pairs(
 fn pairs_on_device(
     device: &Arc<GpuDevice>,
     build: &BuildSide,
-    probe_keys: &NormalizedKeys,
+    probe_keys: &ProbeKeys,
     limits: &DeviceLimits,
     gather: Option<&ChunkGather<'_>>,
     metrics: &GpuJoinMetrics,
@@ -523,12 +530,8 @@ fn pairs_on_device(
             + order
             + widest * max_pairs
     });
-    let bytes = probe_device_bytes(
-        probe_keys.keys.len(),
-        table.plan(),
-        max_pairs,
-        device.sm_count(),
-    ) + gather_bytes;
+    let bytes = probe_device_bytes(probe_keys.len(), table.plan(), max_pairs, device.sm_count())
+        + gather_bytes;
     let memory = device
         .budget()
         .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
@@ -546,8 +549,8 @@ fn pairs_on_device(
         device,
         stream,
         table,
-        &probe_keys.keys,
-        probe_keys.row_ids.as_deref(),
+        &probe_keys.pieces(),
+        probe_keys.row_ids(),
         max_pairs,
         &mut timer,
         |pairs, timer| {
