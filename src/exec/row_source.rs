@@ -132,6 +132,7 @@ impl ArrivedBatches {
     /// contiguous array: evaluated on every batch, then concatenated on up
     /// to `threads` threads. The device needs the keys contiguous; the
     /// other columns stay in their batches.
+    #[cfg(test)]
     pub(crate) fn key_columns(
         &self,
         on: &[PhysicalExprRef],

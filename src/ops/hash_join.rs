@@ -24,17 +24,17 @@ pub struct DeviceBuildTable {
 }
 
 impl DeviceBuildTable {
-    /// Copies the build keys (and row ids, or `0..n` when `None`) to the
-    /// device and partitions them by `plan`.
+    /// Copies the build keys (pieces laid end to end; and row ids, or `0..n`
+    /// when `None`) to the device and partitions them by `plan`.
     pub fn build(
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
-        keys: &[u64],
+        keys: &[&[u64]],
         row_ids: Option<&[u64]>,
         plan: RadixPlan,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let build = upload_and_partition(device, stream, &[keys], row_ids, &plan, timer)?;
+        let build = upload_and_partition(device, stream, keys, row_ids, &plan, timer)?;
         Ok(Self { plan, build })
     }
 

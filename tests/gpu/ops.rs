@@ -115,7 +115,9 @@ fn device_join(
     let stream = device.stream().unwrap();
     let stream = stream.stream();
     let mut timer = PhaseTimer::new(Arc::clone(stream));
-    let table = DeviceBuildTable::build(device, stream, build, None, plan, &mut timer).unwrap();
+    // The build keys in two pieces, the probe keys in three (below).
+    let halves: Vec<&[u64]> = build.chunks(build.len() / 2 + 1).collect();
+    let table = DeviceBuildTable::build(device, stream, &halves, None, plan, &mut timer).unwrap();
     let mut pairs = Vec::new();
     let mut emitted_batches = 0;
     // Build rows arrived last to first: rank = build rows - 1 - row.

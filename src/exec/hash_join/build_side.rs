@@ -21,7 +21,7 @@ use super::host_fallback::HostBuildTable;
 use super::matches::{tracks_build_matches, VisitedRows};
 use super::order::ArrivalOrder;
 use crate::exec::device_gather::ResidentColumns;
-use crate::exec::keys::{KeyEncoder, KeySpec, NormalizedKeys};
+use crate::exec::keys::{JoinKeys, KeyEncoder, KeySpec};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::{upload_u64, DeviceVec, GpuDevice, GpuResult, PhaseTimer, ReservationKind};
@@ -39,10 +39,11 @@ pub(crate) struct BuildSide {
     pub(crate) rows: ArrivedBatches,
     /// The arrival position of each row of `rows`.
     pub(crate) arrival: ArrivalOrder,
-    /// The key columns evaluated on `rows`, each one contiguous array.
+    /// The key columns evaluated on `rows`, each one contiguous array; none
+    /// where `keys` are raw pieces (which hold no NULL and need no check).
     pub(crate) key_columns: Vec<ArrayRef>,
     pub(crate) encoder: KeyEncoder,
-    pub(crate) keys: NormalizedKeys,
+    pub(crate) keys: JoinKeys,
     /// Matched build rows, for join types that emit build rows at the end.
     pub(crate) visited: Option<VisitedRows>,
     probes_running: AtomicUsize,
@@ -94,12 +95,13 @@ struct PreparedBuild {
     rows: ArrivedBatches,
     key_columns: Vec<ArrayRef>,
     encoder: KeyEncoder,
-    keys: NormalizedKeys,
+    keys: JoinKeys,
 }
 
 impl PreparedBuild {
     /// Makes the key columns of `batches` contiguous and encodes them, both
-    /// spread over the host's cores: this runs once, before any probe
+    /// spread over the host's cores (raw keys without NULLs stay in their
+    /// batches too): this runs once, before any probe
     /// partition can start. The other columns stay in their batches: output
     /// rows are taken from them by id, and the device gets them piece by
     /// piece. Concatenating them took most of this step: 1 s for TPC-H
@@ -118,9 +120,21 @@ impl PreparedBuild {
         // side: build row ids then order rows the way it does.
         let arrival = ArrivalOrder::new(&batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>());
         let rows = ArrivedBatches::new(schema, batches.into_iter().rev().collect());
-        let key_columns = rows.key_columns(on, threads)?;
-        let encoder = KeyEncoder::for_build_side(spec, &key_columns)?;
-        let keys = encoder.encode_parallel(&key_columns, threads)?;
+        let per_key = rows.key_pieces(on)?;
+        let by_batch: Vec<Vec<ArrayRef>> = (0..rows.batch_ends().len())
+            .map(|batch| per_key.iter().map(|key| Arc::clone(&key[batch])).collect())
+            .collect();
+        let encoder = KeyEncoder::for_pieces(spec, &by_batch)?;
+        let (key_columns, keys) = match encoder.raw_pieces(&per_key) {
+            // Raw keys without NULLs: no check against the key columns, and
+            // no NULL key for the null-aware anti join to look for.
+            Some(raw) => (Vec::new(), JoinKeys::RawPieces(raw)),
+            None => {
+                let key_columns = rows.concat_key_pieces(on, &per_key, threads)?;
+                let keys = encoder.encode_parallel(&key_columns, threads)?;
+                (key_columns, JoinKeys::Encoded(keys))
+            }
+        };
         Ok(Self {
             arrival,
             rows,
@@ -175,12 +189,16 @@ impl BuildSide {
         } = prepared;
         metrics.build_rows.add(rows.num_rows());
         // The arrived batches are reserved already; the contiguous key
-        // columns and the encoded keys are new.
+        // columns and the encoded keys are new (raw pieces are the batches').
         let key_bytes: usize = key_columns.iter().map(|c| c.get_array_memory_size()).sum();
-        reservation.try_grow(
-            key_bytes + 8 * (keys.keys.len() + keys.row_ids.as_ref().map_or(0, Vec::len)),
-        )?;
-        let plan = RadixPlan::for_join(keys.keys.len() as u64, probe_chunk_rows as u64);
+        let encoded_bytes = match &keys {
+            JoinKeys::Encoded(keys) => {
+                8 * (keys.keys.len() + keys.row_ids.as_ref().map_or(0, Vec::len))
+            }
+            JoinKeys::RawPieces(_) => 0,
+        };
+        reservation.try_grow(key_bytes + encoded_bytes)?;
+        let plan = RadixPlan::for_join(keys.len() as u64, probe_chunk_rows as u64);
         let visited = tracks_build_matches(join_type).then(|| VisitedRows::new(rows.num_rows()));
         Ok(Self {
             rows,
@@ -203,7 +221,7 @@ impl BuildSide {
     /// The build keys for joining on the host (see [`HostBuildTable`]).
     pub(crate) fn host_table(&self) -> &HostBuildTable {
         self.host_table
-            .get_or_init(|| HostBuildTable::new(&self.keys))
+            .get_or_init(|| HostBuildTable::new(&self.keys.to_normalized()))
     }
 
     /// Records that one probe partition has finished; true for the last.
@@ -226,7 +244,7 @@ impl BuildSide {
         if let Some(table) = tables.get(&device.ordinal()) {
             return Ok(Arc::clone(table));
         }
-        let rows = self.keys.keys.len();
+        let rows = self.keys.len();
         let positions = self
             .gather
             .as_ref()
@@ -257,8 +275,8 @@ impl BuildSide {
         let table = DeviceBuildTable::build(
             device,
             stream.stream(),
-            &self.keys.keys,
-            self.keys.row_ids.as_deref(),
+            &self.keys.pieces(),
+            self.keys.row_ids(),
             self.plan.clone(),
             &mut timer,
         )?;
@@ -286,5 +304,64 @@ impl BuildSide {
         });
         tables.insert(device.ordinal(), Arc::clone(&table));
         Ok(table)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::common::NullEquality;
+    use datafusion::physical_expr::expressions::col;
+
+    fn prepared(batches: &[Vec<Option<i64>>]) -> PreparedBuild {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let batches = batches
+            .iter()
+            .map(|keys| {
+                RecordBatch::try_new(
+                    Arc::clone(&schema),
+                    vec![Arc::new(Int64Array::from(keys.clone()))],
+                )
+                .unwrap()
+            })
+            .collect();
+        let on = vec![col("k", &schema).unwrap()];
+        let spec = KeySpec::try_new(&[DataType::Int64], NullEquality::NullEqualsNothing).unwrap();
+        PreparedBuild::new(batches, schema, &on, &spec).unwrap()
+    }
+
+    #[test]
+    fn raw_build_keys_stay_in_their_batches_last_batch_first() {
+        let build = prepared(&[vec![Some(1), Some(2)], vec![], vec![Some(3)]]);
+        assert!(
+            build.key_columns.is_empty(),
+            "raw pieces need no key columns"
+        );
+        let JoinKeys::RawPieces(pieces) = &build.keys else {
+            panic!(
+                "raw keys without NULLs are not concatenated: {:?}",
+                build.keys
+            );
+        };
+        // Row ids count over the batches last to first, as HashJoinExec's
+        // concatenated build side does.
+        assert_eq!(pieces.len(), 2, "the empty batch is dropped");
+        assert_eq!(build.keys.pieces().concat(), vec![3, 1, 2]);
+        assert_eq!(build.keys.row_ids(), None);
+    }
+
+    #[test]
+    fn build_keys_with_a_null_are_concatenated_and_encoded() {
+        let build = prepared(&[vec![Some(1), None], vec![Some(3)]]);
+        assert_eq!(build.key_columns.len(), 1);
+        assert_eq!(build.key_columns[0].len(), 3);
+        let JoinKeys::Encoded(keys) = &build.keys else {
+            panic!("a NULL key makes the keys encoded: {:?}", build.keys);
+        };
+        // The NULL row (row 2 of [3, 1, NULL]) is dropped.
+        assert_eq!(keys.keys.to_vec(), vec![3, 1]);
+        assert_eq!(keys.row_ids, Some(vec![0, 1]));
     }
 }

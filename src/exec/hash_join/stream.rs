@@ -29,7 +29,7 @@ use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
 use super::output::{OutputAssembler, OutputRows, SideRows};
 use crate::exec::device_gather::{gather_batches, probe_side_pays, GatherSide, ResidentColumns};
-use crate::exec::keys::ProbeKeys;
+use crate::exec::keys::JoinKeys;
 use crate::exec::once::OnceFut;
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
@@ -198,13 +198,15 @@ impl ProbeLoop {
         let (mut ids, mark) = rows_emitted_alone(semantics.join_type, &visited.snapshot());
         if semantics.null_aware && build.probe_saw_rows.load(Ordering::Acquire) {
             // NULL NOT IN (a non-empty set) is not true either.
-            let key = &build.key_columns[0];
-            ids = ids
-                .values()
-                .iter()
-                .copied()
-                .filter(|&i| key.is_valid(i as usize))
-                .collect();
+            // Keys held as raw pieces have no NULL (and no key columns).
+            if let Some(key) = build.key_columns.first() {
+                ids = ids
+                    .values()
+                    .iter()
+                    .copied()
+                    .filter(|&i| key.is_valid(i as usize))
+                    .collect();
+            }
         }
         let no_probe = RecordBatch::new_empty(Arc::clone(&self.spec.probe_schema));
         self.spec
@@ -238,12 +240,12 @@ impl ProbeLoop {
             }
             match build.encoder.raw_pieces(&pieces) {
                 // Raw keys need no check against the key columns.
-                Some(raw) => (Vec::new(), ProbeKeys::RawPieces(raw)),
+                Some(raw) => (Vec::new(), JoinKeys::RawPieces(raw)),
                 None => {
                     // One thread: the partitions' chunks are read at once.
                     let columns = chunk.concat_key_pieces(&self.spec.probe_on, &pieces, 1)?;
                     let keys = build.encoder.encode(&columns)?;
-                    (columns, ProbeKeys::Encoded(keys))
+                    (columns, JoinKeys::Encoded(keys))
                 }
             }
         };
@@ -280,7 +282,7 @@ impl ProbeLoop {
                 .then(|| (Vec::new(), Vec::new()));
             let mut batches = Vec::new();
             // Rows of either side that no key can match never reach the device.
-            if !probe_keys.is_empty() && !build.keys.keys.is_empty() {
+            if !probe_keys.is_empty() && !build.keys.is_empty() {
                 let mut on_output = |output_part: ChunkOutput| -> Result<()> {
                     let _emit = metrics.emit_time.timer();
                     let (build_ids, probe_ids) = match output_part {
@@ -434,7 +436,7 @@ struct DeviceLimits {
 fn find_pairs(
     device: &Arc<GpuDevice>,
     build: &BuildSide,
-    probe_keys: &ProbeKeys,
+    probe_keys: &JoinKeys,
     limits: DeviceLimits,
     gather: Option<ChunkGather<'_>>,
     metrics: &GpuJoinMetrics,
@@ -501,7 +503,7 @@ fn find_pairs(
 fn pairs_on_device(
     device: &Arc<GpuDevice>,
     build: &BuildSide,
-    probe_keys: &ProbeKeys,
+    probe_keys: &JoinKeys,
     limits: &DeviceLimits,
     gather: Option<&ChunkGather<'_>>,
     metrics: &GpuJoinMetrics,
