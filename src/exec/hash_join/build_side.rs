@@ -189,7 +189,9 @@ impl BuildSide {
         } = prepared;
         metrics.build_rows.add(rows.num_rows());
         // The arrived batches are reserved already; the contiguous key
-        // columns and the encoded keys are new (raw pieces are the batches').
+        // columns and the encoded keys are counted as new (raw pieces are
+        // the batches' own buffers). A single batch's key column may share
+        // its buffer and is then counted twice, on the safe side.
         let key_bytes: usize = key_columns.iter().map(|c| c.get_array_memory_size()).sum();
         let encoded_bytes = match &keys {
             JoinKeys::Encoded(keys) => {
