@@ -184,6 +184,7 @@ impl ArrivedBatches {
     fn locate(&self, ids: &UInt64Array) -> Result<Vec<(usize, usize)>> {
         let mut located = Vec::with_capacity(ids.len());
         let mut batch = 0;
+        let rows = self.num_rows();
         let has_nulls = ids.null_count() > 0;
         for (i, &id) in ids.values().iter().enumerate() {
             if has_nulls && ids.is_null(i) {
@@ -193,25 +194,20 @@ impl ArrivedBatches {
             let id = id as usize;
             let start = |b: usize| if b == 0 { 0 } else { self.ends[b - 1] };
             if batch >= self.ends.len() || id < start(batch) || id >= self.ends[batch] {
-                let block = id >> BLOCK_BITS;
-                let Some(&low) = self.block_batches.get(block) else {
+                if id >= rows {
                     return Err(DataFusionError::Internal(format!(
-                        "row id {id} past the {} rows of a join input",
-                        self.ends.last().copied().unwrap_or(0)
+                        "row id {id} past the {rows} rows of a join input"
                     )));
-                };
-                let low = low as usize;
+                }
+                // The id's batch lies from its block's first row's batch to
+                // the next block's.
+                let block = id >> BLOCK_BITS;
+                let low = self.block_batches[block] as usize;
                 let high = self
                     .block_batches
                     .get(block + 1)
                     .map_or(self.ends.len() - 1, |&b| b as usize);
                 batch = low + self.ends[low..=high].partition_point(|&end| end <= id);
-                if batch == self.ends.len() {
-                    return Err(DataFusionError::Internal(format!(
-                        "row id {id} past the {} rows of a join input",
-                        self.ends.last().copied().unwrap_or(0)
-                    )));
-                }
             }
             located.push((batch, id - start(batch)));
         }
