@@ -95,3 +95,15 @@ extern "C" __global__ void expand_pairs(const u64* offsets, const u64* lower, u6
         out_b_ids[k] = b_ids[lower[lo] + (p - offsets[lo])];
     }
 }
+
+// In place, for i < n: keys[i], a raw 8-byte integer key (its bits as they
+// are in the Arrow column), becomes its order-preserving code: its distance
+// from `base`, the smallest key of both sides (ascending), or from the
+// largest (descending). Both differences wrap exactly as the host's codes do
+// (`OrderedKeyEncoder`), and ascending codes are the join's order.
+extern "C" __global__ void ordered_codes(u64* keys, u64 n, u64 base, u32 descending) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 key = keys[i];
+        keys[i] = descending ? base - key : key - base;
+    }
+}

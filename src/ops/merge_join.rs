@@ -13,7 +13,7 @@ use cudarc::driver::CudaStream;
 
 use super::radix::stable_radix_passes;
 use super::scan::exclusive_scan;
-use crate::gpu::launch::{self, MergeBound, RadixDigits, RadixGrid, MAX_RADIX_BITS};
+use crate::gpu::launch::{self, CodeTransform, MergeBound, RadixDigits, RadixGrid, MAX_RADIX_BITS};
 use crate::gpu::{
     download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuResult, Phase, PhaseTimer,
 };
@@ -30,16 +30,29 @@ pub struct SortedSide {
 impl SortedSide {
     /// Copies `keys` to the device and sorts them with their row ids on the
     /// low `key_bits` bits, or, with `presorted`, takes them as already in
-    /// order (row ids `0..n`).
+    /// order (row ids `0..n`). `keys` are codes, or, with `transform`, raw
+    /// keys that the device turns into codes first.
     pub fn upload(
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
         keys: &[u64],
+        transform: Option<CodeTransform>,
         key_bits: u32,
         presorted: bool,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let device_keys = upload_u64(device, stream, keys, timer)?;
+        let mut device_keys = upload_u64(device, stream, keys, timer)?;
+        if let Some(transform) = transform {
+            timer.time(Phase::Kernel, || {
+                launch::ordered_codes(
+                    device.kernels(),
+                    stream,
+                    device.sm_count(),
+                    &mut device_keys,
+                    transform,
+                )
+            })?;
+        }
         let mut ids = if keys.is_empty() {
             stream.null::<u64>().during("allocating row ids")?
         } else {

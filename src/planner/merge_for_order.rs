@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::JoinType;
 use datafusion::error::Result;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalExprRef, PhysicalSortExpr};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
-use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -33,18 +34,25 @@ impl MergeForOrder {
         let Some(projection) = projection else {
             return Ok(node);
         };
-        let schema = node.schema();
-        let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = projection
+        let exprs = Self::projection_exprs(projection, &node.schema());
+        Ok(Arc::new(ProjectionExec::try_new(exprs, node)?))
+    }
+
+    /// The columns `projection` picks from `schema`, under their names.
+    pub(crate) fn projection_exprs(
+        projection: &[usize],
+        schema: &SchemaRef,
+    ) -> Vec<ProjectionExpr> {
+        projection
             .iter()
             .map(|&i| {
                 let name = schema.field(i).name().clone();
-                (
-                    Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>,
-                    name,
-                )
+                ProjectionExpr {
+                    expr: Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>,
+                    alias: name,
+                }
             })
-            .collect();
-        Ok(Arc::new(ProjectionExec::try_new(exprs, node)?))
+            .collect()
     }
 }
 

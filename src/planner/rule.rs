@@ -14,6 +14,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
@@ -98,9 +99,16 @@ fn rewrite(
             Some(merge_join) => absorbable_sorts(merge_join),
             None => [false, false],
         };
-        let gpu_join: Arc<dyn ExecutionPlan> =
-            Arc::new(GpuSortMergeJoinExec::try_new(join, sorts)?.with_in_place_of_hash_join(true));
-        return MergeForOrder::project(merge.projection.as_deref(), gpu_join);
+        let gpu_join = GpuSortMergeJoinExec::try_new(join, sorts)?.with_in_place_of_hash_join(true);
+        // The hash join's embedded projection becomes the GPU join's own.
+        let Some(projection) = merge.projection else {
+            return Ok(Arc::new(gpu_join));
+        };
+        let exprs = MergeForOrder::projection_exprs(&projection, &gpu_join.schema());
+        return Ok(match gpu_join.with_projection(exprs)? {
+            Some(projected) => Arc::new(projected),
+            None => MergeForOrder::project(Some(&projection), Arc::new(gpu_join))?,
+        });
     }
     let children_observable = order_observable && !merges_in_arrival_order(&node);
     let children_free = children_partitioning_free(&node, partitioning_free);
@@ -111,6 +119,11 @@ fn rewrite(
         .map(|(child, free)| rewrite(Arc::clone(child), children_observable, free, options, gpu))
         .collect::<Result<Vec<_>>>()?;
     let node = replace_children_if_necessary(node, children)?;
+    if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+        if let Some(join) = projection_into_merge_join(projection)? {
+            return Ok(join);
+        }
+    }
     if let Some(join) = node.downcast_ref::<HashJoinExec>() {
         // A join whose inputs arrive in no fixed order emits its rows in no
         // fixed order either, on the CPU as on the GPU.
@@ -171,6 +184,43 @@ fn merge_join_over_all_partitions(
         gpu_join,
         Partitioning::RoundRobinBatch(partitions),
     )?))
+}
+
+/// The GPU sort-merge join below `projection` (directly, or under the round
+/// robin that spreads a join over all partitions) with the projection taken
+/// into it, where it picks plain columns: the join then copies, gathers and
+/// returns only those columns. `None` where nothing changes.
+fn projection_into_merge_join(
+    projection: &ProjectionExec,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let input = projection.input();
+    let (join, spread) = match input.downcast_ref::<RepartitionExec>() {
+        Some(repartition) if !repartition.preserve_order() => match repartition.partitioning() {
+            Partitioning::RoundRobinBatch(partitions) => {
+                (repartition.input().downcast_ref(), Some(*partitions))
+            }
+            _ => (None, None),
+        },
+        Some(_) => (None, None),
+        None => (input.downcast_ref::<GpuSortMergeJoinExec>(), None),
+    };
+    let Some(join) = join else {
+        return Ok(None);
+    };
+    let Some(projected) = join.with_projection(projection.expr().to_vec())? else {
+        return Ok(None);
+    };
+    if projected.schema() != projection.schema() {
+        return Ok(None);
+    }
+    let projected: Arc<dyn ExecutionPlan> = Arc::new(projected);
+    Ok(Some(match spread {
+        None => projected,
+        Some(partitions) => Arc::new(RepartitionExec::try_new(
+            projected,
+            Partitioning::RoundRobinBatch(partitions),
+        )?),
+    }))
 }
 
 /// How a `Partitioned` join may run once over all its input partitions.
@@ -974,6 +1024,10 @@ mod tests {
                     "{sql}\n{text}"
                 );
                 assert!(!text.contains("SortExec"), "{sql}\n{text}");
+                // The projection of the join's columns above the round robin
+                // is the join's own: only those columns travel.
+                assert!(join.projection().is_some(), "{sql}\n{text}");
+                assert!(text.contains(", projection=["), "{sql}\n{text}");
                 // The decision record says so.
                 let decisions = crate::gpu_decisions(&plan, &ConfigOptions::default());
                 assert!(
@@ -1163,6 +1217,9 @@ mod tests {
                 show(&plan)
             );
             assert!(show(&plan).contains("in_place_of=HashJoinExec"));
+            // The hash join's embedded projection is the merge join's own.
+            assert!(joins[0].projection().is_some(), "{}", show(&plan));
+            assert!(!show(&plan).contains("ProjectionExec"), "{}", show(&plan));
             let decisions = crate::planner::gpu_decisions(&plan, &ConfigOptions::new());
             assert!(
                 decisions.iter().any(|d| matches!(&d.placement,

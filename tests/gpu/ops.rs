@@ -480,8 +480,9 @@ fn radix_sort_and_merge_path_match_their_references() {
             .map(|k| k & mask)
             .collect();
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let a = SortedSide::upload(&device, stream, &streamed, bits, false, &mut timer).unwrap();
-        let b = SortedSide::upload(&device, stream, &other, bits, false, &mut timer).unwrap();
+        let a =
+            SortedSide::upload(&device, stream, &streamed, None, bits, false, &mut timer).unwrap();
+        let b = SortedSide::upload(&device, stream, &other, None, bits, false, &mut timer).unwrap();
         // The sort: stable, so ids equal the reference's exactly.
         let (a_sorted, a_ids) = merge_join::reference::sort(&streamed);
         let (b_sorted, b_ids) = merge_join::reference::sort(&other);
@@ -516,7 +517,7 @@ fn radix_sort_and_merge_path_match_their_references() {
         // Presorted input is taken as it is.
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         let presorted =
-            SortedSide::upload(&device, stream, &a_sorted, bits, true, &mut timer).unwrap();
+            SortedSide::upload(&device, stream, &a_sorted, None, bits, true, &mut timer).unwrap();
         let identity: Vec<u64> = (0..n as u64).collect();
         assert_eq!(
             presorted
@@ -525,5 +526,89 @@ fn radix_sort_and_merge_path_match_their_references() {
             identity
         );
         timer.finish().unwrap();
+    }
+}
+
+#[test]
+fn raw_keys_become_their_order_preserving_codes_on_the_device() {
+    use datafusion_gpu::gpu::download_u64;
+    use datafusion_gpu::gpu::launch::CodeTransform;
+    use datafusion_gpu::ops::merge_join::SortedSide;
+    let Some(device) = device("raw_keys_become_their_order_preserving_codes_on_the_device") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // Signed keys across the whole range, both extremes included.
+    let mut keys: Vec<i64> = random_keys(100_003, u64::MAX, 5)
+        .into_iter()
+        .map(|k| k as i64)
+        .collect();
+    keys.extend([i64::MIN, i64::MAX, -1, 0]);
+    let (min, max) = (*keys.iter().min().unwrap(), *keys.iter().max().unwrap());
+    let raw: Vec<u64> = keys.iter().map(|&k| k as u64).collect();
+    for descending in [false, true] {
+        let base = if descending { max } else { min } as u64;
+        let transform = CodeTransform { base, descending };
+        // The host's codes: the distance from the smallest (largest) key.
+        let expected: Vec<u64> = keys
+            .iter()
+            .map(|&k| {
+                let distance = if descending {
+                    i128::from(max) - i128::from(k)
+                } else {
+                    i128::from(k) - i128::from(min)
+                };
+                distance as u64
+            })
+            .collect();
+        assert_eq!(
+            raw.iter().map(|&k| transform.code(k)).collect::<Vec<_>>(),
+            expected
+        );
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        // Taken as sorted: the codes in input order.
+        let side = SortedSide::upload(&device, stream, &raw, Some(transform), 64, true, &mut timer)
+            .unwrap();
+        let mut codes = Vec::new();
+        download_u64(
+            &device,
+            stream,
+            &side.keys.as_view(),
+            &mut codes,
+            &mut timer,
+        )
+        .unwrap();
+        assert_eq!(codes, expected, "descending: {descending}");
+        // Sorted: the codes ascend, each with its row.
+        let side = SortedSide::upload(
+            &device,
+            stream,
+            &raw,
+            Some(transform),
+            64,
+            false,
+            &mut timer,
+        )
+        .unwrap();
+        let mut sorted = Vec::new();
+        download_u64(
+            &device,
+            stream,
+            &side.keys.as_view(),
+            &mut sorted,
+            &mut timer,
+        )
+        .unwrap();
+        let ids = side.download_row_ids(&device, stream, &mut timer).unwrap();
+        timer.finish().unwrap();
+        let mut reference = expected.clone();
+        reference.sort_unstable();
+        assert_eq!(sorted, reference, "descending: {descending}");
+        assert!(ids
+            .iter()
+            .zip(&sorted)
+            .all(|(&id, &code)| expected[id as usize] == code));
     }
 }

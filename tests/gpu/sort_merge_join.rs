@@ -584,6 +584,57 @@ async fn inner_join_batches_gathered_on_the_device_own_their_rows() {
     );
 }
 
+/// The GPU sort-merge joins in `plan`.
+fn gpu_merge_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuSortMergeJoinExec> {
+    let mut joins: Vec<&GpuSortMergeJoinExec> = plan.downcast_ref().into_iter().collect();
+    for child in plan.children() {
+        joins.extend(gpu_merge_joins(child));
+    }
+    joins
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_projection_above_the_join_sends_only_its_columns_to_the_device() {
+    let Some(_) = require_gpu("a_projection_above_the_join_sends_only_its_columns_to_the_device")
+    else {
+        return;
+    };
+    for mode in MODES {
+        let ctxs = contexts(mode, 2, &[]).await;
+        register(
+            [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
+            shape(3_000, 1_000, 0, 0),
+            shape(4_000, 1_000, 0, 0),
+            2,
+        );
+        // Every column, then two of them, one renamed; the inner join's
+        // output is gathered on the device either way.
+        let every = "SELECT * FROM r JOIN s ON r.k64 = s.k64";
+        let (every_plan, _) = check(&ctxs, every, Expect::Gpu).await;
+        let picked = "SELECT s.v AS sv, r.id FROM r JOIN s ON r.k64 = s.k64";
+        let (plan, batches) = check(&ctxs, picked, Expect::Gpu).await;
+        let joins = gpu_merge_joins(&plan);
+        assert_eq!(joins.len(), 1, "{}", show(&plan));
+        assert!(joins[0].projection().is_some(), "{mode:?}\n{}", show(&plan));
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        assert!(rows > 3_000, "{rows} rows");
+        assert_eq!(batches[0].schema().field(0).name(), "sv");
+        let every_bytes = merge_join_metric(&every_plan, "h2d_bytes");
+        let picked_bytes = merge_join_metric(&plan, "h2d_bytes");
+        // Both sides' codes, plus two Int64 columns rather than every
+        // fixed-width column of both tables.
+        assert!(
+            picked_bytes <= (3_000 + 4_000) * 8 * 2 + 2 * 4_000 * 8,
+            "{mode:?}: {picked_bytes} bytes to the device\n{}",
+            show(&plan)
+        );
+        assert!(
+            picked_bytes < every_bytes,
+            "{mode:?}: {picked_bytes} against {every_bytes} bytes"
+        );
+    }
+}
+
 /// Whether `plan` holds a `SortExec` directly above a `HashJoinExec`.
 fn sorts_a_hash_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let here = plan.name() == "SortExec"

@@ -8,10 +8,12 @@ use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{OrderingRequirements, PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::execution_plan::{apply_expression_roots, EmissionType};
 use datafusion::physical_plan::joins::SortMergeJoinExec;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{
     ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
@@ -48,6 +50,10 @@ pub struct GpuSortMergeJoinExec {
     /// Planned over all input partitions, in place of the CPU hash
     /// repartitions DataFusion put below the replaced join.
     repartitions_removed: bool,
+    /// The columns of the join's output this node emits, absorbed from a
+    /// `ProjectionExec` of plain columns above it: only those columns are
+    /// copied to the device, gathered and copied back.
+    projection: Option<AbsorbedProjection>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -97,6 +103,7 @@ impl GpuSortMergeJoinExec {
             inputs,
             in_place_of_hash_join: false,
             repartitions_removed: false,
+            projection: None,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -115,6 +122,81 @@ impl GpuSortMergeJoinExec {
     pub fn with_repartitions_removed(mut self, removed: bool) -> Self {
         self.repartitions_removed = removed;
         self
+    }
+
+    /// This join emitting only what `exprs` (plain columns of the join's
+    /// output, under any names) pick: the node then stands for a
+    /// `ProjectionExec` of `exprs` over it, with that node's schema and
+    /// properties. `None` where an expression is not a column of the
+    /// join's output, or where the join already has a projection.
+    pub fn with_projection(&self, exprs: Vec<ProjectionExpr>) -> Result<Option<Self>> {
+        if self.projection.is_some() {
+            return Ok(None);
+        }
+        let join_fields = self.cpu_join.schema().fields().len();
+        let mut columns = Vec::with_capacity(exprs.len());
+        for expr in &exprs {
+            match expr.expr.downcast_ref::<Column>() {
+                Some(column) if column.index() < join_fields => columns.push(column.index()),
+                _ => return Ok(None),
+            }
+        }
+        let join = self.without_projection();
+        let projected =
+            ProjectionExec::try_new(exprs.clone(), Arc::new(join.without_projection()))?;
+        let properties = projected
+            .properties()
+            .as_ref()
+            .clone()
+            .with_emission_type(EmissionType::Final);
+        Ok(Some(Self {
+            projection: Some(AbsorbedProjection { exprs, columns }),
+            properties: Arc::new(properties),
+            ..join
+        }))
+    }
+
+    /// This node without its absorbed projection (the join's own output).
+    fn without_projection(&self) -> Self {
+        Self {
+            cpu_join: Arc::clone(&self.cpu_join),
+            sort_on_device: self.sort_on_device,
+            inputs: self.inputs.clone(),
+            in_place_of_hash_join: self.in_place_of_hash_join,
+            repartitions_removed: self.repartitions_removed,
+            projection: None,
+            properties: Arc::new(
+                self.cpu_join
+                    .properties()
+                    .as_ref()
+                    .clone()
+                    .with_emission_type(EmissionType::Final),
+            ),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// The projection this node absorbed: the join output columns it
+    /// emits, in order, and the expressions naming them.
+    pub fn projection(&self) -> Option<&[ProjectionExpr]> {
+        self.projection.as_ref().map(|p| p.exprs.as_slice())
+    }
+
+    /// This node rebuilt over `cpu_join` with the same marks and projection.
+    fn rebuilt(&self, cpu_join: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let join = Self::try_new(cpu_join, self.sort_on_device)?
+            .with_in_place_of_hash_join(self.in_place_of_hash_join)
+            .with_repartitions_removed(self.repartitions_removed);
+        match &self.projection {
+            None => Ok(join),
+            Some(projection) => join
+                .with_projection(projection.exprs.clone())?
+                .ok_or_else(|| {
+                    DataFusionError::Internal(
+                        "a GPU sort-merge join's projection no longer fits its join".to_string(),
+                    )
+                }),
+        }
     }
 
     /// Whether this join runs over all input partitions, without the CPU
@@ -151,6 +233,14 @@ impl GpuSortMergeJoinExec {
     }
 }
 
+/// A `ProjectionExec` of plain columns taken into the join.
+#[derive(Debug, Clone)]
+struct AbsorbedProjection {
+    exprs: Vec<ProjectionExpr>,
+    /// The join output column of each expression.
+    columns: Vec<usize>,
+}
+
 impl fmt::Debug for GpuSortMergeJoinExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GpuSortMergeJoinExec")
@@ -184,6 +274,11 @@ impl DisplayAs for GpuSortMergeJoinExec {
                 }
                 if self.repartitions_removed {
                     write!(f, ", cpu_repartitions=removed")?;
+                }
+                if let Some(projection) = &self.projection {
+                    let exprs: Vec<String> =
+                        projection.exprs.iter().map(|e| e.to_string()).collect();
+                    write!(f, ", projection=[{}]", exprs.join(", "))?;
                 }
                 Ok(())
             }
@@ -251,20 +346,12 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
         }
         #[allow(deprecated)]
         let cpu_join = Arc::clone(&self.cpu_join).with_new_children(join_children)?;
-        Ok(Arc::new(
-            Self::try_new(cpu_join, self.sort_on_device)?
-                .with_in_place_of_hash_join(self.in_place_of_hash_join)
-                .with_repartitions_removed(self.repartitions_removed),
-        ))
+        Ok(Arc::new(self.rebuilt(cpu_join)?))
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
         let cpu_join = Arc::clone(&self.cpu_join).reset_state()?;
-        Ok(Arc::new(
-            Self::try_new(cpu_join, self.sort_on_device)?
-                .with_in_place_of_hash_join(self.in_place_of_hash_join)
-                .with_repartitions_removed(self.repartitions_removed),
-        ))
+        Ok(Arc::new(self.rebuilt(cpu_join)?))
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
@@ -302,7 +389,13 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
     ) -> Result<Arc<Statistics>> {
         // A sort keeps its input's statistics, so the inputs' statistics
         // are the replaced join's children's.
-        self.cpu_join.statistics_from_inputs(input_stats, args)
+        let stats = self.cpu_join.statistics_from_inputs(input_stats, args)?;
+        Ok(match &self.projection {
+            Some(projection) => {
+                Arc::new(Arc::unwrap_or_clone(stats).project(Some(&projection.columns)))
+            }
+            None => stats,
+        })
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -328,7 +421,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
             output: OutputAssembler::new(
                 self.schema(),
                 join.join_type(),
-                None,
+                self.projection.as_ref().map(|p| p.columns.as_slice()),
                 left_schema.fields().len(),
                 right_schema.fields().len(),
                 context.session_config().batch_size(),
@@ -351,6 +444,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
                     .max(1)
                 + 1,
             cpu_join: Arc::clone(&self.cpu_join),
+            cpu_projection: self.projection.as_ref().map(|p| p.exprs.clone()),
         };
         let reservation = MemoryConsumer::new(format!("GpuSortMergeJoinInput[{partition}]"))
             .register(context.memory_pool());

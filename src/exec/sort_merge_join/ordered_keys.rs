@@ -23,6 +23,7 @@ use crate::exec::keys::{
     code_bits, for_64_bit_integer_type, for_each_value, value_range_in_parallel, KeySpec,
 };
 use crate::exec::parallel::on_row_chunks;
+use crate::gpu::launch::CodeTransform;
 
 /// The code of one key column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +153,31 @@ impl OrderedKeyEncoder {
     /// Bits the codes use (every code is below `2^bits`).
     pub(crate) fn bits(&self) -> u32 {
         self.bits
+    }
+
+    /// How the device makes the codes itself from the key column's own
+    /// buffer, where that gives exactly [`Self::encode`]'s codes: one key
+    /// column of 8-byte integers (`columns`, of either side) with no NULL
+    /// on either side. Each code is then the value's distance from the
+    /// smallest value (or the largest, descending), so the raw values go
+    /// to the device as they are, with no host pass and no host copy.
+    pub(crate) fn device_transform(&self, columns: &[ArrayRef]) -> Option<CodeTransform> {
+        let ([code], [column]) = (self.columns.as_slice(), columns) else {
+            return None;
+        };
+        let eight_byte_integer = matches!(
+            column.data_type(),
+            DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _)
+        );
+        if !eight_byte_integer || code.has_null || self.null_bit {
+            return None;
+        }
+        let base = if code.descending { code.max } else { code.min };
+        Some(CodeTransform {
+            // The bits of the value as its column holds them.
+            base: base as u64,
+            descending: code.descending,
+        })
     }
 
     /// The code of every row of `columns` (key columns of `side`), on up to
@@ -468,6 +494,89 @@ mod tests {
         )
         .unwrap()
         .is_none());
+    }
+
+    /// The raw words of an 8-byte column, as the device receives them.
+    fn words(column: &ArrayRef) -> Vec<u64> {
+        let data = column.to_data();
+        data.buffers()[0].typed_data::<u64>()[data.offset()..][..data.len()].to_vec()
+    }
+
+    #[test]
+    fn the_device_transform_gives_the_host_codes_where_it_applies() {
+        use datafusion::arrow::array::TimestampNanosecondArray;
+        let signed = arr(Int64Array::from(vec![i64::MAX, -1, i64::MIN, 0, 42]));
+        let unsigned = arr(UInt64Array::from(vec![u64::MAX, 0, 1 << 63, 7]));
+        let stamps = arr(TimestampNanosecondArray::from(vec![-5, 1_000, 3]));
+        for (left, right) in [
+            (signed.slice(1, 3), signed.slice(0, 5)),
+            (unsigned.slice(0, 2), unsigned.slice(2, 2)),
+            (Arc::clone(&stamps), stamps.slice(1, 2)),
+        ] {
+            for descending in [false, true] {
+                let options = SortOptions {
+                    descending,
+                    nulls_first: true,
+                };
+                let encoder = OrderedKeyEncoder::for_sides(
+                    &[left.data_type().clone()],
+                    &[options],
+                    NullEquality::NullEqualsNothing,
+                    std::slice::from_ref(&left),
+                    std::slice::from_ref(&right),
+                    1,
+                )
+                .unwrap()
+                .unwrap();
+                let transform = encoder
+                    .device_transform(std::slice::from_ref(&left))
+                    .expect("one 8-byte column without NULLs");
+                for (side, column) in [(KeySide::Left, &left), (KeySide::Right, &right)] {
+                    let host = encoder
+                        .encode(std::slice::from_ref(column), side, 1)
+                        .unwrap();
+                    let device: Vec<u64> = words(column)
+                        .into_iter()
+                        .map(|w| transform.code(w))
+                        .collect();
+                    assert_eq!(device, host, "{:?} descending {descending}", column);
+                }
+            }
+        }
+        // A NULL on either side, two columns, or a narrower type: the host
+        // codes the keys.
+        let with_null = arr(Int64Array::from(vec![Some(1), None]));
+        let narrow = arr(Int32Array::from(vec![1, 2]));
+        let small = arr(Int64Array::from(vec![1, 2, 3]));
+        for (types, left, right) in [
+            (
+                vec![DataType::Int64],
+                vec![Arc::clone(&small)],
+                vec![Arc::clone(&with_null)],
+            ),
+            (
+                vec![DataType::Int64, DataType::Int64],
+                vec![Arc::clone(&small), Arc::clone(&small)],
+                vec![Arc::clone(&small), Arc::clone(&small)],
+            ),
+            (
+                vec![DataType::Int32],
+                vec![Arc::clone(&narrow)],
+                vec![narrow],
+            ),
+        ] {
+            let encoder = OrderedKeyEncoder::for_sides(
+                &types,
+                &vec![SortOptions::default(); types.len()],
+                NullEquality::NullEqualsNull,
+                &left,
+                &right,
+                1,
+            )
+            .unwrap()
+            .unwrap();
+            assert_eq!(encoder.device_transform(&left), None, "{types:?}");
+        }
     }
 
     #[test]

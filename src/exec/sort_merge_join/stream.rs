@@ -9,7 +9,8 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::UInt64Array;
+use datafusion::arrow::array::{ArrayRef, UInt64Array};
+use datafusion::arrow::buffer::ScalarBuffer;
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -22,6 +23,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::metrics::RecordOutput;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::channel::mpsc;
@@ -30,10 +32,12 @@ use futures::{SinkExt, StreamExt, TryStreamExt};
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
 use super::ordered_keys::{KeySide, OrderedKeyEncoder};
 use crate::exec::concat::concat_in_parallel;
-use crate::exec::device_gather::{gather_batches, gathers_by_pair, GatherSide, ResidentColumns};
+use crate::exec::device_gather::{
+    gather_batches, gathers_by_pair, output_columns, GatherSide, ResidentColumns,
+};
 use crate::exec::hash_join::{evaluate_filter, evaluate_keys, OutputAssembler, OutputRows};
 use crate::exec::GpuSortMergeJoinMetrics;
-use crate::gpu::launch;
+use crate::gpu::launch::{self, CodeTransform};
 use crate::gpu::{DriverResultExt, GpuDevice, GpuError, Phase, PhaseTimer, ReservationKind};
 use crate::ops::merge_join::{merge_join_device_bytes, MergeMatches, SortedSide};
 
@@ -57,6 +61,8 @@ pub(crate) struct MergeJoinPlan {
     /// The replaced `SortMergeJoinExec` (with the `SortExec`s this node
     /// absorbed), run over the collected inputs when the device cannot.
     pub(crate) cpu_join: Arc<dyn ExecutionPlan>,
+    /// The projection this node absorbed, put over `cpu_join` there.
+    pub(crate) cpu_projection: Option<Vec<ProjectionExpr>>,
 }
 
 /// Everything one partition needs.
@@ -244,7 +250,10 @@ fn cpu_join(
         });
     }
     #[allow(deprecated)]
-    let join = Arc::clone(&plan.cpu_join).with_new_children(inputs)?;
+    let mut join = Arc::clone(&plan.cpu_join).with_new_children(inputs)?;
+    if let Some(exprs) = &plan.cpu_projection {
+        join = Arc::new(ProjectionExec::try_new(exprs.clone(), join)?);
+    }
     join.execute(0, Arc::clone(context))
 }
 
@@ -301,10 +310,13 @@ impl DevicePart {
             return Ok(Outcome::OnCpu);
         };
         let threads = plan.host_threads;
-        let left_codes = encoder.encode(&left_keys, KeySide::Left, threads)?;
-        let right_codes = encoder.encode(&right_keys, KeySide::Right, threads)?;
+        // Raw 8-byte keys without NULLs go to the device as they are, and
+        // the device codes them; other keys are coded here.
+        let transform = encoder.device_transform(&left_keys);
+        let left_codes = SideKeys::new(&encoder, transform, &left_keys, KeySide::Left, threads)?;
+        let right_codes = SideKeys::new(&encoder, transform, &right_keys, KeySide::Right, threads)?;
         for (side, codes) in [&left_codes, &right_codes].into_iter().enumerate() {
-            if !plan.sort_on_device[side] && !codes.windows(2).all(|w| w[0] <= w[1]) {
+            if !plan.sort_on_device[side] && !codes.ascending(transform) {
                 return Err(DataFusionError::Internal(format!(
                     "the {} input of a GPU sort-merge join is not sorted on its keys as the plan says",
                     ["left", "right"][side]
@@ -329,7 +341,14 @@ impl DevicePart {
             sent_any: false,
         };
         let on_device = self.metrics.device_wall_time.timer();
-        let outcome = self.on_device(left, right, &encoder, streamed, other, &mut sender);
+        let outcome = self.on_device(
+            left,
+            right,
+            (encoder.bits(), transform),
+            streamed,
+            other,
+            &mut sender,
+        );
         on_device.done();
         // Host compute: coding the keys and making the output (not the
         // device waits, nor waiting for the consumer).
@@ -348,15 +367,16 @@ impl DevicePart {
         }
     }
 
-    /// Sorts, merges and emits. `streamed` and `other` are each side's codes
-    /// and whether the device sorts them.
+    /// Sorts, merges and emits. `streamed` and `other` are each side's keys
+    /// and whether the device sorts them; `bits` the bits of their codes,
+    /// `transform` how the device codes raw keys.
     fn on_device(
         &self,
         left: &RecordBatch,
         right: &RecordBatch,
-        encoder: &OrderedKeyEncoder,
-        (streamed_codes, sort_streamed): (Vec<u64>, bool),
-        (other_codes, sort_other): (Vec<u64>, bool),
+        (bits, transform): (u32, Option<CodeTransform>),
+        (streamed_codes, sort_streamed): (SideKeys, bool),
+        (other_codes, sort_other): (SideKeys, bool),
         sender: &mut Sender,
     ) -> std::result::Result<(), DeviceFailure> {
         let plan = &self.plan;
@@ -370,16 +390,18 @@ impl DevicePart {
             .device_admission_wait
             .add_duration(waiting.elapsed());
         device.bind_to_thread()?;
-        let gather = gathers_by_pair(join_type, plan.filter.is_some());
-        let all_left = vec![true; left.num_columns()];
-        let all_right = vec![true; right.num_columns()];
-        let gather_bytes = if gather {
-            ResidentColumns::device_bytes(left, &all_left)
-                + ResidentColumns::device_bytes(right, &all_right)
+        // Only the columns the output uses go to the device (all of them
+        // unless a projection was absorbed).
+        let gathered_columns = gathers_by_pair(join_type, plan.filter.is_some())
+            .then(|| output_columns(&plan.output, left.num_columns(), right.num_columns()))
+            .flatten();
+        let gather_bytes = if let Some((wanted_left, wanted_right)) = &gathered_columns {
+            ResidentColumns::device_bytes(left, wanted_left)
+                + ResidentColumns::device_bytes(right, wanted_right)
                 // The left row ids and one buffer of the widest column's
                 // values, per pair.
-                + (8 + ResidentColumns::widest(left, &all_left)
-                    .max(ResidentColumns::widest(right, &all_right)))
+                + (8 + ResidentColumns::widest(left, wanted_left)
+                    .max(ResidentColumns::widest(right, wanted_right)))
                     * self.max_output_pairs
         } else {
             0
@@ -401,27 +423,34 @@ impl DevicePart {
         let stream = device.stream()?;
         let stream = stream.stream();
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let bits = encoder.bits();
         let streamed = SortedSide::upload(
             device,
             stream,
-            &streamed_codes,
+            streamed_codes.words(),
+            transform,
             bits,
             !sort_streamed,
             &mut timer,
         )?;
         drop(streamed_codes);
-        let other =
-            SortedSide::upload(device, stream, &other_codes, bits, !sort_other, &mut timer)?;
+        let other = SortedSide::upload(
+            device,
+            stream,
+            other_codes.words(),
+            transform,
+            bits,
+            !sort_other,
+            &mut timer,
+        )?;
         drop(other_codes);
         let pairs = needs_pairs(join_type, plan.filter.is_some());
         let matches = MergeMatches::find(device, stream, &streamed, &other, !pairs, &mut timer)?;
-        let device_columns = match gather {
-            true => Some((
-                ResidentColumns::upload(device, stream, left, &all_left, &mut timer)?,
-                ResidentColumns::upload(device, stream, right, &all_right, &mut timer)?,
+        let device_columns = match &gathered_columns {
+            Some((wanted_left, wanted_right)) => Some((
+                ResidentColumns::upload(device, stream, left, wanted_left, &mut timer)?,
+                ResidentColumns::upload(device, stream, right, wanted_right, &mut timer)?,
             )),
-            false => None,
+            None => None,
         }
         .filter(|(l, r)| l.any() || r.any());
         // The host maps output positions to input rows by the sorted order,
@@ -555,6 +584,58 @@ impl DevicePart {
             emit(walk.end(other_order), sender).map_err(DeviceFailure::Host)?;
         }
         Ok(())
+    }
+}
+
+/// One side's join keys as they go to the device.
+enum SideKeys {
+    /// Order-preserving codes made on the host.
+    Coded(Vec<u64>),
+    /// The key column's own values, which the device codes (see
+    /// [`OrderedKeyEncoder::device_transform`]).
+    Raw(ScalarBuffer<u64>),
+}
+
+impl SideKeys {
+    /// The keys of `columns`: raw where `transform` is given, else coded on
+    /// `threads` threads.
+    fn new(
+        encoder: &OrderedKeyEncoder,
+        transform: Option<CodeTransform>,
+        columns: &[ArrayRef],
+        side: KeySide,
+        threads: usize,
+    ) -> Result<Self> {
+        Ok(match (transform, columns) {
+            (Some(_), [column]) => {
+                let data = column.to_data();
+                Self::Raw(ScalarBuffer::new(
+                    data.buffers()[0].clone(),
+                    data.offset(),
+                    data.len(),
+                ))
+            }
+            _ => Self::Coded(encoder.encode(columns, side, threads)?),
+        })
+    }
+
+    fn words(&self) -> &[u64] {
+        match self {
+            Self::Coded(codes) => codes,
+            Self::Raw(values) => values,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.words().len()
+    }
+
+    /// Whether the codes ascend (raw keys coded by `transform` first).
+    fn ascending(&self, transform: Option<CodeTransform>) -> bool {
+        match (self, transform) {
+            (Self::Raw(values), Some(t)) => values.windows(2).all(|w| t.code(w[0]) <= t.code(w[1])),
+            _ => self.words().windows(2).all(|w| w[0] <= w[1]),
+        }
     }
 }
 

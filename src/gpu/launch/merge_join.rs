@@ -108,3 +108,51 @@ pub fn expand_pairs(
         .during("launching expand_pairs")?;
     Ok(())
 }
+
+/// How raw 8-byte integer keys become order-preserving codes on the device:
+/// each key's distance from `base`, the smallest key of both sides, or, for
+/// a `descending` key, from the largest (the host's codes of a key column
+/// without NULLs, see `OrderedKeyEncoder`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeTransform {
+    /// The bits of the smallest (ascending) or largest (descending) key.
+    pub base: u64,
+    pub descending: bool,
+}
+
+impl CodeTransform {
+    /// The code of the raw key `key`, as `ordered_codes` computes it.
+    pub fn code(self, key: u64) -> u64 {
+        if self.descending {
+            self.base.wrapping_sub(key)
+        } else {
+            key.wrapping_sub(self.base)
+        }
+    }
+}
+
+/// `ordered_codes`: every raw key of `keys` replaced, in place, by its code
+/// under `transform`.
+pub fn ordered_codes(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    keys: &mut CudaSlice<u64>,
+    transform: CodeTransform,
+) -> GpuResult<()> {
+    let n = keys.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let descending = u32::from(transform.descending);
+    let mut launch = stream.launch_builder(&kernels.ordered_codes);
+    launch
+        .arg(&mut *keys)
+        .arg(&n)
+        .arg(&transform.base)
+        .arg(&descending);
+    // SAFETY: reads and writes keys[..n] with n = keys.len().
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching ordered_codes")?;
+    Ok(())
+}

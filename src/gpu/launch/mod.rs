@@ -19,7 +19,10 @@ pub use group_by::{
     aggregate_f64_sum, aggregate_i128_sum, aggregate_u64, f64_sum_fixed, f64_sum_scale, fill_u64,
     group_insert, group_resolve, AggregateOp, GroupRows, PRIVATIZED_GROUPS,
 };
-pub use merge_join::{expand_pairs, merge_path_bounds, MergeBound, MERGE_ITEMS_PER_THREAD};
+pub use merge_join::{
+    expand_pairs, merge_path_bounds, ordered_codes, CodeTransform, MergeBound,
+    MERGE_ITEMS_PER_THREAD,
+};
 
 /// Threads per block of every kernel (`BLOCK_THREADS` in `ptx/common.cuh`).
 pub const BLOCK_THREADS: u32 = 256;
@@ -50,6 +53,7 @@ pub struct Kernels {
     radix_sort_scatter: CudaFunction,
     merge_path_bounds: CudaFunction,
     expand_pairs: CudaFunction,
+    ordered_codes: CudaFunction,
     gather_u32: CudaFunction,
     gather_u64: CudaFunction,
     gather_u128: CudaFunction,
@@ -95,6 +99,7 @@ impl Kernels {
             radix_sort_scatter: function(&radix, "radix_sort_scatter")?,
             merge_path_bounds: function(&merge, "merge_path_bounds")?,
             expand_pairs: function(&merge, "expand_pairs")?,
+            ordered_codes: function(&merge, "ordered_codes")?,
             gather_u32: function(&gather, "gather_u32")?,
             gather_u64: function(&gather, "gather_u64")?,
             gather_u128: function(&gather, "gather_u128")?,
