@@ -1,64 +1,20 @@
-//! Batches concatenated on many threads: the build side of a join is one
-//! batch (row ids index it), and copying a large side on one thread per
-//! column leaves most cores idle while every probe partition waits for it.
-
-use std::sync::Arc;
+//! Columns concatenated on many threads: a join's key columns are made
+//! contiguous for the host to code them, and copying a large side on one
+//! thread leaves most cores idle while every probe partition waits for it.
 
 use datafusion::arrow::array::{make_array, Array, ArrayData, ArrayRef};
 use datafusion::arrow::buffer::Buffer;
-use datafusion::arrow::compute::{concat, concat_batches};
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::arrow::compute::concat;
 use datafusion::error::Result;
 
-use super::parallel::on_threads;
 use crate::host_copy::copy_window;
 
 /// Bytes one copying thread takes at least.
 const BYTES_PER_THREAD: usize = 8 << 20;
 
-/// `concat_batches` spread over up to `threads` threads: a column of a
-/// fixed-width type without NULLs is copied by all of them, each into its
-/// own range of one buffer; other columns are concatenated by arrow, one
-/// column per thread.
-pub(crate) fn concat_in_parallel<'a>(
-    schema: &SchemaRef,
-    batches: impl Iterator<Item = &'a RecordBatch>,
-    threads: usize,
-) -> Result<RecordBatch> {
-    let batches: Vec<&RecordBatch> = batches.collect();
-    if threads <= 1 || batches.len() <= 1 {
-        return Ok(concat_batches(schema, batches)?);
-    }
-    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let column =
-        |c: usize| -> Vec<&dyn Array> { batches.iter().map(|b| b.column(c).as_ref()).collect() };
-    let columns = schema.fields().len();
-    let mut out: Vec<Option<ArrayRef>> = vec![None; columns];
-    for (c, slot) in out.iter_mut().enumerate() {
-        *slot = concat_fixed_width(&column(c), threads)?;
-    }
-    let rest: Vec<usize> = (0..columns).filter(|&c| out[c].is_none()).collect();
-    for group in rest.chunks(threads) {
-        let arrays = on_threads(group.len(), |i| Ok(concat(&column(group[i]))?))?;
-        for (&c, array) in group.iter().zip(arrays) {
-            out[c] = Some(array);
-        }
-    }
-    let columns = out
-        .into_iter()
-        .map(|c| c.expect("every column set"))
-        .collect();
-    Ok(RecordBatch::try_new_with_options(
-        Arc::clone(schema),
-        columns,
-        &RecordBatchOptions::new().with_row_count(Some(rows)),
-    )?)
-}
-
-/// One column's pieces concatenated, on up to `threads` threads where it is
-/// fixed-width without NULLs (see [`concat_in_parallel`]); `None` for no
-/// pieces.
+/// One column's pieces concatenated: a column of a fixed-width type
+/// without NULLs is copied on up to `threads` threads, each into its own
+/// range of one buffer; any other by arrow. `None` for no pieces.
 pub(crate) fn concat_column_in_parallel(
     arrays: &[&dyn Array],
     threads: usize,
@@ -111,7 +67,9 @@ fn concat_fixed_width(arrays: &[&dyn Array], threads: usize) -> Result<Option<Ar
 mod tests {
     use super::*;
     use datafusion::arrow::array::{Float64Array, Int32Array, Int64Array, StringArray};
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use std::sync::Arc;
 
     fn batches(n: usize, rows: usize) -> (SchemaRef, Vec<RecordBatch>) {
         let schema = Arc::new(Schema::new(vec![
@@ -154,10 +112,20 @@ mod tests {
                 .map(|b| b.slice(rows / 3, rows - rows / 3))
                 .collect();
             for input in [&batches, &sliced] {
-                let expected = concat_batches(&schema, input.iter()).unwrap();
-                for threads in [1, 2, 16] {
-                    let got = concat_in_parallel(&schema, input.iter(), threads).unwrap();
-                    assert_eq!(got, expected, "{n} batches of {rows}, {threads} threads");
+                for c in 0..schema.fields().len() {
+                    let pieces: Vec<&dyn Array> =
+                        input.iter().map(|b| b.column(c).as_ref()).collect();
+                    let expected = concat(&pieces).unwrap();
+                    for threads in [1, 2, 16] {
+                        let got = concat_column_in_parallel(&pieces, threads)
+                            .unwrap()
+                            .unwrap();
+                        assert_eq!(
+                            got.to_data(),
+                            expected.to_data(),
+                            "column {c}: {n} batches of {rows}, {threads} threads"
+                        );
+                    }
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! The rows of one side of a join, as the join reads them: a batch, or the
-//! batches of a probe chunk or a hash join's build side, kept as they
-//! arrived.
+//! batches of a probe chunk, a hash join's build side or a sort-merge
+//! join's input, kept as they arrived.
 //!
 //! A probe chunk used to be concatenated into one batch before the device
 //! saw its keys. That copied every column of every probe row through host
@@ -123,7 +123,6 @@ impl ArrivedBatches {
     }
 
     /// The batches.
-    #[cfg(test)]
     pub(crate) fn batches(&self) -> &[RecordBatch] {
         &self.batches
     }

@@ -15,7 +15,8 @@ use super::radix::stable_radix_passes;
 use super::scan::exclusive_scan;
 use crate::gpu::launch::{self, CodeTransform, MergeBound, RadixDigits, RadixGrid, MAX_RADIX_BITS};
 use crate::gpu::{
-    download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuResult, Phase, PhaseTimer,
+    download_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuResult, Phase,
+    PhaseTimer,
 };
 
 /// One side of the join on the device, ordered by key.
@@ -28,20 +29,20 @@ pub struct SortedSide {
 }
 
 impl SortedSide {
-    /// Copies `keys` to the device and sorts them with their row ids on the
-    /// low `key_bits` bits, or, with `presorted`, takes them as already in
-    /// order (row ids `0..n`). `keys` are codes, or, with `transform`, raw
+    /// Copies `keys` (pieces laid end to end) to the device and sorts them
+    /// with their row ids on the low `key_bits` bits, or, with `presorted`,
+    /// takes them as already in order (row ids `0..n`). `keys` are codes, or, with `transform`, raw
     /// keys that the device turns into codes first.
     pub fn upload(
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
-        keys: &[u64],
+        keys: &[&[u64]],
         transform: Option<CodeTransform>,
         key_bits: u32,
         presorted: bool,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let mut device_keys = upload_u64(device, stream, keys, timer)?;
+        let mut device_keys = upload_u64_pieces(device, stream, keys, timer)?;
         if let Some(transform) = transform {
             timer.time(Phase::Kernel, || {
                 launch::ordered_codes(
@@ -53,11 +54,13 @@ impl SortedSide {
                 )
             })?;
         }
-        let mut ids = if keys.is_empty() {
+        // One row id per key, over all pieces.
+        let rows = device_keys.len();
+        let mut ids = if rows == 0 {
             stream.null::<u64>().during("allocating row ids")?
         } else {
             // SAFETY: iota writes every element.
-            unsafe { stream.alloc::<u64>(keys.len()) }.during("allocating row ids")?
+            unsafe { stream.alloc::<u64>(rows) }.during("allocating row ids")?
         };
         timer.time(Phase::Kernel, || {
             launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)

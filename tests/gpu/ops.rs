@@ -480,9 +480,10 @@ fn radix_sort_and_merge_path_match_their_references() {
             .map(|k| k & mask)
             .collect();
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let a =
-            SortedSide::upload(&device, stream, &streamed, None, bits, false, &mut timer).unwrap();
-        let b = SortedSide::upload(&device, stream, &other, None, bits, false, &mut timer).unwrap();
+        let a = SortedSide::upload(&device, stream, &[&streamed], None, bits, false, &mut timer)
+            .unwrap();
+        let b =
+            SortedSide::upload(&device, stream, &[&other], None, bits, false, &mut timer).unwrap();
         // The sort: stable, so ids equal the reference's exactly.
         let (a_sorted, a_ids) = merge_join::reference::sort(&streamed);
         let (b_sorted, b_ids) = merge_join::reference::sort(&other);
@@ -517,7 +518,8 @@ fn radix_sort_and_merge_path_match_their_references() {
         // Presorted input is taken as it is.
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         let presorted =
-            SortedSide::upload(&device, stream, &a_sorted, None, bits, true, &mut timer).unwrap();
+            SortedSide::upload(&device, stream, &[&a_sorted], None, bits, true, &mut timer)
+                .unwrap();
         let identity: Vec<u64> = (0..n as u64).collect();
         assert_eq!(
             presorted
@@ -569,8 +571,16 @@ fn raw_keys_become_their_order_preserving_codes_on_the_device() {
         );
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         // Taken as sorted: the codes in input order.
-        let side = SortedSide::upload(&device, stream, &raw, Some(transform), 64, true, &mut timer)
-            .unwrap();
+        let side = SortedSide::upload(
+            &device,
+            stream,
+            &[&raw[..5], &raw[5..]],
+            Some(transform),
+            64,
+            true,
+            &mut timer,
+        )
+        .unwrap();
         let mut codes = Vec::new();
         download_u64(
             &device,
@@ -585,7 +595,7 @@ fn raw_keys_become_their_order_preserving_codes_on_the_device() {
         let side = SortedSide::upload(
             &device,
             stream,
-            &raw,
+            &[&raw],
             Some(transform),
             64,
             false,

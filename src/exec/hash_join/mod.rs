@@ -20,4 +20,3 @@ pub use exec::GpuHashJoinExec;
 pub(crate) use candidates::evaluate_filter;
 pub(crate) use matches::emits_pairs;
 pub(crate) use output::{compact_views, ColumnSource, OutputAssembler, OutputRows, SideRows};
-pub(crate) use stream::evaluate_keys;

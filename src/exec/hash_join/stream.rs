@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, UInt64Array};
+use datafusion::arrow::array::UInt64Array;
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -35,13 +35,6 @@ use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::{order_by_probe_row, order_device_bytes, probe, probe_device_bytes};
-
-/// Evaluates the key expressions of one side on `batch`.
-pub(crate) fn evaluate_keys(on: &[PhysicalExprRef], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
-    on.iter()
-        .map(|expr| expr.evaluate(batch)?.into_array(batch.num_rows()))
-        .collect()
-}
 
 /// What the join computes, beyond its keys.
 #[derive(Debug, Clone)]

@@ -20,9 +20,10 @@ use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::exec::keys::{
-    code_bits, for_64_bit_integer_type, for_each_value, value_range_in_parallel, KeySpec,
+    code_bits, for_64_bit_integer_type, for_each_value, value_range, value_range_in_parallel,
+    KeySpec,
 };
-use crate::exec::parallel::on_row_chunks;
+use crate::exec::parallel::{on_ranges, on_row_chunks};
 use crate::gpu::launch::CodeTransform;
 
 /// The code of one key column.
@@ -96,12 +97,39 @@ impl OrderedKeyEncoder {
     /// column each, of the planned `types`), or `None` when the codes would
     /// need more than 64 bits or a type has no fixed-width code. The
     /// columns' ranges are found on up to `threads` threads.
+    #[cfg(test)]
     pub(crate) fn for_sides(
         types: &[DataType],
         sort_options: &[SortOptions],
         null_equality: NullEquality,
         left: &[ArrayRef],
         right: &[ArrayRef],
+        threads: usize,
+    ) -> Result<Option<Self>> {
+        let one_piece = |columns: &[ArrayRef]| -> Vec<Vec<ArrayRef>> {
+            columns
+                .iter()
+                .map(|c| vec![std::sync::Arc::clone(c)])
+                .collect()
+        };
+        Self::for_side_pieces(
+            types,
+            sort_options,
+            null_equality,
+            &one_piece(left),
+            &one_piece(right),
+            threads,
+        )
+    }
+
+    /// [`Self::for_sides`] over key columns held in pieces (per key column,
+    /// its values batch by batch), without making them contiguous.
+    pub(crate) fn for_side_pieces(
+        types: &[DataType],
+        sort_options: &[SortOptions],
+        null_equality: NullEquality,
+        left: &[Vec<ArrayRef>],
+        right: &[Vec<ArrayRef>],
         threads: usize,
     ) -> Result<Option<Self>> {
         if sort_options.len() != types.len()
@@ -126,12 +154,12 @@ impl OrderedKeyEncoder {
             let (mut min, mut max) = (i128::MAX, i128::MIN);
             let mut has_null = false;
             for side in [&left[column], &right[column]] {
-                let (side_min, side_max) = value_range_in_parallel(side, threads)?;
+                let (side_min, side_max) = range_of_pieces(side, threads)?;
                 if side_min <= side_max {
                     min = min.min(side_min);
                     max = max.max(side_max);
                 }
-                has_null |= side.logical_null_count() > 0;
+                has_null |= side.iter().any(|piece| piece.logical_null_count() > 0);
             }
             if min > max {
                 (min, max) = (1, 0);
@@ -156,17 +184,17 @@ impl OrderedKeyEncoder {
     }
 
     /// How the device makes the codes itself from the key column's own
-    /// buffer, where that gives exactly [`Self::encode`]'s codes: one key
-    /// column of 8-byte integers (`columns`, of either side) with no NULL
-    /// on either side. Each code is then the value's distance from the
+    /// buffers, where that gives exactly [`Self::encode`]'s codes: one key
+    /// column of 8-byte integers (of the planned `types`) with no NULL on
+    /// either side. Each code is then the value's distance from the
     /// smallest value (or the largest, descending), so the raw values go
     /// to the device as they are, with no host pass and no host copy.
-    pub(crate) fn device_transform(&self, columns: &[ArrayRef]) -> Option<CodeTransform> {
-        let ([code], [column]) = (self.columns.as_slice(), columns) else {
+    pub(crate) fn device_transform(&self, types: &[DataType]) -> Option<CodeTransform> {
+        let ([code], [data_type]) = (self.columns.as_slice(), types) else {
             return None;
         };
         let eight_byte_integer = matches!(
-            column.data_type(),
+            data_type,
             DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _)
         );
         if !eight_byte_integer || code.has_null || self.null_bit {
@@ -228,6 +256,33 @@ impl OrderedKeyEncoder {
         }
         Ok(())
     }
+}
+
+/// The smallest and largest value of a column held in `pieces` (`max <
+/// min`: none), on up to `threads` threads: one long piece is split into
+/// row ranges, many pieces are shared out whole.
+fn range_of_pieces(pieces: &[ArrayRef], threads: usize) -> Result<(i128, i128)> {
+    if let [piece] = pieces {
+        return value_range_in_parallel(piece, threads);
+    }
+    const MIN_ROWS_PER_THREAD: usize = 1 << 21;
+    let rows: usize = pieces.iter().map(|p| p.len()).sum();
+    let threads = threads.min(rows / MIN_ROWS_PER_THREAD).max(1);
+    // A range with `max < min` (no value) leaves the other as it is.
+    let widen = |(min, max): (i128, i128), (lo, hi): (i128, i128)| {
+        if lo <= hi {
+            (min.min(lo), max.max(hi))
+        } else {
+            (min, max)
+        }
+    };
+    let none = (i128::MAX, i128::MIN);
+    let ranges = on_ranges(pieces.len(), threads, |range| {
+        pieces[range].iter().try_fold(none, |range, piece| {
+            Ok::<_, DataFusionError>(widen(range, value_range(piece)?))
+        })
+    })?;
+    Ok(ranges.into_iter().fold(none, widen))
 }
 
 /// `keys[i] = keys[i] << bits | code(column[i])`, or for the `first`
@@ -529,7 +584,7 @@ mod tests {
                 .unwrap()
                 .unwrap();
                 let transform = encoder
-                    .device_transform(std::slice::from_ref(&left))
+                    .device_transform(&[left.data_type().clone()])
                     .expect("one 8-byte column without NULLs");
                 for (side, column) in [(KeySide::Left, &left), (KeySide::Right, &right)] {
                     let host = encoder
@@ -575,8 +630,32 @@ mod tests {
             )
             .unwrap()
             .unwrap();
-            assert_eq!(encoder.device_transform(&left), None, "{types:?}");
+            assert_eq!(encoder.device_transform(&types), None, "{types:?}");
         }
+    }
+
+    #[test]
+    fn ranges_of_pieces_skip_pieces_without_values() {
+        let pieces = vec![
+            arr(Int64Array::from(vec![None, None])),
+            arr(Int64Array::from(vec![5, 9])),
+            arr(Int64Array::from(Vec::<i64>::new())),
+            arr(Int64Array::from(vec![Some(-3), None])),
+        ];
+        for threads in [1, 4] {
+            assert_eq!(range_of_pieces(&pieces, threads).unwrap(), (-3, 9));
+            assert_eq!(range_of_pieces(&pieces[..1], threads).unwrap(), (1, 0));
+        }
+        // Many pieces, shared out over threads.
+        let whole = arr(Int64Array::from_iter_values(
+            (0..5_242_900).map(|i: i64| (i * 7919) % 1_000_003 - 500_000),
+        ));
+        let pieces: Vec<ArrayRef> = (0..100)
+            .map(|i| whole.slice(i * (whole.len() / 100), whole.len() / 100))
+            .collect();
+        let expected = value_range(&whole).unwrap();
+        assert_eq!(range_of_pieces(&pieces, 4).unwrap(), expected);
+        assert_eq!(range_of_pieces(&pieces, 1).unwrap(), expected);
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! One partition of a GPU sort-merge join: collect both inputs, code their
-//! keys in sort order, then in a blocking task sort them on the device
+//! One partition of a GPU sort-merge join: collect both inputs (kept in the
+//! batches they arrived in, never concatenated), code their keys in sort
+//! order (or, for raw 8-byte keys, let the device code them from their
+//! batches' own buffers), then in a blocking task sort them on the device
 //! (where the plan did not already sort them), merge, and emit the output
 //! range by range through a bounded channel, so a large result streams out
 //! while later ranges are still being made. When the device cannot take
@@ -31,11 +33,11 @@ use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
 use super::ordered_keys::{KeySide, OrderedKeyEncoder};
-use crate::exec::concat::concat_in_parallel;
 use crate::exec::device_gather::{
     gather_batches, gathers_by_pair, output_columns, GatherSide, ResidentColumns,
 };
-use crate::exec::hash_join::{evaluate_filter, evaluate_keys, OutputAssembler, OutputRows};
+use crate::exec::hash_join::{evaluate_filter, OutputAssembler, OutputRows};
+use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuSortMergeJoinMetrics;
 use crate::gpu::launch::{self, CodeTransform};
 use crate::gpu::{DriverResultExt, GpuDevice, GpuError, Phase, PhaseTimer, ReservationKind};
@@ -100,38 +102,14 @@ enum Outcome {
     OnCpu,
 }
 
-/// One side's input, collected into one batch (so row ids index it), with
-/// the row count of each batch it arrived in.
-#[derive(Clone)]
-struct Collected {
-    batch: RecordBatch,
-    arrived: Vec<usize>,
-}
-
-impl Collected {
-    /// The batches as they arrived, as zero-copy slices: DataFusion's own
-    /// join, when it takes over, sees the input it would have seen.
-    fn as_arrived(&self) -> Vec<RecordBatch> {
-        let mut offset = 0;
-        self.arrived
-            .iter()
-            .map(|&rows| {
-                let slice = self.batch.slice(offset, rows);
-                offset += rows;
-                slice
-            })
-            .collect()
-    }
-}
-
-/// Reads `input` whole and concatenates it on `threads` threads (a join
-/// over all input partitions collects every row of a side here).
+/// Reads `input` whole, keeping its batches as they arrived: row ids
+/// count rows over them in order, and nothing is concatenated (only key
+/// columns that the host codes are made contiguous later).
 async fn collect(
     mut input: SendableRecordBatchStream,
     schema: &SchemaRef,
     reservation: &MemoryReservation,
-    threads: usize,
-) -> Result<Collected> {
+) -> Result<Arc<ArrivedBatches>> {
     let mut batches = Vec::new();
     while let Some(batch) = input.next().await {
         let batch = batch?;
@@ -140,16 +118,7 @@ async fn collect(
             batches.push(batch);
         }
     }
-    let arrived = batches.iter().map(|b| b.num_rows()).collect();
-    let schema = Arc::clone(schema);
-    let batch =
-        SpawnedTask::spawn_blocking(move || concat_in_parallel(&schema, batches.iter(), threads))
-            .join()
-            .await
-            .map_err(|e| {
-                DataFusionError::Execution(format!("concatenating a join input failed: {e}"))
-            })??;
-    Ok(Collected { arrived, batch })
+    Ok(Arc::new(ArrivedBatches::new(Arc::clone(schema), batches)))
 }
 
 async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
@@ -158,22 +127,12 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
     // pipelines (a repartition, a sort) then run side by side.
     let collecting = task.metrics.collect_time.timer();
     let (left, right) = futures::try_join!(
-        collect(
-            task.left,
-            &plan.left_schema,
-            &task.reservation,
-            plan.host_threads
-        ),
-        collect(
-            task.right,
-            &plan.right_schema,
-            &task.reservation,
-            plan.host_threads
-        )
+        collect(task.left, &plan.left_schema, &task.reservation),
+        collect(task.right, &plan.right_schema, &task.reservation)
     )?;
     collecting.done();
-    task.metrics.left_rows.add(left.batch.num_rows());
-    task.metrics.right_rows.add(right.batch.num_rows());
+    task.metrics.left_rows.add(left.num_rows());
+    task.metrics.right_rows.add(right.num_rows());
 
     let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(CHANNEL_BATCHES);
     let device_part = DevicePart {
@@ -185,7 +144,7 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
         metrics: task.metrics.clone(),
     };
     let device_task = {
-        let (left, right) = (left.batch.clone(), right.batch.clone());
+        let (left, right) = (Arc::clone(&left), Arc::clone(&right));
         SpawnedTask::spawn_blocking(move || device_part.join(&left, &right, sender))
     };
     let metrics = task.metrics.clone();
@@ -231,16 +190,19 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
 /// sorts this node absorbed.
 fn cpu_join(
     plan: &MergeJoinPlan,
-    left: Collected,
-    right: Collected,
+    left: Arc<ArrivedBatches>,
+    right: Arc<ArrivedBatches>,
     context: &Arc<TaskContext>,
 ) -> Result<SendableRecordBatchStream> {
     let children = plan.cpu_join.children();
     let mut inputs = Vec::with_capacity(2);
+    let schemas = [&plan.left_schema, &plan.right_schema];
     for (side, input) in [left, right].into_iter().enumerate() {
-        let schema = input.batch.schema();
-        let source: Arc<dyn ExecutionPlan> =
-            MemorySourceConfig::try_new_exec(&[input.as_arrived()], schema, None)?;
+        let source: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(
+            &[input.batches().to_vec()],
+            Arc::clone(schemas[side]),
+            None,
+        )?;
         inputs.push(if plan.sort_on_device[side] {
             // The absorbed SortExec, over the collected input.
             #[allow(deprecated)]
@@ -289,15 +251,16 @@ impl Sender {
 impl DevicePart {
     fn join(
         &self,
-        left: &RecordBatch,
-        right: &RecordBatch,
+        left: &ArrivedBatches,
+        right: &ArrivedBatches,
         channel: mpsc::Sender<Result<RecordBatch>>,
     ) -> Result<Outcome> {
         let plan = &self.plan;
         let encoding = self.metrics.encode_time.timer();
-        let left_keys = evaluate_keys(&plan.left_on, left)?;
-        let right_keys = evaluate_keys(&plan.right_on, right)?;
-        let Some(encoder) = OrderedKeyEncoder::for_sides(
+        // Per key, its values batch by batch.
+        let left_keys = left.key_pieces(&plan.left_on)?;
+        let right_keys = right.key_pieces(&plan.right_on)?;
+        let Some(encoder) = OrderedKeyEncoder::for_side_pieces(
             &plan.key_types,
             &plan.sort_options,
             plan.null_equality,
@@ -312,9 +275,23 @@ impl DevicePart {
         let threads = plan.host_threads;
         // Raw 8-byte keys without NULLs go to the device as they are, and
         // the device codes them; other keys are coded here.
-        let transform = encoder.device_transform(&left_keys);
-        let left_codes = SideKeys::new(&encoder, transform, &left_keys, KeySide::Left, threads)?;
-        let right_codes = SideKeys::new(&encoder, transform, &right_keys, KeySide::Right, threads)?;
+        let transform = encoder.device_transform(&plan.key_types);
+        let left_codes = SideKeys::new(
+            &encoder,
+            transform,
+            (left, &plan.left_on, &left_keys),
+            KeySide::Left,
+            threads,
+        )?;
+        drop(left_keys);
+        let right_codes = SideKeys::new(
+            &encoder,
+            transform,
+            (right, &plan.right_on, &right_keys),
+            KeySide::Right,
+            threads,
+        )?;
+        drop(right_keys);
         for (side, codes) in [&left_codes, &right_codes].into_iter().enumerate() {
             if !plan.sort_on_device[side] && !codes.ascending(transform) {
                 return Err(DataFusionError::Internal(format!(
@@ -372,8 +349,8 @@ impl DevicePart {
     /// `transform` how the device codes raw keys.
     fn on_device(
         &self,
-        left: &RecordBatch,
-        right: &RecordBatch,
+        left: &ArrivedBatches,
+        right: &ArrivedBatches,
         (bits, transform): (u32, Option<CodeTransform>),
         (streamed_codes, sort_streamed): (SideKeys, bool),
         (other_codes, sort_other): (SideKeys, bool),
@@ -426,7 +403,7 @@ impl DevicePart {
         let streamed = SortedSide::upload(
             device,
             stream,
-            streamed_codes.words(),
+            &streamed_codes.pieces(),
             transform,
             bits,
             !sort_streamed,
@@ -436,7 +413,7 @@ impl DevicePart {
         let other = SortedSide::upload(
             device,
             stream,
-            other_codes.words(),
+            &other_codes.pieces(),
             transform,
             bits,
             !sort_other,
@@ -591,51 +568,63 @@ impl DevicePart {
 enum SideKeys {
     /// Order-preserving codes made on the host.
     Coded(Vec<u64>),
-    /// The key column's own values, which the device codes (see
-    /// [`OrderedKeyEncoder::device_transform`]).
-    Raw(ScalarBuffer<u64>),
+    /// The key column's own values, batch by batch, which the device codes
+    /// (see [`OrderedKeyEncoder::device_transform`]).
+    Raw(Vec<ScalarBuffer<u64>>),
 }
 
 impl SideKeys {
-    /// The keys of `columns`: raw where `transform` is given, else coded on
-    /// `threads` threads.
+    /// The keys of one side (its rows, key expressions, and their values
+    /// batch by batch): raw where `transform` is given, else made
+    /// contiguous and coded on `threads` threads.
     fn new(
         encoder: &OrderedKeyEncoder,
         transform: Option<CodeTransform>,
-        columns: &[ArrayRef],
+        (rows, on, pieces): (&ArrivedBatches, &[PhysicalExprRef], &[Vec<ArrayRef>]),
         side: KeySide,
         threads: usize,
     ) -> Result<Self> {
-        Ok(match (transform, columns) {
-            (Some(_), [column]) => {
-                let data = column.to_data();
-                Self::Raw(ScalarBuffer::new(
-                    data.buffers()[0].clone(),
-                    data.offset(),
-                    data.len(),
-                ))
+        Ok(match (transform, pieces) {
+            (Some(_), [column]) => Self::Raw(
+                column
+                    .iter()
+                    .map(|piece| {
+                        let data = piece.to_data();
+                        ScalarBuffer::new(data.buffers()[0].clone(), data.offset(), data.len())
+                    })
+                    .collect(),
+            ),
+            _ => {
+                let columns = rows.concat_key_pieces(on, pieces, threads)?;
+                Self::Coded(encoder.encode(&columns, side, threads)?)
             }
-            _ => Self::Coded(encoder.encode(columns, side, threads)?),
         })
     }
 
-    fn words(&self) -> &[u64] {
+    /// The keys, in row order, in pieces.
+    fn pieces(&self) -> Vec<&[u64]> {
         match self {
-            Self::Coded(codes) => codes,
-            Self::Raw(values) => values,
+            Self::Coded(codes) => vec![codes.as_slice()],
+            Self::Raw(pieces) => pieces.iter().map(|p| &p[..]).collect(),
         }
     }
 
     fn len(&self) -> usize {
-        self.words().len()
+        self.pieces().iter().map(|p| p.len()).sum()
     }
 
     /// Whether the codes ascend (raw keys coded by `transform` first).
     fn ascending(&self, transform: Option<CodeTransform>) -> bool {
-        match (self, transform) {
-            (Self::Raw(values), Some(t)) => values.windows(2).all(|w| t.code(w[0]) <= t.code(w[1])),
-            _ => self.words().windows(2).all(|w| w[0] <= w[1]),
-        }
+        let code = |key: u64| match (self, transform) {
+            (Self::Raw(_), Some(t)) => t.code(key),
+            _ => key,
+        };
+        let mut last = 0;
+        self.pieces()
+            .into_iter()
+            .flatten()
+            .map(|&key| code(key))
+            .all(|key| std::mem::replace(&mut last, key) <= key)
     }
 }
 
