@@ -70,7 +70,14 @@ fn table(keys: &[i64], salt: i64, partitions: usize, sorted: bool) -> Arc<MemTab
     })
 }
 
-async fn timed(ctx: &SessionContext, runs: usize) -> (Duration, Vec<i64>, String, String) {
+/// The median of `runs` runs after a warm-up, the answer, the last run's
+/// plan, and its GPU join's metrics; with `--explain-analyze`, the last
+/// run's plan is printed with every node's metrics under `label`.
+async fn timed(
+    ctx: &SessionContext,
+    runs: usize,
+    label: &str,
+) -> (Duration, Vec<i64>, String, String) {
     let (_, answer, _) = run_once(ctx).await; // warm-up
     let mut times = Vec::new();
     let mut last = None;
@@ -81,6 +88,9 @@ async fn timed(ctx: &SessionContext, runs: usize) -> (Duration, Vec<i64>, String
         last = Some(plan);
     }
     let plan = last.expect("one run");
+    if std::env::args().any(|a| a == "--explain-analyze") {
+        super::print_metrics(label, &plan);
+    }
     let text = displayable(plan.as_ref()).indent(true).to_string();
     // The GPU join's last run, summed over its partitions (which overlap).
     let ms = |name: &str| operator_metric(&plan, "GpuSortMergeJoinExec", name).1 as f64 / 1e6;
@@ -157,7 +167,7 @@ pub async fn benchmark(log2: usize, runs: usize) {
             ctx.sql(statement).await.unwrap();
         }
         let layout = if sorted { "presorted" } else { "unsorted" };
-        let (cpu, cpu_answer, cpu_plan, _) = timed(&ctx, runs).await;
+        let (cpu, cpu_answer, cpu_plan, _) = timed(&ctx, runs, &format!("{layout} CPU")).await;
         println!("{layout}: CPU plan\n{cpu_plan}");
         if !gpu_available {
             println!(
@@ -170,7 +180,8 @@ pub async fn benchmark(log2: usize, runs: usize) {
         for setting in gpu_settings() {
             ctx.sql(&format!("SET {setting}")).await.unwrap();
         }
-        let (gpu, gpu_answer, gpu_plan, breakdown) = timed(&ctx, runs).await;
+        let (gpu, gpu_answer, gpu_plan, breakdown) =
+            timed(&ctx, runs, &format!("{layout} GPU")).await;
         println!("{layout}: GPU plan\n{gpu_plan}");
         assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
         assert!(
