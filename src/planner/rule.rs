@@ -1028,6 +1028,15 @@ mod tests {
                 // is the join's own: only those columns travel.
                 assert!(join.projection().is_some(), "{sql}\n{text}");
                 assert!(text.contains(", projection=["), "{sql}\n{text}");
+                // Its statistics are those of the columns it emits.
+                let stats = StatisticsContext::new()
+                    .compute(join, &StatisticsArgs::new())
+                    .unwrap();
+                assert_eq!(
+                    stats.column_statistics.len(),
+                    join.schema().fields().len(),
+                    "{sql}"
+                );
                 // The decision record says so.
                 let decisions = crate::gpu_decisions(&plan, &ConfigOptions::default());
                 assert!(

@@ -390,12 +390,18 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
         // A sort keeps its input's statistics, so the inputs' statistics
         // are the replaced join's children's.
         let stats = self.cpu_join.statistics_from_inputs(input_stats, args)?;
-        Ok(match &self.projection {
-            Some(projection) => {
-                Arc::new(Arc::unwrap_or_clone(stats).project(Some(&projection.columns)))
-            }
-            None => stats,
-        })
+        let Some(projection) = &self.projection else {
+            return Ok(stats);
+        };
+        // `Statistics::project` panics on a column it lacks.
+        let known = projection
+            .columns
+            .iter()
+            .all(|&column| column < stats.column_statistics.len());
+        Ok(Arc::new(match known {
+            true => Arc::unwrap_or_clone(stats).project(Some(&projection.columns)),
+            false => Statistics::new_unknown(&self.schema()),
+        }))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

@@ -275,7 +275,16 @@ impl DevicePart {
         let threads = plan.host_threads;
         // Raw 8-byte keys without NULLs go to the device as they are, and
         // the device codes them; other keys are coded here.
-        let transform = encoder.device_transform(&plan.key_types);
+        // (Both sides' key values must be of the planned type: the device
+        // reads their bits.)
+        let planned_type = |keys: &[Vec<ArrayRef>]| {
+            keys.iter()
+                .zip(&plan.key_types)
+                .all(|(pieces, t)| pieces.iter().all(|piece| piece.data_type() == t))
+        };
+        let transform = encoder
+            .device_transform(&plan.key_types)
+            .filter(|_| planned_type(&left_keys) && planned_type(&right_keys));
         let left_codes = SideKeys::new(
             &encoder,
             transform,
