@@ -2,8 +2,8 @@
 // the GPU sort-merge join), and the expansion of the matches into row pairs.
 //
 // `a` is the streamed side, `b` the other side, both sorted ascending (the
-// keys are order-preserving codes made on the host, so ascending codes are
-// the join's own sort order). For every a[i] the join needs the run of equal
+// keys are order-preserving codes, made on the host or by `ordered_codes`
+// below, so ascending codes are the join's own sort order). For every a[i] the join needs the run of equal
 // keys in b: lower[i] = #{b < a[i]} and upper[i] = #{b <= a[i]}. Both are a
 // merge of a and b: merging with ties taken from a first, the b elements
 // emitted before a[i] are those below it (lower); with ties taken from b

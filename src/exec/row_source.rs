@@ -71,8 +71,8 @@ impl RowSource for RecordBatch {
     }
 }
 
-/// The batches of a probe chunk or a build side as they arrived, never
-/// concatenated.
+/// The batches of a probe chunk, a build side or a sort-merge join's input
+/// as they arrived, never concatenated.
 #[derive(Debug, Clone)]
 pub(crate) struct ArrivedBatches {
     schema: SchemaRef,

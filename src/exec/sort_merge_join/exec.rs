@@ -28,7 +28,9 @@ use crate::planner::GpuOptions;
 /// A merge-path sort-merge join on the GPU, in place of the
 /// [`SortMergeJoinExec`] it was made from, with the same output schema,
 /// partitioning and output ordering, so nodes above that rely on the order
-/// stay correct. Where DataFusion sorted an input just for the join (a
+/// stay correct (or, with a projection of plain columns absorbed from
+/// above, those of that `ProjectionExec`). Where DataFusion sorted an input
+/// just for the join (a
 /// `SortExec` on exactly the join keys below it), that sort is absorbed and
 /// done on the device; an input that arrives sorted is merged as it is.
 ///
@@ -285,7 +287,13 @@ impl DisplayAs for GpuSortMergeJoinExec {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "algorithm={}", Self::ALGORITHM)?;
                 writeln!(f, "join_type={}", join.join_type())?;
-                write!(f, "on={on}")
+                write!(f, "on={on}")?;
+                if let Some(projection) = &self.projection {
+                    let exprs: Vec<String> =
+                        projection.exprs.iter().map(|e| e.to_string()).collect();
+                    write!(f, "\nprojection=[{}]", exprs.join(", "))?;
+                }
+                Ok(())
             }
         }
     }
@@ -399,7 +407,12 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
             .iter()
             .all(|&column| column < stats.column_statistics.len());
         Ok(Arc::new(match known {
-            true => Arc::unwrap_or_clone(stats).project(Some(&projection.columns)),
+            true => {
+                let mut projected = Arc::unwrap_or_clone(stats).project(Some(&projection.columns));
+                // The bytes of the columns kept, as `ProjectionExec` counts them.
+                projected.calculate_total_byte_size(&self.schema());
+                projected
+            }
             false => Statistics::new_unknown(&self.schema()),
         }))
     }

@@ -188,7 +188,8 @@ impl OrderedKeyEncoder {
     /// column of 8-byte integers (of the planned `types`) with no NULL on
     /// either side. Each code is then the value's distance from the
     /// smallest value (or the largest, descending), so the raw values go
-    /// to the device as they are, with no host pass and no host copy.
+    /// to the device as they are: the host only finds the value range (and
+    /// checks the order of a side that arrives sorted), and writes no codes.
     pub(crate) fn device_transform(&self, types: &[DataType]) -> Option<CodeTransform> {
         let ([code], [data_type]) = (self.columns.as_slice(), types) else {
             return None;

@@ -377,10 +377,16 @@ impl DevicePart {
             .add_duration(waiting.elapsed());
         device.bind_to_thread()?;
         // Only the columns the output uses go to the device (all of them
-        // unless a projection was absorbed).
+        // unless a projection was absorbed), and only where one of them can
+        // be gathered there: otherwise nothing is reserved for them.
         let gathered_columns = gathers_by_pair(join_type, plan.filter.is_some())
             .then(|| output_columns(&plan.output, left.num_columns(), right.num_columns()))
-            .flatten();
+            .flatten()
+            .filter(|(wanted_left, wanted_right)| {
+                ResidentColumns::device_bytes(left, wanted_left)
+                    + ResidentColumns::device_bytes(right, wanted_right)
+                    > 0
+            });
         let gather_bytes = if let Some((wanted_left, wanted_right)) = &gathered_columns {
             ResidentColumns::device_bytes(left, wanted_left)
                 + ResidentColumns::device_bytes(right, wanted_right)
