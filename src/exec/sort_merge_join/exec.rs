@@ -225,6 +225,13 @@ impl GpuSortMergeJoinExec {
         self.sort_on_device
     }
 
+    /// `projection=[...]`, for `EXPLAIN`, where a projection was absorbed.
+    fn projection_text(&self) -> Option<String> {
+        let projection = self.projection.as_ref()?;
+        let exprs: Vec<String> = projection.exprs.iter().map(|e| e.to_string()).collect();
+        Some(format!("projection=[{}]", exprs.join(", ")))
+    }
+
     fn describe_sides(&self) -> String {
         let side = |sorted_here: bool| if sorted_here { "device" } else { "input" };
         format!(
@@ -277,10 +284,8 @@ impl DisplayAs for GpuSortMergeJoinExec {
                 if self.repartitions_removed {
                     write!(f, ", cpu_repartitions=removed")?;
                 }
-                if let Some(projection) = &self.projection {
-                    let exprs: Vec<String> =
-                        projection.exprs.iter().map(|e| e.to_string()).collect();
-                    write!(f, ", projection=[{}]", exprs.join(", "))?;
+                if let Some(projection) = self.projection_text() {
+                    write!(f, ", {projection}")?;
                 }
                 Ok(())
             }
@@ -288,10 +293,8 @@ impl DisplayAs for GpuSortMergeJoinExec {
                 writeln!(f, "algorithm={}", Self::ALGORITHM)?;
                 writeln!(f, "join_type={}", join.join_type())?;
                 write!(f, "on={on}")?;
-                if let Some(projection) = &self.projection {
-                    let exprs: Vec<String> =
-                        projection.exprs.iter().map(|e| e.to_string()).collect();
-                    write!(f, "\nprojection=[{}]", exprs.join(", "))?;
+                if let Some(projection) = self.projection_text() {
+                    write!(f, "\n{projection}")?;
                 }
                 Ok(())
             }
