@@ -314,7 +314,12 @@ impl KeyEncoder {
             let mut domains = Vec::with_capacity(spec.types.len());
             let mut bits = 0u32;
             for column in 0..spec.types.len() {
-                let (mut min, mut max) = pieces_value_range(pieces, column)?;
+                let column_pieces: Vec<ArrayRef> = pieces
+                    .iter()
+                    .map(|piece| Arc::clone(&piece[column]))
+                    .collect();
+                let (mut min, mut max) =
+                    pieces_value_range(&column_pieces, crate::host_copy::host_threads())?;
                 if min > max {
                     (min, max) = (1, 0);
                 }
@@ -494,8 +499,7 @@ impl KeyEncoder {
 /// The raw encoding of an 8-byte integer column: its buffer as it is, or,
 /// with NULLs, the valid rows' values and their row ids.
 fn raw_keys(column: &ArrayRef) -> NormalizedKeys {
-    let data = column.to_data();
-    let words = ScalarBuffer::<u64>::new(data.buffers()[0].clone(), data.offset(), data.len());
+    let words = raw_words(column);
     match column.logical_nulls().filter(|n| n.null_count() > 0) {
         None => NormalizedKeys {
             keys: words,
@@ -510,6 +514,13 @@ fn raw_keys(column: &ArrayRef) -> NormalizedKeys {
             }
         }
     }
+}
+
+/// The values of an 8-byte column as the words its buffer holds (NULL
+/// slots included), without a copy.
+pub(crate) fn raw_words(column: &ArrayRef) -> ScalarBuffer<u64> {
+    let data = column.to_data();
+    ScalarBuffer::new(data.buffers()[0].clone(), data.offset(), data.len())
 }
 
 /// Keeps the rows not marked in `dropped`.
@@ -633,11 +644,11 @@ pub(crate) fn value_range_in_parallel(column: &ArrayRef, threads: usize) -> Resu
         .unwrap_or((1, 0)))
 }
 
-/// [`value_range`] of key column `column` over every piece (`(1, 0)` when
-/// there is no value): one large piece (a build side) split over the
-/// host's cores, or many pieces (an aggregation's input batches) spread
-/// over them.
-fn pieces_value_range(pieces: &[Vec<ArrayRef>], column: usize) -> Result<(i128, i128)> {
+/// [`value_range`] of one column held in `pieces` (`(1, 0)` when there is
+/// no value), on up to `threads` threads: one large piece (a build side)
+/// split into row ranges, or many pieces (an aggregation's or a sort-merge
+/// join's input batches) spread over them whole.
+pub(crate) fn pieces_value_range(pieces: &[ArrayRef], threads: usize) -> Result<(i128, i128)> {
     let merge = |ranges: Vec<(i128, i128)>| {
         ranges
             .into_iter()
@@ -646,18 +657,15 @@ fn pieces_value_range(pieces: &[Vec<ArrayRef>], column: usize) -> Result<(i128, 
             .unwrap_or((1, 0))
     };
     if let [piece] = pieces {
-        return value_range_in_parallel(&piece[column], crate::host_copy::host_threads());
+        return value_range_in_parallel(piece, threads);
     }
     // A thread per 64 Ki rows at least: starting one costs microseconds.
-    let rows: usize = pieces.iter().map(|piece| piece[column].len()).sum();
-    let threads = crate::host_copy::host_threads()
-        .min(pieces.len())
-        .min(rows >> 16)
-        .max(1);
+    let rows: usize = pieces.iter().map(|piece| piece.len()).sum();
+    let threads = threads.min(pieces.len()).min(rows >> 16).max(1);
     let ranges = super::parallel::on_ranges(pieces.len(), threads, |range| {
         pieces[range]
             .iter()
-            .map(|piece| value_range(&piece[column]))
+            .map(value_range)
             .collect::<Result<Vec<_>>>()
             .map(merge)
     })?;
@@ -986,6 +994,30 @@ mod tests {
         assert!(packed
             .raw_pieces(&[vec![arr(Int32Array::from(vec![1]))]])
             .is_none());
+    }
+
+    #[test]
+    fn ranges_of_pieces_skip_pieces_without_values() {
+        let pieces = vec![
+            arr(Int64Array::from(vec![None, None])),
+            arr(Int64Array::from(vec![5, 9])),
+            arr(Int64Array::from(Vec::<i64>::new())),
+            arr(Int64Array::from(vec![Some(-3), None])),
+        ];
+        for threads in [1, 4] {
+            assert_eq!(pieces_value_range(&pieces, threads).unwrap(), (-3, 9));
+            assert_eq!(pieces_value_range(&pieces[..1], threads).unwrap(), (1, 0));
+        }
+        // Many pieces, shared out over threads.
+        let whole = arr(Int64Array::from_iter_values(
+            (0..5_242_900).map(|i: i64| (i * 7919) % 1_000_003 - 500_000),
+        ));
+        let pieces: Vec<ArrayRef> = (0..100)
+            .map(|i| whole.slice(i * (whole.len() / 100), whole.len() / 100))
+            .collect();
+        let expected = value_range(&whole).unwrap();
+        assert_eq!(pieces_value_range(&pieces, 4).unwrap(), expected);
+        assert_eq!(pieces_value_range(&pieces, 1).unwrap(), expected);
     }
 
     #[test]

@@ -20,10 +20,9 @@ use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::exec::keys::{
-    code_bits, for_64_bit_integer_type, for_each_value, value_range, value_range_in_parallel,
-    KeySpec,
+    code_bits, for_64_bit_integer_type, for_each_value, pieces_value_range, KeySpec,
 };
-use crate::exec::parallel::{on_ranges, on_row_chunks};
+use crate::exec::parallel::on_row_chunks;
 use crate::gpu::launch::CodeTransform;
 
 /// The code of one key column.
@@ -154,7 +153,7 @@ impl OrderedKeyEncoder {
             let (mut min, mut max) = (i128::MAX, i128::MIN);
             let mut has_null = false;
             for side in [&left[column], &right[column]] {
-                let (side_min, side_max) = range_of_pieces(side, threads)?;
+                let (side_min, side_max) = pieces_value_range(side, threads)?;
                 if side_min <= side_max {
                     min = min.min(side_min);
                     max = max.max(side_max);
@@ -257,33 +256,6 @@ impl OrderedKeyEncoder {
         }
         Ok(())
     }
-}
-
-/// The smallest and largest value of a column held in `pieces` (`max <
-/// min`: none), on up to `threads` threads: one long piece is split into
-/// row ranges, many pieces are shared out whole.
-fn range_of_pieces(pieces: &[ArrayRef], threads: usize) -> Result<(i128, i128)> {
-    if let [piece] = pieces {
-        return value_range_in_parallel(piece, threads);
-    }
-    const MIN_ROWS_PER_THREAD: usize = 1 << 21;
-    let rows: usize = pieces.iter().map(|p| p.len()).sum();
-    let threads = threads.min(rows / MIN_ROWS_PER_THREAD).max(1);
-    // A range with `max < min` (no value) leaves the other as it is.
-    let widen = |(min, max): (i128, i128), (lo, hi): (i128, i128)| {
-        if lo <= hi {
-            (min.min(lo), max.max(hi))
-        } else {
-            (min, max)
-        }
-    };
-    let none = (i128::MAX, i128::MIN);
-    let ranges = on_ranges(pieces.len(), threads, |range| {
-        pieces[range].iter().try_fold(none, |range, piece| {
-            Ok::<_, DataFusionError>(widen(range, value_range(piece)?))
-        })
-    })?;
-    Ok(ranges.into_iter().fold(none, widen))
 }
 
 /// `keys[i] = keys[i] << bits | code(column[i])`, or for the `first`
@@ -633,30 +605,6 @@ mod tests {
             .unwrap();
             assert_eq!(encoder.device_transform(&types), None, "{types:?}");
         }
-    }
-
-    #[test]
-    fn ranges_of_pieces_skip_pieces_without_values() {
-        let pieces = vec![
-            arr(Int64Array::from(vec![None, None])),
-            arr(Int64Array::from(vec![5, 9])),
-            arr(Int64Array::from(Vec::<i64>::new())),
-            arr(Int64Array::from(vec![Some(-3), None])),
-        ];
-        for threads in [1, 4] {
-            assert_eq!(range_of_pieces(&pieces, threads).unwrap(), (-3, 9));
-            assert_eq!(range_of_pieces(&pieces[..1], threads).unwrap(), (1, 0));
-        }
-        // Many pieces, shared out over threads.
-        let whole = arr(Int64Array::from_iter_values(
-            (0..5_242_900).map(|i: i64| (i * 7919) % 1_000_003 - 500_000),
-        ));
-        let pieces: Vec<ArrayRef> = (0..100)
-            .map(|i| whole.slice(i * (whole.len() / 100), whole.len() / 100))
-            .collect();
-        let expected = value_range(&whole).unwrap();
-        assert_eq!(range_of_pieces(&pieces, 4).unwrap(), expected);
-        assert_eq!(range_of_pieces(&pieces, 1).unwrap(), expected);
     }
 
     #[test]

@@ -37,6 +37,7 @@ use crate::exec::device_gather::{
     gather_batches, gathers_by_pair, output_columns, GatherSide, ResidentColumns,
 };
 use crate::exec::hash_join::{evaluate_filter, OutputAssembler, OutputRows};
+use crate::exec::keys::raw_words;
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuSortMergeJoinMetrics;
 use crate::gpu::launch::{self, CodeTransform};
@@ -382,21 +383,22 @@ impl DevicePart {
         let gathered_columns = gathers_by_pair(join_type, plan.filter.is_some())
             .then(|| output_columns(&plan.output, left.num_columns(), right.num_columns()))
             .flatten()
-            .filter(|(wanted_left, wanted_right)| {
-                ResidentColumns::device_bytes(left, wanted_left)
-                    + ResidentColumns::device_bytes(right, wanted_right)
-                    > 0
-            });
-        let gather_bytes = if let Some((wanted_left, wanted_right)) = &gathered_columns {
-            ResidentColumns::device_bytes(left, wanted_left)
-                + ResidentColumns::device_bytes(right, wanted_right)
-                // The left row ids and one buffer of the widest column's
-                // values, per pair.
-                + (8 + ResidentColumns::widest(left, wanted_left)
-                    .max(ResidentColumns::widest(right, wanted_right)))
-                    * self.max_output_pairs
-        } else {
-            0
+            .map(|(wanted_left, wanted_right)| {
+                let resident = ResidentColumns::device_bytes(left, &wanted_left)
+                    + ResidentColumns::device_bytes(right, &wanted_right);
+                (wanted_left, wanted_right, resident)
+            })
+            .filter(|&(_, _, resident)| resident > 0);
+        let gather_bytes = match &gathered_columns {
+            Some((wanted_left, wanted_right, resident)) => {
+                // The columns, the left row ids and one buffer of the
+                // widest column's values, per pair.
+                resident
+                    + (8 + ResidentColumns::widest(left, wanted_left)
+                        .max(ResidentColumns::widest(right, wanted_right)))
+                        * self.max_output_pairs
+            }
+            None => 0,
         };
         let memory = device.budget().reserve(
             merge_join_device_bytes(
@@ -438,7 +440,7 @@ impl DevicePart {
         let pairs = needs_pairs(join_type, plan.filter.is_some());
         let matches = MergeMatches::find(device, stream, &streamed, &other, !pairs, &mut timer)?;
         let device_columns = match &gathered_columns {
-            Some((wanted_left, wanted_right)) => Some((
+            Some((wanted_left, wanted_right, _)) => Some((
                 ResidentColumns::upload(device, stream, left, wanted_left, &mut timer)?,
                 ResidentColumns::upload(device, stream, right, wanted_right, &mut timer)?,
             )),
@@ -600,15 +602,7 @@ impl SideKeys {
         threads: usize,
     ) -> Result<Self> {
         Ok(match (transform, pieces) {
-            (Some(_), [column]) => Self::Raw(
-                column
-                    .iter()
-                    .map(|piece| {
-                        let data = piece.to_data();
-                        ScalarBuffer::new(data.buffers()[0].clone(), data.offset(), data.len())
-                    })
-                    .collect(),
-            ),
+            (Some(_), [column]) => Self::Raw(column.iter().map(raw_words).collect()),
             _ => {
                 let columns = rows.concat_key_pieces(on, pieces, threads)?;
                 Self::Coded(encoder.encode(&columns, side, threads)?)
@@ -630,15 +624,16 @@ impl SideKeys {
 
     /// Whether the codes ascend (raw keys coded by `transform` first).
     fn ascending(&self, transform: Option<CodeTransform>) -> bool {
-        let code = |key: u64| match (self, transform) {
-            (Self::Raw(_), Some(t)) => t.code(key),
-            _ => key,
+        // Codes made on the host are compared as they are.
+        let transform = match self {
+            Self::Raw(_) => transform,
+            Self::Coded(_) => None,
         };
         let mut last = 0;
         self.pieces()
             .into_iter()
             .flatten()
-            .map(|&key| code(key))
+            .map(|&key| transform.map_or(key, |t| t.code(key)))
             .all(|key| std::mem::replace(&mut last, key) <= key)
     }
 }
