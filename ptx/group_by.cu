@@ -91,6 +91,36 @@ extern "C" __global__ void group_resolve(u64* row_groups, u64 n, const u64* tabl
     }
 }
 
+// Sort-based group ids (seed 002 §3.2.2/§4.1.3, SGB): the keys, sorted
+// ascending with their row ids, form one group per run of equal keys, so
+// group ids follow the keys' order. `sorted_group_heads` marks where each run
+// starts; the host scans the marks (exclusive), and `sorted_group_ids` turns
+// the scanned marks into each row's group id, each group's first position
+// in the sorted keys, and the number of groups.
+// Launch (both): any grid (grid-stride), block = BLOCK_THREADS.
+extern "C" __global__ void sorted_group_heads(const u64* keys, u64 n, u64* heads) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        heads[i] = (i == 0 || keys[i] != keys[i - 1]) ? 1ULL : 0ULL;
+    }
+}
+
+// `ranks[i]`: run starts before position i (the exclusive scan of the
+// heads). Writes row_groups[row_ids[i]] for every i, group_firsts[g] for
+// every group g, and group_count[0]. n must be at least 1.
+extern "C" __global__ void sorted_group_ids(const u64* keys, const u64* ranks, const u64* row_ids,
+                                            u64 n, u64* row_groups, u64* group_firsts,
+                                            u64* group_count) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const bool head = i == 0 || keys[i] != keys[i - 1];
+        // A run's first position has `ranks[i]` runs before it; the rest of
+        // the run belongs to the last of those.
+        const u64 group = head ? ranks[i] : ranks[i] - 1;
+        row_groups[row_ids[i]] = group;
+        if (head) group_firsts[group] = i;
+        if (i == n - 1) group_count[0] = group + 1;
+    }
+}
+
 __device__ __forceinline__ bool row_valid(const u64* valid_bits, u64 i) {
     return valid_bits == nullptr || ((valid_bits[i >> 6] >> (i & 63)) & 1ULL);
 }

@@ -8,7 +8,11 @@
 //! (`gpu.aggregate_single_phase`, the default); `--two-phase` also times it
 //! in DataFusion's two phases, both on the GPU.
 //! `--string-keys` makes the keys Utf8 strings (`key-<n>`), which the GPU
-//! path groups by a 64-bit hash and checks on the host.
+//! path groups by a 64-bit hash and checks on the host. `--order-by-key`
+//! adds `ORDER BY k`: DataFusion sorts the groups after aggregating them,
+//! the GPU aggregation numbers them by sorting the keys on the device and
+//! emits them in order (`algorithm=sort_group_by`); the output's order is
+//! checked too.
 //! The floor is the pinned PCIe time of the bytes the GPU path moves in
 //! (one 8-byte word per key, or key hash, and per value).
 
@@ -28,6 +32,19 @@ use rand::{RngExt, SeedableRng};
 use super::median;
 
 const SQL: &str = "SELECT k, max(a), max(b) FROM r GROUP BY k";
+const SQL_ORDERED: &str = "SELECT k, max(a), max(b) FROM r GROUP BY k ORDER BY k";
+
+fn order_by_key() -> bool {
+    std::env::args().any(|a| a == "--order-by-key")
+}
+
+fn sql() -> &'static str {
+    if order_by_key() {
+        SQL_ORDERED
+    } else {
+        SQL
+    }
+}
 
 fn explain_analyze() -> bool {
     std::env::args().any(|a| a == "--explain-analyze")
@@ -89,7 +106,7 @@ fn table(rows: usize, groups: u64, zipf: f64, partitions: usize) -> Arc<MemTable
 async fn run_once(ctx: &SessionContext) -> (Duration, (usize, u64), Arc<dyn ExecutionPlan>) {
     let start = Instant::now();
     let plan = ctx
-        .sql(SQL)
+        .sql(sql())
         .await
         .unwrap()
         .create_physical_plan()
@@ -101,7 +118,17 @@ async fn run_once(ctx: &SessionContext) -> (Duration, (usize, u64), Arc<dyn Exec
     let elapsed = start.elapsed();
     let mut rows = 0;
     let mut checksum = 0u64;
+    let mut previous_key: Option<i64> = None;
     for batch in &batches {
+        if order_by_key() && !string_keys() {
+            for &key in batch.column(0).as_primitive::<Int64Type>().values().iter() {
+                assert!(
+                    previous_key.is_none_or(|p| p < key),
+                    "groups out of key order"
+                );
+                previous_key = Some(key);
+            }
+        }
         let column = |i: usize| batch.column(i).as_primitive::<Int64Type>();
         let (a, b) = (column(1), column(2));
         let keys = batch.column(0);
@@ -144,7 +171,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         if string_keys() { "Utf8" } else { "Int64" },
         if zipf > 0.0 { format!("Zipf {zipf}") } else { "uniform".into() }
     );
-    println!("query: {SQL}");
+    println!("query: {}", sql());
     let bandwidth = match &runtime {
         Ok(runtime) => {
             println!("{}", runtime.describe());

@@ -222,6 +222,18 @@ impl KeySpec {
     }
 }
 
+/// The `bits` bits of `word` from bit `shift` up: one column's code in a
+/// word that packs several, first column highest.
+#[inline]
+pub(crate) fn field_of(word: u64, shift: u32, bits: u32) -> u64 {
+    let mask = if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
+    word.checked_shr(shift).unwrap_or(0) & mask
+}
+
 /// The range of one packed key column over the build side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Domain {
@@ -385,12 +397,7 @@ impl KeyEncoder {
                 let mut shift = domains.iter().map(|d| d.bits).sum::<u32>();
                 for (domain, data_type) in domains.iter().zip(&self.spec.types) {
                     shift -= domain.bits;
-                    let mask = if domain.bits >= 64 {
-                        u64::MAX
-                    } else {
-                        (1u64 << domain.bits) - 1
-                    };
-                    let code = |key: u64| key.checked_shr(shift).unwrap_or(0) & mask;
+                    let code = |key: u64| field_of(key, shift, domain.bits);
                     let nulls = domain
                         .null_code
                         .then(|| NullBuffer::from_iter(keys.iter().map(|&key| code(key) != 0)))
@@ -812,7 +819,7 @@ pub(crate) fn column_of_words(data_type: &DataType, words: &[u64]) -> Result<Arr
 
 /// A column of the packable `data_type` holding `values` (as
 /// [`for_each_value`] reads them) and `nulls`.
-fn column_of_values(
+pub(crate) fn column_of_values(
     data_type: &DataType,
     len: usize,
     values: impl Iterator<Item = i128>,

@@ -9,6 +9,7 @@ mod hash_join;
 pub mod keys;
 mod metrics;
 mod once;
+mod ordered_keys;
 mod parallel;
 mod row_source;
 mod sort_merge_join;

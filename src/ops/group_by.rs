@@ -1,6 +1,12 @@
-//! The hash group-by on device columns (seed 002 §4.2, HGB): dense group ids
-//! from one global hash table, then one reduction per aggregate column into
-//! per-group slots, privatized in shared memory while the groups fit.
+//! The group-by on device columns: dense group ids, then one reduction per
+//! aggregate column into per-group slots, privatized in shared memory while
+//! the groups fit. The ids come from one global hash table (seed 002 §4.2,
+//! HGB; ids in no particular order) or, where the groups must leave in key
+//! order, from a radix sort of the keys ([`GroupIds::Sorted`], seed 002
+//! §3.2.2: one group per run of equal keys, ids in key order). The sort
+//! path reduces through each row's group id as HGB does, rather than moving
+//! the values with the keys (SGB-TR): seed 002 §5.2.8 finds moving them
+//! slower with 8-byte keys, which every key here is.
 //!
 //! It knows nothing of Arrow: keys are one `u64` per row (see
 //! `exec::keys`), values are 64-bit words whose unsigned order (after an
@@ -13,7 +19,9 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use crate::gpu::launch::{self, AggregateOp, GroupRows};
+use super::merge_join::radix_sort;
+use super::scan::exclusive_scan;
+use crate::gpu::launch::{self, AggregateOp, CodeTransform, GroupRows, RadixGrid, SortedGroupIds};
 use crate::gpu::{
     download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
     GpuResult, Phase, PhaseTimer,
@@ -267,6 +275,23 @@ pub struct Grouped {
     pub reduced: Vec<Reduced>,
 }
 
+/// How rows get their dense group ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupIds {
+    /// One global hash table (HGB): ids in the order groups were first met
+    /// on the device, which is no fixed order.
+    Hashed,
+    /// A radix sort of the keys, which must be below `2^key_bits`: ids in
+    /// ascending key order. With `transform`, the keys are raw 8-byte
+    /// integers that the device turns into codes first
+    /// ([`launch::ordered_codes`]); the group key words that come back are
+    /// then the codes.
+    Sorted {
+        key_bits: u32,
+        transform: Option<CodeTransform>,
+    },
+}
+
 /// Validity bitmap of `valid(i)` for `rows` rows, 64 rows per word.
 pub fn validity_bitmap(rows: usize, valid: impl Fn(usize) -> bool) -> Vec<u64> {
     let mut bits = vec![0u64; rows.div_ceil(64)];
@@ -288,15 +313,26 @@ fn table_capacity(rows: usize) -> u64 {
 pub fn group_by_device_bytes(
     rows: usize,
     with_keys: bool,
+    ids: GroupIds,
     inputs: &[ReduceInput],
     bitmaps: usize,
+    sm_count: u32,
 ) -> usize {
-    let table = if with_keys {
+    let table = match (with_keys, ids) {
+        (false, _) => 0,
         // keys, table keys and groups, first rows, row groups, the key
         // word of each group
-        8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 3 * rows + 1)
-    } else {
-        0
+        (true, GroupIds::Hashed) => {
+            8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 3 * rows + 1)
+        }
+        // keys and row ids with the sort's second pair of buffers and its
+        // largest histogram, run heads, row groups, first positions, the
+        // key word of each group
+        (true, GroupIds::Sorted { .. }) => {
+            let histogram = RadixGrid::new(rows as u64, sm_count).blocks as usize
+                * (1 << launch::MAX_RADIX_BITS);
+            8 * (4 * rows + histogram + histogram.div_ceil(launch::SCAN_TILE) * 2 + 4 * rows + 1)
+        }
     };
     let groups = if with_keys { rows.max(1) } else { 1 };
     let columns: usize = inputs
@@ -312,12 +348,14 @@ pub fn group_by_device_bytes(
 /// Groups `rows` rows by `keys` (`None`: all rows form one group, which
 /// exists even without rows) and computes every input's reduction per
 /// group. `bitmaps` are validity bitmaps ([`validity_bitmap`]) that inputs
-/// refer to by index. `back` says what identifies the groups on the host.
+/// refer to by index. `ids` says how rows get their group ids, `back` what
+/// identifies the groups on the host (sorted ids give key words only).
 #[allow(clippy::too_many_arguments)]
 pub fn group_by(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     keys: Option<&Words>,
+    ids: GroupIds,
     rows: usize,
     inputs: &[ReduceInput],
     bitmaps: &[Vec<u64>],
@@ -325,13 +363,24 @@ pub fn group_by(
     timer: &mut PhaseTimer,
 ) -> GpuResult<Grouped> {
     check_inputs(keys, rows, inputs, bitmaps)?;
+    if matches!(ids, GroupIds::Sorted { .. }) && back == GroupsBack::RowsAndRowGroups {
+        return Err(GpuError::Invalid(
+            "sorted group ids give each group's key word, not a row of it".into(),
+        ));
+    }
     let sm_count = device.sm_count();
     // Everything goes onto the stream before the host first waits for it:
     // the keys' copy and the grouping kernels, then every column's copy, so
     // that the host stages the next column while the device works through
     // the queue.
     let pending = keys
-        .map(|keys| launch_group_assignment(device, stream, keys, timer))
+        .map(|keys| match ids {
+            GroupIds::Hashed => launch_group_assignment(device, stream, keys, timer),
+            GroupIds::Sorted {
+                key_bits,
+                transform,
+            } => launch_sorted_group_assignment(device, stream, keys, key_bits, transform, timer),
+        })
         .transpose()?;
     let device_bitmaps = bitmaps
         .iter()
@@ -442,9 +491,12 @@ fn check_inputs(
 
 /// Stage 1 on the device, enqueued: the group id of every row.
 struct PendingGroups {
-    /// The keys, kept for the gather of each group's key word.
+    /// The keys, kept for the gather of each group's key word: in row
+    /// order (hashed ids), or sorted (sorted ids).
     keys: DeviceVec<u64>,
     group_count: DeviceVec<u64>,
+    /// Where each group's first row is in `keys`: its row (hashed ids), or
+    /// its position in the sorted keys (sorted ids).
     first_rows: DeviceVec<u64>,
     row_groups: DeviceVec<u64>,
     rows: usize,
@@ -522,6 +574,67 @@ fn launch_group_assignment(
         keys: device_keys,
         group_count,
         first_rows,
+        row_groups,
+        rows,
+    })
+}
+
+/// Enqueues the keys' copy, their sort and the kernels that give every row
+/// the rank of its key among the distinct keys.
+fn launch_sorted_group_assignment(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: &Words,
+    key_bits: u32,
+    transform: Option<CodeTransform>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<PendingGroups> {
+    let rows = keys.len();
+    if rows == 0 {
+        return launch_group_assignment(device, stream, keys, timer);
+    }
+    let sm_count = device.sm_count();
+    let kernels = device.kernels();
+    let mut device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
+    // SAFETY (all four): iota, the heads kernel and sorted_group_ids write
+    // every element of the first three; group_firsts[0..groups) is written
+    // and only that is read.
+    let mut ids: DeviceVec<u64> = unsafe { stream.alloc(rows) }.during("allocating row ids")?;
+    let mut ranks: DeviceVec<u64> = unsafe { stream.alloc(rows) }.during("allocating run ranks")?;
+    let mut row_groups: DeviceVec<u64> =
+        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+    let mut group_firsts: DeviceVec<u64> =
+        unsafe { stream.alloc(rows) }.during("allocating group first positions")?;
+    let mut group_count = stream
+        .alloc_zeros::<u64>(1)
+        .during("allocating the group counter")?;
+    let sorted = timer.time(Phase::Kernel, || {
+        if let Some(transform) = transform {
+            launch::ordered_codes(kernels, stream, sm_count, &mut device_keys, transform)?;
+        }
+        launch::iota(kernels, stream, sm_count, &mut ids, 0)?;
+        let sorted = radix_sort(device, stream, device_keys, ids, key_bits)?;
+        launch::sorted_group_heads(kernels, stream, sm_count, &sorted.keys, &mut ranks)?;
+        exclusive_scan(device, stream, &mut ranks, rows)?;
+        launch::sorted_group_ids(
+            kernels,
+            stream,
+            sm_count,
+            &sorted.keys,
+            &ranks,
+            &sorted.row_ids,
+            SortedGroupIds {
+                row_groups: &mut row_groups,
+                group_firsts: &mut group_firsts,
+                group_count: &mut group_count,
+            },
+        )?;
+        Ok(sorted)
+    })?;
+    Ok(PendingGroups {
+        keys: sorted.keys,
+        group_count,
+        first_rows: group_firsts,
         row_groups,
         rows,
     })

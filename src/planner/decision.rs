@@ -386,14 +386,22 @@ fn collect_decisions(
             operator: "AggregateExec".into(),
             detail: describe_aggregate(gpu_agg.aggregate()),
             placement: Placement::Gpu {
-                algorithm: if gpu_agg.phases_merged() {
-                    format!(
-                        "{} over all input partitions (CPU partial aggregation and repartition removed)",
-                        GpuAggregateExec::ALGORITHM
-                    )
-                } else {
-                    GpuAggregateExec::ALGORITHM.into()
-                },
+                algorithm: format!(
+                    "{}{}{}",
+                    gpu_agg.algorithm(),
+                    if gpu_agg.phases_merged() {
+                        " over all input partitions (CPU partial aggregation and repartition removed)"
+                    } else {
+                        ""
+                    },
+                    match gpu_agg.group_ordering() {
+                        Some(ordering) => format!(
+                            ", groups emitted in the order of the sort above it, [{ordering}], \
+                             which is gone: the device numbers the groups by sorting their keys"
+                        ),
+                        None => String::new(),
+                    }
+                ),
             },
         });
     } else if let Some(agg) = plan.downcast_ref::<AggregateExec>() {

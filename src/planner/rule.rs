@@ -14,6 +14,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
+use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
@@ -159,7 +160,53 @@ fn rewrite(
             return Ok(gpu_agg);
         }
     }
+    if let Some(sort) = node.downcast_ref::<SortExec>() {
+        if let Some(sorted) = sort_into_aggregate(sort)? {
+            return Ok(sorted);
+        }
+    }
     Ok(node)
+}
+
+/// The GPU aggregation below `sort` emitting its groups in the sort's
+/// order itself, where the sort orders each partition (or its one input
+/// partition) on group key columns alone: directly over the aggregation,
+/// or over the round robin that deals one aggregation's groups to several
+/// partitions (one partition, sorted, then serves every partition's
+/// consumer: a merge that preserves order, above such a sort). A limit on
+/// the sort becomes a limit on each partition. `None` where nothing
+/// changes.
+fn sort_into_aggregate(sort: &SortExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let input = sort.input();
+    let per_partition = sort.preserve_partitioning()
+        || input.properties().output_partitioning().partition_count() <= 1;
+    if !per_partition {
+        return Ok(None);
+    }
+    let gpu_agg = match input.downcast_ref::<RepartitionExec>() {
+        Some(repartition)
+            if !repartition.preserve_order()
+                && matches!(repartition.partitioning(), Partitioning::RoundRobinBatch(_)) =>
+        {
+            repartition
+                .input()
+                .downcast_ref::<GpuAggregateExec>()
+                .filter(|agg| agg.properties().output_partitioning().partition_count() == 1)
+        }
+        Some(_) => None,
+        None => input.downcast_ref::<GpuAggregateExec>(),
+    };
+    let Some(gpu_agg) = gpu_agg.filter(|agg| agg.group_ordering().is_none()) else {
+        return Ok(None);
+    };
+    let Some(sorted) = gpu_agg.with_group_order(sort.expr())? else {
+        return Ok(None);
+    };
+    let sorted: Arc<dyn ExecutionPlan> = Arc::new(sorted);
+    Ok(Some(match sort.fetch() {
+        Some(fetch) => Arc::new(LocalLimitExec::new(sorted, fetch)),
+        None => sorted,
+    }))
 }
 
 /// The GPU join in place of `node`, a sort-merge join that `merged` re-plans
@@ -858,6 +905,70 @@ mod tests {
             show(&plan)
         );
         assert_eq!(gpu_aggregates(&plan).len(), 1, "{}", show(&plan));
+    }
+
+    #[tokio::test]
+    async fn a_sort_on_group_keys_above_an_aggregation_becomes_the_aggregation_s_own() {
+        for single_phase in [true, false] {
+            let options = GpuOptions {
+                min_rows: 0,
+                min_groups: 0,
+                aggregate_single_phase: single_phase,
+                ..GpuOptions::default()
+            };
+            for (sql, order) in [
+                (
+                    "SELECT k, max(v) FROM r GROUP BY k ORDER BY k",
+                    "k@0 ASC NULLS LAST",
+                ),
+                (
+                    "SELECT k, v, count(*) FROM r GROUP BY k, v ORDER BY v DESC NULLS FIRST",
+                    "v@1 DESC",
+                ),
+                (
+                    "SELECT k, v, count(*) FROM r GROUP BY k, v ORDER BY v, k DESC LIMIT 5",
+                    "v@1 ASC NULLS LAST, k@0 DESC",
+                ),
+            ] {
+                let plan = rewritten_with(sql, options.clone()).await;
+                let text = show(&plan);
+                assert!(!text.contains("SortExec"), "{sql}\n{text}");
+                let sorted: Vec<&GpuAggregateExec> = gpu_aggregates(&plan)
+                    .into_iter()
+                    .filter(|agg| agg.group_ordering().is_some())
+                    .collect();
+                assert_eq!(sorted.len(), 1, "{sql}\n{text}");
+                assert_eq!(sorted[0].algorithm(), GpuAggregateExec::SORTED_ALGORITHM);
+                assert!(text.contains(&format!("order=[{order}]")), "{sql}\n{text}");
+                assert_eq!(
+                    text.contains("LocalLimitExec: fetch=5"),
+                    sql.contains("LIMIT")
+                );
+            }
+        }
+        // Sorts the aggregation cannot take stay: on an aggregate's value,
+        // on an expression, on a string key.
+        for sql in [
+            "SELECT k, max(v) AS m FROM r GROUP BY k ORDER BY m",
+            "SELECT k, max(v) FROM r GROUP BY k ORDER BY k + 1",
+            "SELECT c, count(*) FROM (SELECT CAST(k AS VARCHAR) AS c FROM r) GROUP BY c ORDER BY c",
+        ] {
+            let options = GpuOptions {
+                min_rows: 0,
+                min_groups: 0,
+                hashed_group_keys: true,
+                ..GpuOptions::default()
+            };
+            let plan = rewritten_with(sql, options).await;
+            assert!(show(&plan).contains("SortExec"), "{sql}\n{}", show(&plan));
+            assert!(
+                gpu_aggregates(&plan)
+                    .iter()
+                    .all(|agg| agg.group_ordering().is_none()),
+                "{sql}\n{}",
+                show(&plan)
+            );
+        }
     }
 
     fn gpu_merge_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuSortMergeJoinExec> {

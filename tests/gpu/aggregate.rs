@@ -3,7 +3,8 @@
 //! group counts on both sides of the shared-memory threshold, skew, every
 //! aggregation mode (Single with one partition or in place of DataFusion's
 //! two phases; Partial, Final and FinalPartitioned with four partitions),
-//! and the run-time CPU fallbacks.
+//! groups sorted on the device in place of a sort on their keys (compared
+//! row by row, in order), and the run-time CPU fallbacks.
 
 use std::sync::Arc;
 
@@ -16,14 +17,14 @@ use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use datafusion_gpu::gpu::PhaseTimer;
-use datafusion_gpu::ops::group_by::{self, GroupsBack, ReduceInput, Reduction, Words};
+use datafusion_gpu::ops::group_by::{self, GroupIds, GroupsBack, ReduceInput, Reduction, Words};
 use datafusion_gpu::GpuAggregateExec;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::support::{
-    cpu_context, gen_keys, gpu_context, require_gpu, run_counting, string_rows, table_from_columns,
-    JoinMode, Keys,
+    cpu_context, gen_keys, gpu_context, require_gpu, rows_in_order, run_counting, string_rows,
+    table_from_columns, JoinMode, Keys,
 };
 
 /// Rows of the test table `t`: keys drawn from `keys`, every value column
@@ -580,6 +581,120 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     }
 }
 
+/// The GPU aggregations of `plan` that sort their groups.
+fn sorting_aggregations(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuAggregateExec> {
+    let mut found: Vec<&GpuAggregateExec> = plan
+        .downcast_ref::<GpuAggregateExec>()
+        .filter(|agg| agg.group_ordering().is_some())
+        .into_iter()
+        .collect();
+    for child in plan.children() {
+        found.extend(sorting_aggregations(child));
+    }
+    found
+}
+
+/// Runs `sql`, whose ORDER BY names every group key, on both contexts: the
+/// same rows in the same order, at least one aggregation on the GPU, and
+/// the sort done by a GPU aggregation (no `SortExec` left). Returns the GPU
+/// plan.
+async fn check_ordered(
+    gpu: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+) -> Arc<dyn ExecutionPlan> {
+    let (gpu_batches, gpu_nodes, plan) = run_counting(gpu, sql, "AggregateExec").await;
+    let (cpu_batches, cpu_nodes, _) = run_counting(cpu, sql, "AggregateExec").await;
+    let text = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    assert_eq!(cpu_nodes, 0);
+    assert!(gpu_nodes >= 1, "{sql}: no aggregation on the GPU\n{text}");
+    assert_eq!(sorting_aggregations(&plan).len(), 1, "{sql}\n{text}");
+    assert!(!text.contains("SortExec"), "{sql}\n{text}");
+    let (gpu_rows, cpu_rows) = (rows_in_order(&gpu_batches), rows_in_order(&cpu_batches));
+    assert_eq!(gpu_rows.len(), cpu_rows.len(), "{sql}: row counts differ");
+    if let Some(i) = (0..gpu_rows.len()).find(|&i| gpu_rows[i] != cpu_rows[i]) {
+        panic!(
+            "{sql}: rows differ at row {i} (in output order)\n gpu {}\n cpu {}",
+            gpu_rows[i], cpu_rows[i]
+        );
+    }
+    plan
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn groups_sorted_on_the_device_come_in_the_order_of_the_sort_they_replace() {
+    let Some(_) =
+        require_gpu("groups_sorted_on_the_device_come_in_the_order_of_the_sort_they_replace")
+    else {
+        return;
+    };
+    // Every direction and NULL placement; one key (its raw values coded on
+    // the device where it has no NULLs), several keys packed on the host,
+    // decimals and booleans; a limit.
+    let queries = [
+        "SELECT k, count(*), sum(v), max(d) FROM t GROUP BY k ORDER BY k",
+        "SELECT k, count(*), min(v) FROM t GROUP BY k ORDER BY k DESC NULLS LAST",
+        "SELECT coalesce(k, -7) AS c, count(*), sum(v) FROM t GROUP BY c ORDER BY c",
+        "SELECT coalesce(k, -7) AS c, count(*), max(v) FROM t GROUP BY c ORDER BY c DESC",
+        "SELECT k2, b, dt, count(*), avg(d) FROM t GROUP BY k2, b, dt \
+         ORDER BY b DESC, k2 NULLS FIRST, dt DESC NULLS LAST",
+        "SELECT d, count(*) FROM t GROUP BY d ORDER BY d DESC",
+        "SELECT u % 1000 AS m, k2, sum(v), min(big) FROM t GROUP BY m, k2 ORDER BY k2, m DESC",
+        "SELECT k, k2, count(*) FROM t GROUP BY k, k2 ORDER BY k2 DESC, k LIMIT 37",
+    ];
+    for (partitions, phases) in PLANS {
+        let (gpu, cpu) = contexts(partitions, &[phases]).await;
+        for (rows, dist) in [
+            (0, Keys::Uniform { domain: 10 }),
+            (20_000, Keys::Uniform { domain: 50 }),
+            (30_000, Keys::Uniform { domain: 9_000 }),
+            (10_000, Keys::Uniform { domain: 1 << 40 }),
+            (
+                30_000,
+                Keys::Zipf {
+                    domain: 5_000,
+                    s: 1.5,
+                },
+            ),
+        ] {
+            register([&gpu, &cpu], table(rows, dist, partitions, rows as u64 + 3));
+            for sql in queries {
+                let plan = check_ordered(&gpu, &cpu, sql).await;
+                if rows > 0 {
+                    assert!(gpu_aggregate_metric(&plan, "groups") > 0, "{sql}");
+                    assert_eq!(
+                        gpu_aggregate_metric(&plan, "cpu_fallback_partitions"),
+                        0,
+                        "{sql}"
+                    );
+                }
+            }
+        }
+    }
+    // Where the device cannot sort (codes of more than 64 bits: two
+    // full-range keys), or cannot take the work (a budget of a few
+    // bytes), the CPU fallback sorts its groups: the same rows, in order.
+    let no_budget: &[&str] = &["SET gpu.memory_fraction = 0.000000001"];
+    for (extra, dist) in [
+        (&[] as &[&str], Keys::Uniform { domain: 1 << 62 }),
+        (no_budget, Keys::Uniform { domain: 700 }),
+    ] {
+        for (partitions, phases) in PLANS {
+            let settings: Vec<&str> = extra.iter().copied().chain([phases]).collect();
+            let (gpu, cpu) = contexts(partitions, &settings).await;
+            register([&gpu, &cpu], table(20_000, dist, partitions, 17));
+            let sql = "SELECT k, v, count(*), sum(u) FROM t GROUP BY k, v ORDER BY v DESC, k";
+            let plan = check_ordered(&gpu, &cpu, sql).await;
+            assert!(
+                gpu_aggregate_metric(&plan, "cpu_fallback_partitions") > 0,
+                "{extra:?}, {phases}"
+            );
+        }
+    }
+}
+
 /// `words` split into pieces of uneven sizes (as batches would be).
 fn in_pieces(words: Vec<u64>) -> Words {
     let mut pieces = Words::default();
@@ -658,10 +773,15 @@ async fn device_group_by_matches_the_reference() {
             }
         }
         let key_words = in_pieces(keys.clone());
-        for (with_keys, back) in [
-            (true, GroupsBack::KeyWords),
-            (true, GroupsBack::RowsAndRowGroups),
-            (false, GroupsBack::KeyWords),
+        let sorted = GroupIds::Sorted {
+            key_bits: 64,
+            transform: None,
+        };
+        for (with_keys, ids, back) in [
+            (true, GroupIds::Hashed, GroupsBack::KeyWords),
+            (true, GroupIds::Hashed, GroupsBack::RowsAndRowGroups),
+            (false, GroupIds::Hashed, GroupsBack::KeyWords),
+            (true, sorted, GroupsBack::KeyWords),
         ] {
             let keys = with_keys.then_some(keys.as_slice());
             let mut timer = PhaseTimer::new(Arc::clone(stream));
@@ -669,6 +789,7 @@ async fn device_group_by_matches_the_reference() {
                 &device,
                 stream,
                 with_keys.then_some(&key_words),
+                ids,
                 rows,
                 &inputs,
                 &bitmaps,
@@ -700,13 +821,17 @@ async fn device_group_by_matches_the_reference() {
                         .collect()
                 }
                 (Some(_), GroupsBack::KeyWords) => {
-                    // Each group's key word: every key once.
+                    // Each group's key word: every key once; sorted ids
+                    // number the groups in ascending key order.
                     assert!(got.row_groups.is_empty() && got.group_rows.is_empty());
                     let mut sorted = got.group_keys.clone();
                     sorted.sort_unstable();
                     let mut want_keys = want.group_keys.clone();
                     want_keys.sort_unstable();
                     assert_eq!(sorted, want_keys, "rows {rows}, domain {domain}");
+                    if ids != GroupIds::Hashed {
+                        assert_eq!(got.group_keys, sorted, "rows {rows}, domain {domain}");
+                    }
                     got.group_keys.clone()
                 }
             };
@@ -774,6 +899,7 @@ async fn device_float_sums_of_exact_values_are_exact() {
             &device,
             stream,
             with_keys.then_some(&key_words),
+            GroupIds::Hashed,
             rows,
             &inputs,
             &[],

@@ -497,18 +497,6 @@ async fn a_device_budget_too_small_for_the_join_falls_back_to_the_host() {
     }
 }
 
-/// Output rows in the order they came, rendered as text.
-fn rows_in_order(batches: &[datafusion::arrow::array::RecordBatch]) -> Vec<String> {
-    datafusion::arrow::util::pretty::pretty_format_batches(batches)
-        .unwrap()
-        .to_string()
-        .lines()
-        .filter(|l| l.starts_with("| "))
-        .skip(1)
-        .map(str::to_string)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rows_leave_in_the_order_hash_join_exec_emits_them() {
     let Some(_) = require_gpu("rows_leave_in_the_order_hash_join_exec_emits_them") else {

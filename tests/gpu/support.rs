@@ -257,17 +257,21 @@ pub fn int64_rows(batches: &[RecordBatch]) -> Vec<Vec<Option<i64>>> {
 /// Rows of any columns rendered as strings, as a sortable multiset (for
 /// key types other than Int64).
 pub fn string_rows(batches: &[RecordBatch]) -> Vec<String> {
-    let formatted = datafusion::arrow::util::pretty::pretty_format_batches(batches)
+    let mut rows = rows_in_order(batches);
+    rows.sort_unstable();
+    rows
+}
+
+/// Output rows in the order they came, rendered as text.
+pub fn rows_in_order(batches: &[RecordBatch]) -> Vec<String> {
+    datafusion::arrow::util::pretty::pretty_format_batches(batches)
         .unwrap()
-        .to_string();
-    let mut rows: Vec<String> = formatted
+        .to_string()
         .lines()
         .filter(|l| l.starts_with("| "))
         .skip(1)
         .map(str::to_string)
-        .collect();
-    rows.sort_unstable();
-    rows
+        .collect()
 }
 
 /// Runs `sql` on both contexts and asserts equal multisets of Int64 rows and

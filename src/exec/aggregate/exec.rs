@@ -3,15 +3,18 @@
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::arrow::compute::SortOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{
     aggregate_expressions, AggregateExec, AggregateOutputMode,
 };
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
@@ -23,10 +26,14 @@ use super::stream::{aggregate_stream, AggregateInputs, AggregateTask};
 use crate::exec::GpuAggregateMetrics;
 use crate::planner::GpuOptions;
 
-/// A hash aggregation on the GPU in place of the [`AggregateExec`] it was
-/// made from: same input, mode, output schema and partitioning. Groups
-/// leave in no particular order, so it is only placed where the aggregation
-/// advertised no output ordering.
+/// An aggregation on the GPU in place of the [`AggregateExec`] it was made
+/// from: same input, mode, output schema and partitioning. It is only
+/// placed where the aggregation advertised no output ordering. Groups
+/// leave in no particular order (`algorithm=hash_group_by`), or, where it
+/// took the place of a sort on its group keys above it
+/// ([`Self::with_group_order`]), in that sort's order
+/// (`algorithm=sort_group_by`): the device then sorts the keys to number
+/// the groups, and the sort above is gone.
 ///
 /// Supported (see [`crate::planner::decide_aggregate`]): every mode;
 /// `COUNT`, `SUM`, `MIN`, `MAX`, `AVG` without DISTINCT, with or without
@@ -42,12 +49,29 @@ pub struct GpuAggregateExec {
     /// where the rule replaced them by this one (shown by `EXPLAIN`): the
     /// CPU fallback then runs them over the collected input, on every core.
     cpu_phases: Option<Arc<dyn ExecutionPlan>>,
+    /// The order the groups leave in, where this node sorts them.
+    group_order: Option<GroupOrder>,
     metrics: ExecutionPlanMetricsSet,
 }
 
+/// The order groups leave a [`GpuAggregateExec`] in, where it replaced a
+/// sort on its group keys.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupOrder {
+    /// The sort it replaced, over the node's output columns.
+    pub(crate) ordering: LexOrdering,
+    /// Group expression indexes, most significant first, each with its
+    /// direction and NULL placement: the sort's keys, then the group keys
+    /// it left out (ascending), so that equal codes are equal groups.
+    pub(crate) keys: Vec<(usize, SortOptions)>,
+}
+
 impl GpuAggregateExec {
-    /// The algorithm name shown by `EXPLAIN` and in decisions.
+    /// The algorithm name shown by `EXPLAIN` and in decisions, for groups
+    /// in no particular order.
     pub const ALGORITHM: &'static str = "hash_group_by";
+    /// The algorithm name for groups in key order.
+    pub const SORTED_ALGORITHM: &'static str = "sort_group_by";
 
     /// Wraps `cpu_aggregate`, which must be an [`AggregateExec`] accepted by
     /// [`crate::planner::decide_aggregate`].
@@ -65,8 +89,90 @@ impl GpuAggregateExec {
             spec,
             properties: Arc::clone(agg.properties()),
             cpu_phases: None,
+            group_order: None,
             metrics: ExecutionPlanMetricsSet::new(),
             cpu_aggregate,
+        })
+    }
+
+    /// This aggregation emitting its groups sorted by `ordering`, in place
+    /// of a sort above it (per partition, as this node's partitions are),
+    /// or `None` where it cannot: the ordering must name group key columns
+    /// of the output, each once, and the group keys must have
+    /// order-preserving codes (integers, dates, times, timestamps,
+    /// decimals, booleans). Where the codes turn out to need more than 64
+    /// bits, the node runs its CPU fallback and sorts that.
+    pub fn with_group_order(&self, ordering: &LexOrdering) -> Result<Option<Self>> {
+        let Some(key_spec) = &self.spec.keys else {
+            return Ok(None);
+        };
+        if !key_spec.packable() {
+            return Ok(None);
+        }
+        let group_count = key_spec.types().len();
+        let schema = self.schema();
+        let mut keys = Vec::with_capacity(group_count);
+        let mut named = vec![false; group_count];
+        for sort_expr in ordering.iter() {
+            let Some(column) = sort_expr.expr.downcast_ref::<Column>() else {
+                return Ok(None);
+            };
+            let index = column.index();
+            let is_group_key = index < group_count
+                && schema.field(index).name() == column.name()
+                && !std::mem::replace(&mut named[index], true);
+            if !is_group_key {
+                return Ok(None);
+            }
+            keys.push((index, sort_expr.options));
+        }
+        keys.extend(
+            (0..group_count)
+                .filter(|&key| !named[key])
+                .map(|key| (key, SortOptions::default())),
+        );
+        let order = GroupOrder {
+            ordering: ordering.clone(),
+            keys,
+        };
+        Ok(Some(Self {
+            spec: self.spec.clone(),
+            properties: Arc::new(ordered_properties(&self.properties, &order)?),
+            cpu_phases: self.cpu_phases.clone(),
+            group_order: Some(order),
+            metrics: ExecutionPlanMetricsSet::new(),
+            cpu_aggregate: Arc::clone(&self.cpu_aggregate),
+        }))
+    }
+
+    /// The sort this node does in place of one above it, if any.
+    pub fn group_ordering(&self) -> Option<&LexOrdering> {
+        self.group_order.as_ref().map(|order| &order.ordering)
+    }
+
+    /// The algorithm this node runs.
+    pub fn algorithm(&self) -> &'static str {
+        match self.group_order {
+            Some(_) => Self::SORTED_ALGORITHM,
+            None => Self::ALGORITHM,
+        }
+    }
+
+    /// A node like this one over `cpu_aggregate` and `cpu_phases`.
+    fn rebuilt(
+        &self,
+        cpu_aggregate: Arc<dyn ExecutionPlan>,
+        cpu_phases: Option<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Self> {
+        let node = Self::try_new(cpu_aggregate)?.with_cpu_phases(cpu_phases);
+        let Some(order) = &self.group_order else {
+            return Ok(node);
+        };
+        node.with_group_order(&order.ordering)?.ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "GpuAggregateExec can no longer sort its groups by {}",
+                order.ordering
+            ))
         })
     }
 
@@ -111,6 +217,18 @@ impl fmt::Debug for GpuAggregateExec {
     }
 }
 
+/// The aggregation's properties with its groups sorted by `order`.
+fn ordered_properties(properties: &PlanProperties, order: &GroupOrder) -> Result<PlanProperties> {
+    let mut eq_properties = properties.eq_properties.clone();
+    eq_properties.reorder(order.ordering.clone())?;
+    Ok(PlanProperties::new(
+        eq_properties,
+        properties.partitioning.clone(),
+        EmissionType::Final,
+        properties.boundedness,
+    ))
+}
+
 /// `mode=..., gby=[...], aggr=[...]`, as `AggregateExec` shows them.
 pub(crate) fn describe_aggregate(agg: &AggregateExec) -> String {
     let keys = agg
@@ -137,9 +255,12 @@ impl DisplayAs for GpuAggregateExec {
                 write!(
                     f,
                     "GpuAggregateExec: algorithm={}, {}",
-                    Self::ALGORITHM,
+                    self.algorithm(),
                     describe_aggregate(agg)
                 )?;
+                if let Some(ordering) = self.group_ordering() {
+                    write!(f, ", order=[{ordering}]")?;
+                }
                 if self.phases_merged() {
                     write!(f, ", cpu_phases=removed")?;
                 }
@@ -151,7 +272,10 @@ impl DisplayAs for GpuAggregateExec {
                 Ok(())
             }
             DisplayFormatType::TreeRender => {
-                writeln!(f, "algorithm={}", Self::ALGORITHM)?;
+                writeln!(f, "algorithm={}", self.algorithm())?;
+                if let Some(ordering) = self.group_ordering() {
+                    writeln!(f, "order=[{ordering}]")?;
+                }
                 write!(f, "mode={:?}", agg.mode())
             }
         }
@@ -185,7 +309,7 @@ impl ExecutionPlan for GpuAggregateExec {
         #[allow(deprecated)]
         let cpu_aggregate = Arc::clone(&self.cpu_aggregate).with_new_children(children)?;
         Ok(Arc::new(
-            Self::try_new(cpu_aggregate)?.with_cpu_phases(self.cpu_phases.clone()),
+            self.rebuilt(cpu_aggregate, self.cpu_phases.clone())?,
         ))
     }
 
@@ -196,9 +320,7 @@ impl ExecutionPlan for GpuAggregateExec {
             .as_ref()
             .map(|plan| Arc::clone(plan).reset_state())
             .transpose()?;
-        Ok(Arc::new(
-            Self::try_new(cpu_aggregate)?.with_cpu_phases(cpu_phases),
-        ))
+        Ok(Arc::new(self.rebuilt(cpu_aggregate, cpu_phases)?))
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
@@ -267,6 +389,7 @@ impl ExecutionPlan for GpuAggregateExec {
             output_schema: agg.schema(),
             cpu_aggregate: Arc::clone(&self.cpu_aggregate),
             cpu_phases: self.cpu_phases.clone(),
+            group_order: self.group_order.clone(),
             batch_size: context.session_config().batch_size(),
             context,
             reservation,

@@ -14,6 +14,11 @@
 //!   key of the row that stands for its group ([`groups_hold_one_key`]);
 //!   one difference sends the partition to DataFusion's CPU operator.
 //!
+//! Where the groups must leave in key order, the keys are instead coded in
+//! that order ([`ordered_group_key_words`]): each word is the key's
+//! order-preserving code ([`OrderedKeyEncoder`]), so ascending words are
+//! the order asked for.
+//!
 //! Equality is DataFusion's for group values: NULL is a group of its own,
 //! floats compare by bits once `-0.0` is folded into `+0.0` (so NaNs with
 //! different payloads are different groups, as they are there).
@@ -28,12 +33,15 @@ use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::{take, SortOptions};
 use datafusion::arrow::datatypes::{ArrowNativeType, DataType, Float32Type};
 use datafusion::common::hash_utils::{create_hashes, RandomState};
+use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
 use super::spec::ValueKind;
 use super::words::pieces_words;
-use crate::exec::keys::{column_of_words, KeyEncoder, KeySpec};
+use crate::exec::keys::{column_of_words, raw_words, KeyEncoder, KeySpec};
+use crate::exec::ordered_keys::{KeySide, OrderedKeyEncoder};
 use crate::exec::parallel::on_ranges;
+use crate::gpu::launch::CodeTransform;
 use crate::host_copy::host_threads;
 use crate::ops::group_by::Words;
 
@@ -56,6 +64,14 @@ pub(crate) enum GroupKeyKind {
     /// must be checked on the host, and a word cannot be turned back into
     /// its key.
     Hashed,
+    /// Order-preserving codes of the key columns taken in `order` (indexes
+    /// of the group expressions, most significant first, every one once).
+    Ordered {
+        encoder: OrderedKeyEncoder,
+        /// The key types, in `order`.
+        types: Vec<DataType>,
+        order: Vec<usize>,
+    },
 }
 
 impl GroupKeyWords {
@@ -70,6 +86,26 @@ impl GroupKeyWords {
         match &self.kind {
             GroupKeyKind::Own(data_type) => Ok(vec![column_of_words(data_type, words)?]),
             GroupKeyKind::Packed(encoder) => encoder.decode(words),
+            GroupKeyKind::Ordered {
+                encoder,
+                types,
+                order,
+            } => {
+                let decoded = encoder.decode(words, types)?;
+                // Back into the group expressions' order.
+                let mut columns = vec![None; order.len()];
+                for (column, &key) in decoded.into_iter().zip(order) {
+                    columns[key] = Some(column);
+                }
+                columns
+                    .into_iter()
+                    .map(|c| {
+                        c.ok_or_else(|| {
+                            DataFusionError::Internal("a group key left out of the order".into())
+                        })
+                    })
+                    .collect()
+            }
             GroupKeyKind::Hashed => Err(DataFusionError::Internal(
                 "hashed group keys cannot be decoded".into(),
             )),
@@ -215,6 +251,94 @@ pub(crate) fn group_key_words(
     Ok(Some(GroupKeyWords {
         words,
         kind: GroupKeyKind::Hashed,
+    }))
+}
+
+/// Group keys coded in the order the groups must leave in.
+pub(crate) struct OrderedGroupKeyWords {
+    pub(crate) keys: GroupKeyWords,
+    /// Bits the codes use: what the device sorts on.
+    pub(crate) bits: u32,
+    /// Set where the words are the raw key column, which the device turns
+    /// into the codes itself (one 8-byte integer key without NULLs).
+    pub(crate) transform: Option<CodeTransform>,
+}
+
+/// The words of `key_columns` (per key expression, one array per batch)
+/// for `batches` batches, coded so that ascending words are the order of
+/// the key expressions `order` (most significant first, every key once)
+/// with their `options`; `None` when the codes need more than 64 bits or a
+/// key type has no order-preserving code. The ranges are found on every
+/// core, and so are the codes, unless the device makes them.
+pub(crate) fn ordered_group_key_words(
+    key_spec: &KeySpec,
+    key_columns: &[Vec<ArrayRef>],
+    order: &[(usize, SortOptions)],
+) -> Result<Option<OrderedGroupKeyWords>> {
+    let mut seen = vec![false; key_columns.len()];
+    for &(key, _) in order {
+        if key >= seen.len() || std::mem::replace(&mut seen[key], true) {
+            return Err(DataFusionError::Internal(format!(
+                "group order {order:?} over {} keys",
+                seen.len()
+            )));
+        }
+    }
+    if seen.contains(&false) {
+        return Err(DataFusionError::Internal(format!(
+            "group order {order:?} leaves out a key of {}",
+            seen.len()
+        )));
+    }
+    let types: Vec<DataType> = order
+        .iter()
+        .map(|&(key, _)| key_spec.types()[key].clone())
+        .collect();
+    let options: Vec<SortOptions> = order.iter().map(|&(_, options)| options).collect();
+    let columns: Vec<Vec<ArrayRef>> = order
+        .iter()
+        .map(|&(key, _)| key_columns[key].clone())
+        .collect();
+    let none = vec![Vec::new(); columns.len()];
+    let Some(encoder) = OrderedKeyEncoder::for_side_pieces(
+        &types,
+        &options,
+        NullEquality::NullEqualsNull,
+        &columns,
+        &none,
+        host_threads(),
+    )?
+    else {
+        return Ok(None);
+    };
+    let transform = encoder.device_transform(&types);
+    let words = match (transform, columns.as_slice()) {
+        (Some(_), [column]) => {
+            let mut words = Words::default();
+            for piece in column {
+                words.push(Box::new(raw_words(piece)));
+            }
+            words
+        }
+        _ => {
+            let batches = columns.first().map_or(0, |c| c.len());
+            let pieces: Vec<Vec<ArrayRef>> = (0..batches)
+                .map(|b| columns.iter().map(|c| Arc::clone(&c[b])).collect())
+                .collect();
+            on_pieces(&pieces, |columns| encoder.encode(columns, KeySide::Left, 1))?
+        }
+    };
+    Ok(Some(OrderedGroupKeyWords {
+        bits: encoder.bits(),
+        transform,
+        keys: GroupKeyWords {
+            words,
+            kind: GroupKeyKind::Ordered {
+                encoder,
+                types,
+                order: order.iter().map(|&(key, _)| key).collect(),
+            },
+        },
     }))
 }
 
@@ -387,7 +511,6 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
     use datafusion::arrow::datatypes::Float64Type;
-    use datafusion::common::NullEquality;
 
     fn spec(types: &[DataType]) -> KeySpec {
         KeySpec::try_new(types, NullEquality::NullEqualsNull).unwrap()

@@ -1,6 +1,8 @@
 //! One partition of a GPU aggregation: collect the input, group and reduce
 //! it on the device in a blocking task, finish each aggregate with
-//! DataFusion's own accumulator over the per-group state, emit the groups.
+//! DataFusion's own accumulator over the per-group state, emit the groups
+//! (in key order where the node replaced a sort: the device numbers the
+//! groups by sorting their order-preserving codes).
 //! When the device cannot take the work (too little device memory, or two
 //! hashed keys that shared a hash), or should not (a sample of the keys
 //! shows fewer groups than `gpu.min_groups`), DataFusion's CPU operator
@@ -16,15 +18,18 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::RecordOutput;
+use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan, SendableRecordBatchStream};
 use futures::{StreamExt, TryStreamExt};
 
+use super::exec::GroupOrder;
 use super::group_keys::{
-    fold_negative_zeros, group_key_words, groups_hold_one_key, sample_shows_few_groups,
-    sampled_distinct_keys, GroupKeyWords, GROUP_SAMPLE_ROWS,
+    fold_negative_zeros, group_key_words, groups_hold_one_key, ordered_group_key_words,
+    sample_shows_few_groups, sampled_distinct_keys, GroupKeyWords, GROUP_SAMPLE_ROWS,
 };
 use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
@@ -33,7 +38,7 @@ use crate::exec::parallel::on_ranges;
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::host_copy::host_threads;
-use crate::ops::group_by::{group_by, group_by_device_bytes, Grouped, GroupsBack, Words};
+use crate::ops::group_by::{group_by, group_by_device_bytes, GroupIds, Grouped, GroupsBack, Words};
 use crate::planner::cpu_phases_over;
 
 /// The expressions one partition evaluates over its input.
@@ -64,6 +69,9 @@ pub(crate) struct AggregateTask {
     /// the fallback runs those over the collected input instead, on every
     /// core ([`cpu_phases_over`]).
     pub(crate) cpu_phases: Option<Arc<dyn ExecutionPlan>>,
+    /// The order the groups leave in, where the node replaced a sort: the
+    /// CPU fallback then sorts its output.
+    pub(crate) group_order: Option<GroupOrder>,
     pub(crate) context: Arc<TaskContext>,
     pub(crate) reservation: MemoryReservation,
     pub(crate) device: Arc<GpuDevice>,
@@ -165,6 +173,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     let batches = Arc::new(batches);
     let device_task = Arc::new(DevicePart {
         spec: task.spec.clone(),
+        group_order: task.group_order.clone(),
         final_output: task.final_output,
         output_schema: Arc::clone(&task.output_schema),
         device: Arc::clone(&task.device),
@@ -210,7 +219,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         Outcome::OnCpu => {
             task.metrics.cpu_fallback_partitions.add(1);
             let batches = Arc::try_unwrap(batches).unwrap_or_else(|shared| (*shared).clone());
-            let stream = match &task.cpu_phases {
+            let plan = match &task.cpu_phases {
                 Some(cpu_phases) => {
                     // As many partitions as DataFusion's plan would have
                     // read, dealt round robin.
@@ -221,17 +230,21 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
                         parts[i % count].push(batch);
                     }
                     let source = MemorySourceConfig::try_new_exec(&parts, task.input_schema, None)?;
-                    let plan = cpu_phases_over(cpu_phases, source)?;
-                    execute_stream(plan, Arc::clone(&task.context))?
+                    cpu_phases_over(cpu_phases, source)?
                 }
                 None => {
                     let source =
                         MemorySourceConfig::try_new_exec(&[batches], task.input_schema, None)?;
                     #[allow(deprecated)]
-                    let plan = Arc::clone(&task.cpu_aggregate).with_new_children(vec![source])?;
-                    plan.execute(0, Arc::clone(&task.context))?
+                    Arc::clone(&task.cpu_aggregate).with_new_children(vec![source])?
                 }
             };
+            let plan = match &task.group_order {
+                // The sort this node took the place of.
+                Some(order) => sorted_by(plan, &order.ordering),
+                None => plan,
+            };
+            let stream = execute_stream(plan, Arc::clone(&task.context))?;
             // The collected input stays reserved until the CPU operator's
             // stream, which reads it, is dropped.
             let reservations = (task.reservation, input_reservations);
@@ -248,6 +261,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
 /// The blocking part of one partition.
 struct DevicePart {
     spec: AggregateSpec,
+    group_order: Option<GroupOrder>,
     final_output: bool,
     output_schema: SchemaRef,
     device: Arc<GpuDevice>,
@@ -259,6 +273,16 @@ struct DevicePart {
     hashed_group_keys: bool,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
+}
+
+/// `plan`'s rows, all partitions together, sorted by `ordering`.
+fn sorted_by(plan: Arc<dyn ExecutionPlan>, ordering: &LexOrdering) -> Arc<dyn ExecutionPlan> {
+    let plan = if plan.properties().output_partitioning().partition_count() > 1 {
+        Arc::new(CoalescePartitionsExec::new(plan))
+    } else {
+        plan
+    };
+    Arc::new(SortExec::new(ordering.clone(), plan))
 }
 
 /// `exprs` evaluated over every batch, on every core: per expression, one
@@ -311,21 +335,35 @@ impl DevicePart {
                 return Ok(Outcome::OnCpu);
             }
         }
-        let keys = match &self.spec.keys {
-            Some(key_spec) => match group_key_words(
+        let (keys, ids) = match (&self.spec.keys, &self.group_order) {
+            (Some(key_spec), Some(order)) => {
+                match ordered_group_key_words(key_spec, &key_columns, &order.keys)? {
+                    Some(ordered) => (
+                        Some(ordered.keys),
+                        GroupIds::Sorted {
+                            key_bits: ordered.bits,
+                            transform: ordered.transform,
+                        },
+                    ),
+                    // Codes of more than 64 bits: DataFusion's operator,
+                    // then a sort.
+                    None => return Ok(Outcome::OnCpu),
+                }
+            }
+            (Some(key_spec), None) => match group_key_words(
                 key_spec,
                 &key_columns,
                 batches.len(),
                 self.hashed_group_keys,
                 self.hashed_group_key_bits,
             )? {
-                Some(keys) => Some(keys),
+                Some(keys) => (Some(keys), GroupIds::Hashed),
                 // Keys that need hashing without gpu.hashed_group_keys:
                 // packable types whose ranges need more than 64 bits
                 // together, or one float column with NULLs.
                 None => return Ok(Outcome::OnCpu),
             },
-            None => None,
+            (None, _) => (None, GroupIds::Hashed),
         };
         let hashed = keys.as_ref().is_some_and(|k| k.hashed());
         if hashed {
@@ -365,7 +403,7 @@ impl DevicePart {
             true => GroupsBack::RowsAndRowGroups,
             false => GroupsBack::KeyWords,
         };
-        let grouped = self.on_device(keys.as_ref().map(|k| &k.words), rows, &work, back);
+        let grouped = self.on_device(keys.as_ref().map(|k| &k.words), ids, rows, &work, back);
         device.done();
         let grouped = match grouped {
             Ok(grouped) => grouped,
@@ -397,6 +435,7 @@ impl DevicePart {
     fn on_device(
         &self,
         keys: Option<&Words>,
+        ids: GroupIds,
         rows: usize,
         work: &DeviceWork,
         back: GroupsBack,
@@ -408,7 +447,14 @@ impl DevicePart {
             .device_admission_wait
             .add_duration(waiting.elapsed());
         self.device.bind_to_thread()?;
-        let bytes = group_by_device_bytes(rows, keys.is_some(), &work.inputs, work.bitmaps.len());
+        let bytes = group_by_device_bytes(
+            rows,
+            keys.is_some(),
+            ids,
+            &work.inputs,
+            work.bitmaps.len(),
+            self.device.sm_count(),
+        );
         let memory = self.device.budget().reserve(
             bytes,
             self.memory_fraction,
@@ -424,6 +470,7 @@ impl DevicePart {
             &self.device,
             stream.stream(),
             keys,
+            ids,
             rows,
             &work.inputs,
             &work.bitmaps,

@@ -32,12 +32,12 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
-use super::ordered_keys::{KeySide, OrderedKeyEncoder};
 use crate::exec::device_gather::{
     gather_batches, gathers_by_pair, output_columns, GatherSide, ResidentColumns,
 };
 use crate::exec::hash_join::{evaluate_filter, OutputAssembler, OutputRows};
 use crate::exec::keys::raw_words;
+use crate::exec::ordered_keys::{KeySide, OrderedKeyEncoder};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuSortMergeJoinMetrics;
 use crate::gpu::launch::{self, CodeTransform};

@@ -184,6 +184,78 @@ pub fn group_resolve(
     Ok(())
 }
 
+/// `sorted_group_heads`: `heads[i]` = 1 where a run of equal keys starts
+/// in the ascending `keys`, else 0.
+pub fn sorted_group_heads(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    keys: &CudaSlice<u64>,
+    heads: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = keys.len();
+    check_len(heads, n, "run heads")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as u64;
+    let mut launch = stream.launch_builder(&kernels.sorted_group_heads);
+    launch.arg(keys).arg(&n64).arg(&mut *heads);
+    // SAFETY: reads keys[..n] and writes heads[..n], both checked to hold n.
+    unsafe { launch.launch(config(grid_stride_blocks(n64, sm_count))?) }
+        .during("launching sorted_group_heads")?;
+    Ok(())
+}
+
+/// The outputs of `sorted_group_ids`.
+pub struct SortedGroupIds<'a> {
+    /// The group of every row, indexed by row id.
+    pub row_groups: &'a mut CudaSlice<u64>,
+    /// Each group's first position in the sorted keys.
+    pub group_firsts: &'a mut CudaSlice<u64>,
+    /// One entry: the number of groups.
+    pub group_count: &'a mut CudaSlice<u64>,
+}
+
+/// `sorted_group_ids`: from the ascending `keys`, their `row_ids` (a
+/// permutation of `0..n`) and `ranks` (the exclusive scan of
+/// [`sorted_group_heads`]), the group of every row, in key order.
+pub fn sorted_group_ids(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    keys: &CudaSlice<u64>,
+    ranks: &CudaSlice<u64>,
+    row_ids: &CudaSlice<u64>,
+    out: SortedGroupIds<'_>,
+) -> GpuResult<()> {
+    let n = keys.len();
+    check_len(ranks, n, "run ranks")?;
+    check_len(row_ids, n, "row ids")?;
+    check_len(out.row_groups, n, "row groups")?;
+    check_len(out.group_firsts, n, "group first positions")?;
+    check_len(out.group_count, 1, "group count")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as u64;
+    let mut launch = stream.launch_builder(&kernels.sorted_group_ids);
+    launch
+        .arg(keys)
+        .arg(ranks)
+        .arg(row_ids)
+        .arg(&n64)
+        .arg(out.row_groups)
+        .arg(out.group_firsts)
+        .arg(out.group_count);
+    // SAFETY: every length is checked above; row ids index row_groups
+    // (n entries) because the sort permuted `0..n`, and group ids are
+    // below n because there are at most n runs.
+    unsafe { launch.launch(config(grid_stride_blocks(n64, sm_count))?) }
+        .during("launching sorted_group_ids")?;
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 /// `aggregate_u64`: reduces `values ^ flip` (unused by [`AggregateOp::Count`])
 /// by `op` into `out[group]`, which holds the op's identity on entry. With

@@ -1,7 +1,9 @@
-//! Sort-merge join keys as one order-preserving u64 per row: ascending codes
-//! are the join's sort order (each column's direction and NULL placement),
-//! and equal codes are equal keys, so the device sorts and merges plain
-//! integers.
+//! Sort keys as one order-preserving u64 per row: ascending codes are the
+//! sort order (each column's direction and NULL placement), and equal codes
+//! are equal keys, so the device sorts plain integers. The sort-merge join
+//! codes its join keys (both sides together); the sorted group-by codes its
+//! group keys (one side, NULL a group of its own) and decodes each group's
+//! code back into its key ([`OrderedKeyEncoder::decode`]).
 //!
 //! Each key column is coded as its distance from the smallest value of both
 //! sides (from the largest, for a descending column), in just enough bits
@@ -14,13 +16,15 @@
 //! the CPU).
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::*;
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::exec::keys::{
-    code_bits, for_64_bit_integer_type, for_each_value, pieces_value_range, KeySpec,
+    code_bits, column_of_values, field_of, for_64_bit_integer_type, for_each_value,
+    pieces_value_range, KeySpec,
 };
 use crate::exec::parallel::on_row_chunks;
 use crate::gpu::launch::CodeTransform;
@@ -208,6 +212,47 @@ impl OrderedKeyEncoder {
         })
     }
 
+    /// The key columns (of the planned `types`) whose codes are `codes`:
+    /// the inverse of [`Self::encode`] where codes carry no NULL bit (NULL
+    /// equals NULL, or no NULL was seen).
+    pub(crate) fn decode(&self, codes: &[u64], types: &[DataType]) -> Result<Vec<ArrayRef>> {
+        if self.null_bit || types.len() != self.columns.len() {
+            return Err(DataFusionError::Internal(format!(
+                "decoding {} key columns of {} coded, null bit {}",
+                types.len(),
+                self.columns.len(),
+                self.null_bit
+            )));
+        }
+        let mut shift = self.bits;
+        let mut columns = Vec::with_capacity(types.len());
+        for (code, data_type) in self.columns.iter().zip(types) {
+            // The first column holds the highest bits.
+            shift -= code.bits;
+            let code_of = |word: u64| field_of(word, shift, code.bits);
+            let null_code = code.null_code();
+            let nulls = code
+                .has_null
+                .then(|| NullBuffer::from_iter(codes.iter().map(|&w| code_of(w) != null_code)))
+                .filter(|nulls| nulls.null_count() > 0);
+            let values = codes.iter().map(|&word| {
+                let c = code_of(word);
+                if code.has_null && c == null_code {
+                    // A NULL's slot holds the minimum; its value is never read.
+                    return code.min;
+                }
+                let distance = i128::from(c.wrapping_sub(code.value_base()));
+                if code.descending {
+                    code.max - distance
+                } else {
+                    code.min + distance
+                }
+            });
+            columns.push(column_of_values(data_type, codes.len(), values, nulls)?);
+        }
+        Ok(columns)
+    }
+
     /// The code of every row of `columns` (key columns of `side`), on up to
     /// `threads` threads.
     pub(crate) fn encode(
@@ -361,6 +406,8 @@ mod tests {
         .unwrap()
         .unwrap();
         let codes = encoder.encode(&columns, KeySide::Left, 1).unwrap();
+        // Each code decodes into its row's key.
+        assert_eq!(encoder.decode(&codes, &types).unwrap(), columns);
         assert!(codes
             .iter()
             .all(|&c| encoder.bits() >= 64 || c < 1 << encoder.bits()));
