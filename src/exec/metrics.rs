@@ -163,6 +163,10 @@ pub struct GpuAggregateMetrics {
     /// Partitions whose sampled keys showed fewer groups than
     /// `gpu.min_groups`, which then ran on the CPU operator.
     pub few_groups_partitions: Count,
+    /// Partitions whose groups had to leave in key order and were numbered
+    /// by sorting the rows (the sample showed nearly every row a group of
+    /// its own), not by sorting the hash table's groups.
+    pub sorted_rows_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).
     pub cpu_fallback_partitions: Count,
@@ -182,6 +186,7 @@ impl GpuAggregateMetrics {
             key_check_time: builder().subset_time("key_check_time", partition),
             hashed_key_collisions: builder().counter("hashed_key_collisions", partition),
             few_groups_partitions: builder().counter("few_groups_partitions", partition),
+            sorted_rows_partitions: builder().counter("sorted_rows_partitions", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }

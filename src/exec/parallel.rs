@@ -85,6 +85,19 @@ pub(crate) fn on_row_chunks<T: Send, F: Send>(
     })
 }
 
+/// Where each of pieces of `lengths` rows begins when they are laid end to
+/// end (the row of each batch's first row among all batches' rows).
+pub(crate) fn starts_of(lengths: impl IntoIterator<Item = usize>) -> Vec<usize> {
+    lengths
+        .into_iter()
+        .scan(0, |start, len| {
+            let this = *start;
+            *start += len;
+            Some(this)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

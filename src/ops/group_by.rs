@@ -1,12 +1,15 @@
 //! The group-by on device columns: dense group ids, then one reduction per
 //! aggregate column into per-group slots, privatized in shared memory while
 //! the groups fit. The ids come from one global hash table (seed 002 §4.2,
-//! HGB; ids in no particular order) or, where the groups must leave in key
-//! order, from a radix sort of the keys ([`GroupIds::Sorted`], seed 002
-//! §3.2.2: one group per run of equal keys, ids in key order). The sort
-//! path reduces through each row's group id as HGB does, rather than moving
-//! the values with the keys (SGB-TR): seed 002 §5.2.8 finds moving them
-//! slower with 8-byte keys, which every key here is.
+//! HGB; ids in no particular order). Where the groups must leave in key
+//! order, either the hash table's groups are then sorted by key and
+//! renumbered ([`GroupIds::HashedInKeyOrder`]: a sort of the groups, not of
+//! the rows), or the rows are radix-sorted by key and each run of equal
+//! keys is a group ([`GroupIds::Sorted`], seed 002 §3.2.2), which costs less
+//! than hashing and then sorting where nearly every row is its own group.
+//! The sort path reduces through each row's group id as HGB does, rather
+//! than moving the values with the keys (SGB-TR): seed 002 §5.2.8 finds
+//! moving them slower with 8-byte keys, which every key here is.
 //!
 //! It knows nothing of Arrow: keys are one `u64` per row (see
 //! `exec::keys`), values are 64-bit words whose unsigned order (after an
@@ -290,6 +293,21 @@ pub enum GroupIds {
         key_bits: u32,
         transform: Option<CodeTransform>,
     },
+    /// The hash table's ids, then the groups sorted by key on the device
+    /// and renumbered: ids in ascending key order, as with
+    /// [`GroupIds::Sorted`], with a sort of the groups rather than of the
+    /// rows (keys and `transform` as there).
+    HashedInKeyOrder {
+        key_bits: u32,
+        transform: Option<CodeTransform>,
+    },
+}
+
+impl GroupIds {
+    /// Whether ids follow ascending key order.
+    pub fn in_key_order(self) -> bool {
+        !matches!(self, GroupIds::Hashed)
+    }
 }
 
 /// Validity bitmap of `valid(i)` for `rows` rows, 64 rows per word.
@@ -324,6 +342,20 @@ pub fn group_by_device_bytes(
         // word of each group
         (true, GroupIds::Hashed) => {
             8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 3 * rows + 1)
+        }
+        // as hashed, and the sort of as many groups as rows at most (keys,
+        // ids and their second buffers, the largest histogram) with the
+        // new id of each group
+        (true, GroupIds::HashedInKeyOrder { .. }) => {
+            let histogram = RadixGrid::new(rows as u64, sm_count).blocks as usize
+                * (1 << launch::MAX_RADIX_BITS);
+            8 * (rows
+                + 2 * (table_capacity(rows) as usize + 1)
+                + 3 * rows
+                + 1
+                + 5 * rows
+                + histogram
+                + histogram.div_ceil(launch::SCAN_TILE) * 2)
         }
         // keys and row ids with the sort's second pair of buffers and its
         // largest histogram, run heads, row groups, first positions, the
@@ -363,7 +395,7 @@ pub fn group_by(
     timer: &mut PhaseTimer,
 ) -> GpuResult<Grouped> {
     check_inputs(keys, rows, inputs, bitmaps)?;
-    if matches!(ids, GroupIds::Sorted { .. }) && back == GroupsBack::RowsAndRowGroups {
+    if ids.in_key_order() && back == GroupsBack::RowsAndRowGroups {
         return Err(GpuError::Invalid(
             "sorted group ids give each group's key word, not a row of it".into(),
         ));
@@ -375,7 +407,10 @@ pub fn group_by(
     // the queue.
     let pending = keys
         .map(|keys| match ids {
-            GroupIds::Hashed => launch_group_assignment(device, stream, keys, timer),
+            GroupIds::Hashed => launch_group_assignment(device, stream, keys, None, timer),
+            GroupIds::HashedInKeyOrder { transform, .. } => {
+                launch_group_assignment(device, stream, keys, transform, timer)
+            }
             GroupIds::Sorted {
                 key_bits,
                 transform,
@@ -392,7 +427,12 @@ pub fn group_by(
         .collect::<GpuResult<Vec<_>>>()?;
     let (groups, identities, row_groups) = match pending {
         Some(pending) => {
-            let (groups, identities, row_groups) = pending.finish(device, stream, back, timer)?;
+            let renumber_bits = match ids {
+                GroupIds::HashedInKeyOrder { key_bits, .. } => Some(key_bits),
+                _ => None,
+            };
+            let (groups, identities, row_groups) =
+                pending.finish(device, stream, back, renumber_bits, timer)?;
             (groups, identities, Some(row_groups))
         }
         None => (1, Vec::new(), None),
@@ -502,11 +542,13 @@ struct PendingGroups {
     rows: usize,
 }
 
-/// Enqueues the keys' copy and the kernels that give every row a group.
+/// Enqueues the keys' copy (made codes on the device first, with
+/// `transform`) and the kernels that give every row a group.
 fn launch_group_assignment(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     keys: &Words,
+    transform: Option<CodeTransform>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
     let rows = keys.len();
@@ -525,7 +567,18 @@ fn launch_group_assignment(
             rows,
         });
     }
-    let device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
+    let mut device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
+    if let Some(transform) = transform {
+        timer.time(Phase::Kernel, || {
+            launch::ordered_codes(
+                device.kernels(),
+                stream,
+                sm_count,
+                &mut device_keys,
+                transform,
+            )
+        })?;
+    }
     let capacity = table_capacity(rows);
     let slots = capacity as usize + 1;
     // SAFETY (table_keys): filled with EMPTY_KEY below before any read.
@@ -591,7 +644,7 @@ fn launch_sorted_group_assignment(
 ) -> GpuResult<PendingGroups> {
     let rows = keys.len();
     if rows == 0 {
-        return launch_group_assignment(device, stream, keys, timer);
+        return launch_group_assignment(device, stream, keys, None, timer);
     }
     let sm_count = device.sm_count();
     let kernels = device.kernels();
@@ -643,12 +696,16 @@ fn launch_sorted_group_assignment(
 impl PendingGroups {
     /// Waits for stage 1: the number of groups and what identifies each
     /// group on the host (its key word or a row of it, as `back` asks),
-    /// with the group of every row left on the device.
+    /// with the group of every row left on the device. With
+    /// `renumber_bits`, the groups are first sorted by their key words
+    /// (below `2^renumber_bits`) and renumbered in that order, rows
+    /// included; only key words come back then.
     fn finish(
-        self,
+        mut self,
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
         back: GroupsBack,
+        renumber_bits: Option<u32>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<(usize, Vec<u64>, DeviceVec<u64>)> {
         if self.rows == 0 {
@@ -671,6 +728,11 @@ impl PendingGroups {
         }
         let mut identities = Vec::with_capacity(groups);
         match back {
+            GroupsBack::RowsAndRowGroups if renumber_bits.is_some() => {
+                return Err(GpuError::Invalid(
+                    "groups renumbered in key order give key words, not rows".into(),
+                ))
+            }
             GroupsBack::RowsAndRowGroups => download_u64(
                 device,
                 stream,
@@ -694,6 +756,17 @@ impl PendingGroups {
                         &mut group_keys,
                     )
                 })?;
+                if let Some(key_bits) = renumber_bits {
+                    group_keys = timer.time(Phase::Kernel, || {
+                        renumber_in_key_order(
+                            device,
+                            stream,
+                            group_keys,
+                            &mut self.row_groups,
+                            key_bits,
+                        )
+                    })?;
+                }
                 download_u64(
                     device,
                     stream,
@@ -705,6 +778,30 @@ impl PendingGroups {
         }
         Ok((groups, identities, self.row_groups))
     }
+}
+
+/// Sorts `group_keys` (one word per group, below `2^key_bits`, in group
+/// id order) and renumbers the groups in that order: `row_groups` then
+/// holds each row's new id. Returns the words in the new order.
+fn renumber_in_key_order(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    group_keys: DeviceVec<u64>,
+    row_groups: &mut DeviceVec<u64>,
+    key_bits: u32,
+) -> GpuResult<DeviceVec<u64>> {
+    let groups = group_keys.len();
+    let (kernels, sm_count) = (device.kernels(), device.sm_count());
+    // SAFETY (both): iota and invert_permutation write every element.
+    let mut ids: DeviceVec<u64> =
+        unsafe { stream.alloc(groups) }.during("allocating group numbers")?;
+    let mut new_ids: DeviceVec<u64> =
+        unsafe { stream.alloc(groups) }.during("allocating group numbers")?;
+    launch::iota(kernels, stream, sm_count, &mut ids, 0)?;
+    let sorted = radix_sort(device, stream, group_keys, ids, key_bits)?;
+    launch::invert_permutation(kernels, stream, sm_count, &sorted.row_ids, &mut new_ids)?;
+    launch::renumber_groups(kernels, stream, sm_count, row_groups, &new_ids)?;
+    Ok(sorted.keys)
 }
 
 /// One input's columns on the device (none without rows).

@@ -397,7 +397,7 @@ fn collect_decisions(
                     match gpu_agg.group_ordering() {
                         Some(ordering) => format!(
                             ", groups emitted in the order of the sort above it, [{ordering}], \
-                             which is gone: the device numbers the groups by sorting their keys"
+                             which is gone: the device numbers the groups in key order"
                         ),
                         None => String::new(),
                     }

@@ -644,6 +644,9 @@ async fn groups_sorted_on_the_device_come_in_the_order_of_the_sort_they_replace(
         "SELECT u % 1000 AS m, k2, sum(v), min(big) FROM t GROUP BY m, k2 ORDER BY k2, m DESC",
         "SELECT k, k2, count(*) FROM t GROUP BY k, k2 ORDER BY k2 DESC, k LIMIT 37",
     ];
+    // Queries whose groups were numbered by sorting the rows (nearly every
+    // row its own group), and by sorting the hash table's groups.
+    let (mut rows_sorted, mut groups_sorted) = (0, 0);
     for (partitions, phases) in PLANS {
         let (gpu, cpu) = contexts(partitions, &[phases]).await;
         for (rows, dist) in [
@@ -669,10 +672,18 @@ async fn groups_sorted_on_the_device_come_in_the_order_of_the_sort_they_replace(
                         0,
                         "{sql}"
                     );
+                    match gpu_aggregate_metric(&plan, "sorted_rows_partitions") {
+                        0 => groups_sorted += 1,
+                        _ => rows_sorted += 1,
+                    }
                 }
             }
         }
     }
+    assert!(
+        rows_sorted > 0 && groups_sorted > 0,
+        "{rows_sorted}, {groups_sorted}"
+    );
     // Where the device cannot sort (codes of more than 64 bits: two
     // full-range keys), or cannot take the work (a budget of a few
     // bytes), the CPU fallback sorts its groups: the same rows, in order.
@@ -777,11 +788,16 @@ async fn device_group_by_matches_the_reference() {
             key_bits: 64,
             transform: None,
         };
+        let renumbered = GroupIds::HashedInKeyOrder {
+            key_bits: 64,
+            transform: None,
+        };
         for (with_keys, ids, back) in [
             (true, GroupIds::Hashed, GroupsBack::KeyWords),
             (true, GroupIds::Hashed, GroupsBack::RowsAndRowGroups),
             (false, GroupIds::Hashed, GroupsBack::KeyWords),
             (true, sorted, GroupsBack::KeyWords),
+            (true, renumbered, GroupsBack::KeyWords),
         ] {
             let keys = with_keys.then_some(keys.as_slice());
             let mut timer = PhaseTimer::new(Arc::clone(stream));
@@ -829,7 +845,7 @@ async fn device_group_by_matches_the_reference() {
                     let mut want_keys = want.group_keys.clone();
                     want_keys.sort_unstable();
                     assert_eq!(sorted, want_keys, "rows {rows}, domain {domain}");
-                    if ids != GroupIds::Hashed {
+                    if ids.in_key_order() {
                         assert_eq!(got.group_keys, sorted, "rows {rows}, domain {domain}");
                     }
                     got.group_keys.clone()

@@ -32,8 +32,9 @@ use crate::planner::GpuOptions;
 /// leave in no particular order (`algorithm=hash_group_by`), or, where it
 /// took the place of a sort on its group keys above it
 /// ([`Self::with_group_order`]), in that sort's order
-/// (`algorithm=sort_group_by`): the device then sorts the keys to number
-/// the groups, and the sort above is gone.
+/// (`algorithm=sort_group_by`): the device then numbers the groups in key
+/// order (sorting the rows where nearly every row is a group of its own,
+/// else sorting the hash table's groups), and the sort above is gone.
 ///
 /// Supported (see [`crate::planner::decide_aggregate`]): every mode;
 /// `COUNT`, `SUM`, `MIN`, `MAX`, `AVG` without DISTINCT, with or without

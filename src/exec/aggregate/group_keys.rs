@@ -40,7 +40,7 @@ use super::spec::ValueKind;
 use super::words::pieces_words;
 use crate::exec::keys::{column_of_words, raw_words, KeyEncoder, KeySpec};
 use crate::exec::ordered_keys::{KeySide, OrderedKeyEncoder};
-use crate::exec::parallel::on_ranges;
+use crate::exec::parallel::{on_ranges, starts_of};
 use crate::gpu::launch::CodeTransform;
 use crate::host_copy::host_threads;
 use crate::ops::group_by::Words;
@@ -416,29 +416,40 @@ pub(crate) fn sampled_distinct_keys(
     if rows == 0 || sample == 0 {
         return Ok((0, 0));
     }
+    // Rows 0, stride, 2 stride, ... of all batches; each batch's share is
+    // found from where it starts, so the batches are sampled on every core
+    // (an input of tens of thousands of batches costs a take and a hash
+    // call per batch).
     let stride = rows.div_ceil(sample).max(1);
+    let starts = starts_of(first.iter().map(|piece| piece.len()));
     let random_state = RandomState::with_seed(GROUP_HASH_SEED);
-    let mut seen = HashSet::with_capacity(sample.min(rows));
-    let (mut sampled, mut first_row, mut next) = (0, 0, 0);
-    for (batch, piece) in first.iter().enumerate() {
-        let end = first_row + piece.len();
-        let picked: Vec<u64> = (next..end)
-            .step_by(stride)
-            .map(|row| (row - first_row) as u64)
-            .collect();
-        if !picked.is_empty() {
-            next += picked.len() * stride;
+    let threads = host_threads().min(first.len()).min(rows >> 16).max(1);
+    let hashes = on_ranges(first.len(), threads, |batches| {
+        let mut hashes = Vec::new();
+        for batch in batches {
+            let (start, end) = (starts[batch], starts[batch] + first[batch].len());
+            let picked: Vec<u64> = (start.div_ceil(stride) * stride..end)
+                .step_by(stride)
+                .map(|row| (row - start) as u64)
+                .collect();
+            if picked.is_empty() {
+                continue;
+            }
             let indices = UInt64Array::from(picked);
             let columns = key_columns
                 .iter()
                 .map(|pieces| take(pieces[batch].as_ref(), &indices, None))
                 .collect::<std::result::Result<Vec<_>, _>>()?;
-            let mut hashes = vec![0u64; indices.len()];
-            create_hashes(&columns, &random_state, &mut hashes)?;
-            sampled += hashes.len();
-            seen.extend(hashes);
+            let mut batch_hashes = vec![0u64; indices.len()];
+            create_hashes(&columns, &random_state, &mut batch_hashes)?;
+            hashes.extend(batch_hashes);
         }
-        first_row = end;
+        Ok(hashes)
+    })?;
+    let sampled = hashes.iter().map(Vec::len).sum();
+    let mut seen = HashSet::with_capacity(sampled);
+    for part in hashes {
+        seen.extend(part);
     }
     Ok((sampled, seen.len()))
 }
@@ -452,6 +463,34 @@ pub(crate) fn sampled_distinct_keys(
 /// (4096 distinct) from 2^16 (about 41,000).
 pub(crate) fn sample_shows_few_groups(sampled: usize, distinct: usize, min_groups: usize) -> bool {
     min_groups > 0 && sampled > 0 && distinct * 8 <= sampled && distinct * 8 < min_groups
+}
+
+/// Whether a sample of `sampled` keys with `distinct` distinct ones, out of
+/// `rows` rows, says that at least one row in `rows_per_group` is a group
+/// of its own. With few repeats in the sample, the groups are estimated by
+/// the birthday count: `sampled` keys drawn from `g` equally likely groups
+/// repeat `sampled^2 / 2g` times, so `g` is about `sampled^2 / 2 repeats`
+/// (no repeat at all: as many groups as rows, as far as the sample tells).
+pub(crate) fn sample_shows_groups_near_rows(
+    sampled: usize,
+    distinct: usize,
+    rows: usize,
+    rows_per_group: usize,
+) -> bool {
+    if sampled == 0 || rows == 0 {
+        return false;
+    }
+    let enough = rows.div_ceil(rows_per_group.max(1)) as f64;
+    if sampled >= rows {
+        // Every row was sampled: the count is exact.
+        return distinct as f64 >= enough;
+    }
+    let repeats = sampled.saturating_sub(distinct);
+    if repeats == 0 {
+        return true;
+    }
+    let estimate = (sampled as f64) * (sampled as f64) / (2.0 * repeats as f64);
+    estimate.max(distinct as f64) >= enough
 }
 
 /// Whether every row's key equals the key of its group: `row_groups[i]` is
@@ -511,6 +550,27 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
     use datafusion::arrow::datatypes::Float64Type;
+
+    #[test]
+    fn the_sample_tells_groups_near_the_rows_from_fewer() {
+        // 2^16 keys sampled from 2^28 rows: uniform over 2^26 groups they
+        // repeat about 32 times, over 2^24 about 128 times, over 2^16
+        // groups about 24,000 times (41,000 distinct).
+        let (sample, rows) = (1 << 16, 1 << 28);
+        assert!(sample_shows_groups_near_rows(sample, sample, rows, 8));
+        assert!(sample_shows_groups_near_rows(sample, sample - 32, rows, 8));
+        assert!(!sample_shows_groups_near_rows(
+            sample,
+            sample - 128,
+            rows,
+            8
+        ));
+        assert!(!sample_shows_groups_near_rows(sample, 41_000, rows, 8));
+        // Every row sampled: the distinct count decides.
+        assert!(sample_shows_groups_near_rows(1000, 125, 1000, 8));
+        assert!(!sample_shows_groups_near_rows(1000, 124, 1000, 8));
+        assert!(!sample_shows_groups_near_rows(0, 0, 0, 8));
+    }
 
     fn spec(types: &[DataType]) -> KeySpec {
         KeySpec::try_new(types, NullEquality::NullEqualsNull).unwrap()

@@ -29,12 +29,18 @@ use futures::{StreamExt, TryStreamExt};
 use super::exec::GroupOrder;
 use super::group_keys::{
     fold_negative_zeros, group_key_words, groups_hold_one_key, ordered_group_key_words,
-    sample_shows_few_groups, sampled_distinct_keys, GroupKeyWords, GROUP_SAMPLE_ROWS,
+    sample_shows_few_groups, sample_shows_groups_near_rows, sampled_distinct_keys, GroupKeyWords,
+    GROUP_SAMPLE_ROWS,
 };
+
+/// Where groups must leave in key order, the rows themselves are sorted
+/// when the sampled keys show at least one group in this many rows;
+/// otherwise the hash table's groups are sorted.
+const ROWS_PER_GROUP_TO_SORT_ROWS: usize = 8;
 use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
 use super::words::threads_for;
-use crate::exec::parallel::on_ranges;
+use crate::exec::parallel::{on_ranges, starts_of};
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::host_copy::host_threads;
@@ -325,11 +331,14 @@ impl DevicePart {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         // Floats as DataFusion stores group values, `-0.0` folded into `+0.0`.
         let key_columns = fold_negative_zeros(evaluate_pieces(&inputs.group_exprs, batches)?)?;
-        if self.spec.keys.is_some() && self.min_groups > 0 {
+        let sample = (self.spec.keys.is_some()
+            && (self.min_groups > 0 || self.group_order.is_some()))
+        .then(|| sampled_distinct_keys(&key_columns, GROUP_SAMPLE_ROWS))
+        .transpose()?;
+        if let Some((sampled, distinct)) = sample {
             // Statistics rarely know the groups (the rule counts unknown as
             // many): a sample of the keys decides before they are encoded
             // or copied, where one CPU pass over host memory would be faster.
-            let (sampled, distinct) = sampled_distinct_keys(&key_columns, GROUP_SAMPLE_ROWS)?;
             if sample_shows_few_groups(sampled, distinct, self.min_groups) {
                 self.metrics.few_groups_partitions.add(1);
                 return Ok(Outcome::OnCpu);
@@ -338,13 +347,31 @@ impl DevicePart {
         let (keys, ids) = match (&self.spec.keys, &self.group_order) {
             (Some(key_spec), Some(order)) => {
                 match ordered_group_key_words(key_spec, &key_columns, &order.keys)? {
-                    Some(ordered) => (
-                        Some(ordered.keys),
-                        GroupIds::Sorted {
-                            key_bits: ordered.bits,
-                            transform: ordered.transform,
-                        },
-                    ),
+                    Some(ordered) => {
+                        let (key_bits, transform) = (ordered.bits, ordered.transform);
+                        // Sorting the rows costs less than hashing them and
+                        // sorting the groups only where nearly every row is
+                        // a group of its own (BENCHMARKS.md).
+                        let (sampled, distinct) = sample.unwrap_or_default();
+                        let ids = if sample_shows_groups_near_rows(
+                            sampled,
+                            distinct,
+                            rows,
+                            ROWS_PER_GROUP_TO_SORT_ROWS,
+                        ) {
+                            self.metrics.sorted_rows_partitions.add(1);
+                            GroupIds::Sorted {
+                                key_bits,
+                                transform,
+                            }
+                        } else {
+                            GroupIds::HashedInKeyOrder {
+                                key_bits,
+                                transform,
+                            }
+                        };
+                        (Some(ordered.keys), ids)
+                    }
                     // Codes of more than 64 bits: DataFusion's operator,
                     // then a sort.
                     None => return Ok(Outcome::OnCpu),
@@ -498,14 +525,7 @@ impl DevicePart {
             return Ok(vec![Vec::new(); chunks]);
         }
         // Where each batch begins among the rows.
-        let starts: Vec<usize> = batches
-            .iter()
-            .scan(0, |start, b| {
-                let this = *start;
-                *start += b.num_rows();
-                Some(this)
-            })
-            .collect();
+        let starts = starts_of(batches.iter().map(|b| b.num_rows()));
         let per_range = on_ranges(chunks, host_threads(), |range| {
             range
                 .map(|chunk| {
