@@ -9,7 +9,7 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::physical_expr::expressions::{Column, UnKnownColumn};
-use datafusion::physical_expr::Partitioning;
+use datafusion::physical_expr::{LexOrdering, Partitioning, PhysicalSortExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -173,9 +173,10 @@ fn rewrite(
 /// partition) on group key columns alone: directly over the aggregation,
 /// or over the round robin that deals one aggregation's groups to several
 /// partitions (one partition, sorted, then serves every partition's
-/// consumer: a merge that preserves order, above such a sort). A limit on
-/// the sort becomes a limit on each partition. `None` where nothing
-/// changes.
+/// consumer: a merge that preserves order, above such a sort), either
+/// possibly under a projection that passes the sort's columns through (it
+/// then runs over the sorted groups). A limit on the sort becomes a limit
+/// on each partition. `None` where nothing changes.
 fn sort_into_aggregate(sort: &SortExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let input = sort.input();
     let per_partition = sort.preserve_partitioning()
@@ -183,6 +184,14 @@ fn sort_into_aggregate(sort: &SortExec) -> Result<Option<Arc<dyn ExecutionPlan>>
     if !per_partition {
         return Ok(None);
     }
+    // A projection between them: the sort's columns named through it.
+    let (projection, ordering, input) = match input.downcast_ref::<ProjectionExec>() {
+        Some(projection) => match ordering_below_projection(sort.expr(), projection) {
+            Some(ordering) => (Some(projection), ordering, projection.input()),
+            None => return Ok(None),
+        },
+        None => (None, sort.expr().clone(), input),
+    };
     let gpu_agg = match input.downcast_ref::<RepartitionExec>() {
         Some(repartition)
             if !repartition.preserve_order()
@@ -199,10 +208,14 @@ fn sort_into_aggregate(sort: &SortExec) -> Result<Option<Arc<dyn ExecutionPlan>>
     let Some(gpu_agg) = gpu_agg.filter(|agg| agg.group_ordering().is_none()) else {
         return Ok(None);
     };
-    let Some(sorted) = gpu_agg.with_group_order(sort.expr())? else {
+    let Some(sorted) = gpu_agg.with_group_order(&ordering)? else {
         return Ok(None);
     };
-    let sorted: Arc<dyn ExecutionPlan> = Arc::new(sorted);
+    let mut sorted: Arc<dyn ExecutionPlan> = Arc::new(sorted);
+    if let Some(projection) = projection {
+        // A projection keeps the order of its rows.
+        sorted = Arc::new(ProjectionExec::try_new(projection.expr().to_vec(), sorted)?);
+    }
     Ok(Some(match sort.fetch() {
         Some(fetch) => Arc::new(LocalLimitExec::new(sorted, fetch)),
         None => sorted,
@@ -268,6 +281,27 @@ fn projection_into_merge_join(
             Partitioning::RoundRobinBatch(partitions),
         )?),
     }))
+}
+
+/// `ordering` (over `projection`'s output) over its input's columns, where
+/// every sort column is a plain column of the input passed through.
+fn ordering_below_projection(
+    ordering: &LexOrdering,
+    projection: &ProjectionExec,
+) -> Option<LexOrdering> {
+    let mut below = Vec::with_capacity(ordering.len());
+    for sort_expr in ordering.iter() {
+        let column = sort_expr.expr.downcast_ref::<Column>()?;
+        let projected = projection.expr().get(column.index())?;
+        if projected.alias != column.name() || projected.expr.downcast_ref::<Column>().is_none() {
+            return None;
+        }
+        below.push(PhysicalSortExpr::new(
+            Arc::clone(&projected.expr),
+            sort_expr.options,
+        ));
+    }
+    LexOrdering::new(below)
 }
 
 /// How a `Partitioned` join may run once over all its input partitions.
@@ -929,6 +963,15 @@ mod tests {
                     "SELECT k, v, count(*) FROM r GROUP BY k, v ORDER BY v, k DESC LIMIT 5",
                     "v@1 ASC NULLS LAST, k@0 DESC",
                 ),
+                // Sorts below or above a projection of the groups.
+                (
+                    "SELECT max(v) AS m, k FROM r GROUP BY k ORDER BY k DESC",
+                    "k@0 DESC",
+                ),
+                (
+                    "SELECT k + 1 AS k1, max(v) FROM r GROUP BY k ORDER BY k",
+                    "k@0 ASC NULLS LAST",
+                ),
             ] {
                 let plan = rewritten_with(sql, options.clone()).await;
                 let text = show(&plan);
@@ -951,6 +994,7 @@ mod tests {
         for sql in [
             "SELECT k, max(v) AS m FROM r GROUP BY k ORDER BY m",
             "SELECT k, max(v) FROM r GROUP BY k ORDER BY k + 1",
+            "SELECT k + 1 AS k1, max(v) FROM r GROUP BY k ORDER BY k1",
             "SELECT c, count(*) FROM (SELECT CAST(k AS VARCHAR) AS c FROM r) GROUP BY c ORDER BY c",
         ] {
             let options = GpuOptions {

@@ -632,7 +632,7 @@ async fn groups_sorted_on_the_device_come_in_the_order_of_the_sort_they_replace(
     };
     // Every direction and NULL placement; one key (its raw values coded on
     // the device where it has no NULLs), several keys packed on the host,
-    // decimals and booleans; a limit.
+    // decimals and booleans; a limit; a projection between.
     let queries = [
         "SELECT k, count(*), sum(v), max(d) FROM t GROUP BY k ORDER BY k",
         "SELECT k, count(*), min(v) FROM t GROUP BY k ORDER BY k DESC NULLS LAST",
@@ -643,6 +643,8 @@ async fn groups_sorted_on_the_device_come_in_the_order_of_the_sort_they_replace(
         "SELECT d, count(*) FROM t GROUP BY d ORDER BY d DESC",
         "SELECT u % 1000 AS m, k2, sum(v), min(big) FROM t GROUP BY m, k2 ORDER BY k2, m DESC",
         "SELECT k, k2, count(*) FROM t GROUP BY k, k2 ORDER BY k2 DESC, k LIMIT 37",
+        // The sort above a projection of the groups.
+        "SELECT k2 + 1 AS k1, count(*), sum(v) FROM t GROUP BY k2 ORDER BY k2 DESC",
     ];
     // Queries whose groups were numbered by sorting the rows (nearly every
     // row its own group), and by sorting the hash table's groups.
