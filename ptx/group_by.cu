@@ -121,15 +121,6 @@ extern "C" __global__ void sorted_group_ids(const u64* keys, const u64* ranks, c
     }
 }
 
-// inverse[perm[i]] = i for i < n, where perm is a permutation of 0..n: the
-// new number of each group once the groups are sorted by key (perm lists
-// the old numbers in key order). Launch: any grid, block = BLOCK_THREADS.
-extern "C" __global__ void invert_permutation(const u64* perm, u64 n, u64* inverse) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        inverse[perm[i]] = i;
-    }
-}
-
 __device__ __forceinline__ bool row_valid(const u64* valid_bits, u64 i) {
     return valid_bits == nullptr || ((valid_bits[i >> 6] >> (i & 63)) & 1ULL);
 }

@@ -2,9 +2,9 @@
 //! aggregate column into per-group slots, privatized in shared memory while
 //! the groups fit. The ids come from one global hash table (seed 002 §4.2,
 //! HGB; ids in no particular order). Where the groups must leave in key
-//! order, either the hash table's groups are then sorted by key and
-//! renumbered ([`GroupIds::HashedInKeyOrder`]: a sort of the groups, not of
-//! the rows), or the rows are radix-sorted by key and each run of equal
+//! order, either the hash table's groups are then sorted by key and their
+//! results gathered in that order ([`GroupIds::HashedInKeyOrder`]: a sort
+//! of the groups, not of the rows), or the rows are radix-sorted by key and each run of equal
 //! keys is a group ([`GroupIds::Sorted`], seed 002 §3.2.2), which costs less
 //! than hashing and then sorting where nearly every row is its own group.
 //! The sort path reduces through each row's group id as HGB does, rather
@@ -294,9 +294,12 @@ pub enum GroupIds {
         transform: Option<CodeTransform>,
     },
     /// The hash table's ids, then the groups sorted by key on the device
-    /// and renumbered: ids in ascending key order, as with
-    /// [`GroupIds::Sorted`], with a sort of the groups rather than of the
-    /// rows (keys and `transform` as there).
+    /// and every result gathered in that order: groups come back in
+    /// ascending key order, as with [`GroupIds::Sorted`], with a sort of
+    /// the groups rather than of the rows (keys and `transform` as there).
+    /// The rows keep the hash table's ids: numbered in key order, the
+    /// hottest keys of a skewed input would share cache lines, whose
+    /// atomics then serialize.
     HashedInKeyOrder {
         key_bits: u32,
         transform: Option<CodeTransform>,
@@ -344,8 +347,8 @@ pub fn group_by_device_bytes(
             8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 3 * rows + 1)
         }
         // as hashed, and the sort of as many groups as rows at most (keys,
-        // ids and their second buffers, the largest histogram) with the
-        // new id of each group
+        // ids and their second buffers, the largest histogram) and one
+        // result gathered in key order
         (true, GroupIds::HashedInKeyOrder { .. }) => {
             let histogram = RadixGrid::new(rows as u64, sm_count).blocks as usize
                 * (1 << launch::MAX_RADIX_BITS);
@@ -425,17 +428,21 @@ pub fn group_by(
         .iter()
         .map(|input| upload_input(device, stream, input, rows, timer))
         .collect::<GpuResult<Vec<_>>>()?;
-    let (groups, identities, row_groups) = match pending {
+    let (groups, identities, row_groups, key_order) = match pending {
         Some(pending) => {
-            let renumber_bits = match ids {
+            let order_bits = match ids {
                 GroupIds::HashedInKeyOrder { key_bits, .. } => Some(key_bits),
                 _ => None,
             };
-            let (groups, identities, row_groups) =
-                pending.finish(device, stream, back, renumber_bits, timer)?;
-            (groups, identities, Some(row_groups))
+            let finished = pending.finish(device, stream, back, order_bits, timer)?;
+            (
+                finished.groups,
+                finished.identities,
+                Some(finished.row_groups),
+                finished.key_order,
+            )
         }
-        None => (1, Vec::new(), None),
+        None => (1, Vec::new(), None, None),
     };
     let (group_keys, group_rows) = match back {
         GroupsBack::KeyWords => (identities, Vec::new()),
@@ -469,6 +476,7 @@ pub fn group_by(
             group_rows_of,
             input,
             column,
+            key_order.as_ref(),
             timer,
         )?);
     }
@@ -693,23 +701,39 @@ fn launch_sorted_group_assignment(
     })
 }
 
+/// Stage 1, finished.
+struct FinishedGroups {
+    groups: usize,
+    /// What identifies each group on the host, as asked for.
+    identities: Vec<u64>,
+    /// The group of every row, on the device.
+    row_groups: DeviceVec<u64>,
+    /// Where groups come back in key order: the group at each position.
+    key_order: Option<DeviceVec<u64>>,
+}
+
 impl PendingGroups {
     /// Waits for stage 1: the number of groups and what identifies each
     /// group on the host (its key word or a row of it, as `back` asks),
-    /// with the group of every row left on the device. With
-    /// `renumber_bits`, the groups are first sorted by their key words
-    /// (below `2^renumber_bits`) and renumbered in that order, rows
-    /// included; only key words come back then.
+    /// with the group of every row left on the device. With `order_bits`,
+    /// the groups' key words (below `2^order_bits`) are sorted on the
+    /// device and come back in that order, with the order itself for the
+    /// results; only key words come back then.
     fn finish(
-        mut self,
+        self,
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
         back: GroupsBack,
-        renumber_bits: Option<u32>,
+        order_bits: Option<u32>,
         timer: &mut PhaseTimer,
-    ) -> GpuResult<(usize, Vec<u64>, DeviceVec<u64>)> {
+    ) -> GpuResult<FinishedGroups> {
         if self.rows == 0 {
-            return Ok((0, Vec::new(), self.row_groups));
+            return Ok(FinishedGroups {
+                groups: 0,
+                identities: Vec::new(),
+                row_groups: self.row_groups,
+                key_order: None,
+            });
         }
         let mut count = Vec::with_capacity(1);
         download_u64(
@@ -727,10 +751,11 @@ impl PendingGroups {
             )));
         }
         let mut identities = Vec::with_capacity(groups);
+        let mut key_order = None;
         match back {
-            GroupsBack::RowsAndRowGroups if renumber_bits.is_some() => {
+            GroupsBack::RowsAndRowGroups if order_bits.is_some() => {
                 return Err(GpuError::Invalid(
-                    "groups renumbered in key order give key words, not rows".into(),
+                    "groups in key order give key words, not rows".into(),
                 ))
             }
             GroupsBack::RowsAndRowGroups => download_u64(
@@ -756,16 +781,16 @@ impl PendingGroups {
                         &mut group_keys,
                     )
                 })?;
-                if let Some(key_bits) = renumber_bits {
-                    group_keys = timer.time(Phase::Kernel, || {
-                        renumber_in_key_order(
-                            device,
-                            stream,
-                            group_keys,
-                            &mut self.row_groups,
-                            key_bits,
-                        )
+                if let Some(key_bits) = order_bits {
+                    let sorted = timer.time(Phase::Kernel, || {
+                        // SAFETY: iota writes every element.
+                        let mut ids: DeviceVec<u64> =
+                            unsafe { stream.alloc(groups) }.during("allocating group numbers")?;
+                        launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)?;
+                        radix_sort(device, stream, group_keys, ids, key_bits)
                     })?;
+                    group_keys = sorted.keys;
+                    key_order = Some(sorted.row_ids);
                 }
                 download_u64(
                     device,
@@ -776,32 +801,13 @@ impl PendingGroups {
                 )?;
             }
         }
-        Ok((groups, identities, self.row_groups))
+        Ok(FinishedGroups {
+            groups,
+            identities,
+            row_groups: self.row_groups,
+            key_order,
+        })
     }
-}
-
-/// Sorts `group_keys` (one word per group, below `2^key_bits`, in group
-/// id order) and renumbers the groups in that order: `row_groups` then
-/// holds each row's new id. Returns the words in the new order.
-fn renumber_in_key_order(
-    device: &GpuDevice,
-    stream: &Arc<CudaStream>,
-    group_keys: DeviceVec<u64>,
-    row_groups: &mut DeviceVec<u64>,
-    key_bits: u32,
-) -> GpuResult<DeviceVec<u64>> {
-    let groups = group_keys.len();
-    let (kernels, sm_count) = (device.kernels(), device.sm_count());
-    // SAFETY (both): iota and invert_permutation write every element.
-    let mut ids: DeviceVec<u64> =
-        unsafe { stream.alloc(groups) }.during("allocating group numbers")?;
-    let mut new_ids: DeviceVec<u64> =
-        unsafe { stream.alloc(groups) }.during("allocating group numbers")?;
-    launch::iota(kernels, stream, sm_count, &mut ids, 0)?;
-    let sorted = radix_sort(device, stream, group_keys, ids, key_bits)?;
-    launch::invert_permutation(kernels, stream, sm_count, &sorted.row_ids, &mut new_ids)?;
-    launch::renumber_groups(kernels, stream, sm_count, row_groups, &new_ids)?;
-    Ok(sorted.keys)
 }
 
 /// One input's columns on the device (none without rows).
@@ -829,7 +835,9 @@ fn upload_input(
     })
 }
 
-/// Stage 2 for one input.
+/// Stage 2 for one input; with `key_order`, each result comes back in that
+/// order of the groups (the group at each position).
+#[allow(clippy::too_many_arguments)]
 fn reduce(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
@@ -837,6 +845,7 @@ fn reduce(
     rows: GroupRows<'_>,
     input: &ReduceInput,
     column: UploadedInput,
+    key_order: Option<&DeviceVec<u64>>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Reduced> {
     let groups = rows.groups;
@@ -852,7 +861,18 @@ fn reduce(
     };
     let download = |out: &DeviceVec<u64>, timer: &mut PhaseTimer| -> GpuResult<Vec<u64>> {
         let mut host = Vec::with_capacity(groups);
-        download_u64(device, stream, &out.slice(0..groups), &mut host, timer)?;
+        match key_order {
+            Some(order) => {
+                // SAFETY: the gather writes all `groups` words.
+                let mut ordered: DeviceVec<u64> =
+                    unsafe { stream.alloc(groups) }.during("allocating ordered results")?;
+                timer.time(Phase::Kernel, || {
+                    launch::gather_u64(kernels, stream, sm_count, out, order, groups, &mut ordered)
+                })?;
+                download_u64(device, stream, &ordered.as_view(), &mut host, timer)?;
+            }
+            None => download_u64(device, stream, &out.slice(0..groups), &mut host, timer)?,
+        }
         Ok(host)
     };
     if rows.rows == 0 {

@@ -790,7 +790,7 @@ async fn device_group_by_matches_the_reference() {
             key_bits: 64,
             transform: None,
         };
-        let renumbered = GroupIds::HashedInKeyOrder {
+        let hashed_in_key_order = GroupIds::HashedInKeyOrder {
             key_bits: 64,
             transform: None,
         };
@@ -799,7 +799,7 @@ async fn device_group_by_matches_the_reference() {
             (true, GroupIds::Hashed, GroupsBack::RowsAndRowGroups),
             (false, GroupIds::Hashed, GroupsBack::KeyWords),
             (true, sorted, GroupsBack::KeyWords),
-            (true, renumbered, GroupsBack::KeyWords),
+            (true, hashed_in_key_order, GroupsBack::KeyWords),
         ] {
             let keys = with_keys.then_some(keys.as_slice());
             let mut timer = PhaseTimer::new(Arc::clone(stream));

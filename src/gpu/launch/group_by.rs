@@ -184,54 +184,6 @@ pub fn group_resolve(
     Ok(())
 }
 
-/// `invert_permutation`: `inverse[perm[i]] = i`, where `perm` is a
-/// permutation of `0..n`.
-pub fn invert_permutation(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
-    perm: &CudaSlice<u64>,
-    inverse: &mut CudaSlice<u64>,
-) -> GpuResult<()> {
-    let n = perm.len();
-    check_len(inverse, n, "inverse permutation")?;
-    if n == 0 {
-        return Ok(());
-    }
-    let n64 = n as u64;
-    let mut launch = stream.launch_builder(&kernels.invert_permutation);
-    launch.arg(perm).arg(&n64).arg(&mut *inverse);
-    // SAFETY: perm holds a permutation of 0..n (the caller's contract: row
-    // ids carried through a sort of iota), so every write is within
-    // inverse[..n]; lengths checked above.
-    unsafe { launch.launch(config(grid_stride_blocks(n64, sm_count))?) }
-        .during("launching invert_permutation")?;
-    Ok(())
-}
-
-/// `group_resolve` used to renumber groups: every id in `row_groups` (each
-/// below `new_ids.len()`) replaced by `new_ids[id]`.
-pub fn renumber_groups(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
-    row_groups: &mut CudaSlice<u64>,
-    new_ids: &CudaSlice<u64>,
-) -> GpuResult<()> {
-    let n = row_groups.len() as u64;
-    if n == 0 {
-        return Ok(());
-    }
-    let mut launch = stream.launch_builder(&kernels.group_resolve);
-    launch.arg(&mut *row_groups).arg(&n).arg(new_ids);
-    // SAFETY: every row's group id is below the group count, which is
-    // new_ids.len() (the caller's contract: ids from stage 1 of the same
-    // rows); reads and writes row_groups[..n].
-    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
-        .during("launching group_resolve to renumber groups")?;
-    Ok(())
-}
-
 /// `sorted_group_heads`: `heads[i]` = 1 where a run of equal keys starts
 /// in the ascending `keys`, else 0.
 pub fn sorted_group_heads(

@@ -17,8 +17,8 @@ mod merge_join;
 pub use gather::{gather_u64, gather_values, ValueWidth};
 pub use group_by::{
     aggregate_f64_sum, aggregate_i128_sum, aggregate_u64, f64_sum_fixed, f64_sum_scale, fill_u64,
-    group_insert, group_resolve, invert_permutation, renumber_groups, sorted_group_heads,
-    sorted_group_ids, AggregateOp, GroupRows, SortedGroupIds, PRIVATIZED_GROUPS,
+    group_insert, group_resolve, sorted_group_heads, sorted_group_ids, AggregateOp, GroupRows,
+    SortedGroupIds, PRIVATIZED_GROUPS,
 };
 pub use merge_join::{
     expand_pairs, merge_path_bounds, ordered_codes, CodeTransform, MergeBound,
@@ -65,7 +65,6 @@ pub struct Kernels {
     group_insert: CudaFunction,
     group_resolve: CudaFunction,
     sorted_group_heads: CudaFunction,
-    invert_permutation: CudaFunction,
     sorted_group_ids: CudaFunction,
     aggregate_u64: CudaFunction,
     aggregate_f64_sum: CudaFunction,
@@ -114,7 +113,6 @@ impl Kernels {
             group_insert: function(&group_by, "group_insert")?,
             group_resolve: function(&group_by, "group_resolve")?,
             sorted_group_heads: function(&group_by, "sorted_group_heads")?,
-            invert_permutation: function(&group_by, "invert_permutation")?,
             sorted_group_ids: function(&group_by, "sorted_group_ids")?,
             aggregate_u64: function(&group_by, "aggregate_u64")?,
             aggregate_f64_sum: function(&group_by, "aggregate_f64_sum")?,
