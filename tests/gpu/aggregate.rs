@@ -161,6 +161,17 @@ async fn contexts(partitions: usize, extra: &[&str]) -> (SessionContext, Session
 /// Runs `sql` on both contexts: the same rows (exactly, as text), and at
 /// least one aggregation on the GPU. Returns the GPU plan.
 async fn check(gpu: &SessionContext, cpu: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    compare(gpu, cpu, sql, false).await
+}
+
+/// [`check`], with the rows compared in the order they came when `in_order`
+/// (as a sorted multiset otherwise).
+async fn compare(
+    gpu: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+    in_order: bool,
+) -> Arc<dyn ExecutionPlan> {
     let (gpu_batches, gpu_nodes, plan) = run_counting(gpu, sql, "AggregateExec").await;
     let (cpu_batches, cpu_nodes, _) = run_counting(cpu, sql, "AggregateExec").await;
     assert_eq!(cpu_nodes, 0);
@@ -169,11 +180,17 @@ async fn check(gpu: &SessionContext, cpu: &SessionContext, sql: &str) -> Arc<dyn
         "{sql}: no aggregation ran on the GPU\n{}",
         datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
     );
-    let (gpu_rows, cpu_rows) = (string_rows(&gpu_batches), string_rows(&cpu_batches));
+    let rows = if in_order { rows_in_order } else { string_rows };
+    let (gpu_rows, cpu_rows) = (rows(&gpu_batches), rows(&cpu_batches));
     assert_eq!(gpu_rows.len(), cpu_rows.len(), "{sql}: row counts differ");
     if let Some(i) = (0..gpu_rows.len()).find(|&i| gpu_rows[i] != cpu_rows[i]) {
+        let which = if in_order {
+            "in output order"
+        } else {
+            "sorted"
+        };
         panic!(
-            "{sql}: results differ at sorted row {i}\n gpu {}\n cpu {}",
+            "{sql}: results differ at row {i} ({which})\n gpu {}\n cpu {}",
             gpu_rows[i], cpu_rows[i]
         );
     }
@@ -603,23 +620,12 @@ async fn check_ordered(
     cpu: &SessionContext,
     sql: &str,
 ) -> Arc<dyn ExecutionPlan> {
-    let (gpu_batches, gpu_nodes, plan) = run_counting(gpu, sql, "AggregateExec").await;
-    let (cpu_batches, cpu_nodes, _) = run_counting(cpu, sql, "AggregateExec").await;
+    let plan = compare(gpu, cpu, sql, true).await;
     let text = datafusion::physical_plan::displayable(plan.as_ref())
         .indent(true)
         .to_string();
-    assert_eq!(cpu_nodes, 0);
-    assert!(gpu_nodes >= 1, "{sql}: no aggregation on the GPU\n{text}");
     assert_eq!(sorting_aggregations(&plan).len(), 1, "{sql}\n{text}");
     assert!(!text.contains("SortExec"), "{sql}\n{text}");
-    let (gpu_rows, cpu_rows) = (rows_in_order(&gpu_batches), rows_in_order(&cpu_batches));
-    assert_eq!(gpu_rows.len(), cpu_rows.len(), "{sql}: row counts differ");
-    if let Some(i) = (0..gpu_rows.len()).find(|&i| gpu_rows[i] != cpu_rows[i]) {
-        panic!(
-            "{sql}: rows differ at row {i} (in output order)\n gpu {}\n cpu {}",
-            gpu_rows[i], cpu_rows[i]
-        );
-    }
     plan
 }
 

@@ -208,10 +208,7 @@ pub(crate) fn group_key_words(
             }
         }
     }
-    // Per batch, its key columns.
-    let pieces: Vec<Vec<ArrayRef>> = (0..batches)
-        .map(|b| key_columns.iter().map(|c| Arc::clone(&c[b])).collect())
-        .collect();
+    let pieces = columns_per_batch(key_columns, batches);
     if key_spec.packable() {
         let encoder = KeyEncoder::for_pieces(key_spec, &pieces)?;
         if !encoder.needs_verification() {
@@ -321,10 +318,7 @@ pub(crate) fn ordered_group_key_words(
             words
         }
         _ => {
-            let batches = columns.first().map_or(0, |c| c.len());
-            let pieces: Vec<Vec<ArrayRef>> = (0..batches)
-                .map(|b| columns.iter().map(|c| Arc::clone(&c[b])).collect())
-                .collect();
+            let pieces = columns_per_batch(&columns, columns.first().map_or(0, |c| c.len()));
             on_pieces(&pieces, |columns| encoder.encode(columns, KeySide::Left, 1))?
         }
     };
@@ -374,6 +368,14 @@ fn own_words(data_type: &DataType, column: &[ArrayRef]) -> Result<Option<Words>>
         },
     }
     Ok(Some(words))
+}
+
+/// Per batch of `batches`, its key columns, from per key column, its
+/// arrays batch by batch.
+fn columns_per_batch(key_columns: &[Vec<ArrayRef>], batches: usize) -> Vec<Vec<ArrayRef>> {
+    (0..batches)
+        .map(|b| key_columns.iter().map(|c| Arc::clone(&c[b])).collect())
+        .collect()
 }
 
 /// `encode` over every batch's key columns, the batches spread over the

@@ -30,13 +30,9 @@ use super::exec::GroupOrder;
 use super::group_keys::{
     fold_negative_zeros, group_key_words, groups_hold_one_key, ordered_group_key_words,
     sample_shows_few_groups, sample_shows_groups_near_rows, sampled_distinct_keys, GroupKeyWords,
-    GROUP_SAMPLE_ROWS,
+    OrderedGroupKeyWords, GROUP_SAMPLE_ROWS,
 };
 
-/// Where groups must leave in key order, the rows themselves are sorted
-/// when the sampled keys show at least one group in this many rows;
-/// otherwise the hash table's groups are sorted.
-const ROWS_PER_GROUP_TO_SORT_ROWS: usize = 8;
 use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
 use super::words::threads_for;
@@ -46,6 +42,11 @@ use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{group_by, group_by_device_bytes, GroupIds, Grouped, GroupsBack, Words};
 use crate::planner::cpu_phases_over;
+
+/// Where groups must leave in key order, the rows themselves are sorted
+/// when the sampled keys show at least one group in this many rows;
+/// otherwise the hash table's groups are sorted.
+const ROWS_PER_GROUP_TO_SORT_ROWS: usize = 8;
 
 /// The expressions one partition evaluates over its input.
 pub(crate) struct AggregateInputs {
@@ -281,6 +282,29 @@ struct DevicePart {
     metrics: GpuAggregateMetrics,
 }
 
+/// How groups that must leave in key order are numbered, from the sample
+/// of the keys (`(sampled, distinct)`) out of `rows` rows: sorting the rows
+/// costs less than hashing them and sorting the groups only where nearly
+/// every row is a group of its own (BENCHMARKS.md).
+fn ids_in_key_order(
+    ordered: &OrderedGroupKeyWords,
+    (sampled, distinct): (usize, usize),
+    rows: usize,
+) -> GroupIds {
+    let (key_bits, transform) = (ordered.bits, ordered.transform);
+    if sample_shows_groups_near_rows(sampled, distinct, rows, ROWS_PER_GROUP_TO_SORT_ROWS) {
+        GroupIds::Sorted {
+            key_bits,
+            transform,
+        }
+    } else {
+        GroupIds::HashedInKeyOrder {
+            key_bits,
+            transform,
+        }
+    }
+}
+
 /// `plan`'s rows, all partitions together, sorted by `ordering`.
 fn sorted_by(plan: Arc<dyn ExecutionPlan>, ordering: &LexOrdering) -> Arc<dyn ExecutionPlan> {
     let plan = if plan.properties().output_partitioning().partition_count() > 1 {
@@ -348,28 +372,7 @@ impl DevicePart {
             (Some(key_spec), Some(order)) => {
                 match ordered_group_key_words(key_spec, &key_columns, &order.keys)? {
                     Some(ordered) => {
-                        let (key_bits, transform) = (ordered.bits, ordered.transform);
-                        // Sorting the rows costs less than hashing them and
-                        // sorting the groups only where nearly every row is
-                        // a group of its own (BENCHMARKS.md).
-                        let (sampled, distinct) = sample.unwrap_or_default();
-                        let ids = if sample_shows_groups_near_rows(
-                            sampled,
-                            distinct,
-                            rows,
-                            ROWS_PER_GROUP_TO_SORT_ROWS,
-                        ) {
-                            self.metrics.sorted_rows_partitions.add(1);
-                            GroupIds::Sorted {
-                                key_bits,
-                                transform,
-                            }
-                        } else {
-                            GroupIds::HashedInKeyOrder {
-                                key_bits,
-                                transform,
-                            }
-                        };
+                        let ids = ids_in_key_order(&ordered, sample.unwrap_or_default(), rows);
                         (Some(ordered.keys), ids)
                     }
                     // Codes of more than 64 bits: DataFusion's operator,
@@ -433,7 +436,12 @@ impl DevicePart {
         let grouped = self.on_device(keys.as_ref().map(|k| &k.words), ids, rows, &work, back);
         device.done();
         let grouped = match grouped {
-            Ok(grouped) => grouped,
+            Ok(grouped) => {
+                if matches!(ids, GroupIds::Sorted { .. }) {
+                    self.metrics.sorted_rows_partitions.add(1);
+                }
+                grouped
+            }
             Err(e) if e.is_out_of_device_memory() => return Ok(Outcome::OnCpu),
             Err(e) => return Err(e.into()),
         };
