@@ -34,3 +34,37 @@ extern "C" __global__ void gather_u128(const ulonglong2* src, u64 src_len, const
                                        u64 n, ulonglong2* out) {
     gather(src, src_len, ids, n, out);
 }
+
+// The inverse of gather_u64 where `ids` is a permutation of 0..n:
+// out[ids[i]] = src[i] for i < n (a partitioned group-by's row groups put
+// back in row order). An id at or beyond out_len writes nothing.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride).
+extern "C" __global__ void scatter_u64(const u64* src, const u64* ids, u64 n, u64* out,
+                                       u64 out_len) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 id = ids[i];
+        if (id < out_len) out[id] = src[i];
+    }
+}
+
+// Bits gathered by row id: bit i of `out` is bit ids[i] of `bits` (64 rows
+// a word, `bits_len` words), for i < n; the rest of the last word, and the
+// bit of an id beyond the bitmap, are 0. One thread builds one output
+// word, so no two threads write the same word.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride over words).
+extern "C" __global__ void gather_bits(const u64* bits, u64 bits_len, const u64* ids, u64 n,
+                                       u64* out) {
+    const u64 words = (n + 63) / 64;
+    for (u64 w = (u64)blockIdx.x * blockDim.x + threadIdx.x; w < words;
+         w += (u64)gridDim.x * blockDim.x) {
+        u64 word = 0;
+        const u64 first = w * 64;
+        const u64 last = min(n, first + 64);
+        for (u64 i = first; i < last; ++i) {
+            const u64 id = ids[i];
+            if ((id >> 6) < bits_len) word |= ((bits[id >> 6] >> (id & 63)) & 1ULL) << (i - first);
+        }
+        out[w] = word;
+    }
+}

@@ -91,6 +91,137 @@ extern "C" __global__ void group_resolve(u64* row_groups, u64 n, const u64* tabl
     }
 }
 
+// Partition-based group ids (seed 002 §4.3, PGB). HGB's table is sized to
+// the rows, so at millions of groups each row's probe and each group id it
+// reads back are random accesses to DRAM. Here the keys are first radix
+// partitioned with their row ids on the low bits of mix64(key)
+// (radix_partition.cu) into partitions of a few hundred groups each, and
+// each partition is numbered by one block in a shared-memory hash table, so
+// the random accesses of the numbering stay on chip:
+//
+//   1. `partitioned_group_ids`: every row of a partition claims or finds its
+//      key's slot (linear probing on bits 32 and up of mix64(key): the low
+//      bits are the partition's own), claimed slots then take the
+//      partition's dense local ids, and every row's slot becomes its local
+//      id. A partition with more than PART_TABLE_LIMIT groups sets
+//      `overflow` and is left unnumbered: the host then numbers all rows
+//      with the global table (group_insert) instead.
+//   2. The host scans the partitions' group counts (exclusive) into bases.
+//   3. `partitioned_group_resolve`: local ids become global ones (base +
+//      local), and each group's claiming position is written at its id.
+//
+// The group ids and positions are those of the partitioned order; the row
+// ids moved with the keys map them back to rows.
+#define PART_TABLE_SLOTS 2048
+// Claims stop here; up to one more per thread of the block can race past,
+// which leaves free slots, so every probe ends.
+#define PART_TABLE_LIMIT 1536
+
+// `starts` holds partitions + 1 entries (radix_partition's bounds);
+// `local_ids` and `first_positions` n entries each; `group_counts`
+// partitions entries; `overflow` one entry, 0 on entry. Writes, for each
+// partition p, group_counts[p], the local id of each of its rows at the
+// row's position, and first_positions[starts[p] + id] = a position of group
+// id's key. Launch: grid = min(partitions, any), block = BLOCK_THREADS.
+extern "C" __global__ void partitioned_group_ids(const u64* keys, const u64* starts,
+                                                 u64 partitions, u64* local_ids,
+                                                 u64* group_counts, u64* first_positions,
+                                                 u64* overflow) {
+    // One more slot, reserved for the key EMPTY_KEY (claimed: set to 0).
+    __shared__ u64 slot_keys[PART_TABLE_SLOTS + 1];
+    __shared__ u64 slot_firsts[PART_TABLE_SLOTS + 1];
+    __shared__ u32 slot_ids[PART_TABLE_SLOTS + 1];
+    __shared__ u32 claimed;
+    __shared__ u32 numbered;
+    __shared__ u32 stop;
+    for (u64 p = blockIdx.x; p < partitions; p += gridDim.x) {
+        const u64 begin = starts[p];
+        const u64 end = starts[p + 1];
+        for (u32 s = threadIdx.x; s <= PART_TABLE_SLOTS; s += blockDim.x) slot_keys[s] = EMPTY_KEY;
+        if (threadIdx.x == 0) {
+            claimed = 0;
+            numbered = 0;
+            // Another partition overflowed: the host renumbers everything.
+            // Read by one thread, so the whole block leaves together.
+            stop = *(volatile u64*)overflow != 0;
+        }
+        __syncthreads();
+        if (stop) return;
+        for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            const u64 key = keys[i];
+            u32 slot;
+            if (key == EMPTY_KEY) {
+                slot = PART_TABLE_SLOTS;
+                if (atomicCAS(&slot_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY) {
+                    slot_firsts[slot] = i;
+                    atomicAdd(&claimed, 1u);
+                }
+            } else {
+                slot = (u32)(mix64(key) >> 32) & (PART_TABLE_SLOTS - 1);
+                while (true) {
+                    const u64 seen = ((volatile u64*)slot_keys)[slot];
+                    if (seen == key) break;
+                    if (seen == EMPTY_KEY) {
+                        // Shared memory is coherent within the block, so
+                        // this read sees every claim counted so far.
+                        if (*(volatile u32*)&claimed >= PART_TABLE_LIMIT) break;
+                        const u64 old = atomicCAS(&slot_keys[slot], EMPTY_KEY, key);
+                        if (old == EMPTY_KEY) {
+                            slot_firsts[slot] = i;
+                            atomicAdd(&claimed, 1u);
+                            break;
+                        }
+                        if (old == key) break;
+                    }
+                    slot = (slot + 1) & (PART_TABLE_SLOTS - 1);
+                }
+            }
+            local_ids[i] = slot;
+        }
+        __syncthreads();
+        if (claimed >= PART_TABLE_LIMIT) {
+            // Possibly a row without a slot: give up on partitions.
+            if (threadIdx.x == 0) atomicExch(overflow, 1ULL);
+            return;
+        }
+        for (u32 s = threadIdx.x; s <= PART_TABLE_SLOTS; s += blockDim.x) {
+            if (slot_keys[s] != EMPTY_KEY) {
+                const u32 id = atomicAdd(&numbered, 1u);
+                slot_ids[s] = id;
+                first_positions[begin + id] = slot_firsts[s];
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) group_counts[p] = numbered;
+        for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            local_ids[i] = slot_ids[local_ids[i]];
+        }
+        __syncthreads();
+    }
+}
+
+// `bases` holds partitions + 1 entries, the exclusive scan of the group
+// counts with a 0 after the last (so bases[partitions] is the total). Adds
+// each partition's base to its rows' local ids, writes group_firsts[base +
+// j] = first_positions[starts[p] + j] for its groups j, and group_count[0].
+// Launch: grid = min(partitions, any), block = BLOCK_THREADS.
+extern "C" __global__ void partitioned_group_resolve(const u64* starts, u64 partitions,
+                                                     const u64* bases, u64* row_groups,
+                                                     const u64* first_positions,
+                                                     u64* group_firsts, u64* group_count) {
+    for (u64 p = blockIdx.x; p < partitions; p += gridDim.x) {
+        const u64 begin = starts[p];
+        const u64 end = starts[p + 1];
+        const u64 base = bases[p];
+        const u64 count = bases[p + 1] - base;
+        for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) row_groups[i] += base;
+        for (u64 j = threadIdx.x; j < count; j += blockDim.x) {
+            group_firsts[base + j] = first_positions[begin + j];
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) group_count[0] = bases[partitions];
+}
+
 // Sort-based group ids (seed 002 §3.2.2/§4.1.3, SGB): the keys, sorted
 // ascending with their row ids, form one group per run of equal keys, so
 // group ids follow the keys' order. `sorted_group_heads` marks where each run
@@ -119,6 +250,22 @@ extern "C" __global__ void sorted_group_ids(const u64* keys, const u64* ranks, c
         if (head) group_firsts[group] = i;
         if (i == n - 1) group_count[0] = group + 1;
     }
+}
+
+// The rows of this block in stage 2: a contiguous chunk of them, so that
+// the blocks in flight at any moment work on rows far apart. Rows in the
+// partitions' order (or input sorted on its keys) put neighbouring rows in
+// the same few groups: a grid-stride loop would have every block in flight
+// on one narrow window of rows, and their atomics on the same few groups.
+// A warp still reads 32 consecutive rows.
+__device__ __forceinline__ u64 block_rows_begin(u64 n) {
+    const u64 per_block = (n + gridDim.x - 1) / gridDim.x;
+    return min(n, (u64)blockIdx.x * per_block);
+}
+
+__device__ __forceinline__ u64 block_rows_end(u64 n) {
+    const u64 per_block = (n + gridDim.x - 1) / gridDim.x;
+    return min(n, ((u64)blockIdx.x + 1) * per_block);
 }
 
 __device__ __forceinline__ bool row_valid(const u64* valid_bits, u64 i) {
@@ -168,7 +315,7 @@ extern "C" __global__ void aggregate_u64(const u64* row_groups, const u64* value
     }
     // Without groups every row goes to group 0: reduce in a register first.
     u64 own = identity;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+    for (u64 i = block_rows_begin(n) + threadIdx.x; i < block_rows_end(n); i += blockDim.x) {
         if (!row_valid(valid_bits, i)) continue;
         const u64 group = row_groups == nullptr ? 0 : row_groups[i];
         if (tie_values != nullptr && tie_values[i] != tie_best[group]) continue;
@@ -202,7 +349,7 @@ extern "C" __global__ void aggregate_f64_sum(const u64* row_groups, const double
     }
     double own = 0.0;
     bool any = false;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+    for (u64 i = block_rows_begin(n) + threadIdx.x; i < block_rows_end(n); i += blockDim.x) {
         if (!row_valid(valid_bits, i)) continue;
         if (row_groups == nullptr) {
             own += values[i];
@@ -232,7 +379,7 @@ extern "C" __global__ void aggregate_i128_sum(const u64* row_groups, const u64* 
                                               const u64* valid_bits, u64 n, u64* out_lo,
                                               u64* out_hi) {
     u64 own_lo = 0, own_hi = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+    for (u64 i = block_rows_begin(n) + threadIdx.x; i < block_rows_end(n); i += blockDim.x) {
         if (!row_valid(valid_bits, i)) continue;
         if (row_groups == nullptr) {
             const u64 sum = own_lo + lo[i];
@@ -273,7 +420,7 @@ extern "C" __global__ void f64_sum_scale(const u64* row_groups, const u64* value
                                          const u64* valid_bits, u64 n, u64* max_exponent,
                                          u64* specials) {
     u64 own_max = 0, own_specials = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+    for (u64 i = block_rows_begin(n) + threadIdx.x; i < block_rows_end(n); i += blockDim.x) {
         if (!row_valid(valid_bits, i)) continue;
         const u64 bits = values[i];
         const u64 exponent = F64_EXPONENT(bits);
@@ -308,7 +455,7 @@ extern "C" __global__ void f64_sum_fixed(const u64* row_groups, const u64* value
                                          const u64* valid_bits, u64 n, const u64* max_exponent,
                                          u64* out_lo, u64* out_hi) {
     u64 own_lo = 0, own_hi = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+    for (u64 i = block_rows_begin(n) + threadIdx.x; i < block_rows_end(n); i += blockDim.x) {
         if (!row_valid(valid_bits, i)) continue;
         const u64 bits = values[i];
         u64 exponent = F64_EXPONENT(bits);

@@ -6,7 +6,10 @@
 //! answers checked by an order-independent checksum of every output row.
 //! The GPU path runs as one GPU aggregation over all input partitions
 //! (`gpu.aggregate_single_phase`, the default); `--two-phase` also times it
-//! in DataFusion's two phases, both on the GPU.
+//! in DataFusion's two phases, both on the GPU; `--partitioned` also times
+//! it with the groups numbered in hash partitions
+//! (`gpu.min_groups_to_partition = 0`, seed 002's PGB) where the default
+//! numbers them in one hash table.
 //! `--string-keys` makes the keys Utf8 strings (`key-<n>`), which the GPU
 //! path groups by a 64-bit hash and checks on the host. `--order-by-key`
 //! adds `ORDER BY k`: DataFusion sorts the groups after aggregating them,
@@ -160,6 +163,24 @@ fn gpu_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     super::operator_metric(plan, "GpuAggregateExec", name).1
 }
 
+/// The median of `runs` GPU runs of the query, each answer checked, and the
+/// last run's plan.
+async fn time_gpu(
+    ctx: &SessionContext,
+    runs: usize,
+    cpu_answer: (usize, u64),
+) -> (Duration, Arc<dyn ExecutionPlan>) {
+    let mut times = Vec::new();
+    let mut last_plan = None;
+    for _ in 0..runs.max(1) {
+        let (t, answer, plan) = run_once(ctx).await;
+        assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
+        times.push(t);
+        last_plan = Some(plan);
+    }
+    (median(&mut times), last_plan.expect("at least one run"))
+}
+
 pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: usize) {
     let rows = 1usize << log2_rows;
     let cores = std::thread::available_parallelism()
@@ -218,19 +239,12 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         let plan = last_plan.expect("at least one run");
         // --two-phase: also time the GPU aggregation in DataFusion's two
         // phases (gpu.aggregate_single_phase = false).
-        let two_phase = if std::env::args().any(|a| a == "--two-phase") {
+        let mut variants = if std::env::args().any(|a| a == "--two-phase") {
             ctx.sql("SET gpu.aggregate_single_phase = false")
                 .await
                 .unwrap();
-            let mut times = Vec::new();
-            let mut two_phase_plan = None;
-            for _ in 0..runs {
-                let (t, answer, plan) = run_once(&ctx).await;
-                assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
-                times.push(t);
-                two_phase_plan = Some(plan);
-            }
-            if let Some(plan) = two_phase_plan.filter(|_| explain_analyze()) {
+            let (time, two_phase_plan) = time_gpu(&ctx, runs, cpu_answer).await;
+            if let Some(plan) = Some(two_phase_plan).filter(|_| explain_analyze()) {
                 let shown =
                     datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
                         plan.as_ref(),
@@ -242,13 +256,40 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
             ctx.sql("SET gpu.aggregate_single_phase = true")
                 .await
                 .unwrap();
-            format!(
-                " gpu_two_phase_warm_ms={:.1}",
-                median(&mut times).as_secs_f64() * 1e3
-            )
+            format!(" gpu_two_phase_warm_ms={:.1}", time.as_secs_f64() * 1e3)
         } else {
             String::new()
         };
+        // --partitioned: also time the groups numbered in hash partitions
+        // (seed 002's PGB) where the default numbers them in one table.
+        if std::env::args().any(|a| a == "--partitioned") {
+            ctx.sql("SET gpu.min_groups_to_partition = 0")
+                .await
+                .unwrap();
+            let (time, partitioned_plan) = time_gpu(&ctx, runs, cpu_answer).await;
+            if explain_analyze() {
+                let shown =
+                    datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
+                        partitioned_plan.as_ref(),
+                    )
+                    .indent(true)
+                    .to_string();
+                println!(
+                    "GPU partitioned plan with metrics (last run), 2^{log2_g} groups:\n{shown}"
+                );
+            }
+            variants.push_str(&format!(
+                " gpu_partitioned_warm_ms={:.1} partitioned_kernel_ms={:.1} partitioned_device_wall_ms={:.1} partitioned_groups_partitions={}",
+                time.as_secs_f64() * 1e3,
+                gpu_metric(&partitioned_plan, "kernel_time") as f64 / 1e6,
+                gpu_metric(&partitioned_plan, "device_wall_time") as f64 / 1e6,
+                gpu_metric(&partitioned_plan, "partitioned_groups_partitions"),
+            ));
+            let default = datafusion_gpu::GpuOptions::default().min_groups_to_partition;
+            ctx.sql(&format!("SET gpu.min_groups_to_partition = {default}"))
+                .await
+                .unwrap();
+        }
         if explain_analyze() {
             let shown = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
                 plan.as_ref(),
@@ -266,7 +307,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         let fallbacks = gpu_metric(&plan, "cpu_fallback_partitions");
         let floor = 24.0 * rows as f64 / bandwidth.host_to_device;
         println!(
-            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}{two_phase}",
+            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}{variants}",
             if string_keys() { "utf8" } else { "int64" },
             cpu_answer.0,
             cpu.as_secs_f64() * 1e3,

@@ -167,6 +167,14 @@ pub struct GpuAggregateMetrics {
     /// by sorting the rows (the sample showed nearly every row a group of
     /// its own), not by sorting the hash table's groups.
     pub sorted_rows_partitions: Count,
+    /// Partitions whose groups were numbered in hash partitions sized to
+    /// shared memory (seed 002's partition-based group-by: the sample of
+    /// the keys estimated at least `gpu.min_groups_to_partition` groups).
+    pub partitioned_groups_partitions: Count,
+    /// Partitions that tried that, but found a hash partition with too many
+    /// groups (the sample underestimated them) and numbered the groups in
+    /// one global table after all.
+    pub partition_overflow_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).
     pub cpu_fallback_partitions: Count,
@@ -187,6 +195,10 @@ impl GpuAggregateMetrics {
             hashed_key_collisions: builder().counter("hashed_key_collisions", partition),
             few_groups_partitions: builder().counter("few_groups_partitions", partition),
             sorted_rows_partitions: builder().counter("sorted_rows_partitions", partition),
+            partitioned_groups_partitions: builder()
+                .counter("partitioned_groups_partitions", partition),
+            partition_overflow_partitions: builder()
+                .counter("partition_overflow_partitions", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }

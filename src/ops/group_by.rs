@@ -23,8 +23,11 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::merge_join::radix_sort;
+use super::radix::{radix_partition, RadixPlan};
 use super::scan::exclusive_scan;
-use crate::gpu::launch::{self, AggregateOp, CodeTransform, GroupRows, RadixGrid, SortedGroupIds};
+use crate::gpu::launch::{
+    self, AggregateOp, CodeTransform, GroupRows, PartitionGroupIds, RadixGrid, SortedGroupIds,
+};
 use crate::gpu::{
     download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
     GpuResult, Phase, PhaseTimer,
@@ -276,6 +279,9 @@ pub struct Grouped {
     pub row_groups: Vec<u64>,
     /// One result per input, in input order.
     pub reduced: Vec<Reduced>,
+    /// Whether the groups were numbered partition by partition
+    /// ([`GroupIds::Partitioned`] without a partition holding too many).
+    pub numbered_in_partitions: bool,
 }
 
 /// How rows get their dense group ids.
@@ -284,6 +290,16 @@ pub enum GroupIds {
     /// One global hash table (HGB): ids in the order groups were first met
     /// on the device, which is no fixed order.
     Hashed,
+    /// Seed 002's partition-based group-by (PGB): the keys, radix
+    /// partitioned on their hash with their row ids into
+    /// `2^partition_bits` partitions, are numbered one partition at a time
+    /// in a shared-memory table, so that a partition's groups get
+    /// neighbouring ids, in no fixed order. Where a partition holds more
+    /// than [`launch::PARTITION_GROUP_LIMIT`] groups, the global table
+    /// numbers the partitioned keys instead. Either way each input is
+    /// gathered into the partitions' order before it is reduced, so the
+    /// reductions' atomics of nearby rows meet nearby groups.
+    Partitioned { partition_bits: u32 },
     /// A radix sort of the keys, which must be below `2^key_bits`: ids in
     /// ascending key order. With `transform`, the keys are raw 8-byte
     /// integers that the device turns into codes first
@@ -309,7 +325,7 @@ pub enum GroupIds {
 impl GroupIds {
     /// Whether ids follow ascending key order.
     pub fn in_key_order(self) -> bool {
-        !matches!(self, GroupIds::Hashed)
+        !matches!(self, GroupIds::Hashed | GroupIds::Partitioned { .. })
     }
 }
 
@@ -322,6 +338,20 @@ pub fn validity_bitmap(rows: usize, valid: impl Fn(usize) -> bool) -> Vec<u64> {
         }
     }
     bits
+}
+
+/// Groups a partition of [`GroupIds::Partitioned`] is planned to hold on
+/// average: a third of [`launch::PARTITION_GROUP_LIMIT`], so an estimate of
+/// the groups three times too low still fits.
+pub const GROUPS_PER_PARTITION: usize = 512;
+const _: () = assert!(3 * GROUPS_PER_PARTITION <= launch::PARTITION_GROUP_LIMIT);
+
+/// Hash bits that split `groups` (an estimate) into partitions of
+/// [`GROUPS_PER_PARTITION`] groups on average, at most
+/// [`super::radix::MAX_PARTITION_BITS`].
+pub fn partition_bits_for_groups(groups: usize) -> u32 {
+    let partitions = groups.div_ceil(GROUPS_PER_PARTITION).max(1);
+    (usize::BITS - (partitions - 1).leading_zeros()).min(super::radix::MAX_PARTITION_BITS)
 }
 
 /// Hash-table slots for `rows` keys: a power of two, at least twice the rows.
@@ -345,6 +375,23 @@ pub fn group_by_device_bytes(
         // word of each group
         (true, GroupIds::Hashed) => {
             8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 3 * rows + 1)
+        }
+        // the keys and row ids partitioned, with the passes' second pair
+        // of buffers and largest histogram; local ids, positions in each
+        // partition, each group's position, the partitions' counts; the
+        // global table, where a partition overflows; an input gathered
+        // into the partitions' order beside its rows, and the row groups
+        // put back in row order
+        (true, GroupIds::Partitioned { partition_bits }) => {
+            let histogram = RadixGrid::new(rows as u64, sm_count).blocks as usize
+                * (1 << launch::MAX_RADIX_BITS);
+            let partitions = RadixPlan::new(partition_bits).partitions();
+            8 * (7 * rows
+                + 2 * (table_capacity(rows) as usize + 1)
+                + histogram
+                + histogram.div_ceil(launch::SCAN_TILE) * 2
+                + partitions
+                + 4)
         }
         // as hashed, and the sort of as many groups as rows at most (keys,
         // ids and their second buffers, the largest histogram) and one
@@ -377,7 +424,12 @@ pub fn group_by_device_bytes(
             8 * input_words * rows + 8 * (input.reduction.result_words() + 1) * groups
         })
         .sum();
-    table + columns + bitmaps * 8 * rows.div_ceil(64)
+    // Bitmaps gathered into the partitions' order beside their own.
+    let bitmap_copies = match ids {
+        GroupIds::Partitioned { .. } if with_keys => 2,
+        _ => 1,
+    };
+    table + columns + bitmap_copies * bitmaps * 8 * rows.div_ceil(64)
 }
 
 /// Groups `rows` rows by `keys` (`None`: all rows form one group, which
@@ -411,6 +463,9 @@ pub fn group_by(
     let pending = keys
         .map(|keys| match ids {
             GroupIds::Hashed => launch_group_assignment(device, stream, keys, None, timer),
+            GroupIds::Partitioned { partition_bits } => {
+                launch_partitioned_group_assignment(device, stream, keys, partition_bits, timer)
+            }
             GroupIds::HashedInKeyOrder { transform, .. } => {
                 launch_group_assignment(device, stream, keys, transform, timer)
             }
@@ -420,14 +475,16 @@ pub fn group_by(
             } => launch_sorted_group_assignment(device, stream, keys, key_bits, transform, timer),
         })
         .transpose()?;
-    let device_bitmaps = bitmaps
+    let mut device_bitmaps = bitmaps
         .iter()
         .map(|bits| upload_u64(device, stream, bits, timer))
         .collect::<GpuResult<Vec<_>>>()?;
-    let columns = inputs
+    let mut columns = inputs
         .iter()
         .map(|input| upload_input(device, stream, input, rows, timer))
         .collect::<GpuResult<Vec<_>>>()?;
+    let mut numbered_in_partitions = false;
+    let mut permutation = None;
     let (groups, identities, row_groups, key_order) = match pending {
         Some(pending) => {
             let order_bits = match ids {
@@ -435,6 +492,8 @@ pub fn group_by(
                 _ => None,
             };
             let finished = pending.finish(device, stream, back, order_bits, timer)?;
+            numbered_in_partitions = finished.numbered_in_partitions;
+            permutation = finished.permutation;
             (
                 finished.groups,
                 finished.identities,
@@ -448,17 +507,51 @@ pub fn group_by(
         GroupsBack::KeyWords => (identities, Vec::new()),
         GroupsBack::RowsAndRowGroups => (Vec::new(), identities),
     };
+    if let Some(positions) = &permutation {
+        // The rows' groups are in the partitions' order: so are the inputs.
+        for bits in &mut device_bitmaps {
+            *bits = gathered_bits(device, stream, bits, positions, timer)?;
+        }
+        for column in &mut columns {
+            column.gather(device, stream, positions, timer)?;
+        }
+    }
     let mut kept_row_groups = Vec::new();
     if let (GroupsBack::RowsAndRowGroups, Some(row_groups)) = (back, &row_groups) {
         if rows > 0 {
             kept_row_groups.reserve_exact(rows);
-            download_u64(
-                device,
-                stream,
-                &row_groups.slice(0..rows),
-                &mut kept_row_groups,
-                timer,
-            )?;
+            match &permutation {
+                Some(positions) => {
+                    // SAFETY: the scatter writes every row's entry, a
+                    // permutation's ids covering 0..rows.
+                    let mut by_row: DeviceVec<u64> =
+                        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+                    timer.time(Phase::Kernel, || {
+                        launch::scatter_u64(
+                            device.kernels(),
+                            stream,
+                            sm_count,
+                            row_groups,
+                            positions,
+                            &mut by_row,
+                        )
+                    })?;
+                    download_u64(
+                        device,
+                        stream,
+                        &by_row.as_view(),
+                        &mut kept_row_groups,
+                        timer,
+                    )?;
+                }
+                None => download_u64(
+                    device,
+                    stream,
+                    &row_groups.slice(0..rows),
+                    &mut kept_row_groups,
+                    timer,
+                )?,
+            }
         }
     }
     let mut reduced = Vec::with_capacity(inputs.len());
@@ -486,6 +579,7 @@ pub fn group_by(
         group_rows,
         row_groups: kept_row_groups,
         reduced,
+        numbered_in_partitions,
     })
 }
 
@@ -548,6 +642,16 @@ struct PendingGroups {
     first_rows: DeviceVec<u64>,
     row_groups: DeviceVec<u64>,
     rows: usize,
+    /// Partitioned ids: positions stand for rows of their own.
+    partitioned: Option<PartitionedPositions>,
+}
+
+/// What a partitioned numbering leaves beside its positions.
+struct PartitionedPositions {
+    /// The row at each position of the partitioned keys.
+    row_ids: DeviceVec<u64>,
+    /// Nonzero where a partition held too many groups to be numbered.
+    overflow: DeviceVec<u64>,
 }
 
 /// Enqueues the keys' copy (made codes on the device first, with
@@ -573,6 +677,7 @@ fn launch_group_assignment(
             first_rows: none()?,
             row_groups: none()?,
             rows,
+            partitioned: None,
         });
     }
     let mut device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
@@ -587,7 +692,54 @@ fn launch_group_assignment(
             )
         })?;
     }
-    let capacity = table_capacity(rows);
+    // SAFETY (first rows): entries [0, groups) are written, only those are read.
+    let mut first_rows: DeviceVec<u64> =
+        unsafe { stream.alloc(rows) }.during("allocating group rows")?;
+    // SAFETY (row groups): group_insert writes one slot per row.
+    let mut row_groups: DeviceVec<u64> =
+        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+    number_in_global_table(
+        device,
+        stream,
+        &device_keys,
+        GlobalNumbering {
+            row_groups: &mut row_groups,
+            first_rows: &mut first_rows,
+            group_count: &mut group_count,
+        },
+        timer,
+    )?;
+    Ok(PendingGroups {
+        keys: device_keys,
+        group_count,
+        first_rows,
+        row_groups,
+        rows,
+        partitioned: None,
+    })
+}
+
+/// Where [`number_in_global_table`] writes.
+struct GlobalNumbering<'a> {
+    /// The group of each key (`keys.len()` entries).
+    row_groups: &'a mut DeviceVec<u64>,
+    /// A position of each group (`keys.len()` entries, `[0, groups)` written).
+    first_rows: &'a mut DeviceVec<u64>,
+    /// One entry, 0 on entry: the number of groups.
+    group_count: &'a mut DeviceVec<u64>,
+}
+
+/// Enqueues HGB's stage 1 over `keys` (at least one): a table of twice as
+/// many slots as keys, every key's group, each group's first position.
+fn number_in_global_table(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: &DeviceVec<u64>,
+    out: GlobalNumbering<'_>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<()> {
+    let sm_count = device.sm_count();
+    let capacity = table_capacity(keys.len());
     let slots = capacity as usize + 1;
     // SAFETY (table_keys): filled with EMPTY_KEY below before any read.
     let mut table_keys: DeviceVec<u64> =
@@ -596,12 +748,6 @@ fn launch_group_assignment(
     // only claimed slots are read.
     let mut table_groups: DeviceVec<u64> =
         unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
-    // SAFETY (first rows): entries [0, groups) are written, only those are read.
-    let mut first_rows: DeviceVec<u64> =
-        unsafe { stream.alloc(rows) }.during("allocating group rows")?;
-    // SAFETY (row groups): group_insert writes one slot per row.
-    let mut row_groups: DeviceVec<u64> =
-        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
     timer.time(Phase::Kernel, || {
         launch::fill_u64(
             device.kernels(),
@@ -614,30 +760,131 @@ fn launch_group_assignment(
             device.kernels(),
             stream,
             sm_count,
-            &device_keys,
+            keys,
             &mut table_keys,
             &mut table_groups,
             capacity,
-            &mut group_count,
-            &mut first_rows,
-            &mut row_groups,
+            out.group_count,
+            out.first_rows,
+            out.row_groups,
         )?;
         launch::group_resolve(
             device.kernels(),
             stream,
             sm_count,
-            &mut row_groups,
+            out.row_groups,
             &table_groups,
         )
-    })?;
-    // The table is freed in stream order, after the kernels that read it.
-    Ok(PendingGroups {
-        keys: device_keys,
-        group_count,
-        first_rows,
-        row_groups,
-        rows,
     })
+    // The table is freed in stream order, after the kernels that read it.
+}
+
+/// Enqueues the keys' copy, their radix partitioning with their row ids
+/// and the numbering of each partition's groups (seed 002's PGB).
+fn launch_partitioned_group_assignment(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: &Words,
+    partition_bits: u32,
+    timer: &mut PhaseTimer,
+) -> GpuResult<PendingGroups> {
+    let rows = keys.len();
+    if rows == 0 {
+        return launch_group_assignment(device, stream, keys, None, timer);
+    }
+    let sm_count = device.sm_count();
+    let kernels = device.kernels();
+    let device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
+    let plan = RadixPlan::new(partition_bits);
+    let partitions = plan.partitions();
+    // SAFETY (all four): iota writes every row id; partitioned_group_ids
+    // writes every position's local id, and [starts[p], starts[p] + its
+    // groups) of the positions, the only ones the resolve reads; the
+    // resolve writes group_firsts[0..groups), the only ones read later.
+    let mut ids: DeviceVec<u64> = unsafe { stream.alloc(rows) }.during("allocating row ids")?;
+    let mut local_ids: DeviceVec<u64> =
+        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+    let mut first_positions: DeviceVec<u64> =
+        unsafe { stream.alloc(rows) }.during("allocating group positions")?;
+    let mut group_firsts: DeviceVec<u64> =
+        unsafe { stream.alloc(rows) }.during("allocating group positions")?;
+    // Zeros: a partition left unnumbered (after an overflow) counts none,
+    // and the entry after the last makes the scan's last entry the total.
+    let mut group_counts = stream
+        .alloc_zeros::<u64>(partitions + 1)
+        .during("allocating partition group counts")?;
+    let mut overflow = stream
+        .alloc_zeros::<u64>(1)
+        .during("allocating the overflow flag")?;
+    let mut group_count = stream
+        .alloc_zeros::<u64>(1)
+        .during("allocating the group counter")?;
+    let partitioned = timer.time(Phase::Kernel, || {
+        launch::iota(kernels, stream, sm_count, &mut ids, 0)?;
+        let partitioned = radix_partition(device, stream, device_keys, ids, &plan)?;
+        launch::partitioned_group_ids(
+            kernels,
+            stream,
+            sm_count,
+            &partitioned.keys,
+            &partitioned.starts,
+            PartitionGroupIds {
+                local_ids: &mut local_ids,
+                group_counts: &mut group_counts,
+                first_positions: &mut first_positions,
+                overflow: &mut overflow,
+            },
+        )?;
+        exclusive_scan(device, stream, &mut group_counts, partitions + 1)?;
+        launch::partitioned_group_resolve(
+            kernels,
+            stream,
+            sm_count,
+            &partitioned.starts,
+            &group_counts,
+            &mut local_ids,
+            &first_positions,
+            &mut group_firsts,
+            &mut group_count,
+        )?;
+        Ok(partitioned)
+    })?;
+    Ok(PendingGroups {
+        keys: partitioned.keys,
+        group_count,
+        first_rows: group_firsts,
+        row_groups: local_ids,
+        rows,
+        partitioned: Some(PartitionedPositions {
+            row_ids: partitioned.row_ids,
+            overflow,
+        }),
+    })
+}
+
+/// `bits` (a validity bitmap) in the order of `positions`: bit `i` of the
+/// result is bit `positions[i]` of `bits`.
+fn gathered_bits(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    bits: &DeviceVec<u64>,
+    positions: &DeviceVec<u64>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<DeviceVec<u64>> {
+    // SAFETY: gather_bits writes every word of the result.
+    let mut out: DeviceVec<u64> = unsafe { stream.alloc(positions.len().div_ceil(64).max(1)) }
+        .during("allocating a validity bitmap")?;
+    timer.time(Phase::Kernel, || {
+        launch::gather_bits(
+            device.kernels(),
+            stream,
+            device.sm_count(),
+            bits,
+            positions,
+            &mut out,
+        )
+    })?;
+    Ok(out)
 }
 
 /// Enqueues the keys' copy, their sort and the kernels that give every row
@@ -698,6 +945,7 @@ fn launch_sorted_group_assignment(
         first_rows: group_firsts,
         row_groups,
         rows,
+        partitioned: None,
     })
 }
 
@@ -710,6 +958,11 @@ struct FinishedGroups {
     row_groups: DeviceVec<u64>,
     /// Where groups come back in key order: the group at each position.
     key_order: Option<DeviceVec<u64>>,
+    /// Partitioned ids: the row at each position, where `row_groups`
+    /// follow the partitions' order rather than the rows'.
+    permutation: Option<DeviceVec<u64>>,
+    /// Whether the partitions numbered their groups (none overflowed).
+    numbered_in_partitions: bool,
 }
 
 impl PendingGroups {
@@ -720,20 +973,59 @@ impl PendingGroups {
     /// device and come back in that order, with the order itself for the
     /// results; only key words come back then.
     fn finish(
-        self,
+        mut self,
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
         back: GroupsBack,
         order_bits: Option<u32>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<FinishedGroups> {
+        let partitioned = self.partitioned.take();
         if self.rows == 0 {
             return Ok(FinishedGroups {
                 groups: 0,
                 identities: Vec::new(),
                 row_groups: self.row_groups,
                 key_order: None,
+                permutation: None,
+                numbered_in_partitions: false,
             });
+        }
+        let mut numbered_in_partitions = false;
+        if let Some(partitioned) = &partitioned {
+            let mut overflow = Vec::with_capacity(1);
+            download_u64(
+                device,
+                stream,
+                &partitioned.overflow.as_view(),
+                &mut overflow,
+                timer,
+            )?;
+            numbered_in_partitions = overflow[0] == 0;
+            if !numbered_in_partitions {
+                // A partition held too many groups: the global table
+                // numbers the partitioned keys instead, in their order.
+                timer.time(Phase::Kernel, || {
+                    launch::fill_u64(
+                        device.kernels(),
+                        stream,
+                        device.sm_count(),
+                        &mut self.group_count,
+                        0,
+                    )
+                })?;
+                number_in_global_table(
+                    device,
+                    stream,
+                    &self.keys,
+                    GlobalNumbering {
+                        row_groups: &mut self.row_groups,
+                        first_rows: &mut self.first_rows,
+                        group_count: &mut self.group_count,
+                    },
+                    timer,
+                )?;
+            }
         }
         let mut count = Vec::with_capacity(1);
         download_u64(
@@ -758,13 +1050,39 @@ impl PendingGroups {
                     "groups in key order give key words, not rows".into(),
                 ))
             }
-            GroupsBack::RowsAndRowGroups => download_u64(
-                device,
-                stream,
-                &self.first_rows.slice(0..groups),
-                &mut identities,
-                timer,
-            )?,
+            GroupsBack::RowsAndRowGroups => match &partitioned {
+                // Each group's position, mapped to its row.
+                Some(partitioned) => {
+                    // SAFETY: the gather writes all `groups` words.
+                    let mut group_rows: DeviceVec<u64> =
+                        unsafe { stream.alloc(groups) }.during("allocating group rows")?;
+                    timer.time(Phase::Kernel, || {
+                        launch::gather_u64(
+                            device.kernels(),
+                            stream,
+                            device.sm_count(),
+                            &partitioned.row_ids,
+                            &self.first_rows,
+                            groups,
+                            &mut group_rows,
+                        )
+                    })?;
+                    download_u64(
+                        device,
+                        stream,
+                        &group_rows.as_view(),
+                        &mut identities,
+                        timer,
+                    )?
+                }
+                None => download_u64(
+                    device,
+                    stream,
+                    &self.first_rows.slice(0..groups),
+                    &mut identities,
+                    timer,
+                )?,
+            },
             GroupsBack::KeyWords => {
                 // SAFETY: the gather below writes all `groups` words, and
                 // only those are read.
@@ -806,6 +1124,8 @@ impl PendingGroups {
             identities,
             row_groups: self.row_groups,
             key_order,
+            permutation: partitioned.map(|p| p.row_ids),
+            numbered_in_partitions,
         })
     }
 }
@@ -814,6 +1134,38 @@ impl PendingGroups {
 struct UploadedInput {
     values: Option<DeviceVec<u64>>,
     high: Option<DeviceVec<u64>>,
+}
+
+impl UploadedInput {
+    /// Each column in the order of `positions` (`out[i] = column[positions[i]]`).
+    fn gather(
+        &mut self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        positions: &DeviceVec<u64>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        for column in [&mut self.values, &mut self.high].into_iter().flatten() {
+            let rows = positions.len();
+            // SAFETY: the gather writes all `rows` words.
+            let mut gathered: DeviceVec<u64> =
+                unsafe { stream.alloc(rows) }.during("allocating a gathered input")?;
+            timer.time(Phase::Kernel, || {
+                launch::gather_u64(
+                    device.kernels(),
+                    stream,
+                    device.sm_count(),
+                    column,
+                    positions,
+                    rows,
+                    &mut gathered,
+                )
+            })?;
+            // The column is freed in stream order, after the gather.
+            *column = gathered;
+        }
+        Ok(())
+    }
 }
 
 /// Enqueues the copy of one input's columns.
@@ -1085,6 +1437,7 @@ pub mod reference {
                 Vec::new()
             },
             reduced,
+            numbered_in_partitions: false,
         }
     }
 
@@ -1232,6 +1585,15 @@ mod tests {
         let naive: f64 = values.iter().sum();
         let magnitude: f64 = values.iter().map(|v| v.abs()).sum();
         assert!((sum(&values) - naive).abs() <= 1e-13 * magnitude);
+    }
+
+    #[test]
+    fn partitions_hold_a_few_hundred_groups() {
+        assert_eq!(partition_bits_for_groups(0), 0);
+        assert_eq!(partition_bits_for_groups(GROUPS_PER_PARTITION), 0);
+        assert_eq!(partition_bits_for_groups(GROUPS_PER_PARTITION + 1), 1);
+        assert_eq!(partition_bits_for_groups(1 << 24), 15);
+        assert_eq!(partition_bits_for_groups(usize::MAX), 18);
     }
 
     #[test]

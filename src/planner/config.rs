@@ -89,6 +89,20 @@ extensions_options! {
         /// supported aggregation to the GPU, as conformance and
         /// differential tests do.
         pub min_groups: usize, default = 65_536
+        /// Number an aggregation's groups in hash partitions sized to
+        /// shared memory (seed 002's partition-based group-by) where the
+        /// sample of its keys estimates at least this many groups; below,
+        /// one hash table in device memory numbers them (seed 002's HGB).
+        /// The estimate counts the sample's repeats as if the keys were
+        /// equally likely, so heavy keys lower it and skewed keys stay in
+        /// the one table, as the seed advises. The default, 2^25, is the
+        /// measured crossover: at 2^28 rows the partitioned numbering took
+        /// 84.6 ms of kernels at 2^26 groups against the one table's 104.9,
+        /// and more than the table from 2^16 to 2^24 groups (87.0 against
+        /// 77.2 ms at 2^24), its radix passes costing more than the
+        /// table's random accesses in device memory save (BENCHMARKS.md).
+        /// 0 partitions every aggregation with keys (tests).
+        pub min_groups_to_partition: usize, default = 33_554_432
         /// Fraction of the device memory free at start-up that GPU operators
         /// may hold at once, in (0, 1].
         pub memory_fraction: f64, default = 0.8

@@ -16,7 +16,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
-use datafusion_gpu::gpu::PhaseTimer;
+use datafusion_gpu::gpu::{launch, PhaseTimer};
 use datafusion_gpu::ops::group_by::{self, GroupIds, GroupsBack, ReduceInput, Reduction, Words};
 use datafusion_gpu::GpuAggregateExec;
 use rand::rngs::StdRng;
@@ -235,8 +235,18 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
         "CAST(k AS VARCHAR), s, dt",
         "k, big",
     ];
-    for (partitions, phases) in PLANS {
-        let (gpu, cpu) = contexts(partitions, &[phases]).await;
+    // Every plan with the groups numbered in one hash table (the default
+    // below 2^25 groups), and two with them numbered in hash partitions.
+    let one_table = "SET gpu.aggregate = true";
+    let in_partitions = "SET gpu.min_groups_to_partition = 0";
+    let runs = PLANS
+        .iter()
+        .map(|&(partitions, phases)| (partitions, phases, one_table))
+        .chain(
+            [PLANS[0], PLANS[1]].map(|(partitions, phases)| (partitions, phases, in_partitions)),
+        );
+    for (partitions, phases, numbering) in runs {
+        let (gpu, cpu) = contexts(partitions, &[phases, numbering]).await;
         // Few groups with many duplicates; groups across the shared-memory
         // threshold (4096); nearly every row its own group; Zipf skew.
         for (rows, dist) in [
@@ -254,7 +264,20 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
             register([&gpu, &cpu], table(rows, dist, partitions, rows as u64));
             for key in keys {
                 let sql = format!("SELECT {key}, {AGGREGATES} FROM t GROUP BY {key}");
-                check(&gpu, &cpu, &sql).await;
+                let plan = check(&gpu, &cpu, &sql).await;
+                let partitioned = gpu_aggregate_metric(&plan, "partitioned_groups_partitions");
+                if numbering == in_partitions {
+                    // The partitions of a few hundred groups each hold them
+                    // all (none overflowed into the one table).
+                    assert!(partitioned > 0, "{sql}: {numbering}");
+                    assert_eq!(
+                        gpu_aggregate_metric(&plan, "partition_overflow_partitions"),
+                        0,
+                        "{sql}"
+                    );
+                } else {
+                    assert_eq!(partitioned, 0, "{sql}: {numbering}");
+                }
             }
         }
     }
@@ -800,12 +823,21 @@ async fn device_group_by_matches_the_reference() {
             key_bits: 64,
             transform: None,
         };
+        // One partition (which overflows into the global table beyond
+        // 1536 groups), a few, and as many as the groups call for.
+        let in_partitions = |partition_bits| GroupIds::Partitioned { partition_bits };
+        let planned_bits = group_by::partition_bits_for_groups(rows.min(domain as usize));
         for (with_keys, ids, back) in [
             (true, GroupIds::Hashed, GroupsBack::KeyWords),
             (true, GroupIds::Hashed, GroupsBack::RowsAndRowGroups),
             (false, GroupIds::Hashed, GroupsBack::KeyWords),
             (true, sorted, GroupsBack::KeyWords),
             (true, hashed_in_key_order, GroupsBack::KeyWords),
+            (true, in_partitions(0), GroupsBack::KeyWords),
+            (true, in_partitions(0), GroupsBack::RowsAndRowGroups),
+            (true, in_partitions(3), GroupsBack::RowsAndRowGroups),
+            (true, in_partitions(planned_bits), GroupsBack::KeyWords),
+            (false, in_partitions(3), GroupsBack::KeyWords),
         ] {
             let keys = with_keys.then_some(keys.as_slice());
             let mut timer = PhaseTimer::new(Arc::clone(stream));
@@ -824,6 +856,21 @@ async fn device_group_by_matches_the_reference() {
             timer.finish().unwrap();
             let want = group_by::reference::group_by(keys, rows, &inputs, &bitmaps);
             assert_eq!(got.groups, want.groups, "rows {rows}, domain {domain}");
+            match ids {
+                // One partition holds every group: numbered there below
+                // the limit, in the global table from it on.
+                GroupIds::Partitioned { partition_bits: 0 } if with_keys && rows > 0 => assert_eq!(
+                    got.numbered_in_partitions,
+                    want.groups < launch::PARTITION_GROUP_LIMIT,
+                    "rows {rows}, domain {domain}"
+                ),
+                GroupIds::Partitioned { partition_bits } if with_keys && rows > 0 => {
+                    if partition_bits == planned_bits {
+                        assert!(got.numbered_in_partitions, "rows {rows}, domain {domain}");
+                    }
+                }
+                _ => assert!(!got.numbered_in_partitions),
+            }
             // What identifies the groups, as asked for.
             let key_of_group: Vec<u64> = match (keys, back) {
                 (None, _) => {

@@ -29,7 +29,10 @@ use crate::planner::GpuOptions;
 /// An aggregation on the GPU in place of the [`AggregateExec`] it was made
 /// from: same input, mode, output schema and partitioning. It is only
 /// placed where the aggregation advertised no output ordering. Groups
-/// leave in no particular order (`algorithm=hash_group_by`), or, where it
+/// leave in no particular order (`algorithm=hash_group_by`: numbered in one
+/// hash table, or in hash partitions sized to shared memory where a
+/// sample of the keys estimates at least `gpu.min_groups_to_partition`
+/// groups), or, where it
 /// took the place of a sort on its group keys above it
 /// ([`Self::with_group_order`]), in that sort's order
 /// (`algorithm=sort_group_by`): the device then numbers the groups in key
@@ -401,6 +404,7 @@ impl ExecutionPlan for GpuAggregateExec {
             hashed_group_key_bits: options.hashed_group_key_bits,
             min_groups: options.min_groups,
             hashed_group_keys: options.hashed_group_keys,
+            min_groups_to_partition: options.min_groups_to_partition,
             metrics: GpuAggregateMetrics::new(&self.metrics, partition),
         }))
     }

@@ -467,12 +467,46 @@ pub(crate) fn sample_shows_few_groups(sampled: usize, distinct: usize, min_group
     min_groups > 0 && sampled > 0 && distinct * 8 <= sampled && distinct * 8 < min_groups
 }
 
+/// How many groups a sample of `sampled` keys with `distinct` distinct ones
+/// suggests among `rows` rows: the `g` for which `sampled` draws from `g`
+/// equally likely groups show `distinct` of them on average,
+/// `g (1 - e^(-sampled / g)) = distinct` (for few repeats, the birthday
+/// count `sampled^2 / 2 repeats`). No repeat at all: as many groups as
+/// rows, as far as the sample tells; never more than the rows. Heavy keys
+/// repeat more than equally likely ones, so skew lowers the estimate.
+pub(crate) fn estimated_groups(sampled: usize, distinct: usize, rows: usize) -> usize {
+    if sampled == 0 || rows == 0 {
+        return 0;
+    }
+    if sampled >= rows {
+        // Every row was sampled: the count is exact.
+        return distinct;
+    }
+    if distinct >= sampled {
+        return rows;
+    }
+    let (s, d) = (sampled as f64, distinct as f64);
+    let shown = |g: f64| g * -(-s / g).exp_m1();
+    // `shown` grows with g from 0 towards s: bisect between the distinct
+    // keys (never fewer groups) and the rows (never more), in log scale.
+    let (mut low, mut high) = (d.max(1.0).ln(), (rows as f64).max(d).ln());
+    if shown(high.exp()) <= d {
+        return rows;
+    }
+    for _ in 0..64 {
+        let middle = 0.5 * (low + high);
+        if shown(middle.exp()) < d {
+            low = middle;
+        } else {
+            high = middle;
+        }
+    }
+    (high.exp().round() as usize).clamp(distinct, rows)
+}
+
 /// Whether a sample of `sampled` keys with `distinct` distinct ones, out of
 /// `rows` rows, says that at least one row in `rows_per_group` is a group
-/// of its own. With few repeats in the sample, the groups are estimated by
-/// the birthday count: `sampled` keys drawn from `g` equally likely groups
-/// repeat `sampled^2 / 2g` times, so `g` is about `sampled^2 / 2 repeats`
-/// (no repeat at all: as many groups as rows, as far as the sample tells).
+/// of its own ([`estimated_groups`]).
 pub(crate) fn sample_shows_groups_near_rows(
     sampled: usize,
     distinct: usize,
@@ -482,17 +516,7 @@ pub(crate) fn sample_shows_groups_near_rows(
     if sampled == 0 || rows == 0 {
         return false;
     }
-    let enough = rows.div_ceil(rows_per_group.max(1)) as f64;
-    if sampled >= rows {
-        // Every row was sampled: the count is exact.
-        return distinct as f64 >= enough;
-    }
-    let repeats = sampled.saturating_sub(distinct);
-    if repeats == 0 {
-        return true;
-    }
-    let estimate = (sampled as f64) * (sampled as f64) / (2.0 * repeats as f64);
-    estimate.max(distinct as f64) >= enough
+    estimated_groups(sampled, distinct, rows) >= rows.div_ceil(rows_per_group.max(1))
 }
 
 /// Whether every row's key equals the key of its group: `row_groups[i]` is
@@ -552,6 +576,27 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
     use datafusion::arrow::datatypes::Float64Type;
+
+    #[test]
+    fn groups_are_estimated_from_the_sample_s_repeats() {
+        let (sample, rows) = (1 << 16, 1 << 28);
+        let near = |got: usize, want: f64| (got as f64 / want - 1.0).abs() < 0.01;
+        // Uniform over 2^24 groups: about 128 repeats (the birthday count).
+        let g = estimated_groups(sample, sample - 128, rows);
+        assert!(near(g, (1u64 << 24) as f64), "{g}");
+        // 2^12 groups, each drawn 16 times on average: all of them seen.
+        let g = estimated_groups(sample, 4096, rows);
+        assert!((4096..4200).contains(&g), "{g}");
+        // 2^16 groups: e^-1 of them unseen, 41,427 distinct.
+        let g = estimated_groups(sample, 41_427, rows);
+        assert!(near(g, 65_536.0), "{g}");
+        // No repeat: as many groups as rows; a repeat or so: capped there.
+        assert_eq!(estimated_groups(sample, sample, rows), rows);
+        assert_eq!(estimated_groups(sample, sample - 1, 1 << 20), 1 << 20);
+        // Every row sampled: exact; nothing sampled: nothing known.
+        assert_eq!(estimated_groups(1000, 17, 1000), 17);
+        assert_eq!(estimated_groups(0, 0, rows), 0);
+    }
 
     #[test]
     fn the_sample_tells_groups_near_the_rows_from_fewer() {

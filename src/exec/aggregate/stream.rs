@@ -28,9 +28,9 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::exec::GroupOrder;
 use super::group_keys::{
-    fold_negative_zeros, group_key_words, groups_hold_one_key, ordered_group_key_words,
-    sample_shows_few_groups, sample_shows_groups_near_rows, sampled_distinct_keys, GroupKeyWords,
-    OrderedGroupKeyWords, GROUP_SAMPLE_ROWS,
+    estimated_groups, fold_negative_zeros, group_key_words, groups_hold_one_key,
+    ordered_group_key_words, sample_shows_few_groups, sample_shows_groups_near_rows,
+    sampled_distinct_keys, GroupKeyWords, OrderedGroupKeyWords, GROUP_SAMPLE_ROWS,
 };
 
 use super::reductions::DeviceWork;
@@ -40,7 +40,10 @@ use crate::exec::parallel::{on_ranges, starts_of};
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::host_copy::host_threads;
-use crate::ops::group_by::{group_by, group_by_device_bytes, GroupIds, Grouped, GroupsBack, Words};
+use crate::ops::group_by::{
+    group_by, group_by_device_bytes, partition_bits_for_groups, GroupIds, Grouped, GroupsBack,
+    Words,
+};
 use crate::planner::cpu_phases_over;
 
 /// Where groups must leave in key order, the rows themselves are sorted
@@ -93,6 +96,9 @@ pub(crate) struct AggregateTask {
     /// `gpu.hashed_group_keys`: keys that turn out to need hashing (ranges
     /// too wide to pack) run on the CPU operator when false.
     pub(crate) hashed_group_keys: bool,
+    /// `gpu.min_groups_to_partition`: from this many estimated groups, the
+    /// device numbers them in hash partitions (PGB).
+    pub(crate) min_groups_to_partition: usize,
     pub(crate) batch_size: usize,
     pub(crate) metrics: GpuAggregateMetrics,
 }
@@ -190,6 +196,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         hashed_group_key_bits: task.hashed_group_key_bits,
         min_groups: task.min_groups,
         hashed_group_keys: task.hashed_group_keys,
+        min_groups_to_partition: task.min_groups_to_partition,
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
     });
@@ -278,6 +285,7 @@ struct DevicePart {
     hashed_group_key_bits: u32,
     min_groups: usize,
     hashed_group_keys: bool,
+    min_groups_to_partition: usize,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
 }
@@ -302,6 +310,25 @@ fn ids_in_key_order(
             key_bits,
             transform,
         }
+    }
+}
+
+/// How groups in no particular order are numbered, from the sample of the
+/// keys (`(sampled, distinct)`) out of `rows` rows: in hash partitions
+/// where it estimates at least `min_groups_to_partition` groups, else in
+/// one table.
+fn unordered_ids(
+    (sampled, distinct): (usize, usize),
+    rows: usize,
+    min_groups_to_partition: usize,
+) -> GroupIds {
+    let groups = estimated_groups(sampled, distinct, rows);
+    if groups >= min_groups_to_partition {
+        GroupIds::Partitioned {
+            partition_bits: partition_bits_for_groups(groups),
+        }
+    } else {
+        GroupIds::Hashed
     }
 }
 
@@ -355,10 +382,13 @@ impl DevicePart {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         // Floats as DataFusion stores group values, `-0.0` folded into `+0.0`.
         let key_columns = fold_negative_zeros(evaluate_pieces(&inputs.group_exprs, batches)?)?;
+        // Every choice below that depends on the groups reads this sample.
         let sample = (self.spec.keys.is_some()
-            && (self.min_groups > 0 || self.group_order.is_some()))
-        .then(|| sampled_distinct_keys(&key_columns, GROUP_SAMPLE_ROWS))
-        .transpose()?;
+            && (self.min_groups > 0
+                || self.group_order.is_some()
+                || self.min_groups_to_partition < usize::MAX))
+            .then(|| sampled_distinct_keys(&key_columns, GROUP_SAMPLE_ROWS))
+            .transpose()?;
         if let Some((sampled, distinct)) = sample {
             // Statistics rarely know the groups (the rule counts unknown as
             // many): a sample of the keys decides before they are encoded
@@ -387,7 +417,14 @@ impl DevicePart {
                 self.hashed_group_keys,
                 self.hashed_group_key_bits,
             )? {
-                Some(keys) => (Some(keys), GroupIds::Hashed),
+                Some(keys) => {
+                    let ids = unordered_ids(
+                        sample.unwrap_or_default(),
+                        rows,
+                        self.min_groups_to_partition,
+                    );
+                    (Some(keys), ids)
+                }
                 // Keys that need hashing without gpu.hashed_group_keys:
                 // packable types whose ranges need more than 64 bits
                 // together, or one float column with NULLs.
@@ -437,8 +474,15 @@ impl DevicePart {
         device.done();
         let grouped = match grouped {
             Ok(grouped) => {
-                if matches!(ids, GroupIds::Sorted { .. }) {
-                    self.metrics.sorted_rows_partitions.add(1);
+                match ids {
+                    GroupIds::Sorted { .. } => self.metrics.sorted_rows_partitions.add(1),
+                    GroupIds::Partitioned { .. } if grouped.numbered_in_partitions => {
+                        self.metrics.partitioned_groups_partitions.add(1)
+                    }
+                    GroupIds::Partitioned { .. } => {
+                        self.metrics.partition_overflow_partitions.add(1)
+                    }
+                    _ => {}
                 }
                 grouped
             }

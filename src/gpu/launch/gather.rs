@@ -118,6 +118,68 @@ pub fn gather_u64(
     )
 }
 
+/// `scatter_u64`: `out[ids[i]] = src[i]` for `i < ids.len()`, where `ids`
+/// is a permutation of `0..ids.len()` (the inverse of [`gather_u64`]).
+pub fn scatter_u64(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    src: &CudaSlice<u64>,
+    ids: &CudaSlice<u64>,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = ids.len();
+    check_len(src, n, "scatter source")?;
+    check_len(out, n, "scatter output")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (n64, out_len) = (n as u64, out.len() as u64);
+    let mut launch = stream.launch_builder(&kernels.scatter_u64);
+    launch
+        .arg(src)
+        .arg(ids)
+        .arg(&n64)
+        .arg(&mut *out)
+        .arg(&out_len);
+    // SAFETY: the kernel reads src[..n] and ids[..n] (both checked to hold
+    // n) and writes out[id] only for ids below out's length.
+    unsafe { launch.launch(config(grid_stride_blocks(n64, sm_count))?) }
+        .during("launching scatter_u64")?;
+    Ok(())
+}
+
+/// `gather_bits`: bit `i` of `out` (64 a word) is bit `ids[i]` of `bits`,
+/// for `i < ids.len()`; the rest of the last word is 0.
+pub fn gather_bits(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    bits: &CudaSlice<u64>,
+    ids: &CudaSlice<u64>,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = ids.len();
+    let words = n.div_ceil(64);
+    check_len(out, words, "gathered bitmap")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (n64, bits_len) = (n as u64, bits.len() as u64);
+    let mut launch = stream.launch_builder(&kernels.gather_bits);
+    launch
+        .arg(bits)
+        .arg(&bits_len)
+        .arg(ids)
+        .arg(&n64)
+        .arg(&mut *out);
+    // SAFETY: the kernel reads ids[..n], bits only at words below bits_len
+    // (it checks each id), and writes out[..n.div_ceil(64)], checked above.
+    unsafe { launch.launch(config(grid_stride_blocks(words as u64, sm_count))?) }
+        .during("launching gather_bits")?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

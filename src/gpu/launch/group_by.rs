@@ -184,6 +184,118 @@ pub fn group_resolve(
     Ok(())
 }
 
+/// Groups a partition of a partitioned group-by may hold
+/// (`PART_TABLE_LIMIT` in `group_by.cu`, of 2048 shared-memory slots): a
+/// partition that reaches it sets the overflow flag.
+pub const PARTITION_GROUP_LIMIT: usize = 1536;
+
+/// Blocks for a launch with one block per partition at a time.
+fn partition_blocks(partitions: u64, sm_count: u32) -> u64 {
+    partitions.min(u64::from(sm_count) * 32).max(1)
+}
+
+/// The outputs of [`partitioned_group_ids`].
+pub struct PartitionGroupIds<'a> {
+    /// Per position: the slot of its key, then its local group id.
+    pub local_ids: &'a mut CudaSlice<u64>,
+    /// Per partition: its groups (one more entry, left as it is).
+    pub group_counts: &'a mut CudaSlice<u64>,
+    /// At `starts[p] + id`: a position of partition `p`'s group `id`.
+    pub first_positions: &'a mut CudaSlice<u64>,
+    /// One entry, 0 on entry: set where a partition held too many groups.
+    pub overflow: &'a mut CudaSlice<u64>,
+}
+
+/// `partitioned_group_ids`: numbers the groups of each partition of the
+/// radix-partitioned `keys` (`starts`: `partitions + 1` bounds) in shared
+/// memory.
+pub fn partitioned_group_ids(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    keys: &CudaSlice<u64>,
+    starts: &CudaSlice<u64>,
+    out: PartitionGroupIds<'_>,
+) -> GpuResult<()> {
+    let n = keys.len();
+    let partitions = starts.len().saturating_sub(1);
+    if partitions == 0 {
+        return Err(GpuError::Invalid("no partition bounds".into()));
+    }
+    check_len(out.local_ids, n, "local group ids")?;
+    check_len(out.group_counts, partitions, "partition group counts")?;
+    check_len(out.first_positions, n, "group positions")?;
+    check_len(out.overflow, 1, "overflow flag")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let partitions = partitions as u64;
+    let mut launch = stream.launch_builder(&kernels.partitioned_group_ids);
+    launch
+        .arg(keys)
+        .arg(starts)
+        .arg(&partitions)
+        .arg(out.local_ids)
+        .arg(out.group_counts)
+        .arg(out.first_positions)
+        .arg(out.overflow);
+    // SAFETY: `starts` are radix_partition's bounds over these n keys
+    // (non-decreasing, last = n), so each partition's positions lie in
+    // [0, n), where keys, local ids and first positions hold n entries; a
+    // partition's groups are at most its rows, so starts[p] + id stays in
+    // its range; group counts hold `partitions` entries; all checked above.
+    unsafe { launch.launch(config(partition_blocks(partitions, sm_count))?) }
+        .during("launching partitioned_group_ids")?;
+    Ok(())
+}
+
+/// `partitioned_group_resolve`: with `bases` the exclusive scan of the
+/// partitions' group counts (`partitions + 1` entries, the last the
+/// total), turns local ids into global ones, writes each group's position
+/// to `group_firsts` and the number of groups to `group_count`.
+#[allow(clippy::too_many_arguments)]
+pub fn partitioned_group_resolve(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    starts: &CudaSlice<u64>,
+    bases: &CudaSlice<u64>,
+    row_groups: &mut CudaSlice<u64>,
+    first_positions: &CudaSlice<u64>,
+    group_firsts: &mut CudaSlice<u64>,
+    group_count: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = row_groups.len();
+    let partitions = starts.len().saturating_sub(1);
+    if partitions == 0 {
+        return Err(GpuError::Invalid("no partition bounds".into()));
+    }
+    check_len(bases, partitions + 1, "partition bases")?;
+    check_len(first_positions, n, "group positions")?;
+    check_len(group_firsts, n, "group first positions")?;
+    check_len(group_count, 1, "group count")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let partitions = partitions as u64;
+    let mut launch = stream.launch_builder(&kernels.partitioned_group_resolve);
+    launch
+        .arg(starts)
+        .arg(&partitions)
+        .arg(bases)
+        .arg(&mut *row_groups)
+        .arg(first_positions)
+        .arg(&mut *group_firsts)
+        .arg(&mut *group_count);
+    // SAFETY: bounds as in partitioned_group_ids over the same n positions;
+    // bases scan counts that partitioned_group_ids wrote (each at most its
+    // partition's rows), so base + j < n for every group j, and group_firsts
+    // holds n entries; all lengths checked above.
+    unsafe { launch.launch(config(partition_blocks(partitions, sm_count))?) }
+        .during("launching partitioned_group_resolve")?;
+    Ok(())
+}
+
 /// `sorted_group_heads`: `heads[i]` = 1 where a run of equal keys starts
 /// in the ascending `keys`, else 0.
 pub fn sorted_group_heads(

@@ -14,11 +14,12 @@ use super::{DriverResultExt, GpuError, GpuResult};
 mod gather;
 mod group_by;
 mod merge_join;
-pub use gather::{gather_u64, gather_values, ValueWidth};
+pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, ValueWidth};
 pub use group_by::{
     aggregate_f64_sum, aggregate_i128_sum, aggregate_u64, f64_sum_fixed, f64_sum_scale, fill_u64,
-    group_insert, group_resolve, sorted_group_heads, sorted_group_ids, AggregateOp, GroupRows,
-    SortedGroupIds, PRIVATIZED_GROUPS,
+    group_insert, group_resolve, partitioned_group_ids, partitioned_group_resolve,
+    sorted_group_heads, sorted_group_ids, AggregateOp, GroupRows, PartitionGroupIds,
+    SortedGroupIds, PARTITION_GROUP_LIMIT, PRIVATIZED_GROUPS,
 };
 pub use merge_join::{
     expand_pairs, merge_path_bounds, ordered_codes, CodeTransform, MergeBound,
@@ -58,12 +59,16 @@ pub struct Kernels {
     gather_u32: CudaFunction,
     gather_u64: CudaFunction,
     gather_u128: CudaFunction,
+    scatter_u64: CudaFunction,
+    gather_bits: CudaFunction,
     partition_bounds: CudaFunction,
     hash_join_count: CudaFunction,
     hash_join_write: CudaFunction,
     fill_u64: CudaFunction,
     group_insert: CudaFunction,
     group_resolve: CudaFunction,
+    partitioned_group_ids: CudaFunction,
+    partitioned_group_resolve: CudaFunction,
     sorted_group_heads: CudaFunction,
     sorted_group_ids: CudaFunction,
     aggregate_u64: CudaFunction,
@@ -106,12 +111,16 @@ impl Kernels {
             gather_u32: function(&gather, "gather_u32")?,
             gather_u64: function(&gather, "gather_u64")?,
             gather_u128: function(&gather, "gather_u128")?,
+            scatter_u64: function(&gather, "scatter_u64")?,
+            gather_bits: function(&gather, "gather_bits")?,
             partition_bounds: function(&radix, "partition_bounds")?,
             hash_join_count: function(&join, "hash_join_count")?,
             hash_join_write: function(&join, "hash_join_write")?,
             fill_u64: function(&group_by, "fill_u64")?,
             group_insert: function(&group_by, "group_insert")?,
             group_resolve: function(&group_by, "group_resolve")?,
+            partitioned_group_ids: function(&group_by, "partitioned_group_ids")?,
+            partitioned_group_resolve: function(&group_by, "partitioned_group_resolve")?,
             sorted_group_heads: function(&group_by, "sorted_group_heads")?,
             sorted_group_ids: function(&group_by, "sorted_group_ids")?,
             aggregate_u64: function(&group_by, "aggregate_u64")?,
