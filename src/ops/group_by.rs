@@ -294,8 +294,8 @@ pub enum GroupIds {
     /// partitioned on their hash with their row ids into
     /// `2^partition_bits` partitions, are numbered one partition at a time
     /// in a shared-memory table, so that a partition's groups get
-    /// neighbouring ids, in no fixed order. Where a partition holds more
-    /// than [`launch::PARTITION_GROUP_LIMIT`] groups, the global table
+    /// neighbouring ids, in no fixed order. Where a partition holds
+    /// [`launch::PARTITION_GROUP_LIMIT`] groups or more, the global table
     /// numbers the partitioned keys instead. Either way each input is
     /// gathered into the partitions' order before it is reduced, so the
     /// reductions' atomics of nearby rows meet nearby groups.
