@@ -151,6 +151,22 @@ const PLANS: [(usize, &str); 3] = [
     (4, "SET gpu.aggregate_single_phase = false"),
 ];
 
+/// Rows and keys of the grouped tests: few groups with many duplicates;
+/// groups across the shared-memory threshold (4096); nearly every row its
+/// own group; Zipf skew.
+const GROUPED_INPUTS: [(usize, Keys); 4] = [
+    (20_000, Keys::Uniform { domain: 50 }),
+    (30_000, Keys::Uniform { domain: 9_000 }),
+    (10_000, Keys::Uniform { domain: 1 << 40 }),
+    (
+        30_000,
+        Keys::Zipf {
+            domain: 5_000,
+            s: 1.5,
+        },
+    ),
+];
+
 async fn contexts(partitions: usize, extra: &[&str]) -> (SessionContext, SessionContext) {
     (
         gpu_context(JoinMode::CollectLeft, partitions, extra).await,
@@ -237,46 +253,33 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
     ];
     // Every plan with the groups numbered in one hash table (the default
     // below 2^25 groups), and two with them numbered in hash partitions.
-    let one_table = "SET gpu.aggregate = true";
-    let in_partitions = "SET gpu.min_groups_to_partition = 0";
     let runs = PLANS
         .iter()
-        .map(|&(partitions, phases)| (partitions, phases, one_table))
-        .chain(
-            [PLANS[0], PLANS[1]].map(|(partitions, phases)| (partitions, phases, in_partitions)),
-        );
-    for (partitions, phases, numbering) in runs {
-        let (gpu, cpu) = contexts(partitions, &[phases, numbering]).await;
-        // Few groups with many duplicates; groups across the shared-memory
-        // threshold (4096); nearly every row its own group; Zipf skew.
-        for (rows, dist) in [
-            (20_000, Keys::Uniform { domain: 50 }),
-            (30_000, Keys::Uniform { domain: 9_000 }),
-            (10_000, Keys::Uniform { domain: 1 << 40 }),
-            (
-                30_000,
-                Keys::Zipf {
-                    domain: 5_000,
-                    s: 1.5,
-                },
-            ),
-        ] {
+        .map(|&(partitions, phases)| (partitions, phases, false))
+        .chain([PLANS[0], PLANS[1]].map(|(partitions, phases)| (partitions, phases, true)));
+    for (partitions, phases, in_partitions) in runs {
+        let mut settings = vec![phases];
+        if in_partitions {
+            settings.push("SET gpu.min_groups_to_partition = 0");
+        }
+        let (gpu, cpu) = contexts(partitions, &settings).await;
+        for (rows, dist) in GROUPED_INPUTS {
             register([&gpu, &cpu], table(rows, dist, partitions, rows as u64));
             for key in keys {
                 let sql = format!("SELECT {key}, {AGGREGATES} FROM t GROUP BY {key}");
                 let plan = check(&gpu, &cpu, &sql).await;
                 let partitioned = gpu_aggregate_metric(&plan, "partitioned_groups_partitions");
-                if numbering == in_partitions {
+                if in_partitions {
                     // The partitions of a few hundred groups each hold them
                     // all (none overflowed into the one table).
-                    assert!(partitioned > 0, "{sql}: {numbering}");
+                    assert!(partitioned > 0, "{sql}: in partitions");
                     assert_eq!(
                         gpu_aggregate_metric(&plan, "partition_overflow_partitions"),
                         0,
                         "{sql}"
                     );
                 } else {
-                    assert_eq!(partitioned, 0, "{sql}: {numbering}");
+                    assert_eq!(partitioned, 0, "{sql}: in one table");
                 }
             }
         }
@@ -680,19 +683,8 @@ async fn groups_sorted_on_the_device_come_in_the_order_of_the_sort_they_replace(
     let (mut rows_sorted, mut groups_sorted) = (0, 0);
     for (partitions, phases) in PLANS {
         let (gpu, cpu) = contexts(partitions, &[phases]).await;
-        for (rows, dist) in [
-            (0, Keys::Uniform { domain: 10 }),
-            (20_000, Keys::Uniform { domain: 50 }),
-            (30_000, Keys::Uniform { domain: 9_000 }),
-            (10_000, Keys::Uniform { domain: 1 << 40 }),
-            (
-                30_000,
-                Keys::Zipf {
-                    domain: 5_000,
-                    s: 1.5,
-                },
-            ),
-        ] {
+        let empty = (0, Keys::Uniform { domain: 10 });
+        for (rows, dist) in std::iter::once(empty).chain(GROUPED_INPUTS) {
             register([&gpu, &cpu], table(rows, dist, partitions, rows as u64 + 3));
             for sql in queries {
                 let plan = check_ordered(&gpu, &cpu, sql).await;
