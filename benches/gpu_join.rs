@@ -5,14 +5,16 @@
 //!                                      [--match-percent 100] [--zipf 0]
 //!                                      [--unordered] [--explain-analyze]
 //!                                      [--repartitioned] [--host-gather] [--int32]
+//!                                      [--pinned]
 //!                                      [--set gpu.KEY=VALUE ...]
 //!     cargo bench --bench gpu_join -- --group-by [--log2-rows 24] [--runs 5]
 //!                                      [--log2-groups 1,4,8,12,16,20,24] [--zipf 0]
 //!                                      [--two-phase] [--order-by-key] [--explain-analyze]
+//!                                      [--partitioned] [--pinned]
 //!     cargo bench --bench gpu_join -- --seeds [rt1,b10,...] [--log2-rows 24]
 //!                                      [--set gpu.KEY=VALUE ...]
 //!     cargo bench --bench gpu_join -- --sort-merge [--log2-rows 24] [--runs 5]
-//!                                      [--set gpu.KEY=VALUE ...]
+//!                                      [--set gpu.KEY=VALUE ...] [--pinned]
 //!
 //! `--seeds` runs the seeds' workloads as criterion benchmarks (see
 //! `gpu_join/seeds.rs`); `--sort-merge` the sort-merge join (see
@@ -34,8 +36,10 @@
 //! over DataFusion's CPU hash repartitions (`gpu.merge_partitions = false`),
 //! in the same process; `--host-gather`
 //! times the GPU join with its output columns gathered on the host
-//! (`gpu.device_gather = false`). The floor is the pinned PCIe time of the
-//! bytes the GPU path must move (keys in, matched row-id pairs out), measured here.
+//! (`gpu.device_gather = false`); `--pinned` copies both tables into pinned
+//! host memory (`pin_batches`) and times both paths again over them. The
+//! floor is the pinned PCIe time of the bytes the GPU path must move (keys
+//! in, matched row-id pairs out), measured here.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -178,7 +182,44 @@ async fn timed_variant(
     warm
 }
 
-/// The median of `times` (the upper one of an even count).
+/// `table` copied into pinned host memory partition by partition
+/// (`pin_batches`), with its sort order, and how long that took.
+async fn pinned_copy(table: &MemTable) -> (Arc<MemTable>, Duration) {
+    let start = Instant::now();
+    let mut partitions = Vec::new();
+    for partition in &table.batches {
+        let batches = partition.read().await;
+        partitions.push(datafusion_gpu::pin_batches(&batches).unwrap());
+    }
+    let schema = datafusion::catalog::TableProvider::schema(table);
+    let order = table.sort_order.lock().clone();
+    let pinned = MemTable::try_new(schema, partitions)
+        .unwrap()
+        .with_sort_order(order);
+    (Arc::new(pinned), start.elapsed())
+}
+
+/// The median of `runs` runs of `ctx`'s query (`run`), each answer checked
+/// against `expected`, and the last run's plan.
+async fn timed_runs<
+    A: PartialEq + std::fmt::Debug,
+    F: std::future::Future<Output = (Duration, A, Arc<dyn ExecutionPlan>)>,
+>(
+    runs: usize,
+    expected: &A,
+    mut run: impl FnMut() -> F,
+) -> (Duration, Arc<dyn ExecutionPlan>) {
+    let mut times = Vec::new();
+    let mut last_plan = None;
+    for _ in 0..runs.max(1) {
+        let (t, answer, plan) = run().await;
+        assert_eq!(&answer, expected, "answer differs from the CPU's");
+        times.push(t);
+        last_plan = Some(plan);
+    }
+    (median(&mut times), last_plan.expect("at least one run"))
+}
+
 /// The process's minor page faults so far (Linux), `None` elsewhere.
 fn minor_page_faults() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
@@ -282,10 +323,12 @@ async fn end_to_end() {
     let config = SessionConfig::new().with_target_partitions(cores);
     let ctx = gpu_session_context(config);
     let int32 = std::env::args().any(|a| a == "--int32");
-    ctx.register_table("r", table(&r_keys, 1, cores, int32))
-        .unwrap();
-    ctx.register_table("s", table(&s_keys, 2, cores, int32))
-        .unwrap();
+    let (r_table, s_table) = (
+        table(&r_keys, 1, cores, int32),
+        table(&s_keys, 2, cores, int32),
+    );
+    ctx.register_table("r", Arc::clone(&r_table) as _).unwrap();
+    ctx.register_table("s", Arc::clone(&s_table) as _).unwrap();
     let key_type = if int32 { "Int32" } else { "Int64" };
     println!("join benchmark: |R| = |S| = 2^{log2} {key_type} rows, {cores} cores, {runs} timed runs per path, S keys: {}",
         if zipf > 0.0 { format!("Zipf {zipf}") } else { format!("uniform, {match_percent}% matching") });
@@ -419,6 +462,33 @@ async fn end_to_end() {
             "RESULT_HOST_GATHER log2_rows={log2} gpu_warm_ms={:.1} speedup_warm={:.2}",
             host.as_secs_f64() * 1e3,
             cpu.as_secs_f64() / host.as_secs_f64()
+        );
+    }
+    // --pinned: both tables copied into pinned host memory (pin_batches),
+    // both paths timed again over them.
+    if std::env::args().any(|a| a == "--pinned") {
+        let (r_pinned, r_pin) = pinned_copy(&r_table).await;
+        let (s_pinned, s_pin) = pinned_copy(&s_table).await;
+        for (name, table) in [("r", r_pinned), ("s", s_pinned)] {
+            ctx.deregister_table(name).unwrap();
+            ctx.register_table(name, table).unwrap();
+        }
+        ctx.sql("SET gpu.enabled = false").await.unwrap();
+        let (cpu_pinned, _) = timed_runs(runs, &cpu_answer, || run_once(&ctx)).await;
+        ctx.sql("SET gpu.enabled = true").await.unwrap();
+        run_once(&ctx).await;
+        let (gpu_pinned, plan) = timed_runs(runs, &cpu_answer, || run_once(&ctx)).await;
+        if explain_analyze {
+            print_metrics("GPU over pinned tables", &plan);
+        }
+        println!(
+            "RESULT_PINNED log2_rows={log2} pin_ms={:.1} cpu_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} h2d_direct_bytes={} staging_ms={:.1}",
+            (r_pin + s_pin).as_secs_f64() * 1e3,
+            cpu_pinned.as_secs_f64() * 1e3,
+            gpu_pinned.as_secs_f64() * 1e3,
+            cpu_pinned.as_secs_f64() / gpu_pinned.as_secs_f64(),
+            gpu_join_metric(&plan, "h2d_direct_bytes"),
+            gpu_join_metric(&plan, "staging_time") as f64 / 1e6,
         );
     }
     println!(

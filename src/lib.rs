@@ -41,6 +41,7 @@ pub mod planner;
 mod session;
 
 pub use exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
+pub use gpu::{is_pinned, pin_batches};
 pub use planner::{gpu_decisions, GpuOptimizerRule, GpuOptions, NodeDecision, Placement};
 pub use session::{gpu_session_context, with_gpu_context, SessionStateBuilderGpuExt};
 

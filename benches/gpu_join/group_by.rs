@@ -9,7 +9,8 @@
 //! in DataFusion's two phases, both on the GPU; `--partitioned` also times
 //! it with the groups numbered in hash partitions
 //! (`gpu.min_groups_to_partition = 0`, seed 002's PGB) where the default
-//! numbers them in one hash table.
+//! numbers them in one hash table; `--pinned` copies the table into pinned
+//! host memory (`pin_batches`) and times both paths again over it.
 //! `--string-keys` makes the keys Utf8 strings (`key-<n>`), which the GPU
 //! path groups by a 64-bit hash and checks on the host. `--order-by-key`
 //! adds `ORDER BY k`: DataFusion sorts the groups after aggregating them,
@@ -158,6 +159,23 @@ async fn run_once(ctx: &SessionContext) -> (Duration, (usize, u64), Arc<dyn Exec
     (elapsed, (rows, checksum), plan)
 }
 
+/// The median time of three plannings of the query (SQL text to physical
+/// plan), the part of a run's wall time before execution starts.
+async fn planning_time(ctx: &SessionContext) -> Duration {
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let start = Instant::now();
+        ctx.sql(sql())
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        times.push(start.elapsed());
+    }
+    median(&mut times)
+}
+
 /// Metric `name` summed over the plan's GPU aggregations.
 fn gpu_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     super::operator_metric(plan, "GpuAggregateExec", name).1
@@ -205,8 +223,8 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
     };
     for &log2_g in log2_groups {
         let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(cores));
-        ctx.register_table("r", table(rows, 1u64 << log2_g, zipf, cores))
-            .unwrap();
+        let r_table = table(rows, 1u64 << log2_g, zipf, cores);
+        ctx.register_table("r", Arc::clone(&r_table) as _).unwrap();
         ctx.sql("SET gpu.enabled = false").await.unwrap();
         let (_, cpu_answer, _) = run_once(&ctx).await;
         let mut cpu_times = Vec::new();
@@ -214,6 +232,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
             cpu_times.push(run_once(&ctx).await.0);
         }
         let cpu = median(&mut cpu_times);
+        let cpu_plan_ms = planning_time(&ctx).await.as_secs_f64() * 1e3;
         let Some(bandwidth) = bandwidth else {
             println!(
                 "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} cpu_ms={:.1}",
@@ -290,6 +309,39 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
                 .await
                 .unwrap();
         }
+        // --pinned: the table copied into pinned host memory (pin_batches),
+        // both paths timed again over it.
+        if std::env::args().any(|a| a == "--pinned") {
+            let (pinned, pin_time) = super::pinned_copy(&r_table).await;
+            ctx.deregister_table("r").unwrap();
+            ctx.register_table("r", pinned).unwrap();
+            ctx.sql("SET gpu.enabled = false").await.unwrap();
+            let (cpu_pinned, _) = super::timed_runs(runs, &cpu_answer, || run_once(&ctx)).await;
+            ctx.sql("SET gpu.enabled = true").await.unwrap();
+            run_once(&ctx).await;
+            let (gpu_pinned, pinned_plan) = time_gpu(&ctx, runs, cpu_answer).await;
+            if explain_analyze() {
+                let shown =
+                    datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
+                        pinned_plan.as_ref(),
+                    )
+                    .indent(true)
+                    .to_string();
+                println!("GPU plan over the pinned table with metrics (last run), 2^{log2_g} groups:\n{shown}");
+            }
+            variants.push_str(&format!(
+                " pin_ms={:.1} cpu_pinned_ms={:.1} gpu_pinned_warm_ms={:.1} speedup_pinned={:.2} pinned_kernel_ms={:.1} pinned_transfer_ms={:.1} pinned_device_wall_ms={:.1} pinned_staging_ms={:.1} h2d_direct_bytes={}",
+                pin_time.as_secs_f64() * 1e3,
+                cpu_pinned.as_secs_f64() * 1e3,
+                gpu_pinned.as_secs_f64() * 1e3,
+                cpu_pinned.as_secs_f64() / gpu_pinned.as_secs_f64(),
+                gpu_metric(&pinned_plan, "kernel_time") as f64 / 1e6,
+                gpu_metric(&pinned_plan, "transfer_time") as f64 / 1e6,
+                gpu_metric(&pinned_plan, "device_wall_time") as f64 / 1e6,
+                gpu_metric(&pinned_plan, "staging_time") as f64 / 1e6,
+                gpu_metric(&pinned_plan, "h2d_direct_bytes"),
+            ));
+        }
         if explain_analyze() {
             let shown = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
                 plan.as_ref(),
@@ -302,12 +354,30 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
             gpu_metric(&plan, "input_rows") > 0,
             "the GPU aggregation did not run"
         );
+        let plan_ms = planning_time(&ctx).await.as_secs_f64() * 1e3;
+        // Where the warm run's wall time went, on the host's clock.
+        let phases: String = [
+            "input_time",
+            "prepare_time",
+            "device_wall_time",
+            "staging_time",
+            "emit_time",
+        ]
+        .iter()
+        .map(|name| {
+            format!(
+                " {}_ms={:.1}",
+                name.trim_end_matches("_time"),
+                gpu_metric(&plan, name) as f64 / 1e6
+            )
+        })
+        .collect();
         let kernel_ms = gpu_metric(&plan, "kernel_time") as f64 / 1e6;
         let transfer_ms = gpu_metric(&plan, "transfer_time") as f64 / 1e6;
         let fallbacks = gpu_metric(&plan, "cpu_fallback_partitions");
         let floor = 24.0 * rows as f64 / bandwidth.host_to_device;
         println!(
-            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_fallback_partitions={fallbacks}{variants}",
+            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_plan_ms={cpu_plan_ms:.1} plan_ms={plan_ms:.1}{phases} cpu_fallback_partitions={fallbacks}{variants}",
             if string_keys() { "utf8" } else { "int64" },
             cpu_answer.0,
             cpu.as_secs_f64() * 1e3,

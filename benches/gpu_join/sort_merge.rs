@@ -95,7 +95,7 @@ async fn timed(
     // The GPU join's last run, summed over its partitions (which overlap).
     let ms = |name: &str| operator_metric(&plan, "GpuSortMergeJoinExec", name).1 as f64 / 1e6;
     let breakdown = format!(
-        "collect_ms={:.1} encode_ms={:.1} device_wall_ms={:.1} kernel_ms={:.1} transfer_ms={:.1} emit_ms={:.1} memory_wait_ms={:.1} admission_wait_ms={:.1} h2d_bytes={} d2h_bytes={}",
+        "collect_ms={:.1} encode_ms={:.1} device_wall_ms={:.1} kernel_ms={:.1} transfer_ms={:.1} emit_ms={:.1} memory_wait_ms={:.1} admission_wait_ms={:.1} staging_ms={:.1} h2d_bytes={} h2d_direct_bytes={} d2h_bytes={}",
         ms("collect_time"),
         ms("encode_time"),
         ms("device_wall_time"),
@@ -104,7 +104,9 @@ async fn timed(
         ms("emit_time"),
         ms("device_memory_wait"),
         ms("device_admission_wait"),
+        ms("staging_time"),
         operator_metric(&plan, "GpuSortMergeJoinExec", "h2d_bytes").1,
+        operator_metric(&plan, "GpuSortMergeJoinExec", "h2d_direct_bytes").1,
         operator_metric(&plan, "GpuSortMergeJoinExec", "d2h_bytes").1,
     );
     (median(&mut times), answer, text, breakdown)
@@ -150,10 +152,12 @@ pub async fn benchmark(log2: usize, runs: usize) {
     }
     for sorted in [false, true] {
         let ctx = gpu_session_context(SessionConfig::new().with_target_partitions(cores));
-        ctx.register_table("r", table(&r_keys, 1, cores, sorted))
-            .unwrap();
-        ctx.register_table("s", table(&s_keys, 2, cores, sorted))
-            .unwrap();
+        let (r_table, s_table) = (
+            table(&r_keys, 1, cores, sorted),
+            table(&s_keys, 2, cores, sorted),
+        );
+        ctx.register_table("r", Arc::clone(&r_table) as _).unwrap();
+        ctx.register_table("s", Arc::clone(&s_table) as _).unwrap();
         let keep_order = format!("SET datafusion.optimizer.prefer_existing_sort = {sorted}");
         for statement in [
             "SET datafusion.optimizer.prefer_hash_join = false",
@@ -195,6 +199,39 @@ pub async fn benchmark(log2: usize, runs: usize) {
             cpu.as_secs_f64() / gpu.as_secs_f64(),
         );
         println!("  GPU join, last run, summed over partitions: {breakdown}");
+        // --pinned: both tables copied into pinned host memory
+        // (pin_batches), both paths timed again over them.
+        if std::env::args().any(|a| a == "--pinned") {
+            let (r_pinned, r_pin) = super::pinned_copy(&r_table).await;
+            let (s_pinned, s_pin) = super::pinned_copy(&s_table).await;
+            for (name, table) in [("r", r_pinned), ("s", s_pinned)] {
+                ctx.deregister_table(name).unwrap();
+                ctx.register_table(name, table).unwrap();
+            }
+            ctx.sql("SET gpu.enabled = false").await.unwrap();
+            let (cpu, cpu_pinned_answer, _, _) =
+                timed(&ctx, runs, &format!("{layout} CPU, pinned")).await;
+            assert_eq!(
+                cpu_pinned_answer, cpu_answer,
+                "pinned tables changed the answer"
+            );
+            ctx.sql("SET gpu.enabled = true").await.unwrap();
+            let (gpu, gpu_answer, gpu_plan, breakdown) =
+                timed(&ctx, runs, &format!("{layout} GPU, pinned")).await;
+            assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
+            assert!(
+                gpu_plan.contains("GpuSortMergeJoinExec"),
+                "the GPU join did not run"
+            );
+            println!(
+                "RESULT_SMJ_PINNED layout={layout} log2_rows={log2} pin_ms={:.1} cpu_ms={:.1} gpu_ms={:.1} speedup={:.2}",
+                (r_pin + s_pin).as_secs_f64() * 1e3,
+                cpu.as_secs_f64() * 1e3,
+                gpu.as_secs_f64() * 1e3,
+                cpu.as_secs_f64() / gpu.as_secs_f64(),
+            );
+            println!("  GPU join over pinned tables, last run: {breakdown}");
+        }
     }
     if gpu_available {
         order_by(&r_keys, &s_keys, log2, runs, cores).await;

@@ -17,6 +17,11 @@ pub struct DeviceMetrics {
     pub transfer_time: Time,
     /// Device time in kernels (CUDA events).
     pub kernel_time: Time,
+    /// Host time copying into and out of pinned staging buffers.
+    pub staging_time: Time,
+    /// Bytes copied to the device straight from tables in pinned host
+    /// memory (`pin_batches`), without staging.
+    pub h2d_direct_bytes: Count,
     /// Time spent waiting for the device memory budget.
     pub device_memory_wait: Time,
     /// Time spent waiting for a slot of `gpu.max_concurrent_tasks`.
@@ -31,6 +36,8 @@ impl DeviceMetrics {
             d2h_bytes: builder().counter("d2h_bytes", partition),
             transfer_time: builder().subset_time("transfer_time", partition),
             kernel_time: builder().subset_time("kernel_time", partition),
+            staging_time: builder().subset_time("staging_time", partition),
+            h2d_direct_bytes: builder().counter("h2d_direct_bytes", partition),
             device_memory_wait: builder().subset_time("device_memory_wait", partition),
             device_admission_wait: builder().subset_time("device_admission_wait", partition),
         }
@@ -40,6 +47,8 @@ impl DeviceMetrics {
     pub fn record(&self, times: &PhaseTimes) {
         self.transfer_time.add_duration(times.transfer());
         self.kernel_time.add_duration(times.kernel);
+        self.staging_time.add_duration(times.host_staging);
+        self.h2d_direct_bytes.add(times.direct_host_to_device_bytes);
         self.h2d_bytes.add(times.host_to_device_bytes);
         self.d2h_bytes.add(times.device_to_host_bytes);
     }
@@ -147,6 +156,9 @@ pub struct GpuAggregateMetrics {
     pub input_rows: Count,
     /// Groups found.
     pub groups: Count,
+    /// Wall time from the first poll to the whole input collected (the
+    /// input's own work, such as a scan, included).
+    pub input_time: Time,
     /// Host time evaluating, packing and converting the collected input.
     pub prepare_time: Time,
     /// Wall time of the device part (waits, copies, kernels, staging).
@@ -188,6 +200,7 @@ impl GpuAggregateMetrics {
             baseline: BaselineMetrics::new(set, partition),
             input_rows: builder().counter("input_rows", partition),
             groups: builder().counter("groups", partition),
+            input_time: builder().subset_time("input_time", partition),
             prepare_time: builder().subset_time("prepare_time", partition),
             device_wall_time: builder().subset_time("device_wall_time", partition),
             emit_time: builder().subset_time("emit_time", partition),

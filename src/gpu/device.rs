@@ -119,6 +119,11 @@ impl GpuDevice {
         self.total_memory
     }
 
+    /// The device's context.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
     /// The kernels loaded into this device.
     pub fn kernels(&self) -> &Kernels {
         &self.kernels

@@ -1,13 +1,15 @@
 //! The GPU runtime over cudarc: detection, one context per device, the PTX
-//! modules, streams, a device memory budget, pinned staging buffers and event
-//! timing. This is the only layer that names cudarc; everything above it sees
-//! [`GpuDevice`], typed launch helpers and [`GpuError`].
+//! modules, streams, a device memory budget, pinned staging buffers, tables
+//! in pinned host memory and event timing. This is the only layer that names
+//! cudarc; everything above it sees [`GpuDevice`], typed launch helpers and
+//! [`GpuError`].
 
 mod budget;
 mod device;
 mod error;
 pub mod launch;
 mod pinned;
+mod pinned_host;
 mod runtime;
 mod timing;
 mod transfer;
@@ -16,6 +18,7 @@ pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
 pub use device::{GpuDevice, PooledStream};
 pub use error::{DriverResultExt, GpuError, GpuResult};
 pub use pinned::{PinnedBuffer, PinnedPool};
+pub use pinned_host::{is_pinned, pin_batches, PinnedRegion};
 pub use runtime::{gpu_availability, gpu_runtime, GpuRuntime, GpuUnavailable};
 pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{

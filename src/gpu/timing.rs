@@ -32,6 +32,12 @@ pub struct PhaseTimes {
     pub host_to_device_bytes: usize,
     /// Bytes copied device to host.
     pub device_to_host_bytes: usize,
+    /// Host time copying between host memory and the pinned staging
+    /// buffers, both ways (on the host's clock, not the device's).
+    pub host_staging: Duration,
+    /// Of the bytes copied host to device, those copied straight from
+    /// tables in pinned host memory, without staging.
+    pub direct_host_to_device_bytes: usize,
 }
 
 impl PhaseTimes {
@@ -41,14 +47,19 @@ impl PhaseTimes {
     }
 }
 
-/// Records a pair of events around each span of work enqueued on one stream;
-/// [`PhaseTimer::finish`] reads them once the stream has caught up.
+/// Records a pair of events around each span of work enqueued on a stream
+/// (its own, or another one the work runs on); [`PhaseTimer::finish`] reads
+/// them once every such stream has caught up.
 #[derive(Debug)]
 pub struct PhaseTimer {
     stream: Arc<CudaStream>,
+    /// Streams other than `stream` that spans were recorded on.
+    other_streams: Vec<Arc<CudaStream>>,
     spans: Vec<(Phase, CudaEvent, CudaEvent)>,
     host_to_device_bytes: usize,
     device_to_host_bytes: usize,
+    host_staging: Duration,
+    direct_host_to_device_bytes: usize,
 }
 
 impl PhaseTimer {
@@ -56,10 +67,23 @@ impl PhaseTimer {
     pub fn new(stream: Arc<CudaStream>) -> Self {
         Self {
             stream,
+            other_streams: Vec::new(),
             spans: Vec::new(),
             host_to_device_bytes: 0,
             device_to_host_bytes: 0,
+            host_staging: Duration::ZERO,
+            direct_host_to_device_bytes: 0,
         }
+    }
+
+    /// Counts bytes copied to the device straight from pinned tables.
+    pub fn add_direct_bytes(&mut self, bytes: usize) {
+        self.direct_host_to_device_bytes += bytes;
+    }
+
+    /// Counts host time spent copying into or out of pinned staging buffers.
+    pub fn add_host_staging(&mut self, time: Duration) {
+        self.host_staging += time;
     }
 
     /// Counts `bytes` copied in a copy phase.
@@ -71,28 +95,51 @@ impl PhaseTimer {
         }
     }
 
-    /// Enqueues `work` between two timing events.
+    /// Enqueues `work` between two timing events on the timer's stream.
     pub fn time<T>(&mut self, phase: Phase, work: impl FnOnce() -> GpuResult<T>) -> GpuResult<T> {
+        let stream = Arc::clone(&self.stream);
+        self.time_on(&stream, phase, work)
+    }
+
+    /// Enqueues `work`, which runs on `stream`, between two timing events on
+    /// that stream: the events must follow the work's own stream, or the
+    /// span would measure whatever the timer's stream was doing instead.
+    pub fn time_on<T>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        phase: Phase,
+        work: impl FnOnce() -> GpuResult<T>,
+    ) -> GpuResult<T> {
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self
-            .stream
+        let start = stream
             .record_event(flags)
             .during("recording a timing event")?;
         let value = work()?;
-        let end = self
-            .stream
+        let end = stream
             .record_event(flags)
             .during("recording a timing event")?;
         self.spans.push((phase, start, end));
+        let known = Arc::ptr_eq(stream, &self.stream)
+            || self.other_streams.iter().any(|s| Arc::ptr_eq(s, stream));
+        if !known {
+            self.other_streams.push(Arc::clone(stream));
+        }
         Ok(value)
     }
 
-    /// Waits for the stream, then sums the recorded spans per phase.
+    /// Waits for every stream a span was recorded on, then sums the spans
+    /// per phase. Spans on different streams may overlap in time: their sum
+    /// is the work done, not the wall time it took.
     pub fn finish(self) -> GpuResult<PhaseTimes> {
         self.stream.synchronize().during("synchronizing a stream")?;
+        for stream in &self.other_streams {
+            stream.synchronize().during("synchronizing a stream")?;
+        }
         let mut times = PhaseTimes {
             host_to_device_bytes: self.host_to_device_bytes,
             device_to_host_bytes: self.device_to_host_bytes,
+            host_staging: self.host_staging,
+            direct_host_to_device_bytes: self.direct_host_to_device_bytes,
             ..PhaseTimes::default()
         };
         for (phase, start, end) in &self.spans {

@@ -2,11 +2,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtrMut};
 use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::datatypes::ToByteSlice;
 
-use super::{DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer};
+use super::pinned_host::region_holding;
+use super::{
+    DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer, PinnedRegion,
+};
 use crate::host_copy::{copy_window, host_threads};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
@@ -80,6 +83,10 @@ pub fn upload_byte_pieces_in_windows(
     let window_words = (window_bytes / 8).max(1);
     // SAFETY: every element is written by the copies below before any kernel reads it.
     let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
+    if let Some(runs) = pinned_runs(pieces) {
+        copy_pinned_runs(stream, &runs, bytes, &mut dst, timer)?;
+        return Ok(dst);
+    }
     // Two buffers in turn: filling one waits (in `as_mut_bytes`) only for
     // the copy enqueued from it two windows earlier.
     let mut buffers: [Option<PinnedBuffer>; 2] = [None, None];
@@ -90,12 +97,14 @@ pub fn upload_byte_pieces_in_windows(
             empty => empty.insert(device.pinned().take(words)?),
         };
         let target = &mut staging.as_mut_bytes()?[..8 * words];
+        let filling = std::time::Instant::now();
         let first_byte = 8 * first_word;
         let data_bytes = (bytes - first_byte).min(8 * words);
         let (data, padding) = target.split_at_mut(data_bytes);
         copy_window(data, pieces, first_byte, host_threads(), BYTES_PER_THREAD);
         padding.fill(0);
-        timer.time(Phase::HostToDevice, || {
+        timer.add_host_staging(filling.elapsed());
+        timer.time_on(stream, Phase::HostToDevice, || {
             let src = PinnedPrefix {
                 buffer: staging.raw_mut(),
                 len: words,
@@ -108,6 +117,91 @@ pub fn upload_byte_pieces_in_windows(
     }
     timer.add_bytes(Phase::HostToDevice, 8 * len);
     Ok(dst)
+}
+
+/// Bytes that lie end to end in one pinned region, and where they go among
+/// the uploaded bytes.
+struct PinnedRun<'a> {
+    region: Arc<PinnedRegion>,
+    bytes: &'a [u8],
+    at: usize,
+}
+
+/// `pieces` as runs of contiguous bytes in pinned regions
+/// ([`super::pin_batches`]), or `None` when any piece lies elsewhere: then
+/// everything is staged, which costs no more than staging that piece alone
+/// once the host's copy is the bottleneck.
+fn pinned_runs<'a>(pieces: &[&'a [u8]]) -> Option<Vec<PinnedRun<'a>>> {
+    let mut runs: Vec<PinnedRun<'a>> = Vec::new();
+    let mut at = 0;
+    for &piece in pieces.iter().filter(|p| !p.is_empty()) {
+        let extended = runs.last_mut().and_then(|run| {
+            let joined_len = run.bytes.len() + piece.len();
+            let joins = run.bytes.as_ptr_range().end == piece.as_ptr()
+                && run
+                    .region
+                    .holds_addresses(run.bytes.as_ptr() as usize, joined_len);
+            // SAFETY: the two slices are adjacent and both inside the run's
+            // region (checked just above), one live allocation that the
+            // pieces' owners keep alive for `'a`; nothing writes to it.
+            joins.then(|| {
+                run.bytes = unsafe { std::slice::from_raw_parts(run.bytes.as_ptr(), joined_len) }
+            })
+        });
+        if extended.is_none() {
+            runs.push(PinnedRun {
+                region: region_holding(piece)?,
+                bytes: piece,
+                at,
+            });
+        }
+        at += piece.len();
+    }
+    Some(runs)
+}
+
+/// Copies `runs` (`bytes` bytes in all) straight from pinned host memory
+/// into `dst`, on `stream`, zeroing the last word's padding; each run's
+/// region is kept alive until its copy has finished.
+fn copy_pinned_runs(
+    stream: &Arc<CudaStream>,
+    runs: &[PinnedRun<'_>],
+    bytes: usize,
+    dst: &mut CudaSlice<u64>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<()> {
+    let len = dst.len();
+    if !bytes.is_multiple_of(8) {
+        let mut last = dst.slice_mut(len - 1..len);
+        stream
+            .memset_zeros(&mut last)
+            .during("zeroing an upload's last word")?;
+    }
+    timer.time_on(stream, Phase::HostToDevice, || {
+        let (base, _record_write) = dst.device_ptr_mut(stream);
+        for run in runs {
+            // SAFETY: the destination range `[at, at + len)` lies within
+            // `dst`'s `8 * len >= bytes` bytes; the source is pinned host
+            // memory of a live region, kept alive past the copy by
+            // `hold_until_done` below, and Arrow buffers are never written
+            // once built.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    base + run.at as u64,
+                    run.bytes,
+                    stream.cu_stream(),
+                )
+            }
+            .during("copying from pinned host memory to the device")?;
+        }
+        Ok(())
+    })?;
+    for run in runs {
+        run.region.hold_until_done(stream)?;
+    }
+    timer.add_bytes(Phase::HostToDevice, 8 * len);
+    timer.add_direct_bytes(bytes);
+    Ok(())
 }
 
 /// Copies `device_data` into `out` (resized to its length) through a pinned
@@ -124,6 +218,7 @@ pub fn download_u64(
     out.clear();
     if let Some(staging) = download_to_staging(device, stream, device_data, timer)? {
         let words = staging.as_slice()?;
+        let copying = std::time::Instant::now();
         if words.len() < 2 * WORDS_PER_THREAD {
             out.extend_from_slice(words);
         } else {
@@ -134,6 +229,7 @@ pub fn download_u64(
             *out = vec![0; words.len()];
             copy_window(out, &[words], 0, host_threads(), WORDS_PER_THREAD);
         }
+        timer.add_host_staging(copying.elapsed());
     }
     Ok(())
 }
@@ -151,7 +247,7 @@ fn download_to_staging(
         return Ok(None);
     }
     let mut staging = device.pinned().take(len)?;
-    timer.time(Phase::DeviceToHost, || {
+    timer.time_on(stream, Phase::DeviceToHost, || {
         // The prefix matters: the driver copies as many bytes as the host
         // slice holds, and the pooled buffer may be larger than the data.
         let mut dst = PinnedPrefix {
@@ -195,7 +291,10 @@ pub fn download_byte_pieces(
     let pieces: Vec<&[u8]> = staging.as_slice()?.to_byte_slice()[..bytes]
         .chunks(piece_bytes.max(1))
         .collect();
-    copy_out_in_parallel(&pieces, threads)
+    let copying = std::time::Instant::now();
+    let buffers = copy_out_in_parallel(&pieces, threads);
+    timer.add_host_staging(copying.elapsed());
+    buffers
 }
 
 /// Each of `pieces` copied into a buffer of its own, on up to `threads`
@@ -303,7 +402,7 @@ pub fn measure_copy_bandwidth(
     let mut d2h = Vec::new();
     for round in 0..=repeats {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        timer.time(Phase::HostToDevice, || {
+        timer.time_on(stream, Phase::HostToDevice, || {
             let src = PinnedPrefix {
                 buffer: staging.raw_mut(),
                 len: elements,
@@ -312,7 +411,7 @@ pub fn measure_copy_bandwidth(
                 .memcpy_htod(&src, &mut device_buffer)
                 .during("copying to the device")
         })?;
-        timer.time(Phase::DeviceToHost, || {
+        timer.time_on(stream, Phase::DeviceToHost, || {
             let mut dst = PinnedPrefix {
                 buffer: staging.raw_mut(),
                 len: elements,

@@ -437,10 +437,15 @@ pub fn group_by_device_bytes(
 /// group. `bitmaps` are validity bitmaps ([`validity_bitmap`]) that inputs
 /// refer to by index. `ids` says how rows get their group ids, `back` what
 /// identifies the groups on the host (sorted ids give key words only).
+/// The keys' copy and every kernel go onto `stream`; the inputs and bitmaps
+/// are copied on `copy_stream`, so that they cross the bus while the device
+/// numbers the groups (the kernels that read them wait for their copies).
+/// The same stream may be passed twice.
 #[allow(clippy::too_many_arguments)]
 pub fn group_by(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
+    copy_stream: &Arc<CudaStream>,
     keys: Option<&Words>,
     ids: GroupIds,
     rows: usize,
@@ -456,10 +461,10 @@ pub fn group_by(
         ));
     }
     let sm_count = device.sm_count();
-    // Everything goes onto the stream before the host first waits for it:
-    // the keys' copy and the grouping kernels, then every column's copy, so
-    // that the host stages the next column while the device works through
-    // the queue.
+    // Everything is enqueued before the host first waits for the device:
+    // the keys' copy and the grouping kernels, then every column's copy on
+    // the copy stream, so that the host stages the columns and the bus
+    // carries them while the grouping kernels run.
     let pending = keys
         .map(|keys| match ids {
             GroupIds::Hashed => launch_group_assignment(device, stream, keys, None, timer),
@@ -477,11 +482,11 @@ pub fn group_by(
         .transpose()?;
     let mut device_bitmaps = bitmaps
         .iter()
-        .map(|bits| upload_u64(device, stream, bits, timer))
+        .map(|bits| upload_u64(device, copy_stream, bits, timer))
         .collect::<GpuResult<Vec<_>>>()?;
     let mut columns = inputs
         .iter()
-        .map(|input| upload_input(device, stream, input, rows, timer))
+        .map(|input| upload_input(device, copy_stream, input, rows, timer))
         .collect::<GpuResult<Vec<_>>>()?;
     let mut numbered_in_partitions = false;
     let mut permutation = None;

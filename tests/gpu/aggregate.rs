@@ -752,6 +752,9 @@ async fn device_group_by_matches_the_reference() {
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
+    // A second stream for the inputs' copies, as the operator uses.
+    let copy_stream = device.stream().unwrap();
+    let copy_stream = copy_stream.stream();
     for (rows, domain) in [
         (0usize, 1u64),
         (1, 1),
@@ -836,6 +839,7 @@ async fn device_group_by_matches_the_reference() {
             let got = group_by::group_by(
                 &device,
                 stream,
+                copy_stream,
                 with_keys.then_some(&key_words),
                 ids,
                 rows,
@@ -958,8 +962,10 @@ async fn device_float_sums_of_exact_values_are_exact() {
     for with_keys in [true, false] {
         let keys = with_keys.then_some(keys.as_slice());
         let mut timer = PhaseTimer::new(Arc::clone(stream));
+        // One stream for the copies and the kernels alike.
         let got = group_by::group_by(
             &device,
+            stream,
             stream,
             with_keys.then_some(&key_words),
             GroupIds::Hashed,

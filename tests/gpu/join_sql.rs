@@ -359,3 +359,67 @@ async fn explain_shows_the_gpu_join_and_analyze_shows_its_metrics() {
     );
     assert!(!cpu_plan.contains("GpuHashJoinExec"), "{cpu_plan}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queries_over_pinned_tables_match_the_cpu_and_copy_without_staging() {
+    let Some(_) = require_gpu("queries_over_pinned_tables_match_the_cpu_and_copy_without_staging")
+    else {
+        return;
+    };
+    // Keys with NULLs and duplicates, in batches of a few sizes.
+    let r = key_value_table(
+        &gen_keys(60_000, Keys::Uniform { domain: 20_000 }, 0.05, 1),
+        1,
+        3,
+        4_096,
+    );
+    let s = key_value_table(
+        &gen_keys(
+            90_000,
+            Keys::Zipf {
+                domain: 20_000,
+                s: 1.1,
+            },
+            0.05,
+            2,
+        ),
+        2,
+        4,
+        1_000,
+    );
+    for mode in JoinMode::ALL {
+        let gpu = gpu_context(mode, 4, &[]).await;
+        let cpu = cpu_context(mode, 4, &[]).await;
+        for ctx in [&gpu, &cpu] {
+            ctx.register_table("r", pinned_table(&r).await).unwrap();
+            ctx.register_table("s", pinned_table(&s).await).unwrap();
+        }
+        let sql = "SELECT r.k, r.v, s.v FROM r JOIN s ON r.k = s.k";
+        assert_same_int64_rows(&gpu, &cpu, sql, 1).await;
+        let (_, _, plan) = run(&gpu, sql).await;
+        let direct = plan_metric(&plan, "h2d_direct_bytes");
+        if mode == JoinMode::PartitionedKept {
+            // The join reads DataFusion's hash repartitions, whose batches
+            // are new ones in ordinary memory: everything is staged.
+            assert_eq!(direct, 0, "{mode:?}: nothing pinned reaches the join");
+        } else {
+            assert!(
+                direct > 0,
+                "{mode:?}: the join copied nothing straight from pinned memory"
+            );
+        }
+        let sql = "SELECT k, count(*), max(v), sum(v) FROM s GROUP BY k";
+        let (gpu_batches, gpu_nodes, plan) = run_counting(&gpu, sql, "AggregateExec").await;
+        let (cpu_batches, _, _) = run_counting(&cpu, sql, "AggregateExec").await;
+        assert!(gpu_nodes >= 1, "{mode:?}: no aggregation on the GPU");
+        assert_eq!(
+            int64_rows(&gpu_batches),
+            int64_rows(&cpu_batches),
+            "{mode:?}: {sql}"
+        );
+        assert!(
+            plan_metric(&plan, "h2d_direct_bytes") > 0,
+            "{mode:?}: the aggregation copied nothing straight from pinned memory"
+        );
+    }
+}

@@ -3,6 +3,10 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::array::{
+    Array, ArrayData, ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion_gpu::gpu::launch::{self, ValueWidth};
 use datafusion_gpu::gpu::{
     download_byte_pieces, download_u64, upload_byte_pieces, upload_byte_pieces_in_windows,
@@ -621,4 +625,134 @@ fn raw_keys_become_their_order_preserving_codes_on_the_device() {
             .zip(&sorted)
             .all(|(&id, &code)| expected[id as usize] == code));
     }
+}
+
+/// The bytes of each array's values.
+fn value_bytes(arrays: &[ArrayData]) -> Vec<&[u8]> {
+    arrays
+        .iter()
+        .map(|data| {
+            let width = data.data_type().primitive_width().unwrap();
+            &data.buffers()[0].as_slice()
+                [width * data.offset()..width * (data.offset() + data.len())]
+        })
+        .collect()
+}
+
+/// Batches of an Int64 column (lengths that are and are not multiples of 8
+/// rows, so some neighbours lie end to end in the region and some do not),
+/// an Int32 column with NULLs and a Utf8 column.
+fn mixed_batches() -> Vec<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("n", DataType::Int32, true),
+        Field::new("s", DataType::Utf8, false),
+    ]));
+    let mut next = 0i64;
+    [8192usize, 8192, 1001, 0, 4096, 7]
+        .iter()
+        .map(|&rows| {
+            let k: Vec<i64> = (0..rows as i64)
+                .map(|i| (next + i).wrapping_mul(0x7F4A_7C15_9E37_79B9))
+                .collect();
+            next += rows as i64;
+            let n: Vec<Option<i32>> = (0..rows as i32)
+                .map(|i| (i % 3 != 0).then_some(i))
+                .collect();
+            let s: Vec<String> = (0..rows).map(|i| format!("s{i}")).collect();
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from(k)),
+                Arc::new(Int32Array::from(n)),
+                Arc::new(StringArray::from(s)),
+            ];
+            RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn pinned_tables_upload_straight_from_host_memory_and_match_staged_uploads() {
+    let Some(device) =
+        device("pinned_tables_upload_straight_from_host_memory_and_match_staged_uploads")
+    else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let batches = mixed_batches();
+    let pinned = datafusion_gpu::pin_batches(&batches).unwrap();
+    assert_eq!(pinned, batches, "pinned batches read like the originals");
+    assert!(pinned.iter().all(datafusion_gpu::is_pinned));
+    assert!(!batches.iter().any(datafusion_gpu::is_pinned));
+    // Uploads the pieces, returns the bytes back (padded to whole words)
+    // and how many of them went straight from pinned memory.
+    let upload = |pieces: &[&[u8]]| -> (Vec<u8>, usize) {
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let uploaded = upload_byte_pieces(&device, stream, pieces, &mut timer).unwrap();
+        let mut back = Vec::new();
+        download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
+        let times = timer.finish().unwrap();
+        let back = back.iter().flat_map(|w| w.to_le_bytes()).collect();
+        (back, times.direct_host_to_device_bytes)
+    };
+    let expected = |pieces: &[&[u8]]| -> Vec<u8> {
+        let mut bytes = pieces.concat();
+        bytes.resize(bytes.len().div_ceil(8) * 8, 0);
+        bytes
+    };
+    // Each batch's column `column` without its first `offset` rows.
+    let sliced = |batches: &[RecordBatch], column: usize, offset: usize| -> Vec<ArrayData> {
+        batches
+            .iter()
+            .map(|b| {
+                let array = b.column(column);
+                let skip = offset.min(array.len());
+                array.slice(skip, array.len() - skip).to_data()
+            })
+            .collect()
+    };
+    // 8-byte and 4-byte values (an odd count: the last word is padded),
+    // whole and sliced, from the pinned batches: straight from pinned
+    // memory. The same values from pageable batches, or with one pageable
+    // piece among pinned ones: staged, with the same bytes.
+    for (column, offset) in [(0, 0), (0, 3), (1, 0), (1, 5)] {
+        let pinned_arrays = sliced(&pinned, column, offset);
+        let pinned_pieces = value_bytes(&pinned_arrays);
+        let want = expected(&pinned_pieces);
+        let (back, direct) = upload(&pinned_pieces);
+        assert!(
+            back == want,
+            "column {column}, offset {offset}: pinned upload"
+        );
+        assert_eq!(
+            direct,
+            pinned_pieces.iter().map(|p| p.len()).sum::<usize>(),
+            "column {column}, offset {offset}: every byte straight from pinned memory"
+        );
+        let pageable_arrays = sliced(&batches, column, offset);
+        let pageable = value_bytes(&pageable_arrays);
+        assert_eq!(
+            expected(&pageable),
+            want,
+            "the pinned values are the originals"
+        );
+        let (back, direct) = upload(&pageable);
+        assert!(
+            back == want && direct == 0,
+            "column {column}: pageable upload"
+        );
+        let mut mixed = pinned_pieces.clone();
+        mixed[1] = pageable[1];
+        let (back, direct) = upload(&mixed);
+        assert!(back == want && direct == 0, "column {column}: mixed upload");
+    }
+    // The region outlives the batches' owner only as long as a buffer does.
+    let column = Arc::clone(pinned[0].column(0));
+    drop(pinned);
+    assert_eq!(column.as_ref(), batches[0].column(0).as_ref());
+    drop(column);
+    // A new region after the old one was freed.
+    let again = datafusion_gpu::pin_batches(&batches).unwrap();
+    assert_eq!(again, batches);
 }

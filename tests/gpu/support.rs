@@ -299,3 +299,33 @@ pub async fn assert_same_int64_rows(
     }
     gpu_rows.len()
 }
+
+/// `table` with every partition copied into pinned host memory
+/// (`pin_batches`), as a user keeps a hot table.
+pub async fn pinned_table(table: &MemTable) -> Arc<MemTable> {
+    let mut partitions = Vec::new();
+    for partition in &table.batches {
+        let batches = partition.read().await;
+        partitions.push(datafusion_gpu::pin_batches(&batches).unwrap());
+    }
+    Arc::new(
+        MemTable::try_new(
+            datafusion::catalog::TableProvider::schema(table),
+            partitions,
+        )
+        .unwrap(),
+    )
+}
+
+/// Metric `name` summed over every node of `plan`.
+pub fn plan_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let here = plan
+        .metrics()
+        .and_then(|m| m.sum_by_name(name))
+        .map_or(0, |v| v.as_usize());
+    here + plan
+        .children()
+        .into_iter()
+        .map(|c| plan_metric(c, name))
+        .sum::<usize>()
+}

@@ -181,8 +181,10 @@ async fn collect_inputs(
 
 async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     let input = std::mem::take(&mut task.input);
+    let collecting = task.metrics.input_time.timer();
     let (batches, input_reservations) =
         collect_inputs(input, &task.reservation, &task.metrics).await?;
+    collecting.done();
     let batches = Arc::new(batches);
     let device_task = Arc::new(DevicePart {
         spec: task.spec.clone(),
@@ -544,10 +546,14 @@ impl DevicePart {
             .device_memory_wait
             .add_duration(memory.waited());
         let stream = self.device.stream()?;
+        // The inputs cross the bus on a stream of their own while the
+        // groups are numbered.
+        let copy_stream = self.device.stream()?;
         let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
         let grouped = group_by(
             &self.device,
             stream.stream(),
+            copy_stream.stream(),
             keys,
             ids,
             rows,

@@ -1,0 +1,328 @@
+//! Tables kept in page-locked host memory, which the device copies from
+//! directly. An upload from ordinary (pageable) memory is staged through a
+//! pinned buffer on the host's cores: that copy reads and writes every byte
+//! once more, and on a 16-core host it, not the bus, sets the pace of a
+//! large upload. Batches copied once into a [`PinnedRegion`] with
+//! [`pin_batches`] skip it: the upload finds their buffers in the region
+//! registry and enqueues one direct copy per contiguous run.
+
+use std::collections::BTreeMap;
+use std::panic::RefUnwindSafe;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, PinnedHostSlice};
+use datafusion::arrow::array::{make_array, Array, ArrayData, RecordBatch};
+use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
+use datafusion::error::{DataFusionError, Result};
+
+use super::{gpu_runtime, DriverResultExt, GpuResult};
+
+/// Where each buffer begins inside a region: a multiple of this, which
+/// satisfies every Arrow type's alignment. Buffers of 8-byte values whose
+/// lengths are multiples of it (8 rows) therefore lie end to end, and a
+/// column's run of such batches is one copy.
+const BUFFER_ALIGNMENT: usize = 64;
+
+/// One allocation of page-locked host memory holding buffers of Arrow
+/// arrays. Freed when the last buffer in it is dropped, after every device
+/// copy that reads it has finished.
+pub struct PinnedRegion {
+    memory: PinnedHostSlice<u8>,
+    /// The memory's first address and length, read once.
+    start: usize,
+    len: usize,
+    /// Copies enqueued from this region, recorded after them on their
+    /// streams; waited for before the memory is freed.
+    copies: Mutex<Vec<CudaEvent>>,
+}
+
+impl std::fmt::Debug for PinnedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PinnedRegion({} bytes)", self.memory.len())
+    }
+}
+
+// The region is only read through its buffers and its event list is behind
+// a mutex: a panic cannot leave it half-updated.
+impl RefUnwindSafe for PinnedRegion {}
+
+impl PinnedRegion {
+    /// A region of `bytes` bytes, registered so that uploads find it.
+    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> GpuResult<Arc<Self>> {
+        // SAFETY: the memory is uninitialised; `pin_batches` writes every
+        // byte a buffer covers before the buffer exists, and nothing reads
+        // the padding between buffers. Portable: pinned for every device's
+        // context, not only the allocating one. Not write-combined: the
+        // CPU operators read these tables too.
+        let memory = unsafe {
+            ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE)
+        }
+        .during("allocating pinned host memory for a table")?;
+        let start = memory
+            .as_ptr()
+            .during("reading pinned host memory's address")? as usize;
+        let region = Arc::new(Self {
+            len: memory.len(),
+            start,
+            memory,
+            copies: Mutex::new(Vec::new()),
+        });
+        let (start, _) = region.range();
+        registry()
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(start, Arc::downgrade(&region));
+        Ok(region)
+    }
+
+    /// The region's addresses, `[start, end)`.
+    fn range(&self) -> (usize, usize) {
+        (self.start, self.start + self.len)
+    }
+
+    /// Whether `bytes` lie inside this region.
+    pub(crate) fn holds(&self, bytes: &[u8]) -> bool {
+        self.holds_addresses(bytes.as_ptr() as usize, bytes.len())
+    }
+
+    /// Whether the `len` bytes from address `at` lie inside this region.
+    pub(crate) fn holds_addresses(&self, at: usize, len: usize) -> bool {
+        let (start, end) = self.range();
+        at >= start && at.checked_add(len).is_some_and(|last| last <= end)
+    }
+
+    /// Keeps the region's memory until everything enqueued on `stream` so
+    /// far (the copies just enqueued from it) has finished.
+    pub(crate) fn hold_until_done(&self, stream: &Arc<CudaStream>) -> GpuResult<()> {
+        let event = stream
+            .record_event(None)
+            .during("recording the end of a copy from pinned memory")?;
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        copies.retain(|copy| !copy.is_complete());
+        copies.push(event);
+        Ok(())
+    }
+}
+
+impl Drop for PinnedRegion {
+    fn drop(&mut self) {
+        let (start, _) = self.range();
+        let mut regions = registry().write().unwrap_or_else(|p| p.into_inner());
+        // Only this region's entry: a new region at the same address may
+        // already have replaced it.
+        if regions.get(&start).is_some_and(|w| w.strong_count() == 0) {
+            regions.remove(&start);
+        }
+        drop(regions);
+        for copy in self.copies.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            // A failed wait leaves nothing better to do than free the
+            // memory: the context is then broken and copies have stopped.
+            let _ = copy.synchronize();
+        }
+    }
+}
+
+/// Live regions by their first address.
+fn registry() -> &'static RwLock<BTreeMap<usize, Weak<PinnedRegion>>> {
+    static REGIONS: RwLock<BTreeMap<usize, Weak<PinnedRegion>>> = RwLock::new(BTreeMap::new());
+    &REGIONS
+}
+
+/// The live region that holds all of `bytes`, if any.
+pub(crate) fn region_holding(bytes: &[u8]) -> Option<Arc<PinnedRegion>> {
+    if bytes.is_empty() {
+        return None;
+    }
+    let at = bytes.as_ptr() as usize;
+    let regions = registry().read().unwrap_or_else(|p| p.into_inner());
+    let (_, region) = regions.range(..=at).next_back()?;
+    let region = region.upgrade()?;
+    region.holds(bytes).then_some(region)
+}
+
+/// Whether every buffer of `batch`'s columns lies in pinned host memory
+/// made by [`pin_batches`] (child arrays of nested types are not pinned).
+pub fn is_pinned(batch: &RecordBatch) -> bool {
+    batch.columns().iter().all(|column| {
+        let data = column.to_data();
+        data.buffers()
+            .iter()
+            .all(|b| b.is_empty() || region_holding(b.as_slice()).is_some())
+    })
+}
+
+/// Copies `batches` into one region of page-locked host memory and returns
+/// them backed by it, column by column (each column's value buffers of all
+/// batches first, end to end, then its other buffers), so that the device
+/// copies a column in a few direct transfers instead of staging it through
+/// a pinned buffer on the host. The batches read and compare like the
+/// originals; the region is freed when the last of them is dropped. Meant
+/// for tables that stay in memory and are queried many times (a
+/// `MemTable`): pinning costs about as much as one staged upload, and
+/// page-locked memory cannot be swapped out.
+///
+/// Child arrays of nested types stay where they are. Without a GPU the
+/// batches are returned as they are.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use datafusion::arrow::record_batch::RecordBatch;
+/// # use datafusion::datasource::MemTable;
+/// # fn demo(schema: datafusion::arrow::datatypes::SchemaRef, partitions: Vec<Vec<RecordBatch>>)
+/// #     -> datafusion::error::Result<()> {
+/// let pinned = partitions
+///     .iter()
+///     .map(|batches| datafusion_gpu::pin_batches(batches))
+///     .collect::<datafusion::error::Result<Vec<_>>>()?;
+/// let table = MemTable::try_new(schema, pinned)?;
+/// # Ok(()) }
+/// ```
+pub fn pin_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    let Ok(runtime) = gpu_runtime() else {
+        return Ok(batches.to_vec());
+    };
+    let Some(device) = runtime.devices().first() else {
+        return Ok(batches.to_vec());
+    };
+    let columns = batches.first().map_or(0, |b| b.num_columns());
+    // Per column, per batch: the array's data.
+    let data: Vec<Vec<ArrayData>> = (0..columns)
+        .map(|c| batches.iter().map(|b| b.column(c).to_data()).collect())
+        .collect();
+    // Every buffer as (column, batch, index), in the order it is laid out:
+    // per column, the first buffer of every batch (the values, for
+    // fixed-width types), then each batch's others; index
+    // `buffers().len()` stands for the validity bitmap.
+    let mut layout: Vec<(usize, usize, usize)> = Vec::new();
+    for (c, per_batch) in data.iter().enumerate() {
+        for (b, array) in per_batch.iter().enumerate() {
+            if !array.buffers().is_empty() {
+                layout.push((c, b, 0));
+            }
+        }
+        for (b, array) in per_batch.iter().enumerate() {
+            let count = array.buffers().len();
+            layout.extend((1..count).map(|i| (c, b, i)));
+            if array.nulls().is_some() {
+                layout.push((c, b, count));
+            }
+        }
+    }
+    let source = |(c, b, i): (usize, usize, usize)| -> &[u8] {
+        let array = &data[c][b];
+        match array.buffers().get(i) {
+            Some(buffer) => buffer.as_slice(),
+            None => array.nulls().map_or(&[], |n| n.buffer().as_slice()),
+        }
+    };
+    let mut offsets = Vec::with_capacity(layout.len());
+    let mut bytes = 0usize;
+    for &at in &layout {
+        offsets.push(bytes);
+        bytes = (bytes + source(at).len()).next_multiple_of(BUFFER_ALIGNMENT);
+    }
+    let region = PinnedRegion::new(device.context(), bytes).map_err(DataFusionError::from)?;
+    let base = region.start as *mut u8;
+    let mut pinned: Vec<Vec<Vec<Option<Buffer>>>> = data
+        .iter()
+        .map(|per_batch| {
+            per_batch
+                .iter()
+                .map(|d| vec![None; d.buffers().len() + 1])
+                .collect()
+        })
+        .collect();
+    for (&(c, b, i), &offset) in layout.iter().zip(&offsets) {
+        let from = source((c, b, i));
+        // SAFETY: `offset + from.len()` is within the region's `bytes`
+        // (the offsets were laid out from these lengths), the region is
+        // host memory this process owns, and nothing else has a reference
+        // into it yet; `from` is a different allocation.
+        let to = unsafe {
+            let to = base.add(offset);
+            std::ptr::copy_nonoverlapping(from.as_ptr(), to, from.len());
+            NonNull::new_unchecked(to)
+        };
+        // SAFETY: the bytes at `to` were just written, stay valid and
+        // unchanged while the region lives, and the buffer holds the region.
+        let buffer = unsafe {
+            Buffer::from_custom_allocation(to, from.len(), Arc::clone(&region) as Arc<_>)
+        };
+        pinned[c][b][i] = Some(buffer);
+    }
+    let arrays: Vec<Vec<_>> =
+        data.iter()
+            .zip(pinned)
+            .map(|(per_batch, buffers)| {
+                per_batch
+                    .iter()
+                    .zip(buffers)
+                    .map(|(array, mut buffers)| {
+                        let nulls = buffers.pop().flatten();
+                        let buffers: Vec<Buffer> = buffers.into_iter().flatten().collect();
+                        let nulls =
+                            match (array.nulls(), nulls) {
+                                (Some(old), Some(bits)) => Some(NullBuffer::new(
+                                    BooleanBuffer::new(bits, old.offset(), old.len()),
+                                )),
+                                (old, _) => old.cloned(),
+                            };
+                        let rebuilt = array
+                            .clone()
+                            .into_builder()
+                            .buffers(buffers)
+                            .nulls(nulls)
+                            .build()?;
+                        Ok(make_array(rebuilt))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<_>>()?;
+    batches
+        .iter()
+        .enumerate()
+        .map(|(b, batch)| {
+            let columns = arrays
+                .iter()
+                .map(|per_batch| Arc::clone(&per_batch[b]))
+                .collect();
+            Ok(RecordBatch::try_new(batch.schema(), columns)?)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{ArrayRef, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    #[test]
+    fn pinned_batches_read_like_their_originals_with_or_without_a_gpu() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        let batches: Vec<RecordBatch> = [5usize, 0, 1000]
+            .iter()
+            .map(|&rows| {
+                let k: Vec<Option<i64>> = (0..rows as i64)
+                    .map(|i| (i % 7 != 0).then_some(i * 3))
+                    .collect();
+                let s: Vec<String> = (0..rows).map(|i| format!("v{i}")).collect();
+                let columns: Vec<ArrayRef> = vec![
+                    Arc::new(Int64Array::from(k)),
+                    Arc::new(StringArray::from(s)),
+                ];
+                RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
+            })
+            .collect();
+        let pinned = pin_batches(&batches).unwrap();
+        assert_eq!(pinned, batches);
+        // Pinned where a GPU is, left as they are where none is.
+        let gpu = gpu_runtime().is_ok();
+        assert!(pinned.iter().all(|b| is_pinned(b) == gpu));
+        assert!(pin_batches(&[]).unwrap().is_empty());
+    }
+}
