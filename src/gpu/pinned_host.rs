@@ -108,13 +108,12 @@ impl PinnedRegion {
 impl Drop for PinnedRegion {
     fn drop(&mut self) {
         let (start, _) = self.range();
-        let mut regions = registry().write().unwrap_or_else(|p| p.into_inner());
-        // Only this region's entry: a new region at the same address may
-        // already have replaced it.
-        if regions.get(&start).is_some_and(|w| w.strong_count() == 0) {
-            regions.remove(&start);
-        }
-        drop(regions);
+        // The entry at this address is this region's: no other region can
+        // have the address before this memory is freed, after this body.
+        registry()
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&start);
         for copy in self.copies.get_mut().unwrap_or_else(|p| p.into_inner()) {
             // A failed wait leaves nothing better to do than free the
             // memory: the context is then broken and copies have stopped.
@@ -162,8 +161,9 @@ pub fn is_pinned(batch: &RecordBatch) -> bool {
 /// `MemTable`): pinning costs about as much as one staged upload, and
 /// page-locked memory cannot be swapped out.
 ///
-/// Child arrays of nested types stay where they are. Without a GPU the
-/// batches are returned as they are.
+/// The batches must share one schema (a partition's do); others are an
+/// error. Child arrays of nested types stay where they are. Without a GPU
+/// the batches are returned as they are.
 ///
 /// ```no_run
 /// # use std::sync::Arc;
@@ -179,13 +179,23 @@ pub fn is_pinned(batch: &RecordBatch) -> bool {
 /// # Ok(()) }
 /// ```
 pub fn pin_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    let Some(first) = batches.first() else {
+        return Ok(Vec::new());
+    };
+    if let Some(other) = batches.iter().find(|b| b.schema() != first.schema()) {
+        return Err(DataFusionError::Plan(format!(
+            "pin_batches: batches of one call must share a schema; {} and {} differ",
+            first.schema(),
+            other.schema()
+        )));
+    }
     let Ok(runtime) = gpu_runtime() else {
         return Ok(batches.to_vec());
     };
     let Some(device) = runtime.devices().first() else {
         return Ok(batches.to_vec());
     };
-    let columns = batches.first().map_or(0, |b| b.num_columns());
+    let columns = first.num_columns();
     // Per column, per batch: the array's data.
     let data: Vec<Vec<ArrayData>> = (0..columns)
         .map(|c| batches.iter().map(|b| b.column(c).to_data()).collect())
@@ -324,5 +334,14 @@ mod tests {
         let gpu = gpu_runtime().is_ok();
         assert!(pinned.iter().all(|b| is_pinned(b) == gpu));
         assert!(pin_batches(&[]).unwrap().is_empty());
+        // Batches of different schemas: an error, not a panic.
+        let other = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)])),
+            vec![Arc::new(Int64Array::from(vec![1i64]))],
+        )
+        .unwrap();
+        let mixed = [batches[0].clone(), other];
+        let error = pin_batches(&mixed).unwrap_err().to_string();
+        assert!(error.contains("share a schema"), "{error}");
     }
 }

@@ -177,7 +177,7 @@ fn copy_pinned_runs(
             .memset_zeros(&mut last)
             .during("zeroing an upload's last word")?;
     }
-    timer.time_on(stream, Phase::HostToDevice, || {
+    let copied = timer.time_on(stream, Phase::HostToDevice, || {
         let (base, _record_write) = dst.device_ptr_mut(stream);
         for run in runs {
             // SAFETY: the destination range `[at, at + len)` lies within
@@ -195,10 +195,18 @@ fn copy_pinned_runs(
             .during("copying from pinned host memory to the device")?;
         }
         Ok(())
-    })?;
+    });
+    // Whatever was enqueued, even before a failed copy, keeps its region
+    // alive until it has finished.
+    // (Regions are few: one per pinned partition, however many runs.)
+    let mut held: Vec<&Arc<PinnedRegion>> = Vec::new();
     for run in runs {
-        run.region.hold_until_done(stream)?;
+        if !held.iter().any(|r| Arc::ptr_eq(r, &run.region)) {
+            run.region.hold_until_done(stream)?;
+            held.push(&run.region);
+        }
     }
+    copied?;
     timer.add_bytes(Phase::HostToDevice, 8 * len);
     timer.add_direct_bytes(bytes);
     Ok(())
