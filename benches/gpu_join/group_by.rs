@@ -181,22 +181,14 @@ fn gpu_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     super::operator_metric(plan, "GpuAggregateExec", name).1
 }
 
-/// The median of `runs` GPU runs of the query, each answer checked, and the
-/// last run's plan.
+/// The median of `runs` runs of the query (on the GPU or, with it switched
+/// off, the CPU), each answer checked, and the last run's plan.
 async fn time_gpu(
     ctx: &SessionContext,
     runs: usize,
     cpu_answer: (usize, u64),
 ) -> (Duration, Arc<dyn ExecutionPlan>) {
-    let mut times = Vec::new();
-    let mut last_plan = None;
-    for _ in 0..runs.max(1) {
-        let (t, answer, plan) = run_once(ctx).await;
-        assert_eq!(answer, cpu_answer, "GPU answer differs from the CPU's");
-        times.push(t);
-        last_plan = Some(plan);
-    }
-    (median(&mut times), last_plan.expect("at least one run"))
+    super::timed_runs(runs, &cpu_answer, || run_once(ctx)).await
 }
 
 pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: usize) {
@@ -316,7 +308,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
             ctx.deregister_table("r").unwrap();
             ctx.register_table("r", pinned).unwrap();
             ctx.sql("SET gpu.enabled = false").await.unwrap();
-            let (cpu_pinned, _) = super::timed_runs(runs, &cpu_answer, || run_once(&ctx)).await;
+            let (cpu_pinned, _) = time_gpu(&ctx, runs, cpu_answer).await;
             ctx.sql("SET gpu.enabled = true").await.unwrap();
             run_once(&ctx).await;
             let (gpu_pinned, pinned_plan) = time_gpu(&ctx, runs, cpu_answer).await;
