@@ -125,6 +125,7 @@ fn table(keys: &[i64], salt: i64, partitions: usize, int32: bool) -> Arc<MemTabl
 }
 
 async fn run_once(ctx: &SessionContext) -> (Duration, Vec<i64>, Arc<dyn ExecutionPlan>) {
+    datafusion_gpu::trace::event(|| "query: planning".into());
     let start = Instant::now();
     let plan = ctx
         .sql(SQL)
@@ -133,10 +134,12 @@ async fn run_once(ctx: &SessionContext) -> (Duration, Vec<i64>, Arc<dyn Executio
         .create_physical_plan()
         .await
         .unwrap();
+    datafusion_gpu::trace::event(|| "query: executing".into());
     let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
         .await
         .unwrap();
     let elapsed = start.elapsed();
+    datafusion_gpu::trace::event(|| "query: answered".into());
     let answer = batches[0]
         .columns()
         .iter()

@@ -39,6 +39,7 @@ mod host_copy;
 pub mod ops;
 pub mod planner;
 mod session;
+pub mod trace;
 
 pub use exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
 pub use gpu::{is_pinned, pin_batches};

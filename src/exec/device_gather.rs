@@ -22,11 +22,12 @@ use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::exec::hash_join::{compact_views, ColumnSource, OutputAssembler};
+use crate::exec::pair_aggregate::PairReduction;
 use crate::exec::row_source::RowSource;
-use crate::gpu::launch::{self, ValueWidth};
+use crate::gpu::launch::{self, AggregateOp, GroupRows, ValueWidth};
 use crate::gpu::{
     download_byte_pieces, download_u64, upload_byte_pieces, DeviceVec, DriverResultExt, GpuDevice,
-    GpuResult, Phase, PhaseTimer,
+    GpuError, GpuResult, Phase, PhaseTimer,
 };
 
 /// Whether the join's output rows are exactly its pairs, so columns can be
@@ -329,6 +330,123 @@ pub(crate) fn gather_batches(
             assembler.batch_from_columns(batch_columns, rows)
         })
         .collect())
+}
+
+/// One word per reduction over the first `len` pairs (see
+/// [`crate::exec::pair_aggregate`]): each column a reduction reads is
+/// gathered by the pairs and reduced on the device, and only the words come
+/// back. `sources` maps the join's output columns to the sides' columns.
+/// `None` when a column a reduction reads is not on the device in this
+/// range (a side with NULLs, another width): the caller then assembles the
+/// output rows on the host.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reduce_pairs(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    reductions: &[PairReduction],
+    sources: &[ColumnSource],
+    build: &GatherSide<'_>,
+    probe: &GatherSide<'_>,
+    len: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Option<Vec<u64>>> {
+    // Every column first: a range either reduces whole on the device or
+    // not at all.
+    let mut inputs = Vec::with_capacity(reductions.len());
+    for reduction in reductions {
+        let input = match reduction.column() {
+            None => None,
+            Some(column) => {
+                let (side, index) = match sources.get(column) {
+                    Some(ColumnSource::Build(i)) => (build, *i),
+                    Some(ColumnSource::Probe(i)) => (probe, *i),
+                    _ => return Ok(None),
+                };
+                match side.resident.get(index) {
+                    Some(values) if values.width == ValueWidth::Eight => Some((side, values)),
+                    _ => return Ok(None),
+                }
+            }
+        };
+        inputs.push(input);
+    }
+    let mut words = Vec::with_capacity(reductions.len());
+    if len == 0 {
+        words.resize(reductions.len(), 0);
+        return Ok(Some(words));
+    }
+    let kernels = device.kernels();
+    let sm_count = device.sm_count();
+    let mut gathered: Option<DeviceVec<u64>> = None;
+    for (reduction, input) in reductions.iter().zip(inputs) {
+        let (op, flip) = match *reduction {
+            PairReduction::Fold { op, flip, .. } => (op, flip),
+            PairReduction::SumF64(_) => (AggregateOp::Sum, 0),
+            // Columns on the device have no NULLs: every pair counts.
+            PairReduction::CountPairs | PairReduction::CountColumn(_) => {
+                words.push(len as u64);
+                continue;
+            }
+        };
+        let Some((side, values)) = input else {
+            return Err(GpuError::Invalid(format!(
+                "{reduction:?} without its column"
+            )));
+        };
+        let target = match &mut gathered {
+            Some(target) => target,
+            None => {
+                // SAFETY: each gather below writes the first `len` words
+                // before the reduction reads them.
+                let buffer =
+                    unsafe { stream.alloc::<u64>(len) }.during("allocating gathered values")?;
+                gathered.insert(buffer)
+            }
+        };
+        let mut out: DeviceVec<u64> =
+            // SAFETY: filled with the identity right below, before any read.
+            unsafe { stream.alloc(1) }.during("allocating a reduction's word")?;
+        let rows = GroupRows {
+            groups_of_rows: None,
+            rows: len,
+            valid_bits: None,
+            groups: 1,
+        };
+        timer.time(Phase::Kernel, || {
+            launch::gather_values(
+                kernels,
+                stream,
+                sm_count,
+                ValueWidth::Eight,
+                &values.words,
+                side.batch.num_rows(),
+                side.ids,
+                len,
+                target,
+            )?;
+            if let PairReduction::SumF64(_) = reduction {
+                launch::fill_u64(kernels, stream, sm_count, &mut out, 0f64.to_bits())?;
+                launch::aggregate_f64_sum(kernels, stream, sm_count, rows, target, &mut out)
+            } else {
+                launch::fill_u64(kernels, stream, sm_count, &mut out, op.identity())?;
+                launch::aggregate_u64(
+                    kernels,
+                    stream,
+                    sm_count,
+                    rows,
+                    Some(target),
+                    None,
+                    op,
+                    flip,
+                    &mut out,
+                )
+            }
+        })?;
+        let mut word = Vec::with_capacity(1);
+        download_u64(device, stream, &out.as_view(), &mut word, timer)?;
+        words.push(word[0]);
+    }
+    Ok(Some(words))
 }
 
 #[cfg(test)]

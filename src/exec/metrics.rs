@@ -82,6 +82,9 @@ pub struct GpuJoinMetrics {
     /// Output rows whose columns were gathered on the device (the rest were
     /// gathered on the host by row id).
     pub rows_gathered_on_device: Count,
+    /// Pairs reduced on the device by the partial aggregation the join
+    /// computes (`partial_aggregate` in `EXPLAIN`), never made into rows.
+    pub rows_aggregated_on_device: Count,
 }
 
 impl GpuJoinMetrics {
@@ -100,6 +103,7 @@ impl GpuJoinMetrics {
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_chunks: builder().counter("cpu_fallback_chunks", partition),
             rows_gathered_on_device: builder().counter("rows_gathered_on_device", partition),
+            rows_aggregated_on_device: builder().counter("rows_aggregated_on_device", partition),
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod keys;
 mod metrics;
 mod once;
 mod ordered_keys;
+mod pair_aggregate;
 mod parallel;
 mod row_source;
 mod sort_merge_join;

@@ -131,6 +131,15 @@ extensions_options! {
         /// instead of gathering every column row by row on the host. `false`
         /// gathers on the host, as other joins always do.
         pub device_gather: bool, default = true
+        /// Compute an aggregation without GROUP BY (`COUNT`, `SUM`, `MIN`,
+        /// `MAX`) right above a GPU inner join without a residual filter in
+        /// the join itself: the aggregated columns are gathered by the
+        /// matching pairs and reduced on the device, and one row of partial
+        /// states per partition comes back instead of the join's output
+        /// rows, which then never cross the bus nor become batches.
+        /// `EXPLAIN` shows `partial_aggregate=[...]` on the join. `false`
+        /// leaves DataFusion's partial aggregation above the join.
+        pub aggregate_in_join: bool, default = true
         /// Probe chunks that start device work on one device at once; the
         /// others wait, which bounds the device work in flight (device
         /// memory is bounded by `memory_fraction` either way). A chunk

@@ -321,6 +321,20 @@ fn collect_decisions(
     out: &mut Vec<NodeDecision>,
 ) {
     if let Some(gpu_join) = plan.downcast_ref::<GpuHashJoinExec>() {
+        let aggregate = gpu_join
+            .partial_aggregate_node()
+            .and_then(|node| node.downcast_ref::<AggregateExec>());
+        if let Some(agg) = aggregate {
+            out.push(NodeDecision {
+                operator: "AggregateExec".into(),
+                detail: describe_aggregate(agg),
+                placement: Placement::Gpu {
+                    algorithm: "reduced on the device from the pairs of the GPU hash join below \
+                                it, inside GpuHashJoinExec (partial_aggregate)"
+                        .into(),
+                },
+            });
+        }
         out.push(NodeDecision {
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(gpu_join.hash_join()),

@@ -156,6 +156,9 @@ fn rewrite(
         }
     }
     if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+        if let Some(join) = aggregate_into_join(&node, agg, options) {
+            return Ok(join);
+        }
         if let Some(gpu_agg) = gpu_aggregate(&node, agg, partitioning_free, options, gpu)? {
             return Ok(gpu_agg);
         }
@@ -465,6 +468,29 @@ fn gpu_aggregate(
         return Ok(Some(Arc::new(GpuAggregateExec::try_new(Arc::clone(node))?)));
     }
     Ok(None)
+}
+
+/// The GPU hash join below `agg` computing `agg` from its pairs (see
+/// [`GpuHashJoinExec::with_partial_aggregate`]), where `agg` is directly
+/// above one and the join allows it; `None` otherwise.
+fn aggregate_into_join(
+    node: &Arc<dyn ExecutionPlan>,
+    agg: &AggregateExec,
+    options: &GpuOptions,
+) -> Option<Arc<dyn ExecutionPlan>> {
+    if !options.aggregate_in_join || !options.device_gather {
+        return None;
+    }
+    let join = agg.input().downcast_ref::<GpuHashJoinExec>()?;
+    if join.partial_aggregate().is_some() {
+        return None;
+    }
+    let fused = join
+        .remade_over_same_children()
+        .ok()?
+        .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
+        .ok()?;
+    Some(Arc::new(fused))
 }
 
 /// Per side of `join`: whether its child is a `SortExec` that sorts each
@@ -1428,6 +1454,78 @@ mod tests {
         let plan = rewritten("SELECT k, count(*) FROM r GROUP BY k", false).await;
         for agg in gpu_aggregates(&plan) {
             super::decide_aggregate(agg.aggregate(), &few_groups, Ok(())).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn an_ungrouped_aggregate_above_an_inner_join_is_computed_in_the_join() {
+        use datafusion::physical_plan::aggregates::AggregateMode;
+        let options = |aggregate_in_join: bool| GpuOptions {
+            min_rows: 0,
+            aggregate_single_phase: false,
+            aggregate_in_join,
+            ..GpuOptions::default()
+        };
+        let sql = "SELECT count(*), sum(r.v), min(s.v), max(r.k), count(s.v) \
+                   FROM r JOIN s ON r.k = s.k";
+        let partial_modes = |plan: &Arc<dyn ExecutionPlan>| {
+            cpu_aggregates(plan)
+                .iter()
+                .filter(|agg| *agg.mode() == AggregateMode::Partial)
+                .count()
+        };
+        let plan = rewritten_with(sql, options(true)).await;
+        let joins = gpu_joins(&plan);
+        assert_eq!(joins.len(), 1, "{}", show(&plan));
+        assert_eq!(
+            joins[0].partial_aggregate().as_deref(),
+            Some("count(Int64(1)), sum(r.v), min(s.v), max(r.k), count(s.v)"),
+            "{}",
+            show(&plan)
+        );
+        assert_eq!(partial_modes(&plan), 0, "{}", show(&plan));
+        let finals = cpu_aggregates(&plan);
+        assert_eq!(finals.len(), 1, "{}", show(&plan));
+        assert_eq!(*finals[0].mode(), AggregateMode::Final);
+        // The join's node has the partial aggregation's schema.
+        assert_eq!(
+            finals[0].input().children()[0].schema(),
+            joins[0].schema(),
+            "{}",
+            show(&plan)
+        );
+        assert!(show(&plan).contains("partial_aggregate=[count(Int64(1)), sum(r.v)"));
+        let decisions = crate::planner::gpu_decisions(&plan, &ConfigOptions::new());
+        assert!(
+            decisions.iter().any(|d| d.operator == "AggregateExec"
+                && d.on_gpu()
+                && d.to_string().contains("partial_aggregate")),
+            "{decisions:?}"
+        );
+
+        // Switched off, DataFusion's partial aggregation stays.
+        let plan = rewritten_with(sql, options(false)).await;
+        assert!(gpu_joins(&plan)[0].partial_aggregate().is_none());
+        assert_eq!(partial_modes(&plan), 1, "{}", show(&plan));
+
+        // Aggregations the join does not compute, and joins that do not
+        // emit one row per pair.
+        for sql in [
+            "SELECT r.k, count(*) FROM r JOIN s ON r.k = s.k GROUP BY r.k",
+            "SELECT sum(r.v) FILTER (WHERE r.v > 3) FROM r JOIN s ON r.k = s.k",
+            "SELECT avg(r.v) FROM r JOIN s ON r.k = s.k",
+            "SELECT sum(r.v + 1) FROM r JOIN s ON r.k = s.k",
+            "SELECT count(*), sum(s.v) FROM r LEFT JOIN s ON r.k = s.k",
+            "SELECT count(*) FROM r JOIN s ON r.k = s.k AND r.v < s.v",
+        ] {
+            let plan = rewritten_with(sql, options(true)).await;
+            let joins = gpu_joins(&plan);
+            assert!(!joins.is_empty(), "{sql}\n{}", show(&plan));
+            assert!(
+                joins.iter().all(|j| j.partial_aggregate().is_none()),
+                "{sql}\n{}",
+                show(&plan)
+            );
         }
     }
 }

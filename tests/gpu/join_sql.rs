@@ -423,3 +423,161 @@ async fn queries_over_pinned_tables_match_the_cpu_and_copy_without_staging() {
         );
     }
 }
+
+/// Aggregations without GROUP BY computed inside the GPU join from its
+/// pairs (`partial_aggregate`): against DataFusion's join and aggregation,
+/// with NULL keys, duplicates, sums that wrap, empty sides, many output
+/// ranges, and columns with NULLs that send ranges to the host's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aggregates_computed_in_the_join_match_the_cpu() {
+    let Some(_) = require_gpu("aggregates_computed_in_the_join_match_the_cpu") else {
+        return;
+    };
+    // Reduced on the device: the v columns have no NULLs.
+    let on_device = "SELECT count(*), sum(r.v), sum(s.v), min(r.v), max(s.v), count(s.v) \
+                     FROM r JOIN s ON r.k = s.k";
+    // r.k has NULLs, so its column never goes to the device: the rows are
+    // made on the host and aggregated there.
+    let on_host = "SELECT count(r.k), max(r.k), sum(s.v) FROM r JOIN s ON r.k = s.k";
+    let many = gen_keys(200_000, Keys::Uniform { domain: 20_000 }, 0.05, 21);
+    let few = gen_keys(
+        30_000,
+        Keys::Zipf {
+            domain: 20_000,
+            s: 1.2,
+        },
+        0.1,
+        22,
+    );
+    let no_match: Vec<Option<i64>> = few.iter().map(|k| k.map(|k| k + 1_000_000)).collect();
+    // (name, r's keys, s's keys, extra settings)
+    type Case<'a> = (&'a str, &'a [Option<i64>], &'a [Option<i64>], &'a [&'a str]);
+    let cases: Vec<Case<'_>> = vec![
+        ("many to many", &few, &many, &[]),
+        (
+            "many ranges",
+            &few,
+            &many,
+            &[
+                "SET gpu.probe_chunk_rows = 7777",
+                "SET gpu.max_output_pairs = 10000",
+            ],
+        ),
+        ("empty build", &[], &many, &[]),
+        ("empty probe", &few, &[], &[]),
+        ("no match", &no_match, &many, &[]),
+    ];
+    for (name, r, s, extra) in cases {
+        for mode in JoinMode::ALL {
+            let gpu = gpu_context(mode, 4, extra).await;
+            let cpu = cpu_context(mode, 4, extra).await;
+            register([&gpu, &cpu], r, s, 3, 4096).await;
+            assert_same_int64_rows(&gpu, &cpu, on_device, 1).await;
+            let (_, _, plan) = run(&gpu, on_device).await;
+            let shown = datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(true)
+                .to_string();
+            assert!(
+                shown.contains("partial_aggregate=[count(Int64(1)), sum(r.v), sum(s.v)"),
+                "{name}, {mode:?}: the join does not compute the aggregation\n{shown}"
+            );
+            let reduced = plan_metric(&plan, "rows_aggregated_on_device");
+            let pairs = plan_metric(&plan, "rows_gathered_on_device");
+            assert_eq!(pairs, 0, "{name}, {mode:?}: rows were made on the device");
+            // Every pair was reduced on the device: as many as the join has.
+            let (cpu_batches, _, _) = run(&cpu, on_device).await;
+            let join_rows = int64_rows(&cpu_batches)[0][0].unwrap_or(0) as usize;
+            assert_eq!(reduced, join_rows, "{name}, {mode:?}: pairs reduced");
+            if name == "many to many" {
+                assert!(join_rows > 100_000, "{name}: {join_rows} rows");
+            }
+            assert_same_int64_rows(&gpu, &cpu, on_host, 1).await;
+            let (_, _, plan) = run(&gpu, on_host).await;
+            // Over DataFusion's hash repartitions, the NULL keys all go to
+            // one partition, and the others' r.k has none: those reduce on
+            // the device.
+            if mode != JoinMode::PartitionedKept {
+                assert_eq!(
+                    plan_metric(&plan, "rows_aggregated_on_device"),
+                    0,
+                    "{name}, {mode:?}: a column with NULLs was reduced on the device"
+                );
+            }
+        }
+    }
+}
+
+/// The same over other column types: timestamps with a time zone (MIN and
+/// MAX), unsigned integers (wrapping SUM), floats (SUM of integral values,
+/// exact in any order), with the option off as the reference's twin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aggregates_in_the_join_over_timestamps_unsigned_and_floats() {
+    let Some(_) = require_gpu("aggregates_in_the_join_over_timestamps_unsigned_and_floats") else {
+        return;
+    };
+    use datafusion::arrow::array::{Float64Array, Int64Array, UInt64Array};
+    let rows = 50_000usize;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("+02:00".into())),
+            false,
+        ),
+        Field::new("u", DataType::UInt64, false),
+        Field::new("f", DataType::Float64, false),
+    ]));
+    let make = |salt: i64| {
+        table_from_columns(Arc::clone(&schema), rows, 3, 3000, move |range| {
+            let mix = |i: usize| (i as i64).wrapping_mul(0x9E37_79B9).wrapping_add(salt);
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    range.clone().map(|i| (i as i64 * 7 + salt) % 9_000),
+                )) as ArrayRef,
+                Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(
+                        range
+                            .clone()
+                            .map(|i| mix(i) % 1_000_000_000_000 - 400_000_000_000),
+                    )
+                    .with_timezone("+02:00"),
+                ),
+                Arc::new(UInt64Array::from_iter_values(
+                    range.clone().map(|i| (mix(i) as u64).rotate_left(17)),
+                )),
+                Arc::new(Float64Array::from_iter_values(
+                    range.map(|i| (mix(i) % 1_000) as f64 - 300.0),
+                )),
+            ]
+        })
+    };
+    let sql = "SELECT min(x.ts), max(y.ts), sum(x.u), min(y.u), max(x.u), sum(y.f), count(*) \
+               FROM x JOIN y ON x.k = y.k";
+    for mode in JoinMode::ALL {
+        let gpu = gpu_context(mode, 4, &[]).await;
+        let off = gpu_context(mode, 4, &["SET gpu.aggregate_in_join = false"]).await;
+        let cpu = cpu_context(mode, 4, &[]).await;
+        for ctx in [&gpu, &off, &cpu] {
+            ctx.register_table("x", make(1)).unwrap();
+            ctx.register_table("y", make(2)).unwrap();
+        }
+        let (gpu_batches, gpu_nodes, plan) = run(&gpu, sql).await;
+        let (off_batches, _, _) = run(&off, sql).await;
+        let (cpu_batches, _, _) = run(&cpu, sql).await;
+        assert!(gpu_nodes >= 1, "{mode:?}: {sql} did not run on the GPU");
+        assert!(
+            plan_metric(&plan, "rows_aggregated_on_device") > 100_000,
+            "{mode:?}: the pairs were not reduced on the device"
+        );
+        assert_eq!(
+            string_rows(&gpu_batches),
+            string_rows(&cpu_batches),
+            "{mode:?}"
+        );
+        assert_eq!(
+            string_rows(&off_batches),
+            string_rows(&cpu_batches),
+            "{mode:?}"
+        );
+    }
+}

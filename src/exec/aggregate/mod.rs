@@ -14,4 +14,4 @@ mod words;
 
 pub(crate) use exec::describe_aggregate;
 pub use exec::GpuAggregateExec;
-pub(crate) use spec::AggregateSpec;
+pub(crate) use spec::{aggregate_kind, AggregateKind, AggregateSpec, ValueKind};

@@ -161,7 +161,8 @@ fn key_spec(agg: &AggregateExec, input_schema: &SchemaRef) -> Result<Option<KeyS
     Ok(Some(spec))
 }
 
-fn kind_of(expr: &AggregateFunctionExpr) -> Option<AggregateKind> {
+/// The GPU's name for the function of `expr`, if it computes it.
+pub(crate) fn aggregate_kind(expr: &AggregateFunctionExpr) -> Option<AggregateKind> {
     let function: &dyn Any = expr.fun().inner().as_ref();
     if function.is::<Count>() {
         Some(AggregateKind::Count)
@@ -184,7 +185,7 @@ fn gpu_aggregate(
     input_schema: &SchemaRef,
 ) -> Result<GpuAggregate, String> {
     let name = expr.fun().name();
-    let kind = kind_of(expr)
+    let kind = aggregate_kind(expr)
         .ok_or_else(|| format!("aggregate function {name} is not supported on the GPU"))?;
     if expr.is_distinct() {
         return Err(format!("{name}(DISTINCT ...) is not supported on the GPU"));

@@ -169,6 +169,7 @@ impl BuildSide {
             })
             .try_collect()
             .await?;
+        crate::trace::event(|| format!("hash join build: {} batches collected", batches.len()));
         let prepared = {
             let metrics = metrics.clone();
             SpawnedTask::spawn_blocking(move || -> Result<PreparedBuild> {
@@ -247,6 +248,7 @@ impl BuildSide {
             return Ok(Arc::clone(table));
         }
         let rows = self.keys.len();
+        crate::trace::event(|| format!("hash join build: table of {rows} keys started"));
         let positions = self
             .gather
             .as_ref()
@@ -282,6 +284,7 @@ impl BuildSide {
             self.plan.clone(),
             &mut timer,
         )?;
+        crate::trace::event(|| "hash join build: keys partitioned on the device".into());
         let gather = match &self.gather {
             Some(gather) => Some(ResidentBuildColumns {
                 columns: ResidentColumns::upload(
@@ -305,6 +308,7 @@ impl BuildSide {
             _device_memory: device_memory,
         });
         tables.insert(device.ordinal(), Arc::clone(&table));
+        crate::trace::event(|| "hash join build: table on the device".into());
         Ok(table)
     }
 }

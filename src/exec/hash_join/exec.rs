@@ -18,11 +18,12 @@ use datafusion::physical_plan::{
 };
 
 use super::build_side::{BuildGather, BuildSide};
-use super::output::OutputAssembler;
+use super::output::{ColumnSource, OutputAssembler};
 use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
 use crate::exec::device_gather::{gathers_by_pair, output_columns};
 use crate::exec::keys::KeySpec;
 use crate::exec::once::OnceFut;
+use crate::exec::pair_aggregate::PairAggregate;
 use crate::exec::GpuJoinMetrics;
 use crate::planner::GpuOptions;
 
@@ -46,6 +47,9 @@ pub struct GpuHashJoinExec {
     /// The rule re-planned a `Partitioned` join in `CollectLeft` mode over
     /// the inputs of its CPU hash repartitions (shown by `EXPLAIN`).
     repartition_removed: bool,
+    /// The partial aggregation above the join that this node computes from
+    /// the pairs, emitting its states in place of the join's rows.
+    aggregate: Option<Arc<PairAggregate>>,
     /// `CollectLeft`: the build side, collected once for all partitions.
     shared_build: Mutex<Option<OnceFut<BuildSide>>>,
     metrics: ExecutionPlanMetricsSet,
@@ -71,6 +75,7 @@ impl GpuHashJoinExec {
             properties: Arc::new(properties),
             preserve_order: true,
             repartition_removed: false,
+            aggregate: None,
             shared_build: Mutex::new(None),
             metrics: ExecutionPlanMetricsSet::new(),
             cpu_join,
@@ -99,6 +104,83 @@ impl GpuHashJoinExec {
     /// Whether the rule removed the CPU hash repartitions below this join.
     pub fn repartition_removed(&self) -> bool {
         self.repartition_removed
+    }
+
+    /// This join computing `aggregate`, the `AggregateExec` right above it
+    /// (`Partial`, without `GROUP BY`), from its pairs: the node then
+    /// emits the aggregation's partial states, one row per partition, with
+    /// the aggregation's schema and properties. An error where the join or
+    /// the aggregation does not allow it: only an inner join without a
+    /// residual filter or fetch emits a row per pair, and only `COUNT`,
+    /// `SUM`, `MIN` and `MAX` of columns the device reduces are computed.
+    pub fn with_partial_aggregate(
+        self,
+        aggregate: Arc<dyn ExecutionPlan>,
+        deterministic_float_sums: bool,
+    ) -> Result<Self> {
+        let join = self.hash_join();
+        if !gathers_by_pair(*join.join_type(), join.filter().is_some()) || join.fetch().is_some() {
+            return Err(DataFusionError::Plan(format!(
+                "a {} join{} does not emit one row per pair",
+                join.join_type(),
+                if join.filter().is_some() {
+                    " with a filter"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let over_this_join = aggregate
+            .children()
+            .first()
+            .is_some_and(|input| input.schema() == self.cpu_join.schema());
+        if !over_this_join {
+            return Err(DataFusionError::Plan(
+                "the aggregation is not directly above this join".into(),
+            ));
+        }
+        let pair_aggregate = PairAggregate::try_new(&aggregate, deterministic_float_sums)
+            .map_err(DataFusionError::Plan)?
+            .over(Arc::clone(&self.cpu_join))?;
+        Ok(self.with_pair_aggregate(Some(Arc::new(pair_aggregate))))
+    }
+
+    fn with_pair_aggregate(mut self, aggregate: Option<Arc<PairAggregate>>) -> Self {
+        if let Some(aggregate) = &aggregate {
+            self.properties = Arc::clone(aggregate.aggregate().properties());
+            // The partial states' order is of no use above.
+            self.preserve_order = false;
+        }
+        self.aggregate = aggregate;
+        self
+    }
+
+    /// The aggregate functions this node computes from its pairs, as
+    /// `EXPLAIN` shows them; `None` when it emits the join's rows.
+    pub fn partial_aggregate(&self) -> Option<String> {
+        self.aggregate.as_ref().map(|a| a.functions_text())
+    }
+
+    /// The `AggregateExec` this node computes from its pairs, if any.
+    pub(crate) fn partial_aggregate_node(&self) -> Option<&Arc<dyn ExecutionPlan>> {
+        self.aggregate.as_ref().map(|a| a.aggregate())
+    }
+
+    /// A copy of this node (it holds no state until executed).
+    pub(crate) fn remade_over_same_children(&self) -> Result<Self> {
+        self.remade(Arc::clone(&self.cpu_join))
+    }
+
+    /// The same node over new children (`with_new_children`, `reset_state`).
+    fn remade(&self, cpu_join: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let aggregate = match &self.aggregate {
+            Some(aggregate) => Some(Arc::new(aggregate.over(Arc::clone(&cpu_join))?)),
+            None => None,
+        };
+        Ok(Self::try_new(cpu_join)?
+            .with_preserve_order(self.preserve_order)
+            .with_repartition_removed(self.repartition_removed)
+            .with_pair_aggregate(aggregate))
     }
 
     /// The [`HashJoinExec`] this node replaces.
@@ -201,11 +283,17 @@ impl DisplayAs for GpuHashJoinExec {
                 if self.repartition_removed {
                     write!(f, ", cpu_repartition=removed")?;
                 }
+                if let Some(functions) = self.partial_aggregate() {
+                    write!(f, ", partial_aggregate=[{functions}]")?;
+                }
                 Ok(())
             }
             DisplayFormatType::TreeRender => {
                 writeln!(f, "algorithm={}", Self::ALGORITHM)?;
                 writeln!(f, "join_type={}", join.join_type())?;
+                if let Some(functions) = self.partial_aggregate() {
+                    writeln!(f, "partial_aggregate=[{functions}]")?;
+                }
                 write!(f, "on={on}")
             }
         }
@@ -245,22 +333,14 @@ impl ExecutionPlan for GpuHashJoinExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         #[allow(deprecated)]
         let cpu_join = Arc::clone(&self.cpu_join).with_new_children(children)?;
-        Ok(Arc::new(
-            Self::try_new(cpu_join)?
-                .with_preserve_order(self.preserve_order)
-                .with_repartition_removed(self.repartition_removed),
-        ))
+        Ok(Arc::new(self.remade(cpu_join)?))
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
         // A fresh node forgets the collected build side, so a re-executed
         // plan (recursive queries) reads its inputs again.
         let cpu_join = Arc::clone(&self.cpu_join).reset_state()?;
-        Ok(Arc::new(
-            Self::try_new(cpu_join)?
-                .with_preserve_order(self.preserve_order)
-                .with_repartition_removed(self.repartition_removed),
-        ))
+        Ok(Arc::new(self.remade(cpu_join)?))
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
@@ -280,11 +360,18 @@ impl ExecutionPlan for GpuHashJoinExec {
         input_stats: &[Arc<Statistics>],
         args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        self.cpu_join.statistics_from_inputs(input_stats, args)
+        let join = self.cpu_join.statistics_from_inputs(input_stats, args)?;
+        match &self.aggregate {
+            Some(aggregate) => aggregate.aggregate().statistics_from_inputs(&[join], args),
+            None => Ok(join),
+        }
     }
 
     fn fetch(&self) -> Option<usize> {
-        self.cpu_join.fetch()
+        match self.aggregate {
+            Some(_) => None,
+            None => self.cpu_join.fetch(),
+        }
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -304,8 +391,9 @@ impl ExecutionPlan for GpuHashJoinExec {
             join.left().schema().fields().len(),
             join.right().schema().fields().len(),
         );
+        // The join's own rows, which a partial aggregation reads.
         let output = OutputAssembler::new(
-            self.schema(),
+            self.cpu_join.schema(),
             *join.join_type(),
             join.projection.as_deref(),
             build_columns,
@@ -317,6 +405,13 @@ impl ExecutionPlan for GpuHashJoinExec {
             && gathers_by_pair(*join.join_type(), join.filter().is_some()))
         .then(|| output_columns(&output, build_columns, probe_columns))
         .flatten();
+        // An aggregation needs on the device only the columns it reduces.
+        let gathered = match &self.aggregate {
+            Some(aggregate) => gathered.map(|(build, probe)| {
+                aggregated_columns(aggregate, output.sources(), build, probe)
+            }),
+            None => gathered,
+        };
         let (build_gather, gather_probe_columns) = match gathered {
             Some((build, probe)) => (
                 Some(BuildGather {
@@ -330,6 +425,7 @@ impl ExecutionPlan for GpuHashJoinExec {
         let build = self.build_side(partition, &context, &options, build_gather, &metrics)?;
         let probe_input = join.right().execute(partition, Arc::clone(&context))?;
         let spec = ProbeSpec {
+            partition,
             build,
             probe_input,
             probe_schema: join.right().schema(),
@@ -347,6 +443,7 @@ impl ExecutionPlan for GpuHashJoinExec {
                 probe_ordered: join.right().properties().output_ordering().is_some(),
             },
             output,
+            aggregate: self.aggregate.clone(),
             gather_probe_columns,
             device,
             probe_chunk_rows: options.probe_chunk_rows.max(1),
@@ -355,6 +452,32 @@ impl ExecutionPlan for GpuHashJoinExec {
             max_concurrent_tasks: options.max_concurrent_tasks,
             metrics,
         };
-        Ok(probe_stream(spec, self.schema()))
+        probe_stream(spec, self.schema())
     }
+}
+
+/// Of the output columns of each side (`build`, `probe`), those that a
+/// reduction of `aggregate` reads.
+fn aggregated_columns(
+    aggregate: &PairAggregate,
+    sources: &[ColumnSource],
+    build: Vec<bool>,
+    probe: Vec<bool>,
+) -> (Vec<bool>, Vec<bool>) {
+    let mut read = [vec![false; build.len()], vec![false; probe.len()]];
+    for position in aggregate.reductions().iter().filter_map(|r| r.column()) {
+        let slot = match sources.get(position) {
+            Some(ColumnSource::Build(i)) => read[0].get_mut(*i),
+            Some(ColumnSource::Probe(i)) => read[1].get_mut(*i),
+            _ => None,
+        };
+        if let Some(slot) = slot {
+            *slot = true;
+        }
+    }
+    let [build_read, probe_read] = read;
+    let both = |wanted: Vec<bool>, read: Vec<bool>| -> Vec<bool> {
+        wanted.iter().zip(read).map(|(&w, r)| w && r).collect()
+    };
+    (both(build, build_read), both(probe, probe_read))
 }

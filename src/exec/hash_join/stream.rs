@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::UInt64Array;
 use datafusion::arrow::buffer::BooleanBuffer;
@@ -28,13 +28,17 @@ use super::candidates::{confirm_pairs, key_comparator};
 use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
 use super::output::{OutputAssembler, OutputRows, SideRows};
-use crate::exec::device_gather::{gather_batches, probe_side_pays, GatherSide, ResidentColumns};
+use crate::exec::device_gather::{
+    gather_batches, probe_side_pays, reduce_pairs, GatherSide, ResidentColumns,
+};
 use crate::exec::keys::JoinKeys;
 use crate::exec::once::OnceFut;
+use crate::exec::pair_aggregate::{PairAggregate, PairReduction, PartialStates};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::{order_by_probe_row, order_device_bytes, probe, probe_device_bytes};
+use crate::trace;
 
 /// What the join computes, beyond its keys.
 #[derive(Debug, Clone)]
@@ -60,12 +64,17 @@ struct ProbeChunk {
 
 /// Everything one partition's probe loop needs.
 pub(crate) struct ProbeSpec {
+    /// The DataFusion partition this loop reads.
+    pub(crate) partition: usize,
     pub(crate) build: OnceFut<BuildSide>,
     pub(crate) probe_input: SendableRecordBatchStream,
     pub(crate) probe_schema: SchemaRef,
     pub(crate) probe_on: Vec<PhysicalExprRef>,
     pub(crate) semantics: JoinSemantics,
     pub(crate) output: OutputAssembler,
+    /// The partial aggregation computed from the pairs in place of the
+    /// output rows (see [`crate::exec::pair_aggregate`]).
+    pub(crate) aggregate: Option<Arc<PairAggregate>>,
     /// Per probe column, whether the output uses it, where output columns
     /// are gathered on the device (an inner join without a filter).
     pub(crate) gather_probe_columns: Option<Vec<bool>>,
@@ -80,6 +89,8 @@ pub(crate) struct ProbeSpec {
 
 struct ProbeLoop {
     spec: ProbeSpec,
+    /// The partition's partial aggregation states, with `spec.aggregate`.
+    partial: Option<Arc<Mutex<PartialStates>>>,
     build: Option<Arc<BuildSide>>,
     probe_exhausted: bool,
     finished: bool,
@@ -88,8 +99,16 @@ struct ProbeLoop {
 }
 
 /// The output stream of one partition.
-pub(crate) fn probe_stream(spec: ProbeSpec, schema: SchemaRef) -> SendableRecordBatchStream {
+pub(crate) fn probe_stream(
+    spec: ProbeSpec,
+    schema: SchemaRef,
+) -> Result<SendableRecordBatchStream> {
+    let partial = match &spec.aggregate {
+        Some(aggregate) => Some(Arc::new(Mutex::new(aggregate.start()?))),
+        None => None,
+    };
     let state = ProbeLoop {
+        partial,
         rows_left: spec.semantics.fetch.unwrap_or(usize::MAX),
         spec,
         build: None,
@@ -116,6 +135,8 @@ pub(crate) fn probe_stream(spec: ProbeSpec, schema: SchemaRef) -> SendableRecord
             }
             if state.finished {
                 state.spec.metrics.baseline.done();
+                let partition = state.spec.partition;
+                trace::event(|| format!("hash join p{partition}: finished"));
                 return Ok(None);
             }
             let build = match &state.build {
@@ -129,6 +150,10 @@ pub(crate) fn probe_stream(spec: ProbeSpec, schema: SchemaRef) -> SendableRecord
             if state.probe_exhausted {
                 let output = state.final_rows(&build)?;
                 state.ready.extend(output);
+                if let Some(partial) = &state.partial {
+                    let states = lock(partial).finish()?;
+                    state.ready.push_back(states);
+                }
                 state.finished = true;
                 continue;
             }
@@ -138,7 +163,11 @@ pub(crate) fn probe_stream(spec: ProbeSpec, schema: SchemaRef) -> SendableRecord
             }
         }
     });
-    Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+}
+
+fn lock(partial: &Mutex<PartialStates>) -> std::sync::MutexGuard<'_, PartialStates> {
+    partial.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl ProbeLoop {
@@ -165,6 +194,8 @@ impl ProbeLoop {
             return Ok(None);
         }
         self.spec.metrics.probe_rows.add(rows);
+        let partition = self.spec.partition;
+        trace::event(|| format!("hash join p{partition}: chunk of {rows} rows read"));
         // Not concatenated: only the keys are made contiguous (see
         // `crate::exec::row_source`).
         Ok(Some(ProbeChunk {
@@ -252,9 +283,12 @@ impl ProbeLoop {
             .clone()
             .filter(|_| !build.encoder.needs_verification());
         let metrics = self.spec.metrics.clone();
+        let aggregate = self.spec.aggregate.clone();
+        let partial = self.partial.clone();
         let memory_fraction = self.spec.memory_fraction;
         let max_pairs = self.spec.max_output_pairs.max(1);
         let max_concurrent_tasks = self.spec.max_concurrent_tasks;
+        let partition = self.spec.partition;
         let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
             let _timer = metrics.baseline.elapsed_compute().timer();
             let join_type = semantics.join_type;
@@ -285,6 +319,15 @@ impl ProbeLoop {
                             metrics.rows_gathered_on_device.add(len);
                             batches.extend(gathered);
                             return Ok(());
+                        }
+                        ChunkOutput::Reduced(words, len) => {
+                            let partial = partial.as_ref().ok_or_else(|| {
+                                DataFusionError::Internal(
+                                    "pairs reduced on the device without an aggregation".into(),
+                                )
+                            })?;
+                            metrics.rows_aggregated_on_device.add(len);
+                            return lock(partial).merge_device(&words, len);
                         }
                     };
                     let (build_ids, probe_ids) = confirm_pairs(
@@ -322,6 +365,7 @@ impl ProbeLoop {
                         probe_columns,
                         output: &output,
                         ordered: semantics.preserve_order,
+                        reductions: aggregate.as_ref().map(|a| a.reductions()),
                     });
                 let device_wall = metrics.device_wall_time.timer();
                 find_pairs(
@@ -332,6 +376,7 @@ impl ProbeLoop {
                         max_pairs,
                         memory_fraction,
                         max_concurrent_tasks,
+                        partition,
                     },
                     gather,
                     &metrics,
@@ -388,6 +433,14 @@ impl ProbeLoop {
                 }
             }
             metrics.probe_chunks.add(1);
+            trace::event(|| format!("hash join p{partition}: chunk done"));
+            if let Some(partial) = &partial {
+                // Rows assembled on the host feed the same accumulators.
+                let mut partial = lock(partial);
+                for batch in batches.drain(..) {
+                    partial.update(&batch)?;
+                }
+            }
             Ok(batches)
         });
         task.join()
@@ -397,10 +450,12 @@ impl ProbeLoop {
 }
 
 /// What a chunk hands on: matching pairs (build row ids, probe row ids),
-/// or the output batches of `len` rows gathered on the device.
+/// the output batches of `len` rows gathered on the device, or the words
+/// of the partial aggregation over `len` pairs reduced on the device.
 enum ChunkOutput {
     Pairs(Vec<u64>, Vec<u64>),
     Batches(Vec<RecordBatch>, usize),
+    Reduced(Vec<u64>, usize),
 }
 
 /// Output gathered on the device for one chunk (see
@@ -413,14 +468,18 @@ struct ChunkGather<'a> {
     /// Emit in `HashJoinExec`'s order: ordered on the device when the
     /// chunk's pairs fit one output range, else handed on as pairs.
     ordered: bool,
+    /// The partial aggregation's reductions, computed from the pairs in
+    /// place of output rows where their columns are on the device.
+    reductions: Option<&'a [PairReduction]>,
 }
 
-/// Limits on one chunk's device work.
+/// Limits on one chunk's device work, and its partition (for tracing).
 #[derive(Clone, Copy)]
 struct DeviceLimits {
     max_pairs: usize,
     memory_fraction: f64,
     max_concurrent_tasks: usize,
+    partition: usize,
 }
 
 /// Finds the candidate pairs of one probe chunk and hands them to
@@ -451,6 +510,8 @@ fn find_pairs(
     // one while a slot holder waits for that memory.
     let waiting = std::time::Instant::now();
     let admission = RefCell::new(Some(device.admit(max_concurrent_tasks)));
+    let partition = limits.partition;
+    trace::event(|| format!("hash join p{partition}: admitted to the device"));
     metrics
         .device
         .device_admission_wait
@@ -505,10 +566,12 @@ fn pairs_on_device(
     let DeviceLimits {
         max_pairs,
         memory_fraction,
+        partition,
         ..
     } = *limits;
     device.bind_to_thread()?;
     let resident = build.device_table(device, memory_fraction, metrics)?;
+    trace::event(|| format!("hash join p{partition}: build table ready"));
     let table = &resident.table;
     let build_gather = resident.gather.as_ref();
     let gather = gather.zip(build_gather);
@@ -549,6 +612,8 @@ fn pairs_on_device(
         max_pairs,
         &mut timer,
         |pairs, timer| {
+            let len = pairs.len;
+            trace::event(|| format!("hash join p{partition}: {len} pairs found"));
             let on_device = gather.filter(|(gather, _)| !gather.ordered || pairs.whole_chunk);
             let Some((gather, build_columns)) = on_device else {
                 let (build_ids, probe_ids) = pairs.download(device, stream, timer)?;
@@ -557,8 +622,12 @@ fn pairs_on_device(
             };
             let probe_columns = match &mut probe_columns {
                 Some(columns) => columns,
+                // An aggregation's columns always pay: without them the
+                // range's rows are made and aggregated on the host.
                 None => probe_columns.insert(
-                    if probe_side_pays(pairs.len, pairs.whole_chunk, gather.chunk.num_rows()) {
+                    if gather.reductions.is_some()
+                        || probe_side_pays(pairs.len, pairs.whole_chunk, gather.chunk.num_rows())
+                    {
                         ResidentColumns::upload(
                             device,
                             stream,
@@ -586,20 +655,39 @@ fn pairs_on_device(
                 Some((build_ids, probe_ids)) => (build_ids, probe_ids),
                 None => (pairs.build_ids, pairs.probe_ids),
             };
+            let build_side = GatherSide {
+                batch: &build.rows,
+                resident: &build_columns.columns,
+                ids: build_ids,
+            };
+            let probe_side = GatherSide {
+                batch: gather.chunk,
+                resident: probe_columns,
+                ids: probe_ids,
+            };
+            if let Some(reductions) = gather.reductions {
+                let reduced = reduce_pairs(
+                    device,
+                    stream,
+                    reductions,
+                    gather.output.sources(),
+                    &build_side,
+                    &probe_side,
+                    pairs.len,
+                    timer,
+                )?;
+                if let Some(words) = reduced {
+                    trace::event(|| format!("hash join p{partition}: pairs reduced"));
+                    on_output(Ok(ChunkOutput::Reduced(words, pairs.len)));
+                    return Ok(());
+                }
+            }
             let gathered = gather_batches(
                 device,
                 stream,
                 gather.output,
-                &GatherSide {
-                    batch: &build.rows,
-                    resident: &build_columns.columns,
-                    ids: build_ids,
-                },
-                &GatherSide {
-                    batch: gather.chunk,
-                    resident: probe_columns,
-                    ids: probe_ids,
-                },
+                &build_side,
+                &probe_side,
                 pairs.len,
                 // One thread per chunk: many partitions' chunks run at once.
                 1,

@@ -1,0 +1,363 @@
+//! A partial aggregation without `GROUP BY` computed from a join's pairs:
+//! the `AggregateExec` in `Partial` mode right above an inner join without
+//! a residual filter, as in `SELECT count(*), sum(r.v) FROM r JOIN s ON
+//! r.k = s.k`. Each aggregated column is gathered by the pairs on the
+//! device and reduced there (see
+//! [`crate::exec::device_gather::reduce_pairs`]), so one word per aggregate
+//! comes back instead of every output row: the join's output never crosses
+//! the bus, is never assembled on the host, and is never read again by the
+//! CPU aggregation.
+//!
+//! The words are merged into DataFusion's own accumulators as partial
+//! states, and the node emits what the replaced `AggregateExec` would: one
+//! row of states per partition, for the `Final` aggregation above. A range
+//! of pairs whose columns are not all on the device (a side with NULLs,
+//! pairs checked on the host) is assembled into output batches as before
+//! and fed to the same accumulators, so every path gives DataFusion's
+//! answer.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{make_array, ArrayData, ArrayRef, Int64Array};
+use datafusion::arrow::buffer::Buffer;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::Accumulator;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::expressions::{Column, Literal};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::exec::aggregate::{aggregate_kind, AggregateKind, ValueKind};
+use crate::gpu::launch::AggregateOp;
+
+/// What the device computes for one aggregate function over a range of
+/// pairs. Columns are indices into the join's output schema (the
+/// aggregation's input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PairReduction {
+    /// `COUNT` of a non-NULL literal (`COUNT(*)`): every pair.
+    CountPairs,
+    /// `COUNT` of a column: every pair, where the column is on the device
+    /// (columns with NULLs never are).
+    CountColumn(usize),
+    /// `SUM` (wrapping), `MIN` or `MAX` of a column of 8-byte integers (or
+    /// a type stored as one), each value XORed with `flip` so that signed
+    /// values compare as unsigned words.
+    Fold {
+        column: usize,
+        op: AggregateOp,
+        flip: u64,
+    },
+    /// `SUM` of a `Float64` column, in the order the device's atomics add.
+    SumF64(usize),
+}
+
+impl PairReduction {
+    /// The output column the device reads, if any.
+    pub(crate) fn column(self) -> Option<usize> {
+        match self {
+            PairReduction::CountPairs => None,
+            PairReduction::CountColumn(column)
+            | PairReduction::Fold { column, .. }
+            | PairReduction::SumF64(column) => Some(column),
+        }
+    }
+}
+
+/// The partial aggregation computed by a join node: the replaced
+/// `AggregateExec` and what the device computes for each of its functions.
+#[derive(Debug)]
+pub(crate) struct PairAggregate {
+    /// The `AggregateExec` (`Partial`, no `GROUP BY`) over the CPU join.
+    aggregate: Arc<dyn ExecutionPlan>,
+    reductions: Vec<PairReduction>,
+}
+
+impl PairAggregate {
+    /// The aggregation `node` computed from the pairs of the join below it,
+    /// or why it cannot be: it must be a `Partial` `AggregateExec` without
+    /// `GROUP BY`, `FILTER`, `DISTINCT` or `ORDER BY`, whose functions are
+    /// `COUNT`, `SUM`, `MIN` and `MAX` of output columns of types the
+    /// device reduces (with `deterministic_float_sums`, a `Float64` sum
+    /// stays with the CPU aggregation, whose order of additions the device
+    /// would not keep either).
+    pub(crate) fn try_new(
+        node: &Arc<dyn ExecutionPlan>,
+        deterministic_float_sums: bool,
+    ) -> Result<Self, String> {
+        let agg = node
+            .downcast_ref::<AggregateExec>()
+            .ok_or_else(|| format!("{} is not an AggregateExec", node.name()))?;
+        if *agg.mode() != AggregateMode::Partial {
+            return Err(format!("a {:?} aggregation", agg.mode()));
+        }
+        if !agg.group_expr().is_empty() {
+            return Err("an aggregation with GROUP BY".into());
+        }
+        if agg.filter_expr().iter().any(Option::is_some) {
+            return Err("an aggregate with FILTER".into());
+        }
+        let input_schema = agg.input().schema();
+        let reductions = agg
+            .aggr_expr()
+            .iter()
+            .map(|expr| reduction_of(expr, &input_schema, deterministic_float_sums))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            aggregate: Arc::clone(node),
+            reductions,
+        })
+    }
+
+    /// The replaced `AggregateExec`.
+    pub(crate) fn aggregate(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.aggregate
+    }
+
+    /// The same aggregation over a new join (`with_new_children`).
+    pub(crate) fn over(&self, cpu_join: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        #[allow(deprecated)]
+        let aggregate = Arc::clone(&self.aggregate).with_new_children(vec![cpu_join])?;
+        Ok(Self {
+            aggregate,
+            reductions: self.reductions.clone(),
+        })
+    }
+
+    fn aggregate_exec(&self) -> &AggregateExec {
+        self.aggregate
+            .downcast_ref::<AggregateExec>()
+            .expect("checked in try_new")
+    }
+
+    /// What the device computes, one entry per aggregate function.
+    pub(crate) fn reductions(&self) -> &[PairReduction] {
+        &self.reductions
+    }
+
+    /// The functions as `EXPLAIN` shows them.
+    pub(crate) fn functions_text(&self) -> String {
+        self.aggregate_exec()
+            .aggr_expr()
+            .iter()
+            .map(|expr| expr.name().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The output schema: the partial states.
+    pub(crate) fn schema(&self) -> SchemaRef {
+        self.aggregate.schema()
+    }
+
+    /// Fresh accumulators for one partition.
+    pub(crate) fn start(&self) -> Result<PartialStates> {
+        let exprs = self.aggregate_exec().aggr_expr().to_vec();
+        let accumulators = exprs
+            .iter()
+            .map(|expr| expr.create_accumulator())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PartialStates {
+            exprs,
+            reductions: self.reductions.clone(),
+            accumulators,
+            schema: self.schema(),
+        })
+    }
+}
+
+fn reduction_of(
+    expr: &Arc<AggregateFunctionExpr>,
+    input_schema: &SchemaRef,
+    deterministic_float_sums: bool,
+) -> Result<PairReduction, String> {
+    let name = expr.name();
+    let kind = aggregate_kind(expr).ok_or_else(|| format!("{name} is not reduced over pairs"))?;
+    if expr.is_distinct() || !expr.order_bys().is_empty() {
+        return Err(format!("{name} with DISTINCT or ORDER BY"));
+    }
+    let args = expr.expressions();
+    let [arg] = args.as_slice() else {
+        return Err(format!("{name} with {} arguments", args.len()));
+    };
+    let states = expr.state_fields().map_err(|e| e.to_string())?;
+    let [state] = states.as_slice() else {
+        return Err(format!("{name} with {} state fields", states.len()));
+    };
+    let state_type = state.data_type();
+    let column = arg.downcast_ref::<Column>().map(Column::index);
+    let arg_type = arg.data_type(input_schema).map_err(|e| e.to_string())?;
+    let unsupported = || Err(format!("{name} over {arg_type} is not reduced over pairs"));
+    let eight_bytes = arg_type.primitive_width() == Some(8);
+    match kind {
+        AggregateKind::Count if *state_type == DataType::Int64 => {
+            match (arg.downcast_ref::<Literal>(), column) {
+                (Some(literal), _) if !literal.value().is_null() => Ok(PairReduction::CountPairs),
+                (_, Some(column)) => Ok(PairReduction::CountColumn(column)),
+                _ => unsupported(),
+            }
+        }
+        // Each state below is one value of the argument's own type.
+        _ if *state_type != arg_type || !eight_bytes => unsupported(),
+        AggregateKind::Sum => match (&arg_type, column) {
+            (DataType::Int64 | DataType::UInt64, Some(column)) => Ok(PairReduction::Fold {
+                column,
+                op: AggregateOp::Sum,
+                flip: 0,
+            }),
+            (DataType::Float64, Some(column)) if !deterministic_float_sums => {
+                Ok(PairReduction::SumF64(column))
+            }
+            _ => unsupported(),
+        },
+        AggregateKind::Min | AggregateKind::Max => {
+            let flip = match ValueKind::of(&arg_type) {
+                Some(ValueKind::Signed) => 1 << 63,
+                Some(ValueKind::Unsigned) => 0,
+                // Float order is DataFusion's (NaN, -0.0), not the bits'.
+                _ => return unsupported(),
+            };
+            let op = if kind == AggregateKind::Min {
+                AggregateOp::Min
+            } else {
+                AggregateOp::Max
+            };
+            match column {
+                Some(column) => Ok(PairReduction::Fold { column, op, flip }),
+                None => unsupported(),
+            }
+        }
+        _ => unsupported(),
+    }
+}
+
+/// One partition's accumulators of a [`PairAggregate`].
+#[derive(Debug)]
+pub(crate) struct PartialStates {
+    exprs: Vec<Arc<AggregateFunctionExpr>>,
+    reductions: Vec<PairReduction>,
+    accumulators: Vec<Box<dyn Accumulator>>,
+    schema: SchemaRef,
+}
+
+impl PartialStates {
+    /// Adds the rows of `batch`, output rows of the join assembled on the
+    /// host, as `AggregateExec` adds its input.
+    pub(crate) fn update(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        for (expr, accumulator) in self.exprs.iter().zip(&mut self.accumulators) {
+            let values = expr
+                .expressions()
+                .iter()
+                .map(|arg| arg.evaluate(batch)?.into_array(batch.num_rows()))
+                .collect::<Result<Vec<_>>>()?;
+            accumulator.update_batch(&values)?;
+        }
+        Ok(())
+    }
+
+    /// Merges the device's words for `pairs` pairs, one per reduction (see
+    /// [`crate::exec::device_gather::reduce_pairs`]), as partial states.
+    pub(crate) fn merge_device(&mut self, words: &[u64], pairs: usize) -> Result<()> {
+        if words.len() != self.reductions.len() {
+            return Err(DataFusionError::Internal(format!(
+                "{} device results for {} aggregates",
+                words.len(),
+                self.reductions.len()
+            )));
+        }
+        // No pairs: nothing to merge (a SUM of no rows stays NULL).
+        if pairs == 0 {
+            return Ok(());
+        }
+        for (i, accumulator) in self.accumulators.iter_mut().enumerate() {
+            let state: ArrayRef = match self.reductions[i] {
+                PairReduction::CountPairs | PairReduction::CountColumn(_) => {
+                    Arc::new(Int64Array::from(vec![pairs as i64]))
+                }
+                PairReduction::Fold { flip, .. } => {
+                    word_array(self.schema.field(i).data_type(), words[i] ^ flip)?
+                }
+                PairReduction::SumF64(_) => word_array(&DataType::Float64, words[i])?,
+            };
+            accumulator.merge_batch(&[state])?;
+        }
+        Ok(())
+    }
+
+    /// The partition's one row of partial states.
+    pub(crate) fn finish(&mut self) -> Result<RecordBatch> {
+        let mut columns = Vec::with_capacity(self.schema.fields().len());
+        for accumulator in &mut self.accumulators {
+            for value in accumulator.state()? {
+                columns.push(value.to_array()?);
+            }
+        }
+        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+    }
+}
+
+/// A one-row array of the 8-byte type `data_type` holding `word`'s bits.
+fn word_array(data_type: &DataType, word: u64) -> Result<ArrayRef> {
+    let data = ArrayData::builder(data_type.clone())
+        .len(1)
+        .add_buffer(Buffer::from_slice_ref([word]))
+        .build()?;
+    Ok(make_array(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Array, Float64Array, TimestampMillisecondArray};
+    use datafusion::arrow::datatypes::TimeUnit;
+
+    #[test]
+    fn words_become_one_value_arrays_of_the_state_type() {
+        let array = word_array(&DataType::Int64, (-5i64) as u64).unwrap();
+        assert_eq!(array.len(), 1);
+        assert_eq!(
+            array
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(0),
+            -5
+        );
+        let array = word_array(&DataType::Float64, 2.5f64.to_bits()).unwrap();
+        assert_eq!(
+            array
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap()
+                .value(0),
+            2.5
+        );
+        let zone = Some(Arc::from("+01:00"));
+        let array =
+            word_array(&DataType::Timestamp(TimeUnit::Millisecond, zone.clone()), 7).unwrap();
+        let timestamps = array
+            .as_any()
+            .downcast_ref::<TimestampMillisecondArray>()
+            .unwrap();
+        assert_eq!(timestamps.value(0), 7);
+        assert_eq!(timestamps.timezone(), Some("+01:00"));
+    }
+
+    #[test]
+    fn reductions_name_the_column_they_read() {
+        assert_eq!(PairReduction::CountPairs.column(), None);
+        assert_eq!(PairReduction::CountColumn(2).column(), Some(2));
+        assert_eq!(PairReduction::SumF64(1).column(), Some(1));
+        let fold = PairReduction::Fold {
+            column: 3,
+            op: AggregateOp::Max,
+            flip: 1 << 63,
+        };
+        assert_eq!(fold.column(), Some(3));
+    }
+}
