@@ -153,16 +153,6 @@ impl ResidentColumns {
         Ok(Self { columns })
     }
 
-    /// Bytes per row of the widest column on the device (0 when none).
-    pub(crate) fn widest_resident(&self) -> usize {
-        self.columns
-            .iter()
-            .flatten()
-            .map(|column| column.width.bytes())
-            .max()
-            .unwrap_or(0)
-    }
-
     /// Whether any column is on the device.
     pub(crate) fn any(&self) -> bool {
         self.columns.iter().any(Option::is_some)

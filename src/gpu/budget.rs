@@ -102,6 +102,36 @@ impl DeviceBudget {
         }
     }
 
+    /// Reserves `bytes` at once if `headroom` more bytes would still fit
+    /// beside them, else `None` (never waits). For work that runs before
+    /// work it will wait for (a probe chunk copied before the build table
+    /// it joins exists): each such reservation leaves room for the work it
+    /// waits for, so that work never waits for these holders in turn.
+    pub fn try_reserve(
+        self: &Arc<Self>,
+        bytes: usize,
+        headroom: usize,
+        fraction: f64,
+        kind: ReservationKind,
+    ) -> Option<DeviceReservation> {
+        let limit = self.limit_for(fraction);
+        let mut state = self.lock();
+        let needed = state.in_use.saturating_add(bytes).saturating_add(headroom);
+        if needed > limit {
+            return None;
+        }
+        state.in_use += bytes;
+        if kind == ReservationKind::Transient {
+            state.transient_holders += 1;
+        }
+        Some(DeviceReservation {
+            budget: Arc::clone(self),
+            bytes,
+            kind,
+            waited: Duration::ZERO,
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BudgetState> {
         // The state is two counters that are always left consistent, so a
         // panic elsewhere while holding the lock cannot corrupt it.
@@ -158,6 +188,26 @@ mod tests {
         assert_eq!(budget.in_use(), 1000);
         drop(a);
         drop(b);
+        assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn a_reservation_that_must_leave_headroom_is_refused_without_waiting() {
+        let budget = DeviceBudget::new(1000);
+        let first = budget
+            .try_reserve(300, 500, 1.0, ReservationKind::Transient)
+            .expect("300 + 500 fit");
+        assert_eq!(budget.in_use(), 300);
+        // 300 + 300 + 500 do not: refused at once, nothing held.
+        assert!(budget
+            .try_reserve(300, 500, 1.0, ReservationKind::Transient)
+            .is_none());
+        assert_eq!(budget.in_use(), 300);
+        // The headroom left is there for the work waited for.
+        let waited_for = budget.reserve(500, 1.0, ReservationKind::Resident).unwrap();
+        assert_eq!(budget.in_use(), 800);
+        drop(first);
+        drop(waited_for);
         assert_eq!(budget.in_use(), 0);
     }
 

@@ -139,7 +139,7 @@ impl DeviceJoinPairs<'_> {
 /// to the device one after the other) against `table`. For each range of
 /// partitions whose output fits `max_pairs` (or a single larger partition),
 /// calls `emit` with the matching pairs on the device. Returns the number
-/// of pairs.
+/// of pairs. [`partition_probe`] then [`probe_partitioned`].
 #[allow(clippy::too_many_arguments)]
 pub fn probe(
     device: &GpuDevice,
@@ -149,13 +149,66 @@ pub fn probe(
     row_ids: Option<&[u64]>,
     max_pairs: usize,
     timer: &mut PhaseTimer,
-    mut emit: impl FnMut(DeviceJoinPairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
+    emit: impl FnMut(DeviceJoinPairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
 ) -> GpuResult<u64> {
-    if keys.iter().all(|piece| piece.is_empty()) || table.rows() == 0 {
+    if table.rows() == 0 {
         return Ok(0);
     }
+    match partition_probe(device, stream, keys, row_ids, table.plan(), timer)? {
+        Some(probe) => probe_partitioned(device, stream, table, &probe, max_pairs, timer, emit),
+        None => Ok(0),
+    }
+}
+
+/// A probe chunk's keys on the device, partitioned by the build side's
+/// plan: made before the build table exists, so that the chunk's copy and
+/// partitioning overlap with the build side's.
+#[derive(Debug)]
+pub struct PartitionedProbe {
+    plan: RadixPlan,
+    keys: PartitionedColumn,
+}
+
+/// Copies a chunk of probe keys to the device and partitions them by
+/// `plan`, the build side's (see [`probe`]); `None` without keys.
+pub fn partition_probe(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: &[&[u64]],
+    row_ids: Option<&[u64]>,
+    plan: &RadixPlan,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Option<PartitionedProbe>> {
+    if keys.iter().all(|piece| piece.is_empty()) {
+        return Ok(None);
+    }
+    Ok(Some(PartitionedProbe {
+        plan: plan.clone(),
+        keys: upload_and_partition(device, stream, keys, row_ids, plan, timer)?,
+    }))
+}
+
+/// The part of [`probe`] after [`partition_probe`]; `probe` must have been
+/// partitioned by `table`'s plan.
+pub fn probe_partitioned(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    table: &DeviceBuildTable,
+    probe: &PartitionedProbe,
+    max_pairs: usize,
+    timer: &mut PhaseTimer,
+    mut emit: impl FnMut(DeviceJoinPairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
+) -> GpuResult<u64> {
+    if table.rows() == 0 {
+        return Ok(0);
+    }
+    if probe.plan != table.plan {
+        return Err(GpuError::Invalid(
+            "probe keys partitioned by another plan than the build table's".into(),
+        ));
+    }
     let plan = table.plan();
-    let probe = upload_and_partition(device, stream, keys, row_ids, plan, timer)?;
+    let probe = &probe.keys;
     let partitions = plan.partitions() as u64;
     let sm_count = device.sm_count();
 

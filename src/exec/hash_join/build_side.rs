@@ -233,6 +233,53 @@ impl BuildSide {
         self.probes_running.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
+    /// The radix plan both sides are partitioned by.
+    pub(crate) fn plan(&self) -> &RadixPlan {
+        &self.plan
+    }
+
+    /// Whether output columns are gathered on the device (the table then
+    /// holds them beside the keys).
+    pub(crate) fn gathers_on_device(&self) -> bool {
+        self.gather.is_some()
+    }
+
+    /// Bytes per row of the widest build column gathered on the device
+    /// (0 when none).
+    pub(crate) fn widest_gathered_column(&self) -> usize {
+        self.gather.as_ref().map_or(0, |gather| {
+            ResidentColumns::widest(&self.rows, &gather.columns)
+        })
+    }
+
+    /// Whether another partition is making the table on a device now, so
+    /// that [`Self::device_table`] would wait for it. `false` where the
+    /// table is ready, or where nobody makes it yet (the caller will: the
+    /// sooner it starts, the sooner every partition's wait ends).
+    pub(crate) fn device_table_in_progress(&self) -> bool {
+        matches!(
+            self.device_tables.try_lock(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
+    }
+
+    /// At most the device bytes [`Self::device_table`] reserves: the
+    /// partitioning's scratch and the resident table with its columns.
+    pub(crate) fn device_table_bytes(&self, device: &GpuDevice) -> usize {
+        let rows = self.keys.len();
+        let gather_bytes = self.gather.as_ref().map_or(0, |gather| {
+            let positions = if gather.ordered {
+                8 * self.rows.num_rows()
+            } else {
+                0
+            };
+            ResidentColumns::device_bytes(&self.rows, &gather.columns) + positions
+        });
+        DeviceBuildTable::resident_bytes(rows, &self.plan)
+            + gather_bytes
+            + self.plan.device_bytes(rows, device.sm_count())
+    }
+
     /// The build table on `device`, copied and partitioned on first use.
     /// Blocking: call from a blocking task.
     pub(crate) fn device_table(

@@ -37,7 +37,9 @@ use crate::exec::pair_aggregate::{PairAggregate, PairReduction, PartialStates};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
-use crate::ops::hash_join::{order_by_probe_row, order_device_bytes, probe, probe_device_bytes};
+use crate::ops::hash_join::{
+    order_by_probe_row, order_device_bytes, partition_probe, probe_device_bytes, probe_partitioned,
+};
 use crate::trace;
 
 /// What the join computes, beyond its keys.
@@ -570,12 +572,8 @@ fn pairs_on_device(
         ..
     } = *limits;
     device.bind_to_thread()?;
-    let resident = build.device_table(device, memory_fraction, metrics)?;
-    trace::event(|| format!("hash join p{partition}: build table ready"));
-    let table = &resident.table;
-    let build_gather = resident.gather.as_ref();
-    let gather = gather.zip(build_gather);
-    let gather_bytes = gather.map_or(0, |(gather, build_columns)| {
+    let gather = gather.filter(|_| build.gathers_on_device());
+    let gather_bytes = gather.map_or(0, |gather| {
         let order = if gather.ordered {
             order_device_bytes(max_pairs)
         } else {
@@ -583,32 +581,92 @@ fn pairs_on_device(
         };
         // One buffer of the widest column's values per pair.
         let widest = ResidentColumns::widest(gather.chunk, gather.probe_columns)
-            .max(build_columns.columns.widest_resident());
+            .max(build.widest_gathered_column());
         ResidentColumns::device_bytes(gather.chunk, gather.probe_columns)
             + order
             + widest * max_pairs
     });
-    let bytes = probe_device_bytes(probe_keys.len(), table.plan(), max_pairs, device.sm_count())
+    let bytes = probe_device_bytes(probe_keys.len(), build.plan(), max_pairs, device.sm_count())
         + gather_bytes;
-    let memory = device
-        .budget()
-        .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
-    metrics
-        .device
-        .device_memory_wait
-        .add_duration(memory.waited());
     let stream = device.stream()?;
     let stream = stream.stream();
     let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let mut probe_columns: Option<ResidentColumns> = None;
+    let mut partitioned = None;
+    // While another partition copies the build side to the device, this
+    // chunk's keys (and an aggregation's columns) cross the bus and are
+    // partitioned, where the memory they take leaves room for the table.
+    let early = build
+        .device_table_in_progress()
+        .then(|| {
+            device.budget().try_reserve(
+                bytes,
+                build.device_table_bytes(device),
+                memory_fraction,
+                ReservationKind::Transient,
+            )
+        })
+        .flatten();
+    if early.is_some() {
+        partitioned = Some(partition_probe(
+            device,
+            stream,
+            &probe_keys.pieces(),
+            probe_keys.row_ids(),
+            build.plan(),
+            &mut timer,
+        )?);
+        if let Some(gather) = gather.filter(|gather| gather.reductions.is_some()) {
+            probe_columns = Some(ResidentColumns::upload(
+                device,
+                stream,
+                gather.chunk,
+                gather.probe_columns,
+                &mut timer,
+            )?);
+        }
+        trace::event(|| format!("hash join p{partition}: keys partitioned before the table"));
+    }
+    let resident = build.device_table(device, memory_fraction, metrics)?;
+    trace::event(|| format!("hash join p{partition}: build table ready"));
+    let table = &resident.table;
+    let gather = gather.zip(resident.gather.as_ref());
+    let _memory = match early {
+        Some(memory) => memory,
+        None => {
+            let memory =
+                device
+                    .budget()
+                    .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
+            metrics
+                .device
+                .device_memory_wait
+                .add_duration(memory.waited());
+            memory
+        }
+    };
+    let partitioned = match partitioned {
+        Some(partitioned) => partitioned,
+        None => partition_probe(
+            device,
+            stream,
+            &probe_keys.pieces(),
+            probe_keys.row_ids(),
+            table.plan(),
+            &mut timer,
+        )?,
+    };
+    let Some(partitioned) = partitioned else {
+        metrics.device.record(&timer.finish()?);
+        return Ok(());
+    };
     // The chunk's own columns go to the device once its pairs are counted,
     // and only where that pays (see `probe_side_pays`).
-    let mut probe_columns: Option<ResidentColumns> = None;
-    probe(
+    probe_partitioned(
         device,
         stream,
         table,
-        &probe_keys.pieces(),
-        probe_keys.row_ids(),
+        &partitioned,
         max_pairs,
         &mut timer,
         |pairs, timer| {
