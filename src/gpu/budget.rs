@@ -106,13 +106,15 @@ impl DeviceBudget {
     /// beside them, else `None` (never waits). For work that runs before
     /// work it will wait for (a probe chunk copied before the build table
     /// it joins exists): each such reservation leaves room for the work it
-    /// waits for, so that work never waits for these holders in turn.
+    /// waits for. Nobody waits for it to be released, since its holder may
+    /// itself be waiting: a request that only such reservations (and
+    /// resident ones) stand in the way of fails at once, as with resident
+    /// memory, instead of deadlocking.
     pub fn try_reserve(
         self: &Arc<Self>,
         bytes: usize,
         headroom: usize,
         fraction: f64,
-        kind: ReservationKind,
     ) -> Option<DeviceReservation> {
         let limit = self.limit_for(fraction);
         let mut state = self.lock();
@@ -121,13 +123,11 @@ impl DeviceBudget {
             return None;
         }
         state.in_use += bytes;
-        if kind == ReservationKind::Transient {
-            state.transient_holders += 1;
-        }
         Some(DeviceReservation {
             budget: Arc::clone(self),
             bytes,
-            kind,
+            // Not counted among the holders worth waiting for.
+            kind: ReservationKind::Resident,
             waited: Duration::ZERO,
         })
     }
@@ -194,20 +194,24 @@ mod tests {
     #[test]
     fn a_reservation_that_must_leave_headroom_is_refused_without_waiting() {
         let budget = DeviceBudget::new(1000);
-        let first = budget
-            .try_reserve(300, 500, 1.0, ReservationKind::Transient)
-            .expect("300 + 500 fit");
+        let first = budget.try_reserve(300, 500, 1.0).expect("300 + 500 fit");
         assert_eq!(budget.in_use(), 300);
         // 300 + 300 + 500 do not: refused at once, nothing held.
-        assert!(budget
-            .try_reserve(300, 500, 1.0, ReservationKind::Transient)
-            .is_none());
+        assert!(budget.try_reserve(300, 500, 1.0).is_none());
         assert_eq!(budget.in_use(), 300);
         // The headroom left is there for the work waited for.
-        let waited_for = budget.reserve(500, 1.0, ReservationKind::Resident).unwrap();
+        let waited_for = budget
+            .reserve(500, 1.0, ReservationKind::Transient)
+            .unwrap();
         assert_eq!(budget.in_use(), 800);
-        drop(first);
+        // Nobody waits for it: with only it (and resident memory) in the
+        // way, a request that does not fit fails at once.
         drop(waited_for);
+        let err = budget
+            .reserve(800, 1.0, ReservationKind::Transient)
+            .unwrap_err();
+        assert!(matches!(err, GpuError::OutOfDeviceMemory { .. }));
+        drop(first);
         assert_eq!(budget.in_use(), 0);
     }
 

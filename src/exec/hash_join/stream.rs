@@ -599,12 +599,9 @@ fn pairs_on_device(
     let early = build
         .device_table_in_progress()
         .then(|| {
-            device.budget().try_reserve(
-                bytes,
-                build.device_table_bytes(device),
-                memory_fraction,
-                ReservationKind::Transient,
-            )
+            device
+                .budget()
+                .try_reserve(bytes, build.device_table_bytes(device), memory_fraction)
         })
         .flatten();
     if early.is_some() {
