@@ -360,21 +360,22 @@ pub(crate) fn reduce_pairs(
         };
         inputs.push(input);
     }
-    let mut words = Vec::with_capacity(reductions.len());
     if len == 0 {
-        words.resize(reductions.len(), 0);
-        return Ok(Some(words));
+        return Ok(Some(vec![0; reductions.len()]));
     }
     let kernels = device.kernels();
     let sm_count = device.sm_count();
     let mut gathered: Option<DeviceVec<u64>> = None;
+    // Each reduction's word stays on the device until every launch is
+    // enqueued, so that the host waits for the device once.
+    let mut outs: Vec<Option<DeviceVec<u64>>> = Vec::with_capacity(reductions.len());
     for (reduction, input) in reductions.iter().zip(inputs) {
         let (op, flip) = match *reduction {
             PairReduction::Fold { op, flip, .. } => (op, flip),
             PairReduction::SumF64(_) => (AggregateOp::Sum, 0),
             // Columns on the device have no NULLs: every pair counts.
             PairReduction::CountPairs | PairReduction::CountColumn(_) => {
-                words.push(len as u64);
+                outs.push(None);
                 continue;
             }
         };
@@ -432,9 +433,18 @@ pub(crate) fn reduce_pairs(
                 )
             }
         })?;
-        let mut word = Vec::with_capacity(1);
-        download_u64(device, stream, &out.as_view(), &mut word, timer)?;
-        words.push(word[0]);
+        outs.push(Some(out));
+    }
+    let mut words = Vec::with_capacity(reductions.len());
+    let mut word = Vec::with_capacity(1);
+    for out in outs {
+        match out {
+            Some(out) => {
+                download_u64(device, stream, &out.as_view(), &mut word, timer)?;
+                words.push(word[0]);
+            }
+            None => words.push(len as u64),
+        }
     }
     Ok(Some(words))
 }

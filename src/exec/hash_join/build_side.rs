@@ -264,20 +264,26 @@ impl BuildSide {
     }
 
     /// At most the device bytes [`Self::device_table`] reserves: the
-    /// partitioning's scratch and the resident table with its columns.
+    /// partitioning's scratch and the resident table with its columns
+    /// (arrival positions counted for every row).
     pub(crate) fn device_table_bytes(&self, device: &GpuDevice) -> usize {
+        let ordered = self.gather.as_ref().is_some_and(|gather| gather.ordered);
+        let positions = if ordered { self.rows.num_rows() } else { 0 };
+        let (resident, scratch) = self.table_bytes(positions, device);
+        resident + scratch
+    }
+
+    /// The device bytes of the table with `positions` arrival positions
+    /// (resident), and of the scratch its partitioning needs briefly.
+    fn table_bytes(&self, positions: usize, device: &GpuDevice) -> (usize, usize) {
         let rows = self.keys.len();
         let gather_bytes = self.gather.as_ref().map_or(0, |gather| {
-            let positions = if gather.ordered {
-                8 * self.rows.num_rows()
-            } else {
-                0
-            };
-            ResidentColumns::device_bytes(&self.rows, &gather.columns) + positions
+            ResidentColumns::device_bytes(&self.rows, &gather.columns) + 8 * positions
         });
-        DeviceBuildTable::resident_bytes(rows, &self.plan)
-            + gather_bytes
-            + self.plan.device_bytes(rows, device.sm_count())
+        (
+            DeviceBuildTable::resident_bytes(rows, &self.plan) + gather_bytes,
+            self.plan.device_bytes(rows, device.sm_count()),
+        )
     }
 
     /// The build table on `device`, copied and partitioned on first use.
@@ -301,12 +307,7 @@ impl BuildSide {
             .as_ref()
             .filter(|gather| gather.ordered)
             .and_then(|_| self.arrival.positions(self.rows.num_rows() as u64));
-        let gather_bytes = self.gather.as_ref().map_or(0, |gather| {
-            ResidentColumns::device_bytes(&self.rows, &gather.columns)
-                + positions.as_ref().map_or(0, |p| 8 * p.len())
-        });
-        let resident = DeviceBuildTable::resident_bytes(rows, &self.plan) + gather_bytes;
-        let scratch = self.plan.device_bytes(rows, device.sm_count());
+        let (resident, scratch) = self.table_bytes(positions.as_ref().map_or(0, Vec::len), device);
         // Partitioning needs its scratch buffers only briefly; the table
         // itself stays resident while the join runs.
         let scratch_memory =

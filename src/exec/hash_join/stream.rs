@@ -593,6 +593,17 @@ fn pairs_on_device(
     let mut timer = PhaseTimer::new(Arc::clone(stream));
     let mut probe_columns: Option<ResidentColumns> = None;
     let mut partitioned = None;
+    let partition_keys = |timer: &mut PhaseTimer| {
+        let pieces = probe_keys.pieces();
+        partition_probe(
+            device,
+            stream,
+            &pieces,
+            probe_keys.row_ids(),
+            build.plan(),
+            timer,
+        )
+    };
     // While another partition copies the build side to the device, this
     // chunk's keys (and an aggregation's columns) cross the bus and are
     // partitioned, where the memory they take leaves room for the table.
@@ -605,14 +616,7 @@ fn pairs_on_device(
         })
         .flatten();
     if early.is_some() {
-        partitioned = Some(partition_probe(
-            device,
-            stream,
-            &probe_keys.pieces(),
-            probe_keys.row_ids(),
-            build.plan(),
-            &mut timer,
-        )?);
+        partitioned = Some(partition_keys(&mut timer)?);
         if let Some(gather) = gather.filter(|gather| gather.reductions.is_some()) {
             probe_columns = Some(ResidentColumns::upload(
                 device,
@@ -644,14 +648,7 @@ fn pairs_on_device(
     };
     let partitioned = match partitioned {
         Some(partitioned) => partitioned,
-        None => partition_probe(
-            device,
-            stream,
-            &probe_keys.pieces(),
-            probe_keys.row_ids(),
-            table.plan(),
-            &mut timer,
-        )?,
+        None => partition_keys(&mut timer)?,
     };
     let Some(partitioned) = partitioned else {
         metrics.device.record(&timer.finish()?);
