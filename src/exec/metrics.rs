@@ -131,6 +131,9 @@ pub struct GpuSortMergeJoinMetrics {
     /// Partitions joined by DataFusion's `SortMergeJoinExec` at run time
     /// (device out of memory, or keys too wide for 64-bit codes).
     pub cpu_fallback_partitions: Count,
+    /// Pairs reduced on the device by the aggregation computed in the join
+    /// (never made into rows).
+    pub rows_aggregated_on_device: Count,
 }
 
 impl GpuSortMergeJoinMetrics {
@@ -147,6 +150,7 @@ impl GpuSortMergeJoinMetrics {
             emit_time: builder().subset_time("emit_time", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
+            rows_aggregated_on_device: builder().counter("rows_aggregated_on_device", partition),
         }
     }
 }

@@ -29,7 +29,15 @@ use datafusion::physical_expr::expressions::{Column, Literal};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::ExecutionPlan;
 
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::SendableRecordBatchStream;
+use futures::StreamExt;
+
+use datafusion::common::JoinType;
+
 use crate::exec::aggregate::{aggregate_kind, AggregateKind, ValueKind};
+use crate::exec::device_gather::gathers_by_pair;
+use crate::exec::hash_join::ColumnSource;
 use crate::gpu::launch::AggregateOp;
 
 /// What the device computes for one aggregate function over a range of
@@ -73,6 +81,19 @@ pub(crate) struct PairAggregate {
     /// The `AggregateExec` (`Partial`, no `GROUP BY`) over the CPU join.
     aggregate: Arc<dyn ExecutionPlan>,
     reductions: Vec<PairReduction>,
+}
+
+/// Checks that a join of `join_type` (with a residual filter where
+/// `has_filter`) can compute an aggregation from its pairs: only an inner
+/// join without a filter emits exactly one row per pair.
+pub(crate) fn check_join_emits_pairs(join_type: JoinType, has_filter: bool) -> Result<()> {
+    if gathers_by_pair(join_type, has_filter) {
+        return Ok(());
+    }
+    Err(DataFusionError::Plan(format!(
+        "a {join_type} join{} does not emit one row per pair",
+        if has_filter { " with a filter" } else { "" }
+    )))
 }
 
 impl PairAggregate {
@@ -135,6 +156,49 @@ impl PairAggregate {
     /// What the device computes, one entry per aggregate function.
     pub(crate) fn reductions(&self) -> &[PairReduction] {
         &self.reductions
+    }
+
+    /// Of the columns of each side that the join's output uses (`build`
+    /// and `probe`, or left and right, as `sources` names them), those
+    /// that a reduction reads: the only ones worth putting on the device.
+    pub(crate) fn columns_read(
+        &self,
+        sources: &[ColumnSource],
+        build: Vec<bool>,
+        probe: Vec<bool>,
+    ) -> (Vec<bool>, Vec<bool>) {
+        let mut read = [vec![false; build.len()], vec![false; probe.len()]];
+        for position in self.reductions.iter().filter_map(|r| r.column()) {
+            let slot = match sources.get(position) {
+                Some(ColumnSource::Build(i)) => read[0].get_mut(*i),
+                Some(ColumnSource::Probe(i)) => read[1].get_mut(*i),
+                _ => None,
+            };
+            if let Some(slot) = slot {
+                *slot = true;
+            }
+        }
+        let [build_read, probe_read] = read;
+        let both = |wanted: Vec<bool>, read: Vec<bool>| -> Vec<bool> {
+            wanted.iter().zip(read).map(|(&w, r)| w && r).collect()
+        };
+        (both(build, build_read), both(probe, probe_read))
+    }
+
+    /// The partial states of every row of `rows` (the join's output, made
+    /// by DataFusion's own join where the device could not take it), as one
+    /// batch once `rows` ends: what the replaced `AggregateExec` emits.
+    pub(crate) fn over_rows(&self, rows: SendableRecordBatchStream) -> SendableRecordBatchStream {
+        let states = self.start();
+        let folded = futures::stream::once(async move {
+            let mut states = states?;
+            let mut rows = rows;
+            while let Some(batch) = rows.next().await {
+                states.update(&batch?)?;
+            }
+            states.finish()
+        });
+        Box::pin(RecordBatchStreamAdapter::new(self.schema(), folded))
     }
 
     /// The functions as `EXPLAIN` shows them.

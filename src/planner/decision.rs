@@ -299,6 +299,29 @@ fn describe_sort_merge_join(join: &SortMergeJoinExec) -> String {
 
 /// The placement of every join and aggregation of `plan`, as the rule
 /// decided it (or would, for a plan the rule did not see) under `config`.
+/// The decision of an `AggregateExec` computed inside a GPU join (`node`,
+/// where it is one), whose `kind` and node name say which.
+fn aggregate_in_join(
+    node: Option<&Arc<dyn ExecutionPlan>>,
+    kind: &str,
+    join_node: &str,
+    out: &mut Vec<NodeDecision>,
+) {
+    let Some(agg) = node.and_then(|node| node.downcast_ref::<AggregateExec>()) else {
+        return;
+    };
+    out.push(NodeDecision {
+        operator: "AggregateExec".into(),
+        detail: describe_aggregate(agg),
+        placement: Placement::Gpu {
+            algorithm: format!(
+                "reduced on the device from the pairs of the GPU {kind} join below it, \
+                 inside {join_node} (partial_aggregate)"
+            ),
+        },
+    });
+}
+
 pub fn gpu_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Vec<NodeDecision> {
     let options = GpuOptions::from_config(config);
     let gpu = crate::gpu::gpu_availability();
@@ -321,20 +344,12 @@ fn collect_decisions(
     out: &mut Vec<NodeDecision>,
 ) {
     if let Some(gpu_join) = plan.downcast_ref::<GpuHashJoinExec>() {
-        let aggregate = gpu_join
-            .partial_aggregate_node()
-            .and_then(|node| node.downcast_ref::<AggregateExec>());
-        if let Some(agg) = aggregate {
-            out.push(NodeDecision {
-                operator: "AggregateExec".into(),
-                detail: describe_aggregate(agg),
-                placement: Placement::Gpu {
-                    algorithm: "reduced on the device from the pairs of the GPU hash join below \
-                                it, inside GpuHashJoinExec (partial_aggregate)"
-                        .into(),
-                },
-            });
-        }
+        aggregate_in_join(
+            gpu_join.partial_aggregate_node(),
+            "hash",
+            "GpuHashJoinExec",
+            out,
+        );
         out.push(NodeDecision {
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(gpu_join.hash_join()),
@@ -360,6 +375,12 @@ fn collect_decisions(
             placement: Placement::Cpu { reason },
         });
     } else if let Some(gpu_join) = plan.downcast_ref::<GpuSortMergeJoinExec>() {
+        aggregate_in_join(
+            gpu_join.partial_aggregate_node(),
+            "sort-merge",
+            "GpuSortMergeJoinExec",
+            out,
+        );
         let [left, right] = gpu_join.sort_on_device();
         let sorted_by = |on_device: bool| if on_device { "device" } else { "input" };
         out.push(NodeDecision {

@@ -256,18 +256,7 @@ fn merge_join_over_all_partitions(
 fn projection_into_merge_join(
     projection: &ProjectionExec,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    let input = projection.input();
-    let (join, spread) = match input.downcast_ref::<RepartitionExec>() {
-        Some(repartition) if !repartition.preserve_order() => match repartition.partitioning() {
-            Partitioning::RoundRobinBatch(partitions) => {
-                (repartition.input().downcast_ref(), Some(*partitions))
-            }
-            _ => (None, None),
-        },
-        Some(_) => (None, None),
-        None => (input.downcast_ref::<GpuSortMergeJoinExec>(), None),
-    };
-    let Some(join) = join else {
+    let Some((join, spread)) = merge_join_below(projection.input()) else {
         return Ok(None);
     };
     let Some(projected) = join.with_projection(projection.expr().to_vec())? else {
@@ -276,14 +265,39 @@ fn projection_into_merge_join(
     if projected.schema() != projection.schema() {
         return Ok(None);
     }
-    let projected: Arc<dyn ExecutionPlan> = Arc::new(projected);
-    Ok(Some(match spread {
-        None => projected,
+    Ok(Some(spread_again(Arc::new(projected), spread)?))
+}
+
+/// The GPU sort-merge join that `input` is, or that the round robin
+/// `input` spreads over several partitions (with their number).
+fn merge_join_below(
+    input: &Arc<dyn ExecutionPlan>,
+) -> Option<(&GpuSortMergeJoinExec, Option<usize>)> {
+    match input.downcast_ref::<RepartitionExec>() {
+        Some(repartition) if !repartition.preserve_order() => match repartition.partitioning() {
+            Partitioning::RoundRobinBatch(partitions) => repartition
+                .input()
+                .downcast_ref()
+                .map(|join| (join, Some(*partitions))),
+            _ => None,
+        },
+        Some(_) => None,
+        None => input.downcast_ref().map(|join| (join, None)),
+    }
+}
+
+/// `node` spread round robin over `spread` partitions again, where it was.
+fn spread_again(
+    node: Arc<dyn ExecutionPlan>,
+    spread: Option<usize>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    Ok(match spread {
+        None => node,
         Some(partitions) => Arc::new(RepartitionExec::try_new(
-            projected,
+            node,
             Partitioning::RoundRobinBatch(partitions),
         )?),
-    }))
+    })
 }
 
 /// `ordering` (over `projection`'s output) over its input's columns, where
@@ -470,15 +484,33 @@ fn gpu_aggregate(
     Ok(None)
 }
 
-/// The GPU hash join below `agg` computing `agg` from its pairs (see
-/// [`GpuHashJoinExec::with_partial_aggregate`]), where `agg` is directly
-/// above one and the join allows it; `None` otherwise.
+/// The GPU join below `agg` computing `agg` from its pairs (see
+/// [`GpuHashJoinExec::with_partial_aggregate`] and
+/// [`GpuSortMergeJoinExec::with_partial_aggregate`]), where `agg` is
+/// directly above one (a sort-merge join also under the round robin that
+/// spreads its one partition, which then spreads the states) and the join
+/// allows it; `None` otherwise.
 fn aggregate_into_join(
     node: &Arc<dyn ExecutionPlan>,
     agg: &AggregateExec,
     options: &GpuOptions,
 ) -> Option<Arc<dyn ExecutionPlan>> {
-    if !options.aggregate_in_join || !options.device_gather {
+    if !options.aggregate_in_join {
+        return None;
+    }
+    if let Some((join, spread)) = merge_join_below(agg.input()) {
+        // The sort-merge join always gathers by pair on the device.
+        let fused = join
+            .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
+            .ok()?;
+        if spread.is_none() && options.merge_partitions && !join.repartitions_removed() {
+            if let Some(merged) = aggregating_merge_join_over_all_partitions(node, join, options) {
+                return Some(merged);
+            }
+        }
+        return spread_again(Arc::new(fused), spread).ok();
+    }
+    if !options.device_gather {
         return None;
     }
     let join = agg.input().downcast_ref::<GpuHashJoinExec>()?;
@@ -491,6 +523,37 @@ fn aggregate_into_join(
         .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
         .ok()?;
     Some(Arc::new(fused))
+}
+
+/// `join`, one GPU sort-merge join per partition of DataFusion's hash
+/// repartitions, re-planned once over all input partitions (see
+/// [`merge_join_over_unrepartitioned_inputs`]) computing `node`, the
+/// aggregation above it, whose one row of states is spread round robin
+/// over as many partitions as `node` had. Unlike a join that hands its rows
+/// on, which gains from its partitions' host work running at once (see
+/// `gpu.merge_unsorted_sort_merge_inputs`), one that aggregates has no
+/// rows to hand on: it runs over all partitions whether or not they
+/// arrive sorted, without the CPU's hash repartitions. `None` where the
+/// join is not of that shape.
+fn aggregating_merge_join_over_all_partitions(
+    node: &Arc<dyn ExecutionPlan>,
+    join: &GpuSortMergeJoinExec,
+    options: &GpuOptions,
+) -> Option<Arc<dyn ExecutionPlan>> {
+    let merged = merge_join_over_unrepartitioned_inputs(join.sort_merge_join(), true).ok()??;
+    let sorts = absorbable_sorts(&merged);
+    let mut gpu_join = GpuSortMergeJoinExec::try_new(Arc::new(merged), sorts)
+        .ok()?
+        .with_repartitions_removed(true)
+        .with_in_place_of_hash_join(join.in_place_of_hash_join());
+    if let Some(exprs) = join.projection() {
+        gpu_join = gpu_join.with_projection(exprs.to_vec()).ok()??;
+    }
+    let fused = gpu_join
+        .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
+        .ok()?;
+    let partitions = node.properties().output_partitioning().partition_count();
+    spread_again(Arc::new(fused), (partitions > 1).then_some(partitions)).ok()
 }
 
 /// Per side of `join`: whether its child is a `SortExec` that sorts each
@@ -1241,9 +1304,11 @@ mod tests {
         assert_eq!(joins.len(), 1, "{}", show(&plan));
         assert_eq!(joins[0].sort_on_device(), [true, false], "{}", show(&plan));
         // Unsorted inputs by default: a GPU join per partition of
-        // DataFusion's repartitions, the sorts absorbed.
+        // DataFusion's repartitions, the sorts absorbed (where the join
+        // hands rows on: one that aggregates runs over all partitions, see
+        // the test of aggregates in the sort-merge join).
         let plan = merge_join_plan(
-            "SELECT count(*) FROM r JOIN s ON r.k = s.k",
+            "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k",
             &options,
             false,
         )
@@ -1520,6 +1585,105 @@ mod tests {
         ] {
             let plan = rewritten_with(sql, options(true)).await;
             let joins = gpu_joins(&plan);
+            assert!(!joins.is_empty(), "{sql}\n{}", show(&plan));
+            assert!(
+                joins.iter().all(|j| j.partial_aggregate().is_none()),
+                "{sql}\n{}",
+                show(&plan)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_ungrouped_aggregate_above_a_sort_merge_join_is_computed_in_the_join() {
+        use datafusion::physical_plan::aggregates::AggregateMode;
+        let options = |aggregate_in_join: bool| GpuOptions {
+            min_rows: 0,
+            aggregate_single_phase: false,
+            aggregate_in_join,
+            ..GpuOptions::default()
+        };
+        let sql = "SELECT count(*), sum(r.v), min(s.v), max(r.k), count(s.v) \
+                   FROM r JOIN s ON r.k = s.k";
+        let partial_modes = |plan: &Arc<dyn ExecutionPlan>| {
+            cpu_aggregates(plan)
+                .iter()
+                .filter(|agg| *agg.mode() == AggregateMode::Partial)
+                .count()
+        };
+        // One join over all input partitions, sorted or not (a join that
+        // aggregates hands no rows on), its one row of states spread round
+        // robin; with `merge_partitions` off, one join per hash partition,
+        // each computing its partition's states.
+        for (sorted, merge_partitions) in [(false, true), (true, true), (false, false)] {
+            let options = |aggregate_in_join| GpuOptions {
+                merge_partitions,
+                ..options(aggregate_in_join)
+            };
+            let plan = merge_join_plan(sql, &options(true), sorted).await;
+            let text = show(&plan);
+            let joins = gpu_merge_joins(&plan);
+            assert_eq!(joins.len(), 1, "{text}");
+            assert_eq!(joins[0].repartitions_removed(), merge_partitions, "{text}");
+            assert_eq!(
+                hash_repartitions(&plan),
+                if merge_partitions { 0 } else { 2 },
+                "{text}"
+            );
+            assert_eq!(
+                joins[0].partial_aggregate().as_deref(),
+                Some("count(Int64(1)), sum(r.v), min(s.v), max(r.k), count(s.v)"),
+                "{text}"
+            );
+            assert!(text.contains("partial_aggregate=[count(Int64(1)), sum(r.v)"));
+            assert_eq!(partial_modes(&plan), 0, "{text}");
+            let finals = cpu_aggregates(&plan);
+            assert_eq!(finals.len(), 1, "{text}");
+            assert_eq!(*finals[0].mode(), AggregateMode::Final);
+            // The join's node has the partial aggregation's schema.
+            assert_eq!(
+                finals[0].input().children()[0].schema(),
+                joins[0].schema(),
+                "{text}"
+            );
+            assert_eq!(
+                text.contains(
+                    "RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1"
+                ),
+                merge_partitions,
+                "{text}"
+            );
+            let stats = StatisticsContext::new()
+                .compute(joins[0], &StatisticsArgs::new())
+                .unwrap();
+            assert_eq!(
+                stats.column_statistics.len(),
+                joins[0].schema().fields().len()
+            );
+            let decisions = crate::planner::gpu_decisions(&plan, &ConfigOptions::new());
+            assert!(
+                decisions.iter().any(|d| d.operator == "AggregateExec"
+                    && d.on_gpu()
+                    && d.to_string().contains("GPU sort-merge join")),
+                "{decisions:?}"
+            );
+
+            // Switched off, DataFusion's partial aggregation stays.
+            let plan = merge_join_plan(sql, &options(false), sorted).await;
+            assert!(gpu_merge_joins(&plan)[0].partial_aggregate().is_none());
+            assert_eq!(partial_modes(&plan), 1, "{}", show(&plan));
+        }
+
+        // Aggregations the join does not compute, and joins that do not
+        // emit one row per pair.
+        for sql in [
+            "SELECT r.k, count(*) FROM r JOIN s ON r.k = s.k GROUP BY r.k",
+            "SELECT avg(r.v) FROM r JOIN s ON r.k = s.k",
+            "SELECT count(*), sum(s.v) FROM r LEFT JOIN s ON r.k = s.k",
+            "SELECT count(*) FROM r JOIN s ON r.k = s.k AND r.v < s.v",
+        ] {
+            let plan = merge_join_plan(sql, &options(true), true).await;
+            let joins = gpu_merge_joins(&plan);
             assert!(!joins.is_empty(), "{sql}\n{}", show(&plan));
             assert!(
                 joins.iter().all(|j| j.partial_aggregate().is_none()),

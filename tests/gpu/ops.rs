@@ -458,6 +458,7 @@ fn radix_sort_and_merge_path_match_their_references() {
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
+    let copy_stream = device.stream().unwrap();
     // (streamed rows, other rows, key bits, distinct keys): empty sides, one
     // row, tile edges, many duplicates, keys using all 64 bits.
     let cases = [
@@ -486,8 +487,19 @@ fn radix_sort_and_merge_path_match_their_references() {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         let a = SortedSide::upload(&device, stream, &[&streamed], None, bits, false, &mut timer)
             .unwrap();
-        let b =
-            SortedSide::upload(&device, stream, &[&other], None, bits, false, &mut timer).unwrap();
+        // The other side's keys copied on a stream of their own, as the
+        // join does, while the first side is sorted.
+        let b = SortedSide::upload_on(
+            &device,
+            stream,
+            copy_stream.stream(),
+            &[&other],
+            None,
+            bits,
+            false,
+            &mut timer,
+        )
+        .unwrap();
         // The sort: stable, so ids equal the reference's exactly.
         let (a_sorted, a_ids) = merge_join::reference::sort(&streamed);
         let (b_sorted, b_ids) = merge_join::reference::sort(&other);

@@ -694,3 +694,126 @@ async fn a_hash_join_sorted_on_its_keys_runs_as_a_gpu_merge_join_in_key_order() 
     assert!(keys.len() > 5_000, "{} rows", keys.len());
     assert!(keys.windows(2).all(|w| w[0] <= w[1]), "not in key order");
 }
+
+/// Aggregations without GROUP BY computed inside the GPU sort-merge join
+/// from its pairs (`partial_aggregate`), against DataFusion's sort-merge
+/// join and aggregation: over unsorted and sorted inputs, per partition and
+/// over all partitions, with NULL keys, duplicates, skew, many output
+/// ranges, an empty side, a column with NULLs (whose rows are made on the
+/// host and fed to the same accumulators), and a device too small (the CPU
+/// join's rows aggregated instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aggregates_computed_in_the_join_match_the_cpu() {
+    let Some(_) = require_gpu("aggregates_computed_in_the_join_match_the_cpu") else {
+        return;
+    };
+    let on_device = "SELECT count(*), sum(r.v), sum(s.id), min(r.id), max(s.v), count(s.v) \
+                     FROM r JOIN s ON r.k64 = s.k64";
+    // r.k64 has NULLs, so the column is not gathered on the device where
+    // the join reads every row of r.
+    let on_host = "SELECT count(r.k64), max(r.k64), sum(s.v) FROM r JOIN s ON r.k64 = s.k64";
+    // (name, r, s, extra settings)
+    let cases = [
+        (
+            "duplicates and NULL keys",
+            shape(3_000, 400, 9, 0),
+            shape(5_000, 400, 7, 0),
+            &[][..],
+        ),
+        (
+            "skew",
+            shape(2_000, 300, 11, 40),
+            shape(4_000, 300, 0, 30),
+            &[][..],
+        ),
+        (
+            "many ranges",
+            shape(3_000, 400, 9, 0),
+            shape(5_000, 400, 7, 0),
+            &["SET gpu.max_output_pairs = 1000"][..],
+        ),
+        (
+            "empty side",
+            shape(3_000, 400, 9, 0),
+            shape(0, 400, 0, 0),
+            &[][..],
+        ),
+    ];
+    for mode in MODES {
+        for (name, r, s, extra) in cases {
+            let ctxs = contexts(mode, 4, extra).await;
+            register([&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash], r, s, 4);
+            let (plan, batches) = check(&ctxs, on_device, Expect::Gpu).await;
+            let text = show(&plan);
+            assert!(
+                text.contains("partial_aggregate=[count(Int64(1)), sum(r.v), sum(s.id)"),
+                "{name}, {mode:?}: the join does not compute the aggregation\n{text}"
+            );
+            // Every pair was reduced on the device: as many as the join has.
+            let pairs = int64_rows(&batches)[0][0].unwrap_or(0) as usize;
+            assert_eq!(
+                merge_join_metric(&plan, "rows_aggregated_on_device"),
+                pairs,
+                "{name}, {mode:?}\n{text}"
+            );
+            if name != "empty side" {
+                assert!(pairs > 10_000, "{name}: {pairs} pairs");
+            }
+            let (plan, _) = check(&ctxs, on_host, Expect::Gpu).await;
+            if mode == JoinMode::Partitioned {
+                assert_eq!(
+                    merge_join_metric(&plan, "rows_aggregated_on_device"),
+                    0,
+                    "{name}: a column with NULLs was reduced on the device"
+                );
+            }
+        }
+        // The device cannot take the join: DataFusion's join runs, and its
+        // rows feed the same accumulators.
+        let ctxs = contexts(mode, 4, &["SET gpu.memory_fraction = 0.000000001"]).await;
+        register(
+            [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
+            shape(3_000, 400, 9, 0),
+            shape(5_000, 400, 7, 0),
+            4,
+        );
+        let (plan, _) = check(&ctxs, on_device, Expect::Gpu).await;
+        assert!(
+            show(&plan).contains("partial_aggregate="),
+            "{}",
+            show(&plan)
+        );
+        assert!(
+            merge_join_metric(&plan, "cpu_fallback_partitions") > 0,
+            "{mode:?}: no partition fell back to the CPU join"
+        );
+        assert_eq!(merge_join_metric(&plan, "rows_aggregated_on_device"), 0);
+    }
+    // Inputs that arrive sorted: one join over all partitions whose one row
+    // of states a round robin spreads, or one per partition, merged as
+    // they arrive.
+    for mode in MODES {
+        let ctxs = contexts(
+            mode,
+            2,
+            &["SET datafusion.optimizer.prefer_existing_sort = true"],
+        )
+        .await;
+        for ctx in [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash] {
+            ctx.register_table("a", sorted_table(30_000, 2, 1, 3))
+                .unwrap();
+            ctx.register_table("b", sorted_table(20_000, 3, 2, 3))
+                .unwrap();
+        }
+        let sql = "SELECT count(*), sum(a.id), max(b.id), min(a.id) FROM a JOIN b ON a.k = b.k";
+        let (plan, batches) = check(&ctxs, sql, Expect::Gpu).await;
+        let pairs = int64_rows(&batches)[0][0].unwrap_or(0) as usize;
+        assert!(pairs > 10_000, "{pairs} pairs");
+        assert_eq!(
+            merge_join_metric(&plan, "rows_aggregated_on_device"),
+            pairs,
+            "{mode:?}\n{}",
+            show(&plan)
+        );
+    }
+}

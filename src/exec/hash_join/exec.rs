@@ -18,12 +18,12 @@ use datafusion::physical_plan::{
 };
 
 use super::build_side::{BuildGather, BuildSide};
-use super::output::{ColumnSource, OutputAssembler};
+use super::output::OutputAssembler;
 use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
 use crate::exec::device_gather::{gathers_by_pair, output_columns};
 use crate::exec::keys::KeySpec;
 use crate::exec::once::OnceFut;
-use crate::exec::pair_aggregate::PairAggregate;
+use crate::exec::pair_aggregate::{check_join_emits_pairs, PairAggregate};
 use crate::exec::GpuJoinMetrics;
 use crate::planner::GpuOptions;
 
@@ -119,16 +119,11 @@ impl GpuHashJoinExec {
         deterministic_float_sums: bool,
     ) -> Result<Self> {
         let join = self.hash_join();
-        if !gathers_by_pair(*join.join_type(), join.filter().is_some()) || join.fetch().is_some() {
-            return Err(DataFusionError::Plan(format!(
-                "a {} join{} does not emit one row per pair",
-                join.join_type(),
-                if join.filter().is_some() {
-                    " with a filter"
-                } else {
-                    ""
-                }
-            )));
+        check_join_emits_pairs(*join.join_type(), join.filter().is_some())?;
+        if join.fetch().is_some() {
+            return Err(DataFusionError::Plan(
+                "a join with a fetch does not emit every pair".into(),
+            ));
         }
         let over_this_join = aggregate
             .children()
@@ -407,9 +402,8 @@ impl ExecutionPlan for GpuHashJoinExec {
         .flatten();
         // An aggregation needs on the device only the columns it reduces.
         let gathered = match &self.aggregate {
-            Some(aggregate) => gathered.map(|(build, probe)| {
-                aggregated_columns(aggregate, output.sources(), build, probe)
-            }),
+            Some(aggregate) => gathered
+                .map(|(build, probe)| aggregate.columns_read(output.sources(), build, probe)),
             None => gathered,
         };
         let (build_gather, gather_probe_columns) = match gathered {
@@ -454,30 +448,4 @@ impl ExecutionPlan for GpuHashJoinExec {
         };
         probe_stream(spec, self.schema())
     }
-}
-
-/// Of the output columns of each side (`build`, `probe`), those that a
-/// reduction of `aggregate` reads.
-fn aggregated_columns(
-    aggregate: &PairAggregate,
-    sources: &[ColumnSource],
-    build: Vec<bool>,
-    probe: Vec<bool>,
-) -> (Vec<bool>, Vec<bool>) {
-    let mut read = [vec![false; build.len()], vec![false; probe.len()]];
-    for position in aggregate.reductions().iter().filter_map(|r| r.column()) {
-        let slot = match sources.get(position) {
-            Some(ColumnSource::Build(i)) => read[0].get_mut(*i),
-            Some(ColumnSource::Probe(i)) => read[1].get_mut(*i),
-            _ => None,
-        };
-        if let Some(slot) = slot {
-            *slot = true;
-        }
-    }
-    let [build_read, probe_read] = read;
-    let both = |wanted: Vec<bool>, read: Vec<bool>| -> Vec<bool> {
-        wanted.iter().zip(read).map(|(&w, r)| w && r).collect()
-    };
-    (both(build, build_read), both(probe, probe_read))
 }

@@ -17,11 +17,12 @@ use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{
     ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
-    PlanProperties, SendableRecordBatchStream, Statistics, StatisticsArgs,
+    Partitioning, PlanProperties, SendableRecordBatchStream, Statistics, StatisticsArgs,
 };
 
 use super::stream::{merge_join_stream, MergeJoinPlan, MergeJoinTask};
 use crate::exec::hash_join::OutputAssembler;
+use crate::exec::pair_aggregate::{check_join_emits_pairs, PairAggregate};
 use crate::exec::GpuSortMergeJoinMetrics;
 use crate::planner::GpuOptions;
 
@@ -56,8 +57,20 @@ pub struct GpuSortMergeJoinExec {
     /// `ProjectionExec` of plain columns above it: only those columns are
     /// copied to the device, gathered and copied back.
     projection: Option<AbsorbedProjection>,
+    /// The join's own output (after `projection`).
     properties: Arc<PlanProperties>,
+    /// The partial aggregation above the join that this node computes from
+    /// the pairs, emitting its states in place of the join's rows.
+    aggregate: Option<FusedAggregate>,
     metrics: ExecutionPlanMetricsSet,
+}
+
+/// A partial aggregation computed by the join, and the node's properties
+/// with it: the aggregation's, over as many partitions as the join has.
+#[derive(Debug, Clone)]
+struct FusedAggregate {
+    pair_aggregate: Arc<PairAggregate>,
+    properties: Arc<PlanProperties>,
 }
 
 impl GpuSortMergeJoinExec {
@@ -107,6 +120,7 @@ impl GpuSortMergeJoinExec {
             repartitions_removed: false,
             projection: None,
             properties: Arc::new(properties),
+            aggregate: None,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
@@ -132,7 +146,7 @@ impl GpuSortMergeJoinExec {
     /// properties. `None` where an expression is not a column of the
     /// join's output, or where the join already has a projection.
     pub fn with_projection(&self, exprs: Vec<ProjectionExpr>) -> Result<Option<Self>> {
-        if self.projection.is_some() {
+        if self.projection.is_some() || self.aggregate.is_some() {
             return Ok(None);
         }
         let join_fields = self.cpu_join.schema().fields().len();
@@ -158,6 +172,80 @@ impl GpuSortMergeJoinExec {
         }))
     }
 
+    /// This join computing `aggregate`, the `AggregateExec` above it
+    /// (`Partial`, without `GROUP BY`; directly above, or above a round
+    /// robin over this join), from its pairs: the node then emits the
+    /// aggregation's partial states, one row per partition. An error where
+    /// the join or the aggregation does not allow it: only an inner join
+    /// without a residual filter emits a row per pair, and only `COUNT`,
+    /// `SUM`, `MIN` and `MAX` of columns the device reduces are computed.
+    pub fn with_partial_aggregate(
+        &self,
+        aggregate: Arc<dyn ExecutionPlan>,
+        deterministic_float_sums: bool,
+    ) -> Result<Self> {
+        let join = self.sort_merge_join();
+        if self.aggregate.is_some() {
+            return Err(DataFusionError::Plan(
+                "the join computes an aggregation already".into(),
+            ));
+        }
+        check_join_emits_pairs(join.join_type(), join.filter().is_some())?;
+        let over_this_join = aggregate
+            .children()
+            .first()
+            .is_some_and(|input| input.schema() == self.join_schema());
+        if !over_this_join {
+            return Err(DataFusionError::Plan(
+                "the aggregation is not above this join".into(),
+            ));
+        }
+        let pair_aggregate = PairAggregate::try_new(&aggregate, deterministic_float_sums)
+            .map_err(DataFusionError::Plan)?;
+        self.rebuilt(Arc::clone(&self.cpu_join))?
+            .with_pair_aggregate(&pair_aggregate)
+    }
+
+    /// This node computing `aggregate`, re-planned over a copy of itself.
+    fn with_pair_aggregate(mut self, aggregate: &PairAggregate) -> Result<Self> {
+        let join: Arc<dyn ExecutionPlan> = Arc::new(self.rebuilt(Arc::clone(&self.cpu_join))?);
+        let partitions = self.properties.output_partitioning().partition_count();
+        let pair_aggregate = Arc::new(aggregate.over(join)?);
+        let properties = pair_aggregate
+            .aggregate()
+            .properties()
+            .as_ref()
+            .clone()
+            .with_partitioning(Partitioning::UnknownPartitioning(partitions))
+            .with_emission_type(EmissionType::Final);
+        self.aggregate = Some(FusedAggregate {
+            pair_aggregate,
+            properties: Arc::new(properties),
+        });
+        Ok(self)
+    }
+
+    /// The aggregate functions this node computes from its pairs, as
+    /// `EXPLAIN` shows them; `None` when it emits the join's rows.
+    pub fn partial_aggregate(&self) -> Option<String> {
+        self.aggregate
+            .as_ref()
+            .map(|a| a.pair_aggregate.functions_text())
+    }
+
+    /// The `AggregateExec` this node computes from its pairs, if any.
+    pub(crate) fn partial_aggregate_node(&self) -> Option<&Arc<dyn ExecutionPlan>> {
+        self.aggregate
+            .as_ref()
+            .map(|a| a.pair_aggregate.aggregate())
+    }
+
+    /// The schema of the join's own rows (what an aggregation computed in
+    /// the join reads).
+    fn join_schema(&self) -> datafusion::arrow::datatypes::SchemaRef {
+        Arc::clone(self.properties.eq_properties.schema())
+    }
+
     /// This node without its absorbed projection (the join's own output).
     fn without_projection(&self) -> Self {
         Self {
@@ -174,6 +262,7 @@ impl GpuSortMergeJoinExec {
                     .clone()
                     .with_emission_type(EmissionType::Final),
             ),
+            aggregate: None,
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
@@ -184,20 +273,27 @@ impl GpuSortMergeJoinExec {
         self.projection.as_ref().map(|p| p.exprs.as_slice())
     }
 
-    /// This node rebuilt over `cpu_join` with the same marks and projection.
+    /// This node rebuilt over `cpu_join` with the same marks, projection
+    /// and aggregation.
     fn rebuilt(&self, cpu_join: Arc<dyn ExecutionPlan>) -> Result<Self> {
         let join = Self::try_new(cpu_join, self.sort_on_device)?
             .with_in_place_of_hash_join(self.in_place_of_hash_join)
             .with_repartitions_removed(self.repartitions_removed);
-        match &self.projection {
+        let join = match &self.projection {
+            None => join,
+            Some(projection) => {
+                join.with_projection(projection.exprs.clone())?
+                    .ok_or_else(|| {
+                        DataFusionError::Internal(
+                            "a GPU sort-merge join's projection no longer fits its join"
+                                .to_string(),
+                        )
+                    })?
+            }
+        };
+        match &self.aggregate {
             None => Ok(join),
-            Some(projection) => join
-                .with_projection(projection.exprs.clone())?
-                .ok_or_else(|| {
-                    DataFusionError::Internal(
-                        "a GPU sort-merge join's projection no longer fits its join".to_string(),
-                    )
-                }),
+            Some(aggregate) => join.with_pair_aggregate(&aggregate.pair_aggregate),
         }
     }
 
@@ -287,6 +383,9 @@ impl DisplayAs for GpuSortMergeJoinExec {
                 if let Some(projection) = self.projection_text() {
                     write!(f, ", {projection}")?;
                 }
+                if let Some(functions) = self.partial_aggregate() {
+                    write!(f, ", partial_aggregate=[{functions}]")?;
+                }
                 Ok(())
             }
             DisplayFormatType::TreeRender => {
@@ -295,6 +394,9 @@ impl DisplayAs for GpuSortMergeJoinExec {
                 write!(f, "on={on}")?;
                 if let Some(projection) = self.projection_text() {
                     write!(f, "\n{projection}")?;
+                }
+                if let Some(functions) = self.partial_aggregate() {
+                    write!(f, "\npartial_aggregate=[{functions}]")?;
                 }
                 Ok(())
             }
@@ -308,7 +410,10 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
+        match &self.aggregate {
+            Some(aggregate) => &aggregate.properties,
+            None => &self.properties,
+        }
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -385,7 +490,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
             .maintains_input_order()
             .into_iter()
             .zip(self.sort_on_device)
-            .map(|(kept, sorted_here)| kept && !sorted_here)
+            .map(|(kept, sorted_here)| kept && !sorted_here && self.aggregate.is_none())
             .collect()
     }
 
@@ -400,6 +505,36 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
     ) -> Result<Arc<Statistics>> {
         // A sort keeps its input's statistics, so the inputs' statistics
         // are the replaced join's children's.
+        let stats = self.join_statistics(input_stats, args)?;
+        match &self.aggregate {
+            Some(aggregate) => aggregate
+                .pair_aggregate
+                .aggregate()
+                .statistics_from_inputs(&[stats], args),
+            None => Ok(stats),
+        }
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        self.execute_partition(partition, context)
+    }
+}
+
+impl GpuSortMergeJoinExec {
+    /// The statistics of the join's own rows.
+    fn join_statistics(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
         let stats = self.cpu_join.statistics_from_inputs(input_stats, args)?;
         let Some(projection) = &self.projection else {
             return Ok(stats);
@@ -413,18 +548,14 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
             true => {
                 let mut projected = Arc::unwrap_or_clone(stats).project(Some(&projection.columns));
                 // The bytes of the columns kept, as `ProjectionExec` counts them.
-                projected.calculate_total_byte_size(&self.schema());
+                projected.calculate_total_byte_size(&self.join_schema());
                 projected
             }
-            false => Statistics::new_unknown(&self.schema()),
+            false => Statistics::new_unknown(&self.join_schema()),
         }))
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn execute(
+    fn execute_partition(
         &self,
         partition: usize,
         context: Arc<TaskContext>,
@@ -441,7 +572,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
             .collect::<Result<Vec<_>>>()?;
         let plan = MergeJoinPlan {
             output: OutputAssembler::new(
-                self.schema(),
+                self.join_schema(),
                 join.join_type(),
                 self.projection.as_ref().map(|p| p.columns.as_slice()),
                 left_schema.fields().len(),
@@ -467,6 +598,10 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
                 + 1,
             cpu_join: Arc::clone(&self.cpu_join),
             cpu_projection: self.projection.as_ref().map(|p| p.exprs.clone()),
+            aggregate: self
+                .aggregate
+                .as_ref()
+                .map(|a| Arc::clone(&a.pair_aggregate)),
         };
         let reservation = MemoryConsumer::new(format!("GpuSortMergeJoinInput[{partition}]"))
             .register(context.memory_pool());

@@ -7,7 +7,9 @@
 //! while later ranges are still being made. When the device cannot take
 //! the partition (keys too wide for 64-bit codes, too little device
 //! memory), DataFusion's `SortMergeJoinExec` joins the collected inputs
-//! instead, and a metric says so.
+//! instead, and a metric says so. Where the join computes the partial
+//! aggregation above it (see [`crate::exec::pair_aggregate`]), the pairs
+//! are reduced on the device and one row of partial states leaves instead.
 
 use std::sync::Arc;
 
@@ -33,11 +35,12 @@ use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
 use crate::exec::device_gather::{
-    gather_batches, gathers_by_pair, output_columns, GatherSide, ResidentColumns,
+    gather_batches, gathers_by_pair, output_columns, reduce_pairs, GatherSide, ResidentColumns,
 };
 use crate::exec::hash_join::{evaluate_filter, OutputAssembler, OutputRows};
 use crate::exec::keys::raw_words;
 use crate::exec::ordered_keys::{KeySide, OrderedKeyEncoder};
+use crate::exec::pair_aggregate::{PairAggregate, PartialStates};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuSortMergeJoinMetrics;
 use crate::gpu::launch::{self, CodeTransform};
@@ -66,6 +69,9 @@ pub(crate) struct MergeJoinPlan {
     pub(crate) cpu_join: Arc<dyn ExecutionPlan>,
     /// The projection this node absorbed, put over `cpu_join` there.
     pub(crate) cpu_projection: Option<Vec<ProjectionExpr>>,
+    /// The partial aggregation above the join computed from its pairs: the
+    /// partition then emits one row of its states instead of its rows.
+    pub(crate) aggregate: Option<Arc<PairAggregate>>,
 }
 
 /// Everything one partition needs.
@@ -169,6 +175,10 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
             Outcome::OnCpu => {
                 metrics.cpu_fallback_partitions.add(1);
                 let stream = cpu_join(&plan, left, right, &context)?;
+                let stream = match &plan.aggregate {
+                    Some(aggregate) => aggregate.over_rows(stream),
+                    None => stream,
+                };
                 // The collected inputs stay reserved until the CPU
                 // operator's stream, which reads them, is dropped.
                 Ok(Box::pin(RecordBatchStreamAdapter::new(
@@ -230,15 +240,52 @@ struct DevicePart {
     metrics: GpuSortMergeJoinMetrics,
 }
 
-/// Sends batches to the consumer; false once it has gone (the query was
-/// cancelled or finished early), which stops the work.
+/// Hands the join's output on: its rows to the consumer or, where the
+/// join computes an aggregation, into the aggregation's states, which go to
+/// the consumer at the end.
 struct Sender {
     channel: mpsc::Sender<Result<RecordBatch>>,
+    /// Whether the consumer has had a batch (the join can no longer fall
+    /// back to the CPU then).
     sent_any: bool,
+    partial: Option<PartialStates>,
 }
 
 impl Sender {
-    fn send(&mut self, batches: Vec<RecordBatch>) -> bool {
+    /// Hands output rows on; `Ok(false)` once the consumer has gone (the
+    /// query was cancelled or finished early), which stops the work.
+    fn send(&mut self, batches: Vec<RecordBatch>) -> Result<bool> {
+        match &mut self.partial {
+            Some(partial) => {
+                for batch in &batches {
+                    partial.update(batch)?;
+                }
+                Ok(true)
+            }
+            None => Ok(self.send_to_consumer(batches)),
+        }
+    }
+
+    /// Merges the device's reduction of `pairs` pairs into the states.
+    fn merge_device(&mut self, words: &[u64], pairs: usize) -> Result<()> {
+        match &mut self.partial {
+            Some(partial) => partial.merge_device(words, pairs),
+            None => Err(DataFusionError::Internal(
+                "pairs reduced on the device without an aggregation".into(),
+            )),
+        }
+    }
+
+    /// Sends the aggregation's states, once every pair is in them.
+    fn finish(&mut self) -> Result<()> {
+        if let Some(partial) = &mut self.partial {
+            let states = partial.finish()?;
+            self.send_to_consumer(vec![states]);
+        }
+        Ok(())
+    }
+
+    fn send_to_consumer(&mut self, batches: Vec<RecordBatch>) -> bool {
         for batch in batches {
             self.sent_any = true;
             if futures::executor::block_on(self.channel.send(Ok(batch))).is_err() {
@@ -326,6 +373,10 @@ impl DevicePart {
         let mut sender = Sender {
             channel,
             sent_any: false,
+            partial: match &plan.aggregate {
+                Some(aggregate) => Some(aggregate.start()?),
+                None => None,
+            },
         };
         let on_device = self.metrics.device_wall_time.timer();
         let outcome = self.on_device(
@@ -345,7 +396,10 @@ impl DevicePart {
             .elapsed_compute()
             .add_duration(std::time::Duration::from_nanos(host_ns as u64));
         match outcome {
-            Ok(()) => Ok(Outcome::Done),
+            Ok(()) => {
+                sender.finish()?;
+                Ok(Outcome::Done)
+            }
             Err(DeviceFailure::Gpu(e)) if !sender.sent_any && e.is_out_of_device_memory() => {
                 Ok(Outcome::OnCpu)
             }
@@ -378,17 +432,26 @@ impl DevicePart {
             .add_duration(waiting.elapsed());
         device.bind_to_thread()?;
         // Only the columns the output uses go to the device (all of them
-        // unless a projection was absorbed), and only where one of them can
-        // be gathered there: otherwise nothing is reserved for them.
+        // unless a projection was absorbed; with an aggregation, those it
+        // reduces), and only where one of them can be gathered there:
+        // otherwise nothing is reserved for them. An aggregation's pairs
+        // stay on the device even so: a `COUNT(*)` reads no column.
+        let aggregate = plan.aggregate.as_deref();
         let gathered_columns = gathers_by_pair(join_type, plan.filter.is_some())
             .then(|| output_columns(&plan.output, left.num_columns(), right.num_columns()))
             .flatten()
+            .map(|(wanted_left, wanted_right)| match aggregate {
+                Some(aggregate) => {
+                    aggregate.columns_read(plan.output.sources(), wanted_left, wanted_right)
+                }
+                None => (wanted_left, wanted_right),
+            })
             .map(|(wanted_left, wanted_right)| {
                 let resident = ResidentColumns::device_bytes(left, &wanted_left)
                     + ResidentColumns::device_bytes(right, &wanted_right);
                 (wanted_left, wanted_right, resident)
             })
-            .filter(|&(_, _, resident)| resident > 0);
+            .filter(|&(_, _, resident)| resident > 0 || aggregate.is_some());
         let gather_bytes = match &gathered_columns {
             Some((wanted_left, wanted_right, resident)) => {
                 // The columns, the left row ids and one buffer of the
@@ -416,6 +479,13 @@ impl DevicePart {
             .add_duration(memory.waited());
         let stream = device.stream()?;
         let stream = stream.stream();
+        // The other side's keys and the gathered columns cross the bus on a
+        // stream of their own, so that the host stages them and the bus
+        // carries them while the device sorts what came before (every
+        // kernel that reads them waits for its copy). Nothing below waits
+        // for the device before the merge.
+        let copy_stream = device.stream()?;
+        let copy_stream = copy_stream.stream();
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         let streamed = SortedSide::upload(
             device,
@@ -427,9 +497,10 @@ impl DevicePart {
             &mut timer,
         )?;
         drop(streamed_codes);
-        let other = SortedSide::upload(
+        let other = SortedSide::upload_on(
             device,
             stream,
+            copy_stream,
             &other_codes.pieces(),
             transform,
             bits,
@@ -437,16 +508,16 @@ impl DevicePart {
             &mut timer,
         )?;
         drop(other_codes);
-        let pairs = needs_pairs(join_type, plan.filter.is_some());
-        let matches = MergeMatches::find(device, stream, &streamed, &other, !pairs, &mut timer)?;
         let device_columns = match &gathered_columns {
             Some((wanted_left, wanted_right, _)) => Some((
-                ResidentColumns::upload(device, stream, left, wanted_left, &mut timer)?,
-                ResidentColumns::upload(device, stream, right, wanted_right, &mut timer)?,
+                ResidentColumns::upload(device, copy_stream, left, wanted_left, &mut timer)?,
+                ResidentColumns::upload(device, copy_stream, right, wanted_right, &mut timer)?,
             )),
             None => None,
         }
-        .filter(|(l, r)| l.any() || r.any());
+        .filter(|(l, r)| l.any() || r.any() || aggregate.is_some());
+        let pairs = needs_pairs(join_type, plan.filter.is_some());
+        let matches = MergeMatches::find(device, stream, &streamed, &other, !pairs, &mut timer)?;
         // The host maps output positions to input rows by the sorted order,
         // unless the device gathers every output row (it reads the sorted
         // row ids there).
@@ -467,7 +538,7 @@ impl DevicePart {
                 let _timer = self.metrics.emit_time.timer();
                 plan.output.assemble(left, right, &rows)?
             };
-            Ok(sender.send(batches))
+            sender.send(batches)
         };
         if let Some((left_columns, right_columns)) = &device_columns {
             // Every pair is an output row: gather whole columns on the device.
@@ -496,25 +567,50 @@ impl DevicePart {
                             &mut left_ids,
                         )
                     })?;
-                    let gathered = gather_batches(
-                        device,
-                        stream,
-                        &plan.output,
-                        &GatherSide {
+                    let (left_side, right_side) = (
+                        GatherSide {
                             batch: left,
                             resident: left_columns,
                             ids: &left_ids,
                         },
-                        &GatherSide {
+                        GatherSide {
                             batch: right,
                             resident: right_columns,
                             ids: pairs.other_ids,
                         },
-                        pairs.len,
-                        plan.host_threads,
-                        timer,
-                    )?;
-                    let sent = gathered.map(|batches| sender.send(batches));
+                    );
+                    // An aggregation's columns reduced on the device, where
+                    // they are all there.
+                    let reduced = match aggregate {
+                        Some(aggregate) => reduce_pairs(
+                            device,
+                            stream,
+                            aggregate.reductions(),
+                            plan.output.sources(),
+                            &left_side,
+                            &right_side,
+                            pairs.len,
+                            timer,
+                        )?,
+                        None => None,
+                    };
+                    let sent = match reduced {
+                        Some(words) => {
+                            self.metrics.rows_aggregated_on_device.add(pairs.len);
+                            sender.merge_device(&words, pairs.len).map(|()| true)
+                        }
+                        None => gather_batches(
+                            device,
+                            stream,
+                            &plan.output,
+                            &left_side,
+                            &right_side,
+                            pairs.len,
+                            plan.host_threads,
+                            timer,
+                        )?
+                        .and_then(|batches| sender.send(batches)),
+                    };
                     match sent {
                         Ok(still_open) => open = still_open,
                         Err(e) => host_error = Some(e),
