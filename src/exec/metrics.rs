@@ -134,6 +134,9 @@ pub struct GpuSortMergeJoinMetrics {
     /// Pairs reduced on the device by the aggregation computed in the join
     /// (never made into rows).
     pub rows_aggregated_on_device: Count,
+    /// Partitions whose raw keys' value range the device found (both sides
+    /// sorted there), sparing the host a pass over the keys.
+    pub key_ranges_on_device: Count,
 }
 
 impl GpuSortMergeJoinMetrics {
@@ -151,6 +154,7 @@ impl GpuSortMergeJoinMetrics {
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
             rows_aggregated_on_device: builder().counter("rows_aggregated_on_device", partition),
+            key_ranges_on_device: builder().counter("key_ranges_on_device", partition),
         }
     }
 }

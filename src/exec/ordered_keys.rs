@@ -79,6 +79,26 @@ impl ColumnCode {
     }
 }
 
+/// For a key type whose values the device codes from their own 8-byte
+/// words (see [`OrderedKeyEncoder::device_transform`]), what a word is
+/// XORed with to compare as the values do: the sign bit for signed types,
+/// nothing for unsigned ones. `None` for other types.
+pub(crate) fn raw_word_flip(data_type: &DataType) -> Option<u64> {
+    match data_type {
+        DataType::Int64 | DataType::Date64 | DataType::Timestamp(_, _) => Some(1 << 63),
+        DataType::UInt64 => Some(0),
+        _ => None,
+    }
+}
+
+/// A word of a type of [`raw_word_flip`] as the value it holds.
+pub(crate) fn raw_word_value(word: u64, flip: u64) -> i128 {
+    match flip {
+        0 => i128::from(word),
+        _ => i128::from(word as i64),
+    }
+}
+
 /// Which side of the join a column belongs to (for the NULL bit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeySide {
@@ -150,10 +170,8 @@ impl OrderedKeyEncoder {
         if !types.iter().all(KeySpec::is_packable) {
             return Ok(None);
         }
-        let mut columns = Vec::with_capacity(types.len());
-        let mut bits = 0u32;
-        let mut any_null = false;
-        for (column, options) in sort_options.iter().enumerate() {
+        let mut ranges = Vec::with_capacity(types.len());
+        for column in 0..types.len() {
             let (mut min, mut max) = (i128::MAX, i128::MIN);
             let mut has_null = false;
             for side in [&left[column], &right[column]] {
@@ -167,6 +185,39 @@ impl OrderedKeyEncoder {
             if min > max {
                 (min, max) = (1, 0);
             }
+            ranges.push((min, max, has_null));
+        }
+        Ok(Self::from_ranges(sort_options, null_equality, &ranges))
+    }
+
+    /// The coding of one key column of an 8-byte integer type without
+    /// NULLs on either side, whose values span `[min, max]` on both sides
+    /// together (`max < min`: no rows), found elsewhere (on the device);
+    /// `None` where [`Self::for_side_pieces`] would not code `types`.
+    pub(crate) fn for_value_range(
+        types: &[DataType],
+        sort_options: &[SortOptions],
+        null_equality: NullEquality,
+        (min, max): (i128, i128),
+    ) -> Option<Self> {
+        if types.len() != 1 || sort_options.len() != 1 || !KeySpec::is_packable(&types[0]) {
+            return None;
+        }
+        let range = if min > max { (1, 0) } else { (min, max) };
+        Self::from_ranges(sort_options, null_equality, &[(range.0, range.1, false)])
+    }
+
+    /// The coding of key columns with the value ranges (and whether a NULL
+    /// was seen) of `ranges`; `None` when the codes need more than 64 bits.
+    fn from_ranges(
+        sort_options: &[SortOptions],
+        null_equality: NullEquality,
+        ranges: &[(i128, i128, bool)],
+    ) -> Option<Self> {
+        let mut columns = Vec::with_capacity(ranges.len());
+        let mut bits = 0u32;
+        let mut any_null = false;
+        for (&(min, max, has_null), options) in ranges.iter().zip(sort_options) {
             let code = ColumnCode::new(min, max, *options, has_null);
             bits = bits.saturating_add(code.bits);
             any_null |= has_null;
@@ -174,11 +225,11 @@ impl OrderedKeyEncoder {
         }
         let null_bit = any_null && null_equality == NullEquality::NullEqualsNothing;
         bits = bits.saturating_add(u32::from(null_bit));
-        Ok((bits <= 64).then_some(Self {
+        (bits <= 64).then_some(Self {
             columns,
             null_bit,
             bits,
-        }))
+        })
     }
 
     /// Bits the codes use (every code is below `2^bits`).
@@ -197,11 +248,7 @@ impl OrderedKeyEncoder {
         let ([code], [data_type]) = (self.columns.as_slice(), types) else {
             return None;
         };
-        let eight_byte_integer = matches!(
-            data_type,
-            DataType::Int64 | DataType::UInt64 | DataType::Date64 | DataType::Timestamp(_, _)
-        );
-        if !eight_byte_integer || code.has_null || self.null_bit {
+        if raw_word_flip(data_type).is_none() || code.has_null || self.null_bit {
             return None;
         }
         let base = if code.descending { code.max } else { code.min };
@@ -698,5 +745,89 @@ mod tests {
             assert_eq!(one, three);
             assert_eq!(one.len(), 3 << 20);
         }
+    }
+
+    #[test]
+    fn a_range_found_elsewhere_codes_as_the_host_pass_does() {
+        use datafusion::arrow::array::TimestampNanosecondArray;
+        use datafusion::arrow::datatypes::TimeUnit;
+        let columns: Vec<(DataType, ArrayRef, ArrayRef)> = vec![
+            (
+                DataType::Int64,
+                arr(Int64Array::from(vec![-7, i64::MAX, 3])),
+                arr(Int64Array::from(vec![i64::MIN + 1, 0])),
+            ),
+            (
+                DataType::UInt64,
+                arr(UInt64Array::from(vec![u64::MAX - 1, 1 << 63])),
+                arr(UInt64Array::from(vec![5, 9])),
+            ),
+            (
+                DataType::Timestamp(TimeUnit::Nanosecond, None),
+                arr(TimestampNanosecondArray::from(vec![-100, 40])),
+                arr(TimestampNanosecondArray::from(Vec::<i64>::new())),
+            ),
+            (
+                DataType::Int64,
+                arr(Int64Array::from(Vec::<i64>::new())),
+                arr(Int64Array::from(Vec::<i64>::new())),
+            ),
+        ];
+        for (data_type, left, right) in columns {
+            let flip = raw_word_flip(&data_type).expect("an 8-byte integer type");
+            // The range as the device reports it: the ends of the words in
+            // the flipped order.
+            let words: Vec<u64> = [&left, &right]
+                .iter()
+                .flat_map(|column| crate::exec::keys::raw_words(column).to_vec())
+                .collect();
+            let low = words.iter().map(|w| w ^ flip).min().map(|w| w ^ flip);
+            let high = words.iter().map(|w| w ^ flip).max().map(|w| w ^ flip);
+            let range = match (low, high) {
+                (Some(low), Some(high)) => (raw_word_value(low, flip), raw_word_value(high, flip)),
+                _ => (1, 0),
+            };
+            for descending in [false, true] {
+                let options = [SortOptions {
+                    descending,
+                    nulls_first: true,
+                }];
+                let types = [data_type.clone()];
+                let host = OrderedKeyEncoder::for_sides(
+                    &types,
+                    &options,
+                    NullEquality::NullEqualsNothing,
+                    &[Arc::clone(&left)],
+                    &[Arc::clone(&right)],
+                    2,
+                )
+                .unwrap()
+                .unwrap();
+                let device = OrderedKeyEncoder::for_value_range(
+                    &types,
+                    &options,
+                    NullEquality::NullEqualsNothing,
+                    range,
+                )
+                .unwrap();
+                assert_eq!(device, host, "{data_type} descending {descending}");
+                assert_eq!(
+                    device.device_transform(&types),
+                    host.device_transform(&types)
+                );
+            }
+        }
+        // Several columns, or a type the device does not code from its words.
+        let options = [SortOptions::default(); 2];
+        assert!(OrderedKeyEncoder::for_value_range(
+            &[DataType::Int64, DataType::Int64],
+            &options,
+            NullEquality::NullEqualsNothing,
+            (0, 1)
+        )
+        .is_none());
+        assert_eq!(raw_word_flip(&DataType::Int32), None);
+        assert_eq!(raw_word_value(u64::MAX, 1 << 63), -1);
+        assert_eq!(raw_word_value(u64::MAX, 0), i128::from(u64::MAX));
     }
 }

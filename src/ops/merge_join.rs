@@ -13,10 +13,12 @@ use cudarc::driver::CudaStream;
 
 use super::radix::stable_radix_passes;
 use super::scan::exclusive_scan;
-use crate::gpu::launch::{self, CodeTransform, MergeBound, RadixDigits, RadixGrid, MAX_RADIX_BITS};
+use crate::gpu::launch::{
+    self, AggregateOp, CodeTransform, GroupRows, MergeBound, RadixDigits, RadixGrid, MAX_RADIX_BITS,
+};
 use crate::gpu::{
-    download_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuResult, Phase,
-    PhaseTimer,
+    download_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult,
+    Phase, PhaseTimer,
 };
 
 /// One side of the join on the device, ordered by key.
@@ -62,38 +64,148 @@ impl SortedSide {
         presorted: bool,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let mut device_keys = upload_u64_pieces(device, copy_stream, keys, timer)?;
-        if let Some(transform) = transform {
-            timer.time(Phase::Kernel, || {
-                launch::ordered_codes(
-                    device.kernels(),
-                    stream,
-                    device.sm_count(),
-                    &mut device_keys,
-                    transform,
-                )
-            })?;
-        }
+        Self::upload_unsorted(device, stream, copy_stream, keys, timer)?
+            .sort(device, stream, transform, key_bits, presorted, timer)
+    }
+
+    /// `keys` (pieces laid end to end) copied on `copy_stream` as they are,
+    /// with row ids `0..n` made on `stream`: not yet coded nor sorted (see
+    /// [`Self::sort`]).
+    pub fn upload_unsorted(
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        copy_stream: &Arc<CudaStream>,
+        keys: &[&[u64]],
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        let keys = upload_u64_pieces(device, copy_stream, keys, timer)?;
         // One row id per key, over all pieces.
-        let rows = device_keys.len();
-        let mut ids = if rows == 0 {
+        let rows = keys.len();
+        let mut row_ids = if rows == 0 {
             stream.null::<u64>().during("allocating row ids")?
         } else {
             // SAFETY: iota writes every element.
             unsafe { stream.alloc::<u64>(rows) }.during("allocating row ids")?
         };
         timer.time(Phase::Kernel, || {
-            launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)
+            launch::iota(device.kernels(), stream, device.sm_count(), &mut row_ids, 0)
         })?;
+        Ok(Self { keys, row_ids })
+    }
+
+    /// The keys turned into codes by `transform` (where given) and sorted
+    /// with their row ids on the low `key_bits` bits, or, with
+    /// `presorted`, taken as already in order. Enqueued on `stream`.
+    pub fn sort(
+        mut self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        transform: Option<CodeTransform>,
+        key_bits: u32,
+        presorted: bool,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        if let Some(transform) = transform {
+            self.transform_keys(device, stream, transform, timer)?;
+        }
         if presorted {
-            return Ok(Self {
-                keys: device_keys,
-                row_ids: ids,
-            });
+            return Ok(self);
         }
         timer.time(Phase::Kernel, || {
-            radix_sort(device, stream, device_keys, ids, key_bits)
+            radix_sort(device, stream, self.keys, self.row_ids, key_bits)
         })
+    }
+
+    /// Codes that `from` made from raw keys turned into those `to` makes
+    /// (both in the same direction; `to`'s base the farther end): each
+    /// code shifted by the distance between the two bases, so the order
+    /// stays and sorted keys stay sorted. Enqueued on `stream`.
+    pub fn rebase_codes(
+        &mut self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        from: CodeTransform,
+        to: CodeTransform,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        if from.descending != to.descending {
+            return Err(GpuError::Invalid("codes rebased across directions".into()));
+        }
+        match rebase_shift(from, to).filter(|_| !self.keys.is_empty()) {
+            Some(shift) => self.transform_keys(device, stream, shift, timer),
+            None => Ok(()),
+        }
+    }
+
+    /// Every key replaced, in place, by its code under `transform`.
+    fn transform_keys(
+        &mut self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        transform: CodeTransform,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        timer.time(Phase::Kernel, || {
+            launch::ordered_codes(
+                device.kernels(),
+                stream,
+                device.sm_count(),
+                &mut self.keys,
+                transform,
+            )
+        })
+    }
+
+    /// The smallest and largest key, compared as words XORed with `flip`
+    /// (`1 << 63` for signed values), or `None` without keys: found on the
+    /// device, which the host waits for.
+    pub fn key_range(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        flip: u64,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Option<(u64, u64)>> {
+        let rows = self.keys.len();
+        if rows == 0 {
+            return Ok(None);
+        }
+        let kernels = device.kernels();
+        let sm_count = device.sm_count();
+        let mut ends = Vec::with_capacity(2);
+        let mut outs = Vec::with_capacity(2);
+        for op in [AggregateOp::Min, AggregateOp::Max] {
+            // SAFETY: filled with the identity right below, before any read.
+            let mut out = unsafe { stream.alloc::<u64>(1) }.during("allocating a key range")?;
+            timer.time(Phase::Kernel, || {
+                launch::fill_u64(kernels, stream, sm_count, &mut out, op.identity())?;
+                let rows = GroupRows {
+                    groups_of_rows: None,
+                    rows,
+                    valid_bits: None,
+                    groups: 1,
+                };
+                launch::aggregate_u64(
+                    kernels,
+                    stream,
+                    sm_count,
+                    rows,
+                    Some(&self.keys),
+                    None,
+                    op,
+                    flip,
+                    &mut out,
+                )
+            })?;
+            outs.push(out);
+        }
+        let mut word = Vec::with_capacity(1);
+        for out in &outs {
+            download_u64(device, stream, &out.as_view(), &mut word, timer)?;
+            // The reduction's word is in the flipped order's terms.
+            ends.push(word[0] ^ flip);
+        }
+        Ok(Some((ends[0], ends[1])))
     }
 
     /// Rows.
@@ -112,6 +224,20 @@ impl SortedSide {
         download_u64(device, stream, &self.row_ids.as_view(), &mut ids, timer)?;
         Ok(ids)
     }
+}
+
+/// The transform that turns codes made by `from` into those `to` makes
+/// (same direction), or `None` where they are the same: ascending, `(k -
+/// from) - (to - from)`; descending, `(from - k) - (from - to)`.
+fn rebase_shift(from: CodeTransform, to: CodeTransform) -> Option<CodeTransform> {
+    let shift = match to.descending {
+        true => from.base.wrapping_sub(to.base),
+        false => to.base.wrapping_sub(from.base),
+    };
+    (shift != 0).then_some(CodeTransform {
+        base: shift,
+        descending: false,
+    })
 }
 
 /// Bits of each radix-sort pass over `key_bits` bits, least significant first:
@@ -387,6 +513,36 @@ pub mod reference {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rebased_codes_are_the_codes_of_the_wider_base() {
+        // Raw words of signed keys; the side's own range inside the join's.
+        let keys: Vec<u64> = [-5i64, 0, 17, 1 << 40, -(1 << 50)]
+            .iter()
+            .map(|&k| k as u64)
+            .collect();
+        let (side_min, side_max) = (-(1i64 << 50), 1i64 << 40);
+        let (join_min, join_max) = (i64::MIN, i64::MAX - 3);
+        for descending in [false, true] {
+            let (from, to) = match descending {
+                false => (side_min, join_min),
+                true => (side_max, join_max),
+            };
+            let from = CodeTransform {
+                base: from as u64,
+                descending,
+            };
+            let to = CodeTransform {
+                base: to as u64,
+                descending,
+            };
+            let shift = rebase_shift(from, to).expect("different bases");
+            for &key in &keys {
+                assert_eq!(shift.code(from.code(key)), to.code(key), "{descending}");
+            }
+            assert_eq!(rebase_shift(to, to), None);
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -548,6 +548,49 @@ fn radix_sort_and_merge_path_match_their_references() {
 }
 
 #[test]
+fn key_ranges_found_on_the_device_match_the_host() {
+    use datafusion_gpu::ops::merge_join::SortedSide;
+    let Some(device) = device("key_ranges_found_on_the_device_match_the_host") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let copy_stream = device.stream().unwrap();
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let mut words = random_keys(300_001, u64::MAX, 9);
+    words.extend([u64::MAX, 0, 1 << 63, (1 << 63) - 1]);
+    let small = [3u64, 1 << 63, 7];
+    for keys in [&words[..], &small[..], &words[..1]] {
+        // Copied on a stream of their own, reduced on the other.
+        let side = SortedSide::upload_unsorted(
+            &device,
+            stream,
+            copy_stream.stream(),
+            &[&keys[..keys.len() / 2], &keys[keys.len() / 2..]],
+            &mut timer,
+        )
+        .unwrap();
+        // Unsigned words, and the same words as signed values.
+        let unsigned = (*keys.iter().min().unwrap(), *keys.iter().max().unwrap());
+        let signed = (
+            keys.iter().map(|&k| k as i64).min().unwrap() as u64,
+            keys.iter().map(|&k| k as i64).max().unwrap() as u64,
+        );
+        for (flip, expected) in [(0, unsigned), (1 << 63, signed)] {
+            let range = side.key_range(&device, stream, flip, &mut timer).unwrap();
+            assert_eq!(range, Some(expected), "{} keys, flip {flip:x}", keys.len());
+        }
+    }
+    let empty = SortedSide::upload_unsorted(&device, stream, stream, &[], &mut timer).unwrap();
+    assert_eq!(
+        empty.key_range(&device, stream, 0, &mut timer).unwrap(),
+        None
+    );
+    timer.finish().unwrap();
+}
+
+#[test]
 fn raw_keys_become_their_order_preserving_codes_on_the_device() {
     use datafusion_gpu::gpu::download_u64;
     use datafusion_gpu::gpu::launch::CodeTransform;

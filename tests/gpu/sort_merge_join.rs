@@ -817,3 +817,87 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
         );
     }
 }
+
+/// Raw 8-byte keys without NULLs that the device sorts on both sides: the
+/// device finds their value range too (`key_ranges_on_device`). Signed keys
+/// over the whole `Int64` range, unsigned ones above `2^63`, timestamps
+/// with a time zone; joins of several types and an aggregation, in both
+/// partition modes, against DataFusion's sort-merge join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn raw_keys_without_nulls_are_coded_from_a_range_found_on_the_device() {
+    use datafusion::arrow::array::{TimestampMicrosecondArray, UInt64Array};
+    use datafusion::arrow::datatypes::TimeUnit;
+    let Some(_) = require_gpu("raw_keys_without_nulls_are_coded_from_a_range_found_on_the_device")
+    else {
+        return;
+    };
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("u", DataType::UInt64, false),
+        Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("+01:00".into())),
+            false,
+        ),
+        Field::new("id", DataType::Int64, false),
+    ]));
+    // Keys drawn from 700 values spread over each type's range, so that
+    // the sides share many keys; with `extremes`, every 97th row takes one
+    // of the type's ends, so one side's range is wider than the other's
+    // (the narrower side's codes are rebased to the join's range).
+    let make = |rows: usize, salt: u64, extremes: bool| {
+        table_from_columns(Arc::clone(&schema), rows, 3, 900, move |range| {
+            let draw = |i: usize| {
+                let x = (i as u64)
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .wrapping_add(salt)
+                    % 700;
+                match (extremes && i.is_multiple_of(97), i % 2) {
+                    (true, 0) => 1 << 63,
+                    (true, _) => (1 << 63) - 1,
+                    _ => (x + 2).wrapping_mul(0x0123_4567_89AB_CDEF_u64.wrapping_mul(29)) >> 2,
+                }
+            };
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    range.clone().map(|i| draw(i) as i64),
+                )) as ArrayRef,
+                Arc::new(UInt64Array::from_iter_values(
+                    range.clone().map(|i| draw(i) | (1 << 63)),
+                )),
+                Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(
+                        range.clone().map(|i| (draw(i) as i64) >> 8),
+                    )
+                    .with_timezone("+01:00"),
+                ),
+                Arc::new(Int64Array::from_iter_values(range.map(|i| i as i64))),
+            ]
+        })
+    };
+    for mode in MODES {
+        let ctxs = contexts(mode, 4, &[]).await;
+        for ctx in [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash] {
+            ctx.register_table("r", make(6_000, 1, false)).unwrap();
+            ctx.register_table("s", make(5_000, 2, true)).unwrap();
+        }
+        for key in ["k", "u", "ts"] {
+            for query in [
+                "SELECT r.id, s.id FROM r JOIN s ON r.{key} = s.{key}",
+                "SELECT r.id, s.id FROM r LEFT JOIN s ON r.{key} = s.{key} AND r.id < s.id",
+                "SELECT r.id, s.id FROM r FULL JOIN s ON r.{key} = s.{key}",
+                "SELECT s.id, r.id FROM s JOIN r ON s.{key} = r.{key}",
+                "SELECT s.id FROM r RIGHT ANTI JOIN s ON r.{key} = s.{key}",
+                "SELECT count(*), sum(r.id), max(s.id) FROM r JOIN s ON r.{key} = s.{key}",
+            ] {
+                let sql = query.replace("{key}", key);
+                let (plan, _) = check(&ctxs, &sql, Expect::Gpu).await;
+                assert!(
+                    merge_join_metric(&plan, "key_ranges_on_device") > 0,
+                    "{mode:?} {sql}: the host found the keys' range\n{}",
+                    show(&plan)
+                );
+            }
+        }
+    }
+}

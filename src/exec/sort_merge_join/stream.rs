@@ -1,7 +1,8 @@
 //! One partition of a GPU sort-merge join: collect both inputs (kept in the
 //! batches they arrived in, never concatenated), code their keys in sort
 //! order (or, for raw 8-byte keys, let the device code them from their
-//! batches' own buffers), then in a blocking task sort them on the device
+//! batches' own buffers, and, where it sorts both sides, find their value
+//! range itself), then in a blocking task sort them on the device
 //! (where the plan did not already sort them), merge, and emit the output
 //! range by range through a bounded channel, so a large result streams out
 //! while later ranges are still being made. When the device cannot take
@@ -13,6 +14,7 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::CudaStream;
 use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::buffer::ScalarBuffer;
 use datafusion::arrow::compute::SortOptions;
@@ -39,12 +41,14 @@ use crate::exec::device_gather::{
 };
 use crate::exec::hash_join::{evaluate_filter, OutputAssembler, OutputRows};
 use crate::exec::keys::raw_words;
-use crate::exec::ordered_keys::{KeySide, OrderedKeyEncoder};
+use crate::exec::ordered_keys::{raw_word_flip, raw_word_value, KeySide, OrderedKeyEncoder};
 use crate::exec::pair_aggregate::{PairAggregate, PartialStates};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuSortMergeJoinMetrics;
 use crate::gpu::launch::{self, CodeTransform};
-use crate::gpu::{DriverResultExt, GpuDevice, GpuError, Phase, PhaseTimer, ReservationKind};
+use crate::gpu::{
+    DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, ReservationKind,
+};
 use crate::ops::merge_join::{merge_join_device_bytes, MergeMatches, SortedSide};
 
 /// What every partition of one join shares.
@@ -109,13 +113,19 @@ enum Outcome {
     OnCpu,
 }
 
-/// Reads `input` whole, keeping its batches as they arrived: row ids
-/// count rows over them in order, and nothing is concatenated (only key
-/// columns that the host codes are made contiguous later).
+/// Reads `input` whole, keeping its batches: row ids count rows over them
+/// in order, and nothing is concatenated (only key columns that the host
+/// codes are made contiguous later). A side the device sorts
+/// (`in_memory_order`) is kept in the order its batches lie in memory
+/// instead of the order they arrived in, which only orders rows of equal
+/// keys, and arrival already left that to chance (partitions read at
+/// once): batches laid end to end in one pinned region (`pin_batches`) then
+/// go to the device in one copy per column, not one per batch.
 async fn collect(
     mut input: SendableRecordBatchStream,
     schema: &SchemaRef,
     reservation: &MemoryReservation,
+    in_memory_order: bool,
 ) -> Result<Arc<ArrivedBatches>> {
     let mut batches = Vec::new();
     while let Some(batch) = input.next().await {
@@ -125,7 +135,26 @@ async fn collect(
             batches.push(batch);
         }
     }
+    if in_memory_order {
+        batches.sort_by_cached_key(first_buffer_address);
+    }
     Ok(Arc::new(ArrivedBatches::new(Arc::clone(schema), batches)))
+}
+
+/// Where the first buffer of `batch`'s first column that has one starts.
+fn first_buffer_address(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .find_map(|column| {
+            let data = column.to_data();
+            let buffer = data.buffers().first()?;
+            Some(
+                buffer.as_ptr() as usize
+                    + data.offset() * column.data_type().primitive_width().unwrap_or(0),
+            )
+        })
+        .unwrap_or(0)
 }
 
 async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
@@ -134,8 +163,18 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
     // pipelines (a repartition, a sort) then run side by side.
     let collecting = task.metrics.collect_time.timer();
     let (left, right) = futures::try_join!(
-        collect(task.left, &plan.left_schema, &task.reservation),
-        collect(task.right, &plan.right_schema, &task.reservation)
+        collect(
+            task.left,
+            &plan.left_schema,
+            &task.reservation,
+            plan.sort_on_device[0]
+        ),
+        collect(
+            task.right,
+            &plan.right_schema,
+            &task.reservation,
+            plan.sort_on_device[1]
+        )
     )?;
     collecting.done();
     task.metrics.left_rows.add(left.num_rows());
@@ -308,18 +347,6 @@ impl DevicePart {
         // Per key, its values batch by batch.
         let left_keys = left.key_pieces(&plan.left_on)?;
         let right_keys = right.key_pieces(&plan.right_on)?;
-        let Some(encoder) = OrderedKeyEncoder::for_side_pieces(
-            &plan.key_types,
-            &plan.sort_options,
-            plan.null_equality,
-            &left_keys,
-            &right_keys,
-            plan.host_threads,
-        )?
-        else {
-            // The keys' ranges need more than 64 bits together.
-            return Ok(Outcome::OnCpu);
-        };
         let threads = plan.host_threads;
         // Raw 8-byte keys without NULLs go to the device as they are, and
         // the device codes them; other keys are coded here.
@@ -330,25 +357,69 @@ impl DevicePart {
                 .zip(&plan.key_types)
                 .all(|(pieces, t)| pieces.iter().all(|piece| piece.data_type() == t))
         };
-        let transform = encoder
-            .device_transform(&plan.key_types)
-            .filter(|_| planned_type(&left_keys) && planned_type(&right_keys));
-        let left_codes = SideKeys::new(
-            &encoder,
-            transform,
-            (left, &plan.left_on, &left_keys),
-            KeySide::Left,
-            threads,
-        )?;
-        drop(left_keys);
-        let right_codes = SideKeys::new(
-            &encoder,
-            transform,
-            (right, &plan.right_on, &right_keys),
-            KeySide::Right,
-            threads,
-        )?;
-        drop(right_keys);
+        let no_nulls = |keys: &[Vec<ArrayRef>]| {
+            keys.iter()
+                .all(|pieces| pieces.iter().all(|piece| piece.logical_null_count() == 0))
+        };
+        // Where the device sorts both sides too, it also finds their value
+        // range, which spares the host a pass over the keys.
+        let range_on_device = match (plan.key_types.as_slice(), plan.sort_on_device) {
+            ([key_type], [true, true]) => raw_word_flip(key_type).filter(|_| {
+                planned_type(&left_keys)
+                    && planned_type(&right_keys)
+                    && no_nulls(&left_keys)
+                    && no_nulls(&right_keys)
+            }),
+            _ => None,
+        };
+        let (coding, left_codes, right_codes) = match range_on_device {
+            Some(flip) => (
+                KeyCoding::RangeOnDevice { flip },
+                SideKeys::raw(&left_keys),
+                SideKeys::raw(&right_keys),
+            ),
+            None => {
+                let Some(encoder) = OrderedKeyEncoder::for_side_pieces(
+                    &plan.key_types,
+                    &plan.sort_options,
+                    plan.null_equality,
+                    &left_keys,
+                    &right_keys,
+                    threads,
+                )?
+                else {
+                    // The keys' ranges need more than 64 bits together.
+                    return Ok(Outcome::OnCpu);
+                };
+                let transform = encoder
+                    .device_transform(&plan.key_types)
+                    .filter(|_| planned_type(&left_keys) && planned_type(&right_keys));
+                let left_codes = SideKeys::new(
+                    &encoder,
+                    transform,
+                    (left, &plan.left_on, &left_keys),
+                    KeySide::Left,
+                    threads,
+                )?;
+                let right_codes = SideKeys::new(
+                    &encoder,
+                    transform,
+                    (right, &plan.right_on, &right_keys),
+                    KeySide::Right,
+                    threads,
+                )?;
+                let coding = KeyCoding::Known {
+                    bits: encoder.bits(),
+                    transform,
+                };
+                (coding, left_codes, right_codes)
+            }
+        };
+        drop((left_keys, right_keys));
+        let transform = match coding {
+            KeyCoding::Known { transform, .. } => transform,
+            KeyCoding::RangeOnDevice { .. } => None,
+        };
         for (side, codes) in [&left_codes, &right_codes].into_iter().enumerate() {
             if !plan.sort_on_device[side] && !codes.ascending(transform) {
                 return Err(DataFusionError::Internal(format!(
@@ -379,14 +450,7 @@ impl DevicePart {
             },
         };
         let on_device = self.metrics.device_wall_time.timer();
-        let outcome = self.on_device(
-            left,
-            right,
-            (encoder.bits(), transform),
-            streamed,
-            other,
-            &mut sender,
-        );
+        let outcome = self.on_device(left, right, coding, streamed, other, &mut sender);
         on_device.done();
         // Host compute: coding the keys and making the output (not the
         // device waits, nor waiting for the consumer).
@@ -409,13 +473,12 @@ impl DevicePart {
     }
 
     /// Sorts, merges and emits. `streamed` and `other` are each side's keys
-    /// and whether the device sorts them; `bits` the bits of their codes,
-    /// `transform` how the device codes raw keys.
+    /// and whether the device sorts them; `coding` how their codes are made.
     fn on_device(
         &self,
         left: &ArrivedBatches,
         right: &ArrivedBatches,
-        (bits, transform): (u32, Option<CodeTransform>),
+        coding: KeyCoding,
         (streamed_codes, sort_streamed): (SideKeys, bool),
         (other_codes, sort_other): (SideKeys, bool),
         sender: &mut Sender,
@@ -487,27 +550,64 @@ impl DevicePart {
         let copy_stream = device.stream()?;
         let copy_stream = copy_stream.stream();
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let streamed = SortedSide::upload(
+        let streamed = SortedSide::upload_unsorted(
             device,
             stream,
+            stream,
             &streamed_codes.pieces(),
-            transform,
-            bits,
-            !sort_streamed,
             &mut timer,
         )?;
         drop(streamed_codes);
-        let other = SortedSide::upload_on(
+        // The streamed side is sorted while the other side's keys cross the
+        // bus: with the coding known, or, where the device finds the range,
+        // with its own range's coding, rebased once the other side's is in.
+        let (mut streamed, streamed_coding) = match coding {
+            KeyCoding::Known { bits, transform } => (
+                streamed.sort(device, stream, transform, bits, !sort_streamed, &mut timer)?,
+                None,
+            ),
+            KeyCoding::RangeOnDevice { flip } => {
+                let range = device_key_range(device, &streamed, stream, flip, &mut timer)?;
+                let (bits, transform) = self.coding_for_range(range)?;
+                let sorted = streamed.sort(
+                    device,
+                    stream,
+                    Some(transform),
+                    bits,
+                    !sort_streamed,
+                    &mut timer,
+                )?;
+                (sorted, Some((flip, range, transform)))
+            }
+        };
+        let other = SortedSide::upload_unsorted(
             device,
             stream,
             copy_stream,
             &other_codes.pieces(),
-            transform,
-            bits,
-            !sort_other,
             &mut timer,
         )?;
         drop(other_codes);
+        let (bits, transform) = match (coding, streamed_coding) {
+            (_, Some((flip, streamed_range, streamed_transform))) => {
+                // Found on the copy stream, behind the copy alone.
+                let other_range = device_key_range(device, &other, copy_stream, flip, &mut timer)?;
+                let (bits, transform) =
+                    self.coding_for_range(union_of_ranges(streamed_range, other_range))?;
+                streamed.rebase_codes(device, stream, streamed_transform, transform, &mut timer)?;
+                self.metrics.key_ranges_on_device.add(1);
+                (bits, Some(transform))
+            }
+            (KeyCoding::Known { bits, transform }, None) => (bits, transform),
+            (KeyCoding::RangeOnDevice { .. }, None) => {
+                return Err(DeviceFailure::Host(DataFusionError::Internal(
+                    "a key range on the device without the streamed side's".into(),
+                )))
+            }
+        };
+        // The other side's sort goes onto the stream while the gathered
+        // columns below are copied on the other.
+        let other = other.sort(device, stream, transform, bits, !sort_other, &mut timer)?;
         let device_columns = match &gathered_columns {
             Some((wanted_left, wanted_right, _)) => Some((
                 ResidentColumns::upload(device, copy_stream, left, wanted_left, &mut timer)?,
@@ -675,6 +775,69 @@ impl DevicePart {
         }
         Ok(())
     }
+
+    /// The bits and device transform of the codes of one raw key column
+    /// whose values span `range` (`max < min`: none).
+    fn coding_for_range(
+        &self,
+        range: (i128, i128),
+    ) -> std::result::Result<(u32, CodeTransform), DeviceFailure> {
+        let plan = &self.plan;
+        OrderedKeyEncoder::for_value_range(
+            &plan.key_types,
+            &plan.sort_options,
+            plan.null_equality,
+            range,
+        )
+        .and_then(|encoder| Some((encoder.bits(), encoder.device_transform(&plan.key_types)?)))
+        .ok_or_else(|| {
+            DeviceFailure::Host(DataFusionError::Internal(format!(
+                "no device coding for a {:?} key",
+                plan.key_types
+            )))
+        })
+    }
+}
+
+/// The values `side`'s raw keys span, found on the device on `stream`
+/// (words XORed with `flip` compare as the values do); `(1, 0)` without
+/// keys.
+fn device_key_range(
+    device: &GpuDevice,
+    side: &SortedSide,
+    stream: &Arc<CudaStream>,
+    flip: u64,
+    timer: &mut PhaseTimer,
+) -> GpuResult<(i128, i128)> {
+    Ok(match side.key_range(device, stream, flip, timer)? {
+        Some((low, high)) => (raw_word_value(low, flip), raw_word_value(high, flip)),
+        None => (1, 0),
+    })
+}
+
+/// The smallest range holding both (`max < min`: empty).
+fn union_of_ranges(a: (i128, i128), b: (i128, i128)) -> (i128, i128) {
+    match (a.0 <= a.1, b.0 <= b.1) {
+        (true, true) => (a.0.min(b.0), a.1.max(b.1)),
+        (true, false) => a,
+        (false, _) => b,
+    }
+}
+
+/// How the codes the device sorts are made.
+#[derive(Debug, Clone, Copy)]
+enum KeyCoding {
+    /// Fixed on the host from both sides' value ranges: codes of `bits`
+    /// bits, which the device makes from raw keys by `transform` where
+    /// given (else the host made them).
+    Known {
+        bits: u32,
+        transform: Option<CodeTransform>,
+    },
+    /// One raw 8-byte key column without NULLs, both sides sorted on the
+    /// device: the device finds the value range (words XORed with `flip`
+    /// compare as the values do) before it codes and sorts them.
+    RangeOnDevice { flip: u64 },
 }
 
 /// One side's join keys as they go to the device.
@@ -704,6 +867,11 @@ impl SideKeys {
                 Self::Coded(encoder.encode(&columns, side, threads)?)
             }
         })
+    }
+
+    /// One raw key column's values, batch by batch, as they are.
+    fn raw(pieces: &[Vec<ArrayRef>]) -> Self {
+        Self::Raw(pieces.iter().flatten().map(raw_words).collect())
     }
 
     /// The keys, in row order, in pieces.
@@ -744,5 +912,46 @@ enum DeviceFailure {
 impl From<GpuError> for DeviceFailure {
     fn from(e: GpuError) -> Self {
         DeviceFailure::Gpu(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    #[test]
+    fn batches_sliced_from_one_buffer_sort_back_into_its_order() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        let whole = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..100)),
+                Arc::new(StringArray::from_iter_values(
+                    (0..100).map(|i| i.to_string()),
+                )),
+            ],
+        )
+        .unwrap();
+        let mut batches: Vec<RecordBatch> = [3, 0, 2, 1]
+            .into_iter()
+            .map(|i| whole.slice(i * 25, 25))
+            .collect();
+        batches.sort_by_cached_key(first_buffer_address);
+        let firsts: Vec<i64> = batches
+            .iter()
+            .map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .value(0)
+            })
+            .collect();
+        assert_eq!(firsts, vec![0, 25, 50, 75]);
     }
 }
