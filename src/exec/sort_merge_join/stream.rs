@@ -119,8 +119,8 @@ enum Outcome {
 /// (`in_memory_order`) is kept in the order its batches lie in memory
 /// instead of the order they arrived in, which only orders rows of equal
 /// keys, and arrival already left that to chance (partitions read at
-/// once): batches laid end to end in one pinned region (`pin_batches`) then
-/// go to the device in one copy per column, not one per batch.
+/// once): batches laid end to end in pinned regions (`pin_batches`) then
+/// go to the device in one copy per column and region, not one per batch.
 async fn collect(
     mut input: SendableRecordBatchStream,
     schema: &SchemaRef,
