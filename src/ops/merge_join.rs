@@ -44,27 +44,7 @@ impl SortedSide {
         presorted: bool,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        Self::upload_on(
-            device, stream, stream, keys, transform, key_bits, presorted, timer,
-        )
-    }
-
-    /// As [`Self::upload`], with the keys copied on `copy_stream` and the
-    /// kernels enqueued on `stream` (which waits for the copy): the keys of
-    /// one side then cross the bus while the other side is sorted. Nothing
-    /// here waits for the device.
-    #[allow(clippy::too_many_arguments)]
-    pub fn upload_on(
-        device: &GpuDevice,
-        stream: &Arc<CudaStream>,
-        copy_stream: &Arc<CudaStream>,
-        keys: &[&[u64]],
-        transform: Option<CodeTransform>,
-        key_bits: u32,
-        presorted: bool,
-        timer: &mut PhaseTimer,
-    ) -> GpuResult<Self> {
-        Self::upload_unsorted(device, stream, copy_stream, keys, timer)?
+        Self::upload_unsorted(device, stream, stream, keys, timer)?
             .sort(device, stream, transform, key_bits, presorted, timer)
     }
 

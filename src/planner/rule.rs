@@ -500,14 +500,14 @@ fn aggregate_into_join(
     }
     if let Some((join, spread)) = merge_join_below(agg.input()) {
         // The sort-merge join always gathers by pair on the device.
-        let fused = join
-            .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
-            .ok()?;
         if spread.is_none() && options.merge_partitions && !join.repartitions_removed() {
             if let Some(merged) = aggregating_merge_join_over_all_partitions(node, join, options) {
                 return Some(merged);
             }
         }
+        let fused = join
+            .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
+            .ok()?;
         return spread_again(Arc::new(fused), spread).ok();
     }
     if !options.device_gather {
@@ -1522,23 +1522,45 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn an_ungrouped_aggregate_above_an_inner_join_is_computed_in_the_join() {
-        use datafusion::physical_plan::aggregates::AggregateMode;
-        let options = |aggregate_in_join: bool| GpuOptions {
+    /// The rule's options for the tests of aggregations computed in joins.
+    fn aggregate_in_join_options(aggregate_in_join: bool) -> GpuOptions {
+        GpuOptions {
             min_rows: 0,
             aggregate_single_phase: false,
             aggregate_in_join,
             ..GpuOptions::default()
-        };
-        let sql = "SELECT count(*), sum(r.v), min(s.v), max(r.k), count(s.v) \
-                   FROM r JOIN s ON r.k = s.k";
-        let partial_modes = |plan: &Arc<dyn ExecutionPlan>| {
-            cpu_aggregates(plan)
-                .iter()
-                .filter(|agg| *agg.mode() == AggregateMode::Partial)
-                .count()
-        };
+        }
+    }
+
+    /// An aggregation a join computes, and those it does not (with
+    /// `GROUP BY`, `FILTER`, a function or argument it does not reduce,
+    /// above a join that does not emit one row per pair).
+    const AGGREGATE_IN_JOIN: &str = "SELECT count(*), sum(r.v), min(s.v), max(r.k), count(s.v) \
+                                     FROM r JOIN s ON r.k = s.k";
+    const AGGREGATES_NOT_IN_JOIN: [&str; 6] = [
+        "SELECT r.k, count(*) FROM r JOIN s ON r.k = s.k GROUP BY r.k",
+        "SELECT sum(r.v) FILTER (WHERE r.v > 3) FROM r JOIN s ON r.k = s.k",
+        "SELECT avg(r.v) FROM r JOIN s ON r.k = s.k",
+        "SELECT sum(r.v + 1) FROM r JOIN s ON r.k = s.k",
+        "SELECT count(*), sum(s.v) FROM r LEFT JOIN s ON r.k = s.k",
+        "SELECT count(*) FROM r JOIN s ON r.k = s.k AND r.v < s.v",
+    ];
+
+    /// DataFusion's `Partial` aggregations left in `plan`.
+    fn partial_aggregations(plan: &Arc<dyn ExecutionPlan>) -> usize {
+        use datafusion::physical_plan::aggregates::AggregateMode;
+        cpu_aggregates(plan)
+            .iter()
+            .filter(|agg| *agg.mode() == AggregateMode::Partial)
+            .count()
+    }
+
+    #[tokio::test]
+    async fn an_ungrouped_aggregate_above_an_inner_join_is_computed_in_the_join() {
+        use datafusion::physical_plan::aggregates::AggregateMode;
+        let options = aggregate_in_join_options;
+        let sql = AGGREGATE_IN_JOIN;
+        let partial_modes = partial_aggregations;
         let plan = rewritten_with(sql, options(true)).await;
         let joins = gpu_joins(&plan);
         assert_eq!(joins.len(), 1, "{}", show(&plan));
@@ -1575,14 +1597,7 @@ mod tests {
 
         // Aggregations the join does not compute, and joins that do not
         // emit one row per pair.
-        for sql in [
-            "SELECT r.k, count(*) FROM r JOIN s ON r.k = s.k GROUP BY r.k",
-            "SELECT sum(r.v) FILTER (WHERE r.v > 3) FROM r JOIN s ON r.k = s.k",
-            "SELECT avg(r.v) FROM r JOIN s ON r.k = s.k",
-            "SELECT sum(r.v + 1) FROM r JOIN s ON r.k = s.k",
-            "SELECT count(*), sum(s.v) FROM r LEFT JOIN s ON r.k = s.k",
-            "SELECT count(*) FROM r JOIN s ON r.k = s.k AND r.v < s.v",
-        ] {
+        for sql in AGGREGATES_NOT_IN_JOIN {
             let plan = rewritten_with(sql, options(true)).await;
             let joins = gpu_joins(&plan);
             assert!(!joins.is_empty(), "{sql}\n{}", show(&plan));
@@ -1597,20 +1612,9 @@ mod tests {
     #[tokio::test]
     async fn an_ungrouped_aggregate_above_a_sort_merge_join_is_computed_in_the_join() {
         use datafusion::physical_plan::aggregates::AggregateMode;
-        let options = |aggregate_in_join: bool| GpuOptions {
-            min_rows: 0,
-            aggregate_single_phase: false,
-            aggregate_in_join,
-            ..GpuOptions::default()
-        };
-        let sql = "SELECT count(*), sum(r.v), min(s.v), max(r.k), count(s.v) \
-                   FROM r JOIN s ON r.k = s.k";
-        let partial_modes = |plan: &Arc<dyn ExecutionPlan>| {
-            cpu_aggregates(plan)
-                .iter()
-                .filter(|agg| *agg.mode() == AggregateMode::Partial)
-                .count()
-        };
+        let options = aggregate_in_join_options;
+        let sql = AGGREGATE_IN_JOIN;
+        let partial_modes = partial_aggregations;
         // One join over all input partitions, sorted or not (a join that
         // aggregates hands no rows on), its one row of states spread round
         // robin; with `merge_partitions` off, one join per hash partition,
@@ -1676,12 +1680,7 @@ mod tests {
 
         // Aggregations the join does not compute, and joins that do not
         // emit one row per pair.
-        for sql in [
-            "SELECT r.k, count(*) FROM r JOIN s ON r.k = s.k GROUP BY r.k",
-            "SELECT avg(r.v) FROM r JOIN s ON r.k = s.k",
-            "SELECT count(*), sum(s.v) FROM r LEFT JOIN s ON r.k = s.k",
-            "SELECT count(*) FROM r JOIN s ON r.k = s.k AND r.v < s.v",
-        ] {
+        for sql in AGGREGATES_NOT_IN_JOIN {
             let plan = merge_join_plan(sql, &options(true), true).await;
             let joins = gpu_merge_joins(&plan);
             assert!(!joins.is_empty(), "{sql}\n{}", show(&plan));

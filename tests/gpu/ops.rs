@@ -489,16 +489,15 @@ fn radix_sort_and_merge_path_match_their_references() {
             .unwrap();
         // The other side's keys copied on a stream of their own, as the
         // join does, while the first side is sorted.
-        let b = SortedSide::upload_on(
+        let b = SortedSide::upload_unsorted(
             &device,
             stream,
             copy_stream.stream(),
             &[&other],
-            None,
-            bits,
-            false,
             &mut timer,
         )
+        .unwrap()
+        .sort(&device, stream, None, bits, false, &mut timer)
         .unwrap();
         // The sort: stable, so ids equal the reference's exactly.
         let (a_sorted, a_ids) = merge_join::reference::sort(&streamed);

@@ -336,6 +336,32 @@ impl GpuSortMergeJoinExec {
             side(self.sort_on_device[1])
         )
     }
+
+    /// The statistics of the join's own rows.
+    fn join_statistics(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let stats = self.cpu_join.statistics_from_inputs(input_stats, args)?;
+        let Some(projection) = &self.projection else {
+            return Ok(stats);
+        };
+        // `Statistics::project` panics on a column it lacks.
+        let known = projection
+            .columns
+            .iter()
+            .all(|&column| column < stats.column_statistics.len());
+        Ok(Arc::new(match known {
+            true => {
+                let mut projected = Arc::unwrap_or_clone(stats).project(Some(&projection.columns));
+                // The bytes of the columns kept, as `ProjectionExec` counts them.
+                projected.calculate_total_byte_size(&self.join_schema());
+                projected
+            }
+            false => Statistics::new_unknown(&self.join_schema()),
+        }))
+    }
 }
 
 /// A `ProjectionExec` of plain columns taken into the join.
@@ -520,42 +546,6 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
     }
 
     fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        self.execute_partition(partition, context)
-    }
-}
-
-impl GpuSortMergeJoinExec {
-    /// The statistics of the join's own rows.
-    fn join_statistics(
-        &self,
-        input_stats: &[Arc<Statistics>],
-        args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        let stats = self.cpu_join.statistics_from_inputs(input_stats, args)?;
-        let Some(projection) = &self.projection else {
-            return Ok(stats);
-        };
-        // `Statistics::project` panics on a column it lacks.
-        let known = projection
-            .columns
-            .iter()
-            .all(|&column| column < stats.column_statistics.len());
-        Ok(Arc::new(match known {
-            true => {
-                let mut projected = Arc::unwrap_or_clone(stats).project(Some(&projection.columns));
-                // The bytes of the columns kept, as `ProjectionExec` counts them.
-                projected.calculate_total_byte_size(&self.join_schema());
-                projected
-            }
-            false => Statistics::new_unknown(&self.join_schema()),
-        }))
-    }
-
-    fn execute_partition(
         &self,
         partition: usize,
         context: Arc<TaskContext>,
