@@ -22,6 +22,9 @@ pub struct DeviceMetrics {
     /// Bytes copied to the device straight from tables in pinned host
     /// memory (`pin_batches`), without staging.
     pub h2d_direct_bytes: Count,
+    /// Copies those bytes took: one per run of batches laid end to end in a
+    /// pinned region (many where batches are read out of their order).
+    pub h2d_direct_copies: Count,
     /// Time spent waiting for the device memory budget.
     pub device_memory_wait: Time,
     /// Time spent waiting for a slot of `gpu.max_concurrent_tasks`.
@@ -38,6 +41,7 @@ impl DeviceMetrics {
             kernel_time: builder().subset_time("kernel_time", partition),
             staging_time: builder().subset_time("staging_time", partition),
             h2d_direct_bytes: builder().counter("h2d_direct_bytes", partition),
+            h2d_direct_copies: builder().counter("h2d_direct_copies", partition),
             device_memory_wait: builder().subset_time("device_memory_wait", partition),
             device_admission_wait: builder().subset_time("device_admission_wait", partition),
         }
@@ -49,6 +53,8 @@ impl DeviceMetrics {
         self.kernel_time.add_duration(times.kernel);
         self.staging_time.add_duration(times.host_staging);
         self.h2d_direct_bytes.add(times.direct_host_to_device_bytes);
+        self.h2d_direct_copies
+            .add(times.direct_host_to_device_copies);
         self.h2d_bytes.add(times.host_to_device_bytes);
         self.d2h_bytes.add(times.device_to_host_bytes);
     }

@@ -3,6 +3,7 @@
 //! algorithms themselves live in [`crate::ops`].
 
 mod aggregate;
+mod collect;
 mod concat;
 mod device_gather;
 mod hash_join;

@@ -38,6 +38,9 @@ pub struct PhaseTimes {
     /// Of the bytes copied host to device, those copied straight from
     /// tables in pinned host memory, without staging.
     pub direct_host_to_device_bytes: usize,
+    /// Copies those bytes took: one per run of bytes that lie end to end
+    /// in one pinned region.
+    pub direct_host_to_device_copies: usize,
 }
 
 impl PhaseTimes {
@@ -60,6 +63,7 @@ pub struct PhaseTimer {
     device_to_host_bytes: usize,
     host_staging: Duration,
     direct_host_to_device_bytes: usize,
+    direct_host_to_device_copies: usize,
 }
 
 impl PhaseTimer {
@@ -73,12 +77,15 @@ impl PhaseTimer {
             device_to_host_bytes: 0,
             host_staging: Duration::ZERO,
             direct_host_to_device_bytes: 0,
+            direct_host_to_device_copies: 0,
         }
     }
 
-    /// Counts bytes copied to the device straight from pinned tables.
-    pub fn add_direct_bytes(&mut self, bytes: usize) {
+    /// Counts `bytes` copied to the device straight from pinned tables, in
+    /// `copies` copies.
+    pub fn add_direct_copies(&mut self, bytes: usize, copies: usize) {
         self.direct_host_to_device_bytes += bytes;
+        self.direct_host_to_device_copies += copies;
     }
 
     /// Counts host time spent copying into or out of pinned staging buffers.
@@ -140,6 +147,7 @@ impl PhaseTimer {
             device_to_host_bytes: self.device_to_host_bytes,
             host_staging: self.host_staging,
             direct_host_to_device_bytes: self.direct_host_to_device_bytes,
+            direct_host_to_device_copies: self.direct_host_to_device_copies,
             ..PhaseTimes::default()
         };
         for (phase, start, end) in &self.spans {

@@ -208,7 +208,7 @@ fn copy_pinned_runs(
     }
     copied?;
     timer.add_bytes(Phase::HostToDevice, 8 * len);
-    timer.add_direct_bytes(bytes);
+    timer.add_direct_copies(bytes, runs.len());
     Ok(())
 }
 

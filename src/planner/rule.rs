@@ -767,6 +767,24 @@ mod tests {
             probe.properties().output_partitioning().partition_count()
         );
         assert!(show(&plan).contains("cpu_repartition=removed"));
+        // The build side's partitions are read by the join itself, not
+        // through the merge DataFusion put below it.
+        let merge = joins[0]
+            .hash_join()
+            .left()
+            .downcast_ref::<CoalescePartitionsExec>()
+            .unwrap_or_else(|| panic!("{}", show(&plan)));
+        let build_partitions = merge
+            .input()
+            .properties()
+            .output_partitioning()
+            .partition_count();
+        assert!(build_partitions > 1, "{}", show(&plan));
+        assert!(
+            show(&plan).contains(&format!("build_reads_merge_inputs={build_partitions}")),
+            "{}",
+            show(&plan)
+        );
 
         let plan = rewritten(sql, false).await;
         let joins = gpu_joins(&plan);

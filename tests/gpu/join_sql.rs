@@ -424,6 +424,72 @@ async fn queries_over_pinned_tables_match_the_cpu_and_copy_without_staging() {
     }
 }
 
+/// A build side whose batches lie in two pinned regions but arrive
+/// interleaved (one partition reading A0, B0, A1, B1, ...): the join holds
+/// them in memory order, so each column crosses the bus in one copy per
+/// region rather than one per batch, and still matches DataFusion's join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_build_side_arriving_across_pinned_regions_is_copied_once_per_region() {
+    let Some(_) =
+        require_gpu("a_build_side_arriving_across_pinned_regions_is_copied_once_per_region")
+    else {
+        return;
+    };
+    // 16 batches of 1,000 rows (8,000 bytes a column: whole aligned
+    // buffers, which lie end to end once pinned), in two partitions.
+    let r = key_value_table(&gen_keys(16_000, Keys::Permutation, 0.0, 3), 1, 2, 1_000);
+    let s = key_value_table(
+        &gen_keys(40_000, Keys::Uniform { domain: 16_000 }, 0.0, 4),
+        2,
+        1,
+        8_000,
+    );
+    let (r_parts, s_parts) = (pinned_table(&r).await, pinned_table(&s).await);
+    let [first, second] = [0, 1].map(|p| r_parts.batches[p].clone());
+    let (first, second) = (first.read().await.clone(), second.read().await.clone());
+    assert_eq!((first.len(), second.len()), (8, 8));
+    let interleaved: Vec<_> = first
+        .iter()
+        .zip(&second)
+        .flat_map(|(a, b)| [a.clone(), b.clone()])
+        .collect();
+    let all: Vec<_> = first.iter().chain(&second).cloned().collect();
+    let one_region = datafusion_gpu::pin_batches(&all).unwrap();
+    let schema = datafusion::catalog::TableProvider::schema(r.as_ref());
+    let mut copies = Vec::new();
+    for (layout, batches) in [("one region", one_region), ("two regions", interleaved)] {
+        let build = Arc::new(
+            datafusion::datasource::MemTable::try_new(Arc::clone(&schema), vec![batches]).unwrap(),
+        );
+        // One partition on both sides: the probe side is read in order,
+        // so only the build side's layout differs between the two runs.
+        let gpu = gpu_context(JoinMode::CollectLeft, 1, &[]).await;
+        let cpu = cpu_context(JoinMode::CollectLeft, 1, &[]).await;
+        for ctx in [&gpu, &cpu] {
+            ctx.register_table("r", Arc::clone(&build) as _).unwrap();
+            ctx.register_table("s", Arc::clone(&s_parts) as _).unwrap();
+        }
+        assert_same_int64_rows(&gpu, &cpu, JOIN_ROWS, 1).await;
+        let (_, _, plan) = run(&gpu, JOIN_ROWS).await;
+        assert_eq!(
+            plan_metric(&plan, "build_rows"),
+            16_000,
+            "{layout}: r builds"
+        );
+        let direct = plan_metric(&plan, "h2d_direct_bytes");
+        assert!(direct > 0, "{layout}: nothing straight from pinned memory");
+        copies.push(plan_metric(&plan, "h2d_direct_copies"));
+    }
+    // The second region costs one more copy per build column the device
+    // reads (the keys, and `k` and `v` gathered for the output), not one
+    // per batch (16 batches a column).
+    assert_eq!(
+        copies[1],
+        copies[0] + 3,
+        "copies with the build side in one region, then in two: {copies:?}"
+    );
+}
+
 /// Aggregations without GROUP BY computed inside the GPU join from its
 /// pairs (`partial_aggregate`): against DataFusion's join and aggregation,
 /// with NULL keys, duplicates, sums that wrap, empty sides, many output

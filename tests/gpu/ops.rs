@@ -739,16 +739,25 @@ fn pinned_tables_upload_straight_from_host_memory_and_match_staged_uploads() {
     assert_eq!(pinned, batches, "pinned batches read like the originals");
     assert!(pinned.iter().all(datafusion_gpu::is_pinned));
     assert!(!batches.iter().any(datafusion_gpu::is_pinned));
-    // Uploads the pieces, returns the bytes back (padded to whole words)
-    // and how many of them went straight from pinned memory.
-    let upload = |pieces: &[&[u8]]| -> (Vec<u8>, usize) {
+    // Uploads the pieces, returns the bytes back (padded to whole words),
+    // how many of them went straight from pinned memory and in how many
+    // copies.
+    let upload_counting = |pieces: &[&[u8]]| -> (Vec<u8>, usize, usize) {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         let uploaded = upload_byte_pieces(&device, stream, pieces, &mut timer).unwrap();
         let mut back = Vec::new();
         download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
         let times = timer.finish().unwrap();
         let back = back.iter().flat_map(|w| w.to_le_bytes()).collect();
-        (back, times.direct_host_to_device_bytes)
+        (
+            back,
+            times.direct_host_to_device_bytes,
+            times.direct_host_to_device_copies,
+        )
+    };
+    let upload = |pieces: &[&[u8]]| -> (Vec<u8>, usize) {
+        let (back, direct, _) = upload_counting(pieces);
+        (back, direct)
     };
     let expected = |pieces: &[&[u8]]| -> Vec<u8> {
         let mut bytes = pieces.concat();
@@ -774,11 +783,20 @@ fn pinned_tables_upload_straight_from_host_memory_and_match_staged_uploads() {
         let pinned_arrays = sliced(&pinned, column, offset);
         let pinned_pieces = value_bytes(&pinned_arrays);
         let want = expected(&pinned_pieces);
-        let (back, direct) = upload(&pinned_pieces);
+        let (back, direct, copies) = upload_counting(&pinned_pieces);
         assert!(
             back == want,
             "column {column}, offset {offset}: pinned upload"
         );
+        // One copy per run of pieces that lie end to end (buffers are
+        // aligned, so a piece of an odd length, or a sliced one, ends a run).
+        let pieces: Vec<&&[u8]> = pinned_pieces.iter().filter(|p| !p.is_empty()).collect();
+        let runs = 1 + pieces
+            .windows(2)
+            .filter(|pair| pair[0].as_ptr_range().end != pair[1].as_ptr())
+            .count();
+        assert!(runs < pieces.len() || offset > 0, "whole columns join up");
+        assert_eq!(copies, runs, "column {column}, offset {offset}: copies");
         assert_eq!(
             direct,
             pinned_pieces.iter().map(|p| p.len()).sum::<usize>(),

@@ -23,6 +23,7 @@ use datafusion::physical_plan::{
 
 use super::spec::AggregateSpec;
 use super::stream::{aggregate_stream, AggregateInputs, AggregateTask};
+use crate::exec::collect::{execute_merge_inputs, merge_to_read_through};
 use crate::exec::GpuAggregateMetrics;
 use crate::planner::GpuOptions;
 
@@ -199,10 +200,7 @@ impl GpuAggregateExec {
     /// its own (the merge would, and hand each batch through a channel
     /// besides).
     fn merge_read_through(&self) -> Option<&CoalescePartitionsExec> {
-        self.aggregate()
-            .input()
-            .downcast_ref::<CoalescePartitionsExec>()
-            .filter(|merge| self.phases_merged() && merge.fetch().is_none())
+        merge_to_read_through(self.aggregate().input()).filter(|_| self.phases_merged())
     }
 
     /// The [`AggregateExec`] this node replaces.
@@ -374,12 +372,7 @@ impl ExecutionPlan for GpuAggregateExec {
             filters: agg.filter_expr().to_vec(),
         };
         let input = match self.merge_read_through() {
-            Some(merge) => {
-                let below = merge.input();
-                (0..below.properties().output_partitioning().partition_count())
-                    .map(|i| below.execute(i, Arc::clone(&context)))
-                    .collect::<Result<Vec<_>>>()?
-            }
+            Some(merge) => execute_merge_inputs(merge, &context)?,
             None => vec![agg.input().execute(partition, Arc::clone(&context))?],
         };
         let reservation = MemoryConsumer::new(format!("GpuAggregateInput[{partition}]"))

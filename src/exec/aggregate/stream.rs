@@ -36,6 +36,7 @@ use super::group_keys::{
 use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
 use super::words::threads_for;
+use crate::exec::collect::collect_streams;
 use crate::exec::parallel::{on_ranges, starts_of};
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
@@ -118,72 +119,11 @@ enum Outcome {
     OnCpu,
 }
 
-/// Every batch of `input`, reserved against `reservation`'s pool.
-async fn collect_input(
-    mut input: SendableRecordBatchStream,
-    reservation: &MemoryReservation,
-    metrics: &GpuAggregateMetrics,
-) -> Result<Vec<RecordBatch>> {
-    let mut batches = Vec::new();
-    while let Some(batch) = input.next().await {
-        let batch = batch?;
-        if batch.num_rows() == 0 {
-            continue;
-        }
-        reservation.try_grow(batch.get_array_memory_size())?;
-        metrics.input_rows.add(batch.num_rows());
-        batches.push(batch);
-    }
-    Ok(batches)
-}
-
-/// One input partition's batches and the reservation that holds them.
-type CollectedPartition = (Vec<RecordBatch>, MemoryReservation);
-
-/// Every batch of every input stream: one stream in this task; several each
-/// in a task of its own, as DataFusion's merge would (a scan below decodes
-/// as it is polled), without a channel's hand-off per batch. Each task's
-/// reservation is returned, to be held as long as the batches.
-async fn collect_inputs(
-    mut inputs: Vec<SendableRecordBatchStream>,
-    reservation: &MemoryReservation,
-    metrics: &GpuAggregateMetrics,
-) -> Result<(Vec<RecordBatch>, Vec<MemoryReservation>)> {
-    if inputs.len() == 1 {
-        let input = inputs.pop().expect("one input");
-        return Ok((
-            collect_input(input, reservation, metrics).await?,
-            Vec::new(),
-        ));
-    }
-    let tasks: Vec<SpawnedTask<Result<CollectedPartition>>> = inputs
-        .into_iter()
-        .map(|input| {
-            let reservation = reservation.new_empty();
-            let metrics = metrics.clone();
-            SpawnedTask::spawn(async move {
-                let batches = collect_input(input, &reservation, &metrics).await?;
-                Ok((batches, reservation))
-            })
-        })
-        .collect();
-    let mut batches = Vec::new();
-    let mut reservations = Vec::new();
-    for task in tasks {
-        let (part, reserved) = task.join().await.map_err(|e| {
-            DataFusionError::Execution(format!("GPU aggregation input task failed: {e}"))
-        })??;
-        batches.extend(part);
-        reservations.push(reserved);
-    }
-    Ok((batches, reservations))
-}
-
 async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     let input = std::mem::take(&mut task.input);
     let collecting = task.metrics.input_time.timer();
     let (batches, input_reservations) =
-        collect_inputs(input, &task.reservation, &task.metrics).await?;
+        collect_streams(input, &task.reservation, Some(&task.metrics.input_rows)).await?;
     collecting.done();
     let batches = Arc::new(batches);
     let device_task = Arc::new(DevicePart {

@@ -15,16 +15,19 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::SendableRecordBatchStream;
-use futures::TryStreamExt;
 
 use super::host_fallback::HostBuildTable;
 use super::matches::{tracks_build_matches, VisitedRows};
 use super::order::ArrivalOrder;
+use crate::exec::collect::collect_streams;
 use crate::exec::device_gather::ResidentColumns;
 use crate::exec::keys::{JoinKeys, KeyEncoder, KeySpec};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
-use crate::gpu::{upload_u64, DeviceVec, GpuDevice, GpuResult, PhaseTimer, ReservationKind};
+use crate::gpu::{
+    first_buffer_address, is_pinned, upload_u64, DeviceVec, GpuDevice, GpuResult, PhaseTimer,
+    ReservationKind,
+};
 use crate::ops::hash_join::DeviceBuildTable;
 use crate::ops::radix::RadixPlan;
 
@@ -34,8 +37,9 @@ use crate::ops::radix::RadixPlan;
 /// join) what the probe side held.
 #[derive(Debug)]
 pub(crate) struct BuildSide {
-    /// Every build row, in the batches it arrived in, last batch first:
-    /// row ids count across them as over their concatenation.
+    /// Every build row, in the batches it arrived in, last batch first (or
+    /// in memory order, see [`Self::collect`]): row ids count across them
+    /// as over their concatenation.
     pub(crate) rows: ArrivedBatches,
     /// The arrival position of each row of `rows`.
     pub(crate) arrival: ArrivalOrder,
@@ -114,12 +118,29 @@ impl PreparedBuild {
         schema: SchemaRef,
         on: &[PhysicalExprRef],
         spec: &KeySpec,
+        in_memory_order: bool,
     ) -> Result<Self> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         // In reverse arrival order, as `HashJoinExec` concatenates its build
-        // side: build row ids then order rows the way it does.
-        let arrival = ArrivalOrder::new(&batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>());
-        let rows = ArrivedBatches::new(schema, batches.into_iter().rev().collect());
+        // side: build row ids then order rows the way it does. With
+        // `in_memory_order`, in the order the batches lie in memory.
+        let sizes: Vec<usize> = batches.iter().map(|b| b.num_rows()).collect();
+        let held: Vec<usize> = match in_memory_order {
+            true => {
+                let mut held: Vec<usize> = (0..batches.len()).collect();
+                held.sort_by_cached_key(|&batch| first_buffer_address(&batches[batch]));
+                held
+            }
+            false => (0..batches.len()).rev().collect(),
+        };
+        let arrival = ArrivalOrder::held_in(&sizes, &held);
+        let mut arrived: Vec<Option<RecordBatch>> = batches.into_iter().map(Some).collect();
+        let held_batches = held
+            .iter()
+            .map(|&batch| arrived[batch].take())
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| DataFusionError::Internal("a build batch held twice".into()))?;
+        let rows = ArrivedBatches::new(schema, held_batches);
         let per_key = rows.key_pieces(on)?;
         let by_batch: Vec<Vec<ArrayRef>> = (0..rows.batch_ends().len())
             .map(|batch| per_key.iter().map(|key| Arc::clone(&key[batch])).collect())
@@ -146,12 +167,13 @@ impl PreparedBuild {
 }
 
 impl BuildSide {
-    /// Collects `input`, encodes its keys and plans the partitioning for
-    /// probe chunks of about `probe_chunk_rows` rows; `probe_partitions`
-    /// partitions will probe it.
+    /// Collects `inputs` (one stream, or the partitions of a merge below
+    /// the join, each read in a task of its own), encodes its keys and
+    /// plans the partitioning for probe chunks of about `probe_chunk_rows`
+    /// rows; `probe_partitions` partitions will probe it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn collect(
-        input: SendableRecordBatchStream,
+        inputs: Vec<SendableRecordBatchStream>,
         schema: SchemaRef,
         on: Vec<PhysicalExprRef>,
         spec: KeySpec,
@@ -162,20 +184,29 @@ impl BuildSide {
         gather: Option<BuildGather>,
         metrics: GpuJoinMetrics,
     ) -> Result<Self> {
-        let batches: Vec<RecordBatch> = input
-            .and_then(|batch| {
-                let grown = reservation.try_grow(batch.get_array_memory_size());
-                futures::future::ready(grown.map(|_| batch))
-            })
-            .try_collect()
-            .await?;
+        let (batches, input_reservations) = collect_streams(inputs, &reservation, None).await?;
+        // One reservation holds the build side's memory, however it was read.
+        for reserved in input_reservations {
+            reservation.grow(reserved.free());
+        }
         crate::trace::event(|| format!("hash join build: {} batches collected", batches.len()));
+        // Batches in pinned regions are held in the order they lie in
+        // memory: a partition's batches can arrive interleaved with the
+        // other partitions' (read at once through a merge the join does not
+        // read through), and held as they arrived no two are adjacent, so
+        // each column crosses the bus in one copy per batch (8,192 for a
+        // 2^26-row side) instead of one per region.
+        // Pairs still leave in `HashJoinExec`'s order (by arrival, see
+        // `ArrivalOrder`); build rows emitted at the end would not, so a
+        // join that emits them keeps the arrival order.
+        let in_memory_order =
+            !tracks_build_matches(join_type) && batches.len() > 1 && batches.iter().all(is_pinned);
         let prepared = {
             let metrics = metrics.clone();
             SpawnedTask::spawn_blocking(move || -> Result<PreparedBuild> {
                 let _timer = metrics.baseline.elapsed_compute().timer();
                 let _prepare = metrics.build_prepare_time.timer();
-                PreparedBuild::new(batches, schema, &on, &spec)
+                PreparedBuild::new(batches, schema, &on, &spec, in_memory_order)
             })
             .join()
             .await
@@ -383,7 +414,7 @@ mod tests {
             .collect();
         let on = vec![col("k", &schema).unwrap()];
         let spec = KeySpec::try_new(&[DataType::Int64], NullEquality::NullEqualsNothing).unwrap();
-        PreparedBuild::new(batches, schema, &on, &spec).unwrap()
+        PreparedBuild::new(batches, schema, &on, &spec, false).unwrap()
     }
 
     #[test]
@@ -404,6 +435,29 @@ mod tests {
         assert_eq!(pieces.len(), 2, "the empty batch is dropped");
         assert_eq!(build.keys.pieces().concat(), vec![3, 1, 2]);
         assert_eq!(build.keys.row_ids(), None);
+    }
+
+    #[test]
+    fn build_batches_held_in_memory_order_keep_their_arrival_positions() {
+        // Four slices of one batch, arrived out of their memory order.
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let whole = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from_iter_values(0..8))],
+        )
+        .unwrap();
+        let arrived: Vec<RecordBatch> = [3, 0, 2, 1]
+            .iter()
+            .map(|&i| whole.slice(2 * i, 2))
+            .collect();
+        let on = vec![col("k", &schema).unwrap()];
+        let spec = KeySpec::try_new(&[DataType::Int64], NullEquality::NullEqualsNothing).unwrap();
+        let build = PreparedBuild::new(arrived, schema, &on, &spec, true).unwrap();
+        // Held as they lie in memory: one run of keys.
+        assert_eq!(build.keys.pieces().concat(), (0..8).collect::<Vec<u64>>());
+        // Keys 6 and 7 arrived first, 0 and 1 second, then 4, 5, 2, 3.
+        let positions: Vec<u64> = (0..8).map(|row| build.arrival.position(row)).collect();
+        assert_eq!(positions, vec![2, 3, 6, 7, 4, 5, 0, 1]);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::apply_expression_roots;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
@@ -20,6 +21,7 @@ use datafusion::physical_plan::{
 use super::build_side::{BuildGather, BuildSide};
 use super::output::OutputAssembler;
 use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
+use crate::exec::collect::{execute_merge_inputs, merge_to_read_through};
 use crate::exec::device_gather::{gathers_by_pair, output_columns};
 use crate::exec::keys::KeySpec;
 use crate::exec::once::OnceFut;
@@ -185,6 +187,15 @@ impl GpuHashJoinExec {
             .expect("checked in try_new")
     }
 
+    /// The merge below a build side collected once for all partitions,
+    /// whose input partitions the join reads itself, each in a task of its
+    /// own.
+    fn build_merge_read_through(&self) -> Option<&CoalescePartitionsExec> {
+        let join = self.hash_join();
+        merge_to_read_through(join.left())
+            .filter(|_| *join.partition_mode() == PartitionMode::CollectLeft)
+    }
+
     fn build_side(
         &self,
         partition: usize,
@@ -198,10 +209,15 @@ impl GpuHashJoinExec {
                        probe_partitions: usize,
                        consumer: String|
          -> Result<OnceFut<BuildSide>> {
-            let input = join.left().execute(input_partition, Arc::clone(context))?;
+            // A build side collected once for all partitions reads the
+            // partitions of the merge below it itself.
+            let inputs = match self.build_merge_read_through() {
+                Some(merge) => execute_merge_inputs(merge, context)?,
+                None => vec![join.left().execute(input_partition, Arc::clone(context))?],
+            };
             let reservation = MemoryConsumer::new(consumer).register(context.memory_pool());
             Ok(OnceFut::new(BuildSide::collect(
-                input,
+                inputs,
                 join.left().schema(),
                 join.on().iter().map(|(left, _)| Arc::clone(left)).collect(),
                 self.keys.clone(),
@@ -280,6 +296,15 @@ impl DisplayAs for GpuHashJoinExec {
                 }
                 if let Some(functions) = self.partial_aggregate() {
                     write!(f, ", partial_aggregate=[{functions}]")?;
+                }
+                if let Some(merge) = self.build_merge_read_through() {
+                    // The merge below is shown but not run.
+                    let partitions = merge.input().properties().output_partitioning();
+                    write!(
+                        f,
+                        ", build_reads_merge_inputs={}",
+                        partitions.partition_count()
+                    )?;
                 }
                 Ok(())
             }

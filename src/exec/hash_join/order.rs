@@ -11,21 +11,32 @@
 use datafusion::arrow::array::UInt64Array;
 use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
 
-/// Where each row of the build batch (batches concatenated last to first)
-/// arrived among the build rows.
+/// Where each row of the build batch arrived among the build rows. The
+/// build batch holds the arrived batches last to first, as `HashJoinExec`
+/// concatenates them, or in another order (see [`Self::held_in`]).
 #[derive(Debug, Clone)]
 pub(crate) struct ArrivalOrder {
-    /// Start row, in the build batch, of each arrived batch, last batch first.
+    /// Start row, in the build batch, of each arrived batch, in the order
+    /// the build batch holds them.
     starts: Vec<u64>,
     /// Arrival position of each of those batches' first row.
     arrived_at: Vec<u64>,
 }
 
 impl ArrivalOrder {
-    /// For batches of `sizes` rows, in arrival order.
+    /// For batches of `sizes` rows, in arrival order, held last to first.
+    #[cfg(test)]
     pub(crate) fn new(sizes: &[usize]) -> Self {
+        let held: Vec<usize> = (0..sizes.len()).rev().collect();
+        Self::held_in(sizes, &held)
+    }
+
+    /// For batches of `sizes` rows, in arrival order, held in the order
+    /// `held`: the arrival index of each batch the build batch holds, first
+    /// to last (a permutation of `0..sizes.len()`).
+    pub(crate) fn held_in(sizes: &[usize], held: &[usize]) -> Self {
         let mut arrived = 0u64;
-        let arrived_at: Vec<u64> = sizes
+        let first_arrived: Vec<u64> = sizes
             .iter()
             .map(|&n| {
                 let at = arrived;
@@ -33,15 +44,15 @@ impl ArrivalOrder {
                 at
             })
             .collect();
-        let mut starts = Vec::with_capacity(sizes.len());
+        let mut starts = Vec::with_capacity(held.len());
         let mut start = 0u64;
-        for &n in sizes.iter().rev() {
+        for &batch in held {
             starts.push(start);
-            start += n as u64;
+            start += sizes[batch] as u64;
         }
         Self {
             starts,
-            arrived_at: arrived_at.into_iter().rev().collect(),
+            arrived_at: held.iter().map(|&batch| first_arrived[batch]).collect(),
         }
     }
 
@@ -184,6 +195,25 @@ mod tests {
         let (b, _) = sort_by_probe_row(&[0, 4, 2, 5], &[0, 0, 0, 0], 1, &order);
         assert_eq!(b, vec![4, 5, 2, 0]);
         assert_eq!(order.positions(6), Some(positions));
+    }
+
+    #[test]
+    fn arrival_positions_of_batches_held_in_any_order() {
+        // Batches of 2, 3 and 1 rows arrived in that order; the build batch
+        // holds them as [b0, b1, b2, c0, a0, a1].
+        let order = ArrivalOrder::held_in(&[2, 3, 1], &[1, 2, 0]);
+        let positions: Vec<u64> = (0..6).map(|r| order.position(r)).collect();
+        assert_eq!(positions, vec![2, 3, 4, 5, 0, 1]);
+        assert_eq!(order.positions(6), Some(positions));
+        // Matches of one probe row leave in arrival order: a1, b2, c0.
+        let (b, _) = sort_by_probe_row(&[3, 5, 2], &[0, 0, 0], 1, &order);
+        assert_eq!(b, vec![5, 2, 3]);
+        // Held in arrival order with empty batches: the rows themselves.
+        let order = ArrivalOrder::held_in(&[0, 2, 0, 1], &[0, 1, 2, 3]);
+        assert_eq!(
+            (0..3).map(|r| order.position(r)).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
     }
 
     #[test]

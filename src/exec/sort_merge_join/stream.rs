@@ -47,7 +47,8 @@ use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuSortMergeJoinMetrics;
 use crate::gpu::launch::{self, CodeTransform};
 use crate::gpu::{
-    DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, ReservationKind,
+    first_buffer_address, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
+    ReservationKind,
 };
 use crate::ops::merge_join::{merge_join_device_bytes, MergeMatches, SortedSide};
 
@@ -139,22 +140,6 @@ async fn collect(
         batches.sort_by_cached_key(first_buffer_address);
     }
     Ok(Arc::new(ArrivedBatches::new(Arc::clone(schema), batches)))
-}
-
-/// Where the first buffer of `batch`'s first column that has one starts.
-fn first_buffer_address(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .find_map(|column| {
-            let data = column.to_data();
-            let buffer = data.buffers().first()?;
-            Some(
-                buffer.as_ptr() as usize
-                    + data.offset() * column.data_type().primitive_width().unwrap_or(0),
-            )
-        })
-        .unwrap_or(0)
 }
 
 async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
@@ -912,46 +897,5 @@ enum DeviceFailure {
 impl From<GpuError> for DeviceFailure {
     fn from(e: GpuError) -> Self {
         DeviceFailure::Gpu(e)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::array::{Int64Array, StringArray};
-    use datafusion::arrow::datatypes::{Field, Schema};
-
-    #[test]
-    fn batches_sliced_from_one_buffer_sort_back_into_its_order() {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("s", DataType::Utf8, false),
-        ]));
-        let whole = RecordBatch::try_new(
-            Arc::clone(&schema),
-            vec![
-                Arc::new(Int64Array::from_iter_values(0..100)),
-                Arc::new(StringArray::from_iter_values(
-                    (0..100).map(|i| i.to_string()),
-                )),
-            ],
-        )
-        .unwrap();
-        let mut batches: Vec<RecordBatch> = [3, 0, 2, 1]
-            .into_iter()
-            .map(|i| whole.slice(i * 25, 25))
-            .collect();
-        batches.sort_by_cached_key(first_buffer_address);
-        let firsts: Vec<i64> = batches
-            .iter()
-            .map(|b| {
-                b.column(0)
-                    .as_any()
-                    .downcast_ref::<Int64Array>()
-                    .unwrap()
-                    .value(0)
-            })
-            .collect();
-        assert_eq!(firsts, vec![0, 25, 50, 75]);
     }
 }
