@@ -125,22 +125,15 @@ impl PreparedBuild {
         // side: build row ids then order rows the way it does. With
         // `in_memory_order`, in the order the batches lie in memory.
         let sizes: Vec<usize> = batches.iter().map(|b| b.num_rows()).collect();
-        let held: Vec<usize> = match in_memory_order {
-            true => {
-                let mut held: Vec<usize> = (0..batches.len()).collect();
-                held.sort_by_cached_key(|&batch| first_buffer_address(&batches[batch]));
-                held
-            }
-            false => (0..batches.len()).rev().collect(),
-        };
-        let arrival = ArrivalOrder::held_in(&sizes, &held);
-        let mut arrived: Vec<Option<RecordBatch>> = batches.into_iter().map(Some).collect();
-        let held_batches = held
-            .iter()
-            .map(|&batch| arrived[batch].take())
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| DataFusionError::Internal("a build batch held twice".into()))?;
-        let rows = ArrivedBatches::new(schema, held_batches);
+        // Each batch with its arrival index, in the order it is held.
+        let mut held: Vec<(usize, RecordBatch)> = batches.into_iter().enumerate().collect();
+        match in_memory_order {
+            true => held.sort_by_cached_key(|(_, batch)| first_buffer_address(batch)),
+            false => held.reverse(),
+        }
+        let order: Vec<usize> = held.iter().map(|&(arrived, _)| arrived).collect();
+        let arrival = ArrivalOrder::held_in(&sizes, &order);
+        let rows = ArrivedBatches::new(schema, held.into_iter().map(|(_, b)| b).collect());
         let per_key = rows.key_pieces(on)?;
         let by_batch: Vec<Vec<ArrayRef>> = (0..rows.batch_ends().len())
             .map(|batch| per_key.iter().map(|key| Arc::clone(&key[batch])).collect())

@@ -36,6 +36,7 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
+use crate::exec::collect::collect_stream;
 use crate::exec::device_gather::{
     gather_batches, gathers_by_pair, output_columns, reduce_pairs, GatherSide, ResidentColumns,
 };
@@ -123,19 +124,12 @@ enum Outcome {
 /// once): batches laid end to end in pinned regions (`pin_batches`) then
 /// go to the device in one copy per column and region, not one per batch.
 async fn collect(
-    mut input: SendableRecordBatchStream,
+    input: SendableRecordBatchStream,
     schema: &SchemaRef,
     reservation: &MemoryReservation,
     in_memory_order: bool,
 ) -> Result<Arc<ArrivedBatches>> {
-    let mut batches = Vec::new();
-    while let Some(batch) = input.next().await {
-        let batch = batch?;
-        if batch.num_rows() > 0 {
-            reservation.try_grow(batch.get_array_memory_size())?;
-            batches.push(batch);
-        }
-    }
+    let mut batches = collect_stream(input, reservation, None).await?;
     if in_memory_order {
         batches.sort_by_cached_key(first_buffer_address);
     }
