@@ -1277,6 +1277,12 @@ mod tests {
                         "{text}"
                     );
                 }
+                // It reads the partitions below each merge itself (r has
+                // four, s three), as the merge would, each in a task.
+                assert!(
+                    text.contains("reads_merge_inputs=[left: 4, right: 3]"),
+                    "{sql}\n{text}"
+                );
                 // Its output, in key order, is spread round robin over the
                 // join's partitions, each still sorted.
                 assert!(

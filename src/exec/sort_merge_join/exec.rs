@@ -10,6 +10,7 @@ use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{OrderingRequirements, PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{apply_expression_roots, EmissionType};
 use datafusion::physical_plan::joins::SortMergeJoinExec;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
@@ -21,6 +22,7 @@ use datafusion::physical_plan::{
 };
 
 use super::stream::{merge_join_stream, MergeJoinPlan, MergeJoinTask};
+use crate::exec::collect::{execute_merge_inputs, merge_to_read_through};
 use crate::exec::hash_join::OutputAssembler;
 use crate::exec::pair_aggregate::{check_join_emits_pairs, PairAggregate};
 use crate::exec::GpuSortMergeJoinMetrics;
@@ -328,13 +330,60 @@ impl GpuSortMergeJoinExec {
         Some(format!("projection=[{}]", exprs.join(", ")))
     }
 
+    /// The merge below `side` that this join reads through, where the
+    /// device sorts that side: its input partitions are then read each in
+    /// a task of its own, as the merge would read them, without the
+    /// merge's hand-off of every batch to one consumer (the order the
+    /// merge would give them in is lost, and the sort does not need it).
+    fn merge_read_through(&self, side: usize) -> Option<&CoalescePartitionsExec> {
+        if !self.sort_on_device[side] {
+            return None;
+        }
+        merge_to_read_through(&self.inputs[side])
+    }
+
+    /// The streams of `side`'s input: one, or one per partition of the
+    /// merge it reads through.
+    fn execute_side(
+        &self,
+        side: usize,
+        partition: usize,
+        context: &Arc<TaskContext>,
+    ) -> Result<Vec<SendableRecordBatchStream>> {
+        match self.merge_read_through(side) {
+            Some(merge) => execute_merge_inputs(merge, context),
+            None => Ok(vec![
+                self.inputs[side].execute(partition, Arc::clone(context))?
+            ]),
+        }
+    }
+
     fn describe_sides(&self) -> String {
         let side = |sorted_here: bool| if sorted_here { "device" } else { "input" };
-        format!(
+        let mut text = format!(
             "sort=[left: {}, right: {}]",
             side(self.sort_on_device[0]),
             side(self.sort_on_device[1])
-        )
+        );
+        let partitions = |side: usize| {
+            self.merge_read_through(side).map(|merge| {
+                merge
+                    .input()
+                    .properties()
+                    .output_partitioning()
+                    .partition_count()
+            })
+        };
+        let (left, right) = (partitions(0), partitions(1));
+        if left.is_some() || right.is_some() {
+            let count = |n: Option<usize>| n.map_or("-".to_string(), |n| n.to_string());
+            text.push_str(&format!(
+                ", reads_merge_inputs=[left: {}, right: {}]",
+                count(left),
+                count(right)
+            ));
+        }
+        text
     }
 
     /// The statistics of the join's own rows.
@@ -596,8 +645,8 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
         let reservation = MemoryConsumer::new(format!("GpuSortMergeJoinInput[{partition}]"))
             .register(context.memory_pool());
         let task = MergeJoinTask {
-            left: self.inputs[0].execute(partition, Arc::clone(&context))?,
-            right: self.inputs[1].execute(partition, Arc::clone(&context))?,
+            left: self.execute_side(0, partition, &context)?,
+            right: self.execute_side(1, partition, &context)?,
             plan: Arc::new(plan),
             output_schema: self.schema(),
             context,

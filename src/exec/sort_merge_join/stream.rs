@@ -36,7 +36,7 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
-use crate::exec::collect::collect_stream;
+use crate::exec::collect::collect_streams;
 use crate::exec::device_gather::{
     gather_batches, gathers_by_pair, output_columns, reduce_pairs, GatherSide, ResidentColumns,
 };
@@ -83,8 +83,11 @@ pub(crate) struct MergeJoinPlan {
 /// Everything one partition needs.
 pub(crate) struct MergeJoinTask {
     pub(crate) plan: Arc<MergeJoinPlan>,
-    pub(crate) left: SendableRecordBatchStream,
-    pub(crate) right: SendableRecordBatchStream,
+    /// Each side's input: its one stream, or the streams of every
+    /// partition of the merge below it where the join reads through that
+    /// merge (see `GpuSortMergeJoinExec::merge_read_through`).
+    pub(crate) left: Vec<SendableRecordBatchStream>,
+    pub(crate) right: Vec<SendableRecordBatchStream>,
     pub(crate) output_schema: SchemaRef,
     pub(crate) context: Arc<TaskContext>,
     pub(crate) reservation: MemoryReservation,
@@ -115,21 +118,26 @@ enum Outcome {
     OnCpu,
 }
 
-/// Reads `input` whole, keeping its batches: row ids count rows over them
-/// in order, and nothing is concatenated (only key columns that the host
-/// codes are made contiguous later). A side the device sorts
-/// (`in_memory_order`) is kept in the order its batches lie in memory
-/// instead of the order they arrived in, which only orders rows of equal
-/// keys, and arrival already left that to chance (partitions read at
-/// once): batches laid end to end in pinned regions (`pin_batches`) then
-/// go to the device in one copy per column and region, not one per batch.
+/// Reads `inputs` whole (several streams each in a task of its own),
+/// keeping their batches: row ids count rows over them in order, and
+/// nothing is concatenated (only key columns that the host codes are made
+/// contiguous later). A side the device sorts (`in_memory_order`) is kept
+/// in the order its batches lie in memory instead of the order they
+/// arrived in, which only orders rows of equal keys, and arrival already
+/// left that to chance (partitions read at once): batches laid end to end
+/// in pinned regions (`pin_batches`) then go to the device in one copy per
+/// column and region, not one per batch.
 async fn collect(
-    input: SendableRecordBatchStream,
+    inputs: Vec<SendableRecordBatchStream>,
     schema: &SchemaRef,
     reservation: &MemoryReservation,
     in_memory_order: bool,
 ) -> Result<Arc<ArrivedBatches>> {
-    let mut batches = collect_stream(input, reservation, None).await?;
+    let (mut batches, input_reservations) = collect_streams(inputs, reservation, None).await?;
+    // One reservation holds both sides' memory, however they were read.
+    for reserved in input_reservations {
+        reservation.grow(reserved.free());
+    }
     if in_memory_order {
         batches.sort_by_cached_key(first_buffer_address);
     }
