@@ -8,9 +8,11 @@
 // merge of a and b: merging with ties taken from a first, the b elements
 // emitted before a[i] are those below it (lower); with ties taken from b
 // first, those at most a[i] (upper). Merge path splits the merged sequence of
-// n + m elements into equal diagonals; each thread finds where its diagonal
-// crosses the two inputs by binary search and merges its stretch
-// sequentially, so every thread does the same work whatever the skew.
+// n + m elements into equal diagonals: each block finds where its tile's
+// two diagonals cross the inputs by binary search, copies its stretch of
+// both into shared memory (coalesced), and each thread merges its part of
+// the tile there, so every thread does the same work whatever the skew and
+// global memory is read and written in whole sectors.
 //
 // The matches are then counted (upper - lower), scanned on the host side
 // (`scan.cu`), and `expand_pairs` writes the pairs of any range of output
@@ -42,29 +44,60 @@ __device__ u64 merge_path_split(const u64* a, u64 n, const u64* b, u64 m, u64 di
     return lo;
 }
 
+// Merged elements of one tile of `merge_path_bounds`: MERGE_ITEMS per thread.
+#define MERGE_ITEMS 8
+#define MERGE_TILE (BLOCK_THREADS * MERGE_ITEMS)
+
 // For every i < n: bounds[i] = #{b < a[i]} (upper == 0) or #{b <= a[i]}
 // (upper == 1). With `subtract_from` set, writes bounds[i] = that count minus
 // subtract_from[i] instead (upper - lower: the match count), which may alias
-// nothing else.
-// Launch: grid * BLOCK_THREADS >= ceil((n + m) / items_per_thread),
-// block = BLOCK_THREADS, items_per_thread >= 1.
+// nothing else. Block t merges positions [t * MERGE_TILE, (t + 1) *
+// MERGE_TILE) of the merged sequence: a's stretch [a0, a1) and b's [b0, b1)
+// between its diagonals, whose lengths add up to the tile's.
+// Launch: grid = ceil((n + m) / MERGE_TILE), block = BLOCK_THREADS.
 extern "C" __global__ void merge_path_bounds(const u64* a, u64 n, const u64* b, u64 m, u32 upper,
-                                             u64 items_per_thread, const u64* subtract_from,
-                                             u64* bounds) {
-    const u64 thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+                                             const u64* subtract_from, u64* bounds) {
+    // The tile's stretch of a, then its stretch of b.
+    __shared__ u64 tile_keys[MERGE_TILE];
+    // The bound of each key of a's stretch.
+    __shared__ u64 tile_bounds[MERGE_TILE];
+    __shared__ u64 splits[2];
+    const bool up = upper != 0;
     const u64 total = n + m;
-    const u64 begin = thread * items_per_thread;
-    if (begin >= total) return;
-    const u64 end = min(total, begin + items_per_thread);
-    u64 i = merge_path_split(a, n, b, m, begin, upper != 0);
-    u64 j = begin - i;
-    for (u64 step = begin; step < end; ++step) {
-        if (i < n && (j >= m || a_first(a[i], b[j], upper != 0))) {
-            bounds[i] = subtract_from ? j - subtract_from[i] : j;
+    const u64 begin = (u64)blockIdx.x * MERGE_TILE;
+    if (begin >= total) return;  // the whole block
+    const u64 end = min(total, begin + MERGE_TILE);
+    if (threadIdx.x < 2) {
+        splits[threadIdx.x] = merge_path_split(a, n, b, m, threadIdx.x == 0 ? begin : end, up);
+    }
+    __syncthreads();
+    const u64 a0 = splits[0], a1 = splits[1];
+    const u64 b0 = begin - a0;
+    const u32 na = (u32)(a1 - a0);
+    const u32 tile = (u32)(end - begin);
+    const u32 nb = tile - na;
+    for (u32 k = threadIdx.x; k < tile; k += BLOCK_THREADS) {
+        tile_keys[k] = k < na ? a[a0 + k] : b[b0 + (k - na)];
+    }
+    __syncthreads();
+    const u64* sa = tile_keys;
+    const u64* sb = tile_keys + na;
+    const u32 first = min(threadIdx.x * MERGE_ITEMS, tile);
+    const u32 last = min(first + MERGE_ITEMS, tile);
+    u32 i = (u32)merge_path_split(sa, na, sb, nb, first, up);
+    u32 j = first - i;
+    for (u32 step = first; step < last; ++step) {
+        if (i < na && (j >= nb || a_first(sa[i], sb[j], up))) {
+            tile_bounds[i] = b0 + j;
             ++i;
         } else {
             ++j;
         }
+    }
+    __syncthreads();
+    for (u32 k = threadIdx.x; k < na; k += BLOCK_THREADS) {
+        const u64 bound = tile_bounds[k];
+        bounds[a0 + k] = subtract_from ? bound - subtract_from[a0 + k] : bound;
     }
 }
 

@@ -52,59 +52,126 @@ __device__ void histogram_body(const u64* keys, u64 n, u32 shift, u32 bits, u64 
     }
 }
 
+// Rows a block of `scatter_body` places per tile: BLOCK_THREADS per step,
+// SCATTER_ITEMS steps. A tile is ordered by digit in shared memory before it
+// is written, so each digit's rows of the tile (16 on average for 2^7
+// digits) go out as one contiguous run, in whole sectors, not one 16-byte
+// write per row to as many places as there are digits.
+#define SCATTER_ITEMS 8
+#define SCATTER_TILE (BLOCK_THREADS * SCATTER_ITEMS)
+
 // Stable scatter. `offsets` is the exclusive scan of `radix_histogram`'s
 // output for the same keys, shift, bits and rows_per_block, so each block
-// knows where its rows of every digit start. Rows are processed in tiles of
-// BLOCK_THREADS in input order; within a tile a row's rank among equal digits
-// comes from earlier warps (per-warp digit counts in shared memory) plus
-// earlier lanes of its own warp (__match_any_sync), which keeps input order.
+// knows where its rows of every digit start. A block takes its rows in
+// tiles of SCATTER_TILE in input order, and each tile in steps of
+// BLOCK_THREADS rows: a row's rank among the tile's rows of its digit
+// comes from earlier steps (the tile's running digit counts), earlier
+// warps of its step (per-warp digit counts) and earlier lanes of its warp
+// (__match_any_sync), which keeps input order. The tile is then laid out
+// in shared memory by digit and written run by run.
 // Launch: same grid and block as radix_histogram. `*_out` must not alias `*_in`.
 template <bool HASHED>
 __device__ void scatter_body(const u64* keys_in, const u64* ids_in, u64 n, u32 shift, u32 bits,
                              u64 rows_per_block, const u64* offsets, u64* keys_out, u64* ids_out) {
+    __shared__ u64 tile_keys[SCATTER_TILE];
+    __shared__ u64 tile_ids[SCATTER_TILE];
+    // Where the block's next row of each digit goes.
     __shared__ u64 digit_base[MAX_BINS];
     __shared__ u32 warp_counts[WARPS_PER_BLOCK][MAX_BINS];
+    // Rows of each digit in the tile so far, and where the tile's rows of
+    // each digit start in shared memory.
+    __shared__ u32 tile_counts[MAX_BINS];
+    __shared__ u32 tile_starts[MAX_BINS];
+    __shared__ u32 warp_totals[WARPS_PER_BLOCK];
     const u32 bins = 1u << bits;
     const u32 warp = threadIdx.x / 32;
+    const u32 lane = threadIdx.x % 32;
 
     for (u32 b = threadIdx.x; b < bins; b += BLOCK_THREADS) {
         digit_base[b] = offsets[(u64)b * gridDim.x + blockIdx.x];
+        tile_counts[b] = 0;
         for (u32 w = 0; w < WARPS_PER_BLOCK; ++w) warp_counts[w][b] = 0;
     }
     __syncthreads();
 
     const u64 begin = (u64)blockIdx.x * rows_per_block;
     const u64 end = min(n, begin + rows_per_block);
-    for (u64 tile = begin; tile < end; tile += BLOCK_THREADS) {
-        const u64 i = tile + threadIdx.x;
-        const bool valid = i < end;
-        u64 key = 0, id = 0;
-        u32 digit = 0xffffffffu;  // never equal to a real digit
-        if (valid) {
-            key = keys_in[i];
-            id = ids_in[i];
-            digit = radix_digit<HASHED>(key, shift, bins);
-        }
-        const u32 peers = __match_any_sync(0xffffffffu, digit);
-        const u32 rank_in_warp = __popc(peers & lanemask_lt());
-        if (valid && rank_in_warp == 0) warp_counts[warp][digit] = __popc(peers);
-        __syncthreads();
-
-        if (valid) {
-            u64 pos = digit_base[digit] + rank_in_warp;
-            for (u32 w = 0; w < warp; ++w) pos += warp_counts[w][digit];
-            keys_out[pos] = key;
-            ids_out[pos] = id;
-        }
-        __syncthreads();
-
-        for (u32 b = threadIdx.x; b < bins; b += BLOCK_THREADS) {
-            u32 tile_count = 0;
-            for (u32 w = 0; w < WARPS_PER_BLOCK; ++w) {
-                tile_count += warp_counts[w][b];
-                warp_counts[w][b] = 0;
+    for (u64 tile = begin; tile < end; tile += SCATTER_TILE) {
+        u64 key[SCATTER_ITEMS], id[SCATTER_ITEMS];
+        u32 digit[SCATTER_ITEMS], rank[SCATTER_ITEMS];
+#pragma unroll
+        for (u32 step = 0; step < SCATTER_ITEMS; ++step) {
+            const u64 i = tile + (u64)step * BLOCK_THREADS + threadIdx.x;
+            key[step] = 0;
+            id[step] = 0;
+            digit[step] = 0xffffffffu;  // never equal to a real digit
+            if (i < end) {
+                key[step] = keys_in[i];
+                id[step] = ids_in[i];
+                digit[step] = radix_digit<HASHED>(key[step], shift, bins);
             }
-            digit_base[b] += tile_count;
+            const u32 d = digit[step];
+            const u32 peers = __match_any_sync(0xffffffffu, d);
+            const u32 rank_in_warp = __popc(peers & lanemask_lt());
+            if (i < end && rank_in_warp == 0) warp_counts[warp][d] = __popc(peers);
+            __syncthreads();
+            rank[step] = 0;
+            if (i < end) {
+                u32 r = tile_counts[d] + rank_in_warp;
+                for (u32 w = 0; w < warp; ++w) r += warp_counts[w][d];
+                rank[step] = r;
+            }
+            __syncthreads();
+            for (u32 b = threadIdx.x; b < bins; b += BLOCK_THREADS) {
+                u32 step_count = 0;
+                for (u32 w = 0; w < WARPS_PER_BLOCK; ++w) {
+                    step_count += warp_counts[w][b];
+                    warp_counts[w][b] = 0;
+                }
+                tile_counts[b] += step_count;
+            }
+            __syncthreads();
+        }
+
+        // tile_starts: the exclusive scan of tile_counts (bins <= BLOCK_THREADS).
+        const u32 count = threadIdx.x < bins ? tile_counts[threadIdx.x] : 0;
+        u32 inclusive = count;
+        for (u32 offset = 1; offset < 32; offset <<= 1) {
+            const u32 before = __shfl_up_sync(0xffffffffu, inclusive, offset);
+            if (lane >= offset) inclusive += before;
+        }
+        if (lane == 31) warp_totals[warp] = inclusive;
+        __syncthreads();
+        if (threadIdx.x < bins) {
+            u32 start = inclusive - count;
+            for (u32 w = 0; w < warp; ++w) start += warp_totals[w];
+            tile_starts[threadIdx.x] = start;
+        }
+        __syncthreads();
+
+#pragma unroll
+        for (u32 step = 0; step < SCATTER_ITEMS; ++step) {
+            if (digit[step] != 0xffffffffu) {
+                const u32 slot = tile_starts[digit[step]] + rank[step];
+                tile_keys[slot] = key[step];
+                tile_ids[slot] = id[step];
+            }
+        }
+        __syncthreads();
+
+        // Slot s holds the (s - tile_starts[d])-th row of digit d in the tile.
+        const u32 rows = (u32)min((u64)SCATTER_TILE, end - tile);
+        for (u32 s = threadIdx.x; s < rows; s += BLOCK_THREADS) {
+            const u64 k = tile_keys[s];
+            const u32 d = radix_digit<HASHED>(k, shift, bins);
+            const u64 pos = digit_base[d] + (s - tile_starts[d]);
+            keys_out[pos] = k;
+            ids_out[pos] = tile_ids[s];
+        }
+        __syncthreads();
+        for (u32 b = threadIdx.x; b < bins; b += BLOCK_THREADS) {
+            digit_base[b] += tile_counts[b];
+            tile_counts[b] = 0;
         }
         __syncthreads();
     }

@@ -77,6 +77,9 @@ fn radix_partition_matches_the_stable_reference() {
         (300_000, 18),
         (1 << 20, 12),
         (5_000, 16),
+        // Blocks of several scatter tiles of 2,048 rows, the last one partial.
+        (3_000_001, 7),
+        (2_500_000, 16),
     ];
     for (rows, bits) in cases {
         for domain in [rows as u64 * 4, 3] {
@@ -469,6 +472,10 @@ fn radix_sort_and_merge_path_match_their_references() {
         (100_000, 70_000, 20, 1 << 20),
         (50_000, 50_000, 17, 37),
         (300_000, 200_000, 64, u64::MAX),
+        // One key: every merge tile lies inside one run of equal keys.
+        (3_000, 2_000, 4, 1),
+        // Sort blocks of several scatter tiles; many merge tiles.
+        (3_000_001, 2_500_000, 22, 1 << 21),
     ];
     for (n, m, bits, domain) in cases {
         let mask = if bits >= 64 {

@@ -7,10 +7,11 @@ use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
 use super::{check_len, config, grid_stride_blocks, Kernels, BLOCK_THREADS};
 use crate::gpu::{DriverResultExt, GpuResult};
 
-/// Merged elements each thread of `merge_path_bounds` walks: long enough to
-/// amortise its binary search, short enough to spread any input over the
-/// whole device.
-pub const MERGE_ITEMS_PER_THREAD: u64 = 16;
+/// Merged elements each block of `merge_path_bounds` takes into shared
+/// memory (`MERGE_TILE` in `ptx/merge_join.cu`: 8 per thread): long enough
+/// to amortise the block's two binary searches, short enough to spread any
+/// input over the whole device.
+pub const MERGE_TILE: u64 = 8 * BLOCK_THREADS as u64;
 
 /// Which bound of the run of equal keys `merge_path_bounds` computes.
 #[derive(Debug, Clone, Copy)]
@@ -35,8 +36,7 @@ pub fn merge_path_bounds(
         return Ok(());
     }
     check_len(out, n as usize, "merge bounds")?;
-    let threads = (n + m).div_ceil(MERGE_ITEMS_PER_THREAD);
-    let blocks = threads.div_ceil(u64::from(BLOCK_THREADS));
+    let blocks = (n + m).div_ceil(MERGE_TILE);
     let (upper, lower): (u32, Option<&CudaSlice<u64>>) = match bound {
         MergeBound::Lower => (0, None),
         MergeBound::CountAbove(lower) => {
@@ -45,13 +45,7 @@ pub fn merge_path_bounds(
         }
     };
     let mut launch = stream.launch_builder(&kernels.merge_path_bounds);
-    launch
-        .arg(a)
-        .arg(&n)
-        .arg(b)
-        .arg(&m)
-        .arg(&upper)
-        .arg(&MERGE_ITEMS_PER_THREAD);
+    launch.arg(a).arg(&n).arg(b).arg(&m).arg(&upper);
     // A null pointer tells the kernel there is nothing to subtract.
     let null: u64 = 0;
     match lower {
@@ -59,7 +53,7 @@ pub fn merge_path_bounds(
         None => launch.arg(&null),
     };
     launch.arg(out);
-    // SAFETY: threads cover the n + m merged elements; each reads a[..n] and
+    // SAFETY: the blocks' tiles cover the n + m merged elements; each reads a[..n] and
     // b[..m] (the slices' lengths) and writes out[i] for i < n, checked
     // above; `lower` holds n elements when given, and a zero pointer is
     // never dereferenced (the kernel tests it).

@@ -22,8 +22,7 @@ pub use group_by::{
     SortedGroupIds, PARTITION_GROUP_LIMIT, PRIVATIZED_GROUPS,
 };
 pub use merge_join::{
-    expand_pairs, merge_path_bounds, ordered_codes, CodeTransform, MergeBound,
-    MERGE_ITEMS_PER_THREAD,
+    expand_pairs, merge_path_bounds, ordered_codes, CodeTransform, MergeBound, MERGE_TILE,
 };
 
 /// Threads per block of every kernel (`BLOCK_THREADS` in `ptx/common.cuh`).
