@@ -645,6 +645,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
         let reservation = MemoryConsumer::new(format!("GpuSortMergeJoinInput[{partition}]"))
             .register(context.memory_pool());
         let task = MergeJoinTask {
+            partition,
             left: self.execute_side(0, partition, &context)?,
             right: self.execute_side(1, partition, &context)?,
             plan: Arc::new(plan),

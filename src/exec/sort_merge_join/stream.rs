@@ -52,6 +52,7 @@ use crate::gpu::{
     ReservationKind,
 };
 use crate::ops::merge_join::{merge_join_device_bytes, MergeMatches, SortedSide};
+use crate::trace;
 
 /// What every partition of one join shares.
 pub(crate) struct MergeJoinPlan {
@@ -83,6 +84,8 @@ pub(crate) struct MergeJoinPlan {
 /// Everything one partition needs.
 pub(crate) struct MergeJoinTask {
     pub(crate) plan: Arc<MergeJoinPlan>,
+    /// The output partition, for the trace.
+    pub(crate) partition: usize,
     /// Each side's input: its one stream, or the streams of every
     /// partition of the merge below it where the join reads through that
     /// merge (see `GpuSortMergeJoinExec::merge_read_through`).
@@ -166,10 +169,19 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
     collecting.done();
     task.metrics.left_rows.add(left.num_rows());
     task.metrics.right_rows.add(right.num_rows());
+    let partition = task.partition;
+    trace::event(|| {
+        format!(
+            "sort-merge join p{partition}: inputs collected ({} and {} rows)",
+            left.num_rows(),
+            right.num_rows()
+        )
+    });
 
     let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(CHANNEL_BATCHES);
     let device_part = DevicePart {
         plan: Arc::clone(&plan),
+        partition,
         device: Arc::clone(&task.device),
         max_output_pairs: task.max_output_pairs.max(1),
         memory_fraction: task.memory_fraction,
@@ -259,6 +271,7 @@ fn cpu_join(
 /// The blocking part of one partition.
 struct DevicePart {
     plan: Arc<MergeJoinPlan>,
+    partition: usize,
     device: Arc<GpuDevice>,
     max_output_pairs: usize,
     memory_fraction: f64,
@@ -416,6 +429,8 @@ impl DevicePart {
             }
         }
         encoding.done();
+        let partition = self.partition;
+        trace::event(|| format!("sort-merge join p{partition}: keys ready for the device"));
         let left_streams = streams_left(plan.join_type);
         let (streamed, other) = if left_streams {
             (
@@ -439,6 +454,7 @@ impl DevicePart {
         let on_device = self.metrics.device_wall_time.timer();
         let outcome = self.on_device(left, right, coding, streamed, other, &mut sender);
         on_device.done();
+        trace::event(|| format!("sort-merge join p{partition}: device part done"));
         // Host compute: coding the keys and making the output (not the
         // device waits, nor waiting for the consumer).
         let host_ns = self.metrics.encode_time.value() + self.metrics.emit_time.value();
@@ -481,6 +497,8 @@ impl DevicePart {
             .device_admission_wait
             .add_duration(waiting.elapsed());
         device.bind_to_thread()?;
+        let partition = self.partition;
+        trace::event(|| format!("sort-merge join p{partition}: admitted to the device"));
         // Only the columns the output uses go to the device (all of them
         // unless a projection was absorbed; with an aggregation, those it
         // reduces), and only where one of them can be gathered there:
@@ -555,6 +573,9 @@ impl DevicePart {
             ),
             KeyCoding::RangeOnDevice { flip } => {
                 let range = device_key_range(device, &streamed, stream, flip, &mut timer)?;
+                trace::event(|| {
+                    format!("sort-merge join p{partition}: streamed keys copied, their range found")
+                });
                 let (bits, transform) = self.coding_for_range(range)?;
                 let sorted = streamed.sort(
                     device,
@@ -579,6 +600,9 @@ impl DevicePart {
             (_, Some((flip, streamed_range, streamed_transform))) => {
                 // Found on the copy stream, behind the copy alone.
                 let other_range = device_key_range(device, &other, copy_stream, flip, &mut timer)?;
+                trace::event(|| {
+                    format!("sort-merge join p{partition}: other keys copied, their range found")
+                });
                 let (bits, transform) =
                     self.coding_for_range(union_of_ranges(streamed_range, other_range))?;
                 streamed.rebase_codes(device, stream, streamed_transform, transform, &mut timer)?;
@@ -605,6 +629,12 @@ impl DevicePart {
         .filter(|(l, r)| l.any() || r.any() || aggregate.is_some());
         let pairs = needs_pairs(join_type, plan.filter.is_some());
         let matches = MergeMatches::find(device, stream, &streamed, &other, !pairs, &mut timer)?;
+        trace::event(|| {
+            format!(
+                "sort-merge join p{partition}: both sides sorted, {} matches counted",
+                matches.total()
+            )
+        });
         // The host maps output positions to input rows by the sorted order,
         // unless the device gathers every output row (it reads the sorted
         // row ids there).
@@ -683,6 +713,10 @@ impl DevicePart {
                     };
                     let sent = match reduced {
                         Some(words) => {
+                            let len = pairs.len;
+                            trace::event(|| {
+                                format!("sort-merge join p{partition}: {len} pairs reduced")
+                            });
                             self.metrics.rows_aggregated_on_device.add(pairs.len);
                             sender.merge_device(&words, pairs.len).map(|()| true)
                         }
