@@ -27,7 +27,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{make_array, Array, ArrayData, ArrayRef, AsArray, BooleanArray};
+use datafusion::arrow::array::{
+    downcast_primitive_array, make_array, Array, ArrayData, ArrayRef, AsArray, BooleanArray,
+};
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::*;
 use datafusion::common::hash_utils::{create_hashes, RandomState};
@@ -526,8 +528,22 @@ fn raw_keys(column: &ArrayRef) -> NormalizedKeys {
 /// The values of an 8-byte column as the words its buffer holds (NULL
 /// slots included), without a copy.
 pub(crate) fn raw_words(column: &ArrayRef) -> ScalarBuffer<u64> {
-    let data = column.to_data();
-    ScalarBuffer::new(data.buffers()[0].clone(), data.offset(), data.len())
+    ScalarBuffer::new(value_buffer(column.as_ref(), 8), 0, column.len())
+}
+
+/// The bytes of the values of a column of fixed `width` (bytes a value),
+/// NULL slots included, in place in its Arrow buffer. A primitive column's
+/// are read from the array itself, not from its `ArrayData`, whose making
+/// (a clone of its type and buffers, about 80 ns) came to some
+/// milliseconds a query over the 8,192-row batches of a 2^26-row side.
+pub(crate) fn value_buffer(column: &dyn Array, width: usize) -> Buffer {
+    downcast_primitive_array!(
+        column => column.values().inner().clone(),
+        _ => {
+            let data = column.to_data();
+            data.buffers()[0].slice_with_length(data.offset() * width, data.len() * width)
+        }
+    )
 }
 
 /// Keeps the rows not marked in `dropped`.

@@ -11,7 +11,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
 use super::spec::ValueKind;
-use crate::exec::keys::column_of_buffer;
+use crate::exec::keys::{column_of_buffer, value_buffer};
 use crate::exec::parallel::{on_ranges, on_row_chunks};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{WordPiece, Words};
@@ -48,22 +48,23 @@ impl AsRef<[u64]> for BufferWords {
 /// types; 1, 2 and 4-byte values widened (sign-extended for signed kinds).
 /// NULL slots hold whatever the buffer holds.
 pub(crate) fn piece_words(array: &dyn Array, kind: ValueKind) -> Result<WordPiece> {
-    let data = array.to_data();
-    let len = data.len();
+    let len = array.len();
+    let width = width(array.data_type())?;
+    let values = value_buffer(array, width);
     macro_rules! widen {
         ($t:ty, $widen:expr) => {
             Box::new(
-                data.buffer::<$t>(0)[..len]
+                values.typed_data::<$t>()[..len]
                     .iter()
                     .map($widen)
                     .collect::<Vec<u64>>(),
             )
         };
     }
-    Ok(match (kind, width(data.data_type())?) {
-        (ValueKind::Signed | ValueKind::Unsigned | ValueKind::Float64, 8) => Box::new(BufferWords(
-            data.buffers()[0].slice_with_length(data.offset() * 8, len * 8),
-        )),
+    Ok(match (kind, width) {
+        (ValueKind::Signed | ValueKind::Unsigned | ValueKind::Float64, 8) => {
+            Box::new(BufferWords(values))
+        }
         (ValueKind::Signed, 1) => widen!(i8, |&v| v as i64 as u64),
         (ValueKind::Signed, 2) => widen!(i16, |&v| v as i64 as u64),
         (ValueKind::Signed, 4) => widen!(i32, |&v| v as i64 as u64),
