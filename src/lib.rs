@@ -33,6 +33,7 @@
 //!
 //! [Apache DataFusion]: https://datafusion.apache.org
 
+mod array_buffers;
 pub mod exec;
 pub mod gpu;
 mod host_copy;

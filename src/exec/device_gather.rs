@@ -21,8 +21,8 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result};
 
+use crate::array_buffers::value_buffer;
 use crate::exec::hash_join::{compact_views, ColumnSource, OutputAssembler};
-use crate::exec::keys::value_buffer;
 use crate::exec::pair_aggregate::PairReduction;
 use crate::exec::row_source::RowSource;
 use crate::gpu::launch::{self, AggregateOp, GroupRows, ValueWidth};

@@ -27,9 +27,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    downcast_primitive_array, make_array, Array, ArrayData, ArrayRef, AsArray, BooleanArray,
-};
+use datafusion::arrow::array::{make_array, Array, ArrayData, ArrayRef, AsArray, BooleanArray};
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::*;
 use datafusion::common::hash_utils::{create_hashes, RandomState};
@@ -37,6 +35,7 @@ use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
 use super::parallel::on_row_chunks;
+use crate::array_buffers::value_buffer;
 
 /// The plan-time description of a join's keys: their types and NULL
 /// semantics. Accepting a spec means every key type can be encoded.
@@ -529,21 +528,6 @@ fn raw_keys(column: &ArrayRef) -> NormalizedKeys {
 /// slots included), without a copy.
 pub(crate) fn raw_words(column: &ArrayRef) -> ScalarBuffer<u64> {
     ScalarBuffer::new(value_buffer(column.as_ref(), 8), 0, column.len())
-}
-
-/// The bytes of the values of a column of fixed `width` (bytes a value),
-/// NULL slots included, in place in its Arrow buffer. A primitive column's
-/// are read from the array itself, not from its `ArrayData`, whose making
-/// (a clone of its type and buffers, about 80 ns) came to some
-/// milliseconds a query over the 8,192-row batches of a 2^26-row side.
-pub(crate) fn value_buffer(column: &dyn Array, width: usize) -> Buffer {
-    downcast_primitive_array!(
-        column => column.values().inner().clone(),
-        _ => {
-            let data = column.to_data();
-            data.buffers()[0].slice_with_length(data.offset() * width, data.len() * width)
-        }
-    )
 }
 
 /// Keeps the rows not marked in `dropped`.

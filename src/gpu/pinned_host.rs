@@ -17,6 +17,7 @@ use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use datafusion::error::{DataFusionError, Result};
 
 use super::{gpu_runtime, DriverResultExt, GpuResult};
+use crate::array_buffers::{all_buffers, first_value_address};
 
 /// Where each buffer begins inside a region: a multiple of this, which
 /// satisfies every Arrow type's alignment. Buffers of 8-byte values whose
@@ -144,10 +145,9 @@ pub(crate) fn region_holding(bytes: &[u8]) -> Option<Arc<PinnedRegion>> {
 /// made by [`pin_batches`] (child arrays of nested types are not pinned).
 pub fn is_pinned(batch: &RecordBatch) -> bool {
     batch.columns().iter().all(|column| {
-        let data = column.to_data();
-        data.buffers()
-            .iter()
-            .all(|b| b.is_empty() || region_holding(b.as_slice()).is_some())
+        all_buffers(column.as_ref(), |b| {
+            b.is_empty() || region_holding(b.as_slice()).is_some()
+        })
     })
 }
 
@@ -310,14 +310,7 @@ pub(crate) fn first_buffer_address(batch: &RecordBatch) -> usize {
     batch
         .columns()
         .iter()
-        .find_map(|column| {
-            let data = column.to_data();
-            let buffer = data.buffers().first()?;
-            Some(
-                buffer.as_ptr() as usize
-                    + data.offset() * column.data_type().primitive_width().unwrap_or(0),
-            )
-        })
+        .find_map(|column| first_value_address(column.as_ref()))
         .unwrap_or(0)
 }
 

@@ -11,7 +11,8 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
 use super::spec::ValueKind;
-use crate::exec::keys::{column_of_buffer, value_buffer};
+use crate::array_buffers::value_buffer;
+use crate::exec::keys::column_of_buffer;
 use crate::exec::parallel::{on_ranges, on_row_chunks};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{WordPiece, Words};
