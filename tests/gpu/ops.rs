@@ -452,6 +452,53 @@ fn gathers_of_4_8_and_16_byte_values_match_the_host() {
     }
 }
 
+/// The merge-path kernel alone, on sorted keys that cross many of its
+/// shared-memory tiles (2,048 merged keys each): every streamed key's match
+/// count against a binary search of the other side. Small enough to run
+/// under compute-sanitizer's racecheck in seconds.
+#[test]
+fn merge_path_match_counts_cross_tiles_like_a_binary_search() {
+    use datafusion_gpu::ops::merge_join::{MergeMatches, SortedSide};
+    let Some(device) = device("merge_path_match_counts_cross_tiles_like_a_binary_search") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // (streamed rows, other rows, distinct keys): one tile, a tile edge,
+    // runs of equal keys longer than a tile, keys mostly without a match.
+    let cases = [
+        (1usize, 2047usize, 3u64),
+        (2048, 1, 5),
+        (5_000, 7_000, 1),
+        (20_000, 30_000, 37),
+        (30_000, 20_000, 1 << 40),
+        (65_537, 4_099, 5_000),
+    ];
+    for (n, m, domain) in cases {
+        let mut streamed = random_keys(n, domain, n as u64 + 3);
+        let mut other = random_keys(m, domain, m as u64 + 5);
+        streamed.sort_unstable();
+        other.sort_unstable();
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let a =
+            SortedSide::upload(&device, stream, &[&streamed], None, 64, true, &mut timer).unwrap();
+        let b = SortedSide::upload(&device, stream, &[&other], None, 64, true, &mut timer).unwrap();
+        let matches = MergeMatches::find(&device, stream, &a, &b, true, &mut timer).unwrap();
+        timer.finish().unwrap();
+        let expected: Vec<u64> = streamed
+            .iter()
+            .map(|k| (other.partition_point(|o| o <= k) - other.partition_point(|o| o < k)) as u64)
+            .collect();
+        assert_eq!(
+            matches.counts().unwrap(),
+            &expected[..],
+            "{n} x {m}, {domain} keys"
+        );
+        assert_eq!(matches.total(), expected.iter().sum::<u64>(), "{n} x {m}");
+    }
+}
+
 #[test]
 fn radix_sort_and_merge_path_match_their_references() {
     use datafusion_gpu::ops::merge_join::{self, MergeMatches, SortedSide};
@@ -519,16 +566,24 @@ fn radix_sort_and_merge_path_match_their_references() {
             b_ids,
             "{n} x {m}"
         );
-        // The merge, expanded in ranges of 1000 pairs.
+        // The merge, expanded in ranges of 1000 pairs, or of 2^20 where
+        // there are millions (still several ranges, their edges inside runs
+        // of equal keys): tens of thousands of small ranges add nothing but
+        // minutes under a sanitizer.
         let matches = MergeMatches::find(&device, stream, &a, &b, true, &mut timer).unwrap();
+        let range = if matches.total() > 100_000 {
+            1 << 20
+        } else {
+            1000
+        };
         let (positions, ids) = merge_join::reference::merge_pairs(&a_sorted, &b_sorted, &b_ids);
         assert_eq!(matches.total(), positions.len() as u64, "{n} x {m}");
         let counts = matches.counts().unwrap().to_vec();
         assert_eq!(counts.iter().sum::<u64>(), matches.total());
         let (mut got_positions, mut got_ids) = (Vec::new(), Vec::new());
         matches
-            .expand(&device, stream, &b, 1000, &mut timer, |p, i| {
-                assert!(p.len() <= 1000);
+            .expand(&device, stream, &b, range, &mut timer, |p, i| {
+                assert!(p.len() <= range);
                 got_positions.extend(p);
                 got_ids.extend(i);
                 Ok(true)
