@@ -59,6 +59,8 @@ __device__ void histogram_body(const u64* keys, u64 n, u32 shift, u32 bits, u64 
 // write per row to as many places as there are digits.
 #define SCATTER_ITEMS 8
 #define SCATTER_TILE (BLOCK_THREADS * SCATTER_ITEMS)
+// The tile's digit counts are scanned with one thread per digit.
+static_assert(MAX_BINS <= BLOCK_THREADS, "one thread per digit in the scatter's scan");
 
 // Stable scatter. `offsets` is the exclusive scan of `radix_histogram`'s
 // output for the same keys, shift, bits and rows_per_block, so each block
