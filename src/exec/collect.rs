@@ -98,3 +98,18 @@ pub(crate) async fn collect_streams(
     }
     Ok((batches, reservations))
 }
+
+/// [`collect_streams`] with every batch reserved in `reservation` alone,
+/// however many streams were read: for an operator that holds its input
+/// as one, and frees it at once.
+pub(crate) async fn collect_streams_into(
+    inputs: Vec<SendableRecordBatchStream>,
+    reservation: &MemoryReservation,
+    rows: Option<&Count>,
+) -> Result<Vec<RecordBatch>> {
+    let (batches, input_reservations) = collect_streams(inputs, reservation, rows).await?;
+    for reserved in input_reservations {
+        reservation.grow(reserved.free());
+    }
+    Ok(batches)
+}

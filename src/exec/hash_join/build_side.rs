@@ -19,7 +19,7 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use super::host_fallback::HostBuildTable;
 use super::matches::{tracks_build_matches, VisitedRows};
 use super::order::ArrivalOrder;
-use crate::exec::collect::collect_streams;
+use crate::exec::collect::collect_streams_into;
 use crate::exec::device_gather::ResidentColumns;
 use crate::exec::keys::{JoinKeys, KeyEncoder, KeySpec};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
@@ -177,11 +177,8 @@ impl BuildSide {
         gather: Option<BuildGather>,
         metrics: GpuJoinMetrics,
     ) -> Result<Self> {
-        let (batches, input_reservations) = collect_streams(inputs, &reservation, None).await?;
         // One reservation holds the build side's memory, however it was read.
-        for reserved in input_reservations {
-            reservation.grow(reserved.free());
-        }
+        let batches = collect_streams_into(inputs, &reservation, None).await?;
         crate::trace::event(|| format!("hash join build: {} batches collected", batches.len()));
         // Batches in pinned regions are held in the order they lie in
         // memory: a partition's batches can arrive interleaved with the

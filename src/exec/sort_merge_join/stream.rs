@@ -36,7 +36,7 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
-use crate::exec::collect::collect_streams;
+use crate::exec::collect::collect_streams_into;
 use crate::exec::device_gather::{
     gather_batches, gathers_by_pair, output_columns, reduce_pairs, GatherSide, ResidentColumns,
 };
@@ -136,11 +136,8 @@ async fn collect(
     reservation: &MemoryReservation,
     in_memory_order: bool,
 ) -> Result<Arc<ArrivedBatches>> {
-    let (mut batches, input_reservations) = collect_streams(inputs, reservation, None).await?;
     // One reservation holds both sides' memory, however they were read.
-    for reserved in input_reservations {
-        reservation.grow(reserved.free());
-    }
+    let mut batches = collect_streams_into(inputs, reservation, None).await?;
     if in_memory_order {
         batches.sort_by_cached_key(first_buffer_address);
     }
