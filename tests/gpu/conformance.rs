@@ -99,8 +99,9 @@ fn workspace() -> std::result::Result<&'static Path, String> {
     WORKSPACE
         .get_or_init(|| {
             let source = find_test_files()?;
-            let root = std::env::temp_dir()
-                .join(format!("datafusion-gpu-conformance-{}", std::process::id()));
+            remove_stale_workspaces();
+            let root =
+                std::env::temp_dir().join(format!("{WORKSPACE_PREFIX}{}", std::process::id()));
             let dir = root.join("datafusion").join("sqllogictest");
             copy_dir(&source, &dir.join("test_files")).map_err(|e| e.to_string())?;
             // The files name their data and scratch folders relative to here.
@@ -110,6 +111,37 @@ fn workspace() -> std::result::Result<&'static Path, String> {
         .as_ref()
         .map(PathBuf::as_path)
         .map_err(Clone::clone)
+}
+
+/// The per-process workspace's name, before the process id.
+const WORKSPACE_PREFIX: &str = "datafusion-gpu-conformance-";
+
+/// Removes the workspaces of earlier test processes that have ended (about
+/// 110 MB each, with the TPC-H data): a test binary has no hook at exit to
+/// remove its own, so each run clears what the ones before it left. Only
+/// where `/proc` tells which processes live; elsewhere nothing is removed.
+fn remove_stale_workspaces() {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(WORKSPACE_PREFIX))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            // Best effort: another user's folder, or one a concurrent run
+            // is removing, is left as it is.
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
