@@ -268,11 +268,12 @@ impl DeviceWork {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        if !final_output {
+        if !final_output || aggregate.state_is_final_value {
             // Already the state DataFusion's accumulator would emit (its
             // types, and NULL exactly where it has seen no value), one row
             // per group: merging it into a fresh accumulator only to read
-            // it back out would copy it twice.
+            // it back out would copy it twice. Where the function's final
+            // value is its state, that holds for the final output too.
             return Ok(state);
         }
         let groups = groups.len();

@@ -77,6 +77,10 @@ pub(crate) struct GpuAggregate {
     pub(crate) inputs: Vec<Option<ValueKind>>,
     /// The state fields, in DataFusion's order and types.
     pub(crate) state_fields: Vec<FieldRef>,
+    /// Whether the final value is the one state column as it is: the
+    /// function's accumulator, fed one state per group, would hand back
+    /// the same array ([`state_is_final_value`]).
+    pub(crate) state_is_final_value: bool,
     pub(crate) expr: Arc<AggregateFunctionExpr>,
 }
 
@@ -248,10 +252,125 @@ fn gpu_aggregate(
         }
         inputs.push(value);
     }
+    let state_is_final_value = state_is_final_value(kind, &inputs, &state_fields, expr);
     Ok(GpuAggregate {
         kind,
         inputs,
         state_fields,
+        state_is_final_value,
         expr: Arc::clone(expr),
     })
+}
+
+/// Whether merging one state per group into a fresh accumulator and
+/// evaluating it returns the state unchanged, so a final aggregation can
+/// emit the state column itself and skip two passes over its groups.
+/// COUNT, MIN and MAX keep their value (or NULL) as their state; SUM too,
+/// except over floats, where the accumulator's `0.0 + -0.0` turns a
+/// negative zero positive. The state's type must be the result's.
+fn state_is_final_value(
+    kind: AggregateKind,
+    inputs: &[Option<ValueKind>],
+    state_fields: &[FieldRef],
+    expr: &AggregateFunctionExpr,
+) -> bool {
+    let identity = match kind {
+        AggregateKind::Count | AggregateKind::Min | AggregateKind::Max => true,
+        AggregateKind::Sum => !inputs.contains(&Some(ValueKind::Float64)),
+        AggregateKind::Avg => false,
+    };
+    identity && matches!(state_fields, [state] if state.data_type() == expr.field().data_type())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{
+        ArrayRef, Decimal128Array, Float64Array, Int32Array, Int64Array, TimestampSecondArray,
+        UInt64Array,
+    };
+    use datafusion::arrow::datatypes::{Field, Schema, TimeUnit};
+    use datafusion::functions_aggregate::average::avg_udaf;
+    use datafusion::functions_aggregate::count::count_udaf;
+    use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
+    use datafusion::functions_aggregate::sum::sum_udaf;
+    use datafusion::logical_expr::{AggregateUDF, EmitTo};
+    use datafusion::physical_expr::aggregate::AggregateExprBuilder;
+    use datafusion::physical_expr::expressions::col;
+
+    /// `function(a)` over a column `a` of `data_type`, as the GPU sees it.
+    fn aggregate(function: Arc<AggregateUDF>, data_type: DataType) -> GpuAggregate {
+        let schema = Arc::new(Schema::new(vec![Field::new("a", data_type, true)]));
+        let expr = AggregateExprBuilder::new(function, vec![col("a", &schema).unwrap()])
+            .schema(Arc::clone(&schema))
+            .alias("x")
+            .build()
+            .unwrap();
+        gpu_aggregate(&Arc::new(expr), false, &schema).unwrap()
+    }
+
+    /// A state column of `aggregate` with a NULL (where the state may be
+    /// NULL), a negative value and a large one.
+    fn state_column(aggregate: &GpuAggregate) -> ArrayRef {
+        match aggregate.state_fields[0].data_type() {
+            DataType::Int64 if aggregate.kind == AggregateKind::Count => {
+                Arc::new(Int64Array::from(vec![0, 3, i64::MAX]))
+            }
+            DataType::Int64 => Arc::new(Int64Array::from(vec![None, Some(-7), Some(i64::MAX)])),
+            DataType::Int32 => Arc::new(Int32Array::from(vec![None, Some(-7), Some(i32::MAX)])),
+            DataType::UInt64 => Arc::new(UInt64Array::from(vec![None, Some(0), Some(u64::MAX)])),
+            DataType::Float64 => Arc::new(Float64Array::from(vec![None, Some(-0.0), Some(1.5)])),
+            DataType::Timestamp(TimeUnit::Second, zone) => Arc::new(
+                TimestampSecondArray::from(vec![None, Some(-7), Some(1 << 40)])
+                    .with_timezone_opt(zone.clone()),
+            ),
+            DataType::Decimal128(precision, scale) => Arc::new(
+                Decimal128Array::from(vec![None, Some(-12_345), Some(10i128.pow(20))])
+                    .with_precision_and_scale(*precision, *scale)
+                    .unwrap(),
+            ),
+            other => panic!("no test state for {other}"),
+        }
+    }
+
+    #[test]
+    fn a_state_is_emitted_as_the_final_value_only_where_the_accumulator_keeps_it() {
+        let zoned = DataType::Timestamp(TimeUnit::Second, Some("+02:00".into()));
+        let cases = [
+            (count_udaf(), DataType::Int32, true),
+            (min_udaf(), DataType::Int32, true),
+            (max_udaf(), DataType::Int64, true),
+            (max_udaf(), zoned.clone(), true),
+            (min_udaf(), DataType::Decimal128(12, 2), true),
+            (sum_udaf(), DataType::Int64, true),
+            (sum_udaf(), DataType::UInt64, true),
+            (sum_udaf(), DataType::Decimal128(12, 2), true),
+            // 0.0 + -0.0 is 0.0: the accumulator does not keep a float sum.
+            (sum_udaf(), DataType::Float64, false),
+            // AVG's state is a count and a sum.
+            (avg_udaf(), DataType::Float64, false),
+        ];
+        for (function, data_type, expected) in cases {
+            let name = format!("{}({data_type})", function.name());
+            let aggregate = aggregate(function, data_type);
+            assert_eq!(aggregate.state_is_final_value, expected, "{name}");
+            if !expected {
+                continue;
+            }
+            // What the shortcut skips: one state per group merged into a
+            // fresh accumulator, then evaluated.
+            let state = state_column(&aggregate);
+            let groups = state.len();
+            let mut accumulator = aggregate.expr.create_groups_accumulator().unwrap();
+            accumulator
+                .merge_batch(
+                    std::slice::from_ref(&state),
+                    &(0..groups).collect::<Vec<_>>(),
+                    groups,
+                )
+                .unwrap();
+            let evaluated = accumulator.evaluate(EmitTo::All).unwrap();
+            assert_eq!(evaluated.to_data(), state.to_data(), "{name}");
+        }
+    }
 }
