@@ -7,7 +7,7 @@ use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::concat;
 use datafusion::error::Result;
 
-use crate::host_copy::copy_window;
+use crate::host_copy::{copy_window, zeroed_for_fill};
 
 /// Bytes one copying thread takes at least.
 const BYTES_PER_THREAD: usize = 8 << 20;
@@ -54,7 +54,7 @@ fn concat_fixed_width(arrays: &[&dyn Array], threads: usize) -> Result<Option<Ar
     let rows: usize = data.iter().map(ArrayData::len).sum();
     // Zeroed lazily by the allocator: the pages are first touched by the
     // copying threads, in parallel.
-    let mut target = vec![0u8; rows * width];
+    let mut target = zeroed_for_fill::<u8>(rows * width);
     copy_window(&mut target, &pieces, 0, threads, BYTES_PER_THREAD);
     let array = ArrayData::builder(data_type.clone())
         .len(rows)

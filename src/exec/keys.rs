@@ -36,6 +36,7 @@ use datafusion::error::{DataFusionError, Result};
 
 use super::parallel::on_row_chunks;
 use crate::array_buffers::value_buffer;
+use crate::host_copy::zeroed_for_fill;
 
 /// The plan-time description of a join's keys: their types and NULL
 /// semantics. Accepting a spec means every key type can be encoded.
@@ -485,8 +486,8 @@ impl KeyEncoder {
         // drop): a read before the first write maps the shared zero page,
         // and replacing it on the write costs every core running the
         // process a TLB flush, which made four threads slower than one.
-        let mut keys = vec![0u64; rows];
-        let mut dropped = vec![false; rows];
+        let mut keys = zeroed_for_fill::<u64>(rows);
+        let mut dropped = zeroed_for_fill::<bool>(rows);
         on_row_chunks(
             &mut keys,
             Some(&mut dropped),

@@ -28,6 +28,7 @@ use crate::exec::keys::{
 };
 use crate::exec::parallel::on_row_chunks;
 use crate::gpu::launch::CodeTransform;
+use crate::host_copy::zeroed_for_fill;
 
 /// The code of one key column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,8 +314,8 @@ impl OrderedKeyEncoder {
         let threads = threads.min(rows / MIN_ROWS_PER_THREAD).max(1);
         // One buffer filled in place by every thread, each code written
         // without reading the buffer first (see `KeyEncoder::encode_parallel`).
-        let mut keys = vec![0u64; rows];
-        let mut any_null = self.null_bit.then(|| vec![false; rows]);
+        let mut keys = zeroed_for_fill::<u64>(rows);
+        let mut any_null = self.null_bit.then(|| zeroed_for_fill::<bool>(rows));
         on_row_chunks(
             &mut keys,
             any_null.as_deref_mut(),

@@ -10,7 +10,7 @@ use super::pinned_host::region_holding;
 use super::{
     DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer, PinnedRegion,
 };
-use crate::host_copy::{copy_window, host_threads};
+use crate::host_copy::{copy_window, host_threads, zeroed_for_fill};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
 /// buffer so that the copy runs at full bus speed. Returns once the copy is
@@ -234,7 +234,7 @@ pub fn download_u64(
             // are first touched, like the words are copied, on every core:
             // one thread copying 128 MB of group results out of pinned
             // memory spends most of its time in page faults.
-            *out = vec![0; words.len()];
+            *out = zeroed_for_fill(words.len());
             copy_window(out, &[words], 0, host_threads(), WORDS_PER_THREAD);
         }
         timer.add_host_staging(copying.elapsed());
