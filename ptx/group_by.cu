@@ -335,6 +335,40 @@ extern "C" __global__ void aggregate_u64(const u64* row_groups, const u64* value
     }
 }
 
+// SUM, MIN or MAX of a column gathered by row id, without groups: a
+// join's aggregate over its pairs, folded as the values are read, so the
+// gathered column is never written out. Folds (src[ids[i]] widened to 64
+// bits) ^ flip into out[0] for i < n: `width` is 4 or 8 bytes, a 4-byte
+// value sign-extended where `sign_extend`, else zero-extended (a SUM of an
+// Int32 column cast to Int64, a MIN of a Date32 column). An id at or beyond
+// src_len is skipped (the join kernels never make one). Each thread folds
+// into a register, each warp combines its lanes, and one atomic per warp
+// reaches out[0], which holds the op's identity.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride).
+extern "C" __global__ void aggregate_gathered(const void* src, u64 src_len, u32 width,
+                                              u32 sign_extend, const u64* ids, u64 n, u32 op,
+                                              u64 flip, u64* out) {
+    const u64 identity = identity_of(op);
+    u64 own = identity;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 id = ids[i];
+        if (id >= src_len) continue;
+        u64 value;
+        if (width == 8) {
+            value = ((const u64*)src)[id];
+        } else {
+            const u32 narrow = ((const u32*)src)[id];
+            value = sign_extend ? (u64)(long long)(int)narrow : (u64)narrow;
+        }
+        own = combine(op, own, value ^ flip);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+        own = combine(op, own, __shfl_down_sync(0xffffffffu, own, offset));
+    }
+    if (lane_id() == 0 && own != identity) atomic_apply(op, out, own);
+}
+
 // Stage 2 for SUM over doubles: as aggregate_u64 with OP_SUM. The order of
 // the additions varies from run to run, so the last bits may too.
 extern "C" __global__ void aggregate_f64_sum(const u64* row_groups, const double* values,

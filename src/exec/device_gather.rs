@@ -25,7 +25,7 @@ use crate::array_buffers::value_buffer;
 use crate::exec::hash_join::{compact_views, ColumnSource, OutputAssembler};
 use crate::exec::pair_aggregate::PairReduction;
 use crate::exec::row_source::RowSource;
-use crate::gpu::launch::{self, AggregateOp, GroupRows, ValueWidth};
+use crate::gpu::launch::{self, GroupRows, ValueWidth};
 use crate::gpu::{
     download_byte_pieces, download_u64, upload_byte_pieces, DeviceVec, DriverResultExt, GpuDevice,
     GpuError, GpuResult, Phase, PhaseTimer,
@@ -354,8 +354,14 @@ pub(crate) fn reduce_pairs(
                     Some(ColumnSource::Probe(i)) => (probe, *i),
                     _ => return Ok(None),
                 };
+                // The width the plan expects of the column: another one
+                // (or none) leaves the range to the host.
+                let expected = match *reduction {
+                    PairReduction::Fold { values, .. } => values.width(),
+                    _ => ValueWidth::Eight,
+                };
                 match side.resident.get(index) {
-                    Some(values) if values.width == ValueWidth::Eight => Some((side, values)),
+                    Some(values) if values.width == expected => Some((side, values)),
                     _ => return Ok(None),
                 }
             }
@@ -372,67 +378,77 @@ pub(crate) fn reduce_pairs(
     // enqueued, so that the host waits for the device once.
     let mut outs: Vec<Option<DeviceVec<u64>>> = Vec::with_capacity(reductions.len());
     for (reduction, input) in reductions.iter().zip(inputs) {
-        let (op, flip) = match *reduction {
-            PairReduction::Fold { op, flip, .. } => (op, flip),
-            PairReduction::SumF64(_) => (AggregateOp::Sum, 0),
+        if matches!(
+            reduction,
+            PairReduction::CountPairs | PairReduction::CountColumn(_)
+        ) {
             // Columns on the device have no NULLs: every pair counts.
-            PairReduction::CountPairs | PairReduction::CountColumn(_) => {
-                outs.push(None);
-                continue;
-            }
-        };
+            outs.push(None);
+            continue;
+        }
         let Some((side, values)) = input else {
             return Err(GpuError::Invalid(format!(
                 "{reduction:?} without its column"
             )));
         };
-        let target = match &mut gathered {
-            Some(target) => target,
-            None => {
-                // SAFETY: each gather below writes the first `len` words
-                // before the reduction reads them.
-                let buffer =
-                    unsafe { stream.alloc::<u64>(len) }.during("allocating gathered values")?;
-                gathered.insert(buffer)
-            }
-        };
         let mut out: DeviceVec<u64> =
             // SAFETY: filled with the identity right below, before any read.
             unsafe { stream.alloc(1) }.during("allocating a reduction's word")?;
-        let rows = GroupRows {
-            groups_of_rows: None,
-            rows: len,
-            valid_bits: None,
-            groups: 1,
-        };
-        timer.time(Phase::Kernel, || {
-            launch::gather_values(
-                kernels,
-                stream,
-                sm_count,
-                ValueWidth::Eight,
-                &values.words,
-                side.batch.num_rows(),
-                side.ids,
-                len,
-                target,
-            )?;
-            if let PairReduction::SumF64(_) = reduction {
-                launch::fill_u64(kernels, stream, sm_count, &mut out, 0f64.to_bits())?;
-                launch::aggregate_f64_sum(kernels, stream, sm_count, rows, target, &mut out)
-            } else {
+        timer.time(Phase::Kernel, || match *reduction {
+            PairReduction::Fold {
+                op,
+                flip,
+                values: read_as,
+                ..
+            } => {
+                // Gathered and folded in one pass.
                 launch::fill_u64(kernels, stream, sm_count, &mut out, op.identity())?;
-                launch::aggregate_u64(
+                launch::aggregate_gathered(
                     kernels,
                     stream,
                     sm_count,
-                    rows,
-                    Some(target),
-                    None,
+                    &values.words,
+                    side.batch.num_rows(),
+                    read_as,
+                    side.ids,
+                    len,
                     op,
                     flip,
                     &mut out,
                 )
+            }
+            _ => {
+                // A float sum: gathered, then added by the group-by's
+                // kernel.
+                let target = match &mut gathered {
+                    Some(target) => target,
+                    None => {
+                        // SAFETY: the gather below writes the first `len`
+                        // words before the sum reads them.
+                        let buffer = unsafe { stream.alloc::<u64>(len) }
+                            .during("allocating gathered values")?;
+                        gathered.insert(buffer)
+                    }
+                };
+                launch::gather_values(
+                    kernels,
+                    stream,
+                    sm_count,
+                    ValueWidth::Eight,
+                    &values.words,
+                    side.batch.num_rows(),
+                    side.ids,
+                    len,
+                    target,
+                )?;
+                let rows = GroupRows {
+                    groups_of_rows: None,
+                    rows: len,
+                    valid_bits: None,
+                    groups: 1,
+                };
+                launch::fill_u64(kernels, stream, sm_count, &mut out, 0f64.to_bits())?;
+                launch::aggregate_f64_sum(kernels, stream, sm_count, rows, target, &mut out)
             }
         })?;
         outs.push(Some(out));

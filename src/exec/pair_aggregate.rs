@@ -25,7 +25,8 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::Accumulator;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
-use datafusion::physical_expr::expressions::{Column, Literal};
+use datafusion::physical_expr::expressions::{CastExpr, Column, Literal};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -38,7 +39,7 @@ use datafusion::common::JoinType;
 use crate::exec::aggregate::{aggregate_kind, AggregateKind, ValueKind};
 use crate::exec::device_gather::gathers_by_pair;
 use crate::exec::hash_join::ColumnSource;
-use crate::gpu::launch::AggregateOp;
+use crate::gpu::launch::{AggregateOp, GatheredValues};
 
 /// What the device computes for one aggregate function over a range of
 /// pairs. Columns are indices into the join's output schema (the
@@ -50,13 +51,15 @@ pub(crate) enum PairReduction {
     /// `COUNT` of a column: every pair, where the column is on the device
     /// (columns with NULLs never are).
     CountColumn(usize),
-    /// `SUM` (wrapping), `MIN` or `MAX` of a column of 8-byte integers (or
-    /// a type stored as one), each value XORed with `flip` so that signed
-    /// values compare as unsigned words.
+    /// `SUM` (wrapping), `MIN` or `MAX` of a column of 4- or 8-byte
+    /// integers (or a type stored as one), each value read as `values`
+    /// says and XORed with `flip` so that signed values compare as unsigned
+    /// words.
     Fold {
         column: usize,
         op: AggregateOp,
         flip: u64,
+        values: GatheredValues,
     },
     /// `SUM` of a `Float64` column, in the order the device's atomics add.
     SumF64(usize),
@@ -254,47 +257,89 @@ fn reduction_of(
     let column = arg.downcast_ref::<Column>().map(Column::index);
     let arg_type = arg.data_type(input_schema).map_err(|e| e.to_string())?;
     let unsupported = || Err(format!("{name} over {arg_type} is not reduced over pairs"));
-    let eight_bytes = arg_type.primitive_width() == Some(8);
-    match kind {
-        AggregateKind::Count if *state_type == DataType::Int64 => {
-            match (arg.downcast_ref::<Literal>(), column) {
-                (Some(literal), _) if !literal.value().is_null() => Ok(PairReduction::CountPairs),
-                (_, Some(column)) => Ok(PairReduction::CountColumn(column)),
-                _ => unsupported(),
-            }
-        }
-        // Each state below is one value of the argument's own type.
-        _ if *state_type != arg_type || !eight_bytes => unsupported(),
-        AggregateKind::Sum => match (&arg_type, column) {
-            (DataType::Int64 | DataType::UInt64, Some(column)) => Ok(PairReduction::Fold {
-                column,
-                op: AggregateOp::Sum,
-                flip: 0,
-            }),
-            (DataType::Float64, Some(column)) if !deterministic_float_sums => {
-                Ok(PairReduction::SumF64(column))
-            }
+    if kind == AggregateKind::Count {
+        return match (arg.downcast_ref::<Literal>(), column) {
+            _ if *state_type != DataType::Int64 => unsupported(),
+            (Some(literal), _) if !literal.value().is_null() => Ok(PairReduction::CountPairs),
+            (_, Some(column)) => Ok(PairReduction::CountColumn(column)),
             _ => unsupported(),
-        },
-        AggregateKind::Min | AggregateKind::Max => {
-            let flip = match ValueKind::of(&arg_type) {
-                Some(ValueKind::Signed) => 1 << 63,
-                Some(ValueKind::Unsigned) => 0,
-                // Float order is DataFusion's (NaN, -0.0), not the bits'.
-                _ => return unsupported(),
-            };
-            let op = if kind == AggregateKind::Min {
-                AggregateOp::Min
-            } else {
-                AggregateOp::Max
-            };
-            match column {
-                Some(column) => Ok(PairReduction::Fold { column, op, flip }),
-                None => unsupported(),
-            }
-        }
-        _ => unsupported(),
+        };
     }
+    // Each state below is one value of the argument's own type.
+    if *state_type != arg_type {
+        return unsupported();
+    }
+    let op = match kind {
+        AggregateKind::Sum => AggregateOp::Sum,
+        AggregateKind::Min => AggregateOp::Min,
+        AggregateKind::Max => AggregateOp::Max,
+        AggregateKind::Count | AggregateKind::Avg => return unsupported(),
+    };
+    if op == AggregateOp::Sum {
+        if arg_type == DataType::Float64 {
+            return match column {
+                Some(column) if !deterministic_float_sums => Ok(PairReduction::SumF64(column)),
+                _ => unsupported(),
+            };
+        }
+        // A wrapping sum of 8-byte integers: a column of them, or one of
+        // 4-byte integers widened by a cast (how DataFusion sums an Int32
+        // column into an Int64).
+        if !matches!(arg_type, DataType::Int64 | DataType::UInt64) {
+            return unsupported();
+        }
+        return match widened_column(arg, input_schema, &arg_type) {
+            Some((column, values)) => Ok(PairReduction::Fold {
+                column,
+                op,
+                flip: 0,
+                values,
+            }),
+            None => unsupported(),
+        };
+    }
+    // MIN and MAX: a column of 4- or 8-byte integers (or a type stored as
+    // one), each value XORed into a word whose unsigned order is its own.
+    let Some(column) = column else {
+        return unsupported();
+    };
+    let (flip, values) = match (ValueKind::of(&arg_type), arg_type.primitive_width()) {
+        (Some(ValueKind::Signed), Some(8)) => (1 << 63, GatheredValues::Eight),
+        (Some(ValueKind::Signed), Some(4)) => (1 << 63, GatheredValues::FourSigned),
+        (Some(ValueKind::Unsigned), Some(8)) => (0, GatheredValues::Eight),
+        (Some(ValueKind::Unsigned), Some(4)) => (0, GatheredValues::FourUnsigned),
+        // Float order is DataFusion's (NaN, -0.0), not the bits'; narrower
+        // integers are not moved by the device gather.
+        _ => return unsupported(),
+    };
+    Ok(PairReduction::Fold {
+        column,
+        op,
+        flip,
+        values,
+    })
+}
+
+/// The column a SUM's argument of `sum_type` (Int64 or UInt64) reads, and
+/// how its values become the sum's words: the column itself where it is of
+/// that type, or a cast to it from a 4-byte integer column that widens
+/// every value exactly (Int32 to Int64, UInt32 to Int64 or UInt64).
+fn widened_column(
+    arg: &Arc<dyn PhysicalExpr>,
+    input_schema: &SchemaRef,
+    sum_type: &DataType,
+) -> Option<(usize, GatheredValues)> {
+    if let Some(column) = arg.downcast_ref::<Column>() {
+        return Some((column.index(), GatheredValues::Eight));
+    }
+    let cast = arg.downcast_ref::<CastExpr>()?;
+    let column = cast.expr().downcast_ref::<Column>()?;
+    let values = match (cast.expr().data_type(input_schema).ok()?, sum_type) {
+        (DataType::Int32, DataType::Int64) => GatheredValues::FourSigned,
+        (DataType::UInt32, DataType::Int64 | DataType::UInt64) => GatheredValues::FourUnsigned,
+        _ => return None,
+    };
+    Some((column.index(), values))
 }
 
 /// One partition's accumulators of a [`PairAggregate`].
@@ -365,11 +410,18 @@ impl PartialStates {
     }
 }
 
-/// A one-row array of the 8-byte type `data_type` holding `word`'s bits.
+/// A one-row array of the 4- or 8-byte type `data_type` holding `word`'s
+/// low bits (a 4-byte value's word is it widened: its low half is the value).
 fn word_array(data_type: &DataType, word: u64) -> Result<ArrayRef> {
+    let width = data_type
+        .primitive_width()
+        .filter(|width| matches!(width, 4 | 8))
+        .ok_or_else(|| {
+            DataFusionError::Internal(format!("a device word as a value of {data_type}"))
+        })?;
     let data = ArrayData::builder(data_type.clone())
         .len(1)
-        .add_buffer(Buffer::from_slice_ref([word]))
+        .add_buffer(Buffer::from_slice_ref(&word.to_le_bytes()[..width]))
         .build()?;
     Ok(make_array(data))
 }
@@ -412,6 +464,117 @@ mod tests {
         assert_eq!(timestamps.timezone(), Some("+01:00"));
     }
 
+    /// `function(arg)` over the columns i: Int32, u: UInt32, h: Int16,
+    /// l: Int64, d: Date32, f: Float64, as the join's pairs reduce it.
+    fn reduction(
+        function: Arc<datafusion::logical_expr::AggregateUDF>,
+        arg: impl Fn(&SchemaRef) -> Arc<dyn PhysicalExpr>,
+    ) -> Result<PairReduction, String> {
+        use datafusion::arrow::datatypes::{Field, Schema};
+        use datafusion::physical_expr::aggregate::AggregateExprBuilder;
+        let schema: SchemaRef = Arc::new(Schema::new(
+            [
+                ("i", DataType::Int32),
+                ("u", DataType::UInt32),
+                ("h", DataType::Int16),
+                ("l", DataType::Int64),
+                ("d", DataType::Date32),
+                ("f", DataType::Float64),
+            ]
+            .map(|(name, data_type)| Field::new(name, data_type, false))
+            .to_vec(),
+        ));
+        let expr = AggregateExprBuilder::new(function, vec![arg(&schema)])
+            .schema(Arc::clone(&schema))
+            .alias("x")
+            .build()
+            .unwrap();
+        reduction_of(&Arc::new(expr), &schema, false)
+    }
+
+    #[test]
+    fn four_byte_columns_reduce_widened_and_narrower_ones_stay_on_the_host() {
+        use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
+        use datafusion::functions_aggregate::sum::sum_udaf;
+        use datafusion::physical_expr::expressions::{cast, col};
+        let column = |name: &'static str| move |s: &SchemaRef| col(name, s).unwrap();
+        let cast_to = |name: &'static str, to: DataType| {
+            move |s: &SchemaRef| cast(col(name, s).unwrap(), s, to.clone()).unwrap()
+        };
+        let fold = |column, op, flip, values| {
+            Ok(PairReduction::Fold {
+                column,
+                op,
+                flip,
+                values,
+            })
+        };
+        // SUM(i), as DataFusion plans it: a cast to Int64, sign-extended.
+        assert_eq!(
+            reduction(sum_udaf(), cast_to("i", DataType::Int64)),
+            fold(0, AggregateOp::Sum, 0, GatheredValues::FourSigned)
+        );
+        assert_eq!(
+            reduction(sum_udaf(), cast_to("u", DataType::UInt64)),
+            fold(1, AggregateOp::Sum, 0, GatheredValues::FourUnsigned)
+        );
+        assert_eq!(
+            reduction(sum_udaf(), column("l")),
+            fold(3, AggregateOp::Sum, 0, GatheredValues::Eight)
+        );
+        assert_eq!(
+            reduction(min_udaf(), column("i")),
+            fold(0, AggregateOp::Min, 1 << 63, GatheredValues::FourSigned)
+        );
+        assert_eq!(
+            reduction(max_udaf(), column("u")),
+            fold(1, AggregateOp::Max, 0, GatheredValues::FourUnsigned)
+        );
+        assert_eq!(
+            reduction(max_udaf(), column("d")),
+            fold(4, AggregateOp::Max, 1 << 63, GatheredValues::FourSigned)
+        );
+        // Two-byte values are not gathered on the device, and a cast that
+        // is not an exact widening is the CPU's to evaluate.
+        assert!(reduction(sum_udaf(), cast_to("h", DataType::Int64)).is_err());
+        assert!(reduction(min_udaf(), column("h")).is_err());
+        assert!(reduction(sum_udaf(), cast_to("f", DataType::Int64)).is_err());
+        assert!(reduction(max_udaf(), column("f")).is_err());
+    }
+
+    #[test]
+    fn four_byte_words_become_their_low_halves() {
+        use datafusion::arrow::array::{Date32Array, Int32Array, UInt32Array};
+        let array = word_array(&DataType::Int32, (-5i64) as u64).unwrap();
+        assert_eq!(
+            array
+                .as_any()
+                .downcast_ref::<Int32Array>()
+                .unwrap()
+                .value(0),
+            -5
+        );
+        let array = word_array(&DataType::UInt32, u64::from(u32::MAX)).unwrap();
+        assert_eq!(
+            array
+                .as_any()
+                .downcast_ref::<UInt32Array>()
+                .unwrap()
+                .value(0),
+            u32::MAX
+        );
+        let array = word_array(&DataType::Date32, (-719_162i64) as u64).unwrap();
+        assert_eq!(
+            array
+                .as_any()
+                .downcast_ref::<Date32Array>()
+                .unwrap()
+                .value(0),
+            -719_162
+        );
+        assert!(word_array(&DataType::Int16, 1).is_err());
+    }
+
     #[test]
     fn reductions_name_the_column_they_read() {
         assert_eq!(PairReduction::CountPairs.column(), None);
@@ -421,6 +584,7 @@ mod tests {
             column: 3,
             op: AggregateOp::Max,
             flip: 1 << 63,
+            values: GatheredValues::Eight,
         };
         assert_eq!(fold.column(), Some(3));
     }

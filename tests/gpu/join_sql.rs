@@ -573,6 +573,105 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
     }
 }
 
+/// The same over 4-byte columns, read and widened as the device gathers
+/// them: SUM of Int32 and UInt32 (which DataFusion casts to Int64 and
+/// UInt64 first), MIN and MAX of Int32, UInt32 and Date32 across their
+/// whole ranges (negative values, and unsigned ones above 2^31 that a sign
+/// extension would get wrong), by hash join and by sort-merge join. A SUM of
+/// an Int16 column is not gathered on the device: its rows are made on the
+/// host, with the same answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aggregates_in_the_join_over_four_byte_columns() {
+    let Some(_) = require_gpu("aggregates_in_the_join_over_four_byte_columns") else {
+        return;
+    };
+    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::arrow::datatypes::Int64Type;
+    let rows = 50_000usize;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("i", DataType::Int32, false),
+        Field::new("u", DataType::UInt32, false),
+        Field::new("d", DataType::Date32, false),
+        Field::new("h", DataType::Int16, false),
+    ]));
+    let make = |salt: i64| {
+        table_from_columns(Arc::clone(&schema), rows, 3, 3000, move |range| {
+            let mix = |i: usize| (i as i64).wrapping_mul(0x9E37_79B9_7F4A_7C15u64 as i64) ^ salt;
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    range.clone().map(|i| (i as i64 * 7 + salt) % 9_000),
+                )) as ArrayRef,
+                Arc::new(Int32Array::from_iter_values(range.clone().map(
+                    |i| match i % 1000 {
+                        0 => i32::MIN,
+                        1 => i32::MAX,
+                        _ => (mix(i) >> 32) as i32,
+                    },
+                ))),
+                Arc::new(UInt32Array::from_iter_values(
+                    range
+                        .clone()
+                        .map(|i| (mix(i) as u32) | (0x8000_0000 * (i % 2) as u32)),
+                )),
+                Arc::new(Date32Array::from_iter_values(
+                    range.clone().map(|i| (mix(i) % 200_000) as i32),
+                )),
+                Arc::new(Int16Array::from_iter_values(range.map(|i| mix(i) as i16))),
+            ]
+        })
+    };
+    let on_device = "SELECT sum(x.i), min(x.i), max(y.i), sum(y.u), min(x.u), max(y.u), \
+                     min(x.d), max(y.d), count(*) FROM x JOIN y ON x.k = y.k";
+    let on_host = "SELECT sum(x.h), max(y.i), count(*) FROM x JOIN y ON x.k = y.k";
+    // (join, its operator, settings, modes: DataFusion plans a sort-merge
+    // join only over hash partitions)
+    let joins: [(&str, &str, &[&str], &[JoinMode]); 2] = [
+        ("hash join", "HashJoinExec", &[], &JoinMode::ALL),
+        (
+            "sort-merge join",
+            "SortMergeJoinExec",
+            &["SET datafusion.optimizer.prefer_hash_join = false"],
+            &[JoinMode::Partitioned, JoinMode::PartitionedKept],
+        ),
+    ];
+    for (join, operator, extra, modes) in joins {
+        for &mode in modes {
+            let gpu = gpu_context(mode, 4, extra).await;
+            let cpu = cpu_context(mode, 4, extra).await;
+            for ctx in [&gpu, &cpu] {
+                ctx.register_table("x", make(1)).unwrap();
+                ctx.register_table("y", make(2)).unwrap();
+            }
+            for (sql, reduced_on_device) in [(on_device, true), (on_host, false)] {
+                let (gpu_batches, gpu_nodes, plan) = run_counting(&gpu, sql, operator).await;
+                let (cpu_batches, _, _) = run(&cpu, sql).await;
+                assert!(
+                    gpu_nodes >= 1,
+                    "{join}, {mode:?}: {sql} did not run on the GPU"
+                );
+                assert_eq!(
+                    string_rows(&gpu_batches),
+                    string_rows(&cpu_batches),
+                    "{join}, {mode:?}: {sql}"
+                );
+                let reduced = plan_metric(&plan, "rows_aggregated_on_device");
+                if reduced_on_device {
+                    let count = cpu_batches[0].column(8).as_primitive::<Int64Type>();
+                    let pairs = count.value(0) as usize;
+                    assert!(pairs > 100_000, "{join}, {mode:?}: {pairs} pairs");
+                    assert_eq!(
+                        reduced, pairs,
+                        "{join}, {mode:?}: the pairs were not all reduced on the device"
+                    );
+                } else {
+                    assert_eq!(reduced, 0, "{join}, {mode:?}: an Int16 sum on the device");
+                }
+            }
+        }
+    }
+}
+
 /// The same over other column types: timestamps with a time zone (MIN and
 /// MAX), unsigned integers (wrapping SUM), floats (SUM of integral values,
 /// exact in any order), with the option off as the reference's twin.

@@ -452,6 +452,128 @@ fn gathers_of_4_8_and_16_byte_values_match_the_host() {
     }
 }
 
+/// Gathered-and-folded reductions (a join's SUM, MIN and MAX over its
+/// pairs) against the host: 8-byte values, 4-byte values sign- and
+/// zero-extended (extremes included, so a wrong extension changes the
+/// answer), ids beyond the source skipped, sizes of one warp to many blocks.
+#[test]
+fn gathered_reductions_match_the_host_for_every_width_and_op() {
+    use launch::{AggregateOp, GatheredValues};
+    let Some(device) = device("gathered_reductions_match_the_host_for_every_width_and_op") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let widened = |read_as: GatheredValues, raw: u64| -> u64 {
+        match read_as {
+            GatheredValues::Eight => raw,
+            GatheredValues::FourSigned => raw as u32 as i32 as i64 as u64,
+            GatheredValues::FourUnsigned => raw as u32 as u64,
+        }
+    };
+    for read_as in [
+        GatheredValues::Eight,
+        GatheredValues::FourSigned,
+        GatheredValues::FourUnsigned,
+    ] {
+        let width = read_as.width();
+        for (values, len) in [(1usize, 1usize), (33, 31), (5_001, 1_000_003)] {
+            let mut raw = random_keys(values, u64::MAX, values as u64 + len as u64);
+            // Each value's extremes: both sign bits, all ones, zero.
+            for (slot, extreme) in raw.iter_mut().zip([1 << 63, 1 << 31, u64::MAX, 0]) {
+                *slot = extreme;
+            }
+            let packed: Vec<u8> = raw
+                .iter()
+                .flat_map(|v| v.to_le_bytes()[..width.bytes()].to_vec())
+                .collect();
+            // Some ids lie beyond the source: the kernel skips them.
+            let ids = random_keys(len, values as u64 + 3, len as u64);
+            let mut timer = PhaseTimer::new(Arc::clone(stream));
+            let src = upload_byte_pieces(&device, stream, &[&packed], &mut timer).unwrap();
+            let device_ids = upload_u64(&device, stream, &ids, &mut timer).unwrap();
+            for op in [AggregateOp::Sum, AggregateOp::Min, AggregateOp::Max] {
+                for flip in [0, 1u64 << 63] {
+                    let mut out =
+                        upload_u64(&device, stream, &[op.identity()], &mut timer).unwrap();
+                    launch::aggregate_gathered(
+                        device.kernels(),
+                        stream,
+                        device.sm_count(),
+                        &src,
+                        values,
+                        read_as,
+                        &device_ids,
+                        len,
+                        op,
+                        flip,
+                        &mut out,
+                    )
+                    .unwrap();
+                    let mut back = Vec::new();
+                    download_u64(&device, stream, &out.as_view(), &mut back, &mut timer).unwrap();
+                    let expected = ids
+                        .iter()
+                        .filter(|&&id| (id as usize) < values)
+                        .map(|&id| widened(read_as, raw[id as usize]) ^ flip)
+                        .fold(op.identity(), |acc, v| match op {
+                            AggregateOp::Sum => acc.wrapping_add(v),
+                            AggregateOp::Min => acc.min(v),
+                            _ => acc.max(v),
+                        });
+                    assert_eq!(
+                        back,
+                        vec![expected],
+                        "{read_as:?} {op:?} flip {flip:#x}: {values} values, {len} ids"
+                    );
+                }
+            }
+            timer.finish().unwrap();
+        }
+    }
+    // A COUNT, and a source shorter than the values it claims, are refused.
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let short = upload_u64(&device, stream, &[1, 2], &mut timer).unwrap();
+    let ids = upload_u64(&device, stream, &[0], &mut timer).unwrap();
+    let mut out = upload_u64(&device, stream, &[0], &mut timer).unwrap();
+    timer.finish().unwrap();
+    let refused = |values, read_as, op, out: &mut _| {
+        launch::aggregate_gathered(
+            device.kernels(),
+            stream,
+            device.sm_count(),
+            &short,
+            values,
+            read_as,
+            &ids,
+            1,
+            op,
+            0,
+            out,
+        )
+        .is_err()
+    };
+    assert!(refused(
+        5,
+        GatheredValues::FourSigned,
+        AggregateOp::Sum,
+        &mut out
+    ));
+    assert!(refused(
+        3,
+        GatheredValues::Eight,
+        AggregateOp::Max,
+        &mut out
+    ));
+    assert!(refused(
+        1,
+        GatheredValues::Eight,
+        AggregateOp::Count,
+        &mut out
+    ));
+}
+
 /// The merge-path kernel alone, on sorted keys that cross many of its
 /// shared-memory tiles (2,048 merged keys each): every streamed key's match
 /// count against a binary search of the other side. Small enough to run

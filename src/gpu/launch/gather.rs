@@ -44,6 +44,24 @@ impl ValueWidth {
         (values * self.bytes()).div_ceil(8)
     }
 
+    /// Checks that `src` holds `values` values of this width, packed in
+    /// its words (`what` names it in the error).
+    pub(super) fn check_source(
+        self,
+        src: &CudaSlice<u64>,
+        values: usize,
+        what: &str,
+    ) -> GpuResult<()> {
+        if src.len() < self.words(values) {
+            return Err(GpuError::Invalid(format!(
+                "{what} of {} words holds fewer than {values} values of {} bytes",
+                src.len(),
+                self.bytes()
+            )));
+        }
+        Ok(())
+    }
+
     fn kernel(self, kernels: &Kernels) -> &CudaFunction {
         match self {
             Self::Four => &kernels.gather_u32,
@@ -72,13 +90,7 @@ pub fn gather_values(
     if len == 0 {
         return Ok(());
     }
-    if src.len() < width.words(src_values) {
-        return Err(GpuError::Invalid(format!(
-            "gather source of {} words holds fewer than {src_values} values of {} bytes",
-            src.len(),
-            width.bytes()
-        )));
-    }
+    width.check_source(src, src_values, "gather source")?;
     check_len(ids, len, "gather ids")?;
     check_len(out, width.words(len), "gather output")?;
     let (src_len, len64) = (src_values as u64, len as u64);

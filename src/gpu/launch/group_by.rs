@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, LaunchArgs, PushKernelArg};
 
-use super::{check_len, config, grid_stride_blocks, Kernels};
+use super::{check_len, config, grid_stride_blocks, Kernels, ValueWidth};
 use crate::gpu::{DriverResultExt, GpuError, GpuResult};
 
 /// Groups whose per-block copies of one aggregate fit the shared memory a
@@ -428,6 +428,80 @@ pub fn aggregate_u64(
     // absent optional inputs, which the kernel tests before use; shared
     // memory holds `groups` u64 when privatized (at most 32 KiB).
     unsafe { launch.launch(cfg) }.during("launching aggregate_u64")?;
+    Ok(())
+}
+
+/// How [`aggregate_gathered`] reads the values of its column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatheredValues {
+    /// 8-byte values, as they are.
+    Eight,
+    /// 4-byte values, sign-extended to 64 bits (Int32, Date32, Time32).
+    FourSigned,
+    /// 4-byte values, zero-extended to 64 bits (UInt32).
+    FourUnsigned,
+}
+
+impl GatheredValues {
+    /// The width of the values in the column's words.
+    pub fn width(self) -> ValueWidth {
+        match self {
+            GatheredValues::Eight => ValueWidth::Eight,
+            GatheredValues::FourSigned | GatheredValues::FourUnsigned => ValueWidth::Four,
+        }
+    }
+}
+
+/// `aggregate_gathered`: folds `src[ids[i]] ^ flip` for `i < len` (`src`
+/// holds `src_values` values read as `values` says, packed in its words) by
+/// `op` (not [`AggregateOp::Count`]) into `out[0]`, which holds the op's
+/// identity on entry: a gather by row id and a reduction without groups in
+/// one pass, the gathered column never written out.
+#[allow(clippy::too_many_arguments)]
+pub fn aggregate_gathered(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    src: &CudaSlice<u64>,
+    src_values: usize,
+    values: GatheredValues,
+    ids: &CudaSlice<u64>,
+    len: usize,
+    op: AggregateOp,
+    flip: u64,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    if op == AggregateOp::Count {
+        return Err(GpuError::Invalid("a gathered COUNT".into()));
+    }
+    let width = values.width();
+    width.check_source(src, src_values, "aggregate source")?;
+    check_len(ids, len, "aggregate ids")?;
+    check_len(out, 1, "aggregate output")?;
+    if len == 0 {
+        return Ok(());
+    }
+    let (src_len, n) = (src_values as u64, len as u64);
+    let width_bytes = width.bytes() as u32;
+    let sign_extend = u32::from(values == GatheredValues::FourSigned);
+    let op_code = op as u32;
+    let mut launch = stream.launch_builder(&kernels.aggregate_gathered);
+    launch
+        .arg(src)
+        .arg(&src_len)
+        .arg(&width_bytes)
+        .arg(&sign_extend)
+        .arg(ids)
+        .arg(&n)
+        .arg(&op_code)
+        .arg(&flip)
+        .arg(&mut *out);
+    // SAFETY: the kernel reads ids[..len] and, for each id below
+    // src_values, one value of `width` bytes at that index, which lies within
+    // src's words (checked above); it writes only out[0], which exists. The
+    // source is a whole allocation, aligned for 8-byte reads.
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching aggregate_gathered")?;
     Ok(())
 }
 

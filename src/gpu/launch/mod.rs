@@ -16,10 +16,10 @@ mod group_by;
 mod merge_join;
 pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, ValueWidth};
 pub use group_by::{
-    aggregate_f64_sum, aggregate_i128_sum, aggregate_u64, f64_sum_fixed, f64_sum_scale, fill_u64,
-    group_insert, group_resolve, partitioned_group_ids, partitioned_group_resolve,
-    sorted_group_heads, sorted_group_ids, AggregateOp, GroupRows, PartitionGroupIds,
-    SortedGroupIds, PARTITION_GROUP_LIMIT, PRIVATIZED_GROUPS,
+    aggregate_f64_sum, aggregate_gathered, aggregate_i128_sum, aggregate_u64, f64_sum_fixed,
+    f64_sum_scale, fill_u64, group_insert, group_resolve, partitioned_group_ids,
+    partitioned_group_resolve, sorted_group_heads, sorted_group_ids, AggregateOp, GatheredValues,
+    GroupRows, PartitionGroupIds, SortedGroupIds, PARTITION_GROUP_LIMIT, PRIVATIZED_GROUPS,
 };
 pub use merge_join::{
     expand_pairs, merge_path_bounds, ordered_codes, CodeTransform, MergeBound, MERGE_TILE,
@@ -71,6 +71,7 @@ pub struct Kernels {
     sorted_group_heads: CudaFunction,
     sorted_group_ids: CudaFunction,
     aggregate_u64: CudaFunction,
+    aggregate_gathered: CudaFunction,
     aggregate_f64_sum: CudaFunction,
     aggregate_i128_sum: CudaFunction,
     f64_sum_scale: CudaFunction,
@@ -123,6 +124,7 @@ impl Kernels {
             sorted_group_heads: function(&group_by, "sorted_group_heads")?,
             sorted_group_ids: function(&group_by, "sorted_group_ids")?,
             aggregate_u64: function(&group_by, "aggregate_u64")?,
+            aggregate_gathered: function(&group_by, "aggregate_gathered")?,
             aggregate_f64_sum: function(&group_by, "aggregate_f64_sum")?,
             aggregate_i128_sum: function(&group_by, "aggregate_i128_sum")?,
             f64_sum_scale: function(&group_by, "f64_sum_scale")?,
