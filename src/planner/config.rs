@@ -107,8 +107,13 @@ extensions_options! {
         /// may hold at once, in (0, 1].
         pub memory_fraction: f64, default = 0.8
         /// Probe rows joined per GPU launch sequence; a larger chunk amortises
-        /// launches, a smaller one needs less device memory.
-        pub probe_chunk_rows: usize, default = 4_194_304
+        /// launches, a smaller one needs less device memory. 0 (the default):
+        /// as many as the build side has rows, within 4,194,304 and
+        /// 134,217,728, because every chunk rebuilds the build side's
+        /// shared-memory tables, twice (counting, then writing): with 2^22-row
+        /// chunks against a 2^27-row build side that rebuilding was three
+        /// quarters of the join's kernel time (BENCHMARKS.md).
+        pub probe_chunk_rows: usize, default = 0
         /// Join output pairs kept on the device at once before they are copied
         /// back and turned into batches.
         pub max_output_pairs: usize, default = 8_388_608

@@ -55,6 +55,8 @@ pub(crate) struct BuildSide {
     pub(crate) probe_saw_null: AtomicBool,
     pub(crate) probe_saw_rows: AtomicBool,
     plan: RadixPlan,
+    /// Probe rows joined per device launch sequence ([`probe_chunk_rows`]).
+    pub(crate) probe_chunk_rows: usize,
     /// The output columns gathered on the device, if any.
     gather: Option<BuildGather>,
     /// Built on the first chunk the device cannot take.
@@ -159,11 +161,31 @@ impl PreparedBuild {
     }
 }
 
+/// Probe chunks of the automatic size hold at least this many rows (and the
+/// build side's row count up to [`AUTO_PROBE_CHUNK_MAX_ROWS`]).
+const AUTO_PROBE_CHUNK_MIN_ROWS: usize = 1 << 22;
+/// At most this many rows (4 GiB of device scratch to partition them).
+const AUTO_PROBE_CHUNK_MAX_ROWS: usize = 1 << 27;
+
+/// Probe rows per chunk: `configured` (`gpu.probe_chunk_rows`), or where it
+/// is 0, about as many as `build_rows`. Each chunk's kernels rebuild every
+/// partition's shared-memory table from the whole build side, so chunks
+/// smaller than the build side spend more on rebuilding than on probing;
+/// the bounds keep small joins' chunks large enough to amortise launches
+/// and large ones' scratch memory bounded.
+pub(crate) fn probe_chunk_rows(configured: usize, build_rows: usize) -> usize {
+    if configured > 0 {
+        return configured;
+    }
+    build_rows.clamp(AUTO_PROBE_CHUNK_MIN_ROWS, AUTO_PROBE_CHUNK_MAX_ROWS)
+}
+
 impl BuildSide {
     /// Collects `inputs` (one stream, or the partitions of a merge below
     /// the join, each read in a task of its own), encodes its keys and
     /// plans the partitioning for probe chunks of about `probe_chunk_rows`
-    /// rows; `probe_partitions` partitions will probe it.
+    /// rows (0: automatic, see [`probe_chunk_rows`]); `probe_partitions`
+    /// partitions will probe it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn collect(
         inputs: Vec<SendableRecordBatchStream>,
@@ -222,6 +244,7 @@ impl BuildSide {
             JoinKeys::RawPieces(_) => 0,
         };
         reservation.try_grow(key_bytes + encoded_bytes)?;
+        let probe_chunk_rows = self::probe_chunk_rows(probe_chunk_rows, keys.len());
         let plan = RadixPlan::for_join(keys.len() as u64, probe_chunk_rows as u64);
         let visited = tracks_build_matches(join_type).then(|| VisitedRows::new(rows.num_rows()));
         Ok(Self {
@@ -235,6 +258,7 @@ impl BuildSide {
             probe_saw_null: AtomicBool::new(false),
             probe_saw_rows: AtomicBool::new(false),
             plan,
+            probe_chunk_rows,
             gather,
             host_table: OnceLock::new(),
             device_tables: Mutex::new(HashMap::new()),
@@ -389,6 +413,16 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::common::NullEquality;
     use datafusion::physical_expr::expressions::col;
+
+    #[test]
+    fn automatic_probe_chunks_follow_the_build_side_within_bounds() {
+        // A size set by the user is kept, however small.
+        assert_eq!(probe_chunk_rows(777, 1 << 26), 777);
+        // Automatic: about the build side, within the bounds.
+        assert_eq!(probe_chunk_rows(0, 10), AUTO_PROBE_CHUNK_MIN_ROWS);
+        assert_eq!(probe_chunk_rows(0, 50_000_000), 50_000_000);
+        assert_eq!(probe_chunk_rows(0, 1 << 30), AUTO_PROBE_CHUNK_MAX_ROWS);
+    }
 
     fn prepared(batches: &[Vec<Option<i64>>]) -> PreparedBuild {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));

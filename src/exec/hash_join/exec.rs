@@ -465,7 +465,6 @@ impl ExecutionPlan for GpuHashJoinExec {
             aggregate: self.aggregate.clone(),
             gather_probe_columns,
             device,
-            probe_chunk_rows: options.probe_chunk_rows.max(1),
             max_output_pairs: options.max_output_pairs,
             memory_fraction: options.memory_fraction,
             max_concurrent_tasks: options.max_concurrent_tasks,

@@ -81,7 +81,6 @@ pub(crate) struct ProbeSpec {
     /// are gathered on the device (an inner join without a filter).
     pub(crate) gather_probe_columns: Option<Vec<bool>>,
     pub(crate) device: Arc<GpuDevice>,
-    pub(crate) probe_chunk_rows: usize,
     pub(crate) max_output_pairs: usize,
     pub(crate) memory_fraction: f64,
     /// Tasks admitted on the device at once (`gpu.max_concurrent_tasks`).
@@ -173,11 +172,16 @@ fn lock(partial: &Mutex<PartialStates>) -> std::sync::MutexGuard<'_, PartialStat
 }
 
 impl ProbeLoop {
-    /// Up to `probe_chunk_rows` probe rows as one batch; `None` at the end.
+    /// Up to the build side's `probe_chunk_rows` probe rows as one batch;
+    /// `None` at the end. Called once the build side is collected.
     async fn read_chunk(&mut self) -> Result<Option<ProbeChunk>> {
+        let chunk_rows = self
+            .build
+            .as_ref()
+            .map_or(1, |build| build.probe_chunk_rows.max(1));
         let mut batches = Vec::new();
         let mut rows = 0;
-        while rows < self.spec.probe_chunk_rows {
+        while rows < chunk_rows {
             match self.spec.probe_input.next().await {
                 Some(batch) => {
                     let batch = batch?;
