@@ -14,13 +14,17 @@
 //! after the remaining workloads. The device time of each GPU iteration
 //! (kernels and copies, read from CUDA events and summed over the
 //! partitions that ran concurrently) is reported beside criterion's wall
-//! time, as `SEED` lines and a closing Markdown table.
+//! time, as `SEED` lines and a closing Markdown table, with the kernels'
+//! floor: every input byte read once at the device memory's bandwidth
+//! (measured in the same process by a device-to-device copy, bytes read and
+//! written).
 //!
 //! Sizes follow the seeds scaled to a 16-core host's CPU baseline (the
 //! papers' 2^27 to 2^28 rows become 2^24 to 2^26); `--log2-rows n` moves
 //! every size (the default n = 24 is the base join size N). `--seeds a,b`
 //! keeps the workload families whose name contains one of the words
-//! (`rt1`, `b10`, `join`, `group_by`, ...).
+//! (`rt1`, `b10`, `join`, `group_by`, ...). `--check-only` runs each
+//! workload once on the GPU, checked and untimed (for a profiler).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -33,7 +37,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu::gpu::gpu_runtime;
+use datafusion_gpu::gpu::{gpu_runtime, measure_copy_bandwidth};
 use datafusion_gpu::gpu_session_context;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -529,6 +533,9 @@ fn device_time(plan: &Arc<dyn ExecutionPlan>) -> (Duration, Duration) {
 struct Summary {
     name: String,
     tuples: u64,
+    /// Every input byte read once at the device memory's measured
+    /// bandwidth: the kernels' floor (the answers are a few rows).
+    kernel_floor: Option<Duration>,
     cpu: Duration,
     gpu: Option<(Duration, Duration, Duration)>,
     note: String,
@@ -539,16 +546,30 @@ fn rate(tuples: u64, time: Duration) -> f64 {
 }
 
 pub fn benchmark(log2_rows: usize, families: &[String]) {
+    // `--check-only`: each workload's check run alone, untimed.
+    let check_only = std::env::args().any(|a| a == "--check-only");
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
     let gpu = gpu_runtime();
-    match &gpu {
-        Ok(gpu) => println!("{}", gpu.describe()),
-        Err(reason) => println!("GPU: not measured, {reason}"),
-    }
+    let memory_bandwidth = match &gpu {
+        Ok(gpu) => {
+            println!("{}", gpu.describe());
+            let bandwidth = measure_copy_bandwidth(&gpu.devices()[0], 1 << 30, 5)
+                .expect("measuring the copy bandwidth");
+            println!(
+                "device memory: {:.0} GB/s (a device-to-device copy, bytes read and written)",
+                bandwidth.device_memory / 1e9
+            );
+            Some(bandwidth.device_memory)
+        }
+        Err(reason) => {
+            println!("GPU: not measured, {reason}");
+            None
+        }
+    };
     let selected: Vec<Workload> = workloads(log2_rows)
         .into_iter()
         .filter(|w| families.is_empty() || families.iter().any(|f| w.family.contains(f.as_str())))
@@ -568,9 +589,11 @@ pub fn benchmark(log2_rows: usize, families: &[String]) {
         let name = format!("{}/{}", workload.family, workload.parameter);
         let generated = Instant::now();
         let tables = (workload.tables)(cores);
+        let bytes = input_bytes(&tables);
         println!(
-            "{name}: data generated in {:.1} s",
-            generated.elapsed().as_secs_f64()
+            "{name}: data generated in {:.1} s, {:.2} GB of input",
+            generated.elapsed().as_secs_f64(),
+            bytes as f64 / 1e9
         );
         let config = || SessionConfig::new().with_target_partitions(cores);
         let cpu_ctx = SessionContext::new_with_config(config());
@@ -609,6 +632,16 @@ pub fn benchmark(log2_rows: usize, families: &[String]) {
                 true
             }
         };
+        if check_only {
+            // One GPU run per workload and no timing: what a profiler
+            // (`ncu --print-summary per-kernel`) should see.
+            println!(
+                "{name}: GPU answer checked ({})",
+                if gpu_ok { "agrees" } else { "not run" }
+            );
+            drop(tables);
+            continue;
+        }
         let mut group = criterion.benchmark_group(workload.family);
         group
             .throughput(Throughput::Elements(workload.tuples))
@@ -652,6 +685,8 @@ pub fn benchmark(log2_rows: usize, families: &[String]) {
         let summary = Summary {
             name,
             tuples: workload.tuples,
+            kernel_floor: memory_bandwidth
+                .map(|bandwidth| Duration::from_secs_f64(bytes as f64 / bandwidth)),
             cpu,
             gpu: gpu_result,
             note,
@@ -670,8 +705,27 @@ pub fn benchmark(log2_rows: usize, families: &[String]) {
     }
 }
 
+/// Bytes of every column of `tables` (all of them are read by their query).
+fn input_bytes(tables: &[(&'static str, Arc<MemTable>)]) -> usize {
+    let mut bytes = 0;
+    for (_, table) in tables {
+        for partition in &table.batches {
+            let batches = partition
+                .try_read()
+                .expect("generated table, not shared yet");
+            for batch in batches.iter() {
+                for column in batch.columns() {
+                    let width = column.data_type().primitive_width().unwrap_or(0);
+                    bytes += column.len() * width;
+                }
+            }
+        }
+    }
+    bytes
+}
+
 /// The closing table's columns, with the `SEED` line's key for each.
-const COLUMNS: [(&str, &str); 9] = [
+const COLUMNS: [(&str, &str); 11] = [
     ("workload", "name"),
     ("tuples", "tuples"),
     ("DataFusion ms", "cpu_ms"),
@@ -681,20 +735,28 @@ const COLUMNS: [(&str, &str); 9] = [
     ("GPU Mtuples/s", "gpu_mtuples_s"),
     ("device kernels ms", "device_kernel_ms"),
     ("device copies ms", "device_copy_ms"),
+    ("kernel floor ms", "kernel_floor_ms"),
+    ("kernels / floor", "kernels_over_floor"),
 ];
 
 impl Summary {
     /// One value per entry of [`COLUMNS`]; the GPU's are empty when it was
     /// not measured, and the GPU time column then says why.
-    fn cells(&self) -> [String; 9] {
+    fn cells(&self) -> [String; 11] {
         let ms = |t: Duration| format!("{:.1}", t.as_secs_f64() * 1e3);
-        let (gpu, speedup, gpu_rate, kernels, copies) = match self.gpu {
+        let floor = self
+            .kernel_floor
+            .map_or(String::new(), |f| format!("{:.2}", f.as_secs_f64() * 1e3));
+        let (gpu, speedup, gpu_rate, kernels, copies, over_floor) = match self.gpu {
             Some((wall, kernels, copies)) => (
                 ms(wall),
                 format!("{:.2}x", self.cpu.as_secs_f64() / wall.as_secs_f64()),
                 format!("{:.0}", rate(self.tuples, wall)),
                 ms(kernels),
                 ms(copies),
+                self.kernel_floor.map_or(String::new(), |f| {
+                    format!("{:.1}x", kernels.as_secs_f64() / f.as_secs_f64())
+                }),
             ),
             None => {
                 let why = if self.note.is_empty() {
@@ -704,6 +766,7 @@ impl Summary {
                 };
                 (
                     why.to_string(),
+                    String::new(),
                     String::new(),
                     String::new(),
                     String::new(),
@@ -721,6 +784,8 @@ impl Summary {
             gpu_rate,
             kernels,
             copies,
+            floor,
+            over_floor,
         ]
     }
 }

@@ -386,10 +386,15 @@ pub struct CopyBandwidth {
     pub host_to_device: f64,
     /// Bytes per second, device to host.
     pub device_to_host: f64,
+    /// Bytes per second of the device's own memory, counting each byte a
+    /// device-to-device copy reads and each byte it writes: the ceiling
+    /// that kernel time is compared against.
+    pub device_memory: f64,
 }
 
-/// Times `repeats` copies of `bytes` bytes each way through pinned memory
-/// with events (after one warm-up copy) and returns the median bandwidths.
+/// Times `repeats` copies of `bytes` bytes each way through pinned memory,
+/// and as many device-to-device copies, with events (after one warm-up round)
+/// and returns the median bandwidths.
 pub fn measure_copy_bandwidth(
     device: &std::sync::Arc<GpuDevice>,
     bytes: usize,
@@ -406,8 +411,13 @@ pub fn measure_copy_bandwidth(
     // SAFETY: written by the first copy before it is read.
     let mut device_buffer =
         unsafe { stream.alloc::<u64>(elements) }.during("allocating a bandwidth buffer")?;
+    // SAFETY: written by each round's device-to-device copy before anything
+    // reads it (nothing does: it is only the copy's destination).
+    let mut device_copy =
+        unsafe { stream.alloc::<u64>(elements) }.during("allocating a bandwidth buffer")?;
     let mut h2d = Vec::new();
     let mut d2h = Vec::new();
+    let mut d2d = Vec::new();
     for round in 0..=repeats {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         timer.time_on(stream, Phase::HostToDevice, || {
@@ -428,10 +438,18 @@ pub fn measure_copy_bandwidth(
                 .memcpy_dtoh(&device_buffer, &mut dst)
                 .during("copying from the device")
         })?;
+        // Timed as the kernel phase: a copy within device memory is what
+        // the device's memory-bound kernels are compared against.
+        timer.time_on(stream, Phase::Kernel, || {
+            stream
+                .memcpy_dtod(&device_buffer, &mut device_copy)
+                .during("copying within the device")
+        })?;
         let times = timer.finish()?;
         if round > 0 {
             h2d.push(times.host_to_device.as_secs_f64());
             d2h.push(times.device_to_host.as_secs_f64());
+            d2d.push(times.kernel.as_secs_f64());
         }
     }
     let median = |mut v: Vec<f64>| {
@@ -442,6 +460,7 @@ pub fn measure_copy_bandwidth(
     Ok(CopyBandwidth {
         host_to_device: bytes / median(h2d),
         device_to_host: bytes / median(d2h),
+        device_memory: 2.0 * bytes / median(d2d),
     })
 }
 
