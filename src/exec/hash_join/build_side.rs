@@ -57,6 +57,9 @@ pub(crate) struct BuildSide {
     plan: RadixPlan,
     /// Probe rows joined per device launch sequence ([`probe_chunk_rows`]).
     pub(crate) probe_chunk_rows: usize,
+    /// A chunk of the automatic size also ends once its batches hold this
+    /// many bytes ([`probe_chunk_bytes`]).
+    pub(crate) probe_chunk_bytes: usize,
     /// The output columns gathered on the device, if any.
     gather: Option<BuildGather>,
     /// Built on the first chunk the device cannot take.
@@ -166,6 +169,8 @@ impl PreparedBuild {
 const AUTO_PROBE_CHUNK_MIN_ROWS: usize = 1 << 22;
 /// At most this many rows (4 GiB of device scratch to partition them).
 const AUTO_PROBE_CHUNK_MAX_ROWS: usize = 1 << 27;
+/// And batches of at most about this many bytes held on the host at once.
+const AUTO_PROBE_CHUNK_MAX_BYTES: usize = 1 << 31;
 
 /// Probe rows per chunk: `configured` (`gpu.probe_chunk_rows`), or where it
 /// is 0, about as many as `build_rows`. Each chunk's kernels rebuild every
@@ -178,6 +183,18 @@ pub(crate) fn probe_chunk_rows(configured: usize, build_rows: usize) -> usize {
         return configured;
     }
     build_rows.clamp(AUTO_PROBE_CHUNK_MIN_ROWS, AUTO_PROBE_CHUNK_MAX_ROWS)
+}
+
+/// The bytes of probe batches after which a chunk ends early: none for a
+/// `configured` size, [`AUTO_PROBE_CHUNK_MAX_BYTES`] for the automatic one,
+/// so that a large build side's chunks of wide probe rows (strings, many
+/// columns) do not hold many gigabytes of batches on the host.
+pub(crate) fn probe_chunk_bytes(configured: usize) -> usize {
+    if configured > 0 {
+        usize::MAX
+    } else {
+        AUTO_PROBE_CHUNK_MAX_BYTES
+    }
 }
 
 impl BuildSide {
@@ -244,6 +261,7 @@ impl BuildSide {
             JoinKeys::RawPieces(_) => 0,
         };
         reservation.try_grow(key_bytes + encoded_bytes)?;
+        let probe_chunk_bytes = self::probe_chunk_bytes(probe_chunk_rows);
         let probe_chunk_rows = self::probe_chunk_rows(probe_chunk_rows, keys.len());
         let plan = RadixPlan::for_join(keys.len() as u64, probe_chunk_rows as u64);
         let visited = tracks_build_matches(join_type).then(|| VisitedRows::new(rows.num_rows()));
@@ -259,6 +277,7 @@ impl BuildSide {
             probe_saw_rows: AtomicBool::new(false),
             plan,
             probe_chunk_rows,
+            probe_chunk_bytes,
             gather,
             host_table: OnceLock::new(),
             device_tables: Mutex::new(HashMap::new()),
@@ -422,6 +441,9 @@ mod tests {
         assert_eq!(probe_chunk_rows(0, 10), AUTO_PROBE_CHUNK_MIN_ROWS);
         assert_eq!(probe_chunk_rows(0, 50_000_000), 50_000_000);
         assert_eq!(probe_chunk_rows(0, 1 << 30), AUTO_PROBE_CHUNK_MAX_ROWS);
+        // Only the automatic size ends a chunk by its bytes.
+        assert_eq!(probe_chunk_bytes(777), usize::MAX);
+        assert_eq!(probe_chunk_bytes(0), AUTO_PROBE_CHUNK_MAX_BYTES);
     }
 
     fn prepared(batches: &[Vec<Option<i64>>]) -> PreparedBuild {

@@ -172,20 +172,30 @@ fn lock(partial: &Mutex<PartialStates>) -> std::sync::MutexGuard<'_, PartialStat
 }
 
 impl ProbeLoop {
-    /// Up to the build side's `probe_chunk_rows` probe rows as one batch;
+    /// Up to the build side's `probe_chunk_rows` probe rows (and, for the
+    /// automatic size, about `probe_chunk_bytes` bytes) as one batch;
     /// `None` at the end. Called once the build side is collected.
     async fn read_chunk(&mut self) -> Result<Option<ProbeChunk>> {
-        let chunk_rows = self
-            .build
-            .as_ref()
-            .map_or(1, |build| build.probe_chunk_rows.max(1));
+        let (chunk_rows, chunk_bytes) = self.build.as_ref().map_or((1, usize::MAX), |build| {
+            (build.probe_chunk_rows.max(1), build.probe_chunk_bytes)
+        });
         let mut batches = Vec::new();
         let mut rows = 0;
-        while rows < chunk_rows {
+        let mut bytes = 0;
+        while rows < chunk_rows && bytes < chunk_bytes {
             match self.spec.probe_input.next().await {
                 Some(batch) => {
                     let batch = batch?;
                     rows += batch.num_rows();
+                    if chunk_bytes != usize::MAX {
+                        // The rows' own bytes: a slice of a larger batch
+                        // counts its part of the buffers, not all of them.
+                        bytes += batch
+                            .columns()
+                            .iter()
+                            .map(|column| column.to_data().get_slice_memory_size())
+                            .sum::<Result<usize, _>>()?;
+                    }
                     if batch.num_rows() > 0 {
                         batches.push(batch);
                     }
