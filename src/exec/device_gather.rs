@@ -417,7 +417,7 @@ pub(crate) fn reduce_pairs(
                     &mut out,
                 )
             }
-            _ => {
+            PairReduction::SumF64(_) => {
                 // A float sum: gathered, then added by the group-by's
                 // kernel.
                 let target = match &mut gathered {
@@ -450,6 +450,10 @@ pub(crate) fn reduce_pairs(
                 launch::fill_u64(kernels, stream, sm_count, &mut out, 0f64.to_bits())?;
                 launch::aggregate_f64_sum(kernels, stream, sm_count, rows, target, &mut out)
             }
+            // Counted without the device, above.
+            PairReduction::CountPairs | PairReduction::CountColumn(_) => Err(GpuError::Invalid(
+                format!("{reduction:?} has no column to reduce"),
+            )),
         })?;
         outs.push(Some(out));
     }

@@ -167,6 +167,20 @@ pub(crate) fn probe_stream(
     Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
 }
 
+/// The bytes of `batch`'s rows: a slice of a larger batch counts its part of
+/// the buffers, not all of them. Fixed-width values are counted from their
+/// width alone (no `ArrayData` per batch), validity bits left out.
+fn rows_bytes(batch: &RecordBatch) -> Result<usize> {
+    let mut bytes = 0;
+    for column in batch.columns() {
+        bytes += match column.data_type().primitive_width() {
+            Some(width) => column.len() * width,
+            None => column.to_data().get_slice_memory_size()?,
+        };
+    }
+    Ok(bytes)
+}
+
 fn lock(partial: &Mutex<PartialStates>) -> std::sync::MutexGuard<'_, PartialStates> {
     partial.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -188,13 +202,7 @@ impl ProbeLoop {
                     let batch = batch?;
                     rows += batch.num_rows();
                     if chunk_bytes != usize::MAX {
-                        // The rows' own bytes: a slice of a larger batch
-                        // counts its part of the buffers, not all of them.
-                        bytes += batch
-                            .columns()
-                            .iter()
-                            .map(|column| column.to_data().get_slice_memory_size())
-                            .sum::<Result<usize, _>>()?;
+                        bytes += rows_bytes(&batch)?;
                     }
                     if batch.num_rows() > 0 {
                         batches.push(batch);
@@ -765,4 +773,31 @@ fn pairs_on_device(
     )?;
     metrics.device.record(&timer.finish()?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{ArrayRef, Int64Array, StringArray};
+
+    #[test]
+    fn a_batch_counts_the_bytes_of_its_own_rows() {
+        let ints: ArrayRef = Arc::new(Int64Array::from_iter_values(0..1000));
+        let strings: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..1000).map(|i| format!("{i:08}")),
+        ));
+        let batch = RecordBatch::try_from_iter([("i", ints), ("s", strings)]).unwrap();
+        // 8 bytes an integer; 8 bytes of text and a 4-byte offset a string.
+        let whole = rows_bytes(&batch).unwrap();
+        assert!(
+            (8 * 1000 + 12 * 1000..=8 * 1000 + 12 * 1000 + 8).contains(&whole),
+            "{whole}"
+        );
+        // A slice counts its rows only, not the buffers it shares.
+        let slice = rows_bytes(&batch.slice(100, 10)).unwrap();
+        assert!(
+            (8 * 10 + 12 * 10..=8 * 10 + 12 * 10 + 8).contains(&slice),
+            "{slice}"
+        );
+    }
 }
