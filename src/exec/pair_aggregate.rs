@@ -544,34 +544,14 @@ mod tests {
 
     #[test]
     fn four_byte_words_become_their_low_halves() {
-        use datafusion::arrow::array::{Date32Array, Int32Array, UInt32Array};
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::{Date32Type, Int32Type, UInt32Type};
         let array = word_array(&DataType::Int32, (-5i64) as u64).unwrap();
-        assert_eq!(
-            array
-                .as_any()
-                .downcast_ref::<Int32Array>()
-                .unwrap()
-                .value(0),
-            -5
-        );
+        assert_eq!(array.as_primitive::<Int32Type>().value(0), -5);
         let array = word_array(&DataType::UInt32, u64::from(u32::MAX)).unwrap();
-        assert_eq!(
-            array
-                .as_any()
-                .downcast_ref::<UInt32Array>()
-                .unwrap()
-                .value(0),
-            u32::MAX
-        );
+        assert_eq!(array.as_primitive::<UInt32Type>().value(0), u32::MAX);
         let array = word_array(&DataType::Date32, (-719_162i64) as u64).unwrap();
-        assert_eq!(
-            array
-                .as_any()
-                .downcast_ref::<Date32Array>()
-                .unwrap()
-                .value(0),
-            -719_162
-        );
+        assert_eq!(array.as_primitive::<Date32Type>().value(0), -719_162);
         assert!(word_array(&DataType::Int16, 1).is_err());
     }
 
