@@ -156,7 +156,7 @@ fn rewrite(
         }
     }
     if let Some(agg) = node.downcast_ref::<AggregateExec>() {
-        if let Some(join) = aggregate_into_join(&node, agg, options) {
+        if let Some(join) = aggregate_into_join(&node, agg, partitioning_free, options) {
             return Ok(join);
         }
         if let Some(gpu_agg) = gpu_aggregate(&node, agg, partitioning_free, options, gpu)? {
@@ -489,10 +489,13 @@ fn gpu_aggregate(
 /// [`GpuSortMergeJoinExec::with_partial_aggregate`]), where `agg` is
 /// directly above one (a sort-merge join also under the round robin that
 /// spreads its one partition, which then spreads the states) and the join
-/// allows it; `None` otherwise.
+/// allows it; `None` otherwise. A `CollectLeft` hash join reads all its
+/// probe partitions as one where nothing above relies on `agg`'s
+/// partitioning (`partitioning_free`).
 fn aggregate_into_join(
     node: &Arc<dyn ExecutionPlan>,
     agg: &AggregateExec,
+    partitioning_free: bool,
     options: &GpuOptions,
 ) -> Option<Arc<dyn ExecutionPlan>> {
     if !options.aggregate_in_join {
@@ -501,13 +504,19 @@ fn aggregate_into_join(
     if let Some((join, spread)) = merge_join_below(agg.input()) {
         // The sort-merge join always gathers by pair on the device.
         if spread.is_none() && options.merge_partitions && !join.repartitions_removed() {
-            if let Some(merged) = aggregating_merge_join_over_all_partitions(node, join, options) {
+            if let Some(merged) =
+                aggregating_merge_join_over_all_partitions(node, join, partitioning_free, options)
+            {
                 return Some(merged);
             }
         }
         let fused = join
             .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
             .ok()?;
+        // One row of states needs no spreading where nothing above relies
+        // on the number of partitions (the round robin's tasks and channels
+        // cost milliseconds).
+        let spread = spread.filter(|_| !partitioning_free);
         return spread_again(Arc::new(fused), spread).ok();
     }
     if !options.device_gather {
@@ -517,11 +526,19 @@ fn aggregate_into_join(
     if join.partial_aggregate().is_some() {
         return None;
     }
-    let fused = join
-        .remade_over_same_children()
-        .ok()?
-        .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
-        .ok()?;
+    // Without GROUP BY, the partial states go to one partition above
+    // whatever their number: a join that aggregates reads every probe
+    // partition itself, where it may merge them.
+    let probe_merged = match options.merge_partitions && partitioning_free {
+        true => join.with_probe_merged().ok()?,
+        false => None,
+    };
+    let fused = match probe_merged {
+        Some(merged) => merged,
+        None => join.remade_over_same_children().ok()?,
+    }
+    .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
+    .ok()?;
     Some(Arc::new(fused))
 }
 
@@ -529,7 +546,8 @@ fn aggregate_into_join(
 /// repartitions, re-planned once over all input partitions (see
 /// [`merge_join_over_unrepartitioned_inputs`]) computing `node`, the
 /// aggregation above it, whose one row of states is spread round robin
-/// over as many partitions as `node` had. Unlike a join that hands its rows
+/// over as many partitions as `node` had where something above relies on
+/// that number (`partitioning_free` false). Unlike a join that hands its rows
 /// on, which gains from its partitions' host work running at once (see
 /// `gpu.merge_unsorted_sort_merge_inputs`), one that aggregates has no
 /// rows to hand on: it runs over all partitions whether or not they
@@ -538,6 +556,7 @@ fn aggregate_into_join(
 fn aggregating_merge_join_over_all_partitions(
     node: &Arc<dyn ExecutionPlan>,
     join: &GpuSortMergeJoinExec,
+    partitioning_free: bool,
     options: &GpuOptions,
 ) -> Option<Arc<dyn ExecutionPlan>> {
     let merged = merge_join_over_unrepartitioned_inputs(join.sort_merge_join(), true).ok()??;
@@ -553,7 +572,8 @@ fn aggregating_merge_join_over_all_partitions(
         .with_partial_aggregate(Arc::clone(node), options.deterministic_float_sums)
         .ok()?;
     let partitions = node.properties().output_partitioning().partition_count();
-    spread_again(Arc::new(fused), (partitions > 1).then_some(partitions)).ok()
+    let spread = (partitions > 1 && !partitioning_free).then_some(partitions);
+    spread_again(Arc::new(fused), spread).ok()
 }
 
 /// Per side of `join`: whether its child is a `SortExec` that sorts each
@@ -1284,11 +1304,13 @@ mod tests {
                     "{sql}\n{text}"
                 );
                 // Its output, in key order, is spread round robin over the
-                // join's partitions, each still sorted.
-                assert!(
+                // join's partitions, each still sorted; the one row of an
+                // aggregation's states is not.
+                assert_eq!(
                     text.contains(
                         "RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1"
                     ),
+                    join.partial_aggregate().is_none(),
                     "{sql}\n{text}"
                 );
                 assert!(!text.contains("SortExec"), "{sql}\n{text}");
@@ -1606,6 +1628,20 @@ mod tests {
             show(&plan)
         );
         assert!(show(&plan).contains("partial_aggregate=[count(Int64(1)), sum(r.v)"));
+        // The join reads every probe partition itself, as one: r's four (the
+        // smaller s is the build side).
+        assert!(
+            show(&plan).contains("probe_reads_merge_inputs=4"),
+            "{}",
+            show(&plan)
+        );
+        assert_eq!(
+            joins[0]
+                .properties()
+                .output_partitioning()
+                .partition_count(),
+            1
+        );
         let decisions = crate::planner::gpu_decisions(&plan, &ConfigOptions::new());
         assert!(
             decisions.iter().any(|d| d.operator == "AggregateExec"
@@ -1614,9 +1650,29 @@ mod tests {
             "{decisions:?}"
         );
 
-        // Switched off, DataFusion's partial aggregation stays.
+        // Without merged partitions, one partition's states per probe
+        // partition.
+        let unmerged = GpuOptions {
+            merge_partitions: false,
+            ..options(true)
+        };
+        let plan = rewritten_with(sql, unmerged).await;
+        let joins = gpu_joins(&plan);
+        assert!(joins[0].partial_aggregate().is_some(), "{}", show(&plan));
+        assert!(!show(&plan).contains("probe_reads_merge_inputs"));
+        assert!(
+            joins[0]
+                .properties()
+                .output_partitioning()
+                .partition_count()
+                > 1
+        );
+
+        // Switched off, DataFusion's partial aggregation stays, and the
+        // probe keeps its partitions.
         let plan = rewritten_with(sql, options(false)).await;
         assert!(gpu_joins(&plan)[0].partial_aggregate().is_none());
+        assert!(!show(&plan).contains("probe_reads_merge_inputs"));
         assert_eq!(partial_modes(&plan), 1, "{}", show(&plan));
 
         // Aggregations the join does not compute, and joins that do not
@@ -1640,9 +1696,10 @@ mod tests {
         let sql = AGGREGATE_IN_JOIN;
         let partial_modes = partial_aggregations;
         // One join over all input partitions, sorted or not (a join that
-        // aggregates hands no rows on), its one row of states spread round
-        // robin; with `merge_partitions` off, one join per hash partition,
-        // each computing its partition's states.
+        // aggregates hands no rows on), its one row of states in one
+        // partition (the merge above needs no more); with
+        // `merge_partitions` off, one join per hash partition, each
+        // computing its partition's states.
         for (sorted, merge_partitions) in [(false, true), (true, true), (false, false)] {
             let options = |aggregate_in_join| GpuOptions {
                 merge_partitions,
@@ -1674,10 +1731,13 @@ mod tests {
                 joins[0].schema(),
                 "{text}"
             );
+            assert!(!text.contains("RoundRobinBatch"), "{text}");
             assert_eq!(
-                text.contains(
-                    "RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1"
-                ),
+                joins[0]
+                    .properties()
+                    .output_partitioning()
+                    .partition_count()
+                    == 1,
                 merge_partitions,
                 "{text}"
             );

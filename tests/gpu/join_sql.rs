@@ -547,6 +547,14 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
                 shown.contains("partial_aggregate=[count(Int64(1)), sum(r.v), sum(s.v)"),
                 "{name}, {mode:?}: the join does not compute the aggregation\n{shown}"
             );
+            // With `gpu.merge_partitions` (on in this mode only), the join
+            // reads its probe partitions as one (in several chunks in
+            // "many ranges").
+            assert_eq!(
+                shown.contains("probe_reads_merge_inputs="),
+                mode == JoinMode::Partitioned,
+                "{name}, {mode:?}: probe partitions\n{shown}"
+            );
             let reduced = plan_metric(&plan, "rows_aggregated_on_device");
             let pairs = plan_metric(&plan, "rows_gathered_on_device");
             assert_eq!(pairs, 0, "{name}, {mode:?}: rows were made on the device");

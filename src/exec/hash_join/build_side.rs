@@ -327,6 +327,14 @@ impl BuildSide {
         )
     }
 
+    /// Whether the table is on `device` already (not while another
+    /// partition is making it).
+    pub(crate) fn device_table_ready(&self, device: &GpuDevice) -> bool {
+        self.device_tables
+            .try_lock()
+            .is_ok_and(|tables| tables.contains_key(&device.ordinal()))
+    }
+
     /// At most the device bytes [`Self::device_table`] reserves: the
     /// partitioning's scratch and the resident table with its columns
     /// (arrival positions counted for every row).

@@ -1,6 +1,7 @@
 //! The probe side of a GPU hash join, one DataFusion partition: wait for the
 //! build side, then read probe batches into chunks, join each chunk on the
-//! device in a blocking task and emit its output, and after the last chunk
+//! device in a task of its own (the next chunk is read meanwhile) and emit
+//! its output in chunk order, and after the last chunk
 //! emit the build rows the join type calls for (once, from the partition
 //! that finishes last).
 
@@ -36,7 +37,7 @@ use crate::exec::once::OnceFut;
 use crate::exec::pair_aggregate::{PairAggregate, PairReduction, PartialStates};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
-use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
+use crate::gpu::{GpuDevice, GpuError, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::{
     order_by_probe_row, order_device_bytes, partition_probe, probe_device_bytes, probe_partitioned,
 };
@@ -85,6 +86,10 @@ pub(crate) struct ProbeSpec {
     pub(crate) memory_fraction: f64,
     /// Tasks admitted on the device at once (`gpu.max_concurrent_tasks`).
     pub(crate) max_concurrent_tasks: usize,
+    /// Threads a chunk's host work uses: 1 where many partitions' chunks
+    /// run at once, every core where this partition reads the whole probe
+    /// side.
+    pub(crate) host_threads: usize,
     pub(crate) metrics: GpuJoinMetrics,
 }
 
@@ -97,6 +102,9 @@ struct ProbeLoop {
     finished: bool,
     rows_left: usize,
     ready: VecDeque<RecordBatch>,
+    /// The chunk being joined (in a task of its own) while the next one is
+    /// read: its output goes before the next chunk's.
+    joining: Option<SpawnedTask<Result<Vec<RecordBatch>>>>,
 }
 
 /// The output stream of one partition.
@@ -116,6 +124,7 @@ pub(crate) fn probe_stream(
         probe_exhausted: false,
         finished: false,
         ready: VecDeque::new(),
+        joining: None,
     };
     let stream = futures::stream::try_unfold(state, |mut state| async move {
         loop {
@@ -149,6 +158,10 @@ pub(crate) fn probe_stream(
                 }
             };
             if state.probe_exhausted {
+                if let Some(joining) = state.joining.take() {
+                    state.ready.extend(joined(joining).await?);
+                    continue;
+                }
                 let output = state.final_rows(&build)?;
                 state.ready.extend(output);
                 if let Some(partial) = &state.partial {
@@ -159,12 +172,42 @@ pub(crate) fn probe_stream(
                 continue;
             }
             if let Some(chunk) = state.read_chunk().await? {
-                let output = state.join_chunk(build, chunk).await?;
-                state.ready.extend(output);
+                // This chunk's join starts while the previous one may still
+                // run; the next chunk is read while this one is joined.
+                let task = SpawnedTask::spawn(join_chunk(state.chunk_context(), build, chunk));
+                if let Some(previous) = state.joining.replace(task) {
+                    state.ready.extend(joined(previous).await?);
+                }
             }
         }
     });
     Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+}
+
+/// The output of a chunk's join task.
+async fn joined(task: SpawnedTask<Result<Vec<RecordBatch>>>) -> Result<Vec<RecordBatch>> {
+    task.join()
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("GPU join chunk task failed: {e}")))?
+}
+
+/// What joining one chunk needs of its partition, cloned per chunk so that
+/// the join runs as a task of its own while the partition reads on.
+#[derive(Clone)]
+struct ChunkContext {
+    probe_on: Vec<PhysicalExprRef>,
+    semantics: JoinSemantics,
+    output: OutputAssembler,
+    aggregate: Option<Arc<PairAggregate>>,
+    partial: Option<Arc<Mutex<PartialStates>>>,
+    gather_probe_columns: Option<Vec<bool>>,
+    device: Arc<GpuDevice>,
+    max_output_pairs: usize,
+    memory_fraction: f64,
+    max_concurrent_tasks: usize,
+    host_threads: usize,
+    partition: usize,
+    metrics: GpuJoinMetrics,
 }
 
 /// The bytes of `batch`'s rows: a slice of a larger batch counts its part of
@@ -262,215 +305,234 @@ impl ProbeLoop {
             .assemble(&build.rows, &no_probe, &OutputRows::build_only(ids, mark))
     }
 
-    /// Joins one probe chunk on the device, off the async runtime.
-    async fn join_chunk(
-        &mut self,
-        build: Arc<BuildSide>,
-        chunk: ProbeChunk,
-    ) -> Result<Vec<RecordBatch>> {
-        let ProbeChunk { rows: chunk } = chunk;
-        let batch_ends = chunk.batch_ends().to_vec();
-        let semantics = self.spec.semantics.clone();
-        let (probe_key_columns, probe_keys) = {
-            let _timer = self.spec.metrics.baseline.elapsed_compute().timer();
-            let _encode = self.spec.metrics.encode_time.timer();
-            let pieces = chunk.key_pieces(&self.spec.probe_on)?;
-            if semantics.null_aware {
-                build.probe_saw_rows.store(true, Ordering::Release);
-                if pieces[0].iter().any(|piece| piece.null_count() > 0) {
-                    build.probe_saw_null.store(true, Ordering::Release);
-                }
-                if build.probe_saw_null.load(Ordering::Acquire) {
-                    // Nothing will be emitted; the rest of the probe side is
-                    // read only to finish the input.
-                    return Ok(vec![]);
-                }
-            }
-            match build.encoder.raw_pieces(&pieces) {
-                // Raw keys need no check against the key columns.
-                Some(raw) => (Vec::new(), JoinKeys::RawPieces(raw)),
-                None => {
-                    // One thread: the partitions' chunks are read at once.
-                    let columns = chunk.concat_key_pieces(&self.spec.probe_on, &pieces, 1)?;
-                    let keys = build.encoder.encode(&columns)?;
-                    (columns, JoinKeys::Encoded(keys))
-                }
-            }
-        };
-        let device = Arc::clone(&self.spec.device);
-        let output = self.spec.output.clone();
-        // Hashed keys need a check of the key columns on the host, so only
-        // exactly coded keys let the device make the output.
-        let gather_probe_columns = self
-            .spec
-            .gather_probe_columns
-            .clone()
-            .filter(|_| !build.encoder.needs_verification());
-        let metrics = self.spec.metrics.clone();
-        let aggregate = self.spec.aggregate.clone();
-        let partial = self.partial.clone();
-        let memory_fraction = self.spec.memory_fraction;
-        let max_pairs = self.spec.max_output_pairs.max(1);
-        let max_concurrent_tasks = self.spec.max_concurrent_tasks;
-        let partition = self.spec.partition;
-        let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
-            let _timer = metrics.baseline.elapsed_compute().timer();
-            let join_type = semantics.join_type;
-            let keys_equal = if build.encoder.needs_verification() {
-                Some(key_comparator(
-                    &build.key_columns,
-                    &probe_key_columns,
-                    build.encoder.null_equality(),
-                )?)
-            } else {
-                None
-            };
-            let mut probe_matched =
-                tracks_probe_matches(join_type).then(|| vec![false; chunk.num_rows()]);
-            // With the order preserved, the chunk's pairs are gathered, sorted
-            // and emitted at the end; otherwise each range is emitted as it comes.
-            let mut ordered_pairs = (semantics.preserve_order && emits_pairs(join_type))
-                .then(|| (Vec::new(), Vec::new()));
-            let mut batches = Vec::new();
-            // Rows of either side that no key can match never reach the device.
-            if !probe_keys.is_empty() && !build.keys.is_empty() {
-                let mut on_output = |output_part: ChunkOutput| -> Result<()> {
-                    let _emit = metrics.emit_time.timer();
-                    let (build_ids, probe_ids) = match output_part {
-                        ChunkOutput::Pairs(build_ids, probe_ids) => (build_ids, probe_ids),
-                        ChunkOutput::Batches(gathered, len) => {
-                            // Every pair is an output row, in order already.
-                            metrics.rows_gathered_on_device.add(len);
-                            batches.extend(gathered);
-                            return Ok(());
-                        }
-                        ChunkOutput::Reduced(words, len) => {
-                            let partial = partial.as_ref().ok_or_else(|| {
-                                DataFusionError::Internal(
-                                    "pairs reduced on the device without an aggregation".into(),
-                                )
-                            })?;
-                            metrics.rows_aggregated_on_device.add(len);
-                            return lock(partial).merge_device(&words, len);
-                        }
-                    };
-                    let (build_ids, probe_ids) = confirm_pairs(
-                        keys_equal.as_ref(),
-                        semantics.filter.as_deref(),
-                        &build.rows,
-                        &chunk,
-                        UInt64Array::from(build_ids),
-                        UInt64Array::from(probe_ids),
-                    )?;
-                    if let Some(visited) = &build.visited {
-                        visited.mark(build_ids.values());
-                    }
-                    if let Some(matched) = probe_matched.as_mut() {
-                        for &i in probe_ids.values() {
-                            matched[i as usize] = true;
-                        }
-                    }
-                    if let Some((all_build, all_probe)) = ordered_pairs.as_mut() {
-                        all_build.extend_from_slice(build_ids.values());
-                        all_probe.extend_from_slice(probe_ids.values());
-                    } else if emits_pairs(join_type) {
-                        batches.extend(output.assemble(
-                            &build.rows,
-                            &chunk,
-                            &OutputRows::pairs(build_ids, probe_ids),
-                        )?);
-                    }
-                    Ok(())
-                };
-                let gather = gather_probe_columns
-                    .as_ref()
-                    .map(|probe_columns| ChunkGather {
-                        chunk: &chunk,
-                        probe_columns,
-                        output: &output,
-                        ordered: semantics.preserve_order,
-                        reductions: aggregate.as_ref().map(|a| a.reductions()),
-                    });
-                let device_wall = metrics.device_wall_time.timer();
-                find_pairs(
-                    &device,
-                    &build,
-                    &probe_keys,
-                    DeviceLimits {
-                        max_pairs,
-                        memory_fraction,
-                        max_concurrent_tasks,
-                        partition,
-                    },
-                    gather,
-                    &metrics,
-                    &mut on_output,
-                )?;
-                device_wall.done();
-            }
-            let _emit = metrics.emit_time.timer();
-            let probe_matched = probe_matched.map(BooleanBuffer::from);
-            if let Some((all_build, all_probe)) = ordered_pairs {
-                let (build_ids, probe_ids) =
-                    sort_by_probe_row(&all_build, &all_probe, chunk.num_rows(), &build.arrival);
-                let rows = match (&probe_matched, join_type) {
-                    (Some(matched), JoinType::Right | JoinType::Full) => {
-                        let (build_ids, probe_ids) = with_unmatched_probe_rows(
-                            &build_ids,
-                            &probe_ids,
-                            matched,
-                            &batch_ends,
-                            semantics.probe_ordered,
-                        );
-                        OutputRows {
-                            len: probe_ids.len(),
-                            build: SideRows::Ids(build_ids),
-                            probe: SideRows::Ids(probe_ids),
-                            mark: None,
-                        }
-                    }
-                    _ => OutputRows::pairs(
-                        UInt64Array::from(build_ids),
-                        UInt64Array::from(probe_ids),
-                    ),
-                };
-                batches.extend(output.assemble(&build.rows, &chunk, &rows)?);
-            } else if let Some(matched) = &probe_matched {
-                if matches!(join_type, JoinType::Right | JoinType::Full) {
-                    let (ids, _) = rows_emitted_alone(join_type, matched);
-                    batches.extend(output.assemble(
-                        &build.rows,
-                        &chunk,
-                        &OutputRows::probe_only(ids, None),
-                    )?);
-                }
-            }
-            if let Some(matched) = &probe_matched {
-                if !matches!(join_type, JoinType::Right | JoinType::Full) {
-                    // RightSemi, RightAnti, RightMark: probe rows, in order.
-                    let (ids, mark) = rows_emitted_alone(join_type, matched);
-                    batches.extend(output.assemble(
-                        &build.rows,
-                        &chunk,
-                        &OutputRows::probe_only(ids, mark),
-                    )?);
-                }
-            }
-            metrics.probe_chunks.add(1);
-            trace::event(|| format!("hash join p{partition}: chunk done"));
-            if let Some(partial) = &partial {
-                // Rows assembled on the host feed the same accumulators.
-                let mut partial = lock(partial);
-                for batch in batches.drain(..) {
-                    partial.update(&batch)?;
-                }
-            }
-            Ok(batches)
-        });
-        task.join()
-            .await
-            .map_err(|e| DataFusionError::Execution(format!("GPU join task failed: {e}")))?
+    /// What the next chunk's join task needs of this partition.
+    fn chunk_context(&self) -> ChunkContext {
+        let spec = &self.spec;
+        ChunkContext {
+            probe_on: spec.probe_on.clone(),
+            semantics: spec.semantics.clone(),
+            output: spec.output.clone(),
+            aggregate: spec.aggregate.clone(),
+            partial: self.partial.clone(),
+            gather_probe_columns: spec.gather_probe_columns.clone(),
+            device: Arc::clone(&spec.device),
+            max_output_pairs: spec.max_output_pairs,
+            memory_fraction: spec.memory_fraction,
+            max_concurrent_tasks: spec.max_concurrent_tasks,
+            host_threads: spec.host_threads,
+            partition: spec.partition,
+            metrics: spec.metrics.clone(),
+        }
     }
+}
+
+/// Joins one probe chunk: its keys coded here, the device part off the
+/// async runtime.
+async fn join_chunk(
+    cx: ChunkContext,
+    build: Arc<BuildSide>,
+    chunk: ProbeChunk,
+) -> Result<Vec<RecordBatch>> {
+    let ProbeChunk { rows: chunk } = chunk;
+    let batch_ends = chunk.batch_ends().to_vec();
+    let semantics = cx.semantics.clone();
+    let (probe_key_columns, probe_keys) = {
+        let _timer = cx.metrics.baseline.elapsed_compute().timer();
+        let _encode = cx.metrics.encode_time.timer();
+        let pieces = chunk.key_pieces(&cx.probe_on)?;
+        if semantics.null_aware {
+            build.probe_saw_rows.store(true, Ordering::Release);
+            if pieces[0].iter().any(|piece| piece.null_count() > 0) {
+                build.probe_saw_null.store(true, Ordering::Release);
+            }
+            if build.probe_saw_null.load(Ordering::Acquire) {
+                // Nothing will be emitted; the rest of the probe side is
+                // read only to finish the input.
+                return Ok(vec![]);
+            }
+        }
+        match build.encoder.raw_pieces(&pieces) {
+            // Raw keys need no check against the key columns.
+            Some(raw) => (Vec::new(), JoinKeys::RawPieces(raw)),
+            None => {
+                let threads = cx.host_threads;
+                let columns = chunk.concat_key_pieces(&cx.probe_on, &pieces, threads)?;
+                let keys = build.encoder.encode_parallel(&columns, threads)?;
+                (columns, JoinKeys::Encoded(keys))
+            }
+        }
+    };
+    let device = Arc::clone(&cx.device);
+    let output = cx.output.clone();
+    // Hashed keys need a check of the key columns on the host, so only
+    // exactly coded keys let the device make the output.
+    let gather_probe_columns = cx
+        .gather_probe_columns
+        .clone()
+        .filter(|_| !build.encoder.needs_verification());
+    let metrics = cx.metrics.clone();
+    let aggregate = cx.aggregate.clone();
+    let partial = cx.partial.clone();
+    let memory_fraction = cx.memory_fraction;
+    let max_pairs = cx.max_output_pairs.max(1);
+    let max_concurrent_tasks = cx.max_concurrent_tasks;
+    let host_threads = cx.host_threads;
+    let partition = cx.partition;
+    let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+        let _timer = metrics.baseline.elapsed_compute().timer();
+        let join_type = semantics.join_type;
+        let keys_equal = if build.encoder.needs_verification() {
+            Some(key_comparator(
+                &build.key_columns,
+                &probe_key_columns,
+                build.encoder.null_equality(),
+            )?)
+        } else {
+            None
+        };
+        let mut probe_matched =
+            tracks_probe_matches(join_type).then(|| vec![false; chunk.num_rows()]);
+        // With the order preserved, the chunk's pairs are gathered, sorted
+        // and emitted at the end; otherwise each range is emitted as it comes.
+        let mut ordered_pairs =
+            (semantics.preserve_order && emits_pairs(join_type)).then(|| (Vec::new(), Vec::new()));
+        let mut batches = Vec::new();
+        // Rows of either side that no key can match never reach the device.
+        if !probe_keys.is_empty() && !build.keys.is_empty() {
+            let mut on_output = |output_part: ChunkOutput| -> Result<()> {
+                let _emit = metrics.emit_time.timer();
+                let (build_ids, probe_ids) = match output_part {
+                    ChunkOutput::Pairs(build_ids, probe_ids) => (build_ids, probe_ids),
+                    ChunkOutput::Batches(gathered, len) => {
+                        // Every pair is an output row, in order already.
+                        metrics.rows_gathered_on_device.add(len);
+                        batches.extend(gathered);
+                        return Ok(());
+                    }
+                    ChunkOutput::Reduced(words, len) => {
+                        let partial = partial.as_ref().ok_or_else(|| {
+                            DataFusionError::Internal(
+                                "pairs reduced on the device without an aggregation".into(),
+                            )
+                        })?;
+                        metrics.rows_aggregated_on_device.add(len);
+                        return lock(partial).merge_device(&words, len);
+                    }
+                };
+                let (build_ids, probe_ids) = confirm_pairs(
+                    keys_equal.as_ref(),
+                    semantics.filter.as_deref(),
+                    &build.rows,
+                    &chunk,
+                    UInt64Array::from(build_ids),
+                    UInt64Array::from(probe_ids),
+                )?;
+                if let Some(visited) = &build.visited {
+                    visited.mark(build_ids.values());
+                }
+                if let Some(matched) = probe_matched.as_mut() {
+                    for &i in probe_ids.values() {
+                        matched[i as usize] = true;
+                    }
+                }
+                if let Some((all_build, all_probe)) = ordered_pairs.as_mut() {
+                    all_build.extend_from_slice(build_ids.values());
+                    all_probe.extend_from_slice(probe_ids.values());
+                } else if emits_pairs(join_type) {
+                    batches.extend(output.assemble(
+                        &build.rows,
+                        &chunk,
+                        &OutputRows::pairs(build_ids, probe_ids),
+                    )?);
+                }
+                Ok(())
+            };
+            let gather = gather_probe_columns
+                .as_ref()
+                .map(|probe_columns| ChunkGather {
+                    chunk: &chunk,
+                    probe_columns,
+                    output: &output,
+                    ordered: semantics.preserve_order,
+                    reductions: aggregate.as_ref().map(|a| a.reductions()),
+                });
+            let device_wall = metrics.device_wall_time.timer();
+            find_pairs(
+                &device,
+                &build,
+                &probe_keys,
+                DeviceLimits {
+                    max_pairs,
+                    memory_fraction,
+                    max_concurrent_tasks,
+                    host_threads,
+                    partition,
+                },
+                gather,
+                &metrics,
+                &mut on_output,
+            )?;
+            device_wall.done();
+        }
+        let _emit = metrics.emit_time.timer();
+        let probe_matched = probe_matched.map(BooleanBuffer::from);
+        if let Some((all_build, all_probe)) = ordered_pairs {
+            let (build_ids, probe_ids) =
+                sort_by_probe_row(&all_build, &all_probe, chunk.num_rows(), &build.arrival);
+            let rows = match (&probe_matched, join_type) {
+                (Some(matched), JoinType::Right | JoinType::Full) => {
+                    let (build_ids, probe_ids) = with_unmatched_probe_rows(
+                        &build_ids,
+                        &probe_ids,
+                        matched,
+                        &batch_ends,
+                        semantics.probe_ordered,
+                    );
+                    OutputRows {
+                        len: probe_ids.len(),
+                        build: SideRows::Ids(build_ids),
+                        probe: SideRows::Ids(probe_ids),
+                        mark: None,
+                    }
+                }
+                _ => OutputRows::pairs(UInt64Array::from(build_ids), UInt64Array::from(probe_ids)),
+            };
+            batches.extend(output.assemble(&build.rows, &chunk, &rows)?);
+        } else if let Some(matched) = &probe_matched {
+            if matches!(join_type, JoinType::Right | JoinType::Full) {
+                let (ids, _) = rows_emitted_alone(join_type, matched);
+                batches.extend(output.assemble(
+                    &build.rows,
+                    &chunk,
+                    &OutputRows::probe_only(ids, None),
+                )?);
+            }
+        }
+        if let Some(matched) = &probe_matched {
+            if !matches!(join_type, JoinType::Right | JoinType::Full) {
+                // RightSemi, RightAnti, RightMark: probe rows, in order.
+                let (ids, mark) = rows_emitted_alone(join_type, matched);
+                batches.extend(output.assemble(
+                    &build.rows,
+                    &chunk,
+                    &OutputRows::probe_only(ids, mark),
+                )?);
+            }
+        }
+        metrics.probe_chunks.add(1);
+        trace::event(|| format!("hash join p{partition}: chunk done"));
+        if let Some(partial) = &partial {
+            // Rows assembled on the host feed the same accumulators.
+            let mut partial = lock(partial);
+            for batch in batches.drain(..) {
+                partial.update(&batch)?;
+            }
+        }
+        Ok(batches)
+    });
+    task.join()
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("GPU join task failed: {e}")))?
 }
 
 /// What a chunk hands on: matching pairs (build row ids, probe row ids),
@@ -503,6 +565,8 @@ struct DeviceLimits {
     max_pairs: usize,
     memory_fraction: f64,
     max_concurrent_tasks: usize,
+    /// Threads for the host's part (see [`ProbeSpec::host_threads`]).
+    host_threads: usize,
     partition: usize,
 }
 
@@ -590,6 +654,7 @@ fn pairs_on_device(
     let DeviceLimits {
         max_pairs,
         memory_fraction,
+        host_threads,
         partition,
         ..
     } = *limits;
@@ -626,31 +691,48 @@ fn pairs_on_device(
             timer,
         )
     };
-    // While another partition copies the build side to the device, this
-    // chunk's keys (and an aggregation's columns) cross the bus and are
+    // While the build side goes to the device (made by another partition,
+    // or, where nobody makes it yet, by a thread of this one), this chunk's
+    // keys (and an aggregation's columns) cross the bus beside it and are
     // partitioned, where the memory they take leaves room for the table.
-    let early = build
-        .device_table_in_progress()
-        .then(|| {
-            device
-                .budget()
-                .try_reserve(bytes, build.device_table_bytes(device), memory_fraction)
-        })
-        .flatten();
-    if early.is_some() {
-        partitioned = Some(partition_keys(&mut timer)?);
-        if let Some(gather) = gather.filter(|gather| gather.reductions.is_some()) {
-            probe_columns = Some(ResidentColumns::upload(
-                device,
-                stream,
-                gather.chunk,
-                gather.probe_columns,
-                &mut timer,
-            )?);
+    let (resident, early) = std::thread::scope(|scope| {
+        let table_maker = (!build.device_table_ready(device) && !build.device_table_in_progress())
+            .then(|| {
+                scope.spawn(|| {
+                    device.bind_to_thread()?;
+                    build.device_table(device, memory_fraction, metrics)
+                })
+            });
+        let early = (table_maker.is_some() || build.device_table_in_progress())
+            .then(|| {
+                device.budget().try_reserve(
+                    bytes,
+                    build.device_table_bytes(device),
+                    memory_fraction,
+                )
+            })
+            .flatten();
+        if early.is_some() {
+            partitioned = Some(partition_keys(&mut timer)?);
+            if let Some(gather) = gather.filter(|gather| gather.reductions.is_some()) {
+                probe_columns = Some(ResidentColumns::upload(
+                    device,
+                    stream,
+                    gather.chunk,
+                    gather.probe_columns,
+                    &mut timer,
+                )?);
+            }
+            trace::event(|| format!("hash join p{partition}: keys partitioned before the table"));
         }
-        trace::event(|| format!("hash join p{partition}: keys partitioned before the table"));
-    }
-    let resident = build.device_table(device, memory_fraction, metrics)?;
+        let resident = match table_maker {
+            Some(maker) => maker.join().map_err(|_| {
+                GpuError::Invalid("the thread making the build table panicked".into())
+            })??,
+            None => build.device_table(device, memory_fraction, metrics)?,
+        };
+        GpuResult::Ok((resident, early))
+    })?;
     trace::event(|| format!("hash join p{partition}: build table ready"));
     let table = &resident.table;
     let gather = gather.zip(resident.gather.as_ref());
@@ -763,8 +845,7 @@ fn pairs_on_device(
                 &build_side,
                 &probe_side,
                 pairs.len,
-                // One thread per chunk: many partitions' chunks run at once.
-                1,
+                host_threads,
                 timer,
             )?;
             on_output(gathered.map(|batches| ChunkOutput::Batches(batches, pairs.len)));

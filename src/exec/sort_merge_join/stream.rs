@@ -198,6 +198,7 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
         let outcome: Outcome = device_task.join().await.map_err(|e| {
             DataFusionError::Execution(format!("GPU sort-merge join task failed: {e}"))
         })??;
+        trace::event(|| format!("sort-merge join p{partition}: device task joined"));
         match outcome {
             Outcome::Done => {
                 metrics.baseline.done();
@@ -462,6 +463,7 @@ impl DevicePart {
         match outcome {
             Ok(()) => {
                 sender.finish()?;
+                trace::event(|| format!("sort-merge join p{partition}: output handed on"));
                 Ok(Outcome::Done)
             }
             Err(DeviceFailure::Gpu(e)) if !sender.sent_any && e.is_out_of_device_memory() => {
