@@ -529,8 +529,10 @@ fn aggregate_into_join(
     // Without GROUP BY, the partial states go to one partition above
     // whatever their number: a join that aggregates reads every probe
     // partition itself, where it may merge them.
+    // A join that cannot be re-planned so still computes the aggregation
+    // over its own probe partitions.
     let probe_merged = match options.merge_partitions && partitioning_free {
-        true => join.with_probe_merged().ok()?,
+        true => join.with_probe_merged().ok().flatten(),
         false => None,
     };
     let fused = match probe_merged {
