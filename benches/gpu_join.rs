@@ -41,6 +41,7 @@
 //! floor is the pinned PCIe time of the bytes the GPU path must move (keys
 //! in, matched row-id pairs out), measured here.
 
+use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -135,9 +136,20 @@ async fn run_once(ctx: &SessionContext) -> (Duration, Vec<i64>, Arc<dyn Executio
         .await
         .unwrap();
     datafusion_gpu::trace::event(|| "query: executing".into());
-    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
-        .await
-        .unwrap();
+    // Read as `collect` does, with an event at the first batch and at the
+    // stream's end, so that a trace shows the time the plan's streams take
+    // to end and to be dropped.
+    let mut stream =
+        datafusion::physical_plan::execute_stream(Arc::clone(&plan), ctx.task_ctx()).unwrap();
+    let mut batches = Vec::new();
+    while let Some(batch) = stream.next().await {
+        if batches.is_empty() {
+            datafusion_gpu::trace::event(|| "query: first batch".into());
+        }
+        batches.push(batch.unwrap());
+    }
+    datafusion_gpu::trace::event(|| "query: stream ended".into());
+    drop(stream);
     let elapsed = start.elapsed();
     datafusion_gpu::trace::event(|| "query: answered".into());
     let answer = batches[0]

@@ -13,6 +13,7 @@ mod once;
 mod ordered_keys;
 mod pair_aggregate;
 mod parallel;
+mod release;
 mod row_source;
 mod sort_merge_join;
 

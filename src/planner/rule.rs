@@ -59,7 +59,10 @@ impl PhysicalOptimizerRule for GpuOptimizerRule {
         let gpu = gpu.as_ref().map(|_| ()).map_err(|e| e.as_str());
         // Rows of several partitions reach the caller in no fixed order.
         let order_observable = plan.properties().output_partitioning().partition_count() <= 1;
-        rewrite(plan, order_observable, true, &options, gpu)
+        crate::trace::event(|| "rule: rewriting the plan".into());
+        let rewritten = rewrite(plan, order_observable, true, &options, gpu);
+        crate::trace::event(|| "rule: plan rewritten".into());
+        rewritten
     }
 
     fn name(&self) -> &str {

@@ -38,6 +38,7 @@ use super::spec::AggregateSpec;
 use super::words::threads_for;
 use crate::exec::collect::collect_streams;
 use crate::exec::parallel::{on_ranges, starts_of};
+use crate::exec::release::release_in_background;
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::host_copy::host_threads;
@@ -46,6 +47,7 @@ use crate::ops::group_by::{
     Words,
 };
 use crate::planner::cpu_phases_over;
+use crate::trace;
 
 /// Where groups must leave in key order, the rows themselves are sorted
 /// when the sampled keys show at least one group in this many rows;
@@ -125,6 +127,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     let (batches, input_reservations) =
         collect_streams(input, &task.reservation, Some(&task.metrics.input_rows)).await?;
     collecting.done();
+    trace::event(|| format!("aggregation: input collected ({} batches)", batches.len()));
     let batches = Arc::new(batches);
     let device_task = Arc::new(DevicePart {
         spec: task.spec.clone(),
@@ -159,8 +162,9 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     let outcome = outcome?;
     match outcome {
         Outcome::Batches(output) => {
-            drop(batches);
-            drop(input_reservations);
+            // The input, with the reservations that account for it, is
+            // dropped while the groups go on (see `release`).
+            release_in_background((batches, input_reservations));
             task.reservation.free();
             let output: Vec<Result<RecordBatch>> = output
                 .into_iter()
@@ -407,6 +411,7 @@ impl DevicePart {
             )?;
         }
         prepare.done();
+        trace::event(|| format!("aggregation: {rows} rows prepared"));
         let device = self.metrics.device_wall_time.timer();
         let back = match hashed {
             true => GroupsBack::RowsAndRowGroups,
@@ -414,6 +419,7 @@ impl DevicePart {
         };
         let grouped = self.on_device(keys.as_ref().map(|k| &k.words), ids, rows, &work, back);
         device.done();
+        trace::event(|| "aggregation: device part done".into());
         let grouped = match grouped {
             Ok(grouped) => {
                 match ids {
@@ -438,6 +444,7 @@ impl DevicePart {
             _ => self.group_key_chunks(&key_columns, batches, &grouped, size)?,
         };
         emit.done();
+        trace::event(|| "aggregation: group keys decoded".into());
         if hashed {
             let _check = self.metrics.key_check_time.timer();
             let group_keys = concat_chunks(&key_chunks)?;
@@ -449,8 +456,9 @@ impl DevicePart {
         }
         self.metrics.groups.add(grouped.groups);
         let _emit = self.metrics.emit_time.timer();
-        self.output(key_chunks, &work, &grouped, size)
-            .map(Outcome::Batches)
+        let output = self.output(key_chunks, &work, &grouped, size);
+        trace::event(|| "aggregation: output made".into());
+        output.map(Outcome::Batches)
     }
 
     fn on_device(

@@ -44,6 +44,7 @@ use crate::exec::hash_join::{evaluate_filter, OutputAssembler, OutputRows};
 use crate::exec::keys::raw_words;
 use crate::exec::ordered_keys::{raw_word_flip, raw_word_value, KeySide, OrderedKeyEncoder};
 use crate::exec::pair_aggregate::{PairAggregate, PartialStates};
+use crate::exec::release::release_in_background;
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuSortMergeJoinMetrics;
 use crate::gpu::launch::{self, CodeTransform};
@@ -202,7 +203,9 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
         match outcome {
             Outcome::Done => {
                 metrics.baseline.done();
-                drop(reservation);
+                // The inputs, with the reservation that accounts for them,
+                // are dropped while the answer goes on (see `release`).
+                release_in_background((left, right, reservation));
                 Ok::<_, DataFusionError>(Box::pin(RecordBatchStreamAdapter::new(
                     output_schema,
                     futures::stream::empty(),
