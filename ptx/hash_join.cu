@@ -12,6 +12,15 @@
 // the host scans the counts, and `hash_join_write` writes each partition's
 // (build row id, probe row id) pairs from its offset. The host may write a
 // range of partitions at a time to bound the output buffer.
+//
+// A skewed probe side (Zipf 1.5: one key holds about a third of the rows)
+// leaves one block streaming most of the probe rows through its table while
+// the others idle. The host then hands the kernels a list of tasks in place
+// of the partitions: task t joins build partition `task_partitions[t]` with
+// probe rows [task_probe_starts[t], task_probe_starts[t + 1]), a slice of
+// that partition's rows, so a heavy partition is spread over many blocks,
+// each loading the same build partition. Without a list (null pointers),
+// task t is partition t with all its probe rows.
 #include "common.cuh"
 
 #define TABLE_CAPACITY 2048
@@ -76,44 +85,66 @@ __device__ u64 join_partition(SharedTable& table, const u64* build_keys, const u
     return matches;
 }
 
-// Launch: any grid (grid-stride over partitions [partition_begin, partition_end)),
-// block = BLOCK_THREADS, static shared memory only. `*_starts` hold
-// 2^partition_bits + 1 entries. Writes match_counts[p] for every p in range.
+// The build partition and probe rows of task t (see the header).
+struct JoinTask {
+    u64 partition;
+    u64 probe_begin;
+    u64 probe_end;
+};
+
+__device__ __forceinline__ JoinTask join_task(u64 t, const u64* probe_starts,
+                                              const u64* task_partitions,
+                                              const u64* task_probe_starts) {
+    if (task_partitions == nullptr) return JoinTask{t, probe_starts[t], probe_starts[t + 1]};
+    return JoinTask{task_partitions[t], task_probe_starts[t], task_probe_starts[t + 1]};
+}
+
+// Launch: any grid (grid-stride over tasks [task_begin, task_end)), block =
+// BLOCK_THREADS, static shared memory only. `*_starts` hold
+// 2^partition_bits + 1 entries; with a task list, `task_partitions` holds a
+// partition id per task and `task_probe_starts` one more entry than tasks.
+// Writes match_counts[t] for every t in range.
 extern "C" __global__ void hash_join_count(const u64* build_keys, const u64* build_starts,
                                            const u64* probe_keys, const u64* probe_starts,
-                                           u32 partition_bits, u64 partition_begin,
-                                           u64 partition_end, u64* match_counts) {
+                                           const u64* task_partitions,
+                                           const u64* task_probe_starts, u32 partition_bits,
+                                           u64 task_begin, u64 task_end, u64* match_counts) {
     __shared__ SharedTable table;
     __shared__ u64 scratch[WARPS_PER_BLOCK];
-    for (u64 p = partition_begin + blockIdx.x; p < partition_end; p += gridDim.x) {
+    for (u64 t = task_begin + blockIdx.x; t < task_end; t += gridDim.x) {
+        const JoinTask task = join_task(t, probe_starts, task_partitions, task_probe_starts);
         const u64 matches = join_partition<true>(
-            table, build_keys, nullptr, build_starts[p], build_starts[p + 1], probe_keys, nullptr,
-            probe_starts[p], probe_starts[p + 1], partition_bits, nullptr, nullptr, nullptr);
+            table, build_keys, nullptr, build_starts[task.partition],
+            build_starts[task.partition + 1], probe_keys, nullptr, task.probe_begin,
+            task.probe_end, partition_bits, nullptr, nullptr, nullptr);
         const u64 total = block_sum_u64(matches, scratch);
-        if (threadIdx.x == 0) match_counts[p] = total;
+        if (threadIdx.x == 0) match_counts[t] = total;
     }
 }
 
-// Launch: as hash_join_count, over the same or a narrower partition range.
-// `match_offsets[p]` is the exclusive scan of hash_join_count's counts;
-// partition p's pairs go to [match_offsets[p] - output_base, ...) of the
-// output arrays, which must hold the range's total. Order within a partition
-// is unspecified.
+// Launch: as hash_join_count, over the same or a narrower task range.
+// `match_offsets[t]` is the exclusive scan of hash_join_count's counts;
+// task t's pairs go to [match_offsets[t] - output_base, ...) of the output
+// arrays, which must hold the range's total. Order within a task is
+// unspecified.
 extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* build_ids,
                                            const u64* build_starts, const u64* probe_keys,
                                            const u64* probe_ids, const u64* probe_starts,
-                                           u32 partition_bits, u64 partition_begin,
-                                           u64 partition_end, const u64* match_offsets,
-                                           u64 output_base, u64* out_build_ids,
-                                           u64* out_probe_ids) {
+                                           const u64* task_partitions,
+                                           const u64* task_probe_starts, u32 partition_bits,
+                                           u64 task_begin, u64 task_end,
+                                           const u64* match_offsets, u64 output_base,
+                                           u64* out_build_ids, u64* out_probe_ids) {
     __shared__ SharedTable table;
     __shared__ unsigned long long cursor;
-    for (u64 p = partition_begin + blockIdx.x; p < partition_end; p += gridDim.x) {
-        if (threadIdx.x == 0) cursor = match_offsets[p] - output_base;
+    for (u64 t = task_begin + blockIdx.x; t < task_end; t += gridDim.x) {
+        const JoinTask task = join_task(t, probe_starts, task_partitions, task_probe_starts);
+        if (threadIdx.x == 0) cursor = match_offsets[t] - output_base;
         __syncthreads();
-        join_partition<false>(table, build_keys, build_ids, build_starts[p], build_starts[p + 1],
-                              probe_keys, probe_ids, probe_starts[p], probe_starts[p + 1],
-                              partition_bits, &cursor, out_build_ids, out_probe_ids);
-        __syncthreads();  // cursor is reset for the next partition
+        join_partition<false>(table, build_keys, build_ids, build_starts[task.partition],
+                              build_starts[task.partition + 1], probe_keys, probe_ids,
+                              task.probe_begin, task.probe_end, partition_bits, &cursor,
+                              out_build_ids, out_probe_ids);
+        __syncthreads();  // cursor is reset for the next task
     }
 }

@@ -236,6 +236,36 @@ fn hash_join_handles_duplicates_larger_than_a_shared_memory_table() {
 }
 
 #[test]
+fn a_heavy_probe_partition_is_joined_in_slices_with_the_same_pairs() {
+    let Some(device) = device("a_heavy_probe_partition_is_joined_in_slices_with_the_same_pairs")
+    else {
+        return;
+    };
+    // 200,000 probe rows of one key fill one partition far beyond
+    // PROBE_TASK_ROWS, so it is joined in slices (3 build rows match each);
+    // the other keys are uniform. Once with the output in one range, once
+    // in ranges smaller than one slice's pairs.
+    let mut build = vec![42u64; 3];
+    build.extend(random_keys(20_000, 1 << 20, 5));
+    let mut probe = vec![42u64; 200_000];
+    probe.extend(random_keys(50_000, 1 << 20, 6));
+    assert!(200_000 > 2 * hash_join::PROBE_TASK_ROWS as usize);
+    let plan = RadixPlan::for_join(build.len() as u64, probe.len() as u64);
+    let expected = reference_join(&build, &probe);
+    assert!(expected.len() >= 600_000);
+    for max_pairs in [1 << 22, 40_000] {
+        let (pairs, ranges) = device_join(&device, &build, &probe, plan.clone(), max_pairs);
+        assert_eq!(pairs, expected, "max_pairs {max_pairs}");
+        if max_pairs < 1 << 22 {
+            // Each slice's pairs (about 98,000) exceed the bound, so each
+            // is a range of its own; the unsplit partition was one range.
+            let slices = 200_000u64.div_ceil(hash_join::PROBE_TASK_ROWS);
+            assert!(ranges >= slices, "{ranges} ranges");
+        }
+    }
+}
+
+#[test]
 fn bounded_output_is_written_in_several_ranges_with_the_same_pairs() {
     let Some(device) = device("bounded_output_is_written_in_several_ranges_with_the_same_pairs")
     else {

@@ -379,7 +379,6 @@ fn check_join_inputs(
     build: &PartitionedSide<'_>,
     probe: &PartitionedSide<'_>,
     partition_bits: u32,
-    partitions: &std::ops::Range<u64>,
 ) -> GpuResult<()> {
     for side in [build, probe] {
         check_len(
@@ -389,57 +388,106 @@ fn check_join_inputs(
         )?;
         check_len(side.row_ids, side.keys.len(), "row ids")?;
     }
-    if partitions.start > partitions.end || partitions.end > 1u64 << partition_bits {
+    Ok(())
+}
+
+/// Blocks for the join kernels over `tasks` tasks: one task per block at a
+/// time, about eight resident blocks per multiprocessor.
+fn join_blocks(tasks: u64, sm_count: u32) -> u64 {
+    tasks.clamp(1, u64::from(sm_count) * 8)
+}
+
+/// Slices of heavy probe partitions, each joined by a block of its own (see
+/// `hash_join.cu`): task `t` joins build partition `partitions[t]` with
+/// probe rows `probe_starts[t]..probe_starts[t + 1]`.
+#[derive(Clone, Copy)]
+pub struct JoinTasks<'a> {
+    pub partitions: &'a CudaSlice<u64>,
+    /// One more entry than tasks.
+    pub probe_starts: &'a CudaSlice<u64>,
+}
+
+/// A null device pointer: the join kernels' task list where there is none.
+const NO_TASK_LIST: u64 = 0;
+
+/// Checks the kernels' task range against `tasks`, or against the
+/// partitions where there is no task list.
+fn check_join_tasks(
+    tasks: Option<JoinTasks<'_>>,
+    partition_bits: u32,
+    range: &std::ops::Range<u64>,
+) -> GpuResult<()> {
+    let count = match tasks {
+        Some(tasks) => {
+            check_len(
+                tasks.probe_starts,
+                tasks.partitions.len() + 1,
+                "task probe starts",
+            )?;
+            tasks.partitions.len() as u64
+        }
+        None => 1u64 << partition_bits,
+    };
+    if range.start > range.end || range.end > count {
         return Err(GpuError::Invalid(format!(
-            "partition range {partitions:?} beyond 2^{partition_bits} partitions"
+            "join task range {range:?} beyond {count} tasks"
         )));
     }
     Ok(())
 }
 
-/// Blocks for the join kernels over `partitions` partitions: one partition
-/// per block at a time, about eight resident blocks per multiprocessor.
-fn join_blocks(partitions: u64, sm_count: u32) -> u64 {
-    partitions.clamp(1, u64::from(sm_count) * 8)
+/// Pushes the task list's two device pointers (null without one).
+fn push_join_tasks<'a>(launch: &mut cudarc::driver::LaunchArgs<'a>, tasks: &Option<JoinTasks<'a>>) {
+    match tasks {
+        Some(tasks) => {
+            launch.arg(tasks.partitions).arg(tasks.probe_starts);
+        }
+        None => {
+            launch.arg(&NO_TASK_LIST).arg(&NO_TASK_LIST);
+        }
+    }
 }
 
-/// `hash_join_count`: `match_counts[p]` = matching pairs of partition `p`,
-/// for `p` in `partitions`.
+/// `hash_join_count`: `match_counts[t]` = matching pairs of task `t` (of
+/// partition `t` without a task list), for `t` in `range`.
+#[allow(clippy::too_many_arguments)]
 pub fn hash_join_count(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
     sm_count: u32,
     build: PartitionedSide<'_>,
     probe: PartitionedSide<'_>,
+    tasks: Option<JoinTasks<'_>>,
     partition_bits: u32,
-    partitions: std::ops::Range<u64>,
+    range: std::ops::Range<u64>,
     match_counts: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
-    check_join_inputs(&build, &probe, partition_bits, &partitions)?;
-    check_len(match_counts, partitions.end as usize, "match counts")?;
+    check_join_inputs(&build, &probe, partition_bits)?;
+    check_join_tasks(tasks, partition_bits, &range)?;
+    check_len(match_counts, range.end as usize, "match counts")?;
     let mut launch = stream.launch_builder(&kernels.hash_join_count);
     launch
         .arg(build.keys)
         .arg(build.starts)
         .arg(probe.keys)
-        .arg(probe.starts)
+        .arg(probe.starts);
+    push_join_tasks(&mut launch, &tasks);
+    launch
         .arg(&partition_bits)
-        .arg(&partitions.start)
-        .arg(&partitions.end)
+        .arg(&range.start)
+        .arg(&range.end)
         .arg(match_counts);
-    // SAFETY: starts bound every key access; match_counts holds the range.
-    unsafe {
-        launch.launch(config(join_blocks(
-            partitions.end - partitions.start,
-            sm_count,
-        ))?)
-    }
-    .during("launching hash_join_count")?;
+    // SAFETY: starts bound every key access; a task list is made from the
+    // probe side's own partition starts (`ops::hash_join::probe_tasks`), so
+    // its partition ids and probe rows lie within them; match_counts holds
+    // the range.
+    unsafe { launch.launch(config(join_blocks(range.end - range.start, sm_count))?) }
+        .during("launching hash_join_count")?;
     Ok(())
 }
 
-/// `hash_join_write`: writes the (build row id, probe row id) pairs of
-/// `partitions` to `out_*[match_offsets[p] - output_base ..]`.
+/// `hash_join_write`: writes the (build row id, probe row id) pairs of the
+/// tasks in `range` to `out_*[match_offsets[t] - output_base ..]`.
 #[allow(clippy::too_many_arguments)]
 pub fn hash_join_write(
     kernels: &Kernels,
@@ -447,16 +495,18 @@ pub fn hash_join_write(
     sm_count: u32,
     build: PartitionedSide<'_>,
     probe: PartitionedSide<'_>,
+    tasks: Option<JoinTasks<'_>>,
     partition_bits: u32,
-    partitions: std::ops::Range<u64>,
+    range: std::ops::Range<u64>,
     match_offsets: &CudaSlice<u64>,
     output_base: u64,
     output_len: usize,
     out_build_ids: &mut CudaSlice<u64>,
     out_probe_ids: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
-    check_join_inputs(&build, &probe, partition_bits, &partitions)?;
-    check_len(match_offsets, partitions.end as usize, "match offsets")?;
+    check_join_inputs(&build, &probe, partition_bits)?;
+    check_join_tasks(tasks, partition_bits, &range)?;
+    check_len(match_offsets, range.end as usize, "match offsets")?;
     check_len(out_build_ids, output_len, "output build ids")?;
     check_len(out_probe_ids, output_len, "output probe ids")?;
     let mut launch = stream.launch_builder(&kernels.hash_join_write);
@@ -466,23 +516,20 @@ pub fn hash_join_write(
         .arg(build.starts)
         .arg(probe.keys)
         .arg(probe.row_ids)
-        .arg(probe.starts)
+        .arg(probe.starts);
+    push_join_tasks(&mut launch, &tasks);
+    launch
         .arg(&partition_bits)
-        .arg(&partitions.start)
-        .arg(&partitions.end)
+        .arg(&range.start)
+        .arg(&range.end)
         .arg(match_offsets)
         .arg(&output_base)
         .arg(out_build_ids)
         .arg(out_probe_ids);
     // SAFETY: the caller passes the offsets of hash_join_count over the same
-    // inputs, and output_len >= the range's match total, so every write lands
-    // in [0, output_len); the other lengths are checked above.
-    unsafe {
-        launch.launch(config(join_blocks(
-            partitions.end - partitions.start,
-            sm_count,
-        ))?)
-    }
-    .during("launching hash_join_write")?;
+    // inputs and tasks, and output_len >= the range's match total, so every
+    // write lands in [0, output_len); the other lengths are checked above.
+    unsafe { launch.launch(config(join_blocks(range.end - range.start, sm_count))?) }
+        .during("launching hash_join_write")?;
     Ok(())
 }
