@@ -91,7 +91,11 @@ fn upload_and_partition(
 /// Device bytes one probe chunk of `rows` rows needs beside the build table,
 /// with at most `max_pairs` output pairs on the device at a time.
 pub fn probe_device_bytes(rows: usize, plan: &RadixPlan, max_pairs: usize, sm_count: u32) -> usize {
-    plan.device_bytes(rows, sm_count) + 8 * 2 * (plan.partitions() + 1) + 16 * max_pairs
+    // Match counts and offsets per join task, and the task list where a
+    // heavy partition is split (see [`probe_tasks`]): at most one task per
+    // partition and one more per `PROBE_TASK_ROWS` rows.
+    let tasks = plan.partitions() + rows.div_ceil(PROBE_TASK_ROWS as usize);
+    plan.device_bytes(rows, sm_count) + 8 * 4 * (tasks + 1) + 16 * max_pairs
 }
 
 /// One range of a probe chunk's matching pairs, on the device.
