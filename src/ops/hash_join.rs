@@ -215,16 +215,21 @@ pub fn probe_partitioned(
     let probe = &probe.keys;
     let sm_count = device.sm_count();
     // A partition holding many probe rows (a skewed probe side) is split
-    // into slices joined by blocks of their own.
-    let mut probe_starts = Vec::new();
-    download_u64(
-        device,
-        stream,
-        &probe.starts.as_view(),
-        &mut probe_starts,
-        timer,
-    )?;
-    let split = probe_tasks(&probe_starts, PROBE_TASK_ROWS);
+    // into slices joined by blocks of their own. A chunk of no more rows
+    // than a slice has no such partition: its starts are not read back.
+    let split = if probe.rows() as u64 > PROBE_TASK_ROWS {
+        let mut probe_starts = Vec::new();
+        download_u64(
+            device,
+            stream,
+            &probe.starts.as_view(),
+            &mut probe_starts,
+            timer,
+        )?;
+        probe_tasks(&probe_starts, PROBE_TASK_ROWS)
+    } else {
+        None
+    };
     let device_tasks = match &split {
         Some((partitions, starts)) => Some((
             upload_u64(device, stream, partitions, timer)?,

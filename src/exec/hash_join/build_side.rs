@@ -327,6 +327,13 @@ impl BuildSide {
         )
     }
 
+    /// Whether nobody has made the table on `device` or makes it now: the
+    /// caller should start it (racy, and harmless when two do: the second
+    /// waits for the first's table in [`Self::device_table`]).
+    pub(crate) fn device_table_unstarted(&self, device: &GpuDevice) -> bool {
+        !self.device_table_ready(device) && !self.device_table_in_progress()
+    }
+
     /// Whether the table is on `device` already (not while another
     /// partition is making it).
     pub(crate) fn device_table_ready(&self, device: &GpuDevice) -> bool {

@@ -324,10 +324,7 @@ impl ProbeLoop {
     /// admissions while it works, as a chunk making the table would.
     fn make_table_in_advance(&mut self, build: &Arc<BuildSide>) {
         let device = &self.spec.device;
-        if build.keys.is_empty()
-            || build.device_table_ready(device)
-            || build.device_table_in_progress()
-        {
+        if build.keys.is_empty() || !build.device_table_unstarted(device) {
             return;
         }
         let (build, device) = (Arc::clone(build), Arc::clone(device));
@@ -737,13 +734,12 @@ fn pairs_on_device(
     // keys (and an aggregation's columns) cross the bus beside it and are
     // partitioned, where the memory they take leaves room for the table.
     let (resident, early) = std::thread::scope(|scope| {
-        let table_maker = (!build.device_table_ready(device) && !build.device_table_in_progress())
-            .then(|| {
-                scope.spawn(|| {
-                    device.bind_to_thread()?;
-                    build.device_table(device, memory_fraction, metrics)
-                })
-            });
+        let table_maker = build.device_table_unstarted(device).then(|| {
+            scope.spawn(|| {
+                device.bind_to_thread()?;
+                build.device_table(device, memory_fraction, metrics)
+            })
+        });
         let early = (table_maker.is_some() || build.device_table_in_progress())
             .then(|| {
                 device.budget().try_reserve(
