@@ -23,8 +23,9 @@ pub use pinned_host::{is_pinned, pin_batches, PinnedRegion};
 pub use runtime::{gpu_availability, gpu_runtime, GpuRuntime, GpuUnavailable};
 pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{
-    download_byte_pieces, download_u64, measure_copy_bandwidth, upload_byte_pieces,
-    upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces, CopyBandwidth,
+    download_byte_pieces, download_u64, enqueue_download, measure_copy_bandwidth,
+    upload_byte_pieces, upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces,
+    CopyBandwidth,
 };
 
 /// Device memory on one stream. Re-exported so the `ops` layer can name it

@@ -105,8 +105,9 @@ pub fn upload_byte_pieces_in_windows(
         padding.fill(0);
         timer.add_host_staging(filling.elapsed());
         timer.time_on(stream, Phase::HostToDevice, || {
-            let src = PinnedPrefix {
+            let src = PinnedRange {
                 buffer: staging.raw_mut(),
+                start: 0,
                 len: words,
             };
             let mut window_of_dst = dst.slice_mut(first_word..first_word + words);
@@ -255,11 +256,37 @@ fn download_to_staging(
         return Ok(None);
     }
     let mut staging = device.pinned().take(len)?;
+    enqueue_download(stream, device_data, &mut staging, 0, timer)?;
+    Ok(Some(staging))
+}
+
+/// Enqueues the copy of `device_data` into words `at..at + len` of
+/// `staging` on `stream`, without waiting: the buffer's own event makes
+/// its next host read wait for the copy, so several copies into one
+/// buffer are read once the last has landed.
+pub fn enqueue_download(
+    stream: &Arc<CudaStream>,
+    device_data: &CudaView<'_, u64>,
+    staging: &mut PinnedBuffer,
+    at: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<()> {
+    let len = device_data.len();
+    if len == 0 {
+        return Ok(());
+    }
+    if at + len > staging.len() {
+        return Err(GpuError::Invalid(format!(
+            "{len} words at {at} of a staging buffer of {}",
+            staging.len()
+        )));
+    }
     timer.time_on(stream, Phase::DeviceToHost, || {
-        // The prefix matters: the driver copies as many bytes as the host
+        // The range matters: the driver copies as many bytes as the host
         // slice holds, and the pooled buffer may be larger than the data.
-        let mut dst = PinnedPrefix {
+        let mut dst = PinnedRange {
             buffer: staging.raw_mut(),
+            start: at,
             len,
         };
         stream
@@ -267,7 +294,7 @@ fn download_to_staging(
             .during("copying from the device")
     })?;
     timer.add_bytes(Phase::DeviceToHost, 8 * len);
-    Ok(Some(staging))
+    Ok(())
 }
 
 /// Copies the first `bytes` bytes of the words of `device_data` to the host
@@ -345,15 +372,16 @@ fn copy_out_in_parallel(pieces: &[&[u8]], threads: usize) -> GpuResult<Vec<Buffe
     })
 }
 
-/// The first `len` elements of a pinned buffer, as a host slice the driver
-/// copies to or from asynchronously. cudarc copies the whole host slice, so
-/// a pooled buffer larger than the data must be narrowed to it.
-struct PinnedPrefix<'a> {
+/// Elements `start..start + len` of a pinned buffer, as a host slice the
+/// driver copies to or from asynchronously. cudarc copies the whole host
+/// slice, so a pooled buffer larger than the data must be narrowed to it.
+struct PinnedRange<'a> {
     buffer: &'a mut cudarc::driver::PinnedHostSlice<u64>,
+    start: usize,
     len: usize,
 }
 
-impl cudarc::driver::HostSlice<u64> for PinnedPrefix<'_> {
+impl cudarc::driver::HostSlice<u64> for PinnedRange<'_> {
     fn len(&self) -> usize {
         self.len
     }
@@ -362,19 +390,21 @@ impl cudarc::driver::HostSlice<u64> for PinnedPrefix<'_> {
         &'b self,
         stream: &'b CudaStream,
     ) -> (&'b [u64], cudarc::driver::SyncOnDrop<'b>) {
-        // SAFETY: forwarded to the pinned slice under the same contract.
+        let range = self.start..self.start + self.len;
+        // SAFETY: forwarded to the pinned slice under the same contract;
+        // callers build the range within the buffer (`enqueue_download`).
         let (full, sync) = unsafe { self.buffer.stream_synced_slice(stream) };
-        (&full[..self.len], sync)
+        (&full[range], sync)
     }
 
     unsafe fn stream_synced_mut_slice<'b>(
         &'b mut self,
         stream: &'b CudaStream,
     ) -> (&'b mut [u64], cudarc::driver::SyncOnDrop<'b>) {
-        let len = self.len;
+        let range = self.start..self.start + self.len;
         // SAFETY: forwarded to the pinned slice under the same contract.
         let (full, sync) = unsafe { self.buffer.stream_synced_mut_slice(stream) };
-        (&mut full[..len], sync)
+        (&mut full[range], sync)
     }
 }
 
@@ -421,8 +451,9 @@ pub fn measure_copy_bandwidth(
     for round in 0..=repeats {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         timer.time_on(stream, Phase::HostToDevice, || {
-            let src = PinnedPrefix {
+            let src = PinnedRange {
                 buffer: staging.raw_mut(),
+                start: 0,
                 len: elements,
             };
             stream
@@ -430,8 +461,9 @@ pub fn measure_copy_bandwidth(
                 .during("copying to the device")
         })?;
         timer.time_on(stream, Phase::DeviceToHost, || {
-            let mut dst = PinnedPrefix {
+            let mut dst = PinnedRange {
                 buffer: staging.raw_mut(),
+                start: 0,
                 len: elements,
             };
             stream

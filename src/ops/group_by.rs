@@ -33,6 +33,11 @@ use crate::gpu::{
     GpuResult, Phase, PhaseTimer,
 };
 
+mod results;
+
+use results::DeviceReduced;
+pub use results::{DeviceGrouped, GroupedWindow, ReducedWindow};
+
 /// A piece of a column's words, owned or borrowed from wherever the caller
 /// keeps them (an Arrow buffer of 8-byte values needs no copy).
 pub type WordPiece = Box<dyn AsRef<[u64]> + Send + Sync>;
@@ -440,7 +445,8 @@ pub fn group_by_device_bytes(
 /// The keys' copy and every kernel go onto `stream`; the inputs and bitmaps
 /// are copied on `copy_stream`, so that they cross the bus while the device
 /// numbers the groups (the kernels that read them wait for their copies).
-/// The same stream may be passed twice.
+/// The same stream may be passed twice. Every result comes back at once:
+/// [`group_on_device`] brings them back in windows instead.
 #[allow(clippy::too_many_arguments)]
 pub fn group_by(
     device: &GpuDevice,
@@ -454,6 +460,42 @@ pub fn group_by(
     back: GroupsBack,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Grouped> {
+    group_on_device(
+        device,
+        stream,
+        copy_stream,
+        keys,
+        ids,
+        rows,
+        inputs,
+        bitmaps,
+        back,
+        timer,
+    )?
+    .download(device, DOWNLOAD_WINDOW_WORDS, timer)
+}
+
+/// Words of the pinned buffer each window of [`DeviceGrouped::download`]
+/// takes (32 MiB).
+pub const DOWNLOAD_WINDOW_WORDS: usize = 1 << 22;
+
+/// [`group_by`] up to the results, which stay on the device: the group
+/// count, and with [`GroupsBack::RowsAndRowGroups`] the group of every row,
+/// are on the host; each group's identity and every reduction come back
+/// window by window through [`DeviceGrouped::bring_back`].
+#[allow(clippy::too_many_arguments)]
+pub fn group_on_device(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    copy_stream: &Arc<CudaStream>,
+    keys: Option<&Words>,
+    ids: GroupIds,
+    rows: usize,
+    inputs: &[ReduceInput],
+    bitmaps: &[Vec<u64>],
+    back: GroupsBack,
+    timer: &mut PhaseTimer,
+) -> GpuResult<DeviceGrouped> {
     check_inputs(keys, rows, inputs, bitmaps)?;
     if ids.in_key_order() && back == GroupsBack::RowsAndRowGroups {
         return Err(GpuError::Invalid(
@@ -464,20 +506,48 @@ pub fn group_by(
     // Everything is enqueued before the host first waits for the device:
     // the keys' copy and the grouping kernels, then every column's copy on
     // the copy stream, so that the host stages the columns and the bus
-    // carries them while the grouping kernels run.
-    let pending = keys
-        .map(|keys| match ids {
-            GroupIds::Hashed => launch_group_assignment(device, stream, keys, None, timer),
-            GroupIds::Partitioned { partition_bits } => {
-                launch_partitioned_group_assignment(device, stream, keys, partition_bits, timer)
+    // carries them while the grouping kernels run. The columns' copies
+    // wait for the keys' own: sharing the bus with them, the keys would
+    // arrive later and the grouping kernels start later, for nothing.
+    let device_keys = match keys {
+        Some(keys) if rows > 0 => {
+            let uploaded = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
+            if !Arc::ptr_eq(stream, copy_stream) {
+                let keys_copied = stream
+                    .record_event(None)
+                    .during("recording the keys' copy")?;
+                copy_stream
+                    .wait(&keys_copied)
+                    .during("ordering the copies after the keys'")?;
             }
+            Some(uploaded)
+        }
+        _ => None,
+    };
+    let pending = keys
+        .map(|_| match ids {
+            GroupIds::Hashed => launch_group_assignment(device, stream, device_keys, None, timer),
+            GroupIds::Partitioned { partition_bits } => launch_partitioned_group_assignment(
+                device,
+                stream,
+                device_keys,
+                partition_bits,
+                timer,
+            ),
             GroupIds::HashedInKeyOrder { transform, .. } => {
-                launch_group_assignment(device, stream, keys, transform, timer)
+                launch_group_assignment(device, stream, device_keys, transform, timer)
             }
             GroupIds::Sorted {
                 key_bits,
                 transform,
-            } => launch_sorted_group_assignment(device, stream, keys, key_bits, transform, timer),
+            } => launch_sorted_group_assignment(
+                device,
+                stream,
+                device_keys,
+                key_bits,
+                transform,
+                timer,
+            ),
         })
         .transpose()?;
     let mut device_bitmaps = bitmaps
@@ -506,11 +576,7 @@ pub fn group_by(
                 finished.key_order,
             )
         }
-        None => (1, Vec::new(), None, None),
-    };
-    let (group_keys, group_rows) = match back {
-        GroupsBack::KeyWords => (identities, Vec::new()),
-        GroupsBack::RowsAndRowGroups => (Vec::new(), identities),
+        None => (1, None, None, None),
     };
     if let Some(positions) = &permutation {
         // The rows' groups are in the partitions' order: so are the inputs.
@@ -578,13 +644,14 @@ pub fn group_by(
             timer,
         )?);
     }
-    Ok(Grouped {
+    Ok(DeviceGrouped {
         groups,
-        group_keys,
-        group_rows,
+        identities,
+        back,
         row_groups: kept_row_groups,
         reduced,
         numbered_in_partitions,
+        stream: Arc::clone(stream),
     })
 }
 
@@ -659,21 +726,20 @@ struct PartitionedPositions {
     overflow: DeviceVec<u64>,
 }
 
-/// Enqueues the keys' copy (made codes on the device first, with
-/// `transform`) and the kernels that give every row a group.
+/// Enqueues the kernels that give every row of the device `keys` (`None`:
+/// no rows) a group, the keys made codes first with `transform`.
 fn launch_group_assignment(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: &Words,
+    keys: Option<DeviceVec<u64>>,
     transform: Option<CodeTransform>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
-    let rows = keys.len();
     let sm_count = device.sm_count();
     let mut group_count = stream
         .alloc_zeros::<u64>(1)
         .during("allocating the group counter")?;
-    if rows == 0 {
+    let Some(mut device_keys) = keys else {
         // No groups; the reductions launch nothing for no rows.
         let none = || stream.alloc_zeros::<u64>(1).during("allocating row groups");
         return Ok(PendingGroups {
@@ -681,11 +747,11 @@ fn launch_group_assignment(
             group_count,
             first_rows: none()?,
             row_groups: none()?,
-            rows,
+            rows: 0,
             partitioned: None,
         });
-    }
-    let mut device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
+    };
+    let rows = device_keys.len();
     if let Some(transform) = transform {
         timer.time(Phase::Kernel, || {
             launch::ordered_codes(
@@ -784,22 +850,22 @@ fn number_in_global_table(
     // The table is freed in stream order, after the kernels that read it.
 }
 
-/// Enqueues the keys' copy, their radix partitioning with their row ids
-/// and the numbering of each partition's groups (seed 002's PGB).
+/// Enqueues the radix partitioning of the device `keys` (`None`: no rows)
+/// with their row ids and the numbering of each partition's groups (seed
+/// 002's PGB).
 fn launch_partitioned_group_assignment(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: &Words,
+    keys: Option<DeviceVec<u64>>,
     partition_bits: u32,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
-    let rows = keys.len();
-    if rows == 0 {
-        return launch_group_assignment(device, stream, keys, None, timer);
-    }
+    let Some(device_keys) = keys else {
+        return launch_group_assignment(device, stream, None, None, timer);
+    };
+    let rows = device_keys.len();
     let sm_count = device.sm_count();
     let kernels = device.kernels();
-    let device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
     let plan = RadixPlan::new(partition_bits);
     let partitions = plan.partitions();
     // SAFETY (all four): iota writes every row id; partitioned_group_ids
@@ -892,23 +958,22 @@ fn gathered_bits(
     Ok(out)
 }
 
-/// Enqueues the keys' copy, their sort and the kernels that give every row
-/// the rank of its key among the distinct keys.
+/// Enqueues the sort of the device `keys` (`None`: no rows) and the
+/// kernels that give every row the rank of its key among the distinct keys.
 fn launch_sorted_group_assignment(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: &Words,
+    keys: Option<DeviceVec<u64>>,
     key_bits: u32,
     transform: Option<CodeTransform>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
-    let rows = keys.len();
-    if rows == 0 {
-        return launch_group_assignment(device, stream, keys, None, timer);
-    }
+    let Some(mut device_keys) = keys else {
+        return launch_group_assignment(device, stream, None, None, timer);
+    };
+    let rows = device_keys.len();
     let sm_count = device.sm_count();
     let kernels = device.kernels();
-    let mut device_keys = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
     // SAFETY (all four): iota, the heads kernel and sorted_group_ids write
     // every element of the first three; group_firsts[0..groups) is written
     // and only that is read.
@@ -957,8 +1022,9 @@ fn launch_sorted_group_assignment(
 /// Stage 1, finished.
 struct FinishedGroups {
     groups: usize,
-    /// What identifies each group on the host, as asked for.
-    identities: Vec<u64>,
+    /// What identifies each group on the host, as asked for, in its first
+    /// `groups` words (`None` without rows).
+    identities: Option<DeviceVec<u64>>,
     /// The group of every row, on the device.
     row_groups: DeviceVec<u64>,
     /// Where groups come back in key order: the group at each position.
@@ -989,7 +1055,7 @@ impl PendingGroups {
         if self.rows == 0 {
             return Ok(FinishedGroups {
                 groups: 0,
-                identities: Vec::new(),
+                identities: None,
                 row_groups: self.row_groups,
                 key_order: None,
                 permutation: None,
@@ -1047,9 +1113,8 @@ impl PendingGroups {
                 self.rows
             )));
         }
-        let mut identities = Vec::with_capacity(groups);
         let mut key_order = None;
-        match back {
+        let identities = match back {
             GroupsBack::RowsAndRowGroups if order_bits.is_some() => {
                 return Err(GpuError::Invalid(
                     "groups in key order give key words, not rows".into(),
@@ -1072,21 +1137,9 @@ impl PendingGroups {
                             &mut group_rows,
                         )
                     })?;
-                    download_u64(
-                        device,
-                        stream,
-                        &group_rows.as_view(),
-                        &mut identities,
-                        timer,
-                    )?
+                    group_rows
                 }
-                None => download_u64(
-                    device,
-                    stream,
-                    &self.first_rows.slice(0..groups),
-                    &mut identities,
-                    timer,
-                )?,
+                None => self.first_rows,
             },
             GroupsBack::KeyWords => {
                 // SAFETY: the gather below writes all `groups` words, and
@@ -1115,18 +1168,12 @@ impl PendingGroups {
                     group_keys = sorted.keys;
                     key_order = Some(sorted.row_ids);
                 }
-                download_u64(
-                    device,
-                    stream,
-                    &group_keys.as_view(),
-                    &mut identities,
-                    timer,
-                )?;
+                group_keys
             }
-        }
+        };
         Ok(FinishedGroups {
             groups,
-            identities,
+            identities: Some(identities),
             row_groups: self.row_groups,
             key_order,
             permutation: partitioned.map(|p| p.row_ids),
@@ -1204,7 +1251,7 @@ fn reduce(
     column: UploadedInput,
     key_order: Option<&DeviceVec<u64>>,
     timer: &mut PhaseTimer,
-) -> GpuResult<Reduced> {
+) -> GpuResult<DeviceReduced> {
     let groups = rows.groups;
     let kernels = device.kernels();
     let new_output = |timer: &mut PhaseTimer, identity: u64| -> GpuResult<DeviceVec<u64>> {
@@ -1216,34 +1263,25 @@ fn reduce(
         })?;
         Ok(out)
     };
-    let download = |out: &DeviceVec<u64>, timer: &mut PhaseTimer| -> GpuResult<Vec<u64>> {
-        let mut host = Vec::with_capacity(groups);
-        match key_order {
-            Some(order) => {
-                // SAFETY: the gather writes all `groups` words.
-                let mut ordered: DeviceVec<u64> =
-                    unsafe { stream.alloc(groups) }.during("allocating ordered results")?;
-                timer.time(Phase::Kernel, || {
-                    launch::gather_u64(kernels, stream, sm_count, out, order, groups, &mut ordered)
-                })?;
-                download_u64(device, stream, &ordered.as_view(), &mut host, timer)?;
-            }
-            None => download_u64(device, stream, &out.slice(0..groups), &mut host, timer)?,
-        }
-        Ok(host)
+    // Results in key order are gathered into it on the device.
+    let ordered = |out: DeviceVec<u64>, timer: &mut PhaseTimer| -> GpuResult<DeviceVec<u64>> {
+        let Some(order) = key_order else {
+            return Ok(out);
+        };
+        // SAFETY: the gather writes all `groups` words.
+        let mut ordered: DeviceVec<u64> =
+            unsafe { stream.alloc(groups.max(1)) }.during("allocating ordered results")?;
+        timer.time(Phase::Kernel, || {
+            launch::gather_u64(kernels, stream, sm_count, &out, order, groups, &mut ordered)
+        })?;
+        Ok(ordered)
     };
     if rows.rows == 0 {
         // Nothing to reduce: every group (the one group without keys) keeps
         // the identity.
-        let identity = input.reduction.identity();
-        let high_words = if input.reduction.is_wide() {
-            vec![identity; groups]
-        } else {
-            Vec::new()
-        };
-        return Ok(Reduced {
-            values: vec![identity; groups],
-            high_words,
+        return Ok(DeviceReduced::Identity {
+            word: input.reduction.identity(),
+            wide: input.reduction.is_wide(),
         });
     }
     let UploadedInput { values, high } = column;
@@ -1270,9 +1308,9 @@ fn reduce(
                     &mut out,
                 )
             })?;
-            Ok(Reduced {
-                values: download(&out, timer)?,
-                high_words: Vec::new(),
+            Ok(DeviceReduced::Words {
+                values: ordered(out, timer)?,
+                high: None,
             })
         }
         Reduction::SumF64 => {
@@ -1281,9 +1319,9 @@ fn reduce(
             timer.time(Phase::Kernel, || {
                 launch::aggregate_f64_sum(kernels, stream, sm_count, rows, &values, &mut out)
             })?;
-            Ok(Reduced {
-                values: download(&out, timer)?,
-                high_words: Vec::new(),
+            Ok(DeviceReduced::Words {
+                values: ordered(out, timer)?,
+                high: None,
             })
         }
         Reduction::SumF64Fixed => {
@@ -1313,17 +1351,11 @@ fn reduce(
                     &mut out_hi,
                 )
             })?;
-            let (top, specials) = (download(&top, timer)?, download(&specials, timer)?);
-            let (lo, hi) = (download(&out_lo, timer)?, download(&out_hi, timer)?);
-            let values = (0..groups)
-                .map(|g| {
-                    let sum = ((u128::from(hi[g]) << 64) | u128::from(lo[g])) as i128;
-                    fixed_sum_to_f64(sum, top[g], specials[g]).to_bits()
-                })
-                .collect();
-            Ok(Reduced {
-                values,
-                high_words: Vec::new(),
+            Ok(DeviceReduced::FixedF64 {
+                top: ordered(top, timer)?,
+                specials: ordered(specials, timer)?,
+                lo: ordered(out_lo, timer)?,
+                hi: ordered(out_hi, timer)?,
             })
         }
         Reduction::SumI128 => {
@@ -1342,9 +1374,9 @@ fn reduce(
                     &mut out_hi,
                 )
             })?;
-            Ok(Reduced {
-                values: download(&out_lo, timer)?,
-                high_words: download(&out_hi, timer)?,
+            Ok(DeviceReduced::Words {
+                values: ordered(out_lo, timer)?,
+                high: Some(ordered(out_hi, timer)?),
             })
         }
         Reduction::MinI128 | Reduction::MaxI128 => {
@@ -1382,9 +1414,9 @@ fn reduce(
                     &mut out_lo,
                 )
             })?;
-            Ok(Reduced {
-                values: download(&out_lo, timer)?,
-                high_words: download(&out_hi, timer)?,
+            Ok(DeviceReduced::Words {
+                values: ordered(out_lo, timer)?,
+                high: Some(ordered(out_hi, timer)?),
             })
         }
     }

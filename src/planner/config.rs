@@ -189,6 +189,14 @@ extensions_options! {
         /// send the partition to DataFusion's CPU operator. Fewer bits make
         /// that happen on purpose. Keep 64.
         pub hashed_group_key_bits: u32, default = 64
+        /// Words (8 bytes each) of pinned host memory that one window of an
+        /// aggregation's per-group results takes as it comes back from the
+        /// device: the host turns one window into output batches, on every
+        /// core, while the next crosses the bus. A window holds at least one
+        /// output batch's groups (`datafusion.execution.batch_size`); 1
+        /// makes every batch a window of its own (tests). The default
+        /// (16 MiB) keeps the bus and the host both busy at 2^24 groups.
+        pub result_window_words: usize, default = 2_097_152
     }
 }
 

@@ -16,7 +16,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
-use datafusion_gpu::gpu::{launch, PhaseTimer};
+use datafusion_gpu::gpu::{launch, GpuError, PhaseTimer};
 use datafusion_gpu::ops::group_by::{self, GroupIds, GroupsBack, ReduceInput, Reduction, Words};
 use datafusion_gpu::GpuAggregateExec;
 use rand::rngs::StdRng;
@@ -167,6 +167,13 @@ const GROUPED_INPUTS: [(usize, Keys); 4] = [
     ),
 ];
 
+/// Settings that bring an aggregation's results back in windows of one
+/// batch of 512 groups each: every grouped input makes several.
+const SMALL_RESULT_WINDOWS: [&str; 2] = [
+    "SET gpu.result_window_words = 1",
+    "SET datafusion.execution.batch_size = 512",
+];
+
 async fn contexts(partitions: usize, extra: &[&str]) -> (SessionContext, SessionContext) {
     (
         gpu_context(JoinMode::CollectLeft, partitions, extra).await,
@@ -261,6 +268,9 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
         let mut settings = vec![phases];
         if in_partitions {
             settings.push("SET gpu.min_groups_to_partition = 0");
+            // And the results brought back in many windows of one small
+            // batch each.
+            settings.extend(SMALL_RESULT_WINDOWS);
         }
         let (gpu, cpu) = contexts(partitions, &settings).await;
         for (rows, dist) in GROUPED_INPUTS {
@@ -681,8 +691,14 @@ async fn groups_sorted_on_the_device_come_in_the_order_of_the_sort_they_replace(
     // Queries whose groups were numbered by sorting the rows (nearly every
     // row its own group), and by sorting the hash table's groups.
     let (mut rows_sorted, mut groups_sorted) = (0, 0);
-    for (partitions, phases) in PLANS {
-        let (gpu, cpu) = contexts(partitions, &[phases]).await;
+    for (plan, (partitions, phases)) in PLANS.into_iter().enumerate() {
+        // One plan with its results brought back in many small windows,
+        // whose batches must follow each other in key order.
+        let mut settings = vec![phases];
+        if plan == 1 {
+            settings.extend(SMALL_RESULT_WINDOWS);
+        }
+        let (gpu, cpu) = contexts(partitions, &settings).await;
         let empty = (0, Keys::Uniform { domain: 10 });
         for (rows, dist) in std::iter::once(empty).chain(GROUPED_INPUTS) {
             register([&gpu, &cpu], table(rows, dist, partitions, rows as u64 + 3));
@@ -822,7 +838,7 @@ async fn device_group_by_matches_the_reference() {
         // 1536 groups), a few, and as many as the groups call for.
         let in_partitions = |partition_bits| GroupIds::Partitioned { partition_bits };
         let planned_bits = group_by::partition_bits_for_groups(rows.min(domain as usize));
-        for (with_keys, ids, back) in [
+        for (case, (with_keys, ids, back)) in [
             (true, GroupIds::Hashed, GroupsBack::KeyWords),
             (true, GroupIds::Hashed, GroupsBack::RowsAndRowGroups),
             (false, GroupIds::Hashed, GroupsBack::KeyWords),
@@ -833,10 +849,13 @@ async fn device_group_by_matches_the_reference() {
             (true, in_partitions(3), GroupsBack::RowsAndRowGroups),
             (true, in_partitions(planned_bits), GroupsBack::KeyWords),
             (false, in_partitions(3), GroupsBack::KeyWords),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let keys = with_keys.then_some(keys.as_slice());
             let mut timer = PhaseTimer::new(Arc::clone(stream));
-            let got = group_by::group_by(
+            let on_device = group_by::group_on_device(
                 &device,
                 stream,
                 copy_stream,
@@ -849,6 +868,69 @@ async fn device_group_by_matches_the_reference() {
                 &mut timer,
             )
             .unwrap();
+            let got = if case % 2 == 0 {
+                // As `group_by` brings them back.
+                on_device
+                    .download(&device, group_by::DOWNLOAD_WINDOW_WORDS, &mut timer)
+                    .unwrap()
+            } else {
+                // The results brought back in about five windows, the last
+                // one shorter, through two pinned buffers in turn.
+                let window = (on_device.groups / 5).max(1);
+                let window_words = window * on_device.words_per_group() + 1;
+                let got = on_device
+                    .download(&device, window_words, &mut timer)
+                    .unwrap();
+                // The same results again, through 4 threads taking tasks of
+                // 3 groups from about as many windows: every group once, in
+                // order, each task's words as downloaded.
+                let tasks = on_device
+                    .bring_back_in_parallel(&device, window, 3, 4, &mut timer, |w, groups| {
+                        let words = |all: &[u64]| all.get(groups.clone()).unwrap_or(&[]).to_vec();
+                        let reduced: Vec<(Vec<u64>, Vec<u64>)> = w
+                            .reduced
+                            .iter()
+                            .map(|r| (words(&r.values), words(&r.high_words)))
+                            .collect();
+                        Ok::<_, GpuError>((
+                            w.groups.start + groups.start..w.groups.start + groups.end,
+                            words(w.identities),
+                            reduced,
+                        ))
+                    })
+                    .unwrap();
+                assert_eq!(tasks.len(), on_device.groups.div_ceil(3));
+                let mut next = 0;
+                let mut identities = Vec::new();
+                let mut reduced = vec![(Vec::new(), Vec::new()); inputs.len()];
+                for (groups, task_identities, task_reduced) in tasks {
+                    assert_eq!(groups.start, next, "rows {rows}, domain {domain}");
+                    assert!(groups.len() <= 3 && !groups.is_empty());
+                    next = groups.end;
+                    identities.extend(task_identities);
+                    for (all, (values, high)) in reduced.iter_mut().zip(task_reduced) {
+                        all.0.extend(values);
+                        all.1.extend(high);
+                    }
+                }
+                assert_eq!(next, on_device.groups);
+                let downloaded = match back {
+                    GroupsBack::KeyWords => &got.group_keys,
+                    GroupsBack::RowsAndRowGroups => &got.group_rows,
+                };
+                assert_eq!(&identities, downloaded, "rows {rows}, domain {domain}");
+                for (i, (all, want)) in reduced.iter().zip(&got.reduced).enumerate() {
+                    assert_eq!(
+                        all.0, want.values,
+                        "rows {rows}, domain {domain}, input {i}"
+                    );
+                    assert_eq!(
+                        all.1, want.high_words,
+                        "rows {rows}, domain {domain}, input {i}"
+                    );
+                }
+                got
+            };
             timer.finish().unwrap();
             let want = group_by::reference::group_by(keys, rows, &inputs, &bitmaps);
             assert_eq!(got.groups, want.groups, "rows {rows}, domain {domain}");

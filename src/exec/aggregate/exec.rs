@@ -398,6 +398,7 @@ impl ExecutionPlan for GpuAggregateExec {
             min_groups: options.min_groups,
             hashed_group_keys: options.hashed_group_keys,
             min_groups_to_partition: options.min_groups_to_partition,
+            result_window_words: options.result_window_words,
             metrics: GpuAggregateMetrics::new(&self.metrics, partition),
         }))
     }

@@ -18,7 +18,7 @@ use datafusion::logical_expr::EmitTo;
 
 use super::spec::{AggregateKind, GpuAggregate, ValueKind};
 use super::words::{column_from_words, ordered_words, row_validity, sum_words, ColumnWords};
-use crate::ops::group_by::{ReduceInput, Reduced, Reduction};
+use crate::ops::group_by::{ReduceInput, ReducedWindow, Reduction};
 
 /// How one state column comes from the reductions' results.
 #[derive(Debug, Clone)]
@@ -219,15 +219,15 @@ impl DeviceWork {
     }
 
     /// The output columns of aggregate `index` for the groups `groups` (a
-    /// range of group ids, so that batches are built on several threads,
-    /// each owning its memory): its final value (`final_output`), computed
+    /// range of the groups whose results `reduced` holds, so that batches
+    /// are built on several threads, each owning its memory): its final value (`final_output`), computed
     /// by the function's own accumulator from the state the device
     /// produced, or that state.
     pub(crate) fn finish(
         &self,
         index: usize,
         aggregate: &GpuAggregate,
-        reduced: &[Reduced],
+        reduced: &[ReducedWindow<'_>],
         groups: Range<usize>,
         final_output: bool,
     ) -> Result<Vec<ArrayRef>> {

@@ -8,6 +8,7 @@
 //! shows fewer groups than `gpu.min_groups`), DataFusion's CPU operator
 //! aggregates the collected input instead, and a metric says so.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
@@ -18,6 +19,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::RecordOutput;
@@ -43,8 +45,8 @@ use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{
-    group_by, group_by_device_bytes, partition_bits_for_groups, GroupIds, Grouped, GroupsBack,
-    Words,
+    group_by_device_bytes, group_on_device, partition_bits_for_groups, DeviceGrouped, GroupIds,
+    GroupsBack, ReducedWindow, Words,
 };
 use crate::planner::cpu_phases_over;
 use crate::trace;
@@ -102,6 +104,9 @@ pub(crate) struct AggregateTask {
     /// `gpu.min_groups_to_partition`: from this many estimated groups, the
     /// device numbers them in hash partitions (PGB).
     pub(crate) min_groups_to_partition: usize,
+    /// `gpu.result_window_words`: pinned words per window of results
+    /// brought back.
+    pub(crate) result_window_words: usize,
     pub(crate) batch_size: usize,
     pub(crate) metrics: GpuAggregateMetrics,
 }
@@ -142,6 +147,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         min_groups: task.min_groups,
         hashed_group_keys: task.hashed_group_keys,
         min_groups_to_partition: task.min_groups_to_partition,
+        result_window_words: task.result_window_words,
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
     });
@@ -232,6 +238,7 @@ struct DevicePart {
     min_groups: usize,
     hashed_group_keys: bool,
     min_groups_to_partition: usize,
+    result_window_words: usize,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
 }
@@ -294,6 +301,19 @@ fn evaluate_pieces(
     exprs: &[Arc<dyn PhysicalExpr>],
     batches: &[RecordBatch],
 ) -> Result<Vec<Vec<ArrayRef>>> {
+    if exprs.iter().all(|e| e.downcast_ref::<Column>().is_some()) {
+        // Columns as they are: nothing to compute, and starting threads
+        // costs more than taking a column of each batch here.
+        return exprs
+            .iter()
+            .map(|expr| {
+                batches
+                    .iter()
+                    .map(|batch| expr.evaluate(batch)?.into_array(batch.num_rows()))
+                    .collect()
+            })
+            .collect();
+    }
     let rows = batches.iter().map(|b| b.num_rows()).sum();
     let threads = threads_for(batches.len(), rows);
     let per_range = on_ranges(batches.len(), threads, |range| {
@@ -328,6 +348,7 @@ impl DevicePart {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         // Floats as DataFusion stores group values, `-0.0` folded into `+0.0`.
         let key_columns = fold_negative_zeros(evaluate_pieces(&inputs.group_exprs, batches)?)?;
+        trace::event(|| "aggregation: group keys evaluated".into());
         // Every choice below that depends on the groups reads this sample.
         let sample = (self.spec.keys.is_some()
             && (self.min_groups > 0
@@ -335,6 +356,7 @@ impl DevicePart {
                 || self.min_groups_to_partition < usize::MAX))
             .then(|| sampled_distinct_keys(&key_columns, GROUP_SAMPLE_ROWS))
             .transpose()?;
+        trace::event(|| format!("aggregation: keys sampled ({sample:?})"));
         if let Some((sampled, distinct)) = sample {
             // Statistics rarely know the groups (the rule counts unknown as
             // many): a sample of the keys decides before they are encoded
@@ -378,6 +400,7 @@ impl DevicePart {
             },
             (None, _) => (None, GroupIds::Hashed),
         };
+        trace::event(|| "aggregation: key words made".into());
         let hashed = keys.as_ref().is_some_and(|k| k.hashed());
         if hashed {
             // Each row's group comes back to the host for the key check.
@@ -412,16 +435,20 @@ impl DevicePart {
         }
         prepare.done();
         trace::event(|| format!("aggregation: {rows} rows prepared"));
-        let device = self.metrics.device_wall_time.timer();
+        let device_wall = self.metrics.device_wall_time.timer();
         let back = match hashed {
             true => GroupsBack::RowsAndRowGroups,
             false => GroupsBack::KeyWords,
         };
-        let grouped = self.on_device(keys.as_ref().map(|k| &k.words), ids, rows, &work, back);
-        device.done();
-        trace::event(|| "aggregation: device part done".into());
-        let grouped = match grouped {
-            Ok(grouped) => {
+        let emitted = self.on_device(
+            keys.as_ref().map(|k| &k.words),
+            ids,
+            rows,
+            &work,
+            back,
+            |grouped, timer| {
+                device_wall.done();
+                trace::event(|| "aggregation: groups reduced on the device".into());
                 match ids {
                     GroupIds::Sorted { .. } => self.metrics.sorted_rows_partitions.add(1),
                     GroupIds::Partitioned { .. } if grouped.numbered_in_partitions => {
@@ -432,43 +459,42 @@ impl DevicePart {
                     }
                     _ => {}
                 }
-                grouped
-            }
+                let output = self.emit(grouped, keys.as_ref(), &key_columns, batches, &work, timer);
+                trace::event(|| "aggregation: output made".into());
+                output
+            },
+        );
+        let output = match emitted {
+            Ok(output) => output?,
             Err(e) if e.is_out_of_device_memory() => return Ok(Outcome::OnCpu),
             Err(e) => return Err(e.into()),
         };
-        let emit = self.metrics.emit_time.timer();
-        let size = self.batch_size.max(1);
-        let key_chunks = match &keys {
-            Some(keys) if !hashed => decoded_key_chunks(keys, &grouped, size)?,
-            _ => self.group_key_chunks(&key_columns, batches, &grouped, size)?,
-        };
-        emit.done();
-        trace::event(|| "aggregation: group keys decoded".into());
-        if hashed {
-            let _check = self.metrics.key_check_time.timer();
-            let group_keys = concat_chunks(&key_chunks)?;
-            if !groups_hold_one_key(&key_columns, &group_keys, &grouped.row_groups)? {
-                // Two different keys shared a hash: the groups are wrong.
+        match output {
+            Some((groups, output)) => {
+                self.metrics.groups.add(groups);
+                Ok(Outcome::Batches(output))
+            }
+            // Two different keys shared a hash: the groups are wrong.
+            None => {
                 self.metrics.hashed_key_collisions.add(1);
-                return Ok(Outcome::OnCpu);
+                Ok(Outcome::OnCpu)
             }
         }
-        self.metrics.groups.add(grouped.groups);
-        let _emit = self.metrics.emit_time.timer();
-        let output = self.output(key_chunks, &work, &grouped, size);
-        trace::event(|| "aggregation: output made".into());
-        output.map(Outcome::Batches)
     }
 
-    fn on_device(
+    /// Runs the device part up to the results, which stay on the device,
+    /// and hands them to `emit` while the device and its memory are still
+    /// held: errors of the device part are returned as they are (the caller
+    /// falls back on out-of-memory), those of `emit` inside.
+    fn on_device<T>(
         &self,
         keys: Option<&Words>,
         ids: GroupIds,
         rows: usize,
         work: &DeviceWork,
         back: GroupsBack,
-    ) -> GpuResult<Grouped> {
+        emit: impl FnOnce(&DeviceGrouped, &mut PhaseTimer) -> Result<T>,
+    ) -> GpuResult<Result<T>> {
         let waiting = std::time::Instant::now();
         let _admission = self.device.admit(self.max_concurrent_tasks);
         self.metrics
@@ -498,7 +524,7 @@ impl DevicePart {
         // groups are numbered.
         let copy_stream = self.device.stream()?;
         let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
-        let grouped = group_by(
+        let grouped = group_on_device(
             &self.device,
             stream.stream(),
             copy_stream.stream(),
@@ -510,107 +536,135 @@ impl DevicePart {
             back,
             &mut timer,
         )?;
+        let emitted = emit(&grouped, &mut timer);
+        // Freed in stream order before the timer waits for the streams.
+        drop(grouped);
         self.metrics.device.record(&timer.finish()?);
-        Ok(grouped)
+        Ok(emitted)
     }
 
-    /// Each group's key columns, read from the row that stands for it, in
-    /// chunks of `size` groups (one per output batch): hashed keys, whose
-    /// words cannot be decoded. The rows are spread over the input at
-    /// random, so each group costs a cache miss: the chunks are read on
-    /// every core.
-    fn group_key_chunks(
+    /// The output batches of the groups on the device, one per
+    /// `batch_size` groups, built on every core as the results' windows
+    /// land while the next ones cross the bus; with the group count.
+    /// `None` where hashed keys turn out to have collided.
+    fn emit(
         &self,
+        grouped: &DeviceGrouped,
+        keys: Option<&GroupKeyWords>,
         key_columns: &[Vec<ArrayRef>],
         batches: &[RecordBatch],
-        grouped: &Grouped,
-        size: usize,
-    ) -> Result<Vec<Vec<ArrayRef>>> {
-        let chunks = grouped.groups.div_ceil(size);
-        if self.spec.keys.is_none() {
-            return Ok(vec![Vec::new(); chunks]);
+        work: &DeviceWork,
+        timer: &mut PhaseTimer,
+    ) -> Result<Option<(usize, Vec<RecordBatch>)>> {
+        let _emit = self.metrics.emit_time.timer();
+        let size = self.batch_size.max(1);
+        let hashed = keys.is_some_and(|k| k.hashed());
+        let window = window_groups(self.result_window_words, grouped.words_per_group(), size);
+        let mut output = Vec::with_capacity(grouped.groups.div_ceil(size));
+        // Hashed keys are checked once every group's keys are known.
+        let mut checked_keys = Vec::new();
+        // Where each batch begins among the rows (hashed keys are read from
+        // a row of each group).
+        let starts = match hashed {
+            true => starts_of(batches.iter().map(|b| b.num_rows())),
+            false => Vec::new(),
+        };
+        let per_batch = grouped.bring_back_in_parallel(
+            &self.device,
+            window,
+            size,
+            host_threads(),
+            timer,
+            |window, groups| {
+                let identities = window.identities.get(groups.clone()).unwrap_or(&[]);
+                let key_chunk = match keys {
+                    Some(keys) if !hashed => keys.decode(identities)?,
+                    _ => self.keys_of_group_rows(key_columns, &starts, identities)?,
+                };
+                let batch = self.output_batch(key_chunk.clone(), work, &window.reduced, groups)?;
+                Ok::<_, DataFusionError>((hashed.then_some(key_chunk), batch))
+            },
+        )?;
+        for (key_chunk, batch) in per_batch {
+            checked_keys.extend(key_chunk);
+            output.push(batch);
         }
-        // Where each batch begins among the rows.
-        let starts = starts_of(batches.iter().map(|b| b.num_rows()));
-        let per_range = on_ranges(chunks, host_threads(), |range| {
-            range
-                .map(|chunk| {
-                    let groups = chunk * size..((chunk + 1) * size).min(grouped.groups);
-                    // (batch, row in batch) of each group's row.
-                    let at: Vec<(usize, usize)> = grouped.group_rows[groups]
-                        .iter()
-                        .map(|&row| {
-                            let row = row as usize;
-                            let batch = starts.partition_point(|&s| s <= row) - 1;
-                            (batch, row - starts[batch])
-                        })
-                        .collect();
-                    key_columns
-                        .iter()
-                        .map(|pieces| {
-                            let sources: Vec<&dyn Array> =
-                                pieces.iter().map(|p| p.as_ref()).collect();
-                            Ok(interleave(&sources, &at)?)
-                        })
-                        .collect::<Result<Vec<ArrayRef>>>()
-                })
-                .collect::<Result<Vec<_>>>()
-        })?;
-        Ok(per_range.into_iter().flatten().collect())
+        trace::event(|| "aggregation: groups brought back".into());
+        if hashed {
+            let _check = self.metrics.key_check_time.timer();
+            let group_keys = concat_chunks(&checked_keys)?;
+            if !groups_hold_one_key(key_columns, &group_keys, &grouped.row_groups)? {
+                return Ok(None);
+            }
+        }
+        Ok(Some((grouped.groups, output)))
     }
 
-    /// The output batches, one per chunk of `size` groups, built on every
-    /// core: the group keys, then each aggregate's value or state columns.
-    fn output(
+    /// The key columns of the groups whose rows are `group_rows`, read
+    /// from those rows (`starts`: where each input batch begins among the
+    /// rows): hashed keys, whose words cannot be decoded. The
+    /// rows are spread over the input at random, so each group costs a
+    /// cache miss (the callers spread the groups over every core).
+    fn keys_of_group_rows(
         &self,
-        key_chunks: Vec<Vec<ArrayRef>>,
+        key_columns: &[Vec<ArrayRef>],
+        starts: &[usize],
+        group_rows: &[u64],
+    ) -> Result<Vec<ArrayRef>> {
+        if self.spec.keys.is_none() {
+            return Ok(Vec::new());
+        }
+        // (batch, row in batch) of each group's row.
+        let at: Vec<(usize, usize)> = group_rows
+            .iter()
+            .map(|&row| {
+                let row = row as usize;
+                let batch = starts.partition_point(|&s| s <= row) - 1;
+                (batch, row - starts[batch])
+            })
+            .collect();
+        key_columns
+            .iter()
+            .map(|pieces| {
+                let sources: Vec<&dyn Array> = pieces.iter().map(|p| p.as_ref()).collect();
+                Ok(interleave(&sources, &at)?)
+            })
+            .collect()
+    }
+
+    /// One output batch: the keys of the groups `groups` of a window (their
+    /// results in `reduced`), then each aggregate's value or state columns.
+    fn output_batch(
+        &self,
+        mut columns: Vec<ArrayRef>,
         work: &DeviceWork,
-        grouped: &Grouped,
-        size: usize,
-    ) -> Result<Vec<RecordBatch>> {
-        let per_range = on_ranges(key_chunks.len(), host_threads(), |range| {
-            range
-                .map(|chunk| {
-                    let groups = chunk * size..((chunk + 1) * size).min(grouped.groups);
-                    let mut columns = key_chunks[chunk].clone();
-                    for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
-                        columns.extend(work.finish(
-                            i,
-                            aggregate,
-                            &grouped.reduced,
-                            groups.clone(),
-                            self.final_output,
-                        )?);
-                    }
-                    Ok(RecordBatch::try_new_with_options(
-                        Arc::clone(&self.output_schema),
-                        columns,
-                        &RecordBatchOptions::new().with_row_count(Some(groups.len())),
-                    )?)
-                })
-                .collect::<Result<Vec<_>>>()
-        })?;
-        Ok(per_range.into_iter().flatten().collect())
+        reduced: &[ReducedWindow<'_>],
+        groups: Range<usize>,
+    ) -> Result<RecordBatch> {
+        let rows = groups.len();
+        for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
+            columns.extend(work.finish(
+                i,
+                aggregate,
+                reduced,
+                groups.clone(),
+                self.final_output,
+            )?);
+        }
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(&self.output_schema),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )?)
     }
 }
 
-/// Each group's key columns decoded from its key word, in chunks of `size`
-/// groups (one per output batch), on every core.
-fn decoded_key_chunks(
-    keys: &GroupKeyWords,
-    grouped: &Grouped,
-    size: usize,
-) -> Result<Vec<Vec<ArrayRef>>> {
-    let chunks = grouped.groups.div_ceil(size);
-    let per_range = on_ranges(chunks, host_threads(), |range| {
-        range
-            .map(|chunk| {
-                let groups = chunk * size..((chunk + 1) * size).min(grouped.groups);
-                keys.decode(&grouped.group_keys[groups])
-            })
-            .collect::<Result<Vec<_>>>()
-    })?;
-    Ok(per_range.into_iter().flatten().collect())
+/// Groups per window of results brought back from the device: a whole
+/// number of output batches of `batch_size` groups, about `window_words`
+/// words in all (`gpu.result_window_words`), at least one batch.
+fn window_groups(window_words: usize, words_per_group: usize, batch_size: usize) -> usize {
+    let groups = window_words / words_per_group.max(1);
+    (groups / batch_size).max(1) * batch_size
 }
 
 /// Each key column whole, from its chunks.

@@ -135,9 +135,21 @@ pub(crate) fn threads_for(pieces: usize, rows: usize) -> usize {
         .max(1)
 }
 
-/// [`piece_words`] of every piece, on every core: a column arrives in
-/// thousands of batches, and even a view costs each one allocations.
+/// [`piece_words`] of every piece, on every core where values are widened:
+/// a column arrives in thousands of batches.
 pub(crate) fn pieces_words(pieces: &[ArrayRef], kind: ValueKind) -> Result<Vec<WordPiece>> {
+    if pieces
+        .iter()
+        .all(|p| p.data_type().primitive_width() == Some(8))
+    {
+        // Each piece is read where it lies: a few allocations a piece,
+        // which cost less on this thread than starting threads for them
+        // (a millisecond or more for all cores on a virtual machine).
+        return pieces
+            .iter()
+            .map(|array| piece_words(array.as_ref(), kind))
+            .collect();
+    }
     let threads = threads_for(pieces.len(), pieces.iter().map(|p| p.len()).sum());
     let per_range = on_ranges(pieces.len(), threads, |range| {
         pieces[range]
