@@ -179,9 +179,11 @@ pub struct GpuAggregateMetrics {
     pub input_time: Time,
     /// Host time evaluating, packing and converting the collected input.
     pub prepare_time: Time,
-    /// Wall time of the device part (waits, copies, kernels, staging).
+    /// Wall time of the device part until the per-group results are on
+    /// the device (waits, copies, kernels, staging).
     pub device_wall_time: Time,
-    /// Host time turning per-group results into output batches.
+    /// Wall time bringing the per-group results back and turning them into
+    /// output batches, the two overlapped.
     pub emit_time: Time,
     /// Copies, kernels and waits on the device.
     pub device: DeviceMetrics,

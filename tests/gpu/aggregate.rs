@@ -874,16 +874,14 @@ async fn device_group_by_matches_the_reference() {
                     .download(&device, group_by::DOWNLOAD_WINDOW_WORDS, &mut timer)
                     .unwrap()
             } else {
-                // The results brought back in about five windows, the last
-                // one shorter, through two pinned buffers in turn.
+                // The results through 4 threads taking tasks of 3 groups
+                // from about five windows, then downloaded in about as many
+                // (the last one shorter) through two pinned buffers in turn:
+                // every group once, in order, each task's words as
+                // downloaded.
                 let window = (on_device.groups / 5).max(1);
                 let window_words = window * on_device.words_per_group() + 1;
-                let got = on_device
-                    .download(&device, window_words, &mut timer)
-                    .unwrap();
-                // The same results again, through 4 threads taking tasks of
-                // 3 groups from about as many windows: every group once, in
-                // order, each task's words as downloaded.
+                let groups = on_device.groups;
                 let tasks = on_device
                     .bring_back_in_parallel(&device, window, 3, 4, &mut timer, |w, groups| {
                         let words = |all: &[u64]| all.get(groups.clone()).unwrap_or(&[]).to_vec();
@@ -899,7 +897,38 @@ async fn device_group_by_matches_the_reference() {
                         ))
                     })
                     .unwrap();
-                assert_eq!(tasks.len(), on_device.groups.div_ceil(3));
+                if groups > 6 {
+                    // A failing task's error comes back; a panicking
+                    // task's as an error of its own.
+                    let failed = on_device.bring_back_in_parallel(
+                        &device,
+                        window,
+                        3,
+                        4,
+                        &mut timer,
+                        |w, g| match w.groups.start + g.start {
+                            3 => Err(GpuError::Invalid("task at 3".into())),
+                            _ => Ok(()),
+                        },
+                    );
+                    assert!(matches!(failed, Err(GpuError::Invalid(m)) if m == "task at 3"));
+                    let panicked = on_device.bring_back_in_parallel(
+                        &device,
+                        window,
+                        3,
+                        4,
+                        &mut timer,
+                        |w, g| {
+                            assert_ne!(w.groups.start + g.start, 6, "a planted panic");
+                            Ok::<_, GpuError>(())
+                        },
+                    );
+                    assert!(panicked.is_err());
+                }
+                let got = on_device
+                    .download(&device, window_words, &mut timer)
+                    .unwrap();
+                assert_eq!(tasks.len(), groups.div_ceil(3));
                 let mut next = 0;
                 let mut identities = Vec::new();
                 let mut reduced = vec![(Vec::new(), Vec::new()); inputs.len()];
@@ -913,7 +942,7 @@ async fn device_group_by_matches_the_reference() {
                         all.1.extend(high);
                     }
                 }
-                assert_eq!(next, on_device.groups);
+                assert_eq!(next, groups);
                 let downloaded = match back {
                     GroupsBack::KeyWords => &got.group_keys,
                     GroupsBack::RowsAndRowGroups => &got.group_rows,

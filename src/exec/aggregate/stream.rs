@@ -42,7 +42,7 @@ use crate::exec::collect::collect_streams;
 use crate::exec::parallel::{on_ranges, starts_of};
 use crate::exec::release::release_in_background;
 use crate::exec::GpuAggregateMetrics;
-use crate::gpu::{GpuDevice, GpuResult, PhaseTimer, ReservationKind};
+use crate::gpu::{GpuDevice, GpuError, GpuResult, PhaseTimer, ReservationKind};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{
     group_by_device_bytes, group_on_device, partition_bits_for_groups, DeviceGrouped, GroupIds,
@@ -221,6 +221,35 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
                 }),
             )))
         }
+    }
+}
+
+/// What emitting a partition's groups gave.
+enum Emitted {
+    /// The group count and the output batches.
+    Batches(usize, Vec<RecordBatch>),
+    /// Two different hashed keys shared a hash: the groups are wrong.
+    Collided,
+    /// No pinned memory for the results' windows.
+    OutOfMemory,
+}
+
+/// An error while the results come back: the device's (out of memory
+/// falls back to the CPU operator), or the host's own.
+enum EmitError {
+    Device(GpuError),
+    Host(DataFusionError),
+}
+
+impl From<GpuError> for EmitError {
+    fn from(e: GpuError) -> Self {
+        EmitError::Device(e)
+    }
+}
+
+impl From<DataFusionError> for EmitError {
+    fn from(e: DataFusionError) -> Self {
+        EmitError::Host(e)
     }
 }
 
@@ -470,15 +499,15 @@ impl DevicePart {
             Err(e) => return Err(e.into()),
         };
         match output {
-            Some((groups, output)) => {
+            Emitted::Batches(groups, output) => {
                 self.metrics.groups.add(groups);
                 Ok(Outcome::Batches(output))
             }
-            // Two different keys shared a hash: the groups are wrong.
-            None => {
+            Emitted::Collided => {
                 self.metrics.hashed_key_collisions.add(1);
                 Ok(Outcome::OnCpu)
             }
+            Emitted::OutOfMemory => Ok(Outcome::OnCpu),
         }
     }
 
@@ -546,7 +575,6 @@ impl DevicePart {
     /// The output batches of the groups on the device, one per
     /// `batch_size` groups, built on every core as the results' windows
     /// land while the next ones cross the bus; with the group count.
-    /// `None` where hashed keys turn out to have collided.
     fn emit(
         &self,
         grouped: &DeviceGrouped,
@@ -555,14 +583,11 @@ impl DevicePart {
         batches: &[RecordBatch],
         work: &DeviceWork,
         timer: &mut PhaseTimer,
-    ) -> Result<Option<(usize, Vec<RecordBatch>)>> {
-        let _emit = self.metrics.emit_time.timer();
+    ) -> Result<Emitted> {
+        let emit_timer = self.metrics.emit_time.timer();
         let size = self.batch_size.max(1);
         let hashed = keys.is_some_and(|k| k.hashed());
         let window = window_groups(self.result_window_words, grouped.words_per_group(), size);
-        let mut output = Vec::with_capacity(grouped.groups.div_ceil(size));
-        // Hashed keys are checked once every group's keys are known.
-        let mut checked_keys = Vec::new();
         // Where each batch begins among the rows (hashed keys are read from
         // a row of each group).
         let starts = match hashed {
@@ -582,22 +607,36 @@ impl DevicePart {
                     _ => self.keys_of_group_rows(key_columns, &starts, identities)?,
                 };
                 let batch = self.output_batch(key_chunk.clone(), work, &window.reduced, groups)?;
-                Ok::<_, DataFusionError>((hashed.then_some(key_chunk), batch))
+                Ok::<_, EmitError>((hashed.then_some(key_chunk), batch))
             },
-        )?;
+        );
+        let per_batch = match per_batch {
+            Ok(per_batch) => per_batch,
+            // Pinned memory for the results' windows could not be had: no
+            // batch has left yet, so the CPU operator can still take over.
+            Err(EmitError::Device(e)) if e.is_out_of_device_memory() => {
+                return Ok(Emitted::OutOfMemory)
+            }
+            Err(EmitError::Device(e)) => return Err(e.into()),
+            Err(EmitError::Host(e)) => return Err(e),
+        };
+        // Hashed keys are checked once every group's keys are known.
+        let mut checked_keys = Vec::new();
+        let mut output = Vec::with_capacity(per_batch.len());
         for (key_chunk, batch) in per_batch {
             checked_keys.extend(key_chunk);
             output.push(batch);
         }
+        emit_timer.done();
         trace::event(|| "aggregation: groups brought back".into());
         if hashed {
             let _check = self.metrics.key_check_time.timer();
             let group_keys = concat_chunks(&checked_keys)?;
             if !groups_hold_one_key(key_columns, &group_keys, &grouped.row_groups)? {
-                return Ok(None);
+                return Ok(Emitted::Collided);
             }
         }
-        Ok(Some((grouped.groups, output)))
+        Ok(Emitted::Batches(grouped.groups, output))
     }
 
     /// The key columns of the groups whose rows are `group_rows`, read

@@ -263,7 +263,8 @@ impl DeviceGrouped {
         timer: &mut PhaseTimer,
         mut on_window: impl FnMut(GroupedWindow<'_>) -> Result<(), E>,
     ) -> Result<(), E> {
-        let window = window_groups.max(1);
+        // No larger than the groups: a window's buffer is sized to it.
+        let window = window_groups.min(self.groups).max(1);
         let windows = self.groups.div_ceil(window);
         let mut buffers = Vec::with_capacity(2);
         for w in 0..windows.min(2) {
@@ -294,8 +295,10 @@ impl DeviceGrouped {
     /// a whole number of tasks), and runs `work` over every task on
     /// `threads` threads started once, which take the tasks in group
     /// order as they come: `work(window, groups)` with `groups` a range of
-    /// the window's own. Returns the tasks' results in group order, or the
-    /// first error. Up to three windows are in pinned buffers at once: one
+    /// the window's own. Returns the tasks' results in group order, or an
+    /// error: of the tasks that failed, the first in group order (tasks not
+    /// yet started when one fails are left out), or the feeding's own; a
+    /// task that panics fails. Up to three windows are in pinned buffers at once: one
     /// or two read by the threads, the next crossing the bus.
     pub fn bring_back_in_parallel<R, E>(
         &self,
@@ -313,7 +316,9 @@ impl DeviceGrouped {
         /// Windows in pinned buffers at once.
         const BUFFERS: usize = 3;
         let task = task_groups.max(1);
-        let window = window_groups.max(1).div_ceil(task) * task;
+        // Whole tasks, and no larger than the groups: a window's buffer is
+        // sized to it.
+        let window = window_groups.min(self.groups).max(1).div_ceil(task) * task;
         let windows = self.groups.div_ceil(window);
         let tasks = self.groups.div_ceil(task);
         let shared = Shared {
@@ -360,8 +365,14 @@ impl DeviceGrouped {
                     }
                 });
             }
+            // The queue is closed however the feeding ends, a panic
+            // included, so that the threads leave and the scope can end.
+            let closing = CloseOnDrop(&shared);
             let main = self.feed(device, &shared, window, task, windows, BUFFERS, timer);
-            shared.close();
+            if main.is_err() {
+                // The tasks queued are dropped, not run.
+                closing.0.abandon();
+            }
             main
         });
         let state = shared
@@ -471,7 +482,7 @@ impl DeviceGrouped {
     /// Every result at once, brought back in windows of `window_words`
     /// words ([`DeviceGrouped::bring_back`]).
     pub fn download(
-        &self,
+        self,
         device: &GpuDevice,
         window_words: usize,
         timer: &mut PhaseTimer,
@@ -495,7 +506,7 @@ impl DeviceGrouped {
             groups: self.groups,
             group_keys,
             group_rows,
-            row_groups: self.row_groups.clone(),
+            row_groups: self.row_groups,
             reduced,
             numbered_in_partitions: self.numbered_in_partitions,
         })
@@ -621,5 +632,19 @@ impl<R, E> Shared<R, E> {
     fn close(&self) {
         self.lock().closed = true;
         self.task_ready.notify_all();
+    }
+
+    /// Drops the tasks not yet taken, after the feeding failed.
+    fn abandon(&self) {
+        self.lock().queue.clear();
+    }
+}
+
+/// Closes the task queue when dropped.
+struct CloseOnDrop<'a, R, E>(&'a Shared<R, E>);
+
+impl<R, E> Drop for CloseOnDrop<'_, R, E> {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
