@@ -27,8 +27,8 @@ use crate::exec::pair_aggregate::PairReduction;
 use crate::exec::row_source::RowSource;
 use crate::gpu::launch::{self, GroupRows, ValueWidth};
 use crate::gpu::{
-    download_byte_pieces, download_u64, upload_byte_pieces, DeviceVec, DriverResultExt, GpuDevice,
-    GpuError, GpuResult, Phase, PhaseTimer,
+    download_byte_pieces, download_u64, in_pinned_memory, upload_byte_pieces, DeviceVec,
+    DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
 
 /// Whether the join's output rows are exactly its pairs, so columns can be
@@ -124,6 +124,30 @@ impl ResidentColumns {
         }
     }
 
+    /// The bytes [`Self::upload`] copies for column `i` of `batch`, piece by
+    /// piece.
+    fn column_bytes(batch: &dyn RowSource, i: usize, width: ValueWidth) -> Vec<Buffer> {
+        batch
+            .pieces(i)
+            .into_iter()
+            .map(|piece| value_bytes(piece, width))
+            .collect()
+    }
+
+    /// Whether every column of `batch` that [`Self::upload`] copies lies in
+    /// pinned host memory: copied straight from it, then, without staging
+    /// on the host.
+    pub(crate) fn in_pinned_memory(batch: &dyn RowSource, wanted: &[bool]) -> bool {
+        Self::chosen(batch, wanted).all(|(i, width)| match width {
+            Some(width) => {
+                let buffers = Self::column_bytes(batch, i, width);
+                let pieces: Vec<&[u8]> = buffers.iter().map(Buffer::as_slice).collect();
+                in_pinned_memory(&pieces)
+            }
+            None => true,
+        })
+    }
+
     /// Copies the columns of `batch` that `wanted[i]` asks for and that can
     /// be gathered on the device, each piece of a column straight into its
     /// place (a chunk's batches are not concatenated first).
@@ -138,11 +162,7 @@ impl ResidentColumns {
         for (i, width) in Self::chosen(batch, wanted) {
             columns.push(match width {
                 Some(width) => {
-                    let buffers: Vec<Buffer> = batch
-                        .pieces(i)
-                        .into_iter()
-                        .map(|piece| value_bytes(piece, width))
-                        .collect();
+                    let buffers = Self::column_bytes(batch, i, width);
                     let pieces: Vec<&[u8]> = buffers.iter().map(Buffer::as_slice).collect();
                     Some(ResidentColumn {
                         words: upload_byte_pieces(device, stream, &pieces, timer)?,

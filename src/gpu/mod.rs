@@ -23,7 +23,7 @@ pub use pinned_host::{is_pinned, pin_batches, PinnedRegion};
 pub use runtime::{gpu_availability, gpu_runtime, GpuRuntime, GpuUnavailable};
 pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{
-    download_byte_pieces, download_u64, enqueue_download, measure_copy_bandwidth,
+    download_byte_pieces, download_u64, enqueue_download, in_pinned_memory, measure_copy_bandwidth,
     upload_byte_pieces, upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces,
     CopyBandwidth,
 };

@@ -128,6 +128,12 @@ struct PinnedRun<'a> {
     at: usize,
 }
 
+/// Whether [`upload_byte_pieces`] copies `pieces` straight from pinned
+/// host memory, without staging them on the host.
+pub fn in_pinned_memory(pieces: &[&[u8]]) -> bool {
+    pinned_runs(pieces).is_some()
+}
+
 /// `pieces` as runs of contiguous bytes in pinned regions
 /// ([`super::pin_batches`]), or `None` when any piece lies elsewhere: then
 /// everything is staged, which costs no more than staging that piece alone

@@ -23,7 +23,7 @@ use datafusion::physical_plan::{
 
 use super::spec::AggregateSpec;
 use super::stream::{aggregate_stream, AggregateInputs, AggregateTask};
-use crate::exec::collect::{execute_merge_inputs, merge_to_read_through};
+use crate::exec::collect::{merge_to_read_through, WholeInput};
 use crate::exec::GpuAggregateMetrics;
 use crate::planner::GpuOptions;
 
@@ -371,10 +371,8 @@ impl ExecutionPlan for GpuAggregateExec {
             )?,
             filters: agg.filter_expr().to_vec(),
         };
-        let input = match self.merge_read_through() {
-            Some(merge) => execute_merge_inputs(merge, &context)?,
-            None => vec![agg.input().execute(partition, Arc::clone(&context))?],
-        };
+        let input =
+            WholeInput::execute(agg.input(), self.merge_read_through(), partition, &context)?;
         let reservation = MemoryConsumer::new(format!("GpuAggregateInput[{partition}]"))
             .register(context.memory_pool());
         Ok(aggregate_stream(AggregateTask {

@@ -38,7 +38,7 @@ use super::group_keys::{
 use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
 use super::words::threads_for;
-use crate::exec::collect::collect_streams;
+use crate::exec::collect::{collect_streams, WholeInput};
 use crate::exec::parallel::{on_ranges, starts_of};
 use crate::exec::release::release_in_background;
 use crate::exec::GpuAggregateMetrics;
@@ -72,9 +72,10 @@ pub(crate) struct AggregateTask {
     pub(crate) inputs: AggregateInputs,
     /// Output final values (Final, Single modes) rather than partial states.
     pub(crate) final_output: bool,
-    /// The input: one stream, or every partition of the input of a merge
-    /// that this one aggregation reads itself (collected concurrently).
-    pub(crate) input: Vec<SendableRecordBatchStream>,
+    /// The input: one stream, every partition of the input of a merge
+    /// that this one aggregation reads itself (collected concurrently), or
+    /// the batches of a scan of batches in memory.
+    pub(crate) input: WholeInput,
     pub(crate) input_schema: SchemaRef,
     pub(crate) output_schema: SchemaRef,
     /// The replaced `AggregateExec`, run over the collected input when the
@@ -565,6 +566,10 @@ impl DevicePart {
             back,
             &mut timer,
         )?;
+        // The device part ends once the results are made (the caller's
+        // `device_wall_time` and trace say so): waiting here costs the bus a
+        // few microseconds before the first window's copy.
+        grouped.wait_until_made()?;
         let emitted = emit(&grouped, &mut timer);
         // Freed in stream order before the timer waits for the streams.
         drop(grouped);

@@ -14,12 +14,11 @@ use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
-use datafusion::physical_plan::SendableRecordBatchStream;
 
 use super::host_fallback::HostBuildTable;
 use super::matches::{tracks_build_matches, VisitedRows};
 use super::order::ArrivalOrder;
-use crate::exec::collect::collect_streams_into;
+use crate::exec::collect::{collect_streams_into, WholeInput};
 use crate::exec::device_gather::ResidentColumns;
 use crate::exec::keys::{JoinKeys, KeyEncoder, KeySpec};
 use crate::exec::row_source::{ArrivedBatches, RowSource};
@@ -205,7 +204,7 @@ impl BuildSide {
     /// partitions will probe it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn collect(
-        inputs: Vec<SendableRecordBatchStream>,
+        inputs: WholeInput,
         schema: SchemaRef,
         on: Vec<PhysicalExprRef>,
         spec: KeySpec,

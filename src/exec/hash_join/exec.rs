@@ -21,7 +21,7 @@ use datafusion::physical_plan::{
 use super::build_side::{BuildGather, BuildSide};
 use super::output::OutputAssembler;
 use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
-use crate::exec::collect::{execute_merge_inputs, merge_inputs_in_groups, merge_to_read_through};
+use crate::exec::collect::{merge_inputs_in_groups, merge_to_read_through, WholeInput};
 use crate::exec::device_gather::{gathers_by_pair, output_columns};
 use crate::exec::keys::KeySpec;
 use crate::exec::once::OnceFut;
@@ -254,10 +254,12 @@ impl GpuHashJoinExec {
          -> Result<OnceFut<BuildSide>> {
             // A build side collected once for all partitions reads the
             // partitions of the merge below it itself.
-            let inputs = match self.build_merge_read_through() {
-                Some(merge) => execute_merge_inputs(merge, context)?,
-                None => vec![join.left().execute(input_partition, Arc::clone(context))?],
-            };
+            let inputs = WholeInput::execute(
+                join.left(),
+                self.build_merge_read_through(),
+                input_partition,
+                context,
+            )?;
             let reservation = MemoryConsumer::new(consumer).register(context.memory_pool());
             Ok(OnceFut::new(BuildSide::collect(
                 inputs,

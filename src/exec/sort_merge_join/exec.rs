@@ -22,7 +22,7 @@ use datafusion::physical_plan::{
 };
 
 use super::stream::{merge_join_stream, MergeJoinPlan, MergeJoinTask};
-use crate::exec::collect::{execute_merge_inputs, merge_to_read_through};
+use crate::exec::collect::{merge_to_read_through, WholeInput};
 use crate::exec::hash_join::OutputAssembler;
 use crate::exec::pair_aggregate::{check_join_emits_pairs, PairAggregate};
 use crate::exec::GpuSortMergeJoinMetrics;
@@ -342,20 +342,20 @@ impl GpuSortMergeJoinExec {
         merge_to_read_through(&self.inputs[side])
     }
 
-    /// The streams of `side`'s input: one, or one per partition of the
-    /// merge it reads through.
+    /// `side`'s input: one stream, one per partition of the merge it reads
+    /// through, or the batches of a scan of batches in memory.
     fn execute_side(
         &self,
         side: usize,
         partition: usize,
         context: &Arc<TaskContext>,
-    ) -> Result<Vec<SendableRecordBatchStream>> {
-        match self.merge_read_through(side) {
-            Some(merge) => execute_merge_inputs(merge, context),
-            None => Ok(vec![
-                self.inputs[side].execute(partition, Arc::clone(context))?
-            ]),
-        }
+    ) -> Result<WholeInput> {
+        WholeInput::execute(
+            &self.inputs[side],
+            self.merge_read_through(side),
+            partition,
+            context,
+        )
     }
 
     fn describe_sides(&self) -> String {

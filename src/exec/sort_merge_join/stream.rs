@@ -14,11 +14,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream};
 use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::buffer::ScalarBuffer;
 use datafusion::arrow::compute::SortOptions;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, SchemaRef, ToByteSlice};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{JoinType, NullEquality};
@@ -36,7 +36,7 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
-use crate::exec::collect::collect_streams_into;
+use crate::exec::collect::{collect_streams_into, WholeInput};
 use crate::exec::device_gather::{
     gather_batches, gathers_by_pair, output_columns, reduce_pairs, GatherSide, ResidentColumns,
 };
@@ -49,8 +49,8 @@ use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuSortMergeJoinMetrics;
 use crate::gpu::launch::{self, CodeTransform};
 use crate::gpu::{
-    first_buffer_address, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
-    ReservationKind,
+    first_buffer_address, in_pinned_memory, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
+    PhaseTimer, ReservationKind,
 };
 use crate::ops::merge_join::{merge_join_device_bytes, MergeMatches, SortedSide};
 use crate::trace;
@@ -87,11 +87,12 @@ pub(crate) struct MergeJoinTask {
     pub(crate) plan: Arc<MergeJoinPlan>,
     /// The output partition, for the trace.
     pub(crate) partition: usize,
-    /// Each side's input: its one stream, or the streams of every
-    /// partition of the merge below it where the join reads through that
-    /// merge (see `GpuSortMergeJoinExec::merge_read_through`).
-    pub(crate) left: Vec<SendableRecordBatchStream>,
-    pub(crate) right: Vec<SendableRecordBatchStream>,
+    /// Each side's input: its one stream, the streams of every partition
+    /// of the merge below it where the join reads through that merge (see
+    /// `GpuSortMergeJoinExec::merge_read_through`), or the batches of a
+    /// scan of batches in memory.
+    pub(crate) left: WholeInput,
+    pub(crate) right: WholeInput,
     pub(crate) output_schema: SchemaRef,
     pub(crate) context: Arc<TaskContext>,
     pub(crate) reservation: MemoryReservation,
@@ -132,7 +133,7 @@ enum Outcome {
 /// in pinned regions (`pin_batches`) then go to the device in one copy per
 /// column and region, not one per batch.
 async fn collect(
-    inputs: Vec<SendableRecordBatchStream>,
+    inputs: WholeInput,
     schema: &SchemaRef,
     reservation: &MemoryReservation,
     in_memory_order: bool,
@@ -149,6 +150,8 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
     let plan = Arc::clone(&task.plan);
     // Both inputs are read at once, as `SortMergeJoinExec` reads them: their
     // pipelines (a repartition, a sort) then run side by side.
+    let partition = task.partition;
+    trace::event(|| format!("sort-merge join p{partition}: collecting its inputs"));
     let collecting = task.metrics.collect_time.timer();
     let (left, right) = futures::try_join!(
         collect(
@@ -167,7 +170,6 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
     collecting.done();
     task.metrics.left_rows.add(left.num_rows());
     task.metrics.right_rows.add(right.num_rows());
-    let partition = task.partition;
     trace::event(|| {
         format!(
             "sort-merge join p{partition}: inputs collected ({} and {} rows)",
@@ -565,6 +567,59 @@ impl DevicePart {
             &mut timer,
         )?;
         drop(streamed_codes);
+        // The other side's keys cross the bus behind the streamed side's
+        // (which then arrive first, and their sort starts first), on the
+        // copy stream. Keys in pinned memory are enqueued at once, and the
+        // bus does not wait for the host to read the streamed side's range;
+        // keys the host stages (which holds this thread) wait until the
+        // streamed side's sort is enqueued, so that the device sorts while
+        // the host stages them.
+        let streamed_copied = stream
+            .record_event(None)
+            .during("recording the streamed keys' copy")?;
+        copy_stream
+            .wait(&streamed_copied)
+            .during("ordering the other keys' copy after the streamed keys'")?;
+        let upload_other = |timer: &mut PhaseTimer| -> GpuResult<(SortedSide, CudaEvent)> {
+            let other = SortedSide::upload_unsorted(
+                device,
+                stream,
+                copy_stream,
+                &other_codes.pieces(),
+                timer,
+            )?;
+            let copied = copy_stream
+                .record_event(None)
+                .during("recording the other keys' copy")?;
+            Ok((other, copied))
+        };
+        let early_other = match other_codes.in_pinned_memory() {
+            true => Some(upload_other(&mut timer)?),
+            false => None,
+        };
+        // The gathered columns follow on the copy stream, under the same
+        // rule: at once where they and the other keys are in pinned memory,
+        // else once both sorts are enqueued.
+        let upload_columns = |timer: &mut PhaseTimer| -> GpuResult<_> {
+            Ok(match &gathered_columns {
+                Some((wanted_left, wanted_right, _)) => Some((
+                    ResidentColumns::upload(device, copy_stream, left, wanted_left, timer)?,
+                    ResidentColumns::upload(device, copy_stream, right, wanted_right, timer)?,
+                )),
+                None => None,
+            })
+        };
+        let columns_pinned =
+            gathered_columns
+                .as_ref()
+                .is_some_and(|(wanted_left, wanted_right, _)| {
+                    ResidentColumns::in_pinned_memory(left, wanted_left)
+                        && ResidentColumns::in_pinned_memory(right, wanted_right)
+                });
+        let early_columns = match early_other.is_some() && columns_pinned {
+            true => Some(upload_columns(&mut timer)?),
+            false => None,
+        };
         // The streamed side is sorted while the other side's keys cross the
         // bus: with the coding known, or, where the device finds the range,
         // with its own range's coding, rebased once the other side's is in.
@@ -590,18 +645,20 @@ impl DevicePart {
                 (sorted, Some((flip, range, transform)))
             }
         };
-        let other = SortedSide::upload_unsorted(
-            device,
-            stream,
-            copy_stream,
-            &other_codes.pieces(),
-            &mut timer,
-        )?;
+        let (other, other_copied) = match early_other {
+            Some(uploaded) => uploaded,
+            None => upload_other(&mut timer)?,
+        };
         drop(other_codes);
         let (bits, transform) = match (coding, streamed_coding) {
             (_, Some((flip, streamed_range, streamed_transform))) => {
-                // Found on the copy stream, behind the copy alone.
-                let other_range = device_key_range(device, &other, copy_stream, flip, &mut timer)?;
+                // Found on the stream once the other keys' copy is done
+                // (the columns may follow them on the copy stream), behind
+                // the streamed side's sort.
+                stream
+                    .wait(&other_copied)
+                    .during("ordering the other keys' range after their copy")?;
+                let other_range = device_key_range(device, &other, stream, flip, &mut timer)?;
                 trace::event(|| {
                     format!("sort-merge join p{partition}: other keys copied, their range found")
                 });
@@ -619,14 +676,11 @@ impl DevicePart {
             }
         };
         // The other side's sort goes onto the stream while the gathered
-        // columns below are copied on the other.
+        // columns are copied on the other.
         let other = other.sort(device, stream, transform, bits, !sort_other, &mut timer)?;
-        let device_columns = match &gathered_columns {
-            Some((wanted_left, wanted_right, _)) => Some((
-                ResidentColumns::upload(device, copy_stream, left, wanted_left, &mut timer)?,
-                ResidentColumns::upload(device, copy_stream, right, wanted_right, &mut timer)?,
-            )),
-            None => None,
+        let device_columns = match early_columns {
+            Some(columns) => columns,
+            None => upload_columns(&mut timer)?,
         }
         .filter(|(l, r)| l.any() || r.any() || aggregate.is_some());
         let pairs = needs_pairs(join_type, plan.filter.is_some());
@@ -907,6 +961,14 @@ impl SideKeys {
 
     fn len(&self) -> usize {
         self.pieces().iter().map(|p| p.len()).sum()
+    }
+
+    /// Whether the keys cross the bus straight from pinned host memory
+    /// (codes made on the host never do).
+    fn in_pinned_memory(&self) -> bool {
+        let pieces = self.pieces();
+        let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
+        in_pinned_memory(&bytes)
     }
 
     /// Whether the codes ascend (raw keys coded by `transform` first).

@@ -19,7 +19,8 @@ use cudarc::driver::CudaStream;
 
 use super::{fixed_sum_to_f64, Grouped, GroupsBack, Reduced};
 use crate::gpu::{
-    enqueue_download, DeviceVec, GpuDevice, GpuError, GpuResult, PhaseTimer, PinnedBuffer,
+    enqueue_download, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
+    PinnedBuffer,
 };
 use crate::trace;
 
@@ -135,6 +136,17 @@ struct Landed {
 }
 
 impl DeviceGrouped {
+    /// Waits until the device has made every result ([`group_on_device`]
+    /// returns once the work is enqueued): what a measure of the device
+    /// part, as apart from bringing the results back, waits for.
+    ///
+    /// [`group_on_device`]: super::group_on_device
+    pub fn wait_until_made(&self) -> GpuResult<()> {
+        self.stream
+            .synchronize()
+            .during("waiting for the groups' results")
+    }
+
     /// Words that come back per group: its identity (with keys) and each
     /// reduction's parts.
     pub fn words_per_group(&self) -> usize {
