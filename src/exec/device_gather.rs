@@ -124,30 +124,6 @@ impl ResidentColumns {
         }
     }
 
-    /// The bytes [`Self::upload`] copies for column `i` of `batch`, piece by
-    /// piece.
-    fn column_bytes(batch: &dyn RowSource, i: usize, width: ValueWidth) -> Vec<Buffer> {
-        batch
-            .pieces(i)
-            .into_iter()
-            .map(|piece| value_bytes(piece, width))
-            .collect()
-    }
-
-    /// Whether every column of `batch` that [`Self::upload`] copies lies in
-    /// pinned host memory: copied straight from it, then, without staging
-    /// on the host.
-    pub(crate) fn in_pinned_memory(batch: &dyn RowSource, wanted: &[bool]) -> bool {
-        Self::chosen(batch, wanted).all(|(i, width)| match width {
-            Some(width) => {
-                let buffers = Self::column_bytes(batch, i, width);
-                let pieces: Vec<&[u8]> = buffers.iter().map(Buffer::as_slice).collect();
-                in_pinned_memory(&pieces)
-            }
-            None => true,
-        })
-    }
-
     /// Copies the columns of `batch` that `wanted[i]` asks for and that can
     /// be gathered on the device, each piece of a column straight into its
     /// place (a chunk's batches are not concatenated first).
@@ -158,15 +134,24 @@ impl ResidentColumns {
         wanted: &[bool],
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let mut columns = Vec::with_capacity(batch.num_columns());
-        for (i, width) in Self::chosen(batch, wanted) {
-            columns.push(match width {
-                Some(width) => {
-                    let buffers = Self::column_bytes(batch, i, width);
+        Self::upload_bytes(device, stream, &ColumnBytes::of(batch, wanted), timer)
+    }
+
+    /// [`Self::upload`] of bytes already taken from their batch.
+    pub(crate) fn upload_bytes(
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        bytes: &ColumnBytes,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        let mut columns = Vec::with_capacity(bytes.columns.len());
+        for column in &bytes.columns {
+            columns.push(match column {
+                Some((buffers, width)) => {
                     let pieces: Vec<&[u8]> = buffers.iter().map(Buffer::as_slice).collect();
                     Some(ResidentColumn {
                         words: upload_byte_pieces(device, stream, &pieces, timer)?,
-                        width,
+                        width: *width,
                     })
                 }
                 None => None,
@@ -182,6 +167,39 @@ impl ResidentColumns {
 
     fn get(&self, column: usize) -> Option<&ResidentColumn> {
         self.columns.get(column).and_then(Option::as_ref)
+    }
+}
+
+/// The bytes of the columns of one batch that [`ResidentColumns::upload`]
+/// copies, piece by piece, taken from the batch once: per column of the
+/// batch, its pieces' value bytes and width, or `None` (left on the host).
+pub(crate) struct ColumnBytes {
+    columns: Vec<Option<(Vec<Buffer>, ValueWidth)>>,
+}
+
+impl ColumnBytes {
+    /// The bytes of the columns of `batch` that `wanted[i]` asks for and
+    /// that can be gathered on the device.
+    pub(crate) fn of(batch: &dyn RowSource, wanted: &[bool]) -> Self {
+        let columns = ResidentColumns::chosen(batch, wanted)
+            .map(|(i, width)| {
+                width.map(|width| {
+                    let pieces = batch.pieces(i);
+                    let buffers = pieces.iter().map(|piece| value_bytes(piece, width));
+                    (buffers.collect(), width)
+                })
+            })
+            .collect();
+        Self { columns }
+    }
+
+    /// Whether every column lies in pinned host memory: copied straight
+    /// from it, then, without staging on the host.
+    pub(crate) fn in_pinned_memory(&self) -> bool {
+        self.columns.iter().flatten().all(|(buffers, _)| {
+            let pieces: Vec<&[u8]> = buffers.iter().map(Buffer::as_slice).collect();
+            in_pinned_memory(&pieces)
+        })
     }
 }
 
@@ -607,6 +625,20 @@ mod tests {
         // Five 4-byte values in 8-byte words.
         assert_eq!(ResidentColumns::device_bytes(&pieces, &[true, true]), 24);
         assert_eq!(ResidentColumns::widest(&pieces, &[true, true]), 4);
+        // The bytes taken for the copy: the wanted column that can go,
+        // piece by piece; ordinary memory, so not copied straight from it.
+        let bytes = ColumnBytes::of(&pieces, &[true, true]);
+        assert!(bytes.columns[0].is_none());
+        let (buffers, width) = bytes.columns[1].as_ref().unwrap();
+        assert_eq!(*width, ValueWidth::Four);
+        let values: Vec<Vec<i32>> = buffers
+            .iter()
+            .map(|b| b.typed_data::<i32>().to_vec())
+            .collect();
+        assert_eq!(values, vec![vec![1, 2], vec![3, 4, 5]]);
+        assert!(!bytes.in_pinned_memory());
+        // Nothing to copy is nothing staged.
+        assert!(ColumnBytes::of(&pieces, &[true, false]).in_pinned_memory());
     }
 
     #[test]

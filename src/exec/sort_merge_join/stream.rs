@@ -38,7 +38,8 @@ use futures::{SinkExt, StreamExt, TryStreamExt};
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
 use crate::exec::collect::{collect_streams_into, WholeInput};
 use crate::exec::device_gather::{
-    gather_batches, gathers_by_pair, output_columns, reduce_pairs, GatherSide, ResidentColumns,
+    gather_batches, gathers_by_pair, output_columns, reduce_pairs, ColumnBytes, GatherSide,
+    ResidentColumns,
 };
 use crate::exec::hash_join::{evaluate_filter, OutputAssembler, OutputRows};
 use crate::exec::keys::raw_words;
@@ -600,22 +601,26 @@ impl DevicePart {
         // The gathered columns follow on the copy stream, under the same
         // rule: at once where they and the other keys are in pinned memory,
         // else once both sorts are enqueued.
+        let column_bytes = gathered_columns
+            .as_ref()
+            .map(|(wanted_left, wanted_right, _)| {
+                (
+                    ColumnBytes::of(left, wanted_left),
+                    ColumnBytes::of(right, wanted_right),
+                )
+            });
         let upload_columns = |timer: &mut PhaseTimer| -> GpuResult<_> {
-            Ok(match &gathered_columns {
-                Some((wanted_left, wanted_right, _)) => Some((
-                    ResidentColumns::upload(device, copy_stream, left, wanted_left, timer)?,
-                    ResidentColumns::upload(device, copy_stream, right, wanted_right, timer)?,
+            Ok(match &column_bytes {
+                Some((left_bytes, right_bytes)) => Some((
+                    ResidentColumns::upload_bytes(device, copy_stream, left_bytes, timer)?,
+                    ResidentColumns::upload_bytes(device, copy_stream, right_bytes, timer)?,
                 )),
                 None => None,
             })
         };
-        let columns_pinned =
-            gathered_columns
-                .as_ref()
-                .is_some_and(|(wanted_left, wanted_right, _)| {
-                    ResidentColumns::in_pinned_memory(left, wanted_left)
-                        && ResidentColumns::in_pinned_memory(right, wanted_right)
-                });
+        let columns_pinned = column_bytes
+            .as_ref()
+            .is_some_and(|(l, r)| l.in_pinned_memory() && r.in_pinned_memory());
         let early_columns = match early_other.is_some() && columns_pinned {
             true => Some(upload_columns(&mut timer)?),
             false => None,
