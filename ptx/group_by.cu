@@ -18,13 +18,9 @@
 // is the same on signed and unsigned bits. NULL rows (and rows a FILTER
 // drops) are skipped through a validity bitmap, 64 rows per word.
 #include "common.cuh"
+#include "fold.cuh"
 
 #define EMPTY_KEY 0xffffffffffffffffULL
-
-#define OP_SUM 0
-#define OP_MIN 1
-#define OP_MAX 2
-#define OP_COUNT 3
 
 // Writes `value` to out[0..n). Launch: any grid, block = BLOCK_THREADS.
 extern "C" __global__ void fill_u64(u64* out, u64 n, u64 value) {
@@ -270,24 +266,6 @@ __device__ __forceinline__ u64 block_rows_end(u64 n) {
 
 __device__ __forceinline__ bool row_valid(const u64* valid_bits, u64 i) {
     return valid_bits == nullptr || ((valid_bits[i >> 6] >> (i & 63)) & 1ULL);
-}
-
-__device__ __forceinline__ u64 identity_of(u32 op) { return op == OP_MIN ? ~0ULL : 0ULL; }
-
-__device__ __forceinline__ u64 combine(u32 op, u64 a, u64 b) {
-    switch (op) {
-        case OP_MIN: return a < b ? a : b;
-        case OP_MAX: return a > b ? a : b;
-        default: return a + b;
-    }
-}
-
-__device__ __forceinline__ void atomic_apply(u32 op, u64* target, u64 value) {
-    switch (op) {
-        case OP_MIN: atomicMin(target, value); break;
-        case OP_MAX: atomicMax(target, value); break;
-        default: atomicAdd(target, value); break;
-    }
 }
 
 // Stage 2 for 64-bit values. For each valid row i of group g

@@ -22,6 +22,7 @@
 // each loading the same build partition. Without a list (null pointers),
 // task t is partition t with all its probe rows.
 #include "common.cuh"
+#include "fold.cuh"
 
 #define TABLE_CAPACITY 2048
 #define TABLE_SLOTS 4096
@@ -146,5 +147,156 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
                               task.probe_begin, task.probe_end, partition_bits, &cursor,
                               out_build_ids, out_probe_ids);
         __syncthreads();  // cursor is reset for the next task
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Folding the pairs as they are found: an aggregation without GROUP BY
+// above an inner join (`SELECT count(*), sum(r.v), max(s.w) FROM r JOIN s
+// ...`) needs no pair written out. `hash_join_fold` walks the same tasks as
+// `hash_join_write`, and for each match folds every aggregated value into a
+// register, read from its column by the side's row id: the (build id, probe
+// id) pairs are never written to device memory nor read back, and no match
+// count is needed beforehand (hash_join_count and the host's scan go too).
+//
+// Fold f reads its column `src_f` (values packed in 8-byte words) at the row
+// id of its side and combines it into out[1 + f]; out[0] counts the pairs.
+// `specs` holds three words per fold: the values in src_f, the flags
+// (bits 0-7: width in bytes, 4 or 8; bit 8: a 4-byte value is sign-extended,
+// else zero-extended; bit 9: read by the probe row, else the build row;
+// bits 16-23: the op: OP_SUM, OP_MIN, OP_MAX or FOLD_F64_SUM) and the word
+// XORed into every value (the sign bit, so that signed values compare as
+// unsigned words). out holds each fold's identity on entry (0.0 for a float
+// sum, 0 for out[0]).
+#define MAX_JOIN_FOLDS 4
+// A sum of doubles, in the order the atomics add (fold kernels only).
+#define FOLD_F64_SUM 4
+
+#define FOLD_SIGN_EXTEND (1u << 8)
+#define FOLD_PROBE_SIDE (1u << 9)
+
+__device__ __forceinline__ u64 fold_identity(u32 op) {
+    return op == FOLD_F64_SUM ? 0ULL : identity_of(op);  // +0.0 is all zero bits
+}
+
+__device__ __forceinline__ u64 fold_combine(u32 op, u64 a, u64 b) {
+    if (op == FOLD_F64_SUM) {
+        return (u64)__double_as_longlong(__longlong_as_double((long long)a) +
+                                         __longlong_as_double((long long)b));
+    }
+    return combine(op, a, b);
+}
+
+// The column of fold f: separate kernel parameters, so that the unrolled
+// loop over f reads each from the parameter space (f is a constant there).
+__device__ __forceinline__ const void* fold_source(u32 f, const void* src0, const void* src1,
+                                                   const void* src2, const void* src3) {
+    switch (f) {
+        case 0: return src0;
+        case 1: return src1;
+        case 2: return src2;
+        default: return src3;
+    }
+}
+
+__device__ __forceinline__ u64 fold_value(const void* src, u64 src_len, u32 flags, u64 flip,
+                                          u64 id, bool* found) {
+    *found = id < src_len;  // the join kernels never make such an id
+    if (!*found) return 0;
+    if ((flags & 0xffu) == 8) return ((const u64*)src)[id] ^ flip;
+    const u32 narrow = ((const u32*)src)[id];
+    const u64 wide = (flags & FOLD_SIGN_EXTEND) ? (u64)(long long)(int)narrow : (u64)narrow;
+    return wide ^ flip;
+}
+
+// Launch: as hash_join_count, with folds <= MAX_JOIN_FOLDS and src_f a
+// column for each fold f below `folds` (the others are never read).
+extern "C" __global__ void hash_join_fold(const u64* build_keys, const u64* build_ids,
+                                          const u64* build_starts, const u64* probe_keys,
+                                          const u64* probe_ids, const u64* probe_starts,
+                                          const u64* task_partitions,
+                                          const u64* task_probe_starts, u32 partition_bits,
+                                          u64 task_begin, u64 task_end, u32 folds,
+                                          const u64* specs, const void* src0,
+                                          const void* src1, const void* src2, const void* src3,
+                                          u64* out) {
+    static_assert(MAX_JOIN_FOLDS == 4, "one source parameter per fold");
+    __shared__ SharedTable table;
+    __shared__ u64 spec_len[MAX_JOIN_FOLDS];
+    __shared__ u32 spec_flags[MAX_JOIN_FOLDS];
+    __shared__ u64 spec_flip[MAX_JOIN_FOLDS];
+    for (u32 f = threadIdx.x; f < folds; f += BLOCK_THREADS) {
+        spec_len[f] = specs[3 * f];
+        spec_flags[f] = (u32)specs[3 * f + 1];
+        spec_flip[f] = specs[3 * f + 2];
+    }
+    __syncthreads();
+    bool any_build = false, any_probe = false;
+#pragma unroll
+    for (u32 f = 0; f < MAX_JOIN_FOLDS; ++f) {
+        if (f < folds) {
+            if (spec_flags[f] & FOLD_PROBE_SIDE) any_probe = true;
+            else any_build = true;
+        }
+    }
+
+    u64 pairs = 0;
+    u64 own[MAX_JOIN_FOLDS];
+#pragma unroll
+    for (u32 f = 0; f < MAX_JOIN_FOLDS; ++f) {
+        own[f] = f < folds ? fold_identity(spec_flags[f] >> 16) : 0;
+    }
+
+    for (u64 t = task_begin + blockIdx.x; t < task_end; t += gridDim.x) {
+        const JoinTask task = join_task(t, probe_starts, task_partitions, task_probe_starts);
+        const u64 build_begin = build_starts[task.partition];
+        const u64 build_end = build_starts[task.partition + 1];
+        if (task.probe_end <= task.probe_begin) continue;  // uniform across the block
+        for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
+            const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
+            build_table(table, build_keys, chunk, len, partition_bits);
+            for (u64 i = task.probe_begin + threadIdx.x; i < task.probe_end; i += BLOCK_THREADS) {
+                const u64 key = probe_keys[i];
+                const u64 probe_id = any_probe ? probe_ids[i] : 0;
+                for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT;
+                     j = table.next[j]) {
+                    if (table.keys[j] != key) continue;
+                    ++pairs;
+                    const u64 build_id = any_build ? build_ids[chunk + j] : 0;
+#pragma unroll
+                    for (u32 f = 0; f < MAX_JOIN_FOLDS; ++f) {
+                        if (f >= folds) break;
+                        const u32 flags = spec_flags[f];
+                        bool found;
+                        const u64 value =
+                            fold_value(fold_source(f, src0, src1, src2, src3), spec_len[f], flags, spec_flip[f],
+                                       (flags & FOLD_PROBE_SIDE) ? probe_id : build_id, &found);
+                        if (found) own[f] = fold_combine(flags >> 16, own[f], value);
+                    }
+                }
+            }
+            __syncthreads();  // the table is rebuilt for the next chunk or task
+        }
+    }
+
+    // Each warp combines its lanes; one atomic per warp and word.
+    for (int offset = 16; offset > 0; offset /= 2) {
+        pairs += __shfl_down_sync(0xffffffffu, pairs, offset);
+    }
+    if (lane_id() == 0 && pairs != 0) atomicAdd(&out[0], pairs);
+#pragma unroll
+    for (u32 f = 0; f < MAX_JOIN_FOLDS; ++f) {
+        if (f >= folds) break;
+        const u32 op = spec_flags[f] >> 16;
+        u64 word = own[f];
+        for (int offset = 16; offset > 0; offset /= 2) {
+            word = fold_combine(op, word, __shfl_down_sync(0xffffffffu, word, offset));
+        }
+        if (lane_id() != 0 || word == fold_identity(op)) continue;
+        if (op == FOLD_F64_SUM) {
+            atomicAdd((double*)&out[1 + f], __longlong_as_double((long long)word));
+        } else {
+            atomic_apply(op, &out[1 + f], word);
+        }
     }
 }

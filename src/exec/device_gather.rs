@@ -25,11 +25,14 @@ use crate::array_buffers::value_buffer;
 use crate::exec::hash_join::{compact_views, ColumnSource, OutputAssembler};
 use crate::exec::pair_aggregate::PairReduction;
 use crate::exec::row_source::RowSource;
-use crate::gpu::launch::{self, GroupRows, ValueWidth};
+use crate::gpu::launch::{
+    self, FoldOp, GatheredValues, GroupRows, JoinFold, PairSide, ValueWidth, MAX_JOIN_FOLDS,
+};
 use crate::gpu::{
     download_byte_pieces, download_u64, in_pinned_memory, upload_byte_pieces, DeviceVec,
     DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
+use crate::ops::hash_join::FoldedPairs;
 
 /// Whether the join's output rows are exactly its pairs, so columns can be
 /// gathered by pair.
@@ -362,6 +365,95 @@ pub(crate) fn gather_batches(
         .collect())
 }
 
+/// The device column each reduction reads (`None` for a count) and the
+/// side it lies on, or `None` when a column is not on the device at the
+/// width the plan expects (a side with NULLs, another width): the pairs
+/// are then aggregated from rows made on the host.
+fn reduction_columns<'a>(
+    reductions: &[PairReduction],
+    sources: &[ColumnSource],
+    build: &'a ResidentColumns,
+    probe: &'a ResidentColumns,
+) -> Option<Vec<Option<(PairSide, &'a ResidentColumn)>>> {
+    reductions
+        .iter()
+        .map(|reduction| {
+            let Some(column) = reduction.column() else {
+                return Some(None);
+            };
+            let (side, resident, index) = match sources.get(column)? {
+                ColumnSource::Build(i) => (PairSide::Build, build, *i),
+                ColumnSource::Probe(i) => (PairSide::Probe, probe, *i),
+                _ => return None,
+            };
+            let expected = match *reduction {
+                PairReduction::Fold { values, .. } => values.width(),
+                _ => ValueWidth::Eight,
+            };
+            let values = resident.get(index).filter(|v| v.width == expected)?;
+            Some(Some((side, values)))
+        })
+        .collect()
+}
+
+/// The folds that compute `reductions` while a hash join probes (see
+/// [`crate::ops::hash_join::fold_partitioned`]): one per reduction that
+/// reads a column (a count reads none: it is the pairs). `None` where a
+/// column is not on the device (as for [`reduce_pairs`]) or there are more
+/// folds than one launch computes; the pairs are then written out and
+/// reduced by [`reduce_pairs`].
+pub(crate) fn join_folds<'a>(
+    reductions: &[PairReduction],
+    sources: &[ColumnSource],
+    build: (&dyn RowSource, &'a ResidentColumns),
+    probe: (&dyn RowSource, &'a ResidentColumns),
+) -> Option<Vec<Option<JoinFold<'a>>>> {
+    let columns = reduction_columns(reductions, sources, build.1, probe.1)?;
+    let folds: Vec<Option<JoinFold<'a>>> = reductions
+        .iter()
+        .zip(columns)
+        .map(|(reduction, column)| {
+            let (side, values) = column?;
+            let rows = match side {
+                PairSide::Build => build.0.num_rows(),
+                PairSide::Probe => probe.0.num_rows(),
+            };
+            let (op, read, flip) = match *reduction {
+                PairReduction::Fold {
+                    op, flip, values, ..
+                } => (FoldOp::Words(op), values, flip),
+                PairReduction::SumF64(_) => (FoldOp::SumF64, GatheredValues::Eight, 0),
+                // A column counted: columns on the device have no NULLs, so
+                // every pair counts.
+                PairReduction::CountColumn(_) | PairReduction::CountPairs => return None,
+            };
+            Some(JoinFold {
+                side,
+                values: &values.words,
+                rows,
+                read,
+                op,
+                flip,
+            })
+        })
+        .collect();
+    // A counted column needs no fold: it only had to be on the device.
+    (folds.iter().flatten().count() <= MAX_JOIN_FOLDS).then_some(folds)
+}
+
+/// Each reduction's word from what [`join_folds`]'s folds computed: its
+/// fold's word, or the pairs for a count.
+pub(crate) fn folded_words(folds: &[Option<JoinFold<'_>>], folded: &FoldedPairs) -> Vec<u64> {
+    let mut words = folded.words.iter();
+    folds
+        .iter()
+        .map(|fold| match fold {
+            Some(_) => words.next().copied().unwrap_or(0),
+            None => folded.pairs,
+        })
+        .collect()
+}
+
 /// One word per reduction over the first `len` pairs (see
 /// [`crate::exec::pair_aggregate`]): each column a reduction reads is
 /// gathered by the pairs and reduced on the device, and only the words come
@@ -382,30 +474,16 @@ pub(crate) fn reduce_pairs(
 ) -> GpuResult<Option<Vec<u64>>> {
     // Every column first: a range either reduces whole on the device or
     // not at all.
-    let mut inputs = Vec::with_capacity(reductions.len());
-    for reduction in reductions {
-        let input = match reduction.column() {
-            None => None,
-            Some(column) => {
-                let (side, index) = match sources.get(column) {
-                    Some(ColumnSource::Build(i)) => (build, *i),
-                    Some(ColumnSource::Probe(i)) => (probe, *i),
-                    _ => return Ok(None),
-                };
-                // The width the plan expects of the column: another one
-                // (or none) leaves the range to the host.
-                let expected = match *reduction {
-                    PairReduction::Fold { values, .. } => values.width(),
-                    _ => ValueWidth::Eight,
-                };
-                match side.resident.get(index) {
-                    Some(values) if values.width == expected => Some((side, values)),
-                    _ => return Ok(None),
-                }
-            }
-        };
-        inputs.push(input);
-    }
+    let Some(columns) = reduction_columns(reductions, sources, build.resident, probe.resident)
+    else {
+        return Ok(None);
+    };
+    let inputs = columns.into_iter().map(|column| {
+        column.map(|(side, values)| match side {
+            PairSide::Build => (build, values),
+            PairSide::Probe => (probe, values),
+        })
+    });
     if len == 0 {
         return Ok(Some(vec![0; reductions.len()]));
     }

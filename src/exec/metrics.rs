@@ -91,6 +91,9 @@ pub struct GpuJoinMetrics {
     /// Pairs reduced on the device by the partial aggregation the join
     /// computes (`partial_aggregate` in `EXPLAIN`), never made into rows.
     pub rows_aggregated_on_device: Count,
+    /// Of those, pairs folded as the device probed (`gpu.fold_while_probing`),
+    /// never written out.
+    pub pairs_folded_while_probing: Count,
 }
 
 impl GpuJoinMetrics {
@@ -110,6 +113,7 @@ impl GpuJoinMetrics {
             cpu_fallback_chunks: builder().counter("cpu_fallback_chunks", partition),
             rows_gathered_on_device: builder().counter("rows_gathered_on_device", partition),
             rows_aggregated_on_device: builder().counter("rows_aggregated_on_device", partition),
+            pairs_folded_while_probing: builder().counter("pairs_folded_while_probing", partition),
         }
     }
 }

@@ -214,38 +214,9 @@ pub fn probe_partitioned(
     let plan = table.plan();
     let probe = &probe.keys;
     let sm_count = device.sm_count();
-    // A partition holding many probe rows (a skewed probe side) is split
-    // into slices joined by blocks of their own. A chunk of no more rows
-    // than a slice has no such partition: its starts are not read back.
-    let split = if probe.rows() as u64 > PROBE_TASK_ROWS {
-        let mut probe_starts = Vec::new();
-        download_u64(
-            device,
-            stream,
-            &probe.starts.as_view(),
-            &mut probe_starts,
-            timer,
-        )?;
-        probe_tasks(&probe_starts, PROBE_TASK_ROWS)
-    } else {
-        None
-    };
-    let device_tasks = match &split {
-        Some((partitions, starts)) => Some((
-            upload_u64(device, stream, partitions, timer)?,
-            upload_u64(device, stream, starts, timer)?,
-        )),
-        None => None,
-    };
-    let tasks = device_tasks
-        .as_ref()
-        .map(|(partitions, probe_starts)| launch::JoinTasks {
-            partitions,
-            probe_starts,
-        });
-    let task_count = split
-        .as_ref()
-        .map_or(plan.partitions(), |(partitions, _)| partitions.len());
+    let task_list = JoinTaskList::new(device, stream, plan, probe, timer)?;
+    let tasks = task_list.tasks();
+    let task_count = task_list.count;
 
     let mut counts = stream
         .alloc_zeros::<u64>(task_count)
@@ -311,6 +282,126 @@ pub fn probe_partitioned(
         )?;
     }
     Ok(total)
+}
+
+/// The join kernels' tasks for one partitioned probe chunk: a partition
+/// holding many probe rows (a skewed probe side) is split into slices
+/// joined by blocks of their own; otherwise each partition is a task and
+/// there is no list.
+struct JoinTaskList {
+    /// Each task's partition and first probe row, on the device.
+    list: Option<(DeviceVec<u64>, DeviceVec<u64>)>,
+    count: usize,
+}
+
+impl JoinTaskList {
+    fn new(
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        plan: &RadixPlan,
+        probe: &PartitionedColumn,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        // A chunk of no more rows than a slice has no partition to split:
+        // its starts are not read back.
+        let split = if probe.rows() as u64 > PROBE_TASK_ROWS {
+            let mut probe_starts = Vec::new();
+            download_u64(
+                device,
+                stream,
+                &probe.starts.as_view(),
+                &mut probe_starts,
+                timer,
+            )?;
+            probe_tasks(&probe_starts, PROBE_TASK_ROWS)
+        } else {
+            None
+        };
+        Ok(match split {
+            Some((partitions, starts)) => Self {
+                count: partitions.len(),
+                list: Some((
+                    upload_u64(device, stream, &partitions, timer)?,
+                    upload_u64(device, stream, &starts, timer)?,
+                )),
+            },
+            None => Self {
+                list: None,
+                count: plan.partitions(),
+            },
+        })
+    }
+
+    fn tasks(&self) -> Option<launch::JoinTasks<'_>> {
+        self.list
+            .as_ref()
+            .map(|(partitions, probe_starts)| launch::JoinTasks {
+                partitions,
+                probe_starts,
+            })
+    }
+}
+
+/// What [`fold_partitioned`] computed over a probe chunk's pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoldedPairs {
+    /// The matching pairs.
+    pub pairs: u64,
+    /// Each fold's word (its identity when there is no pair).
+    pub words: Vec<u64>,
+}
+
+/// Folds the pairs of `probe` (partitioned by `table`'s plan) against
+/// `table` by `folds` (at most [`launch::MAX_JOIN_FOLDS`]) as the device
+/// finds them, without writing them out: an aggregation without `GROUP BY`
+/// over an inner join. Each fold reads its column at the row id its side's
+/// partitioning carried. One launch over every task, whatever the pair
+/// count, so no output buffer and no count beforehand.
+pub fn fold_partitioned(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    table: &DeviceBuildTable,
+    probe: &PartitionedProbe,
+    folds: &[launch::JoinFold<'_>],
+    timer: &mut PhaseTimer,
+) -> GpuResult<FoldedPairs> {
+    let identities: Vec<u64> = folds.iter().map(|fold| fold.op.identity()).collect();
+    if table.rows() == 0 {
+        return Ok(FoldedPairs {
+            pairs: 0,
+            words: identities,
+        });
+    }
+    if probe.plan != table.plan {
+        return Err(GpuError::Invalid(
+            "probe keys partitioned by another plan than the build table's".into(),
+        ));
+    }
+    let plan = table.plan();
+    let probe = &probe.keys;
+    let task_list = JoinTaskList::new(device, stream, plan, probe, timer)?;
+    let specs = upload_u64(device, stream, &launch::JoinFold::specs(folds), timer)?;
+    let initial: Vec<u64> = std::iter::once(0).chain(identities).collect();
+    let mut out = upload_u64(device, stream, &initial, timer)?;
+    timer.time(Phase::Kernel, || {
+        launch::hash_join_fold(
+            device.kernels(),
+            stream,
+            device.sm_count(),
+            table.build.side(),
+            probe.side(),
+            task_list.tasks(),
+            plan.partition_bits(),
+            0..task_list.count as u64,
+            folds,
+            &specs,
+            &mut out,
+        )
+    })?;
+    let mut words = Vec::with_capacity(initial.len());
+    download_u64(device, stream, &out.as_view(), &mut words, timer)?;
+    let pairs = words.remove(0);
+    Ok(FoldedPairs { pairs, words })
 }
 
 /// Probe rows one join task takes at most: a probe partition holding more

@@ -537,8 +537,21 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
         for mode in JoinMode::ALL {
             let gpu = gpu_context(mode, 4, extra).await;
             let cpu = cpu_context(mode, 4, extra).await;
+            let unfolded_settings: Vec<&str> = extra
+                .iter()
+                .copied()
+                .chain(["SET gpu.fold_while_probing = false"])
+                .collect();
+            let unfolded = gpu_context(mode, 4, &unfolded_settings).await;
             register([&gpu, &cpu], r, s, 3, 4096).await;
+            unfolded
+                .register_table("r", key_value_table(r, 11, 3, 4096))
+                .unwrap();
+            unfolded
+                .register_table("s", key_value_table(s, 23, 3, 4096))
+                .unwrap();
             assert_same_int64_rows(&gpu, &cpu, on_device, 1).await;
+            assert_same_int64_rows(&unfolded, &cpu, on_device, 1).await;
             let (_, _, plan) = run(&gpu, on_device).await;
             let shown = datafusion::physical_plan::displayable(plan.as_ref())
                 .indent(true)
@@ -562,6 +575,21 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
             let (cpu_batches, _, _) = run(&cpu, on_device).await;
             let join_rows = int64_rows(&cpu_batches)[0][0].unwrap_or(0) as usize;
             assert_eq!(reduced, join_rows, "{name}, {mode:?}: pairs reduced");
+            // Four aggregated columns: folded as the device probed, every
+            // pair; with the option off, written out and reduced after.
+            let folded = plan_metric(&plan, "pairs_folded_while_probing");
+            assert_eq!(folded, join_rows, "{name}, {mode:?}: pairs folded");
+            let (_, _, unfolded_plan) = run(&unfolded, on_device).await;
+            assert_eq!(
+                plan_metric(&unfolded_plan, "pairs_folded_while_probing"),
+                0,
+                "{name}, {mode:?}: pairs folded with the option off"
+            );
+            assert_eq!(
+                plan_metric(&unfolded_plan, "rows_aggregated_on_device"),
+                join_rows,
+                "{name}, {mode:?}: pairs reduced with the option off"
+            );
             if name == "many to many" {
                 assert!(join_rows > 100_000, "{name}: {join_rows} rows");
             }
@@ -671,6 +699,13 @@ async fn aggregates_in_the_join_over_four_byte_columns() {
                     assert_eq!(
                         reduced, pairs,
                         "{join}, {mode:?}: the pairs were not all reduced on the device"
+                    );
+                    // Eight aggregated columns: more than the hash join
+                    // folds while probing, so its pairs were written out.
+                    assert_eq!(
+                        plan_metric(&plan, "pairs_folded_while_probing"),
+                        0,
+                        "{join}, {mode:?}: eight folds while probing"
                     );
                 } else {
                     assert_eq!(reduced, 0, "{join}, {mode:?}: an Int16 sum on the device");

@@ -265,6 +265,149 @@ fn a_heavy_probe_partition_is_joined_in_slices_with_the_same_pairs() {
     }
 }
 
+/// `fold_partitioned` against folds computed on the host from the
+/// reference join's pairs: an 8-byte wrapping sum and a float sum by the
+/// build row, a signed 4-byte minimum (sign bit flipped) and an unsigned
+/// 4-byte maximum by the probe row; with uniform keys, with a build key
+/// repeated beyond a shared-memory table, with a heavy probe partition
+/// joined in slices, with no match, and with the pairs counted alone.
+#[test]
+fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
+    use launch::{AggregateOp, FoldOp, GatheredValues, JoinFold, PairSide};
+    let Some(device) = device("pairs_folded_while_probing_match_folds_of_the_reference_pairs")
+    else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let uniform = (
+        random_keys(100_000, 150_000, 31),
+        random_keys(300_000, 150_000, 32),
+    );
+    let mut repeated = (vec![42u64; 5000], vec![42u64; 300]);
+    repeated.0.extend(random_keys(3000, 1 << 40, 33));
+    repeated.1.extend(random_keys(3000, 1 << 40, 34));
+    let mut heavy = (vec![42u64; 3], vec![42u64; 200_000]);
+    heavy.0.extend(random_keys(20_000, 1 << 20, 35));
+    heavy.1.extend(random_keys(50_000, 1 << 20, 36));
+    let no_match = (random_keys(10_000, 1 << 20, 37), vec![1u64 << 40; 5000]);
+    for (name, (build, probe)) in [
+        ("uniform", uniform),
+        ("repeated", repeated),
+        ("heavy", heavy),
+        ("no match", no_match),
+    ] {
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        // Build values: 8-byte words, and small integral doubles (their sums
+        // are exact in any order).
+        let build_words = random_keys(build.len(), u64::MAX, 41);
+        let build_doubles: Vec<u64> = random_keys(build.len(), 2001, 42)
+            .iter()
+            .map(|&v| (v as f64 - 1000.0).to_bits())
+            .collect();
+        // Probe values: 4-byte, read signed and unsigned.
+        let probe_raw: Vec<u32> = random_keys(probe.len(), 1 << 32, 43)
+            .iter()
+            .map(|&v| v as u32)
+            .collect();
+        let probe_bytes: Vec<u8> = probe_raw.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let up = |words: &[u64], timer: &mut PhaseTimer| {
+            upload_u64(&device, stream, words, timer).unwrap()
+        };
+        let device_words = up(&build_words, &mut timer);
+        let device_doubles = up(&build_doubles, &mut timer);
+        let device_probe =
+            upload_byte_pieces(&device, stream, &[&probe_bytes], &mut timer).unwrap();
+        let sign = 1u64 << 63;
+        let folds = [
+            JoinFold {
+                side: PairSide::Build,
+                values: &device_words,
+                rows: build.len(),
+                read: GatheredValues::Eight,
+                op: FoldOp::Words(AggregateOp::Sum),
+                flip: 0,
+            },
+            JoinFold {
+                side: PairSide::Probe,
+                values: &device_probe,
+                rows: probe.len(),
+                read: GatheredValues::FourSigned,
+                op: FoldOp::Words(AggregateOp::Min),
+                flip: sign,
+            },
+            JoinFold {
+                side: PairSide::Probe,
+                values: &device_probe,
+                rows: probe.len(),
+                read: GatheredValues::FourUnsigned,
+                op: FoldOp::Words(AggregateOp::Max),
+                flip: 0,
+            },
+            JoinFold {
+                side: PairSide::Build,
+                values: &device_doubles,
+                rows: build.len(),
+                read: GatheredValues::Eight,
+                op: FoldOp::SumF64,
+                flip: 0,
+            },
+        ];
+        let pairs = reference_join(&build, &probe);
+        let (mut sum, mut min, mut max, mut float_sum) = (0u64, u64::MAX, 0u64, 0f64);
+        for &(b, p) in &pairs {
+            sum = sum.wrapping_add(build_words[b as usize]);
+            let raw = probe_raw[p as usize];
+            min = min.min((raw as i32 as i64 as u64) ^ sign);
+            max = max.max(raw as u64);
+            float_sum += f64::from_bits(build_doubles[b as usize]);
+        }
+        let expected_words = if pairs.is_empty() {
+            folds.iter().map(|fold| fold.op.identity()).collect()
+        } else {
+            vec![sum, min, max, float_sum.to_bits()]
+        };
+
+        let plan = RadixPlan::for_join(build.len() as u64, probe.len() as u64);
+        let halves: Vec<&[u64]> = build.chunks(build.len() / 2 + 1).collect();
+        let table =
+            DeviceBuildTable::build(&device, stream, &halves, None, plan, &mut timer).unwrap();
+        let pieces: Vec<&[u64]> = probe.chunks(probe.len() / 3 + 1).collect();
+        let partitioned =
+            hash_join::partition_probe(&device, stream, &pieces, None, table.plan(), &mut timer)
+                .unwrap()
+                .unwrap();
+        for folds in [&folds[..], &[]] {
+            let folded = hash_join::fold_partitioned(
+                &device,
+                stream,
+                &table,
+                &partitioned,
+                folds,
+                &mut timer,
+            )
+            .unwrap();
+            assert_eq!(folded.pairs, pairs.len() as u64, "{name}: pairs");
+            assert_eq!(folded.words, expected_words[..folds.len()], "{name}: words");
+        }
+        if name != "no match" {
+            assert!(pairs.len() >= 100_000, "{name}: {} pairs", pairs.len());
+        }
+        // More folds than one launch computes are refused, not truncated.
+        let five: Vec<JoinFold<'_>> = folds.iter().chain(&folds[..1]).copied().collect();
+        assert!(hash_join::fold_partitioned(
+            &device,
+            stream,
+            &table,
+            &partitioned,
+            &five,
+            &mut timer
+        )
+        .is_err());
+    }
+}
+
 #[test]
 fn bounded_output_is_written_in_several_ranges_with_the_same_pairs() {
     let Some(device) = device("bounded_output_is_written_in_several_ranges_with_the_same_pairs")

@@ -524,6 +524,7 @@ impl ExecutionPlan for GpuHashJoinExec {
             gather_probe_columns,
             device,
             max_output_pairs: options.max_output_pairs,
+            fold_while_probing: options.fold_while_probing,
             memory_fraction: options.memory_fraction,
             max_concurrent_tasks: options.max_concurrent_tasks,
             host_threads,

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use cudarc::driver::CudaStream;
 use datafusion::arrow::array::UInt64Array;
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -30,7 +31,8 @@ use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
 use super::output::{OutputAssembler, OutputRows, SideRows};
 use crate::exec::device_gather::{
-    gather_batches, probe_side_pays, reduce_pairs, GatherSide, ResidentColumns,
+    folded_words, gather_batches, join_folds, probe_side_pays, reduce_pairs, GatherSide,
+    ResidentColumns,
 };
 use crate::exec::keys::JoinKeys;
 use crate::exec::once::OnceFut;
@@ -40,7 +42,8 @@ use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::{GpuDevice, GpuError, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::{
-    order_by_probe_row, order_device_bytes, partition_probe, probe_device_bytes, probe_partitioned,
+    fold_partitioned, order_by_probe_row, order_device_bytes, partition_probe, probe_device_bytes,
+    probe_partitioned, DeviceBuildTable, PartitionedProbe,
 };
 use crate::trace;
 
@@ -84,6 +87,8 @@ pub(crate) struct ProbeSpec {
     pub(crate) gather_probe_columns: Option<Vec<bool>>,
     pub(crate) device: Arc<GpuDevice>,
     pub(crate) max_output_pairs: usize,
+    /// Fold an aggregation's pairs while probing (`gpu.fold_while_probing`).
+    pub(crate) fold_while_probing: bool,
     pub(crate) memory_fraction: f64,
     /// Tasks admitted on the device at once (`gpu.max_concurrent_tasks`).
     pub(crate) max_concurrent_tasks: usize,
@@ -209,6 +214,7 @@ struct ChunkContext {
     gather_probe_columns: Option<Vec<bool>>,
     device: Arc<GpuDevice>,
     max_output_pairs: usize,
+    fold_while_probing: bool,
     memory_fraction: f64,
     max_concurrent_tasks: usize,
     host_threads: usize,
@@ -352,6 +358,7 @@ impl ProbeLoop {
             gather_probe_columns: spec.gather_probe_columns.clone(),
             device: Arc::clone(&spec.device),
             max_output_pairs: spec.max_output_pairs,
+            fold_while_probing: spec.fold_while_probing,
             memory_fraction: spec.memory_fraction,
             max_concurrent_tasks: spec.max_concurrent_tasks,
             host_threads: spec.host_threads,
@@ -410,6 +417,7 @@ async fn join_chunk(
     let partial = cx.partial.clone();
     let memory_fraction = cx.memory_fraction;
     let max_pairs = cx.max_output_pairs.max(1);
+    let fold_while_probing = cx.fold_while_probing;
     let max_concurrent_tasks = cx.max_concurrent_tasks;
     let host_threads = cx.host_threads;
     let partition = cx.partition;
@@ -490,6 +498,7 @@ async fn join_chunk(
                     output: &output,
                     ordered: semantics.preserve_order,
                     reductions: aggregate.as_ref().map(|a| a.reductions()),
+                    fold_while_probing,
                 });
             let device_wall = metrics.device_wall_time.timer();
             find_pairs(
@@ -595,6 +604,9 @@ struct ChunkGather<'a> {
     /// The partial aggregation's reductions, computed from the pairs in
     /// place of output rows where their columns are on the device.
     reductions: Option<&'a [PairReduction]>,
+    /// Compute them as the device probes, where it can (see
+    /// [`crate::ops::hash_join::fold_partitioned`]).
+    fold_while_probing: bool,
 }
 
 /// Limits on one chunk's device work, and its partition (for tracing).
@@ -795,6 +807,27 @@ fn pairs_on_device(
         metrics.device.record(&timer.finish()?);
         return Ok(());
     };
+    if let Some((gather, build_columns)) = gather.filter(|(gather, _)| gather.fold_while_probing) {
+        let folded = fold_while_probing(
+            device,
+            stream,
+            (table, &partitioned),
+            gather,
+            (&build.rows, &build_columns.columns),
+            &mut probe_columns,
+            &mut timer,
+        )?;
+        if let Some(folded) = folded {
+            trace::event(|| format!("hash join p{partition}: {} pairs folded", folded.pairs));
+            if folded.pairs > 0 {
+                // A fold over no pair holds its identity, not a value.
+                metrics.pairs_folded_while_probing.add(folded.pairs);
+                on_output(Ok(ChunkOutput::Reduced(folded.words, folded.pairs)));
+            }
+            metrics.device.record(&timer.finish()?);
+            return Ok(());
+        }
+    }
     // The chunk's own columns go to the device once its pairs are counted,
     // and only where that pays (see `probe_side_pays`).
     probe_partitioned(
@@ -891,6 +924,57 @@ fn pairs_on_device(
     )?;
     metrics.device.record(&timer.finish()?);
     Ok(())
+}
+
+/// A chunk's aggregation folded over its pairs as the device finds them
+/// (see [`fold_partitioned`]): each reduction's word and the pairs, or
+/// `None` where its columns are not all on the device or there are more
+/// than one launch folds (the pairs are then written out and reduced).
+/// Uploads the chunk's columns into `probe_columns` when not there yet.
+fn fold_while_probing(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    (table, partitioned): (&DeviceBuildTable, &PartitionedProbe),
+    gather: &ChunkGather<'_>,
+    build: (&dyn RowSource, &ResidentColumns),
+    probe_columns: &mut Option<ResidentColumns>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Option<FoldedChunk>> {
+    let Some(reductions) = gather.reductions else {
+        return Ok(None);
+    };
+    let probe_columns = match probe_columns {
+        Some(columns) => columns,
+        // An aggregation's columns always go to the device.
+        None => probe_columns.insert(ResidentColumns::upload(
+            device,
+            stream,
+            gather.chunk,
+            gather.probe_columns,
+            timer,
+        )?),
+    };
+    let Some(folds) = join_folds(
+        reductions,
+        gather.output.sources(),
+        build,
+        (gather.chunk, probe_columns),
+    ) else {
+        return Ok(None);
+    };
+    let device_folds: Vec<_> = folds.iter().flatten().copied().collect();
+    let folded = fold_partitioned(device, stream, table, partitioned, &device_folds, timer)?;
+    Ok(Some(FoldedChunk {
+        words: folded_words(&folds, &folded),
+        pairs: folded.pairs as usize,
+    }))
+}
+
+/// What [`fold_while_probing`] computed: a word per reduction over `pairs`
+/// pairs.
+struct FoldedChunk {
+    words: Vec<u64>,
+    pairs: usize,
 }
 
 #[cfg(test)]

@@ -63,6 +63,7 @@ pub struct Kernels {
     partition_bounds: CudaFunction,
     hash_join_count: CudaFunction,
     hash_join_write: CudaFunction,
+    hash_join_fold: CudaFunction,
     fill_u64: CudaFunction,
     group_insert: CudaFunction,
     group_resolve: CudaFunction,
@@ -116,6 +117,7 @@ impl Kernels {
             partition_bounds: function(&radix, "partition_bounds")?,
             hash_join_count: function(&join, "hash_join_count")?,
             hash_join_write: function(&join, "hash_join_write")?,
+            hash_join_fold: function(&join, "hash_join_fold")?,
             fill_u64: function(&group_by, "fill_u64")?,
             group_insert: function(&group_by, "group_insert")?,
             group_resolve: function(&group_by, "group_resolve")?,
@@ -448,6 +450,28 @@ fn push_join_tasks<'a>(launch: &mut cudarc::driver::LaunchArgs<'a>, tasks: &Opti
     }
 }
 
+/// Pushes the arguments `hash_join_write` and `hash_join_fold` begin with:
+/// both sides' keys, row ids and partition starts, the task list, the
+/// partition bits and the task range.
+fn push_join_work<'a>(
+    launch: &mut cudarc::driver::LaunchArgs<'a>,
+    build: &PartitionedSide<'a>,
+    probe: &PartitionedSide<'a>,
+    tasks: &Option<JoinTasks<'a>>,
+    partition_bits: &'a u32,
+    range: &'a std::ops::Range<u64>,
+) {
+    launch
+        .arg(build.keys)
+        .arg(build.row_ids)
+        .arg(build.starts)
+        .arg(probe.keys)
+        .arg(probe.row_ids)
+        .arg(probe.starts);
+    push_join_tasks(launch, tasks);
+    launch.arg(partition_bits).arg(&range.start).arg(&range.end);
+}
+
 /// `hash_join_count`: `match_counts[t]` = matching pairs of task `t` (of
 /// partition `t` without a task list), for `t` in `range`.
 #[allow(clippy::too_many_arguments)]
@@ -510,18 +534,8 @@ pub fn hash_join_write(
     check_len(out_build_ids, output_len, "output build ids")?;
     check_len(out_probe_ids, output_len, "output probe ids")?;
     let mut launch = stream.launch_builder(&kernels.hash_join_write);
+    push_join_work(&mut launch, &build, &probe, &tasks, &partition_bits, &range);
     launch
-        .arg(build.keys)
-        .arg(build.row_ids)
-        .arg(build.starts)
-        .arg(probe.keys)
-        .arg(probe.row_ids)
-        .arg(probe.starts);
-    push_join_tasks(&mut launch, &tasks);
-    launch
-        .arg(&partition_bits)
-        .arg(&range.start)
-        .arg(&range.end)
         .arg(match_offsets)
         .arg(&output_base)
         .arg(out_build_ids)
@@ -531,5 +545,141 @@ pub fn hash_join_write(
     // write lands in [0, output_len); the other lengths are checked above.
     unsafe { launch.launch(config(join_blocks(range.end - range.start, sm_count))?) }
         .during("launching hash_join_write")?;
+    Ok(())
+}
+
+/// Folds [`hash_join_fold`] computes at most in one launch (`MAX_JOIN_FOLDS`
+/// in `ptx/hash_join.cu`).
+pub const MAX_JOIN_FOLDS: usize = 4;
+
+/// Which row of a pair a fold reads its value at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairSide {
+    Build,
+    Probe,
+}
+
+/// How a fold combines its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoldOp {
+    /// Wrapping sum, unsigned minimum or unsigned maximum of the words (not
+    /// [`AggregateOp::Count`]: the pairs are counted apart).
+    Words(AggregateOp),
+    /// Sum of the doubles whose bits the words are, in the order the
+    /// device's atomics add.
+    SumF64,
+}
+
+impl FoldOp {
+    /// The op code of `ptx/hash_join.cu` (`FOLD_F64_SUM` for a float sum).
+    fn code(self) -> u64 {
+        match self {
+            FoldOp::Words(op) => op as u64,
+            FoldOp::SumF64 => 4,
+        }
+    }
+
+    /// The word the fold starts from.
+    pub fn identity(self) -> u64 {
+        match self {
+            FoldOp::Words(op) => op.identity(),
+            FoldOp::SumF64 => 0f64.to_bits(),
+        }
+    }
+}
+
+/// One aggregate [`hash_join_fold`] folds over the pairs: `op` over
+/// `values[id] ^ flip`, where `id` is the pair's row of `side` and
+/// `values` holds the column's `rows` values packed in words.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinFold<'a> {
+    pub side: PairSide,
+    pub values: &'a CudaSlice<u64>,
+    pub rows: usize,
+    pub read: GatheredValues,
+    pub op: FoldOp,
+    pub flip: u64,
+}
+
+impl JoinFold<'_> {
+    /// The three words of the kernel's `specs` for this fold.
+    fn spec(&self) -> [u64; 3] {
+        let width = self.read.width().bytes() as u64;
+        let sign_extend = u64::from(self.read == GatheredValues::FourSigned) << 8;
+        let probe_side = u64::from(self.side == PairSide::Probe) << 9;
+        [
+            self.rows as u64,
+            width | sign_extend | probe_side | (self.op.code() << 16),
+            self.flip,
+        ]
+    }
+
+    /// The kernel's `specs` for `folds`.
+    pub fn specs(folds: &[JoinFold<'_>]) -> Vec<u64> {
+        folds.iter().flat_map(JoinFold::spec).collect()
+    }
+}
+
+/// `hash_join_fold`: over the pairs of the tasks in `range`, `out[0] +=`
+/// the pairs and `out[1 + f]` folds fold `f`'s value of each pair, without
+/// writing the pairs. `specs` is [`JoinFold::specs`] of `folds`, on the
+/// device; `out` holds `1 + folds.len()` words, 0 and each fold's identity
+/// on entry.
+#[allow(clippy::too_many_arguments)]
+pub fn hash_join_fold(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    build: PartitionedSide<'_>,
+    probe: PartitionedSide<'_>,
+    tasks: Option<JoinTasks<'_>>,
+    partition_bits: u32,
+    range: std::ops::Range<u64>,
+    folds: &[JoinFold<'_>],
+    specs: &CudaSlice<u64>,
+    out: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    check_join_inputs(&build, &probe, partition_bits)?;
+    check_join_tasks(tasks, partition_bits, &range)?;
+    if folds.len() > MAX_JOIN_FOLDS {
+        return Err(GpuError::Invalid(format!(
+            "{} folds in one join, at most {MAX_JOIN_FOLDS}",
+            folds.len()
+        )));
+    }
+    for fold in folds {
+        if fold.op == FoldOp::Words(AggregateOp::Count) {
+            return Err(GpuError::Invalid("a folded COUNT".into()));
+        }
+        if fold.op == FoldOp::SumF64 && fold.read != GatheredValues::Eight {
+            return Err(GpuError::Invalid("a float sum of 4-byte values".into()));
+        }
+        fold.read
+            .width()
+            .check_source(fold.values, fold.rows, "fold source")?;
+    }
+    check_len(specs, 3 * folds.len(), "fold specs")?;
+    check_len(out, 1 + folds.len(), "fold output")?;
+    let fold_count = folds.len() as u32;
+    let mut launch = stream.launch_builder(&kernels.hash_join_fold);
+    push_join_work(&mut launch, &build, &probe, &tasks, &partition_bits, &range);
+    launch.arg(&fold_count).arg(specs);
+    // A null pointer stands for each source past the folds: never read.
+    const UNUSED_SOURCE: u64 = 0;
+    for f in 0..MAX_JOIN_FOLDS {
+        match folds.get(f) {
+            Some(fold) => launch.arg(fold.values),
+            None => launch.arg(&UNUSED_SOURCE),
+        };
+    }
+    launch.arg(out);
+    // SAFETY: starts bound every key access and a task list lies within the
+    // probe side's partitions (as for hash_join_count); each fold reads its
+    // source only at a row id below its `rows`, which the checks above put
+    // within the source's words, at its width; the kernel reads specs[..3 *
+    // folds] and writes only out[..1 + folds], both checked; sources past
+    // `folds` are null and never read.
+    unsafe { launch.launch(config(join_blocks(range.end - range.start, sm_count))?) }
+        .during("launching hash_join_fold")?;
     Ok(())
 }
