@@ -268,9 +268,9 @@ extern "C" __global__ void hash_join_fold(const u64* build_keys, const u64* buil
                         if (f >= folds) break;
                         const u32 flags = spec_flags[f];
                         bool found;
-                        const u64 value =
-                            fold_value(fold_source(f, src0, src1, src2, src3), spec_len[f], flags, spec_flip[f],
-                                       (flags & FOLD_PROBE_SIDE) ? probe_id : build_id, &found);
+                        const u64 value = fold_value(
+                            fold_source(f, src0, src1, src2, src3), spec_len[f], flags,
+                            spec_flip[f], (flags & FOLD_PROBE_SIDE) ? probe_id : build_id, &found);
                         if (found) own[f] = fold_combine(flags >> 16, own[f], value);
                     }
                 }
