@@ -49,7 +49,7 @@ const STAGING_WINDOW_BYTES: usize = 1 << 26;
 
 /// Copies the bytes of `pieces`, laid end to end, to one new device vector
 /// of whole words on `stream` (the last word padded with zeros), staged
-/// through pinned windows of [`STAGING_WINDOW_BYTES`]: how columns of 4- and
+/// through pinned windows of `STAGING_WINDOW_BYTES`: how columns of 4- and
 /// 16-byte values travel in the same words as 8-byte ones. Returns once the
 /// last copy is enqueued.
 pub fn upload_byte_pieces(

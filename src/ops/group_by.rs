@@ -364,7 +364,7 @@ fn table_capacity(rows: usize) -> u64 {
     ((2 * rows as u64).max(2)).next_power_of_two()
 }
 
-/// Device bytes [`group_by`] may hold at once for `rows` rows: every group
+/// Device bytes [`group_on_device`] may hold at once for `rows` rows: every group
 /// distinct in the worst case.
 pub fn group_by_device_bytes(
     rows: usize,
@@ -437,6 +437,10 @@ pub fn group_by_device_bytes(
     table + columns + bitmap_copies * bitmaps * 8 * rows.div_ceil(64)
 }
 
+/// Words of the pinned buffer each window of [`DeviceGrouped::download`]
+/// takes (32 MiB).
+pub const DOWNLOAD_WINDOW_WORDS: usize = 1 << 22;
+
 /// Groups `rows` rows by `keys` (`None`: all rows form one group, which
 /// exists even without rows) and computes every input's reduction per
 /// group. `bitmaps` are validity bitmaps ([`validity_bitmap`]) that inputs
@@ -445,44 +449,11 @@ pub fn group_by_device_bytes(
 /// The keys' copy and every kernel go onto `stream`; the inputs and bitmaps
 /// are copied on `copy_stream`, so that they cross the bus while the device
 /// numbers the groups (the kernels that read them wait for their copies).
-/// The same stream may be passed twice. Every result comes back at once:
-/// [`group_on_device`] brings them back in windows instead.
-#[allow(clippy::too_many_arguments)]
-pub fn group_by(
-    device: &GpuDevice,
-    stream: &Arc<CudaStream>,
-    copy_stream: &Arc<CudaStream>,
-    keys: Option<&Words>,
-    ids: GroupIds,
-    rows: usize,
-    inputs: &[ReduceInput],
-    bitmaps: &[Vec<u64>],
-    back: GroupsBack,
-    timer: &mut PhaseTimer,
-) -> GpuResult<Grouped> {
-    group_on_device(
-        device,
-        stream,
-        copy_stream,
-        keys,
-        ids,
-        rows,
-        inputs,
-        bitmaps,
-        back,
-        timer,
-    )?
-    .download(device, DOWNLOAD_WINDOW_WORDS, timer)
-}
-
-/// Words of the pinned buffer each window of [`DeviceGrouped::download`]
-/// takes (32 MiB).
-pub const DOWNLOAD_WINDOW_WORDS: usize = 1 << 22;
-
-/// [`group_by`] up to the results, which stay on the device: the group
-/// count, and with [`GroupsBack::RowsAndRowGroups`] the group of every row,
-/// are on the host; each group's identity and every reduction come back
-/// window by window through [`DeviceGrouped::bring_back`].
+/// The same stream may be passed twice. The results stay on the device:
+/// the group count, and with [`GroupsBack::RowsAndRowGroups`] the group of
+/// every row, are on the host; each group's identity and every reduction
+/// come back window by window through [`DeviceGrouped::bring_back`], or at
+/// once through [`DeviceGrouped::download`].
 #[allow(clippy::too_many_arguments)]
 pub fn group_on_device(
     device: &GpuDevice,
@@ -1424,7 +1395,7 @@ fn reduce(
 
 /// CPU reference: the same results, with groups in first-occurrence order
 /// and `group_rows` the first row of each group; every field is filled,
-/// whatever a [`super::GroupsBack`] would ask for.
+/// whatever a [`GroupsBack`] would ask for.
 pub mod reference {
     use std::collections::HashMap;
 
@@ -1433,7 +1404,7 @@ pub mod reference {
         Reduction,
     };
 
-    /// See [`super::group_by`].
+    /// What [`super::group_on_device`] computes, then downloaded, on the host.
     pub fn group_by(
         keys: Option<&[u64]>,
         rows: usize,

@@ -869,7 +869,7 @@ async fn device_group_by_matches_the_reference() {
             )
             .unwrap();
             let got = if case % 2 == 0 {
-                // As `group_by` brings them back.
+                // All at once.
                 on_device
                     .download(&device, group_by::DOWNLOAD_WINDOW_WORDS, &mut timer)
                     .unwrap()
@@ -1074,7 +1074,7 @@ async fn device_float_sums_of_exact_values_are_exact() {
         let keys = with_keys.then_some(keys.as_slice());
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         // One stream for the copies and the kernels alike.
-        let got = group_by::group_by(
+        let got = group_by::group_on_device(
             &device,
             stream,
             stream,
@@ -1086,6 +1086,7 @@ async fn device_float_sums_of_exact_values_are_exact() {
             GroupsBack::KeyWords,
             &mut timer,
         )
+        .and_then(|grouped| grouped.download(&device, group_by::DOWNLOAD_WINDOW_WORDS, &mut timer))
         .unwrap();
         timer.finish().unwrap();
         let want = group_by::reference::group_by(keys, rows, &inputs, &[]);
