@@ -109,6 +109,7 @@ fn table(rows: usize, groups: u64, zipf: f64, partitions: usize) -> Arc<MemTable
 /// output rows that does not depend on their order.
 async fn run_once(ctx: &SessionContext) -> (Duration, (usize, u64), Arc<dyn ExecutionPlan>) {
     let start = Instant::now();
+    datafusion_gpu::trace::event(|| "bench: query started".into());
     let plan = ctx
         .sql(sql())
         .await
@@ -120,6 +121,7 @@ async fn run_once(ctx: &SessionContext) -> (Duration, (usize, u64), Arc<dyn Exec
         .await
         .unwrap();
     let elapsed = start.elapsed();
+    datafusion_gpu::trace::event(|| format!("bench: {} batches collected", batches.len()));
     let mut rows = 0;
     let mut checksum = 0u64;
     let mut previous_key: Option<i64> = None;
@@ -198,9 +200,10 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         .unwrap_or(1);
     let runtime = gpu_runtime();
     println!(
-        "group-by benchmark: 2^{log2_rows} rows (k {}, a, b Int64), {cores} cores, {runs} timed runs per path, keys {}",
+        "group-by benchmark: 2^{log2_rows} rows (k {}, a, b Int64), {cores} cores, {runs} timed runs per path, keys {}, GPU settings {:?}",
         if string_keys() { "Utf8" } else { "Int64" },
-        if zipf > 0.0 { format!("Zipf {zipf}") } else { "uniform".into() }
+        if zipf > 0.0 { format!("Zipf {zipf}") } else { "uniform".into() },
+        super::sort_merge::gpu_settings()
     );
     println!("query: {}", sql());
     let bandwidth = match &runtime {
@@ -236,6 +239,10 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         ctx.sql("SET gpu.min_rows = 0").await.unwrap();
         ctx.sql("SET gpu.min_groups = 0").await.unwrap();
         ctx.sql("SET gpu.hashed_group_keys = true").await.unwrap();
+        // --set gpu.KEY=VALUE: options of the GPU path's runs.
+        for setting in super::sort_merge::gpu_settings() {
+            ctx.sql(&format!("SET {setting}")).await.unwrap();
+        }
         let (cold, gpu_answer, _) = run_once(&ctx).await;
         assert_eq!(gpu_answer, cpu_answer, "GPU answer differs from the CPU's");
         let mut warm_times = Vec::new();

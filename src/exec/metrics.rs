@@ -174,6 +174,10 @@ impl GpuSortMergeJoinMetrics {
 pub struct GpuAggregateMetrics {
     /// Output rows, batches and host compute time.
     pub baseline: BaselineMetrics,
+    /// Output bytes, shown with the baseline's (as one `output_bytes`):
+    /// each batch's are counted on the thread that made it, and added once
+    /// the batches are sure to leave.
+    pub output_bytes: Count,
     /// Input rows read.
     pub input_rows: Count,
     /// Groups found.
@@ -187,7 +191,9 @@ pub struct GpuAggregateMetrics {
     /// the device (waits, copies, kernels, staging).
     pub device_wall_time: Time,
     /// Wall time bringing the per-group results back and turning them into
-    /// output batches, the two overlapped.
+    /// output batches, the two overlapped, from the moment the groups are
+    /// numbered: their keys while the device still reduces, then the
+    /// reductions' results.
     pub emit_time: Time,
     /// Copies, kernels and waits on the device.
     pub device: DeviceMetrics,
@@ -222,6 +228,7 @@ impl GpuAggregateMetrics {
         let builder = || MetricBuilder::new(set);
         Self {
             baseline: BaselineMetrics::new(set, partition),
+            output_bytes: builder().output_bytes(partition),
             input_rows: builder().counter("input_rows", partition),
             groups: builder().counter("groups", partition),
             input_time: builder().subset_time("input_time", partition),

@@ -36,7 +36,7 @@ use crate::gpu::{
 mod results;
 
 use results::DeviceReduced;
-pub use results::{DeviceGrouped, GroupedWindow, ReducedWindow};
+pub use results::{DeviceGrouped, GroupedWindow, ReducedWindow, ResultParts};
 
 /// A piece of a column's words, owned or borrowed from wherever the caller
 /// keeps them (an Arrow buffer of 8-byte values needs no copy).
@@ -531,6 +531,7 @@ pub fn group_on_device(
         .collect::<GpuResult<Vec<_>>>()?;
     let mut numbered_in_partitions = false;
     let mut permutation = None;
+    let mut identities_made = None;
     let (groups, identities, row_groups, key_order) = match pending {
         Some(pending) => {
             let order_bits = match ids {
@@ -538,6 +539,15 @@ pub fn group_on_device(
                 _ => None,
             };
             let finished = pending.finish(device, stream, back, order_bits, timer)?;
+            if finished.identities.is_some() {
+                // Every identity is made: nothing enqueued from here on
+                // writes them.
+                identities_made = Some(
+                    stream
+                        .record_event(None)
+                        .during("recording the identities' end")?,
+                );
+            }
             numbered_in_partitions = finished.numbered_in_partitions;
             permutation = finished.permutation;
             (
@@ -623,6 +633,7 @@ pub fn group_on_device(
         reduced,
         numbered_in_partitions,
         stream: Arc::clone(stream),
+        identities_made,
     })
 }
 

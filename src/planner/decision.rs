@@ -12,9 +12,9 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlan;
 
+use super::statistics::plan_statistics;
 use super::GpuOptions;
 use crate::exec::keys::KeySpec;
 use crate::exec::{
@@ -182,9 +182,7 @@ fn estimated_groups(agg: &AggregateExec) -> Option<usize> {
     if exprs.is_empty() {
         return Some(1);
     }
-    let stats = StatisticsContext::new()
-        .compute(agg.input().as_ref(), &StatisticsArgs::new())
-        .ok()?;
+    let stats = plan_statistics(agg.input()).ok()?;
     exprs.iter().try_fold(1usize, |groups, (expr, _)| {
         let column = expr.downcast_ref::<Column>()?;
         let distinct = match stats.column_statistics.get(column.index())?.distinct_count {
@@ -264,9 +262,7 @@ fn key_types(
 
 /// Rows of `plan` by statistics, exact or estimated; `None` without any.
 fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-    let stats = StatisticsContext::new()
-        .compute(plan.as_ref(), &StatisticsArgs::new())
-        .ok()?;
+    let stats = plan_statistics(plan).ok()?;
     match stats.num_rows {
         Precision::Exact(n) | Precision::Inexact(n) => Some(n),
         Precision::Absent => None,

@@ -7,6 +7,7 @@ mod merge_for_order;
 mod partitioning;
 mod phases;
 mod rule;
+mod statistics;
 
 pub use config::GpuOptions;
 pub(crate) use decision::key_spec as key_spec_of;

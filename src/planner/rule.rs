@@ -27,14 +27,16 @@ use super::partitioning::{
     children_partitioning_free, merge_join_over_unrepartitioned_inputs, over_unrepartitioned_inputs,
 };
 use super::phases::{cpu_phases, single_phase};
+use super::statistics::with_statistics_of_one_pass;
 use super::{decide_aggregate, decide_hash_join, decide_sort_merge_join, GpuOptions};
 use crate::exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
 
 /// Replaces each `HashJoinExec` that [`decide_hash_join`] accepts by a
 /// [`GpuHashJoinExec`], and each `AggregateExec` that [`decide_aggregate`]
 /// accepts by a [`GpuAggregateExec`], with the same inputs, schema and
-/// partitioning, and leaves every other node exactly as it was. It runs after DataFusion's own
-/// rules, on the final plan.
+/// partitioning (but at the plan's root, where nothing runs on the
+/// partitions), and leaves every other node exactly as it was. It runs
+/// after DataFusion's own rules, on the final plan.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct GpuOptimizerRule;
 
@@ -57,10 +59,8 @@ impl PhysicalOptimizerRule for GpuOptimizerRule {
         }
         let gpu = crate::gpu::gpu_availability();
         let gpu = gpu.as_ref().map(|_| ()).map_err(|e| e.as_str());
-        // Rows of several partitions reach the caller in no fixed order.
-        let order_observable = plan.properties().output_partitioning().partition_count() <= 1;
         crate::trace::event(|| "rule: rewriting the plan".into());
-        let rewritten = rewrite(plan, order_observable, true, &options, gpu);
+        let rewritten = rewrite_plan(plan, &options, gpu);
         crate::trace::event(|| "rule: plan rewritten".into());
         rewritten
     }
@@ -71,6 +71,62 @@ impl PhysicalOptimizerRule for GpuOptimizerRule {
 
     fn schema_check(&self) -> bool {
         true
+    }
+}
+
+/// The whole plan `plan` rewritten ([`rewrite`]).
+fn rewrite_plan(
+    plan: Arc<dyn ExecutionPlan>,
+    options: &GpuOptions,
+    gpu: std::result::Result<(), &str>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    // Rows of several partitions reach the caller in no fixed order.
+    let order_observable = plan.properties().output_partitioning().partition_count() <= 1;
+    with_statistics_of_one_pass(|| {
+        rewrite(plan, order_observable, true, options, gpu).and_then(without_spread_at_root)
+    })
+}
+
+/// `plan` without the round robin at its root (or below projections of
+/// plain columns there) that deals one GPU aggregation's groups to several
+/// partitions ([`gpu_aggregate`]): nothing above it runs on them, and the
+/// caller merges them back into one stream, so each batch would only pass
+/// through two more channels (a few milliseconds for thousands of batches).
+fn without_spread_at_root(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
+        let plain = projection
+            .expr()
+            .iter()
+            .all(|e| e.expr.downcast_ref::<Column>().is_some());
+        if plain {
+            let input = without_spread_at_root(Arc::clone(projection.input()))?;
+            if !Arc::ptr_eq(&input, projection.input()) {
+                return Ok(Arc::new(ProjectionExec::try_new(
+                    projection.expr().to_vec(),
+                    input,
+                )?));
+            }
+        }
+        return Ok(plan);
+    }
+    match plan.downcast_ref::<RepartitionExec>() {
+        Some(repartition)
+            if !repartition.preserve_order()
+                && matches!(repartition.partitioning(), Partitioning::RoundRobinBatch(_))
+                && repartition
+                    .input()
+                    .properties()
+                    .output_partitioning()
+                    .partition_count()
+                    == 1
+                && repartition
+                    .input()
+                    .downcast_ref::<GpuAggregateExec>()
+                    .is_some() =>
+        {
+            Ok(Arc::clone(repartition.input()))
+        }
+        _ => Ok(plan),
     }
 }
 
@@ -419,7 +475,9 @@ fn evaluable_hash(partitioning: &Partitioning, schema: &SchemaRef) -> bool {
 /// than its inputs); unknown sizes count as not.
 fn makes_more_rows_than_it_reads(join: &HashJoinExec) -> bool {
     let node: &dyn ExecutionPlan = join;
-    let rows = |plan: &dyn ExecutionPlan| match StatisticsContext::new()
+    // One context: the join's statistics are computed from its inputs'.
+    let context = StatisticsContext::new();
+    let rows = |plan: &dyn ExecutionPlan| match context
         .compute(plan, &StatisticsArgs::new())
         .map(|stats| stats.num_rows)
     {
@@ -730,8 +788,7 @@ mod tests {
             .create_physical_plan()
             .await
             .unwrap();
-        let order_observable = plan.properties().output_partitioning().partition_count() <= 1;
-        let plan = rewrite(plan, order_observable, true, &options, Ok(())).unwrap();
+        let plan = rewrite_plan(plan, &options, Ok(())).unwrap();
         // The rewritten plan still meets every node's distribution and
         // ordering requirements.
         SanityCheckPlan::new()
@@ -1035,7 +1092,16 @@ mod tests {
                 "{}",
                 show(&plan)
             );
+            // At the root, its one partition is not spread round robin: the
+            // caller would only merge the partitions again.
+            assert!(!show(&plan).contains("RoundRobinBatch"), "{}", show(&plan));
+            assert_eq!(plan.properties().output_partitioning().partition_count(), 1);
         }
+        // Nor below a projection of plain columns at the root.
+        let sql = "SELECT c, k FROM (SELECT k, count(*) AS c FROM r GROUP BY k)";
+        let plan = rewritten_with(sql, single_phase()).await;
+        assert_eq!(gpu_aggregates(&plan).len(), 1, "{}", show(&plan));
+        assert!(!show(&plan).contains("RoundRobinBatch"), "{}", show(&plan));
         // A join above relies on the aggregation's hash partitioning on its
         // key: the one aggregation's groups are hash-repartitioned.
         let sql = "SELECT a.k, a.c, s.v FROM (SELECT k, count(*) AS c FROM r GROUP BY k) a \

@@ -17,7 +17,9 @@ use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use datafusion_gpu::gpu::{launch, GpuError, PhaseTimer};
-use datafusion_gpu::ops::group_by::{self, GroupIds, GroupsBack, ReduceInput, Reduction, Words};
+use datafusion_gpu::ops::group_by::{
+    self, GroupIds, GroupsBack, ReduceInput, Reduction, ResultParts, Words,
+};
 use datafusion_gpu::GpuAggregateExec;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -522,12 +524,14 @@ async fn float_sums_agree_within_a_relative_tolerance() {
     }
 }
 
-/// The sum of metric `name` over the GPU aggregations of `plan`.
+/// The sum of metric `name` over the GPU aggregations of `plan`: one of
+/// this crate's, or DataFusion's own (`output_rows`, `output_bytes`), which
+/// `MetricsSet::sum_by_name` does not find.
 fn gpu_aggregate_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     let here = plan
         .downcast_ref::<GpuAggregateExec>()
         .and_then(|agg| agg.metrics())
-        .and_then(|m| m.sum_by_name(name))
+        .and_then(|m| m.sum(|metric| metric.value().name() == name))
         .map_or(0, |v| v.as_usize());
     here + plan
         .children()
@@ -579,6 +583,7 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     assert_eq!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions"), 0);
     assert_eq!(gpu_aggregate_metric(&plan, "hashed_key_collisions"), 0);
     assert!(gpu_aggregate_metric(&plan, "groups") > 0);
+    assert_output_counted(&plan);
     // Without gpu.hashed_group_keys, those keys run on the CPU operator,
     // found at run time (their types pack; their ranges do not).
     let (gpu, cpu) = contexts(4, &["SET gpu.hashed_group_keys = false"]).await;
@@ -631,7 +636,21 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
         let collisions = gpu_aggregate_metric(&plan, "hashed_key_collisions");
         assert!(collisions > 0, "{sql}: no collision with 3-bit hashes");
         assert!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions") >= collisions);
+        // The batches made before the collision was found never left.
+        assert_output_counted(&plan);
     }
+}
+
+/// Each GPU aggregation counts as its output the groups it made, one row
+/// each, and their bytes; nothing where the CPU operator took over (the
+/// batches made before a collision was found are dropped).
+fn assert_output_counted(plan: &Arc<dyn ExecutionPlan>) {
+    let rows = gpu_aggregate_metric(plan, "output_rows");
+    assert_eq!(rows, gpu_aggregate_metric(plan, "groups"));
+    let bytes = gpu_aggregate_metric(plan, "output_bytes");
+    assert_eq!(bytes > 0, rows > 0, "{rows} rows in {bytes} bytes");
+    let batches = gpu_aggregate_metric(plan, "output_batches");
+    assert_eq!(batches > 0, rows > 0, "{rows} rows in {batches} batches");
 }
 
 /// The GPU aggregations of `plan` that sort their groups.
@@ -879,29 +898,57 @@ async fn device_group_by_matches_the_reference() {
                 // (the last one shorter) through two pinned buffers in turn:
                 // every group once, in order, each task's words as
                 // downloaded.
+                // Each pass of some parts brings back the same words as
+                // one pass of all: the identities on a stream of their own
+                // first, while the device may still reduce.
                 let window = (on_device.groups / 5).max(1);
-                let window_words = window * on_device.words_per_group() + 1;
+                let window_words = window * on_device.words_per_group(ResultParts::All) + 1;
                 let groups = on_device.groups;
-                let tasks = on_device
-                    .bring_back_in_parallel(&device, window, 3, 4, &mut timer, |w, groups| {
-                        let words = |all: &[u64]| all.get(groups.clone()).unwrap_or(&[]).to_vec();
-                        let reduced: Vec<(Vec<u64>, Vec<u64>)> = w
-                            .reduced
-                            .iter()
-                            .map(|r| (words(&r.values), words(&r.high_words)))
-                            .collect();
-                        Ok::<_, GpuError>((
-                            w.groups.start + groups.start..w.groups.start + groups.end,
-                            words(w.identities),
-                            reduced,
-                        ))
-                    })
-                    .unwrap();
+                let task = |w: &group_by::GroupedWindow<'_>, groups: std::ops::Range<usize>| {
+                    let words = |all: &[u64]| all.get(groups.clone()).unwrap_or(&[]).to_vec();
+                    let reduced: Vec<(Vec<u64>, Vec<u64>)> = w
+                        .reduced
+                        .iter()
+                        .map(|r| (words(&r.values), words(&r.high_words)))
+                        .collect();
+                    Ok::<_, GpuError>((
+                        w.groups.start + groups.start..w.groups.start + groups.end,
+                        words(w.identities),
+                        reduced,
+                    ))
+                };
+                let side_stream = device.stream().unwrap();
+                let mut bring_back = |stream, parts| {
+                    on_device
+                        .bring_back_in_parallel(
+                            &device,
+                            (stream, parts),
+                            window,
+                            3,
+                            4,
+                            &mut timer,
+                            task,
+                        )
+                        .unwrap()
+                };
+                let early = bring_back(side_stream.stream(), ResultParts::Identities);
+                let late = bring_back(on_device.stream(), ResultParts::Reductions);
+                let tasks = bring_back(on_device.stream(), ResultParts::All);
+                for pass in [&early, &late] {
+                    assert!(pass.iter().map(|t| &t.0).eq(tasks.iter().map(|t| &t.0)));
+                }
+                for ((early, late), all) in early.iter().zip(&late).zip(&tasks) {
+                    assert_eq!(early.1, all.1, "rows {rows}, domain {domain}");
+                    assert!(early.2.is_empty());
+                    assert!(late.1.is_empty());
+                    assert_eq!(late.2, all.2, "rows {rows}, domain {domain}");
+                }
                 if groups > 6 {
                     // A failing task's error comes back; a panicking
                     // task's as an error of its own.
                     let failed = on_device.bring_back_in_parallel(
                         &device,
+                        (on_device.stream(), ResultParts::All),
                         window,
                         3,
                         4,
@@ -914,6 +961,7 @@ async fn device_group_by_matches_the_reference() {
                     assert!(matches!(failed, Err(GpuError::Invalid(m)) if m == "task at 3"));
                     let panicked = on_device.bring_back_in_parallel(
                         &device,
+                        (on_device.stream(), ResultParts::All),
                         window,
                         3,
                         4,

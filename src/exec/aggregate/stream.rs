@@ -11,10 +11,12 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use cudarc::driver::CudaStream;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{concat, interleave};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::utils::memory::get_record_batch_memory_size;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
@@ -22,7 +24,6 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan, SendableRecordBatchStream};
@@ -46,7 +47,7 @@ use crate::gpu::{GpuDevice, GpuError, GpuResult, PhaseTimer, ReservationKind};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{
     group_by_device_bytes, group_on_device, partition_bits_for_groups, DeviceGrouped, GroupIds,
-    GroupsBack, ReducedWindow, Words,
+    GroupsBack, ReducedWindow, ResultParts, Words,
 };
 use crate::planner::cpu_phases_over;
 use crate::trace;
@@ -166,6 +167,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         .map_err(|e| DataFusionError::Execution(format!("GPU aggregation task failed: {e}")))?
     };
     task.reservation = reservation;
+    trace::event(|| "aggregation: blocking part returned".into());
     let outcome = outcome?;
     match outcome {
         Outcome::Batches(output) => {
@@ -173,11 +175,10 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
             // dropped while the groups go on (see `release`).
             release_in_background((batches, input_reservations));
             task.reservation.free();
-            let output: Vec<Result<RecordBatch>> = output
-                .into_iter()
-                .map(|batch| Ok(batch.record_output(&task.metrics.baseline)))
-                .collect();
+            // Counted as they were made (see `DevicePart::emit`).
+            let output: Vec<Result<RecordBatch>> = output.into_iter().map(Ok).collect();
             task.metrics.baseline.done();
+            trace::event(|| "aggregation: output handed on".into());
             Ok(Box::pin(RecordBatchStreamAdapter::new(
                 task.output_schema,
                 futures::stream::iter(output),
@@ -252,6 +253,16 @@ impl From<DataFusionError> for EmitError {
     fn from(e: DataFusionError) -> Self {
         EmitError::Host(e)
     }
+}
+
+/// What the groups' keys are read from: their words (unless hashed), or
+/// a row of each group among the input's key columns (hashed keys, and the
+/// check that each group holds one key).
+struct KeySources<'a> {
+    keys: Option<&'a GroupKeyWords>,
+    /// Per key expression, one array per input batch.
+    key_columns: &'a [Vec<ArrayRef>],
+    batches: &'a [RecordBatch],
 }
 
 /// The blocking part of one partition.
@@ -380,13 +391,28 @@ impl DevicePart {
         let key_columns = fold_negative_zeros(evaluate_pieces(&inputs.group_exprs, batches)?)?;
         trace::event(|| "aggregation: group keys evaluated".into());
         // Every choice below that depends on the groups reads this sample.
-        let sample = (self.spec.keys.is_some()
+        let sampling = self.spec.keys.is_some()
             && (self.min_groups > 0
                 || self.group_order.is_some()
-                || self.min_groups_to_partition < usize::MAX))
-            .then(|| sampled_distinct_keys(&key_columns, GROUP_SAMPLE_ROWS))
-            .transpose()?;
-        trace::event(|| format!("aggregation: keys sampled ({sample:?})"));
+                || self.min_groups_to_partition < usize::MAX);
+        // The sample (thousands of scattered reads) is taken on threads of
+        // its own while this one prepares the aggregates' inputs, which do
+        // not depend on it: where it then sends the input to the CPU
+        // operator, the inputs were prepared for nothing, which for plain
+        // columns is a few allocations per batch.
+        let (sample, work) = std::thread::scope(|scope| -> Result<_> {
+            let sampler = sampling
+                .then(|| scope.spawn(|| sampled_distinct_keys(&key_columns, GROUP_SAMPLE_ROWS)));
+            let work = self.device_work(batches, inputs);
+            let sample = match sampler {
+                Some(sampler) => Some(sampler.join().map_err(|_| {
+                    DataFusionError::Internal("sampling the group keys panicked".into())
+                })??),
+                None => None,
+            };
+            Ok((sample, work?))
+        })?;
+        trace::event(|| format!("aggregation: keys sampled ({sample:?}), inputs prepared"));
         if let Some((sampled, distinct)) = sample {
             // Statistics rarely know the groups (the rule counts unknown as
             // many): a sample of the keys decides before they are encoded
@@ -436,6 +462,69 @@ impl DevicePart {
             // Each row's group comes back to the host for the key check.
             reservation.try_grow(8 * rows)?;
         }
+        prepare.done();
+        trace::event(|| format!("aggregation: {rows} rows prepared"));
+        let device_wall = self.metrics.device_wall_time.timer();
+        let back = match hashed {
+            true => GroupsBack::RowsAndRowGroups,
+            false => GroupsBack::KeyWords,
+        };
+        let emitted = self.on_device(
+            keys.as_ref().map(|k| &k.words),
+            ids,
+            rows,
+            &work,
+            back,
+            |grouped, keys_stream, timer| {
+                let reduced = || {
+                    device_wall.done();
+                    trace::event(|| "aggregation: groups reduced on the device".into());
+                    match ids {
+                        GroupIds::Sorted { .. } => self.metrics.sorted_rows_partitions.add(1),
+                        GroupIds::Partitioned { .. } if grouped.numbered_in_partitions => {
+                            self.metrics.partitioned_groups_partitions.add(1)
+                        }
+                        GroupIds::Partitioned { .. } => {
+                            self.metrics.partition_overflow_partitions.add(1)
+                        }
+                        _ => {}
+                    }
+                };
+                let sources = KeySources {
+                    keys: keys.as_ref(),
+                    key_columns: &key_columns,
+                    batches,
+                };
+                let output = self.emit(grouped, sources, &work, keys_stream, timer, reduced);
+                trace::event(|| "aggregation: output made".into());
+                output
+            },
+        );
+        // What was read of the input's batches (a reference to each piece
+        // of each column) is dropped off the query's path, as the input is
+        // (see `release`).
+        release_in_background((key_columns, keys, work));
+        let output = match emitted {
+            Ok(output) => output?,
+            Err(e) if e.is_out_of_device_memory() => return Ok(Outcome::OnCpu),
+            Err(e) => return Err(e.into()),
+        };
+        match output {
+            Emitted::Batches(groups, output) => {
+                self.metrics.groups.add(groups);
+                Ok(Outcome::Batches(output))
+            }
+            Emitted::Collided => {
+                self.metrics.hashed_key_collisions.add(1);
+                Ok(Outcome::OnCpu)
+            }
+            Emitted::OutOfMemory => Ok(Outcome::OnCpu),
+        }
+    }
+
+    /// The device reductions of every aggregate over its inputs evaluated
+    /// over `batches`, with its FILTER.
+    fn device_work(&self, batches: &[RecordBatch], inputs: &AggregateInputs) -> Result<DeviceWork> {
         let mut work = DeviceWork::new(self.deterministic_float_sums);
         for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
             let args = evaluate_pieces(&inputs.aggregate_args[i], batches)?;
@@ -455,66 +544,23 @@ impl DevicePart {
                 }
                 None => None,
             };
+            // With keys, every group has a row.
             work.add(
                 aggregate,
                 self.spec.merges_states,
                 &args,
                 filter.as_deref(),
-                keys.is_some(),
+                self.spec.keys.is_some(),
             )?;
         }
-        prepare.done();
-        trace::event(|| format!("aggregation: {rows} rows prepared"));
-        let device_wall = self.metrics.device_wall_time.timer();
-        let back = match hashed {
-            true => GroupsBack::RowsAndRowGroups,
-            false => GroupsBack::KeyWords,
-        };
-        let emitted = self.on_device(
-            keys.as_ref().map(|k| &k.words),
-            ids,
-            rows,
-            &work,
-            back,
-            |grouped, timer| {
-                device_wall.done();
-                trace::event(|| "aggregation: groups reduced on the device".into());
-                match ids {
-                    GroupIds::Sorted { .. } => self.metrics.sorted_rows_partitions.add(1),
-                    GroupIds::Partitioned { .. } if grouped.numbered_in_partitions => {
-                        self.metrics.partitioned_groups_partitions.add(1)
-                    }
-                    GroupIds::Partitioned { .. } => {
-                        self.metrics.partition_overflow_partitions.add(1)
-                    }
-                    _ => {}
-                }
-                let output = self.emit(grouped, keys.as_ref(), &key_columns, batches, &work, timer);
-                trace::event(|| "aggregation: output made".into());
-                output
-            },
-        );
-        let output = match emitted {
-            Ok(output) => output?,
-            Err(e) if e.is_out_of_device_memory() => return Ok(Outcome::OnCpu),
-            Err(e) => return Err(e.into()),
-        };
-        match output {
-            Emitted::Batches(groups, output) => {
-                self.metrics.groups.add(groups);
-                Ok(Outcome::Batches(output))
-            }
-            Emitted::Collided => {
-                self.metrics.hashed_key_collisions.add(1);
-                Ok(Outcome::OnCpu)
-            }
-            Emitted::OutOfMemory => Ok(Outcome::OnCpu),
-        }
+        Ok(work)
     }
 
     /// Runs the device part up to the results, which stay on the device,
-    /// and hands them to `emit` while the device and its memory are still
-    /// held: errors of the device part are returned as they are (the caller
+    /// and hands them to `emit` (with a stream of its own to bring the
+    /// groups' keys back on while the device still reduces) as soon as the
+    /// work is enqueued, while the device and its memory are still held:
+    /// errors of the device part are returned as they are (the caller
     /// falls back on out-of-memory), those of `emit` inside.
     fn on_device<T>(
         &self,
@@ -523,7 +569,7 @@ impl DevicePart {
         rows: usize,
         work: &DeviceWork,
         back: GroupsBack,
-        emit: impl FnOnce(&DeviceGrouped, &mut PhaseTimer) -> Result<T>,
+        emit: impl FnOnce(&DeviceGrouped, &Arc<CudaStream>, &mut PhaseTimer) -> Result<T>,
     ) -> GpuResult<Result<T>> {
         let waiting = std::time::Instant::now();
         let _admission = self.device.admit(self.max_concurrent_tasks);
@@ -553,6 +599,7 @@ impl DevicePart {
         // The inputs cross the bus on a stream of their own while the
         // groups are numbered.
         let copy_stream = self.device.stream()?;
+        let keys_stream = self.device.stream()?;
         let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
         let grouped = group_on_device(
             &self.device,
@@ -566,82 +613,153 @@ impl DevicePart {
             back,
             &mut timer,
         )?;
-        // The device part ends once the results are made (the caller's
-        // `device_wall_time` and trace say so): waiting here costs the bus a
-        // few microseconds before the first window's copy.
-        grouped.wait_until_made()?;
-        let emitted = emit(&grouped, &mut timer);
+        let emitted = emit(&grouped, keys_stream.stream(), &mut timer);
         // Freed in stream order before the timer waits for the streams.
         drop(grouped);
         self.metrics.device.record(&timer.finish()?);
+        trace::event(|| "aggregation: device results freed, timings read".into());
         Ok(emitted)
     }
 
     /// The output batches of the groups on the device, one per
-    /// `batch_size` groups, built on every core as the results' windows
-    /// land while the next ones cross the bus; with the group count.
+    /// `batch_size` groups, with the group count. The groups' keys come
+    /// back first, on `keys_stream`, and are made into columns on every
+    /// core while the device still reduces (they are known once the groups
+    /// are numbered); once the device has made every result (`reduced` is
+    /// then called), the reductions' results come back and the batches are
+    /// built, both in windows that land while the next ones cross the bus.
     fn emit(
         &self,
         grouped: &DeviceGrouped,
-        keys: Option<&GroupKeyWords>,
-        key_columns: &[Vec<ArrayRef>],
-        batches: &[RecordBatch],
+        sources: KeySources<'_>,
         work: &DeviceWork,
+        keys_stream: &Arc<CudaStream>,
         timer: &mut PhaseTimer,
+        reduced: impl FnOnce(),
     ) -> Result<Emitted> {
         let emit_timer = self.metrics.emit_time.timer();
         let size = self.batch_size.max(1);
-        let hashed = keys.is_some_and(|k| k.hashed());
-        let window = window_groups(self.result_window_words, grouped.words_per_group(), size);
-        // Where each batch begins among the rows (hashed keys are read from
-        // a row of each group).
-        let starts = match hashed {
-            true => starts_of(batches.iter().map(|b| b.num_rows())),
-            false => Vec::new(),
-        };
-        let per_batch = grouped.bring_back_in_parallel(
-            &self.device,
-            window,
-            size,
-            host_threads(),
-            timer,
-            |window, groups| {
-                let identities = window.identities.get(groups.clone()).unwrap_or(&[]);
-                let key_chunk = match keys {
-                    Some(keys) if !hashed => keys.decode(identities)?,
-                    _ => self.keys_of_group_rows(key_columns, &starts, identities)?,
-                };
-                let batch = self.output_batch(key_chunk.clone(), work, &window.reduced, groups)?;
-                Ok::<_, EmitError>((hashed.then_some(key_chunk), batch))
-            },
-        );
-        let per_batch = match per_batch {
-            Ok(per_batch) => per_batch,
-            // Pinned memory for the results' windows could not be had: no
-            // batch has left yet, so the CPU operator can still take over.
+        let hashed = sources.keys.is_some_and(|k| k.hashed());
+        let key_chunks = self.keys_back(grouped, &sources, keys_stream, timer);
+        trace::event(|| "aggregation: group keys made".into());
+        // The device part ends once the results are made (the caller's
+        // `device_wall_time` and trace say so).
+        grouped.wait_until_made()?;
+        reduced();
+        let key_chunks = match key_chunks {
+            Ok(chunks) => chunks,
+            // Pinned memory for the windows could not be had: no batch has
+            // left yet, so the CPU operator can still take over.
             Err(EmitError::Device(e)) if e.is_out_of_device_memory() => {
                 return Ok(Emitted::OutOfMemory)
             }
             Err(EmitError::Device(e)) => return Err(e.into()),
             Err(EmitError::Host(e)) => return Err(e),
         };
-        // Hashed keys are checked once every group's keys are known.
-        let mut checked_keys = Vec::new();
-        let mut output = Vec::with_capacity(per_batch.len());
-        for (key_chunk, batch) in per_batch {
-            checked_keys.extend(key_chunk);
-            output.push(batch);
-        }
+        let parts = ResultParts::Reductions;
+        let window = window_groups(
+            self.result_window_words,
+            grouped.words_per_group(parts),
+            size,
+        );
+        let per_batch = grouped.bring_back_in_parallel(
+            &self.device,
+            (grouped.stream(), parts),
+            window,
+            size,
+            host_threads(),
+            timer,
+            |window, groups| {
+                // Windows and tasks are whole batches of `size` groups.
+                let batch = (window.groups.start + groups.start) / size;
+                let key_chunk = match self.spec.keys {
+                    Some(_) => key_chunks.get(batch).cloned().ok_or_else(|| {
+                        DataFusionError::Internal(format!("no keys for output batch {batch}"))
+                    })?,
+                    None => Vec::new(),
+                };
+                let batch = self.output_batch(key_chunk, work, &window.reduced, groups)?;
+                // Counted here, on the thread that made the batch: counted
+                // one by one on the query's thread, thousands of batches took
+                // milliseconds after the last was made (each a few cache
+                // misses).
+                let bytes = get_record_batch_memory_size(&batch);
+                Ok::<_, EmitError>((batch, bytes))
+            },
+        );
+        let per_batch = match per_batch {
+            Ok(per_batch) => per_batch,
+            Err(EmitError::Device(e)) if e.is_out_of_device_memory() => {
+                return Ok(Emitted::OutOfMemory)
+            }
+            Err(EmitError::Device(e)) => return Err(e.into()),
+            Err(EmitError::Host(e)) => return Err(e),
+        };
         emit_timer.done();
         trace::event(|| "aggregation: groups brought back".into());
+        // Hashed keys are checked once every group's keys are known.
         if hashed {
             let _check = self.metrics.key_check_time.timer();
-            let group_keys = concat_chunks(&checked_keys)?;
-            if !groups_hold_one_key(key_columns, &group_keys, &grouped.row_groups)? {
+            let group_keys = concat_chunks(&key_chunks)?;
+            if !groups_hold_one_key(sources.key_columns, &group_keys, &grouped.row_groups)? {
                 return Ok(Emitted::Collided);
             }
         }
+        // The batches now leave (the CPU operator no longer takes over):
+        // they count as output.
+        let mut output = Vec::with_capacity(per_batch.len());
+        for (batch, bytes) in per_batch {
+            self.metrics.baseline.record_output(batch.num_rows());
+            self.metrics.output_bytes.add(bytes);
+            output.push(batch);
+        }
+        self.metrics.baseline.output_batches().add(output.len());
         Ok(Emitted::Batches(grouped.groups, output))
+    }
+
+    /// The key columns of every output batch (`batch_size` groups each),
+    /// brought back on `stream` and made on every core: decoded from their
+    /// words, or read from a row of each group (hashed keys). None without
+    /// keys.
+    fn keys_back(
+        &self,
+        grouped: &DeviceGrouped,
+        sources: &KeySources<'_>,
+        stream: &Arc<CudaStream>,
+        timer: &mut PhaseTimer,
+    ) -> std::result::Result<Vec<Vec<ArrayRef>>, EmitError> {
+        if self.spec.keys.is_none() || !grouped.has_identities() {
+            return Ok(Vec::new());
+        }
+        let size = self.batch_size.max(1);
+        let hashed = sources.keys.is_some_and(|k| k.hashed());
+        // Where each batch begins among the rows (hashed keys are read from
+        // a row of each group).
+        let starts = match hashed {
+            true => starts_of(sources.batches.iter().map(|b| b.num_rows())),
+            false => Vec::new(),
+        };
+        let parts = ResultParts::Identities;
+        let window = window_groups(
+            self.result_window_words,
+            grouped.words_per_group(parts),
+            size,
+        );
+        grouped.bring_back_in_parallel(
+            &self.device,
+            (stream, parts),
+            window,
+            size,
+            host_threads(),
+            timer,
+            |window, groups| {
+                let identities = window.identities.get(groups).unwrap_or(&[]);
+                Ok(match sources.keys {
+                    Some(keys) if !hashed => keys.decode(identities)?,
+                    _ => self.keys_of_group_rows(sources.key_columns, &starts, identities)?,
+                })
+            },
+        )
     }
 
     /// The key columns of the groups whose rows are `group_rows`, read

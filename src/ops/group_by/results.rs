@@ -15,7 +15,7 @@ use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream};
 
 use super::{fixed_sum_to_f64, Grouped, GroupsBack, Reduced};
 use crate::gpu::{
@@ -42,6 +42,32 @@ pub struct DeviceGrouped {
     pub numbered_in_partitions: bool,
     /// The stream the results were written on, which copies them out.
     pub(super) stream: Arc<CudaStream>,
+    /// Recorded on `stream` once every identity is made, before the
+    /// reductions: another stream that waits for it brings the identities
+    /// back while the reductions run.
+    pub(super) identities_made: Option<CudaEvent>,
+}
+
+/// What of each group a pass over the results brings back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultParts {
+    /// Its identity and every reduction's results.
+    All,
+    /// Its identity alone, known once the groups are numbered: brought
+    /// back on another stream while the device still reduces.
+    Identities,
+    /// Every reduction's results alone.
+    Reductions,
+}
+
+impl ResultParts {
+    fn identities(self) -> bool {
+        self != ResultParts::Reductions
+    }
+
+    fn reductions(self) -> bool {
+        self != ResultParts::Identities
+    }
 }
 
 /// One reduction's results on the device.
@@ -147,18 +173,52 @@ impl DeviceGrouped {
             .during("waiting for the groups' results")
     }
 
-    /// Words that come back per group: its identity (with keys) and each
-    /// reduction's parts.
-    pub fn words_per_group(&self) -> usize {
-        self.parts().len()
+    /// The stream the results are written on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
-    /// Every part that comes back, identities first.
-    fn parts(&self) -> Vec<&DeviceVec<u64>> {
-        self.identities
-            .iter()
-            .chain(self.reduced.iter().flat_map(DeviceReduced::parts))
+    /// Words that come back per group with `parts`: its identity (with
+    /// keys) and each reduction's parts.
+    pub fn words_per_group(&self, parts: ResultParts) -> usize {
+        self.parts(parts).len()
+    }
+
+    /// Whether each group has an identity to bring back (with keys).
+    pub fn has_identities(&self) -> bool {
+        self.identities.is_some()
+    }
+
+    /// Every part of `parts` that comes back, identities first.
+    fn parts(&self, parts: ResultParts) -> Vec<&DeviceVec<u64>> {
+        let identities = self.identities.iter().filter(|_| parts.identities());
+        let reduced = self.reduced.iter().filter(|_| parts.reductions());
+        identities
+            .chain(reduced.flat_map(DeviceReduced::parts))
             .collect()
+    }
+
+    /// Orders `stream`'s later work after what `parts` reads was made:
+    /// the identities, or every reduction (all the work enqueued on the
+    /// results' stream). Nothing for the results' own stream.
+    fn order_after(&self, stream: &Arc<CudaStream>, parts: ResultParts) -> GpuResult<()> {
+        if Arc::ptr_eq(stream, &self.stream) {
+            return Ok(());
+        }
+        match (&self.identities_made, parts) {
+            (Some(made), ResultParts::Identities) => stream
+                .wait(made)
+                .during("ordering a copy after the identities"),
+            _ => {
+                let reduced = self
+                    .stream
+                    .record_event(None)
+                    .during("recording the reductions' end")?;
+                stream
+                    .wait(&reduced)
+                    .during("ordering a copy after the reductions")
+            }
+        }
     }
 
     /// The groups of window `w` of `window` groups each.
@@ -166,29 +226,35 @@ impl DeviceGrouped {
         w * window..((w + 1) * window).min(self.groups)
     }
 
-    /// A pinned buffer for one window of `window` groups (none where
-    /// nothing comes back).
-    fn window_buffer(&self, device: &GpuDevice, window: usize) -> GpuResult<Option<PinnedBuffer>> {
-        let words = self.words_per_group() * window;
+    /// A pinned buffer for one window of `window` groups of `parts` (none
+    /// where nothing comes back).
+    fn window_buffer(
+        &self,
+        device: &GpuDevice,
+        window: usize,
+        parts: ResultParts,
+    ) -> GpuResult<Option<PinnedBuffer>> {
+        let words = self.words_per_group(parts) * window;
         (words > 0).then(|| device.pinned().take(words)).transpose()
     }
 
-    /// Enqueues the copies of window `w` (of `window` groups each) into
-    /// `buffer`: part `i`'s words at `i * window`.
+    /// Enqueues the copies of window `w` (of `window` groups each) of
+    /// `parts` into `buffer` on `stream`: part `i`'s words at `i * window`.
     fn enqueue_window(
         &self,
         w: usize,
         window: usize,
         buffer: Option<&mut PinnedBuffer>,
+        (stream, parts): (&Arc<CudaStream>, ResultParts),
         timer: &mut PhaseTimer,
     ) -> GpuResult<()> {
         let Some(buffer) = buffer else {
             return Ok(());
         };
         let groups = self.window_groups(w, window);
-        for (i, part) in self.parts().into_iter().enumerate() {
+        for (i, part) in self.parts(parts).into_iter().enumerate() {
             enqueue_download(
-                &self.stream,
+                stream,
                 &part.slice(groups.clone()),
                 buffer,
                 i * window,
@@ -205,8 +271,12 @@ impl DeviceGrouped {
         words: &[u64],
         window: usize,
         len: usize,
+        parts: ResultParts,
     ) -> Vec<Option<(Vec<u64>, Vec<u64>)>> {
-        let mut next = usize::from(self.identities.is_some());
+        if !parts.reductions() {
+            return Vec::new();
+        }
+        let mut next = usize::from(self.identities.is_some() && parts.identities());
         self.reduced
             .iter()
             .map(|reduced| {
@@ -228,10 +298,13 @@ impl DeviceGrouped {
         window: usize,
         groups: Range<usize>,
         made: &'a [Option<(Vec<u64>, Vec<u64>)>],
+        parts: ResultParts,
     ) -> GroupedWindow<'a> {
         let len = groups.len();
         let part = |i: usize| &words[i * window..i * window + len];
-        let mut next = usize::from(self.identities.is_some());
+        let with_identities = self.identities.is_some() && parts.identities();
+        let mut next = usize::from(with_identities);
+        // `made` is empty without the reductions: so is `reduced`.
         let reduced = self
             .reduced
             .iter()
@@ -254,11 +327,7 @@ impl DeviceGrouped {
             .collect();
         GroupedWindow {
             groups,
-            identities: if self.identities.is_some() {
-                part(0)
-            } else {
-                &[]
-            },
+            identities: if with_identities { part(0) } else { &[] },
             reduced,
         }
     }
@@ -278,10 +347,11 @@ impl DeviceGrouped {
         // No larger than the groups: a window's buffer is sized to it.
         let window = window_groups.min(self.groups).max(1);
         let windows = self.groups.div_ceil(window);
+        let all = (&self.stream, ResultParts::All);
         let mut buffers = Vec::with_capacity(2);
         for w in 0..windows.min(2) {
-            let mut buffer = self.window_buffer(device, window)?;
-            self.enqueue_window(w, window, buffer.as_mut(), timer)?;
+            let mut buffer = self.window_buffer(device, window, ResultParts::All)?;
+            self.enqueue_window(w, window, buffer.as_mut(), all, timer)?;
             buffers.push(buffer);
         }
         for w in 0..windows {
@@ -292,18 +362,20 @@ impl DeviceGrouped {
                     Some(buffer) => buffer.as_slice()?,
                     None => &[],
                 };
-                let made = self.made_on_host(words, window, groups.len());
-                on_window(self.view(words, window, groups, &made))?;
+                let made = self.made_on_host(words, window, groups.len(), ResultParts::All);
+                on_window(self.view(words, window, groups, &made, ResultParts::All))?;
             }
             if w + 2 < windows {
-                self.enqueue_window(w + 2, window, buffers[w % 2].as_mut(), timer)?;
+                self.enqueue_window(w + 2, window, buffers[w % 2].as_mut(), all, timer)?;
             }
         }
         Ok(())
     }
 
-    /// Brings every group's identity and results back in windows of about
-    /// `window_groups` groups, cut into tasks of `task_groups` (each window
+    /// Brings `parts` of every group back in windows of about
+    /// `window_groups` groups, copied on `stream` (ordered after what they
+    /// read was made: the identities can come back while the device still
+    /// reduces), cut into tasks of `task_groups` (each window
     /// a whole number of tasks), and runs `work` over every task on
     /// `threads` threads started once, which take the tasks in group
     /// order as they come: `work(window, groups)` with `groups` a range of
@@ -312,9 +384,11 @@ impl DeviceGrouped {
     /// yet started when one fails are left out), or the feeding's own; a
     /// task that panics fails. Up to three windows are in pinned buffers at once: one
     /// or two read by the threads, the next crossing the bus.
+    #[allow(clippy::too_many_arguments)]
     pub fn bring_back_in_parallel<R, E>(
         &self,
         device: &GpuDevice,
+        (stream, parts): (&Arc<CudaStream>, ResultParts),
         window_groups: usize,
         task_groups: usize,
         threads: usize,
@@ -327,6 +401,7 @@ impl DeviceGrouped {
     {
         /// Windows in pinned buffers at once.
         const BUFFERS: usize = 3;
+        self.order_after(stream, parts)?;
         let task = task_groups.max(1);
         // Whole tasks, and no larger than the groups: a window's buffer is
         // sized to it.
@@ -360,6 +435,7 @@ impl DeviceGrouped {
                                     window,
                                     job.landed.groups.clone(),
                                     &job.landed.made,
+                                    parts,
                                 );
                                 work(&view, job.groups.clone())
                             }))
@@ -380,7 +456,13 @@ impl DeviceGrouped {
             // The queue is closed however the feeding ends, a panic
             // included, so that the threads leave and the scope can end.
             let closing = CloseOnDrop(&shared);
-            let main = self.feed(device, &shared, window, task, windows, BUFFERS, timer);
+            let main = self.feed(
+                device,
+                &shared,
+                (stream, parts),
+                (window, task, windows, BUFFERS),
+                timer,
+            );
             if main.is_err() {
                 // The tasks queued are dropped, not run.
                 closing.0.abandon();
@@ -411,15 +493,12 @@ impl DeviceGrouped {
     /// copies of the next ones ahead of the threads, and queues each
     /// window's tasks (of `task` groups) once it has landed. Stops at the
     /// first error, its own or a task's.
-    #[allow(clippy::too_many_arguments)]
     fn feed<R, E: From<GpuError>>(
         &self,
         device: &GpuDevice,
         shared: &Shared<R, E>,
-        window: usize,
-        task: usize,
-        windows: usize,
-        buffers: usize,
+        (stream, parts): (&Arc<CudaStream>, ResultParts),
+        (window, task, windows, buffers): (usize, usize, usize, usize),
         timer: &mut PhaseTimer,
     ) -> Result<(), E> {
         let tasks_of = |w: usize| self.window_groups(w, window).len().div_ceil(task);
@@ -436,6 +515,9 @@ impl DeviceGrouped {
             loop {
                 while let Some((oldest, _)) = handed.front() {
                     let wait = crossing.is_empty();
+                    if wait {
+                        trace::event(|| format!("results: waiting for window {oldest}'s tasks"));
+                    }
                     if !shared.window_finished(*oldest, tasks_of(*oldest), wait) {
                         break;
                     }
@@ -454,9 +536,9 @@ impl DeviceGrouped {
                 while next < windows && crossing.len() + handed.len() < buffers {
                     let mut buffer = match spare.pop() {
                         Some(buffer) => Some(buffer),
-                        None => self.window_buffer(device, window)?,
+                        None => self.window_buffer(device, window, parts)?,
                     };
-                    self.enqueue_window(next, window, buffer.as_mut(), timer)?;
+                    self.enqueue_window(next, window, buffer.as_mut(), (stream, parts), timer)?;
                     crossing.push_back((next, buffer));
                     next += 1;
                 }
@@ -475,8 +557,8 @@ impl DeviceGrouped {
                 Some(buffer) => buffer.as_slice()?,
                 None => &[],
             };
-            let made = self.made_on_host(words, window, groups.len());
-            trace::event(|| format!("results: window {w} of {windows} landed"));
+            let made = self.made_on_host(words, window, groups.len(), parts);
+            trace::event(|| format!("results: window {w} of {windows} of {parts:?} landed"));
             let landed = Arc::new(Landed {
                 buffer,
                 groups,
@@ -501,7 +583,7 @@ impl DeviceGrouped {
     ) -> GpuResult<Grouped> {
         let mut identities = Vec::new();
         let mut reduced = vec![Reduced::default(); self.reduced.len()];
-        let window_groups = window_words / self.words_per_group().max(1);
+        let window_groups = window_words / self.words_per_group(ResultParts::All).max(1);
         self.bring_back(device, window_groups, timer, |window| {
             identities.extend_from_slice(window.identities);
             for (all, part) in reduced.iter_mut().zip(window.reduced) {
