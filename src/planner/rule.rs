@@ -34,9 +34,10 @@ use crate::exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
 /// Replaces each `HashJoinExec` that [`decide_hash_join`] accepts by a
 /// [`GpuHashJoinExec`], and each `AggregateExec` that [`decide_aggregate`]
 /// accepts by a [`GpuAggregateExec`], with the same inputs, schema and
-/// partitioning (but at the plan's root, where nothing runs on the
-/// partitions), and leaves every other node exactly as it was. It runs
-/// after DataFusion's own rules, on the final plan.
+/// partitioning (except that a GPU aggregation at the plan's root keeps
+/// its one partition: nothing there runs on several), and leaves every
+/// other node exactly as it was. It runs after DataFusion's own rules, on
+/// the final plan.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct GpuOptimizerRule;
 
