@@ -261,7 +261,7 @@ fn key_types(
 }
 
 /// Rows of `plan` by statistics, exact or estimated; `None` without any.
-fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+pub(super) fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
     let stats = plan_statistics(plan).ok()?;
     match stats.num_rows {
         Precision::Exact(n) | Precision::Inexact(n) => Some(n),

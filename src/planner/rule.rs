@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
@@ -19,9 +18,9 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
+use super::decision::estimated_rows;
 use super::merge_for_order::{merge_join_for_sort, MergeForOrder};
 use super::partitioning::{
     children_partitioning_free, merge_join_over_unrepartitioned_inputs, over_unrepartitioned_inputs,
@@ -410,7 +409,7 @@ fn gpu_join(
             MergeInputs::Free => true,
             MergeInputs::RepartitionOutput => {
                 evaluable_hash(&output_partitioning, &join.schema())
-                    && !makes_more_rows_than_it_reads(join)
+                    && !makes_more_rows_than_it_reads(node, join)
             }
         };
         if let Some(merged) = allowed
@@ -471,24 +470,14 @@ fn evaluable_hash(partitioning: &Partitioning, schema: &SchemaRef) -> bool {
     })
 }
 
-/// Whether statistics say that `join` makes more rows than its two inputs
-/// hold together (an exploding join, whose output costs more to repartition
-/// than its inputs); unknown sizes count as not.
-fn makes_more_rows_than_it_reads(join: &HashJoinExec) -> bool {
-    let node: &dyn ExecutionPlan = join;
-    // One context: the join's statistics are computed from its inputs'.
-    let context = StatisticsContext::new();
-    let rows = |plan: &dyn ExecutionPlan| match context
-        .compute(plan, &StatisticsArgs::new())
-        .map(|stats| stats.num_rows)
-    {
-        Ok(Precision::Exact(n) | Precision::Inexact(n)) => Some(n),
-        _ => None,
-    };
+/// Whether statistics say that `join` (the plan node `node`) makes more
+/// rows than its two inputs hold together (an exploding join, whose output
+/// costs more to repartition than its inputs); unknown sizes count as not.
+fn makes_more_rows_than_it_reads(node: &Arc<dyn ExecutionPlan>, join: &HashJoinExec) -> bool {
     match (
-        rows(node),
-        rows(join.left().as_ref()),
-        rows(join.right().as_ref()),
+        estimated_rows(node),
+        estimated_rows(join.left()),
+        estimated_rows(join.right()),
     ) {
         (Some(output), Some(left), Some(right)) => output > left.saturating_add(right),
         _ => false,
@@ -718,6 +707,7 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::datasource::MemTable;
     use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
+    use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
     use datafusion::physical_plan::Partitioning;
     use datafusion::prelude::{SessionConfig, SessionContext};
 
