@@ -28,3 +28,17 @@ __device__ __forceinline__ void atomic_apply(u32 op, u64* target, u64 value) {
         default: atomicAdd(target, value); break;
     }
 }
+
+// atomic_apply where it can change the target: a MIN or MAX whose target
+// already holds a value at least as good is skipped, so that once a group's
+// best is found its other rows only read it (the atomics of a hot group
+// would serialize). The target only ever moves towards the op's best, so a
+// read that is stale can only let through an atomic that changes nothing,
+// never skip one that would.
+__device__ __forceinline__ void atomic_apply_if_better(u32 op, u64* target, u64 value) {
+    if (op == OP_MIN || op == OP_MAX) {
+        const u64 seen = *(volatile u64*)target;
+        if (op == OP_MIN ? seen <= value : seen >= value) return;
+    }
+    atomic_apply(op, target, value);
+}

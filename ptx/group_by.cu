@@ -3,13 +3,15 @@
 // into per-group slots, privatized in shared memory when the groups fit.
 //
 // Stage 1, `group_insert`: linear probing on mix64(key) in a table of
-// `capacity` (a power of two, at least twice the rows) key slots plus one
-// reserved slot for the key EMPTY_KEY itself, so every u64 is a valid key.
-// The thread that claims a slot takes the next group id from an atomic
-// counter and records the row as the group's first row (the host reads the
-// group's key columns from that row). Every row records its slot; the next
-// kernel, `group_resolve`, turns slots into group ids (a separate launch, so
-// every claimed slot's group id is visible by then).
+// `capacity` (a power of two) key slots plus one reserved slot for the key
+// EMPTY_KEY itself, so every u64 is a valid key. The thread that claims a
+// slot takes the next group id from an atomic counter and records the row
+// as the group's first row (the host reads the group's key columns from
+// that row). Every row records its slot; the next kernel, `group_resolve`,
+// turns slots into group ids (a separate launch, so every claimed slot's
+// group id is visible by then). A table sized to twice the rows always has
+// room; one sized from an estimate of the groups may not, and gives up
+// (see group_insert).
 //
 // Stage 2, `aggregate_u64` / `aggregate_f64_sum` / `aggregate_i128_sum`:
 // SUM, MIN, MAX and COUNT over 64-bit values. The host maps every type to
@@ -34,12 +36,24 @@ extern "C" __global__ void fill_u64(u64* out, u64 n, u64 value) {
 // `row_slots[i]`, and for each new group g: table_groups[slot] = g and
 // group_first_rows[g] = the claiming row. At most n groups, so
 // `group_first_rows` needs n entries.
+// With `overflow` null, the table must have at least twice as many slots as
+// rows, so every probe ends. With `overflow` non-null (0 on entry), the
+// table was sized from an estimate of the groups and may fill up: a row
+// that has probed GIVE_UP_PROBES slots while the table is at least three
+// quarters full (or has probed every slot) sets *overflow and its thread
+// stops (a table sized to four times the estimate fills that far only where
+// the estimate was low by three times or more), and the other threads stop
+// within 32 rows of seeing it. The table and the outputs are then
+// incomplete: the host numbers the rows again in a table sized to them.
 // Launch: any grid (grid-stride), block = BLOCK_THREADS.
+#define GIVE_UP_PROBES 64
 extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys, u64* table_groups,
                                         u64 capacity, u64* group_count, u64* group_first_rows,
-                                        u64* row_slots) {
+                                        u64* row_slots, u64* overflow) {
     const u64 mask = capacity - 1;
+    u32 rows_seen = 0;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        if (overflow != nullptr && (++rows_seen & 31) == 0 && *(volatile u64*)overflow != 0) return;
         const u64 key = keys[i];
         u64 slot;
         bool claimed;
@@ -49,6 +63,7 @@ extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys,
             claimed = atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
         } else {
             slot = mix64(key) & mask;
+            u64 probes = 0;
             while (true) {
                 // A plain read first: most rows find their key already there.
                 // A stale EMPTY_KEY only sends the row to the CAS below.
@@ -69,6 +84,11 @@ extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys,
                     }
                 }
                 slot = (slot + 1) & mask;
+                if (overflow != nullptr && ++probes >= GIVE_UP_PROBES &&
+                    (probes >= capacity || 4 * *(volatile u64*)group_count >= 3 * capacity)) {
+                    atomicExch(overflow, 1ULL);
+                    return;
+                }
             }
         }
         if (claimed) {
@@ -301,14 +321,14 @@ extern "C" __global__ void aggregate_u64(const u64* row_groups, const u64* value
         if (row_groups == nullptr) {
             own = combine(op, own, value);
         } else {
-            atomic_apply(op, &target[group], value);
+            atomic_apply_if_better(op, &target[group], value);
         }
     }
     if (row_groups == nullptr && own != identity) atomic_apply(op, &target[0], own);
     if (privatize) {
         __syncthreads();
         for (u64 g = threadIdx.x; g < groups; g += blockDim.x) {
-            if (local[g] != identity) atomic_apply(op, &out[g], local[g]);
+            if (local[g] != identity) atomic_apply_if_better(op, &out[g], local[g]);
         }
     }
 }

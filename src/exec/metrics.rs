@@ -217,6 +217,10 @@ pub struct GpuAggregateMetrics {
     /// groups (the sample underestimated them) and numbered the groups in
     /// one global table after all.
     pub partition_overflow_partitions: Count,
+    /// Partitions whose hash table, sized from the sample's estimate of the
+    /// groups, filled up (the sample underestimated them), so that the rows
+    /// were numbered again in a table sized to them.
+    pub table_overflow_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).
     pub cpu_fallback_partitions: Count,
@@ -243,6 +247,7 @@ impl GpuAggregateMetrics {
                 .counter("partitioned_groups_partitions", partition),
             partition_overflow_partitions: builder()
                 .counter("partition_overflow_partitions", partition),
+            table_overflow_partitions: builder().counter("table_overflow_partitions", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }

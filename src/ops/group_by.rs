@@ -32,6 +32,7 @@ use crate::gpu::{
     download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
     GpuResult, Phase, PhaseTimer,
 };
+use crate::trace;
 
 mod results;
 
@@ -287,14 +288,21 @@ pub struct Grouped {
     /// Whether the groups were numbered partition by partition
     /// ([`GroupIds::Partitioned`] without a partition holding too many).
     pub numbered_in_partitions: bool,
+    /// Whether a hash table sized from an estimate of the groups filled up
+    /// ([`DeviceGrouped::table_overflowed`]).
+    pub table_overflowed: bool,
 }
 
 /// How rows get their dense group ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupIds {
     /// One global hash table (HGB): ids in the order groups were first met
-    /// on the device, which is no fixed order.
-    Hashed,
+    /// on the device, which is no fixed order. With `expected_groups` (an
+    /// estimate, from a sample of the keys), the table is sized to them
+    /// rather than to the rows ([`sized_table_capacity`]); where it fills
+    /// up all the same, the rows are numbered again in a table sized to
+    /// them ([`DeviceGrouped::table_overflowed`]).
+    Hashed { expected_groups: Option<usize> },
     /// Seed 002's partition-based group-by (PGB): the keys, radix
     /// partitioned on their hash with their row ids into
     /// `2^partition_bits` partitions, are numbered one partition at a time
@@ -324,13 +332,14 @@ pub enum GroupIds {
     HashedInKeyOrder {
         key_bits: u32,
         transform: Option<CodeTransform>,
+        expected_groups: Option<usize>,
     },
 }
 
 impl GroupIds {
     /// Whether ids follow ascending key order.
     pub fn in_key_order(self) -> bool {
-        !matches!(self, GroupIds::Hashed | GroupIds::Partitioned { .. })
+        !matches!(self, GroupIds::Hashed { .. } | GroupIds::Partitioned { .. })
     }
 }
 
@@ -364,6 +373,20 @@ fn table_capacity(rows: usize) -> u64 {
     ((2 * rows as u64).max(2)).next_power_of_two()
 }
 
+/// Hash-table slots for an estimate of the groups: a power of two, four
+/// times the estimate (a table a quarter full keeps probes short, and a
+/// sample of skewed keys underestimates the groups), at least
+/// [`MIN_SIZED_TABLE_SLOTS`]. A table sized to the rows instead, at 2^28
+/// rows and a few groups, is 4 GiB to fill and a TLB miss a probe.
+pub fn sized_table_capacity(expected_groups: usize) -> u64 {
+    (4 * expected_groups as u64)
+        .max(MIN_SIZED_TABLE_SLOTS)
+        .next_power_of_two()
+}
+
+/// The fewest slots of a table sized from an estimate of the groups.
+pub const MIN_SIZED_TABLE_SLOTS: u64 = 1 << 12;
+
 /// Device bytes [`group_on_device`] may hold at once for `rows` rows: every group
 /// distinct in the worst case.
 pub fn group_by_device_bytes(
@@ -378,7 +401,7 @@ pub fn group_by_device_bytes(
         (false, _) => 0,
         // keys, table keys and groups, first rows, row groups, the key
         // word of each group
-        (true, GroupIds::Hashed) => {
+        (true, GroupIds::Hashed { .. }) => {
             8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 3 * rows + 1)
         }
         // the keys and row ids partitioned, with the passes' second pair
@@ -497,7 +520,9 @@ pub fn group_on_device(
     };
     let pending = keys
         .map(|_| match ids {
-            GroupIds::Hashed => launch_group_assignment(device, stream, device_keys, None, timer),
+            GroupIds::Hashed { expected_groups } => {
+                launch_group_assignment(device, stream, device_keys, None, expected_groups, timer)
+            }
             GroupIds::Partitioned { partition_bits } => launch_partitioned_group_assignment(
                 device,
                 stream,
@@ -505,9 +530,18 @@ pub fn group_on_device(
                 partition_bits,
                 timer,
             ),
-            GroupIds::HashedInKeyOrder { transform, .. } => {
-                launch_group_assignment(device, stream, device_keys, transform, timer)
-            }
+            GroupIds::HashedInKeyOrder {
+                transform,
+                expected_groups,
+                ..
+            } => launch_group_assignment(
+                device,
+                stream,
+                device_keys,
+                transform,
+                expected_groups,
+                timer,
+            ),
             GroupIds::Sorted {
                 key_bits,
                 transform,
@@ -530,6 +564,7 @@ pub fn group_on_device(
         .map(|input| upload_input(device, copy_stream, input, rows, timer))
         .collect::<GpuResult<Vec<_>>>()?;
     let mut numbered_in_partitions = false;
+    let mut table_overflowed = false;
     let mut permutation = None;
     let mut identities_made = None;
     let (groups, identities, row_groups, key_order) = match pending {
@@ -549,6 +584,7 @@ pub fn group_on_device(
                 );
             }
             numbered_in_partitions = finished.numbered_in_partitions;
+            table_overflowed = finished.table_overflowed;
             permutation = finished.permutation;
             (
                 finished.groups,
@@ -632,6 +668,7 @@ pub fn group_on_device(
         row_groups: kept_row_groups,
         reduced,
         numbered_in_partitions,
+        table_overflowed,
         stream: Arc::clone(stream),
         identities_made,
     })
@@ -694,7 +731,7 @@ struct PendingGroups {
     /// Where each group's first row is in `keys`: its row (hashed ids), or
     /// its position in the sorted keys (sorted ids).
     first_rows: DeviceVec<u64>,
-    row_groups: DeviceVec<u64>,
+    row_groups: PendingRowGroups,
     rows: usize,
     /// Partitioned ids: positions stand for rows of their own.
     partitioned: Option<PartitionedPositions>,
@@ -708,13 +745,38 @@ struct PartitionedPositions {
     overflow: DeviceVec<u64>,
 }
 
+/// Where stage 1 leaves each row's group, before the host has read what
+/// it found.
+enum PendingRowGroups {
+    /// A group id per row.
+    Ids(DeviceVec<u64>),
+    /// A slot per row of a table sized from an estimate, resolved into
+    /// group ids once the table is known not to have filled up.
+    Slots {
+        row_slots: DeviceVec<u64>,
+        table: SizedTable,
+    },
+}
+
+/// A hash table sized from an estimate of the groups, which may have
+/// filled up ([`launch::group_insert`] with an overflow flag).
+struct SizedTable {
+    table_groups: DeviceVec<u64>,
+    capacity: u64,
+    /// One entry, nonzero where the table filled up.
+    overflow: DeviceVec<u64>,
+}
+
 /// Enqueues the kernels that give every row of the device `keys` (`None`:
-/// no rows) a group, the keys made codes first with `transform`.
+/// no rows) a group, the keys made codes first with `transform`, in a table
+/// sized to `expected_groups` where that is smaller than one sized to the
+/// rows ([`sized_table_capacity`]).
 fn launch_group_assignment(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     keys: Option<DeviceVec<u64>>,
     transform: Option<CodeTransform>,
+    expected_groups: Option<usize>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
     let sm_count = device.sm_count();
@@ -728,7 +790,7 @@ fn launch_group_assignment(
             keys: none()?,
             group_count,
             first_rows: none()?,
-            row_groups: none()?,
+            row_groups: PendingRowGroups::Ids(none()?),
             rows: 0,
             partitioned: None,
         });
@@ -748,20 +810,55 @@ fn launch_group_assignment(
     // SAFETY (first rows): entries [0, groups) are written, only those are read.
     let mut first_rows: DeviceVec<u64> =
         unsafe { stream.alloc(rows) }.during("allocating group rows")?;
-    // SAFETY (row groups): group_insert writes one slot per row.
+    // SAFETY (row groups): group_insert writes one slot per row (unless a
+    // table sized from an estimate fills up: then they are numbered again).
     let mut row_groups: DeviceVec<u64> =
         unsafe { stream.alloc(rows) }.during("allocating row groups")?;
-    number_in_global_table(
-        device,
-        stream,
-        &device_keys,
-        GlobalNumbering {
-            row_groups: &mut row_groups,
-            first_rows: &mut first_rows,
-            group_count: &mut group_count,
-        },
-        timer,
-    )?;
+    let sized = expected_groups
+        .map(sized_table_capacity)
+        .filter(|&capacity| capacity < table_capacity(rows));
+    let row_groups = match sized {
+        None => {
+            number_in_global_table(
+                device,
+                stream,
+                &device_keys,
+                GlobalNumbering {
+                    row_groups: &mut row_groups,
+                    first_rows: &mut first_rows,
+                    group_count: &mut group_count,
+                },
+                timer,
+            )?;
+            PendingRowGroups::Ids(row_groups)
+        }
+        Some(capacity) => {
+            let mut overflow = stream
+                .alloc_zeros::<u64>(1)
+                .during("allocating the overflow flag")?;
+            let table_groups = insert_into_table(
+                device,
+                stream,
+                &device_keys,
+                capacity,
+                TableOutputs {
+                    row_slots: &mut row_groups,
+                    first_rows: &mut first_rows,
+                    group_count: &mut group_count,
+                    overflow: Some(&mut overflow),
+                },
+                timer,
+            )?;
+            PendingRowGroups::Slots {
+                row_slots: row_groups,
+                table: SizedTable {
+                    table_groups,
+                    capacity,
+                    overflow,
+                },
+            }
+        }
+    };
     Ok(PendingGroups {
         keys: device_keys,
         group_count,
@@ -791,8 +888,57 @@ fn number_in_global_table(
     out: GlobalNumbering<'_>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<()> {
+    let table_groups = insert_into_table(
+        device,
+        stream,
+        keys,
+        table_capacity(keys.len()),
+        TableOutputs {
+            row_slots: &mut *out.row_groups,
+            first_rows: out.first_rows,
+            group_count: out.group_count,
+            overflow: None,
+        },
+        timer,
+    )?;
+    timer.time(Phase::Kernel, || {
+        launch::group_resolve(
+            device.kernels(),
+            stream,
+            device.sm_count(),
+            out.row_groups,
+            &table_groups,
+        )
+    })
+    // The table is freed in stream order, after the kernels that read it.
+}
+
+/// Where [`insert_into_table`] writes.
+struct TableOutputs<'a> {
+    /// The slot of each key (`keys.len()` entries).
+    row_slots: &'a mut DeviceVec<u64>,
+    /// A position of each group (`keys.len()` entries, `[0, groups)` written).
+    first_rows: &'a mut DeviceVec<u64>,
+    /// One entry, 0 on entry: the number of groups.
+    group_count: &'a mut DeviceVec<u64>,
+    /// One entry, 0 on entry, set where the table fills up; required for a
+    /// table of fewer than twice as many slots as keys.
+    overflow: Option<&'a mut DeviceVec<u64>>,
+}
+
+/// Enqueues a table of `capacity` slots (and the reserved one) and the
+/// insertion of `keys` (at least one) into it; returns the group of each
+/// claimed slot (the table's keys are freed in stream order, after the
+/// insertion).
+fn insert_into_table(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: &DeviceVec<u64>,
+    capacity: u64,
+    out: TableOutputs<'_>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<DeviceVec<u64>> {
     let sm_count = device.sm_count();
-    let capacity = table_capacity(keys.len());
     let slots = capacity as usize + 1;
     // SAFETY (table_keys): filled with EMPTY_KEY below before any read.
     let mut table_keys: DeviceVec<u64> =
@@ -819,17 +965,11 @@ fn number_in_global_table(
             capacity,
             out.group_count,
             out.first_rows,
-            out.row_groups,
-        )?;
-        launch::group_resolve(
-            device.kernels(),
-            stream,
-            sm_count,
-            out.row_groups,
-            &table_groups,
+            out.row_slots,
+            out.overflow,
         )
-    })
-    // The table is freed in stream order, after the kernels that read it.
+    })?;
+    Ok(table_groups)
 }
 
 /// Enqueues the radix partitioning of the device `keys` (`None`: no rows)
@@ -843,7 +983,7 @@ fn launch_partitioned_group_assignment(
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
     let Some(device_keys) = keys else {
-        return launch_group_assignment(device, stream, None, None, timer);
+        return launch_group_assignment(device, stream, None, None, None, timer);
     };
     let rows = device_keys.len();
     let sm_count = device.sm_count();
@@ -906,7 +1046,7 @@ fn launch_partitioned_group_assignment(
         keys: partitioned.keys,
         group_count,
         first_rows: group_firsts,
-        row_groups: local_ids,
+        row_groups: PendingRowGroups::Ids(local_ids),
         rows,
         partitioned: Some(PartitionedPositions {
             row_ids: partitioned.row_ids,
@@ -951,7 +1091,7 @@ fn launch_sorted_group_assignment(
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
     let Some(mut device_keys) = keys else {
-        return launch_group_assignment(device, stream, None, None, timer);
+        return launch_group_assignment(device, stream, None, None, None, timer);
     };
     let rows = device_keys.len();
     let sm_count = device.sm_count();
@@ -995,7 +1135,7 @@ fn launch_sorted_group_assignment(
         keys: sorted.keys,
         group_count,
         first_rows: group_firsts,
-        row_groups,
+        row_groups: PendingRowGroups::Ids(row_groups),
         rows,
         partitioned: None,
     })
@@ -1016,6 +1156,9 @@ struct FinishedGroups {
     permutation: Option<DeviceVec<u64>>,
     /// Whether the partitions numbered their groups (none overflowed).
     numbered_in_partitions: bool,
+    /// Whether a table sized from an estimate of the groups filled up, and
+    /// the rows were numbered again in one sized to them.
+    table_overflowed: bool,
 }
 
 impl PendingGroups {
@@ -1026,24 +1169,46 @@ impl PendingGroups {
     /// device and come back in that order, with the order itself for the
     /// results; only key words come back then.
     fn finish(
-        mut self,
+        self,
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
         back: GroupsBack,
         order_bits: Option<u32>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<FinishedGroups> {
-        let partitioned = self.partitioned.take();
-        if self.rows == 0 {
+        let PendingGroups {
+            keys,
+            mut group_count,
+            mut first_rows,
+            row_groups,
+            rows,
+            partitioned,
+        } = self;
+        if rows == 0 {
             return Ok(FinishedGroups {
                 groups: 0,
                 identities: None,
-                row_groups: self.row_groups,
+                row_groups: match row_groups {
+                    PendingRowGroups::Ids(ids) => ids,
+                    PendingRowGroups::Slots { row_slots, .. } => row_slots,
+                },
                 key_order: None,
                 permutation: None,
                 numbered_in_partitions: false,
+                table_overflowed: false,
             });
         }
+        let (mut row_groups, table_overflowed) = checked_row_groups(
+            row_groups,
+            Numbering {
+                keys: &keys,
+                first_rows: &mut first_rows,
+                group_count: &mut group_count,
+            },
+            device,
+            stream,
+            timer,
+        )?;
         let mut numbered_in_partitions = false;
         if let Some(partitioned) = &partitioned {
             let mut overflow = Vec::with_capacity(1);
@@ -1058,41 +1223,26 @@ impl PendingGroups {
             if !numbered_in_partitions {
                 // A partition held too many groups: the global table
                 // numbers the partitioned keys instead, in their order.
-                timer.time(Phase::Kernel, || {
-                    launch::fill_u64(
-                        device.kernels(),
-                        stream,
-                        device.sm_count(),
-                        &mut self.group_count,
-                        0,
-                    )
-                })?;
-                number_in_global_table(
+                number_again_in_global_table(
                     device,
                     stream,
-                    &self.keys,
-                    GlobalNumbering {
-                        row_groups: &mut self.row_groups,
-                        first_rows: &mut self.first_rows,
-                        group_count: &mut self.group_count,
+                    Numbering {
+                        keys: &keys,
+                        first_rows: &mut first_rows,
+                        group_count: &mut group_count,
                     },
+                    &mut row_groups,
                     timer,
                 )?;
             }
         }
         let mut count = Vec::with_capacity(1);
-        download_u64(
-            device,
-            stream,
-            &self.group_count.as_view(),
-            &mut count,
-            timer,
-        )?;
+        download_u64(device, stream, &group_count.as_view(), &mut count, timer)?;
         let groups = count[0] as usize;
-        if groups == 0 || groups > self.rows {
+        if groups == 0 || groups > rows {
             return Err(GpuError::Invalid(format!(
                 "{groups} groups reported for {} rows",
-                self.rows
+                rows
             )));
         }
         let mut key_order = None;
@@ -1114,14 +1264,14 @@ impl PendingGroups {
                             stream,
                             device.sm_count(),
                             &partitioned.row_ids,
-                            &self.first_rows,
+                            &first_rows,
                             groups,
                             &mut group_rows,
                         )
                     })?;
                     group_rows
                 }
-                None => self.first_rows,
+                None => first_rows,
             },
             GroupsBack::KeyWords => {
                 // SAFETY: the gather below writes all `groups` words, and
@@ -1133,8 +1283,8 @@ impl PendingGroups {
                         device.kernels(),
                         stream,
                         device.sm_count(),
-                        &self.keys,
-                        &self.first_rows,
+                        &keys,
+                        &first_rows,
                         groups,
                         &mut group_keys,
                     )
@@ -1156,12 +1306,103 @@ impl PendingGroups {
         Ok(FinishedGroups {
             groups,
             identities: Some(identities),
-            row_groups: self.row_groups,
+            row_groups,
             key_order,
             permutation: partitioned.map(|p| p.row_ids),
             numbered_in_partitions,
+            table_overflowed,
         })
     }
+}
+
+/// What numbering the rows again ([`number_again_in_global_table`]) writes
+/// over, and the keys it reads.
+struct Numbering<'a> {
+    keys: &'a DeviceVec<u64>,
+    first_rows: &'a mut DeviceVec<u64>,
+    group_count: &'a mut DeviceVec<u64>,
+}
+
+/// The group of every row, once a table sized from an estimate is known
+/// not to have filled up (its slots then resolved into group ids). Where it
+/// filled up, the rows are numbered again in a table sized to them
+/// (`true`). Waits for the device where the table was sized from an
+/// estimate.
+fn checked_row_groups(
+    pending: PendingRowGroups,
+    numbering: Numbering<'_>,
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<(DeviceVec<u64>, bool)> {
+    let (mut row_slots, table) = match pending {
+        PendingRowGroups::Ids(ids) => return Ok((ids, false)),
+        PendingRowGroups::Slots { row_slots, table } => (row_slots, table),
+    };
+    let mut overflow = Vec::with_capacity(1);
+    download_u64(
+        device,
+        stream,
+        &table.overflow.as_view(),
+        &mut overflow,
+        timer,
+    )?;
+    if overflow[0] == 0 {
+        timer.time(Phase::Kernel, || {
+            launch::group_resolve(
+                device.kernels(),
+                stream,
+                device.sm_count(),
+                &mut row_slots,
+                &table.table_groups,
+            )
+        })?;
+        return Ok((row_slots, false));
+    }
+    trace::event(|| {
+        format!(
+            "aggregation: a hash table of {} slots filled up; the rows are numbered again",
+            table.capacity
+        )
+    });
+    // Every output of the first try is incomplete: start again, with the
+    // small table freed first (in stream order), so that the device holds
+    // no more than a table sized to the rows.
+    drop(table);
+    number_again_in_global_table(device, stream, numbering, &mut row_slots, timer)?;
+    Ok((row_slots, true))
+}
+
+/// Enqueues the numbering of every row again, the group count reset
+/// first, in a table sized to the rows: where a smaller table or a
+/// partition filled up.
+fn number_again_in_global_table(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    numbering: Numbering<'_>,
+    row_groups: &mut DeviceVec<u64>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<()> {
+    timer.time(Phase::Kernel, || {
+        launch::fill_u64(
+            device.kernels(),
+            stream,
+            device.sm_count(),
+            numbering.group_count,
+            0,
+        )
+    })?;
+    number_in_global_table(
+        device,
+        stream,
+        numbering.keys,
+        GlobalNumbering {
+            row_groups,
+            first_rows: numbering.first_rows,
+            group_count: numbering.group_count,
+        },
+        timer,
+    )
 }
 
 /// One input's columns on the device (none without rows).
@@ -1456,6 +1697,7 @@ pub mod reference {
                 Vec::new()
             },
             reduced,
+            table_overflowed: false,
             numbered_in_partitions: false,
         }
     }
@@ -1551,6 +1793,18 @@ pub mod reference {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tables_are_sized_to_four_times_the_estimate_and_never_above_the_rows_own() {
+        assert_eq!(sized_table_capacity(0), MIN_SIZED_TABLE_SLOTS);
+        assert_eq!(sized_table_capacity(2), MIN_SIZED_TABLE_SLOTS);
+        assert_eq!(sized_table_capacity(1 << 16), 1 << 18);
+        assert_eq!(sized_table_capacity((1 << 16) + 1), 1 << 19);
+        // The table sized to the rows is the larger where the groups are
+        // near the rows: group_on_device keeps it then.
+        assert!(sized_table_capacity(1000) > table_capacity(1000));
+        assert!(sized_table_capacity(1 << 24) < table_capacity(1 << 28));
+    }
 
     #[test]
     fn fixed_point_sums_are_exact_where_the_terms_are_and_keep_special_values() {

@@ -641,6 +641,73 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hash_table_sized_from_a_misleading_sample_is_built_again() {
+    let Some(_) = require_gpu("a_hash_table_sized_from_a_misleading_sample_is_built_again") else {
+        return;
+    };
+    // The sample reads every fourth row of 2^18 (65,536 rows): those hold
+    // one key, every other row a key of its own. The table sized from the
+    // sample (4,096 slots) fills up, and the rows are numbered again in a
+    // table sized to them, with the same answer; keys the sample sees
+    // truly keep the small table.
+    let rows = 1 << 18;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let misleading = |range: std::ops::Range<usize>| -> Vec<ArrayRef> {
+        let keys: Int64Array = range
+            .clone()
+            .map(|i| if i % 4 == 0 { 7 } else { 1_000 + i as i64 })
+            .collect();
+        let values: Int64Array = range
+            .map(|i| (i % 9 != 0).then_some((i as i64 * 37) % 1001 - 500))
+            .collect();
+        vec![Arc::new(keys), Arc::new(values)]
+    };
+    let truthful = |range: std::ops::Range<usize>| -> Vec<ArrayRef> {
+        let keys: Int64Array = range.clone().map(|i| (i % 300) as i64).collect();
+        let values: Int64Array = range.map(|i| Some(i as i64 % 1001 - 500)).collect();
+        vec![Arc::new(keys), Arc::new(values)]
+    };
+    let (gpu, cpu) = contexts(
+        1,
+        &[
+            "SET gpu.aggregate_single_phase = true",
+            "SET gpu.min_groups = 0",
+        ],
+    )
+    .await;
+    for (columns, overflows) in [
+        (
+            &misleading as &dyn Fn(std::ops::Range<usize>) -> Vec<ArrayRef>,
+            true,
+        ),
+        (&truthful, false),
+    ] {
+        register(
+            [&gpu, &cpu],
+            table_from_columns(Arc::clone(&schema), rows, 1, 8192, columns),
+        );
+        // Every reduction over words (minima and maxima skip the atomics
+        // that would change nothing), and a sum of doubles.
+        for sql in [
+            "SELECT k, count(*), count(v), sum(v), min(v), max(v) FROM t GROUP BY k",
+            "SELECT k, max(v), avg(v) FROM t GROUP BY k",
+        ] {
+            let plan = check(&gpu, &cpu, sql).await;
+            assert_eq!(
+                gpu_aggregate_metric(&plan, "table_overflow_partitions"),
+                usize::from(overflows),
+                "{sql}"
+            );
+            assert_eq!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions"), 0);
+            assert_output_counted(&plan);
+        }
+    }
+}
+
 /// Each GPU aggregation counts as its output the groups it made, one row
 /// each, and their bytes; nothing where the CPU operator took over (the
 /// batches made before a collision was found are dropped).
@@ -849,25 +916,38 @@ async fn device_group_by_matches_the_reference() {
             key_bits: 64,
             transform: None,
         };
-        let hashed_in_key_order = GroupIds::HashedInKeyOrder {
+        let hashed_in_key_order = |expected_groups| GroupIds::HashedInKeyOrder {
             key_bits: 64,
             transform: None,
+            expected_groups,
         };
+        let hashed = |expected_groups| GroupIds::Hashed { expected_groups };
+        // A table sized to the groups, and one sized to a single group,
+        // which fills up once the keys outnumber its slots and is built
+        // again.
+        let groups_here = Some(rows.min(domain as usize + 1));
         // One partition (which overflows into the global table beyond
         // 1536 groups), a few, and as many as the groups call for.
         let in_partitions = |partition_bits| GroupIds::Partitioned { partition_bits };
         let planned_bits = group_by::partition_bits_for_groups(rows.min(domain as usize));
         for (case, (with_keys, ids, back)) in [
-            (true, GroupIds::Hashed, GroupsBack::KeyWords),
-            (true, GroupIds::Hashed, GroupsBack::RowsAndRowGroups),
-            (false, GroupIds::Hashed, GroupsBack::KeyWords),
+            (true, hashed(None), GroupsBack::KeyWords),
+            (true, hashed(None), GroupsBack::RowsAndRowGroups),
+            (false, hashed(None), GroupsBack::KeyWords),
             (true, sorted, GroupsBack::KeyWords),
-            (true, hashed_in_key_order, GroupsBack::KeyWords),
+            (true, hashed_in_key_order(None), GroupsBack::KeyWords),
             (true, in_partitions(0), GroupsBack::KeyWords),
             (true, in_partitions(0), GroupsBack::RowsAndRowGroups),
             (true, in_partitions(3), GroupsBack::RowsAndRowGroups),
             (true, in_partitions(planned_bits), GroupsBack::KeyWords),
             (false, in_partitions(3), GroupsBack::KeyWords),
+            (true, hashed(groups_here), GroupsBack::KeyWords),
+            (true, hashed(groups_here), GroupsBack::RowsAndRowGroups),
+            (true, hashed(Some(1)), GroupsBack::KeyWords),
+            (true, hashed(Some(1)), GroupsBack::RowsAndRowGroups),
+            (false, hashed(Some(1)), GroupsBack::KeyWords),
+            (true, hashed_in_key_order(groups_here), GroupsBack::KeyWords),
+            (true, hashed_in_key_order(Some(1)), GroupsBack::KeyWords),
         ]
         .into_iter()
         .enumerate()
@@ -1011,6 +1091,23 @@ async fn device_group_by_matches_the_reference() {
             timer.finish().unwrap();
             let want = group_by::reference::group_by(keys, rows, &inputs, &bitmaps);
             assert_eq!(got.groups, want.groups, "rows {rows}, domain {domain}");
+            // A table sized to one group has the fewest slots, 4096 (and
+            // the reserved one, for the key u64::MAX): it cannot hold more
+            // keys than that, and gives up only once three quarters full.
+            let sized_to_one = matches!(
+                ids,
+                GroupIds::Hashed {
+                    expected_groups: Some(1)
+                } | GroupIds::HashedInKeyOrder {
+                    expected_groups: Some(1),
+                    ..
+                }
+            );
+            if sized_to_one && with_keys && want.groups > 4097 {
+                assert!(got.table_overflowed, "rows {rows}, domain {domain}");
+            } else if !sized_to_one || want.groups < 3072 {
+                assert!(!got.table_overflowed, "rows {rows}, domain {domain}");
+            }
             match ids {
                 // One partition holds every group: numbered there below
                 // the limit, in the global table from it on.
@@ -1127,7 +1224,9 @@ async fn device_float_sums_of_exact_values_are_exact() {
             stream,
             stream,
             with_keys.then_some(&key_words),
-            GroupIds::Hashed,
+            GroupIds::Hashed {
+                expected_groups: None,
+            },
             rows,
             &inputs,
             &[],

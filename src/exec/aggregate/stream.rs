@@ -303,6 +303,7 @@ fn ids_in_key_order(
         GroupIds::HashedInKeyOrder {
             key_bits,
             transform,
+            expected_groups: sampled_groups((sampled, distinct), rows),
         }
     }
 }
@@ -310,7 +311,7 @@ fn ids_in_key_order(
 /// How groups in no particular order are numbered, from the sample of the
 /// keys (`(sampled, distinct)`) out of `rows` rows: in hash partitions
 /// where it estimates at least `min_groups_to_partition` groups, else in
-/// one table.
+/// one table sized to the estimate.
 fn unordered_ids(
     (sampled, distinct): (usize, usize),
     rows: usize,
@@ -322,8 +323,15 @@ fn unordered_ids(
             partition_bits: partition_bits_for_groups(groups),
         }
     } else {
-        GroupIds::Hashed
+        GroupIds::Hashed {
+            expected_groups: sampled_groups((sampled, distinct), rows),
+        }
     }
+}
+
+/// The groups a sample of the keys estimates, where one was taken.
+fn sampled_groups((sampled, distinct): (usize, usize), rows: usize) -> Option<usize> {
+    (sampled > 0).then(|| estimated_groups(sampled, distinct, rows))
 }
 
 /// `plan`'s rows, all partitions together, sorted by `ordering`.
@@ -454,7 +462,12 @@ impl DevicePart {
                 // together, or one float column with NULLs.
                 None => return Ok(Outcome::OnCpu),
             },
-            (None, _) => (None, GroupIds::Hashed),
+            (None, _) => (
+                None,
+                GroupIds::Hashed {
+                    expected_groups: None,
+                },
+            ),
         };
         trace::event(|| "aggregation: key words made".into());
         let hashed = keys.as_ref().is_some_and(|k| k.hashed());
@@ -488,6 +501,9 @@ impl DevicePart {
                             self.metrics.partition_overflow_partitions.add(1)
                         }
                         _ => {}
+                    }
+                    if grouped.table_overflowed {
+                        self.metrics.table_overflow_partitions.add(1);
                     }
                 };
                 let sources = KeySources {

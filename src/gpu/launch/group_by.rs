@@ -115,6 +115,10 @@ pub fn fill_u64(
 /// `capacity + 1` entries set to `u64::MAX`, `capacity` a power of two;
 /// `group_count` one entry set to 0. Writes each row's table slot to
 /// `row_slots` and each new group's first row to `group_first_rows`.
+/// Without `overflow` the table must have twice as many slots as rows;
+/// with it (one entry set to 0) the table may have fewer, sized from an
+/// estimate of the groups, and the kernel sets it and stops where the table
+/// fills up, leaving every output incomplete.
 #[allow(clippy::too_many_arguments)]
 pub fn group_insert(
     kernels: &Kernels,
@@ -127,9 +131,11 @@ pub fn group_insert(
     group_count: &mut CudaSlice<u64>,
     group_first_rows: &mut CudaSlice<u64>,
     row_slots: &mut CudaSlice<u64>,
+    overflow: Option<&mut CudaSlice<u64>>,
 ) -> GpuResult<()> {
     let n = keys.len();
-    if !capacity.is_power_of_two() || capacity < 2 * n as u64 {
+    let room_for_all = capacity >= 2 * n as u64;
+    if !capacity.is_power_of_two() || capacity < 2 || (overflow.is_none() && !room_for_all) {
         return Err(GpuError::Invalid(format!(
             "hash table of {capacity} slots for {n} rows"
         )));
@@ -140,6 +146,9 @@ pub fn group_insert(
     check_len(group_count, 1, "group count")?;
     check_len(group_first_rows, n, "group first rows")?;
     check_len(row_slots, n, "row slots")?;
+    if let Some(overflow) = &overflow {
+        check_len(overflow, 1, "overflow flag")?;
+    }
     if n == 0 {
         return Ok(());
     }
@@ -154,9 +163,17 @@ pub fn group_insert(
         .arg(group_count)
         .arg(group_first_rows)
         .arg(row_slots);
-    // SAFETY: the table has capacity + 1 slots and at least twice as many as
-    // rows, so linear probing always finds a free slot; slots < capacity + 1,
-    // group ids < n; every length is checked above.
+    match overflow {
+        Some(overflow) => launch.arg(overflow),
+        None => launch.arg(&NULL_POINTER),
+    };
+    // SAFETY: the table has capacity + 1 slots; with at least twice as many
+    // as rows linear probing always finds a free slot, and otherwise the
+    // kernel gives up after probing every slot at the most (the overflow
+    // flag, checked to exist); slots < capacity + 1, group ids < n (one
+    // claim per row at most); every length is checked above, and a null
+    // pointer stands only for an absent overflow flag, which the kernel
+    // tests.
     unsafe { launch.launch(config(grid_stride_blocks(n64, sm_count))?) }
         .during("launching group_insert")?;
     Ok(())

@@ -40,6 +40,10 @@ pub struct DeviceGrouped {
     /// Whether the groups were numbered partition by partition
     /// ([`super::GroupIds::Partitioned`] without a partition holding too many).
     pub numbered_in_partitions: bool,
+    /// Whether a hash table sized from an estimate of the groups
+    /// ([`super::GroupIds::Hashed`] with `expected_groups`) filled up, so
+    /// that the rows were numbered again in one sized to them.
+    pub table_overflowed: bool,
     /// The stream the results were written on, which copies them out.
     pub(super) stream: Arc<CudaStream>,
     /// Recorded on `stream` once every identity is made, before the
@@ -603,6 +607,7 @@ impl DeviceGrouped {
             row_groups: self.row_groups,
             reduced,
             numbered_in_partitions: self.numbered_in_partitions,
+            table_overflowed: self.table_overflowed,
         })
     }
 }
