@@ -324,7 +324,7 @@ fn unordered_ids(
         }
     } else {
         GroupIds::Hashed {
-            expected_groups: sampled_groups((sampled, distinct), rows),
+            expected_groups: (sampled > 0).then_some(groups),
         }
     }
 }
