@@ -42,3 +42,19 @@ __device__ __forceinline__ void atomic_apply_if_better(u32 op, u64* target, u64 
     }
     atomic_apply(op, target, value);
 }
+
+// A sum of doubles, in the order the atomics add: an op of the fold kernels
+// only (the join's folds and the group-by's table folds).
+#define FOLD_F64_SUM 4
+
+__device__ __forceinline__ u64 fold_identity(u32 op) {
+    return op == FOLD_F64_SUM ? 0ULL : identity_of(op);  // +0.0 is all zero bits
+}
+
+__device__ __forceinline__ u64 fold_combine(u32 op, u64 a, u64 b) {
+    if (op == FOLD_F64_SUM) {
+        return (u64)__double_as_longlong(__longlong_as_double((long long)a) +
+                                         __longlong_as_double((long long)b));
+    }
+    return combine(op, a, b);
+}

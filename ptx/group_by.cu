@@ -24,6 +24,11 @@
 
 #define EMPTY_KEY 0xffffffffffffffffULL
 
+// Whether row i's bit is set in a validity bitmap (null: every row's is).
+__device__ __forceinline__ bool row_valid(const u64* valid_bits, u64 i) {
+    return valid_bits == nullptr || ((valid_bits[i >> 6] >> (i & 63)) & 1ULL);
+}
+
 // Writes `value` to out[0..n). Launch: any grid, block = BLOCK_THREADS.
 extern "C" __global__ void fill_u64(u64* out, u64 n, u64 value) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
@@ -97,6 +102,286 @@ extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys,
             group_first_rows[group] = i;
         }
         row_slots[i] = slot;
+    }
+}
+
+// Stage 1 and stage 2 in one pass (fused HGB), over a table sized from an
+// estimate of the groups: each row finds or claims its key's slot as in
+// group_insert, and folds each aggregated value straight into that slot's
+// results, so no row's slot or group id is ever written out nor read back,
+// and every column is read once. Each slot keeps its folds' words side by
+// side (table_slot_words), so that a row's folds meet one sector of L2,
+// read in one or two loads. Lanes of a warp with the same key are combined first
+// (combine_peers): one lane probes for them all and one atomic per fold
+// reaches the slot, which keeps hot keys (few groups, or skew) from
+// serializing on their slots.
+//
+// Every fold's word starts at zero: COUNT and SUM add, MAX keeps the
+// largest word, a MIN keeps the largest complemented word (~0, MIN's
+// identity, once complemented back), FOLD_F64_SUM adds doubles (+0.0 is
+// all zero bits). `table_fold_results` then moves each claimed slot's
+// words to its group.
+#define MAX_TABLE_FOLDS 4
+#define FULL_WARP 0xffffffffu
+
+__device__ __forceinline__ const u64* table_fold_column(u32 f, const u64* c0, const u64* c1,
+                                                        const u64* c2, const u64* c3) {
+    switch (f) {
+        case 0: return c0;
+        case 1: return c1;
+        case 2: return c2;
+        default: return c3;
+    }
+}
+
+// The op a fold's words combine with: a COUNT adds its ones, a MIN (kept
+// complemented) is a MAX.
+__device__ __forceinline__ u32 table_fold_combine_op(u32 op) {
+    return op == OP_COUNT ? OP_SUM : op == OP_MIN ? OP_MAX : op;
+}
+
+// Combines `word` over the lanes of `peers` (this lane's group of lanes)
+// into the lowest of them, in log steps: each lane still in play takes the
+// word of the next one above it in its group, then the lanes at odd ranks
+// among those in play (just taken) leave. Every lane of the warp calls it
+// together, with the same `op`; only the lowest lane of a group ends with
+// its group's result.
+__device__ __forceinline__ u64 combine_peers(u32 op, u32 peers, u64 word) {
+    const u32 lane = lane_id();
+    // Lanes of the group above this one, not yet taken (lane 31: none).
+    u32 above = lane == 31 ? 0u : peers & (~0u << (lane + 1));
+    u32 rank = __popc(peers & lanemask_lt());
+    while (__any_sync(FULL_WARP, above != 0)) {
+        const u32 next = above != 0 ? __ffs(above) - 1 : lane;
+        const u64 theirs = __shfl_sync(FULL_WARP, word, next);
+        if (above != 0) word = fold_combine(op, word, theirs);
+        above &= __ballot_sync(FULL_WARP, (rank & 1) == 0);
+        rank >>= 1;
+    }
+    return word;
+}
+
+// Words of slot_results per slot for `folds` folds: one, or an even count,
+// so that a slot's words are read in 16-byte loads (table_slot_words on
+// the host).
+__device__ __forceinline__ u32 table_slot_words(u32 folds) {
+    return folds == 1 ? 1u : (folds + 1u) & ~1u;
+}
+
+// A word of the table as it is now, read past L1 (other blocks' atomics
+// change it) at the device's scope, in L2: a volatile read would take the
+// system's scope, which the table never needs.
+__device__ __forceinline__ u64 read_table_word(const u64* at) {
+    u64 word;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(word) : "l"(at));
+    return word;
+}
+
+// A slot's `words` words (table_slot_words) as they are now, as
+// read_table_word, two at a time where they come in pairs.
+__device__ __forceinline__ void read_slot_words(const u64* at, u32 words,
+                                                u64 (&seen)[MAX_TABLE_FOLDS]) {
+    if (words == 1) {
+        seen[0] = read_table_word(at);
+        return;
+    }
+#pragma unroll
+    for (u32 p = 0; p < MAX_TABLE_FOLDS; p += 2) {
+        if (p < words) {
+            asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+                         : "=l"(seen[p]), "=l"(seen[p + 1])
+                         : "l"(at + p));
+        }
+    }
+}
+
+// One launch folds the rows [first_row, end_row) of `keys`, so that the
+// rows' values can cross the bus in chunks, each folded while the next
+// one is copied: values_f holds the chunk's values alone (row i's at
+// i - first_row), while the keys, the bitmaps and group_first_rows are
+// indexed by the row itself. Launches over the chunks of one table go in
+// order on one stream.
+// `table_keys` holds capacity + 1 entries set to EMPTY_KEY, `table_groups`
+// as many set to EMPTY_KEY (slots left unclaimed keep it); `group_count`
+// and `overflow` are 0 before the first chunk; `group_first_rows` holds an
+// entry per row. `specs` holds two words per fold: its op (OP_SUM, OP_MIN,
+// OP_MAX, OP_COUNT or FOLD_F64_SUM) and the word XORed into each of its
+// values. Fold f reads values_f[i - first_row] (unused by a COUNT) for
+// each row i whose bit is set in valid_f (null: every row). `slot_results` holds (capacity + 1) *
+// table_slot_words(folds) words, 0 on entry: fold f of slot s at
+// s * table_slot_words(folds) + f. Writes, for each new group g,
+// table_groups[slot] = g and group_first_rows[g] = a row of it. A full table
+// sets *overflow as group_insert does, and leaves every output incomplete.
+// Launch: any grid (grid-stride over warps), block = BLOCK_THREADS.
+#define OVERFLOW_CHECK_STEPS 32
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 6) group_insert_fold(
+    const u64* keys, u64 first_row, u64 end_row, u64* table_keys, u64* table_groups,
+    u64 capacity, u64* group_count, u64* group_first_rows, u64* overflow, u32 folds,
+    const u64* specs, const u64* values0,
+    const u64* values1, const u64* values2, const u64* values3, const u64* valid0,
+    const u64* valid1, const u64* valid2, const u64* valid3, u64* slot_results) {
+    static_assert(MAX_TABLE_FOLDS == 4, "one column parameter per fold");
+    __shared__ u32 fold_ops[MAX_TABLE_FOLDS];
+    __shared__ u64 fold_flips[MAX_TABLE_FOLDS];
+    if (threadIdx.x < folds) {
+        fold_ops[threadIdx.x] = (u32)specs[2 * threadIdx.x];
+        fold_flips[threadIdx.x] = specs[2 * threadIdx.x + 1];
+    }
+    __syncthreads();
+    const u64 mask = capacity - 1;
+    const u32 slot_words = table_slot_words(folds);
+    // Whether a fold skips the atomics that would not change its slot
+    // (MIN and MAX), for which the leader reads the slot's words first.
+    bool skips = false;
+#pragma unroll
+    for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
+        if (f < folds && table_fold_combine_op(fold_ops[f]) == OP_MAX) skips = true;
+    }
+    const u32 lane = lane_id();
+    const u64 warp = (u64)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    const u64 warp_stride = (u64)gridDim.x * WARPS_PER_BLOCK * 32;
+    u32 steps = 0;
+    // The loop is uniform across the warp: every lane takes each step, in
+    // range or not, for the warp-wide votes and shuffles.
+    for (u64 base = first_row + warp * 32; base < end_row; base += warp_stride) {
+        // Checked at a warp's first step too: a chunk after the one whose
+        // rows filled the table stops at once.
+        if (steps++ % OVERFLOW_CHECK_STEPS == 0) {
+            const u32 stop = lane == 0 ? (u32)(*(volatile u64*)overflow != 0) : 0u;
+            if (__shfl_sync(FULL_WARP, stop, 0)) return;
+        }
+        const u64 i = base + lane;
+        const bool in_range = i < end_row;
+        const u64 key = in_range ? keys[i] : 0;
+        // Every load of the row is issued before any of them is used, so
+        // that the warp waits for memory once a step, not once a column.
+        u64 values[MAX_TABLE_FOLDS];
+        u64 valid_words[MAX_TABLE_FOLDS];
+#pragma unroll
+        for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
+            const u64* column = table_fold_column(f, values0, values1, values2, values3);
+            const u64* valid_bits = table_fold_column(f, valid0, valid1, valid2, valid3);
+            const bool loads = f < folds && in_range;
+            values[f] = loads && column != nullptr ? column[i - first_row] : 0;
+            valid_words[f] = loads && valid_bits != nullptr ? valid_bits[i >> 6] : ~0ULL;
+        }
+        // Each fold's word of the row, read before the probe, so that the
+        // columns' loads overlap it; 0 (every fold's start) where the row
+        // does not count.
+        u64 words[MAX_TABLE_FOLDS];
+#pragma unroll
+        for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
+            words[f] = 0;
+            if (f >= folds || !in_range || ((valid_words[f] >> (i & 63)) & 1ULL) == 0) continue;
+            const u32 op = fold_ops[f];
+            if (op == OP_COUNT) {
+                words[f] = 1;
+            } else {
+                const u64 word = op == FOLD_F64_SUM ? values[f] : values[f] ^ fold_flips[f];
+                words[f] = op == OP_MIN ? ~word : word;
+            }
+        }
+        // Every lane votes (the whole warp must): out-of-range lanes share
+        // key 0 with each other and with real rows, so they are kept out of
+        // every group of peers and stand alone.
+        const u32 same_key = __match_any_sync(FULL_WARP, key);
+        const u32 lanes_in_range = __ballot_sync(FULL_WARP, in_range);
+        const u32 peers = in_range ? same_key & lanes_in_range : 1u << lane;
+        const u32 leader = __ffs(peers) - 1;
+#pragma unroll
+        for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
+            if (f < folds) words[f] = combine_peers(table_fold_combine_op(fold_ops[f]), peers, words[f]);
+        }
+        bool gave_up = false;
+        if (in_range && lane == leader) {
+            u64 slot;
+            bool claimed = false;
+            u64 seen[MAX_TABLE_FOLDS] = {0, 0, 0, 0};
+            if (key == EMPTY_KEY) {
+                slot = capacity;
+                claimed = atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
+                if (skips) read_slot_words(slot_results + slot * slot_words, slot_words, seen);
+            } else {
+                const u64 home = mix64(key) & mask;
+                // The home slot's words, read alongside its key: a table a
+                // quarter full holds most keys there.
+                if (skips) read_slot_words(slot_results + home * slot_words, slot_words, seen);
+                slot = home;
+                u64 probes = 0;
+                while (true) {
+                    // As in group_insert: a stale EMPTY_KEY only sends the
+                    // row to the CAS, which returns the slot's true key.
+                    const u64 found = read_table_word(&table_keys[slot]);
+                    if (found == key) break;
+                    if (found == EMPTY_KEY) {
+                        const u64 old = atomicCAS(&table_keys[slot], EMPTY_KEY, key);
+                        if (old == EMPTY_KEY) {
+                            claimed = true;
+                            break;
+                        }
+                        if (old == key) break;
+                    }
+                    slot = (slot + 1) & mask;
+                    if (++probes >= GIVE_UP_PROBES &&
+                        (probes >= capacity || 4 * *(volatile u64*)group_count >= 3 * capacity)) {
+                        atomicExch(overflow, 1ULL);
+                        gave_up = true;
+                        break;
+                    }
+                }
+                if (skips && slot != home && !gave_up) {
+                    read_slot_words(slot_results + slot * slot_words, slot_words, seen);
+                }
+            }
+            if (claimed) {
+                const u64 group = atomicAdd(group_count, 1ULL);
+                table_groups[slot] = group;
+                group_first_rows[group] = i;
+            }
+            if (!gave_up) {
+                u64* results = slot_results + slot * slot_words;
+#pragma unroll
+                for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
+                    // A zero word (the start of every fold) changes nothing.
+                    if (f >= folds || words[f] == 0) continue;
+                    const u32 combine_op = table_fold_combine_op(fold_ops[f]);
+                    if (combine_op == FOLD_F64_SUM) {
+                        atomicAdd((double*)&results[f], __longlong_as_double((long long)words[f]));
+                    } else if (combine_op == OP_MAX) {
+                        // The slot only grows: a stale word can only let
+                        // through an atomic that changes nothing.
+                        if (words[f] > seen[f]) atomicMax(&results[f], words[f]);
+                    } else {
+                        atomicAdd(&results[f], words[f]);
+                    }
+                }
+            }
+        }
+        if (__any_sync(FULL_WARP, gave_up)) return;
+    }
+}
+
+// After group_insert_fold: out_f[g] = fold f's word of group g, for each
+// fold f below `folds`, from every claimed slot (table_groups[slot] not
+// EMPTY_KEY) of the `slots` (capacity + 1), a MIN's word complemented back.
+// `specs` and slot_results as there; out_f holds one entry per group.
+// Launch: any grid, block = BLOCK_THREADS.
+extern "C" __global__ void table_fold_results(const u64* table_groups, u64 slots,
+                                              const u64* slot_results, u32 folds,
+                                              const u64* specs, u64* out0, u64* out1, u64* out2,
+                                              u64* out3) {
+    const u32 slot_words = table_slot_words(folds);
+    for (u64 s = (u64)blockIdx.x * blockDim.x + threadIdx.x; s < slots;
+         s += (u64)gridDim.x * blockDim.x) {
+        const u64 group = table_groups[s];
+        if (group == EMPTY_KEY) continue;
+#pragma unroll
+        for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
+            if (f >= folds) break;
+            const u64 word = slot_results[s * slot_words + f];
+            u64* out = (u64*)table_fold_column(f, out0, out1, out2, out3);
+            out[group] = (u32)specs[2 * f] == OP_MIN ? ~word : word;
+        }
     }
 }
 
@@ -282,10 +567,6 @@ __device__ __forceinline__ u64 block_rows_begin(u64 n) {
 __device__ __forceinline__ u64 block_rows_end(u64 n) {
     const u64 per_block = (n + gridDim.x - 1) / gridDim.x;
     return min(n, ((u64)blockIdx.x + 1) * per_block);
-}
-
-__device__ __forceinline__ bool row_valid(const u64* valid_bits, u64 i) {
-    return valid_bits == nullptr || ((valid_bits[i >> 6] >> (i & 63)) & 1ULL);
 }
 
 // Stage 2 for 64-bit values. For each valid row i of group g

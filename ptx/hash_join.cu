@@ -169,23 +169,9 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
 // unsigned words). out holds each fold's identity on entry (0.0 for a float
 // sum, 0 for out[0]).
 #define MAX_JOIN_FOLDS 4
-// A sum of doubles, in the order the atomics add (fold kernels only).
-#define FOLD_F64_SUM 4
 
 #define FOLD_SIGN_EXTEND (1u << 8)
 #define FOLD_PROBE_SIDE (1u << 9)
-
-__device__ __forceinline__ u64 fold_identity(u32 op) {
-    return op == FOLD_F64_SUM ? 0ULL : identity_of(op);  // +0.0 is all zero bits
-}
-
-__device__ __forceinline__ u64 fold_combine(u32 op, u64 a, u64 b) {
-    if (op == FOLD_F64_SUM) {
-        return (u64)__double_as_longlong(__longlong_as_double((long long)a) +
-                                         __longlong_as_double((long long)b));
-    }
-    return combine(op, a, b);
-}
 
 // The column of fold f: separate kernel parameters, so that the unrolled
 // loop over f reads each from the parameter space (f is a constant there).

@@ -374,9 +374,10 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         let kernel_ms = gpu_metric(&plan, "kernel_time") as f64 / 1e6;
         let transfer_ms = gpu_metric(&plan, "transfer_time") as f64 / 1e6;
         let fallbacks = gpu_metric(&plan, "cpu_fallback_partitions");
+        let folds = gpu_metric(&plan, "table_fold_partitions");
         let floor = 24.0 * rows as f64 / bandwidth.host_to_device;
         println!(
-            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_plan_ms={cpu_plan_ms:.1} plan_ms={plan_ms:.1}{phases} cpu_fallback_partitions={fallbacks}{variants}",
+            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_plan_ms={cpu_plan_ms:.1} plan_ms={plan_ms:.1}{phases} cpu_fallback_partitions={fallbacks} table_fold_partitions={folds}{variants}",
             if string_keys() { "utf8" } else { "int64" },
             cpu_answer.0,
             cpu.as_secs_f64() * 1e3,

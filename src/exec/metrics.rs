@@ -221,6 +221,11 @@ pub struct GpuAggregateMetrics {
     /// groups, filled up (the sample underestimated them), so that the rows
     /// were numbered again in a table sized to them.
     pub table_overflow_partitions: Count,
+    /// Partitions whose aggregates were folded into that hash table as its
+    /// rows were numbered, in one pass over the rows (every aggregate a
+    /// count, or a sum, minimum or maximum of one word per row; at most
+    /// four of them), rather than reduced in a pass per aggregate.
+    pub table_fold_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).
     pub cpu_fallback_partitions: Count,
@@ -248,6 +253,7 @@ impl GpuAggregateMetrics {
             partition_overflow_partitions: builder()
                 .counter("partition_overflow_partitions", partition),
             table_overflow_partitions: builder().counter("table_overflow_partitions", partition),
+            table_fold_partitions: builder().counter("table_fold_partitions", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }

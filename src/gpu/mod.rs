@@ -25,7 +25,7 @@ pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{
     download_byte_pieces, download_u64, enqueue_download, in_pinned_memory, measure_copy_bandwidth,
     upload_byte_pieces, upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces,
-    CopyBandwidth,
+    CopyBandwidth, StagingWindows,
 };
 
 /// Device memory on one stream. Re-exported so the `ops` layer can name it

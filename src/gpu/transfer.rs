@@ -71,53 +71,108 @@ pub fn upload_byte_pieces_in_windows(
     window_bytes: usize,
     timer: &mut PhaseTimer,
 ) -> GpuResult<CudaSlice<u64>> {
-    /// Bytes one staging thread copies at least.
-    const BYTES_PER_THREAD: usize = 1 << 22;
-    let bytes: usize = pieces.iter().map(|p| p.len()).sum();
-    let len = bytes.div_ceil(8);
-    if len == 0 {
-        return stream
-            .null::<u64>()
-            .during("allocating an empty device vector");
+    StagingWindows::new(device, window_bytes).upload_bytes(stream, pieces, timer)
+}
+
+/// Uploads staged through the same two pinned buffers in turn: the host
+/// fills one window while the previous one is on the bus, across the
+/// uploads of one `StagingWindows` as within each. Columns sent in chunks,
+/// one upload a chunk, keep the overlap that separate uploads, each ending
+/// with its last window on the bus, would lose at every chunk.
+pub struct StagingWindows<'a> {
+    device: &'a GpuDevice,
+    window_words: usize,
+    buffers: [Option<PinnedBuffer>; 2],
+    windows: usize,
+}
+
+impl<'a> StagingWindows<'a> {
+    /// Windows of `window_bytes` (rounded down to whole words, at least one).
+    pub fn new(device: &'a GpuDevice, window_bytes: usize) -> Self {
+        Self {
+            device,
+            window_words: (window_bytes / 8).max(1),
+            buffers: [None, None],
+            windows: 0,
+        }
     }
-    let window_words = (window_bytes / 8).max(1);
-    // SAFETY: every element is written by the copies below before any kernel reads it.
-    let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
-    if let Some(runs) = pinned_runs(pieces) {
-        copy_pinned_runs(stream, &runs, bytes, &mut dst, timer)?;
-        return Ok(dst);
+
+    /// Windows of the size every upload stages through by default (64 MiB).
+    pub fn standard(device: &'a GpuDevice) -> Self {
+        Self::new(device, STAGING_WINDOW_BYTES)
     }
-    // Two buffers in turn: filling one waits (in `as_mut_bytes`) only for
-    // the copy enqueued from it two windows earlier.
-    let mut buffers: [Option<PinnedBuffer>; 2] = [None, None];
-    for (window, first_word) in (0..len).step_by(window_words).enumerate() {
-        let words = window_words.min(len - first_word);
-        let staging = match &mut buffers[window % 2] {
-            Some(buffer) => buffer,
-            empty => empty.insert(device.pinned().take(words)?),
-        };
-        let target = &mut staging.as_mut_bytes()?[..8 * words];
-        let filling = std::time::Instant::now();
-        let first_byte = 8 * first_word;
-        let data_bytes = (bytes - first_byte).min(8 * words);
-        let (data, padding) = target.split_at_mut(data_bytes);
-        copy_window(data, pieces, first_byte, host_threads(), BYTES_PER_THREAD);
-        padding.fill(0);
-        timer.add_host_staging(filling.elapsed());
-        timer.time_on(stream, Phase::HostToDevice, || {
-            let src = PinnedRange {
-                buffer: staging.raw_mut(),
-                start: 0,
-                len: words,
+
+    /// [`upload_u64_pieces`] through these windows.
+    pub fn upload_u64(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pieces: &[&[u64]],
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<CudaSlice<u64>> {
+        let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
+        self.upload_bytes(stream, &bytes, timer)
+    }
+
+    /// [`upload_byte_pieces`] through these windows.
+    pub fn upload_bytes(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pieces: &[&[u8]],
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<CudaSlice<u64>> {
+        /// Bytes one staging thread copies at least.
+        const BYTES_PER_THREAD: usize = 1 << 22;
+        let bytes: usize = pieces.iter().map(|p| p.len()).sum();
+        let len = bytes.div_ceil(8);
+        if len == 0 {
+            return stream
+                .null::<u64>()
+                .during("allocating an empty device vector");
+        }
+        // SAFETY: every element is written by the copies below before any kernel reads it.
+        let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
+        if let Some(runs) = pinned_runs(pieces) {
+            copy_pinned_runs(stream, &runs, bytes, &mut dst, timer)?;
+            return Ok(dst);
+        }
+        // Two buffers in turn: filling one waits (in `as_mut_bytes`) only for
+        // the copy enqueued from it two windows earlier.
+        for first_word in (0..len).step_by(self.window_words) {
+            let words = self.window_words.min(len - first_word);
+            let slot = &mut self.buffers[self.windows % 2];
+            self.windows += 1;
+            if slot.as_ref().is_some_and(|buffer| buffer.len() < words) {
+                // Too small for this window (taken for a shorter upload):
+                // back to the pool, which waits for its copy before reuse.
+                *slot = None;
+            }
+            let staging = match slot {
+                Some(buffer) => buffer,
+                empty => empty.insert(self.device.pinned().take(words)?),
             };
-            let mut window_of_dst = dst.slice_mut(first_word..first_word + words);
-            stream
-                .memcpy_htod(&src, &mut window_of_dst)
-                .during("copying to the device")
-        })?;
+            let target = &mut staging.as_mut_bytes()?[..8 * words];
+            let filling = std::time::Instant::now();
+            let first_byte = 8 * first_word;
+            let data_bytes = (bytes - first_byte).min(8 * words);
+            let (data, padding) = target.split_at_mut(data_bytes);
+            copy_window(data, pieces, first_byte, host_threads(), BYTES_PER_THREAD);
+            padding.fill(0);
+            timer.add_host_staging(filling.elapsed());
+            timer.time_on(stream, Phase::HostToDevice, || {
+                let src = PinnedRange {
+                    buffer: staging.raw_mut(),
+                    start: 0,
+                    len: words,
+                };
+                let mut window_of_dst = dst.slice_mut(first_word..first_word + words);
+                stream
+                    .memcpy_htod(&src, &mut window_of_dst)
+                    .during("copying to the device")
+            })?;
+        }
+        timer.add_bytes(Phase::HostToDevice, 8 * len);
+        Ok(dst)
     }
-    timer.add_bytes(Phase::HostToDevice, 8 * len);
-    Ok(dst)
 }
 
 /// Bytes that lie end to end in one pinned region, and where they go among

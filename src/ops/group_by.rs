@@ -35,9 +35,14 @@ use crate::gpu::{
 use crate::trace;
 
 mod results;
+mod table_folds;
 
 use results::DeviceReduced;
 pub use results::{DeviceGrouped, GroupedWindow, ReducedWindow, ResultParts};
+pub use table_folds::FOLD_CHUNK_ROWS;
+use table_folds::{
+    launch_table_folds, table_fold_capacity, FoldCounts, FoldInputs, FoldedChunks, TableFolds,
+};
 
 /// A piece of a column's words, owned or borrowed from wherever the caller
 /// keeps them (an Arrow buffer of 8-byte values needs no copy).
@@ -71,6 +76,22 @@ impl Words {
     /// The pieces, in order.
     pub fn pieces(&self) -> Vec<&[u64]> {
         self.pieces.iter().map(|p| p.as_ref().as_ref()).collect()
+    }
+
+    /// The pieces' parts that hold the words `range`, in order (nothing
+    /// for an empty range).
+    pub fn pieces_in(&self, range: std::ops::Range<usize>) -> Vec<&[u64]> {
+        let mut parts = Vec::new();
+        let mut first = 0;
+        for piece in self.pieces() {
+            let last = first + piece.len();
+            let (from, to) = (range.start.max(first), range.end.min(last));
+            if from < to {
+                parts.push(&piece[from - first..to - first]);
+            }
+            first = last;
+        }
+        parts
     }
 
     /// All words in one vector (tests and references).
@@ -291,6 +312,9 @@ pub struct Grouped {
     /// Whether a hash table sized from an estimate of the groups filled up
     /// ([`DeviceGrouped::table_overflowed`]).
     pub table_overflowed: bool,
+    /// Whether the inputs were folded into the hash table as the rows were
+    /// numbered ([`DeviceGrouped::folded_in_table`]).
+    pub folded_in_table: bool,
 }
 
 /// How rows get their dense group ids.
@@ -387,6 +411,25 @@ pub fn sized_table_capacity(expected_groups: usize) -> u64 {
 /// The fewest slots of a table sized from an estimate of the groups.
 pub const MIN_SIZED_TABLE_SLOTS: u64 = 1 << 12;
 
+/// Words of the hash table that numbers `rows` rows and of what it leaves
+/// per row, for [`group_by_device_bytes`]: a table sized to the rows and
+/// every row's group, or, where a table sized from `expected_groups` may
+/// fold the inputs ([`table_fold_capacity`]), that table with its folds'
+/// words beside each slot's key and group, whichever is larger (a folding
+/// table that fills up is freed before the rows are numbered again).
+fn hashed_table_words(
+    rows: usize,
+    expected_groups: Option<usize>,
+    inputs: &[ReduceInput],
+) -> usize {
+    let unfolded = 2 * (table_capacity(rows) as usize + 1) + rows;
+    let ids = GroupIds::Hashed { expected_groups };
+    let folding = table_fold_capacity(ids, GroupsBack::KeyWords, rows, inputs).map_or(0, |slots| {
+        (slots as usize + 1) * (2 + launch::table_slot_words(inputs.len()))
+    });
+    unfolded.max(folding)
+}
+
 /// Device bytes [`group_on_device`] may hold at once for `rows` rows: every group
 /// distinct in the worst case.
 pub fn group_by_device_bytes(
@@ -399,10 +442,9 @@ pub fn group_by_device_bytes(
 ) -> usize {
     let table = match (with_keys, ids) {
         (false, _) => 0,
-        // keys, table keys and groups, first rows, row groups, the key
-        // word of each group
-        (true, GroupIds::Hashed { .. }) => {
-            8 * (rows + 2 * (table_capacity(rows) as usize + 1) + 3 * rows + 1)
+        // keys, first rows, the key word of each group, and the table
+        (true, GroupIds::Hashed { expected_groups }) => {
+            8 * (3 * rows + 1 + hashed_table_words(rows, expected_groups, inputs))
         }
         // the keys and row ids partitioned, with the passes' second pair
         // of buffers and largest histogram; local ids, positions in each
@@ -424,13 +466,17 @@ pub fn group_by_device_bytes(
         // as hashed, and the sort of as many groups as rows at most (keys,
         // ids and their second buffers, the largest histogram) and one
         // result gathered in key order
-        (true, GroupIds::HashedInKeyOrder { .. }) => {
+        (
+            true,
+            GroupIds::HashedInKeyOrder {
+                expected_groups, ..
+            },
+        ) => {
             let histogram = RadixGrid::new(rows as u64, sm_count).blocks as usize
                 * (1 << launch::MAX_RADIX_BITS);
-            8 * (rows
-                + 2 * (table_capacity(rows) as usize + 1)
-                + 3 * rows
+            8 * (3 * rows
                 + 1
+                + hashed_table_words(rows, expected_groups, inputs)
                 + 5 * rows
                 + histogram
                 + histogram.div_ceil(launch::SCAN_TILE) * 2)
@@ -469,7 +515,12 @@ pub const DOWNLOAD_WINDOW_WORDS: usize = 1 << 22;
 /// group. `bitmaps` are validity bitmaps ([`validity_bitmap`]) that inputs
 /// refer to by index. `ids` says how rows get their group ids, `back` what
 /// identifies the groups on the host (sorted ids give key words only).
-/// The keys' copy and every kernel go onto `stream`; the inputs and bitmaps
+/// `fold_chunk_rows` lets a hash table sized from an estimate fold the
+/// inputs as it numbers the rows, where they allow it
+/// ([`DeviceGrouped::folded_in_table`]), the inputs' values crossing the
+/// bus in chunks of that many rows (rounded up to a multiple of 64;
+/// [`FOLD_CHUNK_ROWS`] by default), each folded while the next crosses;
+/// `None` never folds. The keys' copy and every kernel go onto `stream`; the inputs and bitmaps
 /// are copied on `copy_stream`, so that they cross the bus while the device
 /// numbers the groups (the kernels that read them wait for their copies).
 /// The same stream may be passed twice. The results stay on the device:
@@ -488,6 +539,7 @@ pub fn group_on_device(
     inputs: &[ReduceInput],
     bitmaps: &[Vec<u64>],
     back: GroupsBack,
+    fold_chunk_rows: Option<usize>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<DeviceGrouped> {
     check_inputs(keys, rows, inputs, bitmaps)?;
@@ -503,7 +555,12 @@ pub fn group_on_device(
     // carries them while the grouping kernels run. The columns' copies
     // wait for the keys' own: sharing the bus with them, the keys would
     // arrive later and the grouping kernels start later, for nothing.
-    let device_keys = match keys {
+    // Where the table folds the inputs, its kernel reads them: it is
+    // enqueued chunk by chunk, each launch after its chunk's copies, below.
+    let fold_into_table = fold_chunk_rows.is_some()
+        && keys.is_some()
+        && table_fold_capacity(ids, back, rows, inputs).is_some();
+    let mut device_keys = match keys {
         Some(keys) if rows > 0 => {
             let uploaded = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
             if !Arc::ptr_eq(stream, copy_stream) {
@@ -518,56 +575,53 @@ pub fn group_on_device(
         }
         _ => None,
     };
-    let pending = keys
-        .map(|_| match ids {
-            GroupIds::Hashed { expected_groups } => {
-                launch_group_assignment(device, stream, device_keys, None, expected_groups, timer)
-            }
-            GroupIds::Partitioned { partition_bits } => launch_partitioned_group_assignment(
-                device,
-                stream,
-                device_keys,
-                partition_bits,
-                timer,
-            ),
-            GroupIds::HashedInKeyOrder {
-                transform,
-                expected_groups,
-                ..
-            } => launch_group_assignment(
-                device,
-                stream,
-                device_keys,
-                transform,
-                expected_groups,
-                timer,
-            ),
-            GroupIds::Sorted {
-                key_bits,
-                transform,
-            } => launch_sorted_group_assignment(
-                device,
-                stream,
-                device_keys,
-                key_bits,
-                transform,
-                timer,
-            ),
-        })
-        .transpose()?;
+    let mut pending = match keys {
+        Some(_) if !fold_into_table => Some(launch_pending_groups(
+            device,
+            stream,
+            device_keys.take(),
+            ids,
+            None,
+            timer,
+        )?),
+        _ => None,
+    };
     let mut device_bitmaps = bitmaps
         .iter()
         .map(|bits| upload_u64(device, copy_stream, bits, timer))
         .collect::<GpuResult<Vec<_>>>()?;
-    let mut columns = inputs
-        .iter()
-        .map(|input| upload_input(device, copy_stream, input, rows, timer))
-        .collect::<GpuResult<Vec<_>>>()?;
+    // Where the table folds the inputs, their values cross the bus chunk
+    // by chunk as it folds them, and never whole.
+    let mut fold_chunks = FoldedChunks::default();
+    let uploaded_columns = if fold_into_table {
+        pending = Some(launch_pending_groups(
+            device,
+            stream,
+            device_keys.take(),
+            ids,
+            Some(FoldInputs {
+                inputs,
+                bitmaps: &device_bitmaps,
+                copy_stream,
+                chunk_rows: fold_chunk_rows.unwrap_or(FOLD_CHUNK_ROWS),
+                chunks: &mut fold_chunks,
+            }),
+            timer,
+        )?);
+        None
+    } else {
+        Some(
+            inputs
+                .iter()
+                .map(|input| upload_input(device, copy_stream, input, rows, timer))
+                .collect::<GpuResult<Vec<_>>>()?,
+        )
+    };
     let mut numbered_in_partitions = false;
     let mut table_overflowed = false;
     let mut permutation = None;
     let mut identities_made = None;
-    let (groups, identities, row_groups, key_order) = match pending {
+    let (groups, identities, numbered, key_order) = match pending {
         Some(pending) => {
             let order_bits = match ids {
                 GroupIds::HashedInKeyOrder { key_bits, .. } => Some(key_bits),
@@ -589,11 +643,29 @@ pub fn group_on_device(
             (
                 finished.groups,
                 finished.identities,
-                Some(finished.row_groups),
+                Some(finished.numbered),
                 finished.key_order,
             )
         }
         None => (1, None, None, None),
+    };
+    let (row_groups, folded) = match numbered {
+        Some(NumberedRows::RowGroups(row_groups)) => (Some(row_groups), None),
+        Some(NumberedRows::Folded(folded)) => (None, Some(folded)),
+        None => (None, None),
+    };
+    let folded_in_table = folded.is_some();
+    let mut columns = match uploaded_columns {
+        Some(columns) => columns,
+        None if folded_in_table => {
+            // Freed in stream order, each after the fold that read it.
+            drop(fold_chunks);
+            Vec::new()
+        }
+        // The table that folded filled up: the rows were numbered again,
+        // and each input is reduced from its whole column, joined from the
+        // chunks that crossed the bus.
+        None => fold_chunks.into_columns(stream, inputs.len(), rows)?,
     };
     if let Some(positions) = &permutation {
         // The rows' groups are in the partitions' order: so are the inputs.
@@ -642,25 +714,32 @@ pub fn group_on_device(
             }
         }
     }
-    let mut reduced = Vec::with_capacity(inputs.len());
-    for (input, column) in inputs.iter().zip(columns) {
-        let group_rows_of = GroupRows {
-            groups_of_rows: row_groups.as_ref(),
-            rows,
-            valid_bits: input.valid.map(|i| &device_bitmaps[i]),
-            groups,
-        };
-        reduced.push(reduce(
-            device,
-            stream,
-            sm_count,
-            group_rows_of,
-            input,
-            column,
-            key_order.as_ref(),
-            timer,
-        )?);
-    }
+    let reduced = match folded {
+        // Every input is reduced already.
+        Some(folded) => folded.into_reduced(device, stream, groups, key_order.as_ref(), timer)?,
+        None => inputs
+            .iter()
+            .zip(columns)
+            .map(|(input, column)| {
+                let group_rows_of = GroupRows {
+                    groups_of_rows: row_groups.as_ref(),
+                    rows,
+                    valid_bits: input.valid.map(|i| &device_bitmaps[i]),
+                    groups,
+                };
+                reduce(
+                    device,
+                    stream,
+                    sm_count,
+                    group_rows_of,
+                    input,
+                    column,
+                    key_order.as_ref(),
+                    timer,
+                )
+            })
+            .collect::<GpuResult<Vec<_>>>()?,
+    };
     Ok(DeviceGrouped {
         groups,
         identities,
@@ -669,6 +748,7 @@ pub fn group_on_device(
         reduced,
         numbered_in_partitions,
         table_overflowed,
+        folded_in_table,
         stream: Arc::clone(stream),
         identities_made,
     })
@@ -756,6 +836,18 @@ enum PendingRowGroups {
         row_slots: DeviceVec<u64>,
         table: SizedTable,
     },
+    /// Every input folded into the slots of a table sized from an estimate
+    /// ([`launch_table_folds`]), no group per row: moved to the groups once the
+    /// table is known not to have filled up.
+    Folded(TableFolds),
+}
+
+/// What stage 1 leaves for stage 2 once the host knows its table held.
+enum NumberedRows {
+    /// The group of every row, for each input's reduction.
+    RowGroups(DeviceVec<u64>),
+    /// Every input already folded into the table's slots.
+    Folded(TableFolds),
 }
 
 /// A hash table sized from an estimate of the groups, which may have
@@ -767,16 +859,56 @@ struct SizedTable {
     overflow: DeviceVec<u64>,
 }
 
+/// Enqueues stage 1 as `ids` asks, over the device `keys` (`None`: no
+/// rows), with `folds` folded into a hash table sized from an estimate
+/// where given ([`table_fold_capacity`] says where).
+fn launch_pending_groups(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: Option<DeviceVec<u64>>,
+    ids: GroupIds,
+    folds: Option<FoldInputs<'_>>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<PendingGroups> {
+    match ids {
+        GroupIds::Hashed { expected_groups } => {
+            launch_group_assignment(device, stream, keys, None, expected_groups, folds, timer)
+        }
+        GroupIds::Partitioned { partition_bits } => {
+            launch_partitioned_group_assignment(device, stream, keys, partition_bits, timer)
+        }
+        GroupIds::HashedInKeyOrder {
+            transform,
+            expected_groups,
+            ..
+        } => launch_group_assignment(
+            device,
+            stream,
+            keys,
+            transform,
+            expected_groups,
+            folds,
+            timer,
+        ),
+        GroupIds::Sorted {
+            key_bits,
+            transform,
+        } => launch_sorted_group_assignment(device, stream, keys, key_bits, transform, timer),
+    }
+}
+
 /// Enqueues the kernels that give every row of the device `keys` (`None`:
 /// no rows) a group, the keys made codes first with `transform`, in a table
 /// sized to `expected_groups` where that is smaller than one sized to the
-/// rows ([`sized_table_capacity`]).
+/// rows ([`sized_table_capacity`]), with `folds` folded into that table
+/// where given ([`launch_table_folds`]).
 fn launch_group_assignment(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     keys: Option<DeviceVec<u64>>,
     transform: Option<CodeTransform>,
     expected_groups: Option<usize>,
+    folds: Option<FoldInputs<'_>>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
     let sm_count = device.sm_count();
@@ -810,13 +942,41 @@ fn launch_group_assignment(
     // SAFETY (first rows): entries [0, groups) are written, only those are read.
     let mut first_rows: DeviceVec<u64> =
         unsafe { stream.alloc(rows) }.during("allocating group rows")?;
+    let sized = expected_groups
+        .map(sized_table_capacity)
+        .filter(|&capacity| capacity < table_capacity(rows));
+    if let (Some(capacity), Some(folds)) = (sized, folds) {
+        trace::event(|| {
+            format!(
+                "aggregation: {} inputs folded into a hash table of {capacity} slots",
+                folds.inputs.len()
+            )
+        });
+        let folded = launch_table_folds(
+            device,
+            stream,
+            &device_keys,
+            capacity,
+            folds,
+            FoldCounts {
+                group_count: &mut group_count,
+                first_rows: &mut first_rows,
+            },
+            timer,
+        )?;
+        return Ok(PendingGroups {
+            keys: device_keys,
+            group_count,
+            first_rows,
+            row_groups: PendingRowGroups::Folded(folded),
+            rows,
+            partitioned: None,
+        });
+    }
     // SAFETY (row groups): group_insert writes one slot per row (unless a
     // table sized from an estimate fills up: then they are numbered again).
     let mut row_groups: DeviceVec<u64> =
         unsafe { stream.alloc(rows) }.during("allocating row groups")?;
-    let sized = expected_groups
-        .map(sized_table_capacity)
-        .filter(|&capacity| capacity < table_capacity(rows));
     let row_groups = match sized {
         None => {
             number_in_global_table(
@@ -983,7 +1143,7 @@ fn launch_partitioned_group_assignment(
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
     let Some(device_keys) = keys else {
-        return launch_group_assignment(device, stream, None, None, None, timer);
+        return launch_group_assignment(device, stream, None, None, None, None, timer);
     };
     let rows = device_keys.len();
     let sm_count = device.sm_count();
@@ -1091,7 +1251,7 @@ fn launch_sorted_group_assignment(
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
     let Some(mut device_keys) = keys else {
-        return launch_group_assignment(device, stream, None, None, None, timer);
+        return launch_group_assignment(device, stream, None, None, None, None, timer);
     };
     let rows = device_keys.len();
     let sm_count = device.sm_count();
@@ -1147,8 +1307,9 @@ struct FinishedGroups {
     /// What identifies each group on the host, as asked for, in its first
     /// `groups` words (`None` without rows).
     identities: Option<DeviceVec<u64>>,
-    /// The group of every row, on the device.
-    row_groups: DeviceVec<u64>,
+    /// The group of every row on the device, or the inputs folded into
+    /// the table's slots.
+    numbered: NumberedRows,
     /// Where groups come back in key order: the group at each position.
     key_order: Option<DeviceVec<u64>>,
     /// Partitioned ids: the row at each position, where `row_groups`
@@ -1188,9 +1349,10 @@ impl PendingGroups {
             return Ok(FinishedGroups {
                 groups: 0,
                 identities: None,
-                row_groups: match row_groups {
-                    PendingRowGroups::Ids(ids) => ids,
-                    PendingRowGroups::Slots { row_slots, .. } => row_slots,
+                numbered: match row_groups {
+                    PendingRowGroups::Ids(ids) => NumberedRows::RowGroups(ids),
+                    PendingRowGroups::Slots { row_slots, .. } => NumberedRows::RowGroups(row_slots),
+                    PendingRowGroups::Folded(folded) => NumberedRows::Folded(folded),
                 },
                 key_order: None,
                 permutation: None,
@@ -1198,7 +1360,7 @@ impl PendingGroups {
                 table_overflowed: false,
             });
         }
-        let (mut row_groups, table_overflowed) = checked_row_groups(
+        let (mut numbered, table_overflowed) = checked_row_groups(
             row_groups,
             Numbering {
                 keys: &keys,
@@ -1221,6 +1383,9 @@ impl PendingGroups {
             )?;
             numbered_in_partitions = overflow[0] == 0;
             if !numbered_in_partitions {
+                let NumberedRows::RowGroups(row_groups) = &mut numbered else {
+                    return Err(GpuError::Invalid("partitions folded into a table".into()));
+                };
                 // A partition held too many groups: the global table
                 // numbers the partitioned keys instead, in their order.
                 number_again_in_global_table(
@@ -1231,7 +1396,7 @@ impl PendingGroups {
                         first_rows: &mut first_rows,
                         group_count: &mut group_count,
                     },
-                    &mut row_groups,
+                    row_groups,
                     timer,
                 )?;
             }
@@ -1306,7 +1471,7 @@ impl PendingGroups {
         Ok(FinishedGroups {
             groups,
             identities: Some(identities),
-            row_groups,
+            numbered,
             key_order,
             permutation: partitioned.map(|p| p.row_ids),
             numbered_in_partitions,
@@ -1324,21 +1489,29 @@ struct Numbering<'a> {
 }
 
 /// The group of every row, once a table sized from an estimate is known
-/// not to have filled up (its slots then resolved into group ids). Where it
-/// filled up, the rows are numbered again in a table sized to them
-/// (`true`). Waits for the device where the table was sized from an
-/// estimate.
+/// not to have filled up (its slots then resolved into group ids), or the
+/// inputs folded into such a table. Where it filled up, the rows are
+/// numbered again in a table sized to them (`true`), without folds. Waits
+/// for the device where the table was sized from an estimate.
 fn checked_row_groups(
     pending: PendingRowGroups,
     numbering: Numbering<'_>,
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     timer: &mut PhaseTimer,
-) -> GpuResult<(DeviceVec<u64>, bool)> {
-    let (mut row_slots, table) = match pending {
-        PendingRowGroups::Ids(ids) => return Ok((ids, false)),
-        PendingRowGroups::Slots { row_slots, table } => (row_slots, table),
+) -> GpuResult<(NumberedRows, bool)> {
+    let sized_table = match &pending {
+        PendingRowGroups::Ids(_) => None,
+        PendingRowGroups::Slots { table, .. } => Some(table),
+        PendingRowGroups::Folded(folded) => Some(&folded.table),
     };
+    let Some(table) = sized_table else {
+        let PendingRowGroups::Ids(ids) = pending else {
+            unreachable!("only ids come without a sized table")
+        };
+        return Ok((NumberedRows::RowGroups(ids), false));
+    };
+    let capacity = table.capacity;
     let mut overflow = Vec::with_capacity(1);
     download_u64(
         device,
@@ -1348,29 +1521,48 @@ fn checked_row_groups(
         timer,
     )?;
     if overflow[0] == 0 {
-        timer.time(Phase::Kernel, || {
-            launch::group_resolve(
-                device.kernels(),
-                stream,
-                device.sm_count(),
-                &mut row_slots,
-                &table.table_groups,
-            )
-        })?;
-        return Ok((row_slots, false));
+        let numbered = match pending {
+            PendingRowGroups::Ids(ids) => NumberedRows::RowGroups(ids),
+            PendingRowGroups::Slots {
+                mut row_slots,
+                table,
+            } => {
+                timer.time(Phase::Kernel, || {
+                    launch::group_resolve(
+                        device.kernels(),
+                        stream,
+                        device.sm_count(),
+                        &mut row_slots,
+                        &table.table_groups,
+                    )
+                })?;
+                NumberedRows::RowGroups(row_slots)
+            }
+            PendingRowGroups::Folded(folded) => NumberedRows::Folded(folded),
+        };
+        return Ok((numbered, false));
     }
     trace::event(|| {
         format!(
-            "aggregation: a hash table of {} slots filled up; the rows are numbered again",
-            table.capacity
+            "aggregation: a hash table of {capacity} slots filled up; the rows are numbered again"
         )
     });
     // Every output of the first try is incomplete: start again, with the
-    // small table freed first (in stream order), so that the device holds
-    // no more than a table sized to the rows.
-    drop(table);
-    number_again_in_global_table(device, stream, numbering, &mut row_slots, timer)?;
-    Ok((row_slots, true))
+    // small table (and its folds) freed first, in stream order, so that the
+    // device holds no more than a table sized to the rows.
+    let mut row_groups = match pending {
+        PendingRowGroups::Slots { row_slots, table } => {
+            drop(table);
+            row_slots
+        }
+        other => {
+            drop(other);
+            // SAFETY: the numbering below writes every row's group.
+            unsafe { stream.alloc(numbering.keys.len()) }.during("allocating row groups")?
+        }
+    };
+    number_again_in_global_table(device, stream, numbering, &mut row_groups, timer)?;
+    Ok((NumberedRows::RowGroups(row_groups), true))
 }
 
 /// Enqueues the numbering of every row again, the group count reset
@@ -1462,6 +1654,36 @@ fn upload_input(
     })
 }
 
+/// `out`, one result per group, gathered on the device into `key_order`
+/// where given (the group at each position of `groups`).
+fn in_key_order(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    out: DeviceVec<u64>,
+    key_order: Option<&DeviceVec<u64>>,
+    groups: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<DeviceVec<u64>> {
+    let Some(order) = key_order else {
+        return Ok(out);
+    };
+    // SAFETY: the gather writes all `groups` words.
+    let mut ordered: DeviceVec<u64> =
+        unsafe { stream.alloc(groups.max(1)) }.during("allocating ordered results")?;
+    timer.time(Phase::Kernel, || {
+        launch::gather_u64(
+            device.kernels(),
+            stream,
+            device.sm_count(),
+            &out,
+            order,
+            groups,
+            &mut ordered,
+        )
+    })?;
+    Ok(ordered)
+}
+
 /// Stage 2 for one input; with `key_order`, each result comes back in that
 /// order of the groups (the group at each position).
 #[allow(clippy::too_many_arguments)]
@@ -1486,18 +1708,8 @@ fn reduce(
         })?;
         Ok(out)
     };
-    // Results in key order are gathered into it on the device.
-    let ordered = |out: DeviceVec<u64>, timer: &mut PhaseTimer| -> GpuResult<DeviceVec<u64>> {
-        let Some(order) = key_order else {
-            return Ok(out);
-        };
-        // SAFETY: the gather writes all `groups` words.
-        let mut ordered: DeviceVec<u64> =
-            unsafe { stream.alloc(groups.max(1)) }.during("allocating ordered results")?;
-        timer.time(Phase::Kernel, || {
-            launch::gather_u64(kernels, stream, sm_count, &out, order, groups, &mut ordered)
-        })?;
-        Ok(ordered)
+    let ordered = |out: DeviceVec<u64>, timer: &mut PhaseTimer| {
+        in_key_order(device, stream, out, key_order, groups, timer)
     };
     if rows.rows == 0 {
         // Nothing to reduce: every group (the one group without keys) keeps
@@ -1698,6 +1910,7 @@ pub mod reference {
             },
             reduced,
             table_overflowed: false,
+            folded_in_table: false,
             numbered_in_partitions: false,
         }
     }
@@ -1793,6 +2006,57 @@ pub mod reference {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pieces_in_a_range_are_the_parts_of_the_pieces_that_hold_it() {
+        let mut words = Words::default();
+        for piece in [vec![0u64, 1, 2], vec![], vec![3, 4], vec![5, 6, 7, 8]] {
+            words.push(Box::new(piece));
+        }
+        let all: Vec<u64> = (0..9).collect();
+        for start in 0..=9 {
+            for end in start..=9 {
+                let parts = words.pieces_in(start..end);
+                assert!(parts.iter().all(|p| !p.is_empty()), "{start}..{end}");
+                assert_eq!(parts.concat(), all[start..end], "{start}..{end}");
+            }
+        }
+        assert_eq!(words.pieces_in(2..6).len(), 3);
+    }
+
+    #[test]
+    fn a_folding_table_is_counted_where_it_outgrows_the_rows_own() {
+        let sums: Vec<ReduceInput> = (0..4)
+            .map(|_| ReduceInput {
+                reduction: Reduction::Sum,
+                values: Words::default(),
+                high_words: Words::default(),
+                flip: 0,
+                valid: None,
+            })
+            .collect();
+        let rows = 1 << 20;
+        // 2^21 slots of keys and groups, and every row's group.
+        let unfolded = 2 * ((1 << 21) + 1) + rows;
+        assert_eq!(hashed_table_words(rows, None, &sums), unfolded);
+        assert_eq!(hashed_table_words(rows, Some(1_000), &sums), unfolded);
+        // 2^20 slots (and the reserved one), each with its key, group and
+        // four folds' words: more than the table sized to the rows.
+        let folding = ((1 << 20) + 1) * 6;
+        assert!(folding > unfolded);
+        assert_eq!(hashed_table_words(rows, Some(1 << 18), &sums), folding);
+        // Five inputs do not fold.
+        let five: Vec<ReduceInput> = (0..5)
+            .map(|_| ReduceInput {
+                reduction: Reduction::Count,
+                values: Words::default(),
+                high_words: Words::default(),
+                flip: 0,
+                valid: None,
+            })
+            .collect();
+        assert_eq!(hashed_table_words(rows, Some(1 << 18), &five), unfolded);
+    }
 
     #[test]
     fn tables_are_sized_to_four_times_the_estimate_and_never_above_the_rows_own() {

@@ -108,6 +108,15 @@ extensions_options! {
         /// table's random accesses in device memory save (BENCHMARKS.md).
         /// 0 partitions every aggregation with keys (tests).
         pub min_groups_to_partition: usize, default = 33_554_432
+        /// Where an aggregation's groups are numbered in one hash table
+        /// sized from the sample's estimate, and every reduction is a
+        /// count, or a sum, minimum or maximum of one word per row (four at
+        /// most), fold the values into the table's slots as the rows find
+        /// them: one pass over the rows, no group id written per row nor
+        /// read back per aggregate (`table_fold_partitions` in `EXPLAIN
+        /// ANALYZE`). `false` numbers the rows, then reduces one column at
+        /// a time.
+        pub fold_into_table: bool, default = true
         /// Fraction of the device memory free at start-up that GPU operators
         /// may hold at once, in (0, 1].
         pub memory_fraction: f64, default = 0.8

@@ -679,22 +679,48 @@ async fn a_hash_table_sized_from_a_misleading_sample_is_built_again() {
         ],
     )
     .await;
-    for (columns, overflows) in [
+    // The same GPU aggregation with `gpu.fold_into_table` off: numbered,
+    // then reduced one column at a time, never folded.
+    let unfolded = gpu_context(
+        JoinMode::CollectLeft,
+        1,
+        &[
+            "SET gpu.aggregate_single_phase = true",
+            "SET gpu.min_groups = 0",
+            "SET gpu.fold_into_table = false",
+        ],
+    )
+    .await;
+    // (the columns, whether the table overflows, whether values are NULL)
+    for (columns, overflows, values_have_nulls) in [
         (
             &misleading as &dyn Fn(std::ops::Range<usize>) -> Vec<ArrayRef>,
             true,
+            true,
         ),
-        (&truthful, false),
+        (&truthful, false, false),
     ] {
-        register(
-            [&gpu, &cpu],
-            table_from_columns(Arc::clone(&schema), rows, 1, 8192, columns),
-        );
+        let table = table_from_columns(Arc::clone(&schema), rows, 1, 8192, columns);
+        register([&gpu, &cpu], Arc::clone(&table));
+        register([&unfolded, &cpu], table);
         // Every reduction over words (minima and maxima skip the atomics
-        // that would change nothing), and a sum of doubles.
-        for sql in [
-            "SELECT k, count(*), count(v), sum(v), min(v), max(v) FROM t GROUP BY k",
-            "SELECT k, max(v), avg(v) FROM t GROUP BY k",
+        // that would change nothing), and a sum of doubles, folded into
+        // the table where it holds and they are four at most. The first
+        // query counts every row and the values: one count where the
+        // values have no NULLs (the sum, minimum and maximum share it),
+        // two, and five reductions in all, where they have some. The
+        // second's reductions (a maximum, a count of the values shared
+        // with the average, a sum) are three; the third's five.
+        for (sql, foldable) in [
+            (
+                "SELECT k, count(*), count(v), sum(v), min(v), max(v) FROM t GROUP BY k",
+                !values_have_nulls,
+            ),
+            ("SELECT k, max(v), avg(v) FROM t GROUP BY k", true),
+            (
+                "SELECT k, count(*), sum(v), min(v), max(v), sum(v + 1) FROM t GROUP BY k",
+                false,
+            ),
         ] {
             let plan = check(&gpu, &cpu, sql).await;
             assert_eq!(
@@ -702,7 +728,24 @@ async fn a_hash_table_sized_from_a_misleading_sample_is_built_again() {
                 usize::from(overflows),
                 "{sql}"
             );
+            assert_eq!(
+                gpu_aggregate_metric(&plan, "table_fold_partitions"),
+                usize::from(foldable && !overflows),
+                "{sql}"
+            );
             assert_eq!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions"), 0);
+            assert_output_counted(&plan);
+            let plan = check(&unfolded, &cpu, sql).await;
+            assert_eq!(
+                gpu_aggregate_metric(&plan, "table_overflow_partitions"),
+                usize::from(overflows),
+                "{sql}, folding off"
+            );
+            assert_eq!(
+                gpu_aggregate_metric(&plan, "table_fold_partitions"),
+                0,
+                "{sql}, folding off"
+            );
             assert_output_counted(&plan);
         }
     }
@@ -964,6 +1007,7 @@ async fn device_group_by_matches_the_reference() {
                 &inputs,
                 &bitmaps,
                 back,
+                Some(group_by::FOLD_CHUNK_ROWS),
                 &mut timer,
             )
             .unwrap();
@@ -1193,6 +1237,188 @@ async fn device_group_by_matches_the_reference() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn device_table_folds_match_the_reference() {
+    let Some(runtime) = require_gpu("device_table_folds_match_the_reference") else {
+        return;
+    };
+    let device = Arc::clone(&runtime.devices()[0]);
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let copy_stream = device.stream().unwrap();
+    let copy_stream = copy_stream.stream();
+    let mut folded_cases = 0;
+    // (rows, key domain, share of rows on one hot key, estimated groups)
+    for (rows, domain, hot_share, estimate) in [
+        (0usize, 1u64, 0.0, 1usize),
+        (1, 1, 0.0, 1),
+        (5_000, 3, 0.0, 4),
+        (50_000, 4_096, 0.0, 4_097),
+        (50_000, 4_097, 0.0, 4_098),
+        (400_000, 1 << 30, 0.0, 100_000),
+        // Most rows on one key: the lanes of a warp share it.
+        (200_000, 1 << 16, 0.9, 16_384),
+    ] {
+        let mut rng = StdRng::seed_from_u64(rows as u64 ^ domain);
+        let keys: Vec<u64> = (0..rows)
+            .map(|_| match rng.random_range(0..8) {
+                // The reserved slot's key, and ordinary ones.
+                0 => u64::MAX,
+                _ if rng.random_bool(hot_share) => 7,
+                _ => rng.random_range(0..domain),
+            })
+            .collect();
+        let bitmaps = vec![
+            group_by::validity_bitmap(rows, |i| i % 5 != 2),
+            group_by::validity_bitmap(rows, |i| i % 3 == 0),
+        ];
+        let mut words = || -> Vec<u64> { (0..rows).map(|_| rng.random()).collect() };
+        let input = |reduction, values: Vec<u64>, flip, valid| ReduceInput {
+            reduction,
+            high_words: if reduction == Reduction::SumI128 {
+                in_pieces((0..rows as u64).map(|i| i % 3).collect())
+            } else {
+                Words::default()
+            },
+            values: in_pieces(values),
+            flip,
+            valid,
+        };
+        // Quarters: a float sum exact in any order of the additions.
+        let quarters: Vec<u64> = (0..rows)
+            .map(|i| ((i as f64 % 8_000.0 - 4_000.0) / 4.0).to_bits())
+            .collect();
+        let words_sets = [
+            vec![
+                input(Reduction::Count, Vec::new(), 0, None),
+                input(Reduction::Sum, words(), 1 << 63, Some(0)),
+                input(Reduction::Min, words(), 1 << 63, Some(1)),
+                input(Reduction::Max, words(), 0, None),
+            ],
+            vec![
+                input(Reduction::SumF64, quarters, 0, Some(0)),
+                input(Reduction::Count, Vec::new(), 0, Some(1)),
+                input(Reduction::Min, words(), 0, None),
+                input(Reduction::Max, words(), 1 << 63, Some(1)),
+            ],
+            // Five inputs, one more than a table folds.
+            vec![
+                input(Reduction::Count, Vec::new(), 0, None),
+                input(Reduction::Sum, words(), 0, Some(0)),
+                input(Reduction::Min, words(), 0, Some(1)),
+                input(Reduction::Max, words(), 0, None),
+                input(Reduction::Sum, words(), 0, None),
+            ],
+            // A 128-bit sum, which a table does not fold.
+            vec![
+                input(Reduction::Max, words(), 0, None),
+                input(Reduction::SumI128, words(), 0, Some(0)),
+            ],
+        ];
+        let key_words = in_pieces(keys.clone());
+        let hashed_in_key_order = |expected_groups| GroupIds::HashedInKeyOrder {
+            key_bits: 64,
+            transform: None,
+            expected_groups,
+        };
+        let hashed = |expected_groups| GroupIds::Hashed { expected_groups };
+        for inputs in &words_sets {
+            let want = group_by::reference::group_by(Some(&keys), rows, inputs, &bitmaps);
+            let foldable = inputs.len() <= launch::MAX_TABLE_FOLDS
+                && inputs.iter().all(|i| !i.reduction.is_wide());
+            let cases = [
+                hashed(Some(estimate)),
+                hashed(Some(1)),
+                hashed(None),
+                hashed_in_key_order(Some(estimate)),
+                hashed_in_key_order(Some(1)),
+            ]
+            .into_iter()
+            // Folding off, in one chunk, and in chunks of 64 rows and of
+            // 4,992 (the second a multiple of 64, the first rounded up to it).
+            .flat_map(|ids| {
+                [None, Some(group_by::FOLD_CHUNK_ROWS), Some(37), Some(4_992)]
+                    .map(|chunk_rows| (ids, chunk_rows))
+            });
+            for (ids, fold_chunk_rows) in cases {
+                let mut timer = PhaseTimer::new(Arc::clone(stream));
+                let got = group_by::group_on_device(
+                    &device,
+                    stream,
+                    copy_stream,
+                    Some(&key_words),
+                    ids,
+                    rows,
+                    inputs,
+                    &bitmaps,
+                    GroupsBack::KeyWords,
+                    fold_chunk_rows,
+                    &mut timer,
+                )
+                .and_then(|grouped| {
+                    grouped.download(&device, group_by::DOWNLOAD_WINDOW_WORDS, &mut timer)
+                })
+                .unwrap();
+                timer.finish().unwrap();
+                let case = format!(
+                    "rows {rows}, domain {domain}, {ids:?}, fold chunks {fold_chunk_rows:?}, {inputs:?}"
+                );
+                let estimated = match ids {
+                    GroupIds::Hashed { expected_groups }
+                    | GroupIds::HashedInKeyOrder {
+                        expected_groups, ..
+                    } => expected_groups,
+                    _ => None,
+                };
+                // A table sized from an estimate, smaller than one sized to
+                // the rows, folds where it holds all the groups.
+                let sized = estimated.is_some_and(|g| {
+                    group_by::sized_table_capacity(g) < (2 * rows as u64).max(2).next_power_of_two()
+                });
+                if sized && estimated == Some(1) && want.groups > 4097 {
+                    assert!(got.table_overflowed, "{case}");
+                }
+                let folds = fold_chunk_rows.is_some()
+                    && rows > 0
+                    && foldable
+                    && sized
+                    && !got.table_overflowed;
+                assert_eq!(got.folded_in_table, folds, "{case}");
+                folded_cases += usize::from(folds);
+                assert_eq!(got.groups, want.groups, "{case}");
+                if ids.in_key_order() {
+                    assert!(got.group_keys.is_sorted(), "{case}");
+                }
+                let group_of_key: std::collections::HashMap<u64, usize> = got
+                    .group_keys
+                    .iter()
+                    .enumerate()
+                    .map(|(g, &k)| (k, g))
+                    .collect();
+                assert_eq!(group_of_key.len(), want.groups, "{case}");
+                for (i, (g, w)) in got.reduced.iter().zip(&want.reduced).enumerate() {
+                    for (w_group, key) in want.group_keys.iter().enumerate() {
+                        let g_group = group_of_key[key];
+                        assert_eq!(
+                            g.values[g_group], w.values[w_group],
+                            "{case}: input {i}, key {key}"
+                        );
+                        if !w.high_words.is_empty() {
+                            assert_eq!(
+                                g.high_words[g_group], w.high_words[w_group],
+                                "{case}: input {i}, key {key}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Every kind of case above folded somewhere.
+    assert!(folded_cases >= 20, "{folded_cases} cases folded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn device_float_sums_of_exact_values_are_exact() {
     let Some(runtime) = require_gpu("device_float_sums_of_exact_values_are_exact") else {
         return;
@@ -1231,6 +1457,7 @@ async fn device_float_sums_of_exact_values_are_exact() {
             &inputs,
             &[],
             GroupsBack::KeyWords,
+            Some(group_by::FOLD_CHUNK_ROWS),
             &mut timer,
         )
         .and_then(|grouped| grouped.download(&device, group_by::DOWNLOAD_WINDOW_WORDS, &mut timer))

@@ -10,7 +10,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion_gpu::gpu::launch::{self, ValueWidth};
 use datafusion_gpu::gpu::{
     download_byte_pieces, download_u64, upload_byte_pieces, upload_byte_pieces_in_windows,
-    upload_u64, upload_u64_pieces, GpuDevice, PhaseTimer,
+    upload_u64, upload_u64_pieces, GpuDevice, PhaseTimer, StagingWindows,
 };
 use datafusion_gpu::ops::hash_join::{self, DeviceBuildTable};
 use datafusion_gpu::ops::radix::{self, RadixPlan};
@@ -531,6 +531,51 @@ fn byte_pieces_upload_through_windows_of_any_size() {
         timer.finish().unwrap();
         let back: Vec<u8> = back.iter().flat_map(|w| w.to_le_bytes()).collect();
         assert!(back == expected, "windows of {window} bytes");
+    }
+}
+
+#[test]
+fn uploads_sharing_staging_windows_each_arrive_whole() {
+    let Some(device) = device("uploads_sharing_staging_windows_each_arrive_whole") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // Uploads of many sizes through the same two buffers, each taken for
+    // a first upload shorter than later windows (and so taken again),
+    // every upload enqueued before any is read back: a buffer refilled
+    // before its copy left would show in an earlier upload's words.
+    for window in [8, 40, 4_096] {
+        let mut staging = StagingWindows::new(&device, window);
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let sizes = [1usize, 3, 2_000, 0, 17, 5, 40_000, 2];
+        let uploads: Vec<(Vec<u64>, _)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(u, &words)| {
+                let host: Vec<u64> = random_keys(words, u64::MAX, (u * 31 + words) as u64);
+                // In two pieces, the second empty where the upload is.
+                let (first, second) = host.split_at(words / 2);
+                let uploaded = staging
+                    .upload_u64(stream, &[first, second], &mut timer)
+                    .unwrap();
+                (host, uploaded)
+            })
+            .collect();
+        for (host, uploaded) in &uploads {
+            let mut back = Vec::new();
+            if !host.is_empty() {
+                download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
+            }
+            assert_eq!(
+                &back,
+                host,
+                "windows of {window} bytes, {} words",
+                host.len()
+            );
+        }
+        timer.finish().unwrap();
     }
 }
 

@@ -396,6 +396,7 @@ impl ExecutionPlan for GpuAggregateExec {
             min_groups: options.min_groups,
             hashed_group_keys: options.hashed_group_keys,
             min_groups_to_partition: options.min_groups_to_partition,
+            fold_into_table: options.fold_into_table,
             result_window_words: options.result_window_words,
             metrics: GpuAggregateMetrics::new(&self.metrics, partition),
         }))

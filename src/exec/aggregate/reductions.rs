@@ -98,8 +98,18 @@ impl DeviceWork {
         self.inputs.len() - 1
     }
 
+    /// The count of the rows valid under `valid`: one input however many
+    /// aggregates need it (a SUM, MIN, MAX or AVG of a nullable column each
+    /// counts its values), so that the device counts them once.
     fn count(&mut self, valid: Option<usize>) -> usize {
-        self.reduce(Reduction::Count, ColumnWords::default(), valid)
+        let known = self
+            .inputs
+            .iter()
+            .position(|input| input.reduction == Reduction::Count && input.valid == valid);
+        match known {
+            Some(index) => index,
+            None => self.reduce(Reduction::Count, ColumnWords::default(), valid),
+        }
     }
 
     /// Adds the reductions of one aggregate over its input columns `args`

@@ -47,7 +47,7 @@ use crate::gpu::{GpuDevice, GpuError, GpuResult, PhaseTimer, ReservationKind};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{
     group_by_device_bytes, group_on_device, partition_bits_for_groups, DeviceGrouped, GroupIds,
-    GroupsBack, ReducedWindow, ResultParts, Words,
+    GroupsBack, ReducedWindow, ResultParts, Words, FOLD_CHUNK_ROWS,
 };
 use crate::planner::cpu_phases_over;
 use crate::trace;
@@ -106,6 +106,9 @@ pub(crate) struct AggregateTask {
     /// `gpu.min_groups_to_partition`: from this many estimated groups, the
     /// device numbers them in hash partitions (PGB).
     pub(crate) min_groups_to_partition: usize,
+    /// `gpu.fold_into_table`: fold the reductions into a hash table sized
+    /// from the sample where they allow it.
+    pub(crate) fold_into_table: bool,
     /// `gpu.result_window_words`: pinned words per window of results
     /// brought back.
     pub(crate) result_window_words: usize,
@@ -149,6 +152,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         min_groups: task.min_groups,
         hashed_group_keys: task.hashed_group_keys,
         min_groups_to_partition: task.min_groups_to_partition,
+        fold_into_table: task.fold_into_table,
         result_window_words: task.result_window_words,
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
@@ -279,6 +283,7 @@ struct DevicePart {
     min_groups: usize,
     hashed_group_keys: bool,
     min_groups_to_partition: usize,
+    fold_into_table: bool,
     result_window_words: usize,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
@@ -505,6 +510,9 @@ impl DevicePart {
                     if grouped.table_overflowed {
                         self.metrics.table_overflow_partitions.add(1);
                     }
+                    if grouped.folded_in_table {
+                        self.metrics.table_fold_partitions.add(1);
+                    }
                 };
                 let sources = KeySources {
                     keys: keys.as_ref(),
@@ -627,6 +635,7 @@ impl DevicePart {
             &work.inputs,
             &work.bitmaps,
             back,
+            self.fold_into_table.then_some(FOLD_CHUNK_ROWS),
             &mut timer,
         )?;
         let emitted = emit(&grouped, keys_stream.stream(), &mut timer);

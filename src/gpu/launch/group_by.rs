@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, LaunchArgs, PushKernelArg};
 
-use super::{check_len, config, grid_stride_blocks, Kernels, ValueWidth};
+use super::{check_len, config, grid_stride_blocks, FoldOp, Kernels, ValueWidth};
 use crate::gpu::{DriverResultExt, GpuError, GpuResult};
 
 /// Groups whose per-block copies of one aggregate fit the shared memory a
@@ -176,6 +176,233 @@ pub fn group_insert(
     // tests.
     unsafe { launch.launch(config(grid_stride_blocks(n64, sm_count))?) }
         .during("launching group_insert")?;
+    Ok(())
+}
+
+/// Folds [`group_insert_fold`] computes at most in one launch
+/// (`MAX_TABLE_FOLDS` in `ptx/group_by.cu`).
+pub const MAX_TABLE_FOLDS: usize = 4;
+
+/// Words each slot of a table holds for `folds` folds: one, or an even
+/// count, so that the device reads a slot's words 16 bytes at a time
+/// (`table_slot_words` in `ptx/group_by.cu`).
+pub fn table_slot_words(folds: usize) -> usize {
+    if folds == 1 {
+        1
+    } else {
+        folds.next_multiple_of(2)
+    }
+}
+
+/// One reduction [`group_insert_fold`] folds into each row's table slot:
+/// `op` over `values[i] ^ flip` (the bits of `values[i]` for a float sum;
+/// nothing read for a count) of each row `i` whose bit is set in
+/// `valid_bits` (`None`: every row).
+#[derive(Debug, Clone, Copy)]
+pub struct TableFold<'a> {
+    pub op: FoldOp,
+    /// One word per row; `None` only for a count.
+    pub values: Option<&'a CudaSlice<u64>>,
+    pub valid_bits: Option<&'a CudaSlice<u64>>,
+    pub flip: u64,
+}
+
+impl TableFold<'_> {
+    /// The kernels' `specs` for `folds`: the op code and the flip of each.
+    pub fn specs(folds: &[TableFold<'_>]) -> Vec<u64> {
+        folds
+            .iter()
+            .flat_map(|fold| [fold.op.code(), fold.flip])
+            .collect()
+    }
+
+    /// Values for the `chunk_rows` rows folded, a bitmap for all `rows`.
+    fn check(&self, chunk_rows: usize, rows: usize) -> GpuResult<()> {
+        match (self.op, self.values) {
+            (FoldOp::Words(AggregateOp::Count), _) => {}
+            (_, Some(values)) => check_len(values, chunk_rows, "fold values")?,
+            (op, None) => return Err(GpuError::Invalid(format!("{op:?} without values"))),
+        }
+        if let Some(bits) = self.valid_bits {
+            check_len(bits, rows.div_ceil(64), "validity bitmap")?;
+        }
+        Ok(())
+    }
+}
+
+fn check_table_folds(folds: usize, specs: &CudaSlice<u64>) -> GpuResult<()> {
+    if folds == 0 || folds > MAX_TABLE_FOLDS {
+        return Err(GpuError::Invalid(format!(
+            "{folds} folds into a table, 1 to {MAX_TABLE_FOLDS}"
+        )));
+    }
+    check_len(specs, 2 * folds, "fold specs")
+}
+
+/// The table [`group_insert_fold`] fills: `table_keys` and `table_groups`
+/// hold `capacity + 1` entries set to `u64::MAX` (`capacity` a power of
+/// two), `group_count` and `overflow` one entry set to 0, and
+/// `group_first_rows` one entry per row.
+pub struct FoldTable<'a> {
+    pub table_keys: &'a mut CudaSlice<u64>,
+    pub table_groups: &'a mut CudaSlice<u64>,
+    pub capacity: u64,
+    pub group_count: &'a mut CudaSlice<u64>,
+    pub group_first_rows: &'a mut CudaSlice<u64>,
+    pub overflow: &'a mut CudaSlice<u64>,
+}
+
+/// `group_insert_fold`: stage 1 and stage 2 of the hash group-by in one
+/// pass over the rows `rows` of `keys` (one chunk of them: launches over
+/// consecutive chunks, in order on one stream, fold every row). Every row
+/// finds or claims its key's slot of `table` (each new group's slot then
+/// holds its id, and `group_first_rows` a row of it), and folds its value
+/// of each of `folds` (whose values hold the chunk's rows alone, whose
+/// bitmaps hold every row's bit) into that slot's words of `slot_results`
+/// (`(capacity + 1) * table_slot_words(folds.len())` words set to 0): fold
+/// `f` of slot `s` at `s * table_slot_words(folds.len()) + f`, a minimum
+/// kept complemented.
+/// `specs` is [`TableFold::specs`] of `folds`, on the device. Where the
+/// table fills up, the kernel sets `overflow` and stops, leaving every
+/// output incomplete. [`table_fold_results`] then moves the words to the
+/// groups.
+#[allow(clippy::too_many_arguments)]
+pub fn group_insert_fold(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    keys: &CudaSlice<u64>,
+    rows: std::ops::Range<usize>,
+    table: FoldTable<'_>,
+    folds: &[TableFold<'_>],
+    specs: &CudaSlice<u64>,
+    slot_results: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let n = keys.len();
+    if rows.start > rows.end || rows.end > n {
+        return Err(GpuError::Invalid(format!(
+            "rows {rows:?} folded of {n} keys"
+        )));
+    }
+    let capacity = table.capacity;
+    if !capacity.is_power_of_two() || capacity < 2 {
+        return Err(GpuError::Invalid(format!(
+            "hash table of {capacity} slots for {n} rows"
+        )));
+    }
+    let slots = capacity as usize + 1;
+    check_len(table.table_keys, slots, "hash table keys")?;
+    check_len(table.table_groups, slots, "hash table groups")?;
+    check_len(table.group_count, 1, "group count")?;
+    check_len(table.group_first_rows, n, "group first rows")?;
+    check_len(table.overflow, 1, "overflow flag")?;
+    check_table_folds(folds.len(), specs)?;
+    for fold in folds {
+        fold.check(rows.len(), n)?;
+    }
+    check_len(
+        slot_results,
+        slots * table_slot_words(folds.len()),
+        "slot results",
+    )?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let (first_row, end_row) = (rows.start as u64, rows.end as u64);
+    let fold_count = folds.len() as u32;
+    let mut launch = stream.launch_builder(&kernels.group_insert_fold);
+    launch
+        .arg(keys)
+        .arg(&first_row)
+        .arg(&end_row)
+        .arg(table.table_keys)
+        .arg(table.table_groups)
+        .arg(&table.capacity)
+        .arg(table.group_count)
+        .arg(table.group_first_rows)
+        .arg(table.overflow)
+        .arg(&fold_count)
+        .arg(specs);
+    for f in 0..MAX_TABLE_FOLDS {
+        arg_or_null(&mut launch, folds.get(f).and_then(|fold| fold.values));
+    }
+    for f in 0..MAX_TABLE_FOLDS {
+        arg_or_null(&mut launch, folds.get(f).and_then(|fold| fold.valid_bits));
+    }
+    launch.arg(slot_results);
+    // SAFETY: as group_insert with an overflow flag (probes stay within the
+    // capacity + 1 slots, checked, and give up where the table is full;
+    // group ids < n, one per row at most); keys are read at rows
+    // first_row <= i < end_row <= n, checked; each fold's values at
+    // i - first_row < rows.len() and its bitmap at words < n / 64 + 1, both
+    // checked, and a null pointer stands
+    // only for a count's values (never read) or an absent bitmap (tested),
+    // or for a fold past `folds` (never read); slot_results is read and
+    // written at slot * words + f < (capacity + 1) * words (words =
+    // table_slot_words(folds) > f, 16-byte loads at even offsets of an
+    // allocation aligned to 256 bytes), checked; specs holds 2 * folds
+    // words, checked.
+    unsafe { launch.launch(config(grid_stride_blocks(end_row - first_row, sm_count))?) }
+        .during("launching group_insert_fold")?;
+    Ok(())
+}
+
+/// `table_fold_results`: after [`group_insert_fold`] with `folds` folds
+/// and the same `specs`, writes each fold's word of every claimed slot (each slot's
+/// group in `table_groups`, `u64::MAX` where unclaimed) to that group's
+/// entry of its output in `outputs` (one per fold, `groups` entries each,
+/// `groups` the table's group count), a minimum complemented back: groups
+/// without a counted row hold the reduction's identity.
+#[allow(clippy::too_many_arguments)]
+pub fn table_fold_results(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    table_groups: &CudaSlice<u64>,
+    slot_results: &CudaSlice<u64>,
+    folds: usize,
+    specs: &CudaSlice<u64>,
+    groups: usize,
+    outputs: &mut [CudaSlice<u64>],
+) -> GpuResult<()> {
+    check_table_folds(folds, specs)?;
+    let slots = table_groups.len();
+    check_len(
+        slot_results,
+        slots * table_slot_words(folds),
+        "slot results",
+    )?;
+    if outputs.len() != folds {
+        return Err(GpuError::Invalid(format!(
+            "{} outputs for {folds} folds",
+            outputs.len()
+        )));
+    }
+    for out in outputs.iter() {
+        check_len(out, groups, "fold output")?;
+    }
+    let slots64 = slots as u64;
+    let fold_count = folds as u32;
+    let mut launch = stream.launch_builder(&kernels.table_fold_results);
+    launch
+        .arg(table_groups)
+        .arg(&slots64)
+        .arg(slot_results)
+        .arg(&fold_count)
+        .arg(specs);
+    let mut outputs = outputs.iter_mut();
+    for _ in 0..MAX_TABLE_FOLDS {
+        match outputs.next() {
+            Some(out) => launch.arg(out),
+            None => launch.arg(&NULL_POINTER),
+        };
+    }
+    // SAFETY: reads table_groups and slot_results within their checked
+    // lengths (slot_results at slot * table_slot_words(folds) + f); a claimed slot holds a group id below the table's group
+    // count, `groups`, and each output (one per fold, checked) holds that
+    // many entries; outputs past `folds` are null and never written.
+    unsafe { launch.launch(config(grid_stride_blocks(slots64, sm_count))?) }
+        .during("launching table_fold_results")?;
     Ok(())
 }
 

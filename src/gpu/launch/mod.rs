@@ -17,9 +17,10 @@ mod merge_join;
 pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, ValueWidth};
 pub use group_by::{
     aggregate_f64_sum, aggregate_gathered, aggregate_i128_sum, aggregate_u64, f64_sum_fixed,
-    f64_sum_scale, fill_u64, group_insert, group_resolve, partitioned_group_ids,
-    partitioned_group_resolve, sorted_group_heads, sorted_group_ids, AggregateOp, GatheredValues,
-    GroupRows, PartitionGroupIds, SortedGroupIds, PARTITION_GROUP_LIMIT, PRIVATIZED_GROUPS,
+    f64_sum_scale, fill_u64, group_insert, group_insert_fold, group_resolve, partitioned_group_ids,
+    partitioned_group_resolve, sorted_group_heads, sorted_group_ids, table_fold_results,
+    table_slot_words, AggregateOp, FoldTable, GatheredValues, GroupRows, PartitionGroupIds,
+    SortedGroupIds, TableFold, MAX_TABLE_FOLDS, PARTITION_GROUP_LIMIT, PRIVATIZED_GROUPS,
 };
 pub use merge_join::{
     expand_pairs, merge_path_bounds, ordered_codes, CodeTransform, MergeBound, MERGE_TILE,
@@ -66,6 +67,8 @@ pub struct Kernels {
     hash_join_fold: CudaFunction,
     fill_u64: CudaFunction,
     group_insert: CudaFunction,
+    group_insert_fold: CudaFunction,
+    table_fold_results: CudaFunction,
     group_resolve: CudaFunction,
     partitioned_group_ids: CudaFunction,
     partitioned_group_resolve: CudaFunction,
@@ -120,6 +123,8 @@ impl Kernels {
             hash_join_fold: function(&join, "hash_join_fold")?,
             fill_u64: function(&group_by, "fill_u64")?,
             group_insert: function(&group_by, "group_insert")?,
+            group_insert_fold: function(&group_by, "group_insert_fold")?,
+            table_fold_results: function(&group_by, "table_fold_results")?,
             group_resolve: function(&group_by, "group_resolve")?,
             partitioned_group_ids: function(&group_by, "partitioned_group_ids")?,
             partitioned_group_resolve: function(&group_by, "partitioned_group_resolve")?,
@@ -562,8 +567,8 @@ pub enum PairSide {
 /// How a fold combines its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FoldOp {
-    /// Wrapping sum, unsigned minimum or unsigned maximum of the words (not
-    /// [`AggregateOp::Count`]: the pairs are counted apart).
+    /// Wrapping sum, unsigned minimum or unsigned maximum of the words, or
+    /// (table folds only: a join counts its pairs apart) the valid rows.
     Words(AggregateOp),
     /// Sum of the doubles whose bits the words are, in the order the
     /// device's atomics add.
@@ -571,7 +576,7 @@ pub enum FoldOp {
 }
 
 impl FoldOp {
-    /// The op code of `ptx/hash_join.cu` (`FOLD_F64_SUM` for a float sum).
+    /// The op code of `ptx/fold.cuh` (`FOLD_F64_SUM` for a float sum).
     fn code(self) -> u64 {
         match self {
             FoldOp::Words(op) => op as u64,

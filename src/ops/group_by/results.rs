@@ -44,6 +44,10 @@ pub struct DeviceGrouped {
     /// ([`super::GroupIds::Hashed`] with `expected_groups`) filled up, so
     /// that the rows were numbered again in one sized to them.
     pub table_overflowed: bool,
+    /// Whether every input was folded into that hash table as the rows were
+    /// numbered, one pass over the rows and their values rather than a pass
+    /// per input (it did not fill up; see `table_folds`).
+    pub folded_in_table: bool,
     /// The stream the results were written on, which copies them out.
     pub(super) stream: Arc<CudaStream>,
     /// Recorded on `stream` once every identity is made, before the
@@ -608,6 +612,7 @@ impl DeviceGrouped {
             reduced,
             numbered_in_partitions: self.numbered_in_partitions,
             table_overflowed: self.table_overflowed,
+            folded_in_table: self.folded_in_table,
         })
     }
 }
