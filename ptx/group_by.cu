@@ -111,9 +111,9 @@ extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys,
 // results, so no row's slot or group id is ever written out nor read back,
 // and every column is read once. Each slot keeps its folds' words side by
 // side (table_slot_words), so that a row's folds meet one sector of L2,
-// read in one or two loads. Lanes of a warp with the same key are combined first
-// (combine_peers): one lane probes for them all and one atomic per fold
-// reaches the slot, which keeps hot keys (few groups, or skew) from
+// read in one or two loads. Lanes of a warp with the same key are combined
+// first (combine_peers): one lane probes for them all and one atomic per
+// fold reaches the slot, which keeps hot keys (few groups, or skew) from
 // serializing on their slots.
 //
 // Every fold's word starts at zero: COUNT and SUM add, MAX keeps the
@@ -207,19 +207,20 @@ __device__ __forceinline__ void read_slot_words(const u64* at, u32 words,
 // entry per row. `specs` holds two words per fold: its op (OP_SUM, OP_MIN,
 // OP_MAX, OP_COUNT or FOLD_F64_SUM) and the word XORed into each of its
 // values. Fold f reads values_f[i - first_row] (unused by a COUNT) for
-// each row i whose bit is set in valid_f (null: every row). `slot_results` holds (capacity + 1) *
-// table_slot_words(folds) words, 0 on entry: fold f of slot s at
-// s * table_slot_words(folds) + f. Writes, for each new group g,
-// table_groups[slot] = g and group_first_rows[g] = a row of it. A full table
-// sets *overflow as group_insert does, and leaves every output incomplete.
+// each row i whose bit is set in valid_f (null: every row).
+// `slot_results` holds (capacity + 1) * table_slot_words(folds) words, 0 on
+// entry: fold f of slot s at s * table_slot_words(folds) + f. Writes, for
+// each new group g, table_groups[slot] = g and group_first_rows[g] = a row
+// of it. A full table sets *overflow as group_insert does, and leaves
+// every output incomplete.
 // Launch: any grid (grid-stride over warps), block = BLOCK_THREADS.
 #define OVERFLOW_CHECK_STEPS 32
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 6) group_insert_fold(
     const u64* keys, u64 first_row, u64 end_row, u64* table_keys, u64* table_groups,
     u64 capacity, u64* group_count, u64* group_first_rows, u64* overflow, u32 folds,
-    const u64* specs, const u64* values0,
-    const u64* values1, const u64* values2, const u64* values3, const u64* valid0,
-    const u64* valid1, const u64* valid2, const u64* valid3, u64* slot_results) {
+    const u64* specs, const u64* values0, const u64* values1, const u64* values2,
+    const u64* values3, const u64* valid0, const u64* valid1, const u64* valid2,
+    const u64* valid3, u64* slot_results) {
     static_assert(MAX_TABLE_FOLDS == 4, "one column parameter per fold");
     __shared__ u32 fold_ops[MAX_TABLE_FOLDS];
     __shared__ u64 fold_flips[MAX_TABLE_FOLDS];
@@ -290,7 +291,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 6) group_insert_fold
         const u32 leader = __ffs(peers) - 1;
 #pragma unroll
         for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
-            if (f < folds) words[f] = combine_peers(table_fold_combine_op(fold_ops[f]), peers, words[f]);
+            if (f < folds) {
+                words[f] = combine_peers(table_fold_combine_op(fold_ops[f]), peers, words[f]);
+            }
         }
         bool gave_up = false;
         if (in_range && lane == leader) {

@@ -520,9 +520,10 @@ pub const DOWNLOAD_WINDOW_WORDS: usize = 1 << 22;
 /// ([`DeviceGrouped::folded_in_table`]), the inputs' values crossing the
 /// bus in chunks of that many rows (rounded up to a multiple of 64;
 /// [`FOLD_CHUNK_ROWS`] by default), each folded while the next crosses;
-/// `None` never folds. The keys' copy and every kernel go onto `stream`; the inputs and bitmaps
-/// are copied on `copy_stream`, so that they cross the bus while the device
-/// numbers the groups (the kernels that read them wait for their copies).
+/// `None` never folds. The keys' copy and every kernel go onto `stream`;
+/// the inputs and bitmaps are copied on `copy_stream`, so that they cross
+/// the bus while the device numbers the groups (the kernels that read them
+/// wait for their copies).
 /// The same stream may be passed twice. The results stay on the device:
 /// the group count, and with [`GroupsBack::RowsAndRowGroups`] the group of
 /// every row, are on the host; each group's identity and every reduction

@@ -398,9 +398,11 @@ pub fn table_fold_results(
         };
     }
     // SAFETY: reads table_groups and slot_results within their checked
-    // lengths (slot_results at slot * table_slot_words(folds) + f); a claimed slot holds a group id below the table's group
-    // count, `groups`, and each output (one per fold, checked) holds that
-    // many entries; outputs past `folds` are null and never written.
+    // lengths (slot_results at slot * table_slot_words(folds) + f); a
+    // claimed slot holds a group id below the table's group count, which
+    // the caller passes as `groups`, and each output (one per fold,
+    // checked) holds that many entries; outputs past `folds` are null and
+    // never written.
     unsafe { launch.launch(config(grid_stride_blocks(slots64, sm_count))?) }
         .during("launching table_fold_results")?;
     Ok(())
