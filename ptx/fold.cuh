@@ -43,6 +43,20 @@ __device__ __forceinline__ void atomic_apply_if_better(u32 op, u64* target, u64 
     atomic_apply(op, target, value);
 }
 
+// Fold f's parameter among four: kernels take one parameter per fold, so
+// that a loop over f unrolled reads each from the parameter space (f is a
+// constant there). Shared by the join's folds and the group-by's table
+// folds.
+template <typename T>
+__device__ __forceinline__ T* fold_parameter(u32 f, T* p0, T* p1, T* p2, T* p3) {
+    switch (f) {
+        case 0: return p0;
+        case 1: return p1;
+        case 2: return p2;
+        default: return p3;
+    }
+}
+
 // A sum of doubles, in the order the atomics add: an op of the fold kernels
 // only (the join's folds and the group-by's table folds).
 #define FOLD_F64_SUM 4

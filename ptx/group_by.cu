@@ -124,16 +124,6 @@ extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys,
 #define MAX_TABLE_FOLDS 4
 #define FULL_WARP 0xffffffffu
 
-__device__ __forceinline__ const u64* table_fold_column(u32 f, const u64* c0, const u64* c1,
-                                                        const u64* c2, const u64* c3) {
-    switch (f) {
-        case 0: return c0;
-        case 1: return c1;
-        case 2: return c2;
-        default: return c3;
-    }
-}
-
 // The op a fold's words combine with: a COUNT adds its ones, a MIN (kept
 // complemented) is a MAX.
 __device__ __forceinline__ u32 table_fold_combine_op(u32 op) {
@@ -260,8 +250,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 6) group_insert_fold
         u64 valid_words[MAX_TABLE_FOLDS];
 #pragma unroll
         for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
-            const u64* column = table_fold_column(f, values0, values1, values2, values3);
-            const u64* valid_bits = table_fold_column(f, valid0, valid1, valid2, valid3);
+            const u64* column = fold_parameter(f, values0, values1, values2, values3);
+            const u64* valid_bits = fold_parameter(f, valid0, valid1, valid2, valid3);
             const bool loads = f < folds && in_range;
             values[f] = loads && column != nullptr ? column[i - first_row] : 0;
             valid_words[f] = loads && valid_bits != nullptr ? valid_bits[i >> 6] : ~0ULL;
@@ -382,7 +372,7 @@ extern "C" __global__ void table_fold_results(const u64* table_groups, u64 slots
         for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
             if (f >= folds) break;
             const u64 word = slot_results[s * slot_words + f];
-            u64* out = (u64*)table_fold_column(f, out0, out1, out2, out3);
+            u64* out = fold_parameter(f, out0, out1, out2, out3);
             out[group] = (u32)specs[2 * f] == OP_MIN ? ~word : word;
         }
     }

@@ -173,17 +173,6 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
 #define FOLD_SIGN_EXTEND (1u << 8)
 #define FOLD_PROBE_SIDE (1u << 9)
 
-// The column of fold f: separate kernel parameters, so that the unrolled
-// loop over f reads each from the parameter space (f is a constant there).
-__device__ __forceinline__ const void* fold_source(u32 f, const void* src0, const void* src1,
-                                                   const void* src2, const void* src3) {
-    switch (f) {
-        case 0: return src0;
-        case 1: return src1;
-        case 2: return src2;
-        default: return src3;
-    }
-}
 
 __device__ __forceinline__ u64 fold_value(const void* src, u64 src_len, u32 flags, u64 flip,
                                           u64 id, bool* found) {
@@ -255,7 +244,7 @@ extern "C" __global__ void hash_join_fold(const u64* build_keys, const u64* buil
                         const u32 flags = spec_flags[f];
                         bool found;
                         const u64 value = fold_value(
-                            fold_source(f, src0, src1, src2, src3), spec_len[f], flags,
+                            fold_parameter(f, src0, src1, src2, src3), spec_len[f], flags,
                             spec_flip[f], (flags & FOLD_PROBE_SIDE) ? probe_id : build_id, &found);
                         if (found) own[f] = fold_combine(flags >> 16, own[f], value);
                     }
