@@ -329,7 +329,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
                 println!("GPU plan over the pinned table with metrics (last run), 2^{log2_g} groups:\n{shown}");
             }
             variants.push_str(&format!(
-                " pin_ms={:.1} cpu_pinned_ms={:.1} gpu_pinned_warm_ms={:.1} speedup_pinned={:.2} pinned_kernel_ms={:.1} pinned_transfer_ms={:.1} pinned_device_wall_ms={:.1} pinned_staging_ms={:.1} h2d_direct_bytes={}",
+                " pin_ms={:.1} cpu_pinned_ms={:.1} gpu_pinned_warm_ms={:.1} speedup_pinned={:.2} pinned_kernel_ms={:.1} pinned_transfer_ms={:.1} pinned_device_wall_ms={:.1} pinned_staging_ms={:.1} pinned_input_ms={:.1} pinned_prepare_ms={:.1} pinned_emit_ms={:.1} pinned_table_fold_partitions={} pinned_folding_table_grown_partitions={} h2d_direct_bytes={}",
                 pin_time.as_secs_f64() * 1e3,
                 cpu_pinned.as_secs_f64() * 1e3,
                 gpu_pinned.as_secs_f64() * 1e3,
@@ -338,6 +338,11 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
                 gpu_metric(&pinned_plan, "transfer_time") as f64 / 1e6,
                 gpu_metric(&pinned_plan, "device_wall_time") as f64 / 1e6,
                 gpu_metric(&pinned_plan, "staging_time") as f64 / 1e6,
+                gpu_metric(&pinned_plan, "input_time") as f64 / 1e6,
+                gpu_metric(&pinned_plan, "prepare_time") as f64 / 1e6,
+                gpu_metric(&pinned_plan, "emit_time") as f64 / 1e6,
+                gpu_metric(&pinned_plan, "table_fold_partitions"),
+                gpu_metric(&pinned_plan, "folding_table_grown_partitions"),
                 gpu_metric(&pinned_plan, "h2d_direct_bytes"),
             ));
         }
@@ -375,9 +380,10 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         let transfer_ms = gpu_metric(&plan, "transfer_time") as f64 / 1e6;
         let fallbacks = gpu_metric(&plan, "cpu_fallback_partitions");
         let folds = gpu_metric(&plan, "table_fold_partitions");
+        let grown = gpu_metric(&plan, "folding_table_grown_partitions");
         let floor = 24.0 * rows as f64 / bandwidth.host_to_device;
         println!(
-            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_plan_ms={cpu_plan_ms:.1} plan_ms={plan_ms:.1}{phases} cpu_fallback_partitions={fallbacks} table_fold_partitions={folds}{variants}",
+            "RESULT_GROUP_BY log2_rows={log2_rows} log2_groups={log2_g} zipf={zipf} key_type={} groups={} cpu_ms={:.1} gpu_cold_ms={:.1} gpu_warm_ms={:.1} speedup_warm={:.2} kernel_ms={kernel_ms:.1} transfer_ms={transfer_ms:.1} floor_ms={:.1} cpu_plan_ms={cpu_plan_ms:.1} plan_ms={plan_ms:.1}{phases} cpu_fallback_partitions={fallbacks} table_fold_partitions={folds} folding_table_grown_partitions={grown}{variants}",
             if string_keys() { "utf8" } else { "int64" },
             cpu_answer.0,
             cpu.as_secs_f64() * 1e3,

@@ -226,6 +226,10 @@ pub struct GpuAggregateMetrics {
     /// count, or a sum, minimum or maximum of one word per row; at most
     /// four of them), rather than reduced in a pass per aggregate.
     pub table_fold_partitions: Count,
+    /// Partitions whose folding hash table was built again, larger, after
+    /// its first chunk of rows showed more groups than the sample's
+    /// estimate (a long tail of rare keys), rather than filling up.
+    pub folding_table_grown_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).
     pub cpu_fallback_partitions: Count,
@@ -254,6 +258,8 @@ impl GpuAggregateMetrics {
                 .counter("partition_overflow_partitions", partition),
             table_overflow_partitions: builder().counter("table_overflow_partitions", partition),
             table_fold_partitions: builder().counter("table_fold_partitions", partition),
+            folding_table_grown_partitions: builder()
+                .counter("folding_table_grown_partitions", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }

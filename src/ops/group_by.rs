@@ -315,6 +315,9 @@ pub struct Grouped {
     /// Whether the inputs were folded into the hash table as the rows were
     /// numbered ([`DeviceGrouped::folded_in_table`]).
     pub folded_in_table: bool,
+    /// Whether that table was built again, larger, after its first chunk
+    /// of rows ([`DeviceGrouped::folding_table_grown`]).
+    pub folding_table_grown: bool,
 }
 
 /// How rows get their dense group ids.
@@ -395,6 +398,43 @@ pub fn partition_bits_for_groups(groups: usize) -> u32 {
 /// Hash-table slots for `rows` keys: a power of two, at least twice the rows.
 fn table_capacity(rows: usize) -> u64 {
     ((2 * rows as u64).max(2)).next_power_of_two()
+}
+
+/// How many groups a sample of `sampled` keys with `distinct` distinct ones
+/// suggests among `rows` rows: the `g` for which `sampled` draws from `g`
+/// equally likely groups show `distinct` of them on average,
+/// `g (1 - e^(-sampled / g)) = distinct` (for few repeats, the birthday
+/// count `sampled^2 / 2 repeats`). No repeat at all: as many groups as
+/// rows, as far as the sample tells; never more than the rows. Heavy keys
+/// repeat more than equally likely ones, so skew lowers the estimate.
+pub fn estimated_groups(sampled: usize, distinct: usize, rows: usize) -> usize {
+    if sampled == 0 || rows == 0 {
+        return 0;
+    }
+    if sampled >= rows {
+        // Every row was sampled: the count is exact.
+        return distinct;
+    }
+    if distinct >= sampled {
+        return rows;
+    }
+    let (s, d) = (sampled as f64, distinct as f64);
+    let shown = |g: f64| g * -(-s / g).exp_m1();
+    // `shown` grows with g from 0 towards s: bisect between the distinct
+    // keys (never fewer groups) and the rows (never more), in log scale.
+    let (mut low, mut high) = (d.max(1.0).ln(), (rows as f64).max(d).ln());
+    if shown(high.exp()) <= d {
+        return rows;
+    }
+    for _ in 0..64 {
+        let middle = 0.5 * (low + high);
+        if shown(middle.exp()) < d {
+            low = middle;
+        } else {
+            high = middle;
+        }
+    }
+    (high.exp().round() as usize).clamp(distinct, rows)
 }
 
 /// Hash-table slots for an estimate of the groups: a power of two, four
@@ -620,6 +660,7 @@ pub fn group_on_device(
     };
     let mut numbered_in_partitions = false;
     let mut table_overflowed = false;
+    let mut folding_table_grown = false;
     let mut permutation = None;
     let mut identities_made = None;
     let (groups, identities, numbered, key_order) = match pending {
@@ -640,6 +681,7 @@ pub fn group_on_device(
             }
             numbered_in_partitions = finished.numbered_in_partitions;
             table_overflowed = finished.table_overflowed;
+            folding_table_grown = finished.folding_table_grown;
             permutation = finished.permutation;
             (
                 finished.groups,
@@ -750,6 +792,7 @@ pub fn group_on_device(
         numbered_in_partitions,
         table_overflowed,
         folded_in_table,
+        folding_table_grown,
         stream: Arc::clone(stream),
         identities_made,
     })
@@ -1321,6 +1364,9 @@ struct FinishedGroups {
     /// Whether a table sized from an estimate of the groups filled up, and
     /// the rows were numbered again in one sized to them.
     table_overflowed: bool,
+    /// Whether the table that folded was built again, larger, after its
+    /// first chunk of rows.
+    folding_table_grown: bool,
 }
 
 impl PendingGroups {
@@ -1346,6 +1392,8 @@ impl PendingGroups {
             rows,
             partitioned,
         } = self;
+        let folding_table_grown =
+            matches!(&row_groups, PendingRowGroups::Folded(folded) if folded.grown);
         if rows == 0 {
             return Ok(FinishedGroups {
                 groups: 0,
@@ -1359,6 +1407,7 @@ impl PendingGroups {
                 permutation: None,
                 numbered_in_partitions: false,
                 table_overflowed: false,
+                folding_table_grown,
             });
         }
         let (mut numbered, table_overflowed) = checked_row_groups(
@@ -1477,6 +1526,7 @@ impl PendingGroups {
             permutation: partitioned.map(|p| p.row_ids),
             numbered_in_partitions,
             table_overflowed,
+            folding_table_grown,
         })
     }
 }
@@ -1912,6 +1962,7 @@ pub mod reference {
             reduced,
             table_overflowed: false,
             folded_in_table: false,
+            folding_table_grown: false,
             numbered_in_partitions: false,
         }
     }

@@ -1256,6 +1256,9 @@ async fn device_table_folds_match_the_reference() {
         (50_000, 4_096, 0.0, 4_097),
         (50_000, 4_097, 0.0, 4_098),
         (400_000, 1 << 30, 0.0, 100_000),
+        // 50,000 groups: a table sized for one fills up in the first chunk
+        // of 4,992 rows and grows, once, to hold them all.
+        (400_000, 50_000, 0.0, 50_000),
         // Most rows on one key: the lanes of a warp share it.
         (200_000, 1 << 16, 0.9, 16_384),
     ] {
@@ -1375,8 +1378,38 @@ async fn device_table_folds_match_the_reference() {
                 let sized = estimated.is_some_and(|g| {
                     group_by::sized_table_capacity(g) < (2 * rows as u64).max(2).next_power_of_two()
                 });
+                // A table of 4,096 slots cannot hold more groups: it filled
+                // up, or, folding in chunks, its first chunk showed it would
+                // and it grew.
                 if sized && estimated == Some(1) && want.groups > 4097 {
-                    assert!(got.table_overflowed, "{case}");
+                    assert!(got.table_overflowed || got.folding_table_grown, "{case}");
+                }
+                // It grows only after a first chunk with more to follow.
+                let first_chunk = fold_chunk_rows
+                    .map(|c| c.max(1).next_multiple_of(64))
+                    .filter(|&c| c < rows);
+                if got.folding_table_grown {
+                    assert!(first_chunk.is_some() && foldable && sized, "{case}");
+                }
+                if domain == 50_000 && estimated == Some(1) && foldable {
+                    // The first 4,992 rows hold more than 1,536 groups (three
+                    // eighths of the table): grown to hold every group, and
+                    // folded without filling up. The first 64 rows cannot
+                    // tell: that table fills up later.
+                    let first_groups = keys[..4_992]
+                        .iter()
+                        .collect::<std::collections::HashSet<_>>()
+                        .len();
+                    assert!(8 * first_groups > 3 * 4_096, "{case}: {first_groups}");
+                    match first_chunk {
+                        Some(4_992) => {
+                            assert!(got.folding_table_grown && !got.table_overflowed, "{case}")
+                        }
+                        Some(_) => {
+                            assert!(!got.folding_table_grown && got.table_overflowed, "{case}")
+                        }
+                        None => assert!(!got.folding_table_grown, "{case}"),
+                    }
                 }
                 let folds = fold_chunk_rows.is_some()
                     && rows > 0

@@ -41,9 +41,10 @@ use super::words::pieces_words;
 use crate::array_buffers::value_buffer;
 use crate::exec::keys::{column_of_words, raw_words, KeyEncoder, KeySpec};
 use crate::exec::ordered_keys::{KeySide, OrderedKeyEncoder};
-use crate::exec::parallel::{on_ranges, starts_of};
+use crate::exec::parallel::{map_pieces, on_ranges, starts_of};
 use crate::gpu::launch::CodeTransform;
 use crate::host_copy::host_threads;
+pub(crate) use crate::ops::group_by::estimated_groups;
 use crate::ops::group_by::Words;
 
 /// The seed of hashed group keys.
@@ -199,7 +200,9 @@ pub(crate) fn group_key_words(
     }
     let hash_mask = u64::MAX >> (64 - hash_bits);
     if let [column] = key_columns {
-        if column.iter().all(|piece| piece.logical_null_count() == 0) {
+        // A cache miss or two a piece: thousands of them on every core.
+        let no_nulls = map_pieces(column.len(), |p| Ok(column[p].logical_null_count() == 0))?;
+        if no_nulls.into_iter().all(|none| none) {
             let data_type = &key_spec.types()[0];
             if let Some(words) = own_words(data_type, column)? {
                 return Ok(Some(GroupKeyWords {
@@ -517,43 +520,6 @@ const SAMPLE_THREADS: usize = 8;
 /// (4096 distinct) from 2^16 (about 41,000).
 pub(crate) fn sample_shows_few_groups(sampled: usize, distinct: usize, min_groups: usize) -> bool {
     min_groups > 0 && sampled > 0 && distinct * 8 <= sampled && distinct * 8 < min_groups
-}
-
-/// How many groups a sample of `sampled` keys with `distinct` distinct ones
-/// suggests among `rows` rows: the `g` for which `sampled` draws from `g`
-/// equally likely groups show `distinct` of them on average,
-/// `g (1 - e^(-sampled / g)) = distinct` (for few repeats, the birthday
-/// count `sampled^2 / 2 repeats`). No repeat at all: as many groups as
-/// rows, as far as the sample tells; never more than the rows. Heavy keys
-/// repeat more than equally likely ones, so skew lowers the estimate.
-pub(crate) fn estimated_groups(sampled: usize, distinct: usize, rows: usize) -> usize {
-    if sampled == 0 || rows == 0 {
-        return 0;
-    }
-    if sampled >= rows {
-        // Every row was sampled: the count is exact.
-        return distinct;
-    }
-    if distinct >= sampled {
-        return rows;
-    }
-    let (s, d) = (sampled as f64, distinct as f64);
-    let shown = |g: f64| g * -(-s / g).exp_m1();
-    // `shown` grows with g from 0 towards s: bisect between the distinct
-    // keys (never fewer groups) and the rows (never more), in log scale.
-    let (mut low, mut high) = (d.max(1.0).ln(), (rows as f64).max(d).ln());
-    if shown(high.exp()) <= d {
-        return rows;
-    }
-    for _ in 0..64 {
-        let middle = 0.5 * (low + high);
-        if shown(middle.exp()) < d {
-            low = middle;
-        } else {
-            high = middle;
-        }
-    }
-    (high.exp().round() as usize).clamp(distinct, rows)
 }
 
 /// Whether a sample of `sampled` keys with `distinct` distinct ones, out of

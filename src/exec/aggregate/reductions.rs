@@ -38,9 +38,13 @@ pub(crate) struct DeviceWork {
     pub(crate) inputs: Vec<ReduceInput>,
     pub(crate) bitmaps: Vec<Vec<u64>>,
     /// The bitmap (or none) of each unfiltered column seen, by the
-    /// addresses of its pieces: aggregates over one column share it. The
-    /// pieces are held, so that no later column can reuse an address.
-    bitmap_of_column: HashMap<Vec<usize>, (Option<usize>, Vec<ArrayRef>)>,
+    /// addresses of its pieces: aggregates over one column share it.
+    bitmap_of_column: HashMap<Vec<usize>, Option<usize>>,
+    /// Every aggregate's input columns `add` saw, held so that no later
+    /// column's pieces can take the addresses `bitmap_of_column` knows.
+    /// Moved in, not cloned: a clone of each of tens of thousands of
+    /// pieces is a write to a cold cache line, milliseconds a column.
+    held_inputs: Vec<Vec<Vec<ArrayRef>>>,
     /// Per aggregate, its state columns.
     states: Vec<Vec<StateColumn>>,
     /// Sum doubles in an order-independent way ([`Reduction::SumF64Fixed`]).
@@ -66,7 +70,8 @@ impl DeviceWork {
     }
 
     /// The index of the validity bitmap of `column` under `filter`
-    /// ([`row_validity`]), made once per unfiltered column.
+    /// ([`row_validity`]), made once per unfiltered column. `column` must
+    /// stay alive as long as `self` (`add` holds its inputs).
     fn validity(&mut self, column: &[ArrayRef], filter: Option<&[BooleanArray]>) -> Option<usize> {
         let key = filter.is_none().then(|| {
             column
@@ -74,7 +79,7 @@ impl DeviceWork {
                 .map(|p| Arc::as_ptr(p) as *const () as usize)
                 .collect()
         });
-        if let Some((known, _)) = key.as_ref().and_then(|k| self.bitmap_of_column.get(k)) {
+        if let Some(known) = key.as_ref().and_then(|k| self.bitmap_of_column.get(k)) {
             return *known;
         }
         let index = row_validity(column, filter).map(|bits| {
@@ -82,7 +87,7 @@ impl DeviceWork {
             self.bitmaps.len() - 1
         });
         if let Some(key) = key {
-            self.bitmap_of_column.insert(key, (index, column.to_vec()));
+            self.bitmap_of_column.insert(key, index);
         }
         index
     }
@@ -114,14 +119,15 @@ impl DeviceWork {
 
     /// Adds the reductions of one aggregate over its input columns `args`
     /// (its argument, or its partial states; each column in pieces, one per
-    /// input batch), with its FILTER (in the same pieces) if any.
+    /// input batch, held from now on), with its FILTER (in the same pieces)
+    /// if any.
     /// `with_keys`: every group has a row (without keys the one group
     /// exists even without rows, and its SUM, MIN, MAX are then NULL).
     pub(crate) fn add(
         &mut self,
         aggregate: &GpuAggregate,
         merges_states: bool,
-        args: &[Vec<ArrayRef>],
+        args: Vec<Vec<ArrayRef>>,
         filter: Option<&[BooleanArray]>,
         with_keys: bool,
     ) -> Result<()> {
@@ -207,6 +213,7 @@ impl DeviceWork {
             }
         }
         self.states.push(states);
+        self.held_inputs.push(args);
         Ok(())
     }
 

@@ -40,7 +40,7 @@ use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
 use super::words::threads_for;
 use crate::exec::collect::{collect_streams, WholeInput};
-use crate::exec::parallel::{on_ranges, starts_of};
+use crate::exec::parallel::{map_pieces, on_ranges, starts_of};
 use crate::exec::release::release_in_background;
 use crate::exec::GpuAggregateMetrics;
 use crate::gpu::{GpuDevice, GpuError, GpuResult, PhaseTimer, ReservationKind};
@@ -355,16 +355,31 @@ fn evaluate_pieces(
     exprs: &[Arc<dyn PhysicalExpr>],
     batches: &[RecordBatch],
 ) -> Result<Vec<Vec<ArrayRef>>> {
-    if exprs.iter().all(|e| e.downcast_ref::<Column>().is_some()) {
-        // Columns as they are: nothing to compute, and starting threads
-        // costs more than taking a column of each batch here.
-        return exprs
+    let columns: Option<Vec<&Column>> = exprs.iter().map(|e| e.downcast_ref::<Column>()).collect();
+    if let Some(columns) = columns {
+        // Columns as they are: nothing to compute, so threads pay off only
+        // over thousands of batches, each a few cache misses. Each batch's
+        // array is taken by its index, not through `evaluate`, which
+        // clones the schema every batch shares to check the index: on
+        // every core at once, that one reference count made the threads
+        // take turns.
+        return columns
             .iter()
-            .map(|expr| {
-                batches
-                    .iter()
-                    .map(|batch| expr.evaluate(batch)?.into_array(batch.num_rows()))
-                    .collect()
+            .map(|column| {
+                map_pieces(batches.len(), |b| {
+                    batches[b]
+                        .columns()
+                        .get(column.index())
+                        .cloned()
+                        .ok_or_else(|| {
+                            DataFusionError::Internal(format!(
+                                "column {} at index {} of a batch of {} columns",
+                                column.name(),
+                                column.index(),
+                                batches[b].num_columns()
+                            ))
+                        })
+                })
             })
             .collect();
     }
@@ -417,6 +432,7 @@ impl DevicePart {
             let sampler = sampling
                 .then(|| scope.spawn(|| sampled_distinct_keys(&key_columns, GROUP_SAMPLE_ROWS)));
             let work = self.device_work(batches, inputs);
+            trace::event(|| "aggregation: aggregates' inputs prepared".into());
             let sample = match sampler {
                 Some(sampler) => Some(sampler.join().map_err(|_| {
                     DataFusionError::Internal("sampling the group keys panicked".into())
@@ -513,6 +529,9 @@ impl DevicePart {
                     if grouped.folded_in_table {
                         self.metrics.table_fold_partitions.add(1);
                     }
+                    if grouped.folding_table_grown {
+                        self.metrics.folding_table_grown_partitions.add(1);
+                    }
                 };
                 let sources = KeySources {
                     keys: keys.as_ref(),
@@ -572,7 +591,7 @@ impl DevicePart {
             work.add(
                 aggregate,
                 self.spec.merges_states,
-                &args,
+                args,
                 filter.as_deref(),
                 self.spec.keys.is_some(),
             )?;

@@ -13,7 +13,7 @@ use datafusion::error::{DataFusionError, Result};
 use super::spec::ValueKind;
 use crate::array_buffers::value_buffer;
 use crate::exec::keys::column_of_buffer;
-use crate::exec::parallel::{on_ranges, on_row_chunks};
+use crate::exec::parallel::{map_pieces, on_ranges, on_row_chunks};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{WordPiece, Words};
 
@@ -144,11 +144,9 @@ pub(crate) fn pieces_words(pieces: &[ArrayRef], kind: ValueKind) -> Result<Vec<W
     {
         // Each piece is read where it lies: a few allocations a piece,
         // which cost less on this thread than starting threads for them
-        // (a millisecond or more for all cores on a virtual machine).
-        return pieces
-            .iter()
-            .map(|array| piece_words(array.as_ref(), kind))
-            .collect();
+        // (a millisecond or more for all cores on a virtual machine),
+        // unless the pieces run into thousands.
+        return map_pieces(pieces.len(), |p| piece_words(pieces[p].as_ref(), kind));
     }
     let threads = threads_for(pieces.len(), pieces.iter().map(|p| p.len()).sum());
     let per_range = on_ranges(pieces.len(), threads, |range| {
@@ -188,7 +186,12 @@ pub(crate) fn row_validity(
     pieces: &[ArrayRef],
     filter: Option<&[BooleanArray]>,
 ) -> Option<Vec<u64>> {
-    let nulls: Vec<Option<NullBuffer>> = pieces.iter().map(|p| p.logical_nulls()).collect();
+    // Reading each piece's validity is a cache miss or two: thousands of
+    // pieces are read on every core. Only a panicking thread fails, and
+    // then this thread reads them.
+    let nulls: Vec<Option<NullBuffer>> =
+        map_pieces(pieces.len(), |p| Ok(pieces[p].logical_nulls()))
+            .unwrap_or_else(|_| pieces.iter().map(|p| p.logical_nulls()).collect());
     let filter = filter.filter(|f| f.iter().any(|f| f.null_count() > 0 || f.false_count() > 0));
     if nulls.iter().all(Option::is_none) && filter.is_none() {
         return None;

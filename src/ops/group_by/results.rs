@@ -48,6 +48,10 @@ pub struct DeviceGrouped {
     /// numbered, one pass over the rows and their values rather than a pass
     /// per input (it did not fill up; see `table_folds`).
     pub folded_in_table: bool,
+    /// Whether that table was built again, larger, once the first chunk of
+    /// rows showed more groups than it could hold (the sample's estimate
+    /// too low), and the chunk folded again.
+    pub folding_table_grown: bool,
     /// The stream the results were written on, which copies them out.
     pub(super) stream: Arc<CudaStream>,
     /// Recorded on `stream` once every identity is made, before the
@@ -613,6 +617,7 @@ impl DeviceGrouped {
             numbered_in_partitions: self.numbered_in_partitions,
             table_overflowed: self.table_overflowed,
             folded_in_table: self.folded_in_table,
+            folding_table_grown: self.folding_table_grown,
         })
     }
 }

@@ -8,23 +8,26 @@
 //! column, and the group of a row is a random access each time.
 //!
 //! Only a table sized from an estimate of the groups folds: its slots are
-//! few, so that moving them costs little. Where it fills up all the same,
-//! its folds are dropped and the rows are numbered again and reduced one
-//! column at a time, as without folding.
+//! few, so that moving them costs little. Where the first chunk of rows
+//! shows more groups than the estimate, the table is built again, larger
+//! ([`regrown_capacity`]). Where it fills up all the same, its folds are
+//! dropped and the rows are numbered again and reduced one column at a
+//! time, as without folding.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
 use super::{
-    in_key_order, sized_table_capacity, table_capacity, DeviceReduced, GroupIds, GroupsBack,
-    ReduceInput, Reduction, SizedTable, UploadedInput,
+    estimated_groups, in_key_order, sized_table_capacity, table_capacity, DeviceReduced, GroupIds,
+    GroupsBack, ReduceInput, Reduction, SizedTable, UploadedInput,
 };
 use crate::gpu::launch::{self, AggregateOp, FoldOp, FoldTable, TableFold, MAX_TABLE_FOLDS};
 use crate::gpu::{
-    upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
-    StagingWindows,
+    download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
+    PhaseTimer, StagingWindows,
 };
+use crate::trace;
 
 /// How a table folds `reduction`, where it can.
 fn table_fold_op(reduction: Reduction) -> Option<FoldOp> {
@@ -82,6 +85,9 @@ pub(super) struct TableFolds {
     /// The folds' [`TableFold::specs`], on the device.
     specs: DeviceVec<u64>,
     folds: usize,
+    /// Whether the table was built again, larger, after the first chunk
+    /// ([`regrown_capacity`]).
+    pub(super) grown: bool,
 }
 
 /// Where [`launch_table_folds`] counts the groups and writes a row of each.
@@ -198,18 +204,6 @@ pub(super) fn launch_table_folds(
             })
         })
         .collect::<GpuResult<Vec<_>>>()?;
-    let slots = capacity as usize + 1;
-    // SAFETY (both): filled with u64::MAX below, before any read.
-    let mut table_keys: DeviceVec<u64> =
-        unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
-    let mut table_groups: DeviceVec<u64> =
-        unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
-    let mut overflow = stream
-        .alloc_zeros::<u64>(1)
-        .during("allocating the overflow flag")?;
-    let mut slot_results = stream
-        .alloc_zeros::<u64>(slots * launch::table_slot_words(inputs.len()))
-        .during("allocating the table's folds")?;
     // The specs name each fold's op and flip, whatever its values.
     let spec_folds: Vec<TableFold<'_>> = inputs
         .iter()
@@ -222,10 +216,7 @@ pub(super) fn launch_table_folds(
         })
         .collect();
     let specs = upload_u64(device, stream, &TableFold::specs(&spec_folds), timer)?;
-    timer.time(Phase::Kernel, || {
-        launch::fill_u64(kernels, stream, sm_count, &mut table_keys, u64::MAX)?;
-        launch::fill_u64(kernels, stream, sm_count, &mut table_groups, u64::MAX)
-    })?;
+    let mut table = FoldingTable::new(device, stream, capacity, inputs.len(), timer)?;
     // Every chunk's values are kept at least until the last chunk's fold
     // is enqueued: a device vector dropped makes its stream (the copy
     // stream) wait for the kernels that read it, which would hold the
@@ -236,7 +227,12 @@ pub(super) fn launch_table_folds(
     let mut staging = StagingWindows::standard(device);
     let chunks_values = &mut to_fold.chunks.chunks;
     chunks_values.reserve(rows.div_ceil(chunk_rows));
-    for first in (0..rows).step_by(chunk_rows) {
+    let FoldCounts {
+        group_count,
+        first_rows,
+    } = counts;
+    let mut grown_table = false;
+    for (index, first) in (0..rows).step_by(chunk_rows).enumerate() {
         let chunk = first..(first + chunk_rows).min(rows);
         let values = inputs
             .iter()
@@ -252,51 +248,213 @@ pub(super) fn launch_table_folds(
                     .transpose()
             })
             .collect::<GpuResult<Vec<_>>>()?;
-        let folds: Vec<TableFold<'_>> = inputs
-            .iter()
-            .zip(&ops)
-            .zip(&values)
-            .map(|((input, &op), values)| TableFold {
-                op,
-                values: values.as_ref(),
-                valid_bits: input.valid.and_then(|i| to_fold.bitmaps.get(i)),
-                flip: input.flip,
+        let mut fold = |table: &mut FoldingTable,
+                        group_count: &mut DeviceVec<u64>,
+                        chunk: std::ops::Range<usize>,
+                        values: &[Option<DeviceVec<u64>>],
+                        timer: &mut PhaseTimer| {
+            let folds: Vec<TableFold<'_>> = inputs
+                .iter()
+                .zip(&ops)
+                .zip(values)
+                .map(|((input, &op), values)| TableFold {
+                    op,
+                    values: values.as_ref(),
+                    valid_bits: input.valid.and_then(|i| to_fold.bitmaps.get(i)),
+                    flip: input.flip,
+                })
+                .collect();
+            timer.time(Phase::Kernel, || {
+                launch::group_insert_fold(
+                    kernels,
+                    stream,
+                    sm_count,
+                    keys,
+                    chunk,
+                    FoldTable {
+                        table_keys: &mut table.keys,
+                        table_groups: &mut table.groups,
+                        capacity: table.capacity,
+                        group_count,
+                        group_first_rows: &mut *first_rows,
+                        overflow: &mut table.overflow,
+                    },
+                    &folds,
+                    &specs,
+                    &mut table.slot_results,
+                )
             })
-            .collect();
-        timer.time(Phase::Kernel, || {
-            launch::group_insert_fold(
-                kernels,
-                stream,
-                sm_count,
-                keys,
-                chunk.clone(),
-                FoldTable {
-                    table_keys: &mut table_keys,
-                    table_groups: &mut table_groups,
-                    capacity,
-                    group_count: &mut *counts.group_count,
-                    group_first_rows: &mut *counts.first_rows,
-                    overflow: &mut overflow,
-                },
-                &folds,
-                &specs,
-                &mut slot_results,
-            )
-        })?;
+        };
+        // The first chunk's groups tell whether the table will hold, while
+        // the second chunk crosses the bus: a sample of a few thousand keys
+        // cannot tell a long tail of rare keys (Zipf 1.0 over 2^24 keys:
+        // 33 K distinct of 65 K sampled, 14 M groups) from fewer groups
+        // seen once or twice each. A table that cannot hold is built
+        // again, larger, before any more rows fold into it, and the first
+        // chunk is folded again from its values, still on the device; left
+        // to fill up, the rows would be numbered and reduced again once
+        // every chunk had crossed the bus (45 ms more on an H100 there).
+        if index == 1 {
+            let first_chunk = 0..chunk.start;
+            let (filled, groups) = table.groups_so_far(device, stream, group_count, timer)?;
+            let largest = largest_folding_capacity(rows, inputs.len());
+            if let Some(grown) = regrown_capacity(
+                table.capacity,
+                largest,
+                (first_chunk.len(), rows),
+                groups,
+                filled,
+            ) {
+                trace::event(|| {
+                    format!(
+                        "aggregation: {groups} groups in the first {} rows (table full: {filled}); the folding table grows from {} to {grown} slots",
+                        first_chunk.len(),
+                        table.capacity
+                    )
+                });
+                // The old table goes first: the device memory reserved
+                // holds one table this large, not two.
+                drop(table);
+                table = FoldingTable::new(device, stream, grown, inputs.len(), timer)?;
+                grown_table = true;
+                stream
+                    .memset_zeros(&mut *group_count)
+                    .during("resetting the group counter")?;
+                fold(
+                    &mut table,
+                    group_count,
+                    first_chunk,
+                    &chunks_values[0],
+                    timer,
+                )?;
+            }
+        }
+        fold(&mut table, group_count, chunk, &values, timer)?;
         chunks_values.push(values);
     }
     // The table's keys are freed in stream order, after the last chunk's
     // fold.
     Ok(TableFolds {
         table: SizedTable {
-            table_groups,
-            capacity,
-            overflow,
+            table_groups: table.groups,
+            capacity: table.capacity,
+            overflow: table.overflow,
         },
-        slot_results,
+        slot_results: table.slot_results,
         specs,
         folds: inputs.len(),
+        grown: grown_table,
     })
+}
+
+/// A table that folds, on the device: `capacity` slots and the reserved
+/// one, keys and groups set to `u64::MAX`, each slot's fold words to 0.
+struct FoldingTable {
+    keys: DeviceVec<u64>,
+    groups: DeviceVec<u64>,
+    capacity: u64,
+    /// One entry, 0 until the table fills up.
+    overflow: DeviceVec<u64>,
+    slot_results: DeviceVec<u64>,
+}
+
+impl FoldingTable {
+    /// Enqueues a fresh table of `capacity` slots for `folds` folds.
+    fn new(
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        capacity: u64,
+        folds: usize,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        let slots = capacity as usize + 1;
+        // SAFETY (both): filled with u64::MAX below, before any read.
+        let mut keys: DeviceVec<u64> =
+            unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
+        let mut groups: DeviceVec<u64> =
+            unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
+        let overflow = stream
+            .alloc_zeros::<u64>(1)
+            .during("allocating the overflow flag")?;
+        let slot_results = stream
+            .alloc_zeros::<u64>(slots * launch::table_slot_words(folds))
+            .during("allocating the table's folds")?;
+        timer.time(Phase::Kernel, || {
+            let (kernels, sm_count) = (device.kernels(), device.sm_count());
+            launch::fill_u64(kernels, stream, sm_count, &mut keys, u64::MAX)?;
+            launch::fill_u64(kernels, stream, sm_count, &mut groups, u64::MAX)
+        })?;
+        Ok(Self {
+            keys,
+            groups,
+            capacity,
+            overflow,
+            slot_results,
+        })
+    }
+
+    /// Whether the table filled up, and the groups `group_count` counts,
+    /// once the work enqueued on `stream` so far has run.
+    fn groups_so_far(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        group_count: &DeviceVec<u64>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<(bool, usize)> {
+        let mut word = Vec::with_capacity(1);
+        download_u64(device, stream, &self.overflow.as_view(), &mut word, timer)?;
+        let filled = word.first().is_some_and(|&w| w != 0);
+        download_u64(device, stream, &group_count.as_view(), &mut word, timer)?;
+        Ok((filled, word.first().map_or(0, |&g| g as usize)))
+    }
+}
+
+/// The most slots a folding table for `rows` rows and `folds` folds may
+/// take: its words (key, group and fold words a slot) no more than those
+/// of the table sized to the rows that numbers them without folding, with
+/// each row's group ([`super::hashed_table_words`], the device memory the
+/// aggregation reserves), and no more slots than that table has; 0 where
+/// no table fits.
+fn largest_folding_capacity(rows: usize, folds: usize) -> u64 {
+    let unfolded = 2 * (table_capacity(rows) + 1) + rows as u64;
+    let slot_words = 2 + launch::table_slot_words(folds) as u64;
+    // (capacity + 1) slots (one reserved) of `slot_words` words each.
+    let most = (unfolded / slot_words).saturating_sub(1);
+    if most < 2 {
+        // Not even the smallest table (a handful of rows): none.
+        return 0;
+    }
+    // The largest power of two no larger than `most`.
+    (1u64 << (63 - most.leading_zeros())).min(table_capacity(rows))
+}
+
+/// The slots a folding table of `capacity` slots is built again with,
+/// where the first `seen` of `rows` rows (`(seen, rows)`) made `groups`
+/// groups, or filled it (`filled`): `None` where it should hold. The
+/// table gives up at three quarters full, so past three eighths after the
+/// first chunk it is on course to. The first chunk, thousands of times
+/// the key sample, estimates the groups again ([`estimated_groups`]), and
+/// the table is sized to that as the sample's was
+/// ([`sized_table_capacity`]); a table that filled up knows no bound but
+/// `largest`. Only a table larger than before is built.
+fn regrown_capacity(
+    capacity: u64,
+    largest: u64,
+    (seen, rows): (usize, usize),
+    groups: usize,
+    filled: bool,
+) -> Option<u64> {
+    let on_course_to_fill = filled || 8 * groups as u64 > 3 * capacity;
+    if !on_course_to_fill || seen == 0 {
+        return None;
+    }
+    let wanted = if filled {
+        largest
+    } else {
+        sized_table_capacity(estimated_groups(seen, groups, rows)).min(largest)
+    };
+    (wanted > capacity).then_some(wanted)
 }
 
 impl TableFolds {
@@ -356,6 +514,87 @@ mod tests {
             flip: 0,
             valid: None,
         }
+    }
+
+    #[test]
+    fn a_folding_table_grows_only_where_its_first_chunk_shows_it_cannot_hold() {
+        let rows = 1 << 28;
+        let largest = largest_folding_capacity(rows, 2);
+        let seen = 1 << 23;
+        // The groups the estimate allowed for (a table four times as
+        // large): kept, however many chunks follow.
+        assert_eq!(
+            regrown_capacity(1 << 18, largest, (seen, rows), 1 << 16, false),
+            None
+        );
+        // Zipf 1.0 over 2^16 keys: every key in the first chunk, where the
+        // sample (16,320 distinct keys) sized a table of 2^17 slots: sized
+        // to the first chunk's estimate, its groups seen over and over.
+        assert_eq!(
+            regrown_capacity(1 << 17, largest, (seen, rows), 65_536, false),
+            Some(sized_table_capacity(estimated_groups(seen, 65_536, rows)))
+        );
+        assert_eq!(
+            regrown_capacity(1 << 17, largest, (seen, rows), 65_536, false),
+            Some(1 << 18)
+        );
+        // Every row of the first chunk a group of its own: as many groups
+        // as rows, as far as it tells, within the memory reserved.
+        assert_eq!(
+            regrown_capacity(1 << 20, largest, (seen, rows), seen, false),
+            Some(largest)
+        );
+        // Filled up: as large as the memory reserved allows.
+        assert_eq!(
+            regrown_capacity(1 << 18, largest, (seen, rows), 196_608, true),
+            Some(largest)
+        );
+        // Not past three eighths, or no larger than it was: kept.
+        assert_eq!(
+            regrown_capacity(1 << 18, largest, (seen, rows), 98_304, false),
+            None
+        );
+        assert_eq!(
+            regrown_capacity(largest, largest, (seen, rows), 1 << 26, true),
+            None
+        );
+        assert_eq!(regrown_capacity(1 << 12, largest, (0, rows), 0, true), None);
+    }
+
+    #[test]
+    fn the_largest_folding_table_fits_the_memory_of_the_unfolded_numbering() {
+        for rows in [1usize, 2, 1000, 100_000, 1 << 20, (1 << 28) + 7] {
+            for folds in 1..=MAX_TABLE_FOLDS {
+                let capacity = largest_folding_capacity(rows, folds);
+                if capacity == 0 {
+                    // Too few rows for any table: never more than one chunk.
+                    assert!(rows < 64, "{rows} rows, {folds} folds");
+                    continue;
+                }
+                assert!(
+                    capacity.is_power_of_two() && capacity >= 2,
+                    "{rows} rows, {folds} folds"
+                );
+                assert!(
+                    capacity <= table_capacity(rows),
+                    "{rows} rows, {folds} folds"
+                );
+                let unfolded = 2 * (table_capacity(rows) + 1) + rows as u64;
+                let slot_words = 2 + launch::table_slot_words(folds) as u64;
+                assert!(
+                    (capacity + 1) * slot_words <= unfolded,
+                    "{rows} rows, {folds} folds"
+                );
+                // And it is the largest such power of two.
+                assert!(
+                    2 * capacity > table_capacity(rows)
+                        || (2 * capacity + 1) * slot_words > unfolded,
+                    "{rows} rows, {folds} folds"
+                );
+            }
+        }
+        // 2^28 rows, two folds: 2^28 slots (16 bytes of words each).
+        assert_eq!(largest_folding_capacity(1 << 28, 2), 1 << 28);
     }
 
     #[test]
