@@ -228,7 +228,7 @@ pub struct GpuAggregateMetrics {
     pub table_fold_partitions: Count,
     /// Partitions whose folding hash table was built again, larger, after
     /// its first chunk of rows showed more groups than the sample's
-    /// estimate (a long tail of rare keys), rather than filling up.
+    /// estimate (a long tail of rare keys) before it could fill up.
     pub folding_table_grown_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).

@@ -462,12 +462,23 @@ fn hashed_table_words(
     expected_groups: Option<usize>,
     inputs: &[ReduceInput],
 ) -> usize {
-    let unfolded = 2 * (table_capacity(rows) as usize + 1) + rows;
     let ids = GroupIds::Hashed { expected_groups };
-    let folding = table_fold_capacity(ids, GroupsBack::KeyWords, rows, inputs).map_or(0, |slots| {
-        (slots as usize + 1) * (2 + launch::table_slot_words(inputs.len()))
-    });
-    unfolded.max(folding)
+    let folding = table_fold_capacity(ids, GroupsBack::KeyWords, rows, inputs)
+        .map_or(0, |capacity| folding_table_words(capacity, inputs.len()));
+    unfolded_table_words(rows).max(folding)
+}
+
+/// Words of the table sized to `rows` rows that numbers them without
+/// folding (keys and groups, the reserved slot included) and of every
+/// row's group.
+fn unfolded_table_words(rows: usize) -> usize {
+    2 * (table_capacity(rows) as usize + 1) + rows
+}
+
+/// Words of a folding table of `capacity` slots and the reserved one, each
+/// with its key, its group and the words of `folds` folds.
+fn folding_table_words(capacity: u64, folds: usize) -> usize {
+    (capacity as usize + 1) * (2 + launch::table_slot_words(folds))
 }
 
 /// Device bytes [`group_on_device`] may hold at once for `rows` rows: every group
@@ -2078,15 +2089,18 @@ mod tests {
 
     #[test]
     fn a_folding_table_is_counted_where_it_outgrows_the_rows_own() {
-        let sums: Vec<ReduceInput> = (0..4)
-            .map(|_| ReduceInput {
-                reduction: Reduction::Sum,
-                values: Words::default(),
-                high_words: Words::default(),
-                flip: 0,
-                valid: None,
-            })
-            .collect();
+        let inputs = |count: usize, reduction: Reduction| -> Vec<ReduceInput> {
+            (0..count)
+                .map(|_| ReduceInput {
+                    reduction,
+                    values: Words::default(),
+                    high_words: Words::default(),
+                    flip: 0,
+                    valid: None,
+                })
+                .collect()
+        };
+        let sums = inputs(4, Reduction::Sum);
         let rows = 1 << 20;
         // 2^21 slots of keys and groups, and every row's group.
         let unfolded = 2 * ((1 << 21) + 1) + rows;
@@ -2098,15 +2112,7 @@ mod tests {
         assert!(folding > unfolded);
         assert_eq!(hashed_table_words(rows, Some(1 << 18), &sums), folding);
         // Five inputs do not fold.
-        let five: Vec<ReduceInput> = (0..5)
-            .map(|_| ReduceInput {
-                reduction: Reduction::Count,
-                values: Words::default(),
-                high_words: Words::default(),
-                flip: 0,
-                valid: None,
-            })
-            .collect();
+        let five = inputs(5, Reduction::Count);
         assert_eq!(hashed_table_words(rows, Some(1 << 18), &five), unfolded);
     }
 

@@ -19,8 +19,9 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::{
-    estimated_groups, in_key_order, sized_table_capacity, table_capacity, DeviceReduced, GroupIds,
-    GroupsBack, ReduceInput, Reduction, SizedTable, UploadedInput,
+    estimated_groups, folding_table_words, in_key_order, sized_table_capacity, table_capacity,
+    unfolded_table_words, DeviceReduced, GroupIds, GroupsBack, ReduceInput, Reduction, SizedTable,
+    UploadedInput,
 };
 use crate::gpu::launch::{self, AggregateOp, FoldOp, FoldTable, TableFold, MAX_TABLE_FOLDS};
 use crate::gpu::{
@@ -411,16 +412,15 @@ impl FoldingTable {
 }
 
 /// The most slots a folding table for `rows` rows and `folds` folds may
-/// take: its words (key, group and fold words a slot) no more than those
-/// of the table sized to the rows that numbers them without folding, with
-/// each row's group ([`super::hashed_table_words`], the device memory the
-/// aggregation reserves), and no more slots than that table has; 0 where
-/// no table fits.
+/// take: its words ([`folding_table_words`]) no more than those of the
+/// table sized to the rows that numbers them without folding, with each
+/// row's group ([`unfolded_table_words`]: the device memory the
+/// aggregation reserves, [`super::hashed_table_words`]), and no more slots
+/// than that table has; 0 where no table fits.
 fn largest_folding_capacity(rows: usize, folds: usize) -> u64 {
-    let unfolded = 2 * (table_capacity(rows) + 1) + rows as u64;
-    let slot_words = 2 + launch::table_slot_words(folds) as u64;
-    // (capacity + 1) slots (one reserved) of `slot_words` words each.
-    let most = (unfolded / slot_words).saturating_sub(1);
+    // (capacity + 1) slots (one reserved) of this many words each.
+    let slot_words = folding_table_words(0, folds) as u64;
+    let most = (unfolded_table_words(rows) as u64 / slot_words).saturating_sub(1);
     if most < 2 {
         // Not even the smallest table (a handful of rows): none.
         return 0;
