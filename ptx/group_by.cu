@@ -111,10 +111,10 @@ extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys,
 // results, so no row's slot or group id is ever written out nor read back,
 // and every column is read once. Each slot keeps its folds' words side by
 // side (table_slot_words), so that a row's folds meet one sector of L2,
-// read in one or two loads. Lanes of a warp with the same key are combined
-// first (combine_peers): one lane probes for them all and one atomic per
-// fold reaches the slot, which keeps hot keys (few groups, or skew) from
-// serializing on their slots.
+// read in one or two loads. Only rows that change their slot's words go on
+// to atomics, and lanes of a warp that change the same slot are combined
+// first (combine_peers), so that one atomic per fold reaches it: that keeps
+// hot keys (few groups, or skew) from serializing on their slots.
 //
 // Every fold's word starts at zero: COUNT and SUM add, MAX keeps the
 // largest word, a MIN keeps the largest complemented word (~0, MIN's
@@ -167,22 +167,49 @@ __device__ __forceinline__ u64 read_table_word(const u64* at) {
     return word;
 }
 
-// A slot's `words` words (table_slot_words) as they are now, as
+// A slot's words for FOLDS folds (table_slot_words) as they are now, as
 // read_table_word, two at a time where they come in pairs.
-__device__ __forceinline__ void read_slot_words(const u64* at, u32 words,
-                                                u64 (&seen)[MAX_TABLE_FOLDS]) {
-    if (words == 1) {
+template <u32 FOLDS>
+__device__ __forceinline__ void read_slot_words(const u64* at, u64 (&seen)[FOLDS]) {
+    if constexpr (FOLDS == 1) {
         seen[0] = read_table_word(at);
-        return;
-    }
+    } else {
 #pragma unroll
-    for (u32 p = 0; p < MAX_TABLE_FOLDS; p += 2) {
-        if (p < words) {
+        for (u32 p = 0; p < FOLDS; p += 2) {
+            u64 second;
             asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
-                         : "=l"(seen[p]), "=l"(seen[p + 1])
+                         : "=l"(seen[p]), "=l"(second)
                          : "l"(at + p));
+            if (p + 1 < FOLDS) seen[p + 1] = second;
         }
     }
+}
+
+// A fold's constants, decoded once per launch from its spec (its op and
+// the word XORed into each of its values): how a row's value becomes its
+// word, and how words combine.
+struct FoldCode {
+    u64 xor_mask;    // the flip, complemented for a MIN (kept complemented)
+    u32 combine_op;  // OP_SUM, OP_MAX or FOLD_F64_SUM
+    bool counts;     // a COUNT: each counted row's word is 1
+};
+
+__device__ __forceinline__ FoldCode decode_fold(const u64* specs, u32 f) {
+    const u32 op = (u32)specs[2 * f];
+    const u64 flip = specs[2 * f + 1];
+    FoldCode code;
+    code.counts = op == OP_COUNT;
+    code.combine_op = table_fold_combine_op(op);
+    code.xor_mask = op == FOLD_F64_SUM ? 0ULL : op == OP_MIN ? ~flip : flip;
+    return code;
+}
+
+// Whether a row's word of a fold can change a slot whose word was seen: a
+// MAX (or a complemented MIN) only where it is larger, a sum where it is
+// not zero. The slot's words only move towards their best, so a stale
+// `seen` can only let a word through that changes nothing.
+__device__ __forceinline__ bool word_changes_slot(u32 combine_op, u64 word, u64 seen) {
+    return combine_op == OP_MAX ? word > seen : word != 0;
 }
 
 // One launch folds the rows [first_row, end_row) of `keys`, so that the
@@ -198,36 +225,44 @@ __device__ __forceinline__ void read_slot_words(const u64* at, u32 words,
 // OP_MAX, OP_COUNT or FOLD_F64_SUM) and the word XORed into each of its
 // values. Fold f reads values_f[i - first_row] (unused by a COUNT) for
 // each row i whose bit is set in valid_f (null: every row).
-// `slot_results` holds (capacity + 1) * table_slot_words(folds) words, 0 on
-// entry: fold f of slot s at s * table_slot_words(folds) + f. Writes, for
+// `slot_results` holds (capacity + 1) * table_slot_words(FOLDS) words, 0 on
+// entry: fold f of slot s at s * table_slot_words(FOLDS) + f. Writes, for
 // each new group g, table_groups[slot] = g and group_first_rows[g] = a row
 // of it. A full table sets *overflow as group_insert does, and leaves
 // every output incomplete.
-// Launch: any grid (grid-stride over warps), block = BLOCK_THREADS.
+//
+// Each lane finds its own row's slot, then reads the slot's words and
+// keeps only the folds its row would change: a MIN or MAX whose slot
+// already holds a better word is done, which after a group's first rows is
+// nearly every row. Only the lanes whose rows change their slots go on,
+// and only where two or more of them share a slot do they combine first
+// (a vote on the slot, then a shuffle tree) so that one atomic per fold
+// reaches it: that keeps a hot slot (few groups, skew, or values that keep
+// growing) from serializing, without every warp paying for a vote and
+// shuffles that most rows do not need.
+// Launch: any grid (grid-stride over warps), block = BLOCK_THREADS, one
+// entry point per fold count (group_insert_fold_1 to _4).
 #define OVERFLOW_CHECK_STEPS 32
-extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 6) group_insert_fold(
+template <u32 FOLDS>
+__device__ __forceinline__ void insert_fold_rows(
     const u64* keys, u64 first_row, u64 end_row, u64* table_keys, u64* table_groups,
-    u64 capacity, u64* group_count, u64* group_first_rows, u64* overflow, u32 folds,
-    const u64* specs, const u64* values0, const u64* values1, const u64* values2,
-    const u64* values3, const u64* valid0, const u64* valid1, const u64* valid2,
-    const u64* valid3, u64* slot_results) {
-    static_assert(MAX_TABLE_FOLDS == 4, "one column parameter per fold");
-    __shared__ u32 fold_ops[MAX_TABLE_FOLDS];
-    __shared__ u64 fold_flips[MAX_TABLE_FOLDS];
-    if (threadIdx.x < folds) {
-        fold_ops[threadIdx.x] = (u32)specs[2 * threadIdx.x];
-        fold_flips[threadIdx.x] = specs[2 * threadIdx.x + 1];
-    }
-    __syncthreads();
-    const u64 mask = capacity - 1;
-    const u32 slot_words = table_slot_words(folds);
-    // Whether a fold skips the atomics that would not change its slot
-    // (MIN and MAX), for which the leader reads the slot's words first.
-    bool skips = false;
+    u64 capacity, u64* group_count, u64* group_first_rows, u64* overflow, const u64* specs,
+    const u64* values0, const u64* values1, const u64* values2, const u64* values3,
+    const u64* valid0, const u64* valid1, const u64* valid2, const u64* valid3,
+    u64* slot_results) {
+    static_assert(FOLDS >= 1 && FOLDS <= MAX_TABLE_FOLDS, "one column parameter per fold");
+    FoldCode codes[FOLDS];
 #pragma unroll
-    for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
-        if (f < folds && table_fold_combine_op(fold_ops[f]) == OP_MAX) skips = true;
-    }
+    for (u32 f = 0; f < FOLDS; ++f) codes[f] = decode_fold(specs, f);
+    const u64 mask = capacity - 1;
+    const u32 slot_words = table_slot_words(FOLDS);
+    // Whether the slots' words are read before their atomics: where every
+    // fold is a sum, every counted row changes its slot anyway.
+    bool reads_slots = false;
+#pragma unroll
+    for (u32 f = 0; f < FOLDS; ++f) reads_slots |= codes[f].combine_op == OP_MAX;
+    // Slots compared in 32 bits where they fit: a narrower vote.
+    const bool narrow_slots = capacity < (1ULL << 31);
     const u32 lane = lane_id();
     const u64 warp = (u64)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
     const u64 warp_stride = (u64)gridDim.x * WARPS_PER_BLOCK * 32;
@@ -246,59 +281,30 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 6) group_insert_fold
         const u64 key = in_range ? keys[i] : 0;
         // Every load of the row is issued before any of them is used, so
         // that the warp waits for memory once a step, not once a column.
-        u64 values[MAX_TABLE_FOLDS];
-        u64 valid_words[MAX_TABLE_FOLDS];
+        u64 words[FOLDS];
+        u64 valid_words[FOLDS];
 #pragma unroll
-        for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
+        for (u32 f = 0; f < FOLDS; ++f) {
             const u64* column = fold_parameter(f, values0, values1, values2, values3);
             const u64* valid_bits = fold_parameter(f, valid0, valid1, valid2, valid3);
-            const bool loads = f < folds && in_range;
-            values[f] = loads && column != nullptr ? column[i - first_row] : 0;
-            valid_words[f] = loads && valid_bits != nullptr ? valid_bits[i >> 6] : ~0ULL;
+            words[f] = in_range && !codes[f].counts ? column[i - first_row] : 0;
+            valid_words[f] = in_range && valid_bits != nullptr ? valid_bits[i >> 6] : ~0ULL;
         }
-        // Each fold's word of the row, read before the probe, so that the
-        // columns' loads overlap it; 0 (every fold's start) where the row
-        // does not count.
-        u64 words[MAX_TABLE_FOLDS];
-#pragma unroll
-        for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
-            words[f] = 0;
-            if (f >= folds || !in_range || ((valid_words[f] >> (i & 63)) & 1ULL) == 0) continue;
-            const u32 op = fold_ops[f];
-            if (op == OP_COUNT) {
-                words[f] = 1;
-            } else {
-                const u64 word = op == FOLD_F64_SUM ? values[f] : values[f] ^ fold_flips[f];
-                words[f] = op == OP_MIN ? ~word : word;
-            }
-        }
-        // Every lane votes (the whole warp must): out-of-range lanes share
-        // key 0 with each other and with real rows, so they are kept out of
-        // every group of peers and stand alone.
-        const u32 same_key = __match_any_sync(FULL_WARP, key);
-        const u32 lanes_in_range = __ballot_sync(FULL_WARP, in_range);
-        const u32 peers = in_range ? same_key & lanes_in_range : 1u << lane;
-        const u32 leader = __ffs(peers) - 1;
-#pragma unroll
-        for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
-            if (f < folds) {
-                words[f] = combine_peers(table_fold_combine_op(fold_ops[f]), peers, words[f]);
-            }
-        }
+        u64 slot = capacity;
+        bool claimed = false;
         bool gave_up = false;
-        if (in_range && lane == leader) {
-            u64 slot;
-            bool claimed = false;
-            u64 seen[MAX_TABLE_FOLDS] = {0, 0, 0, 0};
+        u64 seen[FOLDS];
+#pragma unroll
+        for (u32 f = 0; f < FOLDS; ++f) seen[f] = 0;
+        if (in_range) {
             if (key == EMPTY_KEY) {
-                slot = capacity;
                 claimed = atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
-                if (skips) read_slot_words(slot_results + slot * slot_words, slot_words, seen);
+                if (reads_slots) read_slot_words<FOLDS>(slot_results + slot * slot_words, seen);
             } else {
                 const u64 home = mix64(key) & mask;
                 // The home slot's words, read alongside its key: a table a
                 // quarter full holds most keys there.
-                if (skips) read_slot_words(slot_results + home * slot_words, slot_words, seen);
+                if (reads_slots) read_slot_words<FOLDS>(slot_results + home * slot_words, seen);
                 slot = home;
                 u64 probes = 0;
                 while (true) {
@@ -322,8 +328,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 6) group_insert_fold
                         break;
                     }
                 }
-                if (skips && slot != home && !gave_up) {
-                    read_slot_words(slot_results + slot * slot_words, slot_words, seen);
+                if (reads_slots && slot != home && !gave_up) {
+                    read_slot_words<FOLDS>(slot_results + slot * slot_words, seen);
                 }
             }
             if (claimed) {
@@ -331,28 +337,75 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 6) group_insert_fold
                 table_groups[slot] = group;
                 group_first_rows[group] = i;
             }
-            if (!gave_up) {
-                u64* results = slot_results + slot * slot_words;
+        }
+        if (__any_sync(FULL_WARP, gave_up)) return;
+        // Each fold's word of the row (0, every fold's start, where the row
+        // does not count), and whether any of them changes the slot.
+        bool changes = false;
 #pragma unroll
-                for (u32 f = 0; f < MAX_TABLE_FOLDS; ++f) {
-                    // A zero word (the start of every fold) changes nothing.
-                    if (f >= folds || words[f] == 0) continue;
-                    const u32 combine_op = table_fold_combine_op(fold_ops[f]);
-                    if (combine_op == FOLD_F64_SUM) {
-                        atomicAdd((double*)&results[f], __longlong_as_double((long long)words[f]));
-                    } else if (combine_op == OP_MAX) {
-                        // The slot only grows: a stale word can only let
-                        // through an atomic that changes nothing.
-                        if (words[f] > seen[f]) atomicMax(&results[f], words[f]);
-                    } else {
-                        atomicAdd(&results[f], words[f]);
-                    }
+        for (u32 f = 0; f < FOLDS; ++f) {
+            const bool counted = in_range && ((valid_words[f] >> (i & 63)) & 1ULL) != 0;
+            const u64 word = codes[f].counts ? 1ULL : words[f] ^ codes[f].xor_mask;
+            words[f] = counted ? word : 0;
+            changes |= word_changes_slot(codes[f].combine_op, words[f], seen[f]);
+        }
+        const u32 changing = __ballot_sync(FULL_WARP, changes);
+        if (changing == 0) continue;
+        // Lanes whose rows change the same slot combine their words into
+        // the lowest of them; the others stand alone, each with a vote no
+        // slot can equal.
+        u32 peers = 1u << lane;
+        if ((changing & (changing - 1)) != 0) {
+            peers = narrow_slots
+                        ? __match_any_sync(FULL_WARP, changes ? (u32)slot : 0x80000000u | lane)
+                        : __match_any_sync(FULL_WARP, changes ? slot : ~(u64)lane);
+            if (__any_sync(FULL_WARP, peers != 1u << lane)) {
+#pragma unroll
+                for (u32 f = 0; f < FOLDS; ++f) {
+                    words[f] = combine_peers(codes[f].combine_op, peers, words[f]);
                 }
             }
         }
-        if (__any_sync(FULL_WARP, gave_up)) return;
+        if (changes && lane == __ffs(peers) - 1) {
+            u64* results = slot_results + slot * slot_words;
+#pragma unroll
+            for (u32 f = 0; f < FOLDS; ++f) {
+                if (!word_changes_slot(codes[f].combine_op, words[f], seen[f])) continue;
+                if (codes[f].combine_op == FOLD_F64_SUM) {
+                    atomicAdd((double*)&results[f], __longlong_as_double((long long)words[f]));
+                } else if (codes[f].combine_op == OP_MAX) {
+                    atomicMax(&results[f], words[f]);
+                } else {
+                    atomicAdd(&results[f], words[f]);
+                }
+            }
+        }
     }
 }
+
+#define GROUP_INSERT_FOLD(FOLDS)                                                               \
+    extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, fold_blocks_per_sm(FOLDS))     \
+        group_insert_fold_##FOLDS(                                                             \
+            const u64* keys, u64 first_row, u64 end_row, u64* table_keys, u64* table_groups,   \
+            u64 capacity, u64* group_count, u64* group_first_rows, u64* overflow,              \
+            const u64* specs, const u64* values0, const u64* values1, const u64* values2,      \
+            const u64* values3, const u64* valid0, const u64* valid1, const u64* valid2,       \
+            const u64* valid3, u64* slot_results) {                                            \
+        insert_fold_rows<FOLDS>(keys, first_row, end_row, table_keys, table_groups, capacity,  \
+                                group_count, group_first_rows, overflow, specs, values0,       \
+                                values1, values2, values3, valid0, valid1, valid2, valid3,     \
+                                slot_results);                                                 \
+    }
+// Blocks of a fold kernel resident on one multiprocessor, which its
+// registers must allow: three or four folds' words and constants need
+// more registers than six blocks leave. The host launches that many per
+// multiprocessor (`fold_blocks_per_sm` in `src/gpu/launch/group_by.rs`),
+// so that every block runs in one wave.
+constexpr u32 fold_blocks_per_sm(u32 folds) { return folds <= 2 ? 6 : 5; }
+GROUP_INSERT_FOLD(1)
+GROUP_INSERT_FOLD(2)
+GROUP_INSERT_FOLD(3)
+GROUP_INSERT_FOLD(4)
 
 // After group_insert_fold: out_f[g] = fold f's word of group g, for each
 // fold f below `folds`, from every claimed slot (table_groups[slot] not

@@ -1248,6 +1248,7 @@ async fn device_table_folds_match_the_reference() {
     let copy_stream = device.stream().unwrap();
     let copy_stream = copy_stream.stream();
     let mut folded_cases = 0;
+    let mut folded_fold_counts = std::collections::BTreeSet::new();
     // (rows, key domain, share of rows on one hot key, estimated groups)
     for (rows, domain, hot_share, estimate) in [
         (0usize, 1u64, 0.0, 1usize),
@@ -1303,6 +1304,25 @@ async fn device_table_folds_match_the_reference() {
                 input(Reduction::Count, Vec::new(), 0, Some(1)),
                 input(Reduction::Min, words(), 0, None),
                 input(Reduction::Max, words(), 1 << 63, Some(1)),
+            ],
+            // One, two and three folds (each count has a kernel of its
+            // own). Values that only grow (a MAX) or only shrink (a MIN)
+            // change their slot at every row, so that every lane of a warp
+            // sharing a slot takes part in its atomics.
+            vec![input(
+                Reduction::Max,
+                (0..rows as u64).collect(),
+                1 << 63,
+                None,
+            )],
+            vec![
+                input(Reduction::Min, (0..rows as u64).rev().collect(), 0, Some(0)),
+                input(Reduction::Count, Vec::new(), 0, Some(1)),
+            ],
+            vec![
+                input(Reduction::Sum, words(), 0, None),
+                input(Reduction::Max, words(), 0, Some(1)),
+                input(Reduction::Min, (0..rows as u64).collect(), 1 << 63, None),
             ],
             // Five inputs, one more than a table folds.
             vec![
@@ -1418,6 +1438,9 @@ async fn device_table_folds_match_the_reference() {
                     && !got.table_overflowed;
                 assert_eq!(got.folded_in_table, folds, "{case}");
                 folded_cases += usize::from(folds);
+                if folds {
+                    folded_fold_counts.insert(inputs.len());
+                }
                 assert_eq!(got.groups, want.groups, "{case}");
                 if ids.in_key_order() {
                     assert!(got.group_keys.is_sorted(), "{case}");
@@ -1449,6 +1472,11 @@ async fn device_table_folds_match_the_reference() {
     }
     // Every kind of case above folded somewhere.
     assert!(folded_cases >= 20, "{folded_cases} cases folded");
+    // And every fold count's kernel ran.
+    assert_eq!(
+        folded_fold_counts.into_iter().collect::<Vec<_>>(),
+        (1..=launch::MAX_TABLE_FOLDS).collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

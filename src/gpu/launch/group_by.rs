@@ -183,6 +183,18 @@ pub fn group_insert(
 /// (`MAX_TABLE_FOLDS` in `ptx/group_by.cu`).
 pub const MAX_TABLE_FOLDS: usize = 4;
 
+/// Blocks of the fold kernel for `folds` folds that its registers let one
+/// multiprocessor hold (`fold_blocks_per_sm` in `ptx/group_by.cu`): a grid
+/// of that many per multiprocessor runs in one wave, where a larger one
+/// would leave its last wave part full.
+fn fold_blocks_per_sm(folds: usize) -> u32 {
+    if folds <= 2 {
+        6
+    } else {
+        5
+    }
+}
+
 /// Words each slot of a table holds for `folds` folds: one, or an even
 /// count, so that the device reads a slot's words 16 bytes at a time
 /// (`table_slot_words` in `ptx/group_by.cu`).
@@ -309,8 +321,7 @@ pub fn group_insert_fold(
         return Ok(());
     }
     let (first_row, end_row) = (rows.start as u64, rows.end as u64);
-    let fold_count = folds.len() as u32;
-    let mut launch = stream.launch_builder(&kernels.group_insert_fold);
+    let mut launch = stream.launch_builder(&kernels.group_insert_fold[folds.len() - 1]);
     launch
         .arg(keys)
         .arg(&first_row)
@@ -321,7 +332,6 @@ pub fn group_insert_fold(
         .arg(table.group_count)
         .arg(table.group_first_rows)
         .arg(table.overflow)
-        .arg(&fold_count)
         .arg(specs);
     for f in 0..MAX_TABLE_FOLDS {
         arg_or_null(&mut launch, folds.get(f).and_then(|fold| fold.values));
@@ -342,8 +352,9 @@ pub fn group_insert_fold(
     // table_slot_words(folds) > f, 16-byte loads at even offsets of an
     // allocation aligned to 256 bytes), checked; specs holds 2 * folds
     // words, checked.
-    unsafe { launch.launch(config(grid_stride_blocks(end_row - first_row, sm_count))?) }
-        .during("launching group_insert_fold")?;
+    let resident = u64::from(sm_count) * u64::from(fold_blocks_per_sm(folds.len()));
+    let blocks = grid_stride_blocks(end_row - first_row, sm_count).min(resident);
+    unsafe { launch.launch(config(blocks)?) }.during("launching group_insert_fold")?;
     Ok(())
 }
 

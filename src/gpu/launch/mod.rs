@@ -67,7 +67,8 @@ pub struct Kernels {
     hash_join_fold: CudaFunction,
     fill_u64: CudaFunction,
     group_insert: CudaFunction,
-    group_insert_fold: CudaFunction,
+    /// One per fold count, 1 to [`MAX_TABLE_FOLDS`].
+    group_insert_fold: [CudaFunction; MAX_TABLE_FOLDS],
     table_fold_results: CudaFunction,
     group_resolve: CudaFunction,
     partitioned_group_ids: CudaFunction,
@@ -123,7 +124,12 @@ impl Kernels {
             hash_join_fold: function(&join, "hash_join_fold")?,
             fill_u64: function(&group_by, "fill_u64")?,
             group_insert: function(&group_by, "group_insert")?,
-            group_insert_fold: function(&group_by, "group_insert_fold")?,
+            group_insert_fold: [
+                function(&group_by, "group_insert_fold_1")?,
+                function(&group_by, "group_insert_fold_2")?,
+                function(&group_by, "group_insert_fold_3")?,
+                function(&group_by, "group_insert_fold_4")?,
+            ],
             table_fold_results: function(&group_by, "table_fold_results")?,
             group_resolve: function(&group_by, "group_resolve")?,
             partitioned_group_ids: function(&group_by, "partitioned_group_ids")?,
