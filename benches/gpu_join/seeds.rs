@@ -225,8 +225,11 @@ struct Workload {
     sql: &'static str,
     /// The GPU operator that must have run.
     operator: &'static str,
-    tables: Box<dyn Fn(usize) -> Vec<(&'static str, Arc<MemTable>)>>,
+    tables: Box<dyn Fn(usize) -> NamedTables>,
 }
+
+/// A workload's tables by name, made for a size.
+type NamedTables = Vec<(&'static str, Arc<MemTable>)>;
 
 fn workloads(n: usize) -> Vec<Workload> {
     let big = 1usize << n;

@@ -1244,7 +1244,7 @@ mod tests {
         let build = arr(Int32Array::from_iter_values(0..1000));
         let encoder = KeyEncoder::for_build_side(&spec, &[build]).unwrap();
         assert_eq!(encoder.kind(), "packed");
-        let probe = arr(Int32Array::from_iter_values((0..rows as i32).map(|i| {
+        let probe = arr(Int32Array::from_iter_values((0..rows).map(|i| {
             if i < (1 << 21) {
                 i % 1000
             } else {
