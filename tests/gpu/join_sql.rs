@@ -133,7 +133,7 @@ async fn one_key_holding_half_the_build_side() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn empty_sides_one_row_all_null_and_no_match() {
     let some = gen_keys(5_000, Keys::Permutation, 0.0, 9);
-    // (case, build keys, probe keys)
+    // (case, r's keys, s's keys)
     type Case = (&'static str, Vec<Option<i64>>, Vec<Option<i64>>);
     let cases: Vec<Case> = vec![
         ("empty build", vec![], some.clone()),
