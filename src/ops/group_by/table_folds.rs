@@ -527,16 +527,16 @@ mod tests {
             regrown_capacity(1 << 18, largest, (seen, rows), 1 << 16, false),
             None
         );
-        // Zipf 1.0 over 2^16 keys: every key in the first chunk, where the
-        // sample (16,320 distinct keys) sized a table of 2^17 slots: sized
-        // to the first chunk's estimate, its groups seen over and over.
+        // Zipf 1.0 over 2^16 keys: every key in the first chunk, where a
+        // table of 2^17 slots was sized from the sample: sized to the
+        // first chunk's estimate, its groups seen over and over.
         assert_eq!(
             regrown_capacity(1 << 17, largest, (seen, rows), 65_536, false),
             Some(sized_table_capacity(estimated_groups(seen, 65_536, rows)))
         );
         assert_eq!(
             regrown_capacity(1 << 17, largest, (seen, rows), 65_536, false),
-            Some(1 << 18)
+            Some(1 << 19)
         );
         // Every row of the first chunk a group of its own: as many groups
         // as rows, as far as it tells, within the memory reserved.
@@ -617,7 +617,7 @@ mod tests {
         };
         assert_eq!(
             table_fold_capacity(in_key_order, keys, rows, &narrow),
-            Some(32_768)
+            Some(131_072)
         );
         // A table sized to the rows, partitions, sorted ids.
         let unsized_ = GroupIds::Hashed {
