@@ -437,27 +437,29 @@ pub fn estimated_groups(sampled: usize, distinct: usize, rows: usize) -> usize {
     (high.exp().round() as usize).clamp(distinct, rows)
 }
 
-/// Hash-table slots for an estimate of the groups: a power of two, four
-/// times the estimate (a table a quarter full keeps probes short, and a
-/// sample of skewed keys underestimates the groups), up to sixteen times
-/// while that stays within [`SPREAD_TABLE_SLOTS`], at least
+/// Hash-table slots for an estimate of the groups: a power of two, at
+/// least four times the estimate (a table a quarter full keeps probes
+/// short, and a sample of skewed keys underestimates the groups), up to
+/// sixty-four times within [`SPREAD_TABLE_SLOTS`], at least
 /// [`MIN_SIZED_TABLE_SLOTS`]. A table sized to the rows instead, at 2^28
 /// rows and a few groups, is 4 GiB to fill and a TLB miss a probe.
 pub fn sized_table_capacity(expected_groups: usize) -> u64 {
     let groups = expected_groups as u64;
-    (16 * groups)
-        .min((4 * groups).max(SPREAD_TABLE_SLOTS))
+    (64 * groups)
+        .min(SPREAD_TABLE_SLOTS)
+        .max(4 * groups)
         .max(MIN_SIZED_TABLE_SLOTS)
         .next_power_of_two()
 }
 
-/// Slots up to which a table for few groups is spread over sixteen times
-/// their number rather than four: every warp of the device folds its rows
-/// into the same few thousand slots at once, and the fold kernel took 8.3
-/// ms at 2^10 groups in 4,096 slots, 5.0 ms in 16,384, with 2^28 rows on
-/// an H100 (7.1 against 4.9 ms at 2^12, 6.0 against 5.2 at 2^15;
-/// `BENCHMARKS.md`). 2^19 slots of keys and two folds' words, 12 MiB, stay
-/// in L2.
+/// Slots up to which a table for few groups is spread over sixty-four
+/// times their number rather than four: the fold kernel, every warp of
+/// the device folding its rows into the table at once, waits on L2 where
+/// the table is small. With 2^28 rows on an H100 it took 8.3 ms at 2^10
+/// groups in 4,096 slots, 5.0 ms in 16,384 and 3.9 ms in 65,536; 5.6
+/// against 4.3 ms at 2^8 groups (4,096 slots against 16,384), 7.1 against
+/// 4.5 ms at 2^12 (2^14 against 2^18; `BENCHMARKS.md`). 2^19 slots of keys
+/// and two folds' words, 12 MiB, stay in L2.
 const SPREAD_TABLE_SLOTS: u64 = 1 << 19;
 
 /// The fewest slots of a table sized from an estimate of the groups.
@@ -2129,13 +2131,15 @@ mod tests {
     }
 
     #[test]
-    fn tables_are_sized_to_four_to_sixteen_times_the_estimate_and_never_above_the_rows_own() {
+    fn tables_are_sized_to_four_to_sixty_four_times_the_estimate_and_never_above_the_rows_own() {
         assert_eq!(sized_table_capacity(0), MIN_SIZED_TABLE_SLOTS);
         assert_eq!(sized_table_capacity(2), MIN_SIZED_TABLE_SLOTS);
-        // Few groups: sixteen times, while within the spread bound.
-        assert_eq!(sized_table_capacity(1 << 10), 1 << 14);
+        assert_eq!(sized_table_capacity(1 << 6), MIN_SIZED_TABLE_SLOTS);
+        // Few groups: sixty-four times, within the spread bound.
+        assert_eq!(sized_table_capacity(1 << 8), 1 << 14);
+        assert_eq!(sized_table_capacity(1 << 10), 1 << 16);
+        assert_eq!(sized_table_capacity(1 << 13), SPREAD_TABLE_SLOTS);
         assert_eq!(sized_table_capacity(1 << 15), SPREAD_TABLE_SLOTS);
-        assert_eq!(sized_table_capacity((1 << 15) + 1), SPREAD_TABLE_SLOTS);
         assert_eq!(sized_table_capacity(1 << 17), SPREAD_TABLE_SLOTS);
         // More: four times.
         assert_eq!(sized_table_capacity((1 << 17) + 1), 1 << 20);

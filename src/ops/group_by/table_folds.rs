@@ -613,12 +613,19 @@ mod tests {
         let in_key_order = GroupIds::HashedInKeyOrder {
             key_bits: 64,
             transform: None,
-            expected_groups: Some(5_000),
+            expected_groups: Some(1_000),
         };
         assert_eq!(
             table_fold_capacity(in_key_order, keys, rows, &narrow),
-            Some(131_072)
+            Some(65_536)
         );
+        // An estimate whose spread table is no smaller than the rows' own.
+        let near_rows = GroupIds::HashedInKeyOrder {
+            key_bits: 64,
+            transform: None,
+            expected_groups: Some(5_000),
+        };
+        assert_eq!(table_fold_capacity(near_rows, keys, rows, &narrow), None);
         // A table sized to the rows, partitions, sorted ids.
         let unsized_ = GroupIds::Hashed {
             expected_groups: None,
