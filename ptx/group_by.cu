@@ -46,10 +46,11 @@ extern "C" __global__ void fill_u64(u64* out, u64 n, u64 value) {
 // table was sized from an estimate of the groups and may fill up: a row
 // that has probed GIVE_UP_PROBES slots while the table is at least three
 // quarters full (or has probed every slot) sets *overflow and its thread
-// stops (a table sized to four times the estimate fills that far only where
-// the estimate was low by three times or more), and the other threads stop
-// within 32 rows of seeing it. The table and the outputs are then
-// incomplete: the host numbers the rows again in a table sized to them.
+// stops (a table sized to at least four times the estimate fills that far
+// only where the estimate was low by three times or more), and the other
+// threads stop within 32 rows of seeing it. The table and the outputs are
+// then incomplete: the host numbers the rows again in a table sized to
+// them.
 // Launch: any grid (grid-stride), block = BLOCK_THREADS.
 #define GIVE_UP_PROBES 64
 extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys, u64* table_groups,
@@ -63,9 +64,12 @@ extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys,
         u64 slot;
         bool claimed;
         if (key == EMPTY_KEY) {
-            // The reserved slot: its stored value only marks it claimed.
+            // The reserved slot: its stored value (0) only marks it
+            // claimed. Read first, so that only its first rows take the
+            // atomic; a stale EMPTY_KEY only sends a row to the CAS.
             slot = capacity;
-            claimed = atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
+            claimed = *(volatile u64*)&table_keys[slot] == EMPTY_KEY &&
+                      atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
         } else {
             slot = mix64(key) & mask;
             u64 probes = 0;
@@ -298,7 +302,12 @@ __device__ __forceinline__ void insert_fold_rows(
         for (u32 f = 0; f < FOLDS; ++f) seen[f] = 0;
         if (in_range) {
             if (key == EMPTY_KEY) {
-                claimed = atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
+                // The reserved slot holds 0 once claimed: read first, so
+                // that only its first rows take the atomic, not all of them
+                // (a stale EMPTY_KEY only sends a row to the CAS).
+                if (read_table_word(&table_keys[slot]) == EMPTY_KEY) {
+                    claimed = atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
+                }
                 if (reads_slots) read_slot_words<FOLDS>(slot_results + slot * slot_words, seen);
             } else {
                 const u64 home = mix64(key) & mask;
