@@ -113,18 +113,22 @@ extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys,
 // estimate of the groups: each row finds or claims its key's slot as in
 // group_insert, and folds each aggregated value straight into that slot's
 // results, so no row's slot or group id is ever written out nor read back,
-// and every column is read once. Each slot keeps its folds' words side by
-// side (table_slot_words), so that a row's folds meet one sector of L2,
-// read in one or two loads. Only rows that change their slot's words go on
-// to atomics, and lanes of a warp that change the same slot are combined
-// first (combine_peers), so that one atomic per fold reaches it: that keeps
-// hot keys (few groups, or skew) from serializing on their slots.
+// and every column is read once. A slot holds its folds' words and its key
+// together (table_slot_words), so that a row's probe of a slot meets one
+// sector of L2 for up to three folds. Only rows that change their slot's
+// words go on to atomics, and lanes of a warp that change the same slot
+// are combined first (combine_peers), so that one atomic per fold reaches
+// it: that keeps hot keys (few groups, or skew) from serializing on their
+// slots.
 //
 // Every fold's word starts at zero: COUNT and SUM add, MAX keeps the
 // largest word, a MIN keeps the largest complemented word (~0, MIN's
 // identity, once complemented back), FOLD_F64_SUM adds doubles (+0.0 is
-// all zero bits). `table_fold_results` then moves each claimed slot's
-// words to its group.
+// all zero bits). A slot's key is kept complemented, so that a table of
+// zeros is empty: a key word of 0 is an empty slot (the key EMPTY_KEY,
+// whose complement is 0, has the reserved slot, where 1 marks it
+// claimed). `table_fold_results` then moves each claimed slot's words to
+// its group.
 #define MAX_TABLE_FOLDS 4
 #define FULL_WARP 0xffffffffu
 
@@ -155,38 +159,81 @@ __device__ __forceinline__ u64 combine_peers(u32 op, u32 peers, u64 word) {
     return word;
 }
 
-// Words of slot_results per slot for `folds` folds: one, or an even count,
-// so that a slot's words are read in 16-byte loads (table_slot_words on
-// the host).
-__device__ __forceinline__ u32 table_slot_words(u32 folds) {
-    return folds == 1 ? 1u : (folds + 1u) & ~1u;
+// Words of each slot of slot_results for `folds` folds: the folds' words
+// from the slot's first word, its key (complemented) in its last, and as
+// many words between as make a power of two, so that a slot is one aligned
+// piece of 16, 32 or 64 bytes, read 16 bytes at a time: the key and up to
+// three folds' words share one 32-byte sector.
+__host__ __device__ constexpr u32 table_slot_words(u32 folds) {
+    return folds == 1 ? 2u : folds <= 3 ? 4u : 8u;
 }
 
-// A word of the table as it is now, read past L1 (other blocks' atomics
-// change it) at the device's scope, in L2: a volatile read would take the
-// system's scope, which the table never needs.
+// A claimed slot's key word, for a key other than EMPTY_KEY, and the mark
+// of the reserved slot (the key EMPTY_KEY's) once claimed.
+__device__ __forceinline__ u64 stored_key(u64 key) { return ~key; }
+#define RESERVED_SLOT_CLAIMED 1ULL
+
+// Two words of the table, in a plain (weak) load that L1 may answer from
+// a copy older than L2's, where other blocks' atomics change them. PTX
+// does not require such a load to be free of races: it reads a value one
+// of the writes to each word left there, not necessarily the last. That
+// is all the fold needs: a slot's key and words only ever move one way (a
+// key is claimed once, a word only moves towards its best), so an older
+// value can only send a row to an atomic that changes nothing (or to the
+// CAS of a claimed slot, which returns its key), never let one skip an
+// atomic that would change its slot. L1 then answers most reads of a
+// table's hot slots, and a slot's key and words, read in two loads of one
+// sector, cost L2 one request. Read past L1 (`ld.relaxed.gpu`), the same
+// kernel's launches took 3.7 to 7.2 ms a query where these reads took 2.6
+// to 2.9 (2 to 2^12 groups, 2^28 rows, an H100; BENCHMARKS.md).
+// `asm volatile`, so that each probe reads the slot again.
+__device__ __forceinline__ void read_table_pair(const u64* at, u64& first, u64& second) {
+    asm volatile("ld.global.v2.u64 {%0, %1}, [%2];" : "=l"(first), "=l"(second) : "l"(at));
+}
+
+// One word of the table, as read_table_pair reads two.
 __device__ __forceinline__ u64 read_table_word(const u64* at) {
     u64 word;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(word) : "l"(at));
+    asm volatile("ld.global.u64 %0, [%1];" : "=l"(word) : "l"(at));
     return word;
 }
 
-// A slot's words for FOLDS folds (table_slot_words) as they are now, as
-// read_table_word, two at a time where they come in pairs.
+// A word of a column the fold reads once, under `policy`
+// (streamed_policy).
+__device__ __forceinline__ u64 read_streamed(const u64* at, u64 policy) {
+    u64 word;
+    asm("ld.global.L2::cache_hint.u64 %0, [%1], %2;" : "=l"(word) : "l"(at), "l"(policy));
+    return word;
+}
+
+// An L2 policy under which lines leave L2 first: the columns' lines, each
+// read once, then make way before the table's. At 2^18 groups (a table of
+// 32 MiB) a chunk's fold read 249 MB from DRAM with it and 312 MB
+// without (the columns are 201 MB), and took 131 against 149 us; at fewer
+// groups, whose tables stay in L2 either way, it changed nothing
+// (BENCHMARKS.md).
+__device__ __forceinline__ u64 streamed_policy() {
+    u64 policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// The slot at `at`: its FOLDS folds' words into `seen`, and its key word,
+// returned, as read_table_pair reads them (only the pairs holding either).
 template <u32 FOLDS>
-__device__ __forceinline__ void read_slot_words(const u64* at, u64 (&seen)[FOLDS]) {
-    if constexpr (FOLDS == 1) {
-        seen[0] = read_table_word(at);
-    } else {
+__device__ __forceinline__ u64 read_slot(const u64* at, u64 (&seen)[FOLDS]) {
+    constexpr u32 words = table_slot_words(FOLDS);
+    u64 key_word = 0;
 #pragma unroll
-        for (u32 p = 0; p < FOLDS; p += 2) {
-            u64 second;
-            asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
-                         : "=l"(seen[p]), "=l"(second)
-                         : "l"(at + p));
-            if (p + 1 < FOLDS) seen[p + 1] = second;
-        }
+    for (u32 p = 0; p < words; p += 2) {
+        if (p >= FOLDS && p + 2 != words) continue;
+        u64 first, second;
+        read_table_pair(at + p, first, second);
+        if (p < FOLDS) seen[p] = first;
+        if (p + 1 < FOLDS) seen[p + 1] = second;
+        if (p + 2 == words) key_word = second;
     }
+    return key_word;
 }
 
 // A fold's constants, decoded once per launch from its spec (its op and
@@ -216,41 +263,39 @@ __device__ __forceinline__ bool word_changes_slot(u32 combine_op, u64 word, u64 
     return combine_op == OP_MAX ? word > seen : word != 0;
 }
 
-// One launch folds the rows [first_row, end_row) of `keys`, so that the
-// rows' values can cross the bus in chunks, each folded while the next
-// one is copied: values_f holds the chunk's values alone (row i's at
-// i - first_row), while the keys, the bitmaps and group_first_rows are
-// indexed by the row itself. Launches over the chunks of one table go in
-// order on one stream.
-// `table_keys` holds capacity + 1 entries set to EMPTY_KEY, `table_groups`
-// as many set to EMPTY_KEY (slots left unclaimed keep it); `group_count`
-// and `overflow` are 0 before the first chunk; `group_first_rows` holds an
-// entry per row. `specs` holds two words per fold: its op (OP_SUM, OP_MIN,
-// OP_MAX, OP_COUNT or FOLD_F64_SUM) and the word XORed into each of its
-// values. Fold f reads values_f[i - first_row] (unused by a COUNT) for
-// each row i whose bit is set in valid_f (null: every row).
+// One launch folds the rows [first_row, end_row) of `keys`, so that the rows'
+// values can cross the bus in chunks, each folded while the next one is copied:
+// values_f holds the chunk's values alone (row i's at i - first_row), while the
+// keys, the bitmaps and group_first_rows are indexed by the row itself.
+// Launches over the chunks of one table go in order on one stream.
+// `table_groups` holds capacity + 1 entries set to EMPTY_KEY (slots left
+// unclaimed keep it); `group_count` and `overflow` are 0 before the first
+// chunk; `group_first_rows` holds an entry per row. `specs` holds two words per
+// fold: its op (OP_SUM, OP_MIN, OP_MAX, OP_COUNT or FOLD_F64_SUM) and the word
+// XORed into each of its values. Fold f reads values_f[i - first_row] (unused
+// by a COUNT) for each row i whose bit is set in valid_f (null: every row).
 // `slot_results` holds (capacity + 1) * table_slot_words(FOLDS) words, 0 on
-// entry: fold f of slot s at s * table_slot_words(FOLDS) + f. Writes, for
-// each new group g, table_groups[slot] = g and group_first_rows[g] = a row
-// of it. A full table sets *overflow as group_insert does, and leaves
-// every output incomplete.
+// entry: fold f of slot s at s * table_slot_words(FOLDS) + f, the slot's key
+// word at (s + 1) * table_slot_words(FOLDS) - 1. Writes, for each new group g,
+// table_groups[slot] = g and group_first_rows[g] = a row of it. A full table
+// sets *overflow as group_insert does, and leaves every output incomplete.
 //
-// Each lane finds its own row's slot, then reads the slot's words and
-// keeps only the folds its row would change: a MIN or MAX whose slot
-// already holds a better word is done, which after a group's first rows is
-// nearly every row. Only the lanes whose rows change their slots go on,
-// and only where two or more of them share a slot do they combine first
-// (a vote on the slot, then a shuffle tree) so that one atomic per fold
-// reaches it: that keeps a hot slot (few groups, skew, or values that keep
-// growing) from serializing, without every warp paying for a vote and
-// shuffles that most rows do not need.
+// Each lane finds its own row's slot, reading each slot it probes whole (its
+// key and words), and keeps only the folds its row would change: a MIN or MAX
+// whose slot already holds a better word is done, which after a group's first
+// rows is nearly every row. Only the lanes whose rows change their slots go on,
+// and only where two or more of them share a slot do they combine first (a vote
+// on the slot, then a shuffle tree) so that one atomic per fold reaches it:
+// that keeps a hot slot (few groups, skew, or values that keep growing) from
+// serializing, without every warp paying for a vote and shuffles that most rows
+// do not need.
 // Launch: any grid (grid-stride over warps), block = BLOCK_THREADS, one
 // entry point per fold count (group_insert_fold_1 to _4).
 #define OVERFLOW_CHECK_STEPS 32
 template <u32 FOLDS>
 __device__ __forceinline__ void insert_fold_rows(
-    const u64* keys, u64 first_row, u64 end_row, u64* table_keys, u64* table_groups,
-    u64 capacity, u64* group_count, u64* group_first_rows, u64* overflow, const u64* specs,
+    const u64* keys, u64 first_row, u64 end_row, u64* table_groups, u64 capacity,
+    u64* group_count, u64* group_first_rows, u64* overflow, const u64* specs,
     const u64* values0, const u64* values1, const u64* values2, const u64* values3,
     const u64* valid0, const u64* valid1, const u64* valid2, const u64* valid3,
     u64* slot_results) {
@@ -259,9 +304,11 @@ __device__ __forceinline__ void insert_fold_rows(
 #pragma unroll
     for (u32 f = 0; f < FOLDS; ++f) codes[f] = decode_fold(specs, f);
     const u64 mask = capacity - 1;
-    const u32 slot_words = table_slot_words(FOLDS);
+    constexpr u32 slot_words = table_slot_words(FOLDS);
+    const u64 policy = streamed_policy();
     // Whether the slots' words are read before their atomics: where every
-    // fold is a sum, every counted row changes its slot anyway.
+    // fold is a sum, every counted row changes its slot anyway, and only
+    // the key is read.
     bool reads_slots = false;
 #pragma unroll
     for (u32 f = 0; f < FOLDS; ++f) reads_slots |= codes[f].combine_op == OP_MAX;
@@ -282,7 +329,7 @@ __device__ __forceinline__ void insert_fold_rows(
         }
         const u64 i = base + lane;
         const bool in_range = i < end_row;
-        const u64 key = in_range ? keys[i] : 0;
+        const u64 key = in_range ? read_streamed(&keys[i], policy) : 0;
         // Every load of the row is issued before any of them is used, so
         // that the warp waits for memory once a step, not once a column.
         u64 words[FOLDS];
@@ -291,7 +338,9 @@ __device__ __forceinline__ void insert_fold_rows(
         for (u32 f = 0; f < FOLDS; ++f) {
             const u64* column = fold_parameter(f, values0, values1, values2, values3);
             const u64* valid_bits = fold_parameter(f, valid0, valid1, valid2, valid3);
-            words[f] = in_range && !codes[f].counts ? column[i - first_row] : 0;
+            words[f] = in_range && !codes[f].counts
+                           ? read_streamed(&column[i - first_row], policy)
+                           : 0;
             valid_words[f] = in_range && valid_bits != nullptr ? valid_bits[i >> 6] : ~0ULL;
         }
         u64 slot = capacity;
@@ -301,33 +350,41 @@ __device__ __forceinline__ void insert_fold_rows(
 #pragma unroll
         for (u32 f = 0; f < FOLDS; ++f) seen[f] = 0;
         if (in_range) {
+            // The probe of one slot: its key word, and its words where
+            // they are read.
+            const auto probe = [&](u64 at_slot) -> u64 {
+                const u64* at = slot_results + at_slot * slot_words;
+                return reads_slots ? read_slot<FOLDS>(at, seen)
+                                   : read_table_word(at + slot_words - 1);
+            };
             if (key == EMPTY_KEY) {
-                // The reserved slot holds 0 once claimed: read first, so
-                // that only its first rows take the atomic, not all of them
-                // (a stale EMPTY_KEY only sends a row to the CAS).
-                if (read_table_word(&table_keys[slot]) == EMPTY_KEY) {
-                    claimed = atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
+                // The reserved slot: read first, so that only its first
+                // rows take the atomic, not all of them (a stale 0 only
+                // sends a row to the CAS).
+                if (probe(slot) == 0) {
+                    claimed = atomicCAS(&slot_results[(slot + 1) * slot_words - 1], 0ULL,
+                                        RESERVED_SLOT_CLAIMED) == 0;
                 }
-                if (reads_slots) read_slot_words<FOLDS>(slot_results + slot * slot_words, seen);
             } else {
-                const u64 home = mix64(key) & mask;
-                // The home slot's words, read alongside its key: a table a
-                // quarter full holds most keys there.
-                if (reads_slots) read_slot_words<FOLDS>(slot_results + home * slot_words, seen);
-                slot = home;
+                const u64 wanted = stored_key(key);
+                slot = mix64(key) & mask;
                 u64 probes = 0;
                 while (true) {
-                    // As in group_insert: a stale EMPTY_KEY only sends the
-                    // row to the CAS, which returns the slot's true key.
-                    const u64 found = read_table_word(&table_keys[slot]);
-                    if (found == key) break;
-                    if (found == EMPTY_KEY) {
-                        const u64 old = atomicCAS(&table_keys[slot], EMPTY_KEY, key);
-                        if (old == EMPTY_KEY) {
+                    // As in group_insert: a stale empty key word only
+                    // sends the row to the CAS, which returns the slot's
+                    // true one. Where the row claims the slot, the words
+                    // it read are zeros: no row folds into a slot before
+                    // its key is claimed.
+                    const u64 found = probe(slot);
+                    if (found == wanted) break;
+                    if (found == 0) {
+                        const u64 old =
+                            atomicCAS(&slot_results[(slot + 1) * slot_words - 1], 0ULL, wanted);
+                        if (old == 0) {
                             claimed = true;
                             break;
                         }
-                        if (old == key) break;
+                        if (old == wanted) break;
                     }
                     slot = (slot + 1) & mask;
                     if (++probes >= GIVE_UP_PROBES &&
@@ -336,9 +393,6 @@ __device__ __forceinline__ void insert_fold_rows(
                         gave_up = true;
                         break;
                     }
-                }
-                if (reads_slots && slot != home && !gave_up) {
-                    read_slot_words<FOLDS>(slot_results + slot * slot_words, seen);
                 }
             }
             if (claimed) {
@@ -395,15 +449,14 @@ __device__ __forceinline__ void insert_fold_rows(
 #define GROUP_INSERT_FOLD(FOLDS)                                                               \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, fold_blocks_per_sm(FOLDS))     \
         group_insert_fold_##FOLDS(                                                             \
-            const u64* keys, u64 first_row, u64 end_row, u64* table_keys, u64* table_groups,   \
-            u64 capacity, u64* group_count, u64* group_first_rows, u64* overflow,              \
-            const u64* specs, const u64* values0, const u64* values1, const u64* values2,      \
-            const u64* values3, const u64* valid0, const u64* valid1, const u64* valid2,       \
-            const u64* valid3, u64* slot_results) {                                            \
-        insert_fold_rows<FOLDS>(keys, first_row, end_row, table_keys, table_groups, capacity,  \
-                                group_count, group_first_rows, overflow, specs, values0,       \
-                                values1, values2, values3, valid0, valid1, valid2, valid3,     \
-                                slot_results);                                                 \
+            const u64* keys, u64 first_row, u64 end_row, u64* table_groups, u64 capacity,      \
+            u64* group_count, u64* group_first_rows, u64* overflow, const u64* specs,          \
+            const u64* values0, const u64* values1, const u64* values2, const u64* values3,    \
+            const u64* valid0, const u64* valid1, const u64* valid2, const u64* valid3,        \
+            u64* slot_results) {                                                               \
+        insert_fold_rows<FOLDS>(keys, first_row, end_row, table_groups, capacity, group_count, \
+                                group_first_rows, overflow, specs, values0, values1, values2,  \
+                                values3, valid0, valid1, valid2, valid3, slot_results);        \
     }
 // Blocks of a fold kernel resident on one multiprocessor, which its
 // registers must allow: three or four folds' words and constants need

@@ -490,9 +490,9 @@ fn unfolded_table_words(rows: usize) -> usize {
 }
 
 /// Words of a folding table of `capacity` slots and the reserved one, each
-/// with its key, its group and the words of `folds` folds.
+/// with its group, and its key and the words of `folds` folds.
 fn folding_table_words(capacity: u64, folds: usize) -> usize {
-    (capacity as usize + 1) * (2 + launch::table_slot_words(folds))
+    (capacity as usize + 1) * (1 + launch::table_slot_words(folds))
 }
 
 /// Device bytes [`group_on_device`] may hold at once for `rows` rows: every group
@@ -2120,9 +2120,10 @@ mod tests {
         let unfolded = 2 * ((1 << 21) + 1) + rows;
         assert_eq!(hashed_table_words(rows, None, &sums), unfolded);
         assert_eq!(hashed_table_words(rows, Some(1_000), &sums), unfolded);
-        // 2^20 slots (and the reserved one), each with its key, group and
-        // four folds' words: more than the table sized to the rows.
-        let folding = ((1 << 20) + 1) * 6;
+        // 2^20 slots (and the reserved one), each with its group, and four
+        // folds' words and its key in eight words: more than the table
+        // sized to the rows.
+        let folding = ((1 << 20) + 1) * 9;
         assert!(folding > unfolded);
         assert_eq!(hashed_table_words(rows, Some(1 << 18), &sums), folding);
         // Five inputs do not fold.

@@ -195,15 +195,12 @@ fn fold_blocks_per_sm(folds: usize) -> u32 {
     }
 }
 
-/// Words each slot of a table holds for `folds` folds: one, or an even
-/// count, so that the device reads a slot's words 16 bytes at a time
-/// (`table_slot_words` in `ptx/group_by.cu`).
+/// Words each slot of a folding table holds for `folds` folds: the folds'
+/// words, then as many as make a power of two with the slot's key word,
+/// last, so that one 32-byte sector holds a slot's key and up to three
+/// folds' words (`table_slot_words` in `ptx/group_by.cu`).
 pub fn table_slot_words(folds: usize) -> usize {
-    if folds == 1 {
-        1
-    } else {
-        folds.next_multiple_of(2)
-    }
+    (folds + 1).next_power_of_two()
 }
 
 /// One reduction [`group_insert_fold`] folds into each row's table slot:
@@ -251,12 +248,11 @@ fn check_table_folds(folds: usize, specs: &CudaSlice<u64>) -> GpuResult<()> {
     check_len(specs, 2 * folds, "fold specs")
 }
 
-/// The table [`group_insert_fold`] fills: `table_keys` and `table_groups`
-/// hold `capacity + 1` entries set to `u64::MAX` (`capacity` a power of
-/// two), `group_count` and `overflow` one entry set to 0, and
-/// `group_first_rows` one entry per row.
+/// The table [`group_insert_fold`] fills: `table_groups` holds
+/// `capacity + 1` entries set to `u64::MAX` (`capacity` a power of two),
+/// `group_count` and `overflow` one entry set to 0, and `group_first_rows`
+/// one entry per row. The slots' keys are kept with their words.
 pub struct FoldTable<'a> {
-    pub table_keys: &'a mut CudaSlice<u64>,
     pub table_groups: &'a mut CudaSlice<u64>,
     pub capacity: u64,
     pub group_count: &'a mut CudaSlice<u64>,
@@ -273,7 +269,7 @@ pub struct FoldTable<'a> {
 /// bitmaps hold every row's bit) into that slot's words of `slot_results`
 /// (`(capacity + 1) * table_slot_words(folds.len())` words set to 0): fold
 /// `f` of slot `s` at `s * table_slot_words(folds.len()) + f`, a minimum
-/// kept complemented.
+/// kept complemented, and the slot's key, complemented, in its last word.
 /// `specs` is [`TableFold::specs`] of `folds`, on the device. Where the
 /// table fills up, the kernel sets `overflow` and stops, leaving every
 /// output incomplete. [`table_fold_results`] then moves the words to the
@@ -303,7 +299,6 @@ pub fn group_insert_fold(
         )));
     }
     let slots = capacity as usize + 1;
-    check_len(table.table_keys, slots, "hash table keys")?;
     check_len(table.table_groups, slots, "hash table groups")?;
     check_len(table.group_count, 1, "group count")?;
     check_len(table.group_first_rows, n, "group first rows")?;
@@ -326,7 +321,6 @@ pub fn group_insert_fold(
         .arg(keys)
         .arg(&first_row)
         .arg(&end_row)
-        .arg(table.table_keys)
         .arg(table.table_groups)
         .arg(&table.capacity)
         .arg(table.group_count)
@@ -348,10 +342,10 @@ pub fn group_insert_fold(
     // checked, and a null pointer stands
     // only for a count's values (never read) or an absent bitmap (tested),
     // or for a fold past `folds` (never read); slot_results is read and
-    // written at slot * words + f < (capacity + 1) * words (words =
-    // table_slot_words(folds) > f, 16-byte loads at even offsets of an
-    // allocation aligned to 256 bytes), checked; specs holds 2 * folds
-    // words, checked.
+    // written at slot * words + j < (capacity + 1) * words (words =
+    // table_slot_words(folds) > folds, j < words; 16-byte loads at even
+    // offsets of an allocation aligned to 256 bytes), checked; specs holds
+    // 2 * folds words, checked.
     let resident = u64::from(sm_count) * u64::from(fold_blocks_per_sm(folds.len()));
     let blocks = grid_stride_blocks(end_row - first_row, sm_count).min(resident);
     unsafe { launch.launch(config(blocks)?) }.during("launching group_insert_fold")?;

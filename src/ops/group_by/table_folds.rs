@@ -80,7 +80,7 @@ pub const FOLD_CHUNK_ROWS: usize = 1 << 23;
 /// enqueued: what the host reads once it knows the table did not fill up.
 pub(super) struct TableFolds {
     pub(super) table: SizedTable,
-    /// Each slot's words, one per fold, side by side
+    /// Each slot's words, one per fold, side by side, and its key
     /// ([`launch::table_slot_words`] a slot).
     slot_results: DeviceVec<u64>,
     /// The folds' [`TableFold::specs`], on the device.
@@ -273,7 +273,6 @@ pub(super) fn launch_table_folds(
                     keys,
                     chunk,
                     FoldTable {
-                        table_keys: &mut table.keys,
                         table_groups: &mut table.groups,
                         capacity: table.capacity,
                         group_count,
@@ -333,8 +332,6 @@ pub(super) fn launch_table_folds(
         fold(&mut table, group_count, chunk, &values, timer)?;
         chunks_values.push(values);
     }
-    // The table's keys are freed in stream order, after the last chunk's
-    // fold.
     Ok(TableFolds {
         table: SizedTable {
             table_groups: table.groups,
@@ -349,9 +346,9 @@ pub(super) fn launch_table_folds(
 }
 
 /// A table that folds, on the device: `capacity` slots and the reserved
-/// one, keys and groups set to `u64::MAX`, each slot's fold words to 0.
+/// one, groups set to `u64::MAX`, each slot's fold words and key word to 0
+/// (an empty slot: keys are kept complemented).
 struct FoldingTable {
-    keys: DeviceVec<u64>,
     groups: DeviceVec<u64>,
     capacity: u64,
     /// One entry, 0 until the table fills up.
@@ -369,9 +366,7 @@ impl FoldingTable {
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
         let slots = capacity as usize + 1;
-        // SAFETY (both): filled with u64::MAX below, before any read.
-        let mut keys: DeviceVec<u64> =
-            unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
+        // SAFETY: filled with u64::MAX below, before any read.
         let mut groups: DeviceVec<u64> =
             unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
         let overflow = stream
@@ -382,11 +377,9 @@ impl FoldingTable {
             .during("allocating the table's folds")?;
         timer.time(Phase::Kernel, || {
             let (kernels, sm_count) = (device.kernels(), device.sm_count());
-            launch::fill_u64(kernels, stream, sm_count, &mut keys, u64::MAX)?;
             launch::fill_u64(kernels, stream, sm_count, &mut groups, u64::MAX)
         })?;
         Ok(Self {
-            keys,
             groups,
             capacity,
             overflow,
@@ -562,6 +555,25 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_is_an_aligned_piece_with_its_key_after_its_folds() {
+        for folds in 1..=MAX_TABLE_FOLDS {
+            let words = launch::table_slot_words(folds);
+            // The folds' words, then the key word last: room for both.
+            assert!(words > folds, "{folds} folds");
+            // A power of two of words, so that slots never straddle their
+            // aligned 16-, 32- or 64-byte pieces, and no larger than needs be.
+            assert!(
+                words.is_power_of_two() && words / 2 <= folds,
+                "{folds} folds"
+            );
+        }
+        // Up to three folds and the key share one 32-byte sector.
+        assert_eq!(launch::table_slot_words(1) * 8, 16);
+        assert_eq!(launch::table_slot_words(3) * 8, 32);
+        assert_eq!(launch::table_slot_words(MAX_TABLE_FOLDS) * 8, 64);
+    }
+
+    #[test]
     fn the_largest_folding_table_fits_the_memory_of_the_unfolded_numbering() {
         for rows in [1usize, 2, 1000, 100_000, 1 << 20, (1 << 28) + 7] {
             for folds in 1..=MAX_TABLE_FOLDS {
@@ -580,7 +592,7 @@ mod tests {
                     "{rows} rows, {folds} folds"
                 );
                 let unfolded = 2 * (table_capacity(rows) + 1) + rows as u64;
-                let slot_words = 2 + launch::table_slot_words(folds) as u64;
+                let slot_words = 1 + launch::table_slot_words(folds) as u64;
                 assert!(
                     (capacity + 1) * slot_words <= unfolded,
                     "{rows} rows, {folds} folds"
@@ -593,8 +605,13 @@ mod tests {
                 );
             }
         }
-        // 2^28 rows, two folds: 2^28 slots (16 bytes of words each).
-        assert_eq!(largest_folding_capacity(1 << 28, 2), 1 << 28);
+        // 2^28 rows, two folds: slots of five words (a group, two folds'
+        // words, a spare one and the key), so 2^28 of them and the reserved
+        // one take more than the 5 * 2^28 + 2 words of the numbering
+        // without folds, and 2^27 do not; one fold (four words a slot):
+        // 2^28.
+        assert_eq!(largest_folding_capacity(1 << 28, 2), 1 << 27);
+        assert_eq!(largest_folding_capacity(1 << 28, 1), 1 << 28);
     }
 
     #[test]
