@@ -25,6 +25,28 @@ __device__ __forceinline__ u64 mix64(u64 k) {
 
 __device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31; }
 
+// A word that other blocks' atomics only ever move one way (a hash table
+// slot's key, claimed once; a MIN or MAX, only towards its best), read in
+// a plain (weak) load that L1 may answer from a copy older than L2's. PTX
+// does not require such a load to be free of races: it reads a value one
+// of the writes to the word left there, not necessarily the last. An older
+// value can only send a thread to an atomic that changes nothing (or to
+// the CAS of a claimed slot, which returns its key), never let it skip one
+// that would; and L1 answers most reads of hot words, where a read past L1
+// (`ld.relaxed.gpu`, or volatile) queues at one L2 slice with every other
+// block's. `asm volatile`, so that each probe reads again. `at` is in
+// global memory.
+__device__ __forceinline__ u64 read_monotone_word(const u64* at) {
+    u64 word;
+    asm volatile("ld.global.u64 %0, [%1];" : "=l"(word) : "l"(at));
+    return word;
+}
+
+// Two such words side by side, in one 16-byte load (`at` 16-byte aligned).
+__device__ __forceinline__ void read_monotone_pair(const u64* at, u64& first, u64& second) {
+    asm volatile("ld.global.v2.u64 {%0, %1}, [%2];" : "=l"(first), "=l"(second) : "l"(at));
+}
+
 __device__ __forceinline__ u32 lanemask_lt() {
     u32 mask;
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));

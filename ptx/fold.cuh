@@ -34,10 +34,12 @@ __device__ __forceinline__ void atomic_apply(u32 op, u64* target, u64 value) {
 // best is found its other rows only read it (the atomics of a hot group
 // would serialize). The target only ever moves towards the op's best, so a
 // read that is stale can only let through an atomic that changes nothing,
-// never skip one that would.
+// never skip one that would (read_monotone_word). `target` is in global or
+// shared memory (a block's privatized groups), so the read is generic.
 __device__ __forceinline__ void atomic_apply_if_better(u32 op, u64* target, u64 value) {
     if (op == OP_MIN || op == OP_MAX) {
-        const u64 seen = *(volatile u64*)target;
+        u64 seen;
+        asm volatile("ld.u64 %0, [%1];" : "=l"(seen) : "l"(target));
         if (op == OP_MIN ? seen <= value : seen >= value) return;
     }
     atomic_apply(op, target, value);

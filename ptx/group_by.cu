@@ -68,15 +68,15 @@ extern "C" __global__ void group_insert(const u64* keys, u64 n, u64* table_keys,
             // claimed. Read first, so that only its first rows take the
             // atomic; a stale EMPTY_KEY only sends a row to the CAS.
             slot = capacity;
-            claimed = *(volatile u64*)&table_keys[slot] == EMPTY_KEY &&
+            claimed = read_monotone_word(&table_keys[slot]) == EMPTY_KEY &&
                       atomicCAS(&table_keys[slot], EMPTY_KEY, 0ULL) == EMPTY_KEY;
         } else {
             slot = mix64(key) & mask;
             u64 probes = 0;
             while (true) {
-                // A plain read first: most rows find their key already there.
-                // A stale EMPTY_KEY only sends the row to the CAS below.
-                const u64 seen = *(volatile u64*)&table_keys[slot];
+                // A read first: most rows find their key already there. A
+                // stale EMPTY_KEY only sends the row to the CAS below.
+                const u64 seen = read_monotone_word(&table_keys[slot]);
                 if (seen == key) {
                     claimed = false;
                     break;
@@ -173,31 +173,6 @@ __host__ __device__ constexpr u32 table_slot_words(u32 folds) {
 __device__ __forceinline__ u64 stored_key(u64 key) { return ~key; }
 #define RESERVED_SLOT_CLAIMED 1ULL
 
-// Two words of the table, in a plain (weak) load that L1 may answer from
-// a copy older than L2's, where other blocks' atomics change them. PTX
-// does not require such a load to be free of races: it reads a value one
-// of the writes to each word left there, not necessarily the last. That
-// is all the fold needs: a slot's key and words only ever move one way (a
-// key is claimed once, a word only moves towards its best), so an older
-// value can only send a row to an atomic that changes nothing (or to the
-// CAS of a claimed slot, which returns its key), never let one skip an
-// atomic that would change its slot. L1 then answers most reads of a
-// table's hot slots, and a slot's key and words, read in two loads of one
-// sector, cost L2 one request. Read past L1 (`ld.relaxed.gpu`), the same
-// kernel's launches took 3.7 to 7.2 ms a query where these reads took 2.6
-// to 2.9 (2 to 2^12 groups, 2^28 rows, an H100; BENCHMARKS.md).
-// `asm volatile`, so that each probe reads the slot again.
-__device__ __forceinline__ void read_table_pair(const u64* at, u64& first, u64& second) {
-    asm volatile("ld.global.v2.u64 {%0, %1}, [%2];" : "=l"(first), "=l"(second) : "l"(at));
-}
-
-// One word of the table, as read_table_pair reads two.
-__device__ __forceinline__ u64 read_table_word(const u64* at) {
-    u64 word;
-    asm volatile("ld.global.u64 %0, [%1];" : "=l"(word) : "l"(at));
-    return word;
-}
-
 // A word of a column the fold reads once, under `policy`
 // (streamed_policy).
 __device__ __forceinline__ u64 read_streamed(const u64* at, u64 policy) {
@@ -219,7 +194,12 @@ __device__ __forceinline__ u64 streamed_policy() {
 }
 
 // The slot at `at`: its FOLDS folds' words into `seen`, and its key word,
-// returned, as read_table_pair reads them (only the pairs holding either).
+// returned, in 16-byte loads through L1 (read_monotone_pair: a slot's key
+// and words only ever move one way), only of the pairs holding either. A
+// slot's key and words then cost L2 one request, and L1 answers most
+// reads of a table's hot slots: read past L1 (`ld.relaxed.gpu`), the fold
+// kernel's launches took 3.7 to 7.2 ms a query where these reads took 2.6
+// to 2.9 (2 to 2^12 groups, 2^28 rows, an H100; BENCHMARKS.md).
 template <u32 FOLDS>
 __device__ __forceinline__ u64 read_slot(const u64* at, u64 (&seen)[FOLDS]) {
     constexpr u32 words = table_slot_words(FOLDS);
@@ -228,7 +208,7 @@ __device__ __forceinline__ u64 read_slot(const u64* at, u64 (&seen)[FOLDS]) {
     for (u32 p = 0; p < words; p += 2) {
         if (p >= FOLDS && p + 2 != words) continue;
         u64 first, second;
-        read_table_pair(at + p, first, second);
+        read_monotone_pair(at + p, first, second);
         if (p < FOLDS) seen[p] = first;
         if (p + 1 < FOLDS) seen[p + 1] = second;
         if (p + 2 == words) key_word = second;
@@ -355,7 +335,7 @@ __device__ __forceinline__ void insert_fold_rows(
             const auto probe = [&](u64 at_slot) -> u64 {
                 const u64* at = slot_results + at_slot * slot_words;
                 return reads_slots ? read_slot<FOLDS>(at, seen)
-                                   : read_table_word(at + slot_words - 1);
+                                   : read_monotone_word(at + slot_words - 1);
             };
             if (key == EMPTY_KEY) {
                 // The reserved slot: read first, so that only its first
