@@ -174,10 +174,13 @@ __device__ __forceinline__ u64 stored_key(u64 key) { return ~key; }
 #define RESERVED_SLOT_CLAIMED 1ULL
 
 // A word of a column the fold reads once, under `policy`
-// (streamed_policy).
+// (streamed_policy). `asm volatile`, so that the load stays behind the
+// test of its row's range.
 __device__ __forceinline__ u64 read_streamed(const u64* at, u64 policy) {
     u64 word;
-    asm("ld.global.L2::cache_hint.u64 %0, [%1], %2;" : "=l"(word) : "l"(at), "l"(policy));
+    asm volatile("ld.global.L2::cache_hint.u64 %0, [%1], %2;"
+                 : "=l"(word)
+                 : "l"(at), "l"(policy));
     return word;
 }
 
@@ -194,12 +197,13 @@ __device__ __forceinline__ u64 streamed_policy() {
 }
 
 // The slot at `at`: its FOLDS folds' words into `seen`, and its key word,
-// returned, in 16-byte loads through L1 (read_monotone_pair: a slot's key
-// and words only ever move one way), only of the pairs holding either. A
-// slot's key and words then cost L2 one request, and L1 answers most
-// reads of a table's hot slots: read past L1 (`ld.relaxed.gpu`), the fold
-// kernel's launches took 3.7 to 7.2 ms a query where these reads took 2.6
-// to 2.9 (2 to 2^12 groups, 2^28 rows, an H100; BENCHMARKS.md).
+// returned, in 16-byte loads through L1 (read_monotone_pair: a slot's key and
+// words only ever move one way), only of the pairs holding either. A slot's key
+// and up to three folds' words then cost L2 one request (four folds' take two
+// sectors), and L1 answers most reads of a table's hot slots: read past L1
+// (`ld.relaxed.gpu`), the fold kernel's launches took 3.7 to 7.2 ms a query
+// where these reads took 2.6 to 2.9 (2 to 2^12 groups, 2^28 rows, an H100;
+// BENCHMARKS.md).
 template <u32 FOLDS>
 __device__ __forceinline__ u64 read_slot(const u64* at, u64 (&seen)[FOLDS]) {
     constexpr u32 words = table_slot_words(FOLDS);

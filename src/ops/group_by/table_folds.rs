@@ -608,7 +608,7 @@ mod tests {
         // 2^28 rows, two folds: slots of five words (a group, two folds'
         // words, a spare one and the key), so 2^28 of them and the reserved
         // one take more than the 5 * 2^28 + 2 words of the numbering
-        // without folds, and 2^27 do not; one fold (four words a slot):
+        // without folds, and 2^27 do not; one fold (three words a slot):
         // 2^28.
         assert_eq!(largest_folding_capacity(1 << 28, 2), 1 << 27);
         assert_eq!(largest_folding_capacity(1 << 28, 1), 1 << 28);
