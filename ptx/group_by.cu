@@ -336,18 +336,20 @@ __device__ __forceinline__ void insert_fold_rows(
         if (in_range) {
             // The probe of one slot: its key word, and its words where
             // they are read.
+            // A slot's key word, the last of its words.
+            const auto key_word = [&](u64 at_slot) -> u64* {
+                return slot_results + (at_slot + 1) * slot_words - 1;
+            };
             const auto probe = [&](u64 at_slot) -> u64 {
-                const u64* at = slot_results + at_slot * slot_words;
-                return reads_slots ? read_slot<FOLDS>(at, seen)
-                                   : read_monotone_word(at + slot_words - 1);
+                return reads_slots ? read_slot<FOLDS>(slot_results + at_slot * slot_words, seen)
+                                   : read_monotone_word(key_word(at_slot));
             };
             if (key == EMPTY_KEY) {
                 // The reserved slot: read first, so that only its first
                 // rows take the atomic, not all of them (a stale 0 only
                 // sends a row to the CAS).
                 if (probe(slot) == 0) {
-                    claimed = atomicCAS(&slot_results[(slot + 1) * slot_words - 1], 0ULL,
-                                        RESERVED_SLOT_CLAIMED) == 0;
+                    claimed = atomicCAS(key_word(slot), 0ULL, RESERVED_SLOT_CLAIMED) == 0;
                 }
             } else {
                 const u64 wanted = stored_key(key);
@@ -362,8 +364,7 @@ __device__ __forceinline__ void insert_fold_rows(
                     const u64 found = probe(slot);
                     if (found == wanted) break;
                     if (found == 0) {
-                        const u64 old =
-                            atomicCAS(&slot_results[(slot + 1) * slot_words - 1], 0ULL, wanted);
+                        const u64 old = atomicCAS(key_word(slot), 0ULL, wanted);
                         if (old == 0) {
                             claimed = true;
                             break;
