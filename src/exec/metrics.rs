@@ -185,10 +185,13 @@ pub struct GpuAggregateMetrics {
     /// Wall time from the first poll to the whole input collected (the
     /// input's own work, such as a scan, included).
     pub input_time: Time,
-    /// Host time evaluating, packing and converting the collected input.
+    /// Host time evaluating, packing and converting the collected input
+    /// before the device starts (see
+    /// `inputs_prepared_during_key_copy_partitions`).
     pub prepare_time: Time,
     /// Wall time of the device part until the per-group results are on
-    /// the device (waits, copies, kernels, staging).
+    /// the device (waits, copies, kernels, staging, and the aggregates'
+    /// inputs where they are prepared while the keys cross the bus).
     pub device_wall_time: Time,
     /// Wall time bringing the per-group results back and turning them into
     /// output batches, the two overlapped, from the moment the groups are
@@ -230,6 +233,10 @@ pub struct GpuAggregateMetrics {
     /// its first chunk of rows showed more groups than the sample's
     /// estimate (a long tail of rare keys) before it could fill up.
     pub folding_table_grown_partitions: Count,
+    /// Partitions whose aggregates' inputs were prepared on the host while
+    /// the keys crossed the bus (no FILTER, and no argument that may be
+    /// NULL), rather than before the device started.
+    pub inputs_prepared_during_key_copy_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).
     pub cpu_fallback_partitions: Count,
@@ -260,6 +267,8 @@ impl GpuAggregateMetrics {
             table_fold_partitions: builder().counter("table_fold_partitions", partition),
             folding_table_grown_partitions: builder()
                 .counter("folding_table_grown_partitions", partition),
+            inputs_prepared_during_key_copy_partitions: builder()
+                .counter("inputs_prepared_during_key_copy_partitions", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }

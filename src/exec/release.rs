@@ -22,7 +22,13 @@ fn releaser() -> Option<&'static Sender<Released>> {
             let (sender, receiver) = channel::<Released>();
             std::thread::Builder::new()
                 .name("datafusion-gpu-release".into())
-                .spawn(move || receiver.into_iter().for_each(drop))
+                .spawn(move || {
+                    receiver.into_iter().for_each(|released| {
+                        crate::trace::event(|| "release: dropping a query's inputs".into());
+                        drop(released);
+                        crate::trace::event(|| "release: dropped".into());
+                    })
+                })
                 .ok()
                 .map(|_| sender)
         })

@@ -609,24 +609,51 @@ pub fn group_on_device(
     timer: &mut PhaseTimer,
 ) -> GpuResult<DeviceGrouped> {
     check_inputs(keys, rows, inputs, bitmaps)?;
-    if ids.in_key_order() && back == GroupsBack::RowsAndRowGroups {
-        return Err(GpuError::Invalid(
-            "sorted group ids give each group's key word, not a row of it".into(),
-        ));
-    }
-    let sm_count = device.sm_count();
-    // Everything is enqueued before the host first waits for the device:
-    // the keys' copy and the grouping kernels, then every column's copy on
-    // the copy stream, so that the host stages the columns and the bus
-    // carries them while the grouping kernels run. The columns' copies
-    // wait for the keys' own: sharing the bus with them, the keys would
-    // arrive later and the grouping kernels start later, for nothing.
-    // Where the table folds the inputs, its kernel reads them: it is
-    // enqueued chunk by chunk, each launch after its chunk's copies, below.
-    let fold_into_table = fold_chunk_rows.is_some()
-        && keys.is_some()
-        && table_fold_capacity(ids, back, rows, inputs).is_some();
-    let mut device_keys = match keys {
+    let keys = upload_group_keys(device, stream, copy_stream, keys, rows, timer)?;
+    group_uploaded_keys(
+        device,
+        stream,
+        copy_stream,
+        keys,
+        ids,
+        rows,
+        inputs,
+        bitmaps,
+        back,
+        fold_chunk_rows,
+        timer,
+    )
+}
+
+/// The group keys' words on their way to the device
+/// ([`upload_group_keys`]), for [`group_uploaded_keys`].
+#[derive(Debug)]
+pub struct UploadedKeys {
+    /// Whether the rows have keys (without keys they form one group).
+    with_keys: bool,
+    /// The words, where there are keys and rows.
+    words: Option<DeviceVec<u64>>,
+    rows: usize,
+}
+
+/// The first step of [`group_on_device`]: the keys' copy to the device,
+/// enqueued on `stream` (where their words lie in pinned memory, the host
+/// does not wait for it), with `copy_stream` ordered after it. The host
+/// may prepare the inputs while the keys cross the bus, then hand both to
+/// [`group_uploaded_keys`].
+pub fn upload_group_keys(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    copy_stream: &Arc<CudaStream>,
+    keys: Option<&Words>,
+    rows: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<UploadedKeys> {
+    check_inputs(keys, rows, &[], &[])?;
+    // The columns' copies wait for the keys' own: sharing the bus with
+    // them, the keys would arrive later and the grouping kernels start
+    // later, for nothing.
+    let words = match keys {
         Some(keys) if rows > 0 => {
             let uploaded = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
             if !Arc::ptr_eq(stream, copy_stream) {
@@ -641,7 +668,54 @@ pub fn group_on_device(
         }
         _ => None,
     };
-    let mut pending = match keys {
+    Ok(UploadedKeys {
+        with_keys: keys.is_some(),
+        words,
+        rows,
+    })
+}
+
+/// [`group_on_device`] over keys already enqueued for the device
+/// ([`upload_group_keys`], with the same streams and `rows`).
+#[allow(clippy::too_many_arguments)]
+pub fn group_uploaded_keys(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    copy_stream: &Arc<CudaStream>,
+    keys: UploadedKeys,
+    ids: GroupIds,
+    rows: usize,
+    inputs: &[ReduceInput],
+    bitmaps: &[Vec<u64>],
+    back: GroupsBack,
+    fold_chunk_rows: Option<usize>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<DeviceGrouped> {
+    if keys.rows != rows {
+        return Err(GpuError::Invalid(format!(
+            "keys uploaded for {} rows, grouping {rows}",
+            keys.rows
+        )));
+    }
+    check_inputs(None, rows, inputs, bitmaps)?;
+    if ids.in_key_order() && back == GroupsBack::RowsAndRowGroups {
+        return Err(GpuError::Invalid(
+            "sorted group ids give each group's key word, not a row of it".into(),
+        ));
+    }
+    let sm_count = device.sm_count();
+    // Everything is enqueued before the host first waits for the device:
+    // the keys' copy (already) and the grouping kernels, then every
+    // column's copy on the copy stream, so that the host stages the
+    // columns and the bus carries them while the grouping kernels run.
+    // Where the table folds the inputs, its kernel reads them: it is
+    // enqueued chunk by chunk, each launch after its chunk's copies, below.
+    let fold_into_table = fold_chunk_rows.is_some()
+        && keys.with_keys
+        && table_fold_capacity(ids, back, rows, inputs).is_some();
+    let mut device_keys = keys.words;
+    let with_keys = keys.with_keys.then_some(());
+    let mut pending = match with_keys {
         Some(_) if !fold_into_table => Some(launch_pending_groups(
             device,
             stream,

@@ -25,8 +25,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::support::{
-    cpu_context, gen_keys, gpu_context, require_gpu, rows_in_order, run_counting, string_rows,
-    table_from_columns, JoinMode, Keys,
+    cpu_context, gen_keys, gpu_context, pinned_table, require_gpu, rows_in_order, run_counting,
+    string_rows, table_from_columns, JoinMode, Keys,
 };
 
 /// Rows of the test table `t`: keys drawn from `keys`, every value column
@@ -348,6 +348,133 @@ async fn filtered_aggregates_match_the_cpu() {
             "SELECT count(v) FILTER (WHERE k IS NULL), min(big) FILTER (WHERE u > 100) FROM t",
         ] {
             check(&gpu, &cpu, sql).await;
+        }
+    }
+}
+
+/// `rows` rows whose key `k` (Int64) and values `u` (UInt32), `x` (Int64)
+/// and `big` (Decimal128) cannot be NULL, and `v` (Int64) can, in
+/// `partitions` partitions of batches of at most 4,096 rows.
+fn not_null_table(rows: usize, keys: Keys, partitions: usize, seed: u64) -> Arc<MemTable> {
+    let k: Vec<i64> = gen_keys(rows, keys, 0.0, seed)
+        .into_iter()
+        .map(|k| k.expect("no NULL keys"))
+        .collect();
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0dd);
+    let u: Vec<u32> = (0..rows).map(|_| rng.random_range(0..u32::MAX)).collect();
+    let x: Vec<i64> = (0..rows)
+        .map(|_| rng.random_range(i64::MIN..i64::MAX))
+        .collect();
+    let big: Vec<i128> = (0..rows)
+        .map(|_| i128::from(rng.random_range(i64::MIN..i64::MAX)) << 20)
+        .collect();
+    let v: Vec<Option<i64>> = (0..rows)
+        .map(|_| rng.random_bool(0.8).then(|| rng.random_range(-1000..1000)))
+        .collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("u", DataType::UInt32, false),
+        Field::new("x", DataType::Int64, false),
+        Field::new("big", DataType::Decimal128(38, 0), false),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let per_partition = rows.div_ceil(partitions.max(1)).max(1);
+    let mut parts = vec![Vec::new(); partitions.max(1)];
+    for (i, start) in (0..rows).step_by(4096).enumerate() {
+        let range = start..(start + 4096).min(rows);
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(k[range.clone()].to_vec())),
+            Arc::new(UInt32Array::from(u[range.clone()].to_vec())),
+            Arc::new(Int64Array::from(x[range.clone()].to_vec())),
+            Arc::new(
+                Decimal128Array::from(big[range.clone()].to_vec())
+                    .with_precision_and_scale(38, 0)
+                    .unwrap(),
+            ),
+            Arc::new(Int64Array::from(v[range].to_vec())),
+        ];
+        let batch = RecordBatch::try_new(Arc::clone(&schema), columns).unwrap();
+        parts[(i * 4096 / per_partition).min(partitions.max(1) - 1)].push(batch);
+    }
+    Arc::new(MemTable::try_new(schema, parts).unwrap())
+}
+
+/// Aggregates whose arguments cannot be NULL, without FILTER, over keys
+/// in pinned memory (their own words) have their inputs prepared while the
+/// keys cross the bus; over a nullable column, under a FILTER, or over keys
+/// staged on the host, before the device starts. Every way agrees with the
+/// CPU: in one hash table (the aggregates folded into it or not), in hash
+/// partitions, and without keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inputs_prepared_while_the_keys_cross_match_the_cpu() {
+    let Some(_) = require_gpu("inputs_prepared_while_the_keys_cross_match_the_cpu") else {
+        return;
+    };
+    const NOT_NULL: &str = "count(*), count(u), sum(u), min(u), max(u), avg(u), min(x), max(x), \
+         sum(big), min(big), max(big)";
+    for (plan, in_partitions) in [(PLANS[0], false), (PLANS[1], false), (PLANS[0], true)] {
+        let (partitions, phases) = plan;
+        let mut settings = vec![phases];
+        if in_partitions {
+            settings.push("SET gpu.min_groups_to_partition = 0");
+        }
+        let (gpu, cpu) = contexts(partitions, &settings).await;
+        for (rows, dist) in GROUPED_INPUTS {
+            let table = not_null_table(rows, dist, partitions, rows as u64 + 5);
+            for pinned in [true, false] {
+                let table = match pinned {
+                    true => pinned_table(&table).await,
+                    false => Arc::clone(&table),
+                };
+                register([&gpu, &cpu], table);
+                for (sql, grouped, not_null) in [
+                    (
+                        format!("SELECT k, {NOT_NULL} FROM t GROUP BY k"),
+                        true,
+                        true,
+                    ),
+                    // Two folds of one word each: folded into a sized table.
+                    (
+                        "SELECT k, min(x), max(x) FROM t GROUP BY k".into(),
+                        true,
+                        true,
+                    ),
+                    (
+                        "SELECT k, max(u % 7), sum(x % 1000) FROM t GROUP BY k".into(),
+                        true,
+                        true,
+                    ),
+                    (format!("SELECT {NOT_NULL} FROM t"), false, true),
+                    // v may be NULL; a FILTER decides which rows count.
+                    (
+                        "SELECT k, max(u), sum(v) FROM t GROUP BY k".into(),
+                        true,
+                        false,
+                    ),
+                    (
+                        "SELECT k, max(u) FILTER (WHERE u > 100) FROM t GROUP BY k".into(),
+                        true,
+                        false,
+                    ),
+                ] {
+                    let plan = check(&gpu, &cpu, &sql).await;
+                    let prepared_during_copy =
+                        gpu_aggregate_metric(&plan, "inputs_prepared_during_key_copy_partitions");
+                    // Without keys nothing crosses before the inputs.
+                    let expected = pinned && grouped && not_null;
+                    assert_eq!(
+                        prepared_during_copy > 0,
+                        expected,
+                        "{sql} (pinned {pinned})"
+                    );
+                    if in_partitions && grouped {
+                        assert!(
+                            gpu_aggregate_metric(&plan, "partitioned_groups_partitions") > 0,
+                            "{sql}: in partitions"
+                        );
+                    }
+                }
+            }
         }
     }
 }

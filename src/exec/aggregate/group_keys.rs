@@ -181,6 +181,28 @@ fn fold<U: FloatBits>(piece: ArrayRef) -> Result<ArrayRef> {
     Ok(make_array(data))
 }
 
+/// [`group_key_words`] where they are the key column's own values (one
+/// integer or float key without NULLs, read in place, nothing computed);
+/// `None` where the keys must be packed or hashed.
+pub(crate) fn own_group_key_words(
+    key_spec: &KeySpec,
+    key_columns: &[Vec<ArrayRef>],
+) -> Result<Option<GroupKeyWords>> {
+    let [column] = key_columns else {
+        return Ok(None);
+    };
+    // A cache miss or two a piece: thousands of them on every core.
+    let no_nulls = map_pieces(column.len(), |p| Ok(column[p].logical_null_count() == 0))?;
+    if !no_nulls.into_iter().all(|none| none) {
+        return Ok(None);
+    }
+    let data_type = &key_spec.types()[0];
+    Ok(own_words(data_type, column)?.map(|words| GroupKeyWords {
+        words,
+        kind: GroupKeyKind::Own(data_type.clone()),
+    }))
+}
+
 /// The words of `key_columns` (per key expression, one array per batch;
 /// floats already folded by [`fold_negative_zeros`]) for `batches` batches.
 /// Hashed words keep their low `hash_bits` bits (64 but in tests of the
@@ -199,18 +221,8 @@ pub(crate) fn group_key_words(
         )));
     }
     let hash_mask = u64::MAX >> (64 - hash_bits);
-    if let [column] = key_columns {
-        // A cache miss or two a piece: thousands of them on every core.
-        let no_nulls = map_pieces(column.len(), |p| Ok(column[p].logical_null_count() == 0))?;
-        if no_nulls.into_iter().all(|none| none) {
-            let data_type = &key_spec.types()[0];
-            if let Some(words) = own_words(data_type, column)? {
-                return Ok(Some(GroupKeyWords {
-                    words,
-                    kind: GroupKeyKind::Own(data_type.clone()),
-                }));
-            }
-        }
+    if let Some(own) = own_group_key_words(key_spec, key_columns)? {
+        return Ok(Some(own));
     }
     let pieces = columns_per_batch(key_columns, batches);
     if key_spec.packable() {

@@ -60,6 +60,24 @@ impl DeviceWork {
         }
     }
 
+    /// Whether this work has the inputs (reductions, value flips and
+    /// bitmaps) and state columns of `shape`, the same aggregates' work over
+    /// no rows: the device memory sized from the shape then holds it.
+    pub(crate) fn has_shape_of(&self, shape: &DeviceWork) -> bool {
+        self.bitmaps.len() == shape.bitmaps.len()
+            && self.inputs.len() == shape.inputs.len()
+            && self
+                .inputs
+                .iter()
+                .zip(&shape.inputs)
+                .all(|(input, planned)| {
+                    input.reduction == planned.reduction
+                        && input.flip == planned.flip
+                        && input.valid == planned.valid
+                })
+            && self.states.len() == shape.states.len()
+    }
+
     fn sum_reduction(&self, kind: ValueKind) -> Reduction {
         match kind {
             ValueKind::Float64 if self.deterministic_float_sums => Reduction::SumF64Fixed,
@@ -336,5 +354,38 @@ mod tests {
         let filter = [BooleanArray::from(vec![true, false])];
         assert_eq!(work.validity(&with_nulls, Some(&filter)), Some(2));
         assert_eq!(work.bitmaps, vec![vec![0b01], vec![0b10], vec![0b01]]);
+    }
+
+    /// A column's maximum and its count, as `add` makes them for a MAX.
+    fn max_and_count(column: &[ArrayRef]) -> DeviceWork {
+        let mut work = DeviceWork::default();
+        let valid = work.validity(column, None);
+        let words = ordered_words(column, ValueKind::Signed).unwrap();
+        work.reduce(Reduction::Max, words, valid);
+        work.count(valid);
+        work
+    }
+
+    #[test]
+    fn work_over_no_rows_has_the_shape_of_work_over_values_without_nulls() {
+        let shape = max_and_count(&[]);
+        assert!(shape.inputs.iter().all(|input| input.values.is_empty()));
+        let no_nulls: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![1, -2])),
+            Arc::new(Int64Array::from(vec![3])),
+        ];
+        assert!(max_and_count(&no_nulls).has_shape_of(&shape));
+        // A NULL needs a bitmap, which the shape did not size.
+        let with_nulls: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![Some(1), None]))];
+        assert!(!max_and_count(&with_nulls).has_shape_of(&shape));
+        // Another reduction, or another flip of the values, is another shape.
+        let mut sum = DeviceWork::default();
+        sum.reduce(
+            Reduction::Sum,
+            sum_words(&no_nulls, ValueKind::Signed).unwrap(),
+            None,
+        );
+        sum.count(None);
+        assert!(!sum.has_shape_of(&shape));
     }
 }
