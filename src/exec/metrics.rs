@@ -234,8 +234,8 @@ pub struct GpuAggregateMetrics {
     /// estimate (a long tail of rare keys) before it could fill up.
     pub folding_table_grown_partitions: Count,
     /// Partitions whose aggregates' inputs were prepared on the host while
-    /// the keys crossed the bus (no FILTER, and no argument that may be
-    /// NULL), rather than before the device started.
+    /// the keys crossed the bus (no FILTER, and every argument a column
+    /// that cannot be NULL), rather than before the device started.
     pub inputs_prepared_during_key_copy_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).

@@ -666,9 +666,11 @@ impl DevicePart {
     }
 
     /// The aggregates' device work over no rows, where it is the work
-    /// over `batches` but for its data: no aggregate has a FILTER or an
-    /// argument that may be NULL (the schema says so), so that no column
-    /// needs a validity bitmap. `None` where the data decides.
+    /// over `batches` but for its data: no aggregate has a FILTER, and
+    /// every argument is a column the schema says cannot be NULL (which
+    /// every batch was checked against when it was made), so that no
+    /// column needs a validity bitmap. `None` where the data decides,
+    /// computed arguments included.
     fn work_shape(
         &self,
         batches: &[RecordBatch],
@@ -682,7 +684,11 @@ impl DevicePart {
         }
         for args in &inputs.aggregate_args {
             for arg in args {
-                if arg.nullable(&schema)? {
+                let never_null = arg
+                    .downcast_ref::<Column>()
+                    .and_then(|column| schema.fields().get(column.index()))
+                    .is_some_and(|field| !field.is_nullable());
+                if !never_null {
                     return Ok(None);
                 }
             }

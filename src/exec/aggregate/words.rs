@@ -189,9 +189,10 @@ pub(crate) fn row_validity(
     // Reading each piece's validity is a cache miss or two: thousands of
     // pieces are read on every core. Only a panicking thread fails, and
     // then this thread reads them.
-    let nulls: Vec<Option<NullBuffer>> =
-        map_pieces(pieces.len(), |p| Ok(pieces[p].logical_nulls()))
-            .unwrap_or_else(|_| pieces.iter().map(|p| p.logical_nulls()).collect());
+    // A validity buffer without a NULL (some kernels leave one) is none.
+    let nulls_of = |p: &ArrayRef| p.logical_nulls().filter(|n| n.null_count() > 0);
+    let nulls: Vec<Option<NullBuffer>> = map_pieces(pieces.len(), |p| Ok(nulls_of(&pieces[p])))
+        .unwrap_or_else(|_| pieces.iter().map(nulls_of).collect());
     let filter = filter.filter(|f| f.iter().any(|f| f.null_count() > 0 || f.false_count() > 0));
     if nulls.iter().all(Option::is_none) && filter.is_none() {
         return None;
@@ -430,5 +431,14 @@ mod tests {
         let all_true = [BooleanArray::from(vec![true; 2])];
         let no_nulls: Vec<ArrayRef> = vec![Arc::new(Int16Array::from(vec![1, 2]))];
         assert!(row_validity(&no_nulls, Some(&all_true)).is_none());
+        // A validity buffer that marks every row valid needs no bitmap
+        // either: the shape of an aggregate's device work over a column
+        // that cannot be NULL depends on it.
+        let all_valid: Vec<ArrayRef> = vec![Arc::new(Int16Array::new(
+            vec![1, 2, 3].into(),
+            Some(NullBuffer::new_valid(3)),
+        ))];
+        assert!(all_valid[0].logical_nulls().is_some());
+        assert!(row_validity(&all_valid, None).is_none());
     }
 }
