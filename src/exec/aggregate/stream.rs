@@ -14,14 +14,14 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{concat, interleave};
-use datafusion::arrow::datatypes::{SchemaRef, ToByteSlice};
+use datafusion::arrow::datatypes::{Schema, SchemaRef, ToByteSlice};
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::utils::memory::get_record_batch_memory_size;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::expressions::{CastExpr, Column};
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
@@ -345,6 +345,25 @@ impl WorkToDo<'_> {
     }
 }
 
+/// Whether `arg` is NULL in no row of any batch of `schema`: a column the
+/// schema says cannot be NULL (every batch was checked against it when it
+/// was made), or a numeric CAST of one that fails rather than gives NULL
+/// (as `avg(x)` and `sum(x)` of narrow integers are planned). Other
+/// computed arguments may say they cannot be NULL and still give one.
+fn never_null(arg: &Arc<dyn PhysicalExpr>, schema: &Schema) -> bool {
+    if let Some(column) = arg.downcast_ref::<Column>() {
+        return schema
+            .fields()
+            .get(column.index())
+            .is_some_and(|field| !field.is_nullable());
+    }
+    if let Some(cast) = arg.downcast_ref::<CastExpr>() {
+        let numeric = cast.cast_type().is_numeric();
+        return numeric && !cast.cast_options().safe && never_null(cast.expr(), schema);
+    }
+    false
+}
+
 /// How groups that must leave in key order are numbered, from the sample
 /// of the keys (`(sampled, distinct)`) out of `rows` rows: sorting the rows
 /// costs less than hashing them and sorting the groups only where nearly
@@ -666,11 +685,9 @@ impl DevicePart {
     }
 
     /// The aggregates' device work over no rows, where it is the work
-    /// over `batches` but for its data: no aggregate has a FILTER, and
-    /// every argument is a column the schema says cannot be NULL (which
-    /// every batch was checked against when it was made), so that no
-    /// column needs a validity bitmap. `None` where the data decides,
-    /// computed arguments included.
+    /// over `batches` but for its data: no aggregate has a FILTER, and no
+    /// argument can be NULL ([`never_null`]), so that no column needs a
+    /// validity bitmap. `None` where the data decides.
     fn work_shape(
         &self,
         batches: &[RecordBatch],
@@ -682,18 +699,15 @@ impl DevicePart {
         if inputs.filters.iter().any(Option::is_some) {
             return Ok(None);
         }
-        for args in &inputs.aggregate_args {
-            for arg in args {
-                let never_null = arg
-                    .downcast_ref::<Column>()
-                    .and_then(|column| schema.fields().get(column.index()))
-                    .is_some_and(|field| !field.is_nullable());
-                if !never_null {
-                    return Ok(None);
-                }
-            }
+        let never_null = inputs
+            .aggregate_args
+            .iter()
+            .flatten()
+            .all(|arg| never_null(arg, &schema));
+        match never_null {
+            true => self.device_work(&[], inputs).map(Some),
+            false => Ok(None),
         }
-        self.device_work(&[], inputs).map(Some)
     }
 
     /// Runs the device part up to the results, which stay on the device,
@@ -1030,4 +1044,48 @@ fn concat_chunks(chunks: &[Vec<ArrayRef>]) -> Result<Vec<ArrayRef>> {
             Ok(concat(&pieces)?)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::compute::CastOptions;
+    use datafusion::arrow::datatypes::{DataType, Field};
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{binary, lit, TryCastExpr};
+
+    use super::*;
+
+    #[test]
+    fn only_columns_that_cannot_be_null_and_their_failing_casts_never_give_null() {
+        let schema = Schema::new(vec![
+            Field::new("u", DataType::Int32, false),
+            Field::new("v", DataType::Int32, true),
+        ]);
+        let u: Arc<dyn PhysicalExpr> = Arc::new(Column::new("u", 0));
+        let v: Arc<dyn PhysicalExpr> = Arc::new(Column::new("v", 1));
+        let cast = |expr: &Arc<dyn PhysicalExpr>, to: DataType, safe: bool| {
+            let options = CastOptions {
+                safe,
+                ..Default::default()
+            };
+            Arc::new(CastExpr::new(Arc::clone(expr), to, Some(options))) as Arc<dyn PhysicalExpr>
+        };
+        assert!(never_null(&u, &schema));
+        assert!(!never_null(&v, &schema));
+        // As `sum(u)` and `avg(u)` are planned.
+        assert!(never_null(&cast(&u, DataType::Int64, false), &schema));
+        assert!(never_null(&cast(&u, DataType::Float64, false), &schema));
+        assert!(!never_null(&cast(&v, DataType::Int64, false), &schema));
+        // A cast that gives NULL where it cannot convert.
+        assert!(!never_null(&cast(&u, DataType::Int8, true), &schema));
+        let try_cast: Arc<dyn PhysicalExpr> =
+            Arc::new(TryCastExpr::new(Arc::clone(&u), DataType::Int8));
+        assert!(!never_null(&try_cast, &schema));
+        // Computed arguments are not trusted, whatever they say.
+        let modulo = binary(Arc::clone(&u), Operator::Modulo, lit(7i32), &schema).unwrap();
+        assert!(!modulo.nullable(&schema).unwrap());
+        assert!(!never_null(&modulo, &schema));
+        // A column past the schema's end.
+        assert!(!never_null(&(Arc::new(Column::new("w", 2)) as _), &schema));
+    }
 }
