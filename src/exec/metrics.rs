@@ -235,8 +235,8 @@ pub struct GpuAggregateMetrics {
     pub folding_table_grown_partitions: Count,
     /// Partitions whose aggregates' inputs were prepared on the host while
     /// the keys crossed the bus (no FILTER, and every argument a column
-    /// that cannot be NULL or a numeric CAST of one), rather than before
-    /// the device started.
+    /// that cannot be NULL, a literal, or a numeric CAST of either), rather
+    /// than before the device started.
     pub inputs_prepared_during_key_copy_partitions: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).

@@ -399,8 +399,9 @@ fn not_null_table(rows: usize, keys: Keys, partitions: usize, seed: u64) -> Arc<
     Arc::new(MemTable::try_new(schema, parts).unwrap())
 }
 
-/// Aggregates whose arguments are columns that cannot be NULL (or their
-/// casts, as `sum(u)` and `avg(u)` of a UInt32 are planned), without
+/// Aggregates whose arguments cannot be NULL (columns that cannot be, their
+/// casts, as `sum(u)` and `avg(u)` of a UInt32 are planned, and the literal
+/// `count(*)` is planned with), without
 /// FILTER, over keys in pinned memory (their own words) have their inputs
 /// prepared while the keys cross the bus; over a nullable column, a
 /// computed argument, under a FILTER, or over keys staged on the host,

@@ -21,7 +21,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::expressions::{CastExpr, Column};
+use datafusion::physical_expr::expressions::{CastExpr, Column, Literal};
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
@@ -347,15 +347,20 @@ impl WorkToDo<'_> {
 
 /// Whether `arg` is NULL in no row of any batch of `schema`: a column the
 /// schema says cannot be NULL (every batch was checked against it when it
-/// was made), or a numeric CAST of one that fails rather than gives NULL
-/// (as `avg(x)` and `sum(x)` of narrow integers are planned). Other
-/// computed arguments may say they cannot be NULL and still give one.
+/// was made), a literal that is not NULL, or a numeric CAST of either that
+/// fails rather than gives NULL (as `avg(x)` and `sum(x)` of narrow
+/// integers are planned). Other computed arguments may say they cannot be
+/// NULL and still give one.
 fn never_null(arg: &Arc<dyn PhysicalExpr>, schema: &Schema) -> bool {
     if let Some(column) = arg.downcast_ref::<Column>() {
         return schema
             .fields()
             .get(column.index())
             .is_some_and(|field| !field.is_nullable());
+    }
+    if let Some(literal) = arg.downcast_ref::<Literal>() {
+        // `count(*)` is planned as `count(1)`.
+        return !literal.value().is_null();
     }
     if let Some(cast) = arg.downcast_ref::<CastExpr>() {
         let numeric = cast.cast_type().is_numeric();
@@ -1050,8 +1055,12 @@ fn concat_chunks(chunks: &[Vec<ArrayRef>]) -> Result<Vec<ArrayRef>> {
 mod tests {
     use datafusion::arrow::compute::CastOptions;
     use datafusion::arrow::datatypes::{DataType, Field};
+    use datafusion::common::ScalarValue;
+    use datafusion::datasource::MemTable;
     use datafusion::logical_expr::Operator;
     use datafusion::physical_expr::expressions::{binary, lit, TryCastExpr};
+    use datafusion::physical_plan::aggregates::AggregateExec;
+    use datafusion::prelude::SessionContext;
 
     use super::*;
 
@@ -1087,5 +1096,65 @@ mod tests {
         assert!(!never_null(&modulo, &schema));
         // A column past the schema's end.
         assert!(!never_null(&(Arc::new(Column::new("w", 2)) as _), &schema));
+        assert!(never_null(&lit(1i64), &schema));
+        assert!(!never_null(&lit(ScalarValue::Int64(None)), &schema));
+    }
+
+    /// Every argument of the aggregates as DataFusion plans them over
+    /// columns that cannot be NULL (`count(*)` as a literal, `sum` and
+    /// `avg` of a narrow integer over a cast) never gives NULL, so their
+    /// inputs may be prepared while the keys cross the bus.
+    #[tokio::test]
+    async fn the_planned_arguments_of_aggregates_over_columns_without_null_never_give_null() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("u", DataType::UInt32, false),
+            Field::new("x", DataType::Int64, false),
+            Field::new("big", DataType::Decimal128(38, 0), false),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let ctx = SessionContext::new();
+        let table = MemTable::try_new(Arc::clone(&schema), vec![vec![]]).unwrap();
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        let arguments = |sql: &'static str| {
+            let ctx = ctx.clone();
+            async move {
+                let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+                let mut args = Vec::new();
+                let mut plans = vec![plan];
+                while let Some(plan) = plans.pop() {
+                    if let Some(aggregate) = plan.downcast_ref::<AggregateExec>() {
+                        let input = aggregate.input_schema();
+                        for expr in aggregate.aggr_expr() {
+                            for arg in expr.expressions() {
+                                args.push((expr.name().to_string(), never_null(&arg, &input)));
+                            }
+                        }
+                    }
+                    plans.extend(plan.children().into_iter().cloned());
+                }
+                Ok::<_, DataFusionError>(args)
+            }
+        };
+        let args = arguments(
+            "SELECT k, count(*), count(u), sum(u), min(u), max(u), avg(u), min(x), max(x), \
+             sum(big), min(big), max(big) FROM t GROUP BY k",
+        )
+        .await
+        .unwrap();
+        assert_eq!(args.len(), 11);
+        for (aggregate, never) in args {
+            assert!(never, "{aggregate}");
+        }
+        for sql in [
+            "SELECT k, max(v) FROM t GROUP BY k",
+            "SELECT k, max(u % 7) FROM t GROUP BY k",
+        ] {
+            let args = arguments(sql).await.unwrap();
+            assert!(
+                !args.is_empty() && args.iter().all(|(_, never)| !never),
+                "{sql}"
+            );
+        }
     }
 }
