@@ -399,15 +399,14 @@ fn not_null_table(rows: usize, keys: Keys, partitions: usize, seed: u64) -> Arc<
     Arc::new(MemTable::try_new(schema, parts).unwrap())
 }
 
-/// Aggregates whose arguments cannot be NULL (columns that cannot be, their
-/// casts, as `sum(u)` and `avg(u)` of a UInt32 are planned, and the literal
-/// `count(*)` is planned with), without
-/// FILTER, over keys in pinned memory (their own words) have their inputs
-/// prepared while the keys cross the bus; over a nullable column, a
-/// computed argument, under a FILTER, or over keys staged on the host,
-/// before the device starts. Every way agrees with the
-/// CPU: in one hash table (the aggregates folded into it or not), in hash
-/// partitions, and without keys.
+/// Aggregates without FILTER whose arguments cannot be NULL, over keys in
+/// pinned memory (their own words), have their inputs prepared while the
+/// keys cross the bus. Such arguments are columns that cannot be NULL, the
+/// casts `sum(u)` and `avg(u)` of a UInt32 are planned with, and the literal
+/// of `count(*)`. Over a nullable column, a computed argument, under a
+/// FILTER, or over keys staged on the host, the inputs are prepared before
+/// the device starts. Every way agrees with the CPU: in one hash table (the
+/// aggregates folded into it or not), in hash partitions, and without keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn inputs_prepared_while_the_keys_cross_match_the_cpu() {
     let Some(_) = require_gpu("inputs_prepared_while_the_keys_cross_match_the_cpu") else {
@@ -430,7 +429,7 @@ async fn inputs_prepared_while_the_keys_cross_match_the_cpu() {
                     false => Arc::clone(&table),
                 };
                 register([&gpu, &cpu], table);
-                for (sql, grouped, not_null_columns) in [
+                for (sql, grouped, never_null_args) in [
                     (
                         format!("SELECT k, {NOT_NULL} FROM t GROUP BY k"),
                         true,
@@ -466,7 +465,7 @@ async fn inputs_prepared_while_the_keys_cross_match_the_cpu() {
                     let prepared_during_copy =
                         gpu_aggregate_metric(&plan, "inputs_prepared_during_key_copy_partitions");
                     // Without keys nothing crosses before the inputs.
-                    let expected = pinned && grouped && not_null_columns;
+                    let expected = pinned && grouped && never_null_args;
                     assert_eq!(
                         prepared_during_copy > 0,
                         expected,
