@@ -704,15 +704,15 @@ impl DevicePart {
         if inputs.filters.iter().any(Option::is_some) {
             return Ok(None);
         }
-        let never_null = inputs
+        let no_nulls = inputs
             .aggregate_args
             .iter()
             .flatten()
             .all(|arg| never_null(arg, &schema));
-        match never_null {
-            true => self.device_work(&[], inputs).map(Some),
-            false => Ok(None),
+        if !no_nulls {
+            return Ok(None);
         }
+        self.device_work(&[], inputs).map(Some)
     }
 
     /// Runs the device part up to the results, which stay on the device,
@@ -1065,7 +1065,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_columns_that_cannot_be_null_and_their_failing_casts_never_give_null() {
+    fn only_columns_that_cannot_be_null_literals_and_their_failing_casts_never_give_null() {
         let schema = Schema::new(vec![
             Field::new("u", DataType::Int32, false),
             Field::new("v", DataType::Int32, true),
@@ -1096,6 +1096,7 @@ mod tests {
         assert!(!never_null(&modulo, &schema));
         // A column past the schema's end.
         assert!(!never_null(&(Arc::new(Column::new("w", 2)) as _), &schema));
+        // Literals: `count(*)` is planned as `count(1)`.
         assert!(never_null(&lit(1i64), &schema));
         assert!(!never_null(&lit(ScalarValue::Int64(None)), &schema));
     }

@@ -189,7 +189,8 @@ pub(crate) fn row_validity(
     // Reading each piece's validity is a cache miss or two: thousands of
     // pieces are read on every core. Only a panicking thread fails, and
     // then this thread reads them.
-    // A validity buffer without a NULL (some kernels leave one) is none.
+    // A validity buffer without a NULL (some Arrow compute functions
+    // leave one) is none.
     let nulls_of = |p: &ArrayRef| p.logical_nulls().filter(|n| n.null_count() > 0);
     let nulls: Vec<Option<NullBuffer>> = map_pieces(pieces.len(), |p| Ok(nulls_of(&pieces[p])))
         .unwrap_or_else(|_| pieces.iter().map(nulls_of).collect());
