@@ -178,6 +178,14 @@ async fn planning_time(ctx: &SessionContext) -> Duration {
     median(&mut times)
 }
 
+/// The setting of `--pinned-ab gpu.KEY=A,B`, if given.
+fn pinned_ab_setting() -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2)
+        .find(|pair| pair[0] == "--pinned-ab")
+        .map(|pair| pair[1].clone())
+}
+
 /// Metric `name` summed over the plan's GPU aggregations.
 fn gpu_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     super::operator_metric(plan, "GpuAggregateExec", name).1
@@ -345,6 +353,27 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
                 gpu_metric(&pinned_plan, "folding_table_grown_partitions"),
                 gpu_metric(&pinned_plan, "h2d_direct_bytes"),
             ));
+            // --pinned-ab gpu.KEY=A,B: over the pinned table, the GPU path
+            // timed again in rounds that alternate the two values (A, B, A,
+            // B), for a comparison within one process; left at A.
+            if let Some(setting) = pinned_ab_setting() {
+                let (key, values) = setting.split_once('=').expect("--pinned-ab gpu.KEY=A,B");
+                let (value_a, value_b) = values.split_once(',').expect("--pinned-ab gpu.KEY=A,B");
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                for _ in 0..2 {
+                    for (value, times) in [(value_a, &mut a), (value_b, &mut b)] {
+                        ctx.sql(&format!("SET {key} = {value}")).await.unwrap();
+                        let (time, _) = time_gpu(&ctx, runs, cpu_answer).await;
+                        times.push(format!("{:.1}", time.as_secs_f64() * 1e3));
+                    }
+                }
+                ctx.sql(&format!("SET {key} = {value_a}")).await.unwrap();
+                variants.push_str(&format!(
+                    " pinned_ab={key}:{value_a}->{value_b} pinned_a_ms={} pinned_b_ms={}",
+                    a.join(","),
+                    b.join(",")
+                ));
+            }
         }
         if explain_analyze() {
             let shown = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(

@@ -36,6 +36,7 @@ use datafusion::error::{DataFusionError, Result};
 
 use super::parallel::on_row_chunks;
 use crate::array_buffers::value_buffer;
+use crate::exec::mapped_ahead::MappedAhead;
 use crate::host_copy::zeroed_for_fill;
 
 /// The plan-time description of a join's keys: their types and NULL
@@ -392,7 +393,11 @@ impl KeyEncoder {
     /// it at random). Hashed keys cannot be decoded.
     pub fn decode(&self, keys: &[u64]) -> Result<Vec<ArrayRef>> {
         match &self.encoding {
-            Encoding::Raw => Ok(vec![column_of_words(&self.spec.types[0], keys)?]),
+            Encoding::Raw => Ok(vec![column_of_words(
+                &self.spec.types[0],
+                keys,
+                &MappedAhead::none(),
+            )?]),
             Encoding::Packed(domains) => {
                 let mut columns = Vec::with_capacity(domains.len());
                 // The last column holds the lowest bits.
@@ -803,9 +808,17 @@ fn pack_column(
 /// A column of `data_type` (an integer, float or temporal type of up to 8
 /// bytes) whose values' bits are the low bytes of `words`: the inverse of a
 /// column viewed as one word per value, sign- or zero-extended.
-pub(crate) fn column_of_words(data_type: &DataType, words: &[u64]) -> Result<ArrayRef> {
+pub(crate) fn column_of_words(
+    data_type: &DataType,
+    words: &[u64],
+    memory: &MappedAhead,
+) -> Result<ArrayRef> {
     let buffer = match data_type.primitive_width() {
-        Some(8) => Buffer::from_slice_ref(words),
+        Some(8) => {
+            let mut values = memory.take(words.len());
+            values.extend_from_slice(words);
+            Buffer::from_vec(values)
+        }
         Some(4) => Buffer::from_iter(words.iter().map(|&w| w as u32)),
         Some(2) => Buffer::from_iter(words.iter().map(|&w| w as u16)),
         Some(1) => Buffer::from_iter(words.iter().map(|&w| w as u8)),

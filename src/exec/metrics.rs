@@ -238,6 +238,10 @@ pub struct GpuAggregateMetrics {
     /// that cannot be NULL, a literal, or a numeric CAST of either), rather
     /// than before the device started.
     pub inputs_prepared_during_key_copy_partitions: Count,
+    /// Output buffers (one column of one output batch each) whose memory
+    /// was mapped while the device worked (`gpu.map_output_ahead`), rather
+    /// than page by page as the results were copied into it.
+    pub output_buffers_mapped_ahead: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).
     pub cpu_fallback_partitions: Count,
@@ -270,6 +274,8 @@ impl GpuAggregateMetrics {
                 .counter("folding_table_grown_partitions", partition),
             inputs_prepared_during_key_copy_partitions: builder()
                 .counter("inputs_prepared_during_key_copy_partitions", partition),
+            output_buffers_mapped_ahead: builder()
+                .counter("output_buffers_mapped_ahead", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }

@@ -8,6 +8,7 @@ mod concat;
 mod device_gather;
 mod hash_join;
 pub mod keys;
+mod mapped_ahead;
 mod metrics;
 mod once;
 mod ordered_keys;

@@ -483,6 +483,65 @@ async fn inputs_prepared_while_the_keys_cross_match_the_cpu() {
     }
 }
 
+/// Output buffers mapped while the device works (`gpu.map_output_ahead`),
+/// by the host's idle cores once the inputs are prepared, where the device
+/// reads the keys from pinned memory: with batches of 256 groups, the
+/// sample of 9,000 keys foresees enough output batches to map their 8-byte
+/// columns ahead. The columns filled into them (keys from their own words;
+/// counts, sums, minima and maxima, NULL where a group saw no value; the
+/// partial states of two phases) agree with the CPU, as do the same
+/// aggregations with nothing mapped: switched off, or over a table the
+/// host stages, whose cores are then busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn output_mapped_ahead_matches_the_cpu() {
+    let Some(_) = require_gpu("output_mapped_ahead_matches_the_cpu") else {
+        return;
+    };
+    let queries = [
+        "SELECT k, count(*), count(v), sum(x), min(x), max(x), sum(v), min(v), max(v), \
+         avg(v), sum(u), max(u), min(big), max(big) FROM t GROUP BY k",
+        // Folded into the hash table as the rows find their groups.
+        "SELECT k, min(x), max(x) FROM t GROUP BY k",
+        // Computed arguments: the inputs are prepared before the device starts.
+        "SELECT k, max(u % 7), sum(x % 1000) FROM t GROUP BY k",
+    ];
+    for (plan, (partitions, phases)) in PLANS.into_iter().enumerate() {
+        for map_ahead in [true, false] {
+            let map_setting = format!("SET gpu.map_output_ahead = {map_ahead}");
+            let mut settings = vec![
+                phases,
+                "SET datafusion.execution.batch_size = 256",
+                map_setting.as_str(),
+            ];
+            if plan == 0 {
+                settings.push("SET gpu.min_groups_to_partition = 0");
+            }
+            let (gpu, cpu) = contexts(partitions, &settings).await;
+            let table = not_null_table(40_000, Keys::Uniform { domain: 9_000 }, partitions, 77);
+            for pinned in [true, false] {
+                let table = match pinned {
+                    true => pinned_table(&table).await,
+                    false => Arc::clone(&table),
+                };
+                register([&gpu, &cpu], table);
+                for (i, sql) in queries.into_iter().enumerate() {
+                    let plan = check(&gpu, &cpu, sql).await;
+                    let mapped = gpu_aggregate_metric(&plan, "output_buffers_mapped_ahead");
+                    let context = format!("{sql} ({phases}, pinned {pinned}, map {map_ahead})");
+                    if !(map_ahead && pinned) {
+                        assert_eq!(mapped, 0, "{context}: output mapped ahead");
+                    } else if i == 0 {
+                        // Eleven 8-byte output columns (more as partial
+                        // states): enough buffers whatever the partition's
+                        // share of the groups.
+                        assert!(mapped > 0, "{context}: no output mapped ahead");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Rows as (text of the exact columns, float columns), sorted by the text.
 fn split_float_rows(batches: &[RecordBatch], float_columns: &[usize]) -> Vec<(String, Vec<f64>)> {
     let mut rows = Vec::new();

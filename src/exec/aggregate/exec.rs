@@ -397,6 +397,7 @@ impl ExecutionPlan for GpuAggregateExec {
             hashed_group_keys: options.hashed_group_keys,
             min_groups_to_partition: options.min_groups_to_partition,
             fold_into_table: options.fold_into_table,
+            map_output_ahead: options.map_output_ahead,
             result_window_words: options.result_window_words,
             metrics: GpuAggregateMetrics::new(&self.metrics, partition),
         }))

@@ -40,6 +40,7 @@ use super::spec::ValueKind;
 use super::words::pieces_words;
 use crate::array_buffers::value_buffer;
 use crate::exec::keys::{column_of_words, raw_words, KeyEncoder, KeySpec};
+use crate::exec::mapped_ahead::MappedAhead;
 use crate::exec::ordered_keys::{KeySide, OrderedKeyEncoder};
 use crate::exec::parallel::{map_pieces, on_ranges, starts_of};
 use crate::gpu::launch::CodeTransform;
@@ -84,9 +85,9 @@ impl GroupKeyWords {
 
     /// The key columns of the groups whose words are `words`; not for
     /// hashed words.
-    pub(crate) fn decode(&self, words: &[u64]) -> Result<Vec<ArrayRef>> {
+    pub(crate) fn decode(&self, words: &[u64], memory: &MappedAhead) -> Result<Vec<ArrayRef>> {
         match &self.kind {
-            GroupKeyKind::Own(data_type) => Ok(vec![column_of_words(data_type, words)?]),
+            GroupKeyKind::Own(data_type) => Ok(vec![column_of_words(data_type, words, memory)?]),
             GroupKeyKind::Packed(encoder) => encoder.decode(words),
             GroupKeyKind::Ordered {
                 encoder,
@@ -834,7 +835,9 @@ mod tests {
             let words = group_key_words(&spec(&types), &pieces, 2, false, 64)
                 .unwrap()
                 .unwrap_or_else(|| panic!("{types:?} need hashing"));
-            let decoded = words.decode(&words.words.to_vec()).unwrap();
+            let decoded = words
+                .decode(&words.words.to_vec(), &MappedAhead::none())
+                .unwrap();
             assert_eq!(decoded.len(), columns.len());
             for (got, want) in decoded.iter().zip(&columns) {
                 let want = concat(&[want.as_ref()]).unwrap();
@@ -842,7 +845,9 @@ mod tests {
                 assert_eq!(&got.to_data(), &want.to_data(), "{types:?}");
             }
             // A group's word alone decodes to its key.
-            let last = words.decode(&words.words.to_vec()[2..]).unwrap();
+            let last = words
+                .decode(&words.words.to_vec()[2..], &MappedAhead::none())
+                .unwrap();
             for (got, want) in last.iter().zip(&columns) {
                 assert_eq!(&got.to_data(), &want.slice(2, 1).to_data(), "{types:?}");
             }
@@ -851,7 +856,9 @@ mod tests {
         let hashed = group_key_words(&spec(&[DataType::Utf8]), &strings, 1, true, 64)
             .unwrap()
             .unwrap();
-        assert!(hashed.decode(&hashed.words.to_vec()).is_err());
+        assert!(hashed
+            .decode(&hashed.words.to_vec(), &MappedAhead::none())
+            .is_err());
     }
 
     #[test]

@@ -18,6 +18,7 @@ use datafusion::logical_expr::EmitTo;
 
 use super::spec::{AggregateKind, GpuAggregate, ValueKind};
 use super::words::{column_from_words, ordered_words, row_validity, sum_words, ColumnWords};
+use crate::exec::mapped_ahead::MappedAhead;
 use crate::ops::group_by::{ReduceInput, ReducedWindow, Reduction};
 
 /// How one state column comes from the reductions' results.
@@ -265,6 +266,7 @@ impl DeviceWork {
         reduced: &[ReducedWindow<'_>],
         groups: Range<usize>,
         final_output: bool,
+        memory: &MappedAhead,
     ) -> Result<Vec<ArrayRef>> {
         let columns = &self.states[index];
         if columns.len() != aggregate.state_fields.len() {
@@ -300,6 +302,7 @@ impl DeviceWork {
                     window(&result.values, &groups)?,
                     high,
                     valid,
+                    memory,
                 )
             })
             .collect::<Result<Vec<_>>>()?;

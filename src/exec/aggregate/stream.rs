@@ -41,6 +41,7 @@ use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
 use super::words::threads_for;
 use crate::exec::collect::{collect_streams, WholeInput};
+use crate::exec::mapped_ahead::MappedAhead;
 use crate::exec::parallel::{map_pieces, on_ranges, starts_of};
 use crate::exec::release::release_in_background;
 use crate::exec::GpuAggregateMetrics;
@@ -57,6 +58,14 @@ use crate::trace;
 /// when the sampled keys show at least one group in this many rows;
 /// otherwise the hash table's groups are sorted.
 const ROWS_PER_GROUP_TO_SORT_ROWS: usize = 8;
+
+/// Fewer output buffers than this are not worth threads to map ahead.
+const MIN_BUFFERS_MAPPED_AHEAD: usize = 64;
+
+/// Bytes of output buffers mapped ahead at most: a sample that finds every
+/// key distinct estimates as many groups as rows, which may be far more
+/// than come.
+const MAX_BYTES_MAPPED_AHEAD: usize = 2 << 30;
 
 /// The expressions one partition evaluates over its input.
 pub(crate) struct AggregateInputs {
@@ -110,6 +119,9 @@ pub(crate) struct AggregateTask {
     /// `gpu.fold_into_table`: fold the reductions into a hash table sized
     /// from the sample where they allow it.
     pub(crate) fold_into_table: bool,
+    /// `gpu.map_output_ahead`: map the output columns' memory while the
+    /// device works.
+    pub(crate) map_output_ahead: bool,
     /// `gpu.result_window_words`: pinned words per window of results
     /// brought back.
     pub(crate) result_window_words: usize,
@@ -154,6 +166,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         hashed_group_keys: task.hashed_group_keys,
         min_groups_to_partition: task.min_groups_to_partition,
         fold_into_table: task.fold_into_table,
+        map_output_ahead: task.map_output_ahead,
         result_window_words: task.result_window_words,
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
@@ -285,6 +298,7 @@ struct DevicePart {
     hashed_group_keys: bool,
     min_groups_to_partition: usize,
     fold_into_table: bool,
+    map_output_ahead: bool,
     result_window_words: usize,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
@@ -592,11 +606,21 @@ impl DevicePart {
             false => GroupsBack::KeyWords,
         };
         let mut prepared = None;
+        // Output memory mapped by the host's idle cores once the inputs are
+        // prepared, where the device reads the input from pinned memory (a
+        // staging host has no idle cores).
+        let mapped = std::cell::OnceCell::new();
+        let map_output = || {
+            if keys_copied_by_device {
+                mapped.get_or_init(|| self.map_output_ahead(sample, rows, reservation));
+            }
+        };
+        let no_mapping = MappedAhead::none();
         let emitted = self.on_device(
             keys.as_ref().map(|k| &k.words),
             ids,
             rows,
-            work,
+            (work, map_output),
             &mut prepared,
             back,
             |grouped, work, keys_stream, timer| {
@@ -628,15 +652,28 @@ impl DevicePart {
                     key_columns: &key_columns,
                     batches,
                 };
-                let output = self.emit(grouped, sources, work, keys_stream, timer, reduced);
+                let memory = mapped.get().map_or(&no_mapping, |(memory, _)| memory);
+                let output = self.emit(
+                    grouped,
+                    sources,
+                    work,
+                    (keys_stream, memory),
+                    timer,
+                    reduced,
+                );
                 trace::event(|| "aggregation: output made".into());
                 output
             },
         );
         // What was read of the input's batches (a reference to each piece
-        // of each column) is dropped off the query's path, as the input is
-        // (see `release`).
-        release_in_background((key_columns, keys, prepared));
+        // of each column), and the output buffers mapped but not needed
+        // (with their reservation), are dropped off the query's path, as
+        // the input is (see `release`).
+        let unused = mapped.into_inner().map(|(memory, reservation)| {
+            self.metrics.output_buffers_mapped_ahead.add(memory.taken());
+            (memory.finish(), reservation)
+        });
+        release_in_background((key_columns, keys, prepared, unused));
         let output = match emitted {
             Ok(output) => output?,
             Err(e) if e.is_out_of_device_memory() => return Ok(Outcome::OnCpu),
@@ -721,14 +758,15 @@ impl DevicePart {
     /// work is enqueued, while the device and its memory are still held:
     /// errors of the device part are returned as they are (the caller
     /// falls back on out-of-memory), those of `emit` inside. The work,
-    /// once prepared, is left in `prepared` (for the caller to release).
+    /// once prepared, is left in `prepared` (for the caller to release);
+    /// `prepared_now` is called then, before the device's work is enqueued.
     #[allow(clippy::too_many_arguments)]
     fn on_device<'w, T>(
         &self,
         keys: Option<&Words>,
         ids: GroupIds,
         rows: usize,
-        work: WorkToDo<'w>,
+        (work, prepared_now): (WorkToDo<'w>, impl FnOnce()),
         prepared: &mut Option<DeviceWork>,
         back: GroupsBack,
         emit: impl FnOnce(&DeviceGrouped, &DeviceWork, &Arc<CudaStream>, &mut PhaseTimer) -> Result<T>,
@@ -781,6 +819,7 @@ impl DevicePart {
             Ok(work) => prepared.insert(work),
             Err(e) => return Ok(Err(e)),
         };
+        prepared_now();
         let grouped = group_uploaded_keys(
             &self.device,
             stream.stream(),
@@ -800,6 +839,48 @@ impl DevicePart {
         self.metrics.device.record(&timer.finish()?);
         trace::event(|| "aggregation: device results freed, timings read".into());
         Ok(emitted)
+    }
+
+    /// Output buffers mapped by threads of their own while the device
+    /// works ([`MappedAhead`]): one per 8-byte output column of each output
+    /// batch that the sample's estimate of the groups foresees, where that
+    /// makes at least [`MIN_BUFFERS_MAPPED_AHEAD`] buffers, up to
+    /// [`MAX_BYTES_MAPPED_AHEAD`] bytes, reserved in the memory pool (none
+    /// where it cannot spare them), with that reservation.
+    fn map_output_ahead(
+        &self,
+        sample: Option<(usize, usize)>,
+        rows: usize,
+        reservation: &MemoryReservation,
+    ) -> (MappedAhead, MemoryReservation) {
+        let none = || (MappedAhead::none(), reservation.new_empty());
+        let Some(groups) = sample.and_then(|sample| sampled_groups(sample, rows)) else {
+            return none();
+        };
+        if !self.map_output_ahead {
+            return none();
+        }
+        let words = self.batch_size.max(1);
+        let buffer_bytes = words * std::mem::size_of::<u64>();
+        let columns = self
+            .output_schema
+            .fields()
+            .iter()
+            .filter(|f| f.data_type().primitive_width() == Some(8))
+            .count();
+        let buffers = (groups.div_ceil(words) * columns).min(MAX_BYTES_MAPPED_AHEAD / buffer_bytes);
+        if buffers < MIN_BUFFERS_MAPPED_AHEAD {
+            return none();
+        }
+        let mapped = reservation.new_empty();
+        if mapped.try_grow(buffers * buffer_bytes).is_err() {
+            return none();
+        }
+        let threads = (host_threads() / 2).max(1);
+        trace::event(|| {
+            format!("output memory: mapping {buffers} buffers ahead on {threads} threads")
+        });
+        (MappedAhead::start(buffers, words, threads), mapped)
     }
 
     /// The group keys' words, made as the node's group order asks.
@@ -842,19 +923,21 @@ impl DevicePart {
         grouped: &DeviceGrouped,
         sources: KeySources<'_>,
         work: &DeviceWork,
-        keys_stream: &Arc<CudaStream>,
+        (keys_stream, memory): (&Arc<CudaStream>, &MappedAhead),
         timer: &mut PhaseTimer,
         reduced: impl FnOnce(),
     ) -> Result<Emitted> {
         let emit_timer = self.metrics.emit_time.timer();
         let size = self.batch_size.max(1);
         let hashed = sources.keys.is_some_and(|k| k.hashed());
-        let key_chunks = self.keys_back(grouped, &sources, keys_stream, timer);
+        let key_chunks = self.keys_back(grouped, &sources, (keys_stream, memory), timer);
         trace::event(|| "aggregation: group keys made".into());
         // The device part ends once the results are made (the caller's
         // `device_wall_time` and trace say so).
         grouped.wait_until_made()?;
         reduced();
+        // The results now land: the cores build the batches.
+        memory.stop_mapping();
         let key_chunks = match key_chunks {
             Ok(chunks) => chunks,
             // Pinned memory for the windows could not be had: no batch has
@@ -887,7 +970,7 @@ impl DevicePart {
                     })?,
                     None => Vec::new(),
                 };
-                let batch = self.output_batch(key_chunk, work, &window.reduced, groups)?;
+                let batch = self.output_batch(key_chunk, work, &window.reduced, groups, memory)?;
                 // Counted here, on the thread that made the batch: counted
                 // one by one on the query's thread, thousands of batches took
                 // milliseconds after the last was made (each a few cache
@@ -934,7 +1017,7 @@ impl DevicePart {
         &self,
         grouped: &DeviceGrouped,
         sources: &KeySources<'_>,
-        stream: &Arc<CudaStream>,
+        (stream, memory): (&Arc<CudaStream>, &MappedAhead),
         timer: &mut PhaseTimer,
     ) -> std::result::Result<Vec<Vec<ArrayRef>>, EmitError> {
         if self.spec.keys.is_none() || !grouped.has_identities() {
@@ -964,7 +1047,7 @@ impl DevicePart {
             |window, groups| {
                 let identities = window.identities.get(groups).unwrap_or(&[]);
                 Ok(match sources.keys {
-                    Some(keys) if !hashed => keys.decode(identities)?,
+                    Some(keys) if !hashed => keys.decode(identities, memory)?,
                     _ => self.keys_of_group_rows(sources.key_columns, &starts, identities)?,
                 })
             },
@@ -1011,6 +1094,7 @@ impl DevicePart {
         work: &DeviceWork,
         reduced: &[ReducedWindow<'_>],
         groups: Range<usize>,
+        memory: &MappedAhead,
     ) -> Result<RecordBatch> {
         let rows = groups.len();
         for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
@@ -1020,6 +1104,7 @@ impl DevicePart {
                 reduced,
                 groups.clone(),
                 self.final_output,
+                memory,
             )?);
         }
         Ok(RecordBatch::try_new_with_options(

@@ -13,6 +13,7 @@ use datafusion::error::{DataFusionError, Result};
 use super::spec::ValueKind;
 use crate::array_buffers::value_buffer;
 use crate::exec::keys::column_of_buffer;
+use crate::exec::mapped_ahead::MappedAhead;
 use crate::exec::parallel::{map_pieces, on_ranges, on_row_chunks};
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{WordPiece, Words};
@@ -246,6 +247,7 @@ pub(crate) fn column_from_words(
     low: &[u64],
     high: &[u64],
     valid: Option<Vec<bool>>,
+    memory: &MappedAhead,
 ) -> Result<ArrayRef> {
     let len = low.len();
     let unflip = |w: u64| if ordered { w ^ SIGN } else { w };
@@ -266,12 +268,11 @@ pub(crate) fn column_from_words(
         (ValueKind::Signed, 1) => Buffer::from_vec(narrow(low, unflip, |w| w as i64 as i8)),
         (ValueKind::Signed, 2) => Buffer::from_vec(narrow(low, unflip, |w| w as i64 as i16)),
         (ValueKind::Signed, 4) => Buffer::from_vec(narrow(low, unflip, |w| w as i64 as i32)),
-        (ValueKind::Signed, 8) => Buffer::from_vec(narrow(low, unflip, |w| w as i64)),
+        (ValueKind::Signed, 8) => eight_byte_values(low, unflip, memory),
         (ValueKind::Unsigned, 1) => Buffer::from_vec(narrow(low, |w| w, |w| w as u8)),
         (ValueKind::Unsigned, 2) => Buffer::from_vec(narrow(low, |w| w, |w| w as u16)),
         (ValueKind::Unsigned, 4) => Buffer::from_vec(narrow(low, |w| w, |w| w as u32)),
-        (ValueKind::Unsigned, 8) => Buffer::from_vec(low.to_vec()),
-        (ValueKind::Float64, 8) => Buffer::from_vec(narrow(low, |w| w, f64::from_bits)),
+        (ValueKind::Unsigned, 8) | (ValueKind::Float64, 8) => eight_byte_values(low, |w| w, memory),
         (kind, width) => {
             return Err(DataFusionError::Internal(format!(
                 "{kind:?} result as {data_type} of {width} bytes"
@@ -280,6 +281,14 @@ pub(crate) fn column_from_words(
     };
     let nulls = valid.map(NullBuffer::from).filter(|n| n.null_count() > 0);
     column_of_buffer(data_type, len, buffer, nulls)
+}
+
+/// 8-byte values, which are their words (unflipped where `unflip` says),
+/// in a buffer that may have been mapped ahead.
+fn eight_byte_values(words: &[u64], unflip: impl Fn(u64) -> u64, memory: &MappedAhead) -> Buffer {
+    let mut values = memory.take(words.len());
+    values.extend(words.iter().map(|&w| unflip(w)));
+    Buffer::from_vec(values)
 }
 
 fn narrow<T>(words: &[u64], unflip: impl Fn(u64) -> u64, to: impl Fn(u64) -> T) -> Vec<T> {
@@ -294,10 +303,76 @@ mod tests {
     use datafusion::arrow::array::{
         AsArray, Date32Array, Decimal128Array, Int16Array, Int64Array, UInt32Array,
     };
-    use datafusion::arrow::datatypes::{Date32Type, Decimal128Type, Int16Type};
+    use datafusion::arrow::datatypes::{
+        Date32Type, Decimal128Type, Float64Type, Int16Type, Int64Type, UInt64Type,
+    };
 
     fn pieces(arrays: Vec<ArrayRef>) -> Vec<ArrayRef> {
         arrays
+    }
+
+    #[test]
+    fn eight_byte_results_fill_buffers_mapped_ahead_as_they_fill_fresh_ones() {
+        // Signed with the sign bit flipped (minima and maxima), unsigned
+        // and float words, into two mapped buffers and then, once those
+        // are taken, fresh ones: the same columns either way.
+        let signed = [i64::MIN, -1, 0, 7, i64::MAX];
+        let flipped: Vec<u64> = signed.iter().map(|&v| (v as u64) ^ SIGN).collect();
+        let floats = vec![-0.5f64, 0.0, 1.5, f64::INFINITY, 3.25];
+        let float_words: Vec<u64> = floats.iter().map(|v| v.to_bits()).collect();
+        let unsigned = vec![0u64, 1, u64::MAX, 42, 1 << 63];
+        let mapped = MappedAhead::start(2, 8, 1);
+        mapped.wait_for_buffers(2);
+        for round in 0..2 {
+            let back = column_from_words(
+                &DataType::Int64,
+                ValueKind::Signed,
+                true,
+                &flipped,
+                &[],
+                Some(vec![true, true, false, true, true]),
+                &mapped,
+            )
+            .unwrap();
+            let expected = Int64Array::from(vec![
+                Some(i64::MIN),
+                Some(-1),
+                None,
+                Some(7),
+                Some(i64::MAX),
+            ]);
+            assert_eq!(back.as_primitive::<Int64Type>(), &expected, "round {round}");
+            let back = column_from_words(
+                &DataType::Float64,
+                ValueKind::Float64,
+                false,
+                &float_words,
+                &[],
+                None,
+                &mapped,
+            )
+            .unwrap();
+            assert_eq!(
+                back.as_primitive::<Float64Type>().values(),
+                floats.as_slice()
+            );
+            let back = column_from_words(
+                &DataType::UInt64,
+                ValueKind::Unsigned,
+                false,
+                &unsigned,
+                &[],
+                None,
+                &mapped,
+            )
+            .unwrap();
+            assert_eq!(
+                back.as_primitive::<UInt64Type>().values(),
+                unsigned.as_slice()
+            );
+        }
+        // Two of the six columns took the mapped buffers.
+        assert_eq!(mapped.taken(), 2);
     }
 
     #[test]
@@ -316,6 +391,7 @@ mod tests {
             &flipped,
             &[],
             None,
+            &MappedAhead::none(),
         )
         .unwrap();
         assert_eq!(back.as_primitive::<Int16Type>(), &values);
@@ -342,6 +418,7 @@ mod tests {
                 &words.low.to_vec(),
                 &words.high.to_vec(),
                 Some(vec![true, true, false, true]),
+                &MappedAhead::none(),
             )
             .unwrap();
             let back = back.as_primitive::<Decimal128Type>();
@@ -368,6 +445,7 @@ mod tests {
             &words.low.to_vec(),
             &[],
             None,
+            &MappedAhead::none(),
         )
         .unwrap();
         assert_eq!(back.as_primitive::<Date32Type>().values(), &[2, 3]);
