@@ -11,7 +11,7 @@
 //!                                      [--log2-groups 1,4,8,12,16,20,24] [--zipf 0]
 //!                                      [--two-phase] [--order-by-key] [--explain-analyze]
 //!                                      [--partitioned] [--pinned] [--set gpu.KEY=VALUE ...]
-//!                                      [--pinned-ab gpu.KEY=A,B]
+//!                                      [--pinned-ab gpu.KEY=A,B (with --pinned)]
 //!     cargo bench --bench gpu_join -- --seeds [rt1,b10,...] [--log2-rows 24]
 //!                                      [--set gpu.KEY=VALUE ...]
 //!     cargo bench --bench gpu_join -- --sort-merge [--log2-rows 24] [--runs 5]

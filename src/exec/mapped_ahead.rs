@@ -11,23 +11,33 @@
 //! results land, they are only copied.
 //!
 //! The buffers are ordinary `Vec<u64>`s handed over to Arrow whole, so an
-//! output column's memory is its own and counts as it always did.
+//! output column's memory is its own; a short last batch keeps a whole
+//! buffer's capacity, and counts it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use datafusion::execution::memory_pool::MemoryReservation;
+
+use crate::host_copy::host_threads;
 use crate::trace;
 
 /// Words in the smallest page the kernel maps (4 KiB): writing one word in
-/// each maps a buffer whole.
-const PAGE_WORDS: usize = 4096 / std::mem::size_of::<u64>();
+/// each maps a buffer whole. Buffers smaller than this gain nothing.
+pub(crate) const PAGE_WORDS: usize = 4096 / std::mem::size_of::<u64>();
+
+/// Mapping threads running in the process, all aggregations together:
+/// they are meant for idle cores, so at most half the host's cores map at
+/// once however many partitions are on the device.
+static MAPPING_THREADS: AtomicUsize = AtomicUsize::new(0);
 
 /// Buffers of `words` words, mapped ahead by threads of their own, taken
 /// by whoever fills an output column; a fresh allocation where none is
 /// ready. Stopped (its threads joined) when dropped.
 pub(crate) struct MappedAhead {
-    shared: Arc<Shared>,
+    /// `None`: nothing is mapped ahead.
+    shared: Option<Arc<Shared>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -45,43 +55,78 @@ struct Shared {
     ready: Mutex<Vec<Vec<u64>>>,
     /// Buffers taken from `ready`.
     taken: AtomicUsize,
+    /// The memory pool's account of every buffer mapped, grown one buffer
+    /// at a time before it is allocated: mapping stops where the pool
+    /// cannot spare more, rather than take from the query what it needs.
+    reservation: MemoryReservation,
 }
 
 impl MappedAhead {
     /// Nothing mapped ahead: every [`MappedAhead::take`] allocates.
     pub(crate) fn none() -> Self {
-        Self::start(0, 0, 0)
+        Self {
+            shared: None,
+            threads: Vec::new(),
+        }
     }
 
-    /// Starts up to `threads` threads that map `buffers` buffers of `words`
-    /// words each. A thread that cannot be started is done without.
-    pub(crate) fn start(buffers: usize, words: usize, threads: usize) -> Self {
+    /// Starts threads that map up to `buffers` buffers of `words` words
+    /// each, each counted in `reservation` first: as many threads as
+    /// `threads` asks and the process's budget of mapping threads (half
+    /// the host's cores) has left; none, and nothing mapped, where it has
+    /// none left. A thread that cannot be started is done without.
+    pub(crate) fn start(
+        buffers: usize,
+        words: usize,
+        threads: usize,
+        reservation: MemoryReservation,
+    ) -> Self {
+        let budget = thread_budget();
+        let wanted_threads = threads.min(buffers);
+        let claimed = MAPPING_THREADS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |running| {
+                let claimed = threads_to_claim(running, budget, wanted_threads);
+                (claimed > 0).then_some(running + claimed)
+            })
+            .map_or(0, |running| {
+                threads_to_claim(running, budget, wanted_threads)
+            });
         let shared = Arc::new(Shared {
             words,
-            wanted: if words == 0 { 0 } else { buffers },
+            wanted: buffers,
             started: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             ready: Mutex::new(Vec::new()),
             taken: AtomicUsize::new(0),
+            reservation,
         });
-        let threads = (0..threads.min(shared.wanted))
-            .filter_map(|_| {
-                let shared = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name("datafusion-gpu-map-ahead".into())
-                    .spawn(move || shared.map_buffers())
-                    .ok()
-            })
-            .collect();
-        Self { shared, threads }
+        let mut started = Vec::with_capacity(claimed);
+        for _ in 0..claimed {
+            let thread_shared = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
+                .name("datafusion-gpu-map-ahead".into())
+                .spawn(move || {
+                    thread_shared.map_buffers();
+                    MAPPING_THREADS.fetch_sub(1, Ordering::AcqRel);
+                });
+            match spawned {
+                Ok(handle) => started.push(handle),
+                // Its slot in the budget is given back.
+                Err(_) => drop(MAPPING_THREADS.fetch_sub(1, Ordering::AcqRel)),
+            }
+        }
+        Self {
+            shared: Some(shared),
+            threads: started,
+        }
     }
 
     /// An empty vector with room for `len` words: a buffer mapped ahead
     /// where one is ready and large enough, otherwise a fresh allocation.
     pub(crate) fn take(&self, len: usize) -> Vec<u64> {
-        if len <= self.shared.words {
-            if let Some(buffer) = self.shared.lock_ready().pop() {
-                self.shared.taken.fetch_add(1, Ordering::Relaxed);
+        if let Some(shared) = self.shared.as_ref().filter(|s| len <= s.words) {
+            if let Some(buffer) = shared.lock_ready().pop() {
+                shared.taken.fetch_add(1, Ordering::Relaxed);
                 return buffer;
             }
         }
@@ -90,28 +135,42 @@ impl MappedAhead {
 
     /// Buffers taken so far that had been mapped ahead.
     pub(crate) fn taken(&self) -> usize {
-        self.shared.taken.load(Ordering::Relaxed)
+        self.shared
+            .as_ref()
+            .map_or(0, |s| s.taken.load(Ordering::Relaxed))
     }
 
     /// Asks the threads to map no more buffers (each finishes the one it
     /// maps), without waiting for them: once the results land, the cores
     /// are theirs.
     pub(crate) fn stop_mapping(&self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(shared) = &self.shared {
+            shared.stop.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Stops the threads, waits for them, and returns the buffers never
-    /// taken, for the caller to drop where it costs the query nothing.
-    pub(crate) fn finish(mut self) -> Vec<Vec<u64>> {
+    /// taken, with the reservation that counts them and those taken (the
+    /// taken ones now belong to output batches, which DataFusion does not
+    /// count), for the caller to drop where it costs the query nothing:
+    /// the buffers first, then the reservation.
+    pub(crate) fn finish(mut self) -> Option<(Vec<Vec<u64>>, MemoryReservation)> {
         self.join();
-        std::mem::take(&mut *self.shared.lock_ready())
+        let shared = self.shared.take()?;
+        let left = std::mem::take(&mut *shared.lock_ready());
+        // The threads are joined: this is the last reference but where a
+        // thread panicked and left its own behind, in which case the
+        // reservation is let go with it.
+        let reservation = Arc::try_unwrap(shared).ok()?.reservation;
+        Some((left, reservation))
     }
 
     /// Waits until `buffers` buffers are ready to take (tests).
     #[cfg(test)]
     pub(crate) fn wait_for_buffers(&self, buffers: usize) {
         let start = std::time::Instant::now();
-        while self.shared.lock_ready().len() < buffers {
+        let shared = self.shared.as_ref().expect("buffers to map");
+        while shared.lock_ready().len() < buffers {
             assert!(
                 start.elapsed() < std::time::Duration::from_secs(30),
                 "{buffers} buffers never mapped"
@@ -136,25 +195,50 @@ impl Drop for MappedAhead {
     }
 }
 
+/// The process's budget of mapping threads: half the host's cores. Unit
+/// tests, many at once on a small machine, would wait on each other's
+/// threads under it, so they have none.
+fn thread_budget() -> usize {
+    match cfg!(test) {
+        true => usize::MAX / 2,
+        false => (host_threads() / 2).max(1),
+    }
+}
+
+/// Threads a new mapping may start while `running` run, within `budget`.
+fn threads_to_claim(running: usize, budget: usize, wanted: usize) -> usize {
+    budget.saturating_sub(running).min(wanted)
+}
+
 impl Shared {
     fn lock_ready(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u64>>> {
         // Pushing or popping a vector cannot leave the list half changed.
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// One mapping thread's loop: claims buffers until all are claimed or
-    /// it is told to stop.
+    /// One mapping thread's loop: claims buffers until all are claimed,
+    /// it is told to stop, or the memory pool cannot spare another.
     fn map_buffers(&self) {
+        let bytes = self.words * std::mem::size_of::<u64>();
         let mut mapped = 0;
         while !self.stop.load(Ordering::Relaxed)
             && self.started.fetch_add(1, Ordering::Relaxed) < self.wanted
         {
+            if self.reservation.try_grow(bytes).is_err() {
+                self.stop.store(true, Ordering::Relaxed);
+                break;
+            }
             let mut buffer: Vec<u64> = Vec::with_capacity(self.words);
-            // One write per page maps it; the vector stays empty (its
-            // length 0), so nothing is read from these words before the
-            // taker writes them.
-            for word in buffer.spare_capacity_mut().iter_mut().step_by(PAGE_WORDS) {
+            // One write per page maps it, and one in the last word the
+            // page-unaligned allocation reaches; the vector stays empty
+            // (its length 0), so nothing is read from these words before
+            // the taker writes them.
+            let spare = buffer.spare_capacity_mut();
+            for word in spare.iter_mut().step_by(PAGE_WORDS) {
                 word.write(0);
+            }
+            if let Some(last) = spare.last_mut() {
+                last.write(0);
             }
             self.lock_ready().push(buffer);
             mapped += 1;
@@ -166,10 +250,22 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::execution::memory_pool::{
+        GreedyMemoryPool, MemoryConsumer, MemoryPool, UnboundedMemoryPool,
+    };
+
+    fn reservation(pool: &Arc<dyn MemoryPool>) -> MemoryReservation {
+        MemoryConsumer::new("mapped ahead").register(pool)
+    }
+
+    fn unbounded() -> Arc<dyn MemoryPool> {
+        Arc::new(UnboundedMemoryPool::default())
+    }
 
     #[test]
     fn buffers_mapped_ahead_are_taken_empty_with_room_for_their_words() {
-        let mapped = MappedAhead::start(10, 1000, 3);
+        let pool = unbounded();
+        let mapped = MappedAhead::start(10, 1000, 3, reservation(&pool));
         mapped.wait_for_buffers(10);
         for _ in 0..10 {
             let buffer = mapped.take(1000);
@@ -181,20 +277,39 @@ mod tests {
         let fresh = mapped.take(700);
         assert!(fresh.is_empty() && fresh.capacity() >= 700);
         assert_eq!(mapped.taken(), 10);
-        assert!(mapped.finish().is_empty());
+        // Every buffer mapped stays counted until the caller lets go.
+        let (left, counted) = mapped.finish().expect("buffers were mapped");
+        assert!(left.is_empty());
+        assert_eq!(counted.size(), 10 * 1000 * 8);
+        drop(counted);
+        assert_eq!(pool.reserved(), 0);
     }
 
     #[test]
     fn a_buffer_too_small_is_never_handed_out() {
-        let mapped = MappedAhead::start(2, 64, 1);
+        let pool = unbounded();
+        let mapped = MappedAhead::start(2, 64, 1, reservation(&pool));
         mapped.wait_for_buffers(2);
         let buffer = mapped.take(65);
         assert!(buffer.capacity() >= 65);
         assert_eq!(mapped.taken(), 0);
         // The two mapped buffers are still there, and come back untaken.
-        let left = mapped.finish();
+        let (left, _) = mapped.finish().expect("buffers were mapped");
         assert_eq!(left.len(), 2);
         assert!(left.iter().all(|b| b.is_empty() && b.capacity() >= 64));
+    }
+
+    #[test]
+    fn mapping_stops_where_the_memory_pool_cannot_spare_another_buffer() {
+        // Room for three buffers of 512 words (4 KiB each) and a little.
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(3 * 4096 + 100));
+        let mapped = MappedAhead::start(1000, 512, 2, reservation(&pool));
+        mapped.wait_for_buffers(3);
+        let (left, counted) = mapped.finish().expect("buffers were mapped");
+        assert_eq!(left.len(), 3);
+        assert_eq!(counted.size(), 3 * 4096);
+        drop((left, counted));
+        assert_eq!(pool.reserved(), 0);
     }
 
     #[test]
@@ -204,20 +319,29 @@ mod tests {
         let buffer = none.take(123);
         assert!(buffer.is_empty() && buffer.capacity() >= 123);
         assert_eq!(none.taken(), 0);
-        assert!(none.finish().is_empty());
+        assert!(none.finish().is_none());
     }
 
     #[test]
     fn stopped_threads_map_no_more_and_leave() {
         // Far more buffers than can be mapped before the stop: the threads
         // must leave early, and what they mapped comes back.
-        let mapped = MappedAhead::start(1 << 30, 512, 2);
+        let mapped = MappedAhead::start(1 << 30, 512, 2, reservation(&unbounded()));
         mapped.stop_mapping();
-        let left = mapped.finish();
+        let (left, _) = mapped.finish().expect("a mapping was started");
         assert!(
             left.len() < 1 << 20,
             "{} buffers mapped after a stop",
             left.len()
         );
+    }
+
+    #[test]
+    fn mapping_threads_stay_within_the_process_budget() {
+        assert_eq!(threads_to_claim(0, 8, 8), 8);
+        assert_eq!(threads_to_claim(6, 8, 8), 2);
+        assert_eq!(threads_to_claim(8, 8, 8), 0);
+        assert_eq!(threads_to_claim(9, 8, 3), 0);
+        assert_eq!(threads_to_claim(0, 8, 3), 3);
     }
 }

@@ -120,15 +120,21 @@ extensions_options! {
         /// Where the device reads an aggregation's keys from pinned memory
         /// (the host's cores idle while the input crosses), map the host
         /// memory of the output columns the sample of the keys says will be
-        /// needed (8-byte columns, at least 64 buffers of one column of one
-        /// output batch, up to 2 GiB, reserved in the memory pool) on half
-        /// the host's cores once the inputs are prepared, so that the
-        /// results, once back, are copied into memory the kernel has already
-        /// mapped rather than fault it in page by page
-        /// (`output_buffers_mapped_ahead` in `EXPLAIN ANALYZE`). Measured
-        /// about 10 % faster at 2^26 groups, no change at 2^24
-        /// (BENCHMARKS.md).
+        /// needed (8-byte columns, one buffer per column of each output
+        /// batch, up to 2 GiB, each counted in the memory pool first) once
+        /// the inputs are prepared, on at most half the host's cores for all
+        /// aggregations together, so that the results, once back, are
+        /// copied into memory the kernel has already mapped rather than
+        /// fault it in page by page (`output_buffers_mapped_ahead` in
+        /// `EXPLAIN ANALYZE`).
         pub map_output_ahead: bool, default = true
+        /// Output bytes (of those columns, by the sample's estimate) from
+        /// which `gpu.map_output_ahead` maps them. The default, 512 MiB,
+        /// lies between the two sizes measured: at 2^26 groups (1.5 GiB)
+        /// mapping ahead made the query 4 to 13 % faster; at 2^24 (384 MiB)
+        /// it gained nothing (BENCHMARKS.md). 0 maps whatever the size
+        /// (tests).
+        pub min_output_bytes_mapped_ahead: usize, default = 536_870_912
         /// Fraction of the device memory free at start-up that GPU operators
         /// may hold at once, in (0, 1].
         pub memory_fraction: f64, default = 0.8

@@ -398,6 +398,7 @@ impl ExecutionPlan for GpuAggregateExec {
             min_groups_to_partition: options.min_groups_to_partition,
             fold_into_table: options.fold_into_table,
             map_output_ahead: options.map_output_ahead,
+            min_output_bytes_mapped_ahead: options.min_output_bytes_mapped_ahead,
             result_window_words: options.result_window_words,
             metrics: GpuAggregateMetrics::new(&self.metrics, partition),
         }))

@@ -276,6 +276,12 @@ impl DeviceWork {
                 aggregate.state_fields.len()
             )));
         }
+        // State columns merged into the function's accumulator below are
+        // read once and dropped: only the columns that leave as output
+        // take buffers mapped ahead.
+        let merged = final_output && !aggregate.state_is_final_value;
+        let no_mapping = MappedAhead::none();
+        let memory = if merged { &no_mapping } else { memory };
         let state = columns
             .iter()
             .zip(&aggregate.state_fields)

@@ -41,7 +41,7 @@ use super::reductions::DeviceWork;
 use super::spec::AggregateSpec;
 use super::words::threads_for;
 use crate::exec::collect::{collect_streams, WholeInput};
-use crate::exec::mapped_ahead::MappedAhead;
+use crate::exec::mapped_ahead::{MappedAhead, PAGE_WORDS};
 use crate::exec::parallel::{map_pieces, on_ranges, starts_of};
 use crate::exec::release::release_in_background;
 use crate::exec::GpuAggregateMetrics;
@@ -58,9 +58,6 @@ use crate::trace;
 /// when the sampled keys show at least one group in this many rows;
 /// otherwise the hash table's groups are sorted.
 const ROWS_PER_GROUP_TO_SORT_ROWS: usize = 8;
-
-/// Fewer output buffers than this are not worth threads to map ahead.
-const MIN_BUFFERS_MAPPED_AHEAD: usize = 64;
 
 /// Bytes of output buffers mapped ahead at most: a sample that finds every
 /// key distinct estimates as many groups as rows, which may be far more
@@ -122,6 +119,9 @@ pub(crate) struct AggregateTask {
     /// `gpu.map_output_ahead`: map the output columns' memory while the
     /// device works.
     pub(crate) map_output_ahead: bool,
+    /// `gpu.min_output_bytes_mapped_ahead`: from how many bytes of output
+    /// columns that is worth it.
+    pub(crate) min_output_bytes_mapped_ahead: usize,
     /// `gpu.result_window_words`: pinned words per window of results
     /// brought back.
     pub(crate) result_window_words: usize,
@@ -167,6 +167,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         min_groups_to_partition: task.min_groups_to_partition,
         fold_into_table: task.fold_into_table,
         map_output_ahead: task.map_output_ahead,
+        min_output_bytes_mapped_ahead: task.min_output_bytes_mapped_ahead,
         result_window_words: task.result_window_words,
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
@@ -299,6 +300,7 @@ struct DevicePart {
     min_groups_to_partition: usize,
     fold_into_table: bool,
     map_output_ahead: bool,
+    min_output_bytes_mapped_ahead: usize,
     result_window_words: usize,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
@@ -620,7 +622,8 @@ impl DevicePart {
             keys.as_ref().map(|k| &k.words),
             ids,
             rows,
-            (work, map_output),
+            work,
+            map_output,
             &mut prepared,
             back,
             |grouped, work, keys_stream, timer| {
@@ -652,15 +655,8 @@ impl DevicePart {
                     key_columns: &key_columns,
                     batches,
                 };
-                let memory = mapped.get().map_or(&no_mapping, |(memory, _)| memory);
-                let output = self.emit(
-                    grouped,
-                    sources,
-                    work,
-                    (keys_stream, memory),
-                    timer,
-                    reduced,
-                );
+                let memory = mapped.get().unwrap_or(&no_mapping);
+                let output = self.emit(grouped, sources, work, keys_stream, memory, timer, reduced);
                 trace::event(|| "aggregation: output made".into());
                 output
             },
@@ -669,9 +665,9 @@ impl DevicePart {
         // of each column), and the output buffers mapped but not needed
         // (with their reservation), are dropped off the query's path, as
         // the input is (see `release`).
-        let unused = mapped.into_inner().map(|(memory, reservation)| {
+        let unused = mapped.into_inner().and_then(|memory| {
             self.metrics.output_buffers_mapped_ahead.add(memory.taken());
-            (memory.finish(), reservation)
+            memory.finish()
         });
         release_in_background((key_columns, keys, prepared, unused));
         let output = match emitted {
@@ -759,14 +755,16 @@ impl DevicePart {
     /// errors of the device part are returned as they are (the caller
     /// falls back on out-of-memory), those of `emit` inside. The work,
     /// once prepared, is left in `prepared` (for the caller to release);
-    /// `prepared_now` is called then, before the device's work is enqueued.
+    /// `prepared_now` is called then, once the keys' copy is enqueued and
+    /// before the rest of the device's work is.
     #[allow(clippy::too_many_arguments)]
     fn on_device<'w, T>(
         &self,
         keys: Option<&Words>,
         ids: GroupIds,
         rows: usize,
-        (work, prepared_now): (WorkToDo<'w>, impl FnOnce()),
+        work: WorkToDo<'w>,
+        prepared_now: impl FnOnce(),
         prepared: &mut Option<DeviceWork>,
         back: GroupsBack,
         emit: impl FnOnce(&DeviceGrouped, &DeviceWork, &Arc<CudaStream>, &mut PhaseTimer) -> Result<T>,
@@ -844,43 +842,46 @@ impl DevicePart {
     /// Output buffers mapped by threads of their own while the device
     /// works ([`MappedAhead`]): one per 8-byte output column of each output
     /// batch that the sample's estimate of the groups foresees, where that
-    /// makes at least [`MIN_BUFFERS_MAPPED_AHEAD`] buffers, up to
-    /// [`MAX_BYTES_MAPPED_AHEAD`] bytes, reserved in the memory pool (none
-    /// where it cannot spare them), with that reservation.
+    /// makes at least `gpu.min_output_bytes_mapped_ahead` bytes and each
+    /// buffer is at least a page; up to [`MAX_BYTES_MAPPED_AHEAD`] bytes,
+    /// each buffer counted in the memory pool before it is mapped.
     fn map_output_ahead(
         &self,
         sample: Option<(usize, usize)>,
         rows: usize,
         reservation: &MemoryReservation,
-    ) -> (MappedAhead, MemoryReservation) {
-        let none = || (MappedAhead::none(), reservation.new_empty());
-        let Some(groups) = sample.and_then(|sample| sampled_groups(sample, rows)) else {
-            return none();
-        };
+    ) -> MappedAhead {
         if !self.map_output_ahead {
-            return none();
+            return MappedAhead::none();
         }
-        let words = self.batch_size.max(1);
-        let buffer_bytes = words * std::mem::size_of::<u64>();
+        let Some(groups) = sample.and_then(|sample| sampled_groups(sample, rows)) else {
+            return MappedAhead::none();
+        };
+        let words = self.batch_size;
+        let Some(buffer_bytes) = words.checked_mul(std::mem::size_of::<u64>()) else {
+            return MappedAhead::none();
+        };
+        if words < PAGE_WORDS {
+            return MappedAhead::none();
+        }
         let columns = self
             .output_schema
             .fields()
             .iter()
             .filter(|f| f.data_type().primitive_width() == Some(8))
             .count();
-        let buffers = (groups.div_ceil(words) * columns).min(MAX_BYTES_MAPPED_AHEAD / buffer_bytes);
-        if buffers < MIN_BUFFERS_MAPPED_AHEAD {
-            return none();
-        }
-        let mapped = reservation.new_empty();
-        if mapped.try_grow(buffers * buffer_bytes).is_err() {
-            return none();
+        let buffers = groups
+            .div_ceil(words)
+            .saturating_mul(columns)
+            .min(MAX_BYTES_MAPPED_AHEAD / buffer_bytes);
+        if buffers.saturating_mul(buffer_bytes) < self.min_output_bytes_mapped_ahead.max(1) {
+            return MappedAhead::none();
         }
         let threads = (host_threads() / 2).max(1);
         trace::event(|| {
-            format!("output memory: mapping {buffers} buffers ahead on {threads} threads")
+            format!("output memory: mapping {buffers} buffers ahead on up to {threads} threads")
         });
-        (MappedAhead::start(buffers, words, threads), mapped)
+        MappedAhead::start(buffers, words, threads, reservation.new_empty())
     }
 
     /// The group keys' words, made as the node's group order asks.
@@ -918,19 +919,21 @@ impl DevicePart {
     /// are numbered); once the device has made every result (`reduced` is
     /// then called), the reductions' results come back and the batches are
     /// built, both in windows that land while the next ones cross the bus.
+    #[allow(clippy::too_many_arguments)]
     fn emit(
         &self,
         grouped: &DeviceGrouped,
         sources: KeySources<'_>,
         work: &DeviceWork,
-        (keys_stream, memory): (&Arc<CudaStream>, &MappedAhead),
+        keys_stream: &Arc<CudaStream>,
+        memory: &MappedAhead,
         timer: &mut PhaseTimer,
         reduced: impl FnOnce(),
     ) -> Result<Emitted> {
         let emit_timer = self.metrics.emit_time.timer();
         let size = self.batch_size.max(1);
         let hashed = sources.keys.is_some_and(|k| k.hashed());
-        let key_chunks = self.keys_back(grouped, &sources, (keys_stream, memory), timer);
+        let key_chunks = self.keys_back(grouped, &sources, keys_stream, memory, timer);
         trace::event(|| "aggregation: group keys made".into());
         // The device part ends once the results are made (the caller's
         // `device_wall_time` and trace say so).
@@ -1017,7 +1020,8 @@ impl DevicePart {
         &self,
         grouped: &DeviceGrouped,
         sources: &KeySources<'_>,
-        (stream, memory): (&Arc<CudaStream>, &MappedAhead),
+        stream: &Arc<CudaStream>,
+        memory: &MappedAhead,
         timer: &mut PhaseTimer,
     ) -> std::result::Result<Vec<Vec<ArrayRef>>, EmitError> {
         if self.spec.keys.is_none() || !grouped.has_identities() {

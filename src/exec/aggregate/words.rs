@@ -306,6 +306,7 @@ mod tests {
     use datafusion::arrow::datatypes::{
         Date32Type, Decimal128Type, Float64Type, Int16Type, Int64Type, UInt64Type,
     };
+    use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, UnboundedMemoryPool};
 
     fn pieces(arrays: Vec<ArrayRef>) -> Vec<ArrayRef> {
         arrays
@@ -321,7 +322,9 @@ mod tests {
         let floats = vec![-0.5f64, 0.0, 1.5, f64::INFINITY, 3.25];
         let float_words: Vec<u64> = floats.iter().map(|v| v.to_bits()).collect();
         let unsigned = vec![0u64, 1, u64::MAX, 42, 1 << 63];
-        let mapped = MappedAhead::start(2, 8, 1);
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        let reservation = MemoryConsumer::new("mapped ahead").register(&pool);
+        let mapped = MappedAhead::start(2, 8, 1, reservation);
         mapped.wait_for_buffers(2);
         for round in 0..2 {
             let back = column_from_words(
