@@ -103,16 +103,17 @@ impl MappedAhead {
         let mut started = Vec::with_capacity(claimed);
         for _ in 0..claimed {
             let thread_shared = Arc::clone(&shared);
+            // Given back when the thread ends, or, where it cannot be
+            // started, with the closure that holds it.
+            let slot = BudgetSlot;
             let spawned = std::thread::Builder::new()
                 .name("datafusion-gpu-map-ahead".into())
                 .spawn(move || {
+                    let _slot = slot;
                     thread_shared.map_buffers();
-                    MAPPING_THREADS.fetch_sub(1, Ordering::AcqRel);
                 });
-            match spawned {
-                Ok(handle) => started.push(handle),
-                // Its slot in the budget is given back.
-                Err(_) => drop(MAPPING_THREADS.fetch_sub(1, Ordering::AcqRel)),
+            if let Ok(handle) = spawned {
+                started.push(handle);
             }
         }
         Self {
@@ -202,6 +203,16 @@ fn thread_budget() -> usize {
     match cfg!(test) {
         true => usize::MAX / 2,
         false => (host_threads() / 2).max(1),
+    }
+}
+
+/// One mapping thread's place in [`MAPPING_THREADS`], given back when
+/// dropped, whether its thread ends, panics or never starts.
+struct BudgetSlot;
+
+impl Drop for BudgetSlot {
+    fn drop(&mut self) {
+        MAPPING_THREADS.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
