@@ -397,4 +397,100 @@ mod tests {
         sum.count(None);
         assert!(!sum.has_shape_of(&shape));
     }
+
+    /// The reductions' results of two groups whose values were [5, 7] and
+    /// [-3], as the device would leave them for each of `work`'s inputs.
+    fn two_groups_results(work: &DeviceWork) -> Vec<Vec<u64>> {
+        let sign = 1u64 << 63;
+        work.inputs
+            .iter()
+            .map(|input| match input.reduction {
+                // Minima and maxima come back as ordered words.
+                Reduction::Max => vec![7u64 ^ sign, (-3i64 as u64) ^ sign],
+                Reduction::Count => vec![2, 1],
+                Reduction::Sum => vec![12, -3i64 as u64],
+                Reduction::SumF64 => vec![12f64.to_bits(), (-3f64).to_bits()],
+                other => panic!("no results made up for {other:?}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn only_columns_that_leave_as_output_take_buffers_mapped_ahead() {
+        use datafusion::arrow::array::{AsArray, Float64Array};
+        use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
+        use datafusion::datasource::MemTable;
+        use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, UnboundedMemoryPool};
+        use datafusion::physical_plan::aggregates::AggregateExec;
+        use datafusion::physical_plan::ExecutionPlan;
+        use datafusion::prelude::{SessionConfig, SessionContext};
+
+        use crate::exec::aggregate::AggregateSpec;
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("x", DataType::Int64, false),
+        ]));
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
+        let table = MemTable::try_new(Arc::clone(&schema), vec![vec![]]).unwrap();
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        let plan = ctx
+            .sql("SELECT k, max(x), avg(x) FROM t GROUP BY k")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let mut plans: Vec<Arc<dyn ExecutionPlan>> = vec![plan];
+        let mut spec = None;
+        while let Some(plan) = plans.pop() {
+            if let Some(aggregate) = plan.downcast_ref::<AggregateExec>() {
+                spec = Some(AggregateSpec::try_new(aggregate).unwrap());
+            }
+            plans.extend(plan.children().into_iter().cloned());
+        }
+        let spec = spec.expect("an aggregation");
+        let x: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![5, 7, -3]))];
+        let mut work = DeviceWork::new(false);
+        for aggregate in &spec.aggregates {
+            work.add(aggregate, spec.merges_states, vec![x.clone()], None, true)
+                .unwrap();
+        }
+        let results = two_groups_results(&work);
+        let reduced: Vec<ReducedWindow<'_>> = results
+            .iter()
+            .map(|values| ReducedWindow {
+                values: values.as_slice().into(),
+                high_words: (&[][..]).into(),
+            })
+            .collect();
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        let mapped = MappedAhead::start(4, 8, 1, MemoryConsumer::new("t").register(&pool));
+        mapped.wait_for_buffers(4);
+        // MAX leaves its state as its value: its column takes a buffer.
+        let max = work
+            .finish(0, &spec.aggregates[0], &reduced, 0..2, true, &mapped)
+            .unwrap();
+        assert_eq!(
+            max[0].as_primitive::<Int64Type>(),
+            &Int64Array::from(vec![7, -3])
+        );
+        assert_eq!(mapped.taken(), 1);
+        // AVG's count and sum are merged into its accumulator and dropped:
+        // they take none, and its value is the accumulator's own.
+        let avg = work
+            .finish(1, &spec.aggregates[1], &reduced, 0..2, true, &mapped)
+            .unwrap();
+        assert_eq!(
+            avg[0].as_primitive::<Float64Type>(),
+            &Float64Array::from(vec![6.0, -3.0])
+        );
+        assert_eq!(mapped.taken(), 1);
+        // As partial states, both of AVG's columns leave: they take two.
+        let states = work
+            .finish(1, &spec.aggregates[1], &reduced, 0..2, false, &mapped)
+            .unwrap();
+        assert_eq!(states.len(), 2);
+        assert_eq!(mapped.taken(), 3);
+    }
 }
