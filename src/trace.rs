@@ -17,6 +17,11 @@ fn start() -> Option<&'static Instant> {
         .as_ref()
 }
 
+/// Whether tracing is on: where an event needs measures of its own.
+pub fn enabled() -> bool {
+    start().is_some()
+}
+
 /// Prints the event `what` describes, when tracing is on.
 pub fn event(what: impl FnOnce() -> String) {
     if let Some(start) = start() {

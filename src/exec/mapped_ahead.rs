@@ -51,8 +51,11 @@ struct Shared {
     started: AtomicUsize,
     /// Set once no more buffers should be mapped.
     stop: AtomicBool,
-    /// Buffers mapped and not yet taken.
-    ready: Mutex<Vec<Vec<u64>>>,
+    /// Buffers mapped and not yet taken, in one list per mapping thread
+    /// (at least one): each thread fills its own, and a taker starts at a
+    /// list of its own, so that threads building output batches on every
+    /// core do not all queue for one lock.
+    ready: Vec<Mutex<Vec<Vec<u64>>>>,
     /// Buffers taken from `ready`.
     taken: AtomicUsize,
     /// The memory pool's account of every buffer mapped, grown one buffer
@@ -96,12 +99,14 @@ impl MappedAhead {
             wanted: buffers,
             started: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
-            ready: Mutex::new(Vec::new()),
+            ready: (0..claimed.max(1))
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
             taken: AtomicUsize::new(0),
             reservation,
         });
         let mut started = Vec::with_capacity(claimed);
-        for _ in 0..claimed {
+        for list in 0..claimed {
             let thread_shared = Arc::clone(&shared);
             // Given back when the thread ends, or, where it cannot be
             // started, with the closure that holds it.
@@ -110,7 +115,7 @@ impl MappedAhead {
                 .name("datafusion-gpu-map-ahead".into())
                 .spawn(move || {
                     let _slot = slot;
-                    thread_shared.map_buffers();
+                    thread_shared.map_buffers(list);
                 });
             if let Ok(handle) = spawned {
                 started.push(handle);
@@ -126,7 +131,7 @@ impl MappedAhead {
     /// where one is ready and large enough, otherwise a fresh allocation.
     pub(crate) fn take(&self, len: usize) -> Vec<u64> {
         if let Some(shared) = self.shared.as_ref().filter(|s| len <= s.words) {
-            if let Some(buffer) = shared.lock_ready().pop() {
+            if let Some(buffer) = shared.pop_ready() {
                 shared.taken.fetch_add(1, Ordering::Relaxed);
                 return buffer;
             }
@@ -158,7 +163,9 @@ impl MappedAhead {
     pub(crate) fn finish(mut self) -> Option<(Vec<Vec<u64>>, MemoryReservation)> {
         self.join();
         let shared = self.shared.take()?;
-        let left = std::mem::take(&mut *shared.lock_ready());
+        let left: Vec<Vec<u64>> = (0..shared.ready.len())
+            .flat_map(|list| std::mem::take(&mut *shared.lock_ready(list)))
+            .collect();
         // The threads are joined: this is the last reference but where a
         // thread panicked and left its own behind, in which case the
         // reservation is let go with it.
@@ -171,7 +178,11 @@ impl MappedAhead {
     pub(crate) fn wait_for_buffers(&self, buffers: usize) {
         let start = std::time::Instant::now();
         let shared = self.shared.as_ref().expect("buffers to map");
-        while shared.lock_ready().len() < buffers {
+        while (0..shared.ready.len())
+            .map(|list| shared.lock_ready(list).len())
+            .sum::<usize>()
+            < buffers
+        {
             assert!(
                 start.elapsed() < std::time::Duration::from_secs(30),
                 "{buffers} buffers never mapped"
@@ -216,20 +227,61 @@ impl Drop for BudgetSlot {
     }
 }
 
+/// The list of `lists` a thread takes from first: threads spread over
+/// them, each keeping its own.
+fn own_list(lists: usize) -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static OWN: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    OWN.with(|own| own % lists.max(1))
+}
+
 /// Threads a new mapping may start while `running` run, within `budget`.
 fn threads_to_claim(running: usize, budget: usize, wanted: usize) -> usize {
     budget.saturating_sub(running).min(wanted)
 }
 
 impl Shared {
-    fn lock_ready(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u64>>> {
+    fn lock_ready(&self, list: usize) -> std::sync::MutexGuard<'_, Vec<Vec<u64>>> {
         // Pushing or popping a vector cannot leave the list half changed.
-        self.ready.lock().unwrap_or_else(|p| p.into_inner())
+        self.ready[list].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A mapped buffer, where one is ready: from the taking thread's own
+    /// list first, passing over lists another thread holds, then waiting
+    /// for each list in turn where every one was held.
+    fn pop_ready(&self) -> Option<Vec<u64>> {
+        let lists = self.ready.len();
+        let first = own_list(lists);
+        let order = (0..lists).map(|i| (first + i) % lists);
+        let mut held = false;
+        for list in order.clone() {
+            match self.ready[list].try_lock() {
+                Ok(mut ready) => {
+                    if let Some(buffer) = ready.pop() {
+                        return Some(buffer);
+                    }
+                }
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    if let Some(buffer) = p.into_inner().pop() {
+                        return Some(buffer);
+                    }
+                }
+                Err(std::sync::TryLockError::WouldBlock) => held = true,
+            }
+        }
+        if !held {
+            return None;
+        }
+        order
+            .into_iter()
+            .find_map(|list| self.lock_ready(list).pop())
     }
 
     /// One mapping thread's loop: claims buffers until all are claimed,
     /// it is told to stop, or the memory pool cannot spare another.
-    fn map_buffers(&self) {
+    fn map_buffers(&self, list: usize) {
         let bytes = self.words * std::mem::size_of::<u64>();
         let mut mapped = 0;
         while !self.stop.load(Ordering::Relaxed)
@@ -251,7 +303,7 @@ impl Shared {
             if let Some(last) = spare.last_mut() {
                 last.write(0);
             }
-            self.lock_ready().push(buffer);
+            self.lock_ready(list).push(buffer);
             mapped += 1;
         }
         trace::event(|| format!("output memory: {mapped} buffers mapped ahead"));
@@ -294,6 +346,31 @@ mod tests {
         assert_eq!(counted.size(), 10 * 1000 * 8);
         drop(counted);
         assert_eq!(pool.reserved(), 0);
+    }
+
+    #[test]
+    fn takers_on_many_threads_share_every_list_and_take_each_buffer_once() {
+        // Four mapping threads, four lists; eight takers asking for more
+        // than there are: each mapped buffer is handed out once, and the
+        // rest are fresh.
+        let mapped = MappedAhead::start(200, 600, 4, reservation(&unbounded()));
+        mapped.wait_for_buffers(200);
+        let taken: Vec<Vec<u64>> = std::thread::scope(|scope| {
+            let takers: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| (0..40).map(|_| mapped.take(600)).collect::<Vec<_>>()))
+                .collect();
+            takers
+                .into_iter()
+                .flat_map(|taker| taker.join().unwrap())
+                .collect()
+        });
+        assert_eq!(mapped.taken(), 200);
+        let mut addresses: Vec<usize> = taken.iter().map(|b| b.as_ptr() as usize).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        assert_eq!(addresses.len(), 320, "a buffer handed out twice");
+        let (left, _) = mapped.finish().expect("buffers were mapped");
+        assert!(left.is_empty());
     }
 
     #[test]

@@ -242,6 +242,10 @@ pub struct GpuAggregateMetrics {
     /// was mapped while the device worked (`gpu.map_output_ahead`), rather
     /// than page by page as the results were copied into it.
     pub output_buffers_mapped_ahead: Count,
+    /// Aggregates whose output columns were brought back and built while
+    /// the device still made later aggregates' results (reductions made
+    /// one after the other, each once its input crossed the bus).
+    pub aggregates_brought_back_early: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, or few groups).
     pub cpu_fallback_partitions: Count,
@@ -276,6 +280,8 @@ impl GpuAggregateMetrics {
                 .counter("inputs_prepared_during_key_copy_partitions", partition),
             output_buffers_mapped_ahead: builder()
                 .counter("output_buffers_mapped_ahead", partition),
+            aggregates_brought_back_early: builder()
+                .counter("aggregates_brought_back_early", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
         }

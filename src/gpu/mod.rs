@@ -17,7 +17,7 @@ mod transfer;
 pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
 pub use device::{GpuDevice, PooledStream};
 pub use error::{DriverResultExt, GpuError, GpuResult};
-pub use pinned::{PinnedBuffer, PinnedPool};
+pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool};
 pub(crate) use pinned_host::first_buffer_address;
 pub use pinned_host::{is_pinned, pin_batches, PinnedRegion};
 pub use runtime::{gpu_availability, gpu_runtime, GpuRuntime, GpuUnavailable};

@@ -96,6 +96,19 @@ impl PinnedBuffer {
         Ok(&slice.as_slice().during("waiting for a pinned buffer")?[..self.len])
     }
 
+    /// The buffer once every copy into it has finished (waits for them),
+    /// for readers on many threads that would otherwise each ask the
+    /// driver about the same finished copies.
+    pub fn into_landed(self) -> GpuResult<LandedBuffer> {
+        let words = self.as_slice()?;
+        let (words, len) = (words.as_ptr(), words.len());
+        Ok(LandedBuffer {
+            buffer: self,
+            words,
+            len,
+        })
+    }
+
     /// The underlying driver allocation, mutably.
     pub(crate) fn raw_mut(&mut self) -> &mut PinnedHostSlice<u64> {
         self.slice.as_mut().expect("present until drop")
@@ -109,6 +122,43 @@ impl PinnedBuffer {
     /// Whether no elements are in use.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+/// A [`PinnedBuffer`] whose copies have all finished
+/// ([`PinnedBuffer::into_landed`]): its words are read without waiting.
+/// It gives no mutable access, so no copy can be enqueued into it until it
+/// is turned back into the buffer ([`LandedBuffer::into_buffer`]).
+#[derive(Debug)]
+pub struct LandedBuffer {
+    buffer: PinnedBuffer,
+    /// The first `len` words of `buffer`'s allocation.
+    words: *const u64,
+    len: usize,
+}
+
+// SAFETY: the words are plain host memory owned by `buffer` (moved with
+// it, freed only with it), written by nothing while this exists: every
+// copy into them finished before it was made, and a new one needs the
+// buffer mutably, which this never lends. Shared reads from many threads
+// are then reads of immutable memory.
+unsafe impl Send for LandedBuffer {}
+// SAFETY: as for `Send`: only shared reads of memory nothing writes.
+unsafe impl Sync for LandedBuffer {}
+
+impl LandedBuffer {
+    /// The first `len` words, as they landed.
+    pub fn as_slice(&self) -> &[u64] {
+        // SAFETY: `words` and `len` are the slice `PinnedBuffer::as_slice`
+        // gave once the copies finished, in the allocation `buffer` owns
+        // for as long as `self` lives (see the `Send` impl: nothing writes
+        // them meanwhile).
+        unsafe { std::slice::from_raw_parts(self.words, self.len) }
+    }
+
+    /// The buffer again, for the next copies.
+    pub fn into_buffer(self) -> PinnedBuffer {
+        self.buffer
     }
 }
 

@@ -797,7 +797,7 @@ pub fn group_uploaded_keys(
         None => (None, None),
     };
     let folded_in_table = folded.is_some();
-    let mut columns = match uploaded_columns {
+    let columns = match uploaded_columns {
         Some(columns) => columns,
         None if folded_in_table => {
             // Freed in stream order, each after the fold that read it.
@@ -810,12 +810,10 @@ pub fn group_uploaded_keys(
         None => fold_chunks.into_columns(stream, inputs.len(), rows)?,
     };
     if let Some(positions) = &permutation {
-        // The rows' groups are in the partitions' order: so are the inputs.
+        // The rows' groups are in the partitions' order: so are the inputs
+        // (each column just before its reduction, below).
         for bits in &mut device_bitmaps {
             *bits = gathered_bits(device, stream, bits, positions, timer)?;
-        }
-        for column in &mut columns {
-            column.gather(device, stream, positions, timer)?;
         }
     }
     let mut kept_row_groups = Vec::new();
@@ -856,20 +854,28 @@ pub fn group_uploaded_keys(
             }
         }
     }
+    // Each input is gathered (in partitions) and reduced before the next
+    // input's turn, and its end recorded: the inputs cross the bus one
+    // after the other, so the first inputs' results are made, and can come
+    // back, while the last ones still cross.
+    let mut reductions_made = Vec::new();
     let reduced = match folded {
         // Every input is reduced already.
         Some(folded) => folded.into_reduced(device, stream, groups, key_order.as_ref(), timer)?,
         None => inputs
             .iter()
             .zip(columns)
-            .map(|(input, column)| {
+            .map(|(input, mut column)| {
+                if let Some(positions) = &permutation {
+                    column.gather(device, stream, positions, timer)?;
+                }
                 let group_rows_of = GroupRows {
                     groups_of_rows: row_groups.as_ref(),
                     rows,
                     valid_bits: input.valid.map(|i| &device_bitmaps[i]),
                     groups,
                 };
-                reduce(
+                let reduced = reduce(
                     device,
                     stream,
                     sm_count,
@@ -878,7 +884,13 @@ pub fn group_uploaded_keys(
                     column,
                     key_order.as_ref(),
                     timer,
-                )
+                )?;
+                reductions_made.push(
+                    stream
+                        .record_event(None)
+                        .during("recording a reduction's end")?,
+                );
+                Ok(reduced)
             })
             .collect::<GpuResult<Vec<_>>>()?,
     };
@@ -894,6 +906,7 @@ pub fn group_uploaded_keys(
         folding_table_grown,
         stream: Arc::clone(stream),
         identities_made,
+        reductions_made,
     })
 }
 

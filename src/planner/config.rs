@@ -135,6 +135,14 @@ extensions_options! {
         /// it gained nothing (BENCHMARKS.md). 0 maps whatever the size
         /// (tests).
         pub min_output_bytes_mapped_ahead: usize, default = 536_870_912
+        /// Where the device makes an aggregation's reductions one after
+        /// the other (in partitions, or not folded into the table), each
+        /// once its input has crossed the bus, bring back the aggregates
+        /// whose reductions are made first, and build their output columns,
+        /// while the device still makes the others
+        /// (`aggregates_brought_back_early` in `EXPLAIN ANALYZE`). `false`
+        /// brings every aggregate back once the device has made them all.
+        pub results_back_early: bool, default = true
         /// Fraction of the device memory free at start-up that GPU operators
         /// may hold at once, in (0, 1].
         pub memory_fraction: f64, default = 0.8

@@ -553,6 +553,67 @@ async fn output_mapped_ahead_matches_the_cpu() {
     }
 }
 
+/// Where the device makes the reductions one after the other (in
+/// partitions, or numbered without folding), the aggregates whose
+/// reductions are made first come back, and their columns are built,
+/// while the device still makes the others: the same results, over many
+/// output batches, with every aggregate type, NULLs and shared counts
+/// (AVG's); the metric counts them, and none come back early where a
+/// table folded every reduction at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aggregates_brought_back_early_match_the_cpu() {
+    let Some(_) = require_gpu("aggregates_brought_back_early_match_the_cpu") else {
+        return;
+    };
+    let queries = [
+        format!("SELECT k, {AGGREGATES} FROM t GROUP BY k"),
+        // AVG's count read by COUNT too; a MIN between.
+        "SELECT k, avg(v), min(u), count(v), sum(v) FROM t GROUP BY k".to_string(),
+        // Foldable where the table folds: one pass.
+        "SELECT k, min(u), max(u) FROM t GROUP BY k".to_string(),
+    ];
+    let unfolded = "SET gpu.fold_into_table = false";
+    let numberings: [(&str, &[&str]); 4] = [
+        ("in partitions", &["SET gpu.min_groups_to_partition = 0"]),
+        ("unfolded", &[unfolded]),
+        (
+            "unfolded, all at the end",
+            &[unfolded, "SET gpu.results_back_early = false"],
+        ),
+        ("default", &[]),
+    ];
+    for (partitions, phases) in PLANS {
+        for (numbering, setting) in numberings {
+            let mut settings = vec![phases, "SET datafusion.execution.batch_size = 512"];
+            settings.extend(setting);
+            let (gpu, cpu) = contexts(partitions, &settings).await;
+            let table = table(30_000, Keys::Uniform { domain: 6_000 }, partitions, 91);
+            register([&gpu, &cpu], table);
+            for (i, sql) in queries.iter().enumerate() {
+                let plan = check(&gpu, &cpu, sql).await;
+                let early = gpu_aggregate_metric(&plan, "aggregates_brought_back_early");
+                let folded = gpu_aggregate_metric(&plan, "table_fold_partitions");
+                let context = format!("{sql} ({phases}, {numbering})");
+                match numbering {
+                    "in partitions" | "unfolded" => {
+                        assert_eq!(folded, 0, "{context}: folded");
+                        if i < 2 {
+                            assert!(early > 0, "{context}: nothing came back early");
+                        }
+                    }
+                    "unfolded, all at the end" => {
+                        assert_eq!(early, 0, "{context}: some came back early");
+                    }
+                    _ => {}
+                }
+                if partitions == 1 && folded > 0 {
+                    assert_eq!(early, 0, "{context}: folded, yet some came back early");
+                }
+            }
+        }
+    }
+}
+
 /// Rows as (text of the exact columns, float columns), sorted by the text.
 fn split_float_rows(batches: &[RecordBatch], float_columns: &[usize]) -> Vec<(String, Vec<f64>)> {
     let mut rows = Vec::new();
@@ -1258,8 +1319,21 @@ async fn device_group_by_matches_the_reference() {
                 };
                 let early = bring_back(side_stream.stream(), ResultParts::Identities);
                 let late = bring_back(on_device.stream(), ResultParts::Reductions);
+                // The reductions split in two passes: the first ones on a
+                // stream of their own once they are made, the others after.
+                let split = inputs.len() / 2;
+                let (first, end) = (0, split);
+                let first_part = bring_back(
+                    side_stream.stream(),
+                    ResultParts::SomeReductions { first, end },
+                );
+                let (first, end) = (split, inputs.len());
+                let last_part = bring_back(
+                    on_device.stream(),
+                    ResultParts::SomeReductions { first, end },
+                );
                 let tasks = bring_back(on_device.stream(), ResultParts::All);
-                for pass in [&early, &late] {
+                for pass in [&early, &late, &first_part, &last_part] {
                     assert!(pass.iter().map(|t| &t.0).eq(tasks.iter().map(|t| &t.0)));
                 }
                 for ((early, late), all) in early.iter().zip(&late).zip(&tasks) {
@@ -1267,6 +1341,19 @@ async fn device_group_by_matches_the_reference() {
                     assert!(early.2.is_empty());
                     assert!(late.1.is_empty());
                     assert_eq!(late.2, all.2, "rows {rows}, domain {domain}");
+                }
+                let no_words = (Vec::new(), Vec::new());
+                for ((first_part, last_part), all) in first_part.iter().zip(&last_part).zip(&tasks)
+                {
+                    assert!(first_part.1.is_empty() && last_part.1.is_empty());
+                    for (i, all) in all.2.iter().enumerate() {
+                        let (here, not_here) = match i < split {
+                            true => (&first_part.2[i], &last_part.2[i]),
+                            false => (&last_part.2[i], &first_part.2[i]),
+                        };
+                        assert_eq!(here, all, "rows {rows}, domain {domain}, reduction {i}");
+                        assert_eq!(not_here, &no_words, "reduction {i} not brought back");
+                    }
                 }
                 if groups > 6 {
                     // A failing task's error comes back; a panicking

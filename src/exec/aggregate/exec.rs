@@ -399,6 +399,7 @@ impl ExecutionPlan for GpuAggregateExec {
             fold_into_table: options.fold_into_table,
             map_output_ahead: options.map_output_ahead,
             min_output_bytes_mapped_ahead: options.min_output_bytes_mapped_ahead,
+            results_back_early: options.results_back_early,
             result_window_words: options.result_window_words,
             metrics: GpuAggregateMetrics::new(&self.metrics, partition),
         }))

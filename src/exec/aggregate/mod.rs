@@ -8,6 +8,7 @@
 mod exec;
 mod group_keys;
 mod reductions;
+mod result_passes;
 mod spec;
 mod stream;
 mod words;

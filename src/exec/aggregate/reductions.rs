@@ -254,6 +254,18 @@ impl DeviceWork {
         })
     }
 
+    /// The reductions whose results aggregate `index`'s columns are made
+    /// from: those of its values and the counts that make them NULL.
+    pub(crate) fn reductions_of(&self, index: usize) -> Vec<usize> {
+        let mut reductions: Vec<usize> = self.states[index]
+            .iter()
+            .flat_map(|column| std::iter::once(column.reduced).chain(column.null_where_empty))
+            .collect();
+        reductions.sort_unstable();
+        reductions.dedup();
+        reductions
+    }
+
     /// The output columns of aggregate `index` for the groups `groups` (a
     /// range of the groups whose results `reduced` holds, so that batches
     /// are built on several threads, each owning its memory): its final value (`final_output`), computed

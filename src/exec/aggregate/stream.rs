@@ -38,6 +38,7 @@ use super::group_keys::{
 };
 
 use super::reductions::DeviceWork;
+use super::result_passes::{result_passes, ResultPass};
 use super::spec::AggregateSpec;
 use super::words::threads_for;
 use crate::exec::collect::{collect_streams, WholeInput};
@@ -49,7 +50,8 @@ use crate::gpu::{in_pinned_memory, GpuDevice, GpuError, GpuResult, PhaseTimer, R
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{
     group_by_device_bytes, group_uploaded_keys, partition_bits_for_groups, upload_group_keys,
-    DeviceGrouped, GroupIds, GroupsBack, ReducedWindow, ResultParts, Words, FOLD_CHUNK_ROWS,
+    DeviceGrouped, GroupIds, GroupedWindow, GroupsBack, ReducedWindow, ResultParts, Words,
+    FOLD_CHUNK_ROWS,
 };
 use crate::planner::cpu_phases_over;
 use crate::trace;
@@ -122,6 +124,9 @@ pub(crate) struct AggregateTask {
     /// `gpu.min_output_bytes_mapped_ahead`: from how many bytes of output
     /// columns that is worth it.
     pub(crate) min_output_bytes_mapped_ahead: usize,
+    /// `gpu.results_back_early`: bring back the aggregates whose
+    /// reductions are made first while the device makes the others.
+    pub(crate) results_back_early: bool,
     /// `gpu.result_window_words`: pinned words per window of results
     /// brought back.
     pub(crate) result_window_words: usize,
@@ -168,6 +173,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         fold_into_table: task.fold_into_table,
         map_output_ahead: task.map_output_ahead,
         min_output_bytes_mapped_ahead: task.min_output_bytes_mapped_ahead,
+        results_back_early: task.results_back_early,
         result_window_words: task.result_window_words,
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
@@ -301,6 +307,7 @@ struct DevicePart {
     fold_into_table: bool,
     map_output_ahead: bool,
     min_output_bytes_mapped_ahead: usize,
+    results_back_early: bool,
     result_window_words: usize,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
@@ -916,9 +923,12 @@ impl DevicePart {
     /// `batch_size` groups, with the group count. The groups' keys come
     /// back first, on `keys_stream`, and are made into columns on every
     /// core while the device still reduces (they are known once the groups
-    /// are numbered); once the device has made every result (`reduced` is
-    /// then called), the reductions' results come back and the batches are
-    /// built, both in windows that land while the next ones cross the bus.
+    /// are numbered); so do the columns of aggregates whose reductions are
+    /// made before the last ones ([`result_passes`]), where the device
+    /// makes them one after the other; once the device has made every
+    /// result (`reduced` is then called), the other reductions' results
+    /// come back and the batches are built, all in windows that land while
+    /// the next ones cross the bus.
     #[allow(clippy::too_many_arguments)]
     fn emit(
         &self,
@@ -931,55 +941,67 @@ impl DevicePart {
         reduced: impl FnOnce(),
     ) -> Result<Emitted> {
         let emit_timer = self.metrics.emit_time.timer();
-        let size = self.batch_size.max(1);
         let hashed = sources.keys.is_some_and(|k| k.hashed());
         let key_chunks = self.keys_back(grouped, &sources, keys_stream, memory, timer);
         trace::event(|| "aggregation: group keys made".into());
+        let mut passes = match self.results_back_early && grouped.reductions_made_apart() {
+            true => {
+                let reductions_of: Vec<Vec<usize>> = (0..self.spec.aggregates.len())
+                    .map(|i| work.reductions_of(i))
+                    .collect();
+                result_passes(&reductions_of, work.inputs.len())
+            }
+            false => Vec::new(),
+        };
+        // The last pass waits for every result; the others come back now.
+        let last_pass = passes.pop().filter(|_| !passes.is_empty());
+        let early = match key_chunks.is_ok() {
+            true => self.bring_back_early(grouped, &passes, work, keys_stream, memory, timer),
+            false => Ok(EarlyColumns::default()),
+        };
         // The device part ends once the results are made (the caller's
         // `device_wall_time` and trace say so).
         grouped.wait_until_made()?;
         reduced();
         // The results now land: the cores build the batches.
         memory.stop_mapping();
-        let key_chunks = match key_chunks {
-            Ok(chunks) => chunks,
-            // Pinned memory for the windows could not be had: no batch has
-            // left yet, so the CPU operator can still take over.
+        // Pinned memory for the windows could not be had: no batch has left
+        // yet, so the CPU operator can still take over.
+        let (key_chunks, early) = match key_chunks.and_then(|keys| Ok((keys, early?))) {
+            Ok(made) => made,
             Err(EmitError::Device(e)) if e.is_out_of_device_memory() => {
                 return Ok(Emitted::OutOfMemory)
             }
             Err(EmitError::Device(e)) => return Err(e.into()),
             Err(EmitError::Host(e)) => return Err(e),
         };
-        let parts = ResultParts::Reductions;
-        let window = window_groups(
-            self.result_window_words,
-            grouped.words_per_group(parts),
-            size,
-        );
-        let per_batch = grouped.bring_back_in_parallel(
-            &self.device,
+        let parts = match &last_pass {
+            Some(pass) => ResultParts::SomeReductions {
+                first: pass.reductions.start,
+                end: pass.reductions.end,
+            },
+            None => ResultParts::Reductions,
+        };
+        let per_batch = self.per_output_batch(
+            grouped,
             (grouped.stream(), parts),
-            window,
-            size,
-            host_threads(),
             timer,
-            |window, groups| {
-                // Windows and tasks are whole batches of `size` groups.
-                let batch = (window.groups.start + groups.start) / size;
+            |window, batch, groups| {
                 let key_chunk = match self.spec.keys {
                     Some(_) => key_chunks.get(batch).cloned().ok_or_else(|| {
                         DataFusionError::Internal(format!("no keys for output batch {batch}"))
                     })?,
                     None => Vec::new(),
                 };
-                let batch = self.output_batch(key_chunk, work, &window.reduced, groups, memory)?;
+                let made = early.of_batch(batch);
+                let batch =
+                    self.output_batch(key_chunk, work, &window.reduced, groups, memory, made)?;
                 // Counted here, on the thread that made the batch: counted
                 // one by one on the query's thread, thousands of batches took
                 // milliseconds after the last was made (each a few cache
                 // misses).
                 let bytes = get_record_batch_memory_size(&batch);
-                Ok::<_, EmitError>((batch, bytes))
+                Ok((batch, bytes))
             },
         );
         let per_batch = match per_batch {
@@ -1027,7 +1049,6 @@ impl DevicePart {
         if self.spec.keys.is_none() || !grouped.has_identities() {
             return Ok(Vec::new());
         }
-        let size = self.batch_size.max(1);
         let hashed = sources.keys.is_some_and(|k| k.hashed());
         // Where each batch begins among the rows (hashed keys are read from
         // a row of each group).
@@ -1035,20 +1056,11 @@ impl DevicePart {
             true => starts_of(sources.batches.iter().map(|b| b.num_rows())),
             false => Vec::new(),
         };
-        let parts = ResultParts::Identities;
-        let window = window_groups(
-            self.result_window_words,
-            grouped.words_per_group(parts),
-            size,
-        );
-        grouped.bring_back_in_parallel(
-            &self.device,
-            (stream, parts),
-            window,
-            size,
-            host_threads(),
+        self.per_output_batch(
+            grouped,
+            (stream, ResultParts::Identities),
             timer,
-            |window, groups| {
+            |window, _, groups| {
                 let identities = window.identities.get(groups).unwrap_or(&[]);
                 Ok(match sources.keys {
                     Some(keys) if !hashed => keys.decode(identities, memory)?,
@@ -1090,8 +1102,101 @@ impl DevicePart {
             .collect()
     }
 
+    /// Brings `parts` of every group back on `stream` in windows that land
+    /// while the next ones cross the bus, and runs `per_batch(window, batch,
+    /// groups)` for each output batch (`batch_size` groups; its index among
+    /// all, and its groups among the window's) on every core, in tasks of
+    /// several batches. The results in batch order.
+    fn per_output_batch<R: Send>(
+        &self,
+        grouped: &DeviceGrouped,
+        (stream, parts): (&Arc<CudaStream>, ResultParts),
+        timer: &mut PhaseTimer,
+        per_batch: impl Fn(&GroupedWindow<'_>, usize, Range<usize>) -> std::result::Result<R, EmitError>
+            + Sync,
+    ) -> std::result::Result<Vec<R>, EmitError> {
+        let size = self.batch_size.max(1);
+        let window = window_groups(
+            self.result_window_words,
+            grouped.words_per_group(parts),
+            size,
+        );
+        let threads = host_threads();
+        let per_task = grouped.bring_back_in_parallel(
+            &self.device,
+            (stream, parts),
+            window,
+            task_groups(window, size, threads),
+            threads,
+            timer,
+            |window, groups| {
+                batches_of(window, groups, size)
+                    .map(|(batch, groups)| per_batch(window, batch, groups))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+            },
+        )?;
+        Ok(per_task.into_iter().flatten().collect())
+    }
+
+    /// The output columns of the aggregates of `passes` (all but the last
+    /// of [`result_passes`]), per output batch, each pass brought back on
+    /// `stream` once the last reduction it reads is made, while the device
+    /// still makes the others, and made into columns on every core.
+    fn bring_back_early(
+        &self,
+        grouped: &DeviceGrouped,
+        passes: &[ResultPass],
+        work: &DeviceWork,
+        stream: &Arc<CudaStream>,
+        memory: &MappedAhead,
+        timer: &mut PhaseTimer,
+    ) -> std::result::Result<EarlyColumns, EmitError> {
+        if passes.is_empty() {
+            return Ok(EarlyColumns::default());
+        }
+        let size = self.batch_size.max(1);
+        let aggregates = self.spec.aggregates.len();
+        let mut early = EarlyColumns {
+            by_batch: vec![vec![None; aggregates]; grouped.groups.div_ceil(size)],
+        };
+        for pass in passes {
+            let parts = ResultParts::SomeReductions {
+                first: pass.reductions.start,
+                end: pass.reductions.end,
+            };
+            let per_batch =
+                self.per_output_batch(grouped, (stream, parts), timer, |window, _, groups| {
+                    pass.aggregates
+                        .iter()
+                        .map(|&i| {
+                            let columns = work.finish(
+                                i,
+                                &self.spec.aggregates[i],
+                                &window.reduced,
+                                groups.clone(),
+                                self.final_output,
+                                memory,
+                            )?;
+                            Ok((i, columns))
+                        })
+                        .collect::<std::result::Result<Vec<_>, EmitError>>()
+                })?;
+            for (batch, made) in early.by_batch.iter_mut().zip(per_batch) {
+                for (i, columns) in made {
+                    batch[i] = Some(columns);
+                }
+            }
+            self.metrics
+                .aggregates_brought_back_early
+                .add(pass.aggregates.len());
+            trace::event(|| format!("aggregation: aggregates {:?} brought back", pass.aggregates));
+        }
+        Ok(early)
+    }
+
     /// One output batch: the keys of the groups `groups` of a window (their
-    /// results in `reduced`), then each aggregate's value or state columns.
+    /// results in `reduced`), then each aggregate's value or state columns,
+    /// made already where `made` holds them.
     fn output_batch(
         &self,
         mut columns: Vec<ArrayRef>,
@@ -1099,17 +1204,21 @@ impl DevicePart {
         reduced: &[ReducedWindow<'_>],
         groups: Range<usize>,
         memory: &MappedAhead,
+        made: &[Option<Vec<ArrayRef>>],
     ) -> Result<RecordBatch> {
         let rows = groups.len();
         for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
-            columns.extend(work.finish(
-                i,
-                aggregate,
-                reduced,
-                groups.clone(),
-                self.final_output,
-                memory,
-            )?);
+            match made.get(i) {
+                Some(Some(made)) => columns.extend(made.iter().cloned()),
+                _ => columns.extend(work.finish(
+                    i,
+                    aggregate,
+                    reduced,
+                    groups.clone(),
+                    self.final_output,
+                    memory,
+                )?),
+            }
         }
         Ok(RecordBatch::try_new_with_options(
             Arc::clone(&self.output_schema),
@@ -1119,12 +1228,56 @@ impl DevicePart {
     }
 }
 
+/// The output columns of aggregates brought back before the last pass
+/// ([`DevicePart::bring_back_early`]): per output batch, per
+/// aggregate, its columns where made.
+#[derive(Default)]
+struct EarlyColumns {
+    by_batch: Vec<Vec<Option<Vec<ArrayRef>>>>,
+}
+
+impl EarlyColumns {
+    /// What of output batch `batch` is made (nothing where no aggregate
+    /// came back early).
+    fn of_batch(&self, batch: usize) -> &[Option<Vec<ArrayRef>>] {
+        self.by_batch.get(batch).map_or(&[], Vec::as_slice)
+    }
+}
+
 /// Groups per window of results brought back from the device: a whole
 /// number of output batches of `batch_size` groups, about `window_words`
 /// words in all (`gpu.result_window_words`), at least one batch.
 fn window_groups(window_words: usize, words_per_group: usize, batch_size: usize) -> usize {
     let groups = window_words / words_per_group.max(1);
     (groups / batch_size).max(1) * batch_size
+}
+
+/// Groups per task of a pass over the results: whole output batches of
+/// `batch_size` groups, about a window's share of each of `threads`
+/// threads. A task per batch cost each batch a turn at the tasks' lock
+/// and its wake-ups, which bound the pass where a batch's own work was
+/// short (one column).
+fn task_groups(window: usize, batch_size: usize, threads: usize) -> usize {
+    let batches = window / batch_size.max(1);
+    (batches / threads.max(1)).max(1) * batch_size.max(1)
+}
+
+/// The output batches a task's groups `groups` (of `window`'s own, whole
+/// batches of `batch_size` groups but the last) cover: each batch's index
+/// among all, and its groups among the window's.
+fn batches_of(
+    window: &GroupedWindow<'_>,
+    groups: Range<usize>,
+    batch_size: usize,
+) -> impl Iterator<Item = (usize, Range<usize>)> {
+    let size = batch_size.max(1);
+    let first = window.groups.start;
+    (groups.start..groups.end).step_by(size).map(move |start| {
+        (
+            (first + start) / size,
+            start..(start + size).min(groups.end),
+        )
+    })
 }
 
 /// Each key column whole, from its chunks.
@@ -1152,6 +1305,29 @@ mod tests {
     use datafusion::prelude::SessionContext;
 
     use super::*;
+
+    #[test]
+    fn tasks_are_whole_batches_about_a_window_share_of_each_thread() {
+        // 256 batches of 8192 groups on 16 threads: 16 batches a task.
+        assert_eq!(task_groups(256 * 8192, 8192, 16), 16 * 8192);
+        assert_eq!(task_groups(100 * 8192, 8192, 16), 6 * 8192);
+        // Fewer batches than threads, or a window of one: a batch a task.
+        assert_eq!(task_groups(8 * 8192, 8192, 16), 8192);
+        assert_eq!(task_groups(512, 8192, 16), 8192);
+        assert_eq!(task_groups(1000, 0, 0), 1000);
+    }
+
+    #[test]
+    fn a_task_covers_its_batches_numbered_among_all() {
+        let window = GroupedWindow {
+            groups: 40..80,
+            identities: &[],
+            reduced: Vec::new(),
+        };
+        let batches: Vec<_> = batches_of(&window, 10..35, 10).collect();
+        assert_eq!(batches, vec![(5, 10..20), (6, 20..30), (7, 30..35)]);
+        assert_eq!(batches_of(&window, 0..0, 10).count(), 0);
+    }
 
     #[test]
     fn only_columns_that_cannot_be_null_literals_and_their_failing_casts_never_give_null() {

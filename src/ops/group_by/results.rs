@@ -13,14 +13,15 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
 use super::{fixed_sum_to_f64, Grouped, GroupsBack, Reduced};
 use crate::gpu::{
-    enqueue_download, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
-    PinnedBuffer,
+    enqueue_download, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, LandedBuffer,
+    PhaseTimer, PinnedBuffer,
 };
 use crate::trace;
 
@@ -58,6 +59,10 @@ pub struct DeviceGrouped {
     /// reductions: another stream that waits for it brings the identities
     /// back while the reductions run.
     pub(super) identities_made: Option<CudaEvent>,
+    /// Recorded on `stream` once each reduction is made, in reduction
+    /// order, where the reductions are made one after the other (empty
+    /// where they are made together, folded into the table).
+    pub(super) reductions_made: Vec<CudaEvent>,
 }
 
 /// What of each group a pass over the results brings back.
@@ -70,11 +75,26 @@ pub enum ResultParts {
     Identities,
     /// Every reduction's results alone.
     Reductions,
+    /// The results of the reductions `first..end` alone: on another
+    /// stream, they come back once reduction `end - 1` is made, while the
+    /// device may still make later ones
+    /// ([`DeviceGrouped::reductions_made_apart`]). The windows' other
+    /// reductions are empty.
+    SomeReductions { first: usize, end: usize },
 }
 
 impl ResultParts {
     fn identities(self) -> bool {
-        self != ResultParts::Reductions
+        matches!(self, ResultParts::All | ResultParts::Identities)
+    }
+
+    /// Whether reduction `i` comes back.
+    fn reduction(self, i: usize) -> bool {
+        match self {
+            ResultParts::All | ResultParts::Reductions => true,
+            ResultParts::Identities => false,
+            ResultParts::SomeReductions { first, end } => (first..end).contains(&i),
+        }
     }
 
     fn reductions(self) -> bool {
@@ -168,7 +188,7 @@ pub struct GroupedWindow<'a> {
 /// and the results the host made of its words.
 struct Landed {
     /// `None` where nothing comes back (no keys, and no row reduced).
-    buffer: Option<PinnedBuffer>,
+    buffer: Option<LandedBuffer>,
     groups: Range<usize>,
     made: Vec<Option<(Vec<u64>, Vec<u64>)>>,
 }
@@ -201,26 +221,47 @@ impl DeviceGrouped {
         self.identities.is_some()
     }
 
+    /// Whether the reductions are made one after the other, each input
+    /// once it has crossed the bus, so that a pass over the first ones
+    /// ([`ResultParts::SomeReductions`]) can bring them back while the
+    /// device still makes the others.
+    pub fn reductions_made_apart(&self) -> bool {
+        self.reduced.len() > 1 && self.reductions_made.len() == self.reduced.len()
+    }
+
     /// Every part of `parts` that comes back, identities first.
     fn parts(&self, parts: ResultParts) -> Vec<&DeviceVec<u64>> {
         let identities = self.identities.iter().filter(|_| parts.identities());
-        let reduced = self.reduced.iter().filter(|_| parts.reductions());
-        identities
-            .chain(reduced.flat_map(DeviceReduced::parts))
-            .collect()
+        let reduced = self
+            .reduced
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| parts.reduction(*i))
+            .flat_map(|(_, reduced)| reduced.parts());
+        identities.chain(reduced).collect()
     }
 
     /// Orders `stream`'s later work after what `parts` reads was made:
-    /// the identities, or every reduction (all the work enqueued on the
-    /// results' stream). Nothing for the results' own stream.
+    /// the identities, the reductions up to the last of `parts` where
+    /// their ends were recorded, or every reduction (all the work enqueued
+    /// on the results' stream). Nothing for the results' own stream.
     fn order_after(&self, stream: &Arc<CudaStream>, parts: ResultParts) -> GpuResult<()> {
         if Arc::ptr_eq(stream, &self.stream) {
             return Ok(());
         }
-        match (&self.identities_made, parts) {
-            (Some(made), ResultParts::Identities) => stream
+        let last_made = match parts {
+            ResultParts::SomeReductions { end, .. } => end
+                .checked_sub(1)
+                .and_then(|last| self.reductions_made.get(last)),
+            _ => None,
+        };
+        match (&self.identities_made, parts, last_made) {
+            (Some(made), ResultParts::Identities, _) => stream
                 .wait(made)
                 .during("ordering a copy after the identities"),
+            (_, _, Some(made)) => stream
+                .wait(made)
+                .during("ordering a copy after a reduction"),
             _ => {
                 let reduced = self
                     .stream
@@ -291,7 +332,12 @@ impl DeviceGrouped {
         let mut next = usize::from(self.identities.is_some() && parts.identities());
         self.reduced
             .iter()
-            .map(|reduced| {
+            .enumerate()
+            .map(|(i, reduced)| {
+                if !parts.reduction(i) {
+                    // Not brought back: an empty window.
+                    return Some((Vec::new(), Vec::new()));
+                }
                 let count = reduced.parts().len();
                 let parts: Vec<&[u64]> = (next..next + count)
                     .map(|i| &words[i * window..i * window + len])
@@ -316,13 +362,19 @@ impl DeviceGrouped {
         let part = |i: usize| &words[i * window..i * window + len];
         let with_identities = self.identities.is_some() && parts.identities();
         let mut next = usize::from(with_identities);
-        // `made` is empty without the reductions: so is `reduced`.
+        // `made` is empty without the reductions: so is `reduced`. A
+        // reduction not brought back is made empty, and has no words here.
         let reduced = self
             .reduced
             .iter()
             .zip(made)
-            .map(|(reduced, made)| {
-                let count = reduced.parts().len();
+            .enumerate()
+            .map(|(i, (reduced, made))| {
+                let count = if parts.reduction(i) {
+                    reduced.parts().len()
+                } else {
+                    0
+                };
                 let first = next;
                 next += count;
                 match made {
@@ -431,17 +483,25 @@ impl DeviceGrouped {
             task_ready: Condvar::new(),
             task_finished: Condvar::new(),
         };
+        let traced = trace::enabled();
+        let pass_start = std::time::Instant::now();
+        // With tracing on: the tasks' time in `work`, and in reading their
+        // window, summed over the threads (nanoseconds).
+        let (work_nanos, slice_nanos) = (AtomicU64::new(0), AtomicU64::new(0));
+        let threads = threads.clamp(1, tasks.max(1));
         let main = std::thread::scope(|scope| {
-            for _ in 0..threads.clamp(1, tasks.max(1)) {
+            for _ in 0..threads {
                 scope.spawn(|| {
                     while let Some(job) = shared.next_task() {
                         // A task after an error is counted, not run.
                         let outcome = (!shared.failed()).then(|| {
                             catch_unwind(AssertUnwindSafe(|| {
+                                let started = traced.then(std::time::Instant::now);
                                 let words = match &job.landed.buffer {
-                                    Some(buffer) => buffer.as_slice()?,
+                                    Some(buffer) => buffer.as_slice(),
                                     None => &[],
                                 };
+                                let read = traced.then(std::time::Instant::now);
                                 let view = self.view(
                                     words,
                                     window,
@@ -449,7 +509,13 @@ impl DeviceGrouped {
                                     &job.landed.made,
                                     parts,
                                 );
-                                work(&view, job.groups.clone())
+                                let outcome = work(&view, job.groups.clone());
+                                if let (Some(started), Some(read)) = (started, read) {
+                                    let nanos = |d: std::time::Duration| d.as_nanos() as u64;
+                                    slice_nanos.fetch_add(nanos(read - started), Ordering::Relaxed);
+                                    work_nanos.fetch_add(nanos(read.elapsed()), Ordering::Relaxed);
+                                }
+                                outcome
                             }))
                             .unwrap_or_else(|_| {
                                 Err(E::from(GpuError::Invalid(
@@ -480,6 +546,16 @@ impl DeviceGrouped {
                 closing.0.abandon();
             }
             main
+        });
+        trace::event(|| {
+            let ms = |nanos: &AtomicU64| nanos.load(Ordering::Relaxed) as f64 / 1e6;
+            format!(
+                "results: {parts:?}: {tasks} tasks of {task} groups on {threads} threads in \
+                 {:.1} ms; the tasks' work {:.1} ms and reading {:.1} ms (thread time)",
+                pass_start.elapsed().as_secs_f64() * 1e3,
+                ms(&work_nanos),
+                ms(&slice_nanos),
+            )
         });
         let state = shared
             .state
@@ -533,13 +609,16 @@ impl DeviceGrouped {
                     if !shared.window_finished(*oldest, tasks_of(*oldest), wait) {
                         break;
                     }
+                    if wait {
+                        trace::event(|| format!("results: window {oldest}'s tasks finished"));
+                    }
                     let (_, landed) = handed.pop_front().expect("checked above");
                     if let Ok(Landed {
                         buffer: Some(buffer),
                         ..
                     }) = Arc::try_unwrap(landed)
                     {
-                        spare.push(buffer);
+                        spare.push(buffer.into_buffer());
                     }
                     if wait {
                         break;
@@ -564,9 +643,10 @@ impl DeviceGrouped {
                 return Ok(());
             };
             let groups = self.window_groups(w, window);
-            // Waits for this window's copies.
+            // Waits for this window's copies, once for all its tasks.
+            let buffer = buffer.map(PinnedBuffer::into_landed).transpose()?;
             let words = match &buffer {
-                Some(buffer) => buffer.as_slice()?,
+                Some(buffer) => buffer.as_slice(),
                 None => &[],
             };
             let made = self.made_on_host(words, window, groups.len(), parts);
