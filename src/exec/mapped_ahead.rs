@@ -374,6 +374,35 @@ mod tests {
     }
 
     #[test]
+    fn a_taker_finds_a_buffer_in_another_list_and_waits_for_a_list_held() {
+        let shared = Shared {
+            words: 8,
+            wanted: 0,
+            started: AtomicUsize::new(0),
+            stop: AtomicBool::new(true),
+            ready: (0..4).map(|_| Mutex::new(Vec::new())).collect(),
+            taken: AtomicUsize::new(0),
+            reservation: reservation(&unbounded()),
+        };
+        let other = (own_list(4) + 2) % 4;
+        // This thread's own list is empty: the buffer comes from another.
+        shared.lock_ready(other).push(Vec::with_capacity(8));
+        assert!(shared.pop_ready().is_some());
+        assert!(shared.pop_ready().is_none());
+        // The only buffer lies in a list another thread holds: the taker
+        // waits for it rather than allocate.
+        shared.lock_ready(other).push(Vec::with_capacity(8));
+        let held = shared.lock_ready(other);
+        std::thread::scope(|scope| {
+            let taker = scope.spawn(|| shared.pop_ready());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(held);
+            assert!(taker.join().unwrap().is_some(), "the held list's buffer");
+        });
+        assert!((0..4).all(|list| shared.lock_ready(list).is_empty()));
+    }
+
+    #[test]
     fn a_buffer_too_small_is_never_handed_out() {
         let pool = unbounded();
         let mapped = MappedAhead::start(2, 64, 1, reservation(&pool));

@@ -38,7 +38,7 @@ use super::group_keys::{
 };
 
 use super::reductions::DeviceWork;
-use super::result_passes::{result_passes, ResultPass};
+use super::result_passes::{batches_of, result_passes, task_groups, EarlyColumns, ResultPass};
 use super::spec::AggregateSpec;
 use super::words::threads_for;
 use crate::exec::collect::{collect_streams, WholeInput};
@@ -938,36 +938,51 @@ impl DevicePart {
         keys_stream: &Arc<CudaStream>,
         memory: &MappedAhead,
         timer: &mut PhaseTimer,
-        reduced: impl FnOnce(),
+        reduced: impl FnOnce() + Send,
     ) -> Result<Emitted> {
         let emit_timer = self.metrics.emit_time.timer();
         let hashed = sources.keys.is_some_and(|k| k.hashed());
         let key_chunks = self.keys_back(grouped, &sources, keys_stream, memory, timer);
         trace::event(|| "aggregation: group keys made".into());
-        let mut passes = match self.results_back_early && grouped.reductions_made_apart() {
-            true => {
-                let reductions_of: Vec<Vec<usize>> = (0..self.spec.aggregates.len())
-                    .map(|i| work.reductions_of(i))
-                    .collect();
-                result_passes(&reductions_of, work.inputs.len())
-            }
-            false => Vec::new(),
-        };
+        // The passes over the reductions' results: all in one but where
+        // some can come back while the device still makes the others.
+        let mut passes = self.result_passes(grouped, work);
         // The last pass waits for every result; the others come back now.
         let last_pass = passes.pop().filter(|_| !passes.is_empty());
-        let early = match key_chunks.is_ok() {
-            true => self.bring_back_early(grouped, &passes, work, keys_stream, memory, timer),
-            false => Ok(EarlyColumns::default()),
+        let early = match (passes.is_empty(), &key_chunks) {
+            (false, Ok(_)) => std::thread::scope(|scope| {
+                // The device's end is seen as it comes (the caller's
+                // `device_wall_time` and trace say so), on a thread of its
+                // own, while this one brings the first aggregates back.
+                let device = scope.spawn(|| {
+                    let made = grouped.wait_until_made();
+                    if made.is_ok() {
+                        reduced();
+                    }
+                    made
+                });
+                let early =
+                    self.bring_back_early(grouped, &passes, work, keys_stream, memory, timer);
+                let made = device.join().unwrap_or_else(|_| {
+                    Err(GpuError::Invalid(
+                        "a thread waiting for the device panicked".into(),
+                    ))
+                });
+                made.map(|()| early)
+            })?,
+            _ => {
+                // The device part ends once the results are made.
+                grouped.wait_until_made()?;
+                reduced();
+                Ok(EarlyColumns::default())
+            }
         };
-        // The device part ends once the results are made (the caller's
-        // `device_wall_time` and trace say so).
-        grouped.wait_until_made()?;
-        reduced();
         // The results now land: the cores build the batches.
         memory.stop_mapping();
         // Pinned memory for the windows could not be had: no batch has left
         // yet, so the CPU operator can still take over.
-        let (key_chunks, early) = match key_chunks.and_then(|keys| Ok((keys, early?))) {
+        let made = key_chunks.and_then(|keys| early.map(|early| (keys, early)));
+        let (key_chunks, early) = match made {
             Ok(made) => made,
             Err(EmitError::Device(e)) if e.is_out_of_device_memory() => {
                 return Ok(Emitted::OutOfMemory)
@@ -975,13 +990,9 @@ impl DevicePart {
             Err(EmitError::Device(e)) => return Err(e.into()),
             Err(EmitError::Host(e)) => return Err(e),
         };
-        let parts = match &last_pass {
-            Some(pass) => ResultParts::SomeReductions {
-                first: pass.reductions.start,
-                end: pass.reductions.end,
-            },
-            None => ResultParts::Reductions,
-        };
+        let parts = last_pass
+            .and_then(|pass| ResultParts::some_reductions(&pass.reductions))
+            .unwrap_or(ResultParts::Reductions);
         let per_batch = self.per_output_batch(
             grouped,
             (grouped.stream(), parts),
@@ -1031,6 +1042,9 @@ impl DevicePart {
             output.push(batch);
         }
         self.metrics.baseline.output_batches().add(output.len());
+        self.metrics
+            .aggregates_brought_back_early
+            .add(early.aggregates);
         Ok(Emitted::Batches(grouped.groups, output))
     }
 
@@ -1126,7 +1140,7 @@ impl DevicePart {
             &self.device,
             (stream, parts),
             window,
-            task_groups(window, size, threads),
+            task_groups(window, grouped.groups, size, threads),
             threads,
             timer,
             |window, groups| {
@@ -1136,6 +1150,31 @@ impl DevicePart {
             },
         )?;
         Ok(per_task.into_iter().flatten().collect())
+    }
+
+    /// The passes over the reductions' results ([`result_passes`]) where
+    /// the device makes them one after the other, the output holds more
+    /// than one batch, and every pass's reductions can be named
+    /// ([`ResultParts::some_reductions`]); otherwise none (one pass of
+    /// all).
+    fn result_passes(&self, grouped: &DeviceGrouped, work: &DeviceWork) -> Vec<ResultPass> {
+        if !self.results_back_early
+            || !grouped.reductions_made_apart()
+            || grouped.groups <= self.batch_size.max(1)
+        {
+            return Vec::new();
+        }
+        let reductions_of: Vec<Vec<usize>> = (0..self.spec.aggregates.len())
+            .map(|i| work.reductions_of(i))
+            .collect();
+        let passes = result_passes(&reductions_of, work.inputs.len());
+        let named = passes
+            .iter()
+            .all(|pass| ResultParts::some_reductions(&pass.reductions).is_some());
+        match named {
+            true => passes,
+            false => Vec::new(),
+        }
     }
 
     /// The output columns of the aggregates of `passes` (all but the last
@@ -1158,12 +1197,12 @@ impl DevicePart {
         let aggregates = self.spec.aggregates.len();
         let mut early = EarlyColumns {
             by_batch: vec![vec![None; aggregates]; grouped.groups.div_ceil(size)],
+            aggregates: 0,
         };
         for pass in passes {
-            let parts = ResultParts::SomeReductions {
-                first: pass.reductions.start,
-                end: pass.reductions.end,
-            };
+            let parts = ResultParts::some_reductions(&pass.reductions).ok_or_else(|| {
+                DataFusionError::Internal("an early pass past the 64th reduction".into())
+            })?;
             let per_batch =
                 self.per_output_batch(grouped, (stream, parts), timer, |window, _, groups| {
                     pass.aggregates
@@ -1186,9 +1225,7 @@ impl DevicePart {
                     batch[i] = Some(columns);
                 }
             }
-            self.metrics
-                .aggregates_brought_back_early
-                .add(pass.aggregates.len());
+            early.aggregates += pass.aggregates.len();
             trace::event(|| format!("aggregation: aggregates {:?} brought back", pass.aggregates));
         }
         Ok(early)
@@ -1228,56 +1265,12 @@ impl DevicePart {
     }
 }
 
-/// The output columns of aggregates brought back before the last pass
-/// ([`DevicePart::bring_back_early`]): per output batch, per
-/// aggregate, its columns where made.
-#[derive(Default)]
-struct EarlyColumns {
-    by_batch: Vec<Vec<Option<Vec<ArrayRef>>>>,
-}
-
-impl EarlyColumns {
-    /// What of output batch `batch` is made (nothing where no aggregate
-    /// came back early).
-    fn of_batch(&self, batch: usize) -> &[Option<Vec<ArrayRef>>] {
-        self.by_batch.get(batch).map_or(&[], Vec::as_slice)
-    }
-}
-
 /// Groups per window of results brought back from the device: a whole
 /// number of output batches of `batch_size` groups, about `window_words`
 /// words in all (`gpu.result_window_words`), at least one batch.
 fn window_groups(window_words: usize, words_per_group: usize, batch_size: usize) -> usize {
     let groups = window_words / words_per_group.max(1);
     (groups / batch_size).max(1) * batch_size
-}
-
-/// Groups per task of a pass over the results: whole output batches of
-/// `batch_size` groups, about a window's share of each of `threads`
-/// threads. A task per batch cost each batch a turn at the tasks' lock
-/// and its wake-ups, which bound the pass where a batch's own work was
-/// short (one column).
-fn task_groups(window: usize, batch_size: usize, threads: usize) -> usize {
-    let batches = window / batch_size.max(1);
-    (batches / threads.max(1)).max(1) * batch_size.max(1)
-}
-
-/// The output batches a task's groups `groups` (of `window`'s own, whole
-/// batches of `batch_size` groups but the last) cover: each batch's index
-/// among all, and its groups among the window's.
-fn batches_of(
-    window: &GroupedWindow<'_>,
-    groups: Range<usize>,
-    batch_size: usize,
-) -> impl Iterator<Item = (usize, Range<usize>)> {
-    let size = batch_size.max(1);
-    let first = window.groups.start;
-    (groups.start..groups.end).step_by(size).map(move |start| {
-        (
-            (first + start) / size,
-            start..(start + size).min(groups.end),
-        )
-    })
 }
 
 /// Each key column whole, from its chunks.
@@ -1305,29 +1298,6 @@ mod tests {
     use datafusion::prelude::SessionContext;
 
     use super::*;
-
-    #[test]
-    fn tasks_are_whole_batches_about_a_window_share_of_each_thread() {
-        // 256 batches of 8192 groups on 16 threads: 16 batches a task.
-        assert_eq!(task_groups(256 * 8192, 8192, 16), 16 * 8192);
-        assert_eq!(task_groups(100 * 8192, 8192, 16), 6 * 8192);
-        // Fewer batches than threads, or a window of one: a batch a task.
-        assert_eq!(task_groups(8 * 8192, 8192, 16), 8192);
-        assert_eq!(task_groups(512, 8192, 16), 8192);
-        assert_eq!(task_groups(1000, 0, 0), 1000);
-    }
-
-    #[test]
-    fn a_task_covers_its_batches_numbered_among_all() {
-        let window = GroupedWindow {
-            groups: 40..80,
-            identities: &[],
-            reduced: Vec::new(),
-        };
-        let batches: Vec<_> = batches_of(&window, 10..35, 10).collect();
-        assert_eq!(batches, vec![(5, 10..20), (6, 20..30), (7, 30..35)]);
-        assert_eq!(batches_of(&window, 0..0, 10).count(), 0);
-    }
 
     #[test]
     fn only_columns_that_cannot_be_null_literals_and_their_failing_casts_never_give_null() {

@@ -75,15 +75,26 @@ pub enum ResultParts {
     Identities,
     /// Every reduction's results alone.
     Reductions,
-    /// The results of the reductions `first..end` alone: on another
-    /// stream, they come back once reduction `end - 1` is made, while the
-    /// device may still make later ones
-    /// ([`DeviceGrouped::reductions_made_apart`]). The windows' other
-    /// reductions are empty.
-    SomeReductions { first: usize, end: usize },
+    /// The results of the reductions whose bits `mask` sets (reduction `i`
+    /// at bit `i`: of the first 64 alone): on another stream, they come
+    /// back once the last of them is made, while the device may still make
+    /// later ones ([`DeviceGrouped::reductions_made_apart`]). The windows'
+    /// other reductions are empty.
+    SomeReductions { mask: u64 },
 }
 
 impl ResultParts {
+    /// [`ResultParts::SomeReductions`] of `reductions`; `None` where one is
+    /// past the first 64.
+    pub fn some_reductions(reductions: &[usize]) -> Option<Self> {
+        reductions
+            .iter()
+            .try_fold(0u64, |mask, &i| {
+                Some(mask | 1u64.checked_shl(i.try_into().ok()?)?)
+            })
+            .map(|mask| ResultParts::SomeReductions { mask })
+    }
+
     fn identities(self) -> bool {
         matches!(self, ResultParts::All | ResultParts::Identities)
     }
@@ -93,7 +104,7 @@ impl ResultParts {
         match self {
             ResultParts::All | ResultParts::Reductions => true,
             ResultParts::Identities => false,
-            ResultParts::SomeReductions { first, end } => (first..end).contains(&i),
+            ResultParts::SomeReductions { mask } => i < 64 && (mask >> i) & 1 == 1,
         }
     }
 
@@ -250,9 +261,10 @@ impl DeviceGrouped {
             return Ok(());
         }
         let last_made = match parts {
-            ResultParts::SomeReductions { end, .. } => end
-                .checked_sub(1)
-                .and_then(|last| self.reductions_made.get(last)),
+            ResultParts::SomeReductions { mask } if mask != 0 => {
+                let last = 63 - mask.leading_zeros() as usize;
+                self.reductions_made.get(last)
+            }
             _ => None,
         };
         match (&self.identities_made, parts, last_made) {
@@ -467,8 +479,8 @@ impl DeviceGrouped {
         const BUFFERS: usize = 3;
         self.order_after(stream, parts)?;
         let task = task_groups.max(1);
-        // Whole tasks, and no larger than the groups: a window's buffer is
-        // sized to it.
+        // Whole tasks, and no larger than the groups' last task ends: a
+        // window's buffer is sized to it.
         let window = window_groups.min(self.groups).max(1).div_ceil(task) * task;
         let windows = self.groups.div_ceil(window);
         let tasks = self.groups.div_ceil(task);
@@ -485,9 +497,9 @@ impl DeviceGrouped {
         };
         let traced = trace::enabled();
         let pass_start = std::time::Instant::now();
-        // With tracing on: the tasks' time in `work`, and in reading their
-        // window, summed over the threads (nanoseconds).
-        let (work_nanos, slice_nanos) = (AtomicU64::new(0), AtomicU64::new(0));
+        // With tracing on: the tasks' time in `work`, summed over the
+        // threads (nanoseconds).
+        let work_nanos = AtomicU64::new(0);
         let threads = threads.clamp(1, tasks.max(1));
         let main = std::thread::scope(|scope| {
             for _ in 0..threads {
@@ -501,7 +513,6 @@ impl DeviceGrouped {
                                     Some(buffer) => buffer.as_slice(),
                                     None => &[],
                                 };
-                                let read = traced.then(std::time::Instant::now);
                                 let view = self.view(
                                     words,
                                     window,
@@ -510,10 +521,9 @@ impl DeviceGrouped {
                                     parts,
                                 );
                                 let outcome = work(&view, job.groups.clone());
-                                if let (Some(started), Some(read)) = (started, read) {
-                                    let nanos = |d: std::time::Duration| d.as_nanos() as u64;
-                                    slice_nanos.fetch_add(nanos(read - started), Ordering::Relaxed);
-                                    work_nanos.fetch_add(nanos(read.elapsed()), Ordering::Relaxed);
+                                if let Some(started) = started {
+                                    let nanos = started.elapsed().as_nanos() as u64;
+                                    work_nanos.fetch_add(nanos, Ordering::Relaxed);
                                 }
                                 outcome
                             }))
@@ -548,13 +558,11 @@ impl DeviceGrouped {
             main
         });
         trace::event(|| {
-            let ms = |nanos: &AtomicU64| nanos.load(Ordering::Relaxed) as f64 / 1e6;
             format!(
                 "results: {parts:?}: {tasks} tasks of {task} groups on {threads} threads in \
-                 {:.1} ms; the tasks' work {:.1} ms and reading {:.1} ms (thread time)",
+                 {:.1} ms; the tasks' work {:.1} ms (thread time)",
                 pass_start.elapsed().as_secs_f64() * 1e3,
-                ms(&work_nanos),
-                ms(&slice_nanos),
+                work_nanos.load(Ordering::Relaxed) as f64 / 1e6,
             )
         });
         let state = shared
