@@ -662,21 +662,34 @@ __device__ __forceinline__ u64 block_rows_end(u64 n) {
     return min(n, ((u64)blockIdx.x + 1) * per_block);
 }
 
-// Stage 2 for 64-bit values. For each valid row i of group g
+// The same over rows [first, end): a chunk of a column reduced on its own
+// as it lands, its rows' groups and validity bits read at their place among
+// all the rows.
+__device__ __forceinline__ u64 block_span_begin(u64 first, u64 end) {
+    return first + block_rows_begin(end - first);
+}
+
+__device__ __forceinline__ u64 block_span_end(u64 first, u64 end) {
+    return first + block_rows_end(end - first);
+}
+
+// Stage 2 for 64-bit values. For each valid row i in [first, n) of group g
 // (row_groups[i], or 0 for all rows when row_groups is null):
-//   OP_SUM/MIN/MAX: out[g] = op(out[g], values[i] ^ flip); OP_COUNT:
+//   OP_SUM/MIN/MAX: out[g] = op(out[g], values[i - first] ^ flip); OP_COUNT:
 //   out[g] += 1 (values unused, may be null). A `flip` of the sign bit turns
-//   signed values into words whose unsigned order is theirs.
-// With `tie_values` non-null, only rows where tie_values[i] == tie_best[g]
-// count: the low word of a 128-bit MIN/MAX after its high word's pass.
+//   signed values into words whose unsigned order is theirs. `values` (and
+//   `tie_values`) hold the rows from `first` on: a chunk of a column reduced
+//   as it lands; row_groups and valid_bits hold every row.
+// With `tie_values` non-null, only rows where tie_values[i - first] ==
+// tie_best[g] count: the low word of a 128-bit MIN/MAX after its high word's pass.
 // `out` holds `groups` entries set to the op's identity (~0 for MIN, else 0).
 // With `privatize`, each block first reduces into `groups` slots of dynamic
 // shared memory (shared bytes = 8 * groups) and then merges them into `out`.
 // Launch: any grid, block = BLOCK_THREADS.
 extern "C" __global__ void aggregate_u64(const u64* row_groups, const u64* values,
                                          const u64* valid_bits, const u64* tie_values,
-                                         const u64* tie_best, u64 n, u32 op, u64 flip, u64* out,
-                                         u64 groups, u32 privatize) {
+                                         const u64* tie_best, u64 first, u64 n, u32 op, u64 flip,
+                                         u64* out, u64 groups, u32 privatize) {
     extern __shared__ u64 local[];
     const u64 identity = identity_of(op);
     u64* target = out;
@@ -687,11 +700,12 @@ extern "C" __global__ void aggregate_u64(const u64* row_groups, const u64* value
     }
     // Without groups every row goes to group 0: reduce in a register first.
     u64 own = identity;
-    for (u64 i = block_rows_begin(n) + threadIdx.x; i < block_rows_end(n); i += blockDim.x) {
+    for (u64 i = block_span_begin(first, n) + threadIdx.x; i < block_span_end(first, n);
+         i += blockDim.x) {
         if (!row_valid(valid_bits, i)) continue;
         const u64 group = row_groups == nullptr ? 0 : row_groups[i];
-        if (tie_values != nullptr && tie_values[i] != tie_best[group]) continue;
-        const u64 value = op == OP_COUNT ? 1ULL : values[i] ^ flip;
+        if (tie_values != nullptr && tie_values[i - first] != tie_best[group]) continue;
+        const u64 value = op == OP_COUNT ? 1ULL : values[i - first] ^ flip;
         if (row_groups == nullptr) {
             own = combine(op, own, value);
         } else {
@@ -741,11 +755,12 @@ extern "C" __global__ void aggregate_gathered(const void* src, u64 src_len, u32 
     if (lane_id() == 0 && own != identity) atomic_apply(op, out, own);
 }
 
-// Stage 2 for SUM over doubles: as aggregate_u64 with OP_SUM. The order of
-// the additions varies from run to run, so the last bits may too.
+// Stage 2 for SUM over doubles: as aggregate_u64 with OP_SUM (rows [first,
+// n), `values` from `first` on). The order of the additions varies from run
+// to run, so the last bits may too.
 extern "C" __global__ void aggregate_f64_sum(const u64* row_groups, const double* values,
-                                             const u64* valid_bits, u64 n, double* out, u64 groups,
-                                             u32 privatize) {
+                                             const u64* valid_bits, u64 first, u64 n, double* out,
+                                             u64 groups, u32 privatize) {
     extern __shared__ double local_sums[];
     double* target = out;
     if (privatize) {
@@ -755,13 +770,14 @@ extern "C" __global__ void aggregate_f64_sum(const u64* row_groups, const double
     }
     double own = 0.0;
     bool any = false;
-    for (u64 i = block_rows_begin(n) + threadIdx.x; i < block_rows_end(n); i += blockDim.x) {
+    for (u64 i = block_span_begin(first, n) + threadIdx.x; i < block_span_end(first, n);
+         i += blockDim.x) {
         if (!row_valid(valid_bits, i)) continue;
         if (row_groups == nullptr) {
-            own += values[i];
+            own += values[i - first];
             any = true;
         } else {
-            atomicAdd(&target[row_groups[i]], values[i]);
+            atomicAdd(&target[row_groups[i]], values[i - first]);
         }
     }
     if (any) atomicAdd(&target[0], own);
@@ -779,23 +795,26 @@ extern "C" __global__ void aggregate_f64_sum(const u64* row_groups, const double
 // Stage 2 for wrapping 128-bit SUM (Decimal128), the value split into its
 // low word `lo` and high word `hi`. out_lo accumulates the low words; every
 // addition that wraps it adds one to out_hi, which also accumulates the high
-// words, so out_hi * 2^64 + out_lo is the sum modulo 2^128. No privatization.
+// words, so out_hi * 2^64 + out_lo is the sum modulo 2^128. Rows [first,
+// n), `lo` and `hi` from `first` on. No privatization.
 // Launch: any grid, block = BLOCK_THREADS.
 extern "C" __global__ void aggregate_i128_sum(const u64* row_groups, const u64* lo, const u64* hi,
-                                              const u64* valid_bits, u64 n, u64* out_lo,
-                                              u64* out_hi) {
+                                              const u64* valid_bits, u64 first, u64 n,
+                                              u64* out_lo, u64* out_hi) {
     u64 own_lo = 0, own_hi = 0;
-    for (u64 i = block_rows_begin(n) + threadIdx.x; i < block_rows_end(n); i += blockDim.x) {
+    for (u64 i = block_span_begin(first, n) + threadIdx.x; i < block_span_end(first, n);
+         i += blockDim.x) {
         if (!row_valid(valid_bits, i)) continue;
+        const u64 low = lo[i - first], high = hi[i - first];
         if (row_groups == nullptr) {
-            const u64 sum = own_lo + lo[i];
-            own_hi += hi[i] + (sum < own_lo ? 1ULL : 0ULL);
+            const u64 sum = own_lo + low;
+            own_hi += high + (sum < own_lo ? 1ULL : 0ULL);
             own_lo = sum;
         } else {
             const u64 group = row_groups[i];
-            const u64 old = atomicAdd(&out_lo[group], lo[i]);
-            const u64 carry = old + lo[i] < old ? 1ULL : 0ULL;
-            atomicAdd(&out_hi[group], hi[i] + carry);
+            const u64 old = atomicAdd(&out_lo[group], low);
+            const u64 carry = old + low < old ? 1ULL : 0ULL;
+            atomicAdd(&out_hi[group], high + carry);
         }
     }
     if (row_groups == nullptr && (own_lo != 0 || own_hi != 0)) {

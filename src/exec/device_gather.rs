@@ -562,6 +562,7 @@ pub(crate) fn reduce_pairs(
                     rows: len,
                     valid_bits: None,
                     groups: 1,
+                    span: None,
                 };
                 launch::fill_u64(kernels, stream, sm_count, &mut out, 0f64.to_bits())?;
                 launch::aggregate_f64_sum(kernels, stream, sm_count, rows, target, &mut out)

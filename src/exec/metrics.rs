@@ -233,6 +233,10 @@ pub struct GpuAggregateMetrics {
     /// its first chunk of rows showed more groups than the sample's
     /// estimate (a long tail of rare keys) before it could fill up.
     pub folding_table_grown_partitions: Count,
+    /// Aggregates' inputs (of every partition) reduced chunk by chunk as
+    /// they landed on the device (`gpu.reduce_as_they_land`), rather than
+    /// once their whole column had crossed the bus.
+    pub inputs_reduced_as_they_landed: Count,
     /// Partitions whose aggregates' inputs were prepared on the host while
     /// the keys crossed the bus (no FILTER, and every argument a column
     /// that cannot be NULL, a literal, or a numeric CAST of either), rather
@@ -276,6 +280,8 @@ impl GpuAggregateMetrics {
             table_fold_partitions: builder().counter("table_fold_partitions", partition),
             folding_table_grown_partitions: builder()
                 .counter("folding_table_grown_partitions", partition),
+            inputs_reduced_as_they_landed: builder()
+                .counter("inputs_reduced_as_they_landed", partition),
             inputs_prepared_during_key_copy_partitions: builder()
                 .counter("inputs_prepared_during_key_copy_partitions", partition),
             output_buffers_mapped_ahead: builder()

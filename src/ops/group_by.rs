@@ -30,13 +30,16 @@ use crate::gpu::launch::{
 };
 use crate::gpu::{
     download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
-    GpuResult, Phase, PhaseTimer,
+    GpuResult, Phase, PhaseTimer, StagingWindows,
 };
 use crate::trace;
 
+mod landing_chunks;
 mod results;
 mod table_folds;
 
+pub use landing_chunks::InputChunks;
+use landing_chunks::{reduce_chunks, reduces_in_one_pass, upload_in_chunks, RowsInRowOrder};
 use results::DeviceReduced;
 pub use results::{DeviceGrouped, GroupedWindow, ReducedWindow, ResultParts};
 pub use table_folds::FOLD_CHUNK_ROWS;
@@ -318,6 +321,9 @@ pub struct Grouped {
     /// Whether that table was built again, larger, after its first chunk
     /// of rows ([`DeviceGrouped::folding_table_grown`]).
     pub folding_table_grown: bool,
+    /// Inputs reduced chunk by chunk as they landed
+    /// ([`DeviceGrouped::inputs_reduced_as_they_landed`]).
+    pub inputs_reduced_as_they_landed: usize,
 }
 
 /// How rows get their dense group ids.
@@ -336,9 +342,12 @@ pub enum GroupIds {
     /// in a shared-memory table, so that a partition's groups get
     /// neighbouring ids, in no fixed order. Where a partition holds
     /// [`launch::PARTITION_GROUP_LIMIT`] groups or more, the global table
-    /// numbers the partitioned keys instead. Either way each input is
-    /// gathered into the partitions' order before it is reduced, so the
-    /// reductions' atomics of nearby rows meet nearby groups.
+    /// numbers the partitioned keys instead. Either way an input reduced
+    /// whole is gathered into the partitions' order before it is reduced,
+    /// so the reductions' atomics of nearby rows meet nearby groups; one
+    /// reduced as it lands ([`InputChunks::reduce_as_they_land`]) reads
+    /// its rows' groups put back in row order, its atomics scattered over
+    /// all the groups but run while the next chunks cross the bus.
     Partitioned { partition_bits: u32 },
     /// A radix sort of the keys, which must be below `2^key_bits`: ids in
     /// ascending key order. With `transform`, the keys are raw 8-byte
@@ -516,7 +525,8 @@ pub fn group_by_device_bytes(
         // partition, each group's position, the partitions' counts; the
         // global table, where a partition overflows; an input gathered
         // into the partitions' order beside its rows, and the row groups
-        // put back in row order
+        // put back in row order (kept through every reduction where
+        // inputs are reduced as they land)
         (true, GroupIds::Partitioned { partition_bits }) => {
             let histogram = RadixGrid::new(rows as u64, sm_count).blocks as usize
                 * (1 << launch::MAX_RADIX_BITS);
@@ -580,12 +590,17 @@ pub const DOWNLOAD_WINDOW_WORDS: usize = 1 << 22;
 /// group. `bitmaps` are validity bitmaps ([`validity_bitmap`]) that inputs
 /// refer to by index. `ids` says how rows get their group ids, `back` what
 /// identifies the groups on the host (sorted ids give key words only).
-/// `fold_chunk_rows` lets a hash table sized from an estimate fold the
-/// inputs as it numbers the rows, where they allow it
-/// ([`DeviceGrouped::folded_in_table`]), the inputs' values crossing the
-/// bus in chunks of that many rows (rounded up to a multiple of 64;
-/// [`FOLD_CHUNK_ROWS`] by default), each folded while the next crosses;
-/// `None` never folds. The keys' copy and every kernel go onto `stream`;
+/// `chunks` says how the inputs cross the bus: with
+/// [`InputChunks::fold_into_table`], a hash table sized from an estimate
+/// folds them as it numbers the rows, where they allow it
+/// ([`DeviceGrouped::folded_in_table`]), their values crossing in chunks of
+/// [`InputChunks::rows`] rows (rounded up to a multiple of 64), each folded
+/// while the next crosses; elsewhere, with
+/// [`InputChunks::reduce_as_they_land`], each input whose reduction reads
+/// every row once crosses in such chunks, each reduced once it has landed
+/// and the groups are numbered
+/// ([`DeviceGrouped::inputs_reduced_as_they_landed`]); the other inputs
+/// cross whole. The keys' copy and every kernel go onto `stream`;
 /// the inputs and bitmaps are copied on `copy_stream`, so that they cross
 /// the bus while the device numbers the groups (the kernels that read them
 /// wait for their copies).
@@ -605,7 +620,7 @@ pub fn group_on_device(
     inputs: &[ReduceInput],
     bitmaps: &[Vec<u64>],
     back: GroupsBack,
-    fold_chunk_rows: Option<usize>,
+    chunks: InputChunks,
     timer: &mut PhaseTimer,
 ) -> GpuResult<DeviceGrouped> {
     check_inputs(keys, rows, inputs, bitmaps)?;
@@ -620,7 +635,7 @@ pub fn group_on_device(
         inputs,
         bitmaps,
         back,
-        fold_chunk_rows,
+        chunks,
         timer,
     )
 }
@@ -688,7 +703,7 @@ pub fn group_uploaded_keys(
     inputs: &[ReduceInput],
     bitmaps: &[Vec<u64>],
     back: GroupsBack,
-    fold_chunk_rows: Option<usize>,
+    chunks: InputChunks,
     timer: &mut PhaseTimer,
 ) -> GpuResult<DeviceGrouped> {
     if keys.rows != rows {
@@ -710,7 +725,7 @@ pub fn group_uploaded_keys(
     // columns and the bus carries them while the grouping kernels run.
     // Where the table folds the inputs, its kernel reads them: it is
     // enqueued chunk by chunk, each launch after its chunk's copies, below.
-    let fold_into_table = fold_chunk_rows.is_some()
+    let fold_into_table = chunks.fold_into_table
         && keys.with_keys
         && table_fold_capacity(ids, back, rows, inputs).is_some();
     let mut device_keys = keys.words;
@@ -726,7 +741,7 @@ pub fn group_uploaded_keys(
         )?),
         _ => None,
     };
-    let mut device_bitmaps = bitmaps
+    let device_bitmaps = bitmaps
         .iter()
         .map(|bits| upload_u64(device, copy_stream, bits, timer))
         .collect::<GpuResult<Vec<_>>>()?;
@@ -743,17 +758,37 @@ pub fn group_uploaded_keys(
                 inputs,
                 bitmaps: &device_bitmaps,
                 copy_stream,
-                chunk_rows: fold_chunk_rows.unwrap_or(FOLD_CHUNK_ROWS),
+                chunk_rows: chunks.chunk_rows(),
                 chunks: &mut fold_chunks,
             }),
             timer,
         )?);
         None
     } else {
+        // The chunks of every input share two staging windows, as a
+        // table's folds do.
+        let mut staging = StagingWindows::standard(device);
         Some(
             inputs
                 .iter()
-                .map(|input| upload_input(device, copy_stream, input, rows, timer))
+                .map(|input| {
+                    let in_chunks = chunks.reduce_as_they_land
+                        && keys.with_keys
+                        && rows > 0
+                        && reduces_in_one_pass(input.reduction);
+                    Ok(if in_chunks {
+                        InputColumn::InChunks(upload_in_chunks(
+                            &mut staging,
+                            copy_stream,
+                            input,
+                            rows,
+                            chunks.chunk_rows(),
+                            timer,
+                        )?)
+                    } else {
+                        InputColumn::Whole(upload_input(device, copy_stream, input, rows, timer)?)
+                    })
+                })
                 .collect::<GpuResult<Vec<_>>>()?,
         )
     };
@@ -807,84 +842,153 @@ pub fn group_uploaded_keys(
         // The table that folded filled up: the rows were numbered again,
         // and each input is reduced from its whole column, joined from the
         // chunks that crossed the bus.
-        None => fold_chunks.into_columns(stream, inputs.len(), rows)?,
+        None => fold_chunks
+            .into_columns(stream, inputs.len(), rows)?
+            .into_iter()
+            .map(InputColumn::Whole)
+            .collect(),
     };
+    let any_in_chunks = columns
+        .iter()
+        .any(|column| matches!(column, InputColumn::InChunks(_)));
+    // The rows' groups in row order, where the groups were numbered in
+    // the partitions' order and the host asks for each row's group, or an
+    // input is reduced chunk by chunk as it lands.
+    let wants_row_order = (back == GroupsBack::RowsAndRowGroups || any_in_chunks) && rows > 0;
+    let row_groups_by_row = match (&row_groups, &permutation) {
+        (Some(row_groups), Some(positions)) if wants_row_order => {
+            // SAFETY: the scatter writes every row's entry, a permutation's
+            // ids covering 0..rows.
+            let mut by_row: DeviceVec<u64> =
+                unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+            timer.time(Phase::Kernel, || {
+                launch::scatter_u64(
+                    device.kernels(),
+                    stream,
+                    sm_count,
+                    row_groups,
+                    positions,
+                    &mut by_row,
+                )
+            })?;
+            Some(by_row)
+        }
+        _ => None,
+    };
+    // Where the groups are numbered in the partitions' order, so are the
+    // inputs reduced whole (each column just before its reduction, below),
+    // with their bitmaps; inputs reduced in chunks read them in row order.
+    let mut partition_bitmaps: Vec<Option<DeviceVec<u64>>> =
+        (0..device_bitmaps.len()).map(|_| None).collect();
     if let Some(positions) = &permutation {
-        // The rows' groups are in the partitions' order: so are the inputs
-        // (each column just before its reduction, below).
-        for bits in &mut device_bitmaps {
-            *bits = gathered_bits(device, stream, bits, positions, timer)?;
+        for (input, column) in inputs.iter().zip(&columns) {
+            if let (InputColumn::Whole(_), Some(i)) = (column, input.valid) {
+                let bits = device_bitmaps
+                    .get(i)
+                    .ok_or_else(|| GpuError::Invalid(format!("no validity bitmap {i}")))?;
+                if partition_bitmaps[i].is_none() {
+                    partition_bitmaps[i] =
+                        Some(gathered_bits(device, stream, bits, positions, timer)?);
+                }
+            }
         }
     }
     let mut kept_row_groups = Vec::new();
     if let (GroupsBack::RowsAndRowGroups, Some(row_groups)) = (back, &row_groups) {
         if rows > 0 {
             kept_row_groups.reserve_exact(rows);
-            match &permutation {
-                Some(positions) => {
-                    // SAFETY: the scatter writes every row's entry, a
-                    // permutation's ids covering 0..rows.
-                    let mut by_row: DeviceVec<u64> =
-                        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
-                    timer.time(Phase::Kernel, || {
-                        launch::scatter_u64(
-                            device.kernels(),
-                            stream,
-                            sm_count,
-                            row_groups,
-                            positions,
-                            &mut by_row,
-                        )
-                    })?;
-                    download_u64(
-                        device,
-                        stream,
-                        &by_row.as_view(),
-                        &mut kept_row_groups,
-                        timer,
-                    )?;
-                }
-                None => download_u64(
-                    device,
-                    stream,
-                    &row_groups.slice(0..rows),
-                    &mut kept_row_groups,
-                    timer,
-                )?,
-            }
+            let in_row_order = row_groups_by_row.as_ref().unwrap_or(row_groups);
+            download_u64(
+                device,
+                stream,
+                &in_row_order.slice(0..rows),
+                &mut kept_row_groups,
+                timer,
+            )?;
         }
     }
-    // Each input is gathered (in partitions) and reduced before the next
-    // input's turn, and its end recorded: the inputs cross the bus one
-    // after the other, so the first inputs' results are made, and can come
-    // back, while the last ones still cross.
+    // Without a permutation, the rows' groups are in row order already.
+    let groups_in_row_order = match &permutation {
+        Some(_) => row_groups_by_row.as_ref(),
+        None => row_groups.as_ref(),
+    };
+    // Each input is reduced (a whole one gathered first, in partitions)
+    // before the next input's turn, and its end recorded: the inputs cross
+    // the bus one after the other, so the first inputs' results are made,
+    // and can come back, while the last ones still cross. (A chunk dropped
+    // once its reduction is enqueued makes the copy stream wait for that
+    // reduction before freeing it: every copy is enqueued already.)
     let mut reductions_made = Vec::new();
+    let mut inputs_reduced_as_they_landed = 0;
     let reduced = match folded {
         // Every input is reduced already.
         Some(folded) => folded.into_reduced(device, stream, groups, key_order.as_ref(), timer)?,
         None => inputs
             .iter()
             .zip(columns)
-            .map(|(input, mut column)| {
-                if let Some(positions) = &permutation {
-                    column.gather(device, stream, positions, timer)?;
-                }
-                let group_rows_of = GroupRows {
-                    groups_of_rows: row_groups.as_ref(),
-                    rows,
-                    valid_bits: input.valid.map(|i| &device_bitmaps[i]),
-                    groups,
+            .map(|(input, column)| {
+                let reduced = match column {
+                    InputColumn::InChunks(chunks) => {
+                        let groups_of_rows = groups_in_row_order.ok_or_else(|| {
+                            GpuError::Invalid("an input in chunks without row groups".into())
+                        })?;
+                        let rows_of = RowsInRowOrder {
+                            groups_of_rows,
+                            rows,
+                            bitmaps: &device_bitmaps,
+                            groups,
+                        };
+                        let reduced = reduce_chunks(
+                            device,
+                            stream,
+                            &rows_of,
+                            input,
+                            &chunks,
+                            key_order.as_ref(),
+                            timer,
+                        )?;
+                        inputs_reduced_as_they_landed += 1;
+                        reduced
+                    }
+                    InputColumn::Whole(mut column) => {
+                        let valid_bits = match input.valid {
+                            None => None,
+                            // In the partitions' order, as the groups are.
+                            Some(i) if permutation.is_some() => Some(
+                                partition_bitmaps
+                                    .get(i)
+                                    .and_then(Option::as_ref)
+                                    .ok_or_else(|| {
+                                        GpuError::Invalid(format!(
+                                            "validity bitmap {i} not in the partitions' order"
+                                        ))
+                                    })?,
+                            ),
+                            Some(i) => Some(device_bitmaps.get(i).ok_or_else(|| {
+                                GpuError::Invalid(format!("no validity bitmap {i}"))
+                            })?),
+                        };
+                        if let Some(positions) = &permutation {
+                            column.gather(device, stream, positions, timer)?;
+                        }
+                        let group_rows_of = GroupRows {
+                            groups_of_rows: row_groups.as_ref(),
+                            rows,
+                            valid_bits,
+                            groups,
+                            span: None,
+                        };
+                        reduce(
+                            device,
+                            stream,
+                            group_rows_of,
+                            input,
+                            column,
+                            key_order.as_ref(),
+                            timer,
+                        )?
+                    }
                 };
-                let reduced = reduce(
-                    device,
-                    stream,
-                    sm_count,
-                    group_rows_of,
-                    input,
-                    column,
-                    key_order.as_ref(),
-                    timer,
-                )?;
                 reductions_made.push(
                     stream
                         .record_event(None)
@@ -907,6 +1011,7 @@ pub fn group_uploaded_keys(
         stream: Arc::clone(stream),
         identities_made,
         reductions_made,
+        inputs_reduced_as_they_landed,
     })
 }
 
@@ -1760,6 +1865,14 @@ fn number_again_in_global_table(
     )
 }
 
+/// One input on its way to the device: its whole column, reduced once it
+/// has crossed, or chunks, each reduced once it has landed
+/// ([`landing_chunks`]).
+enum InputColumn {
+    Whole(UploadedInput),
+    InChunks(Vec<landing_chunks::LandedChunk>),
+}
+
 /// One input's columns on the device (none without rows).
 struct UploadedInput {
     values: Option<DeviceVec<u64>>,
@@ -1847,33 +1960,17 @@ fn in_key_order(
     Ok(ordered)
 }
 
-/// Stage 2 for one input; with `key_order`, each result comes back in that
-/// order of the groups (the group at each position).
-#[allow(clippy::too_many_arguments)]
+/// Stage 2 for one input over all its rows; with `key_order`, each result
+/// comes back in that order of the groups (the group at each position).
 fn reduce(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    sm_count: u32,
     rows: GroupRows<'_>,
     input: &ReduceInput,
     column: UploadedInput,
     key_order: Option<&DeviceVec<u64>>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<DeviceReduced> {
-    let groups = rows.groups;
-    let kernels = device.kernels();
-    let new_output = |timer: &mut PhaseTimer, identity: u64| -> GpuResult<DeviceVec<u64>> {
-        // SAFETY: filled right below, before any read.
-        let mut out: DeviceVec<u64> =
-            unsafe { stream.alloc(groups.max(1)) }.during("allocating aggregate output")?;
-        timer.time(Phase::Kernel, || {
-            launch::fill_u64(kernels, stream, sm_count, &mut out, identity)
-        })?;
-        Ok(out)
-    };
-    let ordered = |out: DeviceVec<u64>, timer: &mut PhaseTimer| {
-        in_key_order(device, stream, out, key_order, groups, timer)
-    };
     if rows.rows == 0 {
         // Nothing to reduce: every group (the one group without keys) keeps
         // the identity.
@@ -1882,141 +1979,241 @@ fn reduce(
             wide: input.reduction.is_wide(),
         });
     }
-    let UploadedInput { values, high } = column;
-    let missing = || GpuError::Invalid(format!("{:?} without its values", input.reduction));
-    match input.reduction {
-        Reduction::Count | Reduction::Sum | Reduction::Min | Reduction::Max => {
-            let op = match input.reduction {
-                Reduction::Count => AggregateOp::Count,
-                Reduction::Sum => AggregateOp::Sum,
-                Reduction::Min => AggregateOp::Min,
-                _ => AggregateOp::Max,
-            };
-            let mut out = new_output(timer, op.identity())?;
+    let mut outputs = ReductionOutputs::new(device, stream, input.reduction, rows.groups, timer)?;
+    outputs.reduce(device, stream, rows, input, &column, timer)?;
+    outputs.into_reduced(device, stream, key_order, timer)
+}
+
+/// One input's results on the device while its rows are reduced into
+/// them: each group's slot starts at the reduction's identity.
+struct ReductionOutputs {
+    /// Groups: the slots of each vector (of at least one slot).
+    groups: usize,
+    /// Words or the fixed-point sum's parts, never the identity alone.
+    slots: DeviceReduced,
+}
+
+impl ReductionOutputs {
+    /// Enqueues the slots of `groups` groups for `reduction`, each set to
+    /// its identity.
+    fn new(
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        reduction: Reduction,
+        groups: usize,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        let mut slots = |identity: u64| -> GpuResult<DeviceVec<u64>> {
+            // SAFETY: filled right below, before any read.
+            let mut out: DeviceVec<u64> =
+                unsafe { stream.alloc(groups.max(1)) }.during("allocating aggregate output")?;
             timer.time(Phase::Kernel, || {
-                launch::aggregate_u64(
-                    kernels,
+                launch::fill_u64(
+                    device.kernels(),
                     stream,
-                    sm_count,
-                    rows,
-                    values.as_ref(),
-                    None,
-                    op,
-                    input.flip,
+                    device.sm_count(),
                     &mut out,
+                    identity,
                 )
             })?;
-            Ok(DeviceReduced::Words {
-                values: ordered(out, timer)?,
+            Ok(out)
+        };
+        let slots = match reduction {
+            Reduction::Count | Reduction::Sum | Reduction::Min | Reduction::Max => {
+                DeviceReduced::Words {
+                    values: slots(reduction.identity())?,
+                    high: None,
+                }
+            }
+            Reduction::SumF64 => DeviceReduced::Words {
+                values: slots(0f64.to_bits())?,
                 high: None,
-            })
+            },
+            Reduction::SumF64Fixed => DeviceReduced::FixedF64 {
+                top: slots(0)?,
+                specials: slots(0)?,
+                lo: slots(0)?,
+                hi: slots(0)?,
+            },
+            Reduction::SumI128 => DeviceReduced::Words {
+                values: slots(0)?,
+                high: Some(slots(0)?),
+            },
+            Reduction::MinI128 | Reduction::MaxI128 => {
+                let op = min_or_max(reduction);
+                let high = slots(op.identity())?;
+                DeviceReduced::Words {
+                    values: slots(op.identity())?,
+                    high: Some(high),
+                }
+            }
+        };
+        Ok(Self { groups, slots })
+    }
+
+    /// Enqueues the reduction of `rows` (all of them, or a chunk whose
+    /// values `column` holds, where the reduction takes one pass:
+    /// [`reduces_in_one_pass`]) into these slots.
+    fn reduce(
+        &mut self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        rows: GroupRows<'_>,
+        input: &ReduceInput,
+        column: &UploadedInput,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        let (kernels, sm_count) = (device.kernels(), device.sm_count());
+        let UploadedInput { values, high } = column;
+        let missing = || GpuError::Invalid(format!("{:?} without its values", input.reduction));
+        let mismatch = || {
+            GpuError::Invalid(format!(
+                "{:?} reduced into the slots of another reduction",
+                input.reduction
+            ))
+        };
+        match (input.reduction, &mut self.slots) {
+            (
+                reduction @ (Reduction::Count | Reduction::Sum | Reduction::Min | Reduction::Max),
+                DeviceReduced::Words { values: out, .. },
+            ) => {
+                let op = match reduction {
+                    Reduction::Count => AggregateOp::Count,
+                    Reduction::Sum => AggregateOp::Sum,
+                    Reduction::Min => AggregateOp::Min,
+                    _ => AggregateOp::Max,
+                };
+                timer.time(Phase::Kernel, || {
+                    launch::aggregate_u64(
+                        kernels,
+                        stream,
+                        sm_count,
+                        rows,
+                        values.as_ref(),
+                        None,
+                        op,
+                        input.flip,
+                        out,
+                    )
+                })
+            }
+            (Reduction::SumF64, DeviceReduced::Words { values: out, .. }) => {
+                let values = values.as_ref().ok_or_else(missing)?;
+                timer.time(Phase::Kernel, || {
+                    launch::aggregate_f64_sum(kernels, stream, sm_count, rows, values, out)
+                })
+            }
+            (
+                Reduction::SumF64Fixed,
+                DeviceReduced::FixedF64 {
+                    top,
+                    specials,
+                    lo,
+                    hi,
+                },
+            ) => {
+                let values = values.as_ref().ok_or_else(missing)?;
+                timer.time(Phase::Kernel, || {
+                    launch::f64_sum_scale(kernels, stream, sm_count, rows, values, top, specials)?;
+                    launch::f64_sum_fixed(kernels, stream, sm_count, rows, values, top, lo, hi)
+                })
+            }
+            (
+                Reduction::SumI128,
+                DeviceReduced::Words {
+                    values: out_lo,
+                    high: Some(out_hi),
+                },
+            ) => {
+                let lo = values.as_ref().ok_or_else(missing)?;
+                let hi = high.as_ref().ok_or_else(missing)?;
+                timer.time(Phase::Kernel, || {
+                    launch::aggregate_i128_sum(
+                        kernels, stream, sm_count, rows, lo, hi, out_lo, out_hi,
+                    )
+                })
+            }
+            (
+                reduction @ (Reduction::MinI128 | Reduction::MaxI128),
+                DeviceReduced::Words {
+                    values: out_lo,
+                    high: Some(out_hi),
+                },
+            ) => {
+                let lo = values.as_ref().ok_or_else(missing)?;
+                let hi = high.as_ref().ok_or_else(missing)?;
+                let op = min_or_max(reduction);
+                // The high words decide; the low words only among rows that
+                // tie with their group's best high word, so the rows are
+                // read twice: they come whole, never in chunks.
+                rows.whole()?;
+                timer.time(Phase::Kernel, || {
+                    launch::aggregate_u64(
+                        kernels,
+                        stream,
+                        sm_count,
+                        rows,
+                        Some(hi),
+                        None,
+                        op,
+                        0,
+                        out_hi,
+                    )?;
+                    launch::aggregate_u64(
+                        kernels,
+                        stream,
+                        sm_count,
+                        rows,
+                        Some(lo),
+                        Some((hi, &*out_hi)),
+                        op,
+                        0,
+                        out_lo,
+                    )
+                })
+            }
+            _ => Err(mismatch()),
         }
-        Reduction::SumF64 => {
-            let values = values.ok_or_else(missing)?;
-            let mut out = new_output(timer, 0f64.to_bits())?;
-            timer.time(Phase::Kernel, || {
-                launch::aggregate_f64_sum(kernels, stream, sm_count, rows, &values, &mut out)
-            })?;
-            Ok(DeviceReduced::Words {
-                values: ordered(out, timer)?,
-                high: None,
-            })
-        }
-        Reduction::SumF64Fixed => {
-            let values = values.ok_or_else(missing)?;
-            let mut top = new_output(timer, 0)?;
-            let mut specials = new_output(timer, 0)?;
-            let mut out_lo = new_output(timer, 0)?;
-            let mut out_hi = new_output(timer, 0)?;
-            timer.time(Phase::Kernel, || {
-                launch::f64_sum_scale(
-                    kernels,
-                    stream,
-                    sm_count,
-                    rows,
-                    &values,
-                    &mut top,
-                    &mut specials,
-                )?;
-                launch::f64_sum_fixed(
-                    kernels,
-                    stream,
-                    sm_count,
-                    rows,
-                    &values,
-                    &top,
-                    &mut out_lo,
-                    &mut out_hi,
-                )
-            })?;
-            Ok(DeviceReduced::FixedF64 {
-                top: ordered(top, timer)?,
-                specials: ordered(specials, timer)?,
-                lo: ordered(out_lo, timer)?,
-                hi: ordered(out_hi, timer)?,
-            })
-        }
-        Reduction::SumI128 => {
-            let (lo, hi) = (values.ok_or_else(missing)?, high.ok_or_else(missing)?);
-            let mut out_lo = new_output(timer, 0)?;
-            let mut out_hi = new_output(timer, 0)?;
-            timer.time(Phase::Kernel, || {
-                launch::aggregate_i128_sum(
-                    kernels,
-                    stream,
-                    sm_count,
-                    rows,
-                    &lo,
-                    &hi,
-                    &mut out_lo,
-                    &mut out_hi,
-                )
-            })?;
-            Ok(DeviceReduced::Words {
-                values: ordered(out_lo, timer)?,
-                high: Some(ordered(out_hi, timer)?),
-            })
-        }
-        Reduction::MinI128 | Reduction::MaxI128 => {
-            let (lo, hi) = (values.ok_or_else(missing)?, high.ok_or_else(missing)?);
-            let op = if input.reduction == Reduction::MinI128 {
-                AggregateOp::Min
-            } else {
-                AggregateOp::Max
-            };
-            // The high words decide; the low words only among rows that tie
-            // with their group's best high word.
-            let mut out_hi = new_output(timer, op.identity())?;
-            let mut out_lo = new_output(timer, op.identity())?;
-            timer.time(Phase::Kernel, || {
-                launch::aggregate_u64(
-                    kernels,
-                    stream,
-                    sm_count,
-                    rows,
-                    Some(&hi),
-                    None,
-                    op,
-                    0,
-                    &mut out_hi,
-                )?;
-                launch::aggregate_u64(
-                    kernels,
-                    stream,
-                    sm_count,
-                    rows,
-                    Some(&lo),
-                    Some((&hi, &out_hi)),
-                    op,
-                    0,
-                    &mut out_lo,
-                )
-            })?;
-            Ok(DeviceReduced::Words {
-                values: ordered(out_lo, timer)?,
-                high: Some(ordered(out_hi, timer)?),
-            })
-        }
+    }
+
+    /// The results, gathered on the device into `key_order` where given
+    /// (the group at each position).
+    fn into_reduced(
+        self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        key_order: Option<&DeviceVec<u64>>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<DeviceReduced> {
+        let groups = self.groups;
+        let mut ordered =
+            |out: DeviceVec<u64>| in_key_order(device, stream, out, key_order, groups, timer);
+        Ok(match self.slots {
+            identity @ DeviceReduced::Identity { .. } => identity,
+            DeviceReduced::Words { values, high } => DeviceReduced::Words {
+                values: ordered(values)?,
+                high: high.map(&mut ordered).transpose()?,
+            },
+            DeviceReduced::FixedF64 {
+                top,
+                specials,
+                lo,
+                hi,
+            } => DeviceReduced::FixedF64 {
+                top: ordered(top)?,
+                specials: ordered(specials)?,
+                lo: ordered(lo)?,
+                hi: ordered(hi)?,
+            },
+        })
+    }
+}
+
+/// The op of a 128-bit minimum or maximum.
+fn min_or_max(reduction: Reduction) -> AggregateOp {
+    match reduction {
+        Reduction::MinI128 | Reduction::Min => AggregateOp::Min,
+        _ => AggregateOp::Max,
     }
 }
 
@@ -2075,6 +2272,7 @@ pub mod reference {
             table_overflowed: false,
             folded_in_table: false,
             folding_table_grown: false,
+            inputs_reduced_as_they_landed: 0,
             numbered_in_partitions: false,
         }
     }

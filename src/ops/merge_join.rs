@@ -164,6 +164,7 @@ impl SortedSide {
                     rows,
                     valid_bits: None,
                     groups: 1,
+                    span: None,
                 };
                 launch::aggregate_u64(
                     kernels,

@@ -117,6 +117,17 @@ extensions_options! {
         /// ANALYZE`). `false` numbers the rows, then reduces one column at
         /// a time.
         pub fold_into_table: bool, default = true
+        /// Where an aggregation's groups are numbered before its
+        /// aggregates are reduced (in partitions, or in a hash table that
+        /// does not fold them), send each input whose reduction reads every
+        /// row once (a count, sum, minimum, maximum, float sum or 128-bit
+        /// sum; not the deterministic float sum nor a 128-bit minimum or
+        /// maximum) in chunks, and reduce each chunk by its rows' groups
+        /// once it has landed, while the next ones cross the bus
+        /// (`inputs_reduced_as_they_landed` in `EXPLAIN ANALYZE`). `false`
+        /// reduces each input once its whole column has crossed (in
+        /// partitions, gathered into the partitions' order first).
+        pub reduce_as_they_land: bool, default = true
         /// Where the device reads an aggregation's keys from pinned memory
         /// (the host's cores idle while the input crosses), map the host
         /// memory of the output columns the sample of the keys says will be

@@ -18,7 +18,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use datafusion_gpu::gpu::{launch, GpuError, PhaseTimer};
 use datafusion_gpu::ops::group_by::{
-    self, GroupIds, GroupsBack, ReduceInput, Reduction, ResultParts, Words,
+    self, GroupIds, GroupsBack, InputChunks, ReduceInput, Reduction, ResultParts, Words,
 };
 use datafusion_gpu::GpuAggregateExec;
 use rand::rngs::StdRng;
@@ -584,8 +584,13 @@ async fn aggregates_brought_back_early_match_the_cpu() {
         "SET datafusion.execution.batch_size = 64",
         "SET gpu.result_window_words = 2048",
     ];
-    let numberings: [(&str, &[&str]); 4] = [
-        ("in partitions", &["SET gpu.min_groups_to_partition = 0"]),
+    let in_partitions = "SET gpu.min_groups_to_partition = 0";
+    let numberings: [(&str, &[&str]); 5] = [
+        ("in partitions", &[in_partitions]),
+        (
+            "in partitions, whole columns",
+            &[in_partitions, "SET gpu.reduce_as_they_land = false"],
+        ),
         ("unfolded", &[unfolded]),
         (
             "unfolded, all at the end",
@@ -605,9 +610,22 @@ async fn aggregates_brought_back_early_match_the_cpu() {
                 let plan = check(&gpu, &cpu, sql).await;
                 let early = gpu_aggregate_metric(&plan, "aggregates_brought_back_early");
                 let folded = gpu_aggregate_metric(&plan, "table_fold_partitions");
+                let landed = gpu_aggregate_metric(&plan, "inputs_reduced_as_they_landed");
                 let context = format!("{sql} ({phases}, {numbering})");
+                // Numbered first, the inputs are reduced as they land
+                // (all but the 128-bit minima and maxima), unless whole
+                // columns are asked for.
                 match numbering {
                     "in partitions" | "unfolded" => {
+                        assert!(landed > 0, "{context}: nothing reduced as it landed")
+                    }
+                    "in partitions, whole columns" => {
+                        assert_eq!(landed, 0, "{context}: reduced as they landed")
+                    }
+                    _ => {}
+                }
+                match numbering {
+                    "in partitions" | "in partitions, whole columns" | "unfolded" => {
                         assert_eq!(folded, 0, "{context}: folded");
                         if i < 3 {
                             assert!(early > 0, "{context}: nothing came back early");
@@ -1275,6 +1293,15 @@ async fn device_group_by_matches_the_reference() {
         {
             let keys = with_keys.then_some(keys.as_slice());
             let mut timer = PhaseTimer::new(Arc::clone(stream));
+            // The inputs in one chunk, in chunks of 4,992 rows, and whole,
+            // in turn for each pair of cases, so that every way of
+            // numbering meets several chunks with keys (sorted ids, in
+            // partitions with either `back`, in key order).
+            let chunks = match (case / 2) % 3 {
+                0 => InputChunks::of(group_by::FOLD_CHUNK_ROWS),
+                1 => InputChunks::of(4_992),
+                _ => InputChunks::WHOLE,
+            };
             let on_device = group_by::group_on_device(
                 &device,
                 stream,
@@ -1285,10 +1312,28 @@ async fn device_group_by_matches_the_reference() {
                 &inputs,
                 &bitmaps,
                 back,
-                Some(group_by::FOLD_CHUNK_ROWS),
+                chunks,
                 &mut timer,
             )
             .unwrap();
+            // No table folds these inputs (128-bit ones among them): with
+            // keys, every input whose reduction reads each row once is
+            // reduced chunk by chunk, the others whole.
+            let one_pass = inputs
+                .iter()
+                .filter(|i| {
+                    !matches!(
+                        i.reduction,
+                        Reduction::SumF64Fixed | Reduction::MinI128 | Reduction::MaxI128
+                    )
+                })
+                .count();
+            let in_chunks = chunks.reduce_as_they_land && with_keys && rows > 0;
+            assert_eq!(
+                on_device.inputs_reduced_as_they_landed,
+                if in_chunks { one_pass } else { 0 },
+                "rows {rows}, domain {domain}, case {case}"
+            );
             let got = if case % 2 == 0 {
                 // All at once.
                 on_device
@@ -1657,21 +1702,32 @@ async fn device_table_folds_match_the_reference() {
                 hashed_in_key_order(Some(estimate)),
                 hashed_in_key_order(Some(1)),
                 // Numbered in partitions, which never fold: each input is
-                // gathered into the partitions' order and reduced, whatever
-                // the chunks.
+                // reduced as it lands where it comes in chunks, or gathered
+                // into the partitions' order and reduced whole.
                 GroupIds::Partitioned { partition_bits: 3 },
                 GroupIds::Partitioned {
                     partition_bits: group_by::partition_bits_for_groups(estimate),
                 },
             ]
             .into_iter()
-            // Folding off, in one chunk, and in chunks of 64 rows and of
-            // 4,992 (the second a multiple of 64, the first rounded up to it).
+            // Whole columns, in one chunk, and in chunks of 64 rows and of
+            // 4,992 (the second a multiple of 64, the first rounded up to
+            // it); and in chunks of 4,992 reduced as they land but never
+            // folded.
             .flat_map(|ids| {
-                [None, Some(group_by::FOLD_CHUNK_ROWS), Some(37), Some(4_992)]
-                    .map(|chunk_rows| (ids, chunk_rows))
+                [
+                    InputChunks::WHOLE,
+                    InputChunks::of(group_by::FOLD_CHUNK_ROWS),
+                    InputChunks::of(37),
+                    InputChunks::of(4_992),
+                    InputChunks {
+                        fold_into_table: false,
+                        ..InputChunks::of(4_992)
+                    },
+                ]
+                .map(|chunks| (ids, chunks))
             });
-            for (ids, fold_chunk_rows) in cases {
+            for (ids, chunks) in cases {
                 let mut timer = PhaseTimer::new(Arc::clone(stream));
                 let got = group_by::group_on_device(
                     &device,
@@ -1683,7 +1739,7 @@ async fn device_table_folds_match_the_reference() {
                     inputs,
                     &bitmaps,
                     GroupsBack::KeyWords,
-                    fold_chunk_rows,
+                    chunks,
                     &mut timer,
                 )
                 .and_then(|grouped| {
@@ -1691,9 +1747,7 @@ async fn device_table_folds_match_the_reference() {
                 })
                 .unwrap();
                 timer.finish().unwrap();
-                let case = format!(
-                    "rows {rows}, domain {domain}, {ids:?}, fold chunks {fold_chunk_rows:?}, {inputs:?}"
-                );
+                let case = format!("rows {rows}, domain {domain}, {ids:?}, {chunks:?}, {inputs:?}");
                 let estimated = match ids {
                     GroupIds::Hashed { expected_groups }
                     | GroupIds::HashedInKeyOrder {
@@ -1713,8 +1767,9 @@ async fn device_table_folds_match_the_reference() {
                     assert!(got.table_overflowed || got.folding_table_grown, "{case}");
                 }
                 // It grows only after a first chunk with more to follow.
-                let first_chunk = fold_chunk_rows
-                    .map(|c| c.max(1).next_multiple_of(64))
+                let first_chunk = chunks
+                    .fold_into_table
+                    .then(|| chunks.rows.max(1).next_multiple_of(64))
                     .filter(|&c| c < rows);
                 if got.folding_table_grown {
                     assert!(first_chunk.is_some() && foldable && sized, "{case}");
@@ -1739,12 +1794,18 @@ async fn device_table_folds_match_the_reference() {
                         None => assert!(!got.folding_table_grown, "{case}"),
                     }
                 }
-                let folds = fold_chunk_rows.is_some()
-                    && rows > 0
-                    && foldable
-                    && sized
-                    && !got.table_overflowed;
+                let tries_to_fold = chunks.fold_into_table && rows > 0 && foldable && sized;
+                let folds = tries_to_fold && !got.table_overflowed;
                 assert_eq!(got.folded_in_table, folds, "{case}");
+                // Where no table tried to fold them (a table that filled up
+                // reduces the chunks it kept as whole columns), every input
+                // is reduced as it lands: each of these reads every row once.
+                let in_chunks = chunks.reduce_as_they_land && rows > 0 && !tries_to_fold;
+                assert_eq!(
+                    got.inputs_reduced_as_they_landed,
+                    if in_chunks { inputs.len() } else { 0 },
+                    "{case}"
+                );
                 folded_cases += usize::from(folds);
                 if folds {
                     folded_fold_counts.insert(inputs.len());
@@ -1826,7 +1887,7 @@ async fn device_float_sums_of_exact_values_are_exact() {
             &inputs,
             &[],
             GroupsBack::KeyWords,
-            Some(group_by::FOLD_CHUNK_ROWS),
+            InputChunks::of(group_by::FOLD_CHUNK_ROWS),
             &mut timer,
         )
         .and_then(|grouped| grouped.download(&device, group_by::DOWNLOAD_WINDOW_WORDS, &mut timer))

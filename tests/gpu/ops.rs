@@ -1230,3 +1230,190 @@ fn pinned_tables_upload_straight_from_host_memory_and_match_staged_uploads() {
     let again = datafusion_gpu::pin_batches(&batches).unwrap();
     assert_eq!(again, batches);
 }
+
+/// A column reduced span by span (the first spans not starting at a word
+/// of the validity bitmap, each span's values alone on the device, as a
+/// chunk that has landed) gives what one launch over every row gives, for
+/// each op, with and without NULLs and privatized groups; a span past the
+/// rows is refused.
+#[test]
+fn reductions_over_spans_of_rows_match_one_over_all() {
+    let Some(device) = device("reductions_over_spans_of_rows_match_one_over_all") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let (kernels, sm_count) = (device.kernels(), device.sm_count());
+    let rows = 10_000;
+    let mut rng = StdRng::seed_from_u64(17);
+    let values: Vec<u64> = (0..rows).map(|_| rng.random()).collect();
+    let high: Vec<u64> = (0..rows).map(|_| rng.random_range(0..3)).collect();
+    let valid: Vec<u64> = datafusion_gpu::ops::group_by::validity_bitmap(rows, |i| i % 7 != 3);
+    let spans = [0..37, 37..100, 100..4_096, 4_096..9_999, 9_999..10_000];
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let upload =
+        |words: &[u64], timer: &mut PhaseTimer| upload_u64(&device, stream, words, timer).unwrap();
+    let bits = upload(&valid, &mut timer);
+    // Few groups (privatized in shared memory) and many.
+    for groups in [5usize, 3_000] {
+        let group_ids: Vec<u64> = (0..rows)
+            .map(|_| rng.random_range(0..groups as u64))
+            .collect();
+        let ids = upload(&group_ids, &mut timer);
+        for valid_bits in [None, Some(&bits)] {
+            let all = launch::GroupRows {
+                groups_of_rows: Some(&ids),
+                rows,
+                valid_bits,
+                groups,
+                span: None,
+            };
+            let fresh =
+                |identity: u64, timer: &mut PhaseTimer| upload(&vec![identity; groups], timer);
+            let download = |out: &datafusion_gpu::gpu::DeviceVec<u64>, timer: &mut PhaseTimer| {
+                let mut host = Vec::new();
+                download_u64(&device, stream, &out.as_view(), &mut host, timer).unwrap();
+                host
+            };
+            for op in [
+                launch::AggregateOp::Count,
+                launch::AggregateOp::Sum,
+                launch::AggregateOp::Min,
+                launch::AggregateOp::Max,
+            ] {
+                let whole_values = upload(&values, &mut timer);
+                let mut whole = fresh(op.identity(), &mut timer);
+                launch::aggregate_u64(
+                    kernels,
+                    stream,
+                    sm_count,
+                    all,
+                    Some(&whole_values),
+                    None,
+                    op,
+                    1 << 63,
+                    &mut whole,
+                )
+                .unwrap();
+                let mut in_spans = fresh(op.identity(), &mut timer);
+                for span in &spans {
+                    let chunk = upload(&values[span.clone()], &mut timer);
+                    launch::aggregate_u64(
+                        kernels,
+                        stream,
+                        sm_count,
+                        all.chunk(span.start, span.end),
+                        Some(&chunk),
+                        None,
+                        op,
+                        1 << 63,
+                        &mut in_spans,
+                    )
+                    .unwrap();
+                }
+                assert_eq!(
+                    download(&in_spans, &mut timer),
+                    download(&whole, &mut timer),
+                    "{op:?}, {groups} groups, bitmap {}",
+                    valid_bits.is_some()
+                );
+                // A span's values must hold its rows, and the span lie
+                // within the rows.
+                let short = upload(&values[..10], &mut timer);
+                for (span, values) in [((0, 11), &short), ((9_990, 10_001), &short)] {
+                    assert!(launch::aggregate_u64(
+                        kernels,
+                        stream,
+                        sm_count,
+                        all.chunk(span.0, span.1),
+                        Some(values),
+                        None,
+                        op,
+                        0,
+                        &mut in_spans,
+                    )
+                    .is_err());
+                }
+            }
+            // The 128-bit sum, and the float sum over quarters (exact in
+            // any order).
+            let (lo, hi) = (upload(&values, &mut timer), upload(&high, &mut timer));
+            let (mut whole_lo, mut whole_hi) = (fresh(0, &mut timer), fresh(0, &mut timer));
+            launch::aggregate_i128_sum(
+                kernels,
+                stream,
+                sm_count,
+                all,
+                &lo,
+                &hi,
+                &mut whole_lo,
+                &mut whole_hi,
+            )
+            .unwrap();
+            let (mut span_lo, mut span_hi) = (fresh(0, &mut timer), fresh(0, &mut timer));
+            let quarters: Vec<u64> = (0..rows)
+                .map(|i| ((i as f64 - 5_000.0) / 4.0).to_bits())
+                .collect();
+            let whole_quarters = upload(&quarters, &mut timer);
+            let mut whole_sum = fresh(0f64.to_bits(), &mut timer);
+            launch::aggregate_f64_sum(
+                kernels,
+                stream,
+                sm_count,
+                all,
+                &whole_quarters,
+                &mut whole_sum,
+            )
+            .unwrap();
+            let mut span_sum = fresh(0f64.to_bits(), &mut timer);
+            for span in &spans {
+                let (lo, hi) = (
+                    upload(&values[span.clone()], &mut timer),
+                    upload(&high[span.clone()], &mut timer),
+                );
+                let rows = all.chunk(span.start, span.end);
+                launch::aggregate_i128_sum(
+                    kernels,
+                    stream,
+                    sm_count,
+                    rows,
+                    &lo,
+                    &hi,
+                    &mut span_lo,
+                    &mut span_hi,
+                )
+                .unwrap();
+                let chunk = upload(&quarters[span.clone()], &mut timer);
+                launch::aggregate_f64_sum(kernels, stream, sm_count, rows, &chunk, &mut span_sum)
+                    .unwrap();
+            }
+            assert_eq!(
+                download(&span_lo, &mut timer),
+                download(&whole_lo, &mut timer)
+            );
+            assert_eq!(
+                download(&span_hi, &mut timer),
+                download(&whole_hi, &mut timer)
+            );
+            assert_eq!(
+                download(&span_sum, &mut timer),
+                download(&whole_sum, &mut timer)
+            );
+            // The deterministic float sum reads its rows twice: no span.
+            let (mut top, mut specials) = (fresh(0, &mut timer), fresh(0, &mut timer));
+            let chunk = upload(&quarters[0..37], &mut timer);
+            assert!(launch::f64_sum_scale(
+                kernels,
+                stream,
+                sm_count,
+                all.chunk(0, 37),
+                &chunk,
+                &mut top,
+                &mut specials,
+            )
+            .is_err());
+        }
+    }
+    timer.finish().unwrap();
+}

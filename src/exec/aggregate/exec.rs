@@ -397,6 +397,7 @@ impl ExecutionPlan for GpuAggregateExec {
             hashed_group_keys: options.hashed_group_keys,
             min_groups_to_partition: options.min_groups_to_partition,
             fold_into_table: options.fold_into_table,
+            reduce_as_they_land: options.reduce_as_they_land,
             map_output_ahead: options.map_output_ahead,
             min_output_bytes_mapped_ahead: options.min_output_bytes_mapped_ahead,
             results_back_early: options.results_back_early,

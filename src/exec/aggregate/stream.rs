@@ -50,8 +50,8 @@ use crate::gpu::{in_pinned_memory, GpuDevice, GpuError, GpuResult, PhaseTimer, R
 use crate::host_copy::host_threads;
 use crate::ops::group_by::{
     group_by_device_bytes, group_uploaded_keys, partition_bits_for_groups, upload_group_keys,
-    DeviceGrouped, GroupIds, GroupedWindow, GroupsBack, ReducedWindow, ResultParts, Words,
-    FOLD_CHUNK_ROWS,
+    DeviceGrouped, GroupIds, GroupedWindow, GroupsBack, InputChunks, ReducedWindow, ResultParts,
+    Words, FOLD_CHUNK_ROWS,
 };
 use crate::planner::cpu_phases_over;
 use crate::trace;
@@ -118,6 +118,9 @@ pub(crate) struct AggregateTask {
     /// `gpu.fold_into_table`: fold the reductions into a hash table sized
     /// from the sample where they allow it.
     pub(crate) fold_into_table: bool,
+    /// `gpu.reduce_as_they_land`: reduce the inputs chunk by chunk as they
+    /// land where the groups are numbered first.
+    pub(crate) reduce_as_they_land: bool,
     /// `gpu.map_output_ahead`: map the output columns' memory while the
     /// device works.
     pub(crate) map_output_ahead: bool,
@@ -171,6 +174,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         hashed_group_keys: task.hashed_group_keys,
         min_groups_to_partition: task.min_groups_to_partition,
         fold_into_table: task.fold_into_table,
+        reduce_as_they_land: task.reduce_as_they_land,
         map_output_ahead: task.map_output_ahead,
         min_output_bytes_mapped_ahead: task.min_output_bytes_mapped_ahead,
         results_back_early: task.results_back_early,
@@ -305,6 +309,7 @@ struct DevicePart {
     hashed_group_keys: bool,
     min_groups_to_partition: usize,
     fold_into_table: bool,
+    reduce_as_they_land: bool,
     map_output_ahead: bool,
     min_output_bytes_mapped_ahead: usize,
     results_back_early: bool,
@@ -656,6 +661,9 @@ impl DevicePart {
                     if grouped.folding_table_grown {
                         self.metrics.folding_table_grown_partitions.add(1);
                     }
+                    self.metrics
+                        .inputs_reduced_as_they_landed
+                        .add(grouped.inputs_reduced_as_they_landed);
                 };
                 let sources = KeySources {
                     keys: keys.as_ref(),
@@ -835,7 +843,11 @@ impl DevicePart {
             &work.inputs,
             &work.bitmaps,
             back,
-            self.fold_into_table.then_some(FOLD_CHUNK_ROWS),
+            InputChunks {
+                rows: FOLD_CHUNK_ROWS,
+                fold_into_table: self.fold_into_table,
+                reduce_as_they_land: self.reduce_as_they_land,
+            },
             &mut timer,
         )?;
         let emitted = emit(&grouped, work, keys_stream.stream(), &mut timer);

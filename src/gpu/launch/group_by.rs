@@ -46,10 +46,59 @@ pub struct GroupRows<'a> {
     pub valid_bits: Option<&'a CudaSlice<u64>>,
     /// Groups (output slots).
     pub groups: usize,
+    /// The rows `[first, end)` this launch reduces, where it reduces a chunk
+    /// of a column as it lands ([`GroupRows::chunk`]); `None`: all `rows`.
+    pub span: Option<(usize, usize)>,
 }
 
 impl GroupRows<'_> {
+    /// Only the rows `first..end` of these: the values passed with them
+    /// hold those rows alone (a chunk of a column), while the group ids and
+    /// the bitmap still hold all `rows`.
+    pub fn chunk(self, first: usize, end: usize) -> Self {
+        Self {
+            span: Some((first, end)),
+            ..self
+        }
+    }
+
+    /// The first row reduced and the row after the last.
+    fn bounds(&self) -> (usize, usize) {
+        self.span.unwrap_or((0, self.rows))
+    }
+
+    /// Rows reduced: the entries of the values passed with these.
+    fn reduced(&self) -> usize {
+        let (first, end) = self.bounds();
+        end - first
+    }
+
+    /// The kernel's `first` and `n` (the row after the last).
+    fn kernel_bounds(&self) -> (u64, u64) {
+        let (first, end) = self.bounds();
+        (first as u64, end as u64)
+    }
+
+    /// Errors where a pass that needs every row at once (the deterministic
+    /// float sum's two) is given a chunk.
+    pub(crate) fn whole(&self) -> GpuResult<()> {
+        match self.span {
+            Some(span) if span != (0, self.rows) => Err(GpuError::Invalid(format!(
+                "rows {span:?} of {} reduced in a pass that needs them all",
+                self.rows
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     fn check(&self) -> GpuResult<()> {
+        let (first, end) = self.bounds();
+        if first > end || end > self.rows {
+            return Err(GpuError::Invalid(format!(
+                "rows [{first}, {end}) reduced of {}",
+                self.rows
+            )));
+        }
         if let Some(groups) = self.groups_of_rows {
             check_len(groups, self.rows, "group ids")?;
         } else if self.groups != 1 {
@@ -72,7 +121,7 @@ impl GroupRows<'_> {
     /// Blocks for the rows: privatized blocks each merge every group at
     /// the end, so fewer of them pay for that.
     fn blocks(&self, sm_count: u32) -> u64 {
-        let blocks = grid_stride_blocks(self.rows as u64, sm_count);
+        let blocks = grid_stride_blocks(self.reduced() as u64, sm_count);
         if self.privatize() && self.groups > 1 {
             blocks.min(u64::from(sm_count) * 2)
         } else {
@@ -638,20 +687,20 @@ pub fn aggregate_u64(
     rows.check()?;
     check_len(out, rows.groups, "aggregate output")?;
     match values {
-        Some(values) => check_len(values, rows.rows, "aggregate input")?,
+        Some(values) => check_len(values, rows.reduced(), "aggregate input")?,
         None if op != AggregateOp::Count => {
             return Err(GpuError::Invalid(format!("{op:?} without values")))
         }
         None => {}
     }
     if let Some((tie_values, tie_best)) = tie {
-        check_len(tie_values, rows.rows, "tie values")?;
+        check_len(tie_values, rows.reduced(), "tie values")?;
         check_len(tie_best, rows.groups, "tie results")?;
     }
-    if rows.rows == 0 {
+    if rows.reduced() == 0 {
         return Ok(());
     }
-    let n = rows.rows as u64;
+    let (first, n) = rows.kernel_bounds();
     let op_code = op as u32;
     let groups = rows.groups as u64;
     let privatize = u32::from(rows.privatize());
@@ -662,6 +711,7 @@ pub fn aggregate_u64(
     arg_or_null(&mut launch, tie.map(|(values, _)| values));
     arg_or_null(&mut launch, tie.map(|(_, best)| best));
     launch
+        .arg(&first)
         .arg(&n)
         .arg(&op_code)
         .arg(&flip)
@@ -672,12 +722,14 @@ pub fn aggregate_u64(
     if privatize == 1 {
         cfg.shared_mem_bytes = (8 * groups) as u32;
     }
-    // SAFETY: group ids are < groups (written by group_resolve for these
-    // rows, or absent meaning 0 with groups = 1); every array the kernel
-    // reads holds `rows` entries (or `groups` for tie results and out), the
-    // bitmap rows/64 words, all checked above; null pointers stand only for
-    // absent optional inputs, which the kernel tests before use; shared
-    // memory holds `groups` u64 when privatized (at most 32 KiB).
+    // SAFETY: group ids are < groups (written by the numbering kernels, or
+    // put back in row order by scatter_u64, for these rows; or absent
+    // meaning 0 with groups = 1); the group ids hold `rows` entries and the
+    // bitmap rows/64 words, the values and tie values the `n - first` rows
+    // reduced, read at `i - first` for `first <= i < n <= rows` (`groups`
+    // for tie results and out), all checked above; null pointers stand
+    // only for absent optional inputs, which the kernel tests before use;
+    // shared memory holds `groups` u64 when privatized (at most 32 KiB).
     unsafe { launch.launch(cfg) }.during("launching aggregate_u64")?;
     Ok(())
 }
@@ -768,18 +820,23 @@ pub fn aggregate_f64_sum(
 ) -> GpuResult<()> {
     rows.check()?;
     check_len(out, rows.groups, "aggregate output")?;
-    check_len(values, rows.rows, "aggregate input")?;
-    if rows.rows == 0 {
+    check_len(values, rows.reduced(), "aggregate input")?;
+    if rows.reduced() == 0 {
         return Ok(());
     }
-    let n = rows.rows as u64;
+    let (first, n) = rows.kernel_bounds();
     let groups = rows.groups as u64;
     let privatize = u32::from(rows.privatize());
     let mut launch = stream.launch_builder(&kernels.aggregate_f64_sum);
     arg_or_null(&mut launch, rows.groups_of_rows);
     launch.arg(values);
     arg_or_null(&mut launch, rows.valid_bits);
-    launch.arg(&n).arg(&mut *out).arg(&groups).arg(&privatize);
+    launch
+        .arg(&first)
+        .arg(&n)
+        .arg(&mut *out)
+        .arg(&groups)
+        .arg(&privatize);
     let mut cfg = config(rows.blocks(sm_count))?;
     if privatize == 1 {
         cfg.shared_mem_bytes = (8 * groups) as u32;
@@ -804,21 +861,25 @@ pub fn aggregate_i128_sum(
     out_hi: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
     rows.check()?;
-    check_len(lo, rows.rows, "aggregate input (low words)")?;
-    check_len(hi, rows.rows, "aggregate input (high words)")?;
+    check_len(lo, rows.reduced(), "aggregate input (low words)")?;
+    check_len(hi, rows.reduced(), "aggregate input (high words)")?;
     check_len(out_lo, rows.groups, "aggregate output (low words)")?;
     check_len(out_hi, rows.groups, "aggregate output (high words)")?;
-    if rows.rows == 0 {
+    if rows.reduced() == 0 {
         return Ok(());
     }
-    let n = rows.rows as u64;
+    let (first, n) = rows.kernel_bounds();
     let mut launch = stream.launch_builder(&kernels.aggregate_i128_sum);
     arg_or_null(&mut launch, rows.groups_of_rows);
     launch.arg(lo).arg(hi);
     arg_or_null(&mut launch, rows.valid_bits);
-    launch.arg(&n).arg(&mut *out_lo).arg(&mut *out_hi);
+    launch
+        .arg(&first)
+        .arg(&n)
+        .arg(&mut *out_lo)
+        .arg(&mut *out_hi);
     // SAFETY: as aggregate_u64, without shared memory.
-    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+    unsafe { launch.launch(config(grid_stride_blocks(n - first, sm_count))?) }
         .during("launching aggregate_i128_sum")?;
     Ok(())
 }
@@ -836,6 +897,7 @@ pub fn f64_sum_scale(
     specials: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
     rows.check()?;
+    rows.whole()?;
     check_len(values, rows.rows, "aggregate input")?;
     check_len(max_exponent, rows.groups, "largest exponents")?;
     check_len(specials, rows.groups, "special values")?;
@@ -871,6 +933,7 @@ pub fn f64_sum_fixed(
     out_hi: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
     rows.check()?;
+    rows.whole()?;
     check_len(values, rows.rows, "aggregate input")?;
     check_len(max_exponent, rows.groups, "largest exponents")?;
     check_len(out_lo, rows.groups, "aggregate output (low words)")?;
@@ -892,4 +955,35 @@ pub fn f64_sum_fixed(
     unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
         .during("launching f64_sum_fixed")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows_of(rows: usize, span: Option<(usize, usize)>) -> GroupRows<'static> {
+        GroupRows {
+            groups_of_rows: None,
+            rows,
+            valid_bits: None,
+            groups: 1,
+            span,
+        }
+    }
+
+    #[test]
+    fn a_span_reduces_its_own_rows_within_all_of_them() {
+        let all = rows_of(100, None);
+        assert_eq!((all.bounds(), all.reduced()), ((0, 100), 100));
+        let chunk = all.chunk(37, 64);
+        assert_eq!((chunk.kernel_bounds(), chunk.reduced()), ((37, 64), 27));
+        assert!(chunk.check().is_ok());
+        // Past the rows, or backwards: refused before any launch.
+        assert!(all.chunk(90, 101).check().is_err());
+        assert!(all.chunk(50, 40).check().is_err());
+        // The passes that read every row twice take all of them only.
+        assert!(all.whole().is_ok());
+        assert!(all.chunk(0, 100).whole().is_ok());
+        assert!(chunk.whole().is_err());
+    }
 }

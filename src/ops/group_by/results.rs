@@ -63,6 +63,9 @@ pub struct DeviceGrouped {
     /// order, where the reductions are made one after the other (empty
     /// where they are made together, folded into the table).
     pub(super) reductions_made: Vec<CudaEvent>,
+    /// Inputs reduced chunk by chunk as they landed
+    /// ([`super::InputChunks::reduce_as_they_land`]).
+    pub inputs_reduced_as_they_landed: usize,
 }
 
 /// What of each group a pass over the results brings back.
@@ -706,6 +709,7 @@ impl DeviceGrouped {
             table_overflowed: self.table_overflowed,
             folded_in_table: self.folded_in_table,
             folding_table_grown: self.folding_table_grown,
+            inputs_reduced_as_they_landed: self.inputs_reduced_as_they_landed,
         })
     }
 }

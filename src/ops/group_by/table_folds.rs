@@ -70,10 +70,11 @@ pub(super) fn table_fold_capacity(
     (foldable && capacity < table_capacity(rows)).then_some(capacity)
 }
 
-/// Rows whose values cross the bus, and are folded, at once by default
-/// ([`super::group_on_device`]): 64 MiB of a column, one staging window.
-/// The fold of one chunk runs while the next crosses the bus, so that only
-/// the last chunk's fold waits for the copies to end.
+/// Rows whose values cross the bus at once by default, where they are
+/// folded into a table or reduced as they land ([`super::InputChunks`]):
+/// 64 MiB of a column, one staging window. The fold or reduction of one
+/// chunk runs while the next crosses the bus, so that only the last
+/// chunk's waits for the copies to end.
 pub const FOLD_CHUNK_ROWS: usize = 1 << 23;
 
 /// Every input folded into the slots of a table sized from an estimate,
