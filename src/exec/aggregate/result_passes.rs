@@ -71,11 +71,12 @@ pub(crate) fn result_passes(reductions_of: &[Vec<usize>], reductions: usize) -> 
         while merged.iter().any(|later| shares(&pass, later)) {
             let Some(mut next) = merged.pop() else { break };
             pass.aggregates.append(&mut next.aggregates);
-            pass.aggregates.sort_unstable();
             pass.reductions.append(&mut next.reductions);
-            pass.reductions.sort_unstable();
-            pass.reductions.dedup();
         }
+        // Sorted once merged: `shares` searches a later pass's reductions.
+        pass.aggregates.sort_unstable();
+        pass.reductions.sort_unstable();
+        pass.reductions.dedup();
         merged.push(pass);
     }
     merged.reverse();

@@ -1002,9 +1002,7 @@ impl DevicePart {
             Err(EmitError::Device(e)) => return Err(e.into()),
             Err(EmitError::Host(e)) => return Err(e),
         };
-        let parts = last_pass
-            .and_then(|pass| ResultParts::some_reductions(&pass.reductions))
-            .unwrap_or(ResultParts::Reductions);
+        let parts = last_pass.map_or(ResultParts::Reductions, |(parts, _)| parts);
         let per_batch = self.per_output_batch(
             grouped,
             (grouped.stream(), parts),
@@ -1169,7 +1167,11 @@ impl DevicePart {
     /// than one batch, and every pass's reductions can be named
     /// ([`ResultParts::some_reductions`]); otherwise none (one pass of
     /// all).
-    fn result_passes(&self, grouped: &DeviceGrouped, work: &DeviceWork) -> Vec<ResultPass> {
+    fn result_passes(
+        &self,
+        grouped: &DeviceGrouped,
+        work: &DeviceWork,
+    ) -> Vec<(ResultParts, ResultPass)> {
         if !self.results_back_early
             || !grouped.reductions_made_apart()
             || grouped.groups <= self.batch_size.max(1)
@@ -1179,14 +1181,12 @@ impl DevicePart {
         let reductions_of: Vec<Vec<usize>> = (0..self.spec.aggregates.len())
             .map(|i| work.reductions_of(i))
             .collect();
-        let passes = result_passes(&reductions_of, work.inputs.len());
-        let named = passes
-            .iter()
-            .all(|pass| ResultParts::some_reductions(&pass.reductions).is_some());
-        match named {
-            true => passes,
-            false => Vec::new(),
-        }
+        // Each pass with what it brings back; none where one cannot be named.
+        result_passes(&reductions_of, work.inputs.len())
+            .into_iter()
+            .map(|pass| Some((ResultParts::some_reductions(&pass.reductions)?, pass)))
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default()
     }
 
     /// The output columns of the aggregates of `passes` (all but the last
@@ -1196,7 +1196,7 @@ impl DevicePart {
     fn bring_back_early(
         &self,
         grouped: &DeviceGrouped,
-        passes: &[ResultPass],
+        passes: &[(ResultParts, ResultPass)],
         work: &DeviceWork,
         stream: &Arc<CudaStream>,
         memory: &MappedAhead,
@@ -1211,21 +1211,17 @@ impl DevicePart {
             by_batch: vec![vec![None; aggregates]; grouped.groups.div_ceil(size)],
             aggregates: 0,
         };
-        for pass in passes {
-            let parts = ResultParts::some_reductions(&pass.reductions).ok_or_else(|| {
-                DataFusionError::Internal("an early pass past the 64th reduction".into())
-            })?;
+        for &(parts, ref pass) in passes {
             let per_batch =
                 self.per_output_batch(grouped, (stream, parts), timer, |window, _, groups| {
                     pass.aggregates
                         .iter()
                         .map(|&i| {
-                            let columns = work.finish(
+                            let columns = self.aggregate_columns(
+                                work,
                                 i,
-                                &self.spec.aggregates[i],
                                 &window.reduced,
                                 groups.clone(),
-                                self.final_output,
                                 memory,
                             )?;
                             Ok((i, columns))
@@ -1243,6 +1239,26 @@ impl DevicePart {
         Ok(early)
     }
 
+    /// Aggregate `i`'s value or state columns over the groups `groups` of
+    /// a window (their results in `reduced`).
+    fn aggregate_columns(
+        &self,
+        work: &DeviceWork,
+        i: usize,
+        reduced: &[ReducedWindow<'_>],
+        groups: Range<usize>,
+        memory: &MappedAhead,
+    ) -> Result<Vec<ArrayRef>> {
+        work.finish(
+            i,
+            &self.spec.aggregates[i],
+            reduced,
+            groups,
+            self.final_output,
+            memory,
+        )
+    }
+
     /// One output batch: the keys of the groups `groups` of a window (their
     /// results in `reduced`), then each aggregate's value or state columns,
     /// made already where `made` holds them.
@@ -1256,15 +1272,14 @@ impl DevicePart {
         made: &[Option<Vec<ArrayRef>>],
     ) -> Result<RecordBatch> {
         let rows = groups.len();
-        for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
+        for i in 0..self.spec.aggregates.len() {
             match made.get(i) {
                 Some(Some(made)) => columns.extend(made.iter().cloned()),
-                _ => columns.extend(work.finish(
+                _ => columns.extend(self.aggregate_columns(
+                    work,
                     i,
-                    aggregate,
                     reduced,
                     groups.clone(),
-                    self.final_output,
                     memory,
                 )?),
             }
