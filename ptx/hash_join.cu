@@ -24,13 +24,24 @@
 #include "common.cuh"
 #include "fold.cuh"
 
+// 2048 build rows a table, about twice the rows the host plans a partition
+// (`RadixPlan::for_join`). Links are 16-bit: 16 KiB of keys, 4 KiB of links
+// and 16 KiB of heads, so that more blocks fit a multiprocessor's shared
+// memory. (A table of 3072 rows with partitions of about 2048 would have
+// taken 2^27 build rows in two radix passes of 8 bits in place of three of
+// 5 or 6: on an H100 the two passes took longer, 31.6 ms against 23.1 ms
+// at seed 002's narrow join, as a tile of 2048 rows then writes runs of
+// about 8 rows a digit, part sectors, and the larger partitions slowed
+// the probe too.)
 #define TABLE_CAPACITY 2048
 #define TABLE_SLOTS 4096
-#define EMPTY_SLOT 0xffffffffu
+// The end of a chain, in heads and links alike (never a row of the table).
+#define EMPTY_SLOT 0xffffu
+static_assert(TABLE_CAPACITY < EMPTY_SLOT, "a row index fits a 16-bit link");
 
 struct SharedTable {
     u64 keys[TABLE_CAPACITY];
-    u32 next[TABLE_CAPACITY];
+    unsigned short next[TABLE_CAPACITY];
     u32 heads[TABLE_SLOTS];
 };
 
@@ -47,7 +58,7 @@ __device__ void build_table(SharedTable& table, const u64* build_keys, u64 begin
     for (u32 j = threadIdx.x; j < len; j += BLOCK_THREADS) {
         const u64 key = build_keys[begin + j];
         table.keys[j] = key;
-        table.next[j] = atomicExch(&table.heads[table_slot(key, partition_bits)], j);
+        table.next[j] = (unsigned short)atomicExch(&table.heads[table_slot(key, partition_bits)], j);
     }
     __syncthreads();
 }
@@ -164,24 +175,64 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
 // `specs` holds three words per fold: the values in src_f, the flags
 // (bits 0-7: width in bytes, 4 or 8; bit 8: a 4-byte value is sign-extended,
 // else zero-extended; bit 9: read by the probe row, else the build row;
-// bits 16-23: the op: OP_SUM, OP_MIN, OP_MAX or FOLD_F64_SUM) and the word
-// XORed into every value (the sign bit, so that signed values compare as
-// unsigned words). out holds each fold's identity on entry (0.0 for a float
+// bits 10-11: FOLD_CARRIED and FOLD_HIGH_HALF, below; bits 16-23: the op:
+// OP_SUM, OP_MIN, OP_MAX or FOLD_F64_SUM) and the word XORed into every
+// value (the sign bit, so that signed values compare as unsigned words). out holds each fold's identity on entry (0.0 for a float
 // sum, 0 for out[0]).
 #define MAX_JOIN_FOLDS 4
 
 #define FOLD_SIGN_EXTEND (1u << 8)
 #define FOLD_PROBE_SIDE (1u << 9)
+// The side was partitioned carrying its values in place of row ids (seed
+// 002's GFTR, `pack_carried_words`): the side's word is the value (8 bytes)
+// or holds it in its low or, with FOLD_HIGH_HALF, high 4 bytes. The fold
+// then reads nothing at a random row; `src` is not read.
+#define FOLD_CARRIED (1u << 10)
+#define FOLD_HIGH_HALF (1u << 11)
 
-
+// `word` is the pair's word of the fold's side: its row id, or with
+// FOLD_CARRIED the values carried in its place.
 __device__ __forceinline__ u64 fold_value(const void* src, u64 src_len, u32 flags, u64 flip,
-                                          u64 id, bool* found) {
-    *found = id < src_len;  // the join kernels never make such an id
+                                          u64 word, bool* found) {
+    u64 wide;
+    if (flags & FOLD_CARRIED) {
+        *found = true;
+        if ((flags & 0xffu) == 8) return word ^ flip;
+        const u32 narrow = (u32)(word >> ((flags & FOLD_HIGH_HALF) ? 32 : 0));
+        wide = (flags & FOLD_SIGN_EXTEND) ? (u64)(long long)(int)narrow : (u64)narrow;
+        return wide ^ flip;
+    }
+    *found = word < src_len;  // the join kernels never make such an id
     if (!*found) return 0;
-    if ((flags & 0xffu) == 8) return ((const u64*)src)[id] ^ flip;
-    const u32 narrow = ((const u32*)src)[id];
-    const u64 wide = (flags & FOLD_SIGN_EXTEND) ? (u64)(long long)(int)narrow : (u64)narrow;
+    if ((flags & 0xffu) == 8) return ((const u64*)src)[word] ^ flip;
+    const u32 narrow = ((const u32*)src)[word];
+    wide = (flags & FOLD_SIGN_EXTEND) ? (u64)(long long)(int)narrow : (u64)narrow;
     return wide ^ flip;
+}
+
+// Builds the words a side carries through its partitioning in place of row
+// ids (see FOLD_CARRIED): for i < n, with id = row_ids[i] (or i where
+// row_ids is null), out[i] = the 8-byte value low[id] (low_width 8), or the
+// 4-byte values low[id] | high[id] << 32 (low_width 4; high null: 0). An id
+// at or past `rows` gives 0; the host never makes one.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride loop).
+extern "C" __global__ void pack_carried_words(u64* out, u64 n, const u64* row_ids, u64 rows,
+                                              const void* low, u32 low_width,
+                                              const void* high) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 id = row_ids ? row_ids[i] : i;
+        u64 word = 0;
+        if (id < rows) {
+            if (low_width == 8) {
+                word = ((const u64*)low)[id];
+            } else {
+                word = ((const u32*)low)[id];
+                if (high) word |= (u64)((const u32*)high)[id] << 32;
+            }
+        }
+        out[i] = word;
+    }
 }
 
 // Launch: as hash_join_count, with folds <= MAX_JOIN_FOLDS and src_f a
@@ -232,6 +283,7 @@ extern "C" __global__ void hash_join_fold(const u64* build_keys, const u64* buil
             build_table(table, build_keys, chunk, len, partition_bits);
             for (u64 i = task.probe_begin + threadIdx.x; i < task.probe_end; i += BLOCK_THREADS) {
                 const u64 key = probe_keys[i];
+                // The pair's words: row ids, or the values carried in their place.
                 const u64 probe_id = any_probe ? probe_ids[i] : 0;
                 for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT;
                      j = table.next[j]) {

@@ -26,13 +26,14 @@ use crate::exec::hash_join::{compact_views, ColumnSource, OutputAssembler};
 use crate::exec::pair_aggregate::PairReduction;
 use crate::exec::row_source::RowSource;
 use crate::gpu::launch::{
-    self, FoldOp, GatheredValues, GroupRows, JoinFold, PairSide, ValueWidth, MAX_JOIN_FOLDS,
+    self, CarriedSlot, FoldOp, GatheredValues, GroupRows, JoinFold, PairSide, ValueWidth,
+    MAX_JOIN_FOLDS,
 };
 use crate::gpu::{
     download_byte_pieces, download_u64, in_pinned_memory, upload_byte_pieces, DeviceVec,
     DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
-use crate::ops::hash_join::FoldedPairs;
+use crate::ops::hash_join::{CarriedValues, FoldedPairs};
 
 /// Whether the join's output rows are exactly its pairs, so columns can be
 /// gathered by pair.
@@ -378,37 +379,155 @@ fn reduction_columns<'a>(
     reductions
         .iter()
         .map(|reduction| {
-            let Some(column) = reduction.column() else {
+            let Some((side, index)) = reduction_side(reduction, sources)? else {
                 return Some(None);
             };
-            let (side, resident, index) = match sources.get(column)? {
-                ColumnSource::Build(i) => (PairSide::Build, build, *i),
-                ColumnSource::Probe(i) => (PairSide::Probe, probe, *i),
-                _ => return None,
+            let resident = match side {
+                PairSide::Build => build,
+                PairSide::Probe => probe,
             };
-            let expected = match *reduction {
-                PairReduction::Fold { values, .. } => values.width(),
-                _ => ValueWidth::Eight,
-            };
-            let values = resident.get(index).filter(|v| v.width == expected)?;
+            let values = resident
+                .get(index)
+                .filter(|v| v.width == reduction_width(reduction))?;
             Some(Some((side, values)))
         })
         .collect()
 }
 
+/// The side and column of that side a reduction reads: `Some(None)` for a
+/// count of the pairs, `None` where its column is not a side's.
+fn reduction_side(
+    reduction: &PairReduction,
+    sources: &[ColumnSource],
+) -> Option<Option<(PairSide, usize)>> {
+    let Some(column) = reduction.column() else {
+        return Some(None);
+    };
+    match sources.get(column)? {
+        ColumnSource::Build(i) => Some(Some((PairSide::Build, *i))),
+        ColumnSource::Probe(i) => Some(Some((PairSide::Probe, *i))),
+        _ => None,
+    }
+}
+
+/// The width a reduction's column must have on the device.
+fn reduction_width(reduction: &PairReduction) -> ValueWidth {
+    match *reduction {
+        PairReduction::Fold { values, .. } => values.width(),
+        _ => ValueWidth::Eight,
+    }
+}
+
+/// The probe columns a chunk carries through its partitioning in place of
+/// row ids where its aggregation is folded while the device probes (seed
+/// 002's GFTR; see [`crate::ops::hash_join::partition_probe_carrying`]):
+/// each fold of a probe column then reads its value where the keys are,
+/// not at a random row. Each column has its slot in the carried word.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProbeCarry {
+    /// (probe column, its slot), one entry per distinct column.
+    slots: Vec<(usize, CarriedSlot)>,
+}
+
+impl ProbeCarry {
+    /// What the probe side of `reductions` carries: the probe columns they
+    /// fold, where these are one 8-byte column or one or two 4-byte ones,
+    /// every column the reductions read on the probe side is on the device
+    /// at its width (as [`join_folds`] needs), and one launch computes
+    /// every fold. `None` otherwise, or where no reduction folds a probe
+    /// column: the keys then carry row ids.
+    pub(crate) fn plan(
+        reductions: &[PairReduction],
+        sources: &[ColumnSource],
+        probe: &ResidentColumns,
+    ) -> Option<Self> {
+        let mut folds = 0;
+        let mut columns: Vec<(usize, ValueWidth)> = Vec::new();
+        for reduction in reductions {
+            let Some((side, index)) = reduction_side(reduction, sources)? else {
+                continue;
+            };
+            let counted = matches!(
+                reduction,
+                PairReduction::CountColumn(_) | PairReduction::CountPairs
+            );
+            folds += usize::from(!counted);
+            if side != PairSide::Probe {
+                continue;
+            }
+            let width = reduction_width(reduction);
+            probe.get(index).filter(|v| v.width == width)?;
+            if !counted && !columns.contains(&(index, width)) {
+                columns.push((index, width));
+            }
+        }
+        if folds > MAX_JOIN_FOLDS {
+            return None;
+        }
+        let slots = match columns[..] {
+            [(column, ValueWidth::Eight)] => vec![(column, CarriedSlot::Whole)],
+            [(column, ValueWidth::Four)] => vec![(column, CarriedSlot::Low)],
+            [(low, ValueWidth::Four), (high, ValueWidth::Four)] => {
+                vec![(low, CarriedSlot::Low), (high, CarriedSlot::High)]
+            }
+            _ => return None,
+        };
+        Some(Self { slots })
+    }
+
+    /// The slot of probe column `column`, if carried.
+    fn slot(&self, column: usize) -> Option<CarriedSlot> {
+        self.slots
+            .iter()
+            .find(|&&(carried, _)| carried == column)
+            .map(|&(_, slot)| slot)
+    }
+
+    /// The carried columns of `probe` (a chunk of `rows` rows), as the
+    /// partitioning packs them; `None` where one is not on the device.
+    pub(crate) fn values<'a>(
+        &self,
+        probe: &'a ResidentColumns,
+        rows: usize,
+    ) -> Option<CarriedValues<'a>> {
+        let column = |slot: CarriedSlot| {
+            let &(index, _) = self.slots.iter().find(|&&(_, s)| s == slot)?;
+            probe.get(index).filter(|v| v.width == slot.width())
+        };
+        let low = column(CarriedSlot::Whole).or_else(|| column(CarriedSlot::Low))?;
+        let high = match self.slot_taken(CarriedSlot::High) {
+            true => Some(&column(CarriedSlot::High)?.words),
+            false => None,
+        };
+        Some(CarriedValues {
+            low: (&low.words, low.width),
+            high,
+            rows,
+        })
+    }
+
+    fn slot_taken(&self, slot: CarriedSlot) -> bool {
+        self.slots.iter().any(|&(_, s)| s == slot)
+    }
+}
+
 /// The folds that compute `reductions` while a hash join probes (see
 /// [`crate::ops::hash_join::fold_partitioned`]): one per reduction that
-/// reads a column (a count reads none: it is the pairs). `None` where a
-/// column is not on the device (as for [`reduce_pairs`]) or there are more
-/// folds than one launch computes; the pairs are then written out and
-/// reduced by [`reduce_pairs`].
+/// reads a column (a count reads none: it is the pairs). A probe-side fold
+/// reads its slot of the words `probe_carry` put beside the probe keys,
+/// where given. `None` where a column is not on the device (as for
+/// [`reduce_pairs`]), there are more folds than one launch computes, or a
+/// probe-side fold's column was not carried; the pairs are then written
+/// out and reduced by [`reduce_pairs`].
 pub(crate) fn join_folds<'a>(
     reductions: &[PairReduction],
     sources: &[ColumnSource],
     build: (&dyn RowSource, &'a ResidentColumns),
     probe: (&dyn RowSource, &'a ResidentColumns),
+    probe_carry: Option<&ProbeCarry>,
 ) -> Option<Vec<Option<JoinFold<'a>>>> {
     let columns = reduction_columns(reductions, sources, build.1, probe.1)?;
+    let mut uncarried = false;
     let folds: Vec<Option<JoinFold<'a>>> = reductions
         .iter()
         .zip(columns)
@@ -424,8 +543,19 @@ pub(crate) fn join_folds<'a>(
                 } => (FoldOp::Words(op), values, flip),
                 PairReduction::SumF64(_) => (FoldOp::SumF64, GatheredValues::Eight, 0),
                 // A column counted: columns on the device have no NULLs, so
-                // every pair counts.
+                // every pair counts, and nothing is read (nor carried).
                 PairReduction::CountColumn(_) | PairReduction::CountPairs => return None,
+            };
+            // A probe column's value is in its slot of the carried word.
+            let carried = match (side, probe_carry) {
+                (PairSide::Probe, Some(carry)) => {
+                    let slot = reduction_side(reduction, sources)
+                        .flatten()
+                        .and_then(|(_, index)| carry.slot(index));
+                    uncarried |= slot.is_none();
+                    slot
+                }
+                _ => None,
             };
             Some(JoinFold {
                 side,
@@ -434,11 +564,13 @@ pub(crate) fn join_folds<'a>(
                 read,
                 op,
                 flip,
+                carried,
             })
         })
         .collect();
-    // A counted column needs no fold: it only had to be on the device.
-    (folds.iter().flatten().count() <= MAX_JOIN_FOLDS).then_some(folds)
+    // A counted column needs no fold: it only had to be on the device. A
+    // probe fold whose column was not carried cannot read it.
+    (folds.iter().flatten().count() <= MAX_JOIN_FOLDS && !uncarried).then_some(folds)
 }
 
 /// Each reduction's word from what [`join_folds`]'s folds computed: its

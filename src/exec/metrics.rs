@@ -94,6 +94,9 @@ pub struct GpuJoinMetrics {
     /// Of those, pairs folded as the device probed (`gpu.fold_while_probing`),
     /// never written out.
     pub pairs_folded_while_probing: Count,
+    /// Probe rows whose keys carried the values their folds read, in place
+    /// of row ids (`gpu.carry_folded_values`).
+    pub probe_rows_carrying_values: Count,
 }
 
 impl GpuJoinMetrics {
@@ -114,6 +117,7 @@ impl GpuJoinMetrics {
             rows_gathered_on_device: builder().counter("rows_gathered_on_device", partition),
             rows_aggregated_on_device: builder().counter("rows_aggregated_on_device", partition),
             pairs_folded_while_probing: builder().counter("pairs_folded_while_probing", partition),
+            probe_rows_carrying_values: builder().counter("probe_rows_carrying_values", partition),
         }
     }
 }

@@ -10,7 +10,7 @@ use cudarc::driver::CudaStream;
 
 use super::merge_join::radix_sort;
 use super::radix::{radix_partition, PartitionedColumn, RadixPlan};
-use crate::gpu::launch;
+use crate::gpu::launch::{self, ValueWidth};
 use crate::gpu::{
     download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
     GpuResult, Phase, PhaseTimer,
@@ -34,7 +34,7 @@ impl DeviceBuildTable {
         plan: RadixPlan,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let build = upload_and_partition(device, stream, keys, row_ids, &plan, timer)?;
+        let build = upload_and_partition(device, stream, keys, row_ids, None, &plan, timer)?;
         Ok(Self { plan, build })
     }
 
@@ -54,27 +54,63 @@ impl DeviceBuildTable {
     }
 }
 
+/// Copies keys (and row ids) to the device and partitions them by `plan`,
+/// moving with the keys their row ids (`0..n` without `row_ids`) or, with
+/// `carried`, the words of [`CarriedValues`] at those rows. Every row id
+/// must lie below `carried.rows`: the packing kernel gives a word of 0 to
+/// any other, which a fold would then take for a value.
 fn upload_and_partition(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     keys: &[&[u64]],
     row_ids: Option<&[u64]>,
+    carried: Option<&CarriedValues<'_>>,
     plan: &RadixPlan,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PartitionedColumn> {
     let device_keys = upload_u64_pieces(device, stream, keys, timer)?;
     let rows: usize = keys.iter().map(|piece| piece.len()).sum();
-    let device_ids = match row_ids {
-        Some(ids) => {
-            if ids.len() != rows {
+    if let Some(ids) = row_ids {
+        if ids.len() != rows {
+            return Err(GpuError::Invalid(format!(
+                "{} row ids for {rows} keys",
+                ids.len(),
+            )));
+        }
+    }
+    let device_ids = match (row_ids, carried) {
+        (_, Some(carried)) => {
+            // Each key's row (its row id, or its place) must have a value.
+            if row_ids.is_none() && rows > carried.rows {
                 return Err(GpuError::Invalid(format!(
-                    "{} row ids for {rows} keys",
-                    ids.len(),
+                    "{rows} keys carrying the values of {} rows",
+                    carried.rows
                 )));
             }
-            upload_u64(device, stream, ids, timer)?
+            // Dropped (stream-ordered) once the words are packed, before
+            // the partitioning allocates its buffers.
+            let ids = row_ids
+                .map(|ids| upload_u64(device, stream, ids, timer))
+                .transpose()?;
+            // SAFETY: pack_carried_words writes every element.
+            let mut words =
+                unsafe { stream.alloc::<u64>(rows) }.during("allocating carried words")?;
+            timer.time(Phase::Kernel, || {
+                launch::pack_carried_words(
+                    device.kernels(),
+                    stream,
+                    device.sm_count(),
+                    &mut words,
+                    ids.as_ref(),
+                    carried.rows,
+                    carried.low,
+                    carried.high,
+                )
+            })?;
+            words
         }
-        None => {
+        (Some(ids), None) => upload_u64(device, stream, ids, timer)?,
+        (None, None) => {
             // SAFETY: iota writes every element.
             let mut ids = unsafe { stream.alloc::<u64>(rows) }.during("allocating row ids")?;
             timer.time(Phase::Kernel, || {
@@ -171,6 +207,30 @@ pub fn probe(
 pub struct PartitionedProbe {
     plan: RadixPlan,
     keys: PartitionedColumn,
+    /// Whether the keys carry values in place of row ids (see
+    /// [`partition_probe_carrying`]).
+    carries_values: bool,
+}
+
+impl PartitionedProbe {
+    /// Whether the keys carry values in place of row ids: such a chunk is
+    /// only folded ([`fold_partitioned`]), its pairs never written.
+    pub fn carries_values(&self) -> bool {
+        self.carries_values
+    }
+}
+
+/// The values a probe chunk carries through its partitioning in place of
+/// row ids (seed 002's GFTR), so that the folds of [`fold_partitioned`]
+/// read them where the keys are, not at random rows: one 8-byte column
+/// (`low`, [`CarriedSlot::Whole`](launch::CarriedSlot)), or one or two
+/// 4-byte columns (`low` and `high`, in each word's low and high half).
+/// Each column holds the chunk's `rows` values, indexed by row id.
+#[derive(Debug, Clone, Copy)]
+pub struct CarriedValues<'a> {
+    pub low: (&'a DeviceVec<u64>, ValueWidth),
+    pub high: Option<&'a DeviceVec<u64>>,
+    pub rows: usize,
 }
 
 /// Copies a chunk of probe keys to the device and partitions them by
@@ -188,7 +248,31 @@ pub fn partition_probe(
     }
     Ok(Some(PartitionedProbe {
         plan: plan.clone(),
-        keys: upload_and_partition(device, stream, keys, row_ids, plan, timer)?,
+        keys: upload_and_partition(device, stream, keys, row_ids, None, plan, timer)?,
+        carries_values: false,
+    }))
+}
+
+/// [`partition_probe`] carrying `carried`'s values in place of row ids:
+/// the chunk can then only be folded, by folds that find each probe-side
+/// value in its [`CarriedSlot`](launch::CarriedSlot) of the word. The
+/// caller keeps which column went to which slot.
+pub fn partition_probe_carrying(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: &[&[u64]],
+    row_ids: Option<&[u64]>,
+    carried: &CarriedValues<'_>,
+    plan: &RadixPlan,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Option<PartitionedProbe>> {
+    if keys.iter().all(|piece| piece.is_empty()) {
+        return Ok(None);
+    }
+    Ok(Some(PartitionedProbe {
+        plan: plan.clone(),
+        keys: upload_and_partition(device, stream, keys, row_ids, Some(carried), plan, timer)?,
+        carries_values: true,
     }))
 }
 
@@ -209,6 +293,11 @@ pub fn probe_partitioned(
     if probe.plan != table.plan {
         return Err(GpuError::Invalid(
             "probe keys partitioned by another plan than the build table's".into(),
+        ));
+    }
+    if probe.carries_values {
+        return Err(GpuError::Invalid(
+            "pairs written from probe keys that carry values, not row ids".into(),
         ));
     }
     let plan = table.plan();
@@ -355,8 +444,11 @@ pub struct FoldedPairs {
 /// `table` by `folds` (at most [`launch::MAX_JOIN_FOLDS`]) as the device
 /// finds them, without writing them out: an aggregation without `GROUP BY`
 /// over an inner join. Each fold reads its column at the row id its side's
-/// partitioning carried. One launch over every task, whatever the pair
-/// count, so no output buffer and no count beforehand.
+/// partitioning carried, or, where the probe keys carry values
+/// ([`partition_probe_carrying`]), a probe-side fold finds its value in
+/// its slot of the probe's word: then every probe-side fold must, and only
+/// they may. One launch over every task, whatever the pair count, so no
+/// output buffer and no count beforehand.
 pub fn fold_partitioned(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
@@ -376,6 +468,18 @@ pub fn fold_partitioned(
         return Err(GpuError::Invalid(
             "probe keys partitioned by another plan than the build table's".into(),
         ));
+    }
+    for fold in folds {
+        let carried = fold.carried.is_some();
+        let side_carries = fold.side == launch::PairSide::Probe && probe.carries_values;
+        if carried != side_carries {
+            return Err(GpuError::Invalid(format!(
+                "a {:?}-side fold {} a carried value where its side carries {}",
+                fold.side,
+                if carried { "reads" } else { "does not read" },
+                if side_carries { "values" } else { "row ids" },
+            )));
+        }
     }
     let plan = table.plan();
     let probe = &probe.keys;

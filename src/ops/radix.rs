@@ -40,7 +40,8 @@ impl RadixPlan {
 
     /// The plan for a join: enough partitions that an average build partition
     /// fits one shared-memory table, and that the probe side is spread over
-    /// enough partitions to fill the device.
+    /// enough partitions to fill the device. (Fewer passes of more bits were
+    /// slower: see `TABLE_CAPACITY` in `ptx/hash_join.cu`.)
     pub fn for_join(build_rows: u64, probe_rows_hint: u64) -> Self {
         let bits_for = |rows: u64, per_partition: u64| -> u32 {
             let partitions = rows.div_ceil(per_partition).max(1);
@@ -79,7 +80,9 @@ impl RadixPlan {
 pub struct PartitionedColumn {
     /// Keys ordered by partition id, stable within a partition.
     pub keys: DeviceVec<u64>,
-    /// Row ids moved with the keys.
+    /// Row ids moved with the keys (or, for a probe chunk partitioned by
+    /// `ops::hash_join::partition_probe_carrying`, the values carried in
+    /// their place).
     pub row_ids: DeviceVec<u64>,
     /// `starts[p]` is the first row of partition p; `starts[partitions]` = rows.
     pub starts: DeviceVec<u64>,

@@ -204,6 +204,18 @@ extensions_options! {
         /// `false` writes the pairs, then reduces them (the only way with
         /// more than four aggregated columns).
         pub fold_while_probing: bool, default = true
+        /// With `fold_while_probing`, partition each probe chunk's keys
+        /// with the values its folds read (one 8-byte column, or one or two
+        /// 4-byte ones) in place of row ids (seed 002's GFTR), so that the
+        /// folds read them in order beside the keys, not at random rows.
+        /// Only where the chunk's columns that go to the device all lie in
+        /// pinned memory: staged through the host, the chunk waits on the
+        /// host, not the device.
+        /// `EXPLAIN ANALYZE` counts the rows in `probe_rows_carrying_values`.
+        /// `false` carries row ids. (The build side's values, gathered into
+        /// the partitions' order once, gained nothing at seed 002's PK-FK
+        /// joins, so the build side carries row ids.)
+        pub carry_folded_values: bool, default = true
         /// Probe chunks that start device work on one device at once; the
         /// others wait, which bounds the device work in flight (device
         /// memory is bounded by `memory_fraction` either way). A chunk

@@ -545,6 +545,15 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
                 .chain(["SET gpu.fold_while_probing = false"])
                 .collect();
             let unfolded = gpu_context(mode, 4, &unfolded_settings).await;
+            let uncarried_settings: Vec<&str> = extra
+                .iter()
+                .copied()
+                .chain(["SET gpu.carry_folded_values = false"])
+                .collect();
+            // Over pinned copies of the tables, whose columns the probe
+            // keys carry, and the same with the option off.
+            let pinned = gpu_context(mode, 4, extra).await;
+            let uncarried = gpu_context(mode, 4, &uncarried_settings).await;
             register([&gpu, &cpu], r, s, 3, 4096).await;
             unfolded
                 .register_table("r", key_value_table(r, 11, 3, 4096))
@@ -552,8 +561,16 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
             unfolded
                 .register_table("s", key_value_table(s, 23, 3, 4096))
                 .unwrap();
+            let pinned_r = pinned_table(&key_value_table(r, 11, 3, 4096)).await;
+            let pinned_s = pinned_table(&key_value_table(s, 23, 3, 4096)).await;
+            for ctx in [&pinned, &uncarried] {
+                ctx.register_table("r", Arc::clone(&pinned_r) as _).unwrap();
+                ctx.register_table("s", Arc::clone(&pinned_s) as _).unwrap();
+            }
             assert_same_int64_rows(&gpu, &cpu, on_device, 1).await;
             assert_same_int64_rows(&unfolded, &cpu, on_device, 1).await;
+            assert_same_int64_rows(&pinned, &cpu, on_device, 1).await;
+            assert_same_int64_rows(&uncarried, &cpu, on_device, 1).await;
             let (_, _, plan) = run(&gpu, on_device).await;
             let shown = datafusion::physical_plan::displayable(plan.as_ref())
                 .indent(true)
@@ -581,6 +598,45 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
             // pair; with the option off, written out and reduced after.
             let folded = plan_metric(&plan, "pairs_folded_while_probing");
             assert_eq!(folded, join_rows, "{name}, {mode:?}: pairs folded");
+            // The probe side's folded column (its v, summed and maxed)
+            // went through the partitioning with the keys, in place of row
+            // ids, where it came from pinned memory (not through
+            // DataFusion's hash repartitions, whose batches are new ones);
+            // staged through the host, or with the option off, row ids did.
+            assert_eq!(
+                plan_metric(&plan, "probe_rows_carrying_values"),
+                0,
+                "{name}, {mode:?}: staged values carried"
+            );
+            let (_, _, pinned_plan) = run(&pinned, on_device).await;
+            let pinned_folded = plan_metric(&pinned_plan, "pairs_folded_while_probing");
+            assert_eq!(
+                pinned_folded, join_rows,
+                "{name}, {mode:?}: pinned pairs folded"
+            );
+            let carrying = plan_metric(&pinned_plan, "probe_rows_carrying_values");
+            if mode == JoinMode::PartitionedKept {
+                assert_eq!(
+                    carrying, 0,
+                    "{name}, {mode:?}: repartitioned values carried"
+                );
+            } else if pinned_folded > 0 {
+                assert!(
+                    carrying > 0,
+                    "{name}, {mode:?}: no pinned probe row carried values"
+                );
+            }
+            let (_, _, uncarried_plan) = run(&uncarried, on_device).await;
+            assert_eq!(
+                plan_metric(&uncarried_plan, "probe_rows_carrying_values"),
+                0,
+                "{name}, {mode:?}: values carried with the option off"
+            );
+            assert_eq!(
+                plan_metric(&uncarried_plan, "pairs_folded_while_probing"),
+                join_rows,
+                "{name}, {mode:?}: pairs folded with values not carried"
+            );
             let (_, _, unfolded_plan) = run(&unfolded, on_device).await;
             assert_eq!(
                 plan_metric(&unfolded_plan, "pairs_folded_while_probing"),
@@ -662,6 +718,12 @@ async fn aggregates_in_the_join_over_four_byte_columns() {
     let on_device = "SELECT sum(x.i), min(x.i), max(y.i), sum(y.u), min(x.u), max(y.u), \
                      min(x.d), max(y.d), count(*) FROM x JOIN y ON x.k = y.k";
     let on_host = "SELECT sum(x.h), max(y.i), count(*) FROM x JOIN y ON x.k = y.k";
+    // Three folds while the hash join probes: the probe side's two 4-byte
+    // columns travel through the partitioning in the two halves of the
+    // words its keys carry (over pinned tables); each side's key column is
+    // counted, which needs it on the device but neither folded nor carried.
+    let folded = "SELECT sum(x.i), min(y.i), max(y.u), count(x.k), count(y.k), count(*) \
+                  FROM x JOIN y ON x.k = y.k";
     // (join, its operator, settings, modes: DataFusion plans a sort-merge
     // join only over hash partitions)
     let joins: [(&str, &str, &[&str], &[JoinMode]); 2] = [
@@ -681,7 +743,10 @@ async fn aggregates_in_the_join_over_four_byte_columns() {
                 ctx.register_table("x", make(1)).unwrap();
                 ctx.register_table("y", make(2)).unwrap();
             }
-            for (sql, reduced_on_device) in [(on_device, true), (on_host, false)] {
+            // (query, reduced on the device, its count(*) column)
+            for (sql, reduced_on_device, count_column) in
+                [(on_device, true, 8), (on_host, false, 2), (folded, true, 5)]
+            {
                 let (gpu_batches, gpu_nodes, plan) = run_counting(&gpu, sql, operator).await;
                 let (cpu_batches, _, _) = run(&cpu, sql).await;
                 assert!(
@@ -695,23 +760,67 @@ async fn aggregates_in_the_join_over_four_byte_columns() {
                 );
                 let reduced = plan_metric(&plan, "rows_aggregated_on_device");
                 if reduced_on_device {
-                    let count = cpu_batches[0].column(8).as_primitive::<Int64Type>();
+                    let count = cpu_batches[0]
+                        .column(count_column)
+                        .as_primitive::<Int64Type>();
                     let pairs = count.value(0) as usize;
                     assert!(pairs > 100_000, "{join}, {mode:?}: {pairs} pairs");
                     assert_eq!(
                         reduced, pairs,
                         "{join}, {mode:?}: the pairs were not all reduced on the device"
                     );
-                    // Eight aggregated columns: more than the hash join
-                    // folds while probing, so its pairs were written out.
+                    let folded_pairs = plan_metric(&plan, "pairs_folded_while_probing");
+                    // The tables' columns are staged through the host: the
+                    // probe keys carry row ids (see the pinned run below).
+                    let carrying = plan_metric(&plan, "probe_rows_carrying_values");
                     assert_eq!(
-                        plan_metric(&plan, "pairs_folded_while_probing"),
-                        0,
-                        "{join}, {mode:?}: eight folds while probing"
+                        carrying, 0,
+                        "{join}, {mode:?}: {sql}: staged values carried"
                     );
+                    if sql == folded && operator == "HashJoinExec" {
+                        assert_eq!(folded_pairs, pairs, "{join}, {mode:?}: {sql}");
+                    } else {
+                        // Eight aggregated columns: more than the hash
+                        // join folds while probing, so its pairs were
+                        // written out (as the sort-merge join's always
+                        // are).
+                        assert_eq!(folded_pairs, 0, "{join}, {mode:?}: {sql}: folded");
+                    }
                 } else {
                     assert_eq!(reduced, 0, "{join}, {mode:?}: an Int16 sum on the device");
                 }
+            }
+            // Over pinned copies the hash join's probe keys carry its two
+            // 4-byte columns (or the one, by the side the planner probes
+            // with) in the halves of their words, but through DataFusion's
+            // hash repartitions, whose batches are new ones.
+            if operator == "HashJoinExec" {
+                let pinned = gpu_context(mode, 4, extra).await;
+                pinned
+                    .register_table("x", pinned_table(&make(1)).await)
+                    .unwrap();
+                pinned
+                    .register_table("y", pinned_table(&make(2)).await)
+                    .unwrap();
+                let (gpu_batches, _, plan) = run(&pinned, folded).await;
+                let (cpu_batches, _, _) = run(&cpu, folded).await;
+                assert_eq!(
+                    string_rows(&gpu_batches),
+                    string_rows(&cpu_batches),
+                    "{join}, {mode:?}, pinned: {folded}"
+                );
+                let count = cpu_batches[0].column(5).as_primitive::<Int64Type>();
+                assert_eq!(
+                    plan_metric(&plan, "pairs_folded_while_probing"),
+                    count.value(0) as usize,
+                    "{join}, {mode:?}, pinned: pairs folded"
+                );
+                let carrying = plan_metric(&plan, "probe_rows_carrying_values");
+                assert_eq!(
+                    carrying > 0,
+                    mode != JoinMode::PartitionedKept,
+                    "{join}, {mode:?}, pinned: {carrying} probe rows carried values"
+                );
             }
         }
     }

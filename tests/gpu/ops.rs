@@ -328,6 +328,7 @@ fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
                 read: GatheredValues::Eight,
                 op: FoldOp::Words(AggregateOp::Sum),
                 flip: 0,
+                carried: None,
             },
             JoinFold {
                 side: PairSide::Probe,
@@ -336,6 +337,7 @@ fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
                 read: GatheredValues::FourSigned,
                 op: FoldOp::Words(AggregateOp::Min),
                 flip: sign,
+                carried: None,
             },
             JoinFold {
                 side: PairSide::Probe,
@@ -344,6 +346,7 @@ fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
                 read: GatheredValues::FourUnsigned,
                 op: FoldOp::Words(AggregateOp::Max),
                 flip: 0,
+                carried: None,
             },
             JoinFold {
                 side: PairSide::Build,
@@ -352,6 +355,7 @@ fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
                 read: GatheredValues::Eight,
                 op: FoldOp::SumF64,
                 flip: 0,
+                carried: None,
             },
         ];
         let pairs = reference_join(&build, &probe);
@@ -405,6 +409,262 @@ fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
             &mut timer
         )
         .is_err());
+    }
+}
+
+/// Probe keys partitioned carrying values in place of row ids (seed 002's
+/// GFTR): folds that find their probe values in the carried words match
+/// folds of the reference pairs, for two 4-byte columns in the two halves
+/// of a word and for one 8-byte column in the whole word, with the keys of
+/// every row and with the keys of every third row only (row ids given);
+/// a fold that reads the wrong way, and pairs written from carried words,
+/// are refused.
+#[test]
+fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
+    use launch::{AggregateOp, CarriedSlot, FoldOp, GatheredValues, JoinFold, PairSide};
+    let Some(device) = device("probe_keys_carrying_values_fold_as_the_reference_pairs") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let uniform = (
+        random_keys(100_000, 150_000, 51),
+        random_keys(300_000, 150_000, 52),
+    );
+    let mut repeated = (vec![42u64; 5000], vec![42u64; 300]);
+    repeated.0.extend(random_keys(3000, 1 << 40, 53));
+    repeated.1.extend(random_keys(3000, 1 << 40, 54));
+    let mut heavy = (vec![42u64; 3], vec![42u64; 200_000]);
+    heavy.0.extend(random_keys(20_000, 1 << 20, 55));
+    heavy.1.extend(random_keys(50_000, 1 << 20, 56));
+    let no_match = (random_keys(10_000, 1 << 20, 57), vec![1u64 << 40; 5000]);
+    let sign = 1u64 << 63;
+    for (name, (build, probe)) in [
+        ("uniform", uniform),
+        ("repeated", repeated),
+        ("heavy", heavy),
+        ("no match", no_match),
+    ] {
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let build_words = random_keys(build.len(), u64::MAX, 61);
+        // Probe values by row: two 4-byte columns and an 8-byte one.
+        let low_raw: Vec<u32> = random_keys(probe.len(), 1 << 32, 62)
+            .iter()
+            .map(|&v| v as u32)
+            .collect();
+        let high_raw: Vec<u32> = random_keys(probe.len(), 1 << 32, 63)
+            .iter()
+            .map(|&v| v as u32)
+            .collect();
+        let probe_words = random_keys(probe.len(), u64::MAX, 64);
+        let bytes =
+            |values: &[u32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let device_build = upload_u64(&device, stream, &build_words, &mut timer).unwrap();
+        let device_low =
+            upload_byte_pieces(&device, stream, &[&bytes(&low_raw)], &mut timer).unwrap();
+        let device_high =
+            upload_byte_pieces(&device, stream, &[&bytes(&high_raw)], &mut timer).unwrap();
+        let device_words = upload_u64(&device, stream, &probe_words, &mut timer).unwrap();
+        let fold = |side, values, rows, read, op, flip, carried| JoinFold {
+            side,
+            values,
+            rows,
+            read,
+            op,
+            flip,
+            carried,
+        };
+        let halves = [
+            fold(
+                PairSide::Build,
+                &device_build,
+                build.len(),
+                GatheredValues::Eight,
+                FoldOp::Words(AggregateOp::Sum),
+                0,
+                None,
+            ),
+            fold(
+                PairSide::Probe,
+                &device_low,
+                probe.len(),
+                GatheredValues::FourSigned,
+                FoldOp::Words(AggregateOp::Min),
+                sign,
+                Some(CarriedSlot::Low),
+            ),
+            fold(
+                PairSide::Probe,
+                &device_high,
+                probe.len(),
+                GatheredValues::FourUnsigned,
+                FoldOp::Words(AggregateOp::Max),
+                0,
+                Some(CarriedSlot::High),
+            ),
+            fold(
+                PairSide::Probe,
+                &device_low,
+                probe.len(),
+                GatheredValues::FourUnsigned,
+                FoldOp::Words(AggregateOp::Sum),
+                0,
+                Some(CarriedSlot::Low),
+            ),
+        ];
+        let whole = [
+            fold(
+                PairSide::Probe,
+                &device_words,
+                probe.len(),
+                GatheredValues::Eight,
+                FoldOp::Words(AggregateOp::Sum),
+                0,
+                Some(CarriedSlot::Whole),
+            ),
+            fold(
+                PairSide::Probe,
+                &device_words,
+                probe.len(),
+                GatheredValues::Eight,
+                FoldOp::Words(AggregateOp::Min),
+                0,
+                Some(CarriedSlot::Whole),
+            ),
+        ];
+        let plan = RadixPlan::for_join(build.len() as u64, probe.len() as u64);
+        let table =
+            DeviceBuildTable::build(&device, stream, &[&build], None, plan, &mut timer).unwrap();
+        // Every row's key, then every third row's key with its row id.
+        let every_third: Vec<u64> = (0..probe.len() as u64).step_by(3).collect();
+        let third_keys: Vec<u64> = every_third.iter().map(|&i| probe[i as usize]).collect();
+        for (rows_name, keys, row_ids) in [
+            ("every row", probe.clone(), None),
+            ("every third row", third_keys, Some(&every_third[..])),
+        ] {
+            let ids: Vec<u64> = match row_ids {
+                Some(ids) => ids.to_vec(),
+                None => (0..keys.len() as u64).collect(),
+            };
+            let build_ids: Vec<u64> = (0..build.len() as u64).collect();
+            let pairs = hash_join::reference::hash_join(&build, &build_ids, &keys, &ids);
+            let what = format!("{name}, {rows_name}");
+            let (mut sum, mut min, mut max, mut low_sum) = (0u64, u64::MAX, 0u64, 0u64);
+            let (mut words_sum, mut words_min) = (0u64, u64::MAX);
+            for &(b, p) in &pairs {
+                let p = p as usize;
+                sum = sum.wrapping_add(build_words[b as usize]);
+                min = min.min((low_raw[p] as i32 as i64 as u64) ^ sign);
+                max = max.max(high_raw[p] as u64);
+                low_sum = low_sum.wrapping_add(low_raw[p] as u64);
+                words_sum = words_sum.wrapping_add(probe_words[p]);
+                words_min = words_min.min(probe_words[p]);
+            }
+            let identities = |folds: &[JoinFold<'_>]| -> Vec<u64> {
+                folds.iter().map(|fold| fold.op.identity()).collect()
+            };
+            let (expected_halves, expected_whole) = match pairs.is_empty() {
+                true => (identities(&halves), identities(&whole)),
+                false => (vec![sum, min, max, low_sum], vec![words_sum, words_min]),
+            };
+            for (folds, carried, expected) in [
+                (
+                    &halves[..],
+                    hash_join::CarriedValues {
+                        low: (&device_low, ValueWidth::Four),
+                        high: Some(&device_high),
+                        rows: probe.len(),
+                    },
+                    &expected_halves,
+                ),
+                (
+                    &whole[..],
+                    hash_join::CarriedValues {
+                        low: (&device_words, ValueWidth::Eight),
+                        high: None,
+                        rows: probe.len(),
+                    },
+                    &expected_whole,
+                ),
+            ] {
+                let partitioned = hash_join::partition_probe_carrying(
+                    &device,
+                    stream,
+                    &[&keys],
+                    row_ids,
+                    &carried,
+                    table.plan(),
+                    &mut timer,
+                )
+                .unwrap()
+                .unwrap();
+                assert!(partitioned.carries_values());
+                let folded = hash_join::fold_partitioned(
+                    &device,
+                    stream,
+                    &table,
+                    &partitioned,
+                    folds,
+                    &mut timer,
+                )
+                .unwrap();
+                assert_eq!(folded.pairs, pairs.len() as u64, "{what}: pairs");
+                assert_eq!(&folded.words, expected, "{what}: words");
+                // A probe fold that reads by row id finds no row id there.
+                let by_row: Vec<JoinFold<'_>> = folds
+                    .iter()
+                    .map(|fold| JoinFold {
+                        carried: None,
+                        ..*fold
+                    })
+                    .collect();
+                assert!(hash_join::fold_partitioned(
+                    &device,
+                    stream,
+                    &table,
+                    &partitioned,
+                    &by_row,
+                    &mut timer
+                )
+                .is_err());
+                // Nor may its pairs be written: they would name no rows.
+                assert!(hash_join::probe_partitioned(
+                    &device,
+                    stream,
+                    &table,
+                    &partitioned,
+                    1 << 20,
+                    &mut timer,
+                    |_, _| Ok(())
+                )
+                .is_err());
+                // The same folds by row id over keys that carry row ids.
+                let by_id = hash_join::partition_probe(
+                    &device,
+                    stream,
+                    &[&keys],
+                    row_ids,
+                    table.plan(),
+                    &mut timer,
+                )
+                .unwrap()
+                .unwrap();
+                let folded_by_id = hash_join::fold_partitioned(
+                    &device, stream, &table, &by_id, &by_row, &mut timer,
+                )
+                .unwrap();
+                assert_eq!(folded_by_id, folded, "{what}: by row id");
+                assert!(hash_join::fold_partitioned(
+                    &device, stream, &table, &by_id, folds, &mut timer
+                )
+                .is_err());
+            }
+            if name != "no match" {
+                assert!(pairs.len() >= 30_000, "{what}: {} pairs", pairs.len());
+            }
+        }
+        timer.finish().unwrap();
     }
 }
 

@@ -525,6 +525,7 @@ impl ExecutionPlan for GpuHashJoinExec {
             device,
             max_output_pairs: options.max_output_pairs,
             fold_while_probing: options.fold_while_probing,
+            carry_folded_values: options.carry_folded_values,
             memory_fraction: options.memory_fraction,
             max_concurrent_tasks: options.max_concurrent_tasks,
             host_threads,

@@ -65,6 +65,7 @@ pub struct Kernels {
     hash_join_count: CudaFunction,
     hash_join_write: CudaFunction,
     hash_join_fold: CudaFunction,
+    pack_carried_words: CudaFunction,
     fill_u64: CudaFunction,
     group_insert: CudaFunction,
     /// One per fold count, 1 to [`MAX_TABLE_FOLDS`].
@@ -122,6 +123,7 @@ impl Kernels {
             hash_join_count: function(&join, "hash_join_count")?,
             hash_join_write: function(&join, "hash_join_write")?,
             hash_join_fold: function(&join, "hash_join_fold")?,
+            pack_carried_words: function(&join, "pack_carried_words")?,
             fill_u64: function(&group_by, "fill_u64")?,
             group_insert: function(&group_by, "group_insert")?,
             group_insert_fold: [
@@ -382,7 +384,8 @@ pub fn partition_bounds(
 pub struct PartitionedSide<'a> {
     /// Keys ordered by partition.
     pub keys: &'a CudaSlice<u64>,
-    /// Row ids in the same order.
+    /// Row ids in the same order (or the words a probe side carries in
+    /// their place, see [`pack_carried_words`]).
     pub row_ids: &'a CudaSlice<u64>,
     /// 2^partition_bits + 1 partition starts.
     pub starts: &'a CudaSlice<u64>,
@@ -599,9 +602,34 @@ impl FoldOp {
     }
 }
 
+/// Where a fold finds its value in the word its side carried through the
+/// partitioning in place of a row id (seed 002's GFTR; see
+/// [`pack_carried_words`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CarriedSlot {
+    /// The word is the 8-byte value.
+    Whole,
+    /// The 4-byte value in the word's low half.
+    Low,
+    /// The 4-byte value in the word's high half.
+    High,
+}
+
+impl CarriedSlot {
+    /// The width of the value the slot holds.
+    pub fn width(self) -> ValueWidth {
+        match self {
+            CarriedSlot::Whole => ValueWidth::Eight,
+            CarriedSlot::Low | CarriedSlot::High => ValueWidth::Four,
+        }
+    }
+}
+
 /// One aggregate [`hash_join_fold`] folds over the pairs: `op` over
 /// `values[id] ^ flip`, where `id` is the pair's row of `side` and
-/// `values` holds the column's `rows` values packed in words.
+/// `values` holds the column's `rows` values packed in words. Where its
+/// side carried its values in place of row ids, `carried` says where the
+/// value lies in the side's word, and `values` is not read.
 #[derive(Debug, Clone, Copy)]
 pub struct JoinFold<'a> {
     pub side: PairSide,
@@ -610,6 +638,7 @@ pub struct JoinFold<'a> {
     pub read: GatheredValues,
     pub op: FoldOp,
     pub flip: u64,
+    pub carried: Option<CarriedSlot>,
 }
 
 impl JoinFold<'_> {
@@ -618,9 +647,14 @@ impl JoinFold<'_> {
         let width = self.read.width().bytes() as u64;
         let sign_extend = u64::from(self.read == GatheredValues::FourSigned) << 8;
         let probe_side = u64::from(self.side == PairSide::Probe) << 9;
+        let carried = match self.carried {
+            None => 0,
+            Some(CarriedSlot::Whole | CarriedSlot::Low) => 1 << 10,
+            Some(CarriedSlot::High) => (1 << 10) | (1 << 11),
+        };
         [
             self.rows as u64,
-            width | sign_extend | probe_side | (self.op.code() << 16),
+            width | sign_extend | probe_side | carried | (self.op.code() << 16),
             self.flip,
         ]
     }
@@ -668,6 +702,18 @@ pub fn hash_join_fold(
         fold.read
             .width()
             .check_source(fold.values, fold.rows, "fold source")?;
+        if let Some(slot) = fold.carried {
+            // Only a probe side's keys carry values (the build's, row ids).
+            if fold.side != PairSide::Probe {
+                return Err(GpuError::Invalid("a carried build-side fold".into()));
+            }
+            if slot.width() != fold.read.width() {
+                return Err(GpuError::Invalid(format!(
+                    "a fold of {}-byte values carried in a {slot:?} slot",
+                    fold.read.width().bytes()
+                )));
+            }
+        }
     }
     check_len(specs, 3 * folds.len(), "fold specs")?;
     check_len(out, 1 + folds.len(), "fold output")?;
@@ -687,10 +733,74 @@ pub fn hash_join_fold(
     // SAFETY: starts bound every key access and a task list lies within the
     // probe side's partitions (as for hash_join_count); each fold reads its
     // source only at a row id below its `rows`, which the checks above put
-    // within the source's words, at its width; the kernel reads specs[..3 *
+    // within the source's words, at its width (a carried fold reads no
+    // source: its value is in the side's word); the kernel reads specs[..3 *
     // folds] and writes only out[..1 + folds], both checked; sources past
     // `folds` are null and never read.
     unsafe { launch.launch(config(join_blocks(range.end - range.start, sm_count))?) }
         .during("launching hash_join_fold")?;
+    Ok(())
+}
+
+/// `pack_carried_words`: the words a side carries through its partitioning
+/// in place of row ids, so that a join's folds read their values where the
+/// keys are, not at random rows (seed 002's GFTR; [`CarriedSlot`]). For
+/// each `i < out.len()`, with `id = row_ids[i]` (or `i` without row ids),
+/// `out[i]` is `low`'s value at `id` (8-byte `low`), or `low`'s 4-byte value
+/// in the low half and `high`'s (when given, 4-byte) in the high half. Both
+/// hold `rows` values; an id at or past `rows` gives 0.
+#[allow(clippy::too_many_arguments)]
+pub fn pack_carried_words(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    out: &mut CudaSlice<u64>,
+    row_ids: Option<&CudaSlice<u64>>,
+    rows: usize,
+    low: (&CudaSlice<u64>, ValueWidth),
+    high: Option<&CudaSlice<u64>>,
+) -> GpuResult<()> {
+    let n = out.len() as u64;
+    let (low, low_width) = low;
+    match (low_width, high.is_some()) {
+        (ValueWidth::Eight, false) | (ValueWidth::Four, _) => {}
+        _ => {
+            return Err(GpuError::Invalid(format!(
+                "carried words of a {}-byte value{}",
+                low_width.bytes(),
+                if high.is_some() { " and another" } else { "" }
+            )))
+        }
+    }
+    low_width.check_source(low, rows, "carried low values")?;
+    if let Some(high) = high {
+        ValueWidth::Four.check_source(high, rows, "carried high values")?;
+    }
+    if let Some(ids) = row_ids {
+        check_len(ids, n as usize, "carried row ids")?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    const NONE: u64 = 0;
+    let rows = rows as u64;
+    let low_bytes = low_width.bytes() as u32;
+    let mut launch = stream.launch_builder(&kernels.pack_carried_words);
+    launch.arg(&mut *out).arg(&n);
+    match row_ids {
+        Some(ids) => launch.arg(ids),
+        None => launch.arg(&NONE),
+    };
+    launch.arg(&rows).arg(low).arg(&low_bytes);
+    match high {
+        Some(high) => launch.arg(high),
+        None => launch.arg(&NONE),
+    };
+    // SAFETY: writes out[..n] with n = out.len(); reads row_ids[..n] (length
+    // checked) and the sources only at ids below `rows`, which the checks
+    // above put within their words at their widths; a null high is never
+    // read.
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching pack_carried_words")?;
     Ok(())
 }
