@@ -58,7 +58,8 @@ __device__ void build_table(SharedTable& table, const u64* build_keys, u64 begin
     for (u32 j = threadIdx.x; j < len; j += BLOCK_THREADS) {
         const u64 key = build_keys[begin + j];
         table.keys[j] = key;
-        table.next[j] = (unsigned short)atomicExch(&table.heads[table_slot(key, partition_bits)], j);
+        table.next[j] =
+            (unsigned short)atomicExch(&table.heads[table_slot(key, partition_bits)], j);
     }
     __syncthreads();
 }
@@ -177,8 +178,9 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
 // else zero-extended; bit 9: read by the probe row, else the build row;
 // bits 10-11: FOLD_CARRIED and FOLD_HIGH_HALF, below; bits 16-23: the op:
 // OP_SUM, OP_MIN, OP_MAX or FOLD_F64_SUM) and the word XORed into every
-// value (the sign bit, so that signed values compare as unsigned words). out holds each fold's identity on entry (0.0 for a float
-// sum, 0 for out[0]).
+// value (the sign bit, so that signed values compare as unsigned words).
+// out holds each fold's identity on entry (0.0 for a float sum, 0 for
+// out[0]).
 #define MAX_JOIN_FOLDS 4
 
 #define FOLD_SIGN_EXTEND (1u << 8)
