@@ -13,7 +13,7 @@
 //!                                      [--partitioned] [--pinned] [--set gpu.KEY=VALUE ...]
 //!                                      [--pinned-ab gpu.KEY=A,B (with --pinned)]
 //!     cargo bench --bench gpu_join -- --seeds [rt1,b10,...] [--log2-rows 24]
-//!                                      [--set gpu.KEY=VALUE ...]
+//!                                      [--check-only] [--pinned] [--set gpu.KEY=VALUE ...]
 //!     cargo bench --bench gpu_join -- --sort-merge [--log2-rows 24] [--runs 5]
 //!                                      [--set gpu.KEY=VALUE ...] [--pinned]
 //!

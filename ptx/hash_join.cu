@@ -21,6 +21,13 @@
 // that partition's rows, so a heavy partition is spread over many blocks,
 // each loading the same build partition. Without a list (null pointers),
 // task t is partition t with all its probe rows.
+//
+// A side may be one word a row (`layouts`: BUILD_ONE_WORD, PROBE_ONE_WORD;
+// see `radix_partition.cu`): its keys array then holds the key in each
+// word's low half and the row's word (its row id, or a carried 4-byte
+// value) in the high half, and its ids array is null. The shared-memory
+// table keeps a build row's whole word, so a one-word build side's row id
+// is read from shared memory, not again from its partition.
 #include "common.cuh"
 #include "fold.cuh"
 
@@ -39,7 +46,22 @@
 #define EMPTY_SLOT 0xffffu
 static_assert(TABLE_CAPACITY < EMPTY_SLOT, "a row index fits a 16-bit link");
 
+#define BUILD_ONE_WORD 1u
+#define PROBE_ONE_WORD 2u
+
+// The mask that leaves a side's key of its word.
+__device__ __forceinline__ u64 key_mask(bool one_word) {
+    return one_word ? 0xffffffffULL : ~0ULL;
+}
+
+// The row's word of a side: its row id (or the values carried in its place)
+// from the ids array, or the high half of a one-word row.
+__device__ __forceinline__ u64 row_word(bool one_word, u64 key_word, const u64* ids, u64 i) {
+    return one_word ? key_word >> 32 : ids[i];
+}
+
 struct SharedTable {
+    // The build rows' key words (with a one-word side, key and row id).
     u64 keys[TABLE_CAPACITY];
     unsigned short next[TABLE_CAPACITY];
     u32 heads[TABLE_SLOTS];
@@ -49,17 +71,18 @@ __device__ __forceinline__ u32 table_slot(u64 key, u32 partition_bits) {
     return (u32)(mix64(key) >> partition_bits) & (TABLE_SLOTS - 1);
 }
 
-// Loads build keys [begin, begin + len) into the table. Block-wide; ends with
-// a barrier so the table is complete for every thread.
-__device__ void build_table(SharedTable& table, const u64* build_keys, u64 begin, u32 len,
-                            u32 partition_bits) {
+// Loads build key words [begin, begin + len) into the table, each chained
+// under its key (the word & build_mask). Block-wide; ends with a barrier so
+// the table is complete for every thread.
+__device__ void build_table(SharedTable& table, const u64* build_keys, u64 build_mask, u64 begin,
+                            u32 len, u32 partition_bits) {
     for (u32 s = threadIdx.x; s < TABLE_SLOTS; s += BLOCK_THREADS) table.heads[s] = EMPTY_SLOT;
     __syncthreads();
     for (u32 j = threadIdx.x; j < len; j += BLOCK_THREADS) {
-        const u64 key = build_keys[begin + j];
-        table.keys[j] = key;
-        table.next[j] =
-            (unsigned short)atomicExch(&table.heads[table_slot(key, partition_bits)], j);
+        const u64 word = build_keys[begin + j];
+        table.keys[j] = word;
+        table.next[j] = (unsigned short)atomicExch(
+            &table.heads[table_slot(word & build_mask, partition_bits)], j);
     }
     __syncthreads();
 }
@@ -70,26 +93,32 @@ __device__ void build_table(SharedTable& table, const u64* build_keys, u64 begin
 // slot from the block's `cursor` and writes its (build id, probe id) pair.
 // Block-wide: every thread must call it with the same partition.
 template <bool COUNT_ONLY>
-__device__ u64 join_partition(SharedTable& table, const u64* build_keys, const u64* build_ids,
-                              u64 build_begin, u64 build_end, const u64* probe_keys,
-                              const u64* probe_ids, u64 probe_begin, u64 probe_end,
-                              u32 partition_bits, unsigned long long* cursor,
+__device__ u64 join_partition(SharedTable& table, u32 layouts, const u64* build_keys,
+                              const u64* build_ids, u64 build_begin, u64 build_end,
+                              const u64* probe_keys, const u64* probe_ids, u64 probe_begin,
+                              u64 probe_end, u32 partition_bits, unsigned long long* cursor,
                               u64* out_build_ids, u64* out_probe_ids) {
     u64 matches = 0;
     if (probe_end <= probe_begin) return 0;
+    const bool build_one_word = layouts & BUILD_ONE_WORD;
+    const bool probe_one_word = layouts & PROBE_ONE_WORD;
+    const u64 build_mask = key_mask(build_one_word);
+    const u64 probe_mask = key_mask(probe_one_word);
     for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
         const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
-        build_table(table, build_keys, chunk, len, partition_bits);
+        build_table(table, build_keys, build_mask, chunk, len, partition_bits);
         for (u64 i = probe_begin + threadIdx.x; i < probe_end; i += BLOCK_THREADS) {
-            const u64 key = probe_keys[i];
+            const u64 probe_word = probe_keys[i];
+            const u64 key = probe_word & probe_mask;
             for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT; j = table.next[j]) {
-                if (table.keys[j] != key) continue;
+                const u64 build_word = table.keys[j];
+                if ((build_word & build_mask) != key) continue;
                 if (COUNT_ONLY) {
                     ++matches;
                 } else {
                     const u64 pos = atomicAdd(cursor, 1ULL);
-                    out_build_ids[pos] = build_ids[chunk + j];
-                    out_probe_ids[pos] = probe_ids[i];
+                    out_build_ids[pos] = row_word(build_one_word, build_word, build_ids, chunk + j);
+                    out_probe_ids[pos] = row_word(probe_one_word, probe_word, probe_ids, i);
                 }
             }
         }
@@ -113,21 +142,23 @@ __device__ __forceinline__ JoinTask join_task(u64 t, const u64* probe_starts,
 }
 
 // Launch: any grid (grid-stride over tasks [task_begin, task_end)), block =
-// BLOCK_THREADS, static shared memory only. `*_starts` hold
+// BLOCK_THREADS, static shared memory only. `layouts` says which sides are
+// one word a row (their ids arrays null, see the header). `*_starts` hold
 // 2^partition_bits + 1 entries; with a task list, `task_partitions` holds a
 // partition id per task and `task_probe_starts` one more entry than tasks.
 // Writes match_counts[t] for every t in range.
 extern "C" __global__ void hash_join_count(const u64* build_keys, const u64* build_starts,
                                            const u64* probe_keys, const u64* probe_starts,
                                            const u64* task_partitions,
-                                           const u64* task_probe_starts, u32 partition_bits,
-                                           u64 task_begin, u64 task_end, u64* match_counts) {
+                                           const u64* task_probe_starts, u32 layouts,
+                                           u32 partition_bits, u64 task_begin, u64 task_end,
+                                           u64* match_counts) {
     __shared__ SharedTable table;
     __shared__ u64 scratch[WARPS_PER_BLOCK];
     for (u64 t = task_begin + blockIdx.x; t < task_end; t += gridDim.x) {
         const JoinTask task = join_task(t, probe_starts, task_partitions, task_probe_starts);
         const u64 matches = join_partition<true>(
-            table, build_keys, nullptr, build_starts[task.partition],
+            table, layouts, build_keys, nullptr, build_starts[task.partition],
             build_starts[task.partition + 1], probe_keys, nullptr, task.probe_begin,
             task.probe_end, partition_bits, nullptr, nullptr, nullptr);
         const u64 total = block_sum_u64(matches, scratch);
@@ -144,8 +175,8 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
                                            const u64* build_starts, const u64* probe_keys,
                                            const u64* probe_ids, const u64* probe_starts,
                                            const u64* task_partitions,
-                                           const u64* task_probe_starts, u32 partition_bits,
-                                           u64 task_begin, u64 task_end,
+                                           const u64* task_probe_starts, u32 layouts,
+                                           u32 partition_bits, u64 task_begin, u64 task_end,
                                            const u64* match_offsets, u64 output_base,
                                            u64* out_build_ids, u64* out_probe_ids) {
     __shared__ SharedTable table;
@@ -154,7 +185,7 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
         const JoinTask task = join_task(t, probe_starts, task_partitions, task_probe_starts);
         if (threadIdx.x == 0) cursor = match_offsets[t] - output_base;
         __syncthreads();
-        join_partition<false>(table, build_keys, build_ids, build_starts[task.partition],
+        join_partition<false>(table, layouts, build_keys, build_ids, build_starts[task.partition],
                               build_starts[task.partition + 1], probe_keys, probe_ids,
                               task.probe_begin, task.probe_end, partition_bits, &cursor,
                               out_build_ids, out_probe_ids);
@@ -182,6 +213,11 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
 // out holds each fold's identity on entry (0.0 for a float sum, 0 for
 // out[0]).
 #define MAX_JOIN_FOLDS 4
+// Blocks of hash_join_fold a multiprocessor must hold: at most 85
+// registers a thread. Without the bound the one-word layouts took it from
+// 72 to 92 registers and two blocks, which slowed the fold by about a sixth
+// on an H100; four blocks (64 registers) spill.
+#define FOLD_BLOCKS_PER_SM 3
 
 #define FOLD_SIGN_EXTEND (1u << 8)
 #define FOLD_PROBE_SIDE (1u << 9)
@@ -237,14 +273,32 @@ extern "C" __global__ void pack_carried_words(u64* out, u64 n, const u64* row_id
     }
 }
 
+// Makes one-word rows in place (see the header): for i < n, keys[i] keeps
+// its low half, the key (below 2^32), and takes in its high half its row's
+// word: the row id id = row_ids[i] (or i where row_ids is null), or, with
+// `values`, the 4-byte value values[id] (0 for an id at or past `rows`; the
+// host never makes one), the word a fold then reads in its low slot.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride loop).
+extern "C" __global__ void pack_key_words(u64* keys, u64 n, const u64* row_ids, u64 rows,
+                                          const u32* values) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 id = row_ids ? row_ids[i] : i;
+        const u64 word = values ? (id < rows ? (u64)values[id] : 0) : id;
+        keys[i] = (keys[i] & 0xffffffffULL) | (word << 32);
+    }
+}
+
 // Launch: as hash_join_count, with folds <= MAX_JOIN_FOLDS and src_f a
 // column for each fold f below `folds` (the others are never read).
-extern "C" __global__ void hash_join_fold(const u64* build_keys, const u64* build_ids,
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, FOLD_BLOCKS_PER_SM)
+hash_join_fold(const u64* build_keys, const u64* build_ids,
                                           const u64* build_starts, const u64* probe_keys,
                                           const u64* probe_ids, const u64* probe_starts,
                                           const u64* task_partitions,
-                                          const u64* task_probe_starts, u32 partition_bits,
-                                          u64 task_begin, u64 task_end, u32 folds,
+                                          const u64* task_probe_starts, u32 layouts,
+                                          u32 partition_bits, u64 task_begin, u64 task_end,
+                                          u32 folds,
                                           const u64* specs, const void* src0,
                                           const void* src1, const void* src2, const void* src3,
                                           u64* out) {
@@ -268,6 +322,11 @@ extern "C" __global__ void hash_join_fold(const u64* build_keys, const u64* buil
         }
     }
 
+    const bool build_one_word = layouts & BUILD_ONE_WORD;
+    const bool probe_one_word = layouts & PROBE_ONE_WORD;
+    const u64 build_mask = key_mask(build_one_word);
+    const u64 probe_mask = key_mask(probe_one_word);
+
     u64 pairs = 0;
     u64 own[MAX_JOIN_FOLDS];
 #pragma unroll
@@ -282,16 +341,20 @@ extern "C" __global__ void hash_join_fold(const u64* build_keys, const u64* buil
         if (task.probe_end <= task.probe_begin) continue;  // uniform across the block
         for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
             const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
-            build_table(table, build_keys, chunk, len, partition_bits);
+            build_table(table, build_keys, build_mask, chunk, len, partition_bits);
             for (u64 i = task.probe_begin + threadIdx.x; i < task.probe_end; i += BLOCK_THREADS) {
-                const u64 key = probe_keys[i];
+                const u64 probe_word = probe_keys[i];
+                const u64 key = probe_word & probe_mask;
                 // The pair's words: row ids, or the values carried in their place.
-                const u64 probe_id = any_probe ? probe_ids[i] : 0;
+                const u64 probe_id =
+                    any_probe ? row_word(probe_one_word, probe_word, probe_ids, i) : 0;
                 for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT;
                      j = table.next[j]) {
-                    if (table.keys[j] != key) continue;
+                    const u64 build_word = table.keys[j];
+                    if ((build_word & build_mask) != key) continue;
                     ++pairs;
-                    const u64 build_id = any_build ? build_ids[chunk + j] : 0;
+                    const u64 build_id =
+                        any_build ? row_word(build_one_word, build_word, build_ids, chunk + j) : 0;
 #pragma unroll
                     for (u32 f = 0; f < MAX_JOIN_FOLDS; ++f) {
                         if (f >= folds) break;

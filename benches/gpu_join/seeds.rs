@@ -25,6 +25,10 @@
 //! keeps the workload families whose name contains one of the words
 //! (`rt1`, `b10`, `join`, `group_by`, ...). `--check-only` runs each
 //! workload once on the GPU, checked and untimed (for a profiler).
+//! `--pinned` gives the GPU runs pinned copies of the tables (`pin_batches`),
+//! as a pipeline that pins its batches would: a hash join then carries its
+//! probe side's folded values through the partitioning
+//! (`gpu.carry_folded_values`), which it does only from pinned memory.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -551,6 +555,7 @@ fn rate(tuples: u64, time: Duration) -> f64 {
 pub fn benchmark(log2_rows: usize, families: &[String]) {
     // `--check-only`: each workload's check run alone, untimed.
     let check_only = std::env::args().any(|a| a == "--check-only");
+    let pinned = std::env::args().any(|a| a == "--pinned");
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -605,8 +610,12 @@ pub fn benchmark(log2_rows: usize, families: &[String]) {
             cpu_ctx
                 .register_table(*table, Arc::clone(data) as _)
                 .expect("register");
+            let gpu_data = match pinned {
+                true => runtime.block_on(super::pinned_copy(data)).0,
+                false => Arc::clone(data),
+            };
             gpu_ctx
-                .register_table(*table, Arc::clone(data) as _)
+                .register_table(*table, gpu_data as _)
                 .expect("register");
         }
         runtime.block_on(async {

@@ -53,7 +53,8 @@ pub struct NormalizedKeys {
     /// One encoded key per kept row (with the raw encoding, the key
     /// column's own buffer).
     pub keys: ScalarBuffer<u64>,
-    /// Index of each kept row in the input, or `None` when every row was kept.
+    /// Index of each kept row in the input, ascending, or `None` when every
+    /// row was kept.
     pub row_ids: Option<Vec<u64>>,
 }
 
@@ -95,6 +96,18 @@ impl JoinKeys {
         match self {
             Self::Encoded(keys) => keys.row_ids.as_deref(),
             Self::RawPieces(_) => None,
+        }
+    }
+
+    /// One more than the largest row a key comes from (row ids ascend):
+    /// a bound on the row ids.
+    pub fn row_bound(&self) -> u64 {
+        match self.row_ids() {
+            Some(ids) => {
+                debug_assert!(ids.windows(2).all(|pair| pair[0] < pair[1]));
+                ids.last().map_or(0, |&id| id + 1)
+            }
+            None => self.len() as u64,
         }
     }
 
@@ -371,6 +384,15 @@ impl KeyEncoder {
                     && self.spec.check_columns(std::slice::from_ref(piece)).is_ok()
             });
         in_place.then(|| column.iter().map(|piece| raw_keys(piece).keys).collect())
+    }
+
+    /// Bits an encoded key may take: every key lies below 2^key_bits (64
+    /// for raw and hashed keys).
+    pub fn key_bits(&self) -> u32 {
+        match &self.encoding {
+            Encoding::Packed(domains) => domains.iter().map(|d| d.bits).sum(),
+            Encoding::Raw | Encoding::Hashed => 64,
+        }
     }
 
     /// Whether device matches must be checked on the host (hashed keys).
@@ -915,6 +937,9 @@ mod tests {
         let keys = encoder.encode(&[probe]).unwrap();
         assert_eq!(keys.keys, vec![7, 0]);
         assert_eq!(keys.row_ids, Some(vec![1, 3]));
+        // Eight codes: every key lies below 2^3, every row id below 4.
+        assert_eq!(encoder.key_bits(), 3);
+        assert_eq!(JoinKeys::Encoded(keys).row_bound(), 4);
     }
 
     #[test]
@@ -926,6 +951,7 @@ mod tests {
         assert_eq!(encoder.kind(), "packed");
         // Ranges of 4 and 2 values: 2 bits then 1 bit.
         assert_eq!(encoder.encode(&[a, b]).unwrap().keys, vec![0b000, 0b111]);
+        assert_eq!(encoder.key_bits(), 3);
     }
 
     #[test]
@@ -934,6 +960,7 @@ mod tests {
         let a = arr(Int64Array::from(vec![i64::MIN, i64::MAX]));
         let encoder = KeyEncoder::for_build_side(&s, &[a.clone(), a]).unwrap();
         assert_eq!(encoder.kind(), "hashed");
+        assert_eq!(encoder.key_bits(), 64);
         assert!(encoder.needs_verification());
     }
 
@@ -947,6 +974,7 @@ mod tests {
         let encoder = KeyEncoder::for_build_side(&s, std::slice::from_ref(&build)).unwrap();
         assert_eq!(encoder.kind(), "raw");
         assert!(!encoder.needs_verification());
+        assert_eq!(encoder.key_bits(), 64);
         assert_eq!(encoder.encode(&[build]).unwrap().keys, vec![0, u64::MAX]);
         // NULL equals NULL, but the build side has none: still raw.
         let with_null_code =

@@ -9,33 +9,66 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::merge_join::radix_sort;
-use super::radix::{radix_partition, PartitionedColumn, RadixPlan};
+use super::radix::{radix_partition, radix_partition_one_word, JoinSide, RadixPlan};
 use crate::gpu::launch::{self, ValueWidth};
 use crate::gpu::{
     download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
     GpuResult, Phase, PhaseTimer,
 };
 
+/// What the caller knows of a side's keys and row ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRange {
+    /// Keys of any value.
+    Full,
+    /// Every key, and every row id given, lies below 2^32 (a packed key
+    /// encoding of at most 32 bits, on a side of at most 2^32 rows): the
+    /// side then travels through the partitioning as one word a row where
+    /// what moves with its keys fits beside them ([`radix_partition_one_word`]),
+    /// which halves the bytes of every radix pass.
+    Below32Bits,
+}
+
+/// A side's keys from the host: `pieces` laid end to end, each key's row
+/// (`row_ids`, or its place `0..n` when `None`), and their range.
+#[derive(Debug, Clone, Copy)]
+pub struct HostKeys<'a> {
+    pub pieces: &'a [&'a [u64]],
+    pub row_ids: Option<&'a [u64]>,
+    pub range: KeyRange,
+}
+
+impl HostKeys<'_> {
+    /// Keys in all.
+    fn rows(&self) -> usize {
+        self.pieces.iter().map(|piece| piece.len()).sum()
+    }
+}
+
 /// The build side of a join, partitioned and resident on one device.
 #[derive(Debug)]
 pub struct DeviceBuildTable {
     plan: RadixPlan,
-    build: PartitionedColumn,
+    build: JoinSide,
 }
 
 impl DeviceBuildTable {
-    /// Copies the build keys (pieces laid end to end; and row ids, or `0..n`
-    /// when `None`) to the device and partitions them by `plan`.
+    /// Copies the build keys (and row ids, see [`HostKeys`]) to the device
+    /// and partitions them by `plan`.
     pub fn build(
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
-        keys: &[&[u64]],
-        row_ids: Option<&[u64]>,
+        keys: HostKeys<'_>,
         plan: RadixPlan,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let build = upload_and_partition(device, stream, keys, row_ids, None, &plan, timer)?;
+        let build = upload_and_partition(device, stream, keys, None, &plan, timer)?;
         Ok(Self { plan, build })
+    }
+
+    /// Whether the build rows are one word each (see [`KeyRange`]).
+    pub fn one_word(&self) -> bool {
+        self.build.one_word()
     }
 
     /// The partitioning shared by both sides.
@@ -55,22 +88,21 @@ impl DeviceBuildTable {
 }
 
 /// Copies keys (and row ids) to the device and partitions them by `plan`,
-/// moving with the keys their row ids (`0..n` without `row_ids`) or, with
-/// `carried`, the words of [`CarriedValues`] at those rows. Every row id
-/// must lie below `carried.rows`: the packing kernel gives a word of 0 to
-/// any other, which a fold would then take for a value.
+/// moving with the keys their row ids or, with `carried`, the words of
+/// [`CarriedValues`] at those rows. Every row id must lie below
+/// `carried.rows`: the packing kernels give a word of 0 to any other, which
+/// a fold would then take for a value. Keys below 2^32 go as one-word rows
+/// where what moves with them is a row id or one 4-byte value.
 fn upload_and_partition(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: &[&[u64]],
-    row_ids: Option<&[u64]>,
+    keys: HostKeys<'_>,
     carried: Option<&CarriedValues<'_>>,
     plan: &RadixPlan,
     timer: &mut PhaseTimer,
-) -> GpuResult<PartitionedColumn> {
-    let device_keys = upload_u64_pieces(device, stream, keys, timer)?;
-    let rows: usize = keys.iter().map(|piece| piece.len()).sum();
-    if let Some(ids) = row_ids {
+) -> GpuResult<JoinSide> {
+    let rows = keys.rows();
+    if let Some(ids) = keys.row_ids {
         if ids.len() != rows {
             return Err(GpuError::Invalid(format!(
                 "{} row ids for {rows} keys",
@@ -78,20 +110,46 @@ fn upload_and_partition(
             )));
         }
     }
-    let device_ids = match (row_ids, carried) {
+    if let Some(carried) = carried {
+        // Each key's row (its row id, or its place) must have a value.
+        if keys.row_ids.is_none() && rows > carried.rows {
+            return Err(GpuError::Invalid(format!(
+                "{rows} keys carrying the values of {} rows",
+                carried.rows
+            )));
+        }
+    }
+    let one_word = keys.range == KeyRange::Below32Bits
+        && rows as u64 <= 1 << 32
+        && carried.is_none_or(|c| c.low.1 == ValueWidth::Four && c.high.is_none());
+    let mut device_keys = upload_u64_pieces(device, stream, keys.pieces, timer)?;
+    // Dropped (stream-ordered) once the words are packed, before the
+    // partitioning allocates its buffers.
+    let uploaded_ids = match (one_word || carried.is_some(), keys.row_ids) {
+        (true, Some(ids)) => Some(upload_u64(device, stream, ids, timer)?),
+        _ => None,
+    };
+    if one_word {
+        let values = carried.map(|c| (c.low.0, c.rows));
+        timer.time(Phase::Kernel, || {
+            launch::pack_key_words(
+                device.kernels(),
+                stream,
+                device.sm_count(),
+                &mut device_keys,
+                uploaded_ids.as_ref(),
+                values,
+            )
+        })?;
+        drop(uploaded_ids);
+        return timer
+            .time(Phase::Kernel, || {
+                radix_partition_one_word(device, stream, device_keys, plan)
+            })
+            .map(JoinSide::from);
+    }
+    let device_ids = match (keys.row_ids, carried) {
         (_, Some(carried)) => {
-            // Each key's row (its row id, or its place) must have a value.
-            if row_ids.is_none() && rows > carried.rows {
-                return Err(GpuError::Invalid(format!(
-                    "{rows} keys carrying the values of {} rows",
-                    carried.rows
-                )));
-            }
-            // Dropped (stream-ordered) once the words are packed, before
-            // the partitioning allocates its buffers.
-            let ids = row_ids
-                .map(|ids| upload_u64(device, stream, ids, timer))
-                .transpose()?;
             // SAFETY: pack_carried_words writes every element.
             let mut words =
                 unsafe { stream.alloc::<u64>(rows) }.during("allocating carried words")?;
@@ -101,12 +159,13 @@ fn upload_and_partition(
                     stream,
                     device.sm_count(),
                     &mut words,
-                    ids.as_ref(),
+                    uploaded_ids.as_ref(),
                     carried.rows,
                     carried.low,
                     carried.high,
                 )
             })?;
+            drop(uploaded_ids);
             words
         }
         (Some(ids), None) => upload_u64(device, stream, ids, timer)?,
@@ -119,9 +178,11 @@ fn upload_and_partition(
             ids
         }
     };
-    timer.time(Phase::Kernel, || {
-        radix_partition(device, stream, device_keys, device_ids, plan)
-    })
+    timer
+        .time(Phase::Kernel, || {
+            radix_partition(device, stream, device_keys, device_ids, plan)
+        })
+        .map(JoinSide::from)
 }
 
 /// Device bytes one probe chunk of `rows` rows needs beside the build table,
@@ -175,8 +236,8 @@ impl DeviceJoinPairs<'_> {
     }
 }
 
-/// Joins one chunk of probe keys (`keys`: pieces laid end to end, copied
-/// to the device one after the other) against `table`. For each range of
+/// Joins one chunk of probe keys (`keys`: pieces copied to the device one
+/// after the other) against `table`. For each range of
 /// partitions whose output fits `max_pairs` (or a single larger partition),
 /// calls `emit` with the matching pairs on the device. Returns the number
 /// of pairs. [`partition_probe`] then [`probe_partitioned`].
@@ -185,8 +246,7 @@ pub fn probe(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     table: &DeviceBuildTable,
-    keys: &[&[u64]],
-    row_ids: Option<&[u64]>,
+    keys: HostKeys<'_>,
     max_pairs: usize,
     timer: &mut PhaseTimer,
     emit: impl FnMut(DeviceJoinPairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
@@ -194,7 +254,7 @@ pub fn probe(
     if table.rows() == 0 {
         return Ok(0);
     }
-    match partition_probe(device, stream, keys, row_ids, table.plan(), timer)? {
+    match partition_probe(device, stream, keys, table.plan(), timer)? {
         Some(probe) => probe_partitioned(device, stream, table, &probe, max_pairs, timer, emit),
         None => Ok(0),
     }
@@ -206,7 +266,7 @@ pub fn probe(
 #[derive(Debug)]
 pub struct PartitionedProbe {
     plan: RadixPlan,
-    keys: PartitionedColumn,
+    keys: JoinSide,
     /// Whether the keys carry values in place of row ids (see
     /// [`partition_probe_carrying`]).
     carries_values: bool,
@@ -218,6 +278,11 @@ impl PartitionedProbe {
     pub fn carries_values(&self) -> bool {
         self.carries_values
     }
+
+    /// Whether the rows are one word each (see [`KeyRange`]).
+    pub fn one_word(&self) -> bool {
+        self.keys.one_word()
+    }
 }
 
 /// The values a probe chunk carries through its partitioning in place of
@@ -225,7 +290,10 @@ impl PartitionedProbe {
 /// read them where the keys are, not at random rows: one 8-byte column
 /// (`low`, [`CarriedSlot::Whole`](launch::CarriedSlot)), or one or two
 /// 4-byte columns (`low` and `high`, in each word's low and high half).
-/// Each column holds the chunk's `rows` values, indexed by row id.
+/// Each column holds the chunk's `rows` values, indexed by row id. A chunk
+/// of one-word rows (see [`KeyRange`]) carries a lone 4-byte `low` column
+/// in its key words' high halves, the row's word: a fold finds it in the
+/// same [`CarriedSlot::Low`](launch::CarriedSlot) slot.
 #[derive(Debug, Clone, Copy)]
 pub struct CarriedValues<'a> {
     pub low: (&'a DeviceVec<u64>, ValueWidth),
@@ -238,19 +306,11 @@ pub struct CarriedValues<'a> {
 pub fn partition_probe(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: &[&[u64]],
-    row_ids: Option<&[u64]>,
+    keys: HostKeys<'_>,
     plan: &RadixPlan,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Option<PartitionedProbe>> {
-    if keys.iter().all(|piece| piece.is_empty()) {
-        return Ok(None);
-    }
-    Ok(Some(PartitionedProbe {
-        plan: plan.clone(),
-        keys: upload_and_partition(device, stream, keys, row_ids, None, plan, timer)?,
-        carries_values: false,
-    }))
+    partition_probe_moving(device, stream, keys, None, plan, timer)
 }
 
 /// [`partition_probe`] carrying `carried`'s values in place of row ids:
@@ -260,19 +320,30 @@ pub fn partition_probe(
 pub fn partition_probe_carrying(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: &[&[u64]],
-    row_ids: Option<&[u64]>,
+    keys: HostKeys<'_>,
     carried: &CarriedValues<'_>,
     plan: &RadixPlan,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Option<PartitionedProbe>> {
-    if keys.iter().all(|piece| piece.is_empty()) {
+    partition_probe_moving(device, stream, keys, Some(carried), plan, timer)
+}
+
+/// [`partition_probe`] moving row ids, or `carried`'s values where given.
+fn partition_probe_moving(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: HostKeys<'_>,
+    carried: Option<&CarriedValues<'_>>,
+    plan: &RadixPlan,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Option<PartitionedProbe>> {
+    if keys.rows() == 0 {
         return Ok(None);
     }
     Ok(Some(PartitionedProbe {
         plan: plan.clone(),
-        keys: upload_and_partition(device, stream, keys, row_ids, Some(carried), plan, timer)?,
-        carries_values: true,
+        keys: upload_and_partition(device, stream, keys, carried, plan, timer)?,
+        carries_values: carried.is_some(),
     }))
 }
 
@@ -388,7 +459,7 @@ impl JoinTaskList {
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
         plan: &RadixPlan,
-        probe: &PartitionedColumn,
+        probe: &JoinSide,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
         // A chunk of no more rows than a slice has no partition to split:

@@ -1,6 +1,9 @@
 //! Stable radix partitioning of (key, row id) pairs on the low bits of
 //! `mix64(key)` (seed 000 §3.2; seed 002 A6/A10), in passes of at most
-//! [`MAX_RADIX_BITS`] bits, least significant digit first.
+//! [`MAX_RADIX_BITS`] bits, least significant digit first. Keys below 2^32
+//! may instead travel as one-word rows, the row id (or a carried value) in
+//! each word's high half ([`launch::pack_key_words`]): every pass then
+//! moves 8 bytes a row in place of 16.
 
 use std::sync::Arc;
 
@@ -8,7 +11,7 @@ use cudarc::driver::CudaStream;
 
 use super::scan::exclusive_scan;
 use crate::gpu::launch::{self, RadixDigits, RadixGrid, JOIN_TABLE_CAPACITY, MAX_RADIX_BITS};
-use crate::gpu::{DeviceVec, DriverResultExt, GpuDevice, GpuResult};
+use crate::gpu::{DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult};
 
 /// Largest partition count: 2^18 partitions of [`JOIN_TABLE_CAPACITY`] build
 /// rows each covers 2^29 build rows without chunking.
@@ -75,32 +78,66 @@ impl RadixPlan {
     }
 }
 
-/// One side of a join, radix partitioned on the device.
+/// Keys radix partitioned on the device, with their row ids: `Ids` is
+/// their array ([`radix_partition`]), none for one-word rows
+/// ([`radix_partition_one_word`]), or either ([`JoinSide`]).
 #[derive(Debug)]
-pub struct PartitionedColumn {
-    /// Keys ordered by partition id, stable within a partition.
+pub struct PartitionedColumn<Ids = DeviceVec<u64>> {
+    /// Keys ordered by partition id, stable within a partition (one-word
+    /// rows: each word's low half is the key, its high half the row's id
+    /// or the value carried in its place).
     pub keys: DeviceVec<u64>,
     /// Row ids moved with the keys (or, for a probe chunk partitioned by
     /// `ops::hash_join::partition_probe_carrying`, the values carried in
     /// their place).
-    pub row_ids: DeviceVec<u64>,
+    pub row_ids: Ids,
     /// `starts[p]` is the first row of partition p; `starts[partitions]` = rows.
     pub starts: DeviceVec<u64>,
 }
 
-impl PartitionedColumn {
+/// One side of a hash join: (key, row id) pairs, or one-word rows (`None`).
+pub type JoinSide = PartitionedColumn<Option<DeviceVec<u64>>>;
+
+impl<Ids> PartitionedColumn<Ids> {
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+impl From<PartitionedColumn> for JoinSide {
+    fn from(pairs: PartitionedColumn) -> Self {
+        Self {
+            keys: pairs.keys,
+            row_ids: Some(pairs.row_ids),
+            starts: pairs.starts,
+        }
+    }
+}
+
+impl From<PartitionedColumn<()>> for JoinSide {
+    fn from(rows: PartitionedColumn<()>) -> Self {
+        Self {
+            keys: rows.keys,
+            row_ids: None,
+            starts: rows.starts,
+        }
+    }
+}
+
+impl JoinSide {
     /// The kernels' view of this side.
     pub fn side(&self) -> launch::PartitionedSide<'_> {
         launch::PartitionedSide {
             keys: &self.keys,
-            row_ids: &self.row_ids,
+            row_ids: self.row_ids.as_ref(),
             starts: &self.starts,
         }
     }
 
-    /// Rows.
-    pub fn rows(&self) -> usize {
-        self.keys.len()
+    /// Whether the rows are one word each (no row-id array).
+    pub fn one_word(&self) -> bool {
+        self.row_ids.is_none()
     }
 }
 
@@ -108,43 +145,66 @@ impl PartitionedColumn {
 pub fn radix_partition(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    keys: DeviceVec<u64>,
-    row_ids: DeviceVec<u64>,
+    mut keys: DeviceVec<u64>,
+    mut row_ids: DeviceVec<u64>,
     plan: &RadixPlan,
 ) -> GpuResult<PartitionedColumn> {
+    let starts = partition_in_place(device, stream, &mut keys, Some(&mut row_ids), plan)?;
+    Ok(PartitionedColumn {
+        keys,
+        row_ids,
+        starts,
+    })
+}
+
+/// Partitions one-word rows (each key, below 2^32, in its word's low half;
+/// see [`launch::pack_key_words`]) by `plan`, by the keys alone.
+pub fn radix_partition_one_word(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    mut words: DeviceVec<u64>,
+    plan: &RadixPlan,
+) -> GpuResult<PartitionedColumn<()>> {
+    let starts = partition_in_place(device, stream, &mut words, None, plan)?;
+    Ok(PartitionedColumn {
+        keys: words,
+        row_ids: (),
+        starts,
+    })
+}
+
+/// The passes of [`radix_partition`] (or, without row ids,
+/// [`radix_partition_one_word`]); returns the partition starts.
+fn partition_in_place(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: &mut DeviceVec<u64>,
+    row_ids: Option<&mut DeviceVec<u64>>,
+    plan: &RadixPlan,
+) -> GpuResult<DeviceVec<u64>> {
     let rows = keys.len();
     let kernels = device.kernels();
     let mut starts = stream
         .alloc_zeros::<u64>(plan.partitions() + 1)
         .during("allocating partition starts")?;
     if rows == 0 {
-        return Ok(PartitionedColumn {
-            keys,
-            row_ids,
-            starts,
-        });
+        return Ok(starts);
     }
-    let (keys, row_ids) = stable_radix_passes(
-        device,
-        stream,
-        keys,
-        row_ids,
-        RadixDigits::Hashed,
-        plan.pass_bits(),
-    )?;
+    let digits = match row_ids {
+        Some(_) => RadixDigits::Hashed,
+        None => RadixDigits::HashedLowHalf,
+    };
+    radix_passes_in_place(device, stream, keys, row_ids, digits, plan.pass_bits())?;
     launch::partition_bounds(
         kernels,
         stream,
         device.sm_count(),
-        &keys,
+        keys,
+        digits,
         plan.partition_bits(),
         &mut starts,
     )?;
-    Ok(PartitionedColumn {
-        keys,
-        row_ids,
-        starts,
-    })
+    Ok(starts)
 }
 
 /// Stable LSD radix passes over (key, row id) pairs: pass `i` orders them by
@@ -158,15 +218,46 @@ pub fn stable_radix_passes(
     digits: RadixDigits,
     pass_bits: &[u32],
 ) -> GpuResult<(DeviceVec<u64>, DeviceVec<u64>)> {
+    radix_passes_in_place(
+        device,
+        stream,
+        &mut keys,
+        Some(&mut row_ids),
+        digits,
+        pass_bits,
+    )?;
+    Ok((keys, row_ids))
+}
+
+/// The passes of [`stable_radix_passes`] over `keys` and `row_ids` in
+/// place, or over one-word rows without row ids ([`RadixDigits::HashedLowHalf`]
+/// and only it).
+fn radix_passes_in_place(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    keys: &mut DeviceVec<u64>,
+    mut row_ids: Option<&mut DeviceVec<u64>>,
+    digits: RadixDigits,
+    pass_bits: &[u32],
+) -> GpuResult<()> {
     let rows = keys.len();
+    if row_ids.is_some() == digits.one_word() {
+        return Err(GpuError::Invalid(format!(
+            "radix passes over {digits:?} digits {} row ids",
+            if row_ids.is_some() { "with" } else { "without" }
+        )));
+    }
     if rows == 0 || pass_bits.is_empty() {
-        return Ok((keys, row_ids));
+        return Ok(());
     }
     let kernels = device.kernels();
     let grid = RadixGrid::new(rows as u64, device.sm_count());
     // SAFETY (both): every element is written by the first scatter.
     let mut keys_out = unsafe { stream.alloc::<u64>(rows) }.during("allocating radix buffers")?;
-    let mut ids_out = unsafe { stream.alloc::<u64>(rows) }.during("allocating radix buffers")?;
+    let mut ids_out = match row_ids {
+        Some(_) => Some(unsafe { stream.alloc::<u64>(rows) }.during("allocating radix buffers")?),
+        None => None,
+    };
     let mut shift = 0;
     for &bits in pass_bits {
         let histogram_len = (grid.blocks as usize) << bits;
@@ -177,31 +268,33 @@ pub fn stable_radix_passes(
             kernels,
             stream,
             digits,
-            &keys,
+            keys,
             shift,
             bits,
             grid,
             &mut offsets,
         )?;
         exclusive_scan(device, stream, &mut offsets, histogram_len)?;
+        let ids = row_ids.as_deref().zip(ids_out.as_mut());
         launch::radix_scatter(
             kernels,
             stream,
             digits,
-            &keys,
-            &row_ids,
+            keys,
+            ids,
             shift,
             bits,
             grid,
             &offsets,
             &mut keys_out,
-            &mut ids_out,
         )?;
-        std::mem::swap(&mut keys, &mut keys_out);
-        std::mem::swap(&mut row_ids, &mut ids_out);
+        std::mem::swap(keys, &mut keys_out);
+        if let (Some(ids), Some(out)) = (row_ids.as_deref_mut(), ids_out.as_mut()) {
+            std::mem::swap(ids, out);
+        }
         shift += bits;
     }
-    Ok((keys, row_ids))
+    Ok(())
 }
 
 /// CPU references.

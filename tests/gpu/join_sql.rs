@@ -261,22 +261,53 @@ async fn multi_column_and_narrow_key_types() {
     };
     let gpu = gpu_context(JoinMode::Partitioned, 4, &[]).await;
     let cpu = cpu_context(JoinMode::Partitioned, 4, &[]).await;
-    for ctx in [&gpu, &cpu] {
+    // The same with both sides as (key, row id) pairs.
+    let two_words = gpu_context(
+        JoinMode::Partitioned,
+        4,
+        &["SET gpu.one_word_join_rows = false"],
+    )
+    .await;
+    for ctx in [&gpu, &cpu, &two_words] {
         ctx.register_table("x", make(1)).unwrap();
         ctx.register_table("y", make(2)).unwrap();
     }
+    // (query, whether its keys fit 32 bits, so that each side goes as one
+    // word a row): a lone Date64 or Timestamp column is its raw 64 bits;
+    // the other keys pack by the build side's value ranges, a few hundred
+    // values a column, but Date64 days in milliseconds take 33 bits.
     let queries = [
-        "SELECT x.id, y.id FROM x JOIN y ON x.a8 = y.a8",
-        "SELECT x.id, y.id FROM x JOIN y ON x.b16 = y.b16 AND x.a8 = y.a8",
-        "SELECT x.id, y.id FROM x JOIN y ON x.c32 = y.c32 AND x.d32 = y.d32",
-        "SELECT x.id, y.id FROM x JOIN y ON x.u32 = y.u32",
-        "SELECT x.id, y.id FROM x JOIN y ON x.d64 = y.d64",
-        "SELECT x.id, y.id FROM x JOIN y ON x.u32 = y.u32 AND x.c32 = y.c32",
-        "SELECT x.id, x.d32, y.b16 FROM x JOIN y ON x.d32 = y.d32",
-        "SELECT x.id, y.id, y.ts FROM x JOIN y ON x.ts = y.ts",
+        ("SELECT x.id, y.id FROM x JOIN y ON x.a8 = y.a8", true),
+        (
+            "SELECT x.id, y.id FROM x JOIN y ON x.b16 = y.b16 AND x.a8 = y.a8",
+            true,
+        ),
+        (
+            "SELECT x.id, y.id FROM x JOIN y ON x.c32 = y.c32 AND x.d32 = y.d32",
+            true,
+        ),
+        ("SELECT x.id, y.id FROM x JOIN y ON x.u32 = y.u32", true),
+        ("SELECT x.id, y.id FROM x JOIN y ON x.d64 = y.d64", false),
+        (
+            "SELECT x.id, y.id FROM x JOIN y ON x.u32 = y.u32 AND x.c32 = y.c32",
+            true,
+        ),
+        (
+            "SELECT x.id, x.d32, y.b16 FROM x JOIN y ON x.d32 = y.d32",
+            true,
+        ),
+        (
+            "SELECT x.id, y.id, y.ts FROM x JOIN y ON x.ts = y.ts",
+            false,
+        ),
+        // 64 + 32 bits of key types, packed by the build side's value ranges.
+        (
+            "SELECT x.id, y.id FROM x JOIN y ON x.d64 = y.d64 AND x.c32 = y.c32",
+            false,
+        ),
     ];
-    for sql in queries {
-        let (gpu_batches, gpu_nodes, _) = run(&gpu, sql).await;
+    for (sql, packed) in queries {
+        let (gpu_batches, gpu_nodes, plan) = run(&gpu, sql).await;
         let (cpu_batches, _, _) = run(&cpu, sql).await;
         assert!(gpu_nodes >= 1, "{sql} did not run on the GPU");
         assert_eq!(
@@ -284,16 +315,48 @@ async fn multi_column_and_narrow_key_types() {
             string_rows(&cpu_batches),
             "{sql}"
         );
+        let one_word = plan_metric(&plan, "rows_in_one_word");
+        assert_eq!(one_word > 0, packed, "{sql}: {one_word} rows as one word");
+        let (two_word_batches, _, two_word_plan) = run(&two_words, sql).await;
+        assert_eq!(
+            string_rows(&two_word_batches),
+            string_rows(&cpu_batches),
+            "{sql}, two words a row"
+        );
+        assert_eq!(plan_metric(&two_word_plan, "rows_in_one_word"), 0, "{sql}");
     }
-    // 64 + 32 bits of key types, packed by the build side's value ranges.
-    let wide = "SELECT x.id, y.id FROM x JOIN y ON x.d64 = y.d64 AND x.c32 = y.c32";
-    let (gpu_batches, gpu_nodes, _) = run(&gpu, wide).await;
-    let (cpu_batches, _, _) = run(&cpu, wide).await;
-    assert!(gpu_nodes >= 1, "{wide} did not run on the GPU");
+    // Folded while probing over pinned tables: the probe side's one 4-byte
+    // column rides in the high halves of its key words.
+    let folded = "SELECT sum(x.id), max(y.id), count(*) FROM x JOIN y ON x.u32 = y.u32";
+    let pinned = gpu_context(JoinMode::Partitioned, 4, &[]).await;
+    pinned
+        .register_table("x", pinned_table(&make(1)).await)
+        .unwrap();
+    pinned
+        .register_table("y", pinned_table(&make(2)).await)
+        .unwrap();
+    let (gpu_batches, gpu_nodes, plan) = run(&pinned, folded).await;
+    let (cpu_batches, _, _) = run(&cpu, folded).await;
+    assert!(gpu_nodes >= 1, "{folded} did not run on the GPU");
     assert_eq!(
         string_rows(&gpu_batches),
         string_rows(&cpu_batches),
-        "{wide}"
+        "pinned: {folded}"
+    );
+    use datafusion::arrow::array::AsArray;
+    let count = cpu_batches[0].column(2);
+    let pairs = count
+        .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+        .value(0) as usize;
+    assert!(pairs > 10_000, "{pairs} pairs");
+    assert_eq!(plan_metric(&plan, "pairs_folded_while_probing"), pairs);
+    assert!(plan_metric(&plan, "probe_rows_carrying_values") > 0);
+    // More rows than the build side's: probe rows went as one word too.
+    let one_word = plan_metric(&plan, "rows_in_one_word");
+    let build_rows = plan_metric(&plan, "build_rows");
+    assert!(
+        one_word > build_rows,
+        "{one_word} rows as one word, {build_rows} build rows"
     );
 }
 

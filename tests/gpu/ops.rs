@@ -12,7 +12,7 @@ use datafusion_gpu::gpu::{
     download_byte_pieces, download_u64, upload_byte_pieces, upload_byte_pieces_in_windows,
     upload_u64, upload_u64_pieces, GpuDevice, PhaseTimer, StagingWindows,
 };
-use datafusion_gpu::ops::hash_join::{self, DeviceBuildTable};
+use datafusion_gpu::ops::hash_join::{self, DeviceBuildTable, HostKeys, KeyRange};
 use datafusion_gpu::ops::radix::{self, RadixPlan};
 use datafusion_gpu::ops::scan;
 use rand::rngs::StdRng;
@@ -101,16 +101,53 @@ fn radix_partition_matches_the_stable_reference() {
             )
             .unwrap();
             download_u64(&device, stream, &part.starts.as_view(), &mut ps, &mut timer).unwrap();
-            timer.finish().unwrap();
             let (rk, ri, rs) = radix::reference::radix_partition(&keys, &ids, &plan);
             assert_eq!(ps, rs, "starts, rows {rows}, bits {bits}, domain {domain}");
             assert_eq!(pk, rk, "keys, rows {rows}, bits {bits}, domain {domain}");
             assert_eq!(pi, ri, "row ids, rows {rows}, bits {bits}, domain {domain}");
+
+            // The same keys (all below 2^32) as one-word rows, the row ids
+            // packed in the high halves on the device: the same order.
+            assert!(domain <= 1 << 32);
+            let mut words = upload_u64(&device, stream, &keys, &mut timer).unwrap();
+            let di = upload_u64(&device, stream, &ids, &mut timer).unwrap();
+            launch::pack_key_words(
+                device.kernels(),
+                stream,
+                device.sm_count(),
+                &mut words,
+                Some(&di),
+                None,
+            )
+            .unwrap();
+            let part = radix::radix_partition_one_word(&device, stream, words, &plan).unwrap();
+            let (mut pw, mut ps) = (Vec::new(), Vec::new());
+            download_u64(&device, stream, &part.keys.as_view(), &mut pw, &mut timer).unwrap();
+            download_u64(&device, stream, &part.starts.as_view(), &mut ps, &mut timer).unwrap();
+            timer.finish().unwrap();
+            let what = format!("one-word rows {rows}, bits {bits}, domain {domain}");
+            assert_eq!(ps, rs, "starts, {what}");
+            let keys_of: Vec<u64> = pw.iter().map(|w| w & u64::from(u32::MAX)).collect();
+            let ids_of: Vec<u64> = pw.iter().map(|w| w >> 32).collect();
+            assert_eq!(keys_of, rk, "keys, {what}");
+            assert_eq!(ids_of, ri, "row ids, {what}");
         }
     }
 }
 
-/// Joins on the device and returns the sorted pairs.
+/// One side's keys in `pieces`, row ids `0..n`.
+fn host_keys<'a>(pieces: &'a [&'a [u64]], range: KeyRange) -> HostKeys<'a> {
+    HostKeys {
+        pieces,
+        row_ids: None,
+        range,
+    }
+}
+
+/// Joins on the device and returns the sorted pairs and the output ranges.
+/// Where every key lies below 2^32, each side is joined both as (key, row
+/// id) pairs and as one-word rows, in all four combinations, which must
+/// give the same pairs in the same ranges.
 fn device_join(
     device: &Arc<GpuDevice>,
     build: &[u64],
@@ -118,13 +155,58 @@ fn device_join(
     plan: RadixPlan,
     max_pairs: usize,
 ) -> (Vec<(u64, u64)>, u64) {
+    let narrow = build.iter().chain(probe).all(|&key| key < 1 << 32);
+    let ranges = [KeyRange::Full, KeyRange::Below32Bits];
+    let mut joined = None;
+    for build_range in ranges {
+        for probe_range in ranges {
+            if !narrow && (build_range, probe_range) != (KeyRange::Full, KeyRange::Full) {
+                continue;
+            }
+            let result = device_join_as(
+                device,
+                build,
+                probe,
+                plan.clone(),
+                max_pairs,
+                (build_range, probe_range),
+            );
+            match &joined {
+                None => joined = Some(result),
+                Some(first) => assert_eq!(
+                    &result, first,
+                    "build {build_range:?}, probe {probe_range:?}"
+                ),
+            }
+        }
+    }
+    joined.unwrap()
+}
+
+/// [`device_join`] with each side's key range as given.
+fn device_join_as(
+    device: &Arc<GpuDevice>,
+    build: &[u64],
+    probe: &[u64],
+    plan: RadixPlan,
+    max_pairs: usize,
+    (build_range, probe_range): (KeyRange, KeyRange),
+) -> (Vec<(u64, u64)>, u64) {
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
     let mut timer = PhaseTimer::new(Arc::clone(stream));
     // The build keys in two pieces, the probe keys in three (below).
     let halves: Vec<&[u64]> = build.chunks(build.len() / 2 + 1).collect();
-    let table = DeviceBuildTable::build(device, stream, &halves, None, plan, &mut timer).unwrap();
+    let table = DeviceBuildTable::build(
+        device,
+        stream,
+        host_keys(&halves, build_range),
+        plan,
+        &mut timer,
+    )
+    .unwrap();
+    assert_eq!(table.one_word(), build_range == KeyRange::Below32Bits);
     let mut pairs = Vec::new();
     let mut emitted_batches = 0;
     // Build rows arrived last to first: rank = build rows - 1 - row.
@@ -136,8 +218,7 @@ fn device_join(
         device,
         stream,
         &table,
-        &pieces,
-        None,
+        host_keys(&pieces, probe_range),
         max_pairs,
         &mut timer,
         |range, timer| {
@@ -219,20 +300,23 @@ fn hash_join_handles_duplicates_larger_than_a_shared_memory_table() {
         return;
     };
     // 5000 equal build keys fill one partition beyond the 2048-row table, so
-    // the kernel must loop over chunks; the output is 5000 * 300 pairs.
-    let mut build = vec![42u64; 5000];
-    build.extend(random_keys(3000, 1 << 40, 1));
-    let mut probe = vec![42u64; 300];
-    probe.extend(random_keys(3000, 1 << 40, 2));
-    let (pairs, _) = device_join(
-        &device,
-        &build,
-        &probe,
-        RadixPlan::for_join(8000, 3300),
-        1 << 22,
-    );
-    assert_eq!(pairs, reference_join(&build, &probe));
-    assert!(pairs.len() >= 1_500_000);
+    // the kernel must loop over chunks; the output is 5000 * 300 pairs. The
+    // other keys are 64-bit, then below 2^32 (each side also one word a row).
+    for domain in [1 << 40, 1 << 32] {
+        let mut build = vec![42u64; 5000];
+        build.extend(random_keys(3000, domain, 1));
+        let mut probe = vec![42u64; 300];
+        probe.extend(random_keys(3000, domain, 2));
+        let (pairs, _) = device_join(
+            &device,
+            &build,
+            &probe,
+            RadixPlan::for_join(8000, 3300),
+            1 << 22,
+        );
+        assert_eq!(pairs, reference_join(&build, &probe), "domain {domain}");
+        assert!(pairs.len() >= 1_500_000);
+    }
 }
 
 #[test]
@@ -265,12 +349,53 @@ fn a_heavy_probe_partition_is_joined_in_slices_with_the_same_pairs() {
     }
 }
 
+/// The (build keys, probe keys) the fold tests join, named: uniform keys,
+/// a build key repeated beyond a shared-memory table, a heavy probe
+/// partition joined in slices, no match, and uniform keys of 64 bits;
+/// random keys from `seed` on, all below 2^32 but the last case's (so that
+/// either side may be one word a row).
+fn fold_join_cases(seed: u64) -> [(&'static str, (Vec<u64>, Vec<u64>)); 5] {
+    let uniform = (
+        random_keys(100_000, 150_000, seed),
+        random_keys(300_000, 150_000, seed + 1),
+    );
+    let widen = |keys: &[u64]| -> Vec<u64> { keys.iter().map(|k| (k << 28) | 7).collect() };
+    let wide = (widen(&uniform.0), widen(&uniform.1));
+    let mut repeated = (vec![42u64; 5000], vec![42u64; 300]);
+    repeated.0.extend(random_keys(3000, 1 << 32, seed + 2));
+    repeated.1.extend(random_keys(3000, 1 << 32, seed + 3));
+    let mut heavy = (vec![42u64; 3], vec![42u64; 200_000]);
+    heavy.0.extend(random_keys(20_000, 1 << 20, seed + 4));
+    heavy.1.extend(random_keys(50_000, 1 << 20, seed + 5));
+    let no_match = (
+        random_keys(10_000, 1 << 20, seed + 6),
+        vec![u64::from(u32::MAX); 5000],
+    );
+    [
+        ("uniform", uniform),
+        ("repeated", repeated),
+        ("heavy", heavy),
+        ("no match", no_match),
+        ("wide keys", wide),
+    ]
+}
+
+/// The key ranges the sides of a join of `build` and `probe` may be given:
+/// both where every key lies below 2^32.
+fn key_ranges(build: &[u64], probe: &[u64]) -> Vec<KeyRange> {
+    match build.iter().chain(probe).all(|&key| key < 1 << 32) {
+        true => vec![KeyRange::Full, KeyRange::Below32Bits],
+        false => vec![KeyRange::Full],
+    }
+}
+
 /// `fold_partitioned` against folds computed on the host from the
 /// reference join's pairs: an 8-byte wrapping sum and a float sum by the
 /// build row, a signed 4-byte minimum (sign bit flipped) and an unsigned
 /// 4-byte maximum by the probe row; with uniform keys, with a build key
 /// repeated beyond a shared-memory table, with a heavy probe partition
-/// joined in slices, with no match, and with the pairs counted alone.
+/// joined in slices, with no match, and with the pairs counted alone; both
+/// sides as (key, row id) pairs and as one-word rows.
 #[test]
 fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
     use launch::{AggregateOp, FoldOp, GatheredValues, JoinFold, PairSide};
@@ -281,23 +406,7 @@ fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
-    let uniform = (
-        random_keys(100_000, 150_000, 31),
-        random_keys(300_000, 150_000, 32),
-    );
-    let mut repeated = (vec![42u64; 5000], vec![42u64; 300]);
-    repeated.0.extend(random_keys(3000, 1 << 40, 33));
-    repeated.1.extend(random_keys(3000, 1 << 40, 34));
-    let mut heavy = (vec![42u64; 3], vec![42u64; 200_000]);
-    heavy.0.extend(random_keys(20_000, 1 << 20, 35));
-    heavy.1.extend(random_keys(50_000, 1 << 20, 36));
-    let no_match = (random_keys(10_000, 1 << 20, 37), vec![1u64 << 40; 5000]);
-    for (name, (build, probe)) in [
-        ("uniform", uniform),
-        ("repeated", repeated),
-        ("heavy", heavy),
-        ("no match", no_match),
-    ] {
+    for (name, (build, probe)) in fold_join_cases(31) {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         // Build values: 8-byte words, and small integral doubles (their sums
         // are exact in any order).
@@ -373,52 +482,77 @@ fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
             vec![sum, min, max, float_sum.to_bits()]
         };
 
-        let plan = RadixPlan::for_join(build.len() as u64, probe.len() as u64);
         let halves: Vec<&[u64]> = build.chunks(build.len() / 2 + 1).collect();
-        let table =
-            DeviceBuildTable::build(&device, stream, &halves, None, plan, &mut timer).unwrap();
         let pieces: Vec<&[u64]> = probe.chunks(probe.len() / 3 + 1).collect();
-        let partitioned =
-            hash_join::partition_probe(&device, stream, &pieces, None, table.plan(), &mut timer)
-                .unwrap()
+        // Each side as (key, row id) pairs and as one-word rows, in every
+        // combination.
+        let ranges = key_ranges(&build, &probe);
+        let layouts = ranges.iter().flat_map(|&build_range| {
+            ranges
+                .iter()
+                .map(move |&probe_range| (build_range, probe_range))
+        });
+        for (build_range, probe_range) in layouts {
+            let plan = RadixPlan::for_join(build.len() as u64, probe.len() as u64);
+            let table = DeviceBuildTable::build(
+                &device,
+                stream,
+                host_keys(&halves, build_range),
+                plan,
+                &mut timer,
+            )
+            .unwrap();
+            assert_eq!(table.one_word(), build_range == KeyRange::Below32Bits);
+            let partitioned = hash_join::partition_probe(
+                &device,
+                stream,
+                host_keys(&pieces, probe_range),
+                table.plan(),
+                &mut timer,
+            )
+            .unwrap()
+            .unwrap();
+            assert_eq!(partitioned.one_word(), probe_range == KeyRange::Below32Bits);
+            let what = format!("{name}, build {build_range:?}, probe {probe_range:?}");
+            for folds in [&folds[..], &[]] {
+                let folded = hash_join::fold_partitioned(
+                    &device,
+                    stream,
+                    &table,
+                    &partitioned,
+                    folds,
+                    &mut timer,
+                )
                 .unwrap();
-        for folds in [&folds[..], &[]] {
-            let folded = hash_join::fold_partitioned(
+                assert_eq!(folded.pairs, pairs.len() as u64, "{what}: pairs");
+                assert_eq!(folded.words, expected_words[..folds.len()], "{what}: words");
+            }
+            // More folds than one launch computes are refused, not truncated.
+            let five: Vec<JoinFold<'_>> = folds.iter().chain(&folds[..1]).copied().collect();
+            assert!(hash_join::fold_partitioned(
                 &device,
                 stream,
                 &table,
                 &partitioned,
-                folds,
-                &mut timer,
+                &five,
+                &mut timer
             )
-            .unwrap();
-            assert_eq!(folded.pairs, pairs.len() as u64, "{name}: pairs");
-            assert_eq!(folded.words, expected_words[..folds.len()], "{name}: words");
+            .is_err());
         }
         if name != "no match" {
             assert!(pairs.len() >= 100_000, "{name}: {} pairs", pairs.len());
         }
-        // More folds than one launch computes are refused, not truncated.
-        let five: Vec<JoinFold<'_>> = folds.iter().chain(&folds[..1]).copied().collect();
-        assert!(hash_join::fold_partitioned(
-            &device,
-            stream,
-            &table,
-            &partitioned,
-            &five,
-            &mut timer
-        )
-        .is_err());
     }
 }
 
 /// Probe keys partitioned carrying values in place of row ids (seed 002's
 /// GFTR): folds that find their probe values in the carried words match
 /// folds of the reference pairs, for two 4-byte columns in the two halves
-/// of a word and for one 8-byte column in the whole word, with the keys of
-/// every row and with the keys of every third row only (row ids given);
-/// a fold that reads the wrong way, and pairs written from carried words,
-/// are refused.
+/// of a word, for one 8-byte column in the whole word, and for one 4-byte
+/// column (in the key word's high half where the sides are one-word rows),
+/// with the keys of every row and with the keys of every third row only
+/// (row ids given), both sides as pairs and as one-word rows; a fold that
+/// reads the wrong way, and pairs written from carried words, are refused.
 #[test]
 fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
     use launch::{AggregateOp, CarriedSlot, FoldOp, GatheredValues, JoinFold, PairSide};
@@ -428,24 +562,8 @@ fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
-    let uniform = (
-        random_keys(100_000, 150_000, 51),
-        random_keys(300_000, 150_000, 52),
-    );
-    let mut repeated = (vec![42u64; 5000], vec![42u64; 300]);
-    repeated.0.extend(random_keys(3000, 1 << 40, 53));
-    repeated.1.extend(random_keys(3000, 1 << 40, 54));
-    let mut heavy = (vec![42u64; 3], vec![42u64; 200_000]);
-    heavy.0.extend(random_keys(20_000, 1 << 20, 55));
-    heavy.1.extend(random_keys(50_000, 1 << 20, 56));
-    let no_match = (random_keys(10_000, 1 << 20, 57), vec![1u64 << 40; 5000]);
     let sign = 1u64 << 63;
-    for (name, (build, probe)) in [
-        ("uniform", uniform),
-        ("repeated", repeated),
-        ("heavy", heavy),
-        ("no match", no_match),
-    ] {
+    for (name, (build, probe)) in fold_join_cases(51) {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         let build_words = random_keys(build.len(), u64::MAX, 61);
         // Probe values by row: two 4-byte columns and an 8-byte one.
@@ -533,23 +651,47 @@ fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
                 Some(CarriedSlot::Whole),
             ),
         ];
-        let plan = RadixPlan::for_join(build.len() as u64, probe.len() as u64);
-        let table =
-            DeviceBuildTable::build(&device, stream, &[&build], None, plan, &mut timer).unwrap();
-        // Every row's key, then every third row's key with its row id.
+        // A lone 4-byte probe column, which one-word rows carry beside the key.
+        let single = [halves[0], halves[1], halves[3]];
+        // Every row's key, then every third row's key with its row id; both
+        // sides as pairs, then as one-word rows.
         let every_third: Vec<u64> = (0..probe.len() as u64).step_by(3).collect();
         let third_keys: Vec<u64> = every_third.iter().map(|&i| probe[i as usize]).collect();
-        for (rows_name, keys, row_ids) in [
-            ("every row", probe.clone(), None),
-            ("every third row", third_keys, Some(&every_third[..])),
-        ] {
+        let cases = key_ranges(&build, &probe).into_iter().flat_map(|range| {
+            [
+                ("every row", probe.clone(), None, range),
+                (
+                    "every third row",
+                    third_keys.clone(),
+                    Some(&every_third[..]),
+                    range,
+                ),
+            ]
+        });
+        for (rows_name, keys, row_ids, range) in cases {
+            let plan = RadixPlan::for_join(build.len() as u64, probe.len() as u64);
+            let table = DeviceBuildTable::build(
+                &device,
+                stream,
+                host_keys(&[&build], range),
+                plan,
+                &mut timer,
+            )
+            .unwrap();
+            let one_word = range == KeyRange::Below32Bits;
+            assert_eq!(table.one_word(), one_word);
+            let probe_keys = HostKeys {
+                pieces: &[&keys],
+                row_ids,
+                range,
+            };
             let ids: Vec<u64> = match row_ids {
                 Some(ids) => ids.to_vec(),
                 None => (0..keys.len() as u64).collect(),
             };
             let build_ids: Vec<u64> = (0..build.len() as u64).collect();
             let pairs = hash_join::reference::hash_join(&build, &build_ids, &keys, &ids);
-            let what = format!("{name}, {rows_name}");
+            let what = format!("{name}, {rows_name}, {range:?}");
             let (mut sum, mut min, mut max, mut low_sum) = (0u64, u64::MAX, 0u64, 0u64);
             let (mut words_sum, mut words_min) = (0u64, u64::MAX);
             for &(b, p) in &pairs {
@@ -564,11 +706,17 @@ fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
             let identities = |folds: &[JoinFold<'_>]| -> Vec<u64> {
                 folds.iter().map(|fold| fold.op.identity()).collect()
             };
-            let (expected_halves, expected_whole) = match pairs.is_empty() {
-                true => (identities(&halves), identities(&whole)),
-                false => (vec![sum, min, max, low_sum], vec![words_sum, words_min]),
+            let (expected_halves, expected_whole, expected_single) = match pairs.is_empty() {
+                true => (identities(&halves), identities(&whole), identities(&single)),
+                false => (
+                    vec![sum, min, max, low_sum],
+                    vec![words_sum, words_min],
+                    vec![sum, min, low_sum],
+                ),
             };
-            for (folds, carried, expected) in [
+            // The folds, their carried columns and results, and whether the
+            // probe keys are then one word a row.
+            for (folds, carried, expected, probe_one_word) in [
                 (
                     &halves[..],
                     hash_join::CarriedValues {
@@ -577,6 +725,7 @@ fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
                         rows: probe.len(),
                     },
                     &expected_halves,
+                    false,
                 ),
                 (
                     &whole[..],
@@ -586,13 +735,23 @@ fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
                         rows: probe.len(),
                     },
                     &expected_whole,
+                    false,
+                ),
+                (
+                    &single[..],
+                    hash_join::CarriedValues {
+                        low: (&device_low, ValueWidth::Four),
+                        high: None,
+                        rows: probe.len(),
+                    },
+                    &expected_single,
+                    one_word,
                 ),
             ] {
                 let partitioned = hash_join::partition_probe_carrying(
                     &device,
                     stream,
-                    &[&keys],
-                    row_ids,
+                    probe_keys,
                     &carried,
                     table.plan(),
                     &mut timer,
@@ -600,6 +759,7 @@ fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
                 .unwrap()
                 .unwrap();
                 assert!(partitioned.carries_values());
+                assert_eq!(partitioned.one_word(), probe_one_word, "{what}");
                 let folded = hash_join::fold_partitioned(
                     &device,
                     stream,
@@ -643,13 +803,13 @@ fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
                 let by_id = hash_join::partition_probe(
                     &device,
                     stream,
-                    &[&keys],
-                    row_ids,
+                    probe_keys,
                     table.plan(),
                     &mut timer,
                 )
                 .unwrap()
                 .unwrap();
+                assert_eq!(by_id.one_word(), one_word, "{what}");
                 let folded_by_id = hash_join::fold_partitioned(
                     &device, stream, &table, &by_id, &by_row, &mut timer,
                 )

@@ -27,7 +27,7 @@ use crate::gpu::{
     first_buffer_address, is_pinned, upload_u64, DeviceVec, GpuDevice, GpuResult, PhaseTimer,
     ReservationKind,
 };
-use crate::ops::hash_join::DeviceBuildTable;
+use crate::ops::hash_join::{DeviceBuildTable, HostKeys, KeyRange};
 use crate::ops::radix::RadixPlan;
 
 /// All build rows and their encoded keys, shared by the probing partitions,
@@ -61,6 +61,9 @@ pub(crate) struct BuildSide {
     pub(crate) probe_chunk_bytes: usize,
     /// The output columns gathered on the device, if any.
     gather: Option<BuildGather>,
+    /// Partition sides whose keys fit 32 bits as one word a row
+    /// (`gpu.one_word_join_rows`, see [`Self::key_range`]).
+    one_word_rows: bool,
     /// Built on the first chunk the device cannot take.
     host_table: OnceLock<HostBuildTable>,
     device_tables: Mutex<HashMap<usize, Arc<ResidentTable>>>,
@@ -201,7 +204,7 @@ impl BuildSide {
     /// the join, each read in a task of its own), encodes its keys and
     /// plans the partitioning for probe chunks of about `probe_chunk_rows`
     /// rows (0: automatic, see [`probe_chunk_rows`]); `probe_partitions`
-    /// partitions will probe it.
+    /// partitions will probe it. `one_word_rows` is `gpu.one_word_join_rows`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn collect(
         inputs: WholeInput,
@@ -211,6 +214,7 @@ impl BuildSide {
         join_type: JoinType,
         probe_partitions: usize,
         probe_chunk_rows: usize,
+        one_word_rows: bool,
         reservation: MemoryReservation,
         gather: Option<BuildGather>,
         metrics: GpuJoinMetrics,
@@ -278,6 +282,7 @@ impl BuildSide {
             probe_chunk_rows,
             probe_chunk_bytes,
             gather,
+            one_word_rows,
             host_table: OnceLock::new(),
             device_tables: Mutex::new(HashMap::new()),
             _host_memory: reservation,
@@ -294,6 +299,18 @@ impl BuildSide {
     pub(crate) fn probe_finished(&self) -> bool {
         // AcqRel: the last partition sees every other partition's marks.
         self.probes_running.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// What the device may assume of `keys` (the build side's, or a probe
+    /// chunk's, encoded by this side's encoder): every key and row id
+    /// below 2^32 where the encoding's keys take at most 32 bits, so that
+    /// the side is partitioned as one word a row.
+    pub(crate) fn key_range(&self, keys: &JoinKeys) -> KeyRange {
+        if self.one_word_rows && self.encoder.key_bits() <= 32 && keys.row_bound() <= 1 << 32 {
+            KeyRange::Below32Bits
+        } else {
+            KeyRange::Full
+        }
     }
 
     /// The radix plan both sides are partitioned by.
@@ -405,11 +422,17 @@ impl BuildSide {
         let table = DeviceBuildTable::build(
             device,
             stream.stream(),
-            &self.keys.pieces(),
-            self.keys.row_ids(),
+            HostKeys {
+                pieces: &self.keys.pieces(),
+                row_ids: self.keys.row_ids(),
+                range: self.key_range(&self.keys),
+            },
             self.plan.clone(),
             &mut timer,
         )?;
+        if table.one_word() {
+            metrics.rows_in_one_word.add(table.rows());
+        }
         crate::trace::event(|| "hash join build: keys partitioned on the device".into());
         let gather = match &self.gather {
             Some(gather) => Some(ResidentBuildColumns {

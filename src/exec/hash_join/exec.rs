@@ -269,6 +269,7 @@ impl GpuHashJoinExec {
                 *join.join_type(),
                 probe_partitions,
                 options.probe_chunk_rows,
+                options.one_word_join_rows,
                 reservation,
                 gather.clone(),
                 metrics.clone(),

@@ -43,7 +43,7 @@ use crate::exec::GpuJoinMetrics;
 use crate::gpu::{GpuDevice, GpuError, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::{
     fold_partitioned, order_by_probe_row, order_device_bytes, partition_probe,
-    partition_probe_carrying, probe_device_bytes, probe_partitioned, DeviceBuildTable,
+    partition_probe_carrying, probe_device_bytes, probe_partitioned, DeviceBuildTable, HostKeys,
     PartitionedProbe,
 };
 use crate::trace;
@@ -757,6 +757,11 @@ fn pairs_on_device(
                           timer: &mut PhaseTimer|
      -> GpuResult<Option<KeysOnDevice>> {
         let pieces = probe_keys.pieces();
+        let host_keys = HostKeys {
+            pieces: &pieces,
+            row_ids: probe_keys.row_ids(),
+            range: build.key_range(probe_keys),
+        };
         let carrying = carrying.filter(|_| carry_values).and_then(|gather| {
             let bytes = ColumnBytes::of(gather.chunk, gather.probe_columns);
             bytes.in_pinned_memory().then_some((gather, bytes))
@@ -777,8 +782,7 @@ fn pairs_on_device(
                 let partitioned = partition_probe_carrying(
                     device,
                     stream,
-                    &pieces,
-                    probe_keys.row_ids(),
+                    host_keys,
                     &values,
                     build.plan(),
                     timer,
@@ -789,14 +793,7 @@ fn pairs_on_device(
                 }));
             }
         }
-        let partitioned = partition_probe(
-            device,
-            stream,
-            &pieces,
-            probe_keys.row_ids(),
-            build.plan(),
-            timer,
-        )?;
+        let partitioned = partition_probe(device, stream, host_keys, build.plan(), timer)?;
         Ok(partitioned.map(|keys| KeysOnDevice { keys, carry: None }))
     };
     // While the build side goes to the device (made by another partition,
@@ -881,6 +878,9 @@ fn pairs_on_device(
             if partitioned.carry.is_some() {
                 metrics.probe_rows_carrying_values.add(probe_keys.len());
             }
+            if partitioned.keys.one_word() {
+                metrics.rows_in_one_word.add(probe_keys.len());
+            }
             if folded.pairs > 0 {
                 // A fold over no pair holds its identity, not a value.
                 metrics.pairs_folded_while_probing.add(folded.pairs);
@@ -904,6 +904,9 @@ fn pairs_on_device(
         }
     }
     let partitioned = &partitioned.keys;
+    if partitioned.one_word() {
+        metrics.rows_in_one_word.add(probe_keys.len());
+    }
     // The chunk's own columns go to the device once its pairs are counted,
     // and only where that pays (see `probe_side_pays`).
     probe_partitioned(

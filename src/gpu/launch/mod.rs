@@ -66,6 +66,7 @@ pub struct Kernels {
     hash_join_write: CudaFunction,
     hash_join_fold: CudaFunction,
     pack_carried_words: CudaFunction,
+    pack_key_words: CudaFunction,
     fill_u64: CudaFunction,
     group_insert: CudaFunction,
     /// One per fold count, 1 to [`MAX_TABLE_FOLDS`].
@@ -124,6 +125,7 @@ impl Kernels {
             hash_join_write: function(&join, "hash_join_write")?,
             hash_join_fold: function(&join, "hash_join_fold")?,
             pack_carried_words: function(&join, "pack_carried_words")?,
+            pack_key_words: function(&join, "pack_key_words")?,
             fill_u64: function(&group_by, "fill_u64")?,
             group_insert: function(&group_by, "group_insert")?,
             group_insert_fold: [
@@ -267,13 +269,34 @@ impl RadixGrid {
 pub enum RadixDigits {
     /// Bits of `mix64(key)`: partitioning for the hash join.
     Hashed,
+    /// Bits of `mix64` of each word's low half: partitioning one-word rows
+    /// (the key below 2^32 in the low half, the row's id or a carried
+    /// value in the high half, see [`pack_key_words`]), which move without
+    /// a row-id array.
+    HashedLowHalf,
     /// Bits of the key itself: sorting.
     Key,
 }
 
+impl RadixDigits {
+    /// The kernels' `key_mask`: what of a word is its key.
+    fn key_mask(self) -> u64 {
+        match self {
+            RadixDigits::HashedLowHalf => u64::from(u32::MAX),
+            RadixDigits::Hashed | RadixDigits::Key => u64::MAX,
+        }
+    }
+
+    /// Whether rows are one word each, with no row-id array.
+    pub fn one_word(self) -> bool {
+        self == RadixDigits::HashedLowHalf
+    }
+}
+
 /// `radix_histogram` (or `radix_sort_histogram` for [`RadixDigits::Key`]):
-/// per-block counts of digit `(mix64(key) >> shift) & (2^bits - 1)` (or of
-/// the key's own bits), written as `histogram[digit * blocks + block]`.
+/// per-block counts of digit `(mix64(key) >> shift) & (2^bits - 1)` (the
+/// key being each word's low half for [`RadixDigits::HashedLowHalf`], or,
+/// sorting, of the key's own bits), written as `histogram[digit * blocks + block]`.
 #[allow(clippy::too_many_arguments)]
 pub fn radix_histogram(
     kernels: &Kernels,
@@ -291,13 +314,15 @@ pub fn radix_histogram(
     check_len(histogram, (grid.blocks as usize) << bits, "radix histogram")?;
     let n = keys.len() as u64;
     let kernel = match digits {
-        RadixDigits::Hashed => &kernels.radix_histogram,
+        RadixDigits::Hashed | RadixDigits::HashedLowHalf => &kernels.radix_histogram,
         RadixDigits::Key => &kernels.radix_sort_histogram,
     };
+    let key_mask = digits.key_mask();
     let mut launch = stream.launch_builder(kernel);
     launch
         .arg(keys)
         .arg(&n)
+        .arg(&key_mask)
         .arg(&shift)
         .arg(&bits)
         .arg(&grid.rows_per_block)
@@ -308,7 +333,8 @@ pub fn radix_histogram(
 }
 
 /// `radix_scatter` (or `radix_sort_scatter`): stable scatter of (key, row
-/// id) pairs to the positions given by the exclusive scan of
+/// id) pairs, or of one-word rows without `ids` ([`RadixDigits::HashedLowHalf`]
+/// and only it), to the positions given by the exclusive scan of
 /// [`radix_histogram`]'s output with the same `digits`.
 #[allow(clippy::too_many_arguments)]
 pub fn radix_scatter(
@@ -316,51 +342,77 @@ pub fn radix_scatter(
     stream: &Arc<CudaStream>,
     digits: RadixDigits,
     keys_in: &CudaSlice<u64>,
-    ids_in: &CudaSlice<u64>,
+    ids: Option<(&CudaSlice<u64>, &mut CudaSlice<u64>)>,
     shift: u32,
     bits: u32,
     grid: RadixGrid,
     offsets: &CudaSlice<u64>,
     keys_out: &mut CudaSlice<u64>,
-    ids_out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
     let n = keys_in.len();
     if bits == 0 || bits > MAX_RADIX_BITS {
         return Err(GpuError::Invalid(format!("radix pass of {bits} bits")));
     }
-    check_len(ids_in, n, "row ids")?;
+    if ids.is_some() == digits.one_word() {
+        return Err(GpuError::Invalid(format!(
+            "a radix pass over {digits:?} digits {} row ids",
+            if ids.is_some() { "with" } else { "without" }
+        )));
+    }
+    if let Some((ids_in, ids_out)) = &ids {
+        check_len(ids_in, n, "row ids")?;
+        check_len(ids_out, n, "partitioned row ids")?;
+    }
     check_len(keys_out, n, "partitioned keys")?;
-    check_len(ids_out, n, "partitioned row ids")?;
     check_len(offsets, (grid.blocks as usize) << bits, "radix offsets")?;
     let n64 = n as u64;
+    let key_mask = digits.key_mask();
     let kernel = match digits {
-        RadixDigits::Hashed => &kernels.radix_scatter,
+        RadixDigits::Hashed | RadixDigits::HashedLowHalf => &kernels.radix_scatter,
         RadixDigits::Key => &kernels.radix_sort_scatter,
     };
+    // A null pointer for each id array of one-word rows: never touched.
+    const NO_IDS: u64 = 0;
     let mut launch = stream.launch_builder(kernel);
+    launch.arg(keys_in);
+    let ids_out = match ids {
+        Some((ids_in, ids_out)) => {
+            launch.arg(ids_in);
+            Some(ids_out)
+        }
+        None => {
+            launch.arg(&NO_IDS);
+            None
+        }
+    };
     launch
-        .arg(keys_in)
-        .arg(ids_in)
         .arg(&n64)
+        .arg(&key_mask)
         .arg(&shift)
         .arg(&bits)
         .arg(&grid.rows_per_block)
         .arg(offsets)
-        .arg(keys_out)
-        .arg(ids_out);
+        .arg(keys_out);
+    match ids_out {
+        Some(ids_out) => launch.arg(ids_out),
+        None => launch.arg(&NO_IDS),
+    };
     // SAFETY: offsets are an exclusive scan of the histogram of the same keys,
-    // so every destination lies in [0, n); all lengths checked above.
+    // so every destination lies in [0, n); all lengths checked above; null
+    // id arrays (one-word rows) are never touched.
     unsafe { launch.launch(config(grid.blocks)?) }.during("launching radix_scatter")?;
     Ok(())
 }
 
 /// `partition_bounds`: `starts[p]` = first row of partition `p` for every `p`
-/// in `[0, 2^total_bits]`, for keys ordered by partition. `keys` must be non-empty.
+/// in `[0, 2^total_bits]`, for keys ordered by partition over `digits`
+/// (hashed: whole words or their low halves). `keys` must be non-empty.
 pub fn partition_bounds(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
     sm_count: u32,
     keys: &CudaSlice<u64>,
+    digits: RadixDigits,
     total_bits: u32,
     starts: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
@@ -370,9 +422,20 @@ pub fn partition_bounds(
             "partition_bounds needs at least one row".into(),
         ));
     }
+    if digits == RadixDigits::Key {
+        return Err(GpuError::Invalid(
+            "partition bounds of keys sorted by their own bits".into(),
+        ));
+    }
     check_len(starts, (1usize << total_bits) + 1, "partition starts")?;
+    let key_mask = digits.key_mask();
     let mut launch = stream.launch_builder(&kernels.partition_bounds);
-    launch.arg(keys).arg(&n).arg(&total_bits).arg(starts);
+    launch
+        .arg(keys)
+        .arg(&n)
+        .arg(&key_mask)
+        .arg(&total_bits)
+        .arg(starts);
     // SAFETY: writes starts[..=2^total_bits], length checked; reads keys[..n].
     unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
         .during("launching partition_bounds")?;
@@ -382,13 +445,20 @@ pub fn partition_bounds(
 /// Device inputs of the join kernels: one radix-partitioned side.
 #[derive(Debug, Clone, Copy)]
 pub struct PartitionedSide<'a> {
-    /// Keys ordered by partition.
+    /// Keys ordered by partition (one-word rows: the key in each word's
+    /// low half, the row's word in its high half, see [`pack_key_words`]).
     pub keys: &'a CudaSlice<u64>,
     /// Row ids in the same order (or the words a probe side carries in
-    /// their place, see [`pack_carried_words`]).
-    pub row_ids: &'a CudaSlice<u64>,
+    /// their place, see [`pack_carried_words`]); `None` for one-word rows.
+    pub row_ids: Option<&'a CudaSlice<u64>>,
     /// 2^partition_bits + 1 partition starts.
     pub starts: &'a CudaSlice<u64>,
+}
+
+/// The kernels' `layouts`: which sides are one word a row
+/// (`BUILD_ONE_WORD`, `PROBE_ONE_WORD` in `ptx/hash_join.cu`).
+fn join_layouts(build: &PartitionedSide<'_>, probe: &PartitionedSide<'_>) -> u32 {
+    u32::from(build.row_ids.is_none()) | (u32::from(probe.row_ids.is_none()) << 1)
 }
 
 fn check_join_inputs(
@@ -402,9 +472,25 @@ fn check_join_inputs(
             (1usize << partition_bits) + 1,
             "partition starts",
         )?;
-        check_len(side.row_ids, side.keys.len(), "row ids")?;
+        if let Some(row_ids) = side.row_ids {
+            check_len(row_ids, side.keys.len(), "row ids")?;
+        }
     }
     Ok(())
+}
+
+/// A null device pointer: a one-word side's row-id array (never read).
+const NO_ROW_IDS: u64 = 0;
+
+/// Pushes a side's row-id array, null for one-word rows.
+fn push_row_ids<'a>(
+    launch: &mut cudarc::driver::LaunchArgs<'a>,
+    row_ids: Option<&'a CudaSlice<u64>>,
+) {
+    match row_ids {
+        Some(row_ids) => launch.arg(row_ids),
+        None => launch.arg(&NO_ROW_IDS),
+    };
 }
 
 /// Blocks for the join kernels over `tasks` tasks: one task per block at a
@@ -466,24 +552,27 @@ fn push_join_tasks<'a>(launch: &mut cudarc::driver::LaunchArgs<'a>, tasks: &Opti
 
 /// Pushes the arguments `hash_join_write` and `hash_join_fold` begin with:
 /// both sides' keys, row ids and partition starts, the task list, the
-/// partition bits and the task range.
+/// sides' layouts, the partition bits and the task range.
 fn push_join_work<'a>(
     launch: &mut cudarc::driver::LaunchArgs<'a>,
     build: &PartitionedSide<'a>,
     probe: &PartitionedSide<'a>,
     tasks: &Option<JoinTasks<'a>>,
+    layouts: &'a u32,
     partition_bits: &'a u32,
     range: &'a std::ops::Range<u64>,
 ) {
-    launch
-        .arg(build.keys)
-        .arg(build.row_ids)
-        .arg(build.starts)
-        .arg(probe.keys)
-        .arg(probe.row_ids)
-        .arg(probe.starts);
+    launch.arg(build.keys);
+    push_row_ids(launch, build.row_ids);
+    launch.arg(build.starts).arg(probe.keys);
+    push_row_ids(launch, probe.row_ids);
+    launch.arg(probe.starts);
     push_join_tasks(launch, tasks);
-    launch.arg(partition_bits).arg(&range.start).arg(&range.end);
+    launch
+        .arg(layouts)
+        .arg(partition_bits)
+        .arg(&range.start)
+        .arg(&range.end);
 }
 
 /// `hash_join_count`: `match_counts[t]` = matching pairs of task `t` (of
@@ -503,6 +592,7 @@ pub fn hash_join_count(
     check_join_inputs(&build, &probe, partition_bits)?;
     check_join_tasks(tasks, partition_bits, &range)?;
     check_len(match_counts, range.end as usize, "match counts")?;
+    let layouts = join_layouts(&build, &probe);
     let mut launch = stream.launch_builder(&kernels.hash_join_count);
     launch
         .arg(build.keys)
@@ -511,6 +601,7 @@ pub fn hash_join_count(
         .arg(probe.starts);
     push_join_tasks(&mut launch, &tasks);
     launch
+        .arg(&layouts)
         .arg(&partition_bits)
         .arg(&range.start)
         .arg(&range.end)
@@ -547,8 +638,17 @@ pub fn hash_join_write(
     check_len(match_offsets, range.end as usize, "match offsets")?;
     check_len(out_build_ids, output_len, "output build ids")?;
     check_len(out_probe_ids, output_len, "output probe ids")?;
+    let layouts = join_layouts(&build, &probe);
     let mut launch = stream.launch_builder(&kernels.hash_join_write);
-    push_join_work(&mut launch, &build, &probe, &tasks, &partition_bits, &range);
+    push_join_work(
+        &mut launch,
+        &build,
+        &probe,
+        &tasks,
+        &layouts,
+        &partition_bits,
+        &range,
+    );
     launch
         .arg(match_offsets)
         .arg(&output_base)
@@ -556,7 +656,8 @@ pub fn hash_join_write(
         .arg(out_probe_ids);
     // SAFETY: the caller passes the offsets of hash_join_count over the same
     // inputs and tasks, and output_len >= the range's match total, so every
-    // write lands in [0, output_len); the other lengths are checked above.
+    // write lands in [0, output_len); the other lengths are checked above; a
+    // one-word side's null row-id array is never read (its `layouts` bit).
     unsafe { launch.launch(config(join_blocks(range.end - range.start, sm_count))?) }
         .during("launching hash_join_write")?;
     Ok(())
@@ -718,8 +819,17 @@ pub fn hash_join_fold(
     check_len(specs, 3 * folds.len(), "fold specs")?;
     check_len(out, 1 + folds.len(), "fold output")?;
     let fold_count = folds.len() as u32;
+    let layouts = join_layouts(&build, &probe);
     let mut launch = stream.launch_builder(&kernels.hash_join_fold);
-    push_join_work(&mut launch, &build, &probe, &tasks, &partition_bits, &range);
+    push_join_work(
+        &mut launch,
+        &build,
+        &probe,
+        &tasks,
+        &layouts,
+        &partition_bits,
+        &range,
+    );
     launch.arg(&fold_count).arg(specs);
     // A null pointer stands for each source past the folds: never read.
     const UNUSED_SOURCE: u64 = 0;
@@ -802,5 +912,54 @@ pub fn pack_carried_words(
     // read.
     unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
         .during("launching pack_carried_words")?;
+    Ok(())
+}
+
+/// `pack_key_words`: makes one-word rows in place ([`RadixDigits::HashedLowHalf`]).
+/// For each `i < keys.len()`, with `id = row_ids[i]` (or `i` without row
+/// ids), `keys[i]` keeps its low half (the key, which the caller guarantees
+/// lies below 2^32) and takes in its high half `id` (which must lie below
+/// 2^32), or, with `values` (4-byte values, `rows` of them), the value at
+/// `id` (0 for an id at or past `rows`).
+pub fn pack_key_words(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    sm_count: u32,
+    keys: &mut CudaSlice<u64>,
+    row_ids: Option<&CudaSlice<u64>>,
+    values: Option<(&CudaSlice<u64>, usize)>,
+) -> GpuResult<()> {
+    let n = keys.len() as u64;
+    if let Some(ids) = row_ids {
+        check_len(ids, n as usize, "row ids beside key words")?;
+    }
+    let rows = match values {
+        Some((values, rows)) => {
+            ValueWidth::Four.check_source(values, rows, "values beside key words")?;
+            rows as u64
+        }
+        None => 0,
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    const NONE: u64 = 0;
+    let mut launch = stream.launch_builder(&kernels.pack_key_words);
+    launch.arg(&mut *keys).arg(&n);
+    match row_ids {
+        Some(ids) => launch.arg(ids),
+        None => launch.arg(&NONE),
+    };
+    launch.arg(&rows);
+    match values {
+        Some((values, _)) => launch.arg(values),
+        None => launch.arg(&NONE),
+    };
+    // SAFETY: reads and writes keys[..n] with n = keys.len(); reads
+    // row_ids[..n] (length checked) and the 4-byte values only at ids below
+    // `rows`, which the check above puts within their words; null row ids
+    // and values are never read.
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching pack_key_words")?;
     Ok(())
 }
