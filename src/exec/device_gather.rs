@@ -418,33 +418,37 @@ fn reduction_width(reduction: &PairReduction) -> ValueWidth {
     }
 }
 
-/// The probe columns a chunk carries through its partitioning in place of
-/// row ids where its aggregation is folded while the device probes (seed
-/// 002's GFTR; see [`crate::ops::hash_join::partition_probe_carrying`]):
-/// each fold of a probe column then reads its value where the keys are,
-/// not at a random row. Each column has its slot in the carried word.
+/// The columns of one side a join carries through its partitioning in
+/// place of row ids where its aggregation is folded while the device
+/// probes (seed 002's GFTR; see
+/// [`crate::ops::hash_join::partition_probe_carrying`] and
+/// [`crate::ops::hash_join::DeviceBuildTable::build_carrying`]): each fold
+/// of such a column then reads its value where the keys are, not at a
+/// random row. Each column has its slot in the carried word.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ProbeCarry {
-    /// (probe column, its slot), one entry per distinct column.
+pub(crate) struct SideCarry {
+    side: PairSide,
+    /// (column of the side, its slot), one entry per distinct column.
     slots: Vec<(usize, CarriedSlot)>,
 }
 
-impl ProbeCarry {
-    /// What the probe side of `reductions` carries: the probe columns they
+impl SideCarry {
+    /// What `side` of `reductions` carries: the columns of that side they
     /// fold, where these are one 8-byte column or one or two 4-byte ones,
-    /// every column the reductions read on the probe side is on the device
-    /// at its width (as [`join_folds`] needs), and one launch computes
-    /// every fold. `None` otherwise, or where no reduction folds a probe
-    /// column: the keys then carry row ids.
+    /// every column the reductions read on that side is on the device at
+    /// its width (as [`join_folds`] needs), and one launch computes every
+    /// fold. `None` otherwise, or where no reduction folds a column of the
+    /// side: its keys then carry row ids.
     pub(crate) fn plan(
+        side: PairSide,
         reductions: &[PairReduction],
         sources: &[ColumnSource],
-        probe: &ResidentColumns,
+        resident: &ResidentColumns,
     ) -> Option<Self> {
         let mut folds = 0;
         let mut columns: Vec<(usize, ValueWidth)> = Vec::new();
         for reduction in reductions {
-            let Some((side, index)) = reduction_side(reduction, sources)? else {
+            let Some((reduction_side, index)) = reduction_side(reduction, sources)? else {
                 continue;
             };
             let counted = matches!(
@@ -452,11 +456,11 @@ impl ProbeCarry {
                 PairReduction::CountColumn(_) | PairReduction::CountPairs
             );
             folds += usize::from(!counted);
-            if side != PairSide::Probe {
+            if reduction_side != side {
                 continue;
             }
             let width = reduction_width(reduction);
-            probe.get(index).filter(|v| v.width == width)?;
+            resident.get(index).filter(|v| v.width == width)?;
             if !counted && !columns.contains(&(index, width)) {
                 columns.push((index, width));
             }
@@ -472,10 +476,10 @@ impl ProbeCarry {
             }
             _ => return None,
         };
-        Some(Self { slots })
+        Some(Self { side, slots })
     }
 
-    /// The slot of probe column `column`, if carried.
+    /// The slot of the side's column `column`, if carried.
     fn slot(&self, column: usize) -> Option<CarriedSlot> {
         self.slots
             .iter()
@@ -483,16 +487,16 @@ impl ProbeCarry {
             .map(|&(_, slot)| slot)
     }
 
-    /// The carried columns of `probe` (a chunk of `rows` rows), as the
+    /// The carried columns of `resident` (the side's, `rows` rows), as the
     /// partitioning packs them; `None` where one is not on the device.
     pub(crate) fn values<'a>(
         &self,
-        probe: &'a ResidentColumns,
+        resident: &'a ResidentColumns,
         rows: usize,
     ) -> Option<CarriedValues<'a>> {
         let column = |slot: CarriedSlot| {
             let &(index, _) = self.slots.iter().find(|&&(_, s)| s == slot)?;
-            probe.get(index).filter(|v| v.width == slot.width())
+            resident.get(index).filter(|v| v.width == slot.width())
         };
         let low = column(CarriedSlot::Whole).or_else(|| column(CarriedSlot::Low))?;
         let high = match self.slot_taken(CarriedSlot::High) {
@@ -513,18 +517,18 @@ impl ProbeCarry {
 
 /// The folds that compute `reductions` while a hash join probes (see
 /// [`crate::ops::hash_join::fold_partitioned`]): one per reduction that
-/// reads a column (a count reads none: it is the pairs). A probe-side fold
-/// reads its slot of the words `probe_carry` put beside the probe keys,
-/// where given. `None` where a column is not on the device (as for
-/// [`reduce_pairs`]), there are more folds than one launch computes, or a
-/// probe-side fold's column was not carried; the pairs are then written
-/// out and reduced by [`reduce_pairs`].
+/// reads a column (a count reads none: it is the pairs). A fold reads its
+/// slot of the words a side's [`SideCarry`] in `carries` put beside its
+/// keys, where that side carries. `None` where a column is not on the
+/// device (as for [`reduce_pairs`]), there are more folds than one launch
+/// computes, or a fold's column was not carried where its side carries;
+/// the pairs are then written out and reduced by [`reduce_pairs`].
 pub(crate) fn join_folds<'a>(
     reductions: &[PairReduction],
     sources: &[ColumnSource],
     build: (&dyn RowSource, &'a ResidentColumns),
     probe: (&dyn RowSource, &'a ResidentColumns),
-    probe_carry: Option<&ProbeCarry>,
+    carries: &[&SideCarry],
 ) -> Option<Vec<Option<JoinFold<'a>>>> {
     let columns = reduction_columns(reductions, sources, build.1, probe.1)?;
     let mut uncarried = false;
@@ -546,16 +550,17 @@ pub(crate) fn join_folds<'a>(
                 // every pair counts, and nothing is read (nor carried).
                 PairReduction::CountColumn(_) | PairReduction::CountPairs => return None,
             };
-            // A probe column's value is in its slot of the carried word.
-            let carried = match (side, probe_carry) {
-                (PairSide::Probe, Some(carry)) => {
+            // Where the fold's side carries, its value is in its slot of the
+            // carried word.
+            let carried = match carries.iter().find(|carry| carry.side == side) {
+                Some(carry) => {
                     let slot = reduction_side(reduction, sources)
                         .flatten()
                         .and_then(|(_, index)| carry.slot(index));
                     uncarried |= slot.is_none();
                     slot
                 }
-                _ => None,
+                None => None,
             };
             Some(JoinFold {
                 side,
@@ -569,7 +574,8 @@ pub(crate) fn join_folds<'a>(
         })
         .collect();
     // A counted column needs no fold: it only had to be on the device. A
-    // probe fold whose column was not carried cannot read it.
+    // fold whose column was not carried where its side carries cannot read
+    // it.
     (folds.iter().flatten().count() <= MAX_JOIN_FOLDS && !uncarried).then_some(folds)
 }
 

@@ -97,6 +97,9 @@ pub struct GpuJoinMetrics {
     /// Probe rows whose keys carried the values their folds read, in place
     /// of row ids (`gpu.carry_folded_values`).
     pub probe_rows_carrying_values: Count,
+    /// Build rows whose keys carried the values the folds read, in place
+    /// of row ids (`gpu.carry_folded_values`), once per device.
+    pub build_rows_carrying_values: Count,
     /// Build and probe rows partitioned as one word each, key and row id
     /// (or carried value) together (`gpu.one_word_join_rows`).
     pub rows_in_one_word: Count,
@@ -121,6 +124,7 @@ impl GpuJoinMetrics {
             rows_aggregated_on_device: builder().counter("rows_aggregated_on_device", partition),
             pairs_folded_while_probing: builder().counter("pairs_folded_while_probing", partition),
             probe_rows_carrying_values: builder().counter("probe_rows_carrying_values", partition),
+            build_rows_carrying_values: builder().counter("build_rows_carrying_values", partition),
             rows_in_one_word: builder().counter("rows_in_one_word", partition),
         }
     }

@@ -50,6 +50,9 @@ impl HostKeys<'_> {
 pub struct DeviceBuildTable {
     plan: RadixPlan,
     build: JoinSide,
+    /// Whether the keys carry values in place of row ids (see
+    /// [`Self::build_carrying`]).
+    carries_values: bool,
 }
 
 impl DeviceBuildTable {
@@ -62,13 +65,44 @@ impl DeviceBuildTable {
         plan: RadixPlan,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let build = upload_and_partition(device, stream, keys, None, &plan, timer)?;
-        Ok(Self { plan, build })
+        Self::build_carrying(device, stream, keys, |_| Ok(None), plan, timer)
+    }
+
+    /// [`Self::build`] carrying the values `carried` gives in place of row
+    /// ids (seed 002's GFTR, as [`partition_probe_carrying`] for a probe
+    /// chunk), where it gives any: the table can then only be folded
+    /// ([`fold_partitioned`]), by build-side folds that find their values
+    /// in their [`CarriedSlot`](launch::CarriedSlot) of the word, and its
+    /// rows hold no row ids to write pairs with. `carried` is called once,
+    /// after the keys' copy is queued: values it copies then cross the bus
+    /// behind the keys, while another stream's kernels run, rather than
+    /// ahead of them.
+    pub fn build_carrying<'v>(
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        keys: HostKeys<'_>,
+        carried: impl FnOnce(&mut PhaseTimer) -> GpuResult<Option<CarriedValues<'v>>>,
+        plan: RadixPlan,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        let (build, carries_values) =
+            upload_and_partition(device, stream, keys, carried, &plan, timer)?;
+        Ok(Self {
+            plan,
+            build,
+            carries_values,
+        })
     }
 
     /// Whether the build rows are one word each (see [`KeyRange`]).
     pub fn one_word(&self) -> bool {
         self.build.one_word()
+    }
+
+    /// Whether the keys carry values in place of row ids: such a table is
+    /// only folded ([`fold_partitioned`]), its pairs never written.
+    pub fn carries_values(&self) -> bool {
+        self.carries_values
     }
 
     /// The partitioning shared by both sides.
@@ -88,19 +122,21 @@ impl DeviceBuildTable {
 }
 
 /// Copies keys (and row ids) to the device and partitions them by `plan`,
-/// moving with the keys their row ids or, with `carried`, the words of
-/// [`CarriedValues`] at those rows. Every row id must lie below
-/// `carried.rows`: the packing kernels give a word of 0 to any other, which
-/// a fold would then take for a value. Keys below 2^32 go as one-word rows
-/// where what moves with them is a row id or one 4-byte value.
-fn upload_and_partition(
+/// moving with the keys their row ids or the words of the
+/// [`CarriedValues`] that `carried` gives (called once, after the keys'
+/// copy is queued) at those rows; returns the side and whether it carries
+/// values. Every row id must lie below the carried values' `rows`: the
+/// packing kernels give a word of 0 to any other, which a fold would then
+/// take for a value. Keys below 2^32 go as one-word rows where what moves
+/// with them is a row id or one 4-byte value.
+fn upload_and_partition<'v>(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
     keys: HostKeys<'_>,
-    carried: Option<&CarriedValues<'_>>,
+    carried: impl FnOnce(&mut PhaseTimer) -> GpuResult<Option<CarriedValues<'v>>>,
     plan: &RadixPlan,
     timer: &mut PhaseTimer,
-) -> GpuResult<JoinSide> {
+) -> GpuResult<(JoinSide, bool)> {
     let rows = keys.rows();
     if let Some(ids) = keys.row_ids {
         if ids.len() != rows {
@@ -110,6 +146,9 @@ fn upload_and_partition(
             )));
         }
     }
+    let mut device_keys = upload_u64_pieces(device, stream, keys.pieces, timer)?;
+    let carried = carried(timer)?;
+    let carried = carried.as_ref();
     if let Some(carried) = carried {
         // Each key's row (its row id, or its place) must have a value.
         if keys.row_ids.is_none() && rows > carried.rows {
@@ -122,7 +161,6 @@ fn upload_and_partition(
     let one_word = keys.range == KeyRange::Below32Bits
         && rows as u64 <= 1 << 32
         && carried.is_none_or(|c| c.low.1 == ValueWidth::Four && c.high.is_none());
-    let mut device_keys = upload_u64_pieces(device, stream, keys.pieces, timer)?;
     // Dropped (stream-ordered) once the words are packed, before the
     // partitioning allocates its buffers.
     let uploaded_ids = match (one_word || carried.is_some(), keys.row_ids) {
@@ -142,11 +180,10 @@ fn upload_and_partition(
             )
         })?;
         drop(uploaded_ids);
-        return timer
-            .time(Phase::Kernel, || {
-                radix_partition_one_word(device, stream, device_keys, plan)
-            })
-            .map(JoinSide::from);
+        let side = timer.time(Phase::Kernel, || {
+            radix_partition_one_word(device, stream, device_keys, plan)
+        })?;
+        return Ok((side.into(), carried.is_some()));
     }
     let device_ids = match (keys.row_ids, carried) {
         (_, Some(carried)) => {
@@ -178,11 +215,10 @@ fn upload_and_partition(
             ids
         }
     };
-    timer
-        .time(Phase::Kernel, || {
-            radix_partition(device, stream, device_keys, device_ids, plan)
-        })
-        .map(JoinSide::from)
+    let side = timer.time(Phase::Kernel, || {
+        radix_partition(device, stream, device_keys, device_ids, plan)
+    })?;
+    Ok((side.into(), carried.is_some()))
 }
 
 /// Device bytes one probe chunk of `rows` rows needs beside the build table,
@@ -285,12 +321,12 @@ impl PartitionedProbe {
     }
 }
 
-/// The values a probe chunk carries through its partitioning in place of
+/// The values a side carries through its partitioning in place of
 /// row ids (seed 002's GFTR), so that the folds of [`fold_partitioned`]
 /// read them where the keys are, not at random rows: one 8-byte column
 /// (`low`, [`CarriedSlot::Whole`](launch::CarriedSlot)), or one or two
 /// 4-byte columns (`low` and `high`, in each word's low and high half).
-/// Each column holds the chunk's `rows` values, indexed by row id. A chunk
+/// Each column holds the side's `rows` values, indexed by row id. A side
 /// of one-word rows (see [`KeyRange`]) carries a lone 4-byte `low` column
 /// in its key words' high halves, the row's word: a fold finds it in the
 /// same [`CarriedSlot::Low`](launch::CarriedSlot) slot.
@@ -340,10 +376,12 @@ fn partition_probe_moving(
     if keys.rows() == 0 {
         return Ok(None);
     }
+    let (keys, carries_values) =
+        upload_and_partition(device, stream, keys, |_| Ok(carried.copied()), plan, timer)?;
     Ok(Some(PartitionedProbe {
         plan: plan.clone(),
-        keys: upload_and_partition(device, stream, keys, carried, plan, timer)?,
-        carries_values: carried.is_some(),
+        keys,
+        carries_values,
     }))
 }
 
@@ -366,10 +404,15 @@ pub fn probe_partitioned(
             "probe keys partitioned by another plan than the build table's".into(),
         ));
     }
-    if probe.carries_values {
-        return Err(GpuError::Invalid(
-            "pairs written from probe keys that carry values, not row ids".into(),
-        ));
+    if probe.carries_values || table.carries_values {
+        return Err(GpuError::Invalid(format!(
+            "pairs written from {} keys that carry values, not row ids",
+            if probe.carries_values {
+                "probe"
+            } else {
+                "build"
+            }
+        )));
     }
     let plan = table.plan();
     let probe = &probe.keys;
@@ -515,10 +558,10 @@ pub struct FoldedPairs {
 /// `table` by `folds` (at most [`launch::MAX_JOIN_FOLDS`]) as the device
 /// finds them, without writing them out: an aggregation without `GROUP BY`
 /// over an inner join. Each fold reads its column at the row id its side's
-/// partitioning carried, or, where the probe keys carry values
-/// ([`partition_probe_carrying`]), a probe-side fold finds its value in
-/// its slot of the probe's word: then every probe-side fold must, and only
-/// they may. One launch over every task, whatever the pair count, so no
+/// partitioning carried, or, where a side's keys carry values
+/// ([`partition_probe_carrying`], [`DeviceBuildTable::build_carrying`]),
+/// finds its value in its slot of that side's word: then every fold of
+/// that side must, and only they may. One launch over every task, whatever the pair count, so no
 /// output buffer and no count beforehand.
 pub fn fold_partitioned(
     device: &GpuDevice,
@@ -542,7 +585,10 @@ pub fn fold_partitioned(
     }
     for fold in folds {
         let carried = fold.carried.is_some();
-        let side_carries = fold.side == launch::PairSide::Probe && probe.carries_values;
+        let side_carries = match fold.side {
+            launch::PairSide::Build => table.carries_values,
+            launch::PairSide::Probe => probe.carries_values,
+        };
         if carried != side_carries {
             return Err(GpuError::Invalid(format!(
                 "a {:?}-side fold {} a carried value where its side carries {}",

@@ -211,16 +211,21 @@ extensions_options! {
         /// Only where the chunk's columns that go to the device all lie in
         /// pinned memory: staged through the host, the chunk waits on the
         /// host, not the device.
-        /// `EXPLAIN ANALYZE` counts the rows in `probe_rows_carrying_values`.
-        /// `false` carries row ids. (The build side's values, gathered into
-        /// the partitions' order once, gained nothing at seed 002's PK-FK
-        /// joins, so the build side carries row ids.)
+        /// The build side's keys carry the values its folds read too (one
+        /// 8-byte column, or one or two 4-byte ones, whatever memory they
+        /// come from: the build side goes to the device once): a lone
+        /// 4-byte column rides in one-word rows (`one_word_join_rows`),
+        /// more makes them two words. A chunk whose folds then cannot run
+        /// (a column with NULLs) is joined against the build rows
+        /// partitioned again by row id, made once on first need.
+        /// `EXPLAIN ANALYZE` counts the rows in `probe_rows_carrying_values`
+        /// and `build_rows_carrying_values`. `false` carries row ids.
         pub carry_folded_values: bool, default = true
         /// Where a join's keys fit 32 bits (a packed key encoding of at
         /// most 32 bits: an Int32 column, or columns of narrow ranges),
         /// each side goes through the radix partitioning as one 8-byte
         /// word a row, the key in its low half and the row id (or the one
-        /// 4-byte value a probe chunk carries, `carry_folded_values`) in
+        /// 4-byte value a side carries, `carry_folded_values`) in
         /// its high half, in place of a key word and a row-id word: half
         /// the bytes every radix pass reads and writes.
         /// `EXPLAIN ANALYZE` counts the rows in `rows_in_one_word`.

@@ -889,6 +889,151 @@ async fn aggregates_in_the_join_over_four_byte_columns() {
     }
 }
 
+/// The build side's keys carry the values its folds read (seed 002's GFTR
+/// on the build side, `gpu.carry_folded_values`): one 4-byte column beside
+/// Int32 keys in one-word rows, an 8-byte one beside them in two words,
+/// two 4-byte columns or one 8-byte column beside wide Int64 keys; three
+/// columns are read by row id. A probe column with NULLs cannot be folded:
+/// the pairs are then written out against the build rows partitioned again
+/// by row id. Same answers as the CPU, and with the option off, in every
+/// mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn build_keys_carry_the_values_their_folds_read() {
+    let Some(_) = require_gpu("build_keys_carry_the_values_their_folds_read") else {
+        return;
+    };
+    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::arrow::datatypes::Int64Type;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int32, false),
+        Field::new("k64", DataType::Int64, false),
+        Field::new("v", DataType::Int32, false),
+        Field::new("u", DataType::UInt32, false),
+        Field::new("w", DataType::Int64, false),
+        Field::new("n", DataType::Int32, true),
+    ]));
+    // x (the build side) holds fewer rows than y, so the planner keeps it
+    // on the build side; keys repeat on both sides.
+    let make = |rows: usize, salt: i64| {
+        table_from_columns(Arc::clone(&schema), rows, 3, 3000, move |range| {
+            let mix = |i: usize| (i as i64).wrapping_mul(0x9E37_79B9_7F4A_7C15u64 as i64) ^ salt;
+            let key = |i: usize| (mix(i) as u64 % 7_000) as i64;
+            vec![
+                Arc::new(Int32Array::from_iter_values(
+                    range.clone().map(|i| key(i) as i32),
+                )) as ArrayRef,
+                Arc::new(Int64Array::from_iter_values(
+                    range.clone().map(|i| (key(i) << 40) | 5),
+                )),
+                Arc::new(Int32Array::from_iter_values(
+                    range.clone().map(|i| (mix(i) >> 32) as i32),
+                )),
+                Arc::new(UInt32Array::from_iter_values(
+                    range
+                        .clone()
+                        .map(|i| mix(i) as u32 | (0x8000_0000 * (i % 2) as u32)),
+                )),
+                Arc::new(Int64Array::from_iter_values(range.clone().map(mix))),
+                Arc::new(Int32Array::from_iter(
+                    range.map(|i| (i % 10 != 3).then_some((mix(i) >> 40) as i32)),
+                )),
+            ]
+        })
+    };
+    // (query, whether the build side carries values, whether every pair is
+    // folded, its count(*) column)
+    let queries = [
+        (
+            "SELECT sum(x.v), max(y.v), count(*) FROM x JOIN y ON x.k = y.k",
+            true,
+            true,
+            2,
+        ),
+        (
+            "SELECT sum(x.w), max(y.v), count(*) FROM x JOIN y ON x.k = y.k",
+            true,
+            true,
+            2,
+        ),
+        (
+            "SELECT sum(x.v), min(x.u), max(x.w), count(*) FROM x JOIN y ON x.k = y.k",
+            false,
+            true,
+            3,
+        ),
+        (
+            "SELECT sum(x.v), min(x.u), max(y.w), count(*) FROM x JOIN y ON x.k64 = y.k64",
+            true,
+            true,
+            3,
+        ),
+        (
+            "SELECT sum(x.w), max(x.w), min(y.v), count(*) FROM x JOIN y ON x.k64 = y.k64",
+            true,
+            true,
+            3,
+        ),
+        (
+            "SELECT sum(x.v), sum(y.n), count(*) FROM x JOIN y ON x.k = y.k",
+            true,
+            false,
+            2,
+        ),
+    ];
+    for mode in JoinMode::ALL {
+        let gpu = gpu_context(mode, 4, &[]).await;
+        let cpu = cpu_context(mode, 4, &[]).await;
+        let uncarried = gpu_context(mode, 4, &["SET gpu.carry_folded_values = false"]).await;
+        for ctx in [&gpu, &cpu, &uncarried] {
+            ctx.register_table("x", make(20_000, 1)).unwrap();
+            ctx.register_table("y", make(60_000, 2)).unwrap();
+        }
+        for (sql, carries, folds_every_pair, count_column) in queries {
+            let (gpu_batches, gpu_nodes, plan) = run_counting(&gpu, sql, "HashJoinExec").await;
+            let (cpu_batches, _, _) = run(&cpu, sql).await;
+            assert!(gpu_nodes >= 1, "{mode:?}: {sql} did not run on the GPU");
+            assert_eq!(
+                string_rows(&gpu_batches),
+                string_rows(&cpu_batches),
+                "{mode:?}: {sql}"
+            );
+            let pairs = cpu_batches[0]
+                .column(count_column)
+                .as_primitive::<Int64Type>()
+                .value(0) as usize;
+            assert!(pairs > 100_000, "{mode:?}: {sql}: {pairs} pairs");
+            let carrying = plan_metric(&plan, "build_rows_carrying_values");
+            let build_rows = plan_metric(&plan, "build_rows");
+            assert_eq!(
+                carrying > 0,
+                carries,
+                "{mode:?}: {sql}: {carrying} build rows carried values"
+            );
+            assert!(
+                carrying <= build_rows,
+                "{mode:?}: {sql}: {carrying} > {build_rows}"
+            );
+            let folded = plan_metric(&plan, "pairs_folded_while_probing");
+            assert_eq!(
+                folded,
+                if folds_every_pair { pairs } else { 0 },
+                "{mode:?}: {sql}: pairs folded"
+            );
+            let (uncarried_batches, _, uncarried_plan) = run(&uncarried, sql).await;
+            assert_eq!(
+                string_rows(&uncarried_batches),
+                string_rows(&cpu_batches),
+                "{mode:?}, option off: {sql}"
+            );
+            assert_eq!(
+                plan_metric(&uncarried_plan, "build_rows_carrying_values"),
+                0,
+                "{mode:?}, option off: {sql}"
+            );
+        }
+    }
+}
+
 /// The same over other column types: timestamps with a time zone (MIN and
 /// MAX), unsigned integers (wrapping SUM), floats (SUM of integral values,
 /// exact in any order), with the option off as the reference's twin.

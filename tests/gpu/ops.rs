@@ -349,12 +349,15 @@ fn a_heavy_probe_partition_is_joined_in_slices_with_the_same_pairs() {
     }
 }
 
+/// A named join of (build keys, probe keys).
+type FoldJoinCase = (&'static str, (Vec<u64>, Vec<u64>));
+
 /// The (build keys, probe keys) the fold tests join, named: uniform keys,
 /// a build key repeated beyond a shared-memory table, a heavy probe
 /// partition joined in slices, no match, and uniform keys of 64 bits;
 /// random keys from `seed` on, all below 2^32 but the last case's (so that
 /// either side may be one word a row).
-fn fold_join_cases(seed: u64) -> [(&'static str, (Vec<u64>, Vec<u64>)); 5] {
+fn fold_join_cases(seed: u64) -> [FoldJoinCase; 5] {
     let uniform = (
         random_keys(100_000, 150_000, seed),
         random_keys(300_000, 150_000, seed + 1),
@@ -543,6 +546,19 @@ fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
             assert!(pairs.len() >= 100_000, "{name}: {} pairs", pairs.len());
         }
     }
+}
+
+/// Whether writing the pairs of `probe` against `table` is refused (a side
+/// that carries values holds no row ids to write).
+fn pairs_refused(
+    device: &GpuDevice,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    table: &DeviceBuildTable,
+    probe: &hash_join::PartitionedProbe,
+    timer: &mut PhaseTimer,
+) -> bool {
+    hash_join::probe_partitioned(device, stream, table, probe, 1 << 20, timer, |_, _| Ok(()))
+        .is_err()
 }
 
 /// Probe keys partitioned carrying values in place of row ids (seed 002's
@@ -789,16 +805,13 @@ fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
                 )
                 .is_err());
                 // Nor may its pairs be written: they would name no rows.
-                assert!(hash_join::probe_partitioned(
+                assert!(pairs_refused(
                     &device,
                     stream,
                     &table,
                     &partitioned,
-                    1 << 20,
-                    &mut timer,
-                    |_, _| Ok(())
-                )
-                .is_err());
+                    &mut timer
+                ));
                 // The same folds by row id over keys that carry row ids.
                 let by_id = hash_join::partition_probe(
                     &device,
@@ -822,6 +835,276 @@ fn probe_keys_carrying_values_fold_as_the_reference_pairs() {
             }
             if name != "no match" {
                 assert!(pairs.len() >= 30_000, "{what}: {} pairs", pairs.len());
+            }
+        }
+        timer.finish().unwrap();
+    }
+}
+
+/// Build keys partitioned carrying values in place of row ids (seed 002's
+/// GFTR on the build side): folds that find their build values in the
+/// table's words match folds of the reference pairs and the same folds by
+/// row id, for two 4-byte columns in the halves of a word, one 8-byte
+/// column, and one 4-byte column (in the key word's high half where the
+/// keys allow one-word rows), with every build row's key and with every
+/// third row's (row ids given), the probe side by row id and carrying its
+/// own 4-byte column; a build fold that reads by row id, and pairs written
+/// from such a table, are refused.
+#[test]
+fn build_keys_carrying_values_fold_as_the_reference_pairs() {
+    use launch::{AggregateOp, CarriedSlot, FoldOp, GatheredValues, JoinFold, PairSide};
+    let Some(device) = device("build_keys_carrying_values_fold_as_the_reference_pairs") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let sign = 1u64 << 63;
+    let four = |rows: usize, seed: u64| -> Vec<u32> {
+        random_keys(rows, 1 << 32, seed)
+            .iter()
+            .map(|&v| v as u32)
+            .collect()
+    };
+    let bytes =
+        |values: &[u32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    for (name, (build, probe)) in fold_join_cases(71) {
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        // Build values by row: two 4-byte columns and an 8-byte one; one
+        // 4-byte probe column.
+        let (low_raw, high_raw) = (four(build.len(), 72), four(build.len(), 73));
+        let build_words = random_keys(build.len(), u64::MAX, 74);
+        let probe_raw = four(probe.len(), 75);
+        let upload_four = |values: &[u32], timer: &mut PhaseTimer| {
+            upload_byte_pieces(&device, stream, &[&bytes(values)], timer).unwrap()
+        };
+        let device_low = upload_four(&low_raw, &mut timer);
+        let device_high = upload_four(&high_raw, &mut timer);
+        let device_probe = upload_four(&probe_raw, &mut timer);
+        let device_words = upload_u64(&device, stream, &build_words, &mut timer).unwrap();
+        let fold = |values, read, op, flip, carried| JoinFold {
+            side: PairSide::Build,
+            values,
+            rows: build.len(),
+            read,
+            op,
+            flip,
+            carried,
+        };
+        let (sum, min, max) = (
+            FoldOp::Words(AggregateOp::Sum),
+            FoldOp::Words(AggregateOp::Min),
+            FoldOp::Words(AggregateOp::Max),
+        );
+        let probe_sum = JoinFold {
+            side: PairSide::Probe,
+            values: &device_probe,
+            rows: probe.len(),
+            read: GatheredValues::FourSigned,
+            op: sum,
+            flip: 0,
+            carried: None,
+        };
+        let low = Some(CarriedSlot::Low);
+        let halves = [
+            fold(&device_low, GatheredValues::FourSigned, min, sign, low),
+            fold(
+                &device_high,
+                GatheredValues::FourUnsigned,
+                max,
+                0,
+                Some(CarriedSlot::High),
+            ),
+            fold(&device_low, GatheredValues::FourUnsigned, sum, 0, low),
+            probe_sum,
+        ];
+        let whole = Some(CarriedSlot::Whole);
+        let words = [
+            fold(&device_words, GatheredValues::Eight, sum, 0, whole),
+            fold(&device_words, GatheredValues::Eight, max, 0, whole),
+            probe_sum,
+        ];
+        let single = [halves[0], halves[2], probe_sum];
+        let carried_halves = hash_join::CarriedValues {
+            low: (&device_low, ValueWidth::Four),
+            high: Some(&device_high),
+            rows: build.len(),
+        };
+        let carried_words = hash_join::CarriedValues {
+            low: (&device_words, ValueWidth::Eight),
+            high: None,
+            rows: build.len(),
+        };
+        let carried_single = hash_join::CarriedValues {
+            high: None,
+            ..carried_halves
+        };
+        let every_third: Vec<u64> = (0..build.len() as u64).step_by(3).collect();
+        let third_keys: Vec<u64> = every_third.iter().map(|&i| build[i as usize]).collect();
+        let probe_ids: Vec<u64> = (0..probe.len() as u64).collect();
+        for range in key_ranges(&build, &probe) {
+            let one_word = range == KeyRange::Below32Bits;
+            for (rows_name, keys, row_ids) in [
+                ("every row", build.clone(), None),
+                (
+                    "every third row",
+                    third_keys.clone(),
+                    Some(&every_third[..]),
+                ),
+            ] {
+                let what = format!("{name}, {rows_name}, {range:?}");
+                let ids: Vec<u64> = match row_ids {
+                    Some(ids) => ids.to_vec(),
+                    None => (0..keys.len() as u64).collect(),
+                };
+                let pairs = hash_join::reference::hash_join(&keys, &ids, &probe, &probe_ids);
+                let (mut min_low, mut max_high, mut low_sum) = (u64::MAX, 0u64, 0u64);
+                let (mut words_sum, mut words_max, mut probe_total) = (0u64, 0u64, 0u64);
+                for &(b, p) in &pairs {
+                    let b = b as usize;
+                    min_low = min_low.min((low_raw[b] as i32 as i64 as u64) ^ sign);
+                    max_high = max_high.max(high_raw[b] as u64);
+                    low_sum = low_sum.wrapping_add(low_raw[b] as u64);
+                    words_sum = words_sum.wrapping_add(build_words[b]);
+                    words_max = words_max.max(build_words[b]);
+                    probe_total =
+                        probe_total.wrapping_add(probe_raw[p as usize] as i32 as i64 as u64);
+                }
+                let expected = |folds: &[JoinFold<'_>], values: Vec<u64>| match pairs.is_empty() {
+                    true => folds.iter().map(|fold| fold.op.identity()).collect(),
+                    false => values,
+                };
+                let build_keys = HostKeys {
+                    pieces: &[&keys],
+                    row_ids,
+                    range,
+                };
+                let probe_pieces = [&probe[..]];
+                let probe_keys = host_keys(&probe_pieces, range);
+                let plan = RadixPlan::for_join(keys.len() as u64, probe.len() as u64);
+                let by_id_table =
+                    DeviceBuildTable::build(&device, stream, build_keys, plan.clone(), &mut timer)
+                        .unwrap();
+                let by_id =
+                    hash_join::partition_probe(&device, stream, probe_keys, &plan, &mut timer)
+                        .unwrap()
+                        .unwrap();
+                // (folds, carried columns, expected words, whether the build
+                // rows are then one word each)
+                for (folds, carried, expected, build_one_word) in [
+                    (
+                        &halves[..],
+                        &carried_halves,
+                        expected(&halves, vec![min_low, max_high, low_sum, probe_total]),
+                        false,
+                    ),
+                    (
+                        &words[..],
+                        &carried_words,
+                        expected(&words, vec![words_sum, words_max, probe_total]),
+                        false,
+                    ),
+                    (
+                        &single[..],
+                        &carried_single,
+                        expected(&single, vec![min_low, low_sum, probe_total]),
+                        one_word,
+                    ),
+                ] {
+                    let table = DeviceBuildTable::build_carrying(
+                        &device,
+                        stream,
+                        build_keys,
+                        |_| Ok(Some(*carried)),
+                        plan.clone(),
+                        &mut timer,
+                    )
+                    .unwrap();
+                    assert!(table.carries_values(), "{what}");
+                    assert_eq!(table.one_word(), build_one_word, "{what}");
+                    let folded = hash_join::fold_partitioned(
+                        &device, stream, &table, &by_id, folds, &mut timer,
+                    )
+                    .unwrap();
+                    assert_eq!(folded.pairs, pairs.len() as u64, "{what}: pairs");
+                    assert_eq!(folded.words, expected, "{what}: words");
+                    // The same folds by row id against a table of row ids.
+                    let by_row: Vec<JoinFold<'_>> = folds
+                        .iter()
+                        .map(|fold| JoinFold {
+                            carried: None,
+                            ..*fold
+                        })
+                        .collect();
+                    let folded_by_id = hash_join::fold_partitioned(
+                        &device,
+                        stream,
+                        &by_id_table,
+                        &by_id,
+                        &by_row,
+                        &mut timer,
+                    )
+                    .unwrap();
+                    assert_eq!(folded_by_id, folded, "{what}: by row id");
+                    // A build fold that reads by row id finds none in the
+                    // carrying table, nor may its pairs be written.
+                    assert!(hash_join::fold_partitioned(
+                        &device, stream, &table, &by_id, &by_row, &mut timer
+                    )
+                    .is_err());
+                    assert!(pairs_refused(&device, stream, &table, &by_id, &mut timer));
+                }
+                // Both sides carrying a lone 4-byte column each.
+                let table = DeviceBuildTable::build_carrying(
+                    &device,
+                    stream,
+                    build_keys,
+                    |_| Ok(Some(carried_single)),
+                    plan.clone(),
+                    &mut timer,
+                )
+                .unwrap();
+                let probe_carrying = hash_join::partition_probe_carrying(
+                    &device,
+                    stream,
+                    probe_keys,
+                    &hash_join::CarriedValues {
+                        low: (&device_probe, ValueWidth::Four),
+                        high: None,
+                        rows: probe.len(),
+                    },
+                    &plan,
+                    &mut timer,
+                )
+                .unwrap()
+                .unwrap();
+                assert_eq!(probe_carrying.one_word(), one_word, "{what}");
+                let both = [
+                    single[0],
+                    single[1],
+                    JoinFold {
+                        carried: low,
+                        ..probe_sum
+                    },
+                ];
+                let folded = hash_join::fold_partitioned(
+                    &device,
+                    stream,
+                    &table,
+                    &probe_carrying,
+                    &both,
+                    &mut timer,
+                )
+                .unwrap();
+                assert_eq!(folded.pairs, pairs.len() as u64, "{what}: both carrying");
+                assert_eq!(
+                    folded.words,
+                    expected(&both, vec![min_low, low_sum, probe_total]),
+                    "{what}: both carrying"
+                );
+                if name != "no match" {
+                    assert!(pairs.len() >= 10_000, "{what}: {} pairs", pairs.len());
+                }
             }
         }
         timer.finish().unwrap();

@@ -18,16 +18,19 @@ use datafusion::physical_expr::PhysicalExprRef;
 use super::host_fallback::HostBuildTable;
 use super::matches::{tracks_build_matches, VisitedRows};
 use super::order::ArrivalOrder;
+use super::output::ColumnSource;
 use crate::exec::collect::{collect_streams_into, WholeInput};
-use crate::exec::device_gather::ResidentColumns;
+use crate::exec::device_gather::{ResidentColumns, SideCarry};
 use crate::exec::keys::{JoinKeys, KeyEncoder, KeySpec};
+use crate::exec::pair_aggregate::PairReduction;
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
+use crate::gpu::launch::PairSide;
 use crate::gpu::{
-    first_buffer_address, is_pinned, upload_u64, DeviceVec, GpuDevice, GpuResult, PhaseTimer,
-    ReservationKind,
+    first_buffer_address, is_pinned, upload_u64, DeviceReservation, DeviceVec, GpuDevice, GpuError,
+    GpuResult, PhaseTimer, ReservationKind,
 };
-use crate::ops::hash_join::{DeviceBuildTable, HostKeys, KeyRange};
+use crate::ops::hash_join::{CarriedValues, DeviceBuildTable, HostKeys, KeyRange};
 use crate::ops::radix::RadixPlan;
 
 /// All build rows and their encoded keys, shared by the probing partitions,
@@ -73,10 +76,24 @@ pub(crate) struct BuildSide {
 /// A build table on one device, with the device memory it holds.
 #[derive(Debug)]
 pub(crate) struct ResidentTable {
+    /// The build rows partitioned by their keys, carrying `carry`'s values
+    /// or their row ids.
     pub(crate) table: DeviceBuildTable,
     /// The build's output columns for gathers on the device.
     pub(crate) gather: Option<ResidentBuildColumns>,
-    _device_memory: crate::gpu::DeviceReservation,
+    /// The build columns `table` carries in place of row ids, if any.
+    pub(crate) carry: Option<SideCarry>,
+    /// Where `table` carries values: the same rows partitioned by row id,
+    /// made on first need (see [`BuildSide::table_by_row_id`]).
+    by_row_id: Mutex<Option<Arc<RowIdTable>>>,
+    _device_memory: DeviceReservation,
+}
+
+/// A build table whose rows hold their row ids, with its device memory.
+#[derive(Debug)]
+pub(crate) struct RowIdTable {
+    pub(crate) table: DeviceBuildTable,
+    _device_memory: DeviceReservation,
 }
 
 /// What an inner join without a filter gathers from its build side on the
@@ -88,6 +105,18 @@ pub(crate) struct BuildGather {
     /// Whether pairs are put in `HashJoinExec`'s order on the device, which
     /// needs the build rows' arrival positions there.
     pub(crate) ordered: bool,
+    /// The aggregation the probing chunks fold, where the build table
+    /// should carry the values its build-side folds read
+    /// (`gpu.carry_folded_values`).
+    pub(crate) folds: Option<FoldedAggregation>,
+}
+
+/// An aggregation computed by folding the join's pairs as the device finds
+/// them: its reductions, over the join's output columns.
+#[derive(Debug, Clone)]
+pub(crate) struct FoldedAggregation {
+    pub(crate) reductions: Vec<PairReduction>,
+    pub(crate) sources: Vec<ColumnSource>,
 }
 
 /// The build side's part of gathers on one device.
@@ -419,46 +448,156 @@ impl BuildSide {
             .add_duration(scratch_memory.waited() + device_memory.waited());
         let stream = device.stream()?;
         let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
-        let table = DeviceBuildTable::build(
+        // The output columns cross the bus behind the keys, and before the
+        // keys are partitioned: the keys may carry some of them.
+        let mut columns: Option<ResidentColumns> = None;
+        let mut carry: Option<SideCarry> = None;
+        let table = self.partition_on_device(
             device,
             stream.stream(),
-            HostKeys {
-                pieces: &self.keys.pieces(),
-                row_ids: self.keys.row_ids(),
-                range: self.key_range(&self.keys),
-            },
-            self.plan.clone(),
-            &mut timer,
-        )?;
-        if table.one_word() {
-            metrics.rows_in_one_word.add(table.rows());
-        }
-        crate::trace::event(|| "hash join build: keys partitioned on the device".into());
-        let gather = match &self.gather {
-            Some(gather) => Some(ResidentBuildColumns {
-                columns: ResidentColumns::upload(
+            |timer| {
+                let Some(gather) = &self.gather else {
+                    return Ok(None);
+                };
+                let columns = columns.insert(ResidentColumns::upload(
                     device,
                     stream.stream(),
                     &self.rows,
                     &gather.columns,
-                    &mut timer,
-                )?,
+                    timer,
+                )?);
+                let carry = carry.insert(match self.carry_plan(columns) {
+                    Some(carry) => carry,
+                    None => return Ok(None),
+                });
+                Ok(carry.values(columns, self.rows.num_rows()))
+            },
+            &mut timer,
+        )?;
+        let gather = match &self.gather {
+            Some(gather) => Some(ResidentBuildColumns {
+                columns: match columns {
+                    Some(columns) => columns,
+                    None => ResidentColumns::upload(
+                        device,
+                        stream.stream(),
+                        &self.rows,
+                        &gather.columns,
+                        &mut timer,
+                    )?,
+                },
                 positions: positions
                     .map(|p| upload_u64(device, stream.stream(), &p, &mut timer))
                     .transpose()?,
             }),
             None => None,
         };
+        if table.carries_values() {
+            metrics.build_rows_carrying_values.add(table.rows());
+        }
+        if table.one_word() {
+            metrics.rows_in_one_word.add(table.rows());
+        }
+        crate::trace::event(|| "hash join build: keys partitioned on the device".into());
         metrics.device.record(&timer.finish()?);
         drop(scratch_memory);
         let table = Arc::new(ResidentTable {
+            carry: carry.filter(|_| table.carries_values()),
             table,
             gather,
+            by_row_id: Mutex::new(None),
             _device_memory: device_memory,
         });
         tables.insert(device.ordinal(), Arc::clone(&table));
         crate::trace::event(|| "hash join build: table on the device".into());
         Ok(table)
+    }
+
+    /// The build columns the table should carry in place of row ids (seed
+    /// 002's GFTR): those its folds read, where the probing chunks fold
+    /// the aggregation (exactly coded keys, see `join_chunk`). One 4-byte
+    /// column rides beside keys of one-word rows; two, or an 8-byte one,
+    /// make such rows two words, which costs the build side's radix passes
+    /// less than reading them at random rows costs the fold (seed 002's
+    /// wide PK-FK join on an H100: 46.2 ms of kernels carrying row ids,
+    /// 41.6 ms carrying both 4-byte columns in two words).
+    fn carry_plan(&self, columns: &ResidentColumns) -> Option<SideCarry> {
+        let folds = self.gather.as_ref()?.folds.as_ref()?;
+        if self.encoder.needs_verification() {
+            return None;
+        }
+        SideCarry::plan(PairSide::Build, &folds.reductions, &folds.sources, columns)
+    }
+
+    /// Copies the build keys to `device` and partitions them, carrying
+    /// the values `carried` gives (see [`DeviceBuildTable::build_carrying`])
+    /// or the rows' ids.
+    fn partition_on_device<'v>(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        carried: impl FnOnce(&mut PhaseTimer) -> GpuResult<Option<CarriedValues<'v>>>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<DeviceBuildTable> {
+        let pieces = self.keys.pieces();
+        let keys = HostKeys {
+            pieces: &pieces,
+            row_ids: self.keys.row_ids(),
+            range: self.key_range(&self.keys),
+        };
+        DeviceBuildTable::build_carrying(device, stream, keys, carried, self.plan.clone(), timer)
+    }
+
+    /// A build table on `device` whose rows hold their row ids, for a chunk
+    /// whose pairs are written out (its folds could not run, say a probe
+    /// column with NULLs): `None` where `resident`'s own table does, else
+    /// the same rows partitioned again by row id, made on first need and
+    /// kept beside it. Blocking: call from a blocking task.
+    pub(crate) fn table_by_row_id(
+        &self,
+        device: &Arc<GpuDevice>,
+        resident: &ResidentTable,
+        memory_fraction: f64,
+        metrics: &GpuJoinMetrics,
+    ) -> GpuResult<Option<Arc<RowIdTable>>> {
+        if !resident.table.carries_values() {
+            return Ok(None);
+        }
+        let mut by_row_id = resident.by_row_id.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(table) = by_row_id.as_ref() {
+            return Ok(Some(Arc::clone(table)));
+        }
+        let rows = self.keys.len();
+        crate::trace::event(|| format!("hash join build: table of {rows} keys by row id"));
+        // The caller holds its chunk's memory, so waiting here for memory
+        // could wait for itself: where it does not fit now, the chunk is
+        // joined on the host (see `find_pairs`).
+        let budget = device.budget();
+        let reserve_now = |bytes: usize| {
+            budget
+                .try_reserve(bytes, 0, memory_fraction)
+                .ok_or_else(|| GpuError::OutOfDeviceMemory {
+                    requested: bytes,
+                    limit: budget.limit_for(memory_fraction),
+                    in_use: budget.in_use(),
+                })
+        };
+        let scratch_memory = reserve_now(self.plan.device_bytes(rows, device.sm_count()))?;
+        let device_memory = reserve_now(DeviceBuildTable::resident_bytes(rows, &self.plan))?;
+        let stream = device.stream()?;
+        let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
+        let table = self.partition_on_device(device, stream.stream(), |_| Ok(None), &mut timer)?;
+        if table.one_word() {
+            metrics.rows_in_one_word.add(table.rows());
+        }
+        metrics.device.record(&timer.finish()?);
+        drop(scratch_memory);
+        let table = Arc::new(RowIdTable {
+            table,
+            _device_memory: device_memory,
+        });
+        *by_row_id = Some(Arc::clone(&table));
+        Ok(Some(table))
     }
 }
 

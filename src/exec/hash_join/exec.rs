@@ -18,7 +18,7 @@ use datafusion::physical_plan::{
     PlanProperties, SendableRecordBatchStream, Statistics, StatisticsArgs,
 };
 
-use super::build_side::{BuildGather, BuildSide};
+use super::build_side::{BuildGather, BuildSide, FoldedAggregation};
 use super::output::OutputAssembler;
 use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
 use crate::exec::collect::{merge_inputs_in_groups, merge_to_read_through, WholeInput};
@@ -490,6 +490,14 @@ impl ExecutionPlan for GpuHashJoinExec {
                 Some(BuildGather {
                     columns: build,
                     ordered: preserve_order,
+                    folds: self
+                        .aggregate
+                        .as_ref()
+                        .filter(|_| options.fold_while_probing && options.carry_folded_values)
+                        .map(|aggregate| FoldedAggregation {
+                            reductions: aggregate.reductions().to_vec(),
+                            sources: output.sources().to_vec(),
+                        }),
                 }),
                 Some(probe),
             ),

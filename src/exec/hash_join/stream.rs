@@ -25,14 +25,14 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
 
-use super::build_side::BuildSide;
+use super::build_side::{BuildSide, ResidentTable};
 use super::candidates::{confirm_pairs, key_comparator};
 use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
 use super::output::{OutputAssembler, OutputRows, SideRows};
 use crate::exec::device_gather::{
     folded_words, gather_batches, join_folds, probe_side_pays, reduce_pairs, ColumnBytes,
-    GatherSide, ProbeCarry, ResidentColumns,
+    GatherSide, ResidentColumns, SideCarry,
 };
 use crate::exec::keys::JoinKeys;
 use crate::exec::once::OnceFut;
@@ -40,11 +40,11 @@ use crate::exec::pair_aggregate::{PairAggregate, PairReduction, PartialStates};
 use crate::exec::release::release_in_background;
 use crate::exec::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
+use crate::gpu::launch::PairSide;
 use crate::gpu::{GpuDevice, GpuError, GpuResult, PhaseTimer, ReservationKind};
 use crate::ops::hash_join::{
     fold_partitioned, order_by_probe_row, order_device_bytes, partition_probe,
-    partition_probe_carrying, probe_device_bytes, probe_partitioned, DeviceBuildTable, HostKeys,
-    PartitionedProbe,
+    partition_probe_carrying, probe_device_bytes, probe_partitioned, HostKeys, PartitionedProbe,
 };
 use crate::trace;
 
@@ -616,7 +616,7 @@ struct ChunkGather<'a> {
     /// [`crate::ops::hash_join::fold_partitioned`]).
     fold_while_probing: bool,
     /// And partition the probe keys with the values they fold (see
-    /// [`ProbeCarry`]).
+    /// [`SideCarry`]).
     carry_folded_values: bool,
 }
 
@@ -743,7 +743,7 @@ fn pairs_on_device(
     let mut partitioned = None;
     // Where the chunk's aggregation is folded as the device probes, its
     // keys carry the probe columns the folds read in place of row ids (see
-    // `ProbeCarry`): the chunk's columns go to the device first. Only where
+    // `SideCarry`): the chunk's columns go to the device first. Only where
     // they all cross straight from pinned memory: staged through the host,
     // they then held back the keys' partitioning, which otherwise runs while
     // they are staged, and the chunk waits on the host, not on the device
@@ -774,7 +774,12 @@ fn pairs_on_device(
                 )?),
             };
             let reductions = gather.reductions.unwrap_or_default();
-            let carry = ProbeCarry::plan(reductions, gather.output.sources(), columns);
+            let carry = SideCarry::plan(
+                PairSide::Probe,
+                reductions,
+                gather.output.sources(),
+                columns,
+            );
             let values = carry
                 .as_ref()
                 .and_then(|carry| carry.values(columns, gather.chunk.num_rows()));
@@ -867,7 +872,7 @@ fn pairs_on_device(
         let folded = fold_while_probing(
             device,
             stream,
-            (table, &partitioned),
+            (&resident, &partitioned),
             gather,
             (&build.rows, &build_columns.columns),
             &mut probe_columns,
@@ -890,9 +895,16 @@ fn pairs_on_device(
             return Ok(());
         }
     }
+    // The folds could not run (a column not on the device, say one with
+    // NULLs): the pairs are written out, by row ids, of both sides.
+    let by_row_id = build.table_by_row_id(device, &resident, memory_fraction, metrics)?;
+    if by_row_id.is_some() {
+        trace::event(|| format!("hash join p{partition}: build table by row id"));
+    }
+    let table = by_row_id
+        .as_ref()
+        .map_or(table, |by_row_id| &by_row_id.table);
     if partitioned.carry.is_some() {
-        // The folds could not run (a build column not on the device): the
-        // pairs are written out, by row ids.
         trace::event(|| format!("hash join p{partition}: keys partitioned again, by row id"));
         drop(partitioned);
         match partition_keys(&mut probe_columns, false, &mut timer)? {
@@ -913,7 +925,7 @@ fn pairs_on_device(
         device,
         stream,
         table,
-        &partitioned,
+        partitioned,
         max_pairs,
         &mut timer,
         |pairs, timer| {
@@ -1009,7 +1021,7 @@ fn pairs_on_device(
 /// they carry in place of row ids, if any.
 struct KeysOnDevice {
     keys: PartitionedProbe,
-    carry: Option<ProbeCarry>,
+    carry: Option<SideCarry>,
 }
 
 /// A chunk's aggregation folded over its pairs as the device finds them
@@ -1021,7 +1033,7 @@ struct KeysOnDevice {
 fn fold_while_probing(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
-    (table, partitioned): (&DeviceBuildTable, &KeysOnDevice),
+    (resident, partitioned): (&ResidentTable, &KeysOnDevice),
     gather: &ChunkGather<'_>,
     build: (&dyn RowSource, &ResidentColumns),
     probe_columns: &mut Option<ResidentColumns>,
@@ -1041,12 +1053,16 @@ fn fold_while_probing(
             timer,
         )?),
     };
+    let carries: Vec<&SideCarry> = [resident.carry.as_ref(), partitioned.carry.as_ref()]
+        .into_iter()
+        .flatten()
+        .collect();
     let Some(folds) = join_folds(
         reductions,
         gather.output.sources(),
         build,
         (gather.chunk, probe_columns),
-        partitioned.carry.as_ref(),
+        &carries,
     ) else {
         return Ok(None);
     };
@@ -1054,7 +1070,7 @@ fn fold_while_probing(
     let folded = fold_partitioned(
         device,
         stream,
-        table,
+        &resident.table,
         &partitioned.keys,
         &device_folds,
         timer,

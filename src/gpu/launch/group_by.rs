@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, LaunchArgs, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
 
-use super::{check_len, config, grid_stride_blocks, FoldOp, Kernels, ValueWidth};
+use super::{
+    arg_or_null, check_len, config, grid_stride_blocks, FoldOp, Kernels, ValueWidth, NULL_POINTER,
+};
 use crate::gpu::{DriverResultExt, GpuError, GpuResult};
 
 /// Groups whose per-block copies of one aggregate fit the shared memory a
@@ -128,16 +130,6 @@ impl GroupRows<'_> {
             blocks
         }
     }
-}
-
-/// A kernel parameter that is a null pointer (an absent optional input).
-static NULL_POINTER: u64 = 0;
-
-fn arg_or_null<'a>(launch: &mut LaunchArgs<'a>, slice: Option<&'a CudaSlice<u64>>) {
-    match slice {
-        Some(slice) => launch.arg(slice),
-        None => launch.arg(&NULL_POINTER),
-    };
 }
 
 /// `fill_u64`: sets every element of `out` to `value`.

@@ -371,20 +371,13 @@ pub fn radix_scatter(
         RadixDigits::Hashed | RadixDigits::HashedLowHalf => &kernels.radix_scatter,
         RadixDigits::Key => &kernels.radix_sort_scatter,
     };
-    // A null pointer for each id array of one-word rows: never touched.
-    const NO_IDS: u64 = 0;
+    // One-word rows pass a null pointer for each id array: never touched.
+    let (ids_in, ids_out) = ids.map_or((None, None), |(ids_in, ids_out)| {
+        (Some(ids_in), Some(ids_out))
+    });
     let mut launch = stream.launch_builder(kernel);
     launch.arg(keys_in);
-    let ids_out = match ids {
-        Some((ids_in, ids_out)) => {
-            launch.arg(ids_in);
-            Some(ids_out)
-        }
-        None => {
-            launch.arg(&NO_IDS);
-            None
-        }
-    };
+    arg_or_null(&mut launch, ids_in);
     launch
         .arg(&n64)
         .arg(&key_mask)
@@ -395,7 +388,7 @@ pub fn radix_scatter(
         .arg(keys_out);
     match ids_out {
         Some(ids_out) => launch.arg(ids_out),
-        None => launch.arg(&NO_IDS),
+        None => launch.arg(&NULL_POINTER),
     };
     // SAFETY: offsets are an exclusive scan of the histogram of the same keys,
     // so every destination lies in [0, n); all lengths checked above; null
@@ -448,7 +441,7 @@ pub struct PartitionedSide<'a> {
     /// Keys ordered by partition (one-word rows: the key in each word's
     /// low half, the row's word in its high half, see [`pack_key_words`]).
     pub keys: &'a CudaSlice<u64>,
-    /// Row ids in the same order (or the words a probe side carries in
+    /// Row ids in the same order (or the words a side carries in
     /// their place, see [`pack_carried_words`]); `None` for one-word rows.
     pub row_ids: Option<&'a CudaSlice<u64>>,
     /// 2^partition_bits + 1 partition starts.
@@ -479,17 +472,15 @@ fn check_join_inputs(
     Ok(())
 }
 
-/// A null device pointer: a one-word side's row-id array (never read).
-const NO_ROW_IDS: u64 = 0;
+/// A kernel parameter that is a null pointer: an absent optional input,
+/// which the kernel never reads.
+static NULL_POINTER: u64 = 0;
 
-/// Pushes a side's row-id array, null for one-word rows.
-fn push_row_ids<'a>(
-    launch: &mut cudarc::driver::LaunchArgs<'a>,
-    row_ids: Option<&'a CudaSlice<u64>>,
-) {
-    match row_ids {
-        Some(row_ids) => launch.arg(row_ids),
-        None => launch.arg(&NO_ROW_IDS),
+/// Pushes `slice`, or [`NULL_POINTER`] where it is absent.
+fn arg_or_null<'a>(launch: &mut cudarc::driver::LaunchArgs<'a>, slice: Option<&'a CudaSlice<u64>>) {
+    match slice {
+        Some(slice) => launch.arg(slice),
+        None => launch.arg(&NULL_POINTER),
     };
 }
 
@@ -563,9 +554,9 @@ fn push_join_work<'a>(
     range: &'a std::ops::Range<u64>,
 ) {
     launch.arg(build.keys);
-    push_row_ids(launch, build.row_ids);
+    arg_or_null(launch, build.row_ids);
     launch.arg(build.starts).arg(probe.keys);
-    push_row_ids(launch, probe.row_ids);
+    arg_or_null(launch, probe.row_ids);
     launch.arg(probe.starts);
     push_join_tasks(launch, tasks);
     launch
@@ -804,10 +795,6 @@ pub fn hash_join_fold(
             .width()
             .check_source(fold.values, fold.rows, "fold source")?;
         if let Some(slot) = fold.carried {
-            // Only a probe side's keys carry values (the build's, row ids).
-            if fold.side != PairSide::Probe {
-                return Err(GpuError::Invalid("a carried build-side fold".into()));
-            }
             if slot.width() != fold.read.width() {
                 return Err(GpuError::Invalid(format!(
                     "a fold of {}-byte values carried in a {slot:?} slot",
@@ -832,12 +819,8 @@ pub fn hash_join_fold(
     );
     launch.arg(&fold_count).arg(specs);
     // A null pointer stands for each source past the folds: never read.
-    const UNUSED_SOURCE: u64 = 0;
     for f in 0..MAX_JOIN_FOLDS {
-        match folds.get(f) {
-            Some(fold) => launch.arg(fold.values),
-            None => launch.arg(&UNUSED_SOURCE),
-        };
+        arg_or_null(&mut launch, folds.get(f).map(|fold| fold.values));
     }
     launch.arg(out);
     // SAFETY: starts bound every key access and a task list lies within the
@@ -892,20 +875,13 @@ pub fn pack_carried_words(
     if n == 0 {
         return Ok(());
     }
-    const NONE: u64 = 0;
     let rows = rows as u64;
     let low_bytes = low_width.bytes() as u32;
     let mut launch = stream.launch_builder(&kernels.pack_carried_words);
     launch.arg(&mut *out).arg(&n);
-    match row_ids {
-        Some(ids) => launch.arg(ids),
-        None => launch.arg(&NONE),
-    };
+    arg_or_null(&mut launch, row_ids);
     launch.arg(&rows).arg(low).arg(&low_bytes);
-    match high {
-        Some(high) => launch.arg(high),
-        None => launch.arg(&NONE),
-    };
+    arg_or_null(&mut launch, high);
     // SAFETY: writes out[..n] with n = out.len(); reads row_ids[..n] (length
     // checked) and the sources only at ids below `rows`, which the checks
     // above put within their words at their widths; a null high is never
@@ -943,18 +919,11 @@ pub fn pack_key_words(
     if n == 0 {
         return Ok(());
     }
-    const NONE: u64 = 0;
     let mut launch = stream.launch_builder(&kernels.pack_key_words);
     launch.arg(&mut *keys).arg(&n);
-    match row_ids {
-        Some(ids) => launch.arg(ids),
-        None => launch.arg(&NONE),
-    };
+    arg_or_null(&mut launch, row_ids);
     launch.arg(&rows);
-    match values {
-        Some((values, _)) => launch.arg(values),
-        None => launch.arg(&NONE),
-    };
+    arg_or_null(&mut launch, values.map(|(values, _)| values));
     // SAFETY: reads and writes keys[..n] with n = keys.len(); reads
     // row_ids[..n] (length checked) and the 4-byte values only at ids below
     // `rows`, which the check above puts within their words; null row ids
