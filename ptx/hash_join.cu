@@ -71,18 +71,50 @@ __device__ __forceinline__ u32 table_slot(u64 key, u32 partition_bits) {
     return (u32)(mix64(key) >> partition_bits) & (TABLE_SLOTS - 1);
 }
 
+// Build rows a thread loads into a table.
+#define TABLE_ROWS_PER_THREAD (TABLE_CAPACITY / BLOCK_THREADS)
+static_assert(TABLE_CAPACITY % BLOCK_THREADS == 0, "a table's rows spread evenly over a block");
+
 // Loads build key words [begin, begin + len) into the table, each chained
 // under its key (the word & build_mask). Block-wide; ends with a barrier so
-// the table is complete for every thread.
+// the table is complete for every thread. `len` <= TABLE_CAPACITY.
+// READ_AHEAD: a thread reads all its rows' words before it stores any, so
+// that the reads of a table wait on memory once, not once a row, and
+// overlap the heads' reset; a table is a few microseconds of work, and a
+// join builds one per partition and probe chunk (2^18 at seed 002's narrow
+// join). It takes registers: hash_join_fold, which has them to spare under
+// its bound, reads ahead; the count and write kernels would lose a block a
+// multiprocessor, and do not.
+template <bool READ_AHEAD>
 __device__ void build_table(SharedTable& table, const u64* build_keys, u64 build_mask, u64 begin,
                             u32 len, u32 partition_bits) {
-    for (u32 s = threadIdx.x; s < TABLE_SLOTS; s += BLOCK_THREADS) table.heads[s] = EMPTY_SLOT;
-    __syncthreads();
-    for (u32 j = threadIdx.x; j < len; j += BLOCK_THREADS) {
-        const u64 word = build_keys[begin + j];
-        table.keys[j] = word;
-        table.next[j] = (unsigned short)atomicExch(
-            &table.heads[table_slot(word & build_mask, partition_bits)], j);
+    if (READ_AHEAD) {
+        u64 words[TABLE_ROWS_PER_THREAD];
+#pragma unroll
+        for (u32 r = 0; r < TABLE_ROWS_PER_THREAD; ++r) {
+            const u32 j = threadIdx.x + r * BLOCK_THREADS;
+            words[r] = j < len ? build_keys[begin + j] : 0;
+        }
+        for (u32 s = threadIdx.x; s < TABLE_SLOTS; s += BLOCK_THREADS) table.heads[s] = EMPTY_SLOT;
+        __syncthreads();
+#pragma unroll
+        for (u32 r = 0; r < TABLE_ROWS_PER_THREAD; ++r) {
+            const u32 j = threadIdx.x + r * BLOCK_THREADS;
+            if (j < len) {
+                table.keys[j] = words[r];
+                table.next[j] = (unsigned short)atomicExch(
+                    &table.heads[table_slot(words[r] & build_mask, partition_bits)], j);
+            }
+        }
+    } else {
+        for (u32 s = threadIdx.x; s < TABLE_SLOTS; s += BLOCK_THREADS) table.heads[s] = EMPTY_SLOT;
+        __syncthreads();
+        for (u32 j = threadIdx.x; j < len; j += BLOCK_THREADS) {
+            const u64 word = build_keys[begin + j];
+            table.keys[j] = word;
+            table.next[j] = (unsigned short)atomicExch(
+                &table.heads[table_slot(word & build_mask, partition_bits)], j);
+        }
     }
     __syncthreads();
 }
@@ -106,7 +138,7 @@ __device__ u64 join_partition(SharedTable& table, u32 layouts, const u64* build_
     const u64 probe_mask = key_mask(probe_one_word);
     for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
         const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
-        build_table(table, build_keys, build_mask, chunk, len, partition_bits);
+        build_table<false>(table, build_keys, build_mask, chunk, len, partition_bits);
         for (u64 i = probe_begin + threadIdx.x; i < probe_end; i += BLOCK_THREADS) {
             const u64 probe_word = probe_keys[i];
             const u64 key = probe_word & probe_mask;
@@ -218,6 +250,8 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
 // 72 to 92 registers and two blocks, which slowed the fold by about a sixth
 // on an H100; four blocks (64 registers) spill.
 #define FOLD_BLOCKS_PER_SM 3
+// Probe rows a thread of hash_join_fold reads at once.
+#define PROBE_BATCH 4
 
 #define FOLD_SIGN_EXTEND (1u << 8)
 #define FOLD_PROBE_SIDE (1u << 9)
@@ -341,29 +375,44 @@ hash_join_fold(const u64* build_keys, const u64* build_ids,
         if (task.probe_end <= task.probe_begin) continue;  // uniform across the block
         for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
             const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);
-            build_table(table, build_keys, build_mask, chunk, len, partition_bits);
-            for (u64 i = task.probe_begin + threadIdx.x; i < task.probe_end; i += BLOCK_THREADS) {
-                const u64 probe_word = probe_keys[i];
-                const u64 key = probe_word & probe_mask;
-                // The pair's words: row ids, or the values carried in their place.
-                const u64 probe_id =
-                    any_probe ? row_word(probe_one_word, probe_word, probe_ids, i) : 0;
-                for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT;
-                     j = table.next[j]) {
-                    const u64 build_word = table.keys[j];
-                    if ((build_word & build_mask) != key) continue;
-                    ++pairs;
-                    const u64 build_id =
-                        any_build ? row_word(build_one_word, build_word, build_ids, chunk + j) : 0;
+            build_table<true>(table, build_keys, build_mask, chunk, len, partition_bits);
+            // A thread reads PROBE_BATCH probe rows' words before it joins
+            // any, so that their reads wait on memory together.
+            for (u64 batch = task.probe_begin; batch < task.probe_end;
+                 batch += PROBE_BATCH * BLOCK_THREADS) {
+                u64 probe_word[PROBE_BATCH], probe_id[PROBE_BATCH];
 #pragma unroll
-                    for (u32 f = 0; f < MAX_JOIN_FOLDS; ++f) {
-                        if (f >= folds) break;
-                        const u32 flags = spec_flags[f];
-                        bool found;
-                        const u64 value = fold_value(
-                            fold_parameter(f, src0, src1, src2, src3), spec_len[f], flags,
-                            spec_flip[f], (flags & FOLD_PROBE_SIDE) ? probe_id : build_id, &found);
-                        if (found) own[f] = fold_combine(flags >> 16, own[f], value);
+                for (u32 r = 0; r < PROBE_BATCH; ++r) {
+                    const u64 i = batch + r * BLOCK_THREADS + threadIdx.x;
+                    probe_word[r] = i < task.probe_end ? probe_keys[i] : 0;
+                    // The pair's words: row ids, or the values carried in their place.
+                    probe_id[r] = any_probe && !probe_one_word && i < task.probe_end ? probe_ids[i]
+                                                                                   : 0;
+                }
+#pragma unroll
+                for (u32 r = 0; r < PROBE_BATCH; ++r) {
+                    if (batch + r * BLOCK_THREADS + threadIdx.x >= task.probe_end) break;
+                    const u64 key = probe_word[r] & probe_mask;
+                    const u64 probe_row = probe_one_word ? probe_word[r] >> 32 : probe_id[r];
+                    for (u32 j = table.heads[table_slot(key, partition_bits)]; j != EMPTY_SLOT;
+                         j = table.next[j]) {
+                        const u64 build_word = table.keys[j];
+                        if ((build_word & build_mask) != key) continue;
+                        ++pairs;
+                        const u64 build_row =
+                            any_build ? row_word(build_one_word, build_word, build_ids, chunk + j)
+                                      : 0;
+#pragma unroll
+                        for (u32 f = 0; f < MAX_JOIN_FOLDS; ++f) {
+                            if (f >= folds) break;
+                            const u32 flags = spec_flags[f];
+                            bool found;
+                            const u64 value = fold_value(
+                                fold_parameter(f, src0, src1, src2, src3), spec_len[f], flags,
+                                spec_flip[f], (flags & FOLD_PROBE_SIDE) ? probe_row : build_row,
+                                &found);
+                            if (found) own[f] = fold_combine(flags >> 16, own[f], value);
+                        }
                     }
                 }
             }
