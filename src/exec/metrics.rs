@@ -100,6 +100,9 @@ pub struct GpuJoinMetrics {
     /// Build rows whose keys carried the values the folds read, in place
     /// of row ids (`gpu.carry_folded_values`), once per device.
     pub build_rows_carrying_values: Count,
+    /// Build rows partitioned again by row id, for chunks whose folds could
+    /// not run against a table that carries values (once per device).
+    pub build_rows_by_row_id: Count,
     /// Build and probe rows partitioned as one word each, key and row id
     /// (or carried value) together (`gpu.one_word_join_rows`).
     pub rows_in_one_word: Count,
@@ -125,6 +128,7 @@ impl GpuJoinMetrics {
             pairs_folded_while_probing: builder().counter("pairs_folded_while_probing", partition),
             probe_rows_carrying_values: builder().counter("probe_rows_carrying_values", partition),
             build_rows_carrying_values: builder().counter("build_rows_carrying_values", partition),
+            build_rows_by_row_id: builder().counter("build_rows_by_row_id", partition),
             rows_in_one_word: builder().counter("rows_in_one_word", partition),
         }
     }

@@ -87,9 +87,9 @@ pub struct PartitionedColumn<Ids = DeviceVec<u64>> {
     /// rows: each word's low half is the key, its high half the row's id
     /// or the value carried in its place).
     pub keys: DeviceVec<u64>,
-    /// Row ids moved with the keys (or, for a probe chunk partitioned by
-    /// `ops::hash_join::partition_probe_carrying`, the values carried in
-    /// their place).
+    /// Row ids moved with the keys (or, for a side partitioned carrying
+    /// values, `ops::hash_join::partition_probe_carrying` or
+    /// `DeviceBuildTable::build_carrying`, the values in their place).
     pub row_ids: Ids,
     /// `starts[p]` is the first row of partition p; `starts[partitions]` = rows.
     pub starts: DeviceVec<u64>,

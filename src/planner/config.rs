@@ -217,7 +217,8 @@ extensions_options! {
         /// 4-byte column rides in one-word rows (`one_word_join_rows`),
         /// more makes them two words. A chunk whose folds then cannot run
         /// (a column with NULLs) is joined against the build rows
-        /// partitioned again by row id, made once on first need.
+        /// partitioned again by row id, made once on first need
+        /// (`build_rows_by_row_id`).
         /// `EXPLAIN ANALYZE` counts the rows in `probe_rows_carrying_values`
         /// and `build_rows_carrying_values`. `false` carries row ids.
         pub carry_folded_values: bool, default = true

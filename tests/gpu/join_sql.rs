@@ -1019,6 +1019,21 @@ async fn build_keys_carry_the_values_their_folds_read() {
                 if folds_every_pair { pairs } else { 0 },
                 "{mode:?}: {sql}: pairs folded"
             );
+            // Pairs written out against a table that carries values were
+            // found by the build rows partitioned again by row id, on the
+            // device.
+            let by_row_id = plan_metric(&plan, "build_rows_by_row_id");
+            assert_eq!(
+                by_row_id > 0,
+                carries && !folds_every_pair,
+                "{mode:?}: {sql}: {by_row_id} build rows partitioned by row id"
+            );
+            assert!(by_row_id <= build_rows, "{mode:?}: {sql}");
+            assert_eq!(
+                plan_metric(&plan, "cpu_fallback_chunks"),
+                0,
+                "{mode:?}: {sql}: chunks joined on the host"
+            );
             let (uncarried_batches, _, uncarried_plan) = run(&uncarried, sql).await;
             assert_eq!(
                 string_rows(&uncarried_batches),

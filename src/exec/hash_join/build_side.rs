@@ -448,15 +448,17 @@ impl BuildSide {
             .add_duration(scratch_memory.waited() + device_memory.waited());
         let stream = device.stream()?;
         let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
-        // The output columns cross the bus behind the keys, and before the
-        // keys are partitioned: the keys may carry some of them.
+        // Where the keys may carry some of the output columns, those cross
+        // the bus behind the keys and before they are partitioned; otherwise
+        // after, so that the partitioning runs while columns from pageable
+        // memory are staged through the host.
         let mut columns: Option<ResidentColumns> = None;
         let mut carry: Option<SideCarry> = None;
         let table = self.partition_on_device(
             device,
             stream.stream(),
             |timer| {
-                let Some(gather) = &self.gather else {
+                let Some(gather) = self.gather.as_ref().filter(|_| self.may_carry()) else {
                     return Ok(None);
                 };
                 let columns = columns.insert(ResidentColumns::upload(
@@ -523,10 +525,19 @@ impl BuildSide {
     /// 41.6 ms carrying both 4-byte columns in two words).
     fn carry_plan(&self, columns: &ResidentColumns) -> Option<SideCarry> {
         let folds = self.gather.as_ref()?.folds.as_ref()?;
-        if self.encoder.needs_verification() {
+        if !self.may_carry() {
             return None;
         }
         SideCarry::plan(PairSide::Build, &folds.reductions, &folds.sources, columns)
+    }
+
+    /// Whether the table may carry values ([`Self::carry_plan`]): the
+    /// probing chunks fold an aggregation, over exactly coded keys.
+    fn may_carry(&self) -> bool {
+        self.gather
+            .as_ref()
+            .is_some_and(|gather| gather.folds.is_some())
+            && !self.encoder.needs_verification()
     }
 
     /// Copies the build keys to `device` and partitions them, carrying
@@ -587,9 +598,7 @@ impl BuildSide {
         let stream = device.stream()?;
         let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
         let table = self.partition_on_device(device, stream.stream(), |_| Ok(None), &mut timer)?;
-        if table.one_word() {
-            metrics.rows_in_one_word.add(table.rows());
-        }
+        metrics.build_rows_by_row_id.add(table.rows());
         metrics.device.record(&timer.finish()?);
         drop(scratch_memory);
         let table = Arc::new(RowIdTable {
