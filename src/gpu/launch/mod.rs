@@ -83,6 +83,36 @@ pub struct Kernels {
     aggregate_i128_sum: CudaFunction,
     f64_sum_scale: CudaFunction,
     f64_sum_fixed: CudaFunction,
+    /// Blocks of each join kernel a multiprocessor holds at once.
+    join_residency: JoinResidency,
+}
+
+/// Blocks of each of `hash_join_count`, `_write` and `_fold` that fit one
+/// multiprocessor at once (registers and shared memory bound them: 6, 5
+/// and 3 on an H100), asked of the driver once the kernels are loaded.
+#[derive(Debug, Clone, Copy)]
+struct JoinResidency {
+    count: u32,
+    write: u32,
+    fold: u32,
+}
+
+impl JoinResidency {
+    fn of(count: &CudaFunction, write: &CudaFunction, fold: &CudaFunction) -> GpuResult<Self> {
+        let resident = |function: &CudaFunction| {
+            function
+                .occupancy_max_active_blocks_per_multiprocessor(BLOCK_THREADS, 0, None)
+                // At least one, so that a grid is never empty: a kernel
+                // that fits nowhere then fails at launch, with an error.
+                .map(|blocks| blocks.max(1))
+                .during("asking the driver how many join blocks fit a multiprocessor")
+        };
+        Ok(Self {
+            count: resident(count)?,
+            write: resident(write)?,
+            fold: resident(fold)?,
+        })
+    }
 }
 
 impl Kernels {
@@ -104,6 +134,11 @@ impl Kernels {
                 .load_function(name)
                 .during("looking up a kernel in the PTX")
         };
+        let hash_join_count = function(&join, "hash_join_count")?;
+        let hash_join_write = function(&join, "hash_join_write")?;
+        let hash_join_fold = function(&join, "hash_join_fold")?;
+        let join_residency =
+            JoinResidency::of(&hash_join_count, &hash_join_write, &hash_join_fold)?;
         Ok(Self {
             scan_tiles: function(&scan, "scan_tiles")?,
             scan_add_tile_offsets: function(&scan, "scan_add_tile_offsets")?,
@@ -121,9 +156,9 @@ impl Kernels {
             scatter_u64: function(&gather, "scatter_u64")?,
             gather_bits: function(&gather, "gather_bits")?,
             partition_bounds: function(&radix, "partition_bounds")?,
-            hash_join_count: function(&join, "hash_join_count")?,
-            hash_join_write: function(&join, "hash_join_write")?,
-            hash_join_fold: function(&join, "hash_join_fold")?,
+            hash_join_count,
+            hash_join_write,
+            hash_join_fold,
             pack_carried_words: function(&join, "pack_carried_words")?,
             pack_key_words: function(&join, "pack_key_words")?,
             fill_u64: function(&group_by, "fill_u64")?,
@@ -146,6 +181,7 @@ impl Kernels {
             aggregate_i128_sum: function(&group_by, "aggregate_i128_sum")?,
             f64_sum_scale: function(&group_by, "f64_sum_scale")?,
             f64_sum_fixed: function(&group_by, "f64_sum_fixed")?,
+            join_residency,
             _modules: vec![scan, radix, join, group_by, merge, gather],
         })
     }
@@ -484,10 +520,14 @@ fn arg_or_null<'a>(launch: &mut cudarc::driver::LaunchArgs<'a>, slice: Option<&'
     };
 }
 
-/// Blocks for the join kernels over `tasks` tasks: one task per block at a
-/// time, about eight resident blocks per multiprocessor.
-fn join_blocks(tasks: u64, sm_count: u32) -> u64 {
-    tasks.clamp(1, u64::from(sm_count) * 8)
+/// Blocks for a join kernel over `tasks` tasks: one task per block at a
+/// time, and no more blocks than the device holds at once (`resident` a
+/// multiprocessor). Each block strides over the tasks; a grid of more
+/// blocks than fit would run its last wave on part of the device (at 8
+/// blocks a multiprocessor in place of the fold's 3, a third of its time
+/// on two thirds of the device's block slots).
+fn join_blocks(tasks: u64, sm_count: u32, resident: u32) -> u64 {
+    tasks.clamp(1, u64::from(sm_count) * u64::from(resident))
 }
 
 /// Slices of heavy probe partitions, each joined by a block of its own (see
@@ -601,8 +641,14 @@ pub fn hash_join_count(
     // probe side's own partition starts (`ops::hash_join::probe_tasks`), so
     // its partition ids and probe rows lie within them; match_counts holds
     // the range.
-    unsafe { launch.launch(config(join_blocks(range.end - range.start, sm_count))?) }
-        .during("launching hash_join_count")?;
+    unsafe {
+        launch.launch(config(join_blocks(
+            range.end - range.start,
+            sm_count,
+            kernels.join_residency.count,
+        ))?)
+    }
+    .during("launching hash_join_count")?;
     Ok(())
 }
 
@@ -649,8 +695,14 @@ pub fn hash_join_write(
     // inputs and tasks, and output_len >= the range's match total, so every
     // write lands in [0, output_len); the other lengths are checked above; a
     // one-word side's null row-id array is never read (its `layouts` bit).
-    unsafe { launch.launch(config(join_blocks(range.end - range.start, sm_count))?) }
-        .during("launching hash_join_write")?;
+    unsafe {
+        launch.launch(config(join_blocks(
+            range.end - range.start,
+            sm_count,
+            kernels.join_residency.write,
+        ))?)
+    }
+    .during("launching hash_join_write")?;
     Ok(())
 }
 
@@ -830,8 +882,14 @@ pub fn hash_join_fold(
     // source: its value is in the side's word); the kernel reads specs[..3 *
     // folds] and writes only out[..1 + folds], both checked; sources past
     // `folds` are null and never read.
-    unsafe { launch.launch(config(join_blocks(range.end - range.start, sm_count))?) }
-        .during("launching hash_join_fold")?;
+    unsafe {
+        launch.launch(config(join_blocks(
+            range.end - range.start,
+            sm_count,
+            kernels.join_residency.fold,
+        ))?)
+    }
+    .during("launching hash_join_fold")?;
     Ok(())
 }
 
@@ -931,4 +989,41 @@ pub fn pack_key_words(
     unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
         .during("launching pack_key_words")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define NAME value` in a kernel source.
+    fn defined(source: &str, name: &str) -> u64 {
+        let prefix = format!("#define {name} ");
+        let line = source
+            .lines()
+            .find(|line| line.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no #define {name}"));
+        line[prefix.len()..].trim().parse().unwrap()
+    }
+
+    /// The launches size grids, buffers and checks by these constants; the
+    /// kernels by their own.
+    #[test]
+    fn launch_constants_match_the_kernels() {
+        let common = include_str!("../../../ptx/common.cuh");
+        let radix = include_str!("../../../ptx/radix_partition.cu");
+        let join = include_str!("../../../ptx/hash_join.cu");
+        let group_by = include_str!("../../../ptx/group_by.cu");
+        assert_eq!(defined(common, "BLOCK_THREADS"), u64::from(BLOCK_THREADS));
+        assert_eq!(defined(radix, "MAX_RADIX_BITS"), u64::from(MAX_RADIX_BITS));
+        assert_eq!(defined(join, "TABLE_CAPACITY"), JOIN_TABLE_CAPACITY as u64);
+        assert_eq!(defined(join, "MAX_JOIN_FOLDS"), MAX_JOIN_FOLDS as u64);
+        assert_eq!(defined(group_by, "MAX_TABLE_FOLDS"), MAX_TABLE_FOLDS as u64);
+    }
+
+    #[test]
+    fn a_join_grid_is_the_resident_blocks_or_the_tasks() {
+        assert_eq!(join_blocks(1 << 17, 132, 3), 396);
+        assert_eq!(join_blocks(100, 132, 3), 100);
+        assert_eq!(join_blocks(0, 132, 3), 1);
+    }
 }
