@@ -3,7 +3,8 @@
 # benchmark and the examples, strips and xz-compresses them, packs
 # DataFusion's sqllogictest files, and writes a run script, so that the GPU
 # tests and benchmarks run on a GPU machine that has no Rust toolchain (it
-# needs only the NVIDIA driver, glibc >= 2.35, tar and xz).
+# needs only the NVIDIA driver, glibc >= 2.35, tar and xz; `floor` also
+# needs Nsight Compute's ncu and python3).
 #
 #   scripts/bundle.sh [OUT_DIR]          (default: bundle/)
 #
@@ -15,6 +16,8 @@
 #   ./run.sh seeds                       the seeds' workloads as criterion benchmarks
 #                                        (SEEDS, e.g. "join" or "rt1,b10": the families to run)
 #   ./run.sh tpch                        the TPC-H-derived example (TPCH_ARGS)
+#   ./run.sh floor                       seed 002's PK-FK joins' kernels against their
+#                                        bytes-moved floor (ncu, python3)
 #   ./run.sh quickstart                  the example
 # Logs go to $OUT (if set) or ./logs. Each binary is its own file, so a
 # machine that takes a limited upload can be sent only the ones it runs
@@ -59,6 +62,7 @@ for p in json.load(sys.stdin)["packages"]:
 ')"
 tar -C "$(dirname "$test_files")" -cJf "$out/test_files.tar.xz" test_files
 echo "bundled test_files: $(du -h "$out/test_files.tar.xz" | cut -f1)"
+cp scripts/ncu_floor.py "$out/"
 
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -113,12 +117,27 @@ for what in "$@"; do
       # SEEDS: workload families to run (default: all); criterion's files go to $logs/criterion.
       CRITERION_HOME="$logs/criterion" ./gpu_join --bench --seeds ${SEEDS:-} 2>&1 | tee "$logs/seeds.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    floor)
+      # Each kernel's time against its bytes-moved floor (ncu_floor.py): one
+      # checked run of each of FLOOR_SEEDS (default b2,b3: seed 002's narrow
+      # and wide PK-FK joins) at |R| = 2^FLOOR_LOG2 (default 27), over pinned
+      # tables, under Nsight Compute's ncu (the CUDA toolkit's, not the
+      # driver's); each table also goes to $logs/floor-SEED.txt.
+      metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+      seeds="${FLOOR_SEEDS:-b2,b3}"
+      for seed in ${seeds//,/ }; do
+        ncu --clock-control none --metrics "$metrics" --print-summary per-kernel \
+          ./gpu_join --bench --seeds "$seed" --log2-rows "${FLOOR_LOG2:-27}" --check-only --pinned \
+          > "$logs/ncu-$seed.txt" 2>&1 || status=1
+        python3 ncu_floor.py "$logs/ncu-$seed.txt" | tee "$logs/floor-$seed.txt"
+        [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+      done ;;
     quickstart)
       ./quickstart 2>&1 | tee "$logs/quickstart.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       CUDA_VISIBLE_DEVICES= ./quickstart 100000 2>&1 | tee "$logs/quickstart-no-gpu.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
-    *) echo "unknown: $what (tests | conformance | sanitize | bench | seeds | tpch | quickstart)"; status=2 ;;
+    *) echo "unknown: $what (tests | conformance | sanitize | bench | seeds | floor | tpch | quickstart)"; status=2 ;;
   esac
 done
 exit $status
