@@ -458,7 +458,7 @@ impl BuildSide {
             device,
             stream.stream(),
             |timer| {
-                let Some(gather) = self.gather.as_ref().filter(|_| self.may_carry()) else {
+                let Some((gather, folds)) = self.carrying_gather() else {
                     return Ok(None);
                 };
                 let columns = columns.insert(ResidentColumns::upload(
@@ -468,7 +468,7 @@ impl BuildSide {
                     &gather.columns,
                     timer,
                 )?);
-                let carry = carry.insert(match self.carry_plan(columns) {
+                let carry = carry.insert(match Self::carry_plan(folds, columns) {
                     Some(carry) => carry,
                     None => return Ok(None),
                 });
@@ -523,21 +523,17 @@ impl BuildSide {
     /// less than reading them at random rows costs the fold (seed 002's
     /// wide PK-FK join on an H100: 46.2 ms of kernels carrying row ids,
     /// 41.6 ms carrying both 4-byte columns in two words).
-    fn carry_plan(&self, columns: &ResidentColumns) -> Option<SideCarry> {
-        let folds = self.gather.as_ref()?.folds.as_ref()?;
-        if !self.may_carry() {
-            return None;
-        }
+    fn carry_plan(folds: &FoldedAggregation, columns: &ResidentColumns) -> Option<SideCarry> {
         SideCarry::plan(PairSide::Build, &folds.reductions, &folds.sources, columns)
     }
 
-    /// Whether the table may carry values ([`Self::carry_plan`]): the
-    /// probing chunks fold an aggregation, over exactly coded keys.
-    fn may_carry(&self) -> bool {
-        self.gather
-            .as_ref()
-            .is_some_and(|gather| gather.folds.is_some())
-            && !self.encoder.needs_verification()
+    /// The output columns and the aggregation the probing chunks fold,
+    /// where the table may carry values ([`Self::carry_plan`]): such chunks
+    /// fold, over exactly coded keys.
+    fn carrying_gather(&self) -> Option<(&BuildGather, &FoldedAggregation)> {
+        let gather = self.gather.as_ref()?;
+        let folds = gather.folds.as_ref()?;
+        (!self.encoder.needs_verification()).then_some((gather, folds))
     }
 
     /// Copies the build keys to `device` and partitions them, carrying

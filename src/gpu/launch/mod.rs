@@ -530,6 +530,15 @@ fn join_blocks(tasks: u64, sm_count: u32, resident: u32) -> u64 {
     tasks.clamp(1, u64::from(sm_count) * u64::from(resident))
 }
 
+/// The launch of a join kernel over the tasks in `range` ([`join_blocks`]).
+fn join_config(
+    range: &std::ops::Range<u64>,
+    sm_count: u32,
+    resident: u32,
+) -> GpuResult<LaunchConfig> {
+    config(join_blocks(range.end - range.start, sm_count, resident))
+}
+
 /// Slices of heavy probe partitions, each joined by a block of its own (see
 /// `hash_join.cu`): task `t` joins build partition `partitions[t]` with
 /// probe rows `probe_starts[t]..probe_starts[t + 1]`.
@@ -637,18 +646,12 @@ pub fn hash_join_count(
         .arg(&range.start)
         .arg(&range.end)
         .arg(match_counts);
+    let config = join_config(&range, sm_count, kernels.join_residency.count)?;
     // SAFETY: starts bound every key access; a task list is made from the
     // probe side's own partition starts (`ops::hash_join::probe_tasks`), so
     // its partition ids and probe rows lie within them; match_counts holds
     // the range.
-    unsafe {
-        launch.launch(config(join_blocks(
-            range.end - range.start,
-            sm_count,
-            kernels.join_residency.count,
-        ))?)
-    }
-    .during("launching hash_join_count")?;
+    unsafe { launch.launch(config) }.during("launching hash_join_count")?;
     Ok(())
 }
 
@@ -691,18 +694,12 @@ pub fn hash_join_write(
         .arg(&output_base)
         .arg(out_build_ids)
         .arg(out_probe_ids);
+    let config = join_config(&range, sm_count, kernels.join_residency.write)?;
     // SAFETY: the caller passes the offsets of hash_join_count over the same
     // inputs and tasks, and output_len >= the range's match total, so every
     // write lands in [0, output_len); the other lengths are checked above; a
     // one-word side's null row-id array is never read (its `layouts` bit).
-    unsafe {
-        launch.launch(config(join_blocks(
-            range.end - range.start,
-            sm_count,
-            kernels.join_residency.write,
-        ))?)
-    }
-    .during("launching hash_join_write")?;
+    unsafe { launch.launch(config) }.during("launching hash_join_write")?;
     Ok(())
 }
 
@@ -875,6 +872,7 @@ pub fn hash_join_fold(
         arg_or_null(&mut launch, folds.get(f).map(|fold| fold.values));
     }
     launch.arg(out);
+    let config = join_config(&range, sm_count, kernels.join_residency.fold)?;
     // SAFETY: starts bound every key access and a task list lies within the
     // probe side's partitions (as for hash_join_count); each fold reads its
     // source only at a row id below its `rows`, which the checks above put
@@ -882,14 +880,7 @@ pub fn hash_join_fold(
     // source: its value is in the side's word); the kernel reads specs[..3 *
     // folds] and writes only out[..1 + folds], both checked; sources past
     // `folds` are null and never read.
-    unsafe {
-        launch.launch(config(join_blocks(
-            range.end - range.start,
-            sm_count,
-            kernels.join_residency.fold,
-        ))?)
-    }
-    .during("launching hash_join_fold")?;
+    unsafe { launch.launch(config) }.during("launching hash_join_fold")?;
     Ok(())
 }
 
