@@ -33,11 +33,11 @@
 //! memory (`MemTable`s, one partition per core). "Cold" is the first GPU
 //! query of the process (driver and PTX load included), "warm" the median of
 //! the following runs. The GPU join runs once over all input partitions
-//! (`gpu.merge_partitions`, the default); `--repartitioned` also times it
-//! over DataFusion's CPU hash repartitions (`gpu.merge_partitions = false`),
+//! (`gpu.tuning.merge_partitions`, the default); `--repartitioned` also times it
+//! over DataFusion's CPU hash repartitions (`gpu.tuning.merge_partitions = false`),
 //! in the same process; `--host-gather`
 //! times the GPU join with its output columns gathered on the host
-//! (`gpu.device_gather = false`); `--pinned` copies both tables into pinned
+//! (`gpu.tuning.device_gather = false`); `--pinned` copies both tables into pinned
 //! host memory (`pin_batches`) and times both paths again over them. The
 //! floor is the pinned PCIe time of the bytes the GPU path must move (keys
 //! in, matched row-id pairs out), measured here.
@@ -398,7 +398,7 @@ async fn end_to_end() {
             timed_variant(
                 &ctx,
                 runs,
-                ("gpu.merge_partitions", "false", "true"),
+                ("gpu.tuning.merge_partitions", "false", "true"),
                 "GPU over DataFusion's repartitions",
                 (&cpu_answer, explain_analyze),
             )
@@ -428,13 +428,13 @@ async fn end_to_end() {
         "the GPU join did not run"
     );
     // --host-gather: the same GPU join with its output gathered on the host
-    // (gpu.device_gather = false), for the comparison in one process.
+    // (gpu.tuning.device_gather = false), for the comparison in one process.
     let host_gather_warm = if std::env::args().any(|a| a == "--host-gather") {
         Some(
             timed_variant(
                 &ctx,
                 runs,
-                ("gpu.device_gather", "false", "true"),
+                ("gpu.tuning.device_gather", "false", "true"),
                 "GPU, output gathered on the host",
                 (&cpu_answer, explain_analyze),
             )

@@ -26,25 +26,56 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layers, top down: [`planner`] (options, decisions, the rule), [`exec`]
-//! (DataFusion plan nodes), [`ops`] (algorithms on device columns) and
-//! [`gpu`] (the runtime over cudarc). The CUDA kernels are in `ptx/`,
-//! compiled ahead of time and embedded in the library.
+//! The public face is the session extension ([`SessionStateBuilderGpuExt`],
+//! [`with_gpu_context`], [`gpu_session_context`]), the options
+//! ([`GpuOptions`], settable with `SET gpu.<name>`), where each node ran
+//! ([`gpu_decisions`], [`gpu_status`]), tables in pinned host memory
+//! ([`pin_batches`]) and the plan nodes the rule puts in a plan. The CUDA
+//! kernels are in `ptx/`, compiled ahead of time and embedded in the library.
 //!
 //! [Apache DataFusion]: https://datafusion.apache.org
 
-mod array_buffers;
-pub mod exec;
-pub mod gpu;
-mod host_copy;
-pub mod ops;
-pub mod planner;
-mod session;
-pub mod trace;
+/// Declares the crate's layers: private to the crate, and public (hidden from
+/// the docs) with the `test-support` feature, for the crate's own integration
+/// tests and benchmarks, which exercise the device layers directly.
+macro_rules! layers {
+    ($($(#[$attr:meta])* $name:ident;)*) => {$(
+        $(#[$attr])*
+        #[cfg(feature = "test-support")]
+        #[doc(hidden)]
+        pub mod $name;
+        $(#[$attr])*
+        #[cfg(not(feature = "test-support"))]
+        pub(crate) mod $name;
+    )*};
+}
 
+layers! {
+    /// Plan nodes: DataFusion's `ExecutionPlan`s that run on the GPU.
+    exec;
+    /// The device runtime over the CUDA driver.
+    gpu;
+    /// Algorithms on device columns, knowing nothing of DataFusion.
+    ops;
+    /// Wall-clock tracing of the GPU operators (`DATAFUSION_GPU_TRACE`).
+    trace;
+}
+
+mod config;
+mod encode;
+mod host;
+mod pinned_tables;
+mod planner;
+mod session;
+
+#[cfg(feature = "test-support")]
+#[doc(hidden)]
+pub use config::GpuTestOptions;
+pub use config::{GpuOptions, GpuTuning};
 pub use exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
-pub use gpu::{is_pinned, pin_batches};
-pub use planner::{gpu_decisions, GpuOptimizerRule, GpuOptions, NodeDecision, Placement};
+pub use gpu::GpuUnavailable;
+pub use pinned_tables::{is_pinned, pin_batches};
+pub use planner::{gpu_decisions, GpuOptimizerRule, NodeDecision, Placement};
 pub use session::{gpu_session_context, with_gpu_context, SessionStateBuilderGpuExt};
 
 /// Whether this process can use a GPU, and if not, why not.

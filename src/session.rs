@@ -5,7 +5,8 @@ use std::sync::Arc;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-use crate::planner::{GpuOptimizerRule, GpuOptions};
+use crate::config::GpuOptions;
+use crate::planner::GpuOptimizerRule;
 
 /// Adds datafusion-gpu to a [`SessionStateBuilder`].
 pub trait SessionStateBuilderGpuExt {
@@ -30,6 +31,16 @@ fn add_gpu_options(config: &mut SessionConfig) {
     let options = config.options_mut();
     if options.extensions.get::<GpuOptions>().is_none() {
         options.extensions.insert(GpuOptions::default());
+    }
+    #[cfg(feature = "test-support")]
+    if options
+        .extensions
+        .get::<crate::config::GpuTestOptions>()
+        .is_none()
+    {
+        options
+            .extensions
+            .insert(crate::config::GpuTestOptions::default());
     }
     options.optimizer.enable_join_dynamic_filter_pushdown = false;
 }

@@ -5,10 +5,10 @@
 //! aggregation (all cores) and on the GPU aggregation, in one process,
 //! answers checked by an order-independent checksum of every output row.
 //! The GPU path runs as one GPU aggregation over all input partitions
-//! (`gpu.aggregate_single_phase`, the default); `--two-phase` also times it
+//! (`gpu.tuning.aggregate_single_phase`, the default); `--two-phase` also times it
 //! in DataFusion's two phases, both on the GPU; `--partitioned` also times
 //! it with the groups numbered in hash partitions
-//! (`gpu.min_groups_to_partition = 0`, seed 002's PGB) where the default
+//! (`gpu.tuning.min_groups_to_partition = 0`, seed 002's PGB) where the default
 //! numbers them in one hash table; `--pinned` copies the table into pinned
 //! host memory (`pin_batches`) and times both paths again over it.
 //! `--string-keys` makes the keys Utf8 strings (`key-<n>`), which the GPU
@@ -264,9 +264,9 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         let warm = median(&mut warm_times);
         let plan = last_plan.expect("at least one run");
         // --two-phase: also time the GPU aggregation in DataFusion's two
-        // phases (gpu.aggregate_single_phase = false).
+        // phases (gpu.tuning.aggregate_single_phase = false).
         let mut variants = if std::env::args().any(|a| a == "--two-phase") {
-            ctx.sql("SET gpu.aggregate_single_phase = false")
+            ctx.sql("SET gpu.tuning.aggregate_single_phase = false")
                 .await
                 .unwrap();
             let (time, two_phase_plan) = time_gpu(&ctx, runs, cpu_answer).await;
@@ -279,7 +279,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
                     .to_string();
                 println!("GPU two-phase plan with metrics (last run), 2^{log2_g} groups:\n{shown}");
             }
-            ctx.sql("SET gpu.aggregate_single_phase = true")
+            ctx.sql("SET gpu.tuning.aggregate_single_phase = true")
                 .await
                 .unwrap();
             format!(" gpu_two_phase_warm_ms={:.1}", time.as_secs_f64() * 1e3)
@@ -289,7 +289,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
         // --partitioned: also time the groups numbered in hash partitions
         // (seed 002's PGB) where the default numbers them in one table.
         if std::env::args().any(|a| a == "--partitioned") {
-            ctx.sql("SET gpu.min_groups_to_partition = 0")
+            ctx.sql("SET gpu.tuning.min_groups_to_partition = 0")
                 .await
                 .unwrap();
             let (time, partitioned_plan) = time_gpu(&ctx, runs, cpu_answer).await;
@@ -311,10 +311,14 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
                 gpu_metric(&partitioned_plan, "device_wall_time") as f64 / 1e6,
                 gpu_metric(&partitioned_plan, "partitioned_groups_partitions"),
             ));
-            let default = datafusion_gpu::GpuOptions::default().min_groups_to_partition;
-            ctx.sql(&format!("SET gpu.min_groups_to_partition = {default}"))
-                .await
-                .unwrap();
+            let default = datafusion_gpu::GpuOptions::default()
+                .tuning
+                .min_groups_to_partition;
+            ctx.sql(&format!(
+                "SET gpu.tuning.min_groups_to_partition = {default}"
+            ))
+            .await
+            .unwrap();
         }
         // --pinned: the table copied into pinned host memory (pin_batches),
         // both paths timed again over it.

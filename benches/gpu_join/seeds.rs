@@ -32,7 +32,7 @@
 //! `--pinned` gives the GPU runs pinned copies of the tables (`pin_batches`),
 //! as a pipeline that pins its batches would: a hash join then carries its
 //! probe side's folded values through the partitioning
-//! (`gpu.carry_folded_values`), which it does only from pinned memory.
+//! (`gpu.tuning.carry_folded_values`), which it does only from pinned memory.
 
 use std::cell::RefCell;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 //! DataFusion plans as a hash join (`prefer_hash_join` as by default), every
 //! row collected: `HashJoinExec` and a `SortExec` against the GPU sort-merge
 //! join planned in their place, and against the GPU hash join with the CPU
-//! sort (`gpu.sort_merge_join_for_order = false`); `--no-order-by` skips
+//! sort (`gpu.tuning.sort_merge_join_for_order = false`); `--no-order-by` skips
 //! that last part.
 
 use std::sync::Arc;
@@ -170,7 +170,7 @@ pub async fn benchmark(log2: usize, runs: usize) {
             "SET gpu.min_rows = 0",
             // The final aggregation stays DataFusion's on both paths; the
             // partial one is computed in the GPU join from its pairs
-            // (`gpu.aggregate_in_join`, `--set gpu.aggregate_in_join=false`
+            // (`gpu.tuning.aggregate_in_join`, `--set gpu.tuning.aggregate_in_join=false`
             // to leave it to DataFusion too).
             "SET gpu.aggregate = false",
             "SET gpu.enabled = false",
@@ -248,7 +248,7 @@ pub async fn benchmark(log2: usize, runs: usize) {
 /// The query of a hash join sorted on its key (`ORDER BY` the join key),
 /// every row collected: DataFusion's `HashJoinExec` and `SortExec` against
 /// the GPU sort-merge join planned in their place
-/// (`gpu.sort_merge_join_for_order`).
+/// (`gpu.tuning.sort_merge_join_for_order`).
 const ORDER_BY_SQL: &str = "SELECT r.k, s.v FROM r JOIN s ON r.k = s.k ORDER BY r.k";
 
 /// Row count, sums of both columns, and whether the keys ascend.
@@ -307,7 +307,7 @@ async fn order_by(r_keys: &[i64], s_keys: &[i64], log2: usize, runs: usize, core
     let (cpu, cpu_answer, cpu_plan) = timed_collect(&ctx, runs).await;
     println!("order-by: CPU plan\n{cpu_plan}");
     ctx.sql("SET gpu.enabled = true").await.unwrap();
-    ctx.sql("SET gpu.sort_merge_join_for_order = true")
+    ctx.sql("SET gpu.tuning.sort_merge_join_for_order = true")
         .await
         .unwrap();
     let (gpu, gpu_answer, gpu_plan) = timed_collect(&ctx, runs).await;
@@ -318,7 +318,7 @@ async fn order_by(r_keys: &[i64], s_keys: &[i64], log2: usize, runs: usize, core
         gpu_plan.contains("in_place_of=HashJoinExec"),
         "no sort-merge join in place of the hash join"
     );
-    ctx.sql("SET gpu.sort_merge_join_for_order = false")
+    ctx.sql("SET gpu.tuning.sort_merge_join_for_order = false")
         .await
         .unwrap();
     let (hash, hash_answer, _) = timed_collect(&ctx, runs).await;

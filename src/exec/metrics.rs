@@ -91,20 +91,20 @@ pub struct GpuJoinMetrics {
     /// Pairs reduced on the device by the partial aggregation the join
     /// computes (`partial_aggregate` in `EXPLAIN`), never made into rows.
     pub rows_aggregated_on_device: Count,
-    /// Of those, pairs folded as the device probed (`gpu.fold_while_probing`),
+    /// Of those, pairs folded as the device probed (`gpu.tuning.fold_while_probing`),
     /// never written out.
     pub pairs_folded_while_probing: Count,
     /// Probe rows whose keys carried the values their folds read, in place
-    /// of row ids (`gpu.carry_folded_values`).
+    /// of row ids (`gpu.tuning.carry_folded_values`).
     pub probe_rows_carrying_values: Count,
     /// Build rows whose keys carried the values the folds read, in place
-    /// of row ids (`gpu.carry_folded_values`), once per device.
+    /// of row ids (`gpu.tuning.carry_folded_values`), once per device.
     pub build_rows_carrying_values: Count,
     /// Build rows partitioned again by row id, for chunks whose folds could
     /// not run against a table that carries values (once per device).
     pub build_rows_by_row_id: Count,
     /// Build and probe rows partitioned as one word each, key and row id
-    /// (or carried value) together (`gpu.one_word_join_rows`).
+    /// (or carried value) together (`gpu.tuning.one_word_join_rows`).
     pub rows_in_one_word: Count,
 }
 
@@ -230,7 +230,7 @@ pub struct GpuAggregateMetrics {
     pub sorted_rows_partitions: Count,
     /// Partitions whose groups were numbered in hash partitions sized to
     /// shared memory (seed 002's partition-based group-by: the sample of
-    /// the keys estimated at least `gpu.min_groups_to_partition` groups).
+    /// the keys estimated at least `gpu.tuning.min_groups_to_partition` groups).
     pub partitioned_groups_partitions: Count,
     /// Partitions that tried that, but found a hash partition with too many
     /// groups (the sample underestimated them) and numbered the groups in
@@ -250,7 +250,7 @@ pub struct GpuAggregateMetrics {
     /// estimate (a long tail of rare keys) before it could fill up.
     pub folding_table_grown_partitions: Count,
     /// Aggregates' inputs (of every partition) reduced chunk by chunk as
-    /// they landed on the device (`gpu.reduce_as_they_land`), rather than
+    /// they landed on the device (`gpu.tuning.reduce_as_they_land`), rather than
     /// once their whole column had crossed the bus.
     pub inputs_reduced_as_they_landed: Count,
     /// Partitions whose aggregates' inputs were prepared on the host while
@@ -259,7 +259,7 @@ pub struct GpuAggregateMetrics {
     /// than before the device started.
     pub inputs_prepared_during_key_copy_partitions: Count,
     /// Output buffers (one column of one output batch each) whose memory
-    /// was mapped while the device worked (`gpu.map_output_ahead`), rather
+    /// was mapped while the device worked (`gpu.tuning.map_output_ahead`), rather
     /// than page by page as the results were copied into it.
     pub output_buffers_mapped_ahead: Count,
     /// Aggregates whose output columns were brought back and built while

@@ -1,27 +1,21 @@
-//! DataFusion execution plan nodes that run on the GPU. They own batching,
-//! Arrow conversion, metrics, memory reservations and join semantics; the
-//! algorithms themselves live in [`crate::ops`].
+//! DataFusion execution plan nodes that run on the GPU and their streams:
+//! the hash join, the sort-merge join and the aggregation, the join
+//! machinery they share ([`join`]), reading a node's whole input
+//! ([`collect`]) and their metrics. They own batching, metrics, memory
+//! reservations and join semantics; Arrow columns become device words in
+//! [`crate::encode`] and the algorithms run in [`crate::ops`].
 
 mod aggregate;
 mod collect;
-mod concat;
-mod device_gather;
 mod hash_join;
-pub mod keys;
-mod mapped_ahead;
+mod join;
 mod metrics;
-mod once;
-mod ordered_keys;
-mod pair_aggregate;
-mod parallel;
-mod release;
-mod row_source;
 mod sort_merge_join;
 
 pub use aggregate::GpuAggregateExec;
 pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
-pub use metrics::{DeviceMetrics, GpuAggregateMetrics, GpuJoinMetrics, GpuSortMergeJoinMetrics};
+pub use metrics::{GpuAggregateMetrics, GpuJoinMetrics, GpuSortMergeJoinMetrics};
 pub use sort_merge_join::GpuSortMergeJoinExec;
 
 use std::sync::Arc;

@@ -42,6 +42,7 @@ impl DeviceBudget {
         })
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Device memory that was free when the device was opened.
     pub fn free_at_open(&self) -> usize {
         self.free_at_open
@@ -151,6 +152,7 @@ pub struct DeviceReservation {
 }
 
 impl DeviceReservation {
+    #[cfg(any(test, feature = "test-support"))]
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.bytes

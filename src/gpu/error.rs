@@ -45,7 +45,7 @@ impl fmt::Display for GpuError {
             GpuError::OutOfDeviceMemory { requested, limit, in_use } => write!(
                 f,
                 "GPU memory budget exceeded: {requested} bytes requested, {in_use} of {limit} bytes in use \
-                 (raise gpu.memory_fraction or lower gpu.probe_chunk_rows)"
+                 (raise gpu.memory_fraction or lower gpu.tuning.probe_chunk_rows)"
             ),
             GpuError::Invalid(msg) => write!(f, "invalid GPU operation: {msg}"),
         }

@@ -1,6 +1,6 @@
 //! The GPU runtime over cudarc: detection, one context per device, the PTX
-//! modules, streams, a device memory budget, pinned staging buffers, tables
-//! in pinned host memory and event timing. This is the only layer that names
+//! modules, streams, a device memory budget, pinned staging buffers, pinned
+//! regions that tables are copied into, and event timing. This is the only layer that names
 //! cudarc; everything above it sees [`GpuDevice`], typed launch helpers and
 //! [`GpuError`].
 
@@ -9,24 +9,28 @@ mod device;
 mod error;
 pub mod launch;
 mod pinned;
-mod pinned_host;
+mod pinned_region;
 mod runtime;
 mod timing;
 mod transfer;
 
 pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
-pub use device::{GpuDevice, PooledStream};
+pub use device::GpuDevice;
+#[cfg(any(test, feature = "test-support"))]
+pub use device::PooledStream;
 pub use error::{DriverResultExt, GpuError, GpuResult};
 pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool};
-pub(crate) use pinned_host::first_buffer_address;
-pub use pinned_host::{is_pinned, pin_batches, PinnedRegion};
-pub use runtime::{gpu_availability, gpu_runtime, GpuRuntime, GpuUnavailable};
+pub(crate) use pinned_region::{region_holding, PinnedRegion};
+pub use runtime::{gpu_availability, gpu_runtime, GpuUnavailable};
+#[cfg(any(test, feature = "test-support"))]
+pub use runtime::GpuRuntime;
 pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{
-    download_byte_pieces, download_u64, enqueue_download, in_pinned_memory, measure_copy_bandwidth,
-    upload_byte_pieces, upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces,
-    CopyBandwidth, StagingWindows,
+    download_byte_pieces, download_u64, enqueue_download, in_pinned_memory, upload_byte_pieces,
+    upload_u64, upload_u64_pieces, StagingWindows,
 };
+#[cfg(any(test, feature = "test-support"))]
+pub use transfer::{measure_copy_bandwidth, upload_byte_pieces_in_windows, CopyBandwidth};
 
 /// Device memory on one stream. Re-exported so the `ops` layer can name it
 /// without depending on cudarc directly.

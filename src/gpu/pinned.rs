@@ -119,6 +119,7 @@ impl PinnedBuffer {
         self.len
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Whether no elements are in use.
     pub fn is_empty(&self) -> bool {
         self.len == 0

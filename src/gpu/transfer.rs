@@ -6,11 +6,11 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtrMut};
 use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::datatypes::ToByteSlice;
 
-use super::pinned_host::region_holding;
+use super::pinned_region::region_holding;
 use super::{
     DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer, PinnedRegion,
 };
-use crate::host_copy::{copy_window, host_threads, zeroed_for_fill};
+use crate::host::copy::{copy_window, host_threads, zeroed_for_fill};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
 /// buffer so that the copy runs at full bus speed. Returns once the copy is
@@ -469,6 +469,7 @@ impl cudarc::driver::HostSlice<u64> for PinnedRange<'_> {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 /// Measured copy bandwidth of one device, pinned memory both ways: the floor
 /// that any host-resident GPU operator is compared against.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -483,6 +484,7 @@ pub struct CopyBandwidth {
     pub device_memory: f64,
 }
 
+#[cfg(any(test, feature = "test-support"))]
 /// Times `repeats` copies of `bytes` bytes each way through pinned memory,
 /// and as many device-to-device copies, with events (after one warm-up round)
 /// and returns the median bandwidths.

@@ -56,6 +56,7 @@ pub struct DeviceBuildTable {
 }
 
 impl DeviceBuildTable {
+    #[cfg(any(test, feature = "test-support"))]
     /// Copies the build keys (and row ids, see [`HostKeys`]) to the device
     /// and partitions them by `plan`.
     pub fn build(
@@ -272,6 +273,7 @@ impl DeviceJoinPairs<'_> {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 /// Joins one chunk of probe keys (`keys`: pieces copied to the device one
 /// after the other) against `table`. For each range of
 /// partitions whose output fits `max_pairs` (or a single larger partition),
@@ -309,6 +311,7 @@ pub struct PartitionedProbe {
 }
 
 impl PartitionedProbe {
+    #[cfg(any(test, feature = "test-support"))]
     /// Whether the keys carry values in place of row ids: such a chunk is
     /// only folded ([`fold_partitioned`]), its pairs never written.
     pub fn carries_values(&self) -> bool {
@@ -796,6 +799,7 @@ pub fn output_ranges(offsets: &[u64], max_pairs: u64) -> Vec<Range<usize>> {
 }
 
 /// CPU references.
+#[cfg(any(test, feature = "test-support"))]
 pub mod reference {
     use std::collections::HashMap;
 

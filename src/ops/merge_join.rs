@@ -31,6 +31,7 @@ pub struct SortedSide {
 }
 
 impl SortedSide {
+    #[cfg(any(test, feature = "test-support"))]
     /// Copies `keys` (pieces laid end to end) to the device and sorts them
     /// with their row ids on the low `key_bits` bits, or, with `presorted`,
     /// takes them as already in order (row ids `0..n`). `keys` are codes, or, with `transform`, raw
@@ -467,6 +468,7 @@ pub fn merge_join_device_bytes(
 }
 
 /// CPU references.
+#[cfg(any(test, feature = "test-support"))]
 pub mod reference {
     /// What [`super::radix_sort`] must produce: a stable sort by key.
     pub fn sort(keys: &[u64]) -> (Vec<u64>, Vec<u64>) {

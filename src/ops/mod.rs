@@ -10,6 +10,7 @@ pub mod merge_join;
 pub mod radix;
 pub mod scan;
 
+#[cfg(any(test, feature = "test-support"))]
 /// MurmurHash3's 64-bit finalizer, the same function as `mix64` in
 /// `ptx/common.cuh`: a bijection, so distinct keys never share all 64 bits.
 pub fn mix64(mut key: u64) -> u64 {

@@ -298,6 +298,7 @@ fn radix_passes_in_place(
 }
 
 /// CPU references.
+#[cfg(any(test, feature = "test-support"))]
 pub mod reference {
     use super::RadixPlan;
     use crate::ops::mix64;

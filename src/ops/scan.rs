@@ -31,6 +31,7 @@ pub fn exclusive_scan(
 }
 
 /// CPU references.
+#[cfg(any(test, feature = "test-support"))]
 pub mod reference {
     /// Exclusive prefix sum.
     pub fn exclusive_scan(values: &[u64]) -> Vec<u64> {

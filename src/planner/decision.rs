@@ -5,18 +5,16 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::DataType;
 use datafusion::common::stats::Precision;
 use datafusion::config::ConfigOptions;
 use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::statistics::plan_statistics;
-use super::GpuOptions;
-use crate::exec::keys::KeySpec;
+use crate::config::GpuOptions;
+use crate::encode::keys::KeySpec;
 use crate::exec::{
     describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec,
 };
@@ -93,7 +91,7 @@ pub fn decide_hash_join(
     if join.properties().output_ordering().is_some() {
         return Err("the join's output ordering may be relied on above it, and the GPU join does not keep it".into());
     }
-    key_spec(join)?;
+    crate::encode::keys::join_key_spec(join)?;
     check_join_size(join.left(), join.right(), options)
 }
 
@@ -115,7 +113,7 @@ pub fn decide_sort_merge_join(
             "an input is unbounded, and the GPU sort-merge join reads its inputs whole".into(),
         );
     }
-    for key_type in key_types(join.left(), join.right(), join.on())? {
+    for key_type in crate::encode::keys::key_types(join.left(), join.right(), join.on())? {
         if !KeySpec::is_packable(&key_type) {
             return Err(format!(
                 "key type {key_type} has no order-preserving fixed-width code on the GPU \
@@ -231,33 +229,6 @@ fn check_size(rows: Option<usize>, options: &GpuOptions) -> Result<(), String> {
         )),
         _ => Ok(()),
     }
-}
-
-/// The key spec of a join, or why its keys cannot be encoded.
-pub(crate) fn key_spec(join: &HashJoinExec) -> Result<KeySpec, String> {
-    let types = key_types(join.left(), join.right(), join.on())?;
-    KeySpec::try_new(&types, join.null_equality())
-}
-
-/// The type of each equi-join key, or why the two sides' types differ.
-fn key_types(
-    left: &Arc<dyn ExecutionPlan>,
-    right: &Arc<dyn ExecutionPlan>,
-    on: &[(PhysicalExprRef, PhysicalExprRef)],
-) -> Result<Vec<DataType>, String> {
-    let (left_schema, right_schema) = (left.schema(), right.schema());
-    on.iter()
-        .map(|(left, right)| {
-            let left_type = left.data_type(&left_schema).map_err(|e| e.to_string())?;
-            let right_type = right.data_type(&right_schema).map_err(|e| e.to_string())?;
-            if left_type != right_type {
-                return Err(format!(
-                    "key types differ across the join ({left_type} and {right_type})"
-                ));
-            }
-            Ok(left_type)
-        })
-        .collect()
 }
 
 /// Rows of `plan` by statistics, exact or estimated; `None` without any.

@@ -15,7 +15,8 @@ use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::{decide_sort_merge_join, GpuOptions};
+use super::decide_sort_merge_join;
+use crate::config::GpuOptions;
 
 /// What replaces a `SortExec` over a hash join: the sort-merge join (over
 /// a per-partition sort of each input on its keys, which the GPU join
@@ -66,7 +67,7 @@ pub(crate) fn merge_join_for_sort(
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
 ) -> Result<Option<MergeForOrder>> {
-    if !(options.sort_merge_join && options.sort_merge_join_for_order) {
+    if !(options.sort_merge_join && options.tuning.sort_merge_join_for_order) {
         return Ok(None);
     }
     let Some(sort) = node.downcast_ref::<SortExec>() else {

@@ -13,7 +13,7 @@
 //! one partition each, which the GPU join sorts on the device, in place of
 //! a CPU pass that merges the sorted partitions while it hashes every row
 //! before the join starts.
-//! On by default (`gpu.merge_partitions`): with the build side concatenated
+//! On by default (`gpu.tuning.merge_partitions`): with the build side concatenated
 //! on every core and single integer keys used in place, it is faster from
 //! 2^24 rows a side and does not suffer from skewed keys (BENCHMARKS.md).
 
@@ -116,7 +116,7 @@ pub(super) fn over_unrepartitioned_inputs(join: &HashJoinExec) -> Result<Option<
 /// sorted partitions: that one merges them on one thread per output
 /// partition, which costs more than the device sort, while a plain hash
 /// repartition costs less than the host work that one GPU join per
-/// partition overlaps (see `gpu.merge_unsorted_sort_merge_inputs`).
+/// partition overlaps (see `gpu.tuning.merge_unsorted_sort_merge_inputs`).
 /// `None` when `join` is not of that shape, or when its keys repeat (one
 /// sort expression per key is what the GPU join absorbs).
 pub(super) fn merge_join_over_unrepartitioned_inputs(

@@ -11,7 +11,7 @@
 //! repartitions the groups again (by hash where something above relies on
 //! it), and the CPU fallback runs DataFusion's two phases over the collected
 //! input ([`cpu_phases`]), on every core. On by default
-//! (`gpu.aggregate_single_phase`; BENCHMARKS.md).
+//! (`gpu.tuning.aggregate_single_phase`; BENCHMARKS.md).
 
 use std::sync::Arc;
 
@@ -41,22 +41,6 @@ pub(super) fn cpu_phases(final_agg: &AggregateExec) -> Result<Option<Arc<dyn Exe
     #[allow(deprecated)]
     let cpu = Arc::new(final_agg.clone()).with_new_children(vec![exchange])?;
     Ok(Some(cpu))
-}
-
-/// `cpu_phases` (from [`cpu_phases`]) over `input` in place of the partial
-/// aggregation's input.
-pub(crate) fn cpu_phases_over(
-    cpu_phases: &Arc<dyn ExecutionPlan>,
-    input: Arc<dyn ExecutionPlan>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    let exchange = Arc::clone(cpu_phases.children()[0]);
-    let partial = Arc::clone(exchange.children()[0]);
-    #[allow(deprecated)]
-    let partial = partial.with_new_children(vec![input])?;
-    #[allow(deprecated)]
-    let exchange = exchange.with_new_children(vec![partial])?;
-    #[allow(deprecated)]
-    Arc::clone(cpu_phases).with_new_children(vec![exchange])
 }
 
 /// The `Single` aggregation computing what `final_agg` computes, when

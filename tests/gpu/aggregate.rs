@@ -148,9 +148,9 @@ const AGGREGATES: &str = "count(*), count(v), sum(v), min(v), max(v), avg(v), \
 /// repartition and `FinalPartitioned` (or `Final`) replaced by one GPU
 /// aggregation; four, both phases on the GPU.
 const PLANS: [(usize, &str); 3] = [
-    (1, "SET gpu.aggregate_single_phase = true"),
-    (4, "SET gpu.aggregate_single_phase = true"),
-    (4, "SET gpu.aggregate_single_phase = false"),
+    (1, "SET gpu.tuning.aggregate_single_phase = true"),
+    (4, "SET gpu.tuning.aggregate_single_phase = true"),
+    (4, "SET gpu.tuning.aggregate_single_phase = false"),
 ];
 
 /// Rows and keys of the grouped tests: few groups with many duplicates;
@@ -172,7 +172,7 @@ const GROUPED_INPUTS: [(usize, Keys); 4] = [
 /// Settings that bring an aggregation's results back in windows of one
 /// batch of 512 groups each: every grouped input makes several.
 const SMALL_RESULT_WINDOWS: [&str; 2] = [
-    "SET gpu.result_window_words = 1",
+    "SET gpu.tuning.result_window_words = 1",
     "SET datafusion.execution.batch_size = 512",
 ];
 
@@ -269,7 +269,7 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
     for (partitions, phases, in_partitions) in runs {
         let mut settings = vec![phases];
         if in_partitions {
-            settings.push("SET gpu.min_groups_to_partition = 0");
+            settings.push("SET gpu.tuning.min_groups_to_partition = 0");
             // And the results brought back in many windows of one small
             // batch each.
             settings.extend(SMALL_RESULT_WINDOWS);
@@ -418,7 +418,7 @@ async fn inputs_prepared_while_the_keys_cross_match_the_cpu() {
         let (partitions, phases) = plan;
         let mut settings = vec![phases];
         if in_partitions {
-            settings.push("SET gpu.min_groups_to_partition = 0");
+            settings.push("SET gpu.tuning.min_groups_to_partition = 0");
         }
         let (gpu, cpu) = contexts(partitions, &settings).await;
         for (rows, dist) in GROUPED_INPUTS {
@@ -483,10 +483,10 @@ async fn inputs_prepared_while_the_keys_cross_match_the_cpu() {
     }
 }
 
-/// Output buffers mapped while the device works (`gpu.map_output_ahead`),
+/// Output buffers mapped while the device works (`gpu.tuning.map_output_ahead`),
 /// by the host's idle cores once the inputs are prepared, where the device
 /// reads the keys from pinned memory: with batches of 512 groups and no
-/// size threshold (`gpu.min_output_bytes_mapped_ahead = 0`), the sample of
+/// size threshold (`gpu.tuning.min_output_bytes_mapped_ahead = 0`), the sample of
 /// 9,000 keys foresees enough output to map its 8-byte columns ahead. The
 /// columns filled into them (keys from their own words; counts, sums,
 /// minima and maxima, NULL where a group saw no value; the partial states
@@ -506,21 +506,21 @@ async fn output_mapped_ahead_matches_the_cpu() {
         // Computed arguments: the inputs are prepared before the device starts.
         "SELECT k, max(u % 7), sum(x % 1000) FROM t GROUP BY k",
     ];
-    // (gpu.map_output_ahead, no size threshold): only both map.
+    // (gpu.tuning.map_output_ahead, no size threshold): only both map.
     let switches = [(true, true), (false, true), (true, false)];
     for (plan, (partitions, phases)) in PLANS.into_iter().enumerate() {
         for (map_ahead, no_threshold) in switches {
-            let map_setting = format!("SET gpu.map_output_ahead = {map_ahead}");
+            let map_setting = format!("SET gpu.tuning.map_output_ahead = {map_ahead}");
             let mut settings = vec![
                 phases,
                 "SET datafusion.execution.batch_size = 512",
                 map_setting.as_str(),
             ];
             if no_threshold {
-                settings.push("SET gpu.min_output_bytes_mapped_ahead = 0");
+                settings.push("SET gpu.tuning.min_output_bytes_mapped_ahead = 0");
             }
             if plan == 0 {
-                settings.push("SET gpu.min_groups_to_partition = 0");
+                settings.push("SET gpu.tuning.min_groups_to_partition = 0");
             }
             let (gpu, cpu) = contexts(partitions, &settings).await;
             let table = not_null_table(40_000, Keys::Uniform { domain: 9_000 }, partitions, 77);
@@ -577,24 +577,24 @@ async fn aggregates_brought_back_early_match_the_cpu() {
         // them: it reads a cast of the column, whose count is its own.)
         "SELECT k, sum(v), min(v), max(v), count(v) FROM t GROUP BY k".to_string(),
     ];
-    let unfolded = "SET gpu.fold_into_table = false";
+    let unfolded = "SET gpu.tuning.fold_into_table = false";
     // Batches of 64 groups in windows of 2,048 words: several windows a
     // pass, each cut into tasks of one or more batches.
     let small = [
         "SET datafusion.execution.batch_size = 64",
-        "SET gpu.result_window_words = 2048",
+        "SET gpu.tuning.result_window_words = 2048",
     ];
-    let in_partitions = "SET gpu.min_groups_to_partition = 0";
+    let in_partitions = "SET gpu.tuning.min_groups_to_partition = 0";
     let numberings: [(&str, &[&str]); 5] = [
         ("in partitions", &[in_partitions]),
         (
             "in partitions, whole columns",
-            &[in_partitions, "SET gpu.reduce_as_they_land = false"],
+            &[in_partitions, "SET gpu.tuning.reduce_as_they_land = false"],
         ),
         ("unfolded", &[unfolded]),
         (
             "unfolded, all at the end",
-            &[unfolded, "SET gpu.results_back_early = false"],
+            &[unfolded, "SET gpu.tuning.results_back_early = false"],
         ),
         ("default", &[]),
     ];
@@ -713,7 +713,7 @@ async fn float_sums_agree_within_a_relative_tolerance() {
     let (gpu, _) = contexts(
         1,
         &[
-            "SET gpu.aggregate_single_phase = true",
+            "SET gpu.tuning.aggregate_single_phase = true",
             "SET gpu.deterministic_float_sums = true",
         ],
     )
@@ -845,8 +845,8 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     // replaced node, or to DataFusion's two phases where one GPU
     // aggregation replaced them.
     for phases in [
-        "SET gpu.aggregate_single_phase = false",
-        "SET gpu.aggregate_single_phase = true",
+        "SET gpu.tuning.aggregate_single_phase = false",
+        "SET gpu.tuning.aggregate_single_phase = true",
     ] {
         let (gpu, cpu) = contexts(4, &["SET gpu.memory_fraction = 0.000000001", phases]).await;
         register(
@@ -894,8 +894,8 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     // With gpu.min_groups, a partition whose sampled keys show few groups
     // runs on the CPU operator; one with many stays on the GPU.
     for phases in [
-        "SET gpu.aggregate_single_phase = false",
-        "SET gpu.aggregate_single_phase = true",
+        "SET gpu.tuning.aggregate_single_phase = false",
+        "SET gpu.tuning.aggregate_single_phase = true",
     ] {
         let (gpu, cpu) = contexts(4, &["SET gpu.min_groups = 65536", phases]).await;
         register(
@@ -919,7 +919,7 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     // Hashes cut to 3 bits: different keys share a hash, the host check
     // finds it, and those partitions run on the CPU operator with the same
     // answer.
-    let (gpu, cpu) = contexts(4, &["SET gpu.hashed_group_key_bits = 3"]).await;
+    let (gpu, cpu) = contexts(4, &["SET gpu_test.hashed_group_key_bits = 3"]).await;
     register(
         [&gpu, &cpu],
         table(20_000, Keys::Uniform { domain: 700 }, 4, 8),
@@ -970,20 +970,20 @@ async fn a_hash_table_sized_from_a_misleading_sample_is_built_again() {
     let (gpu, cpu) = contexts(
         1,
         &[
-            "SET gpu.aggregate_single_phase = true",
+            "SET gpu.tuning.aggregate_single_phase = true",
             "SET gpu.min_groups = 0",
         ],
     )
     .await;
-    // The same GPU aggregation with `gpu.fold_into_table` off: numbered,
+    // The same GPU aggregation with `gpu.tuning.fold_into_table` off: numbered,
     // then reduced one column at a time, never folded.
     let unfolded = gpu_context(
         JoinMode::CollectLeft,
         1,
         &[
-            "SET gpu.aggregate_single_phase = true",
+            "SET gpu.tuning.aggregate_single_phase = true",
             "SET gpu.min_groups = 0",
-            "SET gpu.fold_into_table = false",
+            "SET gpu.tuning.fold_into_table = false",
         ],
     )
     .await;

@@ -221,7 +221,7 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
             options.min_groups = 0;
             // Groups numbered in hash partitions (the newest path; the
             // differential tests cover the one table too).
-            options.min_groups_to_partition = 0;
+            options.tuning.min_groups_to_partition = 0;
             options.hashed_group_keys = true;
             config.options_mut().extensions.insert(options);
             config

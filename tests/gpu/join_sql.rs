@@ -83,7 +83,7 @@ async fn small_chunks_ranges_and_batches() {
     let r = gen_keys(20_000, Keys::Uniform { domain: 5_000 }, 0.05, 1);
     let s = gen_keys(30_000, Keys::Uniform { domain: 5_000 }, 0.05, 2);
     let extra = [
-        "SET gpu.probe_chunk_rows = 777",
+        "SET gpu.tuning.probe_chunk_rows = 777",
         "SET gpu.max_output_pairs = 1000",
         "SET datafusion.execution.batch_size = 97",
     ];
@@ -265,7 +265,7 @@ async fn multi_column_and_narrow_key_types() {
     let two_words = gpu_context(
         JoinMode::Partitioned,
         4,
-        &["SET gpu.one_word_join_rows = false"],
+        &["SET gpu.tuning.one_word_join_rows = false"],
     )
     .await;
     for ctx in [&gpu, &cpu, &two_words] {
@@ -590,7 +590,7 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
             &few,
             &many,
             &[
-                "SET gpu.probe_chunk_rows = 7777",
+                "SET gpu.tuning.probe_chunk_rows = 7777",
                 "SET gpu.max_output_pairs = 10000",
             ],
         ),
@@ -605,13 +605,13 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
             let unfolded_settings: Vec<&str> = extra
                 .iter()
                 .copied()
-                .chain(["SET gpu.fold_while_probing = false"])
+                .chain(["SET gpu.tuning.fold_while_probing = false"])
                 .collect();
             let unfolded = gpu_context(mode, 4, &unfolded_settings).await;
             let uncarried_settings: Vec<&str> = extra
                 .iter()
                 .copied()
-                .chain(["SET gpu.carry_folded_values = false"])
+                .chain(["SET gpu.tuning.carry_folded_values = false"])
                 .collect();
             // Over pinned copies of the tables, whose columns the probe
             // keys carry, and the same with the option off.
@@ -642,7 +642,7 @@ async fn aggregates_computed_in_the_join_match_the_cpu() {
                 shown.contains("partial_aggregate=[count(Int64(1)), sum(r.v), sum(s.v)"),
                 "{name}, {mode:?}: the join does not compute the aggregation\n{shown}"
             );
-            // With `gpu.merge_partitions` (on in this mode only), the join
+            // With `gpu.tuning.merge_partitions` (on in this mode only), the join
             // reads its probe partitions as one (in several chunks in
             // "many ranges").
             assert_eq!(
@@ -890,7 +890,7 @@ async fn aggregates_in_the_join_over_four_byte_columns() {
 }
 
 /// The build side's keys carry the values its folds read (seed 002's GFTR
-/// on the build side, `gpu.carry_folded_values`): one 4-byte column beside
+/// on the build side, `gpu.tuning.carry_folded_values`): one 4-byte column beside
 /// Int32 keys in one-word rows, an 8-byte one beside them in two words,
 /// two 4-byte columns or one 8-byte column beside wide Int64 keys; three
 /// columns are read by row id. A probe column with NULLs cannot be folded:
@@ -983,7 +983,7 @@ async fn build_keys_carry_the_values_their_folds_read() {
     for mode in JoinMode::ALL {
         let gpu = gpu_context(mode, 4, &[]).await;
         let cpu = cpu_context(mode, 4, &[]).await;
-        let uncarried = gpu_context(mode, 4, &["SET gpu.carry_folded_values = false"]).await;
+        let uncarried = gpu_context(mode, 4, &["SET gpu.tuning.carry_folded_values = false"]).await;
         for ctx in [&gpu, &cpu, &uncarried] {
             ctx.register_table("x", make(20_000, 1)).unwrap();
             ctx.register_table("y", make(60_000, 2)).unwrap();
@@ -1097,7 +1097,7 @@ async fn aggregates_in_the_join_over_timestamps_unsigned_and_floats() {
                FROM x JOIN y ON x.k = y.k";
     for mode in JoinMode::ALL {
         let gpu = gpu_context(mode, 4, &[]).await;
-        let off = gpu_context(mode, 4, &["SET gpu.aggregate_in_join = false"]).await;
+        let off = gpu_context(mode, 4, &["SET gpu.tuning.aggregate_in_join = false"]).await;
         let cpu = cpu_context(mode, 4, &[]).await;
         for ctx in [&gpu, &off, &cpu] {
             ctx.register_table("x", make(1)).unwrap();

@@ -368,7 +368,7 @@ async fn skew_small_chunks_and_bounded_output_ranges() {
         shape(1_000, 300, 9, 10),
         shape(1_200, 300, 0, 10),
         &[
-            "SET gpu.probe_chunk_rows = 500",
+            "SET gpu.tuning.probe_chunk_rows = 500",
             "SET gpu.max_output_pairs = 300",
         ],
     )
@@ -522,13 +522,13 @@ async fn rows_leave_in_the_order_hash_join_exec_emits_them() {
         (
             "several ranges a chunk",
             &[
-                "SET gpu.probe_chunk_rows = 1000",
+                "SET gpu.tuning.probe_chunk_rows = 1000",
                 "SET gpu.max_output_pairs = 300",
             ][..],
         ),
         (
             "one range a chunk",
-            &["SET gpu.probe_chunk_rows = 1000"][..],
+            &["SET gpu.tuning.probe_chunk_rows = 1000"][..],
         ),
     ] {
         let gpu = gpu_context(JoinMode::CollectLeft, 1, extra).await;
@@ -593,7 +593,7 @@ async fn inner_joins_gather_their_output_on_the_device() {
     for extra in [
         &[][..],
         &["SET gpu.preserve_order = false"][..],
-        &["SET gpu.probe_chunk_rows = 700"][..],
+        &["SET gpu.tuning.probe_chunk_rows = 700"][..],
         &["SET datafusion.execution.batch_size = 100"][..],
     ] {
         for mode in JoinMode::ALL {
@@ -613,7 +613,7 @@ async fn inner_joins_gather_their_output_on_the_device() {
                 check(&gpu, &cpu, sql, &mut seen).await;
                 let (_, _, plan) = run(&gpu, sql).await;
                 // The aggregation without GROUP BY is computed in the join
-                // (`gpu.aggregate_in_join`): its pairs are reduced where
+                // (`gpu.tuning.aggregate_in_join`): its pairs are reduced where
                 // they are gathered, and no row is made, where its columns
                 // are on the device.
                 // Where r.v has NULLs in the build side's batches, the
@@ -636,7 +636,7 @@ async fn inner_joins_gather_their_output_on_the_device() {
                 "{extra:?} {mode:?}: {bytes} bytes held for {rows} rows of four Int64 columns"
             );
             // Switched off, the host gathers everything.
-            let off = gpu_context(mode, 4, &["SET gpu.device_gather = false"]).await;
+            let off = gpu_context(mode, 4, &["SET gpu.tuning.device_gather = false"]).await;
             off.register_table("r", typed_table(shape(3_000, 1_000, 17, 3), 1))
                 .unwrap();
             off.register_table("s", typed_table(shape(5_000, 1_200, 0, 0), 2))

@@ -94,13 +94,13 @@ struct Contexts {
 }
 
 /// `mode` is `Partitioned` for the GPU join over all input partitions
-/// (`gpu.merge_partitions`, by default only over sorted partitions, here
+/// (`gpu.tuning.merge_partitions`, by default only over sorted partitions, here
 /// over unsorted ones too), `PartitionedKept` for one GPU join per
 /// partition of DataFusion's repartitions.
 async fn contexts(mode: JoinMode, partitions: usize, extra: &[&str]) -> Contexts {
     let mut statements = vec![SORT_MERGE];
     if mode == JoinMode::Partitioned {
-        statements.push("SET gpu.merge_unsorted_sort_merge_inputs = true");
+        statements.push("SET gpu.tuning.merge_unsorted_sort_merge_inputs = true");
     }
     statements.extend_from_slice(extra);
     Contexts {
@@ -657,7 +657,7 @@ async fn a_hash_join_sorted_on_its_keys_runs_as_a_gpu_merge_join_in_key_order() 
     let gpu = gpu_context(
         JoinMode::PartitionedKept,
         4,
-        &["SET gpu.sort_merge_join_for_order = true"],
+        &["SET gpu.tuning.sort_merge_join_for_order = true"],
     )
     .await;
     for ctx in [&cpu, &gpu] {

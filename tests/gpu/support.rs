@@ -140,9 +140,9 @@ pub enum JoinMode {
     CollectLeft,
     /// Both sides hash-repartitioned by DataFusion; the GPU rule runs the
     /// join over all input partitions instead where it may
-    /// (`gpu.merge_partitions = true`).
+    /// (`gpu.tuning.merge_partitions = true`).
     Partitioned,
-    /// As `Partitioned`, with `gpu.merge_partitions = false`: the GPU join
+    /// As `Partitioned`, with `gpu.tuning.merge_partitions = false`: the GPU join
     /// runs per hash partition, over DataFusion's repartitions.
     PartitionedKept,
 }
@@ -193,7 +193,7 @@ async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&st
         format!("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = {threshold}"),
     ];
     statements.push(format!(
-        "SET gpu.merge_partitions = {}",
+        "SET gpu.tuning.merge_partitions = {}",
         mode == JoinMode::Partitioned
     ));
     statements.extend(extra.iter().map(|s| s.to_string()));

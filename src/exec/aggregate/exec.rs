@@ -23,16 +23,17 @@ use datafusion::physical_plan::{
 
 use super::spec::AggregateSpec;
 use super::stream::{aggregate_stream, AggregateInputs, AggregateTask};
+use super::spec::GroupOrder;
 use crate::exec::collect::{merge_to_read_through, WholeInput};
 use crate::exec::GpuAggregateMetrics;
-use crate::planner::GpuOptions;
+use crate::config::GpuOptions;
 
 /// An aggregation on the GPU in place of the [`AggregateExec`] it was made
 /// from: same input, mode, output schema and partitioning. It is only
 /// placed where the aggregation advertised no output ordering. Groups
 /// leave in no particular order (`algorithm=hash_group_by`: numbered in one
 /// hash table, or in hash partitions sized to shared memory where a
-/// sample of the keys estimates at least `gpu.min_groups_to_partition`
+/// sample of the keys estimates at least `gpu.tuning.min_groups_to_partition`
 /// groups), or, where it
 /// took the place of a sort on its group keys above it
 /// ([`Self::with_group_order`]), in that sort's order
@@ -57,18 +58,6 @@ pub struct GpuAggregateExec {
     /// The order the groups leave in, where this node sorts them.
     group_order: Option<GroupOrder>,
     metrics: ExecutionPlanMetricsSet,
-}
-
-/// The order groups leave a [`GpuAggregateExec`] in, where it replaced a
-/// sort on its group keys.
-#[derive(Debug, Clone)]
-pub(crate) struct GroupOrder {
-    /// The sort it replaced, over the node's output columns.
-    pub(crate) ordering: LexOrdering,
-    /// Group expression indexes, most significant first, each with its
-    /// direction and NULL placement: the sort's keys, then the group keys
-    /// it left out (ascending), so that equal codes are equal groups.
-    pub(crate) keys: Vec<(usize, SortOptions)>,
 }
 
 impl GpuAggregateExec {
@@ -356,6 +345,8 @@ impl ExecutionPlan for GpuAggregateExec {
     ) -> Result<SendableRecordBatchStream> {
         let agg = self.aggregate();
         let options = GpuOptions::from_config(context.session_config().options());
+        let hashed_group_key_bits =
+            crate::config::hashed_group_key_bits(context.session_config().options());
         let device = crate::exec::partition_device(partition)?;
         let inputs = AggregateInputs {
             group_exprs: agg
@@ -392,16 +383,16 @@ impl ExecutionPlan for GpuAggregateExec {
             memory_fraction: options.memory_fraction,
             max_concurrent_tasks: options.max_concurrent_tasks,
             deterministic_float_sums: options.deterministic_float_sums,
-            hashed_group_key_bits: options.hashed_group_key_bits,
+            hashed_group_key_bits,
             min_groups: options.min_groups,
             hashed_group_keys: options.hashed_group_keys,
-            min_groups_to_partition: options.min_groups_to_partition,
-            fold_into_table: options.fold_into_table,
-            reduce_as_they_land: options.reduce_as_they_land,
-            map_output_ahead: options.map_output_ahead,
-            min_output_bytes_mapped_ahead: options.min_output_bytes_mapped_ahead,
-            results_back_early: options.results_back_early,
-            result_window_words: options.result_window_words,
+            min_groups_to_partition: options.tuning.min_groups_to_partition,
+            fold_into_table: options.tuning.fold_into_table,
+            reduce_as_they_land: options.tuning.reduce_as_they_land,
+            map_output_ahead: options.tuning.map_output_ahead,
+            min_output_bytes_mapped_ahead: options.tuning.min_output_bytes_mapped_ahead,
+            results_back_early: options.tuning.results_back_early,
+            result_window_words: options.tuning.result_window_words,
             metrics: GpuAggregateMetrics::new(&self.metrics, partition),
         }))
     }

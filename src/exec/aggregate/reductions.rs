@@ -17,8 +17,8 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::EmitTo;
 
 use super::spec::{AggregateKind, GpuAggregate, ValueKind};
-use super::words::{column_from_words, ordered_words, row_validity, sum_words, ColumnWords};
-use crate::exec::mapped_ahead::MappedAhead;
+use crate::encode::words::{column_from_words, ordered_words, row_validity, sum_words, ColumnWords};
+use crate::host::mapped_ahead::MappedAhead;
 use crate::ops::group_by::{ReduceInput, ReducedWindow, Reduction};
 
 /// How one state column comes from the reductions' results.

@@ -11,9 +11,12 @@ use datafusion::functions_aggregate::min_max::{Max, Min};
 use datafusion::functions_aggregate::sum::Sum;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateInputMode};
+use datafusion::arrow::compute::SortOptions;
+use datafusion::physical_expr::LexOrdering;
 use datafusion::physical_plan::{ExecutionPlan, InputOrderMode};
 
-use crate::exec::keys::KeySpec;
+use crate::encode::keys::KeySpec;
+pub(crate) use crate::encode::words::ValueKind;
 
 /// An aggregate function the GPU computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,41 +33,16 @@ pub(crate) enum AggregateKind {
     Avg,
 }
 
-/// How the values of a column become 64-bit device words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ValueKind {
-    /// Signed integers of 1 to 8 bytes, and the types stored as them
-    /// (dates, times, timestamps, durations).
-    Signed,
-    /// Unsigned integers of 1 to 8 bytes.
-    Unsigned,
-    /// `Float64`.
-    Float64,
-    /// `Decimal128`, two words.
-    Decimal128,
-}
-
-impl ValueKind {
-    /// The kind of `data_type`, if the device can hold it.
-    pub(crate) fn of(data_type: &DataType) -> Option<Self> {
-        use DataType::*;
-        match data_type {
-            Int8
-            | Int16
-            | Int32
-            | Int64
-            | Date32
-            | Date64
-            | Time32(_)
-            | Time64(_)
-            | Timestamp(_, _)
-            | Duration(_) => Some(ValueKind::Signed),
-            UInt8 | UInt16 | UInt32 | UInt64 => Some(ValueKind::Unsigned),
-            Float64 => Some(ValueKind::Float64),
-            Decimal128(_, _) => Some(ValueKind::Decimal128),
-            _ => None,
-        }
-    }
+/// The order groups leave a `GpuAggregateExec` in, where it replaced a
+/// sort on its group keys.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupOrder {
+    /// The sort it replaced, over the node's output columns.
+    pub(crate) ordering: LexOrdering,
+    /// Group expression indexes, most significant first, each with its
+    /// direction and NULL placement: the sort's keys, then the group keys
+    /// it left out (ascending), so that equal codes are equal groups.
+    pub(crate) keys: Vec<(usize, SortOptions)>,
 }
 
 /// One aggregate expression as the GPU computes it: its function, the type

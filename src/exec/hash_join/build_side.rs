@@ -16,18 +16,19 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
 
 use super::host_fallback::HostBuildTable;
-use super::matches::{tracks_build_matches, VisitedRows};
+use crate::exec::join::matches::{tracks_build_matches, VisitedRows};
 use super::order::ArrivalOrder;
-use super::output::ColumnSource;
+use crate::exec::join::output::ColumnSource;
 use crate::exec::collect::{collect_streams_into, WholeInput};
-use crate::exec::device_gather::{ResidentColumns, SideCarry};
-use crate::exec::keys::{JoinKeys, KeyEncoder, KeySpec};
-use crate::exec::pair_aggregate::PairReduction;
-use crate::exec::row_source::{ArrivedBatches, RowSource};
+use crate::exec::join::device_gather::{ResidentColumns, SideCarry};
+use crate::encode::keys::{JoinKeys, KeyEncoder, KeySpec};
+use crate::exec::join::pair_aggregate::PairReduction;
+use crate::exec::join::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::launch::PairSide;
+use crate::pinned_tables::{first_buffer_address, is_pinned};
 use crate::gpu::{
-    first_buffer_address, is_pinned, upload_u64, DeviceReservation, DeviceVec, GpuDevice, GpuError,
+    upload_u64, DeviceReservation, DeviceVec, GpuDevice, GpuError,
     GpuResult, PhaseTimer, ReservationKind,
 };
 use crate::ops::hash_join::{CarriedValues, DeviceBuildTable, HostKeys, KeyRange};
@@ -65,7 +66,7 @@ pub(crate) struct BuildSide {
     /// The output columns gathered on the device, if any.
     gather: Option<BuildGather>,
     /// Partition sides whose keys fit 32 bits as one word a row
-    /// (`gpu.one_word_join_rows`, see [`Self::key_range`]).
+    /// (`gpu.tuning.one_word_join_rows`, see [`Self::key_range`]).
     one_word_rows: bool,
     /// Built on the first chunk the device cannot take.
     host_table: OnceLock<HostBuildTable>,
@@ -97,7 +98,7 @@ pub(crate) struct RowIdTable {
 }
 
 /// What an inner join without a filter gathers from its build side on the
-/// device (see [`crate::exec::device_gather`]).
+/// device (see [`crate::exec::join::device_gather`]).
 #[derive(Debug, Clone)]
 pub(crate) struct BuildGather {
     /// Per build column, whether the output uses it.
@@ -107,7 +108,7 @@ pub(crate) struct BuildGather {
     pub(crate) ordered: bool,
     /// The aggregation the probing chunks fold, where the build table
     /// should carry the values its build-side folds read
-    /// (`gpu.carry_folded_values`).
+    /// (`gpu.tuning.carry_folded_values`).
     pub(crate) folds: Option<FoldedAggregation>,
 }
 
@@ -203,7 +204,7 @@ const AUTO_PROBE_CHUNK_MAX_ROWS: usize = 1 << 27;
 /// And batches of at most about this many bytes held on the host at once.
 const AUTO_PROBE_CHUNK_MAX_BYTES: usize = 1 << 31;
 
-/// Probe rows per chunk: `configured` (`gpu.probe_chunk_rows`), or where it
+/// Probe rows per chunk: `configured` (`gpu.tuning.probe_chunk_rows`), or where it
 /// is 0, about as many as `build_rows`. Each chunk's kernels rebuild every
 /// partition's shared-memory table from the whole build side, so chunks
 /// smaller than the build side spend more on rebuilding than on probing;
@@ -233,7 +234,7 @@ impl BuildSide {
     /// the join, each read in a task of its own), encodes its keys and
     /// plans the partitioning for probe chunks of about `probe_chunk_rows`
     /// rows (0: automatic, see [`probe_chunk_rows`]); `probe_partitions`
-    /// partitions will probe it. `one_word_rows` is `gpu.one_word_join_rows`.
+    /// partitions will probe it. `one_word_rows` is `gpu.tuning.one_word_join_rows`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn collect(
         inputs: WholeInput,

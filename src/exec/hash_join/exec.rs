@@ -19,16 +19,17 @@ use datafusion::physical_plan::{
 };
 
 use super::build_side::{BuildGather, BuildSide, FoldedAggregation};
-use super::output::OutputAssembler;
+use crate::exec::join::output::OutputAssembler;
 use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
 use crate::exec::collect::{merge_inputs_in_groups, merge_to_read_through, WholeInput};
-use crate::exec::device_gather::{gathers_by_pair, output_columns};
-use crate::exec::keys::KeySpec;
-use crate::exec::once::OnceFut;
-use crate::exec::pair_aggregate::{check_join_emits_pairs, PairAggregate};
+use crate::exec::join::device_gather::output_columns;
+use crate::exec::join::matches::gathers_by_pair;
+use crate::encode::keys::KeySpec;
+use crate::host::once::OnceFut;
+use crate::exec::join::pair_aggregate::{check_join_emits_pairs, PairAggregate};
 use crate::exec::GpuJoinMetrics;
-use crate::host_copy::host_threads;
-use crate::planner::GpuOptions;
+use crate::host::copy::host_threads;
+use crate::config::GpuOptions;
 
 /// A radix-partitioned hash join on the GPU, in place of the
 /// [`HashJoinExec`] it was made from: same inputs, output schema, column
@@ -68,7 +69,7 @@ impl GpuHashJoinExec {
         let join = cpu_join.downcast_ref::<HashJoinExec>().ok_or_else(|| {
             DataFusionError::Internal(format!("GpuHashJoinExec made from {}", cpu_join.name()))
         })?;
-        let keys = crate::planner::key_spec_of(join).map_err(DataFusionError::NotImplemented)?;
+        let keys = crate::encode::keys::join_key_spec(join).map_err(DataFusionError::NotImplemented)?;
         let mut properties = join.properties().as_ref().clone();
         let mut eq_properties = properties.eq_properties.clone();
         eq_properties.clear_orderings();
@@ -268,8 +269,8 @@ impl GpuHashJoinExec {
                 self.keys.clone(),
                 *join.join_type(),
                 probe_partitions,
-                options.probe_chunk_rows,
-                options.one_word_join_rows,
+                options.tuning.probe_chunk_rows,
+                options.tuning.one_word_join_rows,
                 reservation,
                 gather.clone(),
                 metrics.clone(),
@@ -475,7 +476,7 @@ impl ExecutionPlan for GpuHashJoinExec {
             context.session_config().batch_size(),
         );
         let preserve_order = options.preserve_order && self.preserve_order;
-        let gathered = (options.device_gather
+        let gathered = (options.tuning.device_gather
             && gathers_by_pair(*join.join_type(), join.filter().is_some()))
         .then(|| output_columns(&output, build_columns, probe_columns))
         .flatten();
@@ -493,7 +494,7 @@ impl ExecutionPlan for GpuHashJoinExec {
                     folds: self
                         .aggregate
                         .as_ref()
-                        .filter(|_| options.fold_while_probing && options.carry_folded_values)
+                        .filter(|_| options.tuning.fold_while_probing && options.tuning.carry_folded_values)
                         .map(|aggregate| FoldedAggregation {
                             reductions: aggregate.reductions().to_vec(),
                             sources: output.sources().to_vec(),
@@ -533,8 +534,8 @@ impl ExecutionPlan for GpuHashJoinExec {
             gather_probe_columns,
             device,
             max_output_pairs: options.max_output_pairs,
-            fold_while_probing: options.fold_while_probing,
-            carry_folded_values: options.carry_folded_values,
+            fold_while_probing: options.tuning.fold_while_probing,
+            carry_folded_values: options.tuning.carry_folded_values,
             memory_fraction: options.memory_fraction,
             max_concurrent_tasks: options.max_concurrent_tasks,
             host_threads,

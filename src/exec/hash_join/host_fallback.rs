@@ -6,7 +6,7 @@
 
 use datafusion::error::Result;
 
-use crate::exec::keys::NormalizedKeys;
+use crate::encode::keys::NormalizedKeys;
 
 /// The build keys sorted, with their row ids, for binary-search probing.
 #[derive(Debug)]

@@ -26,19 +26,19 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
 
 use super::build_side::{BuildSide, ResidentTable};
-use super::candidates::{confirm_pairs, key_comparator};
-use super::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
+use crate::exec::join::candidates::{confirm_pairs, key_comparator};
+use crate::exec::join::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
-use super::output::{OutputAssembler, OutputRows, SideRows};
-use crate::exec::device_gather::{
+use crate::exec::join::output::{OutputAssembler, OutputRows, SideRows};
+use crate::exec::join::device_gather::{
     folded_words, gather_batches, join_folds, probe_side_pays, reduce_pairs, ColumnBytes,
     GatherSide, ResidentColumns, SideCarry,
 };
-use crate::exec::keys::JoinKeys;
-use crate::exec::once::OnceFut;
-use crate::exec::pair_aggregate::{PairAggregate, PairReduction, PartialStates};
-use crate::exec::release::release_in_background;
-use crate::exec::row_source::{ArrivedBatches, RowSource};
+use crate::encode::keys::JoinKeys;
+use crate::host::once::OnceFut;
+use crate::exec::join::pair_aggregate::{PairAggregate, PairReduction, PartialStates};
+use crate::host::release::release_in_background;
+use crate::exec::join::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::launch::PairSide;
 use crate::gpu::{GpuDevice, GpuError, GpuResult, PhaseTimer, ReservationKind};
@@ -47,6 +47,10 @@ use crate::ops::hash_join::{
     partition_probe_carrying, probe_device_bytes, probe_partitioned, HostKeys, PartitionedProbe,
 };
 use crate::trace;
+
+#[path = "device_pairs.rs"]
+mod device_pairs;
+use device_pairs::*;
 
 /// What the join computes, beyond its keys.
 #[derive(Debug, Clone)]
@@ -81,17 +85,17 @@ pub(crate) struct ProbeSpec {
     pub(crate) semantics: JoinSemantics,
     pub(crate) output: OutputAssembler,
     /// The partial aggregation computed from the pairs in place of the
-    /// output rows (see [`crate::exec::pair_aggregate`]).
+    /// output rows (see [`crate::exec::join::pair_aggregate`]).
     pub(crate) aggregate: Option<Arc<PairAggregate>>,
     /// Per probe column, whether the output uses it, where output columns
     /// are gathered on the device (an inner join without a filter).
     pub(crate) gather_probe_columns: Option<Vec<bool>>,
     pub(crate) device: Arc<GpuDevice>,
     pub(crate) max_output_pairs: usize,
-    /// Fold an aggregation's pairs while probing (`gpu.fold_while_probing`).
+    /// Fold an aggregation's pairs while probing (`gpu.tuning.fold_while_probing`).
     pub(crate) fold_while_probing: bool,
     /// Partition the probe keys with the folds' values
-    /// (`gpu.carry_folded_values`).
+    /// (`gpu.tuning.carry_folded_values`).
     pub(crate) carry_folded_values: bool,
     pub(crate) memory_fraction: f64,
     /// Tasks admitted on the device at once (`gpu.max_concurrent_tasks`).
@@ -281,7 +285,7 @@ impl ProbeLoop {
         let partition = self.spec.partition;
         trace::event(|| format!("hash join p{partition}: chunk of {rows} rows read"));
         // Not concatenated: only the keys are made contiguous (see
-        // `crate::exec::row_source`).
+        // `crate::exec::join::row_source`).
         Ok(Some(ProbeChunk {
             rows: ArrivedBatches::new(Arc::clone(&self.spec.probe_schema), batches),
         }))
@@ -590,527 +594,6 @@ async fn join_chunk(
         .map_err(|e| DataFusionError::Execution(format!("GPU join task failed: {e}")))?
 }
 
-/// What a chunk hands on: matching pairs (build row ids, probe row ids),
-/// the output batches of `len` rows gathered on the device, or the words
-/// of the partial aggregation over `len` pairs reduced on the device.
-enum ChunkOutput {
-    Pairs(Vec<u64>, Vec<u64>),
-    Batches(Vec<RecordBatch>, usize),
-    Reduced(Vec<u64>, usize),
-}
-
-/// Output gathered on the device for one chunk (see
-/// [`crate::exec::device_gather`]).
-struct ChunkGather<'a> {
-    chunk: &'a ArrivedBatches,
-    /// Per probe column, whether the output uses it.
-    probe_columns: &'a [bool],
-    output: &'a OutputAssembler,
-    /// Emit in `HashJoinExec`'s order: ordered on the device when the
-    /// chunk's pairs fit one output range, else handed on as pairs.
-    ordered: bool,
-    /// The partial aggregation's reductions, computed from the pairs in
-    /// place of output rows where their columns are on the device.
-    reductions: Option<&'a [PairReduction]>,
-    /// Compute them as the device probes, where it can (see
-    /// [`crate::ops::hash_join::fold_partitioned`]).
-    fold_while_probing: bool,
-    /// And partition the probe keys with the values they fold (see
-    /// [`SideCarry`]).
-    carry_folded_values: bool,
-}
-
-/// Limits on one chunk's device work, and its partition (for tracing).
-#[derive(Clone, Copy)]
-struct DeviceLimits {
-    max_pairs: usize,
-    memory_fraction: f64,
-    max_concurrent_tasks: usize,
-    /// Threads for the host's part (see [`ProbeSpec::host_threads`]).
-    host_threads: usize,
-    partition: usize,
-}
-
-/// Finds the candidate pairs of one probe chunk and hands them to
-/// `on_pairs` in bounded batches: on the device, or on the host when the
-/// device lacks the memory and nothing was handed on yet. Blocking.
-fn find_pairs(
-    device: &Arc<GpuDevice>,
-    build: &BuildSide,
-    probe_keys: &JoinKeys,
-    limits: DeviceLimits,
-    gather: Option<ChunkGather<'_>>,
-    metrics: &GpuJoinMetrics,
-    on_output: &mut dyn FnMut(ChunkOutput) -> Result<()>,
-) -> Result<()> {
-    let DeviceLimits {
-        max_pairs,
-        max_concurrent_tasks,
-        ..
-    } = limits;
-    let mut handed_on = false;
-    let mut host_error = None;
-    // A chunk waits for one of `max_concurrent_tasks` slots before its
-    // device work starts and gives the slot up when its first pairs reach
-    // the host: the host work on them (key checks, filters, gathering output
-    // columns) then runs on every core while other chunks use the device.
-    // The chunk's further device work (more output ranges of a large join)
-    // runs without a slot, so a chunk holding device memory never waits for
-    // one while a slot holder waits for that memory.
-    let waiting = std::time::Instant::now();
-    let admission = RefCell::new(Some(device.admit(max_concurrent_tasks)));
-    let partition = limits.partition;
-    trace::event(|| format!("hash join p{partition}: admitted to the device"));
-    metrics
-        .device
-        .device_admission_wait
-        .add_duration(waiting.elapsed());
-    let on_device = pairs_on_device(
-        device,
-        build,
-        probe_keys,
-        &limits,
-        gather.as_ref(),
-        metrics,
-        &mut |output| {
-            handed_on = true;
-            admission.borrow_mut().take();
-            // A host-side failure stops further host work; the device
-            // finishes its ranges and the error is returned after.
-            if host_error.is_none() {
-                if let Err(e) = output.and_then(&mut *on_output) {
-                    host_error = Some(e);
-                }
-            }
-        },
-    );
-    admission.borrow_mut().take();
-    if let Some(e) = host_error {
-        return Err(e);
-    }
-    match on_device {
-        Ok(()) => Ok(()),
-        Err(e) if !handed_on && e.is_out_of_device_memory() => {
-            metrics.cpu_fallback_chunks.add(1);
-            build.host_table().probe(
-                &probe_keys.to_normalized(),
-                max_pairs,
-                &mut |build_ids, probe_ids| on_output(ChunkOutput::Pairs(build_ids, probe_ids)),
-            )
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// The device part of [`find_pairs`].
-fn pairs_on_device(
-    device: &Arc<GpuDevice>,
-    build: &BuildSide,
-    probe_keys: &JoinKeys,
-    limits: &DeviceLimits,
-    gather: Option<&ChunkGather<'_>>,
-    metrics: &GpuJoinMetrics,
-    on_output: &mut dyn FnMut(Result<ChunkOutput>),
-) -> GpuResult<()> {
-    let DeviceLimits {
-        max_pairs,
-        memory_fraction,
-        host_threads,
-        partition,
-        ..
-    } = *limits;
-    device.bind_to_thread()?;
-    let gather = gather.filter(|_| build.gathers_on_device());
-    let gather_bytes = gather.map_or(0, |gather| {
-        let order = if gather.ordered {
-            order_device_bytes(max_pairs)
-        } else {
-            0
-        };
-        // One buffer of the widest column's values per pair.
-        let widest = ResidentColumns::widest(gather.chunk, gather.probe_columns)
-            .max(build.widest_gathered_column());
-        ResidentColumns::device_bytes(gather.chunk, gather.probe_columns)
-            + order
-            + widest * max_pairs
-    });
-    let bytes = probe_device_bytes(probe_keys.len(), build.plan(), max_pairs, device.sm_count())
-        + gather_bytes;
-    let stream = device.stream()?;
-    let stream = stream.stream();
-    let mut timer = PhaseTimer::new(Arc::clone(stream));
-    let mut probe_columns: Option<ResidentColumns> = None;
-    let mut partitioned = None;
-    // Where the chunk's aggregation is folded as the device probes, its
-    // keys carry the probe columns the folds read in place of row ids (see
-    // `SideCarry`): the chunk's columns go to the device first. Only where
-    // they all cross straight from pinned memory: staged through the host,
-    // they then held back the keys' partitioning, which otherwise runs while
-    // they are staged, and the chunk waits on the host, not on the device
-    // (at 2^26 rows a side: 118 to 122 ms without carrying, 125 to 138 ms
-    // with).
-    let carrying = gather.filter(|gather| {
-        gather.fold_while_probing && gather.carry_folded_values && gather.reductions.is_some()
-    });
-    let partition_keys = |probe_columns: &mut Option<ResidentColumns>,
-                          carry_values: bool,
-                          timer: &mut PhaseTimer|
-     -> GpuResult<Option<KeysOnDevice>> {
-        let pieces = probe_keys.pieces();
-        let host_keys = HostKeys {
-            pieces: &pieces,
-            row_ids: probe_keys.row_ids(),
-            range: build.key_range(probe_keys),
-        };
-        let carrying = carrying.filter(|_| carry_values).and_then(|gather| {
-            let bytes = ColumnBytes::of(gather.chunk, gather.probe_columns);
-            bytes.in_pinned_memory().then_some((gather, bytes))
-        });
-        if let Some((gather, bytes)) = carrying {
-            let columns = match probe_columns {
-                Some(columns) => columns,
-                None => probe_columns.insert(ResidentColumns::upload_bytes(
-                    device, stream, &bytes, timer,
-                )?),
-            };
-            let reductions = gather.reductions.unwrap_or_default();
-            let carry = SideCarry::plan(
-                PairSide::Probe,
-                reductions,
-                gather.output.sources(),
-                columns,
-            );
-            let values = carry
-                .as_ref()
-                .and_then(|carry| carry.values(columns, gather.chunk.num_rows()));
-            if let (Some(carry), Some(values)) = (carry, values) {
-                let partitioned = partition_probe_carrying(
-                    device,
-                    stream,
-                    host_keys,
-                    &values,
-                    build.plan(),
-                    timer,
-                )?;
-                return Ok(partitioned.map(|keys| KeysOnDevice {
-                    keys,
-                    carry: Some(carry),
-                }));
-            }
-        }
-        let partitioned = partition_probe(device, stream, host_keys, build.plan(), timer)?;
-        Ok(partitioned.map(|keys| KeysOnDevice { keys, carry: None }))
-    };
-    // While the build side goes to the device (made by another partition,
-    // or, where nobody makes it yet, by a thread of this one), this chunk's
-    // keys (and an aggregation's columns) cross the bus beside it and are
-    // partitioned, where the memory they take leaves room for the table.
-    let (resident, early) = std::thread::scope(|scope| {
-        let table_maker = build.device_table_unstarted(device).then(|| {
-            scope.spawn(|| {
-                device.bind_to_thread()?;
-                build.device_table(device, memory_fraction, metrics)
-            })
-        });
-        let early = (table_maker.is_some() || build.device_table_in_progress())
-            .then(|| {
-                device.budget().try_reserve(
-                    bytes,
-                    build.device_table_bytes(device),
-                    memory_fraction,
-                )
-            })
-            .flatten();
-        if early.is_some() {
-            partitioned = Some(partition_keys(&mut probe_columns, true, &mut timer)?);
-            let gather = gather.filter(|gather| gather.reductions.is_some());
-            if let Some(gather) = gather.filter(|_| probe_columns.is_none()) {
-                probe_columns = Some(ResidentColumns::upload(
-                    device,
-                    stream,
-                    gather.chunk,
-                    gather.probe_columns,
-                    &mut timer,
-                )?);
-            }
-            trace::event(|| format!("hash join p{partition}: keys partitioned before the table"));
-        }
-        let resident = match table_maker {
-            Some(maker) => maker.join().map_err(|_| {
-                GpuError::Invalid("the thread making the build table panicked".into())
-            })??,
-            None => build.device_table(device, memory_fraction, metrics)?,
-        };
-        GpuResult::Ok((resident, early))
-    })?;
-    trace::event(|| format!("hash join p{partition}: build table ready"));
-    let table = &resident.table;
-    let gather = gather.zip(resident.gather.as_ref());
-    let _memory = match early {
-        Some(memory) => memory,
-        None => {
-            let memory =
-                device
-                    .budget()
-                    .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
-            metrics
-                .device
-                .device_memory_wait
-                .add_duration(memory.waited());
-            memory
-        }
-    };
-    let partitioned = match partitioned {
-        Some(partitioned) => partitioned,
-        None => partition_keys(&mut probe_columns, true, &mut timer)?,
-    };
-    let Some(mut partitioned) = partitioned else {
-        metrics.device.record(&timer.finish()?);
-        return Ok(());
-    };
-    if let Some((gather, build_columns)) = gather.filter(|(gather, _)| gather.fold_while_probing) {
-        let folded = fold_while_probing(
-            device,
-            stream,
-            (&resident, &partitioned),
-            gather,
-            (&build.rows, &build_columns.columns),
-            &mut probe_columns,
-            &mut timer,
-        )?;
-        if let Some(folded) = folded {
-            trace::event(|| format!("hash join p{partition}: {} pairs folded", folded.pairs));
-            if partitioned.carry.is_some() {
-                metrics.probe_rows_carrying_values.add(probe_keys.len());
-            }
-            if partitioned.keys.one_word() {
-                metrics.rows_in_one_word.add(probe_keys.len());
-            }
-            if folded.pairs > 0 {
-                // A fold over no pair holds its identity, not a value.
-                metrics.pairs_folded_while_probing.add(folded.pairs);
-                on_output(Ok(ChunkOutput::Reduced(folded.words, folded.pairs)));
-            }
-            metrics.device.record(&timer.finish()?);
-            return Ok(());
-        }
-    }
-    // The folds could not run (a column not on the device, say one with
-    // NULLs): the pairs are written out, by row ids, of both sides.
-    let by_row_id = build.table_by_row_id(device, &resident, memory_fraction, metrics)?;
-    if by_row_id.is_some() {
-        trace::event(|| format!("hash join p{partition}: build table by row id"));
-    }
-    let table = by_row_id
-        .as_ref()
-        .map_or(table, |by_row_id| &by_row_id.table);
-    if partitioned.carry.is_some() {
-        trace::event(|| format!("hash join p{partition}: keys partitioned again, by row id"));
-        drop(partitioned);
-        match partition_keys(&mut probe_columns, false, &mut timer)? {
-            Some(again) => partitioned = again,
-            None => {
-                metrics.device.record(&timer.finish()?);
-                return Ok(());
-            }
-        }
-    }
-    let partitioned = &partitioned.keys;
-    if partitioned.one_word() {
-        metrics.rows_in_one_word.add(probe_keys.len());
-    }
-    // The chunk's own columns go to the device once its pairs are counted,
-    // and only where that pays (see `probe_side_pays`).
-    probe_partitioned(
-        device,
-        stream,
-        table,
-        partitioned,
-        max_pairs,
-        &mut timer,
-        |pairs, timer| {
-            let len = pairs.len;
-            trace::event(|| format!("hash join p{partition}: {len} pairs found"));
-            let on_device = gather.filter(|(gather, _)| !gather.ordered || pairs.whole_chunk);
-            let Some((gather, build_columns)) = on_device else {
-                let (build_ids, probe_ids) = pairs.download(device, stream, timer)?;
-                on_output(Ok(ChunkOutput::Pairs(build_ids, probe_ids)));
-                return Ok(());
-            };
-            let probe_columns = match &mut probe_columns {
-                Some(columns) => columns,
-                // An aggregation's columns always pay: without them the
-                // range's rows are made and aggregated on the host.
-                None => probe_columns.insert(
-                    if gather.reductions.is_some()
-                        || probe_side_pays(pairs.len, pairs.whole_chunk, gather.chunk.num_rows())
-                    {
-                        ResidentColumns::upload(
-                            device,
-                            stream,
-                            gather.chunk,
-                            gather.probe_columns,
-                            timer,
-                        )?
-                    } else {
-                        ResidentColumns::none()
-                    },
-                ),
-            };
-            let ordered = match gather.ordered {
-                true => Some(order_by_probe_row(
-                    device,
-                    stream,
-                    &pairs,
-                    build_columns.positions.as_ref(),
-                    (build.rows.num_rows() as u64, gather.chunk.num_rows() as u64),
-                    timer,
-                )?),
-                false => None,
-            };
-            let (build_ids, probe_ids) = match &ordered {
-                Some((build_ids, probe_ids)) => (build_ids, probe_ids),
-                None => (pairs.build_ids, pairs.probe_ids),
-            };
-            let build_side = GatherSide {
-                batch: &build.rows,
-                resident: &build_columns.columns,
-                ids: build_ids,
-            };
-            let probe_side = GatherSide {
-                batch: gather.chunk,
-                resident: probe_columns,
-                ids: probe_ids,
-            };
-            if let Some(reductions) = gather.reductions {
-                let reduced = reduce_pairs(
-                    device,
-                    stream,
-                    reductions,
-                    gather.output.sources(),
-                    &build_side,
-                    &probe_side,
-                    pairs.len,
-                    timer,
-                )?;
-                if let Some(words) = reduced {
-                    trace::event(|| format!("hash join p{partition}: pairs reduced"));
-                    on_output(Ok(ChunkOutput::Reduced(words, pairs.len)));
-                    return Ok(());
-                }
-            }
-            let gathered = gather_batches(
-                device,
-                stream,
-                gather.output,
-                &build_side,
-                &probe_side,
-                pairs.len,
-                host_threads,
-                timer,
-            )?;
-            on_output(gathered.map(|batches| ChunkOutput::Batches(batches, pairs.len)));
-            Ok(())
-        },
-    )?;
-    metrics.device.record(&timer.finish()?);
-    Ok(())
-}
-
-/// A probe chunk's keys partitioned on the device, and the probe columns
-/// they carry in place of row ids, if any.
-struct KeysOnDevice {
-    keys: PartitionedProbe,
-    carry: Option<SideCarry>,
-}
-
-/// A chunk's aggregation folded over its pairs as the device finds them
-/// (see [`fold_partitioned`]): each reduction's word and the pairs, or
-/// `None` where its columns are not all on the device, there are more
-/// than one launch folds, or a probe fold's column was not carried beside
-/// the keys (the pairs are then written out and reduced). Uploads the
-/// chunk's columns into `probe_columns` when not there yet.
-fn fold_while_probing(
-    device: &GpuDevice,
-    stream: &Arc<CudaStream>,
-    (resident, partitioned): (&ResidentTable, &KeysOnDevice),
-    gather: &ChunkGather<'_>,
-    build: (&dyn RowSource, &ResidentColumns),
-    probe_columns: &mut Option<ResidentColumns>,
-    timer: &mut PhaseTimer,
-) -> GpuResult<Option<FoldedChunk>> {
-    let Some(reductions) = gather.reductions else {
-        return Ok(None);
-    };
-    let probe_columns = match probe_columns {
-        Some(columns) => columns,
-        // An aggregation's columns always go to the device.
-        None => probe_columns.insert(ResidentColumns::upload(
-            device,
-            stream,
-            gather.chunk,
-            gather.probe_columns,
-            timer,
-        )?),
-    };
-    let carries: Vec<&SideCarry> = [resident.carry.as_ref(), partitioned.carry.as_ref()]
-        .into_iter()
-        .flatten()
-        .collect();
-    let Some(folds) = join_folds(
-        reductions,
-        gather.output.sources(),
-        build,
-        (gather.chunk, probe_columns),
-        &carries,
-    ) else {
-        return Ok(None);
-    };
-    let device_folds: Vec<_> = folds.iter().flatten().copied().collect();
-    let folded = fold_partitioned(
-        device,
-        stream,
-        &resident.table,
-        &partitioned.keys,
-        &device_folds,
-        timer,
-    )?;
-    Ok(Some(FoldedChunk {
-        words: folded_words(&folds, &folded),
-        pairs: folded.pairs as usize,
-    }))
-}
-
-/// What [`fold_while_probing`] computed: a word per reduction over `pairs`
-/// pairs.
-struct FoldedChunk {
-    words: Vec<u64>,
-    pairs: usize,
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::array::{ArrayRef, Int64Array, StringArray};
-
-    #[test]
-    fn a_batch_counts_the_bytes_of_its_own_rows() {
-        let ints: ArrayRef = Arc::new(Int64Array::from_iter_values(0..1000));
-        let strings: ArrayRef = Arc::new(StringArray::from_iter_values(
-            (0..1000).map(|i| format!("{i:08}")),
-        ));
-        let batch = RecordBatch::try_from_iter([("i", ints), ("s", strings)]).unwrap();
-        // 8 bytes an integer; 8 bytes of text and a 4-byte offset a string.
-        let whole = rows_bytes(&batch).unwrap();
-        assert!(
-            (8 * 1000 + 12 * 1000..=8 * 1000 + 12 * 1000 + 8).contains(&whole),
-            "{whole}"
-        );
-        // A slice counts its rows only, not the buffers it shares.
-        let slice = rows_bytes(&batch.slice(100, 10)).unwrap();
-        assert!(
-            (8 * 10 + 12 * 10..=8 * 10 + 12 * 10 + 8).contains(&slice),
-            "{slice}"
-        );
-    }
-}
+#[path = "stream_tests.rs"]
+mod tests;

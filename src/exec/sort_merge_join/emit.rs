@@ -14,7 +14,7 @@ use datafusion::arrow::array::{Array, BooleanArray, UInt64Array};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::common::JoinType;
 
-use crate::exec::hash_join::{emits_pairs, OutputRows, SideRows};
+use crate::exec::join::{emits_pairs, OutputRows, SideRows};
 
 /// What a join type does with a streamed row and whether it matched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

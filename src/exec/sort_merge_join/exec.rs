@@ -23,10 +23,10 @@ use datafusion::physical_plan::{
 
 use super::stream::{merge_join_stream, MergeJoinPlan, MergeJoinTask};
 use crate::exec::collect::{merge_to_read_through, WholeInput};
-use crate::exec::hash_join::OutputAssembler;
-use crate::exec::pair_aggregate::{check_join_emits_pairs, PairAggregate};
+use crate::exec::join::OutputAssembler;
+use crate::exec::join::pair_aggregate::{check_join_emits_pairs, PairAggregate};
 use crate::exec::GpuSortMergeJoinMetrics;
-use crate::planner::GpuOptions;
+use crate::config::GpuOptions;
 
 /// A merge-path sort-merge join on the GPU, in place of the
 /// [`SortMergeJoinExec`] it was made from, with the same output schema,
@@ -128,7 +128,7 @@ impl GpuSortMergeJoinExec {
     }
 
     /// Marks this join as planned in place of a `HashJoinExec` whose output
-    /// was sorted on the join keys (see `gpu.sort_merge_join_for_order`).
+    /// was sorted on the join keys (see `gpu.tuning.sort_merge_join_for_order`).
     pub fn with_in_place_of_hash_join(mut self, in_place: bool) -> Self {
         self.in_place_of_hash_join = in_place;
         self
@@ -136,7 +136,7 @@ impl GpuSortMergeJoinExec {
 
     /// Marks this join as planned over all input partitions, without the
     /// CPU hash repartitions below the replaced join (see
-    /// `gpu.merge_partitions`).
+    /// `gpu.tuning.merge_partitions`).
     pub fn with_repartitions_removed(mut self, removed: bool) -> Self {
         self.repartitions_removed = removed;
         self

@@ -21,8 +21,10 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::{
-    DeviceReduced, ReduceInput, Reduction, ReductionOutputs, UploadedInput, FOLD_CHUNK_ROWS,
+    DeviceReduced, ReduceInput, Reduction, ReductionOutputs, UploadedInput,
 };
+#[cfg(any(test, feature = "test-support"))]
+use super::FOLD_CHUNK_ROWS;
 use crate::gpu::launch::GroupRows;
 use crate::gpu::{DeviceVec, GpuDevice, GpuError, GpuResult, PhaseTimer, StagingWindows};
 
@@ -42,6 +44,7 @@ pub struct InputChunks {
 }
 
 impl InputChunks {
+    #[cfg(any(test, feature = "test-support"))]
     /// Whole columns, each reduced once it has crossed the bus.
     pub const WHOLE: Self = Self {
         rows: FOLD_CHUNK_ROWS,
@@ -49,6 +52,7 @@ impl InputChunks {
         reduce_as_they_land: false,
     };
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Chunks of `rows` rows, folded into a table or reduced as they land,
     /// wherever they can be.
     pub const fn of(rows: usize) -> Self {

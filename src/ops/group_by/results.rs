@@ -18,7 +18,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use super::{fixed_sum_to_f64, Grouped, GroupsBack, Reduced};
+use super::{fixed_sum_to_f64, GroupsBack};
+#[cfg(any(test, feature = "test-support"))]
+use super::{Grouped, Reduced};
 use crate::gpu::{
     enqueue_download, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, LandedBuffer,
     PhaseTimer, PinnedBuffer,
@@ -33,6 +35,9 @@ pub struct DeviceGrouped {
     /// Each group's key word or a row of it (as `back` asks), in its first
     /// `groups` words; `None` without keys or rows.
     pub(super) identities: Option<DeviceVec<u64>>,
+    /// What the group rows hold; read where every result is downloaded at
+    /// once ([`DeviceGrouped::download`], tests only).
+    #[cfg_attr(not(any(test, feature = "test-support")), allow(dead_code))]
     pub(super) back: GroupsBack,
     /// The group of every row, with [`GroupsBack::RowsAndRowGroups`];
     /// otherwise empty.
@@ -71,7 +76,8 @@ pub struct DeviceGrouped {
 /// What of each group a pass over the results brings back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResultParts {
-    /// Its identity and every reduction's results.
+    /// Its identity and every reduction's results (tests only).
+    #[cfg_attr(not(any(test, feature = "test-support")), allow(dead_code))]
     All,
     /// Its identity alone, known once the groups are numbered: brought
     /// back on another stream while the device still reduces.
@@ -411,6 +417,7 @@ impl DeviceGrouped {
         }
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Brings every group's identity and results back in windows of
     /// `window_groups` consecutive groups (at least one), and calls
     /// `on_window` with each in group order, on this thread. Two pinned
@@ -678,6 +685,7 @@ impl DeviceGrouped {
 
     /// Every result at once, brought back in windows of `window_words`
     /// words ([`DeviceGrouped::bring_back`]).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn download(
         self,
         device: &GpuDevice,

@@ -15,6 +15,12 @@ pub(crate) fn emits_pairs(join_type: JoinType) -> bool {
     )
 }
 
+/// Whether the join's output rows are exactly its pairs, so columns can be
+/// gathered by pair.
+pub(crate) fn gathers_by_pair(join_type: JoinType, has_filter: bool) -> bool {
+    join_type == JoinType::Inner && !has_filter
+}
+
 /// Whether each probe chunk must remember which of its rows matched.
 pub(crate) fn tracks_probe_matches(join_type: JoinType) -> bool {
     matches!(

@@ -14,7 +14,7 @@ use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_plan::joins::utils::{JoinFilter, JoinKeyComparator};
 
-use crate::exec::row_source::RowSource;
+use crate::exec::join::row_source::RowSource;
 
 /// `HashJoinExec`'s key equality between the build side's key columns and
 /// one probe chunk's, for keys that were hashed.

@@ -3,7 +3,7 @@
 //! a residual filter, as in `SELECT count(*), sum(r.v) FROM r JOIN s ON
 //! r.k = s.k`. Each aggregated column is gathered by the pairs on the
 //! device and reduced there (see
-//! [`crate::exec::device_gather::reduce_pairs`]), so one word per aggregate
+//! [`crate::exec::join::device_gather::reduce_pairs`]), so one word per aggregate
 //! comes back instead of every output row: the join's output never crosses
 //! the bus, is never assembled on the host, and is never read again by the
 //! CPU aggregation.
@@ -37,8 +37,8 @@ use futures::StreamExt;
 use datafusion::common::JoinType;
 
 use crate::exec::aggregate::{aggregate_kind, AggregateKind, ValueKind};
-use crate::exec::device_gather::gathers_by_pair;
-use crate::exec::hash_join::ColumnSource;
+use crate::exec::join::matches::gathers_by_pair;
+use crate::exec::join::ColumnSource;
 use crate::gpu::launch::{AggregateOp, GatheredValues};
 
 /// What the device computes for one aggregate function over a range of
@@ -370,7 +370,7 @@ impl PartialStates {
     }
 
     /// Merges the device's words for `pairs` pairs, one per reduction (see
-    /// [`crate::exec::device_gather::reduce_pairs`]), as partial states.
+    /// [`crate::exec::join::device_gather::reduce_pairs`]), as partial states.
     pub(crate) fn merge_device(&mut self, words: &[u64], pairs: usize) -> Result<()> {
         if words.len() != self.reductions.len() {
             return Err(DataFusionError::Internal(format!(

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 
 use datafusion::execution::memory_pool::MemoryReservation;
 
-use crate::host_copy::host_threads;
+use crate::host::copy::host_threads;
 use crate::trace;
 
 /// Words in the smallest page the kernel maps (4 KiB): writing one word in

@@ -22,13 +22,13 @@ use datafusion::arrow::datatypes::*;
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::exec::keys::{
+use crate::encode::keys::{
     code_bits, column_of_values, field_of, for_64_bit_integer_type, for_each_value,
     pieces_value_range, KeySpec,
 };
-use crate::exec::parallel::on_row_chunks;
 use crate::gpu::launch::CodeTransform;
-use crate::host_copy::zeroed_for_fill;
+use crate::host::copy::zeroed_for_fill;
+use crate::host::parallel::on_row_chunks;
 
 /// The code of one key column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -780,7 +780,7 @@ mod tests {
             // the flipped order.
             let words: Vec<u64> = [&left, &right]
                 .iter()
-                .flat_map(|column| crate::exec::keys::raw_words(column).to_vec())
+                .flat_map(|column| crate::encode::keys::raw_words(column).to_vec())
                 .collect();
             let low = words.iter().map(|w| w ^ flip).min().map(|w| w ^ flip);
             let high = words.iter().map(|w| w ^ flip).max().map(|w| w ^ flip);

@@ -10,13 +10,49 @@ use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 
-use super::spec::ValueKind;
-use crate::array_buffers::value_buffer;
-use crate::exec::keys::column_of_buffer;
-use crate::exec::mapped_ahead::MappedAhead;
-use crate::exec::parallel::{map_pieces, on_ranges, on_row_chunks};
-use crate::host_copy::host_threads;
+use crate::encode::keys::column_of_buffer;
+use crate::host::array_buffers::value_buffer;
+use crate::host::copy::host_threads;
+use crate::host::mapped_ahead::MappedAhead;
+use crate::host::parallel::{map_pieces, on_ranges, on_row_chunks};
 use crate::ops::group_by::{WordPiece, Words};
+
+/// How the values of a column become 64-bit device words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ValueKind {
+    /// Signed integers of 1 to 8 bytes, and the types stored as them
+    /// (dates, times, timestamps, durations).
+    Signed,
+    /// Unsigned integers of 1 to 8 bytes.
+    Unsigned,
+    /// `Float64`.
+    Float64,
+    /// `Decimal128`, two words.
+    Decimal128,
+}
+
+impl ValueKind {
+    /// The kind of `data_type`, if the device can hold it.
+    pub(crate) fn of(data_type: &DataType) -> Option<Self> {
+        use DataType::*;
+        match data_type {
+            Int8
+            | Int16
+            | Int32
+            | Int64
+            | Date32
+            | Date64
+            | Time32(_)
+            | Time64(_)
+            | Timestamp(_, _)
+            | Duration(_) => Some(ValueKind::Signed),
+            UInt8 | UInt16 | UInt32 | UInt64 => Some(ValueKind::Unsigned),
+            Float64 => Some(ValueKind::Float64),
+            Decimal128(_, _) => Some(ValueKind::Decimal128),
+            _ => None,
+        }
+    }
+}
 
 const SIGN: u64 = 1 << 63;
 

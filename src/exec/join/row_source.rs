@@ -21,7 +21,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExprRef;
 
-use crate::exec::concat::concat_column_in_parallel;
+use crate::host::concat::concat_column_in_parallel;
 
 use datafusion::arrow::compute::take;
 
@@ -43,7 +43,7 @@ pub(crate) trait RowSource: Sync {
     /// each of `columns`, in the order of `ids`. Views are not compacted:
     /// a join filter's intermediate columns are dropped at once, and
     /// output columns are compacted where they are made (see
-    /// [`crate::exec::hash_join::compact_views`]).
+    /// [`crate::exec::join::compact_views`]).
     fn take_columns(&self, columns: &[usize], ids: &UInt64Array) -> Result<Vec<ArrayRef>>;
 }
 

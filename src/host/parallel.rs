@@ -2,7 +2,7 @@
 
 use datafusion::error::{DataFusionError, Result};
 
-use crate::host_copy::host_threads;
+use crate::host::copy::host_threads;
 
 /// `work(i)` for every `i` in `0..tasks`, each on a thread of its own, the
 /// results in task order; the first error (or a panicking task, reported as

@@ -13,7 +13,7 @@ use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result};
 
-use crate::exec::row_source::RowSource;
+use crate::exec::join::row_source::RowSource;
 
 /// Where each output column comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,144 +2,25 @@
 //! directly. An upload from ordinary (pageable) memory is staged through a
 //! pinned buffer on the host's cores: that copy reads and writes every byte
 //! once more, and on a 16-core host it, not the bus, sets the pace of a
-//! large upload. Batches copied once into a [`PinnedRegion`] with
+//! large upload. Batches copied once into a pinned region with
 //! [`pin_batches`] skip it: the upload finds their buffers in the region
 //! registry and enqueues one direct copy per contiguous run.
 
-use std::collections::BTreeMap;
-use std::panic::RefUnwindSafe;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, PinnedHostSlice};
 use datafusion::arrow::array::{make_array, Array, ArrayData, RecordBatch};
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use datafusion::error::{DataFusionError, Result};
 
-use super::{gpu_runtime, DriverResultExt, GpuResult};
-use crate::array_buffers::{all_buffers, first_value_address};
+use crate::gpu::{gpu_runtime, region_holding, PinnedRegion};
+use crate::host::array_buffers::{all_buffers, first_value_address};
 
 /// Where each buffer begins inside a region: a multiple of this, which
 /// satisfies every Arrow type's alignment. Buffers of 8-byte values whose
 /// lengths are multiples of it (8 rows) therefore lie end to end, and a
 /// column's run of such batches is one copy.
 const BUFFER_ALIGNMENT: usize = 64;
-
-/// One allocation of page-locked host memory holding buffers of Arrow
-/// arrays. Freed when the last buffer in it is dropped, after every device
-/// copy that reads it has finished.
-pub struct PinnedRegion {
-    memory: PinnedHostSlice<u8>,
-    /// The memory's first address and length, read once.
-    start: usize,
-    len: usize,
-    /// Copies enqueued from this region, recorded after them on their
-    /// streams; waited for before the memory is freed.
-    copies: Mutex<Vec<CudaEvent>>,
-}
-
-impl std::fmt::Debug for PinnedRegion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PinnedRegion({} bytes)", self.memory.len())
-    }
-}
-
-// The region is only read through its buffers and its event list is behind
-// a mutex: a panic cannot leave it half-updated.
-impl RefUnwindSafe for PinnedRegion {}
-
-impl PinnedRegion {
-    /// A region of `bytes` bytes, registered so that uploads find it.
-    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> GpuResult<Arc<Self>> {
-        // SAFETY: the memory is uninitialised; `pin_batches` writes every
-        // byte a buffer covers before the buffer exists, and nothing reads
-        // the padding between buffers. Portable: pinned for every device's
-        // context, not only the allocating one. Not write-combined: the
-        // CPU operators read these tables too.
-        let memory = unsafe {
-            ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE)
-        }
-        .during("allocating pinned host memory for a table")?;
-        let start = memory
-            .as_ptr()
-            .during("reading pinned host memory's address")? as usize;
-        let region = Arc::new(Self {
-            len: memory.len(),
-            start,
-            memory,
-            copies: Mutex::new(Vec::new()),
-        });
-        let (start, _) = region.range();
-        registry()
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(start, Arc::downgrade(&region));
-        Ok(region)
-    }
-
-    /// The region's addresses, `[start, end)`.
-    fn range(&self) -> (usize, usize) {
-        (self.start, self.start + self.len)
-    }
-
-    /// Whether `bytes` lie inside this region.
-    pub(crate) fn holds(&self, bytes: &[u8]) -> bool {
-        self.holds_addresses(bytes.as_ptr() as usize, bytes.len())
-    }
-
-    /// Whether the `len` bytes from address `at` lie inside this region.
-    pub(crate) fn holds_addresses(&self, at: usize, len: usize) -> bool {
-        let (start, end) = self.range();
-        at >= start && at.checked_add(len).is_some_and(|last| last <= end)
-    }
-
-    /// Keeps the region's memory until everything enqueued on `stream` so
-    /// far (the copies just enqueued from it) has finished.
-    pub(crate) fn hold_until_done(&self, stream: &Arc<CudaStream>) -> GpuResult<()> {
-        let event = stream
-            .record_event(None)
-            .during("recording the end of a copy from pinned memory")?;
-        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
-        copies.retain(|copy| !copy.is_complete());
-        copies.push(event);
-        Ok(())
-    }
-}
-
-impl Drop for PinnedRegion {
-    fn drop(&mut self) {
-        let (start, _) = self.range();
-        // The entry at this address is this region's: no other region can
-        // have the address before this memory is freed, after this body.
-        registry()
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&start);
-        for copy in self.copies.get_mut().unwrap_or_else(|p| p.into_inner()) {
-            // A failed wait leaves nothing better to do than free the
-            // memory: the context is then broken and copies have stopped.
-            let _ = copy.synchronize();
-        }
-    }
-}
-
-/// Live regions by their first address.
-fn registry() -> &'static RwLock<BTreeMap<usize, Weak<PinnedRegion>>> {
-    static REGIONS: RwLock<BTreeMap<usize, Weak<PinnedRegion>>> = RwLock::new(BTreeMap::new());
-    &REGIONS
-}
-
-/// The live region that holds all of `bytes`, if any.
-pub(crate) fn region_holding(bytes: &[u8]) -> Option<Arc<PinnedRegion>> {
-    if bytes.is_empty() {
-        return None;
-    }
-    let at = bytes.as_ptr() as usize;
-    let regions = registry().read().unwrap_or_else(|p| p.into_inner());
-    let (_, region) = regions.range(..=at).next_back()?;
-    let region = region.upgrade()?;
-    region.holds(bytes).then_some(region)
-}
 
 /// Whether every buffer of `batch`'s columns lies in pinned host memory
 /// made by [`pin_batches`] (child arrays of nested types are not pinned).
@@ -232,8 +113,8 @@ pub fn pin_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
         offsets.push(bytes);
         bytes = (bytes + source(at).len()).next_multiple_of(BUFFER_ALIGNMENT);
     }
-    let region = PinnedRegion::new(device.context(), bytes).map_err(DataFusionError::from)?;
-    let base = region.start as *mut u8;
+    let region = PinnedRegion::new(device, bytes).map_err(DataFusionError::from)?;
+    let base = region.base();
     let mut pinned: Vec<Vec<Vec<Option<Buffer>>>> = data
         .iter()
         .map(|per_batch| {

@@ -1,0 +1,367 @@
+//! The `gpu.*` session options, settable with SQL `SET gpu.<name> = <value>`.
+//!
+//! Options a user chooses sit at the top of [`GpuOptions`]. Switches between
+//! algorithms, kept for benchmarking and comparing them, sit under
+//! `gpu.tuning.*` ([`GpuTuning`]); their defaults are the measured choices
+//! (BENCHMARKS.md).
+
+use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigField, Visit};
+use datafusion::common::{config_err, config_namespace};
+use datafusion::config::{ConfigOptions, ExtensionOptions};
+use datafusion::error::Result;
+use std::any::Any;
+
+#[cfg(feature = "test-support")]
+mod test_options;
+#[cfg(feature = "test-support")]
+pub use test_options::GpuTestOptions;
+
+/// The bits of a hashed group key the device groups by: 64, or fewer where
+/// a test says so (`gpu_test.hashed_group_key_bits`, `test-support` only).
+pub(crate) fn hashed_group_key_bits(config: &ConfigOptions) -> u32 {
+    #[cfg(feature = "test-support")]
+    return test_options::hashed_group_key_bits(config);
+    #[cfg(not(feature = "test-support"))]
+    {
+        let _ = config;
+        64
+    }
+}
+
+config_namespace! {
+    /// Options of datafusion-gpu, registered under the prefix `gpu`.
+    pub struct GpuOptions {
+        /// Run supported operators on the GPU at all.
+        pub enabled: bool, default = true
+        /// Replace `HashJoinExec` by `GpuHashJoinExec` where supported.
+        pub hash_join: bool, default = true
+        /// Replace `SortMergeJoinExec` by `GpuSortMergeJoinExec` where
+        /// supported (with the `SortExec`s DataFusion put below it just for
+        /// the join, which then sort on the device).
+        pub sort_merge_join: bool, default = true
+        /// Replace `AggregateExec` by `GpuAggregateExec` where supported.
+        pub aggregate: bool, default = true
+        /// Fraction of the device memory free at start-up that GPU operators
+        /// may hold at once, in (0, 1].
+        pub memory_fraction: f64, default = 0.8
+        /// Keep a node on the CPU when its inputs hold fewer rows than this by
+        /// statistics (build + probe for a join, the input of an
+        /// aggregation); inputs without statistics count as large. The
+        /// default is the measured crossover of the GPU join (BENCHMARKS.md).
+        /// 0 sends every supported node to the GPU, as conformance and
+        /// differential tests do.
+        pub min_rows: usize, default = 8_000_000
+        /// Keep an aggregation on the CPU when it makes fewer groups than
+        /// this: one without GROUP BY, else the product of its key columns'
+        /// distinct counts by statistics (without them it counts as many).
+        /// At run time, a sample of each partition's keys with few distinct
+        /// values sends that partition to DataFusion's operator
+        /// (`few_groups_partitions`). 0 sends every supported aggregation to
+        /// the GPU, as conformance and differential tests do.
+        pub min_groups: usize, default = 65_536
+        /// Emit join rows in the order `HashJoinExec` would: probe rows in
+        /// arrival order, each with its build matches in build order, and
+        /// unmatched probe rows where `HashJoinExec` puts them. SQL leaves
+        /// that order unspecified, but applications and test suites may
+        /// depend on it. The rule keeps it only where the order can be seen.
+        /// `false` emits in the device's partition order.
+        pub preserve_order: bool, default = true
+        /// Sum floating-point values on the GPU so that the result does not
+        /// depend on the order the device adds them in (128-bit fixed point
+        /// on a scale set by each group's largest magnitude, rounded to a
+        /// double once). Off: the device adds doubles with atomics, and the
+        /// last bits of SUM and AVG over Float64 may differ between runs.
+        pub deterministic_float_sums: bool, default = false
+        /// Run aggregations whose group keys must be hashed on the GPU
+        /// (strings, binary, floats with NULLs or beside other columns,
+        /// integer-like keys whose ranges do not fit 64 bits together): the
+        /// device groups rows by a 64-bit hash and the host checks every
+        /// row's key against its group's. Off, such aggregations stay on the
+        /// CPU and `gpu_decisions` says why.
+        pub hashed_group_keys: bool, default = false
+        /// Join output pairs kept on the device at once before they are
+        /// copied back and turned into batches.
+        pub max_output_pairs: usize, default = 8_388_608
+        /// Probe chunks that start device work on one device at once; the
+        /// others wait, which bounds the device work in flight (device memory
+        /// is bounded by `memory_fraction` either way).
+        pub max_concurrent_tasks: usize, default = 16
+        /// Algorithm switches for benchmarking (`gpu.tuning.*`).
+        pub tuning: GpuTuning, default = GpuTuning::default()
+    }
+}
+
+config_namespace! {
+    /// Switches between algorithms, for benchmarking and comparing them
+    /// (`gpu.tuning.*`). The defaults are the measured choices.
+    pub struct GpuTuning {
+        /// Plan a GPU sort-merge join in place of a `Partitioned` inner or
+        /// outer hash join whose output is sorted on exactly the join keys
+        /// right after, dropping the CPU sort of its output.
+        pub sort_merge_join_for_order: bool, default = false
+        /// Replace DataFusion's two aggregation phases (partial, CPU
+        /// repartition, final) by one GPU aggregation over all input
+        /// partitions, its groups repartitioned as the final aggregation's
+        /// were where a node above relies on it.
+        pub aggregate_single_phase: bool, default = true
+        /// Run a `Partitioned` hash join, or a sort-merge join whose inputs
+        /// are hash-repartitioned, once over all input partitions without
+        /// DataFusion's CPU repartition of its inputs (the GPU partitions the
+        /// keys itself), repartitioning its output where a node above
+        /// depends on it; a `CollectLeft` join that aggregates in the join
+        /// reads its probe partitions as one.
+        pub merge_partitions: bool, default = true
+        /// With `merge_partitions`, run a sort-merge join once over all
+        /// input partitions also where its inputs are unsorted.
+        pub merge_unsorted_sort_merge_inputs: bool, default = false
+        /// Number an aggregation's groups in hash partitions sized to shared
+        /// memory (seed 002's partition-based group-by) where the sample of
+        /// its keys estimates at least this many groups; below, one hash
+        /// table in device memory numbers them. 0 partitions every
+        /// aggregation with keys.
+        pub min_groups_to_partition: usize, default = 33_554_432
+        /// Where groups are numbered in one hash table and every reduction
+        /// is a count, or a sum, minimum or maximum of one word a row (four
+        /// at most), fold the values into the table as the rows find their
+        /// slots (`table_fold_partitions`). `false` numbers the rows, then
+        /// reduces one column at a time.
+        pub fold_into_table: bool, default = true
+        /// Where groups are numbered before the aggregates are reduced, send
+        /// each single-pass reduction's input in chunks and reduce each
+        /// chunk once it has landed, while the next ones cross the bus
+        /// (`inputs_reduced_as_they_landed`).
+        pub reduce_as_they_land: bool, default = true
+        /// Where the device reads an aggregation's keys from pinned memory,
+        /// map the host memory of its 8-byte output columns on idle host
+        /// cores while the device works (`output_buffers_mapped_ahead`).
+        pub map_output_ahead: bool, default = true
+        /// Output bytes (by the sample's estimate) from which
+        /// `map_output_ahead` maps them. 0 maps whatever the size.
+        pub min_output_bytes_mapped_ahead: usize, default = 536_870_912
+        /// Bring back the aggregates whose reductions are made first, and
+        /// build their columns, while the device still makes the others
+        /// (`aggregates_brought_back_early`).
+        pub results_back_early: bool, default = true
+        /// Probe rows joined per GPU launch sequence. 0: as many as the build
+        /// side has rows, within 4,194,304 and 134,217,728 (every chunk
+        /// builds the build side's shared-memory tables again).
+        pub probe_chunk_rows: usize, default = 0
+        /// Gather the output columns of an inner join without a residual
+        /// filter on the device (4-, 8- and 16-byte columns without NULLs),
+        /// in place of gathering every column row by row on the host.
+        pub device_gather: bool, default = true
+        /// Compute an aggregation without GROUP BY (`COUNT`, `SUM`, `MIN`,
+        /// `MAX`) right above a GPU inner join without a residual filter in
+        /// the join itself: one row of partial states per partition comes
+        /// back in place of the join's rows (`partial_aggregate=[...]`).
+        pub aggregate_in_join: bool, default = true
+        /// With `aggregate_in_join`, fold the aggregates of a hash join's
+        /// pairs while the device probes (up to four aggregated columns), so
+        /// the pairs are never written to device memory.
+        pub fold_while_probing: bool, default = true
+        /// With `fold_while_probing`, partition each side's keys with the
+        /// values its folds read in place of row ids (seed 002's GFTR); a
+        /// probe chunk only where its columns lie in pinned memory
+        /// (`probe_rows_carrying_values`, `build_rows_carrying_values`).
+        pub carry_folded_values: bool, default = true
+        /// Where a join's keys fit 32 bits, each side goes through the radix
+        /// partitioning as one 8-byte word a row (key and row id or one
+        /// carried 4-byte value) in place of two (`rows_in_one_word`).
+        pub one_word_join_rows: bool, default = true
+        /// Words (8 bytes each) of pinned host memory that one window of an
+        /// aggregation's per-group results takes as it comes back: the host
+        /// turns one window into batches while the next crosses the bus. A
+        /// window holds at least one output batch's groups.
+        pub result_window_words: usize, default = 2_097_152
+    }
+}
+
+/// The tuning options, by name: a `SET gpu.<name>` of one of these is
+/// rejected with the name it has now.
+const TUNING_OPTIONS: &[&str] = &[
+    "sort_merge_join_for_order",
+    "aggregate_single_phase",
+    "merge_partitions",
+    "merge_unsorted_sort_merge_inputs",
+    "min_groups_to_partition",
+    "fold_into_table",
+    "reduce_as_they_land",
+    "map_output_ahead",
+    "min_output_bytes_mapped_ahead",
+    "results_back_early",
+    "probe_chunk_rows",
+    "device_gather",
+    "aggregate_in_join",
+    "fold_while_probing",
+    "carry_folded_values",
+    "one_word_join_rows",
+    "result_window_words",
+];
+
+/// Options that are no longer options: settable only by the crate's tests.
+const REMOVED_OPTIONS: &[(&str, &str)] = &[(
+    "hashed_group_key_bits",
+    "it was a test-only setting; hashed group keys always use 64 bits",
+)];
+
+impl ConfigExtension for GpuOptions {
+    const PREFIX: &'static str = "gpu";
+}
+
+impl ExtensionOptions for GpuOptions {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        if TUNING_OPTIONS.contains(&key) {
+            return config_err!(
+                "gpu.{key} is now gpu.tuning.{key}: SET gpu.tuning.{key} = {value}"
+            );
+        }
+        if let Some((_, why)) = REMOVED_OPTIONS.iter().find(|(name, _)| *name == key) {
+            return config_err!("gpu.{key} is no longer an option: {why}");
+        }
+        ConfigField::set(self, key, value)
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        struct Entries(Vec<ConfigEntry>);
+        impl Visit for Entries {
+            fn some<V: std::fmt::Display>(
+                &mut self,
+                key: &str,
+                value: V,
+                description: &'static str,
+            ) {
+                self.0.push(ConfigEntry {
+                    key: key.trim_start_matches('.').to_string(),
+                    value: Some(value.to_string()),
+                    description,
+                });
+            }
+            fn none(&mut self, key: &str, description: &'static str) {
+                self.0.push(ConfigEntry {
+                    key: key.trim_start_matches('.').to_string(),
+                    value: None,
+                    description,
+                });
+            }
+        }
+        let mut entries = Entries(Vec::new());
+        // Extensions' keys carry no prefix of their own: `ConfigOptions`
+        // puts `gpu.` before each.
+        ConfigField::visit(self, &mut entries, "", "");
+        entries.0
+    }
+}
+
+impl GpuOptions {
+    /// The options of a session, or the defaults where the session has none
+    /// registered (the rule was added without [`crate::SessionStateBuilderGpuExt`]).
+    pub fn from_config(config: &ConfigOptions) -> Self {
+        config
+            .extensions
+            .get::<GpuOptions>()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_settable_by_key() {
+        let mut options = GpuOptions::default();
+        ExtensionOptions::set(&mut options, "enabled", "false").unwrap();
+        ExtensionOptions::set(&mut options, "min_rows", "0").unwrap();
+        ExtensionOptions::set(&mut options, "memory_fraction", "0.5").unwrap();
+        ExtensionOptions::set(&mut options, "tuning.fold_into_table", "false").unwrap();
+        assert!(!options.enabled);
+        assert_eq!(options.min_rows, 0);
+        assert_eq!(options.memory_fraction, 0.5);
+        assert!(!options.tuning.fold_into_table);
+        assert!(ExtensionOptions::set(&mut options, "no_such_option", "1").is_err());
+        assert!(ExtensionOptions::set(&mut options, "min_rows", "many").is_err());
+        assert!(ExtensionOptions::set(&mut options, "tuning.no_such_option", "1").is_err());
+    }
+
+    #[test]
+    fn at_most_twelve_user_options() {
+        let user_options: Vec<_> = ExtensionOptions::entries(&GpuOptions::default())
+            .into_iter()
+            .filter(|entry| !entry.key.starts_with("tuning."))
+            .map(|entry| entry.key)
+            .collect();
+        assert!(user_options.len() <= 12, "{user_options:?}");
+        assert!(user_options.contains(&"enabled".to_string()));
+    }
+
+    #[test]
+    fn every_tuning_option_is_listed_and_its_old_name_is_rejected_with_the_new_one() {
+        let tuning: Vec<String> = ExtensionOptions::entries(&GpuOptions::default())
+            .into_iter()
+            .filter_map(|entry| entry.key.strip_prefix("tuning.").map(str::to_string))
+            .collect();
+        let mut listed: Vec<&str> = TUNING_OPTIONS.to_vec();
+        listed.sort_unstable();
+        let mut found: Vec<&str> = tuning.iter().map(String::as_str).collect();
+        found.sort_unstable();
+        assert_eq!(listed, found);
+        let mut options = GpuOptions::default();
+        for name in TUNING_OPTIONS {
+            let error = ExtensionOptions::set(&mut options, name, "1")
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(&format!("gpu.tuning.{name}")), "{error}");
+        }
+        let error = ExtensionOptions::set(&mut options, "hashed_group_key_bits", "8")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("no longer an option"), "{error}");
+    }
+
+    #[test]
+    fn old_names_are_rejected_through_sql_set() {
+        let mut config = ConfigOptions::new();
+        config.extensions.insert(GpuOptions::default());
+        let error = config
+            .set("gpu.fold_into_table", "false")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("gpu.tuning.fold_into_table"), "{error}");
+        config.set("gpu.tuning.fold_into_table", "false").unwrap();
+        assert!(!GpuOptions::from_config(&config).tuning.fold_into_table);
+        let keys: Vec<String> = config
+            .entries()
+            .into_iter()
+            .map(|entry| entry.key)
+            .collect();
+        assert!(keys.contains(&"gpu.min_rows".to_string()), "{keys:?}");
+        assert!(
+            keys.contains(&"gpu.tuning.fold_into_table".to_string()),
+            "{keys:?}"
+        );
+    }
+
+    #[test]
+    fn missing_extension_means_defaults() {
+        let config = ConfigOptions::new();
+        let options = GpuOptions::from_config(&config);
+        assert!(options.enabled && options.hash_join && options.aggregate);
+        assert!(options.sort_merge_join && !options.tuning.sort_merge_join_for_order);
+        assert_eq!(options.min_rows, 8_000_000);
+        assert_eq!(options.min_groups, 65_536);
+        assert!(options.tuning.merge_partitions && options.tuning.aggregate_single_phase);
+    }
+}

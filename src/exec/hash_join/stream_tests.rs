@@ -1,0 +1,23 @@
+use super::*;
+use datafusion::arrow::array::{ArrayRef, Int64Array, StringArray};
+
+#[test]
+fn a_batch_counts_the_bytes_of_its_own_rows() {
+    let ints: ArrayRef = Arc::new(Int64Array::from_iter_values(0..1000));
+    let strings: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..1000).map(|i| format!("{i:08}")),
+    ));
+    let batch = RecordBatch::try_from_iter([("i", ints), ("s", strings)]).unwrap();
+    // 8 bytes an integer; 8 bytes of text and a 4-byte offset a string.
+    let whole = rows_bytes(&batch).unwrap();
+    assert!(
+        (8 * 1000 + 12 * 1000..=8 * 1000 + 12 * 1000 + 8).contains(&whole),
+        "{whole}"
+    );
+    // A slice counts its rows only, not the buffers it shares.
+    let slice = rows_bytes(&batch.slice(100, 10)).unwrap();
+    assert!(
+        (8 * 10 + 12 * 10..=8 * 10 + 12 * 10 + 8).contains(&slice),
+        "{slice}"
+    );
+}

@@ -1,0 +1,547 @@
+//! The rule's rewrites of aggregations: every mode, one phase in place of
+//! two, sorts absorbed, what stays on the CPU, and aggregates computed in joins.
+
+use super::*;
+
+pub(super) fn gpu_aggregates(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuAggregateExec> {
+    let mut aggs: Vec<&GpuAggregateExec> = plan.downcast_ref().into_iter().collect();
+    for child in plan.children() {
+        aggs.extend(gpu_aggregates(child));
+    }
+    aggs
+}
+
+pub(super) fn cpu_aggregates(plan: &Arc<dyn ExecutionPlan>) -> Vec<&AggregateExec> {
+    let mut aggs: Vec<&AggregateExec> = plan.downcast_ref().into_iter().collect();
+    for child in plan.children() {
+        aggs.extend(cpu_aggregates(child));
+    }
+    aggs
+}
+
+#[tokio::test]
+async fn aggregations_run_on_the_gpu_in_every_mode_of_a_two_phase_plan() {
+    use datafusion::physical_plan::aggregates::AggregateMode;
+    for (sql, modes) in [
+        (
+            "SELECT k, count(*), sum(v), min(v), max(v), avg(v) FROM r GROUP BY k",
+            [AggregateMode::Partial, AggregateMode::FinalPartitioned],
+        ),
+        (
+            "SELECT count(*), sum(v), avg(v) FROM r",
+            [AggregateMode::Partial, AggregateMode::Final],
+        ),
+    ] {
+        let plan = rewritten(sql, false).await;
+        let mut seen: Vec<AggregateMode> = gpu_aggregates(&plan)
+            .iter()
+            .map(|agg| *agg.aggregate().mode())
+            .collect();
+        seen.sort_by_key(|m| format!("{m:?}"));
+        let mut expected = modes.to_vec();
+        expected.sort_by_key(|m| format!("{m:?}"));
+        assert_eq!(seen, expected, "{}", show(&plan));
+        assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
+        assert!(show(&plan).contains("GpuAggregateExec: algorithm=hash_group_by"));
+    }
+}
+
+#[tokio::test]
+async fn two_aggregation_phases_become_one_gpu_aggregation_where_partitioning_is_free() {
+    use datafusion::physical_plan::aggregates::AggregateMode;
+    let single_phase = || GpuOptions {
+        min_rows: 0,
+        min_groups: 0,
+        tuning: GpuTuning {
+            aggregate_single_phase: true,
+            ..GpuTuning::default()
+        },
+        ..GpuOptions::default()
+    };
+    for sql in [
+        "SELECT k, count(*), sum(v), min(v), max(v), avg(v) FROM r GROUP BY k",
+        "SELECT count(*), sum(v), avg(v) FROM r",
+    ] {
+        let plan = rewritten_with(sql, single_phase()).await;
+        let aggs = gpu_aggregates(&plan);
+        assert_eq!(aggs.len(), 1, "{}", show(&plan));
+        assert_eq!(*aggs[0].aggregate().mode(), AggregateMode::Single);
+        assert!(aggs[0].phases_merged());
+        assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
+        assert_eq!(hash_repartitions(&plan), 0, "{}", show(&plan));
+        assert!(show(&plan).contains("cpu_phases=removed"));
+        assert!(
+            show(&plan).contains("reads_merge_inputs=4"),
+            "{}",
+            show(&plan)
+        );
+        // At the root, its one partition is not spread round robin: the
+        // caller would only merge the partitions again.
+        assert!(!show(&plan).contains("RoundRobinBatch"), "{}", show(&plan));
+        assert_eq!(plan.properties().output_partitioning().partition_count(), 1);
+    }
+    // Nor below a projection of plain columns at the root.
+    let sql = "SELECT c, k FROM (SELECT k, count(*) AS c FROM r GROUP BY k)";
+    let plan = rewritten_with(sql, single_phase()).await;
+    assert_eq!(gpu_aggregates(&plan).len(), 1, "{}", show(&plan));
+    assert!(!show(&plan).contains("RoundRobinBatch"), "{}", show(&plan));
+    // A join above relies on the aggregation's hash partitioning on its
+    // key: the one aggregation's groups are hash-repartitioned.
+    let sql = "SELECT a.k, a.c, s.v FROM (SELECT k, count(*) AS c FROM r GROUP BY k) a \
+               JOIN s ON a.k = s.k";
+    for merge_partitions in [false, true] {
+        let options = GpuOptions {
+            tuning: GpuTuning {
+                merge_partitions,
+                ..single_phase().tuning
+            },
+            ..single_phase()
+        };
+        let plan = rewritten_with(sql, options).await;
+        let aggs = gpu_aggregates(&plan);
+        assert_eq!(aggs.len(), 1, "{}", show(&plan));
+        assert_eq!(*aggs[0].aggregate().mode(), AggregateMode::Single);
+        assert!(aggs[0].phases_merged());
+        assert!(
+            show(&plan).contains(
+                "RepartitionExec: partitioning=Hash([k@0], 4), input_partitions=4\n      \
+                 RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1\n        \
+                 GpuAggregateExec"
+            ),
+            "{}",
+            show(&plan)
+        );
+    }
+    // Nothing above relies on the partitioning, but the aggregation had
+    // several partitions: its groups are spread round robin.
+    let sql = "SELECT k + 1, c FROM (SELECT k, count(*) AS c FROM r GROUP BY k)";
+    let plan = rewritten_with(sql, single_phase()).await;
+    assert!(
+        show(&plan)
+            .contains("RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1"),
+        "{}",
+        show(&plan)
+    );
+    assert_eq!(gpu_aggregates(&plan).len(), 1, "{}", show(&plan));
+}
+
+#[tokio::test]
+async fn a_sort_on_group_keys_above_an_aggregation_becomes_the_aggregation_s_own() {
+    for single_phase in [true, false] {
+        let options = GpuOptions {
+            min_rows: 0,
+            min_groups: 0,
+            tuning: GpuTuning {
+                aggregate_single_phase: single_phase,
+                ..GpuTuning::default()
+            },
+            ..GpuOptions::default()
+        };
+        for (sql, order) in [
+            (
+                "SELECT k, max(v) FROM r GROUP BY k ORDER BY k",
+                "k@0 ASC NULLS LAST",
+            ),
+            (
+                "SELECT k, v, count(*) FROM r GROUP BY k, v ORDER BY v DESC NULLS FIRST",
+                "v@1 DESC",
+            ),
+            (
+                "SELECT k, v, count(*) FROM r GROUP BY k, v ORDER BY v, k DESC LIMIT 5",
+                "v@1 ASC NULLS LAST, k@0 DESC",
+            ),
+            // Sorts below or above a projection of the groups.
+            (
+                "SELECT max(v) AS m, k FROM r GROUP BY k ORDER BY k DESC",
+                "k@0 DESC",
+            ),
+            (
+                "SELECT k + 1 AS k1, max(v) FROM r GROUP BY k ORDER BY k",
+                "k@0 ASC NULLS LAST",
+            ),
+        ] {
+            let plan = rewritten_with(sql, options.clone()).await;
+            let text = show(&plan);
+            assert!(!text.contains("SortExec"), "{sql}\n{text}");
+            let sorted: Vec<&GpuAggregateExec> = gpu_aggregates(&plan)
+                .into_iter()
+                .filter(|agg| agg.group_ordering().is_some())
+                .collect();
+            assert_eq!(sorted.len(), 1, "{sql}\n{text}");
+            assert_eq!(sorted[0].algorithm(), GpuAggregateExec::SORTED_ALGORITHM);
+            assert!(text.contains(&format!("order=[{order}]")), "{sql}\n{text}");
+            assert_eq!(
+                text.contains("LocalLimitExec: fetch=5"),
+                sql.contains("LIMIT")
+            );
+        }
+    }
+    // Sorts the aggregation cannot take stay: on an aggregate's value,
+    // on an expression, on a string key.
+    for sql in [
+        "SELECT k, max(v) AS m FROM r GROUP BY k ORDER BY m",
+        "SELECT k, max(v) FROM r GROUP BY k ORDER BY k + 1",
+        "SELECT k + 1 AS k1, max(v) FROM r GROUP BY k ORDER BY k1",
+        "SELECT c, count(*) FROM (SELECT CAST(k AS VARCHAR) AS c FROM r) GROUP BY c ORDER BY c",
+    ] {
+        let options = GpuOptions {
+            min_rows: 0,
+            min_groups: 0,
+            hashed_group_keys: true,
+            ..GpuOptions::default()
+        };
+        let plan = rewritten_with(sql, options).await;
+        assert!(show(&plan).contains("SortExec"), "{sql}\n{}", show(&plan));
+        assert!(
+            gpu_aggregates(&plan)
+                .iter()
+                .all(|agg| agg.group_ordering().is_none()),
+            "{sql}\n{}",
+            show(&plan)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_single_count_distinct_runs_on_the_gpu_as_datafusion_rewrites_it() {
+    // DataFusion plans one DISTINCT column as a grouping by the key and
+    // the column, then a count per key: two plain aggregations.
+    let sql = "SELECT k, count(DISTINCT v), max(v) FROM r GROUP BY k";
+    for single_phase in [false, true] {
+        let options = GpuOptions {
+            min_rows: 0,
+            min_groups: 0,
+            tuning: GpuTuning {
+                aggregate_single_phase: single_phase,
+                ..GpuTuning::default()
+            },
+            ..GpuOptions::default()
+        };
+        let plan = rewritten_with(sql, options).await;
+        assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
+        assert!(gpu_aggregates(&plan).len() >= 2, "{}", show(&plan));
+    }
+}
+
+#[tokio::test]
+async fn aggregations_the_gpu_cannot_run_stay_on_the_cpu_and_say_why() {
+    let options = GpuOptions {
+        min_rows: 0,
+        min_groups: 0,
+        tuning: GpuTuning {
+            aggregate_single_phase: false,
+            ..GpuTuning::default()
+        },
+        ..GpuOptions::default()
+    };
+    for (sql, reason) in [
+        (
+            "SELECT named_struct('a', k), count(*) FROM r GROUP BY named_struct('a', k)",
+            "group key type Struct",
+        ),
+        (
+            "SELECT k, min(CAST(v AS DOUBLE)) FROM r GROUP BY k",
+            "min over Float64",
+        ),
+        (
+            "SELECT k, v, count(*) FROM r GROUP BY ROLLUP (k, v)",
+            "GROUPING SETS",
+        ),
+        (
+            "SELECT k, array_agg(v) FROM r GROUP BY k",
+            "array_agg is not supported",
+        ),
+        (
+            // Two DISTINCT columns: DataFusion keeps the DISTINCT
+            // aggregates (one is rewritten, see below).
+            "SELECT k, count(DISTINCT v), count(DISTINCT v + k) FROM r GROUP BY k",
+            "(DISTINCT ...) is not supported",
+        ),
+    ] {
+        let plan = rewritten(sql, false).await;
+        let aggs = cpu_aggregates(&plan);
+        assert!(!aggs.is_empty(), "{sql}\n{}", show(&plan));
+        for agg in aggs {
+            let why = super::decide_aggregate(agg, &options, Ok(())).unwrap_err();
+            assert!(why.contains(reason), "{sql}: {why}");
+        }
+    }
+    // Strings, and floats beside other columns, are hashed and checked
+    // on the host: on the CPU unless gpu.hashed_group_keys is set. A
+    // single float column is its own key.
+    for sql in [
+        "SELECT CAST(k AS VARCHAR), count(*) FROM r GROUP BY CAST(k AS VARCHAR)",
+        "SELECT CAST(v AS DOUBLE), k, max(k) FROM r GROUP BY CAST(v AS DOUBLE), k",
+    ] {
+        let plan = rewritten(sql, false).await;
+        let aggs = cpu_aggregates(&plan);
+        assert!(!aggs.is_empty(), "{sql}\n{}", show(&plan));
+        for agg in aggs {
+            let why = super::decide_aggregate(agg, &options, Ok(())).unwrap_err();
+            assert!(
+                why.contains("gpu.hashed_group_keys = false"),
+                "{sql}: {why}"
+            );
+        }
+        let hashed = GpuOptions {
+            hashed_group_keys: true,
+            ..options.clone()
+        };
+        let plan = rewritten_with(sql, hashed).await;
+        assert!(cpu_aggregates(&plan).is_empty(), "{sql}\n{}", show(&plan));
+        assert_eq!(gpu_aggregates(&plan).len(), 2, "{sql}\n{}", show(&plan));
+    }
+    let plan = rewritten(
+        "SELECT CAST(v AS DOUBLE), max(k) FROM r GROUP BY CAST(v AS DOUBLE)",
+        false,
+    )
+    .await;
+    assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
+    // Too small by statistics, under the default threshold.
+    let plan = rewritten("SELECT k, count(*) FROM r GROUP BY k", false).await;
+    let agg = gpu_aggregates(&plan)[0].aggregate();
+    let why = super::decide_aggregate(agg, &GpuOptions::default(), Ok(())).unwrap_err();
+    assert!(why.contains("below gpu.min_rows"), "{why}");
+}
+
+#[tokio::test]
+async fn aggregations_without_group_by_stay_on_the_cpu_unless_min_groups_is_zero() {
+    let sql = "SELECT count(*), sum(v) FROM r";
+    // The rewrite with min_groups = 0 sends both phases to the GPU.
+    let plan = rewritten(sql, false).await;
+    let aggs = gpu_aggregates(&plan);
+    assert!(!aggs.is_empty(), "{}", show(&plan));
+    let few_groups = GpuOptions {
+        min_rows: 0,
+        ..GpuOptions::default()
+    };
+    for agg in aggs {
+        let agg = agg.aggregate();
+        let why = super::decide_aggregate(agg, &few_groups, Ok(())).unwrap_err();
+        assert!(why.contains("one (no GROUP BY)"), "{why}");
+        assert!(why.contains("below gpu.min_groups = 65536"), "{why}");
+    }
+    // Grouping keys without distinct counts count as many groups.
+    let plan = rewritten("SELECT k, count(*) FROM r GROUP BY k", false).await;
+    for agg in gpu_aggregates(&plan) {
+        super::decide_aggregate(agg.aggregate(), &few_groups, Ok(())).unwrap();
+    }
+}
+
+/// The rule's options for the tests of aggregations computed in joins.
+pub(super) fn aggregate_in_join_options(aggregate_in_join: bool) -> GpuOptions {
+    GpuOptions {
+        min_rows: 0,
+        tuning: GpuTuning {
+            aggregate_single_phase: false,
+            aggregate_in_join,
+            ..GpuTuning::default()
+        },
+        ..GpuOptions::default()
+    }
+}
+
+/// An aggregation a join computes, and those it does not (with
+/// `GROUP BY`, `FILTER`, a function or argument it does not reduce,
+/// above a join that does not emit one row per pair).
+pub(super) const AGGREGATE_IN_JOIN: &str =
+    "SELECT count(*), sum(r.v), min(s.v), max(r.k), count(s.v) \
+                                 FROM r JOIN s ON r.k = s.k";
+pub(super) const AGGREGATES_NOT_IN_JOIN: [&str; 6] = [
+    "SELECT r.k, count(*) FROM r JOIN s ON r.k = s.k GROUP BY r.k",
+    "SELECT sum(r.v) FILTER (WHERE r.v > 3) FROM r JOIN s ON r.k = s.k",
+    "SELECT avg(r.v) FROM r JOIN s ON r.k = s.k",
+    "SELECT sum(r.v + 1) FROM r JOIN s ON r.k = s.k",
+    "SELECT count(*), sum(s.v) FROM r LEFT JOIN s ON r.k = s.k",
+    "SELECT count(*) FROM r JOIN s ON r.k = s.k AND r.v < s.v",
+];
+
+/// DataFusion's `Partial` aggregations left in `plan`.
+pub(super) fn partial_aggregations(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    use datafusion::physical_plan::aggregates::AggregateMode;
+    cpu_aggregates(plan)
+        .iter()
+        .filter(|agg| *agg.mode() == AggregateMode::Partial)
+        .count()
+}
+
+#[tokio::test]
+async fn an_ungrouped_aggregate_above_an_inner_join_is_computed_in_the_join() {
+    use datafusion::physical_plan::aggregates::AggregateMode;
+    let options = aggregate_in_join_options;
+    let sql = AGGREGATE_IN_JOIN;
+    let partial_modes = partial_aggregations;
+    let plan = rewritten_with(sql, options(true)).await;
+    let joins = gpu_joins(&plan);
+    assert_eq!(joins.len(), 1, "{}", show(&plan));
+    assert_eq!(
+        joins[0].partial_aggregate().as_deref(),
+        Some("count(Int64(1)), sum(r.v), min(s.v), max(r.k), count(s.v)"),
+        "{}",
+        show(&plan)
+    );
+    assert_eq!(partial_modes(&plan), 0, "{}", show(&plan));
+    let finals = cpu_aggregates(&plan);
+    assert_eq!(finals.len(), 1, "{}", show(&plan));
+    assert_eq!(*finals[0].mode(), AggregateMode::Final);
+    // The join's node has the partial aggregation's schema.
+    assert_eq!(
+        finals[0].input().children()[0].schema(),
+        joins[0].schema(),
+        "{}",
+        show(&plan)
+    );
+    assert!(show(&plan).contains("partial_aggregate=[count(Int64(1)), sum(r.v)"));
+    // The join reads every probe partition itself, as one: r's four (the
+    // smaller s is the build side).
+    assert!(
+        show(&plan).contains("probe_reads_merge_inputs=4"),
+        "{}",
+        show(&plan)
+    );
+    assert_eq!(
+        joins[0]
+            .properties()
+            .output_partitioning()
+            .partition_count(),
+        1
+    );
+    let decisions = crate::planner::gpu_decisions(&plan, &ConfigOptions::new());
+    assert!(
+        decisions.iter().any(|d| d.operator == "AggregateExec"
+            && d.on_gpu()
+            && d.to_string().contains("partial_aggregate")),
+        "{decisions:?}"
+    );
+
+    // Without merged partitions, one partition's states per probe
+    // partition.
+    let unmerged = GpuOptions {
+        tuning: GpuTuning {
+            merge_partitions: false,
+            ..options(true).tuning
+        },
+        ..options(true)
+    };
+    let plan = rewritten_with(sql, unmerged).await;
+    let joins = gpu_joins(&plan);
+    assert!(joins[0].partial_aggregate().is_some(), "{}", show(&plan));
+    assert!(!show(&plan).contains("probe_reads_merge_inputs"));
+    assert!(
+        joins[0]
+            .properties()
+            .output_partitioning()
+            .partition_count()
+            > 1
+    );
+
+    // Switched off, DataFusion's partial aggregation stays, and the
+    // probe keeps its partitions.
+    let plan = rewritten_with(sql, options(false)).await;
+    assert!(gpu_joins(&plan)[0].partial_aggregate().is_none());
+    assert!(!show(&plan).contains("probe_reads_merge_inputs"));
+    assert_eq!(partial_modes(&plan), 1, "{}", show(&plan));
+
+    // Aggregations the join does not compute, and joins that do not
+    // emit one row per pair.
+    for sql in AGGREGATES_NOT_IN_JOIN {
+        let plan = rewritten_with(sql, options(true)).await;
+        let joins = gpu_joins(&plan);
+        assert!(!joins.is_empty(), "{sql}\n{}", show(&plan));
+        assert!(
+            joins.iter().all(|j| j.partial_aggregate().is_none()),
+            "{sql}\n{}",
+            show(&plan)
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_ungrouped_aggregate_above_a_sort_merge_join_is_computed_in_the_join() {
+    use datafusion::physical_plan::aggregates::AggregateMode;
+    let options = aggregate_in_join_options;
+    let sql = AGGREGATE_IN_JOIN;
+    let partial_modes = partial_aggregations;
+    // One join over all input partitions, sorted or not (a join that
+    // aggregates hands no rows on), its one row of states in one
+    // partition (the merge above needs no more); with
+    // `merge_partitions` off, one join per hash partition, each
+    // computing its partition's states.
+    for (sorted, merge_partitions) in [(false, true), (true, true), (false, false)] {
+        let options = |aggregate_in_join| GpuOptions {
+            tuning: GpuTuning {
+                merge_partitions,
+                ..options(aggregate_in_join).tuning
+            },
+            ..options(aggregate_in_join)
+        };
+        let plan = merge_join_plan(sql, &options(true), sorted).await;
+        let text = show(&plan);
+        let joins = gpu_merge_joins(&plan);
+        assert_eq!(joins.len(), 1, "{text}");
+        assert_eq!(joins[0].repartitions_removed(), merge_partitions, "{text}");
+        assert_eq!(
+            hash_repartitions(&plan),
+            if merge_partitions { 0 } else { 2 },
+            "{text}"
+        );
+        assert_eq!(
+            joins[0].partial_aggregate().as_deref(),
+            Some("count(Int64(1)), sum(r.v), min(s.v), max(r.k), count(s.v)"),
+            "{text}"
+        );
+        assert!(text.contains("partial_aggregate=[count(Int64(1)), sum(r.v)"));
+        assert_eq!(partial_modes(&plan), 0, "{text}");
+        let finals = cpu_aggregates(&plan);
+        assert_eq!(finals.len(), 1, "{text}");
+        assert_eq!(*finals[0].mode(), AggregateMode::Final);
+        // The join's node has the partial aggregation's schema.
+        assert_eq!(
+            finals[0].input().children()[0].schema(),
+            joins[0].schema(),
+            "{text}"
+        );
+        assert!(!text.contains("RoundRobinBatch"), "{text}");
+        assert_eq!(
+            joins[0]
+                .properties()
+                .output_partitioning()
+                .partition_count()
+                == 1,
+            merge_partitions,
+            "{text}"
+        );
+        let stats = StatisticsContext::new()
+            .compute(joins[0], &StatisticsArgs::new())
+            .unwrap();
+        assert_eq!(
+            stats.column_statistics.len(),
+            joins[0].schema().fields().len()
+        );
+        let decisions = crate::planner::gpu_decisions(&plan, &ConfigOptions::new());
+        assert!(
+            decisions.iter().any(|d| d.operator == "AggregateExec"
+                && d.on_gpu()
+                && d.to_string().contains("GPU sort-merge join")),
+            "{decisions:?}"
+        );
+
+        // Switched off, DataFusion's partial aggregation stays.
+        let plan = merge_join_plan(sql, &options(false), sorted).await;
+        assert!(gpu_merge_joins(&plan)[0].partial_aggregate().is_none());
+        assert_eq!(partial_modes(&plan), 1, "{}", show(&plan));
+    }
+
+    // Aggregations the join does not compute, and joins that do not
+    // emit one row per pair.
+    for sql in AGGREGATES_NOT_IN_JOIN {
+        let plan = merge_join_plan(sql, &options(true), true).await;
+        let joins = gpu_merge_joins(&plan);
+        assert!(!joins.is_empty(), "{sql}\n{}", show(&plan));
+        assert!(
+            joins.iter().all(|j| j.partial_aggregate().is_none()),
+            "{sql}\n{}",
+            show(&plan)
+        );
+    }
+}
