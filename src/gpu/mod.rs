@@ -8,6 +8,7 @@ mod budget;
 mod device;
 mod error;
 pub mod launch;
+mod memory;
 mod pinned;
 mod pinned_region;
 mod runtime;
@@ -19,6 +20,7 @@ pub use device::GpuDevice;
 #[cfg(any(test, feature = "test-support"))]
 pub use device::PooledStream;
 pub use error::{DriverResultExt, GpuError, GpuResult};
+pub use memory::{alloc_uninit, DeviceEvent, DeviceStream, DeviceVec};
 pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool};
 pub(crate) use pinned_region::{region_holding, PinnedRegion};
 pub use runtime::{gpu_availability, gpu_runtime, GpuUnavailable};
@@ -31,7 +33,3 @@ pub use transfer::{
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use transfer::{measure_copy_bandwidth, upload_byte_pieces_in_windows, CopyBandwidth};
-
-/// Device memory on one stream. Re-exported so the `ops` layer can name it
-/// without depending on cudarc directly.
-pub type DeviceVec<T> = cudarc::driver::CudaSlice<T>;

@@ -6,7 +6,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use crate::gpu::alloc_uninit;
+use crate::gpu::DeviceStream;
 
 use super::merge_join::radix_sort;
 use super::radix::{radix_partition, radix_partition_one_word, JoinSide, RadixPlan};
@@ -61,7 +62,7 @@ impl DeviceBuildTable {
     /// and partitions them by `plan`.
     pub fn build(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         keys: HostKeys<'_>,
         plan: RadixPlan,
         timer: &mut PhaseTimer,
@@ -80,7 +81,7 @@ impl DeviceBuildTable {
     /// ahead of them.
     pub fn build_carrying<'v>(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         keys: HostKeys<'_>,
         carried: impl FnOnce(&mut PhaseTimer) -> GpuResult<Option<CarriedValues<'v>>>,
         plan: RadixPlan,
@@ -132,7 +133,7 @@ impl DeviceBuildTable {
 /// with them is a row id or one 4-byte value.
 fn upload_and_partition<'v>(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: HostKeys<'_>,
     carried: impl FnOnce(&mut PhaseTimer) -> GpuResult<Option<CarriedValues<'v>>>,
     plan: &RadixPlan,
@@ -188,9 +189,9 @@ fn upload_and_partition<'v>(
     }
     let device_ids = match (keys.row_ids, carried) {
         (_, Some(carried)) => {
-            // SAFETY: pack_carried_words writes every element.
+            // Pack_carried_words writes every element.
             let mut words =
-                unsafe { stream.alloc::<u64>(rows) }.during("allocating carried words")?;
+                alloc_uninit::<u64>(&stream, rows, "allocating carried words")?;
             timer.time(Phase::Kernel, || {
                 launch::pack_carried_words(
                     device.kernels(),
@@ -208,8 +209,8 @@ fn upload_and_partition<'v>(
         }
         (Some(ids), None) => upload_u64(device, stream, ids, timer)?,
         (None, None) => {
-            // SAFETY: iota writes every element.
-            let mut ids = unsafe { stream.alloc::<u64>(rows) }.during("allocating row ids")?;
+            // Iota writes every element.
+            let mut ids = alloc_uninit::<u64>(&stream, rows, "allocating row ids")?;
             timer.time(Phase::Kernel, || {
                 launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)
             })?;
@@ -250,7 +251,7 @@ impl DeviceJoinPairs<'_> {
     pub fn download(
         &self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<(Vec<u64>, Vec<u64>)> {
         let mut build_ids = Vec::with_capacity(self.len);
@@ -282,7 +283,7 @@ impl DeviceJoinPairs<'_> {
 #[allow(clippy::too_many_arguments)]
 pub fn probe(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     table: &DeviceBuildTable,
     keys: HostKeys<'_>,
     max_pairs: usize,
@@ -344,7 +345,7 @@ pub struct CarriedValues<'a> {
 /// `plan`, the build side's (see [`probe`]); `None` without keys.
 pub fn partition_probe(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: HostKeys<'_>,
     plan: &RadixPlan,
     timer: &mut PhaseTimer,
@@ -358,7 +359,7 @@ pub fn partition_probe(
 /// caller keeps which column went to which slot.
 pub fn partition_probe_carrying(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: HostKeys<'_>,
     carried: &CarriedValues<'_>,
     plan: &RadixPlan,
@@ -370,7 +371,7 @@ pub fn partition_probe_carrying(
 /// [`partition_probe`] moving row ids, or `carried`'s values where given.
 fn partition_probe_moving(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: HostKeys<'_>,
     carried: Option<&CarriedValues<'_>>,
     plan: &RadixPlan,
@@ -392,7 +393,7 @@ fn partition_probe_moving(
 /// partitioned by `table`'s plan.
 pub fn probe_partitioned(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     table: &DeviceBuildTable,
     probe: &PartitionedProbe,
     max_pairs: usize,
@@ -454,12 +455,12 @@ pub fn probe_partitioned(
     for range in ranges {
         let base = offsets[range.start];
         let len = (offsets[range.end] - base) as usize;
-        // SAFETY (both): hash_join_write writes every one of the `len` pairs
+        // Both: hash_join_write writes every one of the `len` pairs
         // of the range, as counted by hash_join_count over the same inputs.
         let mut out_build: DeviceVec<u64> =
-            unsafe { stream.alloc(len) }.during("allocating join output")?;
+            alloc_uninit(&stream, len, "allocating join output")?;
         let mut out_probe: DeviceVec<u64> =
-            unsafe { stream.alloc(len) }.during("allocating join output")?;
+            alloc_uninit(&stream, len, "allocating join output")?;
         timer.time(Phase::Kernel, || {
             launch::hash_join_write(
                 device.kernels(),
@@ -503,7 +504,7 @@ struct JoinTaskList {
 impl JoinTaskList {
     fn new(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         plan: &RadixPlan,
         probe: &JoinSide,
         timer: &mut PhaseTimer,
@@ -568,7 +569,7 @@ pub struct FoldedPairs {
 /// output buffer and no count beforehand.
 pub fn fold_partitioned(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     table: &DeviceBuildTable,
     probe: &PartitionedProbe,
     folds: &[launch::JoinFold<'_>],
@@ -685,7 +686,7 @@ pub fn order_device_bytes(pairs: usize) -> usize {
 /// (build row ids, probe row ids).
 pub fn order_by_probe_row(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     pairs: &DeviceJoinPairs<'_>,
     build_ranks: Option<&DeviceVec<u64>>,
     (build_rows, probe_rows): (u64, u64),
@@ -695,9 +696,9 @@ pub fn order_by_probe_row(
     let kernels = device.kernels();
     let sm_count = device.sm_count();
     let alloc = |what: &'static str| -> GpuResult<DeviceVec<u64>> {
-        // SAFETY: each buffer is written whole (iota, gather_u64 over `len`
+        // Each buffer is written whole (iota, gather_u64 over `len`
         // elements, or the sort) before it is read.
-        unsafe { stream.alloc::<u64>(len) }.during(what)
+        alloc_uninit::<u64>(&stream, len, what)
     };
     let mut order = alloc("allocating the pair order")?;
     timer.time(Phase::Kernel, || {

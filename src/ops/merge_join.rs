@@ -9,7 +9,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use crate::gpu::alloc_uninit;
+use crate::gpu::DeviceStream;
 
 use super::radix::stable_radix_passes;
 use super::scan::exclusive_scan;
@@ -38,7 +39,7 @@ impl SortedSide {
     /// keys that the device turns into codes first.
     pub fn upload(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         keys: &[&[u64]],
         transform: Option<CodeTransform>,
         key_bits: u32,
@@ -54,8 +55,8 @@ impl SortedSide {
     /// [`Self::sort`]).
     pub fn upload_unsorted(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
-        copy_stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
+        copy_stream: &Arc<DeviceStream>,
         keys: &[&[u64]],
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
@@ -65,8 +66,8 @@ impl SortedSide {
         let mut row_ids = if rows == 0 {
             stream.null::<u64>().during("allocating row ids")?
         } else {
-            // SAFETY: iota writes every element.
-            unsafe { stream.alloc::<u64>(rows) }.during("allocating row ids")?
+            // Iota writes every element.
+            alloc_uninit::<u64>(&stream, rows, "allocating row ids")?
         };
         timer.time(Phase::Kernel, || {
             launch::iota(device.kernels(), stream, device.sm_count(), &mut row_ids, 0)
@@ -80,7 +81,7 @@ impl SortedSide {
     pub fn sort(
         mut self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         transform: Option<CodeTransform>,
         key_bits: u32,
         presorted: bool,
@@ -104,7 +105,7 @@ impl SortedSide {
     pub fn rebase_codes(
         &mut self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         from: CodeTransform,
         to: CodeTransform,
         timer: &mut PhaseTimer,
@@ -122,7 +123,7 @@ impl SortedSide {
     fn transform_keys(
         &mut self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         transform: CodeTransform,
         timer: &mut PhaseTimer,
     ) -> GpuResult<()> {
@@ -143,7 +144,7 @@ impl SortedSide {
     pub fn key_range(
         &self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         flip: u64,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Option<(u64, u64)>> {
@@ -156,8 +157,8 @@ impl SortedSide {
         let mut ends = Vec::with_capacity(2);
         let mut outs = Vec::with_capacity(2);
         for op in [AggregateOp::Min, AggregateOp::Max] {
-            // SAFETY: filled with the identity right below, before any read.
-            let mut out = unsafe { stream.alloc::<u64>(1) }.during("allocating a key range")?;
+            // Filled with the identity right below, before any read.
+            let mut out = alloc_uninit::<u64>(&stream, 1, "allocating a key range")?;
             timer.time(Phase::Kernel, || {
                 launch::fill_u64(kernels, stream, sm_count, &mut out, op.identity())?;
                 let rows = GroupRows {
@@ -199,7 +200,7 @@ impl SortedSide {
     pub fn download_row_ids(
         &self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Vec<u64>> {
         let mut ids = Vec::new();
@@ -236,7 +237,7 @@ pub fn sort_pass_bits(key_bits: u32) -> Vec<u32> {
 /// every key must be below `2^key_bits`.
 pub fn radix_sort(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: DeviceVec<u64>,
     row_ids: DeviceVec<u64>,
     key_bits: u32,
@@ -274,7 +275,7 @@ impl MergeMatches {
     /// the per-row match counts are also copied to the host.
     pub fn find(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         streamed: &SortedSide,
         other: &SortedSide,
         want_counts: bool,
@@ -286,8 +287,8 @@ impl MergeMatches {
             if n == 0 {
                 return stream.null::<u64>().during(what);
             }
-            // SAFETY: merge_path_bounds writes every one of the n elements.
-            unsafe { stream.alloc::<u64>(n) }.during(what)
+            // Merge_path_bounds writes every one of the n elements.
+            alloc_uninit::<u64>(&stream, n, what)
         };
         let mut lower = alloc("allocating merge bounds")?;
         let mut counts = alloc("allocating match counts")?;
@@ -355,7 +356,7 @@ impl MergeMatches {
     pub fn expand(
         &self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         other: &SortedSide,
         max_pairs: usize,
         timer: &mut PhaseTimer,
@@ -388,7 +389,7 @@ impl MergeMatches {
     pub fn expand_on_device(
         &self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         other: &SortedSide,
         max_pairs: usize,
         timer: &mut PhaseTimer,
@@ -399,12 +400,12 @@ impl MergeMatches {
         }
         let max_pairs = max_pairs.max(1);
         let buffer = (self.total as usize).min(max_pairs);
-        // SAFETY (both): expand_pairs writes the first `len` elements, and
+        // Both: expand_pairs writes the first `len` elements, and
         // only those are copied back.
         let mut positions =
-            unsafe { stream.alloc::<u64>(buffer) }.during("allocating output pairs")?;
+            alloc_uninit::<u64>(&stream, buffer, "allocating output pairs")?;
         let mut other_ids =
-            unsafe { stream.alloc::<u64>(buffer) }.during("allocating output pairs")?;
+            alloc_uninit::<u64>(&stream, buffer, "allocating output pairs")?;
         let mut first = 0u64;
         while first < self.total {
             let len = (self.total - first).min(buffer as u64) as usize;

@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use crate::gpu::alloc_uninit;
+use crate::gpu::DeviceStream;
 
 use super::scan::exclusive_scan;
 use crate::gpu::launch::{self, RadixDigits, RadixGrid, JOIN_TABLE_CAPACITY, MAX_RADIX_BITS};
@@ -144,7 +145,7 @@ impl JoinSide {
 /// Partitions `keys` with their `row_ids` (same length) by `plan`.
 pub fn radix_partition(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     mut keys: DeviceVec<u64>,
     mut row_ids: DeviceVec<u64>,
     plan: &RadixPlan,
@@ -161,7 +162,7 @@ pub fn radix_partition(
 /// see [`launch::pack_key_words`]) by `plan`, by the keys alone.
 pub fn radix_partition_one_word(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     mut words: DeviceVec<u64>,
     plan: &RadixPlan,
 ) -> GpuResult<PartitionedColumn<()>> {
@@ -177,7 +178,7 @@ pub fn radix_partition_one_word(
 /// [`radix_partition_one_word`]); returns the partition starts.
 fn partition_in_place(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: &mut DeviceVec<u64>,
     row_ids: Option<&mut DeviceVec<u64>>,
     plan: &RadixPlan,
@@ -212,7 +213,7 @@ fn partition_in_place(
 /// least significant first, keeping the order of equal digits.
 pub fn stable_radix_passes(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     mut keys: DeviceVec<u64>,
     mut row_ids: DeviceVec<u64>,
     digits: RadixDigits,
@@ -234,7 +235,7 @@ pub fn stable_radix_passes(
 /// and only it).
 fn radix_passes_in_place(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: &mut DeviceVec<u64>,
     mut row_ids: Option<&mut DeviceVec<u64>>,
     digits: RadixDigits,
@@ -252,10 +253,10 @@ fn radix_passes_in_place(
     }
     let kernels = device.kernels();
     let grid = RadixGrid::new(rows as u64, device.sm_count());
-    // SAFETY (both): every element is written by the first scatter.
-    let mut keys_out = unsafe { stream.alloc::<u64>(rows) }.during("allocating radix buffers")?;
+    // Both: every element is written by the first scatter.
+    let mut keys_out = alloc_uninit::<u64>(&stream, rows, "allocating radix buffers")?;
     let mut ids_out = match row_ids {
-        Some(_) => Some(unsafe { stream.alloc::<u64>(rows) }.during("allocating radix buffers")?),
+        Some(_) => Some(alloc_uninit::<u64>(&stream, rows, "allocating radix buffers")?),
         None => None,
     };
     let mut shift = 0;

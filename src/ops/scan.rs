@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use crate::gpu::launch::{self, SCAN_TILE};
 use crate::gpu::{DeviceVec, DriverResultExt, GpuDevice, GpuResult};
-use cudarc::driver::CudaStream;
+use crate::gpu::DeviceStream;
 
 /// Replaces `values[..n]` by its exclusive prefix sum: tiles are scanned in
 /// one launch, their totals are scanned recursively, then added back.
 pub fn exclusive_scan(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     values: &mut DeviceVec<u64>,
     n: usize,
 ) -> GpuResult<()> {

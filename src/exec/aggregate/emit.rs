@@ -22,7 +22,7 @@ impl DevicePart {
         grouped: &DeviceGrouped,
         sources: KeySources<'_>,
         work: &DeviceWork,
-        keys_stream: &Arc<CudaStream>,
+        keys_stream: &Arc<DeviceStream>,
         memory: &MappedAhead,
         timer: &mut PhaseTimer,
         reduced: impl FnOnce() + Send,
@@ -141,7 +141,7 @@ impl DevicePart {
         &self,
         grouped: &DeviceGrouped,
         sources: &KeySources<'_>,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         memory: &MappedAhead,
         timer: &mut PhaseTimer,
     ) -> std::result::Result<Vec<Vec<ArrayRef>>, EmitError> {
@@ -209,7 +209,7 @@ impl DevicePart {
     pub(super) fn per_output_batch<R: Send>(
         &self,
         grouped: &DeviceGrouped,
-        (stream, parts): (&Arc<CudaStream>, ResultParts),
+        (stream, parts): (&Arc<DeviceStream>, ResultParts),
         timer: &mut PhaseTimer,
         per_batch: impl Fn(&GroupedWindow<'_>, usize, Range<usize>) -> std::result::Result<R, EmitError>
             + Sync,
@@ -273,7 +273,7 @@ impl DevicePart {
         grouped: &DeviceGrouped,
         passes: &[(ResultParts, ResultPass)],
         work: &DeviceWork,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         memory: &MappedAhead,
         timer: &mut PhaseTimer,
     ) -> std::result::Result<EarlyColumns, EmitError> {

@@ -11,7 +11,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use crate::gpu::DeviceStream;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{concat, interleave};
 use datafusion::arrow::datatypes::{Schema, SchemaRef, ToByteSlice};
@@ -785,7 +785,7 @@ impl DevicePart {
         prepared_now: impl FnOnce(),
         prepared: &mut Option<DeviceWork>,
         back: GroupsBack,
-        emit: impl FnOnce(&DeviceGrouped, &DeviceWork, &Arc<CudaStream>, &mut PhaseTimer) -> Result<T>,
+        emit: impl FnOnce(&DeviceGrouped, &DeviceWork, &Arc<DeviceStream>, &mut PhaseTimer) -> Result<T>,
     ) -> GpuResult<Result<T>> {
         let waiting = std::time::Instant::now();
         let _admission = self.device.admit(self.max_concurrent_tasks);

@@ -543,7 +543,7 @@ impl BuildSide {
     fn partition_on_device<'v>(
         &self,
         device: &GpuDevice,
-        stream: &Arc<cudarc::driver::CudaStream>,
+        stream: &Arc<crate::gpu::DeviceStream>,
         carried: impl FnOnce(&mut PhaseTimer) -> GpuResult<Option<CarriedValues<'v>>>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<DeviceBuildTable> {

@@ -446,7 +446,7 @@ pub(super) struct KeysOnDevice {
 /// chunk's columns into `probe_columns` when not there yet.
 pub(super) fn fold_while_probing(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     (resident, partitioned): (&ResidentTable, &KeysOnDevice),
     gather: &ChunkGather<'_>,
     build: (&dyn RowSource, &ResidentColumns),

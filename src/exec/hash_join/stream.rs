@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaStream;
+use crate::gpu::DeviceStream;
 use datafusion::arrow::array::UInt64Array;
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::datatypes::SchemaRef;

@@ -13,7 +13,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use crate::gpu::alloc_uninit;
+use crate::gpu::DeviceStream;
 use datafusion::arrow::array::ArrayData;
 use datafusion::arrow::array::{make_array, Array, ArrayRef, UInt64Array};
 use datafusion::arrow::buffer::Buffer;
@@ -30,7 +31,7 @@ use crate::gpu::launch::{
 };
 use crate::gpu::{
     download_byte_pieces, download_u64, in_pinned_memory, upload_byte_pieces, DeviceVec,
-    DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
+    GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
 use crate::ops::hash_join::{CarriedValues, FoldedPairs};
 
@@ -126,7 +127,7 @@ impl ResidentColumns {
     /// place (a chunk's batches are not concatenated first).
     pub(crate) fn upload(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         batch: &dyn RowSource,
         wanted: &[bool],
         timer: &mut PhaseTimer,
@@ -137,7 +138,7 @@ impl ResidentColumns {
     /// [`Self::upload`] of bytes already taken from their batch.
     pub(crate) fn upload_bytes(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         bytes: &ColumnBytes,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
@@ -239,7 +240,7 @@ pub(crate) fn output_columns(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gather_batches(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     assembler: &OutputAssembler,
     build: &GatherSide<'_>,
     probe: &GatherSide<'_>,
@@ -279,10 +280,9 @@ pub(crate) fn gather_batches(
                     .map(|column| column.width)
                     .max()
                     .unwrap_or(width);
-                // SAFETY: each gather writes the first `len` values
+                // Each gather writes the first `len` values
                 // before the download below reads them.
-                let buffer = unsafe { stream.alloc::<u64>(widest.words(len)) }
-                    .during("allocating gathered values")?;
+                let buffer = alloc_uninit::<u64>(&stream, widest.words(len), "allocating gathered values")?;
                 gathered.insert(buffer)
             }
         };
@@ -595,7 +595,7 @@ pub(crate) fn folded_words(folds: &[Option<JoinFold<'_>>], folded: &FoldedPairs)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce_pairs(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     reductions: &[PairReduction],
     sources: &[ColumnSource],
     build: &GatherSide<'_>,
@@ -639,8 +639,8 @@ pub(crate) fn reduce_pairs(
             )));
         };
         let mut out: DeviceVec<u64> =
-            // SAFETY: filled with the identity right below, before any read.
-            unsafe { stream.alloc(1) }.during("allocating a reduction's word")?;
+            // Filled with the identity right below, before any read.
+            alloc_uninit(&stream, 1, "allocating a reduction's word")?;
         timer.time(Phase::Kernel, || match *reduction {
             PairReduction::Fold {
                 op,
@@ -670,10 +670,9 @@ pub(crate) fn reduce_pairs(
                 let target = match &mut gathered {
                     Some(target) => target,
                     None => {
-                        // SAFETY: the gather below writes the first `len`
+                        // The gather below writes the first `len`
                         // words before the sum reads them.
-                        let buffer = unsafe { stream.alloc::<u64>(len) }
-                            .during("allocating gathered values")?;
+                        let buffer = alloc_uninit::<u64>(&stream, len, "allocating gathered values")?;
                         gathered.insert(buffer)
                     }
                 };

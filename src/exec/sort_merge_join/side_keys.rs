@@ -9,7 +9,7 @@ use super::*;
 pub(super) fn device_key_range(
     device: &GpuDevice,
     side: &SortedSide,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     flip: u64,
     timer: &mut PhaseTimer,
 ) -> GpuResult<(i128, i128)> {

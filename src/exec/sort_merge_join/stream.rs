@@ -14,7 +14,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use crate::gpu::alloc_uninit;
+use crate::gpu::{DeviceEvent, DeviceStream};
 use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::buffer::ScalarBuffer;
 use datafusion::arrow::compute::SortOptions;
@@ -587,7 +588,7 @@ impl DevicePart {
         copy_stream
             .wait(&streamed_copied)
             .during("ordering the other keys' copy after the streamed keys'")?;
-        let upload_other = |timer: &mut PhaseTimer| -> GpuResult<(SortedSide, CudaEvent)> {
+        let upload_other = |timer: &mut PhaseTimer| -> GpuResult<(SortedSide, DeviceEvent)> {
             let other = SortedSide::upload_unsorted(
                 device,
                 stream,
@@ -736,10 +737,9 @@ impl DevicePart {
                     admission.take();
                     // An inner join streams its left side: the pairs'
                     // positions in key order map to left rows.
-                    // SAFETY: gather_u64 writes the first `len` elements,
+                    // Gather_u64 writes the first `len` elements,
                     // and only those are read.
-                    let mut left_ids = unsafe { stream.alloc::<u64>(pairs.len) }
-                        .during("allocating gather ids")?;
+                    let mut left_ids = alloc_uninit::<u64>(&stream, pairs.len, "allocating gather ids")?;
                     timer.time(Phase::Kernel, || {
                         launch::gather_u64(
                             device.kernels(),

@@ -1,6 +1,7 @@
 //! Hashed group keys checked on the host, and rows numbered again in the
 //! global table where the check found keys that shared a hash.
 
+use crate::gpu::alloc_uninit;
 use super::*;
 
 /// What numbering the rows again ([`number_again_in_global_table`]) writes
@@ -20,7 +21,7 @@ pub(super) fn checked_row_groups(
     pending: PendingRowGroups,
     numbering: Numbering<'_>,
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<(NumberedRows, bool)> {
     let sized_table = match &pending {
@@ -80,8 +81,8 @@ pub(super) fn checked_row_groups(
         }
         other => {
             drop(other);
-            // SAFETY: the numbering below writes every row's group.
-            unsafe { stream.alloc(numbering.keys.len()) }.during("allocating row groups")?
+            // The numbering below writes every row's group.
+            alloc_uninit(&stream, numbering.keys.len(), "allocating row groups")?
         }
     };
     number_again_in_global_table(device, stream, numbering, &mut row_groups, timer)?;
@@ -93,7 +94,7 @@ pub(super) fn checked_row_groups(
 /// partition filled up.
 pub(super) fn number_again_in_global_table(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     numbering: Numbering<'_>,
     row_groups: &mut DeviceVec<u64>,
     timer: &mut PhaseTimer,

@@ -1,6 +1,7 @@
 //! Pending group numbering finished: group ids read back, tables grown or
 //! numbered again where they overflowed.
 
+use crate::gpu::alloc_uninit;
 use super::*;
 
 /// Stage 1, finished.
@@ -37,7 +38,7 @@ impl PendingGroups {
     pub(super) fn finish(
         self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         back: GroupsBack,
         order_bits: Option<u32>,
         timer: &mut PhaseTimer,
@@ -128,9 +129,9 @@ impl PendingGroups {
             GroupsBack::RowsAndRowGroups => match &partitioned {
                 // Each group's position, mapped to its row.
                 Some(partitioned) => {
-                    // SAFETY: the gather writes all `groups` words.
+                    // The gather writes all `groups` words.
                     let mut group_rows: DeviceVec<u64> =
-                        unsafe { stream.alloc(groups) }.during("allocating group rows")?;
+                        alloc_uninit(&stream, groups, "allocating group rows")?;
                     timer.time(Phase::Kernel, || {
                         launch::gather_u64(
                             device.kernels(),
@@ -147,10 +148,10 @@ impl PendingGroups {
                 None => first_rows,
             },
             GroupsBack::KeyWords => {
-                // SAFETY: the gather below writes all `groups` words, and
+                // The gather below writes all `groups` words, and
                 // only those are read.
                 let mut group_keys: DeviceVec<u64> =
-                    unsafe { stream.alloc(groups) }.during("allocating group keys")?;
+                    alloc_uninit(&stream, groups, "allocating group keys")?;
                 timer.time(Phase::Kernel, || {
                     launch::gather_u64(
                         device.kernels(),
@@ -164,9 +165,9 @@ impl PendingGroups {
                 })?;
                 if let Some(key_bits) = order_bits {
                     let sorted = timer.time(Phase::Kernel, || {
-                        // SAFETY: iota writes every element.
+                        // Iota writes every element.
                         let mut ids: DeviceVec<u64> =
-                            unsafe { stream.alloc(groups) }.during("allocating group numbers")?;
+                            alloc_uninit(&stream, groups, "allocating group numbers")?;
                         launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)?;
                         radix_sort(device, stream, group_keys, ids, key_bits)
                     })?;

@@ -1,6 +1,7 @@
 //! Groups numbered in one global hash table (seed 002's HGB), its slots
 //! sized from the sample, and the rows inserted.
 
+use crate::gpu::alloc_uninit;
 use super::*;
 
 /// Enqueues the kernels that give every row of the device `keys` (`None`:
@@ -10,7 +11,7 @@ use super::*;
 /// where given ([`launch_table_folds`]).
 pub(super) fn launch_group_assignment(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: Option<DeviceVec<u64>>,
     transform: Option<CodeTransform>,
     expected_groups: Option<usize>,
@@ -45,9 +46,9 @@ pub(super) fn launch_group_assignment(
             )
         })?;
     }
-    // SAFETY (first rows): entries [0, groups) are written, only those are read.
+    // First rows: Entries [0, groups) are written, only those are read.
     let mut first_rows: DeviceVec<u64> =
-        unsafe { stream.alloc(rows) }.during("allocating group rows")?;
+        alloc_uninit(&stream, rows, "allocating group rows")?;
     let sized = expected_groups
         .map(sized_table_capacity)
         .filter(|&capacity| capacity < table_capacity(rows));
@@ -79,10 +80,10 @@ pub(super) fn launch_group_assignment(
             partitioned: None,
         });
     }
-    // SAFETY (row groups): group_insert writes one slot per row (unless a
+    // Row groups: Group_insert writes one slot per row (unless a
     // table sized from an estimate fills up: then they are numbered again).
     let mut row_groups: DeviceVec<u64> =
-        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+        alloc_uninit(&stream, rows, "allocating row groups")?;
     let row_groups = match sized {
         None => {
             number_in_global_table(
@@ -149,7 +150,7 @@ pub(super) struct GlobalNumbering<'a> {
 /// many slots as keys, every key's group, each group's first position.
 pub(super) fn number_in_global_table(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: &DeviceVec<u64>,
     out: GlobalNumbering<'_>,
     timer: &mut PhaseTimer,
@@ -198,7 +199,7 @@ pub(super) struct TableOutputs<'a> {
 /// insertion).
 pub(super) fn insert_into_table(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: &DeviceVec<u64>,
     capacity: u64,
     out: TableOutputs<'_>,
@@ -206,13 +207,13 @@ pub(super) fn insert_into_table(
 ) -> GpuResult<DeviceVec<u64>> {
     let sm_count = device.sm_count();
     let slots = capacity as usize + 1;
-    // SAFETY (table_keys): filled with EMPTY_KEY below before any read.
+    // Table_keys: Filled with EMPTY_KEY below before any read.
     let mut table_keys: DeviceVec<u64> =
-        unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
-    // SAFETY (table_groups): group_insert writes the slots it claims, and
+        alloc_uninit(&stream, slots, "allocating the group hash table")?;
+    // Table_groups: Group_insert writes the slots it claims, and
     // only claimed slots are read.
     let mut table_groups: DeviceVec<u64> =
-        unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
+        alloc_uninit(&stream, slots, "allocating the group hash table")?;
     timer.time(Phase::Kernel, || {
         launch::fill_u64(
             device.kernels(),

@@ -18,7 +18,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use crate::gpu::DeviceStream;
 
 use super::{
     DeviceReduced, ReduceInput, Reduction, ReductionOutputs, UploadedInput,
@@ -97,7 +97,7 @@ pub(super) struct LandedChunk {
 /// waits for its copy alone.
 pub(super) fn upload_in_chunks(
     staging: &mut StagingWindows<'_>,
-    copy_stream: &Arc<CudaStream>,
+    copy_stream: &Arc<DeviceStream>,
     input: &ReduceInput,
     rows: usize,
     chunk_rows: usize,
@@ -137,7 +137,7 @@ pub(super) struct RowsInRowOrder<'a> {
 /// results come back in that order of the groups.
 pub(super) fn reduce_chunks(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     rows_of: &RowsInRowOrder<'_>,
     input: &ReduceInput,
     chunks: &[LandedChunk],

@@ -20,7 +20,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use crate::gpu::alloc_uninit;
+use crate::gpu::DeviceStream;
 
 use super::merge_join::radix_sort;
 use super::radix::{radix_partition, RadixPlan};
@@ -363,8 +364,8 @@ pub fn validity_bitmap(rows: usize, valid: impl Fn(usize) -> bool) -> Vec<u64> {
 #[allow(clippy::too_many_arguments)]
 pub fn group_on_device(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
-    copy_stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
+    copy_stream: &Arc<DeviceStream>,
     keys: Option<&Words>,
     ids: GroupIds,
     rows: usize,
@@ -409,8 +410,8 @@ pub struct UploadedKeys {
 /// [`group_uploaded_keys`].
 pub fn upload_group_keys(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
-    copy_stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
+    copy_stream: &Arc<DeviceStream>,
     keys: Option<&Words>,
     rows: usize,
     timer: &mut PhaseTimer,
@@ -446,8 +447,8 @@ pub fn upload_group_keys(
 #[allow(clippy::too_many_arguments)]
 pub fn group_uploaded_keys(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
-    copy_stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
+    copy_stream: &Arc<DeviceStream>,
     keys: UploadedKeys,
     ids: GroupIds,
     rows: usize,
@@ -608,10 +609,10 @@ pub fn group_uploaded_keys(
     let wants_row_order = (back == GroupsBack::RowsAndRowGroups || any_in_chunks) && rows > 0;
     let row_groups_by_row = match (&row_groups, &permutation) {
         (Some(row_groups), Some(positions)) if wants_row_order => {
-            // SAFETY: the scatter writes every row's entry, a permutation's
+            // The scatter writes every row's entry, a permutation's
             // ids covering 0..rows.
             let mut by_row: DeviceVec<u64> =
-                unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+                alloc_uninit(&stream, rows, "allocating row groups")?;
             timer.time(Phase::Kernel, || {
                 launch::scatter_u64(
                     device.kernels(),

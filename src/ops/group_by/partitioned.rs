@@ -1,6 +1,7 @@
 //! Groups numbered in hash partitions sized to shared memory (seed 002's
 //! partition-based group-by).
 
+use crate::gpu::alloc_uninit;
 use super::*;
 
 /// Enqueues the radix partitioning of the device `keys` (`None`: no rows)
@@ -8,7 +9,7 @@ use super::*;
 /// 002's PGB).
 pub(super) fn launch_partitioned_group_assignment(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: Option<DeviceVec<u64>>,
     partition_bits: u32,
     timer: &mut PhaseTimer,
@@ -21,17 +22,17 @@ pub(super) fn launch_partitioned_group_assignment(
     let kernels = device.kernels();
     let plan = RadixPlan::new(partition_bits);
     let partitions = plan.partitions();
-    // SAFETY (all four): iota writes every row id; partitioned_group_ids
+    // All four: Iota writes every row id; partitioned_group_ids
     // writes every position's local id, and [starts[p], starts[p] + its
     // groups) of the positions, the only ones the resolve reads; the
     // resolve writes group_firsts[0..groups), the only ones read later.
-    let mut ids: DeviceVec<u64> = unsafe { stream.alloc(rows) }.during("allocating row ids")?;
+    let mut ids: DeviceVec<u64> = alloc_uninit(&stream, rows, "allocating row ids")?;
     let mut local_ids: DeviceVec<u64> =
-        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+        alloc_uninit(&stream, rows, "allocating row groups")?;
     let mut first_positions: DeviceVec<u64> =
-        unsafe { stream.alloc(rows) }.during("allocating group positions")?;
+        alloc_uninit(&stream, rows, "allocating group positions")?;
     let mut group_firsts: DeviceVec<u64> =
-        unsafe { stream.alloc(rows) }.during("allocating group positions")?;
+        alloc_uninit(&stream, rows, "allocating group positions")?;
     // Zeros: a partition left unnumbered (after an overflow) counts none,
     // and the entry after the last makes the scan's last entry the total.
     let mut group_counts = stream
@@ -90,14 +91,13 @@ pub(super) fn launch_partitioned_group_assignment(
 /// result is bit `positions[i]` of `bits`.
 pub(super) fn gathered_bits(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     bits: &DeviceVec<u64>,
     positions: &DeviceVec<u64>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<DeviceVec<u64>> {
-    // SAFETY: gather_bits writes every word of the result.
-    let mut out: DeviceVec<u64> = unsafe { stream.alloc(positions.len().div_ceil(64).max(1)) }
-        .during("allocating a validity bitmap")?;
+    // Gather_bits writes every word of the result.
+    let mut out: DeviceVec<u64> = alloc_uninit(&stream, positions.len().div_ceil(64).max(1), "allocating a validity bitmap")?;
     timer.time(Phase::Kernel, || {
         launch::gather_bits(
             device.kernels(),

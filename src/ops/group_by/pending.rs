@@ -113,7 +113,7 @@ pub(super) struct SizedTable {
 /// where given ([`table_fold_capacity`] says where).
 pub(super) fn launch_pending_groups(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: Option<DeviceVec<u64>>,
     ids: GroupIds,
     folds: Option<FoldInputs<'_>>,

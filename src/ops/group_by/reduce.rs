@@ -1,6 +1,7 @@
 //! Each aggregate's input uploaded and reduced by the rows' group ids into
 //! per-group slots.
 
+use crate::gpu::alloc_uninit;
 use super::*;
 
 /// One input on its way to the device: its whole column, reduced once it
@@ -22,15 +23,15 @@ impl UploadedInput {
     pub(super) fn gather(
         &mut self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         positions: &DeviceVec<u64>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<()> {
         for column in [&mut self.values, &mut self.high].into_iter().flatten() {
             let rows = positions.len();
-            // SAFETY: the gather writes all `rows` words.
+            // The gather writes all `rows` words.
             let mut gathered: DeviceVec<u64> =
-                unsafe { stream.alloc(rows) }.during("allocating a gathered input")?;
+                alloc_uninit(&stream, rows, "allocating a gathered input")?;
             timer.time(Phase::Kernel, || {
                 launch::gather_u64(
                     device.kernels(),
@@ -52,7 +53,7 @@ impl UploadedInput {
 /// Enqueues the copy of one input's columns.
 pub(super) fn upload_input(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     input: &ReduceInput,
     rows: usize,
     timer: &mut PhaseTimer,
@@ -72,7 +73,7 @@ pub(super) fn upload_input(
 /// where given (the group at each position of `groups`).
 pub(super) fn in_key_order(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     out: DeviceVec<u64>,
     key_order: Option<&DeviceVec<u64>>,
     groups: usize,
@@ -81,9 +82,9 @@ pub(super) fn in_key_order(
     let Some(order) = key_order else {
         return Ok(out);
     };
-    // SAFETY: the gather writes all `groups` words.
+    // The gather writes all `groups` words.
     let mut ordered: DeviceVec<u64> =
-        unsafe { stream.alloc(groups.max(1)) }.during("allocating ordered results")?;
+        alloc_uninit(&stream, groups.max(1), "allocating ordered results")?;
     timer.time(Phase::Kernel, || {
         launch::gather_u64(
             device.kernels(),
@@ -102,7 +103,7 @@ pub(super) fn in_key_order(
 /// comes back in that order of the groups (the group at each position).
 pub(super) fn reduce(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     rows: GroupRows<'_>,
     input: &ReduceInput,
     column: UploadedInput,
@@ -136,15 +137,15 @@ impl ReductionOutputs {
     /// its identity.
     pub(super) fn new(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         reduction: Reduction,
         groups: usize,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
         let mut slots = |identity: u64| -> GpuResult<DeviceVec<u64>> {
-            // SAFETY: filled right below, before any read.
+            // Filled right below, before any read.
             let mut out: DeviceVec<u64> =
-                unsafe { stream.alloc(groups.max(1)) }.during("allocating aggregate output")?;
+                alloc_uninit(&stream, groups.max(1), "allocating aggregate output")?;
             timer.time(Phase::Kernel, || {
                 launch::fill_u64(
                     device.kernels(),
@@ -195,7 +196,7 @@ impl ReductionOutputs {
     pub(super) fn reduce(
         &mut self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         rows: GroupRows<'_>,
         input: &ReduceInput,
         column: &UploadedInput,
@@ -319,7 +320,7 @@ impl ReductionOutputs {
     pub(super) fn into_reduced(
         self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         key_order: Option<&DeviceVec<u64>>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<DeviceReduced> {

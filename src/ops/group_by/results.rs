@@ -16,7 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use crate::gpu::{DeviceEvent, DeviceStream};
 
 use super::{fixed_sum_to_f64, GroupsBack};
 #[cfg(any(test, feature = "test-support"))]
@@ -59,15 +59,15 @@ pub struct DeviceGrouped {
     /// too low), and the chunk folded again.
     pub folding_table_grown: bool,
     /// The stream the results were written on, which copies them out.
-    pub(super) stream: Arc<CudaStream>,
+    pub(super) stream: Arc<DeviceStream>,
     /// Recorded on `stream` once every identity is made, before the
     /// reductions: another stream that waits for it brings the identities
     /// back while the reductions run.
-    pub(super) identities_made: Option<CudaEvent>,
+    pub(super) identities_made: Option<DeviceEvent>,
     /// Recorded on `stream` once each reduction is made, in reduction
     /// order, where the reductions are made one after the other (empty
     /// where they are made together, folded into the table).
-    pub(super) reductions_made: Vec<CudaEvent>,
+    pub(super) reductions_made: Vec<DeviceEvent>,
     /// Inputs reduced chunk by chunk as they landed
     /// ([`super::InputChunks::reduce_as_they_land`]).
     pub inputs_reduced_as_they_landed: usize,
@@ -226,7 +226,7 @@ impl DeviceGrouped {
     }
 
     /// The stream the results are written on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    pub fn stream(&self) -> &Arc<DeviceStream> {
         &self.stream
     }
 
@@ -265,7 +265,7 @@ impl DeviceGrouped {
     /// the identities, the reductions up to the last of `parts` where
     /// their ends were recorded, or every reduction (all the work enqueued
     /// on the results' stream). Nothing for the results' own stream.
-    fn order_after(&self, stream: &Arc<CudaStream>, parts: ResultParts) -> GpuResult<()> {
+    fn order_after(&self, stream: &Arc<DeviceStream>, parts: ResultParts) -> GpuResult<()> {
         if Arc::ptr_eq(stream, &self.stream) {
             return Ok(());
         }
@@ -319,7 +319,7 @@ impl DeviceGrouped {
         w: usize,
         window: usize,
         buffer: Option<&mut PinnedBuffer>,
-        (stream, parts): (&Arc<CudaStream>, ResultParts),
+        (stream, parts): (&Arc<DeviceStream>, ResultParts),
         timer: &mut PhaseTimer,
     ) -> GpuResult<()> {
         let Some(buffer) = buffer else {
@@ -474,7 +474,7 @@ impl DeviceGrouped {
     pub fn bring_back_in_parallel<R, E>(
         &self,
         device: &GpuDevice,
-        (stream, parts): (&Arc<CudaStream>, ResultParts),
+        (stream, parts): (&Arc<DeviceStream>, ResultParts),
         window_groups: usize,
         task_groups: usize,
         threads: usize,
@@ -603,7 +603,7 @@ impl DeviceGrouped {
         &self,
         device: &GpuDevice,
         shared: &Shared<R, E>,
-        (stream, parts): (&Arc<CudaStream>, ResultParts),
+        (stream, parts): (&Arc<DeviceStream>, ResultParts),
         (window, task, windows, buffers): (usize, usize, usize, usize),
         timer: &mut PhaseTimer,
     ) -> Result<(), E> {

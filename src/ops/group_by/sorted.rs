@@ -1,13 +1,14 @@
 //! Groups numbered by radix-sorting the rows by key: each run of equal keys is
 //! a group (seed 002's SGB).
 
+use crate::gpu::alloc_uninit;
 use super::*;
 
 /// Enqueues the sort of the device `keys` (`None`: no rows) and the
 /// kernels that give every row the rank of its key among the distinct keys.
 pub(super) fn launch_sorted_group_assignment(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: Option<DeviceVec<u64>>,
     key_bits: u32,
     transform: Option<CodeTransform>,
@@ -19,15 +20,15 @@ pub(super) fn launch_sorted_group_assignment(
     let rows = device_keys.len();
     let sm_count = device.sm_count();
     let kernels = device.kernels();
-    // SAFETY (all four): iota, the heads kernel and sorted_group_ids write
+    // All four: Iota, the heads kernel and sorted_group_ids write
     // every element of the first three; group_firsts[0..groups) is written
     // and only that is read.
-    let mut ids: DeviceVec<u64> = unsafe { stream.alloc(rows) }.during("allocating row ids")?;
-    let mut ranks: DeviceVec<u64> = unsafe { stream.alloc(rows) }.during("allocating run ranks")?;
+    let mut ids: DeviceVec<u64> = alloc_uninit(&stream, rows, "allocating row ids")?;
+    let mut ranks: DeviceVec<u64> = alloc_uninit(&stream, rows, "allocating run ranks")?;
     let mut row_groups: DeviceVec<u64> =
-        unsafe { stream.alloc(rows) }.during("allocating row groups")?;
+        alloc_uninit(&stream, rows, "allocating row groups")?;
     let mut group_firsts: DeviceVec<u64> =
-        unsafe { stream.alloc(rows) }.during("allocating group first positions")?;
+        alloc_uninit(&stream, rows, "allocating group first positions")?;
     let mut group_count = stream
         .alloc_zeros::<u64>(1)
         .during("allocating the group counter")?;

@@ -16,7 +16,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use crate::gpu::alloc_uninit;
+use crate::gpu::DeviceStream;
 
 use super::{
     estimated_groups, folding_table_words, in_key_order, sized_table_capacity, table_capacity,
@@ -106,7 +107,7 @@ pub(super) struct FoldCounts<'a> {
 pub(super) struct FoldInputs<'a> {
     pub(super) inputs: &'a [ReduceInput],
     pub(super) bitmaps: &'a [DeviceVec<u64>],
-    pub(super) copy_stream: &'a Arc<CudaStream>,
+    pub(super) copy_stream: &'a Arc<DeviceStream>,
     /// Rows a chunk holds (rounded up to a multiple of 64, so that a
     /// chunk starts at a word of a validity bitmap).
     pub(super) chunk_rows: usize,
@@ -129,7 +130,7 @@ impl FoldedChunks {
     /// end on the device and freed one by one.
     pub(super) fn into_columns(
         self,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         inputs: usize,
         rows: usize,
     ) -> GpuResult<Vec<UploadedInput>> {
@@ -148,10 +149,10 @@ impl FoldedChunks {
                         high: None,
                     });
                 }
-                // SAFETY: the chunks, `rows` words in all, are copied over
+                // The chunks, `rows` words in all, are copied over
                 // every element below.
                 let mut column: DeviceVec<u64> =
-                    unsafe { stream.alloc(rows) }.during("allocating an input's column")?;
+                    alloc_uninit(&stream, rows, "allocating an input's column")?;
                 let mut at = 0;
                 for chunk in chunks {
                     let len = chunk.len();
@@ -187,7 +188,7 @@ impl FoldedChunks {
 /// `stream` once it has landed, while the next one crosses.
 pub(super) fn launch_table_folds(
     device: &GpuDevice,
-    stream: &Arc<CudaStream>,
+    stream: &Arc<DeviceStream>,
     keys: &DeviceVec<u64>,
     capacity: u64,
     to_fold: FoldInputs<'_>,
@@ -361,15 +362,15 @@ impl FoldingTable {
     /// Enqueues a fresh table of `capacity` slots for `folds` folds.
     fn new(
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         capacity: u64,
         folds: usize,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
         let slots = capacity as usize + 1;
-        // SAFETY: filled with u64::MAX below, before any read.
+        // Filled with u64::MAX below, before any read.
         let mut groups: DeviceVec<u64> =
-            unsafe { stream.alloc(slots) }.during("allocating the group hash table")?;
+            alloc_uninit(&stream, slots, "allocating the group hash table")?;
         let overflow = stream
             .alloc_zeros::<u64>(1)
             .during("allocating the overflow flag")?;
@@ -393,7 +394,7 @@ impl FoldingTable {
     fn groups_so_far(
         &self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         group_count: &DeviceVec<u64>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<(bool, usize)> {
@@ -457,16 +458,16 @@ impl TableFolds {
     pub(super) fn into_reduced(
         self,
         device: &GpuDevice,
-        stream: &Arc<CudaStream>,
+        stream: &Arc<DeviceStream>,
         groups: usize,
         key_order: Option<&DeviceVec<u64>>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Vec<DeviceReduced>> {
         let mut outputs = (0..self.folds)
             .map(|_| {
-                // SAFETY: table_fold_results writes every group's entry:
+                // Table_fold_results writes every group's entry:
                 // each group claimed exactly one slot.
-                unsafe { stream.alloc::<u64>(groups.max(1)) }.during("allocating aggregate output")
+                alloc_uninit::<u64>(&stream, groups.max(1), "allocating aggregate output")
             })
             .collect::<GpuResult<Vec<_>>>()?;
         timer.time(Phase::Kernel, || {
