@@ -4,7 +4,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaStream};
 
-use super::launch::Kernels;
+use super::launch::{Kernels, Launcher};
 use super::{DeviceBudget, DriverResultExt, GpuResult, PinnedPool};
 
 /// An opened device. Created once per process by [`super::gpu_runtime`].
@@ -125,8 +125,14 @@ impl GpuDevice {
     }
 
     /// The kernels loaded into this device.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn kernels(&self) -> &Kernels {
         &self.kernels
+    }
+
+    /// Launches of this device's kernels on `stream` (one of its own).
+    pub fn launcher<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Launcher<'a> {
+        Launcher::new(&self.kernels, stream, self.sm_count)
     }
 
     /// The device memory budget.

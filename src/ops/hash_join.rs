@@ -173,13 +173,10 @@ fn upload_and_partition<'v>(
         let values = carried.map(|c| (c.low.0, c.rows));
         timer.time(Phase::Kernel, || {
             launch::pack_key_words(
-                device.kernels(),
-                stream,
-                device.sm_count(),
+                &device.launcher(stream),
                 &mut device_keys,
                 uploaded_ids.as_ref(),
-                values,
-            )
+                values)
         })?;
         drop(uploaded_ids);
         let side = timer.time(Phase::Kernel, || {
@@ -189,30 +186,27 @@ fn upload_and_partition<'v>(
     }
     let device_ids = match (keys.row_ids, carried) {
         (_, Some(carried)) => {
-            // Pack_carried_words writes every element.
+            // pack_carried_words writes every element.
             let mut words =
                 alloc_uninit::<u64>(&stream, rows, "allocating carried words")?;
             timer.time(Phase::Kernel, || {
                 launch::pack_carried_words(
-                    device.kernels(),
-                    stream,
-                    device.sm_count(),
+                    &device.launcher(stream),
                     &mut words,
                     uploaded_ids.as_ref(),
                     carried.rows,
                     carried.low,
-                    carried.high,
-                )
+                    carried.high)
             })?;
             drop(uploaded_ids);
             words
         }
         (Some(ids), None) => upload_u64(device, stream, ids, timer)?,
         (None, None) => {
-            // Iota writes every element.
+            // iota writes every element.
             let mut ids = alloc_uninit::<u64>(&stream, rows, "allocating row ids")?;
             timer.time(Phase::Kernel, || {
-                launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)
+                launch::iota(&device.launcher(stream), &mut ids, 0)
             })?;
             ids
         }
@@ -420,7 +414,6 @@ pub fn probe_partitioned(
     }
     let plan = table.plan();
     let probe = &probe.keys;
-    let sm_count = device.sm_count();
     let task_list = JoinTaskList::new(device, stream, plan, probe, timer)?;
     let tasks = task_list.tasks();
     let task_count = task_list.count;
@@ -430,16 +423,13 @@ pub fn probe_partitioned(
         .during("allocating match counts")?;
     timer.time(Phase::Kernel, || {
         launch::hash_join_count(
-            device.kernels(),
-            stream,
-            sm_count,
+            &device.launcher(stream),
             table.build.side(),
             probe.side(),
             tasks,
             plan.partition_bits(),
             0..task_count as u64,
-            &mut counts,
-        )
+            &mut counts)
     })?;
     let mut host_counts = Vec::new();
     download_u64(device, stream, &counts.as_view(), &mut host_counts, timer)?;
@@ -463,9 +453,7 @@ pub fn probe_partitioned(
             alloc_uninit(&stream, len, "allocating join output")?;
         timer.time(Phase::Kernel, || {
             launch::hash_join_write(
-                device.kernels(),
-                stream,
-                sm_count,
+                &device.launcher(stream),
                 table.build.side(),
                 probe.side(),
                 tasks,
@@ -475,8 +463,7 @@ pub fn probe_partitioned(
                 base,
                 len,
                 &mut out_build,
-                &mut out_probe,
-            )
+                &mut out_probe)
         })?;
         emit(
             DeviceJoinPairs {
@@ -610,9 +597,7 @@ pub fn fold_partitioned(
     let mut out = upload_u64(device, stream, &initial, timer)?;
     timer.time(Phase::Kernel, || {
         launch::hash_join_fold(
-            device.kernels(),
-            stream,
-            device.sm_count(),
+            &device.launcher(stream),
             table.build.side(),
             probe.side(),
             task_list.tasks(),
@@ -620,8 +605,7 @@ pub fn fold_partitioned(
             0..task_list.count as u64,
             folds,
             &specs,
-            &mut out,
-        )
+            &mut out)
     })?;
     let mut words = Vec::with_capacity(initial.len());
     download_u64(device, stream, &out.as_view(), &mut words, timer)?;
@@ -693,8 +677,6 @@ pub fn order_by_probe_row(
     timer: &mut PhaseTimer,
 ) -> GpuResult<(DeviceVec<u64>, DeviceVec<u64>)> {
     let len = pairs.len;
-    let kernels = device.kernels();
-    let sm_count = device.sm_count();
     let alloc = |what: &'static str| -> GpuResult<DeviceVec<u64>> {
         // Each buffer is written whole (iota, gather_u64 over `len`
         // elements, or the sort) before it is read.
@@ -702,21 +684,18 @@ pub fn order_by_probe_row(
     };
     let mut order = alloc("allocating the pair order")?;
     timer.time(Phase::Kernel, || {
-        launch::iota(kernels, stream, sm_count, &mut order, 0)
+        launch::iota(&device.launcher(stream), &mut order, 0)
     })?;
     let pair_ranks = match build_ranks {
         Some(ranks) => {
             let mut pair_ranks = alloc("allocating pair ranks")?;
             timer.time(Phase::Kernel, || {
                 launch::gather_u64(
-                    kernels,
-                    stream,
-                    sm_count,
+                    &device.launcher(stream),
                     ranks,
                     pairs.build_ids,
                     len,
-                    &mut pair_ranks,
-                )
+                    &mut pair_ranks)
             })?;
             pair_ranks
         }
@@ -734,14 +713,11 @@ pub fn order_by_probe_row(
     let mut probe_in_order = alloc("allocating ordered probe ids")?;
     timer.time(Phase::Kernel, || {
         launch::gather_u64(
-            kernels,
-            stream,
-            sm_count,
+            &device.launcher(stream),
             pairs.probe_ids,
             &order,
             len,
-            &mut probe_in_order,
-        )
+            &mut probe_in_order)
     })?;
     let sorted = timer.time(Phase::Kernel, || {
         radix_sort(
@@ -755,14 +731,11 @@ pub fn order_by_probe_row(
     let mut build_in_order = alloc("allocating ordered build ids")?;
     timer.time(Phase::Kernel, || {
         launch::gather_u64(
-            kernels,
-            stream,
-            sm_count,
+            &device.launcher(stream),
             pairs.build_ids,
             &sorted.row_ids,
             len,
-            &mut build_in_order,
-        )
+            &mut build_in_order)
     })?;
     Ok((build_in_order, sorted.keys))
 }

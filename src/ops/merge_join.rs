@@ -66,11 +66,11 @@ impl SortedSide {
         let mut row_ids = if rows == 0 {
             stream.null::<u64>().during("allocating row ids")?
         } else {
-            // Iota writes every element.
+            // iota writes every element.
             alloc_uninit::<u64>(&stream, rows, "allocating row ids")?
         };
         timer.time(Phase::Kernel, || {
-            launch::iota(device.kernels(), stream, device.sm_count(), &mut row_ids, 0)
+            launch::iota(&device.launcher(stream), &mut row_ids, 0)
         })?;
         Ok(Self { keys, row_ids })
     }
@@ -129,12 +129,9 @@ impl SortedSide {
     ) -> GpuResult<()> {
         timer.time(Phase::Kernel, || {
             launch::ordered_codes(
-                device.kernels(),
-                stream,
-                device.sm_count(),
+                &device.launcher(stream),
                 &mut self.keys,
-                transform,
-            )
+                transform)
         })
     }
 
@@ -152,15 +149,13 @@ impl SortedSide {
         if rows == 0 {
             return Ok(None);
         }
-        let kernels = device.kernels();
-        let sm_count = device.sm_count();
         let mut ends = Vec::with_capacity(2);
         let mut outs = Vec::with_capacity(2);
         for op in [AggregateOp::Min, AggregateOp::Max] {
             // Filled with the identity right below, before any read.
             let mut out = alloc_uninit::<u64>(&stream, 1, "allocating a key range")?;
             timer.time(Phase::Kernel, || {
-                launch::fill_u64(kernels, stream, sm_count, &mut out, op.identity())?;
+                launch::fill_u64(&device.launcher(stream), &mut out, op.identity())?;
                 let rows = GroupRows {
                     groups_of_rows: None,
                     rows,
@@ -169,16 +164,13 @@ impl SortedSide {
                     span: None,
                 };
                 launch::aggregate_u64(
-                    kernels,
-                    stream,
-                    sm_count,
+                    &device.launcher(stream),
                     rows,
                     Some(&self.keys),
                     None,
                     op,
                     flip,
-                    &mut out,
-                )
+                    &mut out)
             })?;
             outs.push(out);
         }
@@ -282,33 +274,28 @@ impl MergeMatches {
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
         let n = streamed.rows();
-        let kernels = device.kernels();
         let alloc = |what: &'static str| -> GpuResult<DeviceVec<u64>> {
             if n == 0 {
                 return stream.null::<u64>().during(what);
             }
-            // Merge_path_bounds writes every one of the n elements.
+            // merge_path_bounds writes every one of the n elements.
             alloc_uninit::<u64>(&stream, n, what)
         };
         let mut lower = alloc("allocating merge bounds")?;
         let mut counts = alloc("allocating match counts")?;
         timer.time(Phase::Kernel, || {
             launch::merge_path_bounds(
-                kernels,
-                stream,
+                &device.launcher(stream),
                 &streamed.keys,
                 &other.keys,
                 MergeBound::Lower,
-                &mut lower,
-            )?;
+                &mut lower)?;
             launch::merge_path_bounds(
-                kernels,
-                stream,
+                &device.launcher(stream),
                 &streamed.keys,
                 &other.keys,
                 MergeBound::CountAbove(&lower),
-                &mut counts,
-            )
+                &mut counts)
         })?;
         let host_counts = if want_counts {
             let mut host = Vec::new();
@@ -411,17 +398,14 @@ impl MergeMatches {
             let len = (self.total - first).min(buffer as u64) as usize;
             timer.time(Phase::Kernel, || {
                 launch::expand_pairs(
-                    device.kernels(),
-                    stream,
-                    device.sm_count(),
+                    &device.launcher(stream),
                     &self.offsets,
                     &self.lower,
                     &other.row_ids,
                     first,
                     len,
                     &mut positions,
-                    &mut other_ids,
-                )
+                    &mut other_ids)
             })?;
             let go_on = emit(
                 DevicePairs {

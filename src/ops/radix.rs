@@ -184,7 +184,6 @@ fn partition_in_place(
     plan: &RadixPlan,
 ) -> GpuResult<DeviceVec<u64>> {
     let rows = keys.len();
-    let kernels = device.kernels();
     let mut starts = stream
         .alloc_zeros::<u64>(plan.partitions() + 1)
         .during("allocating partition starts")?;
@@ -197,14 +196,11 @@ fn partition_in_place(
     };
     radix_passes_in_place(device, stream, keys, row_ids, digits, plan.pass_bits())?;
     launch::partition_bounds(
-        kernels,
-        stream,
-        device.sm_count(),
+        &device.launcher(stream),
         keys,
         digits,
         plan.partition_bits(),
-        &mut starts,
-    )?;
+        &mut starts)?;
     Ok(starts)
 }
 
@@ -251,7 +247,6 @@ fn radix_passes_in_place(
     if rows == 0 || pass_bits.is_empty() {
         return Ok(());
     }
-    let kernels = device.kernels();
     let grid = RadixGrid::new(rows as u64, device.sm_count());
     // Both: every element is written by the first scatter.
     let mut keys_out = alloc_uninit::<u64>(&stream, rows, "allocating radix buffers")?;
@@ -266,20 +261,17 @@ fn radix_passes_in_place(
             .alloc_zeros::<u64>(histogram_len)
             .during("allocating a radix histogram")?;
         launch::radix_histogram(
-            kernels,
-            stream,
+            &device.launcher(stream),
             digits,
             keys,
             shift,
             bits,
             grid,
-            &mut offsets,
-        )?;
+            &mut offsets)?;
         exclusive_scan(device, stream, &mut offsets, histogram_len)?;
         let ids = row_ids.as_deref().zip(ids_out.as_mut());
         launch::radix_scatter(
-            kernels,
-            stream,
+            &device.launcher(stream),
             digits,
             keys,
             ids,
@@ -287,8 +279,7 @@ fn radix_passes_in_place(
             bits,
             grid,
             &offsets,
-            &mut keys_out,
-        )?;
+            &mut keys_out)?;
         std::mem::swap(keys, &mut keys_out);
         if let (Some(ids), Some(out)) = (row_ids.as_deref_mut(), ids_out.as_mut()) {
             std::mem::swap(ids, out);

@@ -22,10 +22,10 @@ pub fn exclusive_scan(
     let mut tile_totals = stream
         .alloc_zeros::<u64>(tiles)
         .during("allocating scan tile totals")?;
-    launch::scan_tiles(device.kernels(), stream, values, n, &mut tile_totals)?;
+    launch::scan_tiles(&device.launcher(stream), values, n, &mut tile_totals)?;
     if tiles > 1 {
         exclusive_scan(device, stream, &mut tile_totals, tiles)?;
-        launch::scan_add_tile_offsets(device.kernels(), stream, values, n, &tile_totals)?;
+        launch::scan_add_tile_offsets(&device.launcher(stream), values, n, &tile_totals)?;
     }
     Ok(())
 }

@@ -111,15 +111,7 @@ fn radix_partition_matches_the_stable_reference() {
             assert!(domain <= 1 << 32);
             let mut words = upload_u64(&device, stream, &keys, &mut timer).unwrap();
             let di = upload_u64(&device, stream, &ids, &mut timer).unwrap();
-            launch::pack_key_words(
-                device.kernels(),
-                stream,
-                device.sm_count(),
-                &mut words,
-                Some(&di),
-                None,
-            )
-            .unwrap();
+            launch::pack_key_words(&device.launcher(stream), &mut words, Some(&di), None).unwrap();
             let part = radix::radix_partition_one_word(&device, stream, words, &plan).unwrap();
             let (mut pw, mut ps) = (Vec::new(), Vec::new());
             download_u64(&device, stream, &part.keys.as_view(), &mut pw, &mut timer).unwrap();
@@ -552,7 +544,7 @@ fn pairs_folded_while_probing_match_folds_of_the_reference_pairs() {
 /// that carries values holds no row ids to write).
 fn pairs_refused(
     device: &GpuDevice,
-    stream: &Arc<cudarc::driver::CudaStream>,
+    stream: &Arc<datafusion_gpu::gpu::DeviceStream>,
     table: &DeviceBuildTable,
     probe: &hash_join::PartitionedProbe,
     timer: &mut PhaseTimer,
@@ -1314,9 +1306,7 @@ fn gathers_of_4_8_and_16_byte_values_match_the_host() {
             // SAFETY: the gather writes what the download reads.
             let mut out = unsafe { stream.alloc::<u64>(width.words(len)) }.unwrap();
             launch::gather_values(
-                device.kernels(),
-                stream,
-                device.sm_count(),
+                &device.launcher(stream),
                 width,
                 &src,
                 values,
@@ -1359,9 +1349,7 @@ fn gathers_of_4_8_and_16_byte_values_match_the_host() {
         timer.finish().unwrap();
         let too_many = 16 / w + 1;
         assert!(launch::gather_values(
-            device.kernels(),
-            stream,
-            device.sm_count(),
+            &device.launcher(stream),
             width,
             &short,
             too_many,
@@ -1419,9 +1407,7 @@ fn gathered_reductions_match_the_host_for_every_width_and_op() {
                     let mut out =
                         upload_u64(&device, stream, &[op.identity()], &mut timer).unwrap();
                     launch::aggregate_gathered(
-                        device.kernels(),
-                        stream,
-                        device.sm_count(),
+                        &device.launcher(stream),
                         &src,
                         values,
                         read_as,
@@ -1461,9 +1447,7 @@ fn gathered_reductions_match_the_host_for_every_width_and_op() {
     timer.finish().unwrap();
     let refused = |values, read_as, op, out: &mut _| {
         launch::aggregate_gathered(
-            device.kernels(),
-            stream,
-            device.sm_count(),
+            &device.launcher(stream),
             &short,
             values,
             read_as,
@@ -1947,7 +1931,6 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
     device.bind_to_thread().unwrap();
     let stream = device.stream().unwrap();
     let stream = stream.stream();
-    let (kernels, sm_count) = (device.kernels(), device.sm_count());
     let rows = 10_000;
     let mut rng = StdRng::seed_from_u64(17);
     let values: Vec<u64> = (0..rows).map(|_| rng.random()).collect();
@@ -1988,9 +1971,7 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
                 let whole_values = upload(&values, &mut timer);
                 let mut whole = fresh(op.identity(), &mut timer);
                 launch::aggregate_u64(
-                    kernels,
-                    stream,
-                    sm_count,
+                    &device.launcher(stream),
                     all,
                     Some(&whole_values),
                     None,
@@ -2003,9 +1984,7 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
                 for span in &spans {
                     let chunk = upload(&values[span.clone()], &mut timer);
                     launch::aggregate_u64(
-                        kernels,
-                        stream,
-                        sm_count,
+                        &device.launcher(stream),
                         all.chunk(span.start, span.end),
                         Some(&chunk),
                         None,
@@ -2026,15 +2005,13 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
                 let short = upload(&values[..10], &mut timer);
                 for (span, values) in [((0, 11), &short), ((9_990, 10_001), &short)] {
                     assert!(launch::aggregate_u64(
-                        kernels,
-                        stream,
-                        sm_count,
+                        &device.launcher(stream),
                         all.chunk(span.0, span.1),
                         Some(values),
                         None,
                         op,
                         0,
-                        &mut in_spans,
+                        &mut in_spans
                     )
                     .is_err());
                 }
@@ -2044,9 +2021,7 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
             let (lo, hi) = (upload(&values, &mut timer), upload(&high, &mut timer));
             let (mut whole_lo, mut whole_hi) = (fresh(0, &mut timer), fresh(0, &mut timer));
             launch::aggregate_i128_sum(
-                kernels,
-                stream,
-                sm_count,
+                &device.launcher(stream),
                 all,
                 &lo,
                 &hi,
@@ -2061,9 +2036,7 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
             let whole_quarters = upload(&quarters, &mut timer);
             let mut whole_sum = fresh(0f64.to_bits(), &mut timer);
             launch::aggregate_f64_sum(
-                kernels,
-                stream,
-                sm_count,
+                &device.launcher(stream),
                 all,
                 &whole_quarters,
                 &mut whole_sum,
@@ -2077,9 +2050,7 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
                 );
                 let rows = all.chunk(span.start, span.end);
                 launch::aggregate_i128_sum(
-                    kernels,
-                    stream,
-                    sm_count,
+                    &device.launcher(stream),
                     rows,
                     &lo,
                     &hi,
@@ -2088,7 +2059,7 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
                 )
                 .unwrap();
                 let chunk = upload(&quarters[span.clone()], &mut timer);
-                launch::aggregate_f64_sum(kernels, stream, sm_count, rows, &chunk, &mut span_sum)
+                launch::aggregate_f64_sum(&device.launcher(stream), rows, &chunk, &mut span_sum)
                     .unwrap();
             }
             assert_eq!(
@@ -2107,13 +2078,11 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
             let (mut top, mut specials) = (fresh(0, &mut timer), fresh(0, &mut timer));
             let chunk = upload(&quarters[0..37], &mut timer);
             assert!(launch::f64_sum_scale(
-                kernels,
-                stream,
-                sm_count,
+                &device.launcher(stream),
                 all.chunk(0, 37),
                 &chunk,
                 &mut top,
-                &mut specials,
+                &mut specials
             )
             .is_err());
         }

@@ -288,16 +288,13 @@ pub(crate) fn gather_batches(
         };
         timer.time(Phase::Kernel, || {
             launch::gather_values(
-                device.kernels(),
-                stream,
-                device.sm_count(),
+                &device.launcher(stream),
                 width,
                 &values.words,
                 side.batch.num_rows(),
                 side.ids,
                 len,
-                target,
-            )
+                target)
         })?;
         let buffers = download_byte_pieces(
             device,
@@ -618,8 +615,6 @@ pub(crate) fn reduce_pairs(
     if len == 0 {
         return Ok(Some(vec![0; reductions.len()]));
     }
-    let kernels = device.kernels();
-    let sm_count = device.sm_count();
     let mut gathered: Option<DeviceVec<u64>> = None;
     // Each reduction's word stays on the device until every launch is
     // enqueued, so that the host waits for the device once.
@@ -649,11 +644,9 @@ pub(crate) fn reduce_pairs(
                 ..
             } => {
                 // Gathered and folded in one pass.
-                launch::fill_u64(kernels, stream, sm_count, &mut out, op.identity())?;
+                launch::fill_u64(&device.launcher(stream), &mut out, op.identity())?;
                 launch::aggregate_gathered(
-                    kernels,
-                    stream,
-                    sm_count,
+                    &device.launcher(stream),
                     &values.words,
                     side.batch.num_rows(),
                     read_as,
@@ -661,8 +654,7 @@ pub(crate) fn reduce_pairs(
                     len,
                     op,
                     flip,
-                    &mut out,
-                )
+                    &mut out)
             }
             PairReduction::SumF64(_) => {
                 // A float sum: gathered, then added by the group-by's
@@ -677,16 +669,13 @@ pub(crate) fn reduce_pairs(
                     }
                 };
                 launch::gather_values(
-                    kernels,
-                    stream,
-                    sm_count,
+                    &device.launcher(stream),
                     ValueWidth::Eight,
                     &values.words,
                     side.batch.num_rows(),
                     side.ids,
                     len,
-                    target,
-                )?;
+                    target)?;
                 let rows = GroupRows {
                     groups_of_rows: None,
                     rows: len,
@@ -694,8 +683,8 @@ pub(crate) fn reduce_pairs(
                     groups: 1,
                     span: None,
                 };
-                launch::fill_u64(kernels, stream, sm_count, &mut out, 0f64.to_bits())?;
-                launch::aggregate_f64_sum(kernels, stream, sm_count, rows, target, &mut out)
+                launch::fill_u64(&device.launcher(stream), &mut out, 0f64.to_bits())?;
+                launch::aggregate_f64_sum(&device.launcher(stream), rows, target, &mut out)
             }
             // Counted without the device, above.
             PairReduction::CountPairs | PairReduction::CountColumn(_) => Err(GpuError::Invalid(

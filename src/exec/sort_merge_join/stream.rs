@@ -737,19 +737,16 @@ impl DevicePart {
                     admission.take();
                     // An inner join streams its left side: the pairs'
                     // positions in key order map to left rows.
-                    // Gather_u64 writes the first `len` elements,
+                    // gather_u64 writes the first `len` elements,
                     // and only those are read.
                     let mut left_ids = alloc_uninit::<u64>(&stream, pairs.len, "allocating gather ids")?;
                     timer.time(Phase::Kernel, || {
                         launch::gather_u64(
-                            device.kernels(),
-                            stream,
-                            device.sm_count(),
+                            &device.launcher(stream),
                             &streamed.row_ids,
                             pairs.positions,
                             pairs.len,
-                            &mut left_ids,
-                        )
+                            &mut left_ids)
                     })?;
                     let (left_side, right_side) = (
                         GatherSide {

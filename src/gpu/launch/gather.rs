@@ -1,9 +1,8 @@
 //! Typed launches of the gather kernels in `ptx/gather.cu`.
 
-use std::sync::Arc;
+use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
-
+use super::Launcher;
 use super::{check_len, config, grid_stride_blocks, Kernels};
 use crate::gpu::{DriverResultExt, GpuError, GpuResult};
 
@@ -77,9 +76,7 @@ impl ValueWidth {
 /// aligned).
 #[allow(clippy::too_many_arguments)]
 pub fn gather_values(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     width: ValueWidth,
     src: &CudaSlice<u64>,
     src_values: usize,
@@ -87,6 +84,7 @@ pub fn gather_values(
     len: usize,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     if len == 0 {
         return Ok(());
     }
@@ -109,37 +107,32 @@ pub fn gather_values(
 /// [`gather_values`] over 8-byte values: `out[i] = src[ids[i]]` for
 /// `i < len`.
 pub fn gather_u64(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     src: &CudaSlice<u64>,
     ids: &CudaSlice<u64>,
     len: usize,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     gather_values(
-        kernels,
-        stream,
-        sm_count,
+        &Launcher::new(kernels, stream, sm_count),
         ValueWidth::Eight,
         src,
         src.len(),
         ids,
         len,
-        out,
-    )
+        out)
 }
 
 /// `scatter_u64`: `out[ids[i]] = src[i]` for `i < ids.len()`, where `ids`
 /// is a permutation of `0..ids.len()` (the inverse of [`gather_u64`]).
 pub fn scatter_u64(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     src: &CudaSlice<u64>,
     ids: &CudaSlice<u64>,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = ids.len();
     check_len(src, n, "scatter source")?;
     check_len(out, n, "scatter output")?;
@@ -164,13 +157,12 @@ pub fn scatter_u64(
 /// `gather_bits`: bit `i` of `out` (64 a word) is bit `ids[i]` of `bits`,
 /// for `i < ids.len()`; the rest of the last word is 0.
 pub fn gather_bits(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     bits: &CudaSlice<u64>,
     ids: &CudaSlice<u64>,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = ids.len();
     let words = n.div_ceil(64);
     check_len(out, words, "gathered bitmap")?;

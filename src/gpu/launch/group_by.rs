@@ -1,11 +1,10 @@
 //! Typed launches of the hash group-by kernels in `ptx/group_by.cu`.
 
-use std::sync::Arc;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
-
+use super::Launcher;
 use super::{
-    arg_or_null, check_len, config, grid_stride_blocks, FoldOp, Kernels, ValueWidth, NULL_POINTER,
+    arg_or_null, check_len, config, grid_stride_blocks, FoldOp, ValueWidth, NULL_POINTER,
 };
 use crate::gpu::{DriverResultExt, GpuError, GpuResult};
 
@@ -134,12 +133,11 @@ impl GroupRows<'_> {
 
 /// `fill_u64`: sets every element of `out` to `value`.
 pub fn fill_u64(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     out: &mut CudaSlice<u64>,
     value: u64,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = out.len() as u64;
     if n == 0 {
         return Ok(());
@@ -162,9 +160,7 @@ pub fn fill_u64(
 /// fills up, leaving every output incomplete.
 #[allow(clippy::too_many_arguments)]
 pub fn group_insert(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     keys: &CudaSlice<u64>,
     table_keys: &mut CudaSlice<u64>,
     table_groups: &mut CudaSlice<u64>,
@@ -174,6 +170,7 @@ pub fn group_insert(
     row_slots: &mut CudaSlice<u64>,
     overflow: Option<&mut CudaSlice<u64>>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = keys.len();
     let room_for_all = capacity >= 2 * n as u64;
     if !capacity.is_power_of_two() || capacity < 2 || (overflow.is_none() && !room_for_all) {
@@ -317,9 +314,7 @@ pub struct FoldTable<'a> {
 /// groups.
 #[allow(clippy::too_many_arguments)]
 pub fn group_insert_fold(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     keys: &CudaSlice<u64>,
     rows: std::ops::Range<usize>,
     table: FoldTable<'_>,
@@ -327,6 +322,7 @@ pub fn group_insert_fold(
     specs: &CudaSlice<u64>,
     slot_results: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = keys.len();
     if rows.start > rows.end || rows.end > n {
         return Err(GpuError::Invalid(format!(
@@ -401,9 +397,7 @@ pub fn group_insert_fold(
 /// without a counted row hold the reduction's identity.
 #[allow(clippy::too_many_arguments)]
 pub fn table_fold_results(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     table_groups: &CudaSlice<u64>,
     slot_results: &CudaSlice<u64>,
     folds: usize,
@@ -411,6 +405,7 @@ pub fn table_fold_results(
     groups: usize,
     outputs: &mut [CudaSlice<u64>],
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     check_table_folds(folds, specs)?;
     let slots = table_groups.len();
     check_len(
@@ -456,12 +451,11 @@ pub fn table_fold_results(
 
 /// `group_resolve`: replaces the table slot of each row by its group id.
 pub fn group_resolve(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     row_groups: &mut CudaSlice<u64>,
     table_groups: &CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = row_groups.len() as u64;
     if n == 0 {
         return Ok(());
@@ -502,13 +496,12 @@ pub struct PartitionGroupIds<'a> {
 /// radix-partitioned `keys` (`starts`: `partitions + 1` bounds) in shared
 /// memory.
 pub fn partitioned_group_ids(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     keys: &CudaSlice<u64>,
     starts: &CudaSlice<u64>,
     out: PartitionGroupIds<'_>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = keys.len();
     let partitions = starts.len().saturating_sub(1);
     if partitions == 0 {
@@ -547,9 +540,7 @@ pub fn partitioned_group_ids(
 /// to `group_firsts` and the number of groups to `group_count`.
 #[allow(clippy::too_many_arguments)]
 pub fn partitioned_group_resolve(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     starts: &CudaSlice<u64>,
     bases: &CudaSlice<u64>,
     row_groups: &mut CudaSlice<u64>,
@@ -557,6 +548,7 @@ pub fn partitioned_group_resolve(
     group_firsts: &mut CudaSlice<u64>,
     group_count: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = row_groups.len();
     let partitions = starts.len().saturating_sub(1);
     if partitions == 0 {
@@ -591,12 +583,11 @@ pub fn partitioned_group_resolve(
 /// `sorted_group_heads`: `heads[i]` = 1 where a run of equal keys starts
 /// in the ascending `keys`, else 0.
 pub fn sorted_group_heads(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     keys: &CudaSlice<u64>,
     heads: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = keys.len();
     check_len(heads, n, "run heads")?;
     if n == 0 {
@@ -625,14 +616,13 @@ pub struct SortedGroupIds<'a> {
 /// permutation of `0..n`) and `ranks` (the exclusive scan of
 /// [`sorted_group_heads`]), the group of every row, in key order.
 pub fn sorted_group_ids(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     keys: &CudaSlice<u64>,
     ranks: &CudaSlice<u64>,
     row_ids: &CudaSlice<u64>,
     out: SortedGroupIds<'_>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = keys.len();
     check_len(ranks, n, "run ranks")?;
     check_len(row_ids, n, "row ids")?;
@@ -666,9 +656,7 @@ pub fn sorted_group_ids(
 /// `tie` = (values of the high word, the high word's result per group), only
 /// rows whose high word equals their group's result take part.
 pub fn aggregate_u64(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     rows: GroupRows<'_>,
     values: Option<&CudaSlice<u64>>,
     tie: Option<(&CudaSlice<u64>, &CudaSlice<u64>)>,
@@ -676,6 +664,7 @@ pub fn aggregate_u64(
     flip: u64,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     rows.check()?;
     check_len(out, rows.groups, "aggregate output")?;
     match values {
@@ -754,9 +743,7 @@ impl GatheredValues {
 /// one pass, the gathered column never written out.
 #[allow(clippy::too_many_arguments)]
 pub fn aggregate_gathered(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     src: &CudaSlice<u64>,
     src_values: usize,
     values: GatheredValues,
@@ -766,6 +753,7 @@ pub fn aggregate_gathered(
     flip: u64,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     if op == AggregateOp::Count {
         return Err(GpuError::Invalid("a gathered COUNT".into()));
     }
@@ -803,13 +791,12 @@ pub fn aggregate_gathered(
 /// `aggregate_f64_sum`: sums the doubles whose bits are in `values` into
 /// `out[group]` (bits of 0.0 on entry).
 pub fn aggregate_f64_sum(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     rows: GroupRows<'_>,
     values: &CudaSlice<u64>,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     rows.check()?;
     check_len(out, rows.groups, "aggregate output")?;
     check_len(values, rows.reduced(), "aggregate input")?;
@@ -843,15 +830,14 @@ pub fn aggregate_f64_sum(
 /// `aggregate_i128_sum`: wrapping 128-bit sums of (`lo`, `hi`) word pairs
 /// into (`out_lo`, `out_hi`), zero on entry.
 pub fn aggregate_i128_sum(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     rows: GroupRows<'_>,
     lo: &CudaSlice<u64>,
     hi: &CudaSlice<u64>,
     out_lo: &mut CudaSlice<u64>,
     out_hi: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     rows.check()?;
     check_len(lo, rows.reduced(), "aggregate input (low words)")?;
     check_len(hi, rows.reduced(), "aggregate input (high words)")?;
@@ -880,14 +866,13 @@ pub fn aggregate_i128_sum(
 /// largest exponent field of its finite values into `max_exponent` and the
 /// NaN (1), +inf (2), -inf (4) flags it saw into `specials`, both 0 on entry.
 pub fn f64_sum_scale(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     rows: GroupRows<'_>,
     values: &CudaSlice<u64>,
     max_exponent: &mut CudaSlice<u64>,
     specials: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     rows.check()?;
     rows.whole()?;
     check_len(values, rows.rows, "aggregate input")?;
@@ -915,15 +900,14 @@ pub fn f64_sum_scale(
 /// `max_exponent` (pass 1), into the 128-bit sums (`out_lo`, `out_hi`),
 /// zero on entry.
 pub fn f64_sum_fixed(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     rows: GroupRows<'_>,
     values: &CudaSlice<u64>,
     max_exponent: &CudaSlice<u64>,
     out_lo: &mut CudaSlice<u64>,
     out_hi: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     rows.check()?;
     rows.whole()?;
     check_len(values, rows.rows, "aggregate input")?;

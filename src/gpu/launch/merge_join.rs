@@ -1,10 +1,9 @@
 //! Typed launches of the merge-path kernels in `ptx/merge_join.cu`.
 
-use std::sync::Arc;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
-
-use super::{check_len, config, grid_stride_blocks, Kernels, BLOCK_THREADS};
+use super::Launcher;
+use super::{check_len, config, grid_stride_blocks, BLOCK_THREADS};
 use crate::gpu::{DriverResultExt, GpuResult};
 
 /// Merged elements each block of `merge_path_bounds` takes into shared
@@ -24,13 +23,13 @@ pub enum MergeBound<'a> {
 
 /// `merge_path_bounds` over sorted `a` and `b`, writing `out[..a.len()]`.
 pub fn merge_path_bounds(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
+    launcher: &Launcher<'_>,
     a: &CudaSlice<u64>,
     b: &CudaSlice<u64>,
     bound: MergeBound<'_>,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, .. } = *launcher;
     let (n, m) = (a.len() as u64, b.len() as u64);
     if n == 0 {
         return Ok(());
@@ -65,9 +64,7 @@ pub fn merge_path_bounds(
 /// as (sorted position in a, row id of b), into `out_*[..len]`.
 #[allow(clippy::too_many_arguments)]
 pub fn expand_pairs(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     offsets: &CudaSlice<u64>,
     lower: &CudaSlice<u64>,
     b_ids: &CudaSlice<u64>,
@@ -76,6 +73,7 @@ pub fn expand_pairs(
     out_a_pos: &mut CudaSlice<u64>,
     out_b_ids: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = offsets.len() as u64;
     if len == 0 || n == 0 {
         return Ok(());
@@ -128,12 +126,11 @@ impl CodeTransform {
 /// `ordered_codes`: every raw key of `keys` replaced, in place, by its code
 /// under `transform`.
 pub fn ordered_codes(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     keys: &mut CudaSlice<u64>,
     transform: CodeTransform,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = keys.len() as u64;
     if n == 0 {
         return Ok(());

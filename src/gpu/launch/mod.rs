@@ -44,6 +44,29 @@ const GROUP_BY_PTX: &str = include_str!("../../../ptx/group_by.ptx");
 const MERGE_JOIN_PTX: &str = include_str!("../../../ptx/merge_join.ptx");
 const GATHER_PTX: &str = include_str!("../../../ptx/gather.ptx");
 
+/// What every launch takes: the kernels, the stream they run on in order,
+/// and the device's multiprocessor count, which sizes grid-stride grids.
+/// Made by [`crate::gpu::GpuDevice::launcher`] for one of the device's
+/// streams.
+#[derive(Clone, Copy)]
+pub struct Launcher<'a> {
+    kernels: &'a Kernels,
+    stream: &'a Arc<CudaStream>,
+    sm_count: u32,
+}
+
+impl<'a> Launcher<'a> {
+    /// Launches of `kernels` on `stream`, on a device of `sm_count`
+    /// multiprocessors.
+    pub fn new(kernels: &'a Kernels, stream: &'a Arc<CudaStream>, sm_count: u32) -> Self {
+        Self {
+            kernels,
+            stream,
+            sm_count,
+        }
+    }
+}
+
 /// Every kernel of the crate, loaded into one device context.
 #[derive(Debug)]
 pub struct Kernels {
@@ -220,12 +243,12 @@ pub fn grid_stride_blocks(n: u64, sm_count: u32) -> u64 {
 /// `scan_tiles`: scans `values[..n]` in place per tile of [`SCAN_TILE`] and
 /// writes each tile's total to `tile_totals` (one per tile).
 pub fn scan_tiles(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
+    launcher: &Launcher<'_>,
     values: &mut CudaSlice<u64>,
     n: usize,
     tile_totals: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, .. } = *launcher;
     let tiles = n.div_ceil(SCAN_TILE);
     check_len(values, n, "scan input")?;
     check_len(tile_totals, tiles, "scan tile totals")?;
@@ -240,12 +263,12 @@ pub fn scan_tiles(
 
 /// `scan_add_tile_offsets`: adds `tile_offsets[t]` to every value of tile `t`.
 pub fn scan_add_tile_offsets(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
+    launcher: &Launcher<'_>,
     values: &mut CudaSlice<u64>,
     n: usize,
     tile_offsets: &CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, .. } = *launcher;
     let tiles = n.div_ceil(SCAN_TILE);
     check_len(values, n, "scan values")?;
     check_len(tile_offsets, tiles, "scan tile offsets")?;
@@ -259,12 +282,11 @@ pub fn scan_add_tile_offsets(
 
 /// `iota_u64`: `out[i] = first + i` for `i < out.len()`.
 pub fn iota(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     out: &mut CudaSlice<u64>,
     first: u64,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = out.len() as u64;
     if n == 0 {
         return Ok(());
@@ -337,8 +359,7 @@ impl RadixDigits {
 /// sorting, of the key's own bits), written as `histogram[digit * blocks + block]`.
 #[allow(clippy::too_many_arguments)]
 pub fn radix_histogram(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
+    launcher: &Launcher<'_>,
     digits: RadixDigits,
     keys: &CudaSlice<u64>,
     shift: u32,
@@ -346,6 +367,7 @@ pub fn radix_histogram(
     grid: RadixGrid,
     histogram: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, .. } = *launcher;
     if bits == 0 || bits > MAX_RADIX_BITS {
         return Err(GpuError::Invalid(format!("radix pass of {bits} bits")));
     }
@@ -376,8 +398,7 @@ pub fn radix_histogram(
 /// [`radix_histogram`]'s output with the same `digits`.
 #[allow(clippy::too_many_arguments)]
 pub fn radix_scatter(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
+    launcher: &Launcher<'_>,
     digits: RadixDigits,
     keys_in: &CudaSlice<u64>,
     ids: Option<(&CudaSlice<u64>, &mut CudaSlice<u64>)>,
@@ -387,6 +408,7 @@ pub fn radix_scatter(
     offsets: &CudaSlice<u64>,
     keys_out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, .. } = *launcher;
     let n = keys_in.len();
     if bits == 0 || bits > MAX_RADIX_BITS {
         return Err(GpuError::Invalid(format!("radix pass of {bits} bits")));
@@ -439,14 +461,13 @@ pub fn radix_scatter(
 /// in `[0, 2^total_bits]`, for keys ordered by partition over `digits`
 /// (hashed: whole words or their low halves). `keys` must be non-empty.
 pub fn partition_bounds(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     keys: &CudaSlice<u64>,
     digits: RadixDigits,
     total_bits: u32,
     starts: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = keys.len() as u64;
     if n == 0 {
         return Err(GpuError::Invalid(
@@ -621,9 +642,7 @@ fn push_join_work<'a>(
 /// partition `t` without a task list), for `t` in `range`.
 #[allow(clippy::too_many_arguments)]
 pub fn hash_join_count(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     build: PartitionedSide<'_>,
     probe: PartitionedSide<'_>,
     tasks: Option<JoinTasks<'_>>,
@@ -631,6 +650,7 @@ pub fn hash_join_count(
     range: std::ops::Range<u64>,
     match_counts: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     check_join_inputs(&build, &probe, partition_bits)?;
     check_join_tasks(tasks, partition_bits, &range)?;
     check_len(match_counts, range.end as usize, "match counts")?;
@@ -661,9 +681,7 @@ pub fn hash_join_count(
 /// tasks in `range` to `out_*[match_offsets[t] - output_base ..]`.
 #[allow(clippy::too_many_arguments)]
 pub fn hash_join_write(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     build: PartitionedSide<'_>,
     probe: PartitionedSide<'_>,
     tasks: Option<JoinTasks<'_>>,
@@ -675,6 +693,7 @@ pub fn hash_join_write(
     out_build_ids: &mut CudaSlice<u64>,
     out_probe_ids: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     check_join_inputs(&build, &probe, partition_bits)?;
     check_join_tasks(tasks, partition_bits, &range)?;
     check_len(match_offsets, range.end as usize, "match offsets")?;
@@ -815,9 +834,7 @@ impl JoinFold<'_> {
 /// on entry.
 #[allow(clippy::too_many_arguments)]
 pub fn hash_join_fold(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     build: PartitionedSide<'_>,
     probe: PartitionedSide<'_>,
     tasks: Option<JoinTasks<'_>>,
@@ -827,6 +844,7 @@ pub fn hash_join_fold(
     specs: &CudaSlice<u64>,
     out: &mut CudaSlice<u64>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     check_join_inputs(&build, &probe, partition_bits)?;
     check_join_tasks(tasks, partition_bits, &range)?;
     if folds.len() > MAX_JOIN_FOLDS {
@@ -895,15 +913,14 @@ pub fn hash_join_fold(
 /// hold `rows` values; an id at or past `rows` gives 0.
 #[allow(clippy::too_many_arguments)]
 pub fn pack_carried_words(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     out: &mut CudaSlice<u64>,
     row_ids: Option<&CudaSlice<u64>>,
     rows: usize,
     low: (&CudaSlice<u64>, ValueWidth),
     high: Option<&CudaSlice<u64>>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = out.len() as u64;
     let (low, low_width) = low;
     match (low_width, high.is_some()) {
@@ -949,13 +966,12 @@ pub fn pack_carried_words(
 /// 2^32), or, with `values` (4-byte values, `rows` of them), the value at
 /// `id` (0 for an id at or past `rows`).
 pub fn pack_key_words(
-    kernels: &Kernels,
-    stream: &Arc<CudaStream>,
-    sm_count: u32,
+    launcher: &Launcher<'_>,
     keys: &mut CudaSlice<u64>,
     row_ids: Option<&CudaSlice<u64>>,
     values: Option<(&CudaSlice<u64>, usize)>,
 ) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
     let n = keys.len() as u64;
     if let Some(ids) = row_ids {
         check_len(ids, n as usize, "row ids beside key words")?;

@@ -53,12 +53,9 @@ pub(super) fn checked_row_groups(
             } => {
                 timer.time(Phase::Kernel, || {
                     launch::group_resolve(
-                        device.kernels(),
-                        stream,
-                        device.sm_count(),
+                        &device.launcher(stream),
                         &mut row_slots,
-                        &table.table_groups,
-                    )
+                        &table.table_groups)
                 })?;
                 NumberedRows::RowGroups(row_slots)
             }
@@ -101,12 +98,9 @@ pub(super) fn number_again_in_global_table(
 ) -> GpuResult<()> {
     timer.time(Phase::Kernel, || {
         launch::fill_u64(
-            device.kernels(),
-            stream,
-            device.sm_count(),
+            &device.launcher(stream),
             numbering.group_count,
-            0,
-        )
+            0)
     })?;
     number_in_global_table(
         device,

@@ -134,14 +134,11 @@ impl PendingGroups {
                         alloc_uninit(&stream, groups, "allocating group rows")?;
                     timer.time(Phase::Kernel, || {
                         launch::gather_u64(
-                            device.kernels(),
-                            stream,
-                            device.sm_count(),
+                            &device.launcher(stream),
                             &partitioned.row_ids,
                             &first_rows,
                             groups,
-                            &mut group_rows,
-                        )
+                            &mut group_rows)
                     })?;
                     group_rows
                 }
@@ -154,21 +151,18 @@ impl PendingGroups {
                     alloc_uninit(&stream, groups, "allocating group keys")?;
                 timer.time(Phase::Kernel, || {
                     launch::gather_u64(
-                        device.kernels(),
-                        stream,
-                        device.sm_count(),
+                        &device.launcher(stream),
                         &keys,
                         &first_rows,
                         groups,
-                        &mut group_keys,
-                    )
+                        &mut group_keys)
                 })?;
                 if let Some(key_bits) = order_bits {
                     let sorted = timer.time(Phase::Kernel, || {
-                        // Iota writes every element.
+                        // iota writes every element.
                         let mut ids: DeviceVec<u64> =
                             alloc_uninit(&stream, groups, "allocating group numbers")?;
-                        launch::iota(device.kernels(), stream, device.sm_count(), &mut ids, 0)?;
+                        launch::iota(&device.launcher(stream), &mut ids, 0)?;
                         radix_sort(device, stream, group_keys, ids, key_bits)
                     })?;
                     group_keys = sorted.keys;

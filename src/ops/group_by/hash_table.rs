@@ -18,7 +18,6 @@ pub(super) fn launch_group_assignment(
     folds: Option<FoldInputs<'_>>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
-    let sm_count = device.sm_count();
     let mut group_count = stream
         .alloc_zeros::<u64>(1)
         .during("allocating the group counter")?;
@@ -38,15 +37,12 @@ pub(super) fn launch_group_assignment(
     if let Some(transform) = transform {
         timer.time(Phase::Kernel, || {
             launch::ordered_codes(
-                device.kernels(),
-                stream,
-                sm_count,
+                &device.launcher(stream),
                 &mut device_keys,
-                transform,
-            )
+                transform)
         })?;
     }
-    // First rows: Entries [0, groups) are written, only those are read.
+    // First rows: entries [0, groups) are written, only those are read.
     let mut first_rows: DeviceVec<u64> =
         alloc_uninit(&stream, rows, "allocating group rows")?;
     let sized = expected_groups
@@ -80,7 +76,7 @@ pub(super) fn launch_group_assignment(
             partitioned: None,
         });
     }
-    // Row groups: Group_insert writes one slot per row (unless a
+    // Row groups: group_insert writes one slot per row (unless a
     // table sized from an estimate fills up: then they are numbered again).
     let mut row_groups: DeviceVec<u64> =
         alloc_uninit(&stream, rows, "allocating row groups")?;
@@ -170,12 +166,9 @@ pub(super) fn number_in_global_table(
     )?;
     timer.time(Phase::Kernel, || {
         launch::group_resolve(
-            device.kernels(),
-            stream,
-            device.sm_count(),
+            &device.launcher(stream),
             out.row_groups,
-            &table_groups,
-        )
+            &table_groups)
     })
     // The table is freed in stream order, after the kernels that read it.
 }
@@ -205,27 +198,21 @@ pub(super) fn insert_into_table(
     out: TableOutputs<'_>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<DeviceVec<u64>> {
-    let sm_count = device.sm_count();
     let slots = capacity as usize + 1;
-    // Table_keys: Filled with EMPTY_KEY below before any read.
+    // Table keys: filled with EMPTY_KEY below before any read.
     let mut table_keys: DeviceVec<u64> =
         alloc_uninit(&stream, slots, "allocating the group hash table")?;
-    // Table_groups: Group_insert writes the slots it claims, and
+    // Table groups: group_insert writes the slots it claims, and
     // only claimed slots are read.
     let mut table_groups: DeviceVec<u64> =
         alloc_uninit(&stream, slots, "allocating the group hash table")?;
     timer.time(Phase::Kernel, || {
         launch::fill_u64(
-            device.kernels(),
-            stream,
-            sm_count,
+            &device.launcher(stream),
             &mut table_keys,
-            u64::MAX,
-        )?;
+            u64::MAX)?;
         launch::group_insert(
-            device.kernels(),
-            stream,
-            sm_count,
+            &device.launcher(stream),
             keys,
             &mut table_keys,
             &mut table_groups,
@@ -233,8 +220,7 @@ pub(super) fn insert_into_table(
             out.group_count,
             out.first_rows,
             out.row_slots,
-            out.overflow,
-        )
+            out.overflow)
     })?;
     Ok(table_groups)
 }

@@ -470,7 +470,6 @@ pub fn group_uploaded_keys(
             "sorted group ids give each group's key word, not a row of it".into(),
         ));
     }
-    let sm_count = device.sm_count();
     // Everything is enqueued before the host first waits for the device:
     // the keys' copy (already) and the grouping kernels, then every
     // column's copy on the copy stream, so that the host stages the
@@ -615,13 +614,10 @@ pub fn group_uploaded_keys(
                 alloc_uninit(&stream, rows, "allocating row groups")?;
             timer.time(Phase::Kernel, || {
                 launch::scatter_u64(
-                    device.kernels(),
-                    stream,
-                    sm_count,
+                    &device.launcher(stream),
                     row_groups,
                     positions,
-                    &mut by_row,
-                )
+                    &mut by_row)
             })?;
             Some(by_row)
         }

@@ -18,11 +18,9 @@ pub(super) fn launch_partitioned_group_assignment(
         return launch_group_assignment(device, stream, None, None, None, None, timer);
     };
     let rows = device_keys.len();
-    let sm_count = device.sm_count();
-    let kernels = device.kernels();
     let plan = RadixPlan::new(partition_bits);
     let partitions = plan.partitions();
-    // All four: Iota writes every row id; partitioned_group_ids
+    // All four: iota writes every row id; partitioned_group_ids
     // writes every position's local id, and [starts[p], starts[p] + its
     // groups) of the positions, the only ones the resolve reads; the
     // resolve writes group_firsts[0..groups), the only ones read later.
@@ -45,12 +43,10 @@ pub(super) fn launch_partitioned_group_assignment(
         .alloc_zeros::<u64>(1)
         .during("allocating the group counter")?;
     let partitioned = timer.time(Phase::Kernel, || {
-        launch::iota(kernels, stream, sm_count, &mut ids, 0)?;
+        launch::iota(&device.launcher(stream), &mut ids, 0)?;
         let partitioned = radix_partition(device, stream, device_keys, ids, &plan)?;
         launch::partitioned_group_ids(
-            kernels,
-            stream,
-            sm_count,
+            &device.launcher(stream),
             &partitioned.keys,
             &partitioned.starts,
             PartitionGroupIds {
@@ -58,20 +54,16 @@ pub(super) fn launch_partitioned_group_assignment(
                 group_counts: &mut group_counts,
                 first_positions: &mut first_positions,
                 overflow: &mut overflow,
-            },
-        )?;
+            })?;
         exclusive_scan(device, stream, &mut group_counts, partitions + 1)?;
         launch::partitioned_group_resolve(
-            kernels,
-            stream,
-            sm_count,
+            &device.launcher(stream),
             &partitioned.starts,
             &group_counts,
             &mut local_ids,
             &first_positions,
             &mut group_firsts,
-            &mut group_count,
-        )?;
+            &mut group_count)?;
         Ok(partitioned)
     })?;
     Ok(PendingGroups {
@@ -96,17 +88,14 @@ pub(super) fn gathered_bits(
     positions: &DeviceVec<u64>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<DeviceVec<u64>> {
-    // Gather_bits writes every word of the result.
+    // gather_bits writes every word of the result.
     let mut out: DeviceVec<u64> = alloc_uninit(&stream, positions.len().div_ceil(64).max(1), "allocating a validity bitmap")?;
     timer.time(Phase::Kernel, || {
         launch::gather_bits(
-            device.kernels(),
-            stream,
-            device.sm_count(),
+            &device.launcher(stream),
             bits,
             positions,
-            &mut out,
-        )
+            &mut out)
     })?;
     Ok(out)
 }

@@ -34,14 +34,11 @@ impl UploadedInput {
                 alloc_uninit(&stream, rows, "allocating a gathered input")?;
             timer.time(Phase::Kernel, || {
                 launch::gather_u64(
-                    device.kernels(),
-                    stream,
-                    device.sm_count(),
+                    &device.launcher(stream),
                     column,
                     positions,
                     rows,
-                    &mut gathered,
-                )
+                    &mut gathered)
             })?;
             // The column is freed in stream order, after the gather.
             *column = gathered;
@@ -87,14 +84,11 @@ pub(super) fn in_key_order(
         alloc_uninit(&stream, groups.max(1), "allocating ordered results")?;
     timer.time(Phase::Kernel, || {
         launch::gather_u64(
-            device.kernels(),
-            stream,
-            device.sm_count(),
+            &device.launcher(stream),
             &out,
             order,
             groups,
-            &mut ordered,
-        )
+            &mut ordered)
     })?;
     Ok(ordered)
 }
@@ -148,12 +142,9 @@ impl ReductionOutputs {
                 alloc_uninit(&stream, groups.max(1), "allocating aggregate output")?;
             timer.time(Phase::Kernel, || {
                 launch::fill_u64(
-                    device.kernels(),
-                    stream,
-                    device.sm_count(),
+                    &device.launcher(stream),
                     &mut out,
-                    identity,
-                )
+                    identity)
             })?;
             Ok(out)
         };
@@ -202,7 +193,6 @@ impl ReductionOutputs {
         column: &UploadedInput,
         timer: &mut PhaseTimer,
     ) -> GpuResult<()> {
-        let (kernels, sm_count) = (device.kernels(), device.sm_count());
         let UploadedInput { values, high } = column;
         let missing = || GpuError::Invalid(format!("{:?} without its values", input.reduction));
         let mismatch = || {
@@ -224,22 +214,19 @@ impl ReductionOutputs {
                 };
                 timer.time(Phase::Kernel, || {
                     launch::aggregate_u64(
-                        kernels,
-                        stream,
-                        sm_count,
+                        &device.launcher(stream),
                         rows,
                         values.as_ref(),
                         None,
                         op,
                         input.flip,
-                        out,
-                    )
+                        out)
                 })
             }
             (Reduction::SumF64, DeviceReduced::Words { values: out, .. }) => {
                 let values = values.as_ref().ok_or_else(missing)?;
                 timer.time(Phase::Kernel, || {
-                    launch::aggregate_f64_sum(kernels, stream, sm_count, rows, values, out)
+                    launch::aggregate_f64_sum(&device.launcher(stream), rows, values, out)
                 })
             }
             (
@@ -253,8 +240,8 @@ impl ReductionOutputs {
             ) => {
                 let values = values.as_ref().ok_or_else(missing)?;
                 timer.time(Phase::Kernel, || {
-                    launch::f64_sum_scale(kernels, stream, sm_count, rows, values, top, specials)?;
-                    launch::f64_sum_fixed(kernels, stream, sm_count, rows, values, top, lo, hi)
+                    launch::f64_sum_scale(&device.launcher(stream), rows, values, top, specials)?;
+                    launch::f64_sum_fixed(&device.launcher(stream), rows, values, top, lo, hi)
                 })
             }
             (
@@ -268,8 +255,7 @@ impl ReductionOutputs {
                 let hi = high.as_ref().ok_or_else(missing)?;
                 timer.time(Phase::Kernel, || {
                     launch::aggregate_i128_sum(
-                        kernels, stream, sm_count, rows, lo, hi, out_lo, out_hi,
-                    )
+                        &device.launcher(stream), rows, lo, hi, out_lo, out_hi)
                 })
             }
             (
@@ -288,27 +274,21 @@ impl ReductionOutputs {
                 rows.whole()?;
                 timer.time(Phase::Kernel, || {
                     launch::aggregate_u64(
-                        kernels,
-                        stream,
-                        sm_count,
+                        &device.launcher(stream),
                         rows,
                         Some(hi),
                         None,
                         op,
                         0,
-                        out_hi,
-                    )?;
+                        out_hi)?;
                     launch::aggregate_u64(
-                        kernels,
-                        stream,
-                        sm_count,
+                        &device.launcher(stream),
                         rows,
                         Some(lo),
                         Some((hi, &*out_hi)),
                         op,
                         0,
-                        out_lo,
-                    )
+                        out_lo)
                 })
             }
             _ => Err(mismatch()),

@@ -18,9 +18,7 @@ pub(super) fn launch_sorted_group_assignment(
         return launch_group_assignment(device, stream, None, None, None, None, timer);
     };
     let rows = device_keys.len();
-    let sm_count = device.sm_count();
-    let kernels = device.kernels();
-    // All four: Iota, the heads kernel and sorted_group_ids write
+    // All four: iota, the heads kernel and sorted_group_ids write
     // every element of the first three; group_firsts[0..groups) is written
     // and only that is read.
     let mut ids: DeviceVec<u64> = alloc_uninit(&stream, rows, "allocating row ids")?;
@@ -34,16 +32,14 @@ pub(super) fn launch_sorted_group_assignment(
         .during("allocating the group counter")?;
     let sorted = timer.time(Phase::Kernel, || {
         if let Some(transform) = transform {
-            launch::ordered_codes(kernels, stream, sm_count, &mut device_keys, transform)?;
+            launch::ordered_codes(&device.launcher(stream), &mut device_keys, transform)?;
         }
-        launch::iota(kernels, stream, sm_count, &mut ids, 0)?;
+        launch::iota(&device.launcher(stream), &mut ids, 0)?;
         let sorted = radix_sort(device, stream, device_keys, ids, key_bits)?;
-        launch::sorted_group_heads(kernels, stream, sm_count, &sorted.keys, &mut ranks)?;
+        launch::sorted_group_heads(&device.launcher(stream), &sorted.keys, &mut ranks)?;
         exclusive_scan(device, stream, &mut ranks, rows)?;
         launch::sorted_group_ids(
-            kernels,
-            stream,
-            sm_count,
+            &device.launcher(stream),
             &sorted.keys,
             &ranks,
             &sorted.row_ids,
@@ -51,8 +47,7 @@ pub(super) fn launch_sorted_group_assignment(
                 row_groups: &mut row_groups,
                 group_firsts: &mut group_firsts,
                 group_count: &mut group_count,
-            },
-        )?;
+            })?;
         Ok(sorted)
     })?;
     Ok(PendingGroups {

@@ -195,8 +195,6 @@ pub(super) fn launch_table_folds(
     counts: FoldCounts<'_>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<TableFolds> {
-    let sm_count = device.sm_count();
-    let kernels = device.kernels();
     let rows = keys.len();
     let inputs = to_fold.inputs;
     let ops = inputs
@@ -269,9 +267,7 @@ pub(super) fn launch_table_folds(
                 .collect();
             timer.time(Phase::Kernel, || {
                 launch::group_insert_fold(
-                    kernels,
-                    stream,
-                    sm_count,
+                    &device.launcher(stream),
                     keys,
                     chunk,
                     FoldTable {
@@ -283,8 +279,7 @@ pub(super) fn launch_table_folds(
                     },
                     &folds,
                     &specs,
-                    &mut table.slot_results,
-                )
+                    &mut table.slot_results)
             })
         };
         // The first chunk's groups tell whether the table will hold, while
@@ -378,8 +373,7 @@ impl FoldingTable {
             .alloc_zeros::<u64>(slots * launch::table_slot_words(folds))
             .during("allocating the table's folds")?;
         timer.time(Phase::Kernel, || {
-            let (kernels, sm_count) = (device.kernels(), device.sm_count());
-            launch::fill_u64(kernels, stream, sm_count, &mut groups, u64::MAX)
+            launch::fill_u64(&device.launcher(stream), &mut groups, u64::MAX)
         })?;
         Ok(Self {
             groups,
@@ -465,23 +459,20 @@ impl TableFolds {
     ) -> GpuResult<Vec<DeviceReduced>> {
         let mut outputs = (0..self.folds)
             .map(|_| {
-                // Table_fold_results writes every group's entry:
+                // table_fold_results writes every group's entry:
                 // each group claimed exactly one slot.
                 alloc_uninit::<u64>(&stream, groups.max(1), "allocating aggregate output")
             })
             .collect::<GpuResult<Vec<_>>>()?;
         timer.time(Phase::Kernel, || {
             launch::table_fold_results(
-                device.kernels(),
-                stream,
-                device.sm_count(),
+                &device.launcher(stream),
                 &self.table.table_groups,
                 &self.slot_results,
                 self.folds,
                 &self.specs,
                 groups,
-                &mut outputs,
-            )
+                &mut outputs)
         })?;
         // The table is freed in stream order, after the kernel that reads it.
         outputs
