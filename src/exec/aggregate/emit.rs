@@ -216,7 +216,7 @@ impl DevicePart {
     ) -> std::result::Result<Vec<R>, EmitError> {
         let size = self.batch_size.max(1);
         let window = window_groups(
-            self.result_window_words,
+            self.options.tuning.result_window_words,
             grouped.words_per_group(parts),
             size,
         );
@@ -247,7 +247,7 @@ impl DevicePart {
         grouped: &DeviceGrouped,
         work: &DeviceWork,
     ) -> Vec<(ResultParts, ResultPass)> {
-        if !self.results_back_early
+        if !self.options.tuning.results_back_early
             || !grouped.reductions_made_apart()
             || grouped.groups <= self.batch_size.max(1)
         {

@@ -30,6 +30,7 @@ use datafusion::physical_plan::{execute_stream, ExecutionPlan, SendableRecordBat
 use futures::{StreamExt, TryStreamExt};
 
 use super::spec::GroupOrder;
+use crate::config::GpuOptions;
 use crate::encode::group_keys::{
     estimated_groups, fold_negative_zeros, group_key_words, groups_hold_one_key,
     ordered_group_key_words, own_group_key_words, sample_shows_few_groups,
@@ -104,38 +105,10 @@ pub(crate) struct AggregateTask {
     pub(crate) context: Arc<TaskContext>,
     pub(crate) reservation: MemoryReservation,
     pub(crate) device: Arc<GpuDevice>,
-    pub(crate) memory_fraction: f64,
-    pub(crate) max_concurrent_tasks: usize,
-    pub(crate) deterministic_float_sums: bool,
+    /// The session's `gpu.*` options as the node was executed.
+    pub(crate) options: GpuOptions,
     /// Low bits of a hashed group key used (64 but in tests).
     pub(crate) hashed_group_key_bits: u32,
-    /// `gpu.min_groups`: a partition whose sampled keys show fewer groups
-    /// runs on the CPU operator (0: never).
-    pub(crate) min_groups: usize,
-    /// `gpu.hashed_group_keys`: keys that turn out to need hashing (ranges
-    /// too wide to pack) run on the CPU operator when false.
-    pub(crate) hashed_group_keys: bool,
-    /// `gpu.tuning.min_groups_to_partition`: from this many estimated groups, the
-    /// device numbers them in hash partitions (PGB).
-    pub(crate) min_groups_to_partition: usize,
-    /// `gpu.tuning.fold_into_table`: fold the reductions into a hash table sized
-    /// from the sample where they allow it.
-    pub(crate) fold_into_table: bool,
-    /// `gpu.tuning.reduce_as_they_land`: reduce the inputs chunk by chunk as they
-    /// land where the groups are numbered first.
-    pub(crate) reduce_as_they_land: bool,
-    /// `gpu.tuning.map_output_ahead`: map the output columns' memory while the
-    /// device works.
-    pub(crate) map_output_ahead: bool,
-    /// `gpu.tuning.min_output_bytes_mapped_ahead`: from how many bytes of output
-    /// columns that is worth it.
-    pub(crate) min_output_bytes_mapped_ahead: usize,
-    /// `gpu.tuning.results_back_early`: bring back the aggregates whose
-    /// reductions are made first while the device makes the others.
-    pub(crate) results_back_early: bool,
-    /// `gpu.tuning.result_window_words`: pinned words per window of results
-    /// brought back.
-    pub(crate) result_window_words: usize,
     pub(crate) batch_size: usize,
     pub(crate) metrics: GpuAggregateMetrics,
 }
@@ -169,19 +142,8 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         final_output: task.final_output,
         output_schema: Arc::clone(&task.output_schema),
         device: Arc::clone(&task.device),
-        memory_fraction: task.memory_fraction,
-        max_concurrent_tasks: task.max_concurrent_tasks,
-        deterministic_float_sums: task.deterministic_float_sums,
+        options: task.options.clone(),
         hashed_group_key_bits: task.hashed_group_key_bits,
-        min_groups: task.min_groups,
-        hashed_group_keys: task.hashed_group_keys,
-        min_groups_to_partition: task.min_groups_to_partition,
-        fold_into_table: task.fold_into_table,
-        reduce_as_they_land: task.reduce_as_they_land,
-        map_output_ahead: task.map_output_ahead,
-        min_output_bytes_mapped_ahead: task.min_output_bytes_mapped_ahead,
-        results_back_early: task.results_back_early,
-        result_window_words: task.result_window_words,
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
     });
@@ -304,19 +266,8 @@ struct DevicePart {
     final_output: bool,
     output_schema: SchemaRef,
     device: Arc<GpuDevice>,
-    memory_fraction: f64,
-    max_concurrent_tasks: usize,
-    deterministic_float_sums: bool,
+    options: GpuOptions,
     hashed_group_key_bits: u32,
-    min_groups: usize,
-    hashed_group_keys: bool,
-    min_groups_to_partition: usize,
-    fold_into_table: bool,
-    reduce_as_they_land: bool,
-    map_output_ahead: bool,
-    min_output_bytes_mapped_ahead: usize,
-    results_back_early: bool,
-    result_window_words: usize,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
 }
@@ -532,9 +483,9 @@ impl DevicePart {
         trace::event(|| "aggregation: group keys evaluated".into());
         // Every choice below that depends on the groups reads this sample.
         let sampling = self.spec.keys.is_some()
-            && (self.min_groups > 0
+            && (self.options.min_groups > 0
                 || self.group_order.is_some()
-                || self.min_groups_to_partition < usize::MAX);
+                || self.options.tuning.min_groups_to_partition < usize::MAX);
         // The sample (thousands of scattered reads) is taken on threads of
         // its own while this one finds whether the keys are their column's
         // own words, read in place: nothing is made that the CPU operator,
@@ -560,7 +511,7 @@ impl DevicePart {
             // Statistics rarely know the groups (the rule counts unknown as
             // many): a sample of the keys decides before they are encoded
             // or copied, where one CPU pass over host memory would be faster.
-            if sample_shows_few_groups(sampled, distinct, self.min_groups) {
+            if sample_shows_few_groups(sampled, distinct, self.options.min_groups) {
                 self.metrics.few_groups_partitions.add(1);
                 return Ok(Outcome::OnCpu);
             }
@@ -579,7 +530,7 @@ impl DevicePart {
                 let ids = unordered_ids(
                     sample.unwrap_or_default(),
                     rows,
-                    self.min_groups_to_partition,
+                    self.options.tuning.min_groups_to_partition,
                 );
                 (Some(keys), ids)
             }
@@ -709,7 +660,7 @@ impl DevicePart {
     /// The device reductions of every aggregate over its inputs evaluated
     /// over `batches`, with its FILTER.
     fn device_work(&self, batches: &[RecordBatch], inputs: &AggregateInputs) -> Result<DeviceWork> {
-        let mut work = DeviceWork::new(self.deterministic_float_sums);
+        let mut work = DeviceWork::new(self.options.deterministic_float_sums);
         for (i, aggregate) in self.spec.aggregates.iter().enumerate() {
             let args = evaluate_pieces(&inputs.aggregate_args[i], batches)?;
             let filter = match &inputs.filters[i] {
@@ -788,7 +739,7 @@ impl DevicePart {
         emit: impl FnOnce(&DeviceGrouped, &DeviceWork, &Arc<DeviceStream>, &mut PhaseTimer) -> Result<T>,
     ) -> GpuResult<Result<T>> {
         let waiting = std::time::Instant::now();
-        let _admission = self.device.admit(self.max_concurrent_tasks);
+        let _admission = self.device.admit(self.options.max_concurrent_tasks);
         self.metrics
             .device
             .device_admission_wait
@@ -805,7 +756,7 @@ impl DevicePart {
         );
         let memory = self.device.budget().reserve(
             bytes,
-            self.memory_fraction,
+            self.options.memory_fraction,
             ReservationKind::Transient,
         )?;
         self.metrics
@@ -848,8 +799,8 @@ impl DevicePart {
             back,
             InputChunks {
                 rows: FOLD_CHUNK_ROWS,
-                fold_into_table: self.fold_into_table,
-                reduce_as_they_land: self.reduce_as_they_land,
+                fold_into_table: self.options.tuning.fold_into_table,
+                reduce_as_they_land: self.options.tuning.reduce_as_they_land,
             },
             &mut timer,
         )?;
@@ -873,7 +824,7 @@ impl DevicePart {
         rows: usize,
         reservation: &MemoryReservation,
     ) -> MappedAhead {
-        if !self.map_output_ahead {
+        if !self.options.tuning.map_output_ahead {
             return MappedAhead::none();
         }
         let Some(groups) = sample.and_then(|sample| sampled_groups(sample, rows)) else {
@@ -896,7 +847,7 @@ impl DevicePart {
             .div_ceil(words)
             .saturating_mul(columns)
             .min(MAX_BYTES_MAPPED_AHEAD / buffer_bytes);
-        if buffers.saturating_mul(buffer_bytes) < self.min_output_bytes_mapped_ahead.max(1) {
+        if buffers.saturating_mul(buffer_bytes) < self.options.tuning.min_output_bytes_mapped_ahead.max(1) {
             return MappedAhead::none();
         }
         let threads = (host_threads() / 2).max(1);
@@ -921,7 +872,7 @@ impl DevicePart {
                 key_spec,
                 key_columns,
                 batches,
-                self.hashed_group_keys,
+                self.options.hashed_group_keys,
                 self.hashed_group_key_bits,
             )? {
                 Some(keys) => KeyWordsMade::Unordered(keys),
