@@ -41,7 +41,7 @@ use crate::config::GpuOptions;
 /// order (sorting the rows where nearly every row is a group of its own,
 /// else sorting the hash table's groups), and the sort above is gone.
 ///
-/// Supported (see [`crate::planner::decide_aggregate`]): every mode;
+/// Supported (what [`crate::gpu_decisions`] reports as GPU): every mode;
 /// `COUNT`, `SUM`, `MIN`, `MAX`, `AVG` without DISTINCT, with or without
 /// FILTER; group keys that pack into 64 bits (integers, dates, times,
 /// timestamps, decimals, booleans, several columns), NULL as a group; the
@@ -67,8 +67,8 @@ impl GpuAggregateExec {
     /// The algorithm name for groups in key order.
     pub const SORTED_ALGORITHM: &'static str = "sort_group_by";
 
-    /// Wraps `cpu_aggregate`, which must be an [`AggregateExec`] accepted by
-    /// [`crate::planner::decide_aggregate`].
+    /// Wraps `cpu_aggregate`, which must be an [`AggregateExec`] the rule
+    /// places on the GPU (see [`crate::gpu_decisions`]).
     pub fn try_new(cpu_aggregate: Arc<dyn ExecutionPlan>) -> Result<Self> {
         let agg = cpu_aggregate
             .downcast_ref::<AggregateExec>()

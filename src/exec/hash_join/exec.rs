@@ -36,10 +36,11 @@ use crate::config::GpuOptions;
 /// order, projection and partitioning. It does not keep the probe order, so
 /// it is only placed where the join advertised no output ordering.
 ///
-/// Supported (see [`crate::planner::decide_hash_join`]): every join type,
+/// Supported (what [`crate::gpu_decisions`] reports as GPU): every join type,
 /// both NULL equalities, the null-aware anti join, residual filters (on the
 /// host, per bounded batch of candidates), a pushed-down fetch, keys of any
-/// type that [`KeySpec`] accepts, in `CollectLeft` and `Partitioned` mode.
+/// type the device can encode (not nested types), in `CollectLeft` and
+/// `Partitioned` mode.
 pub struct GpuHashJoinExec {
     /// The replaced node; its children are this node's children.
     cpu_join: Arc<dyn ExecutionPlan>,
@@ -63,8 +64,8 @@ impl GpuHashJoinExec {
     /// The algorithm name shown by `EXPLAIN` and in decisions.
     pub const ALGORITHM: &'static str = "radix_partitioned_hash_join";
 
-    /// Wraps `cpu_join`, which must be a [`HashJoinExec`] accepted by
-    /// [`crate::planner::decide_hash_join`].
+    /// Wraps `cpu_join`, which must be a [`HashJoinExec`] the rule places on
+    /// the GPU (see [`crate::gpu_decisions`]).
     pub fn try_new(cpu_join: Arc<dyn ExecutionPlan>) -> Result<Self> {
         let join = cpu_join.downcast_ref::<HashJoinExec>().ok_or_else(|| {
             DataFusionError::Internal(format!("GpuHashJoinExec made from {}", cpu_join.name()))

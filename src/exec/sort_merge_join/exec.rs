@@ -37,7 +37,7 @@ use crate::config::GpuOptions;
 /// `SortExec` on exactly the join keys below it), that sort is absorbed and
 /// done on the device; an input that arrives sorted is merged as it is.
 ///
-/// Supported (see [`crate::planner::decide_sort_merge_join`]): every join
+/// Supported (what [`crate::gpu_decisions`] reports as GPU): every join
 /// type, both NULL equalities, residual filters (on the host, per bounded
 /// range of pairs), keys of integer, date, time, timestamp, duration,
 /// Decimal128 and Boolean columns, one or several.
@@ -79,8 +79,8 @@ impl GpuSortMergeJoinExec {
     /// The algorithm name shown by `EXPLAIN` and in decisions.
     pub const ALGORITHM: &'static str = "merge_path_sort_merge_join";
 
-    /// Wraps `cpu_join`, a [`SortMergeJoinExec`] accepted by
-    /// [`crate::planner::decide_sort_merge_join`]. Where `sort_on_device`
+    /// Wraps `cpu_join`, a [`SortMergeJoinExec`] the rule places on the GPU
+    /// (see [`crate::gpu_decisions`]). Where `sort_on_device`
     /// says so, that side's child must be a `SortExec`, which this node
     /// replaces by a sort on the device.
     pub fn try_new(cpu_join: Arc<dyn ExecutionPlan>, sort_on_device: [bool; 2]) -> Result<Self> {

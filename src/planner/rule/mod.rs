@@ -31,9 +31,9 @@ use super::{decide_aggregate, decide_hash_join, decide_sort_merge_join};
 use crate::config::GpuOptions;
 use crate::exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
 
-/// Replaces each `HashJoinExec` that [`decide_hash_join`] accepts by a
-/// [`GpuHashJoinExec`], and each `AggregateExec` that [`decide_aggregate`]
-/// accepts by a [`GpuAggregateExec`], with the same inputs, schema and
+/// Replaces each `HashJoinExec` the GPU can run (see [`crate::gpu_decisions`])
+/// by a [`GpuHashJoinExec`], and each such `AggregateExec` by a
+/// [`GpuAggregateExec`], with the same inputs, schema and
 /// partitioning (except that a GPU aggregation at the plan's root keeps
 /// its one partition: nothing there runs on several), and leaves every
 /// other node exactly as it was. It runs after DataFusion's own rules, on
