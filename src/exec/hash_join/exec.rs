@@ -534,11 +534,7 @@ impl ExecutionPlan for GpuHashJoinExec {
             aggregate: self.aggregate.clone(),
             gather_probe_columns,
             device,
-            max_output_pairs: options.max_output_pairs,
-            fold_while_probing: options.tuning.fold_while_probing,
-            carry_folded_values: options.tuning.carry_folded_values,
-            memory_fraction: options.memory_fraction,
-            max_concurrent_tasks: options.max_concurrent_tasks,
+            options: Arc::new(options),
             host_threads,
             metrics,
         };

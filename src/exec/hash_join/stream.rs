@@ -34,6 +34,7 @@ use crate::exec::join::device_gather::{
     folded_words, gather_batches, join_folds, probe_side_pays, reduce_pairs, ColumnBytes,
     GatherSide, ResidentColumns, SideCarry,
 };
+use crate::config::GpuOptions;
 use crate::encode::keys::JoinKeys;
 use crate::host::once::OnceFut;
 use crate::exec::join::pair_aggregate::{PairAggregate, PairReduction, PartialStates};
@@ -91,15 +92,8 @@ pub(crate) struct ProbeSpec {
     /// are gathered on the device (an inner join without a filter).
     pub(crate) gather_probe_columns: Option<Vec<bool>>,
     pub(crate) device: Arc<GpuDevice>,
-    pub(crate) max_output_pairs: usize,
-    /// Fold an aggregation's pairs while probing (`gpu.tuning.fold_while_probing`).
-    pub(crate) fold_while_probing: bool,
-    /// Partition the probe keys with the folds' values
-    /// (`gpu.tuning.carry_folded_values`).
-    pub(crate) carry_folded_values: bool,
-    pub(crate) memory_fraction: f64,
-    /// Tasks admitted on the device at once (`gpu.max_concurrent_tasks`).
-    pub(crate) max_concurrent_tasks: usize,
+    /// The session's `gpu.*` options as the node was executed.
+    pub(crate) options: Arc<GpuOptions>,
     /// Threads a chunk's host work uses: 1 where many partitions' chunks
     /// run at once, every core where this partition reads the whole probe
     /// side.
@@ -221,11 +215,7 @@ struct ChunkContext {
     partial: Option<Arc<Mutex<PartialStates>>>,
     gather_probe_columns: Option<Vec<bool>>,
     device: Arc<GpuDevice>,
-    max_output_pairs: usize,
-    fold_while_probing: bool,
-    carry_folded_values: bool,
-    memory_fraction: f64,
-    max_concurrent_tasks: usize,
+    options: Arc<GpuOptions>,
     host_threads: usize,
     partition: usize,
     metrics: GpuJoinMetrics,
@@ -344,7 +334,7 @@ impl ProbeLoop {
         }
         let (build, device) = (Arc::clone(build), Arc::clone(device));
         let (memory_fraction, max_concurrent_tasks) =
-            (self.spec.memory_fraction, self.spec.max_concurrent_tasks);
+            (self.spec.options.memory_fraction, self.spec.options.max_concurrent_tasks);
         let metrics = self.spec.metrics.clone();
         self.table_in_advance = Some(SpawnedTask::spawn_blocking(move || {
             let _admission = device.admit(max_concurrent_tasks);
@@ -366,11 +356,7 @@ impl ProbeLoop {
             partial: self.partial.clone(),
             gather_probe_columns: spec.gather_probe_columns.clone(),
             device: Arc::clone(&spec.device),
-            max_output_pairs: spec.max_output_pairs,
-            fold_while_probing: spec.fold_while_probing,
-            carry_folded_values: spec.carry_folded_values,
-            memory_fraction: spec.memory_fraction,
-            max_concurrent_tasks: spec.max_concurrent_tasks,
+            options: Arc::clone(&spec.options),
             host_threads: spec.host_threads,
             partition: spec.partition,
             metrics: spec.metrics.clone(),
@@ -425,11 +411,11 @@ async fn join_chunk(
     let metrics = cx.metrics.clone();
     let aggregate = cx.aggregate.clone();
     let partial = cx.partial.clone();
-    let memory_fraction = cx.memory_fraction;
-    let max_pairs = cx.max_output_pairs.max(1);
-    let fold_while_probing = cx.fold_while_probing;
-    let carry_folded_values = cx.carry_folded_values;
-    let max_concurrent_tasks = cx.max_concurrent_tasks;
+    let memory_fraction = cx.options.memory_fraction;
+    let max_pairs = cx.options.max_output_pairs.max(1);
+    let fold_while_probing = cx.options.tuning.fold_while_probing;
+    let carry_folded_values = cx.options.tuning.carry_folded_values;
+    let max_concurrent_tasks = cx.options.max_concurrent_tasks;
     let host_threads = cx.host_threads;
     let partition = cx.partition;
     let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
