@@ -101,13 +101,26 @@ pub(crate) struct ProbeSpec {
     pub(crate) metrics: GpuJoinMetrics,
 }
 
+/// Where one partition's probe stands.
+enum ProbeState {
+    /// Waiting for the build side, which the partitions share.
+    WaitingForBuild,
+    /// Reading probe chunks, each joined in a task of its own while the
+    /// next one is read.
+    Probing(Arc<BuildSide>),
+    /// The probe side is read: the last chunk's join finishes, then come
+    /// the build rows emitted alone and the partial aggregation's states.
+    Draining(Arc<BuildSide>),
+    /// Everything is out.
+    Done,
+}
+
 struct ProbeLoop {
     spec: ProbeSpec,
     /// The partition's partial aggregation states, with `spec.aggregate`.
     partial: Option<Arc<Mutex<PartialStates>>>,
-    build: Option<Arc<BuildSide>>,
-    probe_exhausted: bool,
-    finished: bool,
+    state: ProbeState,
+    /// Rows still to emit (the pushed-down fetch).
     rows_left: usize,
     ready: VecDeque<RecordBatch>,
     /// The chunk being joined (in a task of its own) while the next one is
@@ -131,9 +144,7 @@ pub(crate) fn probe_stream(
         partial,
         rows_left: spec.semantics.fetch.unwrap_or(usize::MAX),
         spec,
-        build: None,
-        probe_exhausted: false,
-        finished: false,
+        state: ProbeState::WaitingForBuild,
         ready: VecDeque::new(),
         joining: None,
         table_in_advance: None,
@@ -155,43 +166,21 @@ pub(crate) fn probe_stream(
                 let batch = batch.record_output(&state.spec.metrics.baseline);
                 return Ok(Some((batch, state)));
             }
-            if state.finished {
-                state.spec.metrics.baseline.done();
-                let partition = state.spec.partition;
-                trace::event(|| format!("hash join p{partition}: finished"));
-                return Ok(None);
-            }
-            let build = match &state.build {
-                Some(build) => Arc::clone(build),
-                None => {
+            state.state = match std::mem::replace(&mut state.state, ProbeState::Done) {
+                ProbeState::WaitingForBuild => {
                     let build = state.spec.build.get().await?;
-                    state.build = Some(Arc::clone(&build));
                     state.make_table_in_advance(&build);
-                    build
+                    ProbeState::Probing(build)
+                }
+                ProbeState::Probing(build) => state.probe(build).await?,
+                ProbeState::Draining(build) => state.drain(build).await?,
+                ProbeState::Done => {
+                    state.spec.metrics.baseline.done();
+                    let partition = state.spec.partition;
+                    trace::event(|| format!("hash join p{partition}: finished"));
+                    return Ok(None);
                 }
             };
-            if state.probe_exhausted {
-                if let Some(joining) = state.joining.take() {
-                    state.ready.extend(joined(joining).await?);
-                    continue;
-                }
-                let output = state.final_rows(&build)?;
-                state.ready.extend(output);
-                if let Some(partial) = &state.partial {
-                    let states = lock(partial).finish()?;
-                    state.ready.push_back(states);
-                }
-                state.finished = true;
-                continue;
-            }
-            if let Some(chunk) = state.read_chunk().await? {
-                // This chunk's join starts while the previous one may still
-                // run; the next chunk is read while this one is joined.
-                let task = SpawnedTask::spawn(join_chunk(state.chunk_context(), build, chunk));
-                if let Some(previous) = state.joining.replace(task) {
-                    state.ready.extend(joined(previous).await?);
-                }
-            }
         }
     });
     Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
@@ -240,13 +229,44 @@ fn lock(partial: &Mutex<PartialStates>) -> std::sync::MutexGuard<'_, PartialStat
 }
 
 impl ProbeLoop {
+    /// Reads the next chunk and starts its join while the previous chunk's
+    /// may still run (whose output then goes first); the next state.
+    async fn probe(&mut self, build: Arc<BuildSide>) -> Result<ProbeState> {
+        let (chunk, exhausted) = self.read_chunk(&build).await?;
+        if let Some(chunk) = chunk {
+            let task = SpawnedTask::spawn(join_chunk(self.chunk_context(), Arc::clone(&build), chunk));
+            if let Some(previous) = self.joining.replace(task) {
+                self.ready.extend(joined(previous).await?);
+            }
+        }
+        Ok(match exhausted {
+            true => ProbeState::Draining(build),
+            false => ProbeState::Probing(build),
+        })
+    }
+
+    /// Once the probe side is read: the last chunk's output, then the build
+    /// rows emitted alone and the partial aggregation's states.
+    async fn drain(&mut self, build: Arc<BuildSide>) -> Result<ProbeState> {
+        if let Some(joining) = self.joining.take() {
+            self.ready.extend(joined(joining).await?);
+            return Ok(ProbeState::Draining(build));
+        }
+        let output = self.final_rows(&build)?;
+        self.ready.extend(output);
+        if let Some(partial) = &self.partial {
+            let states = lock(partial).finish()?;
+            self.ready.push_back(states);
+        }
+        Ok(ProbeState::Done)
+    }
+
     /// Up to the build side's `probe_chunk_rows` probe rows (and, for the
-    /// automatic size, about `probe_chunk_bytes` bytes) as one batch;
-    /// `None` at the end. Called once the build side is collected.
-    async fn read_chunk(&mut self) -> Result<Option<ProbeChunk>> {
-        let (chunk_rows, chunk_bytes) = self.build.as_ref().map_or((1, usize::MAX), |build| {
-            (build.probe_chunk_rows.max(1), build.probe_chunk_bytes)
-        });
+    /// automatic size, about `probe_chunk_bytes` bytes) as one chunk, and
+    /// whether the probe side has ended.
+    async fn read_chunk(&mut self, build: &BuildSide) -> Result<(Option<ProbeChunk>, bool)> {
+        let (chunk_rows, chunk_bytes) = (build.probe_chunk_rows.max(1), build.probe_chunk_bytes);
+        let mut exhausted = false;
         let mut batches = Vec::new();
         let mut rows = 0;
         let mut bytes = 0;
@@ -263,22 +283,23 @@ impl ProbeLoop {
                     }
                 }
                 None => {
-                    self.probe_exhausted = true;
+                    exhausted = true;
                     break;
                 }
             }
         }
         if batches.is_empty() {
-            return Ok(None);
+            return Ok((None, exhausted));
         }
         self.spec.metrics.probe_rows.add(rows);
         let partition = self.spec.partition;
         trace::event(|| format!("hash join p{partition}: chunk of {rows} rows read"));
         // Not concatenated: only the keys are made contiguous (see
         // `crate::exec::join::row_source`).
-        Ok(Some(ProbeChunk {
+        let chunk = ProbeChunk {
             rows: ArrivedBatches::new(Arc::clone(&self.spec.probe_schema), batches),
-        }))
+        };
+        Ok((Some(chunk), exhausted))
     }
 
     /// The build rows emitted after the last probe partition: unmatched
