@@ -51,6 +51,9 @@ macro_rules! layers {
 }
 
 layers! {
+    /// Arrow columns as device words and back, and record batches in
+    /// device memory.
+    encode;
     /// Plan nodes: DataFusion's `ExecutionPlan`s that run on the GPU.
     exec;
     /// The device runtime over the CUDA driver.
@@ -62,7 +65,6 @@ layers! {
 }
 
 mod config;
-mod encode;
 mod host;
 mod pinned_tables;
 mod planner;

@@ -1,8 +1,10 @@
-//! Arrow columns as device words and back: join keys as one `u64` a row
+//! Arrow columns as device words and back: record batches in device memory
+//! ([`device_batch`]), join keys as one `u64` a row
 //! ([`keys`]), sort keys as order-preserving codes ([`ordered_keys`]), group
 //! keys and the check of hashed ones ([`group_keys`]), and aggregate inputs
 //! and results ([`words`]). Host work only; the device sees plain words.
 
+pub mod device_batch;
 pub(crate) mod group_keys;
 pub(crate) mod keys;
 pub(crate) mod ordered_keys;

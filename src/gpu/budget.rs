@@ -152,7 +152,6 @@ pub struct DeviceReservation {
 }
 
 impl DeviceReservation {
-    #[cfg(any(test, feature = "test-support"))]
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.bytes

@@ -5,6 +5,7 @@
 //! [`GpuError`].
 
 mod budget;
+mod column;
 mod device;
 mod error;
 pub mod launch;
@@ -16,6 +17,7 @@ mod timing;
 mod transfer;
 
 pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
+pub use column::{DeviceColumn, HostColumn};
 pub use device::GpuDevice;
 #[cfg(any(test, feature = "test-support"))]
 pub use device::PooledStream;

@@ -8,6 +8,7 @@ mod support;
 
 mod aggregate;
 mod conformance;
+mod device_batch;
 mod join_sql;
 mod join_types;
 mod ops;
