@@ -4,6 +4,7 @@
 //! CPU reference implementation in its `reference` module, used by tests to
 //! check the device results exactly.
 
+pub mod gather;
 pub mod group_by;
 pub mod hash_join;
 pub mod merge_join;

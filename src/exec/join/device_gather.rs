@@ -13,7 +13,6 @@
 
 use std::sync::Arc;
 
-use crate::gpu::alloc_uninit;
 use crate::gpu::DeviceStream;
 use datafusion::arrow::array::ArrayData;
 use datafusion::arrow::array::{make_array, Array, ArrayRef, UInt64Array};
@@ -26,13 +25,13 @@ use crate::exec::join::{compact_views, ColumnSource, OutputAssembler};
 use crate::exec::join::pair_aggregate::PairReduction;
 use crate::exec::join::row_source::RowSource;
 use crate::gpu::launch::{
-    self, CarriedSlot, FoldOp, GatheredValues, GroupRows, JoinFold, PairSide, ValueWidth,
-    MAX_JOIN_FOLDS,
+    CarriedSlot, FoldOp, GatheredValues, JoinFold, PairSide, ValueWidth, MAX_JOIN_FOLDS,
 };
 use crate::gpu::{
     download_byte_pieces, download_u64, in_pinned_memory, upload_byte_pieces, DeviceVec,
     GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
+use crate::ops::gather;
 use crate::ops::hash_join::{CarriedValues, FoldedPairs};
 
 /// Whether a chunk's own columns are worth copying to the device to be
@@ -271,35 +270,30 @@ pub(crate) fn gather_batches(
             continue;
         };
         let width = values.width;
-        let target = match &mut gathered {
-            Some(target) if target.len() >= width.words(len) => target,
-            _ => {
-                let widest = [build, probe]
-                    .iter()
-                    .flat_map(|side| side.resident.columns.iter().flatten())
-                    .map(|column| column.width)
-                    .max()
-                    .unwrap_or(width);
-                // Each gather writes the first `len` values
-                // before the download below reads them.
-                let buffer = alloc_uninit::<u64>(&stream, widest.words(len), "allocating gathered values")?;
-                gathered.insert(buffer)
-            }
-        };
-        timer.time(Phase::Kernel, || {
-            launch::gather_values(
-                &device.launcher(stream),
+        let widest = [build, probe]
+            .iter()
+            .flat_map(|side| side.resident.columns.iter().flatten())
+            .map(|column| column.width)
+            .max()
+            .unwrap_or(width);
+        let target = timer.time(Phase::Kernel, || {
+            gather::gather_into(
+                device,
+                stream,
                 width,
                 &values.words,
                 side.batch.num_rows(),
                 side.ids,
                 len,
-                target)
+                widest,
+                &mut gathered,
+            )
+            .map(|target| target.slice(..))
         })?;
         let buffers = download_byte_pieces(
             device,
             stream,
-            &target.slice(..),
+            &target,
             len * width.bytes(),
             batch_size * width.bytes(),
             host_threads,
@@ -633,10 +627,7 @@ pub(crate) fn reduce_pairs(
                 "{reduction:?} without its column"
             )));
         };
-        let mut out: DeviceVec<u64> =
-            // Filled with the identity right below, before any read.
-            alloc_uninit(&stream, 1, "allocating a reduction's word")?;
-        timer.time(Phase::Kernel, || match *reduction {
+        let out = timer.time(Phase::Kernel, || match *reduction {
             PairReduction::Fold {
                 op,
                 flip,
@@ -644,9 +635,9 @@ pub(crate) fn reduce_pairs(
                 ..
             } => {
                 // Gathered and folded in one pass.
-                launch::fill_u64(&device.launcher(stream), &mut out, op.identity())?;
-                launch::aggregate_gathered(
-                    &device.launcher(stream),
+                gather::fold_gathered(
+                    device,
+                    stream,
                     &values.words,
                     side.batch.num_rows(),
                     read_as,
@@ -654,37 +645,20 @@ pub(crate) fn reduce_pairs(
                     len,
                     op,
                     flip,
-                    &mut out)
+                )
             }
             PairReduction::SumF64(_) => {
                 // A float sum: gathered, then added by the group-by's
                 // kernel.
-                let target = match &mut gathered {
-                    Some(target) => target,
-                    None => {
-                        // The gather below writes the first `len`
-                        // words before the sum reads them.
-                        let buffer = alloc_uninit::<u64>(&stream, len, "allocating gathered values")?;
-                        gathered.insert(buffer)
-                    }
-                };
-                launch::gather_values(
-                    &device.launcher(stream),
-                    ValueWidth::Eight,
+                gather::sum_gathered_f64(
+                    device,
+                    stream,
                     &values.words,
                     side.batch.num_rows(),
                     side.ids,
                     len,
-                    target)?;
-                let rows = GroupRows {
-                    groups_of_rows: None,
-                    rows: len,
-                    valid_bits: None,
-                    groups: 1,
-                    span: None,
-                };
-                launch::fill_u64(&device.launcher(stream), &mut out, 0f64.to_bits())?;
-                launch::aggregate_f64_sum(&device.launcher(stream), rows, target, &mut out)
+                    &mut gathered,
+                )
             }
             // Counted without the device, above.
             PairReduction::CountPairs | PairReduction::CountColumn(_) => Err(GpuError::Invalid(

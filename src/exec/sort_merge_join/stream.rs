@@ -14,7 +14,6 @@
 
 use std::sync::Arc;
 
-use crate::gpu::alloc_uninit;
 use crate::gpu::{DeviceEvent, DeviceStream};
 use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::buffer::ScalarBuffer;
@@ -50,12 +49,13 @@ use crate::exec::join::pair_aggregate::{PairAggregate, PartialStates};
 use crate::host::release::release_in_background;
 use crate::exec::join::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuSortMergeJoinMetrics;
-use crate::gpu::launch::{self, CodeTransform};
+use crate::gpu::launch::CodeTransform;
 use crate::pinned_tables::{first_buffer_address};
 use crate::gpu::{
     in_pinned_memory, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
     PhaseTimer, ReservationKind,
 };
+use crate::ops::gather;
 use crate::ops::merge_join::{merge_join_device_bytes, MergeMatches, SortedSide};
 use crate::trace;
 
@@ -737,16 +737,14 @@ impl DevicePart {
                     admission.take();
                     // An inner join streams its left side: the pairs'
                     // positions in key order map to left rows.
-                    // gather_u64 writes the first `len` elements,
-                    // and only those are read.
-                    let mut left_ids = alloc_uninit::<u64>(&stream, pairs.len, "allocating gather ids")?;
-                    timer.time(Phase::Kernel, || {
-                        launch::gather_u64(
-                            &device.launcher(stream),
+                    let left_ids = timer.time(Phase::Kernel, || {
+                        gather::gather_u64(
+                            device,
+                            stream,
                             &streamed.row_ids,
                             pairs.positions,
                             pairs.len,
-                            &mut left_ids)
+                        )
                     })?;
                     let (left_side, right_side) = (
                         GatherSide {
