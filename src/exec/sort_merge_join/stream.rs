@@ -56,7 +56,7 @@ use crate::gpu::{
     PhaseTimer, ReservationKind,
 };
 use crate::ops::gather;
-use crate::ops::merge_join::{merge_join_device_bytes, MergeMatches, SortedSide};
+use crate::ops::merge_join::{merge_join_device_bytes, DevicePairs, MergeMatches, SortedSide};
 use crate::trace;
 
 #[path = "side_keys.rs"]
@@ -290,6 +290,14 @@ struct DevicePart {
     metrics: GpuSortMergeJoinMetrics,
 }
 
+/// Both sides sorted on the device, and the columns gathered there.
+struct SortedSides {
+    streamed: SortedSide,
+    other: SortedSide,
+    /// Per side, its columns on the device, where pairs are gathered there.
+    device_columns: Option<(ResidentColumns, ResidentColumns)>,
+}
+
 /// Hands the join's output on: its rows to the consumer or, where the
 /// join computes an aggregation, into the aggregation's states, which go to
 /// the consumer at the end.
@@ -511,38 +519,7 @@ impl DevicePart {
         device.bind_to_thread()?;
         let partition = self.partition;
         trace::event(|| format!("sort-merge join p{partition}: admitted to the device"));
-        // Only the columns the output uses go to the device (all of them
-        // unless a projection was absorbed; with an aggregation, those it
-        // reduces), and only where one of them can be gathered there:
-        // otherwise nothing is reserved for them. An aggregation's pairs
-        // stay on the device even so: a `COUNT(*)` reads no column.
-        let aggregate = plan.aggregate.as_deref();
-        let gathered_columns = gathers_by_pair(join_type, plan.filter.is_some())
-            .then(|| output_columns(&plan.output, left.num_columns(), right.num_columns()))
-            .flatten()
-            .map(|(wanted_left, wanted_right)| match aggregate {
-                Some(aggregate) => {
-                    aggregate.columns_read(plan.output.sources(), wanted_left, wanted_right)
-                }
-                None => (wanted_left, wanted_right),
-            })
-            .map(|(wanted_left, wanted_right)| {
-                let resident = ResidentColumns::device_bytes(left, &wanted_left)
-                    + ResidentColumns::device_bytes(right, &wanted_right);
-                (wanted_left, wanted_right, resident)
-            })
-            .filter(|&(_, _, resident)| resident > 0 || aggregate.is_some());
-        let gather_bytes = match &gathered_columns {
-            Some((wanted_left, wanted_right, resident)) => {
-                // The columns, the left row ids and one buffer of the
-                // widest column's values, per pair.
-                resident
-                    + (8 + ResidentColumns::widest(left, wanted_left)
-                        .max(ResidentColumns::widest(right, wanted_right)))
-                        * self.max_output_pairs
-            }
-            None => 0,
-        };
+        let (gathered_columns, gather_bytes) = self.gathered_columns(left, right);
         let memory = device.budget().reserve(
             merge_join_device_bytes(
                 streamed_rows,
@@ -567,134 +544,19 @@ impl DevicePart {
         let copy_stream = device.stream()?;
         let copy_stream = copy_stream.stream();
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let streamed = SortedSide::upload_unsorted(
-            device,
-            stream,
-            stream,
-            &streamed_codes.pieces(),
+        let SortedSides {
+            streamed,
+            other,
+            device_columns,
+        } = self.sort_sides(
+            (stream, copy_stream),
+            (left, right),
+            coding,
+            (streamed_codes, sort_streamed),
+            (other_codes, sort_other),
+            gathered_columns,
             &mut timer,
         )?;
-        drop(streamed_codes);
-        // The other side's keys cross the bus behind the streamed side's
-        // (which then arrive first, and their sort starts first), on the
-        // copy stream. Keys in pinned memory are enqueued at once, and the
-        // bus does not wait for the host to read the streamed side's range;
-        // keys the host stages (which holds this thread) wait until the
-        // streamed side's sort is enqueued, so that the device sorts while
-        // the host stages them.
-        let streamed_copied = stream
-            .record_event(None)
-            .during("recording the streamed keys' copy")?;
-        copy_stream
-            .wait(&streamed_copied)
-            .during("ordering the other keys' copy after the streamed keys'")?;
-        let upload_other = |timer: &mut PhaseTimer| -> GpuResult<(SortedSide, DeviceEvent)> {
-            let other = SortedSide::upload_unsorted(
-                device,
-                stream,
-                copy_stream,
-                &other_codes.pieces(),
-                timer,
-            )?;
-            let copied = copy_stream
-                .record_event(None)
-                .during("recording the other keys' copy")?;
-            Ok((other, copied))
-        };
-        let early_other = match other_codes.in_pinned_memory() {
-            true => Some(upload_other(&mut timer)?),
-            false => None,
-        };
-        // The gathered columns follow on the copy stream, under the same
-        // rule: at once where they and the other keys are in pinned memory,
-        // else once both sorts are enqueued.
-        let column_bytes = gathered_columns
-            .as_ref()
-            .map(|(wanted_left, wanted_right, _)| {
-                (
-                    ColumnBytes::of(left, wanted_left),
-                    ColumnBytes::of(right, wanted_right),
-                )
-            });
-        let upload_columns = |timer: &mut PhaseTimer| -> GpuResult<_> {
-            Ok(match &column_bytes {
-                Some((left_bytes, right_bytes)) => Some((
-                    ResidentColumns::upload_bytes(device, copy_stream, left_bytes, timer)?,
-                    ResidentColumns::upload_bytes(device, copy_stream, right_bytes, timer)?,
-                )),
-                None => None,
-            })
-        };
-        let columns_pinned = column_bytes
-            .as_ref()
-            .is_some_and(|(l, r)| l.in_pinned_memory() && r.in_pinned_memory());
-        let early_columns = match early_other.is_some() && columns_pinned {
-            true => Some(upload_columns(&mut timer)?),
-            false => None,
-        };
-        // The streamed side is sorted while the other side's keys cross the
-        // bus: with the coding known, or, where the device finds the range,
-        // with its own range's coding, rebased once the other side's is in.
-        let (mut streamed, streamed_coding) = match coding {
-            KeyCoding::Known { bits, transform } => (
-                streamed.sort(device, stream, transform, bits, !sort_streamed, &mut timer)?,
-                None,
-            ),
-            KeyCoding::RangeOnDevice { flip } => {
-                let range = device_key_range(device, &streamed, stream, flip, &mut timer)?;
-                trace::event(|| {
-                    format!("sort-merge join p{partition}: streamed keys copied, their range found")
-                });
-                let (bits, transform) = self.coding_for_range(range)?;
-                let sorted = streamed.sort(
-                    device,
-                    stream,
-                    Some(transform),
-                    bits,
-                    !sort_streamed,
-                    &mut timer,
-                )?;
-                (sorted, Some((flip, range, transform)))
-            }
-        };
-        let (other, other_copied) = match early_other {
-            Some(uploaded) => uploaded,
-            None => upload_other(&mut timer)?,
-        };
-        drop(other_codes);
-        let (bits, transform) = match (coding, streamed_coding) {
-            (_, Some((flip, streamed_range, streamed_transform))) => {
-                // Found on the stream once the other keys' copy is done
-                // (the columns may follow them on the copy stream), behind
-                // the streamed side's sort.
-                stream
-                    .wait(&other_copied)
-                    .during("ordering the other keys' range after their copy")?;
-                let other_range = device_key_range(device, &other, stream, flip, &mut timer)?;
-                trace::event(|| {
-                    format!("sort-merge join p{partition}: other keys copied, their range found")
-                });
-                let (bits, transform) =
-                    self.coding_for_range(union_of_ranges(streamed_range, other_range))?;
-                streamed.rebase_codes(device, stream, streamed_transform, transform, &mut timer)?;
-                self.metrics.key_ranges_on_device.add(1);
-                (bits, Some(transform))
-            }
-            (KeyCoding::Known { bits, transform }, None) => (bits, transform),
-            (KeyCoding::RangeOnDevice { .. }, None) => {
-                return Err(DeviceFailure::Host(DataFusionError::Internal(
-                    "a key range on the device without the streamed side's".into(),
-                )))
-            }
-        };
-        // The other side's sort goes onto the stream while the gathered
-        // columns are copied on the other.
-        let other = other.sort(device, stream, transform, bits, !sort_other, &mut timer)?;
-        let device_columns = match early_columns {
-            Some(columns) => columns,
-            None => upload_columns(&mut timer)?,
-        }
-        .filter(|(l, r)| l.any() || r.any() || aggregate.is_some());
         let pairs = needs_pairs(join_type, plan.filter.is_some());
         let matches = MergeMatches::find(device, stream, &streamed, &other, !pairs, &mut timer)?;
         trace::event(|| {
@@ -735,65 +597,9 @@ impl DevicePart {
                 &mut timer,
                 |pairs, timer| {
                     admission.take();
-                    // An inner join streams its left side: the pairs'
-                    // positions in key order map to left rows.
-                    let left_ids = timer.time(Phase::Kernel, || {
-                        gather::gather_u64(
-                            device,
-                            stream,
-                            &streamed.row_ids,
-                            pairs.positions,
-                            pairs.len,
-                        )
-                    })?;
-                    let (left_side, right_side) = (
-                        GatherSide {
-                            batch: left,
-                            resident: left_columns,
-                            ids: &left_ids,
-                        },
-                        GatherSide {
-                            batch: right,
-                            resident: right_columns,
-                            ids: pairs.other_ids,
-                        },
-                    );
-                    // An aggregation's columns reduced on the device, where
-                    // they are all there.
-                    let reduced = match aggregate {
-                        Some(aggregate) => reduce_pairs(
-                            device,
-                            stream,
-                            aggregate.reductions(),
-                            plan.output.sources(),
-                            &left_side,
-                            &right_side,
-                            pairs.len,
-                            timer,
-                        )?,
-                        None => None,
-                    };
-                    let sent = match reduced {
-                        Some(words) => {
-                            let len = pairs.len;
-                            trace::event(|| {
-                                format!("sort-merge join p{partition}: {len} pairs reduced")
-                            });
-                            self.metrics.rows_aggregated_on_device.add(pairs.len);
-                            sender.merge_device(&words, pairs.len).map(|()| true)
-                        }
-                        None => gather_batches(
-                            device,
-                            stream,
-                            &plan.output,
-                            &left_side,
-                            &right_side,
-                            pairs.len,
-                            plan.host_threads,
-                            timer,
-                        )?
-                        .and_then(|batches| sender.send(batches)),
-                    };
+                    let columns = (left_columns, right_columns);
+                    let sent =
+                        self.send_gathered(stream, &streamed, (left, right), columns, pairs, timer, sender)?;
                     match sent {
                         Ok(still_open) => open = still_open,
                         Err(e) => host_error = Some(e),
@@ -857,6 +663,271 @@ impl DevicePart {
             emit(walk.end(other_order), sender).map_err(DeviceFailure::Host)?;
         }
         Ok(())
+    }
+
+    /// Both sides' keys copied to the device and sorted there, and the
+    /// gathered columns copied behind them: the streamed side's keys first,
+    /// the other side's and the columns on the copy stream, so that the
+    /// host stages them and the bus carries them while the device sorts
+    /// what came before.
+    #[allow(clippy::too_many_arguments)]
+    fn sort_sides(
+        &self,
+        (stream, copy_stream): (&Arc<DeviceStream>, &Arc<DeviceStream>),
+        (left, right): (&ArrivedBatches, &ArrivedBatches),
+        coding: KeyCoding,
+        (streamed_codes, sort_streamed): (SideKeys, bool),
+        (other_codes, sort_other): (SideKeys, bool),
+        gathered_columns: Option<(Vec<bool>, Vec<bool>, usize)>,
+        timer: &mut PhaseTimer,
+    ) -> std::result::Result<SortedSides, DeviceFailure> {
+        let device = &self.device;
+        let partition = self.partition;
+        let aggregate = self.plan.aggregate.as_deref();
+        let streamed = SortedSide::upload_unsorted(
+            device,
+            stream,
+            stream,
+            &streamed_codes.pieces(),
+            timer,
+        )?;
+        drop(streamed_codes);
+        // The other side's keys cross the bus behind the streamed side's
+        // (which then arrive first, and their sort starts first), on the
+        // copy stream. Keys in pinned memory are enqueued at once, and the
+        // bus does not wait for the host to read the streamed side's range;
+        // keys the host stages (which holds this thread) wait until the
+        // streamed side's sort is enqueued, so that the device sorts while
+        // the host stages them.
+        let streamed_copied = stream
+            .record_event(None)
+            .during("recording the streamed keys' copy")?;
+        copy_stream
+            .wait(&streamed_copied)
+            .during("ordering the other keys' copy after the streamed keys'")?;
+        let upload_other = |timer: &mut PhaseTimer| -> GpuResult<(SortedSide, DeviceEvent)> {
+            let other = SortedSide::upload_unsorted(
+                device,
+                stream,
+                copy_stream,
+                &other_codes.pieces(),
+                timer,
+            )?;
+            let copied = copy_stream
+                .record_event(None)
+                .during("recording the other keys' copy")?;
+            Ok((other, copied))
+        };
+        let early_other = match other_codes.in_pinned_memory() {
+            true => Some(upload_other(timer)?),
+            false => None,
+        };
+        // The gathered columns follow on the copy stream, under the same
+        // rule: at once where they and the other keys are in pinned memory,
+        // else once both sorts are enqueued.
+        let column_bytes = gathered_columns
+            .as_ref()
+            .map(|(wanted_left, wanted_right, _)| {
+                (
+                    ColumnBytes::of(left, wanted_left),
+                    ColumnBytes::of(right, wanted_right),
+                )
+            });
+        let upload_columns = |timer: &mut PhaseTimer| -> GpuResult<_> {
+            Ok(match &column_bytes {
+                Some((left_bytes, right_bytes)) => Some((
+                    ResidentColumns::upload_bytes(device, copy_stream, left_bytes, timer)?,
+                    ResidentColumns::upload_bytes(device, copy_stream, right_bytes, timer)?,
+                )),
+                None => None,
+            })
+        };
+        let columns_pinned = column_bytes
+            .as_ref()
+            .is_some_and(|(l, r)| l.in_pinned_memory() && r.in_pinned_memory());
+        let early_columns = match early_other.is_some() && columns_pinned {
+            true => Some(upload_columns(timer)?),
+            false => None,
+        };
+        // The streamed side is sorted while the other side's keys cross the
+        // bus: with the coding known, or, where the device finds the range,
+        // with its own range's coding, rebased once the other side's is in.
+        let (mut streamed, streamed_coding) = match coding {
+            KeyCoding::Known { bits, transform } => (
+                streamed.sort(device, stream, transform, bits, !sort_streamed, timer)?,
+                None,
+            ),
+            KeyCoding::RangeOnDevice { flip } => {
+                let range = device_key_range(device, &streamed, stream, flip, timer)?;
+                trace::event(|| {
+                    format!("sort-merge join p{partition}: streamed keys copied, their range found")
+                });
+                let (bits, transform) = self.coding_for_range(range)?;
+                let sorted = streamed.sort(
+                    device,
+                    stream,
+                    Some(transform),
+                    bits,
+                    !sort_streamed,
+                    timer,
+                )?;
+                (sorted, Some((flip, range, transform)))
+            }
+        };
+        let (other, other_copied) = match early_other {
+            Some(uploaded) => uploaded,
+            None => upload_other(timer)?,
+        };
+        drop(other_codes);
+        let (bits, transform) = match (coding, streamed_coding) {
+            (_, Some((flip, streamed_range, streamed_transform))) => {
+                // Found on the stream once the other keys' copy is done
+                // (the columns may follow them on the copy stream), behind
+                // the streamed side's sort.
+                stream
+                    .wait(&other_copied)
+                    .during("ordering the other keys' range after their copy")?;
+                let other_range = device_key_range(device, &other, stream, flip, timer)?;
+                trace::event(|| {
+                    format!("sort-merge join p{partition}: other keys copied, their range found")
+                });
+                let (bits, transform) =
+                    self.coding_for_range(union_of_ranges(streamed_range, other_range))?;
+                streamed.rebase_codes(device, stream, streamed_transform, transform, timer)?;
+                self.metrics.key_ranges_on_device.add(1);
+                (bits, Some(transform))
+            }
+            (KeyCoding::Known { bits, transform }, None) => (bits, transform),
+            (KeyCoding::RangeOnDevice { .. }, None) => {
+                return Err(DeviceFailure::Host(DataFusionError::Internal(
+                    "a key range on the device without the streamed side's".into(),
+                )))
+            }
+        };
+        // The other side's sort goes onto the stream while the gathered
+        // columns are copied on the other.
+        let other = other.sort(device, stream, transform, bits, !sort_other, timer)?;
+        let device_columns = match early_columns {
+            Some(columns) => columns,
+            None => upload_columns(timer)?,
+        }
+        .filter(|(l, r)| l.any() || r.any() || aggregate.is_some());
+        Ok(SortedSides {
+            streamed,
+            other,
+            device_columns,
+        })
+    }
+
+    /// Sends one range of pairs whose every output row is a pair: their
+    /// columns gathered on the device, or, with an aggregation whose columns
+    /// are all there, its reductions over them. The outer error is the
+    /// device's; the inner result the host's, `false` once the consumer has
+    /// gone.
+    #[allow(clippy::too_many_arguments)]
+    fn send_gathered(
+        &self,
+        stream: &Arc<DeviceStream>,
+        streamed: &SortedSide,
+        (left, right): (&ArrivedBatches, &ArrivedBatches),
+        (left_columns, right_columns): (&ResidentColumns, &ResidentColumns),
+        pairs: DevicePairs<'_>,
+        timer: &mut PhaseTimer,
+        sender: &mut Sender,
+    ) -> GpuResult<Result<bool>> {
+        let (device, plan, partition) = (&self.device, &self.plan, self.partition);
+        // An inner join streams its left side: the pairs' positions in key
+        // order map to left rows.
+        let left_ids = timer.time(Phase::Kernel, || {
+            gather::gather_u64(device, stream, &streamed.row_ids, pairs.positions, pairs.len)
+        })?;
+        let left_side = GatherSide {
+            batch: left,
+            resident: left_columns,
+            ids: &left_ids,
+        };
+        let right_side = GatherSide {
+            batch: right,
+            resident: right_columns,
+            ids: pairs.other_ids,
+        };
+        // An aggregation's columns reduced on the device, where they are
+        // all there.
+        let reduced = match plan.aggregate.as_deref() {
+            Some(aggregate) => reduce_pairs(
+                device,
+                stream,
+                aggregate.reductions(),
+                plan.output.sources(),
+                &left_side,
+                &right_side,
+                pairs.len,
+                timer,
+            )?,
+            None => None,
+        };
+        Ok(match reduced {
+            Some(words) => {
+                let len = pairs.len;
+                trace::event(|| format!("sort-merge join p{partition}: {len} pairs reduced"));
+                self.metrics.rows_aggregated_on_device.add(pairs.len);
+                sender.merge_device(&words, pairs.len).map(|()| true)
+            }
+            None => gather_batches(
+                device,
+                stream,
+                &plan.output,
+                &left_side,
+                &right_side,
+                pairs.len,
+                plan.host_threads,
+                timer,
+            )?
+            .and_then(|batches| sender.send(batches)),
+        })
+    }
+
+    /// The columns the device gathers by pair, per side (with the bytes
+    /// they take there), and the device memory the gathering needs beside
+    /// the merge: only the columns the output uses go to the device (all
+    /// of them unless a projection was absorbed; with an aggregation, those
+    /// it reduces), and only where one of them can be gathered there:
+    /// otherwise nothing is reserved for them. An aggregation's pairs stay
+    /// on the device even so: a `COUNT(*)` reads no column.
+    fn gathered_columns(
+        &self,
+        left: &ArrivedBatches,
+        right: &ArrivedBatches,
+    ) -> (Option<(Vec<bool>, Vec<bool>, usize)>, usize) {
+        let plan = &self.plan;
+        let aggregate = plan.aggregate.as_deref();
+        let gathered_columns = gathers_by_pair(plan.join_type, plan.filter.is_some())
+            .then(|| output_columns(&plan.output, left.num_columns(), right.num_columns()))
+            .flatten()
+            .map(|(wanted_left, wanted_right)| match aggregate {
+                Some(aggregate) => {
+                    aggregate.columns_read(plan.output.sources(), wanted_left, wanted_right)
+                }
+                None => (wanted_left, wanted_right),
+            })
+            .map(|(wanted_left, wanted_right)| {
+                let resident = ResidentColumns::device_bytes(left, &wanted_left)
+                    + ResidentColumns::device_bytes(right, &wanted_right);
+                (wanted_left, wanted_right, resident)
+            })
+            .filter(|&(_, _, resident)| resident > 0 || aggregate.is_some());
+        let gather_bytes = match &gathered_columns {
+            Some((wanted_left, wanted_right, resident)) => {
+                // The columns, the left row ids and one buffer of the
+                // widest column's values, per pair.
+                resident
+                    + (8 + ResidentColumns::widest(left, wanted_left)
+                        .max(ResidentColumns::widest(right, wanted_right)))
+                        * self.max_output_pairs
+            }
+            None => 0,
+        };
+        (gathered_columns, gather_bytes)
     }
 
     /// The bits and device transform of the codes of one raw key column
