@@ -3,6 +3,8 @@
 //! aggregates while probing, within the device's limits.
 
 use super::*;
+use crate::exec::hash_join::build_side::ResidentBuildColumns;
+use crate::ops::hash_join::DeviceJoinPairs;
 
 /// What a chunk hands on: matching pairs (build row ids, probe row ids),
 /// the output batches of `len` rows gathered on the device, or the words
@@ -129,7 +131,6 @@ pub(super) fn pairs_on_device(
     let DeviceLimits {
         max_pairs,
         memory_fraction,
-        host_threads,
         partition,
         ..
     } = *limits;
@@ -168,52 +169,9 @@ pub(super) fn pairs_on_device(
     });
     let partition_keys = |probe_columns: &mut Option<ResidentColumns>,
                           carry_values: bool,
-                          timer: &mut PhaseTimer|
-     -> GpuResult<Option<KeysOnDevice>> {
-        let pieces = probe_keys.pieces();
-        let host_keys = HostKeys {
-            pieces: &pieces,
-            row_ids: probe_keys.row_ids(),
-            range: build.key_range(probe_keys),
-        };
-        let carrying = carrying.filter(|_| carry_values).and_then(|gather| {
-            let bytes = ColumnBytes::of(gather.chunk, gather.probe_columns);
-            bytes.in_pinned_memory().then_some((gather, bytes))
-        });
-        if let Some((gather, bytes)) = carrying {
-            let columns = match probe_columns {
-                Some(columns) => columns,
-                None => probe_columns.insert(ResidentColumns::upload_bytes(
-                    device, stream, &bytes, timer,
-                )?),
-            };
-            let reductions = gather.reductions.unwrap_or_default();
-            let carry = SideCarry::plan(
-                PairSide::Probe,
-                reductions,
-                gather.output.sources(),
-                columns,
-            );
-            let values = carry
-                .as_ref()
-                .and_then(|carry| carry.values(columns, gather.chunk.num_rows()));
-            if let (Some(carry), Some(values)) = (carry, values) {
-                let partitioned = partition_probe_carrying(
-                    device,
-                    stream,
-                    host_keys,
-                    &values,
-                    build.plan(),
-                    timer,
-                )?;
-                return Ok(partitioned.map(|keys| KeysOnDevice {
-                    keys,
-                    carry: Some(carry),
-                }));
-            }
-        }
-        let partitioned = partition_probe(device, stream, host_keys, build.plan(), timer)?;
-        Ok(partitioned.map(|keys| KeysOnDevice { keys, carry: None }))
+                          timer: &mut PhaseTimer| {
+        let carrying = carrying.filter(|_| carry_values);
+        partition_chunk_keys(device, stream, build, probe_keys, carrying, probe_columns, timer)
     };
     // While the build side goes to the device (made by another partition,
     // or, where nobody makes it yet, by a thread of this one), this chunk's
@@ -345,89 +303,172 @@ pub(super) fn pairs_on_device(
         |pairs, timer| {
             let len = pairs.len;
             trace::event(|| format!("hash join p{partition}: {len} pairs found"));
-            let on_device = gather.filter(|(gather, _)| !gather.ordered || pairs.whole_chunk);
-            let Some((gather, build_columns)) = on_device else {
-                let (build_ids, probe_ids) = pairs.download(device, stream, timer)?;
-                on_output(Ok(ChunkOutput::Pairs(build_ids, probe_ids)));
-                return Ok(());
-            };
-            let probe_columns = match &mut probe_columns {
-                Some(columns) => columns,
-                // An aggregation's columns always pay: without them the
-                // range's rows are made and aggregated on the host.
-                None => probe_columns.insert(
-                    if gather.reductions.is_some()
-                        || probe_side_pays(pairs.len, pairs.whole_chunk, gather.chunk.num_rows())
-                    {
-                        ResidentColumns::upload(
-                            device,
-                            stream,
-                            gather.chunk,
-                            gather.probe_columns,
-                            timer,
-                        )?
-                    } else {
-                        ResidentColumns::none()
-                    },
-                ),
-            };
-            let ordered = match gather.ordered {
-                true => Some(order_by_probe_row(
-                    device,
-                    stream,
-                    &pairs,
-                    build_columns.positions.as_ref(),
-                    (build.rows.num_rows() as u64, gather.chunk.num_rows() as u64),
-                    timer,
-                )?),
-                false => None,
-            };
-            let (build_ids, probe_ids) = match &ordered {
-                Some((build_ids, probe_ids)) => (build_ids, probe_ids),
-                None => (pairs.build_ids, pairs.probe_ids),
-            };
-            let build_side = GatherSide {
-                batch: &build.rows,
-                resident: &build_columns.columns,
-                ids: build_ids,
-            };
-            let probe_side = GatherSide {
-                batch: gather.chunk,
-                resident: probe_columns,
-                ids: probe_ids,
-            };
-            if let Some(reductions) = gather.reductions {
-                let reduced = reduce_pairs(
-                    device,
-                    stream,
-                    reductions,
-                    gather.output.sources(),
-                    &build_side,
-                    &probe_side,
-                    pairs.len,
-                    timer,
-                )?;
-                if let Some(words) = reduced {
-                    trace::event(|| format!("hash join p{partition}: pairs reduced"));
-                    on_output(Ok(ChunkOutput::Reduced(words, pairs.len)));
-                    return Ok(());
-                }
-            }
-            let gathered = gather_batches(
-                device,
-                stream,
-                gather.output,
-                &build_side,
-                &probe_side,
-                pairs.len,
-                host_threads,
-                timer,
-            )?;
-            on_output(gathered.map(|batches| ChunkOutput::Batches(batches, pairs.len)));
-            Ok(())
+            emit_range(device, stream, build, gather, &mut probe_columns, pairs, limits, timer, on_output)
         },
     )?;
     metrics.device.record(&timer.finish()?);
+    Ok(())
+}
+
+/// A chunk's keys partitioned on the device: carrying the probe columns
+/// the folds read in place of row ids where `carrying` asks for it and the
+/// columns lie in pinned memory (copied to the device first, into
+/// `probe_columns`), else with row ids; `None` for a chunk without rows.
+fn partition_chunk_keys(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    build: &BuildSide,
+    probe_keys: &JoinKeys,
+    carrying: Option<&ChunkGather<'_>>,
+    probe_columns: &mut Option<ResidentColumns>,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Option<KeysOnDevice>> {
+    let pieces = probe_keys.pieces();
+    let host_keys = HostKeys {
+        pieces: &pieces,
+        row_ids: probe_keys.row_ids(),
+        range: build.key_range(probe_keys),
+    };
+    let carrying = carrying.and_then(|gather| {
+        let bytes = ColumnBytes::of(gather.chunk, gather.probe_columns);
+        bytes.in_pinned_memory().then_some((gather, bytes))
+    });
+    if let Some((gather, bytes)) = carrying {
+        let columns = match probe_columns {
+            Some(columns) => columns,
+            None => probe_columns.insert(ResidentColumns::upload_bytes(
+                device, stream, &bytes, timer,
+            )?),
+        };
+        let reductions = gather.reductions.unwrap_or_default();
+        let carry = SideCarry::plan(
+            PairSide::Probe,
+            reductions,
+            gather.output.sources(),
+            columns,
+        );
+        let values = carry
+            .as_ref()
+            .and_then(|carry| carry.values(columns, gather.chunk.num_rows()));
+        if let (Some(carry), Some(values)) = (carry, values) {
+            let partitioned = partition_probe_carrying(
+                device,
+                stream,
+                host_keys,
+                &values,
+                build.plan(),
+                timer,
+            )?;
+            return Ok(partitioned.map(|keys| KeysOnDevice {
+                keys,
+                carry: Some(carry),
+            }));
+        }
+    }
+    let partitioned = partition_probe(device, stream, host_keys, build.plan(), timer)?;
+    Ok(partitioned.map(|keys| KeysOnDevice { keys, carry: None }))
+}
+
+/// Hands on one range of a chunk's pairs: as pairs where nothing is
+/// gathered on the device (or the range cannot be put in order there),
+/// else with the chunk's columns copied to the device where that pays, the
+/// pairs' columns gathered there, or an aggregation's reductions over them.
+#[allow(clippy::too_many_arguments)]
+fn emit_range(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    build: &BuildSide,
+    gather: Option<(&ChunkGather<'_>, &ResidentBuildColumns)>,
+    probe_columns: &mut Option<ResidentColumns>,
+    pairs: DeviceJoinPairs<'_>,
+    limits: &DeviceLimits,
+    timer: &mut PhaseTimer,
+    on_output: &mut dyn FnMut(Result<ChunkOutput>),
+) -> GpuResult<()> {
+    let DeviceLimits {
+        host_threads,
+        partition,
+        ..
+    } = *limits;
+    let on_device = gather.filter(|(gather, _)| !gather.ordered || pairs.whole_chunk);
+    let Some((gather, build_columns)) = on_device else {
+        let (build_ids, probe_ids) = pairs.download(device, stream, timer)?;
+        on_output(Ok(ChunkOutput::Pairs(build_ids, probe_ids)));
+        return Ok(());
+    };
+    let probe_columns = match &mut *probe_columns {
+        Some(columns) => columns,
+        // An aggregation's columns always pay: without them the
+        // range's rows are made and aggregated on the host.
+        None => probe_columns.insert(
+            if gather.reductions.is_some()
+                || probe_side_pays(pairs.len, pairs.whole_chunk, gather.chunk.num_rows())
+            {
+                ResidentColumns::upload(
+                    device,
+                    stream,
+                    gather.chunk,
+                    gather.probe_columns,
+                    timer,
+                )?
+            } else {
+                ResidentColumns::none()
+            },
+        ),
+    };
+    let ordered = match gather.ordered {
+        true => Some(order_by_probe_row(
+            device,
+            stream,
+            &pairs,
+            build_columns.positions.as_ref(),
+            (build.rows.num_rows() as u64, gather.chunk.num_rows() as u64),
+            timer,
+        )?),
+        false => None,
+    };
+    let (build_ids, probe_ids) = match &ordered {
+        Some((build_ids, probe_ids)) => (build_ids, probe_ids),
+        None => (pairs.build_ids, pairs.probe_ids),
+    };
+    let build_side = GatherSide {
+        batch: &build.rows,
+        resident: &build_columns.columns,
+        ids: build_ids,
+    };
+    let probe_side = GatherSide {
+        batch: gather.chunk,
+        resident: probe_columns,
+        ids: probe_ids,
+    };
+    if let Some(reductions) = gather.reductions {
+        let reduced = reduce_pairs(
+            device,
+            stream,
+            reductions,
+            gather.output.sources(),
+            &build_side,
+            &probe_side,
+            pairs.len,
+            timer,
+        )?;
+        if let Some(words) = reduced {
+            trace::event(|| format!("hash join p{partition}: pairs reduced"));
+            on_output(Ok(ChunkOutput::Reduced(words, pairs.len)));
+            return Ok(());
+        }
+    }
+    let gathered = gather_batches(
+        device,
+        stream,
+        gather.output,
+        &build_side,
+        &probe_side,
+        pairs.len,
+        host_threads,
+        timer,
+    )?;
+    on_output(gathered.map(|batches| ChunkOutput::Batches(batches, pairs.len)));
     Ok(())
 }
 
