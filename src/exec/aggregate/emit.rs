@@ -5,7 +5,7 @@
 
 use super::*;
 
-impl DevicePart {
+impl DeviceAggregation {
     /// The output batches of the groups on the device, one per
     /// `batch_size` groups, with the group count. The groups' keys come
     /// back first, on `keys_stream`, and are made into columns on every

@@ -136,7 +136,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     collecting.done();
     trace::event(|| format!("aggregation: input collected ({} batches)", batches.len()));
     let batches = Arc::new(batches);
-    let device_task = Arc::new(DevicePart {
+    let device_task = Arc::new(DeviceAggregation {
         spec: task.spec.clone(),
         group_order: task.group_order.clone(),
         final_output: task.final_output,
@@ -169,7 +169,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
             // dropped while the groups go on (see `release`).
             release_in_background((batches, input_reservations));
             task.reservation.free();
-            // Counted as they were made (see `DevicePart::emit`).
+            // Counted as they were made (see `DeviceAggregation::emit`).
             let output: Vec<Result<RecordBatch>> = output.into_iter().map(Ok).collect();
             task.metrics.baseline.done();
             trace::event(|| "aggregation: output handed on".into());
@@ -260,7 +260,7 @@ struct KeySources<'a> {
 }
 
 /// The blocking part of one partition.
-struct DevicePart {
+struct DeviceAggregation {
     spec: AggregateSpec,
     group_order: Option<GroupOrder>,
     final_output: bool,
@@ -272,7 +272,7 @@ struct DevicePart {
     metrics: GpuAggregateMetrics,
 }
 
-/// The group keys' words, as [`DevicePart::key_words`] made them.
+/// The group keys' words, as [`DeviceAggregation::key_words`] made them.
 enum KeyWordsMade {
     /// Codes whose order is the keys' order (the node emits in key order).
     Ordered(OrderedGroupKeyWords),
@@ -284,7 +284,7 @@ enum KeyWordsMade {
 }
 
 /// The aggregates' device work: prepared before the device is taken, or,
-/// where the data cannot change its shape ([`DevicePart::work_shape`]),
+/// where the data cannot change its shape ([`DeviceAggregation::work_shape`]),
 /// prepared while the keys cross the bus. Preparing it reads every input
 /// batch several times (10 to 25 ms for two columns of 2^28 rows on 16
 /// cores), which the keys' copy (39 ms for 2^28 Int64 keys) hides.
@@ -467,7 +467,7 @@ fn evaluate_pieces(
     Ok(pieces)
 }
 
-impl DevicePart {
+impl DeviceAggregation {
     fn aggregate(
         &self,
         batches: &[RecordBatch],

@@ -187,7 +187,7 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
     });
 
     let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(CHANNEL_BATCHES);
-    let device_part = DevicePart {
+    let device_part = DeviceMergeJoin {
         plan: Arc::clone(&plan),
         partition,
         device: Arc::clone(&task.device),
@@ -280,7 +280,7 @@ fn cpu_join(
 }
 
 /// The blocking part of one partition.
-struct DevicePart {
+struct DeviceMergeJoin {
     plan: Arc<MergeJoinPlan>,
     partition: usize,
     device: Arc<GpuDevice>,
@@ -354,7 +354,7 @@ impl Sender {
     }
 }
 
-impl DevicePart {
+impl DeviceMergeJoin {
     fn join(
         &self,
         left: &ArrivedBatches,
