@@ -6,7 +6,7 @@ typedef unsigned long long u64;
 typedef unsigned int u32;
 
 // Threads per block for every kernel in this crate. The host launch helpers in
-// `src/gpu/launch.rs` use the same constant; kernels rely on it for shared
+// `src/gpu/launch/mod.rs` use the same constant; kernels rely on it for shared
 // memory sizing.
 #define BLOCK_THREADS 256
 #define WARPS_PER_BLOCK (BLOCK_THREADS / 32)

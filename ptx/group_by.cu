@@ -185,11 +185,11 @@ __device__ __forceinline__ u64 read_streamed(const u64* at, u64 policy) {
 }
 
 // An L2 policy under which lines leave L2 first: the columns' lines, each
-// read once, then make way before the table's. At 2^18 groups (a table of
-// 32 MiB) a chunk's fold read 249 MB from DRAM with it and 312 MB
-// without (the columns are 201 MB), and took 131 against 149 us; at fewer
-// groups, whose tables stay in L2 either way, it changed nothing
-// (BENCHMARKS.md).
+// read once, then make way before the table's. Where the table competes
+// with the columns for L2 (2^18 groups, a table of 32 MiB), a chunk's fold
+// then reads less from DRAM and takes less time; at fewer groups, whose
+// tables stay in L2 either way, it changes nothing (BENCHMARKS.md has the
+// measurements).
 __device__ __forceinline__ u64 streamed_policy() {
     u64 policy;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -200,10 +200,9 @@ __device__ __forceinline__ u64 streamed_policy() {
 // returned, in 16-byte loads through L1 (read_monotone_pair: a slot's key and
 // words only ever move one way), only of the pairs holding either. A slot's key
 // and up to three folds' words then cost L2 one request (four folds' take two
-// sectors), and L1 answers most reads of a table's hot slots: read past L1
-// (`ld.relaxed.gpu`), the fold kernel's launches took 3.7 to 7.2 ms a query
-// where these reads took 2.6 to 2.9 (2 to 2^12 groups, 2^28 rows, an H100;
-// BENCHMARKS.md).
+// sectors), and L1 answers most reads of a table's hot slots. Read past L1
+// (`ld.relaxed.gpu`), every read goes to L2, and the fold kernel takes
+// markedly longer with few groups (BENCHMARKS.md has the measurements).
 template <u32 FOLDS>
 __device__ __forceinline__ u64 read_slot(const u64* at, u64 (&seen)[FOLDS]) {
     constexpr u32 words = table_slot_words(FOLDS);

@@ -34,12 +34,11 @@
 // 2048 build rows a table, about twice the rows the host plans a partition
 // (`RadixPlan::for_join`). Links are 16-bit: 16 KiB of keys, 4 KiB of links
 // and 16 KiB of heads, so that more blocks fit a multiprocessor's shared
-// memory. (A table of 3072 rows with partitions of about 2048 would have
-// taken 2^27 build rows in two radix passes of 8 bits in place of three of
-// 5 or 6: on an H100 the two passes took longer, 31.6 ms against 23.1 ms
-// at seed 002's narrow join, as a tile of 2048 rows then writes runs of
-// about 8 rows a digit, part sectors, and the larger partitions slowed
-// the probe too.)
+// memory. (A table of 3072 rows with partitions of about 2048 would take
+// 2^27 build rows in two radix passes of 8 bits in place of three of 5 or
+// 6, but the two passes take longer than the three, as a tile of 2048 rows
+// then writes runs of about 8 rows a digit, part sectors, and the larger
+// partitions slow the probe too.)
 #define TABLE_CAPACITY 2048
 #define TABLE_SLOTS 4096
 // The end of a chain, in heads and links alike (never a row of the table).
@@ -246,9 +245,9 @@ extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* bui
 // out[0]).
 #define MAX_JOIN_FOLDS 4
 // Blocks of hash_join_fold a multiprocessor must hold: at most 85
-// registers a thread. Without the bound the one-word layouts took it from
-// 72 to 92 registers and two blocks, which slowed the fold by about a sixth
-// on an H100; four blocks (64 registers) spill.
+// registers a thread. Without the bound the one-word layouts take it past
+// 85 registers, to two blocks, which slows the fold; four blocks (64
+// registers) spill.
 #define FOLD_BLOCKS_PER_SM 3
 // Probe rows a thread of hash_join_fold reads at once.
 #define PROBE_BATCH 4

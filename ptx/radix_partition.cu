@@ -70,9 +70,8 @@ __device__ void histogram_body(const u64* keys, u64 n, u64 key_mask, u32 shift, 
 #define WARP_ROWS (32 * SCATTER_ITEMS)
 // Blocks of the scatter a multiprocessor must hold (64 registers a thread;
 // four blocks' shared memory fits too): without the bound the one-word
-// rows' branches took it to 72 registers and three blocks, and the scatter
-// of (key, row id) pairs took 33.8 ms in place of 23.1 at seed 002's
-// narrow join on an H100.
+// rows' branches take it past 64 registers, to three blocks, which slows
+// the scatter even of (key, row id) pairs (seed 002's narrow join).
 #define SCATTER_BLOCKS_PER_SM 4
 // The tile's digit counts are scanned with one thread per digit.
 static_assert(MAX_BINS <= BLOCK_THREADS, "one thread per digit in the scatter's scan");
@@ -89,9 +88,8 @@ static_assert(MAX_BINS <= BLOCK_THREADS, "one thread per digit in the scatter's 
 // counts into where each warp's rows of that digit start within the
 // tile's, which keeps input order. The tile is then laid out in shared
 // memory by digit and written run by run. A tile takes 7 barriers of the
-// block; ranking it a block-wide step at a time took 3 a step, 29 a tile,
-// and the scatter of one-word rows 16.6 ms in place of 13.2 at seed 002's
-// narrow join on an H100.
+// block; ranking it a block-wide step at a time would take 3 a step, 29 a
+// tile, and slow the scatter.
 // Launch: same grid and block as radix_histogram, with the same key_mask.
 // `*_out` must not alias `*_in`; `ids_in` and `ids_out` are both null for
 // one-word rows (only the keys move).

@@ -64,9 +64,8 @@ pub struct NormalizedKeys {
 /// The keys of a build side or a probe chunk: encoded into one buffer, or,
 /// where the raw encoding reads them in place and none is NULL, the key
 /// column's own buffers batch by batch. Copying those into one buffer first
-/// took 20 to 35 ms per 4 M-row probe chunk (`encode_time`) and most of the
-/// 32 to 38 ms of `build_prepare_time` for a 2^26-row build side; the
-/// device copies them piece by piece anyway.
+/// would be most of a probe chunk's `encode_time` and of a build side's
+/// `build_prepare_time`, and the device copies them piece by piece anyway.
 #[derive(Debug, Clone)]
 pub enum JoinKeys {
     Encoded(NormalizedKeys),
@@ -512,7 +511,7 @@ impl KeyEncoder {
         // without reading the buffer first (and mark only the rows they
         // drop): a read before the first write maps the shared zero page,
         // and replacing it on the write costs every core running the
-        // process a TLB flush, which made four threads slower than one.
+        // process a TLB flush, which can make several threads slower than one.
         let mut keys = zeroed_for_fill::<u64>(rows);
         let mut dropped = zeroed_for_fill::<bool>(rows);
         on_row_chunks(
@@ -710,8 +709,8 @@ pub(crate) fn pieces_value_range(pieces: &[ArrayRef], threads: usize) -> Result<
 /// The smallest and largest non-NULL value (`(1, 0)` when there is none).
 pub(crate) fn value_range(column: &ArrayRef) -> Result<(i128, i128)> {
     // Integers and decimals. Without NULLs, one pass that keeps both ends
-    // (2.3x faster than arrow's `min` and `max`, a pass each, on 2^26
-    // Int64 values); with NULLs, arrow's kernels, which skip them.
+    // (arrow's `min` and `max` take a pass each); with NULLs, arrow's
+    // kernels, which skip them.
     macro_rules! range {
         ($arrow_type:ty) => {{
             let values = column.as_primitive::<$arrow_type>();

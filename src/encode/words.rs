@@ -162,9 +162,9 @@ const ROWS_PER_THREAD: usize = 1 << 16;
 
 /// Threads for a per-row pass over `rows` rows in `pieces` pieces (input
 /// batches), each thread taking whole pieces: by rows, not by pieces,
-/// since a filtered input arrives in many small batches (TPC-H q15's 2.3 M
-/// rows come in 288 batches, whose Decimal128 arithmetic then took 170 ms
-/// on one thread).
+/// since a filtered input arrives in many small batches, and a few hundred
+/// of them can hold millions of rows, too many for one thread (TPC-H
+/// q15's Decimal128 arithmetic reads such an input).
 pub(crate) fn threads_for(pieces: usize, rows: usize) -> usize {
     host_threads()
         .min(pieces)

@@ -1,8 +1,8 @@
 //! The buffers of Arrow arrays, read in place. A primitive array's values
 //! are taken from the array itself: asking each batch's array for its
-//! `ArrayData` (a clone of its type and buffers, about 80 ns) came to some
-//! milliseconds a query over the 8,192-row batches of a 2^26-row side,
-//! where a join or an aggregation looks at every batch several times.
+//! `ArrayData` clones its type and buffers, a cost that adds up over the
+//! thousands of batches of a large side, where a join or an aggregation
+//! looks at every batch several times.
 
 use datafusion::arrow::array::{downcast_primitive_array, Array};
 use datafusion::arrow::buffer::Buffer;

@@ -68,8 +68,8 @@ const HUGE_PAGE_MIN_BYTES: usize = 8 << 20;
 /// it in 2 MiB pages when first touched. A fresh allocation is mapped lazily,
 /// so its first write faults once per 4 KiB page; on machines where faults
 /// are slow (virtual machines, many threads faulting one address space at
-/// once), copying 400 MB of a group-by's results into such memory was
-/// measured at a tenth of the copy's own speed.
+/// once), the faults, not the copy, bound how fast a group-by's results
+/// are copied into such memory.
 pub(crate) fn zeroed_for_fill<T: Copy + Default>(len: usize) -> Vec<T> {
     // `vec![default; len]` of a zero value is a zeroed (lazily mapped)
     // allocation: nothing has touched its pages yet.

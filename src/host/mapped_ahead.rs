@@ -1,14 +1,14 @@
 //! Memory for output columns, mapped before the columns are filled.
 //!
 //! Fresh memory is mapped by the kernel page by page, on the first write to
-//! each 4 KiB page. On a GPU machine's 16-core host (a virtual machine),
-//! filling 1 GB of a group-by's results into fresh buffers on 16 threads
-//! took 45 to 67 ms, against 25 ms into buffers already mapped: the page
-//! faults, not the copy, bound the results' way back. Where the device
-//! reads its input from pinned memory the host mostly waits while it
-//! works, so threads of their own allocate the buffers the results will
-//! need beforehand and write one word to each of their pages; once the
-//! results land, they are only copied.
+//! each 4 KiB page. On a host where page faults are slow (a virtual machine,
+//! many threads faulting one address space at once), filling a group-by's
+//! results into fresh buffers takes longer than into buffers already mapped:
+//! the page faults, not the copy, bound the results' way back. Where the
+//! device reads its input from pinned memory the host mostly waits while it
+//! works, so threads of their own allocate the buffers the results will need
+//! beforehand and write one word to each of their pages; once the results
+//! land, they are only copied.
 //!
 //! The buffers are ordinary `Vec<u64>`s handed over to Arrow whole, so an
 //! output column's memory is its own; a short last batch keeps a whole

@@ -34,8 +34,8 @@ pub(crate) fn on_threads<R: Send>(
 /// step over all of them: each piece costs a cache miss or two and an
 /// allocation, about a tenth of a microsecond, where starting a thread
 /// costs tens. A table in memory arrives in tens of thousands of batches
-/// (2^28 rows: 32,768), over which such a step took 3 to 4 ms on one
-/// thread, several of them before the device could start.
+/// (2^28 rows: 32,768), over which several such steps on one thread would
+/// delay the device's start.
 pub(crate) const PIECES_PER_THREAD: usize = 2048;
 
 /// `work(i)` for every piece `i` in `0..len`, the results in piece order:

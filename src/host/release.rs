@@ -1,11 +1,10 @@
 //! Dropping an operator's large inputs off the query's path. An input of
-//! thousands of batches costs milliseconds to drop on a many-core host:
-//! each array's reference count sits in a cache line that the core which
-//! read the batch last wrote, so every batch dropped is a few cache misses.
-//! A trace on a GPU machine's 16-core host showed 2.0 to 4.9 ms between a
-//! join's last device work and its answer, spent dropping two inputs of
-//! 8,192 batches each (0.14 ms since). Handed to one long-lived thread, they are dropped
-//! there while the query goes on.
+//! thousands of batches is slow to drop on a many-core host: each array's
+//! reference count sits in a cache line that the core which read the batch
+//! last wrote, so every batch dropped is a few cache misses. Dropped on the
+//! query's path, a join's two inputs would delay its answer after its last
+//! device work. Handed to one long-lived thread, they are dropped there
+//! while the query goes on.
 
 use std::sync::mpsc::{channel, Sender};
 use std::sync::OnceLock;

@@ -615,10 +615,10 @@ pub fn fold_partitioned(
 
 /// Probe rows one join task takes at most: a probe partition holding more
 /// is split into slices of this many rows, each joined by a block of its
-/// own that loads the same build partition. At 2^24 rows a side, a Zipf 1.5
-/// probe side put about a third of its rows in one partition, and that one
-/// block took most of the join's kernel time (50.6 ms against 4.2 ms for
-/// uniform keys, on an H100).
+/// own that loads the same build partition. A skewed probe side (Zipf 1.5)
+/// puts about a third of its rows in one partition, and one block joining
+/// all of them would take most of the join's kernel time while the others
+/// idle.
 pub const PROBE_TASK_ROWS: u64 = 1 << 15;
 
 /// The join tasks for probe partitions starting at `starts` (one more entry

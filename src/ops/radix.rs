@@ -44,7 +44,7 @@ impl RadixPlan {
 
     /// The plan for a join: enough partitions that an average build partition
     /// fits one shared-memory table, and that the probe side is spread over
-    /// enough partitions to fill the device. (Fewer passes of more bits were
+    /// enough partitions to fill the device. (Fewer passes of more bits are
     /// slower: see `TABLE_CAPACITY` in `ptx/hash_join.cu`.)
     pub fn for_join(build_rows: u64, probe_rows_hint: u64) -> Self {
         let bits_for = |rows: u64, per_partition: u64| -> u32 {

@@ -93,9 +93,8 @@ impl DeviceAggregation {
                 let batch =
                     self.output_batch(key_chunk, work, &window.reduced, groups, memory, made)?;
                 // Counted here, on the thread that made the batch: counted
-                // one by one on the query's thread, thousands of batches took
-                // milliseconds after the last was made (each a few cache
-                // misses).
+                // one by one on the query's thread, thousands of batches would
+                // each cost a few cache misses after the last was made.
                 let bytes = get_record_batch_memory_size(&batch);
                 Ok((batch, bytes))
             },

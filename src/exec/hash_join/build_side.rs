@@ -142,14 +142,14 @@ struct PreparedBuild {
 impl PreparedBuild {
     /// Makes the key columns of `batches` contiguous and encodes them, both
     /// spread over the host's cores (raw keys without NULLs stay in their
-    /// batches too): this runs once, before any probe
-    /// partition can start. The other columns stay in their batches: output
-    /// rows are taken from them by id, and the device gets them piece by
-    /// piece. Concatenating them took most of this step: 1 s for TPC-H
-    /// q18's 4.8 GB build side at SF 10. Making only the columns taken on
-    /// the host contiguous, on first use, was tried and measured slower
-    /// there: arrow concatenates strings value by value (15 M customer
-    /// names, about 1 s on one thread) while every probe partition waits.
+    /// batches too): this runs once, before any probe partition can start.
+    /// The other columns stay in their batches: output rows are taken from
+    /// them by id, and the device gets them piece by piece, since
+    /// concatenating them would be most of this step for a large build side
+    /// (such as TPC-H q18's). Making only the columns taken on the host
+    /// contiguous, on first use, costs more than taking rows from the
+    /// batches: arrow concatenates strings value by value, on one thread,
+    /// while every probe partition waits.
     fn new(
         batches: Vec<RecordBatch>,
         schema: SchemaRef,
@@ -521,9 +521,8 @@ impl BuildSide {
     /// the aggregation (exactly coded keys, see `join_chunk`). One 4-byte
     /// column rides beside keys of one-word rows; two, or an 8-byte one,
     /// make such rows two words, which costs the build side's radix passes
-    /// less than reading them at random rows costs the fold (seed 002's
-    /// wide PK-FK join on an H100: 46.2 ms of kernels carrying row ids,
-    /// 41.6 ms carrying both 4-byte columns in two words).
+    /// less than reading them at random rows costs the fold (as in seed
+    /// 002's wide PK-FK join, carrying both 4-byte columns in two words).
     fn carry_plan(folds: &FoldedAggregation, columns: &ResidentColumns) -> Option<SideCarry> {
         SideCarry::plan(PairSide::Build, &folds.reductions, &folds.sources, columns)
     }

@@ -160,10 +160,9 @@ pub(super) fn pairs_on_device(
     // keys carry the probe columns the folds read in place of row ids (see
     // `SideCarry`): the chunk's columns go to the device first. Only where
     // they all cross straight from pinned memory: staged through the host,
-    // they then held back the keys' partitioning, which otherwise runs while
-    // they are staged, and the chunk waits on the host, not on the device
-    // (at 2^26 rows a side: 118 to 122 ms without carrying, 125 to 138 ms
-    // with).
+    // they would hold back the keys' partitioning, which otherwise runs
+    // while they are staged, and the chunk would wait on the host, not on
+    // the device, so that carrying them would cost more than it saves.
     let carrying = gather.filter(|gather| {
         gather.fold_while_probing && gather.carry_folded_values && gather.reductions.is_some()
     });

@@ -214,8 +214,8 @@ impl GpuHashJoinExec {
     /// chunks hold the rows of every probe partition. Each chunk's kernels
     /// build every partition's shared-memory table from the whole build
     /// side, so one probe partition in place of many builds them that many
-    /// times fewer (with 16 probe partitions of 2^22 rows against 2^26
-    /// build rows, the builds took 22 of a query's 89 ms). Meant for a join
+    /// times fewer (with many probe partitions against a large build side,
+    /// the repeated builds are a large share of the query). Meant for a join
     /// that computes an aggregation, which hands no rows on to operators
     /// above that would lose their parallelism. `None` where the join is not
     /// `CollectLeft` or reads one probe partition already.

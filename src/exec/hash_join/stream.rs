@@ -340,14 +340,13 @@ impl ProbeLoop {
     /// Starts making the build table on this partition's device, where it
     /// has keys and nobody has made or makes it, so that the build side
     /// crosses the bus while the first probe chunk is read and its keys
-    /// coded (at 2^26 rows a side, a GPU machine read the probe chunk 8 to
-    /// 9 ms into the query and started the table after it, at 11 ms; now at
-    /// 7 ms, the build side's preparation done). The first chunk's device
-    /// part then finds the table in
-    /// progress and sends its own keys meanwhile. A failure here is not
-    /// reported: the chunk makes the table itself, and falls back to the
-    /// host or fails as it would have. The task holds one of the device's
-    /// admissions while it works, as a chunk making the table would.
+    /// coded: the table starts once the build side is prepared, not after
+    /// the first probe chunk is read. The first chunk's device part then
+    /// finds the table in progress and sends its own keys meanwhile. A
+    /// failure here is not reported: the chunk makes the table itself, and
+    /// falls back to the host or fails as it would have. The task holds one
+    /// of the device's admissions while it works, as a chunk making the
+    /// table would.
     fn make_table_in_advance(&mut self, build: &Arc<BuildSide>) {
         let device = &self.spec.device;
         if build.keys.is_empty() || !build.device_table_unstarted(device) {

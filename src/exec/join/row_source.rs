@@ -2,16 +2,17 @@
 //! batches of a probe chunk, a hash join's build side or a sort-merge
 //! join's input, kept as they arrived.
 //!
-//! A probe chunk used to be concatenated into one batch before the device
-//! saw its keys. That copied every column of every probe row through host
+//! A probe chunk is not concatenated into one batch before the device sees
+//! its keys: that would copy every column of every probe row through host
 //! memory, while a selective join (TPC-H's `part` against all of
 //! `lineitem`) needs only the keys on the device and a few rows of the
-//! other columns after: on TPC-H SF 10 the copy took most of such a join's
-//! time. Now only the key columns are made contiguous; output rows are
-//! taken from the arrived batches by chunk-wide row id, and a column that
-//! goes to the device is copied there piece by piece. A hash join's build
-//! side is kept the same way: its keys are made contiguous once, the rest
-//! stays as it came (TPC-H q18's 4.8 GB build side took 1 s to concatenate).
+//! other columns after, and the copy would be most of such a join's time.
+//! Only the key columns are made contiguous; output rows are taken from
+//! the arrived batches by chunk-wide row id, and a column that goes to the
+//! device is copied there piece by piece. A hash join's build side is kept
+//! the same way: its keys are made contiguous once, the rest stays as it
+//! came (a build side of gigabytes, such as TPC-H q18's, is slow to
+//! concatenate).
 
 use datafusion::arrow::array::{new_empty_array, new_null_array, Array, ArrayRef, UInt64Array};
 use datafusion::arrow::compute::interleave;

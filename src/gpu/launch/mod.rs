@@ -113,8 +113,9 @@ pub struct Kernels {
 }
 
 /// Blocks of each of `hash_join_count`, `_write` and `_fold` that fit one
-/// multiprocessor at once (registers and shared memory bound them: 6, 5
-/// and 3 on an H100), asked of the driver once the kernels are loaded.
+/// multiprocessor at once (registers and shared memory bound them,
+/// differently for each kernel and device), asked of the driver once the
+/// kernels are loaded.
 #[derive(Debug, Clone, Copy)]
 struct JoinResidency {
     count: u32,

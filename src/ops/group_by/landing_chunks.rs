@@ -6,14 +6,14 @@
 //! the group of each of its rows in row order. Whole, the column is reduced
 //! only after its last chunk has crossed (in partitions, gathered into the
 //! partitions' order first), while the device has little to do during the
-//! column's copy: at 2^26 groups over 2^28 rows on an H100 the device
-//! worked 17 to 20 ms after the last copy. In chunks only the last chunk's
-//! reduction is left then; the device's part of that query went from
-//! about 136 ms to 128 ms (BENCHMARKS.md). The price: numbered in
-//! partitions, each row's group is put back in row order (one scatter for
-//! all inputs, one more word per row held), and a chunk's atomics meet
-//! groups all over the table rather than a partition's few, which costs
-//! more device time but runs while the next chunks cross the bus.
+//! column's copy, and the whole reduction is left after the last copy. In
+//! chunks only the last chunk's reduction is left then, which shortens the
+//! device's part of a query with many groups (BENCHMARKS.md has the
+//! measurements). The price: numbered in partitions, each row's group is put
+//! back in row order (one scatter for all inputs, one more word per row
+//! held), and a chunk's atomics meet groups all over the table rather than a
+//! partition's few, which costs more device time but runs while the next
+//! chunks cross the bus.
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -77,11 +77,10 @@ pub fn sized_table_capacity(expected_groups: usize) -> u64 {
 /// Slots up to which a table for few groups is spread over sixty-four
 /// times their number rather than four: the fold kernel, every warp of
 /// the device folding its rows into the table at once, waits on L2 where
-/// the table is small. With 2^28 rows on an H100 it took 8.3 ms at 2^10
-/// groups in 4,096 slots, 5.0 ms in 16,384 and 3.9 ms in 65,536; 5.6
-/// against 4.3 ms at 2^8 groups (4,096 slots against 16,384), 7.1 against
-/// 4.5 ms at 2^12 (2^14 against 2^18; `BENCHMARKS.md`). 2^19 slots of two
-/// folds' words and their keys, 16 MiB, stay in L2.
+/// the table is small, its atomics crowding few lines: a table spread over
+/// more slots folds faster while it stays in L2 (`BENCHMARKS.md` has the
+/// measurements). 2^19 slots of two folds' words and their keys, 16 MiB,
+/// stay in L2.
 pub(super) const SPREAD_TABLE_SLOTS: u64 = 1 << 19;
 
 /// The fewest slots of a table sized from an estimate of the groups.
