@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::buffer::Buffer;
+use datafusion::arrow::buffer::{Buffer, MutableBuffer};
 
 use super::{
     download_byte_pieces, upload_byte_pieces, DeviceReservation, DeviceStream, DeviceVec,
@@ -106,7 +106,7 @@ impl DeviceColumn {
     ) -> GpuResult<HostColumn<Buffer>> {
         let mut download = |bytes: &DeviceBytes| -> GpuResult<Buffer> {
             if bytes.is_empty() {
-                return Ok(Buffer::from_vec(Vec::<u8>::new()));
+                return Ok(empty_buffer());
             }
             let pieces = download_byte_pieces(
                 device,
@@ -117,7 +117,7 @@ impl DeviceColumn {
                 1,
                 timer,
             )?;
-            Ok(pieces.into_iter().next().unwrap_or_else(|| Buffer::from_vec(Vec::<u8>::new())))
+            Ok(pieces.into_iter().next().unwrap_or_else(empty_buffer))
         };
         Ok(HostColumn {
             rows: self.rows,
@@ -159,5 +159,24 @@ impl DeviceColumn {
             .flatten()
             .map(|bytes| 8 * bytes.words.len())
             .sum()
+    }
+}
+
+/// An empty buffer aligned for any Arrow type (an empty `Vec<u8>`'s
+/// dangling pointer is aligned for bytes only, which Arrow rejects for wider
+/// values).
+fn empty_buffer() -> Buffer {
+    MutableBuffer::new(0).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_buffer_is_aligned_for_every_arrow_type() {
+        // Decimal128 and intervals need 16 bytes; Arrow allocates to 64.
+        assert_eq!(empty_buffer().as_ptr().align_offset(16), 0);
+        assert!(empty_buffer().is_empty());
     }
 }
