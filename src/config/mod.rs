@@ -243,22 +243,22 @@ impl ExtensionOptions for GpuOptions {
                 description: &'static str,
             ) {
                 self.0.push(ConfigEntry {
-                    key: key.trim_start_matches('.').to_string(),
+                    key: format!("gpu.{}", key.trim_start_matches('.')),
                     value: Some(value.to_string()),
                     description,
                 });
             }
             fn none(&mut self, key: &str, description: &'static str) {
                 self.0.push(ConfigEntry {
-                    key: key.trim_start_matches('.').to_string(),
+                    key: format!("gpu.{}", key.trim_start_matches('.')),
                     value: None,
                     description,
                 });
             }
         }
         let mut entries = Entries(Vec::new());
-        // Extensions' keys carry no prefix of their own: `ConfigOptions`
-        // puts `gpu.` before each.
+        // `ConfigOptions::entries` lists extensions' entries as they give
+        // them: with the prefix, so that `SHOW ALL` names what `SET` takes.
         ConfigField::visit(self, &mut entries, "", "");
         entries.0
     }
@@ -300,18 +300,18 @@ mod tests {
     fn at_most_twelve_user_options() {
         let user_options: Vec<_> = ExtensionOptions::entries(&GpuOptions::default())
             .into_iter()
-            .filter(|entry| !entry.key.starts_with("tuning."))
+            .filter(|entry| !entry.key.starts_with("gpu.tuning."))
             .map(|entry| entry.key)
             .collect();
         assert!(user_options.len() <= 12, "{user_options:?}");
-        assert!(user_options.contains(&"enabled".to_string()));
+        assert!(user_options.contains(&"gpu.enabled".to_string()));
     }
 
     #[test]
     fn every_tuning_option_is_listed_and_its_old_name_is_rejected_with_the_new_one() {
         let tuning: Vec<String> = ExtensionOptions::entries(&GpuOptions::default())
             .into_iter()
-            .filter_map(|entry| entry.key.strip_prefix("tuning.").map(str::to_string))
+            .filter_map(|entry| entry.key.strip_prefix("gpu.tuning.").map(str::to_string))
             .collect();
         let mut listed: Vec<&str> = TUNING_OPTIONS.to_vec();
         listed.sort_unstable();
