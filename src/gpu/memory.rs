@@ -1,6 +1,6 @@
 //! Device memory and the stream it is ordered on, as the layers above name
-//! them: the one place outside the runtime's own files that allocates
-//! device memory ([`alloc_uninit`]).
+//! them, and the functions through which every layer above allocates it
+//! ([`alloc_uninit`], [`alloc_zeroed`], [`empty_device_vec`]).
 
 use std::sync::Arc;
 
@@ -27,6 +27,24 @@ impl DeviceWord for u32 {}
 impl DeviceWord for u64 {}
 impl DeviceWord for i32 {}
 impl DeviceWord for i64 {}
+
+/// `len` values of `T` on `stream`, all zero. `what` names the allocation
+/// in the error.
+pub fn alloc_zeroed<T: DeviceWord>(
+    stream: &Arc<DeviceStream>,
+    len: usize,
+    what: &'static str,
+) -> GpuResult<DeviceVec<T>> {
+    stream.alloc_zeros::<T>(len).during(what)
+}
+
+/// An empty device vector on `stream`, which holds no memory.
+pub fn empty_device_vec<T: DeviceWord>(
+    stream: &Arc<DeviceStream>,
+    what: &'static str,
+) -> GpuResult<DeviceVec<T>> {
+    stream.null::<T>().during(what)
+}
 
 /// `len` values of `T` on `stream`, not yet written: the caller's kernels
 /// write what is read later (each call site says which). `what` names the

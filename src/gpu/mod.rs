@@ -22,7 +22,9 @@ pub use device::GpuDevice;
 #[cfg(any(test, feature = "test-support"))]
 pub use device::PooledStream;
 pub use error::{DriverResultExt, GpuError, GpuResult};
-pub use memory::{alloc_uninit, DeviceEvent, DeviceStream, DeviceVec};
+pub use memory::{
+    alloc_uninit, alloc_zeroed, empty_device_vec, DeviceEvent, DeviceStream, DeviceVec,
+};
 pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool};
 pub(crate) use pinned_region::{region_holding, PinnedRegion};
 pub use runtime::{gpu_availability, gpu_runtime, GpuUnavailable};

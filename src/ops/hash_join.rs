@@ -6,6 +6,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::gpu::alloc_zeroed;
 use crate::gpu::alloc_uninit;
 use crate::gpu::DeviceStream;
 
@@ -418,9 +419,7 @@ pub fn probe_partitioned(
     let tasks = task_list.tasks();
     let task_count = task_list.count;
 
-    let mut counts = stream
-        .alloc_zeros::<u64>(task_count)
-        .during("allocating match counts")?;
+    let mut counts = alloc_zeroed::<u64>(stream, task_count, "allocating match counts")?;
     timer.time(Phase::Kernel, || {
         launch::hash_join_count(
             &device.launcher(stream),

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use crate::gpu::empty_device_vec;
 use crate::gpu::alloc_uninit;
 use crate::gpu::DeviceStream;
 
@@ -18,7 +19,7 @@ use crate::gpu::launch::{
     self, AggregateOp, CodeTransform, GroupRows, MergeBound, RadixDigits, RadixGrid, MAX_RADIX_BITS,
 };
 use crate::gpu::{
-    download_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult,
+    download_u64, upload_u64_pieces, DeviceVec, GpuDevice, GpuError, GpuResult,
     Phase, PhaseTimer,
 };
 
@@ -64,7 +65,7 @@ impl SortedSide {
         // One row id per key, over all pieces.
         let rows = keys.len();
         let mut row_ids = if rows == 0 {
-            stream.null::<u64>().during("allocating row ids")?
+            empty_device_vec::<u64>(stream, "allocating row ids")?
         } else {
             // iota writes every element.
             alloc_uninit::<u64>(&stream, rows, "allocating row ids")?
@@ -276,7 +277,7 @@ impl MergeMatches {
         let n = streamed.rows();
         let alloc = |what: &'static str| -> GpuResult<DeviceVec<u64>> {
             if n == 0 {
-                return stream.null::<u64>().during(what);
+                return empty_device_vec::<u64>(stream, what);
             }
             // merge_path_bounds writes every one of the n elements.
             alloc_uninit::<u64>(&stream, n, what)

@@ -7,12 +7,13 @@
 
 use std::sync::Arc;
 
+use crate::gpu::alloc_zeroed;
 use crate::gpu::alloc_uninit;
 use crate::gpu::DeviceStream;
 
 use super::scan::exclusive_scan;
 use crate::gpu::launch::{self, RadixDigits, RadixGrid, JOIN_TABLE_CAPACITY, MAX_RADIX_BITS};
-use crate::gpu::{DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult};
+use crate::gpu::{DeviceVec, GpuDevice, GpuError, GpuResult};
 
 /// Largest partition count: 2^18 partitions of [`JOIN_TABLE_CAPACITY`] build
 /// rows each covers 2^29 build rows without chunking.
@@ -184,9 +185,7 @@ fn partition_in_place(
     plan: &RadixPlan,
 ) -> GpuResult<DeviceVec<u64>> {
     let rows = keys.len();
-    let mut starts = stream
-        .alloc_zeros::<u64>(plan.partitions() + 1)
-        .during("allocating partition starts")?;
+    let mut starts = alloc_zeroed::<u64>(stream, plan.partitions() + 1, "allocating partition starts")?;
     if rows == 0 {
         return Ok(starts);
     }
@@ -257,9 +256,7 @@ fn radix_passes_in_place(
     let mut shift = 0;
     for &bits in pass_bits {
         let histogram_len = (grid.blocks as usize) << bits;
-        let mut offsets = stream
-            .alloc_zeros::<u64>(histogram_len)
-            .during("allocating a radix histogram")?;
+        let mut offsets = alloc_zeroed::<u64>(stream, histogram_len, "allocating a radix histogram")?;
         launch::radix_histogram(
             &device.launcher(stream),
             digits,

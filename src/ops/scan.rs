@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::gpu::alloc_zeroed;
 use crate::gpu::launch::{self, SCAN_TILE};
-use crate::gpu::{DeviceVec, DriverResultExt, GpuDevice, GpuResult};
+use crate::gpu::{DeviceVec, GpuDevice, GpuResult};
 use crate::gpu::DeviceStream;
 
 /// Replaces `values[..n]` by its exclusive prefix sum: tiles are scanned in
@@ -19,9 +20,7 @@ pub fn exclusive_scan(
         return Ok(());
     }
     let tiles = n.div_ceil(SCAN_TILE);
-    let mut tile_totals = stream
-        .alloc_zeros::<u64>(tiles)
-        .during("allocating scan tile totals")?;
+    let mut tile_totals = alloc_zeroed::<u64>(stream, tiles, "allocating scan tile totals")?;
     launch::scan_tiles(&device.launcher(stream), values, n, &mut tile_totals)?;
     if tiles > 1 {
         exclusive_scan(device, stream, &mut tile_totals, tiles)?;

@@ -1,6 +1,7 @@
 //! Groups numbered in one global hash table (seed 002's HGB), its slots
 //! sized from the sample, and the rows inserted.
 
+use crate::gpu::alloc_zeroed;
 use crate::gpu::alloc_uninit;
 use super::*;
 
@@ -18,12 +19,10 @@ pub(super) fn launch_group_assignment(
     folds: Option<FoldInputs<'_>>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<PendingGroups> {
-    let mut group_count = stream
-        .alloc_zeros::<u64>(1)
-        .during("allocating the group counter")?;
+    let mut group_count = alloc_zeroed::<u64>(stream, 1, "allocating the group counter")?;
     let Some(mut device_keys) = keys else {
         // No groups; the reductions launch nothing for no rows.
-        let none = || stream.alloc_zeros::<u64>(1).during("allocating row groups");
+        let none = || alloc_zeroed::<u64>(stream, 1, "allocating row groups");
         return Ok(PendingGroups {
             keys: none()?,
             group_count,
@@ -96,9 +95,7 @@ pub(super) fn launch_group_assignment(
             PendingRowGroups::Ids(row_groups)
         }
         Some(capacity) => {
-            let mut overflow = stream
-                .alloc_zeros::<u64>(1)
-                .during("allocating the overflow flag")?;
+            let mut overflow = alloc_zeroed::<u64>(stream, 1, "allocating the overflow flag")?;
             let table_groups = insert_into_table(
                 device,
                 stream,

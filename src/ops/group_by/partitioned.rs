@@ -1,6 +1,7 @@
 //! Groups numbered in hash partitions sized to shared memory (seed 002's
 //! partition-based group-by).
 
+use crate::gpu::alloc_zeroed;
 use crate::gpu::alloc_uninit;
 use super::*;
 
@@ -33,15 +34,9 @@ pub(super) fn launch_partitioned_group_assignment(
         alloc_uninit(&stream, rows, "allocating group positions")?;
     // Zeros: a partition left unnumbered (after an overflow) counts none,
     // and the entry after the last makes the scan's last entry the total.
-    let mut group_counts = stream
-        .alloc_zeros::<u64>(partitions + 1)
-        .during("allocating partition group counts")?;
-    let mut overflow = stream
-        .alloc_zeros::<u64>(1)
-        .during("allocating the overflow flag")?;
-    let mut group_count = stream
-        .alloc_zeros::<u64>(1)
-        .during("allocating the group counter")?;
+    let mut group_counts = alloc_zeroed::<u64>(stream, partitions + 1, "allocating partition group counts")?;
+    let mut overflow = alloc_zeroed::<u64>(stream, 1, "allocating the overflow flag")?;
+    let mut group_count = alloc_zeroed::<u64>(stream, 1, "allocating the group counter")?;
     let partitioned = timer.time(Phase::Kernel, || {
         launch::iota(&device.launcher(stream), &mut ids, 0)?;
         let partitioned = radix_partition(device, stream, device_keys, ids, &plan)?;

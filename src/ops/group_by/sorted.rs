@@ -1,6 +1,7 @@
 //! Groups numbered by radix-sorting the rows by key: each run of equal keys is
 //! a group (seed 002's SGB).
 
+use crate::gpu::alloc_zeroed;
 use crate::gpu::alloc_uninit;
 use super::*;
 
@@ -27,9 +28,7 @@ pub(super) fn launch_sorted_group_assignment(
         alloc_uninit(&stream, rows, "allocating row groups")?;
     let mut group_firsts: DeviceVec<u64> =
         alloc_uninit(&stream, rows, "allocating group first positions")?;
-    let mut group_count = stream
-        .alloc_zeros::<u64>(1)
-        .during("allocating the group counter")?;
+    let mut group_count = alloc_zeroed::<u64>(stream, 1, "allocating the group counter")?;
     let sorted = timer.time(Phase::Kernel, || {
         if let Some(transform) = transform {
             launch::ordered_codes(&device.launcher(stream), &mut device_keys, transform)?;

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use crate::gpu::alloc_zeroed;
 use crate::gpu::alloc_uninit;
 use crate::gpu::DeviceStream;
 
@@ -366,12 +367,8 @@ impl FoldingTable {
         // Filled with u64::MAX below, before any read.
         let mut groups: DeviceVec<u64> =
             alloc_uninit(&stream, slots, "allocating the group hash table")?;
-        let overflow = stream
-            .alloc_zeros::<u64>(1)
-            .during("allocating the overflow flag")?;
-        let slot_results = stream
-            .alloc_zeros::<u64>(slots * launch::table_slot_words(folds))
-            .during("allocating the table's folds")?;
+        let overflow = alloc_zeroed::<u64>(stream, 1, "allocating the overflow flag")?;
+        let slot_results = alloc_zeroed::<u64>(stream, slots * launch::table_slot_words(folds), "allocating the table's folds")?;
         timer.time(Phase::Kernel, || {
             launch::fill_u64(&device.launcher(stream), &mut groups, u64::MAX)
         })?;
