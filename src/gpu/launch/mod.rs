@@ -5,15 +5,17 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaModule, CudaSlice, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
 use super::{DriverResultExt, GpuError, GpuResult};
 
 mod gather;
+mod launcher;
 mod group_by;
 mod merge_join;
+pub use launcher::Launcher;
 pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, ValueWidth};
 pub use group_by::{
     aggregate_f64_sum, aggregate_gathered, aggregate_i128_sum, aggregate_u64, f64_sum_fixed,
@@ -43,29 +45,6 @@ const HASH_JOIN_PTX: &str = include_str!("../../../ptx/hash_join.ptx");
 const GROUP_BY_PTX: &str = include_str!("../../../ptx/group_by.ptx");
 const MERGE_JOIN_PTX: &str = include_str!("../../../ptx/merge_join.ptx");
 const GATHER_PTX: &str = include_str!("../../../ptx/gather.ptx");
-
-/// What every launch takes: the kernels, the stream they run on in order,
-/// and the device's multiprocessor count, which sizes grid-stride grids.
-/// Made by [`crate::gpu::GpuDevice::launcher`] for one of the device's
-/// streams.
-#[derive(Clone, Copy)]
-pub struct Launcher<'a> {
-    kernels: &'a Kernels,
-    stream: &'a Arc<CudaStream>,
-    sm_count: u32,
-}
-
-impl<'a> Launcher<'a> {
-    /// Launches of `kernels` on `stream`, on a device of `sm_count`
-    /// multiprocessors.
-    pub fn new(kernels: &'a Kernels, stream: &'a Arc<CudaStream>, sm_count: u32) -> Self {
-        Self {
-            kernels,
-            stream,
-            sm_count,
-        }
-    }
-}
 
 /// Every kernel of the crate, loaded into one device context.
 #[derive(Debug)]
