@@ -6,10 +6,9 @@
 //! [`pin_batches`] skip it: the upload finds their buffers in the region
 //! registry and enqueues one direct copy per contiguous run.
 
-use std::ptr::NonNull;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{make_array, Array, ArrayData, RecordBatch};
+use datafusion::arrow::array::{make_array, Array, ArrayData, ArrayRef, RecordBatch};
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use datafusion::error::{DataFusionError, Result};
 
@@ -81,11 +80,58 @@ pub fn pin_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
     let data: Vec<Vec<ArrayData>> = (0..columns)
         .map(|c| batches.iter().map(|b| b.column(c).to_data()).collect())
         .collect();
-    // Every buffer as (column, batch, index), in the order it is laid out:
-    // per column, the first buffer of every batch (the values, for
-    // fixed-width types), then each batch's others; index
-    // `buffers().len()` stands for the validity bitmap.
-    let mut layout: Vec<(usize, usize, usize)> = Vec::new();
+    let layout = buffer_layout(&data);
+    let source = |(c, b, i): (usize, usize, usize)| -> &[u8] {
+        let array = &data[c][b];
+        match array.buffers().get(i) {
+            Some(buffer) => buffer.as_slice(),
+            None => array.nulls().map_or(&[], |n| n.buffer().as_slice()),
+        }
+    };
+    let pieces: Vec<&[u8]> = layout.iter().map(|&at| source(at)).collect();
+    let (region, offsets) = PinnedRegion::holding_copies(device, &pieces, BUFFER_ALIGNMENT)
+        .map_err(DataFusionError::from)?;
+    let mut pinned: Vec<Vec<Vec<Option<Buffer>>>> = data
+        .iter()
+        .map(|per_batch| {
+            per_batch
+                .iter()
+                .map(|d| vec![None; d.buffers().len() + 1])
+                .collect()
+        })
+        .collect();
+    for ((&(c, b, i), &offset), piece) in layout.iter().zip(&offsets).zip(&pieces) {
+        let to = region.address_at(offset, piece.len()).ok_or_else(|| {
+            DataFusionError::Internal(format!("{offset} is not within the pinned region"))
+        })?;
+        // SAFETY: the region holds a copy of `piece` at `to` (written before
+        // the region was handed out), which stays valid and unchanged while
+        // the region lives, and the buffer holds the region.
+        let buffer = unsafe {
+            Buffer::from_custom_allocation(to, piece.len(), Arc::clone(&region) as Arc<_>)
+        };
+        pinned[c][b][i] = Some(buffer);
+    }
+    let arrays = rebuilt_arrays(&data, pinned)?;
+    batches
+        .iter()
+        .enumerate()
+        .map(|(b, batch)| {
+            let columns = arrays
+                .iter()
+                .map(|per_batch| Arc::clone(&per_batch[b]))
+                .collect();
+            Ok(RecordBatch::try_new(batch.schema(), columns)?)
+        })
+        .collect()
+}
+
+/// Every buffer of `data` (per column, per batch) as (column, batch,
+/// index), in the order it is laid out: per column, the first buffer of
+/// every batch (the values, for fixed-width types), then each batch's
+/// others; index `buffers().len()` stands for the validity bitmap.
+fn buffer_layout(data: &[Vec<ArrayData>]) -> Vec<(usize, usize, usize)> {
+    let mut layout = Vec::new();
     for (c, per_batch) in data.iter().enumerate() {
         for (b, array) in per_batch.iter().enumerate() {
             if !array.buffers().is_empty() {
@@ -100,85 +146,41 @@ pub fn pin_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
             }
         }
     }
-    let source = |(c, b, i): (usize, usize, usize)| -> &[u8] {
-        let array = &data[c][b];
-        match array.buffers().get(i) {
-            Some(buffer) => buffer.as_slice(),
-            None => array.nulls().map_or(&[], |n| n.buffer().as_slice()),
-        }
-    };
-    let mut offsets = Vec::with_capacity(layout.len());
-    let mut bytes = 0usize;
-    for &at in &layout {
-        offsets.push(bytes);
-        bytes = (bytes + source(at).len()).next_multiple_of(BUFFER_ALIGNMENT);
-    }
-    let region = PinnedRegion::new(device, bytes).map_err(DataFusionError::from)?;
-    let base = region.base();
-    let mut pinned: Vec<Vec<Vec<Option<Buffer>>>> = data
-        .iter()
-        .map(|per_batch| {
+    layout
+}
+
+/// The arrays of `data` (per column, per batch) rebuilt over their
+/// `pinned` copies: per array, its buffers, then its validity bitmap.
+fn rebuilt_arrays(
+    data: &[Vec<ArrayData>],
+    pinned: Vec<Vec<Vec<Option<Buffer>>>>,
+) -> Result<Vec<Vec<ArrayRef>>> {
+    data.iter()
+        .zip(pinned)
+        .map(|(per_batch, buffers)| {
             per_batch
                 .iter()
-                .map(|d| vec![None; d.buffers().len() + 1])
-                .collect()
-        })
-        .collect();
-    for (&(c, b, i), &offset) in layout.iter().zip(&offsets) {
-        let from = source((c, b, i));
-        // SAFETY: `offset + from.len()` is within the region's `bytes`
-        // (the offsets were laid out from these lengths), the region is
-        // host memory this process owns, and nothing else has a reference
-        // into it yet; `from` is a different allocation.
-        let to = unsafe {
-            let to = base.add(offset);
-            std::ptr::copy_nonoverlapping(from.as_ptr(), to, from.len());
-            NonNull::new_unchecked(to)
-        };
-        // SAFETY: the bytes at `to` were just written, stay valid and
-        // unchanged while the region lives, and the buffer holds the region.
-        let buffer = unsafe {
-            Buffer::from_custom_allocation(to, from.len(), Arc::clone(&region) as Arc<_>)
-        };
-        pinned[c][b][i] = Some(buffer);
-    }
-    let arrays: Vec<Vec<_>> =
-        data.iter()
-            .zip(pinned)
-            .map(|(per_batch, buffers)| {
-                per_batch
-                    .iter()
-                    .zip(buffers)
-                    .map(|(array, mut buffers)| {
-                        let nulls = buffers.pop().flatten();
-                        let buffers: Vec<Buffer> = buffers.into_iter().flatten().collect();
-                        let nulls =
-                            match (array.nulls(), nulls) {
-                                (Some(old), Some(bits)) => Some(NullBuffer::new(
-                                    BooleanBuffer::new(bits, old.offset(), old.len()),
-                                )),
-                                (old, _) => old.cloned(),
-                            };
-                        let rebuilt = array
-                            .clone()
-                            .into_builder()
-                            .buffers(buffers)
-                            .nulls(nulls)
-                            .build()?;
-                        Ok(make_array(rebuilt))
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<_>>()?;
-    batches
-        .iter()
-        .enumerate()
-        .map(|(b, batch)| {
-            let columns = arrays
-                .iter()
-                .map(|per_batch| Arc::clone(&per_batch[b]))
-                .collect();
-            Ok(RecordBatch::try_new(batch.schema(), columns)?)
+                .zip(buffers)
+                .map(|(array, mut buffers)| {
+                    let nulls = buffers.pop().flatten();
+                    let buffers: Vec<Buffer> = buffers.into_iter().flatten().collect();
+                    let nulls = match (array.nulls(), nulls) {
+                        (Some(old), Some(bits)) => Some(NullBuffer::new(BooleanBuffer::new(
+                            bits,
+                            old.offset(),
+                            old.len(),
+                        ))),
+                        (old, _) => old.cloned(),
+                    };
+                    let rebuilt = array
+                        .clone()
+                        .into_builder()
+                        .buffers(buffers)
+                        .nulls(nulls)
+                        .build()?;
+                    Ok(make_array(rebuilt))
+                })
+                .collect::<Result<Vec<_>>>()
         })
         .collect()
 }

@@ -38,7 +38,7 @@ use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::host::array_buffers::value_buffer;
-use crate::host::copy::zeroed_for_fill;
+use crate::gpu::zeroed_for_fill;
 use crate::host::mapped_ahead::MappedAhead;
 use crate::host::parallel::on_row_chunks;
 

@@ -4,6 +4,7 @@
 //! keys and the check of hashed ones ([`group_keys`]), and aggregate inputs
 //! and results ([`words`]). Host work only; the device sees plain words.
 
+pub(crate) mod concat;
 pub mod device_batch;
 pub(crate) mod group_keys;
 pub(crate) mod keys;

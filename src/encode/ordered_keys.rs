@@ -27,7 +27,7 @@ use crate::encode::keys::{
     pieces_value_range, KeySpec,
 };
 use crate::gpu::launch::CodeTransform;
-use crate::host::copy::zeroed_for_fill;
+use crate::gpu::zeroed_for_fill;
 use crate::host::parallel::on_row_chunks;
 
 /// The code of one key column.

@@ -8,6 +8,7 @@ mod budget;
 mod column;
 mod device;
 mod error;
+mod host_pages;
 pub mod launch;
 mod memory;
 mod pinned;
@@ -18,10 +19,11 @@ mod transfer;
 
 pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
 pub use column::{DeviceColumn, HostColumn};
-pub use device::GpuDevice;
+pub use device::{Admission, GpuDevice};
 #[cfg(any(test, feature = "test-support"))]
 pub use device::PooledStream;
 pub use error::{DriverResultExt, GpuError, GpuResult};
+pub use host_pages::zeroed_for_fill;
 pub use memory::{
     alloc_uninit, alloc_zeroed, empty_device_vec, DeviceEvent, DeviceStream, DeviceVec,
 };

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::RefUnwindSafe;
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use cudarc::driver::{sys, CudaEvent, CudaStream, PinnedHostSlice};
@@ -34,16 +35,48 @@ impl std::fmt::Debug for PinnedRegion {
 impl RefUnwindSafe for PinnedRegion {}
 
 impl PinnedRegion {
+    /// A region holding copies of `pieces`, laid end to end, each at a
+    /// multiple of `align` bytes, and registered so that uploads find it;
+    /// with each piece's offset in it.
+    pub(crate) fn holding_copies(
+        device: &GpuDevice,
+        pieces: &[&[u8]],
+        align: usize,
+    ) -> GpuResult<(Arc<Self>, Vec<usize>)> {
+        let mut offsets = Vec::with_capacity(pieces.len());
+        let mut bytes = 0usize;
+        for piece in pieces {
+            offsets.push(bytes);
+            bytes = (bytes + piece.len()).next_multiple_of(align.max(1));
+        }
+        let region = Self::new(device, bytes)?;
+        for (piece, &offset) in pieces.iter().zip(&offsets) {
+            // SAFETY: `offset + piece.len()` is within the region's `bytes`
+            // (the offsets were laid out from these lengths), the region is
+            // host memory this process owns, and nothing else has a
+            // reference into it yet (it is not handed out before this
+            // returns); `piece` is a different allocation.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    piece.as_ptr(),
+                    region.base().add(offset),
+                    piece.len(),
+                );
+            }
+        }
+        Ok((region, offsets))
+    }
+
     /// A region of `bytes` bytes, registered so that uploads find it. Its
-    /// memory is uninitialised: the caller writes what it places there
-    /// before anything reads it.
-    pub(crate) fn new(device: &GpuDevice, bytes: usize) -> GpuResult<Arc<Self>> {
+    /// memory is uninitialised: [`Self::holding_copies`] writes what it
+    /// places there before anything reads it.
+    fn new(device: &GpuDevice, bytes: usize) -> GpuResult<Arc<Self>> {
         let ctx = device.context();
-        // SAFETY: the memory is uninitialised; `pin_batches` writes every
-        // byte a buffer covers before the buffer exists, and nothing reads
-        // the padding between buffers. Portable: pinned for every device's
-        // context, not only the allocating one. Not write-combined: the
-        // CPU operators read these tables too.
+        // SAFETY: the memory is uninitialised; `holding_copies` writes every
+        // byte a piece covers before the region is handed out, and nothing
+        // reads the padding between pieces. Portable: pinned for every
+        // device's context, not only the allocating one. Not write-combined:
+        // the CPU operators read these tables too.
         let memory = unsafe {
             ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE)
         }
@@ -66,8 +99,17 @@ impl PinnedRegion {
     }
 
     /// The region's first byte, for writing into it.
-    pub(crate) fn base(&self) -> *mut u8 {
+    fn base(&self) -> *mut u8 {
         self.start as *mut u8
+    }
+
+    /// The address `offset` bytes into the region, where the `len` bytes
+    /// from it lie inside the region.
+    pub(crate) fn address_at(&self, offset: usize, len: usize) -> Option<NonNull<u8>> {
+        let at = self.start.checked_add(offset)?;
+        self.holds_addresses(at, len)
+            .then(|| NonNull::new(self.base().wrapping_add(offset)))
+            .flatten()
     }
 
     /// The region's addresses, `[start, end)`.

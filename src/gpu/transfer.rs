@@ -10,7 +10,8 @@ use super::pinned_region::region_holding;
 use super::{
     DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer, PinnedRegion,
 };
-use crate::host::copy::{copy_window, host_threads, zeroed_for_fill};
+use super::host_pages::zeroed_for_fill;
+use crate::host::copy::{copy_window, host_threads};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
 /// buffer so that the copy runs at full bus speed. Returns once the copy is

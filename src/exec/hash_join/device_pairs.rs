@@ -5,6 +5,7 @@
 use super::*;
 use crate::exec::hash_join::build_side::ResidentBuildColumns;
 use crate::ops::hash_join::DeviceJoinPairs;
+use crate::gpu::DeviceReservation;
 
 /// What a chunk hands on: matching pairs (build row ids, probe row ids),
 /// the output batches of `len` rows gathered on the device, or the words
@@ -128,185 +129,303 @@ pub(super) fn pairs_on_device(
     metrics: &GpuJoinMetrics,
     on_output: &mut dyn FnMut(Result<ChunkOutput>),
 ) -> GpuResult<()> {
-    let DeviceLimits {
-        max_pairs,
-        memory_fraction,
-        partition,
-        ..
-    } = *limits;
     device.bind_to_thread()?;
-    let gather = gather.filter(|_| build.gathers_on_device());
-    let gather_bytes = gather.map_or(0, |gather| {
-        let order = if gather.ordered {
-            order_device_bytes(max_pairs)
-        } else {
-            0
-        };
-        // One buffer of the widest column's values per pair.
-        let widest = ResidentColumns::widest(gather.chunk, gather.probe_columns)
-            .max(build.widest_gathered_column());
-        ResidentColumns::device_bytes(gather.chunk, gather.probe_columns)
-            + order
-            + widest * max_pairs
-    });
-    let bytes = probe_device_bytes(probe_keys.len(), build.plan(), max_pairs, device.sm_count())
-        + gather_bytes;
     let stream = device.stream()?;
-    let stream = stream.stream();
-    let mut timer = PhaseTimer::new(Arc::clone(stream));
-    let mut probe_columns: Option<ResidentColumns> = None;
-    let mut partitioned = None;
-    // Where the chunk's aggregation is folded as the device probes, its
-    // keys carry the probe columns the folds read in place of row ids (see
-    // `SideCarry`): the chunk's columns go to the device first. Only where
-    // they all cross straight from pinned memory: staged through the host,
-    // they would hold back the keys' partitioning, which otherwise runs
-    // while they are staged, and the chunk would wait on the host, not on
-    // the device, so that carrying them would cost more than it saves.
-    let carrying = gather.filter(|gather| {
-        gather.fold_while_probing && gather.carry_folded_values && gather.reductions.is_some()
-    });
-    let partition_keys = |probe_columns: &mut Option<ResidentColumns>,
-                          carry_values: bool,
-                          timer: &mut PhaseTimer| {
-        let carrying = carrying.filter(|_| carry_values);
-        partition_chunk_keys(device, stream, build, probe_keys, carrying, probe_columns, timer)
-    };
-    // While the build side goes to the device (made by another partition,
-    // or, where nobody makes it yet, by a thread of this one), this chunk's
-    // keys (and an aggregation's columns) cross the bus beside it and are
-    // partitioned, where the memory they take leaves room for the table.
-    let (resident, early) = std::thread::scope(|scope| {
-        let table_maker = build.device_table_unstarted(device).then(|| {
-            scope.spawn(|| {
-                device.bind_to_thread()?;
-                build.device_table(device, memory_fraction, metrics)
-            })
-        });
-        let early = (table_maker.is_some() || build.device_table_in_progress())
-            .then(|| {
-                device.budget().try_reserve(
-                    bytes,
-                    build.device_table_bytes(device),
-                    memory_fraction,
-                )
-            })
-            .flatten();
-        if early.is_some() {
-            partitioned = Some(partition_keys(&mut probe_columns, true, &mut timer)?);
-            let gather = gather.filter(|gather| gather.reductions.is_some());
-            if let Some(gather) = gather.filter(|_| probe_columns.is_none()) {
-                probe_columns = Some(ResidentColumns::upload(
-                    device,
-                    stream,
-                    gather.chunk,
-                    gather.probe_columns,
-                    &mut timer,
-                )?);
-            }
-            trace::event(|| format!("hash join p{partition}: keys partitioned before the table"));
-        }
-        let resident = match table_maker {
-            Some(maker) => maker.join().map_err(|_| {
-                GpuError::Invalid("the thread making the build table panicked".into())
-            })??,
-            None => build.device_table(device, memory_fraction, metrics)?,
-        };
-        GpuResult::Ok((resident, early))
-    })?;
-    trace::event(|| format!("hash join p{partition}: build table ready"));
-    let table = &resident.table;
-    let gather = gather.zip(resident.gather.as_ref());
-    let _memory = match early {
-        Some(memory) => memory,
-        None => {
-            let memory =
-                device
-                    .budget()
-                    .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
-            metrics
-                .device
-                .device_memory_wait
-                .add_duration(memory.waited());
-            memory
-        }
-    };
-    let partitioned = match partitioned {
-        Some(partitioned) => partitioned,
-        None => partition_keys(&mut probe_columns, true, &mut timer)?,
-    };
-    let Some(mut partitioned) = partitioned else {
-        metrics.device.record(&timer.finish()?);
-        return Ok(());
-    };
-    if let Some((gather, build_columns)) = gather.filter(|(gather, _)| gather.fold_while_probing) {
-        let folded = fold_while_probing(
-            device,
-            stream,
-            (&resident, &partitioned),
-            gather,
-            (&build.rows, &build_columns.columns),
-            &mut probe_columns,
-            &mut timer,
-        )?;
-        if let Some(folded) = folded {
-            trace::event(|| format!("hash join p{partition}: {} pairs folded", folded.pairs));
-            if partitioned.carry.is_some() {
-                metrics.probe_rows_carrying_values.add(probe_keys.len());
-            }
-            if partitioned.keys.one_word() {
-                metrics.rows_in_one_word.add(probe_keys.len());
-            }
-            if folded.pairs > 0 {
-                // A fold over no pair holds its identity, not a value.
-                metrics.pairs_folded_while_probing.add(folded.pairs);
-                on_output(Ok(ChunkOutput::Reduced(folded.words, folded.pairs)));
-            }
-            metrics.device.record(&timer.finish()?);
-            return Ok(());
-        }
-    }
-    // The folds could not run (a column not on the device, say one with
-    // NULLs): the pairs are written out, by row ids, of both sides.
-    let by_row_id = build.table_by_row_id(device, &resident, memory_fraction, metrics)?;
-    if by_row_id.is_some() {
-        trace::event(|| format!("hash join p{partition}: build table by row id"));
-    }
-    let table = by_row_id
-        .as_ref()
-        .map_or(table, |by_row_id| &by_row_id.table);
-    if partitioned.carry.is_some() {
-        trace::event(|| format!("hash join p{partition}: keys partitioned again, by row id"));
-        drop(partitioned);
-        match partition_keys(&mut probe_columns, false, &mut timer)? {
-            Some(again) => partitioned = again,
-            None => {
-                metrics.device.record(&timer.finish()?);
-                return Ok(());
-            }
-        }
-    }
-    let partitioned = &partitioned.keys;
-    if partitioned.one_word() {
-        metrics.rows_in_one_word.add(probe_keys.len());
-    }
-    // The chunk's own columns go to the device once its pairs are counted,
-    // and only where that pays (see `probe_side_pays`).
-    probe_partitioned(
+    let work = ChunkOnDevice {
         device,
-        stream,
-        table,
-        partitioned,
-        max_pairs,
-        &mut timer,
-        |pairs, timer| {
-            let len = pairs.len;
-            trace::event(|| format!("hash join p{partition}: {len} pairs found"));
-            emit_range(device, stream, build, gather, &mut probe_columns, pairs, limits, timer, on_output)
-        },
-    )?;
+        stream: stream.stream(),
+        build,
+        probe_keys,
+        limits,
+        gather: gather.filter(|_| build.gathers_on_device()),
+        metrics,
+    };
+    let mut timer = PhaseTimer::new(Arc::clone(work.stream));
+    let mut probe_columns: Option<ResidentColumns> = None;
+    let ready = work.ready_table(&mut probe_columns, &mut timer)?;
+    let mut partitioned = match ready.partitioned {
+        Some(partitioned) => partitioned,
+        None => work.partition_keys(&mut probe_columns, true, &mut timer)?,
+    };
+    if partitioned.is_some()
+        && !work.fold(&ready.resident, &partitioned, &mut probe_columns, &mut timer, on_output)?
+    {
+        work.write_pairs(&ready.resident, &mut partitioned, &mut probe_columns, &mut timer, on_output)?;
+    }
     metrics.device.record(&timer.finish()?);
     Ok(())
+}
+
+/// What every step of one chunk's device work reads.
+struct ChunkOnDevice<'a, 'g> {
+    device: &'a Arc<GpuDevice>,
+    stream: &'a Arc<DeviceStream>,
+    build: &'a BuildSide,
+    probe_keys: &'a JoinKeys,
+    limits: &'a DeviceLimits,
+    /// Output gathered on the device, where the build side allows it.
+    gather: Option<&'a ChunkGather<'g>>,
+    metrics: &'a GpuJoinMetrics,
+}
+
+/// The build table on the device, the chunk's device memory reserved, and
+/// its keys, where they were partitioned while the table was made.
+struct ReadyTable {
+    resident: Arc<ResidentTable>,
+    /// Held until the chunk's device work is done.
+    _memory: DeviceReservation,
+    /// `Some` where the keys were partitioned early (`Some(None)`: the
+    /// chunk has no rows).
+    partitioned: Option<Option<KeysOnDevice>>,
+}
+
+impl ChunkOnDevice<'_, '_> {
+    /// The device memory the chunk's work takes at most: its keys'
+    /// partitioning and pairs, and where output is gathered on the device,
+    /// its columns, the pairs' order and one buffer of the widest column's
+    /// values per pair.
+    fn device_bytes(&self) -> usize {
+        let max_pairs = self.limits.max_pairs;
+        let gather_bytes = self.gather.map_or(0, |gather| {
+            let order = if gather.ordered {
+                order_device_bytes(max_pairs)
+            } else {
+                0
+            };
+            let widest = ResidentColumns::widest(gather.chunk, gather.probe_columns)
+                .max(self.build.widest_gathered_column());
+            ResidentColumns::device_bytes(gather.chunk, gather.probe_columns)
+                + order
+                + widest * max_pairs
+        });
+        probe_device_bytes(
+            self.probe_keys.len(),
+            self.build.plan(),
+            max_pairs,
+            self.device.sm_count(),
+        ) + gather_bytes
+    }
+
+    /// The chunk's keys partitioned (see [`partition_chunk_keys`]). Where
+    /// the chunk's aggregation is folded as the device probes, its keys
+    /// carry the probe columns the folds read in place of row ids (see
+    /// `SideCarry`), with `carry_values`: the chunk's columns go to the
+    /// device first. Only where they all cross straight from pinned
+    /// memory: staged through the host, they would hold back the keys'
+    /// partitioning, which otherwise runs while they are staged, and the
+    /// chunk would wait on the host, not on the device, so that carrying
+    /// them would cost more than it saves.
+    fn partition_keys(
+        &self,
+        probe_columns: &mut Option<ResidentColumns>,
+        carry_values: bool,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Option<KeysOnDevice>> {
+        let carrying = self.gather.filter(|gather| {
+            carry_values
+                && gather.fold_while_probing
+                && gather.carry_folded_values
+                && gather.reductions.is_some()
+        });
+        partition_chunk_keys(
+            self.device,
+            self.stream,
+            self.build,
+            self.probe_keys,
+            carrying,
+            probe_columns,
+            timer,
+        )
+    }
+
+    /// Waits for the build table and reserves the chunk's device memory.
+    /// While the build side goes to the device (made by another partition,
+    /// or, where nobody makes it yet, by a thread of this one), this
+    /// chunk's keys (and an aggregation's columns) cross the bus beside it
+    /// and are partitioned, where the memory they take leaves room for the
+    /// table.
+    fn ready_table(
+        &self,
+        probe_columns: &mut Option<ResidentColumns>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<ReadyTable> {
+        let (device, build, metrics) = (self.device, self.build, self.metrics);
+        let DeviceLimits {
+            memory_fraction,
+            partition,
+            ..
+        } = *self.limits;
+        let bytes = self.device_bytes();
+        let mut partitioned = None;
+        let (resident, early) = std::thread::scope(|scope| {
+            let table_maker = build.device_table_unstarted(device).then(|| {
+                scope.spawn(|| {
+                    device.bind_to_thread()?;
+                    build.device_table(device, memory_fraction, metrics)
+                })
+            });
+            let early = (table_maker.is_some() || build.device_table_in_progress())
+                .then(|| {
+                    device.budget().try_reserve(
+                        bytes,
+                        build.device_table_bytes(device),
+                        memory_fraction,
+                    )
+                })
+                .flatten();
+            if early.is_some() {
+                partitioned = Some(self.partition_keys(probe_columns, true, timer)?);
+                let gather = self.gather.filter(|gather| gather.reductions.is_some());
+                if let Some(gather) = gather.filter(|_| probe_columns.is_none()) {
+                    *probe_columns = Some(ResidentColumns::upload(
+                        device,
+                        self.stream,
+                        gather.chunk,
+                        gather.probe_columns,
+                        timer,
+                    )?);
+                }
+                trace::event(|| {
+                    format!("hash join p{partition}: keys partitioned before the table")
+                });
+            }
+            let resident = match table_maker {
+                Some(maker) => maker.join().map_err(|_| {
+                    GpuError::Invalid("the thread making the build table panicked".into())
+                })??,
+                None => build.device_table(device, memory_fraction, metrics)?,
+            };
+            GpuResult::Ok((resident, early))
+        })?;
+        trace::event(|| format!("hash join p{partition}: build table ready"));
+        let memory = match early {
+            Some(memory) => memory,
+            None => {
+                let memory =
+                    device
+                        .budget()
+                        .reserve(bytes, memory_fraction, ReservationKind::Transient)?;
+                metrics
+                    .device
+                    .device_memory_wait
+                    .add_duration(memory.waited());
+                memory
+            }
+        };
+        Ok(ReadyTable {
+            resident,
+            _memory: memory,
+            partitioned,
+        })
+    }
+
+    /// Folds the chunk's aggregation as the device probes, where it can
+    /// (see [`fold_while_probing`]); whether it did.
+    fn fold(
+        &self,
+        resident: &ResidentTable,
+        partitioned: &Option<KeysOnDevice>,
+        probe_columns: &mut Option<ResidentColumns>,
+        timer: &mut PhaseTimer,
+        on_output: &mut dyn FnMut(Result<ChunkOutput>),
+    ) -> GpuResult<bool> {
+        let gather = self.gather.zip(resident.gather.as_ref());
+        let (Some(partitioned), Some((gather, build_columns))) = (
+            partitioned.as_ref(),
+            gather.filter(|(gather, _)| gather.fold_while_probing),
+        ) else {
+            return Ok(false);
+        };
+        let Some(folded) = fold_while_probing(
+            self.device,
+            self.stream,
+            (resident, partitioned),
+            gather,
+            (&self.build.rows, &build_columns.columns),
+            probe_columns,
+            timer,
+        )?
+        else {
+            return Ok(false);
+        };
+        let (metrics, partition) = (self.metrics, self.limits.partition);
+        trace::event(|| format!("hash join p{partition}: {} pairs folded", folded.pairs));
+        if partitioned.carry.is_some() {
+            metrics.probe_rows_carrying_values.add(self.probe_keys.len());
+        }
+        if partitioned.keys.one_word() {
+            metrics.rows_in_one_word.add(self.probe_keys.len());
+        }
+        if folded.pairs > 0 {
+            // A fold over no pair holds its identity, not a value.
+            metrics.pairs_folded_while_probing.add(folded.pairs);
+            on_output(Ok(ChunkOutput::Reduced(folded.words, folded.pairs)));
+        }
+        Ok(true)
+    }
+
+    /// The chunk's pairs written out range by range, by row ids of both
+    /// sides (the folds could not run: a column not on the device, say
+    /// one with NULLs). Keys that carry values are partitioned again, with
+    /// row ids.
+    fn write_pairs(
+        &self,
+        resident: &ResidentTable,
+        partitioned: &mut Option<KeysOnDevice>,
+        probe_columns: &mut Option<ResidentColumns>,
+        timer: &mut PhaseTimer,
+        on_output: &mut dyn FnMut(Result<ChunkOutput>),
+    ) -> GpuResult<()> {
+        let (device, stream, build) = (self.device, self.stream, self.build);
+        let (metrics, partition) = (self.metrics, self.limits.partition);
+        let memory_fraction = self.limits.memory_fraction;
+        let by_row_id = build.table_by_row_id(device, resident, memory_fraction, metrics)?;
+        if by_row_id.is_some() {
+            trace::event(|| format!("hash join p{partition}: build table by row id"));
+        }
+        let table = by_row_id
+            .as_ref()
+            .map_or(&resident.table, |by_row_id| &by_row_id.table);
+        if partitioned.as_ref().is_some_and(|keys| keys.carry.is_some()) {
+            trace::event(|| format!("hash join p{partition}: keys partitioned again, by row id"));
+            // Freed before the keys are partitioned again.
+            *partitioned = None;
+            *partitioned = self.partition_keys(probe_columns, false, timer)?;
+        }
+        let Some(partitioned) = partitioned.as_ref().map(|keys| &keys.keys) else {
+            return Ok(());
+        };
+        if partitioned.one_word() {
+            metrics.rows_in_one_word.add(self.probe_keys.len());
+        }
+        let gather = self.gather.zip(resident.gather.as_ref());
+        // The chunk's own columns go to the device once its pairs are
+        // counted, and only where that pays (see `probe_side_pays`).
+        probe_partitioned(
+            device,
+            stream,
+            table,
+            partitioned,
+            self.limits.max_pairs,
+            timer,
+            |pairs, timer| {
+                let len = pairs.len;
+                trace::event(|| format!("hash join p{partition}: {len} pairs found"));
+                emit_range(
+                    device,
+                    stream,
+                    build,
+                    gather,
+                    probe_columns,
+                    pairs,
+                    self.limits,
+                    timer,
+                    on_output,
+                )
+            },
+        )?;
+        Ok(())
+    }
 }
 
 /// A chunk's keys partitioned on the device: carrying the probe columns

@@ -22,7 +22,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExprRef;
 
-use crate::host::concat::concat_column_in_parallel;
+use crate::encode::concat::concat_column_in_parallel;
 
 use datafusion::arrow::compute::take;
 

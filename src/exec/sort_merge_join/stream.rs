@@ -62,6 +62,8 @@ use crate::trace;
 #[path = "side_keys.rs"]
 mod side_keys;
 use side_keys::*;
+#[path = "device_part.rs"]
+mod device_part;
 
 /// What every partition of one join shares.
 pub(crate) struct MergeJoinPlan {
@@ -363,90 +365,10 @@ impl DeviceMergeJoin {
     ) -> Result<Outcome> {
         let plan = &self.plan;
         let encoding = self.metrics.encode_time.timer();
-        // Per key, its values batch by batch.
-        let left_keys = left.key_pieces(&plan.left_on)?;
-        let right_keys = right.key_pieces(&plan.right_on)?;
-        let threads = plan.host_threads;
-        // Raw 8-byte keys without NULLs go to the device as they are, and
-        // the device codes them; other keys are coded here.
-        // (Both sides' key values must be of the planned type: the device
-        // reads their bits.)
-        let planned_type = |keys: &[Vec<ArrayRef>]| {
-            keys.iter()
-                .zip(&plan.key_types)
-                .all(|(pieces, t)| pieces.iter().all(|piece| piece.data_type() == t))
+        let Some((coding, left_codes, right_codes)) = self.code_keys(left, right)? else {
+            // The keys' ranges need more than 64 bits together.
+            return Ok(Outcome::OnCpu);
         };
-        let no_nulls = |keys: &[Vec<ArrayRef>]| {
-            keys.iter()
-                .all(|pieces| pieces.iter().all(|piece| piece.logical_null_count() == 0))
-        };
-        // Where the device sorts both sides too, it also finds their value
-        // range, which spares the host a pass over the keys.
-        let range_on_device = match (plan.key_types.as_slice(), plan.sort_on_device) {
-            ([key_type], [true, true]) => raw_word_flip(key_type).filter(|_| {
-                planned_type(&left_keys)
-                    && planned_type(&right_keys)
-                    && no_nulls(&left_keys)
-                    && no_nulls(&right_keys)
-            }),
-            _ => None,
-        };
-        let (coding, left_codes, right_codes) = match range_on_device {
-            Some(flip) => (
-                KeyCoding::RangeOnDevice { flip },
-                SideKeys::raw(&left_keys),
-                SideKeys::raw(&right_keys),
-            ),
-            None => {
-                let Some(encoder) = OrderedKeyEncoder::for_side_pieces(
-                    &plan.key_types,
-                    &plan.sort_options,
-                    plan.null_equality,
-                    &left_keys,
-                    &right_keys,
-                    threads,
-                )?
-                else {
-                    // The keys' ranges need more than 64 bits together.
-                    return Ok(Outcome::OnCpu);
-                };
-                let transform = encoder
-                    .device_transform(&plan.key_types)
-                    .filter(|_| planned_type(&left_keys) && planned_type(&right_keys));
-                let left_codes = SideKeys::new(
-                    &encoder,
-                    transform,
-                    (left, &plan.left_on, &left_keys),
-                    KeySide::Left,
-                    threads,
-                )?;
-                let right_codes = SideKeys::new(
-                    &encoder,
-                    transform,
-                    (right, &plan.right_on, &right_keys),
-                    KeySide::Right,
-                    threads,
-                )?;
-                let coding = KeyCoding::Known {
-                    bits: encoder.bits(),
-                    transform,
-                };
-                (coding, left_codes, right_codes)
-            }
-        };
-        drop((left_keys, right_keys));
-        let transform = match coding {
-            KeyCoding::Known { transform, .. } => transform,
-            KeyCoding::RangeOnDevice { .. } => None,
-        };
-        for (side, codes) in [&left_codes, &right_codes].into_iter().enumerate() {
-            if !plan.sort_on_device[side] && !codes.ascending(transform) {
-                return Err(DataFusionError::Internal(format!(
-                    "the {} input of a GPU sort-merge join is not sorted on its keys as the plan says",
-                    ["left", "right"][side]
-                )));
-            }
-        }
         encoding.done();
         let partition = self.partition;
         trace::event(|| format!("sort-merge join p{partition}: keys ready for the device"));
@@ -495,328 +417,98 @@ impl DeviceMergeJoin {
         }
     }
 
-    /// Sorts, merges and emits. `streamed` and `other` are each side's keys
-    /// and whether the device sorts them; `coding` how their codes are made.
-    fn on_device(
+    /// Both sides' keys as they go to the device, and how their codes are
+    /// made; `None` where the keys' ranges need more than 64 bits
+    /// together. Raw 8-byte keys without NULLs go to the device as they
+    /// are, and the device codes them; other keys are coded here. (Both
+    /// sides' key values must be of the planned type: the device reads
+    /// their bits.) A side the plan says arrives sorted must be.
+    fn code_keys(
         &self,
         left: &ArrivedBatches,
         right: &ArrivedBatches,
-        coding: KeyCoding,
-        (streamed_codes, sort_streamed): (SideKeys, bool),
-        (other_codes, sort_other): (SideKeys, bool),
-        sender: &mut Sender,
-    ) -> std::result::Result<(), DeviceFailure> {
+    ) -> Result<Option<(KeyCoding, SideKeys, SideKeys)>> {
         let plan = &self.plan;
-        let device = &self.device;
-        let join_type = plan.join_type;
-        let (streamed_rows, other_rows) = (streamed_codes.len(), other_codes.len());
-        let waiting = std::time::Instant::now();
-        let mut admission = Some(device.admit(self.max_concurrent_tasks));
-        self.metrics
-            .device
-            .device_admission_wait
-            .add_duration(waiting.elapsed());
-        device.bind_to_thread()?;
-        let partition = self.partition;
-        trace::event(|| format!("sort-merge join p{partition}: admitted to the device"));
-        let (gathered_columns, gather_bytes) = self.gathered_columns(left, right);
-        let memory = device.budget().reserve(
-            merge_join_device_bytes(
-                streamed_rows,
-                other_rows,
-                self.max_output_pairs,
-                device.sm_count(),
-            ) + gather_bytes,
-            self.memory_fraction,
-            ReservationKind::Transient,
-        )?;
-        self.metrics
-            .device
-            .device_memory_wait
-            .add_duration(memory.waited());
-        let stream = device.stream()?;
-        let stream = stream.stream();
-        // The other side's keys and the gathered columns cross the bus on a
-        // stream of their own, so that the host stages them and the bus
-        // carries them while the device sorts what came before (every
-        // kernel that reads them waits for its copy). Nothing below waits
-        // for the device before the merge.
-        let copy_stream = device.stream()?;
-        let copy_stream = copy_stream.stream();
-        let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let SortedSides {
-            streamed,
-            other,
-            device_columns,
-        } = self.sort_sides(
-            (stream, copy_stream),
-            (left, right),
-            coding,
-            (streamed_codes, sort_streamed),
-            (other_codes, sort_other),
-            gathered_columns,
-            &mut timer,
-        )?;
-        let pairs = needs_pairs(join_type, plan.filter.is_some());
-        let matches = MergeMatches::find(device, stream, &streamed, &other, !pairs, &mut timer)?;
-        trace::event(|| {
-            format!(
-                "sort-merge join p{partition}: both sides sorted, {} matches counted",
-                matches.total()
-            )
-        });
-        // The host maps output positions to input rows by the sorted order,
-        // unless the device gathers every output row (it reads the sorted
-        // row ids there).
-        let streamed_order = match sort_streamed && device_columns.is_none() {
-            true => Some(streamed.download_row_ids(device, stream, &mut timer)?),
-            false => None,
+        // Per key, its values batch by batch.
+        let left_keys = left.key_pieces(&plan.left_on)?;
+        let right_keys = right.key_pieces(&plan.right_on)?;
+        let threads = plan.host_threads;
+        let planned_type = |keys: &[Vec<ArrayRef>]| {
+            keys.iter()
+                .zip(&plan.key_types)
+                .all(|(pieces, t)| pieces.iter().all(|piece| piece.data_type() == t))
         };
-        let other_order = match sort_other && join_type == JoinType::Full {
-            true => Some(other.download_row_ids(device, stream, &mut timer)?),
-            false => None,
+        let no_nulls = |keys: &[Vec<ArrayRef>]| {
+            keys.iter()
+                .all(|pieces| pieces.iter().all(|piece| piece.logical_null_count() == 0))
         };
-        let mut walk = StreamedWalk::new(join_type, streamed_rows, streamed_order, other_rows);
-        let left_streams = streams_left(join_type);
-        let mut open = true;
-        let mut host_error = None;
-        let emit = |rows: OutputRows, sender: &mut Sender| -> Result<bool> {
-            let batches = {
-                let _timer = self.metrics.emit_time.timer();
-                plan.output.assemble(left, right, &rows)?
-            };
-            sender.send(batches)
+        // Where the device sorts both sides too, it also finds their value
+        // range, which spares the host a pass over the keys.
+        let range_on_device = match (plan.key_types.as_slice(), plan.sort_on_device) {
+            ([key_type], [true, true]) => raw_word_flip(key_type).filter(|_| {
+                planned_type(&left_keys)
+                    && planned_type(&right_keys)
+                    && no_nulls(&left_keys)
+                    && no_nulls(&right_keys)
+            }),
+            _ => None,
         };
-        if let Some((left_columns, right_columns)) = &device_columns {
-            // Every pair is an output row: gather whole columns on the device.
-            matches.expand_on_device(
-                device,
-                stream,
-                &other,
-                self.max_output_pairs,
-                &mut timer,
-                |pairs, timer| {
-                    admission.take();
-                    let columns = (left_columns, right_columns);
-                    let sent =
-                        self.send_gathered(stream, &streamed, (left, right), columns, pairs, timer, sender)?;
-                    match sent {
-                        Ok(still_open) => open = still_open,
-                        Err(e) => host_error = Some(e),
-                    }
-                    // Stop at a host failure or a consumer that has gone.
-                    Ok(open && host_error.is_none())
-                },
-            )?;
-        } else if pairs {
-            matches.expand(
-                device,
-                stream,
-                &other,
-                self.max_output_pairs,
-                &mut timer,
-                |positions, other_ids| {
-                    // The device's part of this partition is done once its
-                    // first pairs arrive: let another partition start.
-                    admission.take();
-                    let result = (|| -> Result<bool> {
-                        let ordering = self.metrics.emit_time.timer();
-                        let other_ids = UInt64Array::from(other_ids);
-                        let keep = match &plan.filter {
-                            Some(filter) => {
-                                let streamed_ids: UInt64Array = positions
-                                    .iter()
-                                    .map(|&p| walk.input_row(p as usize))
-                                    .collect();
-                                let (left_ids, right_ids) = match left_streams {
-                                    true => (&streamed_ids, &other_ids),
-                                    false => (&other_ids, &streamed_ids),
-                                };
-                                Some(evaluate_filter(filter, left, right, left_ids, right_ids)?)
-                            }
-                            None => None,
-                        };
-                        let rows = walk.pairs(&positions, other_ids.values(), keep.as_ref());
-                        ordering.done();
-                        emit(rows, sender)
-                    })();
-                    match result {
-                        Ok(still_open) => open = still_open,
-                        Err(e) => host_error = Some(e),
-                    }
-                    Ok(open && host_error.is_none())
-                },
-            )?;
-        } else if let Some(counts) = matches.counts() {
-            admission.take();
-            let rows = walk.counts(counts);
-            open = emit(rows, sender).map_err(DeviceFailure::Host)?;
-        }
-        drop(admission);
-        self.metrics.device.record(&timer.finish()?);
-        if let Some(e) = host_error {
-            return Err(DeviceFailure::Host(e));
-        }
-        // An inner join emits pairs only: nothing is left to settle.
-        if open && join_type != JoinType::Inner {
-            let other_order = other_order.as_deref();
-            emit(walk.end(other_order), sender).map_err(DeviceFailure::Host)?;
-        }
-        Ok(())
-    }
-
-    /// Both sides' keys copied to the device and sorted there, and the
-    /// gathered columns copied behind them: the streamed side's keys first,
-    /// the other side's and the columns on the copy stream, so that the
-    /// host stages them and the bus carries them while the device sorts
-    /// what came before.
-    #[allow(clippy::too_many_arguments)]
-    fn sort_sides(
-        &self,
-        (stream, copy_stream): (&Arc<DeviceStream>, &Arc<DeviceStream>),
-        (left, right): (&ArrivedBatches, &ArrivedBatches),
-        coding: KeyCoding,
-        (streamed_codes, sort_streamed): (SideKeys, bool),
-        (other_codes, sort_other): (SideKeys, bool),
-        gathered_columns: Option<(Vec<bool>, Vec<bool>, usize)>,
-        timer: &mut PhaseTimer,
-    ) -> std::result::Result<SortedSides, DeviceFailure> {
-        let device = &self.device;
-        let partition = self.partition;
-        let aggregate = self.plan.aggregate.as_deref();
-        let streamed = SortedSide::upload_unsorted(
-            device,
-            stream,
-            stream,
-            &streamed_codes.pieces(),
-            timer,
-        )?;
-        drop(streamed_codes);
-        // The other side's keys cross the bus behind the streamed side's
-        // (which then arrive first, and their sort starts first), on the
-        // copy stream. Keys in pinned memory are enqueued at once, and the
-        // bus does not wait for the host to read the streamed side's range;
-        // keys the host stages (which holds this thread) wait until the
-        // streamed side's sort is enqueued, so that the device sorts while
-        // the host stages them.
-        let streamed_copied = stream
-            .record_event(None)
-            .during("recording the streamed keys' copy")?;
-        copy_stream
-            .wait(&streamed_copied)
-            .during("ordering the other keys' copy after the streamed keys'")?;
-        let upload_other = |timer: &mut PhaseTimer| -> GpuResult<(SortedSide, DeviceEvent)> {
-            let other = SortedSide::upload_unsorted(
-                device,
-                stream,
-                copy_stream,
-                &other_codes.pieces(),
-                timer,
-            )?;
-            let copied = copy_stream
-                .record_event(None)
-                .during("recording the other keys' copy")?;
-            Ok((other, copied))
-        };
-        let early_other = match other_codes.in_pinned_memory() {
-            true => Some(upload_other(timer)?),
-            false => None,
-        };
-        // The gathered columns follow on the copy stream, under the same
-        // rule: at once where they and the other keys are in pinned memory,
-        // else once both sorts are enqueued.
-        let column_bytes = gathered_columns
-            .as_ref()
-            .map(|(wanted_left, wanted_right, _)| {
-                (
-                    ColumnBytes::of(left, wanted_left),
-                    ColumnBytes::of(right, wanted_right),
-                )
-            });
-        let upload_columns = |timer: &mut PhaseTimer| -> GpuResult<_> {
-            Ok(match &column_bytes {
-                Some((left_bytes, right_bytes)) => Some((
-                    ResidentColumns::upload_bytes(device, copy_stream, left_bytes, timer)?,
-                    ResidentColumns::upload_bytes(device, copy_stream, right_bytes, timer)?,
-                )),
-                None => None,
-            })
-        };
-        let columns_pinned = column_bytes
-            .as_ref()
-            .is_some_and(|(l, r)| l.in_pinned_memory() && r.in_pinned_memory());
-        let early_columns = match early_other.is_some() && columns_pinned {
-            true => Some(upload_columns(timer)?),
-            false => None,
-        };
-        // The streamed side is sorted while the other side's keys cross the
-        // bus: with the coding known, or, where the device finds the range,
-        // with its own range's coding, rebased once the other side's is in.
-        let (mut streamed, streamed_coding) = match coding {
-            KeyCoding::Known { bits, transform } => (
-                streamed.sort(device, stream, transform, bits, !sort_streamed, timer)?,
-                None,
+        let (coding, left_codes, right_codes) = match range_on_device {
+            Some(flip) => (
+                KeyCoding::RangeOnDevice { flip },
+                SideKeys::raw(&left_keys),
+                SideKeys::raw(&right_keys),
             ),
-            KeyCoding::RangeOnDevice { flip } => {
-                let range = device_key_range(device, &streamed, stream, flip, timer)?;
-                trace::event(|| {
-                    format!("sort-merge join p{partition}: streamed keys copied, their range found")
-                });
-                let (bits, transform) = self.coding_for_range(range)?;
-                let sorted = streamed.sort(
-                    device,
-                    stream,
-                    Some(transform),
-                    bits,
-                    !sort_streamed,
-                    timer,
+            None => {
+                let Some(encoder) = OrderedKeyEncoder::for_side_pieces(
+                    &plan.key_types,
+                    &plan.sort_options,
+                    plan.null_equality,
+                    &left_keys,
+                    &right_keys,
+                    threads,
+                )?
+                else {
+                    return Ok(None);
+                };
+                let transform = encoder
+                    .device_transform(&plan.key_types)
+                    .filter(|_| planned_type(&left_keys) && planned_type(&right_keys));
+                let left_codes = SideKeys::new(
+                    &encoder,
+                    transform,
+                    (left, &plan.left_on, &left_keys),
+                    KeySide::Left,
+                    threads,
                 )?;
-                (sorted, Some((flip, range, transform)))
+                let right_codes = SideKeys::new(
+                    &encoder,
+                    transform,
+                    (right, &plan.right_on, &right_keys),
+                    KeySide::Right,
+                    threads,
+                )?;
+                let coding = KeyCoding::Known {
+                    bits: encoder.bits(),
+                    transform,
+                };
+                (coding, left_codes, right_codes)
             }
         };
-        let (other, other_copied) = match early_other {
-            Some(uploaded) => uploaded,
-            None => upload_other(timer)?,
+        drop((left_keys, right_keys));
+        let transform = match coding {
+            KeyCoding::Known { transform, .. } => transform,
+            KeyCoding::RangeOnDevice { .. } => None,
         };
-        drop(other_codes);
-        let (bits, transform) = match (coding, streamed_coding) {
-            (_, Some((flip, streamed_range, streamed_transform))) => {
-                // Found on the stream once the other keys' copy is done
-                // (the columns may follow them on the copy stream), behind
-                // the streamed side's sort.
-                stream
-                    .wait(&other_copied)
-                    .during("ordering the other keys' range after their copy")?;
-                let other_range = device_key_range(device, &other, stream, flip, timer)?;
-                trace::event(|| {
-                    format!("sort-merge join p{partition}: other keys copied, their range found")
-                });
-                let (bits, transform) =
-                    self.coding_for_range(union_of_ranges(streamed_range, other_range))?;
-                streamed.rebase_codes(device, stream, streamed_transform, transform, timer)?;
-                self.metrics.key_ranges_on_device.add(1);
-                (bits, Some(transform))
+        for (side, codes) in [&left_codes, &right_codes].into_iter().enumerate() {
+            if !plan.sort_on_device[side] && !codes.ascending(transform) {
+                return Err(DataFusionError::Internal(format!(
+                    "the {} input of a GPU sort-merge join is not sorted on its keys as the plan says",
+                    ["left", "right"][side]
+                )));
             }
-            (KeyCoding::Known { bits, transform }, None) => (bits, transform),
-            (KeyCoding::RangeOnDevice { .. }, None) => {
-                return Err(DeviceFailure::Host(DataFusionError::Internal(
-                    "a key range on the device without the streamed side's".into(),
-                )))
-            }
-        };
-        // The other side's sort goes onto the stream while the gathered
-        // columns are copied on the other.
-        let other = other.sort(device, stream, transform, bits, !sort_other, timer)?;
-        let device_columns = match early_columns {
-            Some(columns) => columns,
-            None => upload_columns(timer)?,
         }
-        .filter(|(l, r)| l.any() || r.any() || aggregate.is_some());
-        Ok(SortedSides {
-            streamed,
-            other,
-            device_columns,
-        })
+        Ok(Some((coding, left_codes, right_codes)))
     }
 
     /// Sends one range of pairs whose every output row is a pair: their
@@ -884,71 +576,6 @@ impl DeviceMergeJoin {
                 timer,
             )?
             .and_then(|batches| sender.send(batches)),
-        })
-    }
-
-    /// The columns the device gathers by pair, per side (with the bytes
-    /// they take there), and the device memory the gathering needs beside
-    /// the merge: only the columns the output uses go to the device (all
-    /// of them unless a projection was absorbed; with an aggregation, those
-    /// it reduces), and only where one of them can be gathered there:
-    /// otherwise nothing is reserved for them. An aggregation's pairs stay
-    /// on the device even so: a `COUNT(*)` reads no column.
-    fn gathered_columns(
-        &self,
-        left: &ArrivedBatches,
-        right: &ArrivedBatches,
-    ) -> (Option<(Vec<bool>, Vec<bool>, usize)>, usize) {
-        let plan = &self.plan;
-        let aggregate = plan.aggregate.as_deref();
-        let gathered_columns = gathers_by_pair(plan.join_type, plan.filter.is_some())
-            .then(|| output_columns(&plan.output, left.num_columns(), right.num_columns()))
-            .flatten()
-            .map(|(wanted_left, wanted_right)| match aggregate {
-                Some(aggregate) => {
-                    aggregate.columns_read(plan.output.sources(), wanted_left, wanted_right)
-                }
-                None => (wanted_left, wanted_right),
-            })
-            .map(|(wanted_left, wanted_right)| {
-                let resident = ResidentColumns::device_bytes(left, &wanted_left)
-                    + ResidentColumns::device_bytes(right, &wanted_right);
-                (wanted_left, wanted_right, resident)
-            })
-            .filter(|&(_, _, resident)| resident > 0 || aggregate.is_some());
-        let gather_bytes = match &gathered_columns {
-            Some((wanted_left, wanted_right, resident)) => {
-                // The columns, the left row ids and one buffer of the
-                // widest column's values, per pair.
-                resident
-                    + (8 + ResidentColumns::widest(left, wanted_left)
-                        .max(ResidentColumns::widest(right, wanted_right)))
-                        * self.max_output_pairs
-            }
-            None => 0,
-        };
-        (gathered_columns, gather_bytes)
-    }
-
-    /// The bits and device transform of the codes of one raw key column
-    /// whose values span `range` (`max < min`: none).
-    fn coding_for_range(
-        &self,
-        range: (i128, i128),
-    ) -> std::result::Result<(u32, CodeTransform), DeviceFailure> {
-        let plan = &self.plan;
-        OrderedKeyEncoder::for_value_range(
-            &plan.key_types,
-            &plan.sort_options,
-            plan.null_equality,
-            range,
-        )
-        .and_then(|encoder| Some((encoder.bits(), encoder.device_transform(&plan.key_types)?)))
-        .ok_or_else(|| {
-            DeviceFailure::Host(DataFusionError::Internal(format!(
-                "no device coding for a {:?} key",
-                plan.key_types
-            )))
         })
     }
 }

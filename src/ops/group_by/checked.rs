@@ -12,6 +12,17 @@ pub(super) struct Numbering<'a> {
     pub(super) group_count: &'a mut DeviceVec<u64>,
 }
 
+impl Numbering<'_> {
+    /// The same numbering, borrowed for one call.
+    pub(super) fn reborrow(&mut self) -> Numbering<'_> {
+        Numbering {
+            keys: self.keys,
+            first_rows: &mut *self.first_rows,
+            group_count: &mut *self.group_count,
+        }
+    }
+}
+
 /// The group of every row, once a table sized from an estimate is known
 /// not to have filled up (its slots then resolved into group ids), or the
 /// inputs folded into such a table. Where it filled up, the rows are

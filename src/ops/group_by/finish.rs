@@ -54,62 +54,31 @@ impl PendingGroups {
         let folding_table_grown =
             matches!(&row_groups, PendingRowGroups::Folded(folded) if folded.grown);
         if rows == 0 {
-            return Ok(FinishedGroups {
-                groups: 0,
-                identities: None,
-                numbered: match row_groups {
-                    PendingRowGroups::Ids(ids) => NumberedRows::RowGroups(ids),
-                    PendingRowGroups::Slots { row_slots, .. } => NumberedRows::RowGroups(row_slots),
-                    PendingRowGroups::Folded(folded) => NumberedRows::Folded(folded),
-                },
-                key_order: None,
-                permutation: None,
-                numbered_in_partitions: false,
-                table_overflowed: false,
-                folding_table_grown,
-            });
+            return Ok(FinishedGroups::without_rows(row_groups, folding_table_grown));
         }
-        let (mut numbered, table_overflowed) = checked_row_groups(
-            row_groups,
-            Numbering {
-                keys: &keys,
-                first_rows: &mut first_rows,
-                group_count: &mut group_count,
-            },
-            device,
-            stream,
-            timer,
-        )?;
-        let mut numbered_in_partitions = false;
-        if let Some(partitioned) = &partitioned {
-            let mut overflow = Vec::with_capacity(1);
-            download_u64(
+        if back == GroupsBack::RowsAndRowGroups && order_bits.is_some() {
+            return Err(GpuError::Invalid(
+                "groups in key order give key words, not rows".into(),
+            ));
+        }
+        let mut numbering = Numbering {
+            keys: &keys,
+            first_rows: &mut first_rows,
+            group_count: &mut group_count,
+        };
+        let (mut numbered, table_overflowed) =
+            checked_row_groups(row_groups, numbering.reborrow(), device, stream, timer)?;
+        let numbered_in_partitions = match &partitioned {
+            Some(partitioned) => held_in_partitions(
                 device,
                 stream,
-                &partitioned.overflow.as_view(),
-                &mut overflow,
+                partitioned,
+                numbering.reborrow(),
+                &mut numbered,
                 timer,
-            )?;
-            numbered_in_partitions = overflow[0] == 0;
-            if !numbered_in_partitions {
-                let NumberedRows::RowGroups(row_groups) = &mut numbered else {
-                    return Err(GpuError::Invalid("partitions folded into a table".into()));
-                };
-                // A partition held too many groups: the global table
-                // numbers the partitioned keys instead, in their order.
-                number_again_in_global_table(
-                    device,
-                    stream,
-                    Numbering {
-                        keys: &keys,
-                        first_rows: &mut first_rows,
-                        group_count: &mut group_count,
-                    },
-                    row_groups,
-                    timer,
-                )?;
-            }
-        }
+            )?,
+            None => false,
+        };
         let mut count = Vec::with_capacity(1);
         download_u64(device, stream, &group_count.as_view(), &mut count, timer)?;
         let groups = count[0] as usize;
@@ -120,55 +89,23 @@ impl PendingGroups {
             )));
         }
         let mut key_order = None;
-        let identities = match back {
-            GroupsBack::RowsAndRowGroups if order_bits.is_some() => {
-                return Err(GpuError::Invalid(
-                    "groups in key order give key words, not rows".into(),
-                ))
+        let identities = match (back, &partitioned) {
+            // Each group's position, mapped to its row.
+            (GroupsBack::RowsAndRowGroups, Some(partitioned)) => {
+                gathered_words(device, stream, &partitioned.row_ids, &first_rows, groups, timer)?
             }
-            GroupsBack::RowsAndRowGroups => match &partitioned {
-                // Each group's position, mapped to its row.
-                Some(partitioned) => {
-                    // The gather writes all `groups` words.
-                    let mut group_rows: DeviceVec<u64> =
-                        alloc_uninit(&stream, groups, "allocating group rows")?;
-                    timer.time(Phase::Kernel, || {
-                        launch::gather_u64(
-                            &device.launcher(stream),
-                            &partitioned.row_ids,
-                            &first_rows,
-                            groups,
-                            &mut group_rows)
-                    })?;
-                    group_rows
+            (GroupsBack::RowsAndRowGroups, None) => first_rows,
+            (GroupsBack::KeyWords, _) => {
+                let group_keys = gathered_words(device, stream, &keys, &first_rows, groups, timer)?;
+                match order_bits {
+                    Some(key_bits) => {
+                        let (sorted, order) =
+                            sorted_group_keys(device, stream, group_keys, key_bits, timer)?;
+                        key_order = Some(order);
+                        sorted
+                    }
+                    None => group_keys,
                 }
-                None => first_rows,
-            },
-            GroupsBack::KeyWords => {
-                // The gather below writes all `groups` words, and
-                // only those are read.
-                let mut group_keys: DeviceVec<u64> =
-                    alloc_uninit(&stream, groups, "allocating group keys")?;
-                timer.time(Phase::Kernel, || {
-                    launch::gather_u64(
-                        &device.launcher(stream),
-                        &keys,
-                        &first_rows,
-                        groups,
-                        &mut group_keys)
-                })?;
-                if let Some(key_bits) = order_bits {
-                    let sorted = timer.time(Phase::Kernel, || {
-                        // iota writes every element.
-                        let mut ids: DeviceVec<u64> =
-                            alloc_uninit(&stream, groups, "allocating group numbers")?;
-                        launch::iota(&device.launcher(stream), &mut ids, 0)?;
-                        radix_sort(device, stream, group_keys, ids, key_bits)
-                    })?;
-                    group_keys = sorted.keys;
-                    key_order = Some(sorted.row_ids);
-                }
-                group_keys
             }
         };
         Ok(FinishedGroups {
@@ -182,4 +119,89 @@ impl PendingGroups {
             folding_table_grown,
         })
     }
+}
+
+impl FinishedGroups {
+    /// No rows: no groups, the numbering as it stands.
+    fn without_rows(row_groups: PendingRowGroups, folding_table_grown: bool) -> Self {
+        FinishedGroups {
+            groups: 0,
+            identities: None,
+            numbered: match row_groups {
+                PendingRowGroups::Ids(ids) => NumberedRows::RowGroups(ids),
+                PendingRowGroups::Slots { row_slots, .. } => NumberedRows::RowGroups(row_slots),
+                PendingRowGroups::Folded(folded) => NumberedRows::Folded(folded),
+            },
+            key_order: None,
+            permutation: None,
+            numbered_in_partitions: false,
+            table_overflowed: false,
+            folding_table_grown,
+        }
+    }
+}
+
+/// Whether every partition numbered its groups; where one held too many,
+/// the global table numbers the partitioned keys instead, in their order.
+fn held_in_partitions(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    partitioned: &PartitionedPositions,
+    numbering: Numbering<'_>,
+    numbered: &mut NumberedRows,
+    timer: &mut PhaseTimer,
+) -> GpuResult<bool> {
+    let mut overflow = Vec::with_capacity(1);
+    download_u64(
+        device,
+        stream,
+        &partitioned.overflow.as_view(),
+        &mut overflow,
+        timer,
+    )?;
+    if overflow[0] == 0 {
+        return Ok(true);
+    }
+    let NumberedRows::RowGroups(row_groups) = numbered else {
+        return Err(GpuError::Invalid("partitions folded into a table".into()));
+    };
+    number_again_in_global_table(device, stream, numbering, row_groups, timer)?;
+    Ok(false)
+}
+
+/// `words` at the first `groups` of `positions`.
+fn gathered_words(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    words: &DeviceVec<u64>,
+    positions: &DeviceVec<u64>,
+    groups: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<DeviceVec<u64>> {
+    // The gather writes all `groups` words, and only those are read.
+    let mut gathered: DeviceVec<u64> =
+        alloc_uninit(stream, groups, "allocating the groups' words")?;
+    timer.time(Phase::Kernel, || {
+        launch::gather_u64(&device.launcher(stream), words, positions, groups, &mut gathered)
+    })?;
+    Ok(gathered)
+}
+
+/// The groups' key words (below `2^key_bits`) sorted on the device, and
+/// the group at each position.
+fn sorted_group_keys(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    group_keys: DeviceVec<u64>,
+    key_bits: u32,
+    timer: &mut PhaseTimer,
+) -> GpuResult<(DeviceVec<u64>, DeviceVec<u64>)> {
+    let groups = group_keys.len();
+    let sorted = timer.time(Phase::Kernel, || {
+        // iota writes every element.
+        let mut ids: DeviceVec<u64> = alloc_uninit(stream, groups, "allocating group numbers")?;
+        launch::iota(&device.launcher(stream), &mut ids, 0)?;
+        radix_sort(device, stream, group_keys, ids, key_bits)
+    })?;
+    Ok((sorted.keys, sorted.row_ids))
 }

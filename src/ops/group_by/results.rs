@@ -514,41 +514,8 @@ impl DeviceGrouped {
         let main = std::thread::scope(|scope| {
             for _ in 0..threads {
                 scope.spawn(|| {
-                    while let Some(job) = shared.next_task() {
-                        // A task after an error is counted, not run.
-                        let outcome = (!shared.failed()).then(|| {
-                            catch_unwind(AssertUnwindSafe(|| {
-                                let started = traced.then(std::time::Instant::now);
-                                let words = match &job.landed.buffer {
-                                    Some(buffer) => buffer.as_slice(),
-                                    None => &[],
-                                };
-                                let view = self.view(
-                                    words,
-                                    window,
-                                    job.landed.groups.clone(),
-                                    &job.landed.made,
-                                    parts,
-                                );
-                                let outcome = work(&view, job.groups.clone());
-                                if let Some(started) = started {
-                                    let nanos = started.elapsed().as_nanos() as u64;
-                                    work_nanos.fetch_add(nanos, Ordering::Relaxed);
-                                }
-                                outcome
-                            }))
-                            .unwrap_or_else(|_| {
-                                Err(E::from(GpuError::Invalid(
-                                    "a thread bringing results back panicked".into(),
-                                )))
-                            })
-                        });
-                        // The window is let go before it counts as finished,
-                        // so that its buffer can be taken back.
-                        let (window_index, index) = (job.window, job.index);
-                        drop(job);
-                        shared.finish(window_index, index, outcome);
-                    }
+                    let timed = traced.then_some(&work_nanos);
+                    self.work_on_tasks(&shared, window, parts, &work, timed)
                 });
             }
             // The queue is closed however the feeding ends, a panic
@@ -592,6 +559,55 @@ impl DeviceGrouped {
                 })
             })
             .collect()
+    }
+
+    /// One thread of [`DeviceGrouped::bring_back_in_parallel`]: runs `work`
+    /// over the tasks queued in `shared` until the queue is closed; a task
+    /// after an error is counted, not run. With `work_nanos`, adds the
+    /// time spent in `work` to it.
+    fn work_on_tasks<R, E>(
+        &self,
+        shared: &Shared<R, E>,
+        window: usize,
+        parts: ResultParts,
+        work: &(impl Fn(&GroupedWindow<'_>, Range<usize>) -> Result<R, E> + Sync),
+        work_nanos: Option<&AtomicU64>,
+    ) where
+        E: From<GpuError>,
+    {
+        while let Some(job) = shared.next_task() {
+            let outcome = (!shared.failed()).then(|| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    let started = work_nanos.map(|_| std::time::Instant::now());
+                    let words = match &job.landed.buffer {
+                        Some(buffer) => buffer.as_slice(),
+                        None => &[],
+                    };
+                    let view = self.view(
+                        words,
+                        window,
+                        job.landed.groups.clone(),
+                        &job.landed.made,
+                        parts,
+                    );
+                    let outcome = work(&view, job.groups.clone());
+                    if let (Some(started), Some(total)) = (started, work_nanos) {
+                        total.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    }
+                    outcome
+                }))
+                .unwrap_or_else(|_| {
+                    Err(E::from(GpuError::Invalid(
+                        "a thread bringing results back panicked".into(),
+                    )))
+                })
+            });
+            // The window is let go before it counts as finished, so that
+            // its buffer can be taken back.
+            let (window_index, index) = (job.window, job.index);
+            drop(job);
+            shared.finish(window_index, index, outcome);
+        }
     }
 
     /// The feeding side of [`DeviceGrouped::bring_back_in_parallel`]: keeps

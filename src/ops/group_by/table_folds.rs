@@ -218,7 +218,23 @@ pub(super) fn launch_table_folds(
         })
         .collect();
     let specs = upload_u64(device, stream, &TableFold::specs(&spec_folds), timer)?;
-    let mut table = FoldingTable::new(device, stream, capacity, inputs.len(), timer)?;
+    let FoldCounts {
+        group_count,
+        first_rows,
+    } = counts;
+    let mut folder = ChunkFolder {
+        device,
+        stream,
+        keys,
+        inputs,
+        ops: &ops,
+        bitmaps: to_fold.bitmaps,
+        specs: &specs,
+        table: Some(FoldingTable::new(device, stream, capacity, inputs.len(), timer)?),
+        group_count,
+        first_rows,
+        grown: false,
+    };
     // Every chunk's values are kept at least until the last chunk's fold
     // is enqueued: a device vector dropped makes its stream (the copy
     // stream) wait for the kernels that read it, which would hold the
@@ -229,11 +245,6 @@ pub(super) fn launch_table_folds(
     let mut staging = StagingWindows::standard(device);
     let chunks_values = &mut to_fold.chunks.chunks;
     chunks_values.reserve(rows.div_ceil(chunk_rows));
-    let FoldCounts {
-        group_count,
-        first_rows,
-    } = counts;
-    let mut grown_table = false;
     for (index, first) in (0..rows).step_by(chunk_rows).enumerate() {
         let chunk = first..(first + chunk_rows).min(rows);
         let values = inputs
@@ -250,86 +261,14 @@ pub(super) fn launch_table_folds(
                     .transpose()
             })
             .collect::<GpuResult<Vec<_>>>()?;
-        let mut fold = |table: &mut FoldingTable,
-                        group_count: &mut DeviceVec<u64>,
-                        chunk: std::ops::Range<usize>,
-                        values: &[Option<DeviceVec<u64>>],
-                        timer: &mut PhaseTimer| {
-            let folds: Vec<TableFold<'_>> = inputs
-                .iter()
-                .zip(&ops)
-                .zip(values)
-                .map(|((input, &op), values)| TableFold {
-                    op,
-                    values: values.as_ref(),
-                    valid_bits: input.valid.and_then(|i| to_fold.bitmaps.get(i)),
-                    flip: input.flip,
-                })
-                .collect();
-            timer.time(Phase::Kernel, || {
-                launch::group_insert_fold(
-                    &device.launcher(stream),
-                    keys,
-                    chunk,
-                    FoldTable {
-                        table_groups: &mut table.groups,
-                        capacity: table.capacity,
-                        group_count,
-                        group_first_rows: &mut *first_rows,
-                        overflow: &mut table.overflow,
-                    },
-                    &folds,
-                    &specs,
-                    &mut table.slot_results)
-            })
-        };
-        // The first chunk's groups tell whether the table will hold, while
-        // the second chunk crosses the bus: a sample of a few thousand keys
-        // cannot tell a long tail of rare keys (Zipf 1.0 over 2^24 keys:
-        // 33 K distinct of 65 K sampled, 14 M groups) from fewer groups
-        // seen once or twice each. A table that cannot hold is built
-        // again, larger, before any more rows fold into it, and the first
-        // chunk is folded again from its values, still on the device; left
-        // to fill up, the rows would be numbered and reduced again once
-        // every chunk had crossed the bus, work no copy is left to hide.
         if index == 1 {
-            let first_chunk = 0..chunk.start;
-            let (filled, groups) = table.groups_so_far(device, stream, group_count, timer)?;
-            let largest = largest_folding_capacity(rows, inputs.len());
-            if let Some(grown) = regrown_capacity(
-                table.capacity,
-                largest,
-                (first_chunk.len(), rows),
-                groups,
-                filled,
-            ) {
-                trace::event(|| {
-                    format!(
-                        "aggregation: {groups} groups in the first {} rows (table full: {filled}); the folding table grows from {} to {grown} slots",
-                        first_chunk.len(),
-                        table.capacity
-                    )
-                });
-                // The old table goes first: the device memory reserved
-                // holds one table this large, not two.
-                drop(table);
-                table = FoldingTable::new(device, stream, grown, inputs.len(), timer)?;
-                grown_table = true;
-                stream
-                    .memset_zeros(&mut *group_count)
-                    .during("resetting the group counter")?;
-                fold(
-                    &mut table,
-                    group_count,
-                    first_chunk,
-                    &chunks_values[0],
-                    timer,
-                )?;
-            }
+            folder.grow_if_short(0..chunk.start, &chunks_values[0], timer)?;
         }
-        fold(&mut table, group_count, chunk, &values, timer)?;
+        folder.fold(chunk, &values, timer)?;
         chunks_values.push(values);
     }
+    let grown = folder.grown;
+    let table = folder.table()?;
     Ok(TableFolds {
         table: SizedTable {
             table_groups: table.groups,
@@ -339,8 +278,125 @@ pub(super) fn launch_table_folds(
         slot_results: table.slot_results,
         specs,
         folds: inputs.len(),
-        grown: grown_table,
+        grown,
     })
+}
+
+/// Folds chunks of rows into a table, for [`launch_table_folds`].
+struct ChunkFolder<'a> {
+    device: &'a GpuDevice,
+    stream: &'a Arc<DeviceStream>,
+    keys: &'a DeviceVec<u64>,
+    inputs: &'a [ReduceInput],
+    ops: &'a [FoldOp],
+    bitmaps: &'a [DeviceVec<u64>],
+    specs: &'a DeviceVec<u64>,
+    /// `None` only while a larger one replaces it.
+    table: Option<FoldingTable>,
+    group_count: &'a mut DeviceVec<u64>,
+    first_rows: &'a mut DeviceVec<u64>,
+    /// Whether the table was built again, larger.
+    grown: bool,
+}
+
+impl ChunkFolder<'_> {
+    fn table(self) -> GpuResult<FoldingTable> {
+        self.table
+            .ok_or_else(|| GpuError::Invalid("a folding table dropped and not made again".into()))
+    }
+
+    /// Enqueues the numbering of `chunk`'s rows in the table, each input's
+    /// `values` (the chunk's, `None` for a count) folded into its slot.
+    fn fold(
+        &mut self,
+        chunk: std::ops::Range<usize>,
+        values: &[Option<DeviceVec<u64>>],
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        let folds: Vec<TableFold<'_>> = self
+            .inputs
+            .iter()
+            .zip(self.ops)
+            .zip(values)
+            .map(|((input, &op), values)| TableFold {
+                op,
+                values: values.as_ref(),
+                valid_bits: input.valid.and_then(|i| self.bitmaps.get(i)),
+                flip: input.flip,
+            })
+            .collect();
+        let table = self
+            .table
+            .as_mut()
+            .ok_or_else(|| GpuError::Invalid("folding into a dropped table".into()))?;
+        timer.time(Phase::Kernel, || {
+            launch::group_insert_fold(
+                &self.device.launcher(self.stream),
+                self.keys,
+                chunk,
+                FoldTable {
+                    table_groups: &mut table.groups,
+                    capacity: table.capacity,
+                    group_count: &mut *self.group_count,
+                    group_first_rows: &mut *self.first_rows,
+                    overflow: &mut table.overflow,
+                },
+                &folds,
+                self.specs,
+                &mut table.slot_results,
+            )
+        })
+    }
+
+    /// The first chunk's groups tell whether the table will hold, while
+    /// the second chunk crosses the bus: a sample of a few thousand keys
+    /// cannot tell a long tail of rare keys (Zipf 1.0 over 2^24 keys:
+    /// 33 K distinct of 65 K sampled, 14 M groups) from fewer groups seen
+    /// once or twice each. A table that cannot hold is built again,
+    /// larger, before any more rows fold into it, and the first chunk is
+    /// folded again from its values, still on the device; left to fill
+    /// up, the rows would be numbered and reduced again once every chunk
+    /// had crossed the bus, work no copy is left to hide.
+    fn grow_if_short(
+        &mut self,
+        first_chunk: std::ops::Range<usize>,
+        first_values: &[Option<DeviceVec<u64>>],
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        let (device, stream) = (self.device, self.stream);
+        let rows = self.keys.len();
+        let Some(table) = &self.table else {
+            return Err(GpuError::Invalid("growing a dropped folding table".into()));
+        };
+        let capacity = table.capacity;
+        let (filled, groups) = table.groups_so_far(device, stream, self.group_count, timer)?;
+        let largest = largest_folding_capacity(rows, self.inputs.len());
+        let Some(grown) = regrown_capacity(
+            capacity,
+            largest,
+            (first_chunk.len(), rows),
+            groups,
+            filled,
+        ) else {
+            return Ok(());
+        };
+        trace::event(|| {
+            format!(
+                "aggregation: {groups} groups in the first {} rows (table full: {filled}); the folding table grows from {} to {grown} slots",
+                first_chunk.len(),
+                capacity
+            )
+        });
+        // The old table goes first: the device memory reserved holds one
+        // table this large, not two.
+        self.table = None;
+        self.table = Some(FoldingTable::new(device, stream, grown, self.inputs.len(), timer)?);
+        self.grown = true;
+        stream
+            .memset_zeros(&mut *self.group_count)
+            .during("resetting the group counter")?;
+        self.fold(first_chunk, first_values, timer)
+    }
 }
 
 /// A table that folds, on the device: `capacity` slots and the reserved

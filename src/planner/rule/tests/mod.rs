@@ -434,6 +434,66 @@ fn joined_per_partition(plan: &Arc<dyn ExecutionPlan>) -> &GpuSortMergeJoinExec 
     joins[0]
 }
 
+/// The checks of a GPU sort-merge join that runs once over all its
+/// input partitions, in `plan` for `sql`.
+fn check_merged_over_all_partitions(sql: &str, plan: &Arc<dyn ExecutionPlan>) {
+    let text = show(plan);
+    let joins = gpu_merge_joins(plan);
+    assert_eq!(joins.len(), 1, "{sql}\n{text}");
+    let join = joins[0];
+    assert!(join.repartitions_removed(), "{sql}\n{text}");
+    assert!(text.contains("cpu_repartitions=removed"), "{text}");
+    // No CPU pass hashes the inputs; the device sorts both,
+    // sorted partitions or not, as one partition each.
+    assert_eq!(hash_repartitions(plan), 0, "{sql}\n{text}");
+    assert_eq!(join.sort_on_device(), [true, true], "{sql}\n{text}");
+    for child in join.children() {
+        assert_eq!(
+            child.properties().output_partitioning().partition_count(),
+            1,
+            "{text}"
+        );
+    }
+    // It reads the partitions below each merge itself (r has
+    // four, s three), as the merge would, each in a task.
+    assert!(
+        text.contains("reads_merge_inputs=[left: 4, right: 3]"),
+        "{sql}\n{text}"
+    );
+    // Its output, in key order, is spread round robin over the
+    // join's partitions, each still sorted; the one row of an
+    // aggregation's states is not.
+    assert_eq!(
+        text.contains("RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1"),
+        join.partial_aggregate().is_none(),
+        "{sql}\n{text}"
+    );
+    assert!(!text.contains("SortExec"), "{sql}\n{text}");
+    // The projection of the join's columns above the round robin
+    // is the join's own: only those columns travel.
+    assert!(join.projection().is_some(), "{sql}\n{text}");
+    assert!(text.contains(", projection=["), "{sql}\n{text}");
+    // Its statistics are those of the columns it emits.
+    let stats = StatisticsContext::new()
+        .compute(join, &StatisticsArgs::new())
+        .unwrap();
+    assert_eq!(
+        stats.column_statistics.len(),
+        join.schema().fields().len(),
+        "{sql}"
+    );
+    // The decision record says so.
+    let decisions = crate::gpu_decisions(plan, &ConfigOptions::default());
+    assert!(
+        decisions.iter().any(|d| matches!(
+            &d.placement,
+            crate::Placement::Gpu { algorithm }
+                if algorithm.contains("over all input partitions (CPU hash repartitions removed)")
+        )),
+        "{sql}: {decisions:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_sort_merge_join_runs_once_over_all_input_partitions_where_nothing_relies_on_its_partitioning(
 ) {
@@ -461,63 +521,7 @@ async fn a_sort_merge_join_runs_once_over_all_input_partitions_where_nothing_rel
             "SELECT r.k, s.v FROM r JOIN s ON r.k = s.k ORDER BY r.k NULLS FIRST",
         ] {
             let plan = merge_join_plan(sql, options, sorted).await;
-            let text = show(&plan);
-            let joins = gpu_merge_joins(&plan);
-            assert_eq!(joins.len(), 1, "{sql}\n{text}");
-            let join = joins[0];
-            assert!(join.repartitions_removed(), "{sql}\n{text}");
-            assert!(text.contains("cpu_repartitions=removed"), "{text}");
-            // No CPU pass hashes the inputs; the device sorts both,
-            // sorted partitions or not, as one partition each.
-            assert_eq!(hash_repartitions(&plan), 0, "{sql}\n{text}");
-            assert_eq!(join.sort_on_device(), [true, true], "{sql}\n{text}");
-            for child in join.children() {
-                assert_eq!(
-                    child.properties().output_partitioning().partition_count(),
-                    1,
-                    "{text}"
-                );
-            }
-            // It reads the partitions below each merge itself (r has
-            // four, s three), as the merge would, each in a task.
-            assert!(
-                text.contains("reads_merge_inputs=[left: 4, right: 3]"),
-                "{sql}\n{text}"
-            );
-            // Its output, in key order, is spread round robin over the
-            // join's partitions, each still sorted; the one row of an
-            // aggregation's states is not.
-            assert_eq!(
-                text.contains(
-                    "RepartitionExec: partitioning=RoundRobinBatch(4), input_partitions=1"
-                ),
-                join.partial_aggregate().is_none(),
-                "{sql}\n{text}"
-            );
-            assert!(!text.contains("SortExec"), "{sql}\n{text}");
-            // The projection of the join's columns above the round robin
-            // is the join's own: only those columns travel.
-            assert!(join.projection().is_some(), "{sql}\n{text}");
-            assert!(text.contains(", projection=["), "{sql}\n{text}");
-            // Its statistics are those of the columns it emits.
-            let stats = StatisticsContext::new()
-                .compute(join, &StatisticsArgs::new())
-                .unwrap();
-            assert_eq!(
-                stats.column_statistics.len(),
-                join.schema().fields().len(),
-                "{sql}"
-            );
-            // The decision record says so.
-            let decisions = crate::gpu_decisions(&plan, &ConfigOptions::default());
-            assert!(
-                decisions.iter().any(|d| matches!(
-                    &d.placement,
-                    crate::Placement::Gpu { algorithm }
-                        if algorithm.contains("over all input partitions (CPU hash repartitions removed)")
-                )),
-                "{sql}: {decisions:?}"
-            );
+            check_merged_over_all_partitions(sql, &plan);
         }
     }
     // An input already in one sorted partition is merged as it is.

@@ -7,7 +7,8 @@ use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::concat;
 use datafusion::error::Result;
 
-use crate::host::copy::{copy_window, zeroed_for_fill};
+use crate::gpu::zeroed_for_fill;
+use crate::host::copy::copy_window;
 
 /// Bytes one copying thread takes at least.
 const BYTES_PER_THREAD: usize = 8 << 20;

@@ -1,0 +1,239 @@
+//! [`DeviceAggregation::aggregate`]: one partition's input aggregated on
+//! the device, or handed to DataFusion's operator where a sample of its
+//! keys, their type or the device's memory says so.
+
+use super::*;
+
+impl DeviceAggregation {
+    pub(super) fn aggregate(
+        &self,
+        batches: &[RecordBatch],
+        inputs: &AggregateInputs,
+        reservation: &mut MemoryReservation,
+    ) -> Result<Outcome> {
+        trace::event(|| "aggregation: blocking part started".into());
+        let _timer = self.metrics.baseline.elapsed_compute().timer();
+        let prepare = self.metrics.prepare_time.timer();
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        // Floats as DataFusion stores group values, `-0.0` folded into `+0.0`.
+        let key_columns = fold_negative_zeros(evaluate_pieces(&inputs.group_exprs, batches)?)?;
+        trace::event(|| "aggregation: group keys evaluated".into());
+        let (sample, own_keys) = self.sample_keys(&key_columns)?;
+        trace::event(|| format!("aggregation: keys sampled ({sample:?})"));
+        if let Some((sampled, distinct)) = sample {
+            // Statistics rarely know the groups (the rule counts unknown as
+            // many): a sample of the keys decides before they are encoded
+            // or copied, where one CPU pass over host memory would be faster.
+            if sample_shows_few_groups(sampled, distinct, self.options.min_groups) {
+                self.metrics.few_groups_partitions.add(1);
+                return Ok(Outcome::OnCpu);
+            }
+        }
+        let key_words = match own_keys {
+            Some(keys) => KeyWordsMade::Unordered(keys),
+            None => self.key_words(&key_columns, batches.len())?,
+        };
+        trace::event(|| "aggregation: key words made".into());
+        let Some((keys, ids)) = self.group_ids(key_words, sample, rows) else {
+            return Ok(Outcome::OnCpu);
+        };
+        let hashed = keys.as_ref().is_some_and(|k| k.hashed());
+        if hashed {
+            // Each row's group comes back to the host for the key check.
+            reservation.try_grow(8 * rows)?;
+        }
+        // The keys' copy is left to the device, and the host free, only
+        // where their words lie in pinned memory: staged, the host copies
+        // them itself, and the inputs, ready, should follow at once.
+        let keys_copied_by_device = keys.as_ref().is_some_and(|k| {
+            let pieces = k.words.pieces();
+            let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
+            in_pinned_memory(&bytes)
+        });
+        let work = self.work_to_do(batches, inputs, keys_copied_by_device)?;
+        prepare.done();
+        trace::event(|| format!("aggregation: {rows} rows prepared"));
+        let device_wall = self.metrics.device_wall_time.timer();
+        let back = match hashed {
+            true => GroupsBack::RowsAndRowGroups,
+            false => GroupsBack::KeyWords,
+        };
+        let mut prepared = None;
+        // Output memory mapped by the host's idle cores once the inputs are
+        // prepared, where the device reads the input from pinned memory (a
+        // staging host has no idle cores).
+        let mapped = std::cell::OnceCell::new();
+        let map_output = || {
+            if keys_copied_by_device {
+                mapped.get_or_init(|| self.map_output_ahead(sample, rows, reservation));
+            }
+        };
+        let no_mapping = MappedAhead::none();
+        let emitted = self.on_device(
+            keys.as_ref().map(|k| &k.words),
+            ids,
+            rows,
+            work,
+            map_output,
+            &mut prepared,
+            back,
+            |grouped, work, keys_stream, timer| {
+                let reduced = || {
+                    device_wall.done();
+                    trace::event(|| "aggregation: groups reduced on the device".into());
+                    self.count_grouping(ids, grouped);
+                };
+                let sources = KeySources {
+                    keys: keys.as_ref(),
+                    key_columns: &key_columns,
+                    batches,
+                };
+                let memory = mapped.get().unwrap_or(&no_mapping);
+                let output = self.emit(grouped, sources, work, keys_stream, memory, timer, reduced);
+                trace::event(|| "aggregation: output made".into());
+                output
+            },
+        );
+        // What was read of the input's batches (a reference to each piece
+        // of each column), and the output buffers mapped but not needed
+        // (with their reservation), are dropped off the query's path, as
+        // the input is (see `release`).
+        let unused = mapped.into_inner().and_then(|memory| {
+            self.metrics.output_buffers_mapped_ahead.add(memory.taken());
+            memory.finish()
+        });
+        release_in_background((key_columns, keys, prepared, unused));
+        self.outcome_of(emitted)
+    }
+
+    /// A sample of the keys' distinct values (sampled rows, distinct among
+    /// them), where a choice depends on the groups, and the keys' words
+    /// where they are their column's own, read in place. The sample
+    /// (thousands of scattered reads) is taken on threads of its own while
+    /// this one looks at the keys: nothing is made that the CPU operator,
+    /// should the sample send the input there, would not need. Keys to pack
+    /// or hash (a pass over every row) wait for the sample.
+    fn sample_keys(
+        &self,
+        key_columns: &[Vec<ArrayRef>],
+    ) -> Result<(Option<(usize, usize)>, Option<GroupKeyWords>)> {
+        let sampling = self.spec.keys.is_some()
+            && (self.options.min_groups > 0
+                || self.group_order.is_some()
+                || self.options.tuning.min_groups_to_partition < usize::MAX);
+        std::thread::scope(|scope| -> Result<_> {
+            let sampler = sampling
+                .then(|| scope.spawn(|| sampled_distinct_keys(key_columns, GROUP_SAMPLE_ROWS)));
+            let own_keys = match (&self.spec.keys, &self.group_order) {
+                (Some(key_spec), None) => own_group_key_words(key_spec, key_columns),
+                _ => Ok(None),
+            };
+            let sample = match sampler {
+                Some(sampler) => Some(sampler.join().map_err(|_| {
+                    DataFusionError::Internal("sampling the group keys panicked".into())
+                })??),
+                None => None,
+            };
+            Ok((sample, own_keys?))
+        })
+    }
+
+    /// The keys' words and how the device numbers their groups; `None`
+    /// where the device cannot group the keys.
+    fn group_ids(
+        &self,
+        key_words: KeyWordsMade,
+        sample: Option<(usize, usize)>,
+        rows: usize,
+    ) -> Option<(Option<GroupKeyWords>, GroupIds)> {
+        Some(match key_words {
+            KeyWordsMade::Ordered(ordered) => {
+                let ids = ids_in_key_order(&ordered, sample.unwrap_or_default(), rows);
+                (Some(ordered.keys), ids)
+            }
+            KeyWordsMade::Unordered(keys) => {
+                let ids = unordered_ids(
+                    sample.unwrap_or_default(),
+                    rows,
+                    self.options.tuning.min_groups_to_partition,
+                );
+                (Some(keys), ids)
+            }
+            KeyWordsMade::NoKeys => (
+                None,
+                GroupIds::Hashed {
+                    expected_groups: None,
+                },
+            ),
+            KeyWordsMade::OnCpu => return None,
+        })
+    }
+
+    /// The aggregates' device work, prepared now, or, where the keys'
+    /// copy is the device's and the work's shape is known without the
+    /// data, prepared while the keys cross the bus.
+    fn work_to_do<'a>(
+        &'a self,
+        batches: &'a [RecordBatch],
+        inputs: &'a AggregateInputs,
+        keys_copied_by_device: bool,
+    ) -> Result<WorkToDo<'a>> {
+        let shape = match keys_copied_by_device {
+            true => self.work_shape(batches, inputs)?,
+            false => None,
+        };
+        Ok(match shape {
+            Some(shape) => WorkToDo::WhileKeysCross {
+                shape,
+                prepare: Box::new(move || self.device_work(batches, inputs)),
+            },
+            None => WorkToDo::Ready(self.device_work(batches, inputs)?),
+        })
+    }
+
+    /// Counts how the device grouped the partition.
+    fn count_grouping(&self, ids: GroupIds, grouped: &DeviceGrouped) {
+        let metrics = &self.metrics;
+        match ids {
+            GroupIds::Sorted { .. } => metrics.sorted_rows_partitions.add(1),
+            GroupIds::Partitioned { .. } if grouped.numbered_in_partitions => {
+                metrics.partitioned_groups_partitions.add(1)
+            }
+            GroupIds::Partitioned { .. } => metrics.partition_overflow_partitions.add(1),
+            _ => {}
+        }
+        if grouped.table_overflowed {
+            metrics.table_overflow_partitions.add(1);
+        }
+        if grouped.folded_in_table {
+            metrics.table_fold_partitions.add(1);
+        }
+        if grouped.folding_table_grown {
+            metrics.folding_table_grown_partitions.add(1);
+        }
+        metrics
+            .inputs_reduced_as_they_landed
+            .add(grouped.inputs_reduced_as_they_landed);
+    }
+
+    /// The partition's outcome: its batches, or DataFusion's operator where
+    /// the device ran out of memory or two hashed keys collided.
+    fn outcome_of(&self, emitted: GpuResult<Result<Emitted>>) -> Result<Outcome> {
+        let output = match emitted {
+            Ok(output) => output?,
+            Err(e) if e.is_out_of_device_memory() => return Ok(Outcome::OnCpu),
+            Err(e) => return Err(e.into()),
+        };
+        match output {
+            Emitted::Batches(groups, output) => {
+                self.metrics.groups.add(groups);
+                Ok(Outcome::Batches(output))
+            }
+            Emitted::Collided => {
+                self.metrics.hashed_key_collisions.add(1);
+                Ok(Outcome::OnCpu)
+            }
+            Emitted::OutOfMemory => Ok(Outcome::OnCpu),
+        }
+    }
+}
