@@ -2,7 +2,9 @@
 //! operator and partition, so that many DataFusion partitions running at once
 //! wait for each other instead of running the device out of memory.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use super::{GpuError, GpuResult};
@@ -20,6 +22,16 @@ pub enum ReservationKind {
 struct BudgetState {
     in_use: usize,
     transient_holders: usize,
+    /// The transient reservations each thread made and still holds.
+    transient_by_thread: HashMap<ThreadId, usize>,
+}
+
+impl BudgetState {
+    /// Transient reservations made by threads other than `thread`.
+    fn transient_held_by_others(&self, thread: ThreadId) -> usize {
+        let own = self.transient_by_thread.get(&thread).copied().unwrap_or(0);
+        self.transient_holders - own
+    }
 }
 
 /// The device-wide byte budget. The limit of each request is a fraction of the
@@ -73,23 +85,61 @@ impl DeviceBudget {
         fraction: f64,
         kind: ReservationKind,
     ) -> GpuResult<DeviceReservation> {
+        let mut parts = self.reserve_together(&[(bytes, kind)], fraction)?;
+        parts
+            .pop()
+            .ok_or_else(|| GpuError::Invalid("a reservation of one part made none".into()))
+    }
+
+    /// Reserves every part of `parts` (bytes, kind) at once, or none: the
+    /// sum waits as one request. Work that needs several reservations (a
+    /// table and the scratch that builds it) takes them together, since a
+    /// thread that holds a transient reservation never waits for more (see
+    /// below). The reservations come back in the order of `parts`.
+    ///
+    /// Waits happen in one order, so none can deadlock: only a thread that
+    /// holds no transient reservation waits, and it waits for transient
+    /// reservations of other threads, whose work runs to its end without
+    /// waiting on the budget. A request from a thread that already holds a
+    /// transient reservation fails at once where it does not fit, as does
+    /// one that can never fit or that only resident reservations stand in
+    /// the way of; the caller takes its fallback.
+    pub fn reserve_together(
+        self: &Arc<Self>,
+        parts: &[(usize, ReservationKind)],
+        fraction: f64,
+    ) -> GpuResult<Vec<DeviceReservation>> {
         let limit = self.limit_for(fraction);
+        let bytes = parts
+            .iter()
+            .fold(0usize, |sum, &(part, _)| sum.saturating_add(part));
+        let thread = std::thread::current().id();
         let started = Instant::now();
         let mut state = self.lock();
         loop {
             if state.in_use.saturating_add(bytes) <= limit {
-                state.in_use += bytes;
-                if kind == ReservationKind::Transient {
-                    state.transient_holders += 1;
-                }
-                return Ok(DeviceReservation {
-                    budget: Arc::clone(self),
-                    bytes,
-                    kind,
-                    waited: started.elapsed(),
-                });
+                let waited = started.elapsed();
+                return Ok(parts
+                    .iter()
+                    .map(|&(part, kind)| {
+                        state.in_use += part;
+                        let holder = (kind == ReservationKind::Transient).then(|| {
+                            state.transient_holders += 1;
+                            *state.transient_by_thread.entry(thread).or_default() += 1;
+                            thread
+                        });
+                        DeviceReservation {
+                            budget: Arc::clone(self),
+                            bytes: part,
+                            kind,
+                            holder,
+                            waited,
+                        }
+                    })
+                    .collect());
             }
-            if bytes > limit || state.transient_holders == 0 {
+            let holds_transient = state.transient_holders > state.transient_held_by_others(thread);
+            if bytes > limit || holds_transient || state.transient_held_by_others(thread) == 0 {
                 return Err(GpuError::OutOfDeviceMemory {
                     requested: bytes,
                     limit,
@@ -129,6 +179,7 @@ impl DeviceBudget {
             bytes,
             // Not counted among the holders worth waiting for.
             kind: ReservationKind::Resident,
+            holder: None,
             waited: Duration::ZERO,
         })
     }
@@ -148,6 +199,9 @@ pub struct DeviceReservation {
     budget: Arc<DeviceBudget>,
     bytes: usize,
     kind: ReservationKind,
+    /// The thread that made a transient reservation (it may be dropped
+    /// on another).
+    holder: Option<ThreadId>,
     waited: Duration,
 }
 
@@ -169,6 +223,14 @@ impl Drop for DeviceReservation {
         state.in_use -= self.bytes;
         if self.kind == ReservationKind::Transient {
             state.transient_holders -= 1;
+        }
+        if let Some(holder) = self.holder {
+            if let Some(count) = state.transient_by_thread.get_mut(&holder) {
+                *count -= 1;
+                if *count == 0 {
+                    state.transient_by_thread.remove(&holder);
+                }
+            }
         }
         drop(state);
         self.budget.released.notify_all();
@@ -263,6 +325,93 @@ mod tests {
         drop(first);
         assert_eq!(waiter.join().unwrap().unwrap(), 700);
         assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn a_thread_holding_transient_memory_is_refused_instead_of_waiting_on_itself() {
+        let budget = DeviceBudget::new(1000);
+        let scratch = budget
+            .reserve(400, 1.0, ReservationKind::Transient)
+            .unwrap();
+        // 400 + 700 do not fit, and the only transient holder is this
+        // thread: waiting would never end.
+        let err = budget
+            .reserve(700, 1.0, ReservationKind::Resident)
+            .unwrap_err();
+        assert!(matches!(err, GpuError::OutOfDeviceMemory { in_use: 400, .. }));
+        drop(scratch);
+        assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn two_holders_each_wanting_more_are_refused_instead_of_deadlocking() {
+        let budget = DeviceBudget::new(1000);
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let builders: Vec<_> = (0..2)
+            .map(|_| {
+                let (budget, barrier) = (Arc::clone(&budget), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    let scratch = budget
+                        .reserve(300, 1.0, ReservationKind::Transient)
+                        .unwrap();
+                    barrier.wait();
+                    // Each would wait for the other's scratch.
+                    let table = budget.reserve(600, 1.0, ReservationKind::Resident);
+                    barrier.wait();
+                    drop(scratch);
+                    table.map(|t| t.bytes())
+                })
+            })
+            .collect();
+        let outcomes: Vec<_> = builders.into_iter().map(|b| b.join().unwrap()).collect();
+        assert!(outcomes.iter().all(|o| matches!(o, Err(GpuError::OutOfDeviceMemory { .. }))));
+        assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn parts_reserved_together_wait_as_one_and_come_back_in_order() {
+        let budget = DeviceBudget::new(1000);
+        let other = budget
+            .reserve(500, 1.0, ReservationKind::Transient)
+            .unwrap();
+        let builder = {
+            let budget = Arc::clone(&budget);
+            std::thread::spawn(move || {
+                let parts = budget
+                    .reserve_together(
+                        &[
+                            (300, ReservationKind::Transient),
+                            (600, ReservationKind::Resident),
+                        ],
+                        1.0,
+                    )
+                    .unwrap();
+                let bytes: Vec<usize> = parts.iter().map(DeviceReservation::bytes).collect();
+                (bytes, budget.in_use())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        // Nothing of the pair is held while it waits.
+        assert_eq!(budget.in_use(), 500);
+        drop(other);
+        let (bytes, in_use) = builder.join().unwrap();
+        assert_eq!(bytes, vec![300, 600]);
+        assert_eq!(in_use, 900);
+        assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn a_transient_reservation_dropped_on_another_thread_is_released() {
+        let budget = DeviceBudget::new(1000);
+        let held = budget
+            .reserve(400, 1.0, ReservationKind::Transient)
+            .unwrap();
+        std::thread::spawn(move || drop(held)).join().unwrap();
+        // This thread holds nothing any more: a request that does not fit
+        // beside a resident one fails, and one that fits is taken.
+        let _resident = budget.reserve(700, 1.0, ReservationKind::Resident).unwrap();
+        assert!(budget.reserve(400, 1.0, ReservationKind::Transient).is_err());
+        assert!(budget.reserve(300, 1.0, ReservationKind::Transient).is_ok());
     }
 
     #[test]

@@ -1901,3 +1901,55 @@ async fn device_float_sums_of_exact_values_are_exact() {
         assert_eq!(total(&got), total(&want));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn averages_of_wide_decimals_match_the_cpu() {
+    let Some(_) = require_gpu("averages_of_wide_decimals_match_the_cpu") else {
+        return;
+    };
+    // DataFusion keeps AVG's sum of a Decimal128 wider than 25 digits as a
+    // Decimal256: those aggregations stay on the CPU, with the reason, and
+    // answer as it does; narrower ones run on the GPU.
+    let wide = [
+        "SELECT avg(big) FROM t",
+        "SELECT k, avg(big) FROM t GROUP BY k",
+        "SELECT avg(CAST(d AS DECIMAL(30, 2))) FROM t",
+        "SELECT k, avg(CAST(d AS DECIMAL(30, 2))), sum(big) FROM t GROUP BY k",
+    ];
+    for (partitions, phases) in PLANS {
+        let (gpu, cpu) = contexts(partitions, &[phases]).await;
+        for rows in [0usize, 1, 50_000] {
+            register(
+                [&gpu, &cpu],
+                table(rows, Keys::Uniform { domain: 100 }, partitions, 11),
+            );
+            for sql in wide {
+                let (gpu_batches, gpu_nodes, plan) = run_counting(&gpu, sql, "AggregateExec").await;
+                let (cpu_batches, _, _) = run_counting(&cpu, sql, "AggregateExec").await;
+                assert_eq!(
+                    gpu_nodes, 0,
+                    "{sql}: a wide decimal average planned on the GPU"
+                );
+                assert_eq!(
+                    string_rows(&gpu_batches),
+                    string_rows(&cpu_batches),
+                    "{sql}"
+                );
+                let decisions = datafusion_gpu::gpu_decisions(&plan, gpu.state().config_options());
+                assert!(
+                    decisions.iter().any(|d| matches!(
+                        &d.placement,
+                        datafusion_gpu::Placement::Cpu { reason } if reason.contains("Decimal256(76")
+                    )),
+                    "{sql}: {decisions:?}"
+                );
+            }
+            check(
+                &gpu,
+                &cpu,
+                "SELECT k, avg(CAST(d AS DECIMAL(25, 2))) FROM t GROUP BY k",
+            )
+            .await;
+        }
+    }
+}

@@ -9,6 +9,7 @@ mod support;
 mod aggregate;
 mod conformance;
 mod device_batch;
+mod device_budget;
 mod join_sql;
 mod join_types;
 mod ops;

@@ -181,6 +181,19 @@ fn gpu_aggregate(
         ));
     }
     let state_fields = expr.state_fields().map_err(|e| e.to_string())?;
+    // The device writes each state as words of a type it holds: a wider
+    // state (AVG keeps its sum of a Decimal128 wider than 25 digits as
+    // Decimal256) stays with DataFusion's accumulators.
+    if let Some(state) = state_fields
+        .iter()
+        .find(|state| ValueKind::of(state.data_type()).is_none())
+    {
+        return Err(format!(
+            "{name} keeps its state {} as {}, which the GPU does not make",
+            state.name(),
+            state.data_type()
+        ));
+    }
     let input_types: Vec<DataType> = if merges_states {
         state_fields.iter().map(|f| f.data_type().clone()).collect()
     } else {
@@ -349,6 +362,45 @@ mod tests {
                 .unwrap();
             let evaluated = accumulator.evaluate(EmitTo::All).unwrap();
             assert_eq!(evaluated.to_data(), state.to_data(), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_aggregate_whose_state_the_device_cannot_make_stays_on_the_cpu() {
+        // AVG sums a Decimal128 with 13 digits to spare: up to 25 digits
+        // that is a Decimal128(38); wider, a Decimal256, on the CPU. SUM
+        // keeps a Decimal128 at any precision.
+        let schema_of = |data_type: DataType| Arc::new(Schema::new(vec![Field::new("a", data_type, true)]));
+        for (function, data_type, on_gpu) in [
+            (avg_udaf(), DataType::Decimal128(15, 2), true),
+            (avg_udaf(), DataType::Decimal128(25, 0), true),
+            (avg_udaf(), DataType::Decimal128(26, 0), false),
+            (avg_udaf(), DataType::Decimal128(30, 2), false),
+            (avg_udaf(), DataType::Decimal128(38, 0), false),
+            (sum_udaf(), DataType::Decimal128(38, 0), true),
+            (sum_udaf(), DataType::Decimal128(30, 2), true),
+        ] {
+            let name = format!("{}({data_type})", function.name());
+            let schema = schema_of(data_type);
+            let expr = AggregateExprBuilder::new(function, vec![col("a", &schema).unwrap()])
+                .schema(Arc::clone(&schema))
+                .alias("x")
+                .build()
+                .unwrap();
+            let expr = Arc::new(expr);
+            let states: Vec<DataType> = expr
+                .state_fields()
+                .unwrap()
+                .iter()
+                .map(|f| f.data_type().clone())
+                .collect();
+            match gpu_aggregate(&expr, false, &schema) {
+                Ok(_) => assert!(on_gpu, "{name} (states {states:?}) planned on the GPU"),
+                Err(reason) => {
+                    assert!(!on_gpu, "{name} (states {states:?}) refused: {reason}");
+                    assert!(reason.contains("Decimal256(76"), "{name}: {reason}");
+                }
+            }
         }
     }
 }

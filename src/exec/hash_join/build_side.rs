@@ -434,19 +434,22 @@ impl BuildSide {
             .and_then(|_| self.arrival.positions(self.rows.num_rows() as u64));
         let (resident, scratch) = self.table_bytes(positions.as_ref().map_or(0, Vec::len), device);
         // Partitioning needs its scratch buffers only briefly; the table
-        // itself stays resident while the join runs.
-        let scratch_memory =
-            device
-                .budget()
-                .reserve(scratch, memory_fraction, ReservationKind::Transient)?;
-        let device_memory =
-            device
-                .budget()
-                .reserve(resident, memory_fraction, ReservationKind::Resident)?;
+        // itself stays resident while the join runs. Both are reserved
+        // together: a thread holding one never waits for the other.
+        let mut reserved = device.budget().reserve_together(
+            &[
+                (scratch, ReservationKind::Transient),
+                (resident, ReservationKind::Resident),
+            ],
+            memory_fraction,
+        )?;
+        let (Some(device_memory), Some(scratch_memory)) = (reserved.pop(), reserved.pop()) else {
+            return Err(GpuError::Invalid("the build table's reservations were not made".into()));
+        };
         metrics
             .device
             .device_memory_wait
-            .add_duration(scratch_memory.waited() + device_memory.waited());
+            .add_duration(scratch_memory.waited());
         let stream = device.stream()?;
         let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
         // Where the keys may carry some of the output columns, those cross

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::JoinType;
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::physical_expr::expressions::{Column, UnKnownColumn};
@@ -186,10 +187,7 @@ fn rewrite(
         }
     }
     if let Some(join) = node.downcast_ref::<HashJoinExec>() {
-        // A join whose inputs arrive in no fixed order emits its rows in no
-        // fixed order either, on the CPU as on the GPU.
-        let order_observable =
-            order_observable && !node.children().into_iter().any(order_depends_on_arrival);
+        let order_observable = order_observable && join_order_is_fixed(join);
         let merge = (options.tuning.merge_partitions && !order_observable).then_some(
             if partitioning_free {
                 MergeInputs::Free
@@ -667,6 +665,27 @@ fn absorbable_sorts(join: &SortMergeJoinExec) -> [bool; 2] {
                 });
         sort.fetch().is_none() && per_partition && on_the_keys
     })
+}
+
+/// Whether `join` emits its rows in an order its inputs fix. `HashJoinExec`
+/// emits probe row by probe row, so a probe side that arrives in a fixed
+/// order fixes the output's order, whatever order the build side arrives
+/// in (which orders only the matches of one probe row, and the build rows
+/// emitted alone). Where the build rows emitted alone make the output, or
+/// end it, their order is the build side's arrival order. A join whose
+/// order is not fixed emits its rows in no fixed order, on the CPU as on
+/// the GPU.
+fn join_order_is_fixed(join: &HashJoinExec) -> bool {
+    let [build, probe] = [join.left(), join.right()];
+    let emits_build_rows_alone = matches!(
+        join.join_type(),
+        JoinType::Left
+            | JoinType::Full
+            | JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::LeftMark
+    );
+    !order_depends_on_arrival(probe) && !(emits_build_rows_alone && order_depends_on_arrival(build))
 }
 
 /// Whether the rows of `plan` come out in an order that depends on when

@@ -70,6 +70,32 @@ async fn rewritten_where(
             "datafusion.optimizer.hash_join_single_partition_threshold_rows",
             0,
         );
+    rewritten_in(config, sql, options).await
+}
+
+/// As [`rewritten_where`] (everything in `CollectLeft` mode), with each
+/// join's inputs where the query writes them: the left one is the build side.
+async fn rewritten_in_written_order(sql: &str, options: GpuOptions) -> Arc<dyn ExecutionPlan> {
+    let config = SessionConfig::new()
+        .with_target_partitions(4)
+        .set_usize(
+            "datafusion.optimizer.hash_join_single_partition_threshold",
+            1 << 30,
+        )
+        .set_usize(
+            "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+            0,
+        )
+        .set_bool("datafusion.optimizer.join_reordering", false);
+    rewritten_in(config, sql, options).await
+}
+
+/// `sql` planned under `config` over the test tables, then rewritten.
+async fn rewritten_in(
+    config: SessionConfig,
+    sql: &str,
+    options: GpuOptions,
+) -> Arc<dyn ExecutionPlan> {
     let ctx = SessionContext::new_with_config(config);
     ctx.register_table("r", table(4)).unwrap();
     ctx.register_table("s", table(3)).unwrap();
@@ -202,6 +228,66 @@ async fn a_join_below_a_collect_left_probe_side_runs_over_all_input_partitions()
         show(&plan)
     );
     assert_eq!(hash_repartitions(&plan), 0, "{}", show(&plan));
+}
+
+/// Whether `plan`'s rows arrive in an order that depends on which input
+/// partition delivers first.
+fn arrives_in_no_fixed_order(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let text = show(plan);
+    text.contains("CoalescePartitionsExec") || text.contains("RoundRobinBatch")
+}
+
+#[tokio::test]
+async fn a_join_keeps_its_order_where_its_probe_side_fixes_it() {
+    // An aggregation over four partitions arrives in no fixed order; `t`,
+    // one partition, in a fixed one. HashJoinExec emits probe row by probe
+    // row, so a probe side in a fixed order fixes the order of its rows
+    // (DataFusion's own sqllogictest files expect it) and the GPU join
+    // keeps it, whatever order the build side arrives in; where the build
+    // rows emitted alone make or end the output, their order is the build
+    // side's arrival order, and where that is not fixed the join need not
+    // keep it.
+    let options = GpuOptions {
+        min_rows: 0,
+        min_groups: 0,
+        ..GpuOptions::default()
+    };
+    let aggregated = "(SELECT k, sum(v) AS total FROM r GROUP BY k) x";
+    let mut kept_over_an_unfixed_build = 0;
+    let mut let_go = 0;
+    for sql in [
+        format!("SELECT t.k, x.total FROM t LEFT JOIN {aggregated} ON t.k = x.k"),
+        format!("SELECT t.k, x.total FROM {aggregated} RIGHT JOIN t ON t.k = x.k"),
+        format!("SELECT t.k, x.total FROM {aggregated} JOIN t ON t.k = x.k"),
+        format!("SELECT t.k, x.total FROM t JOIN {aggregated} ON t.k = x.k"),
+        format!("SELECT x.k FROM {aggregated} WHERE x.k IN (SELECT k FROM t)"),
+    ] {
+        let plan = rewritten_in_written_order(&sql, options.clone()).await;
+        let joins = gpu_joins(&plan);
+        assert_eq!(joins.len(), 1, "{sql}\n{}", show(&plan));
+        let join = joins[0].hash_join();
+        let builds_alone = matches!(
+            join.join_type(),
+            JoinType::Left
+                | JoinType::Full
+                | JoinType::LeftSemi
+                | JoinType::LeftAnti
+                | JoinType::LeftMark
+        );
+        let (build_unfixed, probe_unfixed) = (
+            arrives_in_no_fixed_order(join.left()),
+            arrives_in_no_fixed_order(join.right()),
+        );
+        let fixed = !probe_unfixed && !(builds_alone && build_unfixed);
+        assert_eq!(joins[0].preserves_order(), fixed, "{sql}\n{}", show(&plan));
+        kept_over_an_unfixed_build += usize::from(fixed && build_unfixed);
+        let_go += usize::from(!fixed);
+    }
+    assert!(
+        kept_over_an_unfixed_build > 0 && let_go > 0,
+        "the queries planned {kept_over_an_unfixed_build} joins keeping their order over an \
+         unfixed build side and {let_go} letting it go"
+    );
 }
 
 #[tokio::test]
