@@ -97,13 +97,15 @@ impl DeviceBudget {
     /// thread that holds a transient reservation never waits for more (see
     /// below). The reservations come back in the order of `parts`.
     ///
-    /// Waits happen in one order, so none can deadlock: only a thread that
-    /// holds no transient reservation waits, and it waits for transient
-    /// reservations of other threads, whose work runs to its end without
-    /// waiting on the budget. A request from a thread that already holds a
-    /// transient reservation fails at once where it does not fit, as does
-    /// one that can never fit or that only resident reservations stand in
-    /// the way of; the caller takes its fallback.
+    /// Waits happen in one order, so no two requests wait on each other
+    /// through the budget: only a thread that holds no transient
+    /// reservation waits, and only for transient reservations of other
+    /// threads, which never wait on the budget themselves. A request from a
+    /// thread that already holds a transient reservation fails at once
+    /// where it does not fit, as does one that can never fit or that only
+    /// resident reservations stand in the way of; the caller takes its
+    /// fallback. (A holder blocked elsewhere, on a consumer that does not
+    /// read its output, holds its memory until it is read or dropped.)
     pub fn reserve_together(
         self: &Arc<Self>,
         parts: &[(usize, ReservationKind)],
