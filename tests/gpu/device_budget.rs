@@ -3,8 +3,10 @@
 //! (Other tests share the device's budget while these run, so what is in
 //! use at the end is not asserted here.)
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
 use crate::join_types::{shape, typed_table_in};
@@ -19,21 +21,36 @@ const SQL: &str =
 /// Longer than any of these queries takes on the host; reached only by a hang.
 const LIMIT: Duration = Duration::from_secs(120);
 
-async fn contexts(fraction: Option<f64>) -> SessionContext {
-    let settings: Vec<String> = fraction
-        .map(|f| format!("SET gpu.memory_fraction = {f:.12}"))
-        .into_iter()
-        .collect();
-    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
-    let ctx = match fraction {
-        Some(_) => gpu_context(JoinMode::CollectLeft, 4, &settings).await,
-        None => cpu_context(JoinMode::CollectLeft, 4, &[]).await,
-    };
-    ctx.register_table("r", typed_table_in(shape(1 << 20, 1 << 20, 0, 0), 1, 4))
-        .unwrap();
-    ctx.register_table("s", typed_table_in(shape(1 << 22, 1 << 20, 0, 0), 2, 4))
-        .unwrap();
-    ctx
+/// The join's two tables, made once and shared by every session.
+struct Tables {
+    r: Arc<MemTable>,
+    s: Arc<MemTable>,
+}
+
+impl Tables {
+    fn new() -> Self {
+        Self {
+            r: typed_table_in(shape(1 << 20, 1 << 20, 0, 0), 1, 4),
+            s: typed_table_in(shape(1 << 22, 1 << 20, 0, 0), 2, 4),
+        }
+    }
+
+    /// A session over the tables: on the GPU with `fraction` of the
+    /// device's memory, or on the CPU without one.
+    async fn session(&self, fraction: Option<f64>) -> SessionContext {
+        let settings: Vec<String> = fraction
+            .map(|f| format!("SET gpu.memory_fraction = {f:.12}"))
+            .into_iter()
+            .collect();
+        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        let ctx = match fraction {
+            Some(_) => gpu_context(JoinMode::CollectLeft, 4, &settings).await,
+            None => cpu_context(JoinMode::CollectLeft, 4, &[]).await,
+        };
+        ctx.register_table("r", Arc::clone(&self.r) as _).unwrap();
+        ctx.register_table("s", Arc::clone(&self.s) as _).unwrap();
+        ctx
+    }
 }
 
 /// The query's rows, or a failure naming the budget where it hung.
@@ -54,7 +71,9 @@ async fn no_device_budget_hangs_a_join_alone_or_beside_another() {
         return;
     };
     let free = runtime.devices()[0].budget().free_at_open() as f64;
-    let expected = answer_on_cpu().await;
+    let tables = Tables::new();
+    let (expected, _, _) = run(&tables.session(None).await, SQL).await;
+    let expected = int64_rows(&expected);
     // Budgets from 1 MiB to 512 MiB, 1.25x apart: below what the build
     // table needs (the chunks fall back to the host), across the band
     // where its scratch fits and the table beside it does not, and above.
@@ -66,7 +85,7 @@ async fn no_device_budget_hangs_a_join_alone_or_beside_another() {
     }
     for &bytes in &budgets {
         let budget = format!("a budget of {:.1} MiB", bytes / (1u64 << 20) as f64);
-        let ctx = contexts(Some(bytes / free)).await;
+        let ctx = tables.session(Some(bytes / free)).await;
         assert_eq!(answer(&ctx, &budget).await, expected, "{budget}");
     }
     // Two joins building their tables at once, each in its own session, at
@@ -77,17 +96,11 @@ async fn no_device_budget_hangs_a_join_alone_or_beside_another() {
             bytes / (1u64 << 20) as f64
         );
         let (a, b) = (
-            contexts(Some(bytes / free)).await,
-            contexts(Some(bytes / free)).await,
+            tables.session(Some(bytes / free)).await,
+            tables.session(Some(bytes / free)).await,
         );
         let (first, second) = tokio::join!(answer(&a, &budget), answer(&b, &budget));
         assert_eq!(first, expected, "{budget}");
         assert_eq!(second, expected, "{budget}");
     }
-}
-
-async fn answer_on_cpu() -> Vec<Vec<Option<i64>>> {
-    let cpu = contexts(None).await;
-    let (batches, _, _) = run(&cpu, SQL).await;
-    int64_rows(&batches)
 }
