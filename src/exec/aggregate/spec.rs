@@ -181,19 +181,6 @@ fn gpu_aggregate(
         ));
     }
     let state_fields = expr.state_fields().map_err(|e| e.to_string())?;
-    // The device writes each state as words of a type it holds: a wider
-    // state (AVG keeps its sum of a Decimal128 wider than 25 digits as
-    // Decimal256) stays with DataFusion's accumulators.
-    if let Some(state) = state_fields
-        .iter()
-        .find(|state| ValueKind::of(state.data_type()).is_none())
-    {
-        return Err(format!(
-            "{name} keeps its state {} as {}, which the GPU does not make",
-            state.name(),
-            state.data_type()
-        ));
-    }
     let input_types: Vec<DataType> = if merges_states {
         state_fields.iter().map(|f| f.data_type().clone()).collect()
     } else {
@@ -242,6 +229,20 @@ fn gpu_aggregate(
             return unsupported(data_type);
         }
         inputs.push(value);
+    }
+    // The device writes each state as words of a type it holds: a wider
+    // state (AVG keeps its sum of a Decimal128 wider than 25 digits as
+    // Decimal256) stays with DataFusion's accumulators. Checked after the
+    // inputs, so that an input type the device cannot read is the reason.
+    if let Some(state) = state_fields
+        .iter()
+        .find(|state| ValueKind::of(state.data_type()).is_none())
+    {
+        return Err(format!(
+            "{name} keeps its state {} as {}, which the GPU does not make",
+            state.name(),
+            state.data_type()
+        ));
     }
     let state_is_final_value = state_is_final_value(kind, &inputs, &state_fields, expr);
     Ok(GpuAggregate {
