@@ -140,8 +140,9 @@ impl DeviceBudget {
                     })
                     .collect());
             }
-            let holds_transient = state.transient_holders > state.transient_held_by_others(thread);
-            if bytes > limit || holds_transient || state.transient_held_by_others(thread) == 0 {
+            let others = state.transient_held_by_others(thread);
+            let holds_transient = state.transient_holders > others;
+            if bytes > limit || holds_transient || others == 0 {
                 return Err(GpuError::OutOfDeviceMemory {
                     requested: bytes,
                     limit,

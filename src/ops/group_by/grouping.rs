@@ -51,7 +51,7 @@ pub fn group_uploaded_keys(
         stream,
         row_groups.as_ref(),
         permutation,
-        RowOrderNeeds::of(back, &columns, rows),
+        wants_row_order(back, &columns, rows),
         rows,
         timer,
     )?;
@@ -346,16 +346,11 @@ impl NumberedGroups {
 
 /// Whether the rows' groups are wanted in row order: the host asks for
 /// each row's group, or an input is reduced chunk by chunk as it lands.
-#[derive(Clone, Copy)]
-struct RowOrderNeeds(bool);
-
-impl RowOrderNeeds {
-    fn of(back: GroupsBack, columns: &[InputColumn], rows: usize) -> Self {
-        let any_in_chunks = columns
-            .iter()
-            .any(|column| matches!(column, InputColumn::InChunks(_)));
-        Self((back == GroupsBack::RowsAndRowGroups || any_in_chunks) && rows > 0)
-    }
+fn wants_row_order(back: GroupsBack, columns: &[InputColumn], rows: usize) -> bool {
+    let any_in_chunks = columns
+        .iter()
+        .any(|column| matches!(column, InputColumn::InChunks(_)));
+    (back == GroupsBack::RowsAndRowGroups || any_in_chunks) && rows > 0
 }
 
 /// The rows' groups, and where they were numbered in the partitions'
@@ -371,12 +366,12 @@ impl<'a> RowGroupsInOrder<'a> {
         stream: &Arc<DeviceStream>,
         row_groups: Option<&'a DeviceVec<u64>>,
         permutation: Option<&DeviceVec<u64>>,
-        needs: RowOrderNeeds,
+        wanted: bool,
         rows: usize,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
         let by_row = match (row_groups, permutation) {
-            (Some(row_groups), Some(positions)) if needs.0 => {
+            (Some(row_groups), Some(positions)) if wanted => {
                 // The scatter writes every row's entry, a permutation's
                 // ids covering 0..rows.
                 let mut by_row: DeviceVec<u64> =

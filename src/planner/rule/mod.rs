@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::JoinType;
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::physical_expr::expressions::{Column, UnKnownColumn};
@@ -30,6 +29,7 @@ use super::phases::{cpu_phases, single_phase};
 use super::statistics::with_statistics_of_one_pass;
 use super::{decide_aggregate, decide_hash_join, decide_sort_merge_join};
 use crate::config::GpuOptions;
+use crate::exec::tracks_build_matches;
 use crate::exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
 
 /// Replaces each `HashJoinExec` the GPU can run (see [`crate::gpu_decisions`])
@@ -677,14 +677,9 @@ fn absorbable_sorts(join: &SortMergeJoinExec) -> [bool; 2] {
 /// the GPU.
 fn join_order_is_fixed(join: &HashJoinExec) -> bool {
     let [build, probe] = [join.left(), join.right()];
-    let emits_build_rows_alone = matches!(
-        join.join_type(),
-        JoinType::Left
-            | JoinType::Full
-            | JoinType::LeftSemi
-            | JoinType::LeftAnti
-            | JoinType::LeftMark
-    );
+    // The join types whose build side remembers its matches emit build
+    // rows alone once every probe row is done.
+    let emits_build_rows_alone = tracks_build_matches(*join.join_type());
     !order_depends_on_arrival(probe) && !(emits_build_rows_alone && order_depends_on_arrival(build))
 }
 

@@ -2,6 +2,7 @@
 //! run without a GPU: the rule is applied as if one were present.
 use super::*;
 use crate::config::GpuTuning;
+use datafusion::common::JoinType;
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
@@ -253,41 +254,64 @@ async fn a_join_keeps_its_order_where_its_probe_side_fixes_it() {
         ..GpuOptions::default()
     };
     let aggregated = "(SELECT k, sum(v) AS total FROM r GROUP BY k) x";
-    let mut kept_over_an_unfixed_build = 0;
-    let mut let_go = 0;
-    for sql in [
-        format!("SELECT t.k, x.total FROM t LEFT JOIN {aggregated} ON t.k = x.k"),
-        format!("SELECT t.k, x.total FROM {aggregated} RIGHT JOIN t ON t.k = x.k"),
-        format!("SELECT t.k, x.total FROM {aggregated} JOIN t ON t.k = x.k"),
-        format!("SELECT t.k, x.total FROM t JOIN {aggregated} ON t.k = x.k"),
-        format!("SELECT x.k FROM {aggregated} WHERE x.k IN (SELECT k FROM t)"),
+    // Each join's left input is its build side (inputs where written):
+    // the join type, whether the build and the probe side arrive in no
+    // fixed order, and whether the GPU join keeps HashJoinExec's order.
+    for (sql, join_type, build_unfixed, probe_unfixed, kept) in [
+        (
+            format!("SELECT t.k, x.total FROM t LEFT JOIN {aggregated} ON t.k = x.k"),
+            JoinType::Left,
+            false,
+            true,
+            false,
+        ),
+        (
+            format!("SELECT t.k, x.total FROM t JOIN {aggregated} ON t.k = x.k"),
+            JoinType::Inner,
+            false,
+            true,
+            false,
+        ),
+        (
+            format!("SELECT t.k, x.total FROM {aggregated} RIGHT JOIN t ON t.k = x.k"),
+            JoinType::Right,
+            true,
+            false,
+            true,
+        ),
+        (
+            format!("SELECT t.k, x.total FROM {aggregated} JOIN t ON t.k = x.k"),
+            JoinType::Inner,
+            true,
+            false,
+            true,
+        ),
+        // The build rows emitted alone end the output, in arrival order.
+        (
+            format!("SELECT t.k, x.total FROM {aggregated} LEFT JOIN t ON t.k = x.k"),
+            JoinType::Left,
+            true,
+            false,
+            false,
+        ),
     ] {
         let plan = rewritten_in_written_order(&sql, options.clone()).await;
         let joins = gpu_joins(&plan);
         assert_eq!(joins.len(), 1, "{sql}\n{}", show(&plan));
         let join = joins[0].hash_join();
-        let builds_alone = matches!(
-            join.join_type(),
-            JoinType::Left
-                | JoinType::Full
-                | JoinType::LeftSemi
-                | JoinType::LeftAnti
-                | JoinType::LeftMark
-        );
-        let (build_unfixed, probe_unfixed) = (
+        let shape = (
+            *join.join_type(),
             arrives_in_no_fixed_order(join.left()),
             arrives_in_no_fixed_order(join.right()),
         );
-        let fixed = !probe_unfixed && !(builds_alone && build_unfixed);
-        assert_eq!(joins[0].preserves_order(), fixed, "{sql}\n{}", show(&plan));
-        kept_over_an_unfixed_build += usize::from(fixed && build_unfixed);
-        let_go += usize::from(!fixed);
+        assert_eq!(
+            shape,
+            (join_type, build_unfixed, probe_unfixed),
+            "{sql}: not the plan meant\n{}",
+            show(&plan)
+        );
+        assert_eq!(joins[0].preserves_order(), kept, "{sql}\n{}", show(&plan));
     }
-    assert!(
-        kept_over_an_unfixed_build > 0 && let_go > 0,
-        "the queries planned {kept_over_an_unfixed_build} joins keeping their order over an \
-         unfixed build side and {let_go} letting it go"
-    );
 }
 
 #[tokio::test]
