@@ -11,6 +11,7 @@
 # On the GPU machine:
 #   cd OUT_DIR && ./run.sh tests         GPU tests and conformance, a missing GPU is a failure
 #   ./run.sh conformance                 only the sqllogictest conformance files
+#   ./run.sh fuzz                        the differential fuzzer (FUZZ_CASES, e.g. 0..10000)
 #   ./run.sh sanitize                    the join tests under compute-sanitizer
 #   ./run.sh bench                       the end-to-end benchmarks (BENCH_ARGS; --group-by, --sort-merge)
 #   ./run.sh seeds                       the seeds' workloads as criterion benchmarks
@@ -82,8 +83,18 @@ status=0
 for what in "$@"; do
   case "$what" in
     tests)
+      # The concurrency test checks the device budget returns to zero, so
+      # it runs after the others, alone in its process.
       DATAFUSION_GPU_CONFORMANCE_LOG="$logs/conformance.log" DATAFUSION_GPU_REQUIRE_GPU=1 \
-        ./gpu 2>&1 | tee "$logs/tests.log"
+        ./gpu --skip concurrency:: 2>&1 | tee "$logs/tests.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+      DATAFUSION_GPU_TEST_ALONE=1 DATAFUSION_GPU_REQUIRE_GPU=1 \
+        ./gpu concurrency:: 2>&1 | tee "$logs/concurrency.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    fuzz)
+      # FUZZ_CASES (default 0..10000) case seeds, FUZZ_PARALLEL at once.
+      DATAFUSION_GPU_FUZZ_CASES="${FUZZ_CASES:-0..10000}" DATAFUSION_GPU_FUZZ_PARALLEL="${FUZZ_PARALLEL:-8}" \
+        DATAFUSION_GPU_REQUIRE_GPU=1 ./gpu fuzz:: --nocapture 2>&1 | tee "$logs/fuzz.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     conformance)
       DATAFUSION_GPU_CONFORMANCE_LOG="$logs/conformance.log" DATAFUSION_GPU_REQUIRE_GPU=1 \
@@ -137,7 +148,7 @@ for what in "$@"; do
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       CUDA_VISIBLE_DEVICES= ./quickstart 100000 2>&1 | tee "$logs/quickstart-no-gpu.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
-    *) echo "unknown: $what (tests | conformance | sanitize | bench | seeds | floor | tpch | quickstart)"; status=2 ;;
+    *) echo "unknown: $what (tests | conformance | fuzz | sanitize | bench | seeds | floor | tpch | quickstart)"; status=2 ;;
   esac
 done
 exit $status

@@ -18,12 +18,20 @@
 //!   answer needs no check. A probe value outside the build range cannot
 //!   match and is dropped before the upload. TPC-H's two-column Int64 keys
 //!   pack this way although their types take 128 bits.
-//! * **Hashed**: everything else (strings, floats, composites too wide to
-//!   pack). The key is DataFusion's own row hash of the key columns; the
-//!   device finds candidate pairs with equal hashes and the host keeps those
-//!   whose key columns compare equal under the join's NULL semantics, with
-//!   `HashJoinExec`'s own key comparator (floats: -0.0 equals 0.0, NaN
-//!   equals NaN).
+//! * **Hashed**: everything else (strings, composites too wide to pack).
+//!   The key is DataFusion's own row hash of the key columns; the device
+//!   finds candidate pairs with equal hashes and the host keeps those whose
+//!   key columns compare equal under the join's NULL semantics, with
+//!   `HashJoinExec`'s own key comparator.
+//!
+//! Float key columns are first read as integers of their width
+//! ([`equality_column`]): `HashJoinExec` hashes and compares floats by
+//! their bits, -0.0 taken as 0.0 (IEEE totalOrder after that one
+//! normalization: a NaN equals a NaN of the same bits, infinities
+//! themselves), so those integers are equal exactly when the join calls
+//! the floats equal, and a float key is raw or packed like an integer one,
+//! with no check on the host: many equal floats (zeros, NaNs) no longer
+//! send every candidate pair through the host comparator.
 
 use std::sync::Arc;
 
@@ -158,6 +166,50 @@ fn raw(data_type: &DataType) -> bool {
     )
 }
 
+/// The integer type [`equality_column`] reads a key column of `data_type`
+/// as: a float's signed integer of the same width, any other type itself.
+fn equality_type(data_type: &DataType) -> DataType {
+    match data_type {
+        DataType::Float16 => DataType::Int16,
+        DataType::Float32 => DataType::Int32,
+        DataType::Float64 => DataType::Int64,
+        other => other.clone(),
+    }
+}
+
+/// A float key column as integers equal exactly where `HashJoinExec` calls
+/// the floats equal: each value's bits, with -0.0 read as 0.0 (DataFusion
+/// hashes floats so, and compares them by IEEE totalOrder with that zero
+/// normalized). NULLs stay NULL. Any other column as it is.
+pub(crate) fn equality_column(column: &ArrayRef) -> ArrayRef {
+    // The sign bit alone: -0.0, the only value whose bits change.
+    fn bits<const WIDTH: u32>(bits: u64) -> u64 {
+        if bits << (65 - WIDTH) == 0 {
+            0
+        } else {
+            bits
+        }
+    }
+    match column.data_type() {
+        DataType::Float16 => Arc::new(
+            column
+                .as_primitive::<Float16Type>()
+                .unary::<_, Int16Type>(|v| bits::<16>(u64::from(v.to_bits())) as u16 as i16),
+        ),
+        DataType::Float32 => Arc::new(
+            column
+                .as_primitive::<Float32Type>()
+                .unary::<_, Int32Type>(|v| bits::<32>(u64::from(v.to_bits())) as u32 as i32),
+        ),
+        DataType::Float64 => Arc::new(
+            column
+                .as_primitive::<Float64Type>()
+                .unary::<_, Int64Type>(|v| bits::<64>(v.to_bits()) as i64),
+        ),
+        _ => Arc::clone(column),
+    }
+}
+
 /// Whether a column of `data_type` can be hashed and compared on the host.
 fn hashable(data_type: &DataType) -> bool {
     use DataType::*;
@@ -196,6 +248,15 @@ impl KeySpec {
             types: types.to_vec(),
             null_equality,
         })
+    }
+
+    /// This spec with each float key column read as the integer of its
+    /// width that [`equality_column`] makes of it.
+    fn for_equality(&self) -> Self {
+        Self {
+            types: self.types.iter().map(equality_type).collect(),
+            null_equality: self.null_equality,
+        }
     }
 
     /// Key column types.
@@ -296,8 +357,12 @@ impl Domain {
 /// How keys are encoded for one join, fixed once the build side is known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyEncoder {
+    /// The keys' spec, float columns read as integers ([`equality_column`]).
     spec: KeySpec,
     encoding: Encoding,
+    /// Whether a key column is a float: its codes stand for an equality
+    /// class (-0.0 and 0.0 together) and cannot be decoded.
+    float_keys: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,12 +392,20 @@ impl KeyEncoder {
         for piece in pieces {
             spec.check_columns(piece)?;
         }
+        let float_keys = spec.types.iter().any(|t| equality_type(t) != *t);
+        let spec = &spec.for_equality();
+        let pieces: Vec<Vec<ArrayRef>> = pieces
+            .iter()
+            .map(|piece| piece.iter().map(equality_column).collect())
+            .collect();
+        let pieces = &pieces[..];
         let nulls_cannot_match = spec.null_equality == NullEquality::NullEqualsNothing
             || pieces.iter().all(|piece| piece[0].null_count() == 0);
         if spec.types.len() == 1 && raw(&spec.types[0]) && nulls_cannot_match {
             return Ok(Self {
                 spec: spec.clone(),
                 encoding: Encoding::Raw,
+                float_keys,
             });
         }
         let packing = if spec.packable() {
@@ -360,6 +433,7 @@ impl KeyEncoder {
         Ok(Self {
             spec: spec.clone(),
             encoding: packing.map_or(Encoding::Hashed, Encoding::Packed),
+            float_keys,
         })
     }
 
@@ -376,6 +450,7 @@ impl KeyEncoder {
         let [column] = pieces else {
             return None;
         };
+        let column: Vec<ArrayRef> = column.iter().map(equality_column).collect();
         let in_place = self.encoding == Encoding::Raw
             && column.iter().all(|piece| {
                 piece.logical_null_count() == 0
@@ -413,6 +488,11 @@ impl KeyEncoder {
     /// key rebuilt from its word, in order, rather than read from a row of
     /// it at random). Hashed keys cannot be decoded.
     pub fn decode(&self, keys: &[u64]) -> Result<Vec<ArrayRef>> {
+        if self.float_keys {
+            return Err(DataFusionError::Internal(
+                "float keys are coded by equality and cannot be decoded".into(),
+            ));
+        }
         match &self.encoding {
             Encoding::Raw => Ok(vec![column_of_words(
                 &self.spec.types[0],
@@ -502,6 +582,8 @@ impl KeyEncoder {
     /// one thread faulting in hundreds of megabytes may be on that path.
     pub fn encode_parallel(&self, columns: &[ArrayRef], threads: usize) -> Result<NormalizedKeys> {
         const MIN_ROWS_PER_THREAD: usize = 1 << 20;
+        let columns: Vec<ArrayRef> = columns.iter().map(equality_column).collect();
+        let columns = &columns[..];
         let rows = self.spec.check_columns(columns)?;
         if self.encoding == Encoding::Raw {
             return Ok(raw_keys(&columns[0]));

@@ -331,6 +331,67 @@ fn strings_and_floats_are_hashed_alike_on_both_sides() {
 }
 
 #[test]
+fn float_keys_are_coded_equal_exactly_where_the_join_compares_them_equal() {
+    use datafusion::arrow::array::Float32Array;
+    use datafusion::physical_plan::joins::utils::JoinKeyComparator;
+    let other_nan = f64::from_bits(0x7ff8_0000_0000_0001);
+    let doubles = vec![
+        Some(0.0),
+        Some(-0.0),
+        Some(f64::NAN),
+        Some(-f64::NAN),
+        Some(other_nan),
+        Some(f64::INFINITY),
+        Some(f64::NEG_INFINITY),
+        Some(f64::MIN_POSITIVE),
+        Some(-f64::MIN_POSITIVE),
+        Some(1.5),
+        Some(-1.5),
+        None,
+        Some(0.0),
+        Some(f64::NAN),
+    ];
+    let singles: Vec<Option<f32>> = doubles.iter().map(|v| v.map(|v| v as f32)).collect();
+    let columns = [
+        arr(Float64Array::from(doubles.clone())),
+        arr(Float32Array::from(singles)),
+    ];
+    for null_equality in [NullEquality::NullEqualsNothing, NullEquality::NullEqualsNull] {
+        for column in &columns {
+            let s = KeySpec::try_new(&[column.data_type().clone()], null_equality).unwrap();
+            let encoder = KeyEncoder::for_build_side(&s, std::slice::from_ref(column)).unwrap();
+            assert!(!encoder.needs_verification(), "{}", column.data_type());
+            assert!(encoder.decode(&[0]).is_err());
+            let keys = encoder.encode(std::slice::from_ref(column)).unwrap();
+            let rows: Vec<usize> = match &keys.row_ids {
+                Some(ids) => ids.iter().map(|&i| i as usize).collect(),
+                None => (0..column.len()).collect(),
+            };
+            let code = |row: usize| rows.iter().position(|&r| r == row).map(|i| keys.keys[i]);
+            // DataFusion's hash join compares its key columns so.
+            let cmp = JoinKeyComparator::new(
+                std::slice::from_ref(column),
+                std::slice::from_ref(column),
+                &[Default::default()],
+                null_equality,
+            )
+            .unwrap();
+            for i in 0..column.len() {
+                for j in 0..column.len() {
+                    let coded_equal = matches!((code(i), code(j)), (Some(a), Some(b)) if a == b);
+                    assert_eq!(
+                        coded_equal,
+                        cmp.is_equal(i, j),
+                        "{} rows {i} and {j} under {null_equality:?}",
+                        column.data_type()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn hashed_keys_keep_or_drop_nulls_by_null_equality() {
     let build = vec![arr(StringArray::from(vec![None::<&str>, Some("x")]))];
     let null = KeySpec::try_new(&[DataType::Utf8], NullEquality::NullEqualsNull).unwrap();

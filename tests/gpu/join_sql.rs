@@ -1123,3 +1123,86 @@ async fn aggregates_in_the_join_over_timestamps_unsigned_and_floats() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn float_keys_with_many_equal_values_match_the_cpu() {
+    // Zeros of both signs, NaNs of three payloads, infinities and NULLs,
+    // each held by many rows on both sides: DataFusion calls -0.0 and 0.0
+    // equal and a NaN equal to a NaN of the same bits only. The output
+    // carries each side's key as stored, so a -0.0 must come back as -0.0.
+    let Some(_) = require_gpu("float_keys_with_many_equal_values_match_the_cpu") else {
+        return;
+    };
+    use datafusion::arrow::array::{Float32Array, Float64Array, Int64Array};
+    let specials = [
+        0.0,
+        -0.0,
+        f64::NAN,
+        -f64::NAN,
+        f64::from_bits(0x7ff8_0000_0000_0001),
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::MIN_POSITIVE,
+        1.5,
+        -1.5,
+        1e300,
+    ];
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("f", DataType::Float64, true),
+        Field::new("g", DataType::Float32, true),
+        Field::new("v", DataType::Int64, false),
+    ]));
+    let make = |rows: usize, salt: usize| {
+        let value = move |i: usize| {
+            let i = i.wrapping_mul(7).wrapping_add(salt);
+            (i % 13 != 0).then(|| specials[i % specials.len()])
+        };
+        table_from_columns(Arc::clone(&schema), rows, 3, 700, move |range| {
+            vec![
+                Arc::new(Float64Array::from_iter(range.clone().map(value))) as ArrayRef,
+                Arc::new(Float32Array::from_iter(
+                    range.clone().map(|i| value(i).map(|v| v as f32)),
+                )),
+                Arc::new(Int64Array::from_iter_values(range.map(|i| i as i64))),
+            ]
+        })
+    };
+    let (r, s) = (make(1_500, 0), make(1_100, 5));
+    let mut gpu_nodes = 0;
+    for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+        let gpu = gpu_context(mode, 4, &[]).await;
+        let cpu = cpu_context(mode, 4, &[]).await;
+        for ctx in [&gpu, &cpu] {
+            ctx.register_table("r", Arc::clone(&r) as _).unwrap();
+            ctx.register_table("s", Arc::clone(&s) as _).unwrap();
+        }
+        for key in ["f", "g"] {
+            for sql in [
+                format!("SELECT r.{key}, s.{key}, r.v, s.v FROM r JOIN s ON r.{key} = s.{key}"),
+                format!(
+                    "SELECT r.{key}, s.{key}, r.v, s.v FROM r LEFT JOIN s ON r.{key} = s.{key}"
+                ),
+                format!(
+                    "SELECT r.{key}, s.{key}, r.v, s.v FROM r FULL JOIN s ON r.{key} = s.{key}"
+                ),
+                format!("SELECT r.{key}, r.v FROM r LEFT SEMI JOIN s ON r.{key} = s.{key}"),
+                format!("SELECT r.{key}, r.v FROM r LEFT ANTI JOIN s ON r.{key} = s.{key}"),
+                format!(
+                    "SELECT r.{key}, s.{key}, r.v, s.v FROM r JOIN s \
+                     ON r.{key} IS NOT DISTINCT FROM s.{key}"
+                ),
+            ] {
+                let (gpu_batches, nodes, _) = run(&gpu, &sql).await;
+                let (cpu_batches, cpu_nodes, _) = run(&cpu, &sql).await;
+                assert_eq!(cpu_nodes, 0);
+                assert!(nodes >= 1, "{mode:?} {sql}: not on the GPU");
+                gpu_nodes += nodes;
+                let (gpu_rows, cpu_rows) = (string_rows(&gpu_batches), string_rows(&cpu_batches));
+                assert!(!cpu_rows.is_empty(), "{sql}");
+                assert_eq!(gpu_rows.len(), cpu_rows.len(), "{mode:?} {sql}: row counts");
+                assert!(gpu_rows == cpu_rows, "{mode:?} {sql}: rows differ");
+            }
+        }
+    }
+    assert!(gpu_nodes >= 24);
+}

@@ -7,9 +7,11 @@
 mod support;
 
 mod aggregate;
+mod concurrency;
 mod conformance;
 mod device_batch;
 mod device_budget;
+mod fuzz;
 mod join_sql;
 mod join_types;
 mod ops;

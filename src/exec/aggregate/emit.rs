@@ -182,6 +182,10 @@ impl DeviceAggregation {
         if self.spec.keys.is_none() {
             return Ok(Vec::new());
         }
+        let rows = key_columns
+            .first()
+            .map_or(0, |pieces| pieces.iter().map(|p| p.len()).sum());
+        crate::exec::check_device_ids(group_rows, rows, "the aggregation's input")?;
         // (batch, row in batch) of each group's row.
         let at: Vec<(usize, usize)> = group_rows
             .iter()

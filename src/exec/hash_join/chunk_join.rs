@@ -3,6 +3,7 @@
 //! into output rows (or folded into the partial aggregation).
 
 use super::*;
+use crate::exec::check_device_ids;
 use datafusion::arrow::array::ArrayRef;
 use datafusion::physical_plan::joins::utils::JoinKeyComparator;
 
@@ -189,6 +190,8 @@ impl<'a> ChunkResults<'a> {
                 return lock(partial).merge_device(&words, len);
             }
         };
+        check_device_ids(&build_ids, self.build.rows.num_rows(), "the build side")?;
+        check_device_ids(&probe_ids, self.chunk.num_rows(), "a probe chunk")?;
         let (build_ids, probe_ids) = confirm_pairs(
             self.keys_equal,
             self.cx.semantics.filter.as_deref(),

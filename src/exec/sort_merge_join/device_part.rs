@@ -2,6 +2,7 @@
 //! sorted on the device, merged, and the matches emitted range by range.
 
 use super::*;
+use crate::exec::check_device_ids;
 use crate::gpu::{Admission, DeviceReservation};
 
 /// Where the matches' output goes, and what stopped it: a consumer that
@@ -219,16 +220,15 @@ impl DeviceMergeJoin {
         (streamed, streamed_wanted): (&SortedSide, bool),
         (other, other_wanted): (&SortedSide, bool),
         timer: &mut PhaseTimer,
-    ) -> GpuResult<(Option<Vec<u64>>, Option<Vec<u64>>)> {
+    ) -> std::result::Result<(Option<Vec<u64>>, Option<Vec<u64>>), DeviceFailure> {
         let device = &self.device;
-        let streamed_order = match streamed_wanted {
-            true => Some(streamed.download_row_ids(device, stream, timer)?),
-            false => None,
+        let order = |side: &SortedSide, timer: &mut PhaseTimer| {
+            let ids = side.download_row_ids(device, stream, timer)?;
+            check_device_ids(&ids, side.keys.len(), "a sorted side").map_err(DeviceFailure::Host)?;
+            Ok::<_, DeviceFailure>(ids)
         };
-        let other_order = match other_wanted {
-            true => Some(other.download_row_ids(device, stream, timer)?),
-            false => None,
-        };
+        let streamed_order = streamed_wanted.then(|| order(streamed, timer)).transpose()?;
+        let other_order = other_wanted.then(|| order(other, timer)).transpose()?;
         Ok((streamed_order, other_order))
     }
 
@@ -243,6 +243,12 @@ impl DeviceMergeJoin {
         other_ids: Vec<u64>,
     ) -> Result<OutputRows> {
         let _ordering = self.metrics.emit_time.timer();
+        let (streamed_side, other_side) = match streams_left(self.plan.join_type) {
+            true => (left, right),
+            false => (right, left),
+        };
+        check_device_ids(positions, streamed_side.num_rows(), "the streamed side")?;
+        check_device_ids(&other_ids, other_side.num_rows(), "the other side")?;
         let other_ids = UInt64Array::from(other_ids);
         let keep = match &self.plan.filter {
             Some(filter) => {

@@ -82,8 +82,12 @@ fn rewrite_plan(
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    // Rows of several partitions reach the caller in no fixed order.
-    let order_observable = plan.properties().output_partitioning().partition_count() <= 1;
+    // The caller sees each partition's rows in the order they are made,
+    // even where it interleaves several partitions: a partition fed by
+    // one join in a fixed order (a round robin over its one partition, say)
+    // shows that order. Only a node below that merges partitions as they
+    // arrive makes it no fixed order.
+    let order_observable = true;
     with_statistics_of_one_pass(|| {
         rewrite(plan, order_observable, true, options, gpu).and_then(without_spread_at_root)
     })

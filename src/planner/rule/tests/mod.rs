@@ -2,9 +2,9 @@
 //! run without a GPU: the rule is applied as if one were present.
 use super::*;
 use crate::config::GpuTuning;
-use datafusion::common::JoinType;
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::JoinType;
 use datafusion::datasource::MemTable;
 use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
@@ -312,6 +312,31 @@ async fn a_join_keeps_its_order_where_its_probe_side_fixes_it() {
         );
         assert_eq!(joins[0].preserves_order(), kept, "{sql}\n{}", show(&plan));
     }
+}
+
+#[tokio::test]
+async fn a_join_keeps_its_order_below_a_root_of_several_partitions() {
+    // A filter the left join cannot take below it runs over a round robin
+    // that deals the join's one partition to four: each partition still
+    // shows the join's rows in the order it made them, and a caller that
+    // collects them sees that order (DataFusion's own sqllogictest files
+    // expect it).
+    let options = GpuOptions {
+        min_rows: 0,
+        min_groups: 0,
+        ..GpuOptions::default()
+    };
+    let sql = "SELECT t.k, u.v FROM t LEFT JOIN t AS u ON t.k = u.k WHERE u.v <> 3 OR t.k = 5";
+    let plan = rewritten_in_written_order(sql, options).await;
+    assert_eq!(
+        plan.properties().output_partitioning().partition_count(),
+        4,
+        "not the plan meant\n{}",
+        show(&plan)
+    );
+    let joins = gpu_joins(&plan);
+    assert_eq!(joins.len(), 1, "{}", show(&plan));
+    assert!(joins[0].preserves_order(), "{}", show(&plan));
 }
 
 #[tokio::test]

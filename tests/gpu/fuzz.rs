@@ -1,0 +1,694 @@
+//! A differential fuzzer: random tables and random joins and aggregations
+//! over them, each run with the rule (every threshold at zero) and without
+//! it, the answers compared.
+//!
+//! * Tables: one to three key columns of a type drawn from every type a
+//!   GPU join or aggregation takes and a few it does not (dictionaries),
+//!   NULL rates from none to all, keys uniform over small and large
+//!   domains, Zipf, one heavy hitter, or aimed at one hash partition (equal
+//!   low bits), floats with both zeros, NaNs and infinities, strings short,
+//!   long and past the 12 bytes a view holds inline; 0 to 30,000 rows in
+//!   1 to 4 partitions of batches from 1 to 8192 rows, so that empty and
+//!   one-row partitions come up.
+//! * Queries: joins of every type on one to three keys, with NULLs equal
+//!   or not, with and without a residual filter; aggregations (COUNT, SUM,
+//!   MIN, MAX, AVG over decimals, COUNT(DISTINCT), FILTER) by zero to two
+//!   keys; aggregations over joins; a LIMIT over a join (its row count).
+//! * Settings: target partitions, batch size, hash or sort-merge joins,
+//!   partition modes and small output ranges.
+//!
+//! `DATAFUSION_GPU_FUZZ_CASES=START..END` picks the case seeds (default
+//! `0..200`, the run CI makes); `DATAFUSION_GPU_FUZZ_PARALLEL` how many run
+//! at once (default 4). A case is one seed: the same seed makes the same
+//! tables, query and settings. Each case runs under a time limit; a case
+//! past it counts as a hang. Without a GPU the rule leaves every plan to
+//! DataFusion, and the run checks that path; with one, at least one node of
+//! the run must have run on the GPU.
+
+use std::io::Write;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, Date32Array, Decimal128Array, DictionaryArray, Float32Array,
+    Float64Array, Int16Array, Int32Array, Int64Array, Int8Array, LargeStringArray, RecordBatch,
+    StringArray, StringViewArray, TimestampMicrosecondArray, UInt32Array, UInt64Array, UInt8Array,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema, TimeUnit};
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use datafusion_gpu::gpu::gpu_runtime;
+use datafusion_gpu::gpu_decisions;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{RngExt, SeedableRng};
+use rand_distr::Zipf;
+
+use crate::support::*;
+
+const CASES_VAR: &str = "DATAFUSION_GPU_FUZZ_CASES";
+const PARALLEL_VAR: &str = "DATAFUSION_GPU_FUZZ_PARALLEL";
+/// A case that takes longer than this has hung.
+const CASE_TIME_LIMIT: Duration = Duration::from_secs(120);
+
+/// Key column types: what the GPU takes, and dictionaries, which it does not.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum KeyType {
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    UInt8,
+    UInt32,
+    UInt64,
+    Float32,
+    Float64,
+    Decimal(u8, i8),
+    Date32,
+    Timestamp,
+    Utf8,
+    LargeUtf8,
+    Utf8View,
+    Boolean,
+    Dictionary,
+}
+
+const KEY_TYPES: &[KeyType] = &[
+    KeyType::Int8,
+    KeyType::Int16,
+    KeyType::Int32,
+    KeyType::Int64,
+    KeyType::Int64,
+    KeyType::UInt8,
+    KeyType::UInt32,
+    KeyType::UInt64,
+    KeyType::Float32,
+    KeyType::Float64,
+    KeyType::Decimal(12, 2),
+    KeyType::Decimal(38, 4),
+    KeyType::Date32,
+    KeyType::Timestamp,
+    KeyType::Utf8,
+    KeyType::LargeUtf8,
+    KeyType::Utf8View,
+    KeyType::Boolean,
+    KeyType::Dictionary,
+];
+
+impl KeyType {
+    fn data_type(self) -> DataType {
+        match self {
+            KeyType::Int8 => DataType::Int8,
+            KeyType::Int16 => DataType::Int16,
+            KeyType::Int32 => DataType::Int32,
+            KeyType::Int64 => DataType::Int64,
+            KeyType::UInt8 => DataType::UInt8,
+            KeyType::UInt32 => DataType::UInt32,
+            KeyType::UInt64 => DataType::UInt64,
+            KeyType::Float32 => DataType::Float32,
+            KeyType::Float64 => DataType::Float64,
+            KeyType::Decimal(p, s) => DataType::Decimal128(p, s),
+            KeyType::Date32 => DataType::Date32,
+            KeyType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, None),
+            KeyType::Utf8 => DataType::Utf8,
+            KeyType::LargeUtf8 => DataType::LargeUtf8,
+            KeyType::Utf8View => DataType::Utf8View,
+            KeyType::Boolean => DataType::Boolean,
+            KeyType::Dictionary => {
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+            }
+        }
+    }
+}
+
+/// How a column's key ids are drawn.
+#[derive(Debug, Clone, Copy)]
+enum Distribution {
+    Uniform {
+        domain: u64,
+    },
+    Zipf {
+        domain: u64,
+    },
+    /// Half the rows hold one key, the rest uniform.
+    HeavyHitter {
+        domain: u64,
+    },
+    /// Distinct ids whose low 24 bits are equal.
+    Aimed {
+        domain: u64,
+    },
+    /// Row `i` holds id `i`.
+    Sequential,
+}
+
+impl Distribution {
+    fn random(rng: &mut StdRng, rows: usize) -> Self {
+        let domain = *[1u64, 2, 10, 1000, (rows as u64 * 2).max(1), 1 << 40]
+            .choose(rng)
+            .unwrap();
+        match rng.random_range(0..6) {
+            0 => Distribution::Zipf { domain },
+            1 => Distribution::HeavyHitter { domain },
+            2 => Distribution::Aimed { domain },
+            3 => Distribution::Sequential,
+            _ => Distribution::Uniform { domain },
+        }
+    }
+
+    fn id(self, rng: &mut StdRng, row: usize) -> u64 {
+        match self {
+            Distribution::Uniform { domain } => rng.random_range(0..domain),
+            Distribution::Zipf { domain } => {
+                let zipf = Zipf::new(domain.min(1 << 20) as f64, 1.1).unwrap();
+                rng.sample(zipf) as u64
+            }
+            Distribution::HeavyHitter { domain } => match rng.random_bool(0.5) {
+                true => 7,
+                false => rng.random_range(0..domain),
+            },
+            Distribution::Aimed { domain } => rng.random_range(0..domain.min(1 << 30)) << 24,
+            Distribution::Sequential => row as u64,
+        }
+    }
+}
+
+/// One key column's recipe.
+#[derive(Debug, Clone, Copy)]
+struct KeyColumn {
+    key_type: KeyType,
+    distribution: Distribution,
+    null_rate: f64,
+    /// Floats: ids below 16 become zeros of both signs, NaNs, infinities.
+    specials: bool,
+    /// Strings: the prefix (long ones live outside a view).
+    prefix: &'static str,
+}
+
+/// The array of `key` for key ids `ids`.
+fn key_array(key: &KeyColumn, ids: &[Option<u64>]) -> ArrayRef {
+    let float = |id: u64| -> f64 {
+        if key.specials && id < 16 {
+            let nan = f64::from_bits(0x7ff8_0000_0000_0000 | (id & 3));
+            return [
+                0.0,
+                -0.0,
+                f64::NAN,
+                -f64::NAN,
+                nan,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                f64::MIN_POSITIVE,
+            ][(id % 8) as usize];
+        }
+        id as f64 * 0.5 - 1000.0
+    };
+    let text = |id: u64| format!("{}{id}", key.prefix);
+    let it = ids.iter().copied();
+    match key.key_type {
+        KeyType::Int8 => Arc::new(Int8Array::from_iter(it.map(|v| v.map(|v| v as i8)))),
+        KeyType::Int16 => Arc::new(Int16Array::from_iter(it.map(|v| v.map(|v| v as i16)))),
+        KeyType::Int32 => Arc::new(Int32Array::from_iter(
+            it.map(|v| v.map(|v| (v as i32).wrapping_sub(1 << 20))),
+        )),
+        KeyType::Int64 => Arc::new(Int64Array::from_iter(it.map(|v| {
+            v.map(|v| match v % 2 {
+                0 => v as i64,
+                _ => -(v as i64),
+            })
+        }))),
+        KeyType::UInt8 => Arc::new(UInt8Array::from_iter(it.map(|v| v.map(|v| v as u8)))),
+        KeyType::UInt32 => Arc::new(UInt32Array::from_iter(it.map(|v| v.map(|v| v as u32)))),
+        KeyType::UInt64 => Arc::new(UInt64Array::from_iter(
+            it.map(|v| v.map(|v| v.wrapping_mul(0x9E37_79B9_7F4A_7C15))),
+        )),
+        KeyType::Float32 => Arc::new(Float32Array::from_iter(
+            it.map(|v| v.map(|v| float(v) as f32)),
+        )),
+        KeyType::Float64 => Arc::new(Float64Array::from_iter(it.map(|v| v.map(float)))),
+        KeyType::Decimal(p, s) => Arc::new(
+            Decimal128Array::from_iter(it.map(|v| v.map(|v| (v % 1_000_000_000) as i128 * 37 - 5)))
+                .with_precision_and_scale(p, s)
+                .unwrap(),
+        ),
+        KeyType::Date32 => Arc::new(Date32Array::from_iter(
+            it.map(|v| v.map(|v| 19_000 + (v % 100_000) as i32)),
+        )),
+        KeyType::Timestamp => Arc::new(TimestampMicrosecondArray::from_iter(
+            it.map(|v| v.map(|v| (v % (1 << 50)) as i64 * 1_000_003)),
+        )),
+        KeyType::Utf8 => Arc::new(StringArray::from_iter(it.map(|v| v.map(text)))),
+        KeyType::LargeUtf8 => Arc::new(LargeStringArray::from_iter(it.map(|v| v.map(text)))),
+        KeyType::Utf8View => Arc::new(StringViewArray::from_iter(it.map(|v| v.map(text)))),
+        KeyType::Boolean => Arc::new(BooleanArray::from_iter(it.map(|v| v.map(|v| v % 2 == 0)))),
+        KeyType::Dictionary => {
+            let texts: Vec<Option<String>> = it.map(|v| v.map(text)).collect();
+            Arc::new(
+                texts
+                    .iter()
+                    .map(Option::as_deref)
+                    .collect::<DictionaryArray<Int32Type>>(),
+            )
+        }
+    }
+}
+
+/// A table's recipe: its keys, rows and layout.
+#[derive(Debug, Clone)]
+struct TableRecipe {
+    keys: Vec<KeyColumn>,
+    rows: usize,
+    partitions: usize,
+    batch_rows: usize,
+}
+
+/// The columns every table has besides its keys.
+fn value_fields() -> Vec<Field> {
+    vec![
+        Field::new("v", DataType::Int64, true),
+        Field::new("w", DataType::Float64, true),
+        Field::new("d", DataType::Decimal128(12, 2), true),
+        Field::new("t", DataType::Utf8, true),
+    ]
+}
+
+fn make_table(recipe: &TableRecipe, rng: &mut StdRng) -> Arc<MemTable> {
+    let mut fields: Vec<Field> = recipe
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| Field::new(format!("k{i}"), key.key_type.data_type(), true))
+        .collect();
+    fields.extend(value_fields());
+    let schema = Arc::new(Schema::new(fields));
+    let rows = recipe.rows;
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for key in &recipe.keys {
+        let ids: Vec<Option<u64>> = (0..rows)
+            .map(|row| {
+                let id = key.distribution.id(rng, row);
+                (!rng.random_bool(key.null_rate)).then_some(id)
+            })
+            .collect();
+        columns.push(key_array(key, &ids));
+    }
+    let maybe = |rng: &mut StdRng| !rng.random_bool(0.05);
+    let v: Int64Array = (0..rows)
+        .map(|_| maybe(rng).then(|| rng.random_range(-1000..1000)))
+        .collect();
+    let w: Float64Array = (0..rows)
+        .map(|_| maybe(rng).then(|| rng.random_range(-100..100) as f64 * 0.25))
+        .collect();
+    let d = (0..rows)
+        .map(|_| maybe(rng).then(|| rng.random_range(-100_000i128..100_000)))
+        .collect::<Decimal128Array>()
+        .with_precision_and_scale(12, 2)
+        .unwrap();
+    let t: StringArray = (0..rows)
+        .map(|_| maybe(rng).then(|| format!("t{}", rng.random_range(0..50))))
+        .collect();
+    columns.extend([
+        Arc::new(v) as ArrayRef,
+        Arc::new(w),
+        Arc::new(d),
+        Arc::new(t),
+    ]);
+    let slice = |range: Range<usize>| -> Vec<ArrayRef> {
+        columns
+            .iter()
+            .map(|c| c.slice(range.start, range.len()))
+            .collect()
+    };
+    if rows == 0 {
+        let empty = RecordBatch::new_empty(Arc::clone(&schema));
+        let parts = vec![vec![empty]; recipe.partitions];
+        return Arc::new(MemTable::try_new(schema, parts).unwrap());
+    }
+    table_from_columns(schema, rows, recipe.partitions, recipe.batch_rows, slice)
+}
+
+/// One case: two tables, settings and a query.
+#[derive(Debug)]
+struct Case {
+    seed: u64,
+    tables: [TableRecipe; 2],
+    mode: JoinMode,
+    target_partitions: usize,
+    settings: Vec<String>,
+    sql: String,
+}
+
+fn random_key(rng: &mut StdRng, key_type: KeyType, rows: usize) -> KeyColumn {
+    KeyColumn {
+        key_type,
+        distribution: Distribution::random(rng, rows),
+        null_rate: *[0.0, 0.0, 0.01, 0.3, 1.0].choose(rng).unwrap(),
+        specials: rng.random_bool(0.5),
+        prefix: ["", "key-", "a prefix longer than twelve bytes "]
+            .choose(rng)
+            .copied()
+            .unwrap(),
+    }
+}
+
+/// Table sizes: empty, one row, and either side of the thresholds.
+const ROWS: &[usize] = &[0, 1, 3, 64, 255, 257, 1000, 2049, 4097, 10_000, 30_000];
+
+fn gen_case(seed: u64) -> Case {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let key_types: Vec<KeyType> = (0..rng.random_range(1..=3))
+        .map(|_| *KEY_TYPES.choose(&mut rng).unwrap())
+        .collect();
+    // At most 2^20 pairs, however few keys the tables hold.
+    let r_rows = *ROWS.choose(&mut rng).unwrap();
+    let s_rows = *ROWS
+        .iter()
+        .filter(|&&rows| rows * r_rows <= 1 << 20)
+        .copied()
+        .collect::<Vec<_>>()
+        .choose(&mut rng)
+        .unwrap();
+    let tables = [r_rows, s_rows].map(|rows| TableRecipe {
+        keys: key_types
+            .iter()
+            .map(|&t| random_key(&mut rng, t, rows))
+            .collect(),
+        rows,
+        partitions: rng.random_range(1..=4),
+        batch_rows: *[1usize, 5, 128, 1000, 8192].choose(&mut rng).unwrap(),
+    });
+    let mut settings = vec![format!(
+        "SET datafusion.execution.batch_size = {}",
+        [8, 1024, 8192].choose(&mut rng).unwrap()
+    )];
+    if rng.random_bool(0.15) {
+        settings.push("SET datafusion.optimizer.prefer_hash_join = false".into());
+    }
+    if rng.random_bool(0.2) {
+        settings.push(format!(
+            "SET gpu.max_output_pairs = {}",
+            [1, 100, 4096].choose(&mut rng).unwrap()
+        ));
+    }
+    let mode = *JoinMode::ALL.choose(&mut rng).unwrap();
+    let target_partitions = *[1usize, 2, 4, 8].choose(&mut rng).unwrap();
+    let sql = gen_query(&mut rng, key_types.len());
+    Case {
+        seed,
+        tables,
+        mode,
+        target_partitions,
+        settings,
+        sql,
+    }
+}
+
+/// A join condition on the first `keys` key columns.
+fn join_condition(rng: &mut StdRng, keys: usize) -> String {
+    let keys = rng.random_range(1..=keys);
+    let mut terms: Vec<String> = (0..keys)
+        .map(|i| match rng.random_bool(0.1) {
+            true => format!("(r.k{i} IS NOT DISTINCT FROM s.k{i})"),
+            false => format!("r.k{i} = s.k{i}"),
+        })
+        .collect();
+    if rng.random_bool(0.25) {
+        terms.push("r.v < s.v + 50".into());
+    }
+    terms.join(" AND ")
+}
+
+fn gen_query(rng: &mut StdRng, keys: usize) -> String {
+    const AGGREGATES: &[&str] = &[
+        "COUNT(*)",
+        "COUNT(v)",
+        "SUM(v)",
+        "MIN(v)",
+        "MAX(v)",
+        "MIN(w)",
+        "MAX(w)",
+        "AVG(d)",
+        "SUM(d)",
+        "COUNT(DISTINCT v)",
+        "MIN(t)",
+        "MAX(t)",
+        "SUM(v) FILTER (WHERE w > 0)",
+        "COUNT(*) FILTER (WHERE v % 2 = 0)",
+    ];
+    match rng.random_range(0..10) {
+        0..=3 => {
+            let on = join_condition(rng, keys);
+            let (join, columns) = *[
+                ("JOIN", "r.k0, r.v, s.v, s.t, r.w"),
+                ("LEFT JOIN", "r.k0, r.v, s.v, s.t, r.w"),
+                ("RIGHT JOIN", "s.k0, r.v, s.v, r.t, s.d"),
+                ("FULL JOIN", "r.k0, s.k0, r.v, s.v"),
+                ("LEFT SEMI JOIN", "r.k0, r.v, r.t"),
+                ("LEFT ANTI JOIN", "r.k0, r.v, r.d"),
+                ("RIGHT SEMI JOIN", "s.k0, s.v, s.w"),
+                ("RIGHT ANTI JOIN", "s.k0, s.v"),
+            ]
+            .choose(rng)
+            .unwrap();
+            format!("SELECT {columns} FROM r {join} s ON {on}")
+        }
+        4..=6 => {
+            let groups: Vec<String> = (0..rng.random_range(0..=keys.min(2)))
+                .map(|i| format!("k{i}"))
+                .collect();
+            let count = rng.random_range(1..=4);
+            let aggregates: Vec<&str> = AGGREGATES.sample(rng, count).copied().collect();
+            let filter = match rng.random_bool(0.3) {
+                true => " WHERE v > -500",
+                false => "",
+            };
+            match groups.is_empty() {
+                true => format!("SELECT {} FROM r{filter}", aggregates.join(", ")),
+                false => format!(
+                    "SELECT {g}, {} FROM r{filter} GROUP BY {g}",
+                    aggregates.join(", "),
+                    g = groups.join(", ")
+                ),
+            }
+        }
+        7..=8 => {
+            let on = join_condition(rng, keys);
+            format!(
+                "SELECT r.k0, COUNT(*), SUM(s.v), MAX(s.d), COUNT(DISTINCT s.t) \
+                 FROM r JOIN s ON {on} GROUP BY r.k0"
+            )
+        }
+        _ => {
+            let on = join_condition(rng, keys);
+            // The row count is fixed even where the rows are not.
+            format!("SELECT COUNT(*) FROM (SELECT r.v, s.v FROM r JOIN s ON {on} LIMIT 7) x")
+        }
+    }
+}
+
+/// A query's answer: its rows as sorted text, or its error.
+type Answer = Result<Vec<String>, String>;
+
+async fn answer(ctx: &SessionContext, sql: &str) -> (Answer, usize) {
+    let plan = match ctx.sql(sql).await {
+        Ok(df) => df.create_physical_plan().await,
+        Err(e) => Err(e),
+    };
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(e) => return (Err(e.to_string()), 0),
+    };
+    let gpu_nodes = gpu_decisions(&plan, ctx.state().config_options())
+        .iter()
+        .filter(|d| d.on_gpu())
+        .count();
+    // In a task of its own, so that a panic (DataFusion's own sort-merge
+    // join panics on NaN keys) is an answer to compare, not the run's end.
+    let task = tokio::spawn(datafusion::physical_plan::collect(plan, ctx.task_ctx()));
+    let answer = match task.await {
+        Ok(batches) => batches.map(|b| sorted_rows(&b)).map_err(|e| e.to_string()),
+        Err(e) => Err(format!("panic: {e}")),
+    };
+    (answer, gpu_nodes)
+}
+
+/// The rows of `batches` as text, sorted: a multiset to compare.
+fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let options = FormatOptions::default().with_null("NULL");
+    let mut rows = Vec::new();
+    for batch in batches {
+        let formatters: Vec<ArrayFormatter> = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
+            .collect();
+        for row in 0..batch.num_rows() {
+            let cells: Vec<String> = formatters
+                .iter()
+                .map(|f| f.value(row).to_string())
+                .collect();
+            rows.push(cells.join("|"));
+        }
+    }
+    rows.sort_unstable();
+    rows
+}
+
+/// What a case that agreed found.
+struct Agreed {
+    gpu_nodes: usize,
+    /// Both paths failed (the query's own error, such as an overflow).
+    error: Option<String>,
+}
+
+/// What one case found, or how the paths disagreed.
+async fn run_case(case: Case) -> Result<Agreed, String> {
+    let mut rng = StdRng::seed_from_u64(case.seed ^ 0x7ab1e5);
+    let r = make_table(&case.tables[0], &mut rng);
+    let s = make_table(&case.tables[1], &mut rng);
+    let settings: Vec<&str> = case.settings.iter().map(String::as_str).collect();
+    let gpu = gpu_context(case.mode, case.target_partitions, &settings).await;
+    let cpu = cpu_context(case.mode, case.target_partitions, &settings).await;
+    for ctx in [&gpu, &cpu] {
+        ctx.register_table("r", Arc::clone(&r) as _).unwrap();
+        ctx.register_table("s", Arc::clone(&s) as _).unwrap();
+    }
+    let (gpu_answer, gpu_nodes) = answer(&gpu, &case.sql).await;
+    let (cpu_answer, _) = answer(&cpu, &case.sql).await;
+    match (&gpu_answer, &cpu_answer) {
+        (Ok(g), Ok(c)) if g == c => Ok(Agreed {
+            gpu_nodes,
+            error: None,
+        }),
+        (Err(_), Err(c)) => Ok(Agreed {
+            gpu_nodes,
+            error: Some(c.clone()),
+        }),
+        (Ok(g), Ok(c)) => {
+            let first = g.iter().zip(c).position(|(a, b)| a != b);
+            Err(format!(
+                "{} rows on the GPU path, {} on the CPU; first difference at sorted row {first:?}: {:?} against {:?}",
+                g.len(),
+                c.len(),
+                first.and_then(|i| g.get(i)),
+                first.and_then(|i| c.get(i)),
+            ))
+        }
+        (g, c) => Err(format!(
+            "GPU path: {:?}; CPU: {:?}",
+            g.as_ref().err(),
+            c.as_ref().err()
+        )),
+    }
+}
+
+fn case_range() -> Range<u64> {
+    let text = std::env::var(CASES_VAR).unwrap_or_else(|_| "0..200".into());
+    let (start, end) = text
+        .split_once("..")
+        .unwrap_or_else(|| panic!("{CASES_VAR}={text}: expected START..END"));
+    let parse = |s: &str| {
+        s.trim()
+            .parse::<u64>()
+            .unwrap_or_else(|e| panic!("{CASES_VAR}={text}: {e}"))
+    };
+    parse(start)..parse(end)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn random_joins_and_aggregations_match_the_cpu() {
+    let cases = case_range();
+    let parallel: usize = std::env::var(PARALLEL_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4)
+        .max(1);
+    let gpu = gpu_runtime().is_ok();
+    if !gpu {
+        // Fails where a GPU is required; otherwise the CPU path is checked.
+        let _ = require_gpu("fuzz::random_joins_and_aggregations_match_the_cpu");
+    }
+    let started = Instant::now();
+    let mut failures: Vec<String> = Vec::new();
+    let (mut run, mut on_gpu, mut gpu_nodes, mut hangs) = (0usize, 0usize, 0usize, 0usize);
+    let mut errors: Vec<String> = Vec::new();
+    let mut slowest: Vec<(Duration, u64)> = Vec::new();
+    let mut pending = tokio::task::JoinSet::new();
+    let mut seeds = cases.clone();
+    loop {
+        while pending.len() < parallel {
+            let Some(seed) = seeds.next() else { break };
+            pending.spawn(async move {
+                let case = gen_case(seed);
+                let text = format!("{case:?}");
+                let began = Instant::now();
+                let outcome = tokio::time::timeout(CASE_TIME_LIMIT, run_case(case)).await;
+                (seed, text, outcome, began.elapsed())
+            });
+        }
+        let Some(done) = pending.join_next().await else {
+            break;
+        };
+        let (seed, text, outcome, took) = done.unwrap_or_else(|e| panic!("a case panicked: {e}"));
+        run += 1;
+        slowest.push((took, seed));
+        slowest.sort_unstable_by(|a, b| b.cmp(a));
+        slowest.truncate(5);
+        if run % 500 == 0 {
+            let _ = writeln!(
+                std::io::stderr(),
+                "fuzz: {run} cases run, {} failed, {:.1} s",
+                failures.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        match outcome {
+            Ok(Ok(agreed)) => {
+                gpu_nodes += agreed.gpu_nodes;
+                on_gpu += usize::from(agreed.gpu_nodes > 0);
+                errors.extend(agreed.error.map(|e| format!("case {seed}: {e}")));
+            }
+            Ok(Err(difference)) => failures.push(format!("case {seed}: {difference}\n  {text}")),
+            Err(_) => {
+                hangs += 1;
+                failures.push(format!("case {seed}: past {CASE_TIME_LIMIT:?}\n  {text}"));
+            }
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "fuzz: cases {}..{} ({}): {run} run, {on_gpu} with GPU nodes ({gpu_nodes} nodes), \
+         {} mismatches, {hangs} hangs, {} failing alike on both paths, in {:.1} s",
+        cases.start,
+        cases.end,
+        if gpu {
+            "GPU path against the CPU"
+        } else {
+            "no GPU: the CPU path"
+        },
+        failures.len() - hangs,
+        errors.len(),
+        started.elapsed().as_secs_f64(),
+    );
+    let slowest: Vec<String> = slowest
+        .iter()
+        .map(|(took, seed)| format!("{seed} ({:.1} s)", took.as_secs_f64()))
+        .collect();
+    let _ = writeln!(std::io::stderr(), "  slowest cases: {}", slowest.join(", "));
+    for error in errors.iter().take(5) {
+        let _ = writeln!(std::io::stderr(), "  {error}");
+    }
+    // A query both paths reject checks nothing: such cases stay rare.
+    assert!(
+        errors.len() * 20 <= run.max(20),
+        "{} of {run} cases failed on both paths",
+        errors.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(run, (cases.end - cases.start) as usize);
+    if gpu {
+        assert!(gpu_nodes > 0, "no case ran a node on the GPU");
+    }
+}
