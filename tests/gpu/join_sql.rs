@@ -1206,3 +1206,34 @@ async fn float_keys_with_many_equal_values_match_the_cpu() {
     }
     assert!(gpu_nodes >= 24);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn output_over_thousands_of_one_row_batches_is_not_quadratic() {
+    // Every output batch of 8 rows took its rows by interleaving all 10,000
+    // one-row probe batches: 27,000 batches times 10,000 pieces. A right
+    // join keeps the probe side's rows, and the keys all match.
+    let Some(_) = require_gpu("output_over_thousands_of_one_row_batches_is_not_quadratic") else {
+        return;
+    };
+    let r: Vec<Option<i64>> = (0..64).map(|_| Some(1)).collect();
+    let s: Vec<Option<i64>> = (0..10_000).map(|i| (i % 3 == 0).then_some(1)).collect();
+    for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+        let extra = ["SET datafusion.execution.batch_size = 8"];
+        let gpu = gpu_context(mode, 1, &extra).await;
+        let cpu = cpu_context(mode, 1, &extra).await;
+        for ctx in [&gpu, &cpu] {
+            ctx.register_table("r", key_value_table(&r, 11, 1, 64))
+                .unwrap();
+            ctx.register_table("s", key_value_table(&s, 23, 1, 1))
+                .unwrap();
+        }
+        let sql = "SELECT r.v, s.v FROM r RIGHT JOIN s ON r.k = s.k";
+        let rows = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            assert_same_int64_rows(&gpu, &cpu, sql, 1),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{mode:?}: no answer in 60 s"));
+        assert_eq!(rows, 64 * 3334 + 6666);
+    }
+}

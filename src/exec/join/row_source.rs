@@ -226,6 +226,31 @@ impl ArrivedBatches {
     }
 }
 
+/// The batches `located` (batch, row) pairs name, in first use, and the
+/// pairs renumbered over that list: `interleave` reads every piece it is
+/// given, so a few rows taken from an input of thousands of small batches
+/// would otherwise cost a pass over all of them for each output batch.
+/// One hash map lookup per pair where the batch changes: for pairs fewer
+/// than the batches.
+fn referenced_pieces(mut located: Vec<(usize, usize)>) -> (Vec<usize>, Vec<(usize, usize)>) {
+    let mut used: Vec<usize> = Vec::new();
+    let mut index_of: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+    let mut last: Option<(usize, usize)> = None;
+    for (batch, _) in located.iter_mut() {
+        let index = match last {
+            // Ids mostly run through one batch at a time.
+            Some((previous, index)) if previous == *batch => index,
+            _ => *index_of.entry(*batch).or_insert_with(|| {
+                used.push(*batch);
+                used.len() - 1
+            }),
+        };
+        last = Some((*batch, index));
+        *batch = index;
+    }
+    (used, located)
+}
+
 impl RowSource for ArrivedBatches {
     fn num_rows(&self) -> usize {
         self.ends.last().copied().unwrap_or(0)
@@ -254,18 +279,29 @@ impl RowSource for ArrivedBatches {
                 .collect());
         }
         let located = self.locate(ids)?;
+        // Fewer rows than batches (a small output batch over thousands of
+        // tiny input batches): only the batches they use, renumbered.
         let has_nulls = ids.null_count() > 0;
+        let batches = self.batches.len();
+        let (used, located) = match located.len() < batches {
+            true => referenced_pieces(located),
+            // Every batch, and the NULL piece after them where an id is NULL.
+            false => ((0..batches).chain(has_nulls.then_some(batches)).collect(), located),
+        };
         columns
             .iter()
             .map(|&column| {
                 // NULL ids take the one row of a NULL piece after the batches.
                 let null = has_nulls.then(|| new_null_array(self.data_type(column), 1));
-                let pieces: Vec<&dyn Array> = self
-                    .batches
+                let pieces = used
                     .iter()
-                    .map(|b| b.column(column).as_ref())
-                    .chain(null.as_deref())
-                    .collect();
+                    .map(|&batch| match self.batches.get(batch) {
+                        Some(b) => Ok(b.column(column).as_ref()),
+                        None => null.as_deref().ok_or_else(|| {
+                            DataFusionError::Internal("a NULL row taken without a NULL id".into())
+                        }),
+                    })
+                    .collect::<Result<Vec<&dyn Array>>>()?;
                 // One pass over the ids.
                 Ok(interleave(&pieces, &located)?)
             })
@@ -275,6 +311,15 @@ impl RowSource for ArrivedBatches {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_the_pieces_the_ids_use_are_interleaved() {
+        let located = vec![(7, 0), (7, 1), (2, 5), (7, 2), (9, 0), (2, 0)];
+        let (used, renumbered) = super::referenced_pieces(located);
+        assert_eq!(used, vec![7, 2, 9]);
+        assert_eq!(renumbered, vec![(0, 0), (0, 1), (1, 5), (0, 2), (2, 0), (1, 0)]);
+        assert_eq!(super::referenced_pieces(vec![]), (vec![], vec![]));
+    }
+
     use super::*;
     use datafusion::arrow::array::{AsArray, Int32Array, Int64Array, StringViewArray};
     use datafusion::arrow::compute::concat_batches;
@@ -340,6 +385,26 @@ mod tests {
             taken[0].as_string_view().value(9),
             "a string longer than twelve bytes 5"
         );
+    }
+
+    #[test]
+    fn fewer_ids_than_batches_take_the_same_rows_nulls_included() {
+        let rows = arrived();
+        let whole = concat_batches(&schema(), rows.batches()).unwrap();
+        // Fewer ids than the three batches: only the batches used are
+        // interleaved, and a NULL id still makes a NULL row.
+        for ids in [
+            UInt64Array::from(vec![5]),
+            UInt64Array::from(vec![Some(7), None]),
+            UInt64Array::from(vec![None, Some(0)]),
+            UInt64Array::from(vec![None, None]),
+        ] {
+            let taken = rows.take_columns(&[2, 0, 1], &ids).unwrap();
+            let expected = whole.take_columns(&[2, 0, 1], &ids).unwrap();
+            for (t, e) in taken.iter().zip(&expected) {
+                assert_eq!(t.as_ref(), e.as_ref(), "{ids:?}");
+            }
+        }
     }
 
     #[test]
