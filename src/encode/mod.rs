@@ -1,10 +1,11 @@
 //! Arrow columns as device words and back: record batches in device memory
 //! ([`device_batch`]), join keys as one `u64` a row
-//! ([`keys`]), sort keys as order-preserving codes ([`ordered_keys`]), group
+//! ([`keys`], floats first as integers: [`float_keys`]), sort keys as order-preserving codes ([`ordered_keys`]), group
 //! keys and the check of hashed ones ([`group_keys`]), and aggregate inputs
 //! and results ([`words`]). Host work only; the device sees plain words.
 
 pub(crate) mod concat;
+pub(crate) mod float_keys;
 pub mod device_batch;
 pub(crate) mod group_keys;
 pub(crate) mod keys;
