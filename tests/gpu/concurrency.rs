@@ -56,13 +56,7 @@ async fn session(
 
 /// Runs `sql` to the end, or reads one batch and drops the stream.
 async fn run_or_drop(ctx: &SessionContext, sql: &str, drop_early: bool) -> Option<Vec<String>> {
-    let plan = ctx
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
+    let plan = physical_plan(ctx, sql).await;
     let mut stream = execute_stream(plan, ctx.task_ctx()).unwrap();
     if drop_early {
         if let Some(batch) = stream.next().await {
@@ -98,13 +92,7 @@ async fn sessions_dropping_and_idling_streams_leave_the_device_as_they_found_it(
 
     // The idle stream: its first batch read, then left alone.
     let idle_ctx = session(&r, &s, true, &["SET gpu.memory_fraction = 0.05"]).await;
-    let plan = idle_ctx
-        .sql(QUERIES[0])
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
+    let plan = physical_plan(&idle_ctx, QUERIES[0]).await;
     let mut idle = execute_stream(plan, idle_ctx.task_ctx()).unwrap();
     let first = idle.next().await.unwrap().unwrap().num_rows();
     let idle_since = Instant::now();

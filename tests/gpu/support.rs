@@ -204,6 +204,14 @@ async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&st
     }
 }
 
+/// The physical plan of `sql` in `ctx`, as the session would run it.
+pub async fn physical_plan(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    df.create_physical_plan()
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
 /// Runs `sql` and returns its batches, the number of joins that ran on the
 /// GPU, and the plan.
 pub async fn run(
@@ -220,8 +228,7 @@ pub async fn run_counting(
     sql: &str,
     operator: &str,
 ) -> (Vec<RecordBatch>, usize, Arc<dyn ExecutionPlan>) {
-    let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let plan = df.create_physical_plan().await.unwrap();
+    let plan = physical_plan(ctx, sql).await;
     let gpu_nodes = gpu_decisions(&plan, ctx.state().config_options())
         .iter()
         .filter(|d| d.on_gpu() && d.operator == operator)
