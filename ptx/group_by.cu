@@ -453,6 +453,57 @@ GROUP_INSERT_FOLD(2)
 GROUP_INSERT_FOLD(3)
 GROUP_INSERT_FOLD(4)
 
+// Each group's first row, for groups that leave in the order their first
+// rows come (as DataFusion's hash aggregation emits them): min_rows holds
+// one entry per group, u64::MAX on entry; row_groups[i] is the group of
+// position i, whose row is positions[i] (null: i itself). Groups at or
+// past `groups` are skipped. A row reads its group's entry first and takes
+// the atomic only where it is smaller: after a group's first rows, nearly
+// none do, so hot groups do not serialize.
+// Launch: any grid (grid-stride), block = BLOCK_THREADS.
+extern "C" __global__ void group_min_rows(const u64* row_groups, const u64* positions, u64 n,
+                                          u64* min_rows, u64 groups) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 group = row_groups[i];
+        if (group >= groups) continue;
+        const u64 row = positions == nullptr ? i : positions[i];
+        if (row < read_monotone_word(&min_rows[group])) atomicMin(&min_rows[group], row);
+    }
+}
+
+// As group_min_rows, after group_insert_fold into a table that held every
+// row's key (no overflow): each row finds its key's slot again (the table
+// as group_insert_fold left it, `slot_words` words a slot, `capacity`
+// slots plus the reserved one), and its group in table_groups. A row whose
+// key is not found within `capacity` probes, or whose slot has no group
+// below `groups`, is skipped.
+// Launch: any grid (grid-stride), block = BLOCK_THREADS.
+extern "C" __global__ void table_group_min_rows(const u64* keys, u64 n, const u64* slot_results,
+                                                u32 slot_words, const u64* table_groups,
+                                                u64 capacity, u64* min_rows, u64 groups) {
+    const u64 mask = capacity - 1;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 key = keys[i];
+        u64 slot = capacity;
+        if (key != EMPTY_KEY) {
+            const u64 wanted = stored_key(key);
+            slot = mix64(key) & mask;
+            u64 probes = 0;
+            while (slot_results[(slot + 1) * slot_words - 1] != wanted) {
+                slot = (slot + 1) & mask;
+                if (++probes >= capacity) {
+                    slot = capacity + 1;
+                    break;
+                }
+            }
+            if (slot > capacity) continue;
+        }
+        const u64 group = table_groups[slot];
+        if (group >= groups) continue;
+        if (i < read_monotone_word(&min_rows[group])) atomicMin(&min_rows[group], i);
+    }
+}
+
 // After group_insert_fold: out_f[g] = fold f's word of group g, for each
 // fold f below `folds`, from every claimed slot (table_groups[slot] not
 // EMPTY_KEY) of the `slots` (capacity + 1), a MIN's word complemented back.

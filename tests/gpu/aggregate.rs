@@ -298,6 +298,45 @@ async fn grouped_aggregates_match_the_cpu_for_every_key_type_and_mode() {
     }
 }
 
+/// Groups leave in the order their first rows come, as DataFusion's hash
+/// aggregation emits them (a sort above with ties, or a plan reading the
+/// groups as they come, sees that order), whichever way the device numbers
+/// them: in one hash table (rows numbered, or every input folded into the
+/// table), or in hash partitions; keys packed, their own word, or hashed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn groups_leave_in_the_order_of_their_first_rows_as_on_the_cpu() {
+    let Some(_) = require_gpu("groups_leave_in_the_order_of_their_first_rows_as_on_the_cpu")
+    else {
+        return;
+    };
+    let keys = ["k", "k, k2", "coalesce(k, -1)", "s", "fk", "CAST(k AS VARCHAR)", "s, k2"];
+    // Foldable into the table (counts, sums, minima and maxima of one
+    // word), and not (every aggregate).
+    let foldable = "count(*), sum(v), min(v), max(u)";
+    let mut folded = 0;
+    for in_partitions in [false, true] {
+        let mut settings = vec![PLANS[0].1];
+        if in_partitions {
+            settings.push("SET gpu.tuning.min_groups_to_partition = 0");
+        }
+        let (gpu, cpu) = contexts(1, &settings).await;
+        for (rows, dist) in GROUPED_INPUTS {
+            register([&gpu, &cpu], table(rows, dist, 1, rows as u64 ^ 0xf1));
+            for key in keys {
+                for aggregates in [foldable, AGGREGATES] {
+                    let sql = format!("SELECT {key}, {aggregates} FROM t GROUP BY {key}");
+                    let plan = compare(&gpu, &cpu, &sql, true).await;
+                    folded += gpu_aggregate_metric(&plan, "table_fold_partitions");
+                    let partitioned =
+                        gpu_aggregate_metric(&plan, "partitioned_groups_partitions");
+                    assert_eq!(partitioned > 0, in_partitions, "{sql}");
+                }
+            }
+        }
+    }
+    assert!(folded > 0, "no aggregation folded its inputs into the table");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn aggregates_without_group_by_and_over_empty_input_match_the_cpu() {
     let Some(_) = require_gpu("aggregates_without_group_by_and_over_empty_input_match_the_cpu")

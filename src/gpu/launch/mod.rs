@@ -19,9 +19,9 @@ pub use launcher::Launcher;
 pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, ValueWidth};
 pub use group_by::{
     aggregate_f64_sum, aggregate_gathered, aggregate_i128_sum, aggregate_u64, f64_sum_fixed,
-    f64_sum_scale, fill_u64, group_insert, group_insert_fold, group_resolve, partitioned_group_ids,
-    partitioned_group_resolve, sorted_group_heads, sorted_group_ids, table_fold_results,
-    table_slot_words, AggregateOp, FoldTable, GatheredValues, GroupRows, PartitionGroupIds,
+    f64_sum_scale, fill_u64, group_insert, group_insert_fold, group_min_rows, group_resolve,
+    partitioned_group_ids, partitioned_group_resolve, sorted_group_heads, sorted_group_ids,
+    table_fold_results, table_group_min_rows, table_slot_words, AggregateOp, FoldTable, GatheredValues, GroupRows, PartitionGroupIds,
     SortedGroupIds, TableFold, MAX_TABLE_FOLDS, PARTITION_GROUP_LIMIT,
 };
 #[cfg(any(test, feature = "test-support"))]
@@ -76,6 +76,8 @@ pub struct Kernels {
     /// One per fold count, 1 to [`MAX_TABLE_FOLDS`].
     group_insert_fold: [CudaFunction; MAX_TABLE_FOLDS],
     table_fold_results: CudaFunction,
+    group_min_rows: CudaFunction,
+    table_group_min_rows: CudaFunction,
     group_resolve: CudaFunction,
     partitioned_group_ids: CudaFunction,
     partitioned_group_resolve: CudaFunction,
@@ -175,6 +177,8 @@ impl Kernels {
                 function(&group_by, "group_insert_fold_4")?,
             ],
             table_fold_results: function(&group_by, "table_fold_results")?,
+            group_min_rows: function(&group_by, "group_min_rows")?,
+            table_group_min_rows: function(&group_by, "table_group_min_rows")?,
             group_resolve: function(&group_by, "group_resolve")?,
             partitioned_group_ids: function(&group_by, "partitioned_group_ids")?,
             partitioned_group_resolve: function(&group_by, "partitioned_group_resolve")?,

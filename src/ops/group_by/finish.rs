@@ -34,13 +34,15 @@ impl PendingGroups {
     /// with the group of every row left on the device. With `order_bits`,
     /// the groups' key words (below `2^order_bits`) are sorted on the
     /// device and come back in that order, with the order itself for the
-    /// results; only key words come back then.
+    /// results; only key words come back then. Without it, and with
+    /// `first_seen`, the groups come back in the order of their first rows
+    /// ([`first_seen_order`]), with that order for the results.
     pub(super) fn finish(
         self,
         device: &GpuDevice,
         stream: &Arc<DeviceStream>,
         back: GroupsBack,
-        order_bits: Option<u32>,
+        (order_bits, first_seen): (Option<u32>, bool),
         timer: &mut PhaseTimer,
     ) -> GpuResult<FinishedGroups> {
         let PendingGroups {
@@ -87,6 +89,49 @@ impl PendingGroups {
                 "{groups} groups reported for {} rows",
                 rows
             )));
+        }
+        let in_first_seen_order = match order_bits {
+            None if first_seen => {
+                let rows_of = match &numbered {
+                    NumberedRows::RowGroups(row_groups) => RowsOfGroups::Numbered {
+                        row_groups,
+                        positions: partitioned.as_ref().map(|p| &p.row_ids),
+                    },
+                    NumberedRows::Folded(folded) => RowsOfGroups::Folded {
+                        keys: &keys,
+                        folded,
+                    },
+                };
+                Some(first_seen_order(device, stream, rows_of, rows, groups, timer)?)
+            }
+            _ => None,
+        };
+        if let Some(FirstSeenOrder {
+            order,
+            first_rows: rows_in_order,
+        }) = in_first_seen_order
+        {
+            let identities = match back {
+                // Each group's first row is a row of it.
+                GroupsBack::RowsAndRowGroups => rows_in_order,
+                // The key at the position that numbered each group (a row
+                // of it), in the groups' new order.
+                GroupsBack::KeyWords => {
+                    let group_keys =
+                        gathered_words(device, stream, &keys, &first_rows, groups, timer)?;
+                    gathered_words(device, stream, &group_keys, &order, groups, timer)?
+                }
+            };
+            return Ok(FinishedGroups {
+                groups,
+                identities: Some(identities),
+                numbered,
+                key_order: Some(order),
+                permutation: partitioned.map(|p| p.row_ids),
+                numbered_in_partitions,
+                table_overflowed,
+                folding_table_grown,
+            });
         }
         let mut key_order = None;
         let identities = match (back, &partitioned) {

@@ -64,7 +64,20 @@ pub fn group_uploaded_keys(
     let kept_row_groups = match (back, rows_in_order.for_the_host()) {
         (GroupsBack::RowsAndRowGroups, Some(in_row_order)) if rows > 0 => {
             let mut kept = Vec::with_capacity(rows);
-            download_u64(device, stream, &in_row_order.slice(0..rows), &mut kept, timer)?;
+            match numbering.key_order.as_ref() {
+                // The groups leave in another order than numbered (their
+                // first rows'): each row's group by its new position.
+                Some(order) => {
+                    let ranks = ranks_of(device, stream, order, timer)?;
+                    let renumbered = timer.time(Phase::Kernel, || {
+                        crate::ops::gather::gather_u64(device, stream, &ranks, in_row_order, rows)
+                    })?;
+                    download_u64(device, stream, &renumbered.slice(0..rows), &mut kept, timer)?;
+                }
+                None => {
+                    download_u64(device, stream, &in_row_order.slice(0..rows), &mut kept, timer)?
+                }
+            }
             kept
         }
         _ => Vec::new(),
@@ -321,7 +334,8 @@ impl NumberedGroups {
             GroupIds::HashedInKeyOrder { key_bits, .. } => Some(key_bits),
             _ => None,
         };
-        let finished = pending.finish(device, stream, back, order_bits, timer)?;
+        let first_seen = !ids.in_key_order();
+        let finished = pending.finish(device, stream, back, (order_bits, first_seen), timer)?;
         let identities_made = match finished.identities {
             Some(_) => Some(
                 stream

@@ -37,6 +37,7 @@ use crate::trace;
 
 mod checked;
 mod finish;
+mod first_seen;
 mod grouping;
 mod fixed_point;
 mod hash_table;
@@ -52,6 +53,7 @@ mod table_folds;
 use checked::*;
 #[allow(unused_imports)]
 use finish::*;
+use first_seen::*;
 pub use grouping::group_uploaded_keys;
 pub use fixed_point::*;
 use hash_table::*;

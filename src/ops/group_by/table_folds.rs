@@ -500,6 +500,28 @@ fn regrown_capacity(
 }
 
 impl TableFolds {
+    /// Each group's first row into `min_rows` (one entry per group,
+    /// `u64::MAX` on entry), each of the `rows` rows' group found again in
+    /// the table from its key in `keys`.
+    pub(super) fn first_rows_into(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<DeviceStream>,
+        keys: &DeviceVec<u64>,
+        rows: usize,
+        min_rows: &mut DeviceVec<u64>,
+    ) -> GpuResult<()> {
+        launch::table_group_min_rows(
+            &device.launcher(stream),
+            keys,
+            rows,
+            &self.table.table_groups,
+            &self.slot_results,
+            self.folds,
+            min_rows,
+        )
+    }
+
     /// Each fold's result per group (`groups`, the table's count), in
     /// `key_order` where given (the group at each position).
     pub(super) fn into_reduced(
