@@ -11,10 +11,17 @@ typedef unsigned int u32;
 #define BLOCK_THREADS 256
 #define WARPS_PER_BLOCK (BLOCK_THREADS / 32)
 
-// MurmurHash3's 64-bit finalizer: a bijection on u64, so distinct keys never
-// collide in the full 64 bits, and every output bit depends on every input
-// bit, so low bits are good radix digits even for sequential keys.
+// The process's hash seed, set by the host when it loads the module
+// (`src/gpu/launch/mod.rs`): keys chosen to share a partition or a table slot
+// under one seed are spread under another, so nobody can aim keys at one.
+__constant__ u64 hash_seed;
+
+// MurmurHash3's 64-bit finalizer of the key XOR the seed: a bijection on u64,
+// so distinct keys never collide in the full 64 bits, and every output bit
+// depends on every input bit, so low bits are good radix digits even for
+// sequential keys.
 __device__ __forceinline__ u64 mix64(u64 k) {
+    k ^= hash_seed;
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdULL;
     k ^= k >> 33;

@@ -154,7 +154,7 @@ async fn run_once(ctx: &SessionContext) -> (Duration, (usize, u64), Arc<dyn Exec
                 .wrapping_mul(0x9E37_79B9_7F4A_7C15)
                 .wrapping_add((a.value(i) as u64).rotate_left(17))
                 .wrapping_add((b.value(i) as u64).rotate_left(41));
-            checksum = checksum.wrapping_add(datafusion_gpu::ops::mix64(row));
+            checksum = checksum.wrapping_add(datafusion_gpu::ops::murmur3_finalizer(row));
         }
         rows += batch.num_rows();
     }

@@ -503,7 +503,7 @@ fn checksum(batches: &[RecordBatch]) -> (usize, u64) {
                 } else {
                     value.value(i) as u64
                 };
-                row = datafusion_gpu::ops::mix64(row.rotate_left(23) ^ v);
+                row = datafusion_gpu::ops::murmur3_finalizer(row.rotate_left(23) ^ v);
             }
             sum = sum.wrapping_add(row);
         }

@@ -648,3 +648,50 @@ async fn inner_joins_gather_their_output_on_the_device() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_aimed_at_the_unseeded_hash_join_and_group_as_on_the_cpu() {
+    let Some(_) = require_gpu("keys_aimed_at_the_unseeded_hash_join_and_group_as_on_the_cpu")
+    else {
+        return;
+    };
+    // 2^20 distinct keys whose unseeded hashes share their low 20 bits:
+    // one partition and one probe chain each, but for the seed. A self-join
+    // and a group-by over them answer as DataFusion does (in well under
+    // the hang guard: quadratic work would take many seconds).
+    let keys: Vec<Option<i64>> = (0..1u64 << 20)
+        .map(|i| Some(datafusion_gpu::ops::murmur3_finalizer_inverse(i << 20) as i64))
+        .collect();
+    let queries = [
+        (
+            "SELECT count(*), sum(a.v), sum(b.v) FROM t a JOIN t b ON a.k = b.k",
+            "HashJoinExec",
+        ),
+        (
+            "SELECT k, count(*), sum(v) FROM t GROUP BY k",
+            "AggregateExec",
+        ),
+    ];
+    for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+        let gpu = gpu_context(mode, 4, &[]).await;
+        let cpu = cpu_context(mode, 4, &[]).await;
+        for ctx in [&gpu, &cpu] {
+            ctx.register_table("t", key_value_table(&keys, 5, 4, 8192))
+                .unwrap();
+        }
+        for (sql, operator) in queries {
+            let guard = std::time::Duration::from_secs(60);
+            let (gpu_batches, gpu_nodes, _) =
+                tokio::time::timeout(guard, run_counting(&gpu, sql, operator))
+                    .await
+                    .unwrap_or_else(|_| panic!("{sql}: not done in {guard:?}"));
+            let (cpu_batches, _, _) = run_counting(&cpu, sql, operator).await;
+            assert!(gpu_nodes >= 1, "{sql}: no {operator} on the GPU");
+            assert_eq!(
+                string_rows(&gpu_batches),
+                string_rows(&cpu_batches),
+                "{sql}"
+            );
+        }
+    }
+}

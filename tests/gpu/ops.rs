@@ -127,6 +127,54 @@ fn radix_partition_matches_the_stable_reference() {
     }
 }
 
+#[test]
+fn keys_aimed_at_one_partition_are_spread_by_the_device_hash_seed() {
+    let Some(device) = device("keys_aimed_at_one_partition_are_spread_by_the_device_hash_seed")
+    else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // 2^20 keys whose unseeded hashes all end in 20 zero bits: without the
+    // seed every one of them falls into partition 0 of any plan.
+    let rows = 1usize << 20;
+    let keys: Vec<u64> = (0..rows as u64)
+        .map(|i| datafusion_gpu::ops::murmur3_finalizer_inverse(i << 20))
+        .collect();
+    let ids: Vec<u64> = (0..rows as u64).collect();
+    let plan = RadixPlan::new(12);
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let dk = upload_u64(&device, stream, &keys, &mut timer).unwrap();
+    let di = upload_u64(&device, stream, &ids, &mut timer).unwrap();
+    let part = radix::radix_partition(&device, stream, dk, di, &plan).unwrap();
+    let mut starts = Vec::new();
+    download_u64(
+        &device,
+        stream,
+        &part.starts.as_view(),
+        &mut starts,
+        &mut timer,
+    )
+    .unwrap();
+    timer.finish().unwrap();
+    // The device hashes with the seed the host knows: the reference's
+    // partitions, every one within twice its share.
+    let (_, _, reference) = radix::reference::radix_partition(&keys, &ids, &plan);
+    assert_eq!(starts, reference);
+    let share = rows / plan.partitions();
+    let largest = starts
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as usize)
+        .max()
+        .unwrap();
+    assert!(
+        largest <= 2 * share,
+        "seed {:#x}: a partition of {largest} keys, {share} expected",
+        launch::hash_seed()
+    );
+}
+
 /// One side's keys in `pieces`, row ids `0..n`.
 fn host_keys<'a>(pieces: &'a [&'a [u64]], range: KeyRange) -> HostKeys<'a> {
     HostKeys {
