@@ -105,21 +105,45 @@ for what in "$@"; do
       ./tpch ${TPCH_ARGS:-} --json "$logs/tpch.json" 2>&1 | tee "$logs/tpch.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     sanitize)
-      # memcheck: the device tests and two SQL join tests (small sizes, every
-      # threshold crossed); racecheck: the device tests, whose kernels share
-      # memory, but for the sort and merge test, which racecheck takes many
-      # minutes over (its kernels' shared memory is checked by the radix
-      # partitioning test, which runs the same scatter, and the merge-path test).
+      # memcheck: the device tests and two SQL join tests; racecheck: the
+      # device tests, whose kernels share memory, but for the sort and merge
+      # test, which racecheck takes many minutes over (its kernels' shared
+      # memory is checked by the radix partitioning test, which runs the same
+      # scatter, and the merge-path test). Each test runs in a process of its
+      # own under the tool, SANITIZE_PARALLEL (default 12) at once, with
+      # smaller inputs (DATAFUSION_GPU_SANITIZE) and a limit of
+      # SANITIZE_LIMIT seconds (default 480) each; one log per tool.
+      work="$(mktemp -d)"
       for tool in memcheck racecheck; do
         filters=(ops:: aggregate::device_)
         [[ $tool == memcheck ]] && filters+=(join_sql::small_chunks_ranges_and_batches join_sql::empty_sides_one_row_all_null_and_no_match)
-        [[ $tool == racecheck ]] && filters+=(--skip ops::radix_sort_and_merge_path_match_their_references)
-        DATAFUSION_GPU_REQUIRE_GPU=1 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-          ./gpu "${filters[@]}" --test-threads=1 > "$logs/sanitize-$tool.log" 2>&1
-        rc=$?
-        echo "compute-sanitizer --tool $tool: exit $rc"; tail -8 "$logs/sanitize-$tool.log"
-        [[ $rc -eq 0 ]] || status=1
-      done ;;
+        skip=()
+        [[ $tool == racecheck ]] && skip=(--skip ops::radix_sort_and_merge_path_match_their_references)
+        ./gpu "${filters[@]}" "${skip[@]}" --list 2>/dev/null | sed -n "s/: test\$//p" \
+          | sed "s/^/$tool /" >> "$work/cases"
+      done
+      export work
+      xargs -P "${SANITIZE_PARALLEL:-12}" -L 1 sh -c '
+        tool=$0; test=$1; log="$work/$tool-$(echo "$test" | tr ":" "_").log"
+        start=$(date +%s)
+        DATAFUSION_GPU_SANITIZE=1 DATAFUSION_GPU_REQUIRE_GPU=1 timeout "${SANITIZE_LIMIT:-480}" \
+          compute-sanitizer --tool "$tool" --error-exitcode 3 ./gpu --exact "$test" --test-threads=1 \
+          > "$log" 2>&1
+        echo "$? $(( $(date +%s) - start ))s $test" > "$log.rc"' < "$work/cases"
+      for tool in memcheck racecheck; do
+        log="$logs/sanitize-$tool.log"; : > "$log"; failed=0; checked=0
+        for rc in "$work/$tool"-*.log.rc; do
+          read -r code took test < "$rc"
+          checked=$((checked + 1))
+          echo "== $test: exit $code in $took" >> "$log"
+          grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result|panicked|Error" "${rc%.rc}" >> "$log"
+          [[ $code -eq 0 ]] || { failed=$((failed + 1)); tail -40 "${rc%.rc}" >> "$log"; }
+        done
+        echo "compute-sanitizer --tool $tool: $checked tests, $failed failed or timed out (124)"
+        grep "^== " "$log" | sort -t" " -k6 -rn | head -5
+        [[ $failed -eq 0 ]] || status=1
+      done
+      rm -rf "$work" ;;
     bench)
       # BENCH_ARGS, e.g. "--log2-rows 24 --runs 5", is passed through.
       ./gpu_join --bench ${BENCH_ARGS:-} 2>&1 | tee "$logs/bench.log"

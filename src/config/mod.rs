@@ -28,6 +28,28 @@ pub(crate) fn hashed_group_key_bits(config: &ConfigOptions) -> u32 {
     }
 }
 
+/// What a device error before an operator's first output does: by default
+/// the CPU operator takes the work over; tests (`gpu_test.*`,
+/// `test-support` only) make it fail instead, or inject one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct DeviceErrorPolicy {
+    /// End the query with the error.
+    pub(crate) fail: bool,
+    /// Report a driver error where the device part ends.
+    pub(crate) inject: bool,
+}
+
+/// The session's [`DeviceErrorPolicy`].
+pub(crate) fn device_error_policy(config: &ConfigOptions) -> DeviceErrorPolicy {
+    #[cfg(feature = "test-support")]
+    return test_options::device_error_policy(config);
+    #[cfg(not(feature = "test-support"))]
+    {
+        let _ = config;
+        DeviceErrorPolicy::default()
+    }
+}
+
 config_namespace! {
     /// Options of datafusion-gpu, registered under the prefix `gpu`.
     pub struct GpuOptions {

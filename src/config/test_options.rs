@@ -13,6 +13,12 @@ extensions_options! {
         /// 1 to 64: fewer make different keys share a hash, so that the
         /// host's check of hashed keys sends partitions to the CPU operator.
         pub hashed_group_key_bits: u32, default = 64
+        /// Make a device error end the query instead of sending the work to
+        /// the CPU operator, so that a test sees a kernel's fault.
+        pub device_errors_fail: bool, default = false
+        /// Make every GPU aggregation's device part report a driver error
+        /// after it ran, before any output: the path a fault takes.
+        pub inject_device_error: bool, default = false
     }
 }
 
@@ -26,4 +32,15 @@ pub(crate) fn hashed_group_key_bits(config: &ConfigOptions) -> u32 {
         .extensions
         .get::<GpuTestOptions>()
         .map_or(64, |options| options.hashed_group_key_bits)
+}
+
+/// What a device error does in this session ([`super::DeviceErrorPolicy`]).
+pub(crate) fn device_error_policy(config: &ConfigOptions) -> super::DeviceErrorPolicy {
+    config
+        .extensions
+        .get::<GpuTestOptions>()
+        .map_or_else(Default::default, |options| super::DeviceErrorPolicy {
+            fail: options.device_errors_fail,
+            inject: options.inject_device_error,
+        })
 }

@@ -22,6 +22,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::Count;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
@@ -286,77 +287,208 @@ async fn read_in_groups(
     }
 }
 
+/// One stream read to its end, or until the memory pool refused a batch:
+/// then that batch (unreserved) is the last read, and the stream, with
+/// the pool's error, is what is left.
+struct StreamRead {
+    batches: Vec<RecordBatch>,
+    refused: Option<(SendableRecordBatchStream, DataFusionError)>,
+}
+
 /// Every batch with rows of `input`, each reserved in `reservation` (and
-/// its rows counted in `rows`) as it arrives.
-pub(crate) async fn collect_stream(
+/// its rows counted in `rows`) as it arrives, until the pool refuses one.
+async fn read_stream(
     mut input: SendableRecordBatchStream,
     reservation: &MemoryReservation,
     rows: Option<&Count>,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<StreamRead> {
     let mut batches = Vec::new();
     while let Some(batch) = input.next().await {
         let batch = batch?;
         if batch.num_rows() == 0 {
             continue;
         }
-        reservation.try_grow(batch.get_array_memory_size())?;
+        let refused = reservation.try_grow(batch.get_array_memory_size()).err();
         if let Some(rows) = rows {
             rows.add(batch.num_rows());
         }
         batches.push(batch);
+        if let Some(error) = refused {
+            return Ok(StreamRead {
+                batches,
+                refused: Some((input, error)),
+            });
+        }
     }
-    Ok(batches)
+    Ok(StreamRead {
+        batches,
+        refused: None,
+    })
 }
 
-/// One input's batches and the reservation that holds them.
-type CollectedInput = (Vec<RecordBatch>, MemoryReservation);
+/// An operator's whole input as collected.
+pub(crate) enum Collected {
+    /// Every batch with rows, stream by stream (each stream's batches
+    /// together, in their order), and the reservations of several streams'
+    /// batches, to be held as long as the batches (the others are in the
+    /// reservation passed in).
+    Whole(Vec<RecordBatch>, Vec<MemoryReservation>),
+    /// The memory pool refused a batch (`refusal`, its error): the batches
+    /// read, none of them reserved any longer, and the streams with batches
+    /// left to read. An operator that has sent nothing yet hands both to
+    /// DataFusion's operator, which spills where it can.
+    Refused {
+        read: Vec<RecordBatch>,
+        rest: Vec<SendableRecordBatchStream>,
+        refusal: DataFusionError,
+    },
+}
 
-/// Every batch with rows of `input`, stream by stream (each stream's
-/// batches together, in their order): batches in memory as they are, one
-/// stream in this task, several each in a task of its own. The batches of
-/// several streams are reserved in reservations of their own, returned to
-/// be held as long as the batches; the others in `reservation`.
-pub(crate) async fn collect_streams(
+/// Every batch with rows of `input`, stream by stream: batches in memory
+/// as they are, one stream in this task, several each in a task of its
+/// own. The batches of several streams are reserved in reservations of
+/// their own, the others in `reservation`; batches a scan holds in memory
+/// (a `MemTable`'s) are not reserved again, since taking them allocates
+/// nothing. Where the pool refuses a batch, what was read and what is left
+/// ([`Collected::Refused`]), with `reservation` freed.
+pub(crate) async fn collect_or_refuse(
     input: WholeInput,
     reservation: &MemoryReservation,
     rows: Option<&Count>,
-) -> Result<(Vec<RecordBatch>, Vec<MemoryReservation>)> {
+) -> Result<Collected> {
     let mut inputs = match input {
         WholeInput::Streams(streams) => streams,
         WholeInput::InMemory(in_memory) => {
-            let (batches, bytes) = in_memory.take().await?;
-            reservation.try_grow(bytes)?;
+            let (batches, _stored_bytes) = in_memory.take().await?;
             if let Some(rows) = rows {
                 rows.add(batches.iter().map(RecordBatch::num_rows).sum());
             }
-            return Ok((batches, Vec::new()));
+            return Ok(Collected::Whole(batches, Vec::new()));
         }
     };
     if inputs.len() == 1 {
         let input = inputs.pop().expect("one input");
-        return Ok((collect_stream(input, reservation, rows).await?, Vec::new()));
+        let read = read_stream(input, reservation, rows).await?;
+        return Ok(match read.refused {
+            None => Collected::Whole(read.batches, Vec::new()),
+            Some((rest, refusal)) => {
+                reservation.free();
+                Collected::Refused {
+                    read: read.batches,
+                    rest: vec![rest],
+                    refusal,
+                }
+            }
+        });
     }
-    let tasks: Vec<SpawnedTask<Result<CollectedInput>>> = inputs
+    let tasks: Vec<SpawnedTask<Result<(StreamRead, MemoryReservation)>>> = inputs
         .into_iter()
         .map(|input| {
             let reservation = reservation.new_empty();
             let rows = rows.cloned();
             SpawnedTask::spawn(async move {
-                let batches = collect_stream(input, &reservation, rows.as_ref()).await?;
-                Ok((batches, reservation))
+                let read = read_stream(input, &reservation, rows.as_ref()).await?;
+                Ok((read, reservation))
             })
         })
         .collect();
     let mut batches = Vec::new();
     let mut reservations = Vec::with_capacity(tasks.len());
+    let mut rest = Vec::new();
+    let mut refusal = None;
     for task in tasks {
-        let (part, reserved) = task.join().await.map_err(|e| {
+        let (read, reserved) = task.join().await.map_err(|e| {
             DataFusionError::Execution(format!("a task reading input failed: {e}"))
         })??;
-        batches.extend(part);
+        batches.extend(read.batches);
         reservations.push(reserved);
+        if let Some((stream, error)) = read.refused {
+            rest.push(stream);
+            refusal.get_or_insert(error);
+        }
     }
-    Ok((batches, reservations))
+    Ok(match refusal {
+        None => Collected::Whole(batches, reservations),
+        Some(refusal) => {
+            // Dropped, the reservations free what they held.
+            drop(reservations);
+            reservation.free();
+            Collected::Refused {
+                read: batches,
+                rest,
+                refusal,
+            }
+        }
+    })
+}
+
+/// A scan of an input an operator began to read and hands on whole to
+/// another (DataFusion's, after [`Collected::Refused`]): one partition,
+/// the batches read first, then the rest of each stream as they come.
+/// Executed once; a second execution is an error.
+pub(crate) fn handed_over_input(
+    schema: SchemaRef,
+    read: Vec<RecordBatch>,
+    rest: Vec<SendableRecordBatchStream>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let stream =
+        futures::stream::iter(read.into_iter().map(Ok)).chain(futures::stream::select_all(rest));
+    let stream: SendableRecordBatchStream =
+        Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&schema), stream));
+    let partition = HandedOver {
+        schema: Arc::clone(&schema),
+        stream: std::sync::Mutex::new(Some(stream)),
+    };
+    Ok(Arc::new(StreamingTableExec::try_new(
+        schema,
+        vec![Arc::new(partition)],
+        None,
+        Vec::new(),
+        false,
+        None,
+    )?))
+}
+
+/// The one partition of [`handed_over_input`].
+struct HandedOver {
+    schema: SchemaRef,
+    stream: std::sync::Mutex<Option<SendableRecordBatchStream>>,
+}
+
+impl std::fmt::Debug for HandedOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandedOver").finish_non_exhaustive()
+    }
+}
+
+impl PartitionStream for HandedOver {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _context: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let taken = self.stream.lock().ok().and_then(|mut stream| stream.take());
+        taken.unwrap_or_else(|| {
+            let error = DataFusionError::Internal("an input handed over was read twice".into());
+            Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&self.schema),
+                futures::stream::once(async { Err(error) }),
+            ))
+        })
+    }
+}
+
+/// [`collect_or_refuse`], where a refusal is the pool's error: every batch
+/// with rows, and the reservations of several streams' batches.
+pub(crate) async fn collect_streams(
+    input: WholeInput,
+    reservation: &MemoryReservation,
+    rows: Option<&Count>,
+) -> Result<(Vec<RecordBatch>, Vec<MemoryReservation>)> {
+    match collect_or_refuse(input, reservation, rows).await? {
+        Collected::Whole(batches, reservations) => Ok((batches, reservations)),
+        Collected::Refused { refusal, .. } => Err(refusal),
+    }
 }
 
 /// [`collect_streams`] with every batch reserved in `reservation` alone,
@@ -552,7 +684,8 @@ mod tests {
                     .sum();
                 assert_eq!(bytes, stored_bytes);
 
-                // Collected, they are reserved and counted as such.
+                // Collected, they are counted, but not reserved again: the
+                // table holds them, and taking them allocates nothing.
                 let pool = context.memory_pool();
                 let reservation = MemoryConsumer::new("test").register(pool);
                 let rows = Count::new();
@@ -562,7 +695,8 @@ mod tests {
                     .unwrap();
                 assert_eq!(collected, expected);
                 assert!(others.is_empty());
-                assert_eq!(reservation.size(), stored_bytes);
+                assert!(stored_bytes > 0);
+                assert_eq!(reservation.size(), 0);
                 assert_eq!(
                     rows.value(),
                     expected.iter().map(|b| b.num_rows()).sum::<usize>()
@@ -603,5 +737,127 @@ mod tests {
             };
             assert_eq!(in_one_order(batches), in_one_order(expected));
         }
+    }
+
+    /// A stream of `batches` batches of `rows` distinct values each.
+    fn stream_of(batches: usize, rows: usize, first: i64) -> SendableRecordBatchStream {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let batches: Vec<Result<RecordBatch>> = (0..batches)
+            .map(|b| {
+                let start = first + (b * rows) as i64;
+                Ok(RecordBatch::try_new(
+                    Arc::clone(&schema),
+                    vec![Arc::new(Int64Array::from_iter_values(
+                        start..start + rows as i64,
+                    ))],
+                )
+                .unwrap())
+            })
+            .collect();
+        Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::iter(batches),
+        ))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_input_hands_on_what_was_read_and_the_rest() {
+        // Batches of 8,000 bytes and more against a pool of 50,000: one
+        // stream, and three read at once; every row once, in order within
+        // each stream, and nothing left reserved.
+        for streams in [1usize, 3] {
+            let pool: Arc<dyn datafusion::execution::memory_pool::MemoryPool> = Arc::new(
+                datafusion::execution::memory_pool::GreedyMemoryPool::new(50_000),
+            );
+            let reservation = MemoryConsumer::new("test").register(&pool);
+            let inputs: Vec<SendableRecordBatchStream> = (0..streams)
+                .map(|s| stream_of(20, 1_000, (s * 100_000) as i64))
+                .collect();
+            let schema = inputs[0].schema();
+            let rows = Count::new();
+            let collected =
+                collect_or_refuse(WholeInput::Streams(inputs), &reservation, Some(&rows))
+                    .await
+                    .unwrap();
+            let Collected::Refused {
+                read,
+                rest,
+                refusal,
+            } = collected
+            else {
+                panic!("{streams} streams of 160 KB each held in a pool of 50 KB");
+            };
+            assert!(
+                matches!(refusal, DataFusionError::ResourcesExhausted(_)),
+                "{refusal}"
+            );
+            assert_eq!(reservation.size(), 0);
+            assert_eq!(pool.reserved(), 0);
+            assert!(
+                !read.is_empty() && read.len() < 20 * streams,
+                "{} read",
+                read.len()
+            );
+            assert_eq!(
+                rows.value(),
+                read.iter().map(|b| b.num_rows()).sum::<usize>()
+            );
+            let source = handed_over_input(schema, read, rest).unwrap();
+            let context = SessionContext::new().task_ctx();
+            let all: Vec<RecordBatch> = source
+                .execute(0, Arc::clone(&context))
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            let expected: Vec<i64> = (0..streams as i64)
+                .flat_map(|s| s * 100_000..s * 100_000 + 20_000)
+                .collect();
+            assert_eq!(sorted_values(&all), expected, "{streams} streams");
+            if streams == 1 {
+                // One stream: in its order.
+                let values: Vec<i64> = all
+                    .iter()
+                    .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+                    .collect();
+                assert_eq!(values, expected);
+            }
+            // Read once: a second execution is an error, not the rows again.
+            let again: Result<Vec<RecordBatch>> =
+                source.execute(0, context).unwrap().try_collect().await;
+            assert!(again.is_err());
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn collect_streams_returns_the_pools_refusal() {
+        let pool: Arc<dyn datafusion::execution::memory_pool::MemoryPool> = Arc::new(
+            datafusion::execution::memory_pool::GreedyMemoryPool::new(50_000),
+        );
+        let reservation = MemoryConsumer::new("test").register(&pool);
+        let input = WholeInput::Streams(vec![stream_of(20, 1_000, 0)]);
+        let error = collect_streams(input, &reservation, None)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, DataFusionError::ResourcesExhausted(_)),
+            "{error}"
+        );
+        // Held, the input fits: every batch, all reserved.
+        let pool: Arc<dyn datafusion::execution::memory_pool::MemoryPool> = Arc::new(
+            datafusion::execution::memory_pool::GreedyMemoryPool::new(1 << 20),
+        );
+        let reservation = MemoryConsumer::new("test").register(&pool);
+        let input = WholeInput::Streams(vec![stream_of(20, 1_000, 0)]);
+        let (batches, others) = collect_streams(input, &reservation, None).await.unwrap();
+        assert_eq!(batches.len(), 20);
+        assert!(others.is_empty());
+        assert_eq!(
+            reservation.size(),
+            batches
+                .iter()
+                .map(|b| b.get_array_memory_size())
+                .sum::<usize>()
+        );
     }
 }

@@ -267,8 +267,16 @@ pub struct GpuAggregateMetrics {
     /// one after the other, each once its input crossed the bus).
     pub aggregates_brought_back_early: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
-    /// (device out of memory, hashed keys that collided, or few groups).
+    /// (device out of memory, hashed keys that collided, few groups, an
+    /// input the memory pool could not hold, or a device error).
     pub cpu_fallback_partitions: Count,
+    /// Of those, partitions whose input the session's memory pool could
+    /// not hold whole: DataFusion's operator, which spills, took the
+    /// batches read and the rest of the input.
+    pub memory_pool_fallback_partitions: Count,
+    /// Of those, partitions whose device work failed (a driver error, or
+    /// results the device got wrong) before any output.
+    pub device_error_fallback_partitions: Count,
 }
 
 impl GpuAggregateMetrics {
@@ -306,6 +314,10 @@ impl GpuAggregateMetrics {
                 .counter("aggregates_brought_back_early", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
+            memory_pool_fallback_partitions: builder()
+                .counter("memory_pool_fallback_partitions", partition),
+            device_error_fallback_partitions: builder()
+                .counter("device_error_fallback_partitions", partition),
         }
     }
 }

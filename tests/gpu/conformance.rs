@@ -24,7 +24,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu::{gpu_decisions, gpu_status, GpuOptimizerRule, GpuOptions};
+use datafusion_gpu::{gpu_decisions, gpu_status, GpuOptimizerRule, GpuOptions, GpuTestOptions};
 use datafusion_sqllogictest::{
     df_value_validator, setup_scratch_dir, value_normalizer, DataFusion, TestContext,
 };
@@ -224,6 +224,11 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
             options.tuning.min_groups_to_partition = 0;
             options.hashed_group_keys = true;
             config.options_mut().extensions.insert(options);
+            // A kernel's fault fails the record rather than running on the
+            // CPU.
+            let mut test_options = GpuTestOptions::default();
+            test_options.device_errors_fail = true;
+            config.options_mut().extensions.insert(test_options);
             config
                 .options_mut()
                 .optimizer

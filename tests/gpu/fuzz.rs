@@ -387,9 +387,14 @@ fn gen_case(seed: u64) -> Case {
         settings.push("SET datafusion.optimizer.prefer_hash_join = false".into());
     }
     if rng.random_bool(0.2) {
+        // Small ranges of output pairs, each a device round trip (tens of
+        // microseconds, and a batch through the plan): at most about 1024 of
+        // them for the most pairs the tables can make, so that the case
+        // tests where ranges split, not how long a million round trips take.
+        let fewest = (r_rows * s_rows) >> 10;
         settings.push(format!(
             "SET gpu.max_output_pairs = {}",
-            [1, 100, 4096].choose(&mut rng).unwrap()
+            [1, 100, 4096].choose(&mut rng).unwrap().max(&fewest)
         ));
     }
     let mode = *JoinMode::ALL.choose(&mut rng).unwrap();

@@ -10,7 +10,7 @@ use datafusion::datasource::MemTable;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu::gpu::{gpu_runtime, GpuRuntime};
-use datafusion_gpu::{gpu_decisions, gpu_session_context};
+use datafusion_gpu::{gpu_decisions, gpu_session_context, with_gpu_context};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
@@ -18,6 +18,24 @@ use rand_distr::Zipf;
 
 /// Environment variable that turns a missing GPU into a test failure.
 pub const REQUIRE_GPU_VAR: &str = "DATAFUSION_GPU_REQUIRE_GPU";
+
+/// Set by `run.sh sanitize`: the tests run under compute-sanitizer.
+pub const SANITIZE_VAR: &str = "DATAFUSION_GPU_SANITIZE";
+
+/// Rows a device test's case takes: `rows`, or under compute-sanitizer
+/// ([`SANITIZE_VAR`]), where every launch and access is checked, at most
+/// 20,000 (still past every group and chunk threshold those tests cross).
+pub fn sanitized_rows(rows: usize) -> usize {
+    match sanitizing() {
+        true => rows.min(20_000),
+        false => rows,
+    }
+}
+
+/// Whether the tests run under compute-sanitizer ([`SANITIZE_VAR`]).
+pub fn sanitizing() -> bool {
+    std::env::var_os(SANITIZE_VAR).is_some()
+}
 
 /// The GPU runtime, or `None` after printing a visible skip line (written to
 /// the process's stderr directly, which the test harness does not capture).
@@ -179,6 +197,27 @@ pub async fn cpu_context(
     ctx
 }
 
+/// [`gpu_context`] and [`cpu_context`] in sessions whose memory pool holds
+/// `bytes` (DataFusion's memory limit; operators that can spill do).
+pub async fn memory_limited_contexts(
+    bytes: usize,
+    mode: JoinMode,
+    target_partitions: usize,
+    extra: &[&str],
+) -> (SessionContext, SessionContext) {
+    let context = |gpu: bool| async move {
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_limit(bytes, 1.0)
+            .build_arc()
+            .unwrap();
+        let config = SessionConfig::new().with_target_partitions(target_partitions);
+        let ctx = with_gpu_context(&SessionContext::new_with_config_rt(config, runtime));
+        configure(&ctx, mode, gpu, extra).await;
+        ctx
+    };
+    (context(true).await, context(false).await)
+}
+
 async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&str]) {
     let threshold = match mode {
         JoinMode::CollectLeft => "1000000000000",
@@ -189,6 +228,8 @@ async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&st
         "SET gpu.min_rows = 0".to_string(),
         "SET gpu.min_groups = 0".to_string(),
         "SET gpu.hashed_group_keys = true".to_string(),
+        // A kernel's fault fails the test rather than running on the CPU.
+        "SET gpu_test.device_errors_fail = true".to_string(),
         format!("SET datafusion.optimizer.hash_join_single_partition_threshold = {threshold}"),
         format!("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = {threshold}"),
     ];

@@ -347,6 +347,7 @@ impl ExecutionPlan for GpuAggregateExec {
         let options = GpuOptions::from_config(context.session_config().options());
         let hashed_group_key_bits =
             crate::config::hashed_group_key_bits(context.session_config().options());
+        let device_errors = crate::config::device_error_policy(context.session_config().options());
         let device = crate::exec::partition_device(partition)?;
         let inputs = AggregateInputs {
             group_exprs: agg
@@ -382,6 +383,7 @@ impl ExecutionPlan for GpuAggregateExec {
             device,
             options,
             hashed_group_key_bits,
+            device_errors,
             metrics: GpuAggregateMetrics::new(&self.metrics, partition),
         }))
     }

@@ -38,9 +38,11 @@ impl DeviceAggregation {
             return Ok(Outcome::OnCpu);
         };
         let hashed = keys.as_ref().is_some_and(|k| k.hashed());
-        if hashed {
-            // Each row's group comes back to the host for the key check.
-            reservation.try_grow(8 * rows)?;
+        // Each row's group comes back to the host for the key check; where
+        // the memory pool cannot hold them, DataFusion's operator (which
+        // spills) aggregates the input.
+        if hashed && reservation.try_grow(8 * rows).is_err() {
+            return Ok(Outcome::PoolRefused);
         }
         // The keys' copy is left to the device, and the host free, only
         // where their words lie in pinned memory: staged, the host copies
@@ -219,10 +221,23 @@ impl DeviceAggregation {
     /// The partition's outcome: its batches, or DataFusion's operator where
     /// the device ran out of memory or two hashed keys collided.
     fn outcome_of(&self, emitted: GpuResult<Result<Emitted>>) -> Result<Outcome> {
+        let emitted = match emitted {
+            Ok(_) if self.device_errors.inject => Err(GpuError::Invalid(
+                "a device error injected by the test options".into(),
+            )),
+            emitted => emitted,
+        };
         let output = match emitted {
             Ok(output) => output?,
             Err(e) if e.is_out_of_device_memory() => return Ok(Outcome::OnCpu),
-            Err(e) => return Err(e.into()),
+            Err(e) if self.device_errors.fail => return Err(e.into()),
+            // Nothing has left the partition: DataFusion's operator
+            // aggregates the input, and the error is traced and counted.
+            Err(e) => {
+                trace::event(|| format!("aggregation: device error, on the CPU: {e}"));
+                self.metrics.device_error_fallback_partitions.add(1);
+                return Ok(Outcome::OnCpu);
+            }
         };
         match output {
             Emitted::Batches(groups, output) => {

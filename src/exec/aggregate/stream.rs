@@ -6,7 +6,9 @@
 //! When the device cannot take the work (too little device memory, or two
 //! hashed keys that shared a hash), or should not (a sample of the keys
 //! shows fewer groups than `gpu.min_groups`), DataFusion's CPU operator
-//! aggregates the collected input instead, and a metric says so.
+//! aggregates the collected input instead, and a metric says so. Where the
+//! session's memory pool cannot hold the whole input, DataFusion's operator
+//! (which spills) takes the batches read so far and the rest of the input.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -30,7 +32,7 @@ use datafusion::physical_plan::{execute_stream, ExecutionPlan, SendableRecordBat
 use futures::{StreamExt, TryStreamExt};
 
 use super::spec::GroupOrder;
-use crate::config::GpuOptions;
+use crate::config::{DeviceErrorPolicy, GpuOptions};
 use crate::encode::group_keys::{
     estimated_groups, fold_negative_zeros, group_key_words, groups_hold_one_key,
     ordered_group_key_words, own_group_key_words, sample_shows_few_groups,
@@ -42,7 +44,7 @@ use super::reductions::DeviceWork;
 use super::result_passes::{batches_of, result_passes, task_groups, EarlyColumns, ResultPass};
 use super::spec::AggregateSpec;
 use crate::encode::words::threads_for;
-use crate::exec::collect::{collect_streams, WholeInput};
+use crate::exec::collect::{collect_or_refuse, handed_over_input, Collected, WholeInput};
 use crate::host::mapped_ahead::{MappedAhead, PAGE_WORDS};
 use crate::host::parallel::{map_pieces, on_ranges, starts_of};
 use crate::host::release::release_in_background;
@@ -111,6 +113,8 @@ pub(crate) struct AggregateTask {
     pub(crate) options: GpuOptions,
     /// Low bits of a hashed group key used (64 but in tests).
     pub(crate) hashed_group_key_bits: u32,
+    /// What a device error does (the CPU operator takes over, but in tests).
+    pub(crate) device_errors: DeviceErrorPolicy,
     pub(crate) batch_size: usize,
     pub(crate) metrics: GpuAggregateMetrics,
 }
@@ -128,14 +132,41 @@ enum Outcome {
     /// The device cannot take this input (too little device memory, or
     /// hashed keys that collided): DataFusion's CPU operator aggregates it.
     OnCpu,
+    /// The session's memory pool refused the host memory the device's work
+    /// needs: DataFusion's CPU operator, which spills, aggregates the input,
+    /// whose reservations are released for it.
+    PoolRefused,
 }
 
 async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     let input = std::mem::take(&mut task.input);
     let collecting = task.metrics.input_time.timer();
-    let (batches, input_reservations) =
-        collect_streams(input, &task.reservation, Some(&task.metrics.input_rows)).await?;
+    let collected =
+        collect_or_refuse(input, &task.reservation, Some(&task.metrics.input_rows)).await?;
     collecting.done();
+    let (batches, input_reservations) = match collected {
+        Collected::Whole(batches, reservations) => (batches, reservations),
+        Collected::Refused {
+            read,
+            rest,
+            refusal,
+        } => {
+            // The memory pool cannot hold the whole input: DataFusion's
+            // operator, which spills, aggregates it as it comes, from the
+            // batches read on. Nothing has left this partition yet.
+            trace::event(|| format!("aggregation: input refused by the memory pool: {refusal}"));
+            task.metrics.cpu_fallback_partitions.add(1);
+            task.metrics.memory_pool_fallback_partitions.add(1);
+            let source = handed_over_input(Arc::clone(&task.input_schema), read, rest)?;
+            let operators = (&task.cpu_aggregate, task.cpu_phases.as_ref());
+            let plan = cpu_plan_over(operators, task.group_order.as_ref(), source)?;
+            let stream = execute_stream(plan, Arc::clone(&task.context))?;
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                task.output_schema,
+                stream,
+            )));
+        }
+    };
     trace::event(|| format!("aggregation: input collected ({} batches)", batches.len()));
     let batches = Arc::new(batches);
     let device_task = Arc::new(DeviceAggregation {
@@ -146,6 +177,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         device: Arc::clone(&task.device),
         options: task.options.clone(),
         hashed_group_key_bits: task.hashed_group_key_bits,
+        device_errors: task.device_errors,
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
     });
@@ -180,34 +212,33 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
                 futures::stream::iter(output),
             )))
         }
-        Outcome::OnCpu => {
+        Outcome::OnCpu | Outcome::PoolRefused => {
             task.metrics.cpu_fallback_partitions.add(1);
+            let input_reservations = match outcome {
+                Outcome::PoolRefused => {
+                    task.metrics.memory_pool_fallback_partitions.add(1);
+                    task.reservation.free();
+                    drop(input_reservations);
+                    Vec::new()
+                }
+                _ => input_reservations,
+            };
             let batches = Arc::try_unwrap(batches).unwrap_or_else(|shared| (*shared).clone());
-            let plan = match &task.cpu_phases {
-                Some(cpu_phases) => {
-                    // As many partitions as DataFusion's plan would have
-                    // read, dealt round robin.
-                    let partitions = task.context.session_config().target_partitions().max(1);
-                    let mut parts = vec![Vec::new(); partitions.min(batches.len()).max(1)];
-                    let count = parts.len();
-                    for (i, batch) in batches.into_iter().enumerate() {
-                        parts[i % count].push(batch);
-                    }
-                    let source = MemorySourceConfig::try_new_exec(&parts, task.input_schema, None)?;
-                    cpu_phases_over(cpu_phases, source)?
-                }
-                None => {
-                    let source =
-                        MemorySourceConfig::try_new_exec(&[batches], task.input_schema, None)?;
-                    #[allow(deprecated)]
-                    Arc::clone(&task.cpu_aggregate).with_new_children(vec![source])?
-                }
+            // With DataFusion's two phases, as many partitions as its plan
+            // would have read, dealt round robin; else one.
+            let partitions = match &task.cpu_phases {
+                Some(_) => task.context.session_config().target_partitions().max(1),
+                None => 1,
             };
-            let plan = match &task.group_order {
-                // The sort this node took the place of.
-                Some(order) => sorted_by(plan, &order.ordering),
-                None => plan,
-            };
+            let mut parts = vec![Vec::new(); partitions.min(batches.len()).max(1)];
+            let count = parts.len();
+            for (i, batch) in batches.into_iter().enumerate() {
+                parts[i % count].push(batch);
+            }
+            let source =
+                MemorySourceConfig::try_new_exec(&parts, Arc::clone(&task.input_schema), None)?;
+            let operators = (&task.cpu_aggregate, task.cpu_phases.as_ref());
+            let plan = cpu_plan_over(operators, task.group_order.as_ref(), source)?;
             let stream = execute_stream(plan, Arc::clone(&task.context))?;
             // The collected input stays reserved until the CPU operator's
             // stream, which reads it, is dropped.
@@ -220,6 +251,28 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
             )))
         }
     }
+}
+
+/// DataFusion's aggregation in place of this one over `source` (the
+/// task's input): its two phases where this one replaced them, else the
+/// replaced operator; sorted where this one took a sort's place.
+fn cpu_plan_over(
+    (cpu_aggregate, cpu_phases): (&Arc<dyn ExecutionPlan>, Option<&Arc<dyn ExecutionPlan>>),
+    group_order: Option<&GroupOrder>,
+    source: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let plan = match cpu_phases {
+        Some(cpu_phases) => cpu_phases_over(cpu_phases, source)?,
+        None => {
+            #[allow(deprecated)]
+            Arc::clone(cpu_aggregate).with_new_children(vec![source])?
+        }
+    };
+    Ok(match group_order {
+        // The sort this node took the place of.
+        Some(order) => sorted_by(plan, &order.ordering),
+        None => plan,
+    })
 }
 
 /// What emitting a partition's groups gave.
@@ -270,6 +323,7 @@ struct DeviceAggregation {
     device: Arc<GpuDevice>,
     options: GpuOptions,
     hashed_group_key_bits: u32,
+    device_errors: DeviceErrorPolicy,
     batch_size: usize,
     metrics: GpuAggregateMetrics,
 }
