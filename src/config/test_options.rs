@@ -16,8 +16,10 @@ extensions_options! {
         /// Make a device error end the query instead of sending the work to
         /// the CPU operator, so that a test sees a kernel's fault.
         pub device_errors_fail: bool, default = false
-        /// Make every GPU aggregation's device part report a driver error
-        /// after it ran, before any output: the path a fault takes.
+        /// Make every GPU aggregation's device part, and every GPU join's
+        /// before it starts (a hash join's probe chunk, a sort-merge join's
+        /// partition), report an error before any output: the path a
+        /// device fault takes.
         pub inject_device_error: bool, default = false
     }
 }

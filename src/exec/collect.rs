@@ -491,6 +491,24 @@ pub(crate) async fn collect_streams(
     }
 }
 
+/// [`collect_or_refuse`] with every batch of a whole input reserved in
+/// `reservation` alone, however many streams were read.
+pub(crate) async fn collect_or_refuse_into(
+    inputs: WholeInput,
+    reservation: &MemoryReservation,
+    rows: Option<&Count>,
+) -> Result<Collected> {
+    Ok(match collect_or_refuse(inputs, reservation, rows).await? {
+        Collected::Whole(batches, input_reservations) => {
+            for reserved in input_reservations {
+                reservation.grow(reserved.free());
+            }
+            Collected::Whole(batches, Vec::new())
+        }
+        refused => refused,
+    })
+}
+
 /// [`collect_streams`] with every batch reserved in `reservation` alone,
 /// however many streams were read: for an operator that holds its input
 /// as one, and frees it at once.

@@ -83,8 +83,12 @@ pub struct GpuJoinMetrics {
     pub emit_time: Time,
     /// Copies, kernels and waits on the device.
     pub device: DeviceMetrics,
-    /// Probe chunks joined on the host because the device lacked memory.
+    /// Probe chunks joined on the host because the device lacked memory
+    /// or failed.
     pub cpu_fallback_chunks: Count,
+    /// Of those, chunks whose device work failed (a driver error, or
+    /// results the device got wrong) before any of their output.
+    pub device_error_fallback_chunks: Count,
     /// Output rows whose columns were gathered on the device (the rest were
     /// gathered on the host by row id).
     pub rows_gathered_on_device: Count,
@@ -123,6 +127,8 @@ impl GpuJoinMetrics {
             emit_time: builder().subset_time("emit_time", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_chunks: builder().counter("cpu_fallback_chunks", partition),
+            device_error_fallback_chunks: builder()
+                .counter("device_error_fallback_chunks", partition),
             rows_gathered_on_device: builder().counter("rows_gathered_on_device", partition),
             rows_aggregated_on_device: builder().counter("rows_aggregated_on_device", partition),
             pairs_folded_while_probing: builder().counter("pairs_folded_while_probing", partition),
@@ -155,8 +161,16 @@ pub struct GpuSortMergeJoinMetrics {
     /// Copies, kernels and waits on the device.
     pub device: DeviceMetrics,
     /// Partitions joined by DataFusion's `SortMergeJoinExec` at run time
-    /// (device out of memory, or keys too wide for 64-bit codes).
+    /// (device out of memory, keys too wide for 64-bit codes, or inputs the
+    /// memory pool could not hold).
     pub cpu_fallback_partitions: Count,
+    /// Of those, partitions whose inputs the session's memory pool could
+    /// not hold whole: DataFusion's join, whose sorts spill, took the
+    /// batches read and the rest of the inputs.
+    pub memory_pool_fallback_partitions: Count,
+    /// Of those, partitions whose device work failed (a driver error, or
+    /// results the device got wrong) before any output.
+    pub device_error_fallback_partitions: Count,
     /// Pairs reduced on the device by the aggregation computed in the join
     /// (never made into rows).
     pub rows_aggregated_on_device: Count,
@@ -179,6 +193,10 @@ impl GpuSortMergeJoinMetrics {
             emit_time: builder().subset_time("emit_time", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
+            memory_pool_fallback_partitions: builder()
+                .counter("memory_pool_fallback_partitions", partition),
+            device_error_fallback_partitions: builder()
+                .counter("device_error_fallback_partitions", partition),
             rows_aggregated_on_device: builder().counter("rows_aggregated_on_device", partition),
             key_ranges_on_device: builder().counter("key_ranges_on_device", partition),
         }

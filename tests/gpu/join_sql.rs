@@ -1237,3 +1237,43 @@ async fn output_over_thousands_of_one_row_batches_is_not_quadratic() {
         assert_eq!(rows, 64 * 3334 + 6666);
     }
 }
+
+/// A device error before a probe chunk's first output (injected where its
+/// device part would run) joins that chunk on the host: the same rows as
+/// DataFusion's, counted in `device_error_fallback_chunks`. Where the
+/// session asks device errors to fail (as every other test does), the
+/// query fails with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_device_error_before_a_chunks_output_joins_it_on_the_host() {
+    let Some(_) = require_gpu("a_device_error_before_a_chunks_output_joins_it_on_the_host") else {
+        return;
+    };
+    let r = gen_keys(20_000, Keys::Uniform { domain: 5_000 }, 0.05, 1);
+    let s = gen_keys(30_000, Keys::Uniform { domain: 5_000 }, 0.05, 2);
+    let extra = [
+        "SET gpu_test.device_errors_fail = false",
+        "SET gpu_test.inject_device_error = true",
+    ];
+    for mode in JoinMode::ALL {
+        let gpu = gpu_context(mode, 4, &extra).await;
+        let cpu = cpu_context(mode, 4, &[]).await;
+        register([&gpu, &cpu], &r, &s, 3, 1000).await;
+        let (gpu_rows, gpu_nodes, plan) = run(&gpu, JOIN_ROWS).await;
+        let (cpu_rows, _, _) = run(&cpu, JOIN_ROWS).await;
+        assert!(gpu_nodes >= 1, "{mode:?}: no GPU join");
+        assert_eq!(int64_rows(&gpu_rows), int64_rows(&cpu_rows), "{mode:?}");
+        let failed = plan_metric(&plan, "device_error_fallback_chunks");
+        assert!(failed > 0, "{mode:?}: no chunk counted");
+        assert_eq!(
+            failed,
+            plan_metric(&plan, "cpu_fallback_chunks"),
+            "{mode:?}"
+        );
+        gpu.sql("SET gpu_test.device_errors_fail = true")
+            .await
+            .unwrap();
+        let failing = gpu.sql(JOIN_ROWS).await.unwrap().collect().await;
+        let error = failing.expect_err("an injected device error with errors failing");
+        assert!(error.to_string().contains("injected"), "{mode:?}: {error}");
+    }
+}

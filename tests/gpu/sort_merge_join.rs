@@ -901,3 +901,95 @@ async fn raw_keys_without_nulls_are_coded_from_a_range_found_on_the_device() {
         }
     }
 }
+
+/// Under a session memory limit below one partition's two sides, the GPU
+/// join reads no further once the pool refuses a batch: DataFusion's
+/// sort-merge join, whose sorts spill, takes the batches read and the rest
+/// of both inputs. The same rows as DataFusion's under the same limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inputs_larger_than_the_memory_pool_go_to_the_cpu_join() {
+    let Some(_) = require_gpu("inputs_larger_than_the_memory_pool_go_to_the_cpu_join") else {
+        return;
+    };
+    // Two partitions of 200,000 rows a side (6.4 MB of keys and ids)
+    // against a pool of 4 MiB; sorts that reserve little before spilling.
+    let settings = [
+        SORT_MERGE,
+        "SET datafusion.execution.sort_spill_reservation_bytes = 65536",
+    ];
+    let (gpu, cpu) = memory_limited_contexts(4 << 20, JoinMode::Partitioned, 2, &settings).await;
+    let table = |seed: i64| -> Arc<MemTable> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("id", DataType::Int64, false),
+        ]));
+        let rows = 400_000i64;
+        let k: ArrayRef = Arc::new(Int64Array::from_iter_values(
+            (0..rows).map(|i| (i * 7_919 + seed) % 300_000),
+        ));
+        let id: ArrayRef = Arc::new(Int64Array::from_iter_values(
+            (0..rows).map(|i| seed * 1_000_000 + i),
+        ));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![k, id]).unwrap();
+        let batches = (0..rows as usize)
+            .step_by(8_192)
+            .map(|at| batch.slice(at, 8_192.min(rows as usize - at)))
+            .collect();
+        Arc::new(MemTable::try_new(schema, vec![batches]).unwrap())
+    };
+    for ctx in [&gpu, &cpu] {
+        ctx.register_table("r", table(1)).unwrap();
+        ctx.register_table("s", table(2)).unwrap();
+    }
+    for sql in [
+        "SELECT count(*), sum(r.id), sum(s.id) FROM r JOIN s ON r.k = s.k",
+        "SELECT count(*), count(s.id) FROM r LEFT JOIN s ON r.k = s.k",
+    ] {
+        let (gpu_rows, gpu_nodes, plan) = run_counting(&gpu, sql, "SortMergeJoinExec").await;
+        let (cpu_rows, cpu_nodes, _) = run_counting(&cpu, sql, "SortMergeJoinExec").await;
+        assert!(
+            gpu_nodes >= 1,
+            "{sql}: no GPU sort-merge join\n{}",
+            show(&plan)
+        );
+        assert_eq!(cpu_nodes, 0);
+        assert_eq!(string_rows(&gpu_rows), string_rows(&cpu_rows), "{sql}");
+        assert!(
+            merge_join_metric(&plan, "memory_pool_fallback_partitions") > 0,
+            "{sql}: no partition went to the CPU join\n{}",
+            show(&plan)
+        );
+    }
+}
+
+/// A device error before any output (injected where the device part would
+/// run) sends the partition to DataFusion's sort-merge join: the same rows,
+/// counted in `device_error_fallback_partitions`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_device_error_before_output_goes_to_the_cpu_join() {
+    let Some(_) = require_gpu("a_device_error_before_output_goes_to_the_cpu_join") else {
+        return;
+    };
+    let extra = [
+        "SET gpu_test.device_errors_fail = false",
+        "SET gpu_test.inject_device_error = true",
+    ];
+    let sql = "SELECT r.id, s.id FROM r LEFT JOIN s ON r.k64 = s.k64";
+    for mode in MODES {
+        let ctxs = contexts(mode, 4, &extra).await;
+        register(
+            [&ctxs.gpu, &ctxs.cpu, &ctxs.cpu_hash],
+            shape(2_000, 500, 9, 0),
+            shape(3_000, 600, 0, 0),
+            4,
+        );
+        let (plan, _) = check(&ctxs, sql, Expect::Gpu).await;
+        let failed = merge_join_metric(&plan, "device_error_fallback_partitions");
+        assert!(failed > 0, "{mode:?}: no partition counted");
+        assert_eq!(
+            failed,
+            merge_join_metric(&plan, "cpu_fallback_partitions"),
+            "{mode:?}"
+        );
+    }
+}

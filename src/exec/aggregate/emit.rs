@@ -74,7 +74,7 @@ impl DeviceAggregation {
             Err(EmitError::Device(e)) if e.is_out_of_device_memory() => {
                 return Ok(Emitted::OutOfMemory)
             }
-            Err(EmitError::Device(e)) => return Err(e.into()),
+            Err(EmitError::Device(e)) => return Ok(Emitted::DeviceFailed(e)),
             Err(EmitError::Host(e)) => return Err(e),
         };
         let parts = last_pass.map_or(ResultParts::Reductions, |(parts, _)| parts);
@@ -104,7 +104,7 @@ impl DeviceAggregation {
             Err(EmitError::Device(e)) if e.is_out_of_device_memory() => {
                 return Ok(Emitted::OutOfMemory)
             }
-            Err(EmitError::Device(e)) => return Err(e.into()),
+            Err(EmitError::Device(e)) => return Ok(Emitted::DeviceFailed(e)),
             Err(EmitError::Host(e)) => return Err(e),
         };
         emit_timer.done();

@@ -219,12 +219,14 @@ impl DeviceAggregation {
     }
 
     /// The partition's outcome: its batches, or DataFusion's operator where
-    /// the device ran out of memory or two hashed keys collided.
+    /// the device ran out of memory or failed (unless the session makes
+    /// device errors fail), or two hashed keys collided.
     fn outcome_of(&self, emitted: GpuResult<Result<Emitted>>) -> Result<Outcome> {
         let emitted = match emitted {
             Ok(_) if self.device_errors.inject => Err(GpuError::Invalid(
                 "a device error injected by the test options".into(),
             )),
+            Ok(Ok(Emitted::DeviceFailed(e))) => Err(e),
             emitted => emitted,
         };
         let output = match emitted {
@@ -240,6 +242,7 @@ impl DeviceAggregation {
             }
         };
         match output {
+            Emitted::DeviceFailed(e) => Err(e.into()),
             Emitted::Batches(groups, output) => {
                 self.metrics.groups.add(groups);
                 Ok(Outcome::Batches(output))

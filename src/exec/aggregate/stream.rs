@@ -281,6 +281,8 @@ enum Emitted {
     Batches(usize, Vec<RecordBatch>),
     /// Two different hashed keys shared a hash: the groups are wrong.
     Collided,
+    /// The device failed while the results came back (none has left).
+    DeviceFailed(GpuError),
     /// No pinned memory for the results' windows.
     OutOfMemory,
 }

@@ -106,6 +106,7 @@ fn join_coded_chunk(
             max_concurrent_tasks: cx.options.max_concurrent_tasks,
             host_threads: cx.host_threads,
             partition: cx.partition,
+            device_errors: cx.device_errors,
         };
         let device_wall = cx.metrics.device_wall_time.timer();
         find_pairs(

@@ -46,11 +46,14 @@ pub(super) struct DeviceLimits {
     /// Threads for the host's part (see [`ProbeSpec::host_threads`]).
     pub(super) host_threads: usize,
     pub(super) partition: usize,
+    /// What a device error does.
+    pub(super) device_errors: DeviceErrorPolicy,
 }
 
 /// Finds the candidate pairs of one probe chunk and hands them to
 /// `on_pairs` in bounded batches: on the device, or on the host when the
-/// device lacks the memory and nothing was handed on yet. Blocking.
+/// device lacks the memory or fails, and nothing was handed on yet
+/// (unless the session makes device errors fail). Blocking.
 pub(super) fn find_pairs(
     device: &Arc<GpuDevice>,
     build: &BuildSide,
@@ -82,32 +85,43 @@ pub(super) fn find_pairs(
         .device
         .device_admission_wait
         .add_duration(waiting.elapsed());
-    let on_device = pairs_on_device(
-        device,
-        build,
-        probe_keys,
-        &limits,
-        gather.as_ref(),
-        metrics,
-        &mut |output| {
-            handed_on = true;
-            admission.borrow_mut().take();
-            // A host-side failure stops further host work; the device
-            // finishes its ranges and the error is returned after.
-            if host_error.is_none() {
-                if let Err(e) = output.and_then(&mut *on_output) {
-                    host_error = Some(e);
+    let injected = limits
+        .device_errors
+        .inject
+        .then(|| GpuError::Invalid("a device error injected by the test options".into()));
+    let on_device = match injected {
+        Some(error) => Err(error),
+        None => pairs_on_device(
+            device,
+            build,
+            probe_keys,
+            &limits,
+            gather.as_ref(),
+            metrics,
+            &mut |output| {
+                handed_on = true;
+                admission.borrow_mut().take();
+                // A host-side failure stops further host work; the device
+                // finishes its ranges and the error is returned after.
+                if host_error.is_none() {
+                    if let Err(e) = output.and_then(&mut *on_output) {
+                        host_error = Some(e);
+                    }
                 }
-            }
-        },
-    );
+            },
+        ),
+    };
     admission.borrow_mut().take();
     if let Some(e) = host_error {
         return Err(e);
     }
     match on_device {
         Ok(()) => Ok(()),
-        Err(e) if !handed_on && e.is_out_of_device_memory() => {
+        Err(e) if !handed_on && (e.is_out_of_device_memory() || !limits.device_errors.fail) => {
+            if !e.is_out_of_device_memory() {
+                trace::event(|| format!("hash join p{partition}: device error, on the host: {e}"));
+                metrics.device_error_fallback_chunks.add(1);
+            }
             metrics.cpu_fallback_chunks.add(1);
             build.host_table().probe(
                 &probe_keys.to_normalized(),

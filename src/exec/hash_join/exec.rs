@@ -461,6 +461,7 @@ impl ExecutionPlan for GpuHashJoinExec {
     ) -> Result<SendableRecordBatchStream> {
         let join = self.hash_join();
         let options = GpuOptions::from_config(context.session_config().options());
+        let device_errors = crate::config::device_error_policy(context.session_config().options());
         let device = crate::exec::partition_device(partition)?;
         let metrics = GpuJoinMetrics::new(&self.metrics, partition);
         let (build_columns, probe_columns) = (
@@ -535,6 +536,7 @@ impl ExecutionPlan for GpuHashJoinExec {
             gather_probe_columns,
             device,
             options: Arc::new(options),
+            device_errors,
             host_threads,
             metrics,
         };

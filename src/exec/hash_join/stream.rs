@@ -34,7 +34,7 @@ use crate::exec::join::device_gather::{
     folded_words, gather_batches, join_folds, probe_side_pays, reduce_pairs, ColumnBytes,
     GatherSide, ResidentColumns, SideCarry,
 };
-use crate::config::GpuOptions;
+use crate::config::{DeviceErrorPolicy, GpuOptions};
 use crate::encode::keys::JoinKeys;
 use crate::host::once::OnceFut;
 use crate::exec::join::pair_aggregate::{PairAggregate, PairReduction, PartialStates};
@@ -97,6 +97,9 @@ pub(crate) struct ProbeSpec {
     pub(crate) device: Arc<GpuDevice>,
     /// The session's `gpu.*` options as the node was executed.
     pub(crate) options: Arc<GpuOptions>,
+    /// What a device error does (the chunk is joined on the host, but in
+    /// tests).
+    pub(crate) device_errors: DeviceErrorPolicy,
     /// Threads a chunk's host work uses: 1 where many partitions' chunks
     /// run at once, every core where this partition reads the whole probe
     /// side.
@@ -208,6 +211,7 @@ struct ChunkContext {
     gather_probe_columns: Option<Vec<bool>>,
     device: Arc<GpuDevice>,
     options: Arc<GpuOptions>,
+    device_errors: DeviceErrorPolicy,
     host_threads: usize,
     partition: usize,
     metrics: GpuJoinMetrics,
@@ -380,6 +384,7 @@ impl ProbeLoop {
             gather_probe_columns: spec.gather_probe_columns.clone(),
             device: Arc::clone(&spec.device),
             options: Arc::clone(&spec.options),
+            device_errors: spec.device_errors,
             host_threads: spec.host_threads,
             partition: spec.partition,
             metrics: spec.metrics.clone(),

@@ -601,6 +601,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
     ) -> Result<SendableRecordBatchStream> {
         let join = self.sort_merge_join();
         let options = GpuOptions::from_config(context.session_config().options());
+        let device_errors = crate::config::device_error_policy(context.session_config().options());
         let device = crate::exec::partition_device(partition)?;
         let left_schema = self.inputs[0].schema();
         let right_schema = self.inputs[1].schema();
@@ -656,6 +657,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
             max_output_pairs: options.max_output_pairs,
             memory_fraction: options.memory_fraction,
             max_concurrent_tasks: options.max_concurrent_tasks,
+            device_errors,
             metrics: GpuSortMergeJoinMetrics::new(&self.metrics, partition),
         };
         Ok(merge_join_stream(task))

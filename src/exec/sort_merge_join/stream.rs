@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use crate::config::DeviceErrorPolicy;
 use crate::gpu::{DeviceEvent, DeviceStream};
 use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::buffer::ScalarBuffer;
@@ -36,7 +37,7 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
-use crate::exec::collect::{collect_streams_into, WholeInput};
+use crate::exec::collect::{collect_or_refuse_into, handed_over_input, Collected, WholeInput};
 use crate::exec::join::matches::gathers_by_pair;
 use crate::exec::join::device_gather::{
     gather_batches, output_columns, reduce_pairs, ColumnBytes, GatherSide,
@@ -110,6 +111,9 @@ pub(crate) struct MergeJoinTask {
     pub(crate) max_output_pairs: usize,
     pub(crate) memory_fraction: f64,
     pub(crate) max_concurrent_tasks: usize,
+    /// What a device error does (DataFusion's join takes over where nothing
+    /// was sent, but in tests).
+    pub(crate) device_errors: DeviceErrorPolicy,
     pub(crate) metrics: GpuSortMergeJoinMetrics,
 }
 
@@ -147,13 +151,45 @@ async fn collect(
     schema: &SchemaRef,
     reservation: &MemoryReservation,
     in_memory_order: bool,
-) -> Result<Arc<ArrivedBatches>> {
+) -> Result<Side> {
     // One reservation holds both sides' memory, however they were read.
-    let mut batches = collect_streams_into(inputs, reservation, None).await?;
-    if in_memory_order {
-        batches.sort_by_cached_key(first_buffer_address);
+    let side = match collect_or_refuse_into(inputs, reservation, None).await? {
+        Collected::Whole(mut batches, _) => {
+            if in_memory_order {
+                batches.sort_by_cached_key(first_buffer_address);
+            }
+            Side::Arrived(Arc::new(ArrivedBatches::new(Arc::clone(schema), batches)))
+        }
+        Collected::Refused { read, rest, .. } => Side::Refused { read, rest },
+    };
+    Ok(side)
+}
+
+/// One side of the join as [`collect`] read it.
+enum Side {
+    /// Every batch, kept.
+    Arrived(Arc<ArrivedBatches>),
+    /// The memory pool refused a batch: the batches read, and the streams
+    /// with the rest.
+    Refused {
+        read: Vec<RecordBatch>,
+        rest: Vec<SendableRecordBatchStream>,
+    },
+}
+
+impl Side {
+    /// A scan of this side for DataFusion's join: its batches in the
+    /// order they arrived (a side that arrives sorted stays sorted).
+    fn into_source(self, schema: &SchemaRef) -> Result<Arc<dyn ExecutionPlan>> {
+        match self {
+            Side::Arrived(batches) => Ok(MemorySourceConfig::try_new_exec(
+                &[batches.batches().to_vec()],
+                Arc::clone(schema),
+                None,
+            )?),
+            Side::Refused { read, rest } => handed_over_input(Arc::clone(schema), read, rest),
+        }
     }
-    Ok(Arc::new(ArrivedBatches::new(Arc::clone(schema), batches)))
 }
 
 async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
@@ -178,6 +214,32 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
         )
     )?;
     collecting.done();
+    let (left, right) = match (left, right) {
+        (Side::Arrived(left), Side::Arrived(right)) => (left, right),
+        (left, right) => {
+            // The memory pool cannot hold both sides: DataFusion's join,
+            // with the sorts it needs (which spill), reads them from the
+            // batches read on, with this node's reservation released.
+            // Nothing has left the partition yet.
+            trace::event(|| format!("sort-merge join p{partition}: inputs refused by the pool"));
+            task.reservation.free();
+            task.metrics.cpu_fallback_partitions.add(1);
+            task.metrics.memory_pool_fallback_partitions.add(1);
+            let sources = [
+                left.into_source(&plan.left_schema)?,
+                right.into_source(&plan.right_schema)?,
+            ];
+            let stream = cpu_join_over(&plan, sources, &task.context)?;
+            let stream = match &plan.aggregate {
+                Some(aggregate) => aggregate.over_rows(stream),
+                None => stream,
+            };
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&task.output_schema),
+                stream,
+            )));
+        }
+    };
     task.metrics.left_rows.add(left.num_rows());
     task.metrics.right_rows.add(right.num_rows());
     trace::event(|| {
@@ -196,6 +258,7 @@ async fn run(task: MergeJoinTask) -> Result<SendableRecordBatchStream> {
         max_output_pairs: task.max_output_pairs.max(1),
         memory_fraction: task.memory_fraction,
         max_concurrent_tasks: task.max_concurrent_tasks,
+        device_errors: task.device_errors,
         metrics: task.metrics.clone(),
     };
     let device_task = {
@@ -256,15 +319,23 @@ fn cpu_join(
     right: Arc<ArrivedBatches>,
     context: &Arc<TaskContext>,
 ) -> Result<SendableRecordBatchStream> {
+    let sources = [
+        Side::Arrived(left).into_source(&plan.left_schema)?,
+        Side::Arrived(right).into_source(&plan.right_schema)?,
+    ];
+    cpu_join_over(plan, sources, context)
+}
+
+/// DataFusion's `SortMergeJoinExec` over the scans `sources` of its two
+/// sides, each under the sort this node absorbed where it did.
+fn cpu_join_over(
+    plan: &MergeJoinPlan,
+    sources: [Arc<dyn ExecutionPlan>; 2],
+    context: &Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
     let children = plan.cpu_join.children();
     let mut inputs = Vec::with_capacity(2);
-    let schemas = [&plan.left_schema, &plan.right_schema];
-    for (side, input) in [left, right].into_iter().enumerate() {
-        let source: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(
-            &[input.batches().to_vec()],
-            Arc::clone(schemas[side]),
-            None,
-        )?;
+    for (side, source) in sources.into_iter().enumerate() {
         inputs.push(if plan.sort_on_device[side] {
             // The absorbed SortExec, over the collected input.
             #[allow(deprecated)]
@@ -289,6 +360,7 @@ struct DeviceMergeJoin {
     max_output_pairs: usize,
     memory_fraction: f64,
     max_concurrent_tasks: usize,
+    device_errors: DeviceErrorPolicy,
     metrics: GpuSortMergeJoinMetrics,
 }
 
@@ -393,7 +465,12 @@ impl DeviceMergeJoin {
             },
         };
         let on_device = self.metrics.device_wall_time.timer();
-        let outcome = self.on_device(left, right, coding, streamed, other, &mut sender);
+        let outcome = match self.device_errors.inject {
+            true => Err(DeviceFailure::Gpu(GpuError::Invalid(
+                "a device error injected by the test options".into(),
+            ))),
+            false => self.on_device(left, right, coding, streamed, other, &mut sender),
+        };
         on_device.done();
         trace::event(|| format!("sort-merge join p{partition}: device part done"));
         // Host compute: coding the keys and making the output (not the
@@ -410,6 +487,13 @@ impl DeviceMergeJoin {
                 Ok(Outcome::Done)
             }
             Err(DeviceFailure::Gpu(e)) if !sender.sent_any && e.is_out_of_device_memory() => {
+                Ok(Outcome::OnCpu)
+            }
+            // Nothing has left the partition: DataFusion's join takes the
+            // inputs, and the error is traced and counted.
+            Err(DeviceFailure::Gpu(e)) if !sender.sent_any && !self.device_errors.fail => {
+                trace::event(|| format!("sort-merge join p{partition}: device error: {e}"));
+                self.metrics.device_error_fallback_partitions.add(1);
                 Ok(Outcome::OnCpu)
             }
             Err(DeviceFailure::Gpu(e)) => Err(e.into()),
@@ -531,7 +615,13 @@ impl DeviceMergeJoin {
         // An inner join streams its left side: the pairs' positions in key
         // order map to left rows.
         let left_ids = timer.time(Phase::Kernel, || {
-            gather::gather_u64(device, stream, &streamed.row_ids, pairs.positions, pairs.len)
+            gather::gather_u64(
+                device,
+                stream,
+                &streamed.row_ids,
+                pairs.positions,
+                pairs.len,
+            )
         })?;
         let left_side = GatherSide {
             batch: left,

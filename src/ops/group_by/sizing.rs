@@ -126,11 +126,19 @@ pub fn group_by_device_bytes(
     bitmaps: usize,
     sm_count: u32,
 ) -> usize {
+    // Groups put in the order of their first rows (`first_seen`), as many
+    // as rows at most: their first rows and numbers with the sort's second
+    // pair of buffers and largest histogram, and their ranks.
+    let first_seen = || {
+        let histogram =
+            RadixGrid::new(rows as u64, sm_count).blocks as usize * (1 << launch::MAX_RADIX_BITS);
+        8 * (6 * rows + histogram + histogram.div_ceil(launch::SCAN_TILE) * 2)
+    };
     let table = match (with_keys, ids) {
         (false, _) => 0,
         // keys, first rows, the key word of each group, and the table
         (true, GroupIds::Hashed { expected_groups }) => {
-            8 * (3 * rows + 1 + hashed_table_words(rows, expected_groups, inputs))
+            8 * (3 * rows + 1 + hashed_table_words(rows, expected_groups, inputs)) + first_seen()
         }
         // the keys and row ids partitioned, with the passes' second pair
         // of buffers and largest histogram; local ids, positions in each
@@ -149,6 +157,7 @@ pub fn group_by_device_bytes(
                 + histogram.div_ceil(launch::SCAN_TILE) * 2
                 + partitions
                 + 4)
+                + first_seen()
         }
         // as hashed, and the sort of as many groups as rows at most (keys,
         // ids and their second buffers, the largest histogram) and one
