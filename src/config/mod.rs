@@ -39,6 +39,18 @@ pub(crate) struct DeviceErrorPolicy {
     pub(crate) inject: bool,
 }
 
+/// Bytes a hash join's probe chunk stays within: `built_in`, or what a test
+/// set (`gpu_test.max_probe_chunk_bytes`, `test-support` only).
+pub(crate) fn max_probe_chunk_bytes(config: &ConfigOptions, built_in: usize) -> usize {
+    #[cfg(feature = "test-support")]
+    return test_options::max_probe_chunk_bytes(config).unwrap_or(built_in);
+    #[cfg(not(feature = "test-support"))]
+    {
+        let _ = config;
+        built_in
+    }
+}
+
 /// The session's [`DeviceErrorPolicy`].
 pub(crate) fn device_error_policy(config: &ConfigOptions) -> DeviceErrorPolicy {
     #[cfg(feature = "test-support")]

@@ -21,6 +21,10 @@ extensions_options! {
         /// partition), report an error before any output: the path a
         /// device fault takes.
         pub inject_device_error: bool, default = false
+        /// String and binary value bytes a hash join's probe chunk stays
+        /// within (0: the built-in bound, 1 GiB): small, a probe side of
+        /// strings comes in many chunks.
+        pub max_probe_chunk_bytes: usize, default = 0
     }
 }
 
@@ -45,4 +49,13 @@ pub(crate) fn device_error_policy(config: &ConfigOptions) -> super::DeviceErrorP
             fail: options.device_errors_fail,
             inject: options.inject_device_error,
         })
+}
+
+/// The bound on a hash join's probe chunk bytes a test set, if any.
+pub(crate) fn max_probe_chunk_bytes(config: &ConfigOptions) -> Option<usize> {
+    config
+        .extensions
+        .get::<GpuTestOptions>()
+        .map(|options| options.max_probe_chunk_bytes)
+        .filter(|&bytes| bytes > 0)
 }

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    ArrayRef, Date32Array, Date64Array, Int16Array, Int32Array, Int8Array,
-    TimestampMicrosecondArray, UInt32Array,
+    ArrayRef, Date32Array, Date64Array, Int16Array, Int32Array, Int64Array, Int8Array, RecordBatch,
+    StringArray, TimestampMicrosecondArray, UInt32Array,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::prelude::SessionContext;
@@ -1276,4 +1276,98 @@ async fn a_device_error_before_a_chunks_output_joins_it_on_the_host() {
         let error = failing.expect_err("an injected device error with errors failing");
         assert!(error.to_string().contains("injected"), "{mode:?}: {error}");
     }
+}
+
+/// String keys whose probe side holds more string bytes than a chunk may:
+/// the chunks end before a batch that would carry them past the bound
+/// (lowered here to 64 KiB), the same rows as DataFusion's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn probe_chunks_of_long_strings_stay_within_their_bytes() {
+    let Some(_) = require_gpu("probe_chunks_of_long_strings_stay_within_their_bytes") else {
+        return;
+    };
+    let (r, s) = long_string_tables(2_000, 20_000, 200, 4);
+    let sql = "SELECT r.id, s.id FROM r JOIN s ON r.k = s.k";
+    for mode in JoinMode::ALL {
+        let gpu = gpu_context(mode, 4, &["SET gpu_test.max_probe_chunk_bytes = 65536"]).await;
+        let cpu = cpu_context(mode, 4, &[]).await;
+        for ctx in [&gpu, &cpu] {
+            ctx.register_table("r", Arc::clone(&r) as _).unwrap();
+            ctx.register_table("s", Arc::clone(&s) as _).unwrap();
+        }
+        let (gpu_rows, gpu_nodes, plan) = run(&gpu, sql).await;
+        let (cpu_rows, _, _) = run(&cpu, sql).await;
+        assert!(gpu_nodes >= 1, "{mode:?}: no GPU join");
+        assert_eq!(int64_rows(&gpu_rows), int64_rows(&cpu_rows), "{mode:?}");
+        // 20,000 probe keys of 200 bytes, in chunks of 64 KiB at most: more
+        // than 60 chunks.
+        let chunks = plan_metric(&plan, "probe_chunks");
+        assert!(chunks > 60, "{mode:?}: {chunks} probe chunks");
+    }
+}
+
+/// A probe side of more than 2 GiB of string keys (600,000 keys of 4,000
+/// bytes) read as one stream, with chunks of a million rows asked for: one
+/// chunk's contiguous key column could not hold them (32-bit offsets), so
+/// the chunks end at the built-in bound; the same count as DataFusion's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_probe_side_of_more_than_2_gib_of_string_keys_is_joined() {
+    let Some(_) = require_gpu("a_probe_side_of_more_than_2_gib_of_string_keys_is_joined") else {
+        return;
+    };
+    let (r, s) = long_string_tables(1_000, 600_000, 4_000, 1);
+    let sql = "SELECT count(*), sum(r.id), sum(s.id) FROM r JOIN s ON r.k = s.k";
+    let one_chunk = ["SET gpu.tuning.probe_chunk_rows = 1048576"];
+    let gpu = gpu_context(JoinMode::CollectLeft, 1, &one_chunk).await;
+    let cpu = cpu_context(JoinMode::CollectLeft, 1, &[]).await;
+    for ctx in [&gpu, &cpu] {
+        ctx.register_table("r", Arc::clone(&r) as _).unwrap();
+        ctx.register_table("s", Arc::clone(&s) as _).unwrap();
+    }
+    let (gpu_rows, gpu_nodes, plan) = run(&gpu, sql).await;
+    let (cpu_rows, _, _) = run(&cpu, sql).await;
+    assert!(gpu_nodes >= 1, "no GPU join");
+    assert_eq!(string_rows(&gpu_rows), string_rows(&cpu_rows));
+    assert!(plan_metric(&plan, "probe_chunks") >= 3);
+}
+
+/// Tables r (`build` rows) and s (`probe` rows) of (k Utf8, id Int64): keys
+/// of `width` bytes, s's drawn from 1.5 times r's, so about two thirds of
+/// s's rows find one match; s in batches of 8,192 rows in `partitions`
+/// partitions.
+fn long_string_tables(
+    build: usize,
+    probe: usize,
+    width: usize,
+    partitions: usize,
+) -> (
+    Arc<datafusion::datasource::MemTable>,
+    Arc<datafusion::datasource::MemTable>,
+) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Utf8, false),
+        Field::new("id", DataType::Int64, false),
+    ]));
+    let key = |i: usize| format!("{i:0width$}");
+    let table = |rows: usize, domain: usize, partitions: usize| {
+        let batches: Vec<RecordBatch> = (0..rows)
+            .step_by(8_192)
+            .map(|start| {
+                let end = (start + 8_192).min(rows);
+                let k =
+                    StringArray::from_iter_values((start..end).map(|i| key(i * 7_919 % domain)));
+                let id = Int64Array::from_iter_values((start..end).map(|i| i as i64));
+                RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(id)]).unwrap()
+            })
+            .collect();
+        let mut parts = vec![Vec::new(); partitions];
+        for (i, batch) in batches.into_iter().enumerate() {
+            parts[i % partitions].push(batch);
+        }
+        Arc::new(datafusion::datasource::MemTable::try_new(Arc::clone(&schema), parts).unwrap())
+    };
+    (
+        table(build, build, 1),
+        table(probe, build * 3 / 2, partitions),
+    )
 }

@@ -462,6 +462,10 @@ impl ExecutionPlan for GpuHashJoinExec {
         let join = self.hash_join();
         let options = GpuOptions::from_config(context.session_config().options());
         let device_errors = crate::config::device_error_policy(context.session_config().options());
+        let max_chunk_bytes = crate::config::max_probe_chunk_bytes(
+            context.session_config().options(),
+            super::stream::MAX_PROBE_CHUNK_BYTES,
+        );
         let device = crate::exec::partition_device(partition)?;
         let metrics = GpuJoinMetrics::new(&self.metrics, partition);
         let (build_columns, probe_columns) = (
@@ -537,6 +541,7 @@ impl ExecutionPlan for GpuHashJoinExec {
             device,
             options: Arc::new(options),
             device_errors,
+            max_chunk_bytes,
             host_threads,
             metrics,
         };

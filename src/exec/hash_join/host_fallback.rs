@@ -1,6 +1,6 @@
 //! The join of one probe chunk on the host, used when the device cannot
-//! take it (the memory budget is too small, or the driver is out of
-//! memory). It works on the same encoded keys as the device and hands its
+//! take it (the memory budget is too small, the driver is out of memory,
+//! or the device failed before the chunk's first pairs). It works on the same encoded keys as the device and hands its
 //! pairs to the same host steps, so results are identical; only the place
 //! the matching runs differs.
 
@@ -103,7 +103,7 @@ mod tests {
     }
 
     #[test]
-    fn only_memory_errors_fall_back() {
+    fn only_memory_errors_count_as_out_of_device_memory() {
         use crate::gpu::GpuError;
         assert!(GpuError::OutOfDeviceMemory {
             requested: 10,

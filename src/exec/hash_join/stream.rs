@@ -11,9 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::gpu::DeviceStream;
-use datafusion::arrow::array::UInt64Array;
+use datafusion::arrow::array::{AsArray, UInt64Array};
 use datafusion::arrow::buffer::BooleanBuffer;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::JoinType;
@@ -72,6 +72,13 @@ pub(crate) struct JoinSemantics {
     pub(crate) probe_ordered: bool,
 }
 
+/// String and binary value bytes (32-bit offsets) a probe chunk's batches
+/// stay within, but for a chunk of one batch: its key columns are made
+/// contiguous, and such a column's offsets hold less than 2 GiB, so keys
+/// longer than that in all (a key of computed strings aside) come in
+/// several chunks.
+pub(crate) const MAX_PROBE_CHUNK_BYTES: usize = 1 << 30;
+
 /// Probe rows joined in one device launch sequence.
 struct ProbeChunk {
     /// The probe batches the chunk is made of, as they arrived.
@@ -100,6 +107,10 @@ pub(crate) struct ProbeSpec {
     /// What a device error does (the chunk is joined on the host, but in
     /// tests).
     pub(crate) device_errors: DeviceErrorPolicy,
+    /// String and binary value bytes a probe chunk's batches stay within
+    /// (but for a chunk of one batch): [`MAX_PROBE_CHUNK_BYTES`], or fewer
+    /// in tests.
+    pub(crate) max_chunk_bytes: usize,
     /// Threads a chunk's host work uses: 1 where many partitions' chunks
     /// run at once, every core where this partition reads the whole probe
     /// side.
@@ -135,6 +146,9 @@ struct ProbeLoop {
     /// The build table being made on this partition's device while the
     /// first probe chunk is read (see [`ProbeLoop::make_table_in_advance`]).
     table_in_advance: Option<SpawnedTask<()>>,
+    /// A batch read that would have taken its chunk past
+    /// `ProbeSpec::max_chunk_bytes`: the next chunk's first.
+    pending: Option<RecordBatch>,
 }
 
 /// The output stream of one partition.
@@ -154,6 +168,7 @@ pub(crate) fn probe_stream(
         ready: VecDeque::new(),
         joining: None,
         table_in_advance: None,
+        pending: None,
     };
     let stream = futures::stream::try_unfold(state, |mut state| async move {
         loop {
@@ -231,6 +246,27 @@ fn rows_bytes(batch: &RecordBatch) -> Result<usize> {
     Ok(bytes)
 }
 
+/// The bytes of `batch`'s string and binary values with 32-bit offsets
+/// (`Utf8`, `Binary`), as its rows take them: what a column of them made
+/// contiguous must hold below 2 GiB.
+fn offset_value_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|column| {
+            let offsets = match column.data_type() {
+                DataType::Utf8 => column.as_string::<i32>().value_offsets(),
+                DataType::Binary => column.as_binary::<i32>().value_offsets(),
+                _ => return 0,
+            };
+            match (offsets.first(), offsets.last()) {
+                (Some(&first), Some(&last)) => (last - first).max(0) as usize,
+                _ => 0,
+            }
+        })
+        .sum()
+}
+
 fn lock(partial: &Mutex<PartialStates>) -> std::sync::MutexGuard<'_, PartialStates> {
     partial.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -270,17 +306,32 @@ impl ProbeLoop {
 
     /// Up to the build side's `probe_chunk_rows` probe rows (and, for the
     /// automatic size, about `probe_chunk_bytes` bytes) as one chunk, and
-    /// whether the probe side has ended.
+    /// whether the probe side has ended. A chunk never takes a batch that
+    /// would carry its string and binary values past `max_chunk_bytes`
+    /// (its key columns are made contiguous, and 32-bit offsets hold less
+    /// than 2 GiB): that batch begins the next chunk.
     async fn read_chunk(&mut self, build: &BuildSide) -> Result<(Option<ProbeChunk>, bool)> {
         let (chunk_rows, chunk_bytes) = (build.probe_chunk_rows.max(1), build.probe_chunk_bytes);
+        let max_value_bytes = self.spec.max_chunk_bytes;
         let mut exhausted = false;
         let mut batches = Vec::new();
         let mut rows = 0;
         let mut bytes = 0;
+        let mut value_bytes = 0;
         while rows < chunk_rows && bytes < chunk_bytes {
-            match self.spec.probe_input.next().await {
+            let next = match self.pending.take() {
+                Some(batch) => Some(Ok(batch)),
+                None => self.spec.probe_input.next().await,
+            };
+            match next {
                 Some(batch) => {
                     let batch = batch?;
+                    let batch_values = offset_value_bytes(&batch);
+                    if !batches.is_empty() && value_bytes + batch_values > max_value_bytes {
+                        self.pending = Some(batch);
+                        break;
+                    }
+                    value_bytes += batch_values;
                     rows += batch.num_rows();
                     if chunk_bytes != usize::MAX {
                         bytes += rows_bytes(&batch)?;
