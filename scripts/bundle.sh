@@ -12,7 +12,7 @@
 #   cd OUT_DIR && ./run.sh tests         GPU tests and conformance, a missing GPU is a failure
 #   ./run.sh conformance                 only the sqllogictest conformance files
 #   ./run.sh fuzz                        the differential fuzzer (FUZZ_CASES, e.g. 0..10000)
-#   ./run.sh sanitize                    the join tests under compute-sanitizer
+#   ./run.sh sanitize                    the device and SQL join tests under compute-sanitizer
 #   ./run.sh bench                       the end-to-end benchmarks (BENCH_ARGS; --group-by, --sort-merge)
 #   ./run.sh seeds                       the seeds' workloads as criterion benchmarks
 #                                        (SEEDS, e.g. "join" or "rt1,b10": the families to run)
