@@ -9,6 +9,7 @@
 //! order.
 
 use super::*;
+use crate::ops::hash_join::bits_below;
 
 /// The groups in the order of their first rows.
 pub(super) struct FirstSeenOrder {
@@ -64,17 +65,12 @@ pub(super) fn first_seen_order(
             }
         }
         launch::iota(&device.launcher(stream), &mut ids, 0)?;
-        radix_sort(device, stream, min_rows, ids, row_bits(rows))
+        radix_sort(device, stream, min_rows, ids, bits_below(rows as u64))
     })?;
     Ok(FirstSeenOrder {
         order: sorted.row_ids,
         first_rows: sorted.keys,
     })
-}
-
-/// Bits that hold every row number below `rows` (at least one).
-fn row_bits(rows: usize) -> u32 {
-    (usize::BITS - rows.saturating_sub(1).leading_zeros()).max(1)
 }
 
 /// The position of each group in `order` (the group at each position):
@@ -95,21 +91,4 @@ pub(super) fn ranks_of(
         launch::scatter_u64(&device.launcher(stream), &positions, order, &mut ranks)
     })?;
     Ok(ranks)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::row_bits;
-
-    #[test]
-    fn row_bits_hold_the_last_row() {
-        assert_eq!(row_bits(0), 1);
-        assert_eq!(row_bits(1), 1);
-        assert_eq!(row_bits(2), 1);
-        assert_eq!(row_bits(3), 2);
-        assert_eq!(row_bits(4), 2);
-        assert_eq!(row_bits(5), 3);
-        assert_eq!(row_bits(1 << 20), 20);
-        assert_eq!(row_bits((1 << 20) + 1), 21);
-    }
 }
