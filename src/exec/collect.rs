@@ -479,8 +479,10 @@ impl PartitionStream for HandedOver {
 }
 
 /// [`collect_or_refuse`], where a refusal is the pool's error: every batch
-/// with rows, and the reservations of several streams' batches.
-pub(crate) async fn collect_streams(
+/// with rows, and the reservations of several streams' batches (the tests'
+/// view of it).
+#[cfg(test)]
+async fn collect_streams(
     input: WholeInput,
     reservation: &MemoryReservation,
     rows: Option<&Count>,
@@ -517,11 +519,10 @@ pub(crate) async fn collect_streams_into(
     reservation: &MemoryReservation,
     rows: Option<&Count>,
 ) -> Result<Vec<RecordBatch>> {
-    let (batches, input_reservations) = collect_streams(inputs, reservation, rows).await?;
-    for reserved in input_reservations {
-        reservation.grow(reserved.free());
+    match collect_or_refuse_into(inputs, reservation, rows).await? {
+        Collected::Whole(batches, _) => Ok(batches),
+        Collected::Refused { refusal, .. } => Err(refusal),
     }
-    Ok(batches)
 }
 
 #[cfg(test)]
