@@ -5,23 +5,28 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaModule, CudaSlice, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
 use super::{DriverResultExt, GpuError, GpuResult};
 
 mod gather;
+mod hash_seed;
 mod launcher;
 mod group_by;
+mod group_order;
 mod merge_join;
 pub use launcher::Launcher;
+pub use group_order::{group_min_rows, table_group_min_rows};
+pub use hash_seed::hash_seed;
+use hash_seed::set_hash_seed;
 pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, ValueWidth};
 pub use group_by::{
     aggregate_f64_sum, aggregate_gathered, aggregate_i128_sum, aggregate_u64, f64_sum_fixed,
-    f64_sum_scale, fill_u64, group_insert, group_insert_fold, group_min_rows, group_resolve,
+    f64_sum_scale, fill_u64, group_insert, group_insert_fold, group_resolve,
     partitioned_group_ids, partitioned_group_resolve, sorted_group_heads, sorted_group_ids,
-    table_fold_results, table_group_min_rows, table_slot_words, AggregateOp, FoldTable, GatheredValues, GroupRows, PartitionGroupIds,
+    table_fold_results, table_slot_words, AggregateOp, FoldTable, GatheredValues, GroupRows, PartitionGroupIds,
     SortedGroupIds, TableFold, MAX_TABLE_FOLDS, PARTITION_GROUP_LIMIT,
 };
 #[cfg(any(test, feature = "test-support"))]
@@ -198,39 +203,6 @@ impl Kernels {
             _modules: vec![scan, radix, join, group_by, merge, gather],
         })
     }
-}
-
-/// The process's hash seed: drawn once, at random, for every key the
-/// device hashes into a partition or a table slot (`mix64` in
-/// `ptx/common.cuh` hashes the key XOR it), so that no key set chosen
-/// in advance lands in one partition or one probe chain.
-pub fn hash_seed() -> u64 {
-    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *SEED.get_or_init(|| {
-        use std::hash::BuildHasher;
-        // The standard library's randomly keyed hasher: random per process.
-        std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64)
-    })
-}
-
-/// Writes [`hash_seed`] into `module`'s `hash_seed` constant, and waits
-/// for the copy, before any kernel of the module runs.
-fn set_hash_seed(module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> GpuResult<()> {
-    let mut constant = module
-        .get_global("hash_seed", stream)
-        .during("finding the hash seed in the PTX")?;
-    let seed = hash_seed().to_le_bytes();
-    if constant.len() != seed.len() {
-        return Err(GpuError::Invalid(format!(
-            "the PTX's hash seed is {} bytes, not {}",
-            constant.len(),
-            seed.len()
-        )));
-    }
-    stream
-        .memcpy_htod(&seed, &mut constant)
-        .during("setting the hash seed")?;
-    stream.synchronize().during("setting the hash seed")
 }
 
 fn config(grid: u64) -> GpuResult<LaunchConfig> {
