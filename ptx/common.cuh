@@ -12,7 +12,7 @@ typedef unsigned int u32;
 #define WARPS_PER_BLOCK (BLOCK_THREADS / 32)
 
 // The process's hash seed, set by the host when it loads the module
-// (`src/gpu/launch/mod.rs`): keys chosen to share a partition or a table slot
+// (`src/gpu/launch/hash_seed.rs`): keys chosen to share a partition or a table slot
 // under one seed are spread under another, so nobody can aim keys at one.
 __constant__ u64 hash_seed;
 
