@@ -11,6 +11,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
+use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::logical_expr::{col, SortExpr};
 use datafusion::physical_plan::joins::SortMergeJoinExec;
 use datafusion::physical_plan::{displayable, ExecutionPlan};
@@ -902,30 +903,39 @@ async fn raw_keys_without_nulls_are_coded_from_a_range_found_on_the_device() {
     }
 }
 
-/// Under a session memory limit below one partition's two sides, the GPU
-/// join reads no further once the pool refuses a batch: DataFusion's
-/// sort-merge join, whose sorts spill, takes the batches read and the rest
-/// of both inputs. The same rows as DataFusion's under the same limit.
+/// Under a session memory limit below the join's two sides, the GPU join
+/// reads no further once the pool refuses a batch: DataFusion's sort-merge
+/// join, whose sorts spill, takes the batches read and the rest of both
+/// inputs. The same rows as DataFusion's under the same limit, within a
+/// time limit (a hang is a failure, not a stuck test run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn inputs_larger_than_the_memory_pool_go_to_the_cpu_join() {
     let Some(_) = require_gpu("inputs_larger_than_the_memory_pool_go_to_the_cpu_join") else {
         return;
     };
-    // Two partitions of 200,000 rows a side (6.4 MB of keys and ids)
-    // against a pool of 4 MiB; sorts that reserve little before spilling.
+    // Two partitions of 400,000 rows a side (25.6 MB of keys and ids)
+    // against a fair pool of 16 MiB, with sorts that reserve little before
+    // spilling: DataFusion's join answers there every time (under a greedy
+    // pool, or a tighter one, its own sorts can fail for memory).
     let settings = [
         SORT_MERGE,
         "SET datafusion.execution.sort_spill_reservation_bytes = 65536",
     ];
-    let (gpu, cpu) = memory_limited_contexts(4 << 20, JoinMode::Partitioned, 2, &settings).await;
+    let (gpu, cpu) = pool_limited_contexts(
+        || Arc::new(FairSpillPool::new(16 << 20)),
+        JoinMode::Partitioned,
+        2,
+        &settings,
+    )
+    .await;
     let table = |seed: i64| -> Arc<MemTable> {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("id", DataType::Int64, false),
         ]));
-        let rows = 400_000i64;
+        let rows = 800_000i64;
         let k: ArrayRef = Arc::new(Int64Array::from_iter_values(
-            (0..rows).map(|i| (i * 7_919 + seed) % 300_000),
+            (0..rows).map(|i| (i * 7_919 + seed) % 600_000),
         ));
         let id: ArrayRef = Arc::new(Int64Array::from_iter_values(
             (0..rows).map(|i| seed * 1_000_000 + i),
@@ -941,12 +951,24 @@ async fn inputs_larger_than_the_memory_pool_go_to_the_cpu_join() {
         ctx.register_table("r", table(1)).unwrap();
         ctx.register_table("s", table(2)).unwrap();
     }
+    // Read through a projection, whose batches are new and reserved as
+    // they arrive (a table's own batches are taken as they lie in memory,
+    // and not charged again).
+    let limit = std::time::Duration::from_secs(120);
     for sql in [
-        "SELECT count(*), sum(r.id), sum(s.id) FROM r JOIN s ON r.k = s.k",
-        "SELECT count(*), count(s.id) FROM r LEFT JOIN s ON r.k = s.k",
+        "SELECT count(*), sum(r.id), sum(s.id) FROM (SELECT k, id + 0 AS id FROM r) r \
+         JOIN (SELECT k, id + 0 AS id FROM s) s ON r.k = s.k",
+        "SELECT count(*), count(s.id) FROM (SELECT k, id + 0 AS id FROM r) r \
+         LEFT JOIN (SELECT k, id + 0 AS id FROM s) s ON r.k = s.k",
     ] {
-        let (gpu_rows, gpu_nodes, plan) = run_counting(&gpu, sql, "SortMergeJoinExec").await;
-        let (cpu_rows, cpu_nodes, _) = run_counting(&cpu, sql, "SortMergeJoinExec").await;
+        let (gpu_rows, gpu_nodes, plan) =
+            tokio::time::timeout(limit, run_counting(&gpu, sql, "SortMergeJoinExec"))
+                .await
+                .unwrap_or_else(|_| panic!("{sql}: no answer on the GPU path in {limit:?}"));
+        let (cpu_rows, cpu_nodes, _) =
+            tokio::time::timeout(limit, run_counting(&cpu, sql, "SortMergeJoinExec"))
+                .await
+                .unwrap_or_else(|_| panic!("{sql}: no answer on the CPU in {limit:?}"));
         assert!(
             gpu_nodes >= 1,
             "{sql}: no GPU sort-merge join\n{}",

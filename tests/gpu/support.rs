@@ -7,6 +7,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
+use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpu::gpu::{gpu_runtime, GpuRuntime};
@@ -205,9 +206,27 @@ pub async fn memory_limited_contexts(
     target_partitions: usize,
     extra: &[&str],
 ) -> (SessionContext, SessionContext) {
-    let context = |gpu: bool| async move {
+    pool_limited_contexts(
+        || Arc::new(GreedyMemoryPool::new(bytes)),
+        mode,
+        target_partitions,
+        extra,
+    )
+    .await
+}
+
+/// [`memory_limited_contexts`] with the pool `pool` makes (one for each
+/// context), e.g. DataFusion's `FairSpillPool`, under which its spilling
+/// operators share the limit evenly.
+pub async fn pool_limited_contexts(
+    pool: impl Fn() -> Arc<dyn MemoryPool>,
+    mode: JoinMode,
+    target_partitions: usize,
+    extra: &[&str],
+) -> (SessionContext, SessionContext) {
+    let context = |gpu: bool, pool: Arc<dyn MemoryPool>| async move {
         let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-            .with_memory_limit(bytes, 1.0)
+            .with_memory_pool(pool)
             .build_arc()
             .unwrap();
         let config = SessionConfig::new().with_target_partitions(target_partitions);
@@ -215,7 +234,7 @@ pub async fn memory_limited_contexts(
         configure(&ctx, mode, gpu, extra).await;
         ctx
     };
-    (context(true).await, context(false).await)
+    (context(true, pool()).await, context(false, pool()).await)
 }
 
 async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&str]) {
