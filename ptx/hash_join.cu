@@ -13,14 +13,17 @@
 // (build row id, probe row id) pairs from its offset. The host may write a
 // range of partitions at a time to bound the output buffer.
 //
-// A skewed probe side (Zipf 1.5: one key holds about a third of the rows)
-// leaves one block streaming most of the probe rows through its table while
-// the others idle. The host then hands the kernels a list of tasks in place
-// of the partitions: task t joins build partition `task_partitions[t]` with
-// probe rows [task_probe_starts[t], task_probe_starts[t + 1]), a slice of
-// that partition's rows, so a heavy partition is spread over many blocks,
-// each loading the same build partition. Without a list (null pointers),
-// task t is partition t with all its probe rows.
+// A skewed side (Zipf 1.5: one key holds about a third of the rows) leaves
+// one block streaming most of the rows of one partition while the others
+// idle, and one key matching many rows on both sides gives one partition
+// more pairs than an output range may hold. The host then hands the kernels
+// a list of tasks in place of the partitions: task t joins probe rows
+// [task_ranges[4t], task_ranges[4t + 1]) with build rows
+// [task_ranges[4t + 2], task_ranges[4t + 3]), a slice of one partition's
+// rows on each side, so a heavy partition is spread over many blocks and
+// its pairs over many tasks (the host splits a task until its pairs fit a
+// range). Without a list (a null pointer), task t is partition t with all
+// its rows.
 //
 // A side may be one word a row (`layouts`: BUILD_ONE_WORD, PROBE_ONE_WORD;
 // see `radix_partition.cu`): its keys array then holds the key in each
@@ -158,40 +161,41 @@ __device__ u64 join_partition(SharedTable& table, u32 layouts, const u64* build_
     return matches;
 }
 
-// The build partition and probe rows of task t (see the header).
+// The probe and build rows of task t (see the header).
 struct JoinTask {
-    u64 partition;
     u64 probe_begin;
     u64 probe_end;
+    u64 build_begin;
+    u64 build_end;
 };
 
 __device__ __forceinline__ JoinTask join_task(u64 t, const u64* probe_starts,
-                                              const u64* task_partitions,
-                                              const u64* task_probe_starts) {
-    if (task_partitions == nullptr) return JoinTask{t, probe_starts[t], probe_starts[t + 1]};
-    return JoinTask{task_partitions[t], task_probe_starts[t], task_probe_starts[t + 1]};
+                                              const u64* build_starts, const u64* task_ranges) {
+    if (task_ranges == nullptr) {
+        return JoinTask{probe_starts[t], probe_starts[t + 1], build_starts[t], build_starts[t + 1]};
+    }
+    const u64* range = task_ranges + 4 * t;
+    return JoinTask{range[0], range[1], range[2], range[3]};
 }
 
 // Launch: any grid (grid-stride over tasks [task_begin, task_end)), block =
 // BLOCK_THREADS, static shared memory only. `layouts` says which sides are
 // one word a row (their ids arrays null, see the header). `*_starts` hold
-// 2^partition_bits + 1 entries; with a task list, `task_partitions` holds a
-// partition id per task and `task_probe_starts` one more entry than tasks.
+// 2^partition_bits + 1 entries; a task list holds four entries a task, each
+// task's rows within one partition of each side.
 // Writes match_counts[t] for every t in range.
 extern "C" __global__ void hash_join_count(const u64* build_keys, const u64* build_starts,
                                            const u64* probe_keys, const u64* probe_starts,
-                                           const u64* task_partitions,
-                                           const u64* task_probe_starts, u32 layouts,
+                                           const u64* task_ranges, u32 layouts,
                                            u32 partition_bits, u64 task_begin, u64 task_end,
                                            u64* match_counts) {
     __shared__ SharedTable table;
     __shared__ u64 scratch[WARPS_PER_BLOCK];
     for (u64 t = task_begin + blockIdx.x; t < task_end; t += gridDim.x) {
-        const JoinTask task = join_task(t, probe_starts, task_partitions, task_probe_starts);
+        const JoinTask task = join_task(t, probe_starts, build_starts, task_ranges);
         const u64 matches = join_partition<true>(
-            table, layouts, build_keys, nullptr, build_starts[task.partition],
-            build_starts[task.partition + 1], probe_keys, nullptr, task.probe_begin,
-            task.probe_end, partition_bits, nullptr, nullptr, nullptr);
+            table, layouts, build_keys, nullptr, task.build_begin, task.build_end, probe_keys,
+            nullptr, task.probe_begin, task.probe_end, partition_bits, nullptr, nullptr, nullptr);
         const u64 total = block_sum_u64(matches, scratch);
         if (threadIdx.x == 0) match_counts[t] = total;
     }
@@ -205,21 +209,20 @@ extern "C" __global__ void hash_join_count(const u64* build_keys, const u64* bui
 extern "C" __global__ void hash_join_write(const u64* build_keys, const u64* build_ids,
                                            const u64* build_starts, const u64* probe_keys,
                                            const u64* probe_ids, const u64* probe_starts,
-                                           const u64* task_partitions,
-                                           const u64* task_probe_starts, u32 layouts,
+                                           const u64* task_ranges, u32 layouts,
                                            u32 partition_bits, u64 task_begin, u64 task_end,
                                            const u64* match_offsets, u64 output_base,
                                            u64* out_build_ids, u64* out_probe_ids) {
     __shared__ SharedTable table;
     __shared__ unsigned long long cursor;
     for (u64 t = task_begin + blockIdx.x; t < task_end; t += gridDim.x) {
-        const JoinTask task = join_task(t, probe_starts, task_partitions, task_probe_starts);
+        const JoinTask task = join_task(t, probe_starts, build_starts, task_ranges);
         if (threadIdx.x == 0) cursor = match_offsets[t] - output_base;
         __syncthreads();
-        join_partition<false>(table, layouts, build_keys, build_ids, build_starts[task.partition],
-                              build_starts[task.partition + 1], probe_keys, probe_ids,
-                              task.probe_begin, task.probe_end, partition_bits, &cursor,
-                              out_build_ids, out_probe_ids);
+        join_partition<false>(table, layouts, build_keys, build_ids, task.build_begin,
+                              task.build_end, probe_keys, probe_ids, task.probe_begin,
+                              task.probe_end, partition_bits, &cursor, out_build_ids,
+                              out_probe_ids);
         __syncthreads();  // cursor is reset for the next task
     }
 }
@@ -328,8 +331,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, FOLD_BLOCKS_PER_SM)
 hash_join_fold(const u64* build_keys, const u64* build_ids,
                                           const u64* build_starts, const u64* probe_keys,
                                           const u64* probe_ids, const u64* probe_starts,
-                                          const u64* task_partitions,
-                                          const u64* task_probe_starts, u32 layouts,
+                                          const u64* task_ranges, u32 layouts,
                                           u32 partition_bits, u64 task_begin, u64 task_end,
                                           u32 folds,
                                           const u64* specs, const void* src0,
@@ -368,9 +370,9 @@ hash_join_fold(const u64* build_keys, const u64* build_ids,
     }
 
     for (u64 t = task_begin + blockIdx.x; t < task_end; t += gridDim.x) {
-        const JoinTask task = join_task(t, probe_starts, task_partitions, task_probe_starts);
-        const u64 build_begin = build_starts[task.partition];
-        const u64 build_end = build_starts[task.partition + 1];
+        const JoinTask task = join_task(t, probe_starts, build_starts, task_ranges);
+        const u64 build_begin = task.build_begin;
+        const u64 build_end = task.build_end;
         if (task.probe_end <= task.probe_begin) continue;  // uniform across the block
         for (u64 chunk = build_begin; chunk < build_end; chunk += TABLE_CAPACITY) {
             const u32 len = (u32)min((u64)TABLE_CAPACITY, build_end - chunk);

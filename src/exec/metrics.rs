@@ -89,6 +89,12 @@ pub struct GpuJoinMetrics {
     /// Of those, chunks whose device work failed (a driver error, or
     /// results the device got wrong) before any of their output.
     pub device_error_fallback_chunks: Count,
+    /// Ranges of pairs the device wrote out, each of at most
+    /// `gpu.max_output_pairs` pairs.
+    pub output_ranges: Count,
+    /// Pairs the device wrote out in them (under a fetch, a range's pairs
+    /// past it are written but not read).
+    pub pairs_written: Count,
     /// Output rows whose columns were gathered on the device (the rest were
     /// gathered on the host by row id).
     pub rows_gathered_on_device: Count,
@@ -129,6 +135,8 @@ impl GpuJoinMetrics {
             cpu_fallback_chunks: builder().counter("cpu_fallback_chunks", partition),
             device_error_fallback_chunks: builder()
                 .counter("device_error_fallback_chunks", partition),
+            output_ranges: builder().counter("output_ranges", partition),
+            pairs_written: builder().counter("pairs_written", partition),
             rows_gathered_on_device: builder().counter("rows_gathered_on_device", partition),
             rows_aggregated_on_device: builder().counter("rows_aggregated_on_device", partition),
             pairs_folded_while_probing: builder().counter("pairs_folded_while_probing", partition),

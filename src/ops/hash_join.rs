@@ -10,6 +10,9 @@ use crate::gpu::alloc_zeroed;
 use crate::gpu::alloc_uninit;
 use crate::gpu::DeviceStream;
 
+use super::join_tasks::{
+    check_task_rows, partition_tasks, split_task, TaskRows, BUILD_TASK_ROWS, MAX_PIECES,
+};
 use super::merge_join::radix_sort;
 use super::radix::{radix_partition, radix_partition_one_word, JoinSide, RadixPlan};
 use crate::gpu::launch::{self, ValueWidth};
@@ -55,6 +58,9 @@ pub struct DeviceBuildTable {
     /// Whether the keys carry values in place of row ids (see
     /// [`Self::build_carrying`]).
     carries_values: bool,
+    /// The partitions' starts on the host, read back once where a probe
+    /// chunk's tasks need them (see [`JoinTaskList`]).
+    host_starts: std::sync::OnceLock<Vec<u64>>,
 }
 
 impl DeviceBuildTable {
@@ -94,7 +100,25 @@ impl DeviceBuildTable {
             plan,
             build,
             carries_values,
+            host_starts: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The build partitions' starts, read back from the device the first
+    /// time (a word a partition).
+    fn host_starts(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<DeviceStream>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<&[u64]> {
+        if let Some(starts) = self.host_starts.get() {
+            return Ok(starts);
+        }
+        let mut starts = Vec::new();
+        download_u64(device, stream, &self.build.starts.as_view(), &mut starts, timer)?;
+        // Another chunk may have read them meanwhile: the same values.
+        Ok(self.host_starts.get_or_init(|| starts))
     }
 
     /// Whether the build rows are one word each (see [`KeyRange`]).
@@ -222,21 +246,29 @@ fn upload_and_partition<'v>(
 /// with at most `max_pairs` output pairs on the device at a time.
 pub fn probe_device_bytes(rows: usize, plan: &RadixPlan, max_pairs: usize, sm_count: u32) -> usize {
     // Match counts and offsets per join task, and the task list where a
-    // heavy partition is split (see [`probe_tasks`]): at most one task per
-    // partition and one more per `PROBE_TASK_ROWS` rows.
-    let tasks = plan.partitions() + rows.div_ceil(PROBE_TASK_ROWS as usize);
-    plan.device_bytes(rows, sm_count) + 8 * 4 * (tasks + 1) + 16 * max_pairs
+    // heavy partition is split (see [`JoinTaskList`]): at most
+    // `MAX_TASKS_PER_PARTITION_OR_SLICE` tasks per partition and per
+    // `PROBE_TASK_ROWS` rows; and the pieces of one task too large for an
+    // output range, split [`MAX_PIECES`] at a time, a few levels deep.
+    let tasks = MAX_TASKS_PER_PARTITION_OR_SLICE
+        * (plan.partitions() + rows.div_ceil(PROBE_TASK_ROWS as usize));
+    let pieces = 4 * MAX_PIECES;
+    plan.device_bytes(rows, sm_count) + 8 * 6 * (tasks + pieces + 1) + 16 * max_pairs
 }
 
 /// One range of a probe chunk's matching pairs, on the device.
 #[derive(Debug)]
 pub struct DeviceJoinPairs<'a> {
-    /// The build row of each pair (exactly `len` elements).
+    /// The build row of each pair (at least `len` elements: the range's
+    /// pairs are the first `len`).
     pub build_ids: &'a DeviceVec<u64>,
-    /// The probe row of each pair (exactly `len` elements).
+    /// The probe row of each pair (as `build_ids`).
     pub probe_ids: &'a DeviceVec<u64>,
     /// Pairs in the range.
     pub len: usize,
+    /// Pairs the device wrote for the range: `len`, or more where a pair
+    /// limit cut it short.
+    pub written: usize,
     /// Whether this range holds every pair of the chunk.
     pub whole_chunk: bool,
 }
@@ -254,14 +286,14 @@ impl DeviceJoinPairs<'_> {
         download_u64(
             device,
             stream,
-            &self.build_ids.as_view(),
+            &self.build_ids.slice(0..self.len),
             &mut build_ids,
             timer,
         )?;
         download_u64(
             device,
             stream,
-            &self.probe_ids.as_view(),
+            &self.probe_ids.slice(0..self.len),
             &mut probe_ids,
             timer,
         )?;
@@ -289,7 +321,9 @@ pub fn probe(
         return Ok(0);
     }
     match partition_probe(device, stream, keys, table.plan(), timer)? {
-        Some(probe) => probe_partitioned(device, stream, table, &probe, max_pairs, timer, emit),
+        Some(probe) => {
+            probe_partitioned(device, stream, table, &probe, max_pairs, None, timer, emit)
+        }
         None => Ok(0),
     }
 }
@@ -385,13 +419,20 @@ fn partition_probe_moving(
 }
 
 /// The part of [`probe`] after [`partition_probe`]; `probe` must have been
-/// partitioned by `table`'s plan.
+/// partitioned by `table`'s plan. Every range handed to `emit` holds at
+/// most `max_pairs` pairs: a join task with more is split until its pieces
+/// fit (see [`split_task`]). With `pair_limit`, ranges stop once that many
+/// pairs were handed on, the last one cut short (for a join whose every
+/// pair is an output row, under a fetch: the rest would not be read).
+/// Returns the chunk's pairs, as counted.
+#[allow(clippy::too_many_arguments)]
 pub fn probe_partitioned(
     device: &GpuDevice,
     stream: &Arc<DeviceStream>,
     table: &DeviceBuildTable,
     probe: &PartitionedProbe,
     max_pairs: usize,
+    pair_limit: Option<u64>,
     timer: &mut PhaseTimer,
     mut emit: impl FnMut(DeviceJoinPairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
 ) -> GpuResult<u64> {
@@ -413,127 +454,265 @@ pub fn probe_partitioned(
             }
         )));
     }
-    let plan = table.plan();
     let probe = &probe.keys;
-    let task_list = JoinTaskList::new(device, stream, plan, probe, timer)?;
-    let tasks = task_list.tasks();
-    let task_count = task_list.count;
+    let mut task_list = JoinTaskList::new(device, stream, table, probe, timer)?;
+    let offsets = {
+        let counts = count_pairs(device, stream, table, probe, task_list.tasks(), task_list.count, timer)?;
+        exclusive_offsets(&counts)
+    };
+    let total = *offsets.last().unwrap_or(&0);
+    if total == 0 {
+        return Ok(0);
+    }
+    let mut writer = RangeWriter {
+        device,
+        stream,
+        table,
+        probe,
+        max_pairs: max_pairs.max(1) as u64,
+        left: pair_limit.unwrap_or(u64::MAX),
+        emit: &mut emit,
+    };
+    writer.write(&mut task_list, &offsets, true, timer)?;
+    Ok(total)
+}
 
-    let mut counts = alloc_zeroed::<u64>(stream, task_count, "allocating match counts")?;
+/// Match counts of tasks `0..count` of `tasks` (the partitions without a
+/// list), on the host.
+fn count_pairs(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    table: &DeviceBuildTable,
+    probe: &JoinSide,
+    tasks: Option<launch::JoinTasks<'_>>,
+    count: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Vec<u64>> {
+    let mut counts = alloc_zeroed::<u64>(stream, count, "allocating match counts")?;
     timer.time(Phase::Kernel, || {
         launch::hash_join_count(
             &device.launcher(stream),
             table.build.side(),
             probe.side(),
             tasks,
-            plan.partition_bits(),
-            0..task_count as u64,
+            table.plan.partition_bits(),
+            0..count as u64,
             &mut counts)
     })?;
     let mut host_counts = Vec::new();
     download_u64(device, stream, &counts.as_view(), &mut host_counts, timer)?;
-    let offsets = exclusive_offsets(&host_counts);
-    let total = *offsets.last().unwrap_or(&0);
-    if total == 0 {
-        return Ok(0);
-    }
-    let device_offsets = upload_u64(device, stream, &offsets[..task_count], timer)?;
-
-    let ranges = output_ranges(&offsets, max_pairs as u64);
-    let whole_chunk = ranges.len() == 1;
-    for range in ranges {
-        let base = offsets[range.start];
-        let len = (offsets[range.end] - base) as usize;
-        // Both: hash_join_write writes every one of the `len` pairs
-        // of the range, as counted by hash_join_count over the same inputs.
-        let mut out_build: DeviceVec<u64> =
-            alloc_uninit(&stream, len, "allocating join output")?;
-        let mut out_probe: DeviceVec<u64> =
-            alloc_uninit(&stream, len, "allocating join output")?;
-        timer.time(Phase::Kernel, || {
-            launch::hash_join_write(
-                &device.launcher(stream),
-                table.build.side(),
-                probe.side(),
-                tasks,
-                plan.partition_bits(),
-                range.start as u64..range.end as u64,
-                &device_offsets,
-                base,
-                len,
-                &mut out_build,
-                &mut out_probe)
-        })?;
-        emit(
-            DeviceJoinPairs {
-                build_ids: &out_build,
-                probe_ids: &out_probe,
-                len,
-                whole_chunk,
-            },
-            timer,
-        )?;
-    }
-    Ok(total)
+    Ok(host_counts)
 }
 
-/// The join kernels' tasks for one partitioned probe chunk: a partition
-/// holding many probe rows (a skewed probe side) is split into slices
-/// joined by blocks of their own; otherwise each partition is a task and
-/// there is no list.
+/// Writes a probe chunk's pairs range by range (see [`probe_partitioned`]).
+struct RangeWriter<'a, 'e> {
+    device: &'a GpuDevice,
+    stream: &'a Arc<DeviceStream>,
+    table: &'a DeviceBuildTable,
+    probe: &'a JoinSide,
+    max_pairs: u64,
+    /// Pairs still to hand on (the pair limit).
+    left: u64,
+    emit: &'e mut dyn FnMut(DeviceJoinPairs<'_>, &mut PhaseTimer) -> GpuResult<()>,
+}
+
+impl RangeWriter<'_, '_> {
+    /// Writes the pairs of `tasks`, whose counts' exclusive scan is
+    /// `offsets`, in ranges of tasks of at most `max_pairs` pairs; a task
+    /// with more is split, its pieces counted and written the same way.
+    /// `whole`: these tasks hold every pair of the chunk.
+    fn write(
+        &mut self,
+        tasks: &mut JoinTaskList,
+        offsets: &[u64],
+        whole: bool,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        let (device, stream) = (self.device, self.stream);
+        let device_offsets = upload_u64(device, stream, &offsets[..tasks.count], timer)?;
+        let ranges = output_ranges(offsets, self.max_pairs);
+        let whole_chunk = whole && ranges.len() == 1;
+        for range in ranges {
+            if self.left == 0 {
+                break;
+            }
+            let base = offsets[range.start];
+            let len = offsets[range.end] - base;
+            if len > self.max_pairs {
+                // One task (see `output_ranges`): split it.
+                let task = tasks.rows(device, stream, self.table, self.probe, range.start, timer)?;
+                let pieces = split_task(task, len, self.max_pairs);
+                if pieces.len() > 1 {
+                    let mut pieces = JoinTaskList::of(device, stream, self.table, self.probe, pieces, timer)?;
+                    let counts = count_pairs(
+                        device,
+                        stream,
+                        self.table,
+                        self.probe,
+                        pieces.tasks(),
+                        pieces.count,
+                        timer,
+                    )?;
+                    self.write(&mut pieces, &exclusive_offsets(&counts), false, timer)?;
+                    continue;
+                }
+            }
+            let len = len as usize;
+            // Both: hash_join_write writes every one of the `len` pairs
+            // of the range, as counted by hash_join_count over the same
+            // inputs and tasks.
+            let mut out_build: DeviceVec<u64> =
+                alloc_uninit(stream, len, "allocating join output")?;
+            let mut out_probe: DeviceVec<u64> =
+                alloc_uninit(stream, len, "allocating join output")?;
+            timer.time(Phase::Kernel, || {
+                launch::hash_join_write(
+                    &device.launcher(stream),
+                    self.table.build.side(),
+                    self.probe.side(),
+                    tasks.tasks(),
+                    self.table.plan.partition_bits(),
+                    range.start as u64..range.end as u64,
+                    &device_offsets,
+                    base,
+                    len,
+                    &mut out_build,
+                    &mut out_probe)
+            })?;
+            let handed = (len as u64).min(self.left);
+            self.left -= handed;
+            (self.emit)(
+                DeviceJoinPairs {
+                    build_ids: &out_build,
+                    probe_ids: &out_probe,
+                    len: handed as usize,
+                    written: len,
+                    whole_chunk: whole_chunk && handed == len as u64,
+                },
+                timer,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The join kernels' tasks for one partitioned probe chunk (see
+/// [`crate::ops::join_tasks`]): partitions with many probe or build rows
+/// split into tasks of slices of each, or a task's pieces; otherwise each
+/// partition is a task and there is no list.
 struct JoinTaskList {
-    /// Each task's partition and first probe row, on the device.
-    list: Option<(DeviceVec<u64>, DeviceVec<u64>)>,
+    /// Each task's rows, on the host and on the device.
+    list: Option<(Vec<TaskRows>, DeviceVec<u64>)>,
     count: usize,
+    /// The probe side's partition starts, where read back.
+    probe_starts: Option<Vec<u64>>,
 }
 
 impl JoinTaskList {
     fn new(
         device: &GpuDevice,
         stream: &Arc<DeviceStream>,
-        plan: &RadixPlan,
+        table: &DeviceBuildTable,
         probe: &JoinSide,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        // A chunk of no more rows than a slice has no partition to split:
-        // its starts are not read back.
-        let split = if probe.rows() as u64 > PROBE_TASK_ROWS {
-            let mut probe_starts = Vec::new();
-            download_u64(
-                device,
-                stream,
-                &probe.starts.as_view(),
-                &mut probe_starts,
-                timer,
-            )?;
-            probe_tasks(&probe_starts, PROBE_TASK_ROWS)
-        } else {
-            None
-        };
-        Ok(match split {
-            Some((partitions, starts)) => Self {
-                count: partitions.len(),
-                list: Some((
-                    upload_u64(device, stream, &partitions, timer)?,
-                    upload_u64(device, stream, &starts, timer)?,
-                )),
-            },
+        let build_starts = table.host_starts(device, stream, timer)?;
+        let heavy_build = build_starts
+            .windows(2)
+            .any(|w| w[1].saturating_sub(w[0]) > BUILD_TASK_ROWS);
+        // A chunk of no more rows than a slice against build partitions of
+        // no more than a table has no partition to split: its starts are
+        // not read back.
+        if probe.rows() as u64 <= PROBE_TASK_ROWS && !heavy_build {
+            return Ok(Self {
+                list: None,
+                count: table.plan.partitions(),
+                probe_starts: None,
+            });
+        }
+        let mut probe_starts = Vec::new();
+        download_u64(device, stream, &probe.starts.as_view(), &mut probe_starts, timer)?;
+        let max_tasks = MAX_TASKS_PER_PARTITION_OR_SLICE
+            * (table.plan.partitions() + probe.rows().div_ceil(PROBE_TASK_ROWS as usize));
+        let split = partition_tasks(
+            &probe_starts,
+            build_starts,
+            PROBE_TASK_ROWS,
+            BUILD_TASK_ROWS,
+            max_tasks,
+        );
+        let mut list = match split {
+            Some(tasks) => Self::of(device, stream, table, probe, tasks, timer)?,
             None => Self {
                 list: None,
-                count: plan.partitions(),
+                count: table.plan.partitions(),
+                probe_starts: None,
             },
+        };
+        list.probe_starts = Some(probe_starts);
+        Ok(list)
+    }
+
+    /// A list of `tasks`, checked against both sides' rows and copied to
+    /// the device.
+    fn of(
+        device: &GpuDevice,
+        stream: &Arc<DeviceStream>,
+        table: &DeviceBuildTable,
+        probe: &JoinSide,
+        tasks: Vec<TaskRows>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        check_task_rows(&tasks, probe.rows() as u64, table.rows() as u64)
+            .map_err(GpuError::Invalid)?;
+        let flat: Vec<u64> = tasks.iter().flatten().copied().collect();
+        Ok(Self {
+            count: tasks.len(),
+            list: Some((tasks, upload_u64(device, stream, &flat, timer)?)),
+            probe_starts: None,
         })
     }
 
     fn tasks(&self) -> Option<launch::JoinTasks<'_>> {
         self.list
             .as_ref()
-            .map(|(partitions, probe_starts)| launch::JoinTasks {
-                partitions,
-                probe_starts,
-            })
+            .map(|(_, ranges)| launch::JoinTasks { ranges })
+    }
+
+    /// Task `t`'s rows: from the list, or partition `t`'s on both sides
+    /// (the probe side's starts read back the first time).
+    fn rows(
+        &mut self,
+        device: &GpuDevice,
+        stream: &Arc<DeviceStream>,
+        table: &DeviceBuildTable,
+        probe: &JoinSide,
+        t: usize,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<TaskRows> {
+        if let Some((tasks, _)) = &self.list {
+            return Ok(tasks[t]);
+        }
+        if self.probe_starts.is_none() {
+            let mut starts = Vec::new();
+            download_u64(device, stream, &probe.starts.as_view(), &mut starts, timer)?;
+            self.probe_starts = Some(starts);
+        }
+        let probe_starts = self.probe_starts.as_deref().unwrap_or_default();
+        let build_starts = table.host_starts(device, stream, timer)?;
+        Ok([
+            probe_starts[t],
+            probe_starts[t + 1],
+            build_starts[t],
+            build_starts[t + 1],
+        ])
     }
 }
+
+/// Tasks a partition, or a slice of `PROBE_TASK_ROWS` probe rows, becomes at
+/// most where build partitions are split (see [`partition_tasks`]): the
+/// task list stays within a few words a partition.
+const MAX_TASKS_PER_PARTITION_OR_SLICE: usize = 4;
 
 /// What [`fold_partitioned`] computed over a probe chunk's pairs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -590,7 +769,7 @@ pub fn fold_partitioned(
     }
     let plan = table.plan();
     let probe = &probe.keys;
-    let task_list = JoinTaskList::new(device, stream, plan, probe, timer)?;
+    let task_list = JoinTaskList::new(device, stream, table, probe, timer)?;
     let specs = upload_u64(device, stream, &launch::JoinFold::specs(folds), timer)?;
     let initial: Vec<u64> = std::iter::once(0).chain(identities).collect();
     let mut out = upload_u64(device, stream, &initial, timer)?;
@@ -619,35 +798,6 @@ pub fn fold_partitioned(
 /// all of them would take most of the join's kernel time while the others
 /// idle.
 pub const PROBE_TASK_ROWS: u64 = 1 << 15;
-
-/// The join tasks for probe partitions starting at `starts` (one more entry
-/// than partitions, ending at the probe rows): `None` where no partition
-/// holds more than `slice` rows (each partition is then one task), else a
-/// partition id per task and each task's first probe row, followed by the
-/// probe rows. A partition becomes slices of at most `slice` rows, in
-/// order; an empty one stays one empty task.
-pub fn probe_tasks(starts: &[u64], slice: u64) -> Option<(Vec<u64>, Vec<u64>)> {
-    let slice = slice.max(1);
-    if !starts.windows(2).any(|w| w[1].saturating_sub(w[0]) > slice) {
-        return None;
-    }
-    let mut partitions = Vec::with_capacity(starts.len());
-    let mut task_starts = Vec::with_capacity(starts.len());
-    for (partition, bounds) in starts.windows(2).enumerate() {
-        let (begin, end) = (bounds[0], bounds[1].max(bounds[0]));
-        let mut at = begin;
-        loop {
-            partitions.push(partition as u64);
-            task_starts.push(at);
-            at = end.min(at + slice);
-            if at >= end {
-                break;
-            }
-        }
-    }
-    task_starts.push(*starts.last()?);
-    Some((partitions, task_starts))
-}
 
 /// Bits that hold every value below `n` (at least 1).
 pub fn bits_below(n: u64) -> u32 {
@@ -835,29 +985,6 @@ mod tests {
             let pairs = offsets[r.end] - offsets[r.start];
             assert!(pairs <= 5 || r.len() == 1, "{r:?} holds {pairs}");
         }
-    }
-
-    #[test]
-    fn heavy_probe_partitions_become_slices_covering_their_rows_once() {
-        // No partition above the slice: one task per partition.
-        assert_eq!(probe_tasks(&[0, 3, 3, 7], 4), None);
-        // Partition 1 holds 10 rows: slices of 4, 4 and 2; the empty
-        // partition 2 stays one empty task.
-        let (partitions, starts) = probe_tasks(&[0, 3, 13, 13, 15], 4).unwrap();
-        assert_eq!(partitions, vec![0, 1, 1, 1, 2, 3]);
-        assert_eq!(starts, vec![0, 3, 7, 11, 13, 13, 15]);
-        // Every probe row in exactly one task of its own partition.
-        let part_starts = [0u64, 1, 70_000, 70_001, 200_000];
-        let (partitions, starts) = probe_tasks(&part_starts, 1 << 15).unwrap();
-        assert_eq!(starts.len(), partitions.len() + 1);
-        assert_eq!(*starts.last().unwrap(), 200_000);
-        for (t, &p) in partitions.iter().enumerate() {
-            let p = p as usize;
-            assert!(starts[t] <= starts[t + 1] && starts[t + 1] - starts[t] <= 1 << 15);
-            assert!(part_starts[p] <= starts[t] && starts[t + 1] <= part_starts[p + 1]);
-        }
-        assert!(starts.windows(2).all(|w| w[0] <= w[1]));
-        assert_eq!(partitions.iter().filter(|&&p| p == 3).count(), 4);
     }
 
     #[test]

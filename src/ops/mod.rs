@@ -7,6 +7,7 @@
 pub mod gather;
 pub mod group_by;
 pub mod hash_join;
+pub mod join_tasks;
 pub mod merge_join;
 pub mod radix;
 pub mod scan;

@@ -8,6 +8,7 @@ use datafusion::arrow::array::{
     StringArray, TimestampMicrosecondArray, UInt32Array,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
 use crate::support::*;
@@ -1275,6 +1276,71 @@ async fn a_device_error_before_a_chunks_output_joins_it_on_the_host() {
         let failing = gpu.sql(JOIN_ROWS).await.unwrap().collect().await;
         let error = failing.expect_err("an injected device error with errors failing");
         assert!(error.to_string().contains("injected"), "{mode:?}: {error}");
+    }
+}
+
+/// A LIMIT over an inner join where one key matches 8,192 rows on each
+/// side (2^26 pairs): the fetch pushed into the join stops each probe chunk
+/// at its first range of at most `gpu.max_output_pairs` pairs (2^20), so
+/// the device writes one range a chunk, not all 64, and the answer is ten
+/// of the pairs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_limit_over_a_join_of_one_key_matching_many_rows_stops_at_one_range() {
+    let Some(_) =
+        require_gpu("a_limit_over_a_join_of_one_key_matching_many_rows_stops_at_one_range")
+    else {
+        return;
+    };
+    let rows = 1i64 << 13;
+    let max_pairs = 1usize << 20;
+    let table = |first_id: i64| -> Arc<MemTable> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("id", DataType::Int64, false),
+        ]));
+        let partitions = (0..4)
+            .map(|p| {
+                let ids = first_id + p * rows / 4..first_id + (p + 1) * rows / 4;
+                let k: ArrayRef = Arc::new(Int64Array::from_iter_values(ids.clone().map(|_| 7)));
+                let id: ArrayRef = Arc::new(Int64Array::from_iter_values(ids));
+                vec![RecordBatch::try_new(Arc::clone(&schema), vec![k, id]).unwrap()]
+            })
+            .collect();
+        Arc::new(MemTable::try_new(schema, partitions).unwrap())
+    };
+    let sql = "SELECT r.k, s.k, r.id, s.id FROM r JOIN s ON r.k = s.k LIMIT 10";
+    let bound = format!("SET gpu.max_output_pairs = {max_pairs}");
+    for mode in JoinMode::ALL {
+        let gpu = gpu_context(mode, 4, &[bound.as_str()]).await;
+        gpu.register_table("r", table(0)).unwrap();
+        gpu.register_table("s", table(1_000_000)).unwrap();
+        let (got, gpu_nodes, plan) = run(&gpu, sql).await;
+        assert!(gpu_nodes >= 1, "{mode:?}: no GPU join");
+        let got = int64_rows(&got);
+        assert_eq!(got.len(), 10, "{mode:?}");
+        let distinct: std::collections::BTreeSet<_> = got.iter().collect();
+        assert_eq!(distinct.len(), 10, "{mode:?}: {got:?}");
+        for row in &got {
+            assert_eq!((row[0], row[1]), (Some(7), Some(7)), "{mode:?}: {row:?}");
+            let (r_id, s_id) = (row[2].unwrap(), row[3].unwrap());
+            assert!((0..rows).contains(&r_id), "{mode:?}: {row:?}");
+            assert!(
+                (1_000_000..1_000_000 + rows).contains(&s_id),
+                "{mode:?}: {row:?}"
+            );
+        }
+        // No partition reads more than one chunk of these 8,192 probe rows
+        // (four partitions of 2,048, or all in one), and a chunk stops at
+        // its first range: at most four ranges (a chunk counts in
+        // `probe_chunks` only when it ends, and the LIMIT may drop it
+        // first), where without the fetch there would be 64.
+        let ranges = plan_metric(&plan, "output_ranges");
+        let written = plan_metric(&plan, "pairs_written");
+        assert!((1..=4).contains(&ranges), "{mode:?}: {ranges} ranges");
+        assert!(
+            written <= max_pairs * ranges,
+            "{mode:?}: {written} pairs written in {ranges} ranges"
+        );
     }
 }
 

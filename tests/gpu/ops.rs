@@ -265,6 +265,8 @@ fn device_join_as(
             let (b, p) = range.download(device, stream, timer)?;
             assert_eq!(b.len(), p.len());
             assert_eq!(b.len(), range.len);
+            assert_eq!(range.written, range.len);
+            assert!(range.len <= max_pairs, "a range of {} pairs", range.len);
             if range.whole_chunk {
                 // HashJoinExec's order, with and without arrival ranks,
                 // against a sort on the host.
@@ -386,6 +388,44 @@ fn a_heavy_probe_partition_is_joined_in_slices_with_the_same_pairs() {
             let slices = 200_000u64.div_ceil(hash_join::PROBE_TASK_ROWS);
             assert!(ranges >= slices, "{ranges} ranges");
         }
+    }
+}
+
+#[test]
+fn a_key_matching_many_rows_on_both_sides_is_written_in_bounded_ranges() {
+    let Some(device) =
+        device("a_key_matching_many_rows_on_both_sides_is_written_in_bounded_ranges")
+    else {
+        return;
+    };
+    // One key on 2,500 build rows (beyond a shared-memory table, so its
+    // partition is split by build rows too) and 1,200 probe rows: 3,000,000
+    // pairs in one partition, written in ranges of at most 65,536 (the
+    // partition's tasks split until they fit); one probe row against 3,000
+    // build rows of its key in ranges of 100 (the build rows split); and 40
+    // by 30 rows in ranges of 7. Other keys uniform around them.
+    let heavy = |build: usize, probe: usize, seed: u64| {
+        let mut b = vec![42u64; build];
+        b.extend(random_keys(2_000, 1 << 20, seed));
+        let mut p = vec![42u64; probe];
+        p.extend(random_keys(2_000, 1 << 20, seed + 1));
+        (b, p)
+    };
+    for ((build, probe), max_pairs) in [
+        (heavy(2_500, 1_200, 1), 1 << 16),
+        (heavy(3_000, 1, 3), 100),
+        (heavy(40, 30, 5), 7),
+    ] {
+        let expected = reference_join(&build, &probe);
+        let plan = RadixPlan::for_join(build.len() as u64, probe.len() as u64);
+        let (pairs, ranges) = device_join(&device, &build, &probe, plan, max_pairs);
+        assert_eq!(pairs, expected, "max_pairs {max_pairs}");
+        let of_42 = |keys: &[u64]| keys.iter().filter(|&&k| k == 42).count() as u64;
+        let heavy_pairs = of_42(&build) * of_42(&probe);
+        assert!(
+            ranges >= heavy_pairs.div_ceil(max_pairs as u64),
+            "{ranges} ranges"
+        );
     }
 }
 
@@ -597,8 +637,17 @@ fn pairs_refused(
     probe: &hash_join::PartitionedProbe,
     timer: &mut PhaseTimer,
 ) -> bool {
-    hash_join::probe_partitioned(device, stream, table, probe, 1 << 20, timer, |_, _| Ok(()))
-        .is_err()
+    hash_join::probe_partitioned(
+        device,
+        stream,
+        table,
+        probe,
+        1 << 20,
+        None,
+        timer,
+        |_, _| Ok(()),
+    )
+    .is_err()
 }
 
 /// Probe keys partitioned carrying values in place of row ids (seed 002's

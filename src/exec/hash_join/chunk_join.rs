@@ -107,6 +107,7 @@ fn join_coded_chunk(
             host_threads: cx.host_threads,
             partition: cx.partition,
             device_errors: cx.device_errors,
+            pair_limit: cx.pair_limit(build),
         };
         let device_wall = cx.metrics.device_wall_time.timer();
         find_pairs(
@@ -271,5 +272,27 @@ impl<'a> ChunkResults<'a> {
             )?);
         }
         Ok(self.batches)
+    }
+}
+
+impl ChunkContext {
+    /// Pairs after which a chunk's output may stop: the fetch pushed into
+    /// the join, where each pair found is one output row (an inner join
+    /// without a filter or an aggregation above it, on exactly coded keys,
+    /// whose candidates need no check) and the rows' order is not kept, so
+    /// any `fetch` of them will do. A LIMIT over a join with a key that
+    /// matches many rows then writes and reads back one range of pairs, not
+    /// all of them.
+    fn pair_limit(&self, build: &BuildSide) -> Option<u64> {
+        let semantics = &self.semantics;
+        let every_pair_a_row = semantics.join_type == JoinType::Inner
+            && semantics.filter.is_none()
+            && self.aggregate.is_none()
+            && self.partial.is_none()
+            && !build.encoder.needs_verification();
+        semantics
+            .fetch
+            .filter(|_| every_pair_a_row && !semantics.preserve_order)
+            .map(|fetch| fetch as u64)
     }
 }

@@ -48,6 +48,10 @@ pub(super) struct DeviceLimits {
     pub(super) partition: usize,
     /// What a device error does.
     pub(super) device_errors: DeviceErrorPolicy,
+    /// Pairs after which the chunk's output stops: the fetch, where every
+    /// pair is an output row and any of them will do (see
+    /// [`ChunkContext::pair_limit`]).
+    pub(super) pair_limit: Option<u64>,
 }
 
 /// Finds the candidate pairs of one probe chunk and hands them to
@@ -421,10 +425,13 @@ impl ChunkOnDevice<'_, '_> {
             table,
             partitioned,
             self.limits.max_pairs,
+            self.limits.pair_limit,
             timer,
             |pairs, timer| {
                 let len = pairs.len;
                 trace::event(|| format!("hash join p{partition}: {len} pairs found"));
+                metrics.output_ranges.add(1);
+                metrics.pairs_written.add(pairs.written);
                 emit_range(
                     device,
                     stream,

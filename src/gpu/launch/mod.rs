@@ -555,14 +555,20 @@ fn join_config(
     config(join_blocks(range.end - range.start, sm_count, resident))
 }
 
-/// Slices of heavy probe partitions, each joined by a block of its own (see
-/// `hash_join.cu`): task `t` joins build partition `partitions[t]` with
-/// probe rows `probe_starts[t]..probe_starts[t + 1]`.
+/// Join tasks in place of the partitions (see `hash_join.cu`): task `t`
+/// joins probe rows `ranges[4t]..ranges[4t + 1]` with build rows
+/// `ranges[4t + 2]..ranges[4t + 3]`, each within one partition of its side.
 #[derive(Clone, Copy)]
 pub struct JoinTasks<'a> {
-    pub partitions: &'a CudaSlice<u64>,
-    /// One more entry than tasks.
-    pub probe_starts: &'a CudaSlice<u64>,
+    /// Four entries a task.
+    pub ranges: &'a CudaSlice<u64>,
+}
+
+impl JoinTasks<'_> {
+    /// Tasks in the list.
+    pub fn count(&self) -> usize {
+        self.ranges.len() / 4
+    }
 }
 
 /// A null device pointer: the join kernels' task list where there is none.
@@ -577,12 +583,13 @@ fn check_join_tasks(
 ) -> GpuResult<()> {
     let count = match tasks {
         Some(tasks) => {
-            check_len(
-                tasks.probe_starts,
-                tasks.partitions.len() + 1,
-                "task probe starts",
-            )?;
-            tasks.partitions.len() as u64
+            if tasks.ranges.len() % 4 != 0 {
+                return Err(GpuError::Invalid(format!(
+                    "a join task list of {} entries, not four a task",
+                    tasks.ranges.len()
+                )));
+            }
+            tasks.count() as u64
         }
         None => 1u64 << partition_bits,
     };
@@ -594,14 +601,14 @@ fn check_join_tasks(
     Ok(())
 }
 
-/// Pushes the task list's two device pointers (null without one).
+/// Pushes the task list's device pointer (null without one).
 fn push_join_tasks<'a>(launch: &mut cudarc::driver::LaunchArgs<'a>, tasks: &Option<JoinTasks<'a>>) {
     match tasks {
         Some(tasks) => {
-            launch.arg(tasks.partitions).arg(tasks.probe_starts);
+            launch.arg(tasks.ranges);
         }
         None => {
-            launch.arg(&NO_TASK_LIST).arg(&NO_TASK_LIST);
+            launch.arg(&NO_TASK_LIST);
         }
     }
 }
@@ -662,10 +669,10 @@ pub fn hash_join_count(
         .arg(&range.end)
         .arg(match_counts);
     let config = join_config(&range, sm_count, kernels.join_residency.count)?;
-    // SAFETY: starts bound every key access; a task list is made from the
-    // probe side's own partition starts (`ops::hash_join::probe_tasks`), so
-    // its partition ids and probe rows lie within them; match_counts holds
-    // the range.
+    // SAFETY: starts bound every key access; a task list's rows lie within
+    // both sides' rows (`ops::hash_join::JoinTaskList` checks every range
+    // against them before it uploads the list); match_counts holds the
+    // range.
     unsafe { launch.launch(config) }.during("launching hash_join_count")?;
     Ok(())
 }
