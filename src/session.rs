@@ -12,10 +12,11 @@ use crate::planner::GpuOptimizerRule;
 pub trait SessionStateBuilderGpuExt {
     /// Registers the `gpu.*` options (unless already there) and appends
     /// [`GpuOptimizerRule`] after DataFusion's physical optimizer rules.
-    ///
-    /// It also turns off the join dynamic filter pushdown: a replaced
-    /// `HashJoinExec` would never fill in the filter it pushed into the probe
-    /// scan, so it would cost a placeholder and buy nothing.
+    /// Nothing else in the session changes: a query that stays on the CPU
+    /// runs as it did. (Where a GPU join replaces a `HashJoinExec` that
+    /// pushed a dynamic filter into its probe-side scan, the filter stays
+    /// the placeholder DataFusion made, `true`: it prunes nothing and waits
+    /// for nothing.)
     fn with_gpu(self) -> Self;
 }
 
@@ -42,7 +43,6 @@ fn add_gpu_options(config: &mut SessionConfig) {
             .extensions
             .insert(crate::config::GpuTestOptions::default());
     }
-    options.optimizer.enable_join_dynamic_filter_pushdown = false;
 }
 
 /// A new [`SessionContext`] with DataFusion's default features, `config`, and
@@ -86,6 +86,39 @@ mod tests {
         let state = ctx.state();
         let rules = state.physical_optimizers();
         assert_eq!(rules.last().unwrap().name(), "datafusion_gpu");
+    }
+
+    #[test]
+    fn the_sessions_own_options_are_left_as_they_were() {
+        for dynamic_filters in [true, false] {
+            let mut config = SessionConfig::new().with_target_partitions(3);
+            config
+                .options_mut()
+                .optimizer
+                .enable_join_dynamic_filter_pushdown = dynamic_filters;
+            let before = config.options().entries();
+            let ctx = gpu_session_context(config.clone());
+            let state = ctx.state();
+            let after = state.config_options();
+            assert_eq!(
+                after.optimizer.enable_join_dynamic_filter_pushdown,
+                dynamic_filters
+            );
+            // Every DataFusion option as the session had it (the rule's
+            // own options are new).
+            let datafusion = |entries: Vec<datafusion::config::ConfigEntry>| -> Vec<_> {
+                entries
+                    .into_iter()
+                    .filter(|entry| entry.key.starts_with("datafusion."))
+                    .map(|entry| (entry.key, entry.value))
+                    .collect()
+            };
+            let (before, after) = (datafusion(before), datafusion(after.entries()));
+            assert!(before.len() > 100, "{} options", before.len());
+            let changed: Vec<_> = after.iter().filter(|e| !before.contains(e)).collect();
+            assert!(changed.is_empty(), "options changed: {changed:?}");
+            assert_eq!(after.len(), before.len());
+        }
     }
 
     #[tokio::test]

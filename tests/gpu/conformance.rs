@@ -229,10 +229,6 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
             let mut test_options = GpuTestOptions::default();
             test_options.device_errors_fail = true;
             config.options_mut().extensions.insert(test_options);
-            config
-                .options_mut()
-                .optimizer
-                .enable_join_dynamic_filter_pushdown = false;
             let state = builder
                 .with_physical_optimizer_rule(Arc::new(CountingGpuRule {
                     rule: GpuOptimizerRule::new(),
