@@ -3,7 +3,6 @@
 //! per partition, the output sized exactly from the counts, then written
 //! range of partitions by range so the output buffer stays bounded.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use crate::gpu::alloc_zeroed;
@@ -13,6 +12,7 @@ use crate::gpu::DeviceStream;
 use super::join_tasks::{
     check_task_rows, partition_tasks, split_task, TaskRows, BUILD_TASK_ROWS, MAX_PIECES,
 };
+pub use super::join_tasks::{exclusive_offsets, output_ranges};
 use super::merge_join::radix_sort;
 use super::radix::{radix_partition, radix_partition_one_word, JoinSide, RadixPlan};
 use crate::gpu::launch::{self, ValueWidth};
@@ -889,38 +889,6 @@ pub fn order_by_probe_row(
     Ok((build_in_order, sorted.keys))
 }
 
-/// `offsets[p]` = pairs before partition p; `offsets[counts.len()]` = total.
-pub fn exclusive_offsets(counts: &[u64]) -> Vec<u64> {
-    let mut offsets = Vec::with_capacity(counts.len() + 1);
-    let mut running = 0u64;
-    offsets.push(0);
-    for &c in counts {
-        running += c;
-        offsets.push(running);
-    }
-    offsets
-}
-
-/// Splits partitions into consecutive ranges of at most `max_pairs` output
-/// pairs each (a single partition above it gets a range of its own); ranges
-/// without output are dropped.
-pub fn output_ranges(offsets: &[u64], max_pairs: u64) -> Vec<Range<usize>> {
-    let partitions = offsets.len().saturating_sub(1);
-    let mut ranges = Vec::new();
-    let mut start = 0;
-    while start < partitions {
-        let mut end = start + 1;
-        while end < partitions && offsets[end + 1] - offsets[start] <= max_pairs {
-            end += 1;
-        }
-        if offsets[end] > offsets[start] {
-            ranges.push(start..end);
-        }
-        start = end;
-    }
-    ranges
-}
-
 /// CPU references.
 #[cfg(any(test, feature = "test-support"))]
 pub mod reference {
@@ -962,35 +930,6 @@ mod tests {
         assert_eq!(bits_below(5), 3);
         assert_eq!(bits_below(1 << 40), 40);
         assert_eq!(bits_below(u64::MAX), 64);
-    }
-
-    #[test]
-    fn offsets_end_with_the_total() {
-        assert_eq!(exclusive_offsets(&[2, 0, 3]), vec![0, 2, 2, 5]);
-        assert_eq!(exclusive_offsets(&[]), vec![0]);
-    }
-
-    #[test]
-    fn output_ranges_respect_the_bound_and_cover_every_pair() {
-        let counts = [3, 0, 4, 10, 1, 1, 0, 2];
-        let offsets = exclusive_offsets(&counts);
-        let ranges = output_ranges(&offsets, 5);
-        assert_eq!(ranges, vec![0..2, 2..3, 3..4, 4..8]);
-        let covered: u64 = ranges
-            .iter()
-            .map(|r| offsets[r.end] - offsets[r.start])
-            .sum();
-        assert_eq!(covered, 21);
-        for r in &ranges {
-            let pairs = offsets[r.end] - offsets[r.start];
-            assert!(pairs <= 5 || r.len() == 1, "{r:?} holds {pairs}");
-        }
-    }
-
-    #[test]
-    fn output_ranges_drop_empty_ranges() {
-        let offsets = exclusive_offsets(&[0, 0, 0]);
-        assert!(output_ranges(&offsets, 10).is_empty());
     }
 
     #[test]

@@ -146,6 +146,38 @@ pub fn check_task_rows(tasks: &[TaskRows], probe_rows: u64, build_rows: u64) -> 
     Ok(())
 }
 
+/// `offsets[p]` = pairs before partition p; `offsets[counts.len()]` = total.
+pub fn exclusive_offsets(counts: &[u64]) -> Vec<u64> {
+    let mut offsets = Vec::with_capacity(counts.len() + 1);
+    let mut running = 0u64;
+    offsets.push(0);
+    for &c in counts {
+        running += c;
+        offsets.push(running);
+    }
+    offsets
+}
+
+/// Splits partitions into consecutive ranges of at most `max_pairs` output
+/// pairs each (a single partition above it gets a range of its own); ranges
+/// without output are dropped.
+pub fn output_ranges(offsets: &[u64], max_pairs: u64) -> Vec<Range<usize>> {
+    let partitions = offsets.len().saturating_sub(1);
+    let mut ranges = Vec::new();
+    let mut start = 0;
+    while start < partitions {
+        let mut end = start + 1;
+        while end < partitions && offsets[end + 1] - offsets[start] <= max_pairs {
+            end += 1;
+        }
+        if offsets[end] > offsets[start] {
+            ranges.push(start..end);
+        }
+        start = end;
+    }
+    ranges
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,5 +281,34 @@ mod tests {
         assert!(check_task_rows(&[[0, 5, 0, 2]], 4, 2).is_err());
         assert!(check_task_rows(&[[3, 2, 0, 2]], 4, 2).is_err());
         assert!(check_task_rows(&[[0, 4, 0, 3]], 4, 2).is_err());
+    }
+
+    #[test]
+    fn offsets_end_with_the_total() {
+        assert_eq!(exclusive_offsets(&[2, 0, 3]), vec![0, 2, 2, 5]);
+        assert_eq!(exclusive_offsets(&[]), vec![0]);
+    }
+
+    #[test]
+    fn output_ranges_respect_the_bound_and_cover_every_pair() {
+        let counts = [3, 0, 4, 10, 1, 1, 0, 2];
+        let offsets = exclusive_offsets(&counts);
+        let ranges = output_ranges(&offsets, 5);
+        assert_eq!(ranges, vec![0..2, 2..3, 3..4, 4..8]);
+        let covered: u64 = ranges
+            .iter()
+            .map(|r| offsets[r.end] - offsets[r.start])
+            .sum();
+        assert_eq!(covered, 21);
+        for r in &ranges {
+            let pairs = offsets[r.end] - offsets[r.start];
+            assert!(pairs <= 5 || r.len() == 1, "{r:?} holds {pairs}");
+        }
+    }
+
+    #[test]
+    fn output_ranges_drop_empty_ranges() {
+        let offsets = exclusive_offsets(&[0, 0, 0]);
+        assert!(output_ranges(&offsets, 10).is_empty());
     }
 }
