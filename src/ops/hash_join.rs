@@ -115,8 +115,7 @@ impl DeviceBuildTable {
         if let Some(starts) = self.host_starts.get() {
             return Ok(starts);
         }
-        let mut starts = Vec::new();
-        download_u64(device, stream, &self.build.starts.as_view(), &mut starts, timer)?;
+        let starts = starts_on_host(device, stream, &self.build, timer)?;
         // Another chunk may have read them meanwhile: the same values.
         Ok(self.host_starts.get_or_init(|| starts))
     }
@@ -624,14 +623,9 @@ impl JoinTaskList {
         // no more than a table has no partition to split: its starts are
         // not read back.
         if probe.rows() as u64 <= PROBE_TASK_ROWS && !heavy_build {
-            return Ok(Self {
-                list: None,
-                count: table.plan.partitions(),
-                probe_starts: None,
-            });
+            return Ok(Self::of_partitions(table));
         }
-        let mut probe_starts = Vec::new();
-        download_u64(device, stream, &probe.starts.as_view(), &mut probe_starts, timer)?;
+        let probe_starts = starts_on_host(device, stream, probe, timer)?;
         let max_tasks = MAX_TASKS_PER_PARTITION_OR_SLICE
             * (table.plan.partitions() + probe.rows().div_ceil(PROBE_TASK_ROWS as usize));
         let split = partition_tasks(
@@ -643,14 +637,19 @@ impl JoinTaskList {
         );
         let mut list = match split {
             Some(tasks) => Self::of(device, stream, table, probe, tasks, timer)?,
-            None => Self {
-                list: None,
-                count: table.plan.partitions(),
-                probe_starts: None,
-            },
+            None => Self::of_partitions(table),
         };
         list.probe_starts = Some(probe_starts);
         Ok(list)
+    }
+
+    /// No list: each partition is a task.
+    fn of_partitions(table: &DeviceBuildTable) -> Self {
+        Self {
+            list: None,
+            count: table.plan.partitions(),
+            probe_starts: None,
+        }
     }
 
     /// A list of `tasks`, checked against both sides' rows and copied to
@@ -694,9 +693,7 @@ impl JoinTaskList {
             return Ok(tasks[t]);
         }
         if self.probe_starts.is_none() {
-            let mut starts = Vec::new();
-            download_u64(device, stream, &probe.starts.as_view(), &mut starts, timer)?;
-            self.probe_starts = Some(starts);
+            self.probe_starts = Some(starts_on_host(device, stream, probe, timer)?);
         }
         let probe_starts = self.probe_starts.as_deref().unwrap_or_default();
         let build_starts = table.host_starts(device, stream, timer)?;
@@ -707,6 +704,18 @@ impl JoinTaskList {
             build_starts[t + 1],
         ])
     }
+}
+
+/// A side's partition starts, read back from the device.
+fn starts_on_host(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    side: &JoinSide,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Vec<u64>> {
+    let mut starts = Vec::new();
+    download_u64(device, stream, &side.starts.as_view(), &mut starts, timer)?;
+    Ok(starts)
 }
 
 /// Tasks a partition, or a slice of `PROBE_TASK_ROWS` probe rows, becomes at
