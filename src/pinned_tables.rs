@@ -72,7 +72,7 @@ pub fn pin_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
     let Ok(runtime) = gpu_runtime() else {
         return Ok(batches.to_vec());
     };
-    let Some(device) = runtime.devices().first() else {
+    let Some(device) = runtime.devices().into_iter().next() else {
         return Ok(batches.to_vec());
     };
     let columns = first.num_columns();
@@ -89,7 +89,7 @@ pub fn pin_batches(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
         }
     };
     let pieces: Vec<&[u8]> = layout.iter().map(|&at| source(at)).collect();
-    let (region, offsets) = PinnedRegion::holding_copies(device, &pieces, BUFFER_ALIGNMENT)
+    let (region, offsets) = PinnedRegion::holding_copies(&device, &pieces, BUFFER_ALIGNMENT)
         .map_err(DataFusionError::from)?;
     let mut pinned: Vec<Vec<Vec<Option<Buffer>>>> = data
         .iter()

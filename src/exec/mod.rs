@@ -29,9 +29,9 @@ use crate::gpu::GpuDevice;
 /// The device that runs DataFusion partition `partition`, or why there is
 /// none (a node planned on the GPU executed where no GPU is).
 pub(crate) fn partition_device(partition: usize) -> Result<Arc<GpuDevice>> {
-    let runtime =
-        crate::gpu::gpu_runtime().map_err(|e| DataFusionError::Execution(e.to_string()))?;
-    Ok(Arc::clone(runtime.device_for_partition(partition)))
+    crate::gpu::gpu_runtime()
+        .map(|runtime| runtime.device_for_partition(partition))
+        .map_err(|e| DataFusionError::Execution(e.to_string()))
 }
 
 /// Checks that every one of `ids`, row ids a kernel made, names one of the

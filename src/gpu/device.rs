@@ -1,5 +1,6 @@
 //! One GPU: its context, kernels, memory budget, pinned pool and streams.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaStream};
@@ -10,6 +11,7 @@ use super::{DeviceBudget, DriverResultExt, GpuResult, PinnedPool};
 /// An opened device. Created once per process by [`super::gpu_runtime`].
 #[derive(Debug)]
 pub struct GpuDevice {
+    id: u64,
     ordinal: usize,
     name: String,
     compute_capability: (i32, i32),
@@ -60,11 +62,15 @@ impl GpuDevice {
         Admission { device: self }
     }
 
-    /// Opens device `ordinal`: retains its primary context, keeps freed
+    /// Opens device `ordinal` in a context of `kind`, keeps freed
     /// stream-ordered allocations in the driver's pool (so allocation on the
     /// hot path does not go back to the OS), and loads the PTX.
-    pub(crate) fn open(ordinal: usize) -> GpuResult<Self> {
-        let ctx = CudaContext::new(ordinal).during("creating a CUDA context")?;
+    pub(crate) fn open(ordinal: usize, kind: ContextKind) -> GpuResult<Self> {
+        let ctx = match kind {
+            ContextKind::Primary => CudaContext::new(ordinal),
+            ContextKind::Fresh => CudaContext::new_non_primary(ordinal, 0),
+        }
+        .during("creating a CUDA context")?;
         let name = ctx.name().during("reading the device name")?;
         let compute_capability = ctx
             .compute_capability()
@@ -78,7 +84,9 @@ impl GpuDevice {
             keep_freed_memory_in_pool(&ctx)?;
         }
         let kernels = Kernels::load(&ctx)?;
+        static OPENED: AtomicU64 = AtomicU64::new(0);
         Ok(Self {
+            id: OPENED.fetch_add(1, Ordering::Relaxed),
             ordinal,
             name,
             compute_capability,
@@ -92,6 +100,13 @@ impl GpuDevice {
             admitted: Mutex::new(0),
             admission_freed: Condvar::new(),
         })
+    }
+
+    /// This opened device within the process. A device opened again after a
+    /// fault broke its context has a new id, so what was made in the old
+    /// context is never used in the new one.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// CUDA device ordinal.
@@ -162,6 +177,32 @@ impl GpuDevice {
         })
     }
 
+    /// `Ok(())` while the context can run work; the driver's error once a
+    /// kernel fault broke it ([`GpuError::breaks_context`]). Waits for the
+    /// work queued on the device, so the runtime calls it only after such
+    /// an error was seen in the process.
+    pub(crate) fn check_context(&self) -> GpuResult<()> {
+        self.bind_to_thread()?;
+        self.ctx.synchronize().during("checking the device context")
+    }
+
+    /// Breaks this device's context the way a faulting kernel would (a
+    /// kernel writes to an address the context never allocated) and returns
+    /// the driver's error, for the tests of recovery from device faults.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn break_context_for_test(self: &Arc<Self>) -> super::GpuError {
+        let attempt = || -> GpuResult<()> {
+            self.bind_to_thread()?;
+            let stream = self.stream()?;
+            super::launch::write_to_unowned_address(&self.launcher(stream.stream()))?;
+            stream.stream().synchronize().during("waiting for a faulting kernel")
+        };
+        match attempt() {
+            Err(error) => error,
+            Ok(()) => super::GpuError::Invalid("the faulting kernel did not fault".into()),
+        }
+    }
+
     /// Makes the context current on the calling thread (needed before driver
     /// calls from a thread that has not used this device yet).
     pub fn bind_to_thread(&self) -> GpuResult<()> {
@@ -169,6 +210,18 @@ impl GpuDevice {
             .bind_to_thread()
             .during("binding the CUDA context to a thread")
     }
+}
+
+/// Which context [`GpuDevice::open`] works in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ContextKind {
+    /// The device's primary context, which other libraries of the process
+    /// may share: how a device is first opened.
+    Primary,
+    /// A context of this device's own: how a device whose context a fault
+    /// broke is opened again, since the broken one lives on while earlier
+    /// work still holds memory in it.
+    Fresh,
 }
 
 /// Raises the release threshold of the device's default memory pool so that

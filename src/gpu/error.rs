@@ -2,9 +2,22 @@
 //! boundary with DataFusion.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::DriverError;
 use datafusion::error::DataFusionError;
+
+/// Why no GPU can be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuUnavailable(pub String);
+
+impl fmt::Display for GpuUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no GPU: {}", self.0)
+    }
+}
+
+impl std::error::Error for GpuUnavailable {}
 
 /// Result of a GPU-layer operation.
 pub type GpuResult<T> = Result<T, GpuError>;
@@ -64,6 +77,42 @@ impl GpuError {
             _ => false,
         }
     }
+
+    /// Whether the error broke the context it happened in for good (a kernel
+    /// fault: an illegal address or instruction, a failed launch): every
+    /// later call on that context fails the same way, so the runtime opens
+    /// the device again for later work.
+    pub fn breaks_context(&self) -> bool {
+        matches!(self, GpuError::Driver { source, .. } if breaks_context(source.0))
+    }
+}
+
+/// The driver's "sticky" errors: the context that saw one cannot be used
+/// again, only replaced.
+fn breaks_context(code: cudarc::driver::sys::CUresult) -> bool {
+    use cudarc::driver::sys::CUresult::*;
+    matches!(
+        code,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+    )
+}
+
+/// Context-breaking errors seen in this process, so the runtime knows when
+/// to check its devices' contexts (see [`GpuError::breaks_context`]).
+static CONTEXT_FAULTS: AtomicU64 = AtomicU64::new(0);
+
+/// How many context-breaking driver errors this process has seen.
+pub(crate) fn context_faults_seen() -> u64 {
+    CONTEXT_FAULTS.load(Ordering::Acquire)
 }
 
 impl std::error::Error for GpuError {
@@ -94,6 +143,50 @@ pub trait DriverResultExt<T> {
 
 impl<T> DriverResultExt<T> for Result<T, DriverError> {
     fn during(self, during: &'static str) -> GpuResult<T> {
-        self.map_err(|source| GpuError::Driver { during, source })
+        self.map_err(|source| {
+            if breaks_context(source.0) {
+                CONTEXT_FAULTS.fetch_add(1, Ordering::AcqRel);
+            }
+            GpuError::Driver { during, source }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cudarc::driver::sys::CUresult;
+    use cudarc::driver::DriverError;
+
+    use super::*;
+
+    fn driver_error(code: CUresult) -> Result<(), DriverError> {
+        Err(DriverError(code))
+    }
+
+    #[test]
+    fn kernel_faults_break_the_context_and_are_counted_where_they_pass() {
+        let before = context_faults_seen();
+        let fault = driver_error(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS)
+            .during("waiting for a kernel")
+            .unwrap_err();
+        assert!(fault.breaks_context());
+        assert!(!fault.is_out_of_device_memory());
+        assert!(context_faults_seen() > before);
+        let launch = driver_error(CUresult::CUDA_ERROR_LAUNCH_FAILED).during("launching");
+        assert!(launch.unwrap_err().breaks_context());
+
+        // Errors that leave the context usable are not counted.
+        let seen = context_faults_seen();
+        for code in [
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+        ] {
+            let error = driver_error(code).during("allocating").unwrap_err();
+            assert!(!error.breaks_context(), "{error}");
+        }
+        assert!(!GpuError::Invalid("x".into()).breaks_context());
+        // (No other unit test meets a context-breaking error.)
+        assert_eq!(context_faults_seen(), seen);
     }
 }

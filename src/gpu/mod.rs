@@ -7,6 +7,7 @@
 mod budget;
 mod column;
 mod device;
+mod device_slot;
 mod error;
 mod host_pages;
 pub mod launch;
@@ -22,14 +23,14 @@ pub use column::{DeviceColumn, HostColumn};
 pub use device::{Admission, GpuDevice};
 #[cfg(any(test, feature = "test-support"))]
 pub use device::PooledStream;
-pub use error::{DriverResultExt, GpuError, GpuResult};
+pub use error::{DriverResultExt, GpuError, GpuResult, GpuUnavailable};
 pub use host_pages::zeroed_for_fill;
 pub use memory::{
     alloc_uninit, alloc_zeroed, empty_device_vec, DeviceEvent, DeviceStream, DeviceVec,
 };
-pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool};
+pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool, IDLE_LIMIT_BYTES as PINNED_IDLE_LIMIT_BYTES};
 pub(crate) use pinned_region::{region_holding, PinnedRegion};
-pub use runtime::{gpu_availability, gpu_runtime, GpuUnavailable};
+pub use runtime::{gpu_availability, gpu_runtime};
 #[cfg(any(test, feature = "test-support"))]
 pub use runtime::GpuRuntime;
 pub use timing::{Phase, PhaseTimer, PhaseTimes};

@@ -2,7 +2,10 @@
 //! the driver through its own small pinned buffer and do not overlap with
 //! anything; copies from pinned memory run at full PCIe speed and
 //! asynchronously. Allocating pinned memory costs milliseconds, so buffers
-//! are pooled per device and reused.
+//! are pooled per device and reused, up to [`IDLE_LIMIT_BYTES`] idle: a
+//! returned buffer beyond that is freed (the largest idle ones first), so
+//! one large download does not keep its page-locked memory for the life of
+//! the process.
 
 use std::sync::{Arc, Mutex};
 
@@ -13,20 +16,67 @@ use super::{DriverResultExt, GpuResult};
 /// Smallest buffer the pool allocates, in u64 elements (512 KiB).
 const MIN_PINNED_ELEMENTS: usize = 1 << 16;
 
+/// Bytes of idle pinned buffers a pool keeps for reuse: above the staging
+/// windows and download windows that many tasks use at once, far below a
+/// host's memory.
+pub const IDLE_LIMIT_BYTES: usize = 4 << 30;
+
 /// Pool of pinned u64 buffers of one device context.
 #[derive(Debug)]
 pub struct PinnedPool {
     ctx: Arc<CudaContext>,
     free: Mutex<Vec<PinnedHostSlice<u64>>>,
+    idle_limit_bytes: usize,
 }
 
 impl PinnedPool {
     /// An empty pool for `ctx`.
     pub fn new(ctx: Arc<CudaContext>) -> Arc<Self> {
+        Self::with_idle_limit(ctx, IDLE_LIMIT_BYTES)
+    }
+
+    /// An empty pool for `ctx` that keeps at most `bytes` of idle buffers.
+    pub(crate) fn with_idle_limit(ctx: Arc<CudaContext>, bytes: usize) -> Arc<Self> {
         Arc::new(Self {
             ctx,
             free: Mutex::new(Vec::new()),
+            idle_limit_bytes: bytes,
         })
+    }
+
+    /// A pool of this one's context that keeps at most `bytes` idle, for
+    /// the tests of the limit.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn sibling_with_idle_limit(&self, bytes: usize) -> Arc<Self> {
+        Self::with_idle_limit(Arc::clone(&self.ctx), bytes)
+    }
+
+    /// Bytes of the idle buffers the pool keeps.
+    pub fn idle_bytes(&self) -> usize {
+        let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        free.iter().map(|b| b.len() * 8).sum()
+    }
+
+    /// Keeps `slice` for reuse, then frees the largest idle buffers while
+    /// more than the limit is idle.
+    fn give_back(&self, slice: PinnedHostSlice<u64>) {
+        let freed = {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            free.push(slice);
+            let mut idle: usize = free.iter().map(|b| b.len() * 8).sum();
+            let mut freed = Vec::new();
+            while idle > self.idle_limit_bytes {
+                let largest = (0..free.len()).max_by_key(|&i| free[i].len());
+                let Some(largest) = largest else { break };
+                let buffer = free.swap_remove(largest);
+                idle -= buffer.len() * 8;
+                freed.push(buffer);
+            }
+            freed
+        };
+        // Freed outside the lock: freeing page-locked memory waits for the
+        // buffer's copies and takes the driver a while.
+        drop(freed);
     }
 
     /// A buffer of at least `len` elements: the smallest pooled one that fits,
@@ -166,11 +216,7 @@ impl LandedBuffer {
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         if let Some(slice) = self.slice.take() {
-            self.pool
-                .free
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(slice);
+            self.pool.give_back(slice);
         }
     }
 }

@@ -2,46 +2,72 @@
 //! the NVIDIA driver, without a device, or with `CUDA_VISIBLE_DEVICES` empty
 //! gets a [`GpuUnavailable`] with the reason, and queries run on the CPU.
 
-use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::CudaContext;
 
-use super::{GpuDevice, GpuError};
-
-/// Why no GPU can be used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuUnavailable(pub String);
-
-impl fmt::Display for GpuUnavailable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "no GPU: {}", self.0)
-    }
-}
-
-impl std::error::Error for GpuUnavailable {}
+use super::device::ContextKind;
+use super::device_slot::DeviceSlot;
+use super::{GpuDevice, GpuError, GpuUnavailable};
 
 /// The GPUs of this process.
 #[derive(Debug)]
 pub struct GpuRuntime {
-    devices: Vec<Arc<GpuDevice>>,
+    slots: Vec<DeviceSlot>,
+    context_resets: AtomicU64,
 }
 
 impl GpuRuntime {
-    /// Every usable device, at least one.
-    pub fn devices(&self) -> &[Arc<GpuDevice>] {
-        &self.devices
+    /// The devices new work may use: every device but one whose context a
+    /// kernel fault broke.
+    pub fn devices(&self) -> Vec<Arc<GpuDevice>> {
+        self.slots
+            .iter()
+            .filter_map(|slot| slot.current(&self.context_resets).ok())
+            .collect()
     }
 
     /// The device that serves DataFusion partition `partition`: partitions are
-    /// spread round-robin over the devices.
-    pub fn device_for_partition(&self, partition: usize) -> &Arc<GpuDevice> {
-        &self.devices[partition % self.devices.len()]
+    /// spread round-robin over the devices, past any whose context a fault
+    /// broke. Where every one is broken, partition's own: work planned before
+    /// the fault meets its errors there and answers on the CPU.
+    pub fn device_for_partition(&self, partition: usize) -> Arc<GpuDevice> {
+        let n = self.slots.len();
+        let mut broken = None;
+        for i in 0..n {
+            match self.slots[(partition + i) % n].current(&self.context_resets) {
+                Ok(device) => return device,
+                Err(e) => {
+                    broken.get_or_insert(e.device);
+                }
+            }
+        }
+        broken.expect("a runtime has at least one device")
+    }
+
+    /// `Ok(())` while some device can take new work, otherwise why not.
+    pub fn availability(&self) -> Result<(), GpuUnavailable> {
+        let mut reasons = Vec::new();
+        for slot in &self.slots {
+            match slot.current(&self.context_resets) {
+                Ok(_) => return Ok(()),
+                Err(e) => reasons.push(e.reason.0),
+            }
+        }
+        Err(GpuUnavailable(reasons.join("; ")))
+    }
+
+    /// How many times a device was opened again because a kernel fault had
+    /// broken its context (the CUDA 13.0 driver refuses new contexts after
+    /// such a fault, so this stays 0 there).
+    pub fn context_resets(&self) -> u64 {
+        self.context_resets.load(Ordering::Acquire)
     }
 
     /// One line per device, for logs and examples.
     pub fn describe(&self) -> String {
-        self.devices
+        self.devices()
             .iter()
             .map(|d| {
                 let (major, minor) = d.compute_capability();
@@ -68,7 +94,9 @@ pub fn gpu_runtime() -> Result<Arc<GpuRuntime>, GpuUnavailable> {
 /// `Ok(())` when a GPU can be used, otherwise the reason: the form the
 /// planner's decisions take.
 pub fn gpu_availability() -> Result<(), String> {
-    gpu_runtime().map(|_| ()).map_err(|e| e.0)
+    gpu_runtime()
+        .and_then(|runtime| runtime.availability())
+        .map_err(|e| e.0)
 }
 
 fn detect() -> Result<Arc<GpuRuntime>, GpuUnavailable> {
@@ -105,8 +133,8 @@ fn open_devices() -> Result<GpuRuntime, GpuUnavailable> {
     let mut devices = Vec::new();
     let mut first_error: Option<GpuError> = None;
     for ordinal in 0..count as usize {
-        match GpuDevice::open(ordinal) {
-            Ok(device) => devices.push(Arc::new(device)),
+        match GpuDevice::open(ordinal, ContextKind::Primary) {
+            Ok(device) => devices.push(DeviceSlot::new(device)),
             Err(err) => {
                 first_error.get_or_insert(err);
             }
@@ -118,5 +146,8 @@ fn open_devices() -> Result<GpuRuntime, GpuUnavailable> {
             "no device could be opened: {reason}"
         )));
     }
-    Ok(GpuRuntime { devices })
+    Ok(GpuRuntime {
+        slots: devices,
+        context_resets: AtomicU64::new(0),
+    })
 }

@@ -153,8 +153,11 @@ async fn sessions_dropping_and_idling_streams_leave_the_device_as_they_found_it(
 
     if std::env::var(ALONE_VAR).is_ok_and(|v| v == "1") {
         // Work of dropped streams may still finish off the runtime's threads.
-        let budget = runtime.devices().iter().map(|d| Arc::clone(d.budget()));
-        let budgets: Vec<_> = budget.collect();
+        let budgets: Vec<_> = runtime
+            .devices()
+            .iter()
+            .map(|d| Arc::clone(d.budget()))
+            .collect();
         let deadline = Instant::now() + Duration::from_secs(30);
         let in_use = || budgets.iter().map(|b| b.in_use()).sum::<usize>();
         while in_use() > 0 && Instant::now() < deadline {

@@ -11,6 +11,7 @@ mod concurrency;
 mod conformance;
 mod device_batch;
 mod device_budget;
+mod device_fault;
 mod fuzz;
 mod join_sql;
 mod join_types;

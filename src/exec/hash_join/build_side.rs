@@ -70,7 +70,8 @@ pub(crate) struct BuildSide {
     one_word_rows: bool,
     /// Built on the first chunk the device cannot take.
     host_table: OnceLock<HostBuildTable>,
-    device_tables: Mutex<HashMap<usize, Arc<ResidentTable>>>,
+    /// The table on each device that probes it, by [`GpuDevice::id`].
+    device_tables: Mutex<HashMap<u64, Arc<ResidentTable>>>,
     _host_memory: MemoryReservation,
 }
 
@@ -385,7 +386,7 @@ impl BuildSide {
     pub(crate) fn device_table_ready(&self, device: &GpuDevice) -> bool {
         self.device_tables
             .try_lock()
-            .is_ok_and(|tables| tables.contains_key(&device.ordinal()))
+            .is_ok_and(|tables| tables.contains_key(&device.id()))
     }
 
     /// At most the device bytes [`Self::device_table`] reserves: the
@@ -422,7 +423,7 @@ impl BuildSide {
         // Held while building, so a second partition on the same device
         // waits for the first one's table instead of building its own.
         let mut tables = self.device_tables.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(table) = tables.get(&device.ordinal()) {
+        if let Some(table) = tables.get(&device.id()) {
             return Ok(Arc::clone(table));
         }
         let rows = self.keys.len();
@@ -514,7 +515,7 @@ impl BuildSide {
             by_row_id: Mutex::new(None),
             _device_memory: device_memory,
         });
-        tables.insert(device.ordinal(), Arc::clone(&table));
+        tables.insert(device.id(), Arc::clone(&table));
         crate::trace::event(|| "hash join build: table on the device".into());
         Ok(table)
     }

@@ -295,6 +295,25 @@ pub fn iota(
     Ok(())
 }
 
+/// `iota_u64` aimed at an address no allocation of the context covers: the
+/// launch faults, which breaks the context (the tests of recovery from
+/// device faults).
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) fn write_to_unowned_address(launcher: &Launcher<'_>) -> GpuResult<()> {
+    let Launcher { kernels, stream, .. } = *launcher;
+    // The lowest page of the address space, which the driver never maps.
+    let (address, n, first) = (0x100u64, 1024u64, 0u64);
+    let mut launch = stream.launch_builder(&kernels.iota_u64);
+    launch.arg(&address).arg(&n).arg(&first);
+    // SAFETY: the kernel writes device memory only, and at an unmapped
+    // address, so it faults on the device and breaks this context, which is
+    // the point: no host memory and no allocation of anyone is touched, and
+    // every later call on the broken context returns the fault's error.
+    unsafe { launch.launch(config(grid_stride_blocks(n, 1))?) }
+        .during("launching a kernel at an unowned address")?;
+    Ok(())
+}
+
 /// The block decomposition shared by `radix_histogram` and `radix_scatter`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RadixGrid {
