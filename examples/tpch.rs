@@ -97,6 +97,11 @@ struct Args {
     /// Every run's time and each query's total on stderr.
     #[arg(long)]
     verbose: bool,
+    /// Also times DuckDB on the same Parquet files and queries
+    /// (`duckdb_tpch.py` beside this program or in `scripts/`; needs
+    /// python3 and the duckdb package), beside the other columns.
+    #[arg(long)]
+    duckdb: bool,
     /// A setting of the GPU session, e.g. gpu.min_rows=0 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = setting)]
     settings: Vec<(String, String)>,
@@ -256,6 +261,56 @@ async fn write_parquet_tables(
     Ok(written)
 }
 
+/// DuckDB's warm median per query on the Parquet files under `folder`
+/// (`duckdb_tpch.py`, the same queries, cold run then median of `runs`).
+fn duckdb_times(folder: &Path, args: &Args) -> Result<std::collections::HashMap<u32, f64>> {
+    let script = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("duckdb_tpch.py")))
+        .filter(|path| path.is_file())
+        .unwrap_or_else(|| PathBuf::from("scripts").join("duckdb_tpch.py"));
+    let report = std::env::temp_dir().join(format!("tpch-duckdb-{}.json", std::process::id()));
+    let queries: Vec<String> = args.queries.iter().map(u32::to_string).collect();
+    let output = std::process::Command::new("python3")
+        .arg(&script)
+        .arg("--data")
+        .arg(folder)
+        .args([
+            "--runs",
+            &args.runs.to_string(),
+            "--queries",
+            &queries.join(","),
+        ])
+        .arg("--json")
+        .arg(&report)
+        .output()
+        .map_err(|e| DataFusionError::Execution(format!("python3 {}: {e}", script.display())))?;
+    if !output.status.success() {
+        return Err(DataFusionError::Execution(format!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    let text = std::fs::read_to_string(&report)
+        .map_err(|e| DataFusionError::Execution(format!("{}: {e}", report.display())))?;
+    let _ = std::fs::remove_file(&report);
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| DataFusionError::Execution(format!("{}: {e}", report.display())))?;
+    let mut times = std::collections::HashMap::new();
+    for query in json["queries"].as_array().into_iter().flatten() {
+        if let (Some(n), Some(warm)) = (query["query"].as_u64(), query["warm_ms"].as_f64()) {
+            times.insert(n as u32, warm);
+        }
+    }
+    println!(
+        "DuckDB {} on the same files: {} queries timed",
+        json["version"].as_str().unwrap_or("?"),
+        times.len()
+    );
+    Ok(times)
+}
+
 /// The tables whose size does not depend on the scale factor have exactly
 /// their specified rows (25 nations, 5 regions): a table generated twice
 /// over would give wrong answers on both paths alike.
@@ -407,6 +462,8 @@ struct QueryReport {
     query: usize,
     cpu: Duration,
     gpu: Option<(Duration, Duration)>,
+    /// DuckDB's warm median in milliseconds (`--duckdb`).
+    duckdb: Option<f64>,
     joins_on_gpu: usize,
     joins: usize,
     aggregations_on_gpu: usize,
@@ -448,8 +505,9 @@ fn report_json(
                 ),
                 None => ("null".into(), "null".into(), "null".into()),
             };
+            let duckdb = r.duckdb.map_or("null".into(), |d| format!("{d:.3}"));
             format!(
-                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"first_cpu_reason\":{}}}",
+                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"duckdb_warm_ms\":{duckdb},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"first_cpu_reason\":{}}}",
                 r.query,
                 ms(r.cpu),
                 r.joins_on_gpu,
@@ -505,7 +563,12 @@ async fn main() -> Result<()> {
     }
     let progress = ProgressBar::new(8).with_style(style.clone());
     let started = Instant::now();
+    let mut duckdb = std::collections::HashMap::new();
     match args.format {
+        Format::Memory if args.duckdb => {
+            eprintln!("--duckdb reads the Parquet files: it needs --format parquet");
+            std::process::exit(2);
+        }
         Format::Memory => {
             let tables = tpch_tables(args.scale_factor, partitions, &progress)?;
             for (name, table) in &tables {
@@ -535,6 +598,9 @@ async fn main() -> Result<()> {
                     .await?;
             }
             progress.finish_and_clear();
+            if args.duckdb {
+                duckdb = duckdb_times(&folder, &args)?;
+            }
             match written {
                 0 => println!("reading the Parquet files under {}", folder.display()),
                 n => println!(
@@ -550,12 +616,14 @@ async fn main() -> Result<()> {
     let mut reports = Vec::new();
     let mut disagreements: Vec<String> = Vec::new();
     let mut failures = Vec::new();
-    print_header();
+    let with_duckdb = args.duckdb;
+    print_header(with_duckdb);
     for &n in &args.queries {
         progress.set_message(format!("q{n}"));
         match run_query(&args, &test_files, n as usize, &cpu_ctx, &gpu_ctx).await {
-            Ok((report, disagreement)) => {
-                progress.suspend(|| print_row(&report));
+            Ok((mut report, disagreement)) => {
+                report.duckdb = duckdb.get(&n).copied();
+                progress.suspend(|| print_row(&report, with_duckdb));
                 reports.push(report);
                 disagreements.extend(disagreement);
             }
@@ -621,6 +689,7 @@ async fn run_query(
             query: n,
             cpu: median(cpu_times),
             gpu: None,
+            duckdb: None,
             joins_on_gpu: 0,
             joins,
             aggregations_on_gpu: 0,
@@ -685,16 +754,20 @@ async fn run_query(
     result
 }
 
-fn print_header() {
+fn print_header(with_duckdb: bool) {
     println!();
+    let duckdb = match with_duckdb {
+        true => format!(" {:>10} {:>8}", "DuckDB ms", "vs DuckDB"),
+        false => String::new(),
+    };
     println!(
-        "{:>5} {:>10} {:>12} {:>12} {:>8} {:>7} {:>7}  first reason a node stayed on the CPU",
+        "{:>5} {:>10} {:>12} {:>12} {:>8}{duckdb} {:>7} {:>7}  first reason a node stayed on the CPU",
         "query", "CPU ms", "GPU cold ms", "GPU warm ms", "speedup", "joins", "aggs"
     );
 }
 
 /// One row of the table, printed as soon as its query has run.
-fn print_row(r: &QueryReport) {
+fn print_row(r: &QueryReport, with_duckdb: bool) {
     let (cold, warm, speedup) = match r.gpu {
         Some((cold, warm)) => (
             format!("{:.1}", ms(cold)),
@@ -703,8 +776,18 @@ fn print_row(r: &QueryReport) {
         ),
         None => ("-".into(), "-".into(), "-".into()),
     };
+    let duckdb = match (with_duckdb, r.duckdb, r.gpu) {
+        (false, _, _) => String::new(),
+        (true, Some(duck), Some((_, warm))) => {
+            format!(
+                " {duck:>10.1} {:>8}",
+                format!("{:.2}x", duck / ms(warm).max(1e-9))
+            )
+        }
+        (true, _, _) => format!(" {:>10} {:>8}", "-", "-"),
+    };
     println!(
-        "{:>5} {:>10.1} {cold:>12} {warm:>12} {speedup:>8} {:>7} {:>7}  {}",
+        "{:>5} {:>10.1} {cold:>12} {warm:>12} {speedup:>8}{duckdb} {:>7} {:>7}  {}",
         format!("q{}", r.query),
         ms(r.cpu),
         format!("{}/{}", r.joins_on_gpu, r.joins),
@@ -722,8 +805,18 @@ fn print_totals(
     let total_cpu: f64 = reports.iter().map(|r| ms(r.cpu)).sum();
     let total_cold: f64 = reports.iter().filter_map(|r| r.gpu.map(|g| ms(g.0))).sum();
     let total_warm: f64 = reports.iter().filter_map(|r| r.gpu.map(|g| ms(g.1))).sum();
+    let duckdb = match args.duckdb {
+        true => {
+            let total: f64 = reports.iter().filter_map(|r| r.duckdb).sum();
+            format!(
+                " {total:>10.1} {:>8}",
+                format!("{:.2}x", total / total_warm.max(1e-9))
+            )
+        }
+        false => String::new(),
+    };
     println!(
-        "total {total_cpu:>10.1} {total_cold:>12.1} {total_warm:>12.1} {:>7.2}x",
+        "total {total_cpu:>10.1} {total_cold:>12.1} {total_warm:>12.1} {:>7.2}x{duckdb}",
         total_cpu / total_warm.max(1e-9)
     );
     if let Some(path) = &args.json {

@@ -17,6 +17,7 @@
 #   ./run.sh seeds                       the seeds' workloads as criterion benchmarks
 #                                        (SEEDS, e.g. "join" or "rt1,b10": the families to run)
 #   ./run.sh tpch                        the TPC-H-derived example (TPCH_ARGS)
+#   ./run.sh duckdb                      DuckDB on the example's Parquet files (DUCKDB_ARGS)
 #   ./run.sh floor                       seed 002's PK-FK joins' kernels against their
 #                                        bytes-moved floor (ncu, python3)
 #   ./run.sh quickstart                  the example
@@ -63,7 +64,7 @@ for p in json.load(sys.stdin)["packages"]:
 ')"
 tar -C "$(dirname "$test_files")" -cJf "$out/test_files.tar.xz" test_files
 echo "bundled test_files: $(du -h "$out/test_files.tar.xz" | cut -f1)"
-cp scripts/ncu_floor.py "$out/"
+cp scripts/ncu_floor.py scripts/duckdb_tpch.py "$out/"
 
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -168,12 +169,18 @@ for what in "$@"; do
         python3 ncu_floor.py "$logs/ncu-$seed.txt" | tee "$logs/floor-$seed.txt"
         [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       done ;;
+    duckdb)
+      # DuckDB over the Parquet files `tpch` wrote (run it first), the same
+      # queries; DUCKDB_ARGS, e.g. "--data tpch-data/SF10 --runs 3". Needs
+      # the duckdb Python package.
+      python3 duckdb_tpch.py ${DUCKDB_ARGS:-} --json "$logs/duckdb.json" 2>&1 | tee "$logs/duckdb.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     quickstart)
       ./quickstart 2>&1 | tee "$logs/quickstart.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       CUDA_VISIBLE_DEVICES= ./quickstart 100000 2>&1 | tee "$logs/quickstart-no-gpu.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
-    *) echo "unknown: $what (tests | conformance | fuzz | sanitize | bench | seeds | floor | tpch | quickstart)"; status=2 ;;
+    *) echo "unknown: $what (tests | conformance | fuzz | sanitize | bench | seeds | floor | tpch | duckdb | quickstart)"; status=2 ;;
   esac
 done
 exit $status
