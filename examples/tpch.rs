@@ -102,6 +102,10 @@ struct Args {
     /// python3 and the duckdb package), beside the other columns.
     #[arg(long)]
     duckdb: bool,
+    /// Writes a bar chart of the per-query speedups (GPU warm against
+    /// DataFusion, and against DuckDB with --duckdb) to this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    chart: Option<PathBuf>,
     /// A setting of the GPU session, e.g. gpu.min_rows=0 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = setting)]
     settings: Vec<(String, String)>,
@@ -796,7 +800,7 @@ fn print_row(r: &QueryReport, with_duckdb: bool) {
     );
 }
 
-/// The totals line (and the JSON file when asked).
+/// The totals line (and the JSON file and the chart when asked).
 fn print_totals(
     args: &Args,
     gpu: &std::result::Result<String, String>,
@@ -825,5 +829,96 @@ fn print_totals(
             .map_err(|e| DataFusionError::Execution(format!("{}: {e}", path.display())))?;
         println!("wrote {}", path.display());
     }
+    if let Some(path) = &args.chart {
+        let against = |other: &dyn Fn(&QueryReport) -> Option<f64>| -> Vec<(u32, f64)> {
+            reports
+                .iter()
+                .filter_map(|r| Some((r.query as u32, other(r)? / ms(r.gpu?.1).max(1e-9))))
+                .collect()
+        };
+        let mut series = vec![("GPU warm against DataFusion", against(&|r| Some(ms(r.cpu))))];
+        if args.duckdb {
+            series.push(("GPU warm against DuckDB", against(&|r| r.duckdb)));
+        }
+        let title = format!(
+            "TPC-H-derived SF {} ({} tables): speedup per query",
+            args.scale_factor,
+            args.format.name()
+        );
+        write_chart(path, &title, &series).map_err(DataFusionError::Execution)?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
+}
+
+/// A bar chart of `series` (name, (query, speedup) per query) as SVG at
+/// `path`, with a line at 1x.
+fn write_chart(
+    path: &Path,
+    title: &str,
+    series: &[(&str, Vec<(u32, f64)>)],
+) -> std::result::Result<(), String> {
+    use plotters::prelude::*;
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let queries: Vec<u32> = series
+        .first()
+        .map_or_else(Vec::new, |(_, v)| v.iter().map(|(q, _)| *q).collect());
+    let n = queries.len().max(1) as f64;
+    let top = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|(_, r)| *r))
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let root = SVGBackend::new(path, (1000, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
+        .build_cartesian_2d(-0.5f64..n - 0.5, 0f64..top)
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(queries.len())
+        .x_label_formatter(&|x| {
+            // A label at each whole position, the query there.
+            let i = x.round();
+            match (i >= 0.0 && (x - i).abs() < 1e-6).then(|| queries.get(i as usize)) {
+                Some(Some(q)) => format!("q{q}"),
+                _ => String::new(),
+            }
+        })
+        .y_desc("speedup (x)")
+        .draw()
+        .map_err(|e| fail(&e))?;
+    let colors = [RGBColor(46, 125, 50), RGBColor(21, 101, 192)];
+    let width = 0.8 / series.len().max(1) as f64;
+    for (s, (name, values)) in series.iter().enumerate() {
+        let color = colors[s % colors.len()];
+        let left = -0.4 + s as f64 * width;
+        let bars = values.iter().map(|(q, r)| {
+            let x = queries.iter().position(|p| p == q).unwrap_or(0) as f64 + left;
+            Rectangle::new([(x, 0.0), (x + width, *r)], color.filled())
+        });
+        chart
+            .draw_series(bars)
+            .map_err(|e| fail(&e))?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+    }
+    chart
+        .draw_series(LineSeries::new(
+            [(-0.5, 1.0), (n - 0.5, 1.0)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))
 }

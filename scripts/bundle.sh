@@ -104,7 +104,7 @@ for what in "$@"; do
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     tpch)
       # TPCH_ARGS, e.g. "--sf 1 --runs 3", is passed through.
-      ./tpch ${TPCH_ARGS:-} --json "$logs/tpch.json" 2>&1 | tee "$logs/tpch.log"
+      ./tpch ${TPCH_ARGS:-} --json "$logs/tpch.json" --chart "$logs/tpch.svg" 2>&1 | tee "$logs/tpch.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     sanitize)
       # memcheck: the device tests and two SQL join tests; racecheck: the
