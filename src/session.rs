@@ -13,10 +13,9 @@ pub trait SessionStateBuilderGpuExt {
     /// Registers the `gpu.*` options (unless already there) and appends
     /// [`GpuOptimizerRule`] after DataFusion's physical optimizer rules.
     /// Nothing else in the session changes: a query that stays on the CPU
-    /// runs as it did. (Where a GPU join replaces a `HashJoinExec` that
-    /// pushed a dynamic filter into its probe-side scan, the filter stays
-    /// the placeholder DataFusion made, `true`: it prunes nothing and waits
-    /// for nothing.)
+    /// runs as it did. (A GPU hash join in place of a `HashJoinExec`
+    /// publishes the dynamic filter DataFusion pushed into its probe side's
+    /// scan, as `HashJoinExec` does.)
     fn with_gpu(self) -> Self;
 }
 

@@ -15,6 +15,7 @@ mod sort_merge_join;
 pub use aggregate::GpuAggregateExec;
 pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
+pub(crate) use hash_join::with_filter_of;
 pub(crate) use join::matches::tracks_build_matches;
 pub use metrics::{GpuAggregateMetrics, GpuJoinMetrics, GpuSortMergeJoinMetrics};
 pub use sort_merge_join::GpuSortMergeJoinExec;

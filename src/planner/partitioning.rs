@@ -99,7 +99,8 @@ pub(super) fn over_unrepartitioned_inputs(join: &HashJoinExec) -> Result<Option<
         .recompute_properties()
         .reset_state()
         .build()?;
-    Ok(Some(collect_left))
+    // The probe input's scan still holds the join's dynamic filter.
+    Ok(Some(crate::exec::with_filter_of(join, collect_left)?))
 }
 
 /// `join`, a sort-merge join with a CPU hash repartition below each input

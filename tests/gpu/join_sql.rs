@@ -9,6 +9,10 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::datasource::MemTable;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::physical_plan::metrics::MetricValue;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 
 use crate::support::*;
@@ -1442,4 +1446,130 @@ fn long_string_tables(
         table(build, build, 1),
         table(probe, build * 3 / 2, partitions),
     )
+}
+
+/// Row groups of the Parquet scans in `plan` that their predicates pruned
+/// by statistics.
+fn row_groups_pruned(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let here: usize = plan.metrics().map_or(0, |metrics| {
+        metrics
+            .iter()
+            .map(|metric| match metric.value() {
+                MetricValue::PruningMetrics {
+                    name,
+                    pruning_metrics,
+                } if name.as_ref() == "row_groups_pruned_statistics" => pruning_metrics.pruned(),
+                _ => 0,
+            })
+            .sum()
+    });
+    here + plan
+        .children()
+        .into_iter()
+        .map(row_groups_pruned)
+        .sum::<usize>()
+}
+
+/// The probe side of a join read from Parquet, keys sorted, in 64 row
+/// groups of 1,024 rows; build sides of few keys (listed) and of many in a
+/// narrow range. The GPU join publishes the build keys as DataFusion's
+/// dynamic filter, so the scan skips the row groups no build key falls in,
+/// as under DataFusion's own join collected once: 62 of 64 both times, the
+/// same answer; the GPU join re-planned over DataFusion's partitions
+/// (`JoinMode::Partitioned`) publishes one filter of all partitions' keys
+/// and prunes as many.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gpu_join_prunes_its_parquet_probe_side_by_the_build_keys_as_datafusion_does() {
+    let dir = std::env::temp_dir().join(format!(
+        "datafusion-gpu-probe-filter-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("s.parquet");
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+    ]));
+    {
+        let properties = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1024))
+            .build();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), Some(properties)).unwrap();
+        let k = Int64Array::from_iter_values(0..1 << 16);
+        let v = Int64Array::from_iter_values((0..1 << 16).map(|i| i * 7));
+        let batch =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(v)]).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    let build = |keys: Vec<i64>| -> Arc<MemTable> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("w", DataType::Int64, false),
+        ]));
+        let w = Int64Array::from_iter_values(keys.iter().map(|k| k + 1));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from(keys)), Arc::new(w)],
+        )
+        .unwrap();
+        Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap())
+    };
+    let sql = "SELECT r.k, r.w, s.v FROM r JOIN s ON r.k = s.k";
+    // Few keys, listed: 5 in the first row group, 40,000 and 40,001 in the
+    // 40th. Many keys, a range: 20,000 to 21,497, in the 20th and 21st.
+    let cases = [
+        vec![5, 40_000, 40_001],
+        (0..500).map(|j| 20_000 + 3 * j).collect(),
+    ];
+    let gpu_present = require_gpu(
+        "a_gpu_join_prunes_its_parquet_probe_side_by_the_build_keys_as_datafusion_does",
+    )
+    .is_some();
+    for keys in cases {
+        // DataFusion's own join prunes them with its build side collected
+        // once: the test's premise. (Its partitioned join's filter routes
+        // each key to its partition's keys by hash, which a scan's row
+        // group statistics cannot test.)
+        let cpu = cpu_context(JoinMode::CollectLeft, 4, &[]).await;
+        cpu.register_table("r", build(keys.clone())).unwrap();
+        cpu.register_parquet("s", path.to_str().unwrap(), Default::default())
+            .await
+            .unwrap();
+        let (_, _, plan) = run(&cpu, sql).await;
+        assert_eq!(
+            row_groups_pruned(&plan),
+            62,
+            "DataFusion, {} keys",
+            keys.len()
+        );
+        if !gpu_present {
+            continue;
+        }
+        for mode in JoinMode::ALL {
+            let gpu = gpu_context(mode, 4, &[]).await;
+            gpu.register_table("r", build(keys.clone())).unwrap();
+            gpu.register_parquet("s", path.to_str().unwrap(), Default::default())
+                .await
+                .unwrap();
+            let (got, gpu_nodes, plan) = run(&gpu, sql).await;
+            assert!(gpu_nodes >= 1, "{mode:?}: no GPU join");
+            let mut got = int64_rows(&got);
+            got.sort();
+            let expected: Vec<Vec<Option<i64>>> = keys
+                .iter()
+                .map(|&k| vec![Some(k), Some(k + 1), Some(k * 7)])
+                .collect();
+            assert_eq!(got, expected, "{mode:?}");
+            // Where DataFusion's partitions stay, a partition's probe side
+            // may start before the other partitions' build sides are in,
+            // and so before the filter is: its scan may prune fewer.
+            if mode != JoinMode::PartitionedKept {
+                let pruned = row_groups_pruned(&plan);
+                assert_eq!(pruned, 62, "{mode:?}, {} keys", keys.len());
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

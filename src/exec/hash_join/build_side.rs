@@ -16,6 +16,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::PhysicalExprRef;
 
 use super::host_fallback::HostBuildTable;
+use super::probe_filter::{BuildKeySummary, MembershipLimits, ProbeFilterPublisher};
 use crate::exec::join::matches::{tracks_build_matches, VisitedRows};
 use super::order::ArrivalOrder;
 use crate::exec::join::output::ColumnSource;
@@ -138,6 +139,8 @@ struct PreparedBuild {
     key_columns: Vec<ArrayRef>,
     encoder: KeyEncoder,
     keys: JoinKeys,
+    /// What the probe side's dynamic filter needs of the keys, where asked.
+    key_summary: Option<BuildKeySummary>,
 }
 
 impl PreparedBuild {
@@ -150,13 +153,15 @@ impl PreparedBuild {
     /// (such as TPC-H q18's). Making only the columns taken on the host
     /// contiguous, on first use, costs more than taking rows from the
     /// batches: arrow concatenates strings value by value, on one thread,
-    /// while every probe partition waits.
+    /// while every probe partition waits. With `filter_limits`, also
+    /// summarises the keys for the probe side's dynamic filter.
     fn new(
         batches: Vec<RecordBatch>,
         schema: SchemaRef,
         on: &[PhysicalExprRef],
         spec: &KeySpec,
         in_memory_order: bool,
+        filter_limits: Option<MembershipLimits>,
     ) -> Result<Self> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         // In reverse arrival order, as `HashJoinExec` concatenates its build
@@ -173,6 +178,7 @@ impl PreparedBuild {
         let arrival = ArrivalOrder::held_in(&sizes, &order);
         let rows = ArrivedBatches::new(schema, held.into_iter().map(|(_, b)| b).collect());
         let per_key = rows.key_pieces(on)?;
+        let key_summary = filter_limits.map(|limits| BuildKeySummary::of(&per_key, limits));
         let by_batch: Vec<Vec<ArrayRef>> = (0..rows.batch_ends().len())
             .map(|batch| per_key.iter().map(|key| Arc::clone(&key[batch])).collect())
             .collect();
@@ -193,6 +199,7 @@ impl PreparedBuild {
             key_columns,
             encoder,
             keys,
+            key_summary,
         })
     }
 }
@@ -236,6 +243,7 @@ impl BuildSide {
     /// plans the partitioning for probe chunks of about `probe_chunk_rows`
     /// rows (0: automatic, see [`probe_chunk_rows`]); `probe_partitions`
     /// partitions will probe it. `one_word_rows` is `gpu.tuning.one_word_join_rows`.
+    /// The keys' summary goes to `probe_filter`, where given.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn collect(
         inputs: WholeInput,
@@ -248,6 +256,7 @@ impl BuildSide {
         one_word_rows: bool,
         reservation: MemoryReservation,
         gather: Option<BuildGather>,
+        probe_filter: Option<Arc<ProbeFilterPublisher>>,
         metrics: GpuJoinMetrics,
     ) -> Result<Self> {
         // One reservation holds the build side's memory, however it was read.
@@ -264,12 +273,13 @@ impl BuildSide {
         // join that emits them keeps the arrival order.
         let in_memory_order =
             !tracks_build_matches(join_type) && batches.len() > 1 && batches.iter().all(is_pinned);
+        let filter_limits = probe_filter.as_ref().map(|filter| filter.limits());
         let prepared = {
             let metrics = metrics.clone();
             SpawnedTask::spawn_blocking(move || -> Result<PreparedBuild> {
                 let _timer = metrics.baseline.elapsed_compute().timer();
                 let _prepare = metrics.build_prepare_time.timer();
-                PreparedBuild::new(batches, schema, &on, &spec, in_memory_order)
+                PreparedBuild::new(batches, schema, &on, &spec, in_memory_order, filter_limits)
             })
             .join()
             .await
@@ -281,7 +291,11 @@ impl BuildSide {
             key_columns,
             encoder,
             keys,
+            key_summary,
         } = prepared;
+        if let (Some(filter), Some(summary)) = (&probe_filter, key_summary) {
+            filter.report(summary);
+        }
         metrics.build_rows.add(rows.num_rows());
         // The arrived batches are reserved already; the contiguous key
         // columns and the encoded keys are counted as new (raw pieces are
@@ -645,7 +659,7 @@ mod tests {
             .collect();
         let on = vec![col("k", &schema).unwrap()];
         let spec = KeySpec::try_new(&[DataType::Int64], NullEquality::NullEqualsNothing).unwrap();
-        PreparedBuild::new(batches, schema, &on, &spec, false).unwrap()
+        PreparedBuild::new(batches, schema, &on, &spec, false, None).unwrap()
     }
 
     #[test]
@@ -683,7 +697,7 @@ mod tests {
             .collect();
         let on = vec![col("k", &schema).unwrap()];
         let spec = KeySpec::try_new(&[DataType::Int64], NullEquality::NullEqualsNothing).unwrap();
-        let build = PreparedBuild::new(arrived, schema, &on, &spec, true).unwrap();
+        let build = PreparedBuild::new(arrived, schema, &on, &spec, true, None).unwrap();
         // Held as they lie in memory: one run of keys.
         assert_eq!(build.keys.pieces().concat(), (0..8).collect::<Vec<u64>>());
         // Keys 6 and 7 arrived first, 0 and 1 second, then 4, 5, 2, 3.

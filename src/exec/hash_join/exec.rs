@@ -1,7 +1,7 @@
 //! The plan node.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::NullEquality;
@@ -13,12 +13,15 @@ use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::apply_expression_roots;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::TryStreamExt;
 use datafusion::physical_plan::{
     ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
     PlanProperties, SendableRecordBatchStream, Statistics, StatisticsArgs,
 };
 
 use super::build_side::{BuildGather, BuildSide, FoldedAggregation};
+use super::probe_filter::{dynamic_filter_of, with_filter_of, ProbeFilterPublisher};
 use crate::exec::join::output::OutputAssembler;
 use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
 use crate::exec::collect::{merge_inputs_in_groups, merge_to_read_through, WholeInput};
@@ -57,6 +60,10 @@ pub struct GpuHashJoinExec {
     aggregate: Option<Arc<PairAggregate>>,
     /// `CollectLeft`: the build side, collected once for all partitions.
     shared_build: Mutex<Option<OnceFut<BuildSide>>>,
+    /// The end of DataFusion's dynamic filter this join publishes to its
+    /// probe side's scan (made at the first `execute`; none where there is
+    /// no filter or no scan reads it).
+    probe_filter: OnceLock<Option<Arc<ProbeFilterPublisher>>>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -82,6 +89,7 @@ impl GpuHashJoinExec {
             repartition_removed: false,
             aggregate: None,
             shared_build: Mutex::new(None),
+            probe_filter: OnceLock::new(),
             metrics: ExecutionPlanMetricsSet::new(),
             cpu_join,
         })
@@ -235,10 +243,21 @@ impl GpuHashJoinExec {
             .recompute_properties()
             .reset_state()
             .build()?;
+        let merged = with_filter_of(join, merged)?;
         // Rows of several partitions arrive in no fixed order.
         Ok(Some(
             self.remade(Arc::new(merged))?.with_preserve_order(false),
         ))
+    }
+
+    /// The publisher of the join's dynamic filter, shared by its partitions.
+    fn probe_filter(&self, context: &TaskContext) -> Option<Arc<ProbeFilterPublisher>> {
+        self.probe_filter
+            .get_or_init(|| {
+                ProbeFilterPublisher::for_join(self.hash_join(), context.session_config().options())
+                    .map(Arc::new)
+            })
+            .clone()
     }
 
     fn build_side(
@@ -250,6 +269,7 @@ impl GpuHashJoinExec {
         metrics: &GpuJoinMetrics,
     ) -> Result<OnceFut<BuildSide>> {
         let join = self.hash_join();
+        let probe_filter = self.probe_filter(context);
         let collect = |input_partition: usize,
                        probe_partitions: usize,
                        consumer: String|
@@ -274,6 +294,7 @@ impl GpuHashJoinExec {
                 options.tuning.one_word_join_rows,
                 reservation,
                 gather.clone(),
+                probe_filter.clone(),
                 metrics.clone(),
             )))
         };
@@ -400,7 +421,15 @@ impl ExecutionPlan for GpuHashJoinExec {
             .flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)])
             .collect();
         roots.extend(join.filter().map(|filter| Arc::clone(filter.expression())));
+        roots.extend(self.dynamic_expressions_produced());
         apply_expression_roots(roots, f)
+    }
+
+    fn dynamic_expressions_produced(&self) -> Vec<Arc<dyn PhysicalExpr>> {
+        dynamic_filter_of(self.hash_join())
+            .map(|filter| filter as Arc<dyn PhysicalExpr>)
+            .into_iter()
+            .collect()
     }
 
     fn with_new_children(
@@ -514,7 +543,15 @@ impl ExecutionPlan for GpuHashJoinExec {
         // A partition that reads the whole probe side does its host work on
         // every core; many partitions' chunks run at once otherwise.
         let (probe_input, host_threads) = match self.probe_merge_read_through() {
-            Some(merge) => (merge_inputs_in_groups(merge, &context)?, host_threads()),
+            // The readers start at once, unless the build side's keys are
+            // to filter the probe side's scan: then once they have.
+            Some(merge) => match self.probe_filter(&context) {
+                None => (merge_inputs_in_groups(merge, &context)?, host_threads()),
+                Some(_) => (
+                    merge_inputs_after_build(Arc::clone(join.right()), &build, &context),
+                    host_threads(),
+                ),
+            },
             None => (join.right().execute(partition, Arc::clone(&context))?, 1),
         };
         let spec = ProbeSpec {
@@ -547,4 +584,25 @@ impl ExecutionPlan for GpuHashJoinExec {
         };
         probe_stream(spec, self.schema())
     }
+}
+
+/// The probe partitions below `merge` (the join's probe input, a
+/// [`CoalescePartitionsExec`]) read as [`merge_inputs_in_groups`] reads
+/// them, started only once `build` is collected, so that the scans below
+/// open their files with the dynamic filter the build side published.
+fn merge_inputs_after_build(
+    merge: Arc<dyn ExecutionPlan>,
+    build: &OnceFut<BuildSide>,
+    context: &Arc<TaskContext>,
+) -> SendableRecordBatchStream {
+    let (build, context, schema) = (build.clone(), Arc::clone(context), merge.schema());
+    let started = futures::stream::once(async move {
+        build.get().await?;
+        let merge = merge_to_read_through(&merge).ok_or_else(|| {
+            DataFusionError::Internal("the probe input is no merge to read through".into())
+        })?;
+        merge_inputs_in_groups(merge, &context)
+    })
+    .try_flatten();
+    Box::pin(RecordBatchStreamAdapter::new(schema, started))
 }

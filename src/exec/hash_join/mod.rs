@@ -1,6 +1,7 @@
 //! `GpuHashJoinExec`: the plan node ([`exec`]), the build side shared by the
 //! partitions ([`build_side`]), the probe stream ([`stream`]), the order
-//! rows leave in ([`order`]) and the host join used when the device lacks
+//! rows leave in ([`order`]), the dynamic filter it hands the probe side's
+//! scan ([`probe_filter`]) and the host join used when the device lacks
 //! memory ([`host_fallback`]). What it shares with the sort-merge join is in
 //! [`crate::exec::join`].
 
@@ -8,6 +9,8 @@ mod build_side;
 mod exec;
 mod host_fallback;
 mod order;
+mod probe_filter;
 mod stream;
 
 pub use exec::GpuHashJoinExec;
+pub(crate) use probe_filter::with_filter_of;
