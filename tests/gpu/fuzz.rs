@@ -16,12 +16,19 @@
 //!   keys; aggregations over joins; a LIMIT over a join (its row count).
 //! * Settings: target partitions, batch size, hash or sort-merge joins,
 //!   partition modes and small output ranges.
+//! * Where the tables lie: in memory, or (three cases in ten) in Parquet
+//!   files, one a partition, in row groups of 16 to 4,096 rows, scanned
+//!   with DataFusion's dynamic filters, by row group statistics or (half of
+//!   those cases) row by row (`pushdown_filters`): a join's filter that
+//!   dropped a row that matches shows as a missing row.
 //!
 //! `DATAFUSION_GPU_FUZZ_CASES=START..END` picks the case seeds (default
 //! `0..200`, the run CI makes); `DATAFUSION_GPU_FUZZ_PARALLEL` how many run
 //! at once (default 4). A case is one seed: the same seed makes the same
-//! tables, query and settings. Each case runs under a time limit; a case
-//! past it counts as a hang. Without a GPU the rule leaves every plan to
+//! tables, query and settings. Each path of a case runs under a time
+//! limit, DataFusion's own first: the GPU path past it is a hang; a case
+//! whose DataFusion path is past it is listed and not compared (at most
+//! one in a hundred). Without a GPU the rule leaves every plan to
 //! DataFusion, and the run checks that path; with one, at least one node of
 //! the run must have run on the GPU.
 
@@ -37,10 +44,14 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema, TimeUnit};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::catalog::TableProvider;
 use datafusion::datasource::MemTable;
-use datafusion::prelude::SessionContext;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use datafusion_gpu::gpu::gpu_runtime;
 use datafusion_gpu::gpu_decisions;
+use futures::FutureExt;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{RngExt, SeedableRng};
@@ -50,7 +61,9 @@ use crate::support::*;
 
 const CASES_VAR: &str = "DATAFUSION_GPU_FUZZ_CASES";
 const PARALLEL_VAR: &str = "DATAFUSION_GPU_FUZZ_PARALLEL";
-/// A case that takes longer than this has hung.
+/// A path of a case that takes longer than this has hung: on the GPU path,
+/// a failure; on DataFusion's own path, the case is left uncompared (its
+/// sort-merge join can spin on some inputs, with no GPU in the plan).
 const CASE_TIME_LIMIT: Duration = Duration::from_secs(120);
 
 /// Key column types: what the GPU takes, and dictionaries, which it does not.
@@ -329,11 +342,49 @@ fn make_table(recipe: &TableRecipe, rng: &mut StdRng) -> Arc<MemTable> {
     table_from_columns(schema, rows, recipe.partitions, recipe.batch_rows, slice)
 }
 
+/// Tables written as Parquet files rather than held in memory.
+#[derive(Debug, Clone, Copy)]
+struct ParquetLayout {
+    row_group_rows: usize,
+    /// The scan filters rows by its predicate, not only row groups.
+    pushdown_filters: bool,
+}
+
+impl ParquetLayout {
+    /// The layout of case `seed`'s tables, from a generator of its own, so
+    /// that every case's tables, query and settings stay what they were.
+    fn for_case(seed: u64) -> Option<Self> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x9a7e_f11e);
+        rng.random_bool(0.3).then(|| Self {
+            row_group_rows: *[16usize, 256, 4096].choose(&mut rng).unwrap(),
+            pushdown_filters: rng.random_bool(0.5),
+        })
+    }
+
+    /// Writes `table`, one file a partition, under `dir`.
+    async fn write(&self, table: &MemTable, dir: &std::path::Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        for (i, partition) in table.batches.iter().enumerate() {
+            let batches = partition.read().await;
+            let properties = WriterProperties::builder()
+                .set_max_row_group_row_count(Some(self.row_group_rows))
+                .build();
+            let file = std::fs::File::create(dir.join(format!("part-{i}.parquet"))).unwrap();
+            let mut writer = ArrowWriter::try_new(file, table.schema(), Some(properties)).unwrap();
+            for batch in batches.iter() {
+                writer.write(batch).unwrap();
+            }
+            writer.close().unwrap();
+        }
+    }
+}
+
 /// One case: two tables, settings and a query.
 #[derive(Debug)]
 struct Case {
     seed: u64,
     tables: [TableRecipe; 2],
+    parquet: Option<ParquetLayout>,
     mode: JoinMode,
     target_partitions: usize,
     settings: Vec<String>,
@@ -403,6 +454,7 @@ fn gen_case(seed: u64) -> Case {
     Case {
         seed,
         tables,
+        parquet: ParquetLayout::for_case(seed),
         mode,
         target_partitions,
         settings,
@@ -511,7 +563,10 @@ async fn answer(ctx: &SessionContext, sql: &str) -> (Answer, usize) {
         .count();
     // In a task of its own, so that a panic (DataFusion's own sort-merge
     // join panics on NaN keys) is an answer to compare, not the run's end.
+    // Aborted when this future is dropped at the time limit, so that a
+    // query past it stops taking the runtime's threads from the others.
     let task = tokio::spawn(datafusion::physical_plan::collect(plan, ctx.task_ctx()));
+    let _abort = AbortOnDrop(task.abort_handle());
     let answer = match task.await {
         Ok(batches) => batches.map(|b| sorted_rows(&b)).map_err(|e| e.to_string()),
         Err(e) => Err(format!("panic: {e}")),
@@ -541,51 +596,118 @@ fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
     rows
 }
 
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// What a case that agreed found.
 struct Agreed {
     gpu_nodes: usize,
     /// Both paths failed (the query's own error, such as an overflow).
     error: Option<String>,
+    /// DataFusion's own path ran past the time limit: nothing compared.
+    datafusion_past_limit: bool,
 }
 
-/// What one case found, or how the paths disagreed.
-async fn run_case(case: Case) -> Result<Agreed, String> {
+/// How a case failed.
+enum Failure {
+    /// The GPU path ran past the time limit (DataFusion's did not).
+    Hang(String),
+    /// The answers differ.
+    Mismatch(String),
+}
+
+/// What one case found, or how the paths disagreed. DataFusion's own path
+/// runs first: where it runs past the time limit, the GPU path is not run.
+async fn run_case(case: Case) -> Result<Agreed, Failure> {
     let mut rng = StdRng::seed_from_u64(case.seed ^ 0x7ab1e5);
     let r = make_table(&case.tables[0], &mut rng);
     let s = make_table(&case.tables[1], &mut rng);
-    let settings: Vec<&str> = case.settings.iter().map(String::as_str).collect();
+    let mut settings: Vec<&str> = case.settings.iter().map(String::as_str).collect();
+    if case.parquet.is_some_and(|layout| layout.pushdown_filters) {
+        settings.push("SET datafusion.execution.parquet.pushdown_filters = true");
+    }
     let gpu = gpu_context(case.mode, case.target_partitions, &settings).await;
     let cpu = cpu_context(case.mode, case.target_partitions, &settings).await;
-    for ctx in [&gpu, &cpu] {
-        ctx.register_table("r", Arc::clone(&r) as _).unwrap();
-        ctx.register_table("s", Arc::clone(&s) as _).unwrap();
+    let folder = std::env::temp_dir().join(format!(
+        "datafusion-gpu-fuzz-{}-{}",
+        std::process::id(),
+        case.seed
+    ));
+    if let Some(layout) = case.parquet {
+        for (name, table) in [("r", &r), ("s", &s)] {
+            let dir = folder.join(name);
+            layout.write(table, &dir).await;
+            for ctx in [&gpu, &cpu] {
+                ctx.register_parquet(name, dir.to_str().unwrap(), ParquetReadOptions::default())
+                    .await
+                    .unwrap();
+            }
+        }
+    } else {
+        for ctx in [&gpu, &cpu] {
+            ctx.register_table("r", Arc::clone(&r) as _).unwrap();
+            ctx.register_table("s", Arc::clone(&s) as _).unwrap();
+        }
     }
-    let (gpu_answer, gpu_nodes) = answer(&gpu, &case.sql).await;
-    let (cpu_answer, _) = answer(&cpu, &case.sql).await;
+    let began = Instant::now();
+    let cpu_answer = tokio::time::timeout(CASE_TIME_LIMIT, answer(&cpu, &case.sql)).await;
+    let cpu_took = began.elapsed();
+    let gpu_answer = match cpu_answer {
+        Ok(_) => tokio::time::timeout(CASE_TIME_LIMIT, answer(&gpu, &case.sql))
+            .await
+            .ok(),
+        Err(_) => None,
+    };
+    if case.parquet.is_some() {
+        let _ = std::fs::remove_dir_all(&folder);
+    }
+    let (cpu_answer, (gpu_answer, gpu_nodes)) = match (cpu_answer, gpu_answer) {
+        (Err(_), _) => {
+            return Ok(Agreed {
+                gpu_nodes: 0,
+                error: None,
+                datafusion_past_limit: true,
+            })
+        }
+        (Ok(_), None) => {
+            return Err(Failure::Hang(format!(
+                "the GPU path past {CASE_TIME_LIMIT:?}, DataFusion's own in {cpu_took:.1?}"
+            )))
+        }
+        (Ok((cpu_answer, _)), Some(gpu)) => (cpu_answer, gpu),
+    };
     match (&gpu_answer, &cpu_answer) {
         (Ok(g), Ok(c)) if g == c => Ok(Agreed {
             gpu_nodes,
             error: None,
+            datafusion_past_limit: false,
         }),
         (Err(_), Err(c)) => Ok(Agreed {
             gpu_nodes,
             error: Some(c.clone()),
+            datafusion_past_limit: false,
         }),
         (Ok(g), Ok(c)) => {
             let first = g.iter().zip(c).position(|(a, b)| a != b);
-            Err(format!(
+            Err(Failure::Mismatch(format!(
                 "{} rows on the GPU path, {} on the CPU; first difference at sorted row {first:?}: {:?} against {:?}",
                 g.len(),
                 c.len(),
                 first.and_then(|i| g.get(i)),
                 first.and_then(|i| c.get(i)),
-            ))
+            )))
         }
-        (g, c) => Err(format!(
+        (g, c) => Err(Failure::Mismatch(format!(
             "GPU path: {:?}; CPU: {:?}",
             g.as_ref().err(),
             c.as_ref().err()
-        )),
+        ))),
     }
 }
 
@@ -602,8 +724,24 @@ fn case_range() -> Range<u64> {
     parse(start)..parse(end)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
-async fn random_joins_and_aggregations_match_the_cpu() {
+#[test]
+fn random_joins_and_aggregations_match_the_cpu() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(8)
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = runtime.block_on(std::panic::AssertUnwindSafe(run_cases()).catch_unwind());
+    // A query stopped at its time limit may still be spinning inside
+    // DataFusion's own operator, where no abort reaches it: the runtime is
+    // left to it rather than waited for.
+    runtime.shutdown_background();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn run_cases() {
     let cases = case_range();
     let parallel: usize = std::env::var(PARALLEL_VAR)
         .ok()
@@ -618,7 +756,10 @@ async fn random_joins_and_aggregations_match_the_cpu() {
     let started = Instant::now();
     let mut failures: Vec<String> = Vec::new();
     let (mut run, mut on_gpu, mut gpu_nodes, mut hangs) = (0usize, 0usize, 0usize, 0usize);
+    // Cases read from Parquet files, and those of them with GPU nodes.
+    let (mut from_parquet, mut from_parquet_on_gpu) = (0usize, 0usize);
     let mut errors: Vec<String> = Vec::new();
+    let mut datafusion_past_limit: Vec<u64> = Vec::new();
     let mut slowest: Vec<(Duration, u64)> = Vec::new();
     let mut pending = tokio::task::JoinSet::new();
     let mut seeds = cases.clone();
@@ -629,7 +770,8 @@ async fn random_joins_and_aggregations_match_the_cpu() {
                 let case = gen_case(seed);
                 let text = format!("{case:?}");
                 let began = Instant::now();
-                let outcome = tokio::time::timeout(CASE_TIME_LIMIT, run_case(case)).await;
+                // Each path has its own limit; this one is a backstop.
+                let outcome = tokio::time::timeout(3 * CASE_TIME_LIMIT, run_case(case)).await;
                 (seed, text, outcome, began.elapsed())
             });
         }
@@ -653,19 +795,35 @@ async fn random_joins_and_aggregations_match_the_cpu() {
             Ok(Ok(agreed)) => {
                 gpu_nodes += agreed.gpu_nodes;
                 on_gpu += usize::from(agreed.gpu_nodes > 0);
+                if ParquetLayout::for_case(seed).is_some() {
+                    from_parquet += 1;
+                    from_parquet_on_gpu += usize::from(agreed.gpu_nodes > 0);
+                }
                 errors.extend(agreed.error.map(|e| format!("case {seed}: {e}")));
+                if agreed.datafusion_past_limit {
+                    datafusion_past_limit.push(seed);
+                }
             }
-            Ok(Err(difference)) => failures.push(format!("case {seed}: {difference}\n  {text}")),
+            Ok(Err(Failure::Mismatch(difference))) => {
+                failures.push(format!("case {seed}: {difference}\n  {text}"))
+            }
+            Ok(Err(Failure::Hang(what))) => {
+                hangs += 1;
+                failures.push(format!("case {seed}: {what}\n  {text}"));
+            }
             Err(_) => {
                 hangs += 1;
-                failures.push(format!("case {seed}: past {CASE_TIME_LIMIT:?}\n  {text}"));
+                failures.push(format!(
+                    "case {seed}: past {:?}\n  {text}",
+                    3 * CASE_TIME_LIMIT
+                ));
             }
         }
     }
     let _ = writeln!(
         std::io::stderr(),
         "fuzz: cases {}..{} ({}): {run} run, {on_gpu} with GPU nodes ({gpu_nodes} nodes), \
-         {} mismatches, {hangs} hangs, {} failing alike on both paths, in {:.1} s",
+         {from_parquet} agreeing from Parquet files ({from_parquet_on_gpu} with GPU nodes), {} mismatches, {hangs} hangs, {} failing alike on both paths, in {:.1} s",
         cases.start,
         cases.end,
         if gpu {
@@ -682,6 +840,12 @@ async fn random_joins_and_aggregations_match_the_cpu() {
         .map(|(took, seed)| format!("{seed} ({:.1} s)", took.as_secs_f64()))
         .collect();
     let _ = writeln!(std::io::stderr(), "  slowest cases: {}", slowest.join(", "));
+    if !datafusion_past_limit.is_empty() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "  past {CASE_TIME_LIMIT:?} on DataFusion's own path, not compared: {datafusion_past_limit:?}"
+        );
+    }
     for error in errors.iter().take(5) {
         let _ = writeln!(std::io::stderr(), "  {error}");
     }
@@ -690,6 +854,12 @@ async fn random_joins_and_aggregations_match_the_cpu() {
         errors.len() * 20 <= run.max(20),
         "{} of {run} cases failed on both paths",
         errors.len()
+    );
+    // As rare: a case DataFusion itself cannot finish compares nothing.
+    assert!(
+        datafusion_past_limit.len() * 100 <= run.max(100),
+        "{} of {run} cases past the limit on DataFusion's own path",
+        datafusion_past_limit.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(run, (cases.end - cases.start) as usize);
