@@ -45,6 +45,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema, TimeUnit};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::catalog::TableProvider;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::datasource::MemTable;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::file::properties::WriterProperties;
@@ -565,9 +566,8 @@ async fn answer(ctx: &SessionContext, sql: &str) -> (Answer, usize) {
     // join panics on NaN keys) is an answer to compare, not the run's end.
     // Aborted when this future is dropped at the time limit, so that a
     // query past it stops taking the runtime's threads from the others.
-    let task = tokio::spawn(datafusion::physical_plan::collect(plan, ctx.task_ctx()));
-    let _abort = AbortOnDrop(task.abort_handle());
-    let answer = match task.await {
+    let task = SpawnedTask::spawn(datafusion::physical_plan::collect(plan, ctx.task_ctx()));
+    let answer = match task.join().await {
         Ok(batches) => batches.map(|b| sorted_rows(&b)).map_err(|e| e.to_string()),
         Err(e) => Err(format!("panic: {e}")),
     };
@@ -594,15 +594,6 @@ fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
     }
     rows.sort_unstable();
     rows
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// What a case that agreed found.

@@ -286,11 +286,10 @@ fn single_key_values(pieces: &[ArrayRef], limits: MembershipLimits) -> Option<Ar
     if rows > limits.max_values {
         return None;
     }
-    let parts: Vec<&dyn Array> = pieces.iter().map(|piece| piece.as_ref()).collect();
-    let all = match parts.as_slice() {
+    let all = match pieces {
         [] => return None,
-        [one] => one.slice(0, one.len()),
-        _ => concat(&parts).ok()?,
+        [one] => Arc::clone(one),
+        _ => concat(&pieces.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).ok()?,
     };
     let values = match all.logical_null_count() {
         0 => all,
