@@ -16,9 +16,11 @@
 //!                                      [--check-only] [--pinned] [--set gpu.KEY=VALUE ...]
 //!     cargo bench --bench gpu_join -- --sort-merge [--log2-rows 24] [--runs 5]
 //!                                      [--set gpu.KEY=VALUE ...] [--pinned]
+//!     cargo bench --bench gpu_join -- --shapes [--log2-rows-list 20,22,24,26]
+//!                                      [--runs 2] [--only word,...]
 //!
 //! `--seeds` runs the seeds' workloads as criterion benchmarks (see
-//! `gpu_join/seeds.rs`); `--sort-merge` the sort-merge join (see
+//! `gpu_join/seeds.rs`); `--shapes` the placement sweep (see `gpu_join/shapes.rs`); `--sort-merge` the sort-merge join (see
 //! `gpu_join/sort_merge.rs`; it ends with a hash join sorted on its key,
 //! which the GPU plans as a sort-merge join); the other two modes are the end-to-end
 //! measurements quoted in BENCHMARKS.md.
@@ -62,6 +64,8 @@ use rand::{RngExt, SeedableRng};
 mod group_by;
 #[path = "gpu_join/seeds.rs"]
 mod seeds;
+#[path = "gpu_join/shapes.rs"]
+mod shapes;
 #[path = "gpu_join/sort_merge.rs"]
 mod sort_merge;
 
@@ -295,7 +299,25 @@ fn main() {
         .block_on(end_to_end());
 }
 
+/// The comma-separated values after `name`, or `default`.
+fn arg_list(name: &str, default: &[&str]) -> Vec<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|list| list.split(',').map(|v| v.trim().to_string()).collect())
+        .unwrap_or_else(|| default.iter().map(|v| v.to_string()).collect())
+}
+
 async fn end_to_end() {
+    if std::env::args().any(|a| a == "--shapes") {
+        let sizes: Vec<usize> = arg_list("--log2-rows-list", &["20", "22", "24", "26"])
+            .iter()
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        shapes::benchmark(&sizes, arg("--runs", 2), &arg_list("--only", &[])).await;
+        return;
+    }
     let log2 = arg("--log2-rows", 24);
     let runs = arg("--runs", 5).max(1);
     if std::env::args().any(|a| a == "--group-by") {
@@ -381,7 +403,7 @@ async fn end_to_end() {
     println!("{}", runtime.describe());
     ctx.sql("SET gpu.enabled = true").await.unwrap();
     // The GPU path is what is measured, whatever the size.
-    ctx.sql("SET gpu.min_rows = 0").await.unwrap();
+    ctx.sql("SET gpu.placement = 'always'").await.unwrap();
     // --unordered: skip reproducing HashJoinExec's row order (gpu.preserve_order).
     let unordered = std::env::args().any(|a| a == "--unordered");
     if unordered {

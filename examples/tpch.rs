@@ -106,7 +106,11 @@ struct Args {
     /// DataFusion, and against DuckDB with --duckdb) to this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     chart: Option<PathBuf>,
-    /// A setting of the GPU session, e.g. gpu.min_rows=0 (repeatable).
+    /// Where each join and aggregation of each query ran, with the cost
+    /// model's estimates (`gpu_decisions`), on stderr.
+    #[arg(long)]
+    decisions: bool,
+    /// A setting of the GPU session, e.g. gpu.placement=always (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = setting)]
     settings: Vec<(String, String)>,
 }
@@ -731,6 +735,11 @@ async fn run_query(
                 );
             }
             let decisions = gpu_decisions(&gpu_plan, gpu_ctx.state().config_options());
+            if args.decisions {
+                for decision in &decisions {
+                    eprintln!("q{n}: {decision}");
+                }
+            }
             report.joins_on_gpu = decisions
                 .iter()
                 .filter(|d| d.on_gpu() && d.operator.contains("Join"))

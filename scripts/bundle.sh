@@ -13,7 +13,7 @@
 #   ./run.sh conformance                 only the sqllogictest conformance files
 #   ./run.sh fuzz                        the differential fuzzer (FUZZ_CASES, e.g. 0..10000)
 #   ./run.sh sanitize                    the device and SQL join tests under compute-sanitizer
-#   ./run.sh bench                       the end-to-end benchmarks (BENCH_ARGS; --group-by, --sort-merge)
+#   ./run.sh bench                       the end-to-end benchmarks (BENCH_ARGS; --group-by, --sort-merge, --shapes)
 #   ./run.sh seeds                       the seeds' workloads as criterion benchmarks
 #                                        (SEEDS, e.g. "join" or "rt1,b10": the families to run)
 #   ./run.sh tpch                        the TPC-H-derived example (TPCH_ARGS)

@@ -18,7 +18,7 @@
 //!     .with_gpu()
 //!     .build();
 //! let ctx = SessionContext::new_with_state(state);
-//! ctx.sql("SET gpu.min_rows = 0").await?; // send even small joins to the GPU
+//! ctx.sql("SET gpu.placement = 'always'").await?; // even where the CPU is estimated faster
 //! let plan = ctx.sql("SELECT 1").await?.create_physical_plan().await?;
 //! for decision in datafusion_gpu::gpu_decisions(&plan, ctx.state().config_options()) {
 //!     println!("{decision}");
@@ -51,6 +51,9 @@ macro_rules! layers {
 }
 
 layers! {
+    /// Estimates of an operator's time on the CPU and on the GPU, by which
+    /// the planner places each node.
+    cost;
     /// Arrow columns as device words and back, and record batches in
     /// device memory.
     encode;
@@ -73,7 +76,7 @@ mod session;
 #[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub use config::GpuTestOptions;
-pub use config::{GpuOptions, GpuTuning};
+pub use config::{GpuOptions, GpuTuning, PlacementPolicy};
 pub use exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
 pub use gpu::GpuUnavailable;
 pub use pinned_tables::{is_pinned, pin_batches};

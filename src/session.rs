@@ -71,10 +71,10 @@ mod tests {
     #[tokio::test]
     async fn options_are_settable_from_sql() {
         let ctx = gpu_session_context(SessionConfig::new());
-        ctx.sql("SET gpu.min_rows = 42").await.unwrap();
+        ctx.sql("SET gpu.placement = 'always'").await.unwrap();
         ctx.sql("SET gpu.enabled = false").await.unwrap();
         let options = GpuOptions::from_config(ctx.state().config_options());
-        assert_eq!(options.min_rows, 42);
+        assert!(options.placement.always());
         assert!(!options.enabled);
         assert!(ctx.sql("SET gpu.no_such_option = 1").await.is_err());
     }

@@ -244,8 +244,7 @@ pub async fn benchmark(log2_rows: usize, log2_groups: &[u32], zipf: f64, runs: u
             continue;
         };
         ctx.sql("SET gpu.enabled = true").await.unwrap();
-        ctx.sql("SET gpu.min_rows = 0").await.unwrap();
-        ctx.sql("SET gpu.min_groups = 0").await.unwrap();
+        ctx.sql("SET gpu.placement = 'always'").await.unwrap();
         ctx.sql("SET gpu.hashed_group_keys = true").await.unwrap();
         // --set gpu.KEY=VALUE: options of the GPU path's runs.
         for setting in super::sort_merge::gpu_settings() {

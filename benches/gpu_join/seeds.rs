@@ -623,8 +623,10 @@ pub fn benchmark(log2_rows: usize, families: &[String]) {
                 .expect("register");
         }
         runtime.block_on(async {
-            gpu_ctx.sql("SET gpu.min_rows = 0").await.expect("SET");
-            gpu_ctx.sql("SET gpu.min_groups = 0").await.expect("SET");
+            gpu_ctx
+                .sql("SET gpu.placement = 'always'")
+                .await
+                .expect("SET");
             // --set gpu.KEY=VALUE: options of the GPU runs.
             for setting in super::sort_merge::gpu_settings() {
                 gpu_ctx.sql(&format!("SET {setting}")).await.expect("SET");

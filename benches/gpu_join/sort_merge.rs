@@ -167,7 +167,7 @@ pub async fn benchmark(log2: usize, runs: usize) {
         for statement in [
             "SET datafusion.optimizer.prefer_hash_join = false",
             keep_order.as_str(),
-            "SET gpu.min_rows = 0",
+            "SET gpu.placement = 'always'",
             // The final aggregation stays DataFusion's on both paths; the
             // partial one is computed in the GPU join from its pairs
             // (`gpu.tuning.aggregate_in_join`, `--set gpu.tuning.aggregate_in_join=false`
@@ -301,7 +301,7 @@ async fn order_by(r_keys: &[i64], s_keys: &[i64], log2: usize, runs: usize, core
         .unwrap();
     ctx.register_table("s", table(s_keys, 2, cores, false))
         .unwrap();
-    for statement in ["SET gpu.min_rows = 0", "SET gpu.enabled = false"] {
+    for statement in ["SET gpu.placement = 'always'", "SET gpu.enabled = false"] {
         ctx.sql(statement).await.unwrap();
     }
     let (cpu, cpu_answer, cpu_plan) = timed_collect(&ctx, runs).await;

@@ -78,21 +78,14 @@ config_namespace! {
         /// Fraction of the device memory free at start-up that GPU operators
         /// may hold at once, in (0, 1].
         pub memory_fraction: f64, default = 0.8
-        /// Keep a node on the CPU when its inputs hold fewer rows than this by
-        /// statistics (build + probe for a join, the input of an
-        /// aggregation); inputs without statistics count as large. The
-        /// default is the measured crossover of the GPU join (BENCHMARKS.md).
-        /// 0 sends every supported node to the GPU, as conformance and
-        /// differential tests do.
-        pub min_rows: usize, default = 8_000_000
-        /// Keep an aggregation on the CPU when it makes fewer groups than
-        /// this: one without GROUP BY, else the product of its key columns'
-        /// distinct counts by statistics (without them it counts as many).
-        /// At run time, a sample of each partition's keys with few distinct
-        /// values sends that partition to DataFusion's operator
-        /// (`few_groups_partitions`). 0 sends every supported aggregation to
-        /// the GPU, as conformance and differential tests do.
-        pub min_groups: usize, default = 65_536
+        /// Where a supported node runs: `cost` (the default) places it on
+        /// the GPU where its estimated time there, from statistics and the
+        /// device's constants measured at first use, is well below
+        /// DataFusion's (`gpu_decisions` prints both estimates), and a
+        /// sample of an aggregation's keys checks its groups at run time;
+        /// `always` sends every supported node to the GPU, as conformance
+        /// and differential tests do.
+        pub placement: PlacementPolicy, default = PlacementPolicy::Cost
         /// Emit join rows in the order `HashJoinExec` would: probe rows in
         /// arrival order, each with its build matches in build order, and
         /// unmatched probe rows where `HashJoinExec` puts them. SQL leaves
@@ -232,11 +225,80 @@ const TUNING_OPTIONS: &[&str] = &[
     "result_window_words",
 ];
 
-/// Options that are no longer options: settable only by the crate's tests.
-const REMOVED_OPTIONS: &[(&str, &str)] = &[(
-    "hashed_group_key_bits",
-    "it was a test-only setting; hashed group keys always use 64 bits",
-)];
+/// Options that are no longer options, with what to do instead.
+const REMOVED_OPTIONS: &[(&str, &str)] = &[
+    (
+        "hashed_group_key_bits",
+        "it was a test-only setting; hashed group keys always use 64 bits",
+    ),
+    (
+        "min_rows",
+        "nodes are placed by estimated cost (gpu.placement = 'cost'); \
+         SET gpu.placement = 'always' sends every supported node to the GPU",
+    ),
+    (
+        "min_groups",
+        "nodes are placed by estimated cost (gpu.placement = 'cost'); \
+         SET gpu.placement = 'always' sends every supported node to the GPU",
+    ),
+];
+
+/// How the rule places a supported node (`gpu.placement`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PlacementPolicy {
+    /// Where its estimated time is lower, by a margin, on the GPU.
+    #[default]
+    Cost,
+    /// Always on the GPU.
+    Always,
+}
+
+impl PlacementPolicy {
+    /// Whether nodes go to the GPU whatever their estimates.
+    pub fn always(self) -> bool {
+        self == PlacementPolicy::Always
+    }
+}
+
+impl std::fmt::Display for PlacementPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PlacementPolicy::Cost => "cost",
+            PlacementPolicy::Always => "always",
+        })
+    }
+}
+
+impl std::str::FromStr for PlacementPolicy {
+    type Err = datafusion::error::DataFusionError;
+
+    fn from_str(value: &str) -> Result<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "cost" => Ok(PlacementPolicy::Cost),
+            "always" => Ok(PlacementPolicy::Always),
+            _ => config_err!("gpu.placement is 'cost' or 'always', not '{value}'"),
+        }
+    }
+}
+
+impl ConfigField for PlacementPolicy {
+    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, _: &str, value: &str) -> Result<()> {
+        *self = value.parse()?;
+        Ok(())
+    }
+
+    fn reset(&mut self, key: &str) -> Result<()> {
+        if !key.is_empty() {
+            return config_err!("gpu.placement has no field {key}");
+        }
+        *self = PlacementPolicy::default();
+        Ok(())
+    }
+}
 
 impl ConfigExtension for GpuOptions {
     const PREFIX: &'static str = "gpu";
@@ -318,15 +380,24 @@ mod tests {
     fn options_are_settable_by_key() {
         let mut options = GpuOptions::default();
         ExtensionOptions::set(&mut options, "enabled", "false").unwrap();
-        ExtensionOptions::set(&mut options, "min_rows", "0").unwrap();
+        ExtensionOptions::set(&mut options, "placement", "always").unwrap();
         ExtensionOptions::set(&mut options, "memory_fraction", "0.5").unwrap();
         ExtensionOptions::set(&mut options, "tuning.fold_into_table", "false").unwrap();
         assert!(!options.enabled);
-        assert_eq!(options.min_rows, 0);
+        assert_eq!(options.placement, PlacementPolicy::Always);
         assert_eq!(options.memory_fraction, 0.5);
         assert!(!options.tuning.fold_into_table);
         assert!(ExtensionOptions::set(&mut options, "no_such_option", "1").is_err());
-        assert!(ExtensionOptions::set(&mut options, "min_rows", "many").is_err());
+        let error = ExtensionOptions::set(&mut options, "placement", "sometimes")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("'cost' or 'always'"), "{error}");
+        for removed in ["min_rows", "min_groups"] {
+            let error = ExtensionOptions::set(&mut options, removed, "0")
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("gpu.placement = 'always'"), "{error}");
+        }
         assert!(ExtensionOptions::set(&mut options, "tuning.no_such_option", "1").is_err());
     }
 
@@ -381,7 +452,15 @@ mod tests {
             .into_iter()
             .map(|entry| entry.key)
             .collect();
-        assert!(keys.contains(&"gpu.min_rows".to_string()), "{keys:?}");
+        assert!(keys.contains(&"gpu.placement".to_string()), "{keys:?}");
+        config.set("gpu.placement", "ALWAYS").unwrap();
+        assert!(GpuOptions::from_config(&config).placement.always());
+        let shown = config
+            .entries()
+            .into_iter()
+            .find(|entry| entry.key == "gpu.placement")
+            .and_then(|entry| entry.value);
+        assert_eq!(shown.as_deref(), Some("always"));
         assert!(
             keys.contains(&"gpu.tuning.fold_into_table".to_string()),
             "{keys:?}"
@@ -394,8 +473,7 @@ mod tests {
         let options = GpuOptions::from_config(&config);
         assert!(options.enabled && options.hash_join && options.aggregate);
         assert!(options.sort_merge_join && !options.tuning.sort_merge_join_for_order);
-        assert_eq!(options.min_rows, 8_000_000);
-        assert_eq!(options.min_groups, 65_536);
+        assert_eq!(options.placement, PlacementPolicy::Cost);
         assert!(options.tuning.merge_partitions && options.tuning.aggregate_single_phase);
     }
 }

@@ -524,15 +524,11 @@ fn sampled_distinct_words(
 /// Threads that read a sample of keys in place.
 const SAMPLE_THREADS: usize = 8;
 
-/// Whether a sample of `sampled` rows holding `distinct` keys says the
-/// partition makes fewer groups than the GPU needs to win: each sampled
-/// key repeats 8 times on average, and 8 times the distinct keys stay under
-/// `min_groups` (`gpu.min_groups`; 0 never says so). The GPU trails
-/// DataFusion up to about 2^12 groups and leads from 2^16 (BENCHMARKS.md
-/// has the measurements); a sample of 2^16 rows tells 2^12 groups (4096
-/// distinct) from 2^16 (about 41,000).
-pub(crate) fn sample_shows_few_groups(sampled: usize, distinct: usize, min_groups: usize) -> bool {
-    min_groups > 0 && sampled > 0 && distinct * 8 <= sampled && distinct * 8 < min_groups
+/// Whether a sample of `sampled` keys with `distinct` distinct ones saw
+/// each group many times over (eight on average), so that the groups are
+/// few and their number known.
+pub(crate) fn sample_shows_few_groups(sampled: usize, distinct: usize) -> bool {
+    sampled > 0 && distinct * 8 <= sampled
 }
 
 /// Whether a sample of `sampled` keys with `distinct` distinct ones, out of

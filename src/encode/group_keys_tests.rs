@@ -315,18 +315,18 @@ fn keys_read_in_place_sample_the_rows_that_hashed_keys_do() {
 
 #[test]
 fn few_groups_are_told_from_many_by_the_sample() {
-    // 2^12 groups in a 2^16-row sample: few; 2^16 groups: about 41,000
-    // distinct, many; 2^13: at the edge, many.
-    assert!(sample_shows_few_groups(65_536, 4_096, 65_536));
-    assert!(!sample_shows_few_groups(65_536, 41_000, 65_536));
-    assert!(!sample_shows_few_groups(65_536, 8_192, 65_536));
+    // 2^12 groups in a 2^16-row sample: each seen 16 times, few; 2^16
+    // groups: about 41,000 distinct, many; 2^13: at the edge, few.
+    assert!(sample_shows_few_groups(65_536, 4_096));
+    assert!(!sample_shows_few_groups(65_536, 41_000));
+    assert!(sample_shows_few_groups(65_536, 8_192));
+    assert!(!sample_shows_few_groups(65_536, 8_193));
     // TPC-H q1: four groups.
-    assert!(sample_shows_few_groups(65_536, 4, 65_536));
-    // gpu.min_groups = 0 sends everything to the GPU; no rows, no sample.
-    assert!(!sample_shows_few_groups(65_536, 4, 0));
-    assert!(!sample_shows_few_groups(0, 0, 65_536));
+    assert!(sample_shows_few_groups(65_536, 4));
+    // No rows, no sample.
+    assert!(!sample_shows_few_groups(0, 0));
     // A small partition of few keys, each seen a few times only.
-    assert!(!sample_shows_few_groups(100, 50, 65_536));
+    assert!(!sample_shows_few_groups(100, 50));
 }
 
 #[test]

@@ -247,8 +247,8 @@ pub struct GpuAggregateMetrics {
     /// Partitions whose hashed keys collided (two keys, one hash), which
     /// then ran on the CPU operator.
     pub hashed_key_collisions: Count,
-    /// Partitions whose sampled keys showed fewer groups than
-    /// `gpu.min_groups`, which then ran on the CPU operator.
+    /// Partitions whose sampled keys showed few groups, for which the cost
+    /// model estimated the CPU operator faster, which then ran them.
     pub few_groups_partitions: Count,
     /// Partitions whose groups had to leave in key order and were numbered
     /// by sorting the rows (the sample showed nearly every row a group of

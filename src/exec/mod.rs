@@ -17,6 +17,7 @@ pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
 pub(crate) use hash_join::with_filter_of;
 pub(crate) use join::matches::tracks_build_matches;
+pub(crate) use join::pair_aggregate::folds_pairs_below;
 pub use metrics::{GpuAggregateMetrics, GpuJoinMetrics, GpuSortMergeJoinMetrics};
 pub use sort_merge_join::GpuSortMergeJoinExec;
 

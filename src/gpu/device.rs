@@ -1,12 +1,12 @@
 //! One GPU: its context, kernels, memory budget, pinned pool and streams.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use cudarc::driver::{sys, CudaContext, CudaStream};
 
 use super::launch::{Kernels, Launcher};
-use super::{DeviceBudget, DriverResultExt, GpuResult, PinnedPool};
+use super::{DeviceBudget, DeviceConstants, DriverResultExt, GpuResult, PinnedPool};
 
 /// An opened device. Created once per process by [`super::gpu_runtime`].
 #[derive(Debug)]
@@ -24,6 +24,7 @@ pub struct GpuDevice {
     idle_streams: Mutex<Vec<Arc<CudaStream>>>,
     admitted: Mutex<usize>,
     admission_freed: Condvar,
+    constants: OnceLock<Result<DeviceConstants, String>>,
 }
 
 /// A slot of the device's admission limit, released on drop.
@@ -99,7 +100,17 @@ impl GpuDevice {
             idle_streams: Mutex::new(Vec::new()),
             admitted: Mutex::new(0),
             admission_freed: Condvar::new(),
+            constants: OnceLock::new(),
         })
+    }
+
+    /// The device's measured constants ([`DeviceConstants`]), measured at
+    /// the first call (about 0.1 s) and kept; the reason where
+    /// measuring failed.
+    pub fn constants(self: &Arc<Self>) -> Result<DeviceConstants, String> {
+        self.constants
+            .get_or_init(|| super::calibration::measure(self).map_err(|e| e.to_string()))
+            .clone()
     }
 
     /// This opened device within the process. A device opened again after a

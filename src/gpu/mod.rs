@@ -5,6 +5,7 @@
 //! [`GpuError`].
 
 mod budget;
+mod calibration;
 mod column;
 mod device;
 mod device_slot;
@@ -19,6 +20,7 @@ mod timing;
 mod transfer;
 
 pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
+pub use calibration::DeviceConstants;
 pub use column::{DeviceColumn, HostColumn};
 pub use device::{Admission, GpuDevice};
 #[cfg(any(test, feature = "test-support"))]
@@ -38,5 +40,6 @@ pub use transfer::{
     download_byte_pieces, download_u64, enqueue_download, in_pinned_memory, upload_byte_pieces,
     upload_u64, upload_u64_pieces, StagingWindows,
 };
+pub use transfer::CopyBandwidth;
 #[cfg(any(test, feature = "test-support"))]
-pub use transfer::{measure_copy_bandwidth, upload_byte_pieces_in_windows, CopyBandwidth};
+pub use transfer::{measure_copy_bandwidth, upload_byte_pieces_in_windows};

@@ -470,7 +470,6 @@ impl cudarc::driver::HostSlice<u64> for PinnedRange<'_> {
     }
 }
 
-#[cfg(any(test, feature = "test-support"))]
 /// Measured copy bandwidth of one device, pinned memory both ways: the floor
 /// that any host-resident GPU operator is compared against.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -495,9 +494,19 @@ pub fn measure_copy_bandwidth(
     repeats: usize,
 ) -> GpuResult<CopyBandwidth> {
     device.bind_to_thread()?;
-    let elements = (bytes / 8).max(1);
     let pooled = device.stream()?;
-    let stream = pooled.stream();
+    copy_bandwidth(device, pooled.stream(), bytes, repeats)
+}
+
+/// [`measure_copy_bandwidth`] on `stream`, `device` bound to this thread.
+pub(super) fn copy_bandwidth(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    bytes: usize,
+    repeats: usize,
+) -> GpuResult<CopyBandwidth> {
+    let elements = (bytes / 8).max(1);
+    let repeats = repeats.max(1);
     let mut staging = device.pinned().take(elements)?;
     for (i, v) in staging.as_mut_slice()?.iter_mut().enumerate() {
         *v = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);

@@ -5,15 +5,14 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::common::stats::Precision;
 use datafusion::config::ConfigOptions;
-use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::statistics::plan_statistics;
+use super::shape::{aggregate_shape, hash_join_shape, sort_merge_join_shape};
 use crate::config::GpuOptions;
+use crate::cost::{self, AggregateShape, DeviceConstants, Estimate, GPU_MARGIN};
 use crate::encode::keys::KeySpec;
 use crate::exec::{
     describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec,
@@ -65,14 +64,24 @@ impl fmt::Display for NodeDecision {
     }
 }
 
-/// Decides whether `join` can run as a [`GpuHashJoinExec`]: `Ok(())` if so,
-/// otherwise the reason it stays on the CPU. `gpu` is the availability of a
-/// GPU (`Err(reason)` when there is none).
+/// What a decision for the GPU knows: the node's estimates, where its
+/// inputs have statistics.
+pub type GpuPlacement = Result<Option<Estimate>, String>;
+
+/// Decides whether the `HashJoinExec` `node` can run as a
+/// [`GpuHashJoinExec`]: `Ok` with its estimates if so, otherwise the reason
+/// it stays on the CPU. `gpu` is the availability of a GPU (`Err(reason)`
+/// when there is none); `output_folded` says that an aggregation above takes
+/// the join's pairs on the device.
 pub fn decide_hash_join(
-    join: &HashJoinExec,
+    node: &Arc<dyn ExecutionPlan>,
     options: &GpuOptions,
     gpu: Result<(), &str>,
-) -> Result<(), String> {
+    output_folded: bool,
+) -> GpuPlacement {
+    let join = node
+        .downcast_ref::<HashJoinExec>()
+        .ok_or_else(|| format!("{} is not a HashJoinExec", node.name()))?;
     gpu_usable(
         options,
         options.hash_join,
@@ -92,16 +101,24 @@ pub fn decide_hash_join(
         return Err("the join's output ordering may be relied on above it, and the GPU join does not keep it".into());
     }
     crate::encode::keys::join_key_spec(join)?;
-    check_join_size(join.left(), join.right(), options)
+    place_by_cost(options, |device| {
+        let shape = hash_join_shape(join, node, output_folded, options.tuning.device_gather)?;
+        Some(cost::join(&shape, device))
+    })
 }
 
-/// Decides whether `join` can run as a [`GpuSortMergeJoinExec`]: `Ok(())`
-/// if so, otherwise the reason it stays on the CPU.
+/// Decides whether the `SortMergeJoinExec` `node` can run as a
+/// [`GpuSortMergeJoinExec`]: `Ok` with its estimates if so, otherwise the
+/// reason it stays on the CPU.
 pub fn decide_sort_merge_join(
-    join: &SortMergeJoinExec,
+    node: &Arc<dyn ExecutionPlan>,
     options: &GpuOptions,
     gpu: Result<(), &str>,
-) -> Result<(), String> {
+    output_folded: bool,
+) -> GpuPlacement {
+    let join = node
+        .downcast_ref::<SortMergeJoinExec>()
+        .ok_or_else(|| format!("{} is not a SortMergeJoinExec", node.name()))?;
     gpu_usable(
         options,
         options.sort_merge_join,
@@ -121,16 +138,19 @@ pub fn decide_sort_merge_join(
             ));
         }
     }
-    check_join_size(join.left(), join.right(), options)
+    place_by_cost(options, |device| {
+        let shape = sort_merge_join_shape(join, node, output_folded)?;
+        Some(cost::join(&shape, device))
+    })
 }
 
-/// Decides whether `agg` can run as a [`GpuAggregateExec`]: `Ok(())` if so,
-/// otherwise the reason it stays on the CPU.
+/// Decides whether `agg` can run as a [`GpuAggregateExec`]: `Ok` with its
+/// estimates if so, otherwise the reason it stays on the CPU.
 pub fn decide_aggregate(
     agg: &AggregateExec,
     options: &GpuOptions,
     gpu: Result<(), &str>,
-) -> Result<(), String> {
+) -> GpuPlacement {
     gpu_usable(
         options,
         options.aggregate,
@@ -150,45 +170,57 @@ pub fn decide_aggregate(
             types.join(", ")
         ));
     }
-    check_size(estimated_rows(agg.input()), options)?;
-    check_groups(agg, options)
-}
-
-/// Keeps an aggregation that makes fewer than `gpu.min_groups` groups (one
-/// without GROUP BY, or by statistics; none counts as many) on the CPU.
-fn check_groups(agg: &AggregateExec, options: &GpuOptions) -> Result<(), String> {
-    match estimated_groups(agg) {
-        Some(groups) if groups < options.min_groups => Err(format!(
-            "few groups: {}, below gpu.min_groups = {} (the input crosses PCIe whatever \
-             the groups; with few groups one CPU pass over host memory is faster)",
-            if agg.group_expr().expr().is_empty() {
-                "one (no GROUP BY)".to_string()
-            } else {
-                format!("about {groups} by statistics")
-            },
-            options.min_groups
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// The groups `agg` makes: one without grouping keys, else the product of
-/// its key columns' distinct counts in its input's statistics; `None` when
-/// a key is not a plain column or has no distinct count.
-fn estimated_groups(agg: &AggregateExec) -> Option<usize> {
-    let exprs = agg.group_expr().expr();
-    if exprs.is_empty() {
-        return Some(1);
-    }
-    let stats = plan_statistics(agg.input()).ok()?;
-    exprs.iter().try_fold(1usize, |groups, (expr, _)| {
-        let column = expr.downcast_ref::<Column>()?;
-        let distinct = match stats.column_statistics.get(column.index())?.distinct_count {
-            Precision::Exact(n) | Precision::Inexact(n) => n,
-            Precision::Absent => return None,
+    let device = device_constants();
+    let Some((shape, groups_known)) = aggregate_shape(agg, spec.keys_need_hashing) else {
+        return Ok(None);
+    };
+    if !groups_known && !options.placement.always() {
+        // Statistics do not know the groups: taken as many, checked again
+        // at run time by a sample of the keys, whose overhead only a long
+        // enough aggregation hides where the groups turn out few.
+        let few = AggregateShape {
+            groups: cost::FEW_GROUPS,
+            ..shape
         };
-        Some(groups.saturating_mul(distinct.max(1)))
-    })
+        let cpu_if_few = cost::aggregate(&few, &device).cpu;
+        if cpu_if_few < cost::UNKNOWN_GROUPS_MIN_CPU {
+            return Err(format!(
+                "groups unknown by statistics, and the input too small for the GPU even then: \
+                 with few groups DataFusion would take an estimated {:.1} ms, below the {} ms \
+                 from which the run-time check of the groups pays (gpu.placement = 'cost')",
+                cpu_if_few.as_secs_f64() * 1e3,
+                cost::UNKNOWN_GROUPS_MIN_CPU.as_millis()
+            ));
+        }
+    }
+    place_by_cost(options, |device| Some(cost::aggregate(&shape, device)))
+}
+
+/// Places a node the GPU can run by its estimates (`estimate`, `None`
+/// without statistics, which counts as large): on the GPU where it is
+/// estimated faster by [`GPU_MARGIN`], or whatever the estimates under
+/// `gpu.placement = 'always'`.
+fn place_by_cost(
+    options: &GpuOptions,
+    estimate: impl FnOnce(&DeviceConstants) -> Option<Estimate>,
+) -> GpuPlacement {
+    let estimate = estimate(&device_constants());
+    match estimate {
+        Some(estimate) if !options.placement.always() && !estimate.gpu_faster() => Err(format!(
+            "{estimate}: the GPU must be estimated {GPU_MARGIN}x faster (gpu.placement = 'cost')"
+        )),
+        _ => Ok(estimate),
+    }
+}
+
+/// The constants of the first device, measured at its first use; typical
+/// ones where there is no device or measuring failed.
+fn device_constants() -> DeviceConstants {
+    crate::gpu::gpu_runtime()
+        .ok()
+        .and_then(|runtime| runtime.devices().first().cloned())
+        .and_then(|device| device.constants().ok())
+        .unwrap_or(DeviceConstants::TYPICAL)
 }
 
 /// Whether the GPU may be used at all: the session's switch, the
@@ -206,38 +238,6 @@ fn gpu_usable(
         return Err(disabled.into());
     }
     gpu.map_err(|reason| format!("no GPU: {reason}"))
-}
-
-/// [`check_size`] on the rows of both inputs of a join.
-fn check_join_size(
-    left: &Arc<dyn ExecutionPlan>,
-    right: &Arc<dyn ExecutionPlan>,
-    options: &GpuOptions,
-) -> Result<(), String> {
-    let rows =
-        estimated_rows(left).and_then(|left| Some(left.saturating_add(estimated_rows(right)?)));
-    check_size(rows, options)
-}
-
-/// Keeps a node whose inputs hold fewer than `gpu.min_rows` rows (by
-/// statistics; none counts as large) on the CPU.
-fn check_size(rows: Option<usize>, options: &GpuOptions) -> Result<(), String> {
-    match rows {
-        Some(rows) if rows < options.min_rows => Err(format!(
-            "inputs too small: about {rows} rows by statistics, below gpu.min_rows = {}",
-            options.min_rows
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// Rows of `plan` by statistics, exact or estimated; `None` without any.
-pub(super) fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
-    let stats = plan_statistics(plan).ok()?;
-    match stats.num_rows {
-        Precision::Exact(n) | Precision::Inexact(n) => Some(n),
-        Precision::Absent => None,
-    }
 }
 
 fn describe_hash_join(join: &HashJoinExec) -> String {
@@ -297,6 +297,7 @@ pub fn gpu_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> V
         plan,
         &options,
         gpu.as_ref().map(|_| ()).map_err(|e| e.as_str()),
+        false,
         &mut decisions,
     );
     decisions
@@ -304,12 +305,42 @@ pub fn gpu_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> V
 
 const NOT_APPLIED: &str = "eligible, but the GPU rule was not applied to this plan";
 
+/// Whether the aggregation `node` takes the pairs of a GPU join directly
+/// below it on the device, as the rule makes it (`gpu.tuning.aggregate_in_join`).
+pub(super) fn folds_join_below(node: &Arc<dyn ExecutionPlan>, options: &GpuOptions) -> bool {
+    options.tuning.aggregate_in_join
+        && crate::exec::folds_pairs_below(node, options.deterministic_float_sums)
+}
+
+/// The estimates of a node on the GPU, as `gpu_decisions` appends them.
+fn estimates(placement: GpuPlacement) -> String {
+    match placement {
+        Ok(Some(estimate)) => format!("; {estimate}"),
+        Ok(None) => "; no statistics: its inputs were taken as large".into(),
+        Err(_) => String::new(),
+    }
+}
+
+/// The reason a node the rule left on the CPU stays there.
+fn cpu_reason(placement: GpuPlacement) -> String {
+    match placement {
+        Err(reason) => reason,
+        Ok(estimate) => format!("{NOT_APPLIED}{}", estimates(Ok(estimate))),
+    }
+}
+
 fn collect_decisions(
     plan: &Arc<dyn ExecutionPlan>,
     options: &GpuOptions,
     gpu: Result<(), &str>,
+    output_folded: bool,
     out: &mut Vec<NodeDecision>,
 ) {
+    // A GPU node's estimates, whatever `gpu.placement` says.
+    let always = GpuOptions {
+        placement: crate::config::PlacementPolicy::Always,
+        ..options.clone()
+    };
     if let Some(gpu_join) = plan.downcast_ref::<GpuHashJoinExec>() {
         aggregate_in_join(
             gpu_join.partial_aggregate_node(),
@@ -317,29 +348,37 @@ fn collect_decisions(
             "GpuHashJoinExec",
             out,
         );
+        let folded = gpu_join.partial_aggregate_node().is_some();
         out.push(NodeDecision {
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(gpu_join.hash_join()),
             placement: Placement::Gpu {
-                algorithm: if gpu_join.repartition_removed() {
-                    format!(
-                        "{} over all input partitions (CPU hash repartition removed)",
-                        GpuHashJoinExec::ALGORITHM
-                    )
-                } else {
-                    GpuHashJoinExec::ALGORITHM.into()
-                },
+                algorithm: format!(
+                    "{}{}",
+                    if gpu_join.repartition_removed() {
+                        format!(
+                            "{} over all input partitions (CPU hash repartition removed)",
+                            GpuHashJoinExec::ALGORITHM
+                        )
+                    } else {
+                        GpuHashJoinExec::ALGORITHM.into()
+                    },
+                    estimates(decide_hash_join(
+                        gpu_join.cpu_join(),
+                        &always,
+                        Ok(()),
+                        folded
+                    ))
+                ),
             },
         });
     } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
-        let reason = match decide_hash_join(join, options, gpu) {
-            Err(reason) => reason,
-            Ok(()) => NOT_APPLIED.into(),
-        };
         out.push(NodeDecision {
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(join),
-            placement: Placement::Cpu { reason },
+            placement: Placement::Cpu {
+                reason: cpu_reason(decide_hash_join(plan, options, gpu, output_folded)),
+            },
         });
     } else if let Some(gpu_join) = plan.downcast_ref::<GpuSortMergeJoinExec>() {
         aggregate_in_join(
@@ -348,6 +387,7 @@ fn collect_decisions(
             "GpuSortMergeJoinExec",
             out,
         );
+        let folded = gpu_join.partial_aggregate_node().is_some();
         let [left, right] = gpu_join.sort_on_device();
         let sorted_by = |on_device: bool| if on_device { "device" } else { "input" };
         out.push(NodeDecision {
@@ -355,7 +395,7 @@ fn collect_decisions(
             detail: describe_sort_merge_join(gpu_join.sort_merge_join()),
             placement: Placement::Gpu {
                 algorithm: format!(
-                    "{} (left sorted by the {}, right by the {}){}{}",
+                    "{} (left sorted by the {}, right by the {}){}{}{}",
                     GpuSortMergeJoinExec::ALGORITHM,
                     sorted_by(left),
                     sorted_by(right),
@@ -369,19 +409,23 @@ fn collect_decisions(
                         ", over all input partitions (CPU hash repartitions removed)"
                     } else {
                         ""
-                    }
+                    },
+                    estimates(decide_sort_merge_join(
+                        gpu_join.cpu_join(),
+                        &always,
+                        Ok(()),
+                        folded
+                    ))
                 ),
             },
         });
     } else if let Some(join) = plan.downcast_ref::<SortMergeJoinExec>() {
-        let reason = match decide_sort_merge_join(join, options, gpu) {
-            Err(reason) => reason,
-            Ok(()) => NOT_APPLIED.into(),
-        };
         out.push(NodeDecision {
             operator: "SortMergeJoinExec".into(),
             detail: describe_sort_merge_join(join),
-            placement: Placement::Cpu { reason },
+            placement: Placement::Cpu {
+                reason: cpu_reason(decide_sort_merge_join(plan, options, gpu, output_folded)),
+            },
         });
     } else if let Some(gpu_agg) = plan.downcast_ref::<GpuAggregateExec>() {
         out.push(NodeDecision {
@@ -389,7 +433,7 @@ fn collect_decisions(
             detail: describe_aggregate(gpu_agg.aggregate()),
             placement: Placement::Gpu {
                 algorithm: format!(
-                    "{}{}{}",
+                    "{}{}{}{}",
                     gpu_agg.algorithm(),
                     if gpu_agg.phases_merged() {
                         " over all input partitions (CPU partial aggregation and repartition removed)"
@@ -402,22 +446,22 @@ fn collect_decisions(
                              which is gone: the device numbers the groups in key order"
                         ),
                         None => String::new(),
-                    }
+                    },
+                    estimates(decide_aggregate(gpu_agg.aggregate(), &always, Ok(())))
                 ),
             },
         });
     } else if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
-        let reason = match decide_aggregate(agg, options, gpu) {
-            Err(reason) => reason,
-            Ok(()) => NOT_APPLIED.into(),
-        };
         out.push(NodeDecision {
             operator: "AggregateExec".into(),
             detail: describe_aggregate(agg),
-            placement: Placement::Cpu { reason },
+            placement: Placement::Cpu {
+                reason: cpu_reason(decide_aggregate(agg, options, gpu)),
+            },
         });
     }
+    let folds = folds_join_below(plan, options);
     for child in plan.children() {
-        collect_decisions(child, options, gpu, out);
+        collect_decisions(child, options, gpu, folds, out);
     }
 }

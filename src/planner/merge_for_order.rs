@@ -122,10 +122,10 @@ pub(crate) fn merge_join_for_sort(
         sort_options,
         join.null_equality(),
     )?;
-    if decide_sort_merge_join(&merge, options, gpu).is_err() {
+    let merge: Arc<dyn ExecutionPlan> = Arc::new(merge);
+    if decide_sort_merge_join(&merge, options, gpu, false).is_err() {
         return Ok(None);
     }
-    let merge: Arc<dyn ExecutionPlan> = Arc::new(merge);
     let projection = join.projection.as_ref().map(|p| p.to_vec());
     // The replacement must deliver what the sort delivered: its schema, its
     // partitions, and rows in its order.

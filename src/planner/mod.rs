@@ -6,6 +6,7 @@ mod merge_for_order;
 mod partitioning;
 mod phases;
 mod rule;
+mod shape;
 mod statistics;
 
 pub use decision::{

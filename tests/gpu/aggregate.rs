@@ -1030,16 +1030,19 @@ async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     assert!(gpu_aggregate_metric(&plan, "cpu_fallback_partitions") > 0);
     assert_eq!(gpu_aggregate_metric(&plan, "groups"), 0);
 
-    // With gpu.min_groups, a partition whose sampled keys show few groups
-    // runs on the CPU operator; one with many stays on the GPU.
+    // Placed by cost, an aggregation whose groups statistics do not know
+    // goes to the GPU where its input is large (unknown counts as many; on
+    // one partition, 4 M rows are enough); at run time, a partition whose
+    // sampled keys show few groups runs on the CPU operator, where the cost
+    // model then estimates it faster, and one with many stays on the GPU.
     for phases in [
         "SET gpu.tuning.aggregate_single_phase = false",
         "SET gpu.tuning.aggregate_single_phase = true",
     ] {
-        let (gpu, cpu) = contexts(4, &["SET gpu.min_groups = 65536", phases]).await;
+        let (gpu, cpu) = contexts(1, &["SET gpu.placement = 'cost'", phases]).await;
         register(
             [&gpu, &cpu],
-            table(40_000, Keys::Uniform { domain: 1 << 40 }, 4, 9),
+            table(1 << 22, Keys::Uniform { domain: 1 << 40 }, 1, 9),
         );
         let plan = check(&gpu, &cpu, "SELECT s, count(*), sum(v) FROM t GROUP BY s").await;
         assert!(
@@ -1110,7 +1113,7 @@ async fn a_hash_table_sized_from_a_misleading_sample_is_built_again() {
         1,
         &[
             "SET gpu.tuning.aggregate_single_phase = true",
-            "SET gpu.min_groups = 0",
+            "SET gpu.placement = 'always'",
         ],
     )
     .await;
@@ -1121,7 +1124,7 @@ async fn a_hash_table_sized_from_a_misleading_sample_is_built_again() {
         1,
         &[
             "SET gpu.tuning.aggregate_single_phase = true",
-            "SET gpu.min_groups = 0",
+            "SET gpu.placement = 'always'",
             "SET gpu.tuning.fold_into_table = false",
         ],
     )

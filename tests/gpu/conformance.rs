@@ -1,5 +1,5 @@
 //! Conformance: DataFusion's own sqllogictest files, run with the GPU rule
-//! registered (every supported node forced onto the GPU, `gpu.min_rows = 0`)
+//! registered (every supported node forced onto the GPU, `gpu.placement = 'always'`)
 //! and, as the baseline, on plain DataFusion.
 //!
 //! A record fails the test when it passes on plain DataFusion and fails with
@@ -24,7 +24,9 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpu::{gpu_decisions, gpu_status, GpuOptimizerRule, GpuOptions, GpuTestOptions};
+use datafusion_gpu::{
+    gpu_decisions, gpu_status, GpuOptimizerRule, GpuOptions, GpuTestOptions, PlacementPolicy,
+};
 use datafusion_sqllogictest::{
     df_value_validator, setup_scratch_dir, value_normalizer, DataFusion, TestContext,
 };
@@ -217,8 +219,7 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
                 SessionStateBuilder::new_from_existing(test_ctx.session_ctx().state());
             let config = builder.config().get_or_insert_with(SessionConfig::new);
             let mut options = GpuOptions::default();
-            options.min_rows = 0;
-            options.min_groups = 0;
+            options.placement = PlacementPolicy::Always;
             // Groups numbered in hash partitions (the newest path; the
             // differential tests cover the one table too).
             options.tuning.min_groups_to_partition = 0;

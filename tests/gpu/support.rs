@@ -176,7 +176,7 @@ impl JoinMode {
 }
 
 /// A context with the GPU rule, forcing every supported join onto the GPU
-/// (`gpu.min_rows = 0`) and the chosen partition mode, plus extra `SET`s.
+/// (`gpu.placement = 'always'`) and the chosen partition mode, plus extra `SET`s.
 pub async fn gpu_context(
     mode: JoinMode,
     target_partitions: usize,
@@ -244,8 +244,7 @@ async fn configure(ctx: &SessionContext, mode: JoinMode, gpu: bool, extra: &[&st
     };
     let mut statements = vec![
         format!("SET gpu.enabled = {gpu}"),
-        "SET gpu.min_rows = 0".to_string(),
-        "SET gpu.min_groups = 0".to_string(),
+        "SET gpu.placement = 'always'".to_string(),
         "SET gpu.hashed_group_keys = true".to_string(),
         // A kernel's fault fails the test rather than running on the CPU.
         "SET gpu_test.device_errors_fail = true".to_string(),

@@ -4,6 +4,13 @@
 
 use super::*;
 
+/// Keys the first, quick sample reads: it tells up to 512 groups, each seen
+/// eight times on average.
+const QUICK_SAMPLE_ROWS: usize = 4096;
+
+/// Batches the quick sample reads at most, spread over the input.
+const QUICK_SAMPLE_BATCHES: usize = 256;
+
 impl DeviceAggregation {
     pub(super) fn aggregate(
         &self,
@@ -15,16 +22,27 @@ impl DeviceAggregation {
         let _timer = self.metrics.baseline.elapsed_compute().timer();
         let prepare = self.metrics.prepare_time.timer();
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        // A few thousand keys of a few hundred batches tell few groups
+        // before every batch's keys are evaluated and the full sample's
+        // scattered reads, which only the device's work needs.
+        if let Some((sampled, distinct)) = self.quick_sample(batches, inputs)? {
+            trace::event(|| format!("aggregation: quick sample ({sampled}, {distinct})"));
+            if self.sample_favours_cpu(rows, sampled, distinct) {
+                self.metrics.few_groups_partitions.add(1);
+                return Ok(Outcome::OnCpu);
+            }
+        }
         // Floats as DataFusion stores group values, `-0.0` folded into `+0.0`.
         let key_columns = fold_negative_zeros(evaluate_pieces(&inputs.group_exprs, batches)?)?;
         trace::event(|| "aggregation: group keys evaluated".into());
         let (sample, own_keys) = self.sample_keys(&key_columns)?;
         trace::event(|| format!("aggregation: keys sampled ({sample:?})"));
         if let Some((sampled, distinct)) = sample {
-            // Statistics rarely know the groups (the rule counts unknown as
-            // many): a sample of the keys decides before they are encoded
-            // or copied, where one CPU pass over host memory would be faster.
-            if sample_shows_few_groups(sampled, distinct, self.options.min_groups) {
+            // Statistics rarely know the groups (the rule takes unknown as
+            // many): a sample of the keys decides again before they are
+            // encoded or copied, where one CPU pass over host memory would
+            // be faster.
+            if self.sample_favours_cpu(rows, sampled, distinct) {
                 self.metrics.few_groups_partitions.add(1);
                 return Ok(Outcome::OnCpu);
             }
@@ -108,6 +126,53 @@ impl DeviceAggregation {
         self.outcome_of(emitted)
     }
 
+    /// A sample of [`QUICK_SAMPLE_ROWS`] keys (sampled rows, distinct among
+    /// them) spread over at most [`QUICK_SAMPLE_BATCHES`] batches spread
+    /// over the input, whose keys alone are evaluated, where the cost model
+    /// may send the partition back to the CPU.
+    fn quick_sample(
+        &self,
+        batches: &[RecordBatch],
+        inputs: &AggregateInputs,
+    ) -> Result<Option<(usize, usize)>> {
+        if self.spec.keys.is_none() || self.options.placement.always() || batches.is_empty() {
+            return Ok(None);
+        }
+        let picked: Vec<RecordBatch> = match batches.len() <= QUICK_SAMPLE_BATCHES {
+            true => batches.to_vec(),
+            false => (0..QUICK_SAMPLE_BATCHES)
+                .map(|i| batches[i * batches.len() / QUICK_SAMPLE_BATCHES].clone())
+                .collect(),
+        };
+        let key_columns = fold_negative_zeros(evaluate_pieces(&inputs.group_exprs, &picked)?)?;
+        sampled_distinct_keys(&key_columns, QUICK_SAMPLE_ROWS).map(Some)
+    }
+
+    /// Whether a sample of the keys (`sampled` of `rows` rows, `distinct`
+    /// keys among them) says DataFusion's operator aggregates them faster:
+    /// the sample saw few groups, each many times (so that their number is
+    /// known), and given them the cost model estimates the CPU faster.
+    /// Never under `gpu.placement = 'always'`.
+    fn sample_favours_cpu(&self, rows: usize, sampled: usize, distinct: usize) -> bool {
+        if self.options.placement.always() || !sample_shows_few_groups(sampled, distinct) {
+            return false;
+        }
+        let keys = self.spec.keys.as_ref().map_or(0, |keys| keys.types().len()) as u64;
+        let aggregates = self.spec.aggregates.len() as u64;
+        let shape = AggregateShape {
+            rows: rows as u64,
+            groups: estimated_groups(sampled, distinct, rows) as u64,
+            keys,
+            value_bytes: 8 * aggregates,
+            aggregates,
+            group_bytes: 8 * (keys + aggregates),
+            threads: host_threads(),
+            hashed_keys: self.spec.keys_need_hashing,
+        };
+        let device = self.device.constants().unwrap_or(DeviceConstants::TYPICAL);
+        !cost::aggregate(&shape, &device).gpu_faster()
+    }
+
     /// A sample of the keys' distinct values (sampled rows, distinct among
     /// them), where a choice depends on the groups, and the keys' words
     /// where they are their column's own, read in place. The sample
@@ -120,7 +185,7 @@ impl DeviceAggregation {
         key_columns: &[Vec<ArrayRef>],
     ) -> Result<(Option<(usize, usize)>, Option<GroupKeyWords>)> {
         let sampling = self.spec.keys.is_some()
-            && (self.options.min_groups > 0
+            && (!self.options.placement.always()
                 || self.group_order.is_some()
                 || self.options.tuning.min_groups_to_partition < usize::MAX);
         std::thread::scope(|scope| -> Result<_> {

@@ -5,7 +5,7 @@
 //! groups by sorting their order-preserving codes).
 //! When the device cannot take the work (too little device memory, or two
 //! hashed keys that shared a hash), or should not (a sample of the keys
-//! shows fewer groups than `gpu.min_groups`), DataFusion's CPU operator
+//! shows few groups, which the cost model places on the CPU), DataFusion's CPU operator
 //! aggregates the collected input instead, and a metric says so. Where the
 //! session's memory pool cannot hold the whole input, DataFusion's operator
 //! (which spills) takes the batches read so far and the rest of the input.
@@ -33,6 +33,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::spec::GroupOrder;
 use crate::config::{DeviceErrorPolicy, GpuOptions};
+use crate::cost::{self, AggregateShape, DeviceConstants};
 use crate::encode::group_keys::{
     estimated_groups, fold_negative_zeros, group_key_words, groups_hold_one_key,
     ordered_group_key_words, own_group_key_words, sample_shows_few_groups,

@@ -191,6 +191,11 @@ impl GpuHashJoinExec {
             .with_pair_aggregate(aggregate))
     }
 
+    /// The [`HashJoinExec`] this node replaces, as the plan node it was.
+    pub fn cpu_join(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.cpu_join
+    }
+
     /// The [`HashJoinExec`] this node replaces.
     pub fn hash_join(&self) -> &HashJoinExec {
         self.cpu_join

@@ -99,6 +99,12 @@ pub(crate) fn check_join_emits_pairs(join_type: JoinType, has_filter: bool) -> R
     )))
 }
 
+/// Whether the aggregation `node` can be computed from the pairs of a join
+/// below it ([`PairAggregate::try_new`]).
+pub(crate) fn folds_pairs_below(node: &Arc<dyn ExecutionPlan>, deterministic_float_sums: bool) -> bool {
+    PairAggregate::try_new(node, deterministic_float_sums).is_ok()
+}
+
 impl PairAggregate {
     /// The aggregation `node` computed from the pairs of the join below it,
     /// or why it cannot be: it must be a `Partial` `AggregateExec` without

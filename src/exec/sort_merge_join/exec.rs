@@ -310,6 +310,11 @@ impl GpuSortMergeJoinExec {
         self.in_place_of_hash_join
     }
 
+    /// The [`SortMergeJoinExec`] this node replaces, as the plan node it was.
+    pub fn cpu_join(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.cpu_join
+    }
+
     /// The [`SortMergeJoinExec`] this node replaces.
     pub fn sort_merge_join(&self) -> &SortMergeJoinExec {
         self.cpu_join

@@ -20,12 +20,13 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
-use super::decision::estimated_rows;
+use super::decision::folds_join_below;
 use super::merge_for_order::{merge_join_for_sort, MergeForOrder};
 use super::partitioning::{
     children_partitioning_free, merge_join_over_unrepartitioned_inputs, over_unrepartitioned_inputs,
 };
 use super::phases::{cpu_phases, single_phase};
+use super::shape::estimated_rows;
 use super::statistics::with_statistics_of_one_pass;
 use super::{decide_aggregate, decide_hash_join, decide_sort_merge_join};
 use crate::config::GpuOptions;
@@ -89,7 +90,7 @@ fn rewrite_plan(
     // arrive makes it no fixed order.
     let order_observable = true;
     with_statistics_of_one_pass(|| {
-        rewrite(plan, order_observable, true, options, gpu).and_then(without_spread_at_root)
+        rewrite(plan, order_observable, true, false, options, gpu).and_then(without_spread_at_root)
     })
 }
 
@@ -143,11 +144,14 @@ fn without_spread_at_root(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Execut
 /// order of one partition's rows. A `Partitioned` join runs once over all
 /// input partitions instead (see [`super::partitioning`]): as it is where
 /// nothing above depends on its hash partitioning (`partitioning_free`),
-/// with its output repartitioned where something does.
+/// with its output repartitioned where something does. `output_folded`
+/// says that `node`'s parent is an aggregation that takes a GPU join's
+/// pairs on the device (see [`folds_join_below`]).
 fn rewrite(
     node: Arc<dyn ExecutionPlan>,
     order_observable: bool,
     partitioning_free: bool,
+    output_folded: bool,
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
@@ -158,7 +162,7 @@ fn rewrite(
             .join
             .children()
             .into_iter()
-            .map(|child| rewrite(Arc::clone(child), false, false, options, gpu))
+            .map(|child| rewrite(Arc::clone(child), false, false, false, options, gpu))
             .collect::<Result<Vec<_>>>()?;
         let join = replace_children_if_necessary(merge.join, children)?;
         let sorts = match join.downcast_ref::<SortMergeJoinExec>() {
@@ -178,11 +182,21 @@ fn rewrite(
     }
     let children_observable = order_observable && !merges_in_arrival_order(&node);
     let children_free = children_partitioning_free(&node, partitioning_free);
+    let children_folded = folds_join_below(&node, options);
     let children = node
         .children()
         .into_iter()
         .zip(children_free)
-        .map(|(child, free)| rewrite(Arc::clone(child), children_observable, free, options, gpu))
+        .map(|(child, free)| {
+            rewrite(
+                Arc::clone(child),
+                children_observable,
+                free,
+                children_folded,
+                options,
+                gpu,
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     let node = replace_children_if_necessary(node, children)?;
     if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
@@ -199,12 +213,17 @@ fn rewrite(
                 MergeInputs::RepartitionOutput
             },
         );
-        if let Some(gpu_join) = gpu_join(&node, join, order_observable, merge, options, gpu)? {
+        let planned = GpuJoinPlan {
+            order_observable,
+            merge,
+            output_folded,
+        };
+        if let Some(gpu_join) = gpu_join(&node, join, planned, options, gpu)? {
             return Ok(gpu_join);
         }
     }
     if let Some(join) = node.downcast_ref::<SortMergeJoinExec>() {
-        if decide_sort_merge_join(join, options, gpu).is_ok() {
+        if decide_sort_merge_join(&node, options, gpu, output_folded).is_ok() {
             if options.tuning.merge_partitions && partitioning_free {
                 let unsorted_too = options.tuning.merge_unsorted_sort_merge_inputs;
                 if let Some(merged) = merge_join_over_unrepartitioned_inputs(join, unsorted_too)? {
@@ -395,6 +414,17 @@ enum MergeInputs {
     RepartitionOutput,
 }
 
+/// How a GPU hash join is to be planned where it replaces a `HashJoinExec`.
+#[derive(Debug, Clone, Copy)]
+struct GpuJoinPlan {
+    /// Whether the join's row order can be seen above it.
+    order_observable: bool,
+    /// Whether, and how, it may run once over all input partitions.
+    merge: Option<MergeInputs>,
+    /// Whether the aggregation above takes its pairs on the device.
+    output_folded: bool,
+}
+
 /// The GPU join replacing `join` (the plan node `node`), if any: over all
 /// input partitions where `merge` allows and the join has CPU repartitions
 /// to remove (with its output repartitioned where that is relied on),
@@ -402,11 +432,15 @@ enum MergeInputs {
 fn gpu_join(
     node: &Arc<dyn ExecutionPlan>,
     join: &HashJoinExec,
-    order_observable: bool,
-    merge: Option<MergeInputs>,
+    planned: GpuJoinPlan,
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let GpuJoinPlan {
+        order_observable,
+        merge,
+        output_folded,
+    } = planned;
     if let Some(merge) = merge {
         let output_partitioning = join.properties().output_partitioning().clone();
         let allowed = match merge {
@@ -421,8 +455,8 @@ fn gpu_join(
             .transpose()?
             .flatten()
         {
-            if decide_hash_join(&merged, options, gpu).is_ok() {
-                let merged: Arc<dyn ExecutionPlan> = Arc::new(merged);
+            let merged: Arc<dyn ExecutionPlan> = Arc::new(merged);
+            if decide_hash_join(&merged, options, gpu, output_folded).is_ok() {
                 let gpu_join: Arc<dyn ExecutionPlan> = Arc::new(
                     GpuHashJoinExec::try_new(merged)?
                         .with_preserve_order(false)
@@ -437,7 +471,7 @@ fn gpu_join(
             }
         }
     }
-    if decide_hash_join(join, options, gpu).is_ok() {
+    if decide_hash_join(node, options, gpu, output_folded).is_ok() {
         return Ok(Some(Arc::new(
             GpuHashJoinExec::try_new(Arc::clone(node))?.with_preserve_order(order_observable),
         )));

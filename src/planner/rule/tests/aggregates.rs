@@ -50,8 +50,7 @@ async fn aggregations_run_on_the_gpu_in_every_mode_of_a_two_phase_plan() {
 async fn two_aggregation_phases_become_one_gpu_aggregation_where_partitioning_is_free() {
     use datafusion::physical_plan::aggregates::AggregateMode;
     let single_phase = || GpuOptions {
-        min_rows: 0,
-        min_groups: 0,
+        placement: PlacementPolicy::Always,
         tuning: GpuTuning {
             aggregate_single_phase: true,
             ..GpuTuning::default()
@@ -129,8 +128,7 @@ async fn two_aggregation_phases_become_one_gpu_aggregation_where_partitioning_is
 async fn a_sort_on_group_keys_above_an_aggregation_becomes_the_aggregation_s_own() {
     for single_phase in [true, false] {
         let options = GpuOptions {
-            min_rows: 0,
-            min_groups: 0,
+            placement: PlacementPolicy::Always,
             tuning: GpuTuning {
                 aggregate_single_phase: single_phase,
                 ..GpuTuning::default()
@@ -185,8 +183,7 @@ async fn a_sort_on_group_keys_above_an_aggregation_becomes_the_aggregation_s_own
         "SELECT c, count(*) FROM (SELECT CAST(k AS VARCHAR) AS c FROM r) GROUP BY c ORDER BY c",
     ] {
         let options = GpuOptions {
-            min_rows: 0,
-            min_groups: 0,
+            placement: PlacementPolicy::Always,
             hashed_group_keys: true,
             ..GpuOptions::default()
         };
@@ -209,8 +206,7 @@ async fn a_single_count_distinct_runs_on_the_gpu_as_datafusion_rewrites_it() {
     let sql = "SELECT k, count(DISTINCT v), max(v) FROM r GROUP BY k";
     for single_phase in [false, true] {
         let options = GpuOptions {
-            min_rows: 0,
-            min_groups: 0,
+            placement: PlacementPolicy::Always,
             tuning: GpuTuning {
                 aggregate_single_phase: single_phase,
                 ..GpuTuning::default()
@@ -226,8 +222,7 @@ async fn a_single_count_distinct_runs_on_the_gpu_as_datafusion_rewrites_it() {
 #[tokio::test]
 async fn aggregations_the_gpu_cannot_run_stay_on_the_cpu_and_say_why() {
     let options = GpuOptions {
-        min_rows: 0,
-        min_groups: 0,
+        placement: PlacementPolicy::Always,
         tuning: GpuTuning {
             aggregate_single_phase: false,
             ..GpuTuning::default()
@@ -297,41 +292,46 @@ async fn aggregations_the_gpu_cannot_run_stay_on_the_cpu_and_say_why() {
     )
     .await;
     assert!(cpu_aggregates(&plan).is_empty(), "{}", show(&plan));
-    // Too small by statistics, under the default threshold.
+    // Groups unknown by statistics, and an input far too small for the
+    // run-time check of the groups to pay: the reason says so.
     let plan = rewritten("SELECT k, count(*) FROM r GROUP BY k", false).await;
     let agg = gpu_aggregates(&plan)[0].aggregate();
     let why = super::decide_aggregate(agg, &GpuOptions::default(), Ok(())).unwrap_err();
-    assert!(why.contains("below gpu.min_rows"), "{why}");
+    assert!(why.starts_with("groups unknown by statistics"), "{why}");
+    assert!(why.contains("below the 40 ms"), "{why}");
+    assert!(why.contains("(gpu.placement = 'cost')"), "{why}");
 }
 
 #[tokio::test]
-async fn aggregations_without_group_by_stay_on_the_cpu_unless_min_groups_is_zero() {
+async fn aggregations_without_group_by_stay_on_the_cpu_unless_placement_is_always() {
     let sql = "SELECT count(*), sum(v) FROM r";
-    // The rewrite with min_groups = 0 sends both phases to the GPU.
+    // The rewrite with gpu.placement = 'always' sends both phases to the GPU.
     let plan = rewritten(sql, false).await;
     let aggs = gpu_aggregates(&plan);
     assert!(!aggs.is_empty(), "{}", show(&plan));
-    let few_groups = GpuOptions {
-        min_rows: 0,
+    let by_cost = GpuOptions::default();
+    let always = GpuOptions {
+        placement: PlacementPolicy::Always,
         ..GpuOptions::default()
     };
     for agg in aggs {
         let agg = agg.aggregate();
-        let why = super::decide_aggregate(agg, &few_groups, Ok(())).unwrap_err();
-        assert!(why.contains("one (no GROUP BY)"), "{why}");
-        assert!(why.contains("below gpu.min_groups = 65536"), "{why}");
-    }
-    // Grouping keys without distinct counts count as many groups.
-    let plan = rewritten("SELECT k, count(*) FROM r GROUP BY k", false).await;
-    for agg in gpu_aggregates(&plan) {
-        super::decide_aggregate(agg.aggregate(), &few_groups, Ok(())).unwrap();
+        let why = super::decide_aggregate(agg, &by_cost, Ok(())).unwrap_err();
+        assert!(why.contains(" against CPU "), "{why}");
+        let estimate = super::decide_aggregate(agg, &always, Ok(()))
+            .unwrap()
+            .expect("the table has statistics");
+        assert!(!estimate.gpu_faster(), "{estimate}");
     }
 }
 
-/// The rule's options for the tests of aggregations computed in joins.
+/// The rule's options for the tests of aggregations computed in joins:
+/// every join on the GPU, and every aggregation the join does not compute
+/// on the CPU.
 pub(super) fn aggregate_in_join_options(aggregate_in_join: bool) -> GpuOptions {
     GpuOptions {
-        min_rows: 0,
+        placement: PlacementPolicy::Always,
+        aggregate: false,
         tuning: GpuTuning {
             aggregate_single_phase: false,
             aggregate_in_join,

@@ -1,7 +1,7 @@
 //! The plan rewrite, checked on plans without executing them, so these
 //! run without a GPU: the rule is applied as if one were present.
 use super::*;
-use crate::config::GpuTuning;
+use crate::config::{GpuTuning, PlacementPolicy};
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::JoinType;
@@ -32,8 +32,7 @@ async fn rewritten(sql: &str, merge_partitions: bool) -> Arc<dyn ExecutionPlan> 
     rewritten_with(
         sql,
         GpuOptions {
-            min_rows: 0,
-            min_groups: 0,
+            placement: PlacementPolicy::Always,
             tuning: GpuTuning {
                 // Each aggregation node as DataFusion planned it; the
                 // single-phase rewrite has its own test.
@@ -202,8 +201,7 @@ async fn a_join_below_a_collect_left_probe_side_runs_over_all_input_partitions()
     let sql = "SELECT count(*) FROM t JOIN (SELECT r.k FROM r JOIN s ON r.k = s.k) x \
                ON t.v = x.k";
     let options = GpuOptions {
-        min_rows: 0,
-        min_groups: 0,
+        placement: PlacementPolicy::Always,
         tuning: GpuTuning {
             aggregate_single_phase: false,
             ..GpuTuning::default()
@@ -249,8 +247,7 @@ async fn a_join_keeps_its_order_where_its_probe_side_fixes_it() {
     // side's arrival order, and where that is not fixed the join need not
     // keep it.
     let options = GpuOptions {
-        min_rows: 0,
-        min_groups: 0,
+        placement: PlacementPolicy::Always,
         ..GpuOptions::default()
     };
     let aggregated = "(SELECT k, sum(v) AS total FROM r GROUP BY k) x";
@@ -322,8 +319,7 @@ async fn a_join_keeps_its_order_below_a_root_of_several_partitions() {
     // collects them sees that order (DataFusion's own sqllogictest files
     // expect it).
     let options = GpuOptions {
-        min_rows: 0,
-        min_groups: 0,
+        placement: PlacementPolicy::Always,
         ..GpuOptions::default()
     };
     let sql = "SELECT t.k, u.v FROM t LEFT JOIN t AS u ON t.k = u.k WHERE u.v <> 3 OR t.k = 5";
@@ -350,8 +346,7 @@ async fn a_join_over_inputs_in_arrival_order_need_not_keep_its_order() {
     let top =
         |from: &str| format!("SELECT a.k, b.v FROM {from} ON a.k = b.k ORDER BY b.v DESC LIMIT 3");
     let options = GpuOptions {
-        min_rows: 0,
-        min_groups: 0,
+        placement: PlacementPolicy::Always,
         tuning: GpuTuning {
             aggregate_single_phase: false,
             ..GpuTuning::default()
@@ -464,9 +459,11 @@ fn gpu_merge_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&GpuSortMergeJoinExec> 
     joins
 }
 
-fn find_merge_join(plan: &Arc<dyn ExecutionPlan>) -> Option<&SortMergeJoinExec> {
-    plan.downcast_ref::<SortMergeJoinExec>()
-        .or_else(|| plan.children().into_iter().find_map(find_merge_join))
+fn find_merge_join(plan: &Arc<dyn ExecutionPlan>) -> Option<&Arc<dyn ExecutionPlan>> {
+    if plan.is::<SortMergeJoinExec>() {
+        return Some(plan);
+    }
+    plan.children().into_iter().find_map(find_merge_join)
 }
 
 #[tokio::test]
@@ -474,8 +471,7 @@ async fn sort_merge_joins_absorb_the_sorts_planned_for_them() {
     // Each partition on its own: the joins of the merge over all input
     // partitions have their own test.
     let options = GpuOptions {
-        min_rows: 0,
-        min_groups: 0,
+        placement: PlacementPolicy::Always,
         tuning: GpuTuning {
             merge_partitions: false,
             ..GpuTuning::default()
@@ -500,7 +496,7 @@ async fn sort_merge_joins_absorb_the_sorts_planned_for_them() {
             .create_physical_plan()
             .await
             .unwrap();
-        let plan = rewrite(plan, false, true, &options, Ok(())).unwrap();
+        let plan = rewrite(plan, false, true, false, &options, Ok(())).unwrap();
         // Every requirement still holds, with the sorts gone.
         let plan = SanityCheckPlan::new()
             .optimize(plan, ctx.state().config_options())
@@ -519,10 +515,10 @@ async fn sort_merge_joins_absorb_the_sorts_planned_for_them() {
         .create_physical_plan()
         .await
         .unwrap();
-    let plan = rewrite(plan, false, true, &options, Ok(())).unwrap();
+    let plan = rewrite(plan, false, true, false, &options, Ok(())).unwrap();
     assert!(gpu_merge_joins(&plan).is_empty(), "{}", show(&plan));
     let join = find_merge_join(&plan).expect("a sort-merge join");
-    let why = super::decide_sort_merge_join(join, &options, Ok(())).unwrap_err();
+    let why = super::decide_sort_merge_join(join, &options, Ok(()), false).unwrap_err();
     assert!(why.contains("order-preserving"), "{why}");
 }
 
@@ -553,7 +549,7 @@ async fn merge_join_plan(sql: &str, options: &GpuOptions, sorted: bool) -> Arc<d
         .create_physical_plan()
         .await
         .unwrap();
-    let plan = rewrite(plan, false, true, options, Ok(())).unwrap();
+    let plan = rewrite(plan, false, true, false, options, Ok(())).unwrap();
     SanityCheckPlan::new()
         .optimize(Arc::clone(&plan), ctx.state().config_options())
         .unwrap_or_else(|e| panic!("{e}\n{}", show(&plan)))
@@ -633,8 +629,7 @@ fn check_merged_over_all_partitions(sql: &str, plan: &Arc<dyn ExecutionPlan>) {
 async fn a_sort_merge_join_runs_once_over_all_input_partitions_where_nothing_relies_on_its_partitioning(
 ) {
     let options = GpuOptions {
-        min_rows: 0,
-        min_groups: 0,
+        placement: PlacementPolicy::Always,
         ..GpuOptions::default()
     };
     assert!(options.tuning.merge_partitions && !options.tuning.merge_unsorted_sort_merge_inputs);
@@ -725,8 +720,7 @@ async fn a_sort_merge_join_runs_once_over_all_input_partitions_where_nothing_rel
 #[tokio::test]
 async fn a_hash_join_sorted_on_its_keys_becomes_a_gpu_sort_merge_join_without_the_sort() {
     let options = |for_order: bool| GpuOptions {
-        min_rows: 0,
-        min_groups: 0,
+        placement: PlacementPolicy::Always,
         tuning: GpuTuning {
             sort_merge_join_for_order: for_order,
             ..GpuTuning::default()

@@ -1,0 +1,174 @@
+use super::*;
+
+const THREADS: usize = 16;
+
+fn pk_fk_join(rows: u64) -> JoinShape {
+    JoinShape {
+        algorithm: JoinAlgorithm::Hash,
+        build_rows: rows,
+        probe_rows: rows,
+        keys: 1,
+        output_rows: rows,
+        output_row_bytes: 16,
+        gathered_on_device: true,
+        output_folded: false,
+        threads: THREADS,
+        build_on_one_thread: false,
+        repartitioned: true,
+        sorted_for_join: [false, false],
+        probe_skipped: false,
+        build_matches_tracked: false,
+        output_reads_build: true,
+    }
+}
+
+fn group_by(rows: u64, groups: u64) -> AggregateShape {
+    AggregateShape {
+        rows,
+        groups,
+        keys: 1,
+        value_bytes: 16,
+        aggregates: 2,
+        group_bytes: 24,
+        threads: THREADS,
+        hashed_keys: false,
+    }
+}
+
+fn ratio(estimate: &Estimate) -> f64 {
+    estimate.cpu.as_secs_f64() / estimate.gpu.as_secs_f64()
+}
+
+#[test]
+fn a_large_join_whose_pairs_are_aggregated_on_the_device_goes_to_the_gpu_and_a_small_one_does_not()
+{
+    let device = DeviceConstants::TYPICAL;
+    let folded = |rows| JoinShape {
+        output_folded: true,
+        ..pk_fk_join(rows)
+    };
+    assert!(join(&folded(1 << 26), &device).gpu_faster());
+    assert!(join(&folded(1 << 24), &device).gpu_faster());
+    let small = join(&folded(1 << 14), &device);
+    assert!(!small.gpu_faster(), "{small}");
+    // Nothing comes back from a folded join.
+    assert_eq!(join(&folded(1 << 26), &device).from_device, 0);
+}
+
+#[test]
+fn more_output_to_bring_back_makes_the_gpu_less_worth_it() {
+    let device = DeviceConstants::TYPICAL;
+    let rows = 1 << 24;
+    let narrow = join(&pk_fk_join(rows), &device);
+    let wide = join(
+        &JoinShape {
+            output_rows: 4 * rows,
+            output_row_bytes: 64,
+            gathered_on_device: false,
+            ..pk_fk_join(rows)
+        },
+        &device,
+    );
+    assert!(ratio(&wide) < ratio(&narrow), "{wide} / {narrow}");
+    assert!(wide.from_device > narrow.from_device);
+}
+
+#[test]
+fn an_empty_build_side_that_ends_the_join_keeps_it_on_the_cpu_at_any_probe_size() {
+    let device = DeviceConstants::TYPICAL;
+    for probe_rows in [1 << 20, 1 << 26, 1 << 30] {
+        let estimate = join(
+            &JoinShape {
+                build_rows: 0,
+                probe_rows,
+                output_rows: 0,
+                probe_skipped: true,
+                ..pk_fk_join(0)
+            },
+            &device,
+        );
+        assert!(!estimate.gpu_faster(), "{estimate}");
+        assert!(estimate.cpu < estimate.gpu);
+    }
+}
+
+#[test]
+fn a_collect_left_build_on_one_thread_costs_the_cpu_more() {
+    let device = DeviceConstants::TYPICAL;
+    let partitioned = join(&pk_fk_join(1 << 24), &device);
+    let one_thread = join(
+        &JoinShape {
+            build_on_one_thread: true,
+            repartitioned: false,
+            ..pk_fk_join(1 << 24)
+        },
+        &device,
+    );
+    // Repartitioning both sides costs less than building on one thread.
+    assert!(one_thread.cpu > partitioned.cpu, "{one_thread} / {partitioned}");
+}
+
+#[test]
+fn few_groups_stay_on_the_cpu_and_many_go_to_the_gpu() {
+    let device = DeviceConstants::TYPICAL;
+    let rows = 1 << 26;
+    for groups in [1, 16, 1 << 10] {
+        let estimate = aggregate(&group_by(rows, groups), &device);
+        assert!(!estimate.gpu_faster(), "{groups} groups: {estimate}");
+    }
+    for groups in [1 << 18, 1 << 22, 1 << 25] {
+        let estimate = aggregate(&group_by(rows, groups), &device);
+        assert!(estimate.gpu_faster(), "{groups} groups: {estimate}");
+    }
+    // Groups cost the CPU more the further they outgrow its cache.
+    let times: Vec<Duration> = [1 << 10, 1 << 16, 1 << 20, 1 << 24]
+        .map(|groups| aggregate(&group_by(rows, groups), &device).cpu)
+        .to_vec();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+}
+
+#[test]
+fn estimates_grow_with_the_rows_and_fall_with_the_threads() {
+    let device = DeviceConstants::TYPICAL;
+    let small = join(&pk_fk_join(1 << 22), &device);
+    let large = join(&pk_fk_join(1 << 24), &device);
+    assert!(large.cpu > 3 * small.cpu && large.gpu > 2 * small.gpu);
+    let fewer_threads = join(
+        &JoinShape {
+            threads: 2,
+            ..pk_fk_join(1 << 24)
+        },
+        &device,
+    );
+    assert!(fewer_threads.cpu > 6 * large.cpu);
+    // A slower bus makes the GPU slower, never the CPU.
+    let slow_bus = DeviceConstants {
+        staged_to_device: device.staged_to_device / 4.0,
+        staged_from_device: device.staged_from_device / 4.0,
+        ..device
+    };
+    let on_slow_bus = join(&pk_fk_join(1 << 24), &slow_bus);
+    assert_eq!(on_slow_bus.cpu, large.cpu);
+    assert!(on_slow_bus.gpu > large.gpu);
+}
+
+#[test]
+fn an_estimate_reads_as_both_times_and_the_bytes_each_way() {
+    let estimate = Estimate {
+        cpu: Duration::from_millis(120),
+        gpu: Duration::from_micros(4_500),
+        to_device: 3 << 29,
+        from_device: 2 << 20,
+    };
+    assert_eq!(
+        estimate.to_string(),
+        "estimated GPU 4.50 ms (1.5 GiB up, 2.0 MiB down) against CPU 120 ms"
+    );
+    assert!(estimate.gpu_faster());
+    let close = Estimate {
+        gpu: Duration::from_millis(100),
+        ..estimate
+    };
+    assert!(!close.gpu_faster(), "within the margin stays on the CPU");
+}
+
