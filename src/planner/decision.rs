@@ -101,10 +101,11 @@ pub fn decide_hash_join(
         return Err("the join's output ordering may be relied on above it, and the GPU join does not keep it".into());
     }
     crate::encode::keys::join_key_spec(join)?;
-    place_by_cost(options, |device| {
-        let shape = hash_join_shape(join, node, output_folded, options.tuning.device_gather)?;
-        Some(cost::join(&shape, device))
-    })
+    let shape = hash_join_shape(join, node, output_folded, options.tuning.device_gather);
+    place_by_cost(
+        options,
+        shape.map(|shape| cost::join(&shape, &device_constants())),
+    )
 }
 
 /// Decides whether the `SortMergeJoinExec` `node` can run as a
@@ -138,10 +139,11 @@ pub fn decide_sort_merge_join(
             ));
         }
     }
-    place_by_cost(options, |device| {
-        let shape = sort_merge_join_shape(join, node, output_folded)?;
-        Some(cost::join(&shape, device))
-    })
+    let shape = sort_merge_join_shape(join, node, output_folded);
+    place_by_cost(
+        options,
+        shape.map(|shape| cost::join(&shape, &device_constants())),
+    )
 }
 
 /// Decides whether `agg` can run as a [`GpuAggregateExec`]: `Ok` with its
@@ -193,18 +195,14 @@ pub fn decide_aggregate(
             ));
         }
     }
-    place_by_cost(options, |device| Some(cost::aggregate(&shape, device)))
+    place_by_cost(options, Some(cost::aggregate(&shape, &device)))
 }
 
-/// Places a node the GPU can run by its estimates (`estimate`, `None`
-/// without statistics, which counts as large): on the GPU where it is
-/// estimated faster by [`GPU_MARGIN`], or whatever the estimates under
+/// Places a node the GPU can run by its estimates (`None` without
+/// statistics, which counts as large): on the GPU where it is estimated
+/// faster by [`GPU_MARGIN`], or whatever the estimates under
 /// `gpu.placement = 'always'`.
-fn place_by_cost(
-    options: &GpuOptions,
-    estimate: impl FnOnce(&DeviceConstants) -> Option<Estimate>,
-) -> GpuPlacement {
-    let estimate = estimate(&device_constants());
+fn place_by_cost(options: &GpuOptions, estimate: Option<Estimate>) -> GpuPlacement {
     match estimate {
         Some(estimate) if !options.placement.always() && !estimate.gpu_faster() => Err(format!(
             "{estimate}: the GPU must be estimated {GPU_MARGIN}x faster (gpu.placement = 'cost')"
