@@ -133,9 +133,10 @@ pub struct JoinShape {
     pub threads: usize,
     /// DataFusion builds the hash table on one thread (`CollectLeft`).
     pub build_on_one_thread: bool,
-    /// DataFusion hash-repartitions both inputs first (`Partitioned`, or
-    /// a sort-merge join over hash partitions); the GPU join reads them as
-    /// they are.
+    /// DataFusion hash-repartitions both inputs first and the GPU join
+    /// reads them as they are (a sort-merge join over hash partitions): work
+    /// only DataFusion's plan does. Repartitions that stay below the GPU
+    /// join too are left out of both estimates.
     pub repartitioned: bool,
     /// Sides DataFusion sorts for a sort-merge join, build then probe.
     pub sorted_for_join: [bool; 2],

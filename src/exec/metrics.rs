@@ -250,6 +250,10 @@ pub struct GpuAggregateMetrics {
     /// Partitions whose sampled keys showed few groups, for which the cost
     /// model estimated the CPU operator faster, which then ran them.
     pub few_groups_partitions: Count,
+    /// Hash partitions of the group keys that inputs too large for the
+    /// device's memory were split into on the host, each aggregated on the
+    /// device in turn.
+    pub out_of_core_partitions: Count,
     /// Partitions whose groups had to leave in key order and were numbered
     /// by sorting the rows (the sample showed nearly every row a group of
     /// its own), not by sorting the hash table's groups.
@@ -321,6 +325,7 @@ impl GpuAggregateMetrics {
             key_check_time: builder().subset_time("key_check_time", partition),
             hashed_key_collisions: builder().counter("hashed_key_collisions", partition),
             few_groups_partitions: builder().counter("few_groups_partitions", partition),
+            out_of_core_partitions: builder().counter("out_of_core_partitions", partition),
             sorted_rows_partitions: builder().counter("sorted_rows_partitions", partition),
             partitioned_groups_partitions: builder()
                 .counter("partitioned_groups_partitions", partition),

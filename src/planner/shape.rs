@@ -162,9 +162,11 @@ pub(super) fn hash_join_shape(
     )?;
     Some(JoinShape {
         build_on_one_thread: *join.partition_mode() == PartitionMode::CollectLeft,
-        // DataFusion's own plan repartitions a `Partitioned` join's inputs
-        // by hash (the rule's re-planned join reads them as they are).
-        repartitioned: *join.partition_mode() == PartitionMode::Partitioned,
+        // A `Partitioned` join's hash repartitions stay below the GPU join
+        // that takes its place: the same work in both plans, left out of
+        // both estimates. (The rule's re-planned join, which reads their
+        // inputs, is estimated as the `CollectLeft` join it is.)
+        repartitioned: false,
         probe_skipped: shape.build_rows == 0
             && join.join_type().empty_build_side_produces_empty_result(),
         ..shape

@@ -976,6 +976,52 @@ fn gpu_aggregate_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inputs_larger_than_the_device_budget_are_aggregated_in_key_partitions() {
+    let Some(_) =
+        require_gpu("inputs_larger_than_the_device_budget_are_aggregated_in_key_partitions")
+    else {
+        return;
+    };
+    // Budgets of a few MiB, below what the device's work over a million
+    // rows needs: the input is split on the host by a hash of its keys and
+    // each part aggregated on the device in turn, with the same answer.
+    // Which budgets are below that need depends on the device, so the test
+    // asserts that at least one ran in parts with no fallback.
+    let free = datafusion_gpu::gpu::gpu_runtime().expect("a GPU").devices()[0]
+        .budget()
+        .free_at_open();
+    let t = table(1 << 20, Keys::Uniform { domain: 200_000 }, 4, 29);
+    let sqls = [
+        "SELECT k, count(*), sum(v), min(v), max(v), avg(v), sum(d), count(s) FROM t GROUP BY k",
+        "SELECT k, f, count(*), sum(u) FROM t GROUP BY k, f",
+    ];
+    let mut in_parts = 0;
+    for budget_mib in [64usize, 16, 4] {
+        let memory = format!(
+            "SET gpu.memory_fraction = {:.12}",
+            (budget_mib << 20) as f64 / free as f64
+        );
+        for phases in [
+            "SET gpu.tuning.aggregate_single_phase = true",
+            "SET gpu.tuning.aggregate_single_phase = false",
+        ] {
+            let (gpu, cpu) = contexts(4, &[&memory, phases]).await;
+            register([&gpu, &cpu], Arc::clone(&t));
+            for sql in sqls {
+                let plan = check(&gpu, &cpu, sql).await;
+                let parts = gpu_aggregate_metric(&plan, "out_of_core_partitions");
+                let fallbacks = gpu_aggregate_metric(&plan, "cpu_fallback_partitions");
+                if parts > 0 && fallbacks == 0 {
+                    assert!(gpu_aggregate_metric(&plan, "groups") > 0);
+                    in_parts += 1;
+                }
+            }
+        }
+    }
+    assert!(in_parts > 0, "no budget made the aggregation run in parts");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn work_the_device_cannot_take_runs_on_the_cpu_operator() {
     let Some(_) = require_gpu("work_the_device_cannot_take_runs_on_the_cpu_operator") else {
         return;

@@ -296,6 +296,10 @@ impl DeviceAggregation {
         };
         let output = match emitted {
             Ok(output) => output?,
+            // More than the whole budget: never fits as one, but may in parts.
+            Err(GpuError::OutOfDeviceMemory {
+                requested, limit, ..
+            }) if requested > limit => return Ok(Outcome::TooLarge { requested, limit }),
             Err(e) if e.is_out_of_device_memory() => return Ok(Outcome::OnCpu),
             Err(e) if self.device_errors.fail => return Err(e.into()),
             // Nothing has left the partition: DataFusion's operator

@@ -64,6 +64,8 @@ use crate::trace;
 mod partition_aggregation;
 #[path = "emit.rs"]
 mod emit;
+#[path = "out_of_core.rs"]
+mod out_of_core;
 
 /// Where groups must leave in key order, the rows themselves are sorted
 /// when the sampled keys show at least one group in this many rows;
@@ -137,6 +139,10 @@ enum Outcome {
     /// needs: DataFusion's CPU operator, which spills, aggregates the input,
     /// whose reservations are released for it.
     PoolRefused,
+    /// The device's work needs `requested` bytes of device memory where the
+    /// budget has `limit` in all: split into partitions that fit
+    /// ([`DeviceAggregation::aggregate_in_partitions`]).
+    TooLarge { requested: usize, limit: usize },
 }
 
 async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
@@ -188,7 +194,15 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         let inputs = Arc::clone(&inputs);
         let mut reservation = task.reservation;
         SpawnedTask::spawn_blocking(move || {
-            let outcome = device_task.aggregate(&batches, &inputs, &mut reservation);
+            let outcome = match device_task.aggregate(&batches, &inputs, &mut reservation) {
+                Ok(Outcome::TooLarge { requested, limit }) => device_task.aggregate_in_partitions(
+                    &batches,
+                    &inputs,
+                    &mut reservation,
+                    (requested, limit),
+                ),
+                outcome => outcome,
+            };
             (outcome, reservation)
         })
         .join()
@@ -213,7 +227,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
                 futures::stream::iter(output),
             )))
         }
-        Outcome::OnCpu | Outcome::PoolRefused => {
+        Outcome::OnCpu | Outcome::PoolRefused | Outcome::TooLarge { .. } => {
             task.metrics.cpu_fallback_partitions.add(1);
             let input_reservations = match outcome {
                 Outcome::PoolRefused => {

@@ -772,3 +772,28 @@ async fn a_hash_join_sorted_on_its_keys_becomes_a_gpu_sort_merge_join_without_th
 }
 
 mod aggregates;
+
+#[tokio::test]
+async fn a_partitioned_joins_repartitions_count_in_neither_estimate() {
+    // Not re-planned over all input partitions, the GPU join reads the
+    // same hash repartitions DataFusion's join reads: they cost both plans
+    // alike, and the comparison leaves them out.
+    let plan = rewritten("SELECT r.v, s.v FROM r JOIN s ON r.k = s.k", false).await;
+    let joins = gpu_joins(&plan);
+    assert_eq!(joins.len(), 1, "{}", show(&plan));
+    let join = joins[0].hash_join();
+    assert_eq!(
+        *join.partition_mode(),
+        datafusion::physical_plan::joins::PartitionMode::Partitioned
+    );
+    assert_eq!(hash_repartitions(&plan), 2, "{}", show(&plan));
+    let shape = super::super::shape::hash_join_shape(join, joins[0].cpu_join(), false, true)
+        .unwrap_or_else(|| panic!("no statistics: {}", show(&plan)));
+    assert!(!shape.repartitioned, "{shape:?}");
+    // DataFusion builds on the smaller side, s.
+    assert_eq!(
+        (shape.build_rows, shape.probe_rows),
+        (300, 400),
+        "{shape:?}"
+    );
+}
