@@ -16,6 +16,11 @@ use super::*;
 /// more goes to DataFusion's operator, which spills.
 const MAX_PARTITIONS: usize = 256;
 
+/// The seed of the hash the rows are split by: not DataFusion's
+/// repartition seed (0), under which the rows of one partition of a hash
+/// repartition on the same keys would all land in one part.
+const SPLIT_SEED: u64 = 0x6f75_745f_6f66_5f63;
+
 /// Each partition's device work is planned to need at most this share of
 /// the budget: the hash of the keys spreads rows unevenly, and the budget
 /// may be shared.
@@ -40,7 +45,7 @@ pub(super) fn split_by_group_keys(
     group_exprs: &[Arc<dyn PhysicalExpr>],
     partitions: usize,
 ) -> Result<Vec<Vec<RecordBatch>>> {
-    let random_state = RandomState::with_seed(0);
+    let random_state = RandomState::with_seed(SPLIT_SEED);
     let per_batch = map_pieces(batches.len(), |b| {
         let batch = &batches[b];
         let rows = batch.num_rows();
@@ -56,7 +61,8 @@ pub(super) fn split_by_group_keys(
         create_hashes(&keys, &random_state, &mut hashes)?;
         let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); partitions];
         for (row, hash) in hashes.iter().enumerate() {
-            rows_of[(*hash % partitions as u64) as usize].push(row as u32);
+            // The high bits: the low ones may follow the repartition's.
+            rows_of[((*hash >> 32) % partitions as u64) as usize].push(row as u32);
         }
         rows_of
             .into_iter()
@@ -108,6 +114,21 @@ impl DeviceAggregation {
         trace::event(|| {
             format!("aggregation: {requested} bytes for a device budget of {limit}, in {partitions} partitions")
         });
+        let outcome = self.aggregate_parts(batches, inputs, reservation, partitions);
+        // The copies are gone, whatever the outcome.
+        reservation.shrink(copied.min(reservation.size()));
+        outcome
+    }
+
+    /// [`Self::aggregate_in_partitions`] once the partitions' copies are
+    /// reserved: the copies made, then aggregated one after the other.
+    fn aggregate_parts(
+        &self,
+        batches: &[RecordBatch],
+        inputs: &AggregateInputs,
+        reservation: &mut MemoryReservation,
+        partitions: usize,
+    ) -> Result<Outcome> {
         let split = split_by_group_keys(batches, &inputs.group_exprs, partitions)?;
         self.metrics.out_of_core_partitions.add(partitions);
         let mut output = Vec::new();
@@ -187,5 +208,39 @@ mod tests {
         // 98 keys (NULL among them) over 8 partitions use more than one.
         assert!(partitions_used > 1);
         assert_eq!(partition_of_key.len(), 98);
+    }
+
+    #[test]
+    fn one_partition_of_datafusions_hash_repartition_still_splits() {
+        // The keys a `RepartitionExec` on them (seed 0, 16 partitions)
+        // sends to its partition 3: what a `FinalPartitioned` aggregation's
+        // partition reads.
+        let all: Vec<i64> = (0..20_000).collect();
+        let column: ArrayRef = Arc::new(Int64Array::from(all.clone()));
+        let mut hashes = vec![0u64; all.len()];
+        create_hashes(&[column], &RandomState::with_seed(0), &mut hashes).unwrap();
+        let keys: Vec<i64> = all
+            .iter()
+            .zip(&hashes)
+            .filter(|(_, hash)| *hash % 16 == 3)
+            .map(|(key, _)| *key)
+            .collect();
+        assert!(keys.len() > 1000);
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(keys.clone()))]).unwrap();
+        let exprs: Vec<Arc<dyn PhysicalExpr>> = vec![Arc::new(Column::new("k", 0))];
+        let split = split_by_group_keys(&[batch], &exprs, 8).unwrap();
+        let sizes: Vec<usize> = split
+            .iter()
+            .map(|part| part.iter().map(RecordBatch::num_rows).sum())
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), keys.len());
+        // Every part within a quarter of its share.
+        let share = keys.len() / 8;
+        assert!(
+            sizes.iter().all(|&n| n > share * 3 / 4 && n < share * 5 / 4),
+            "{sizes:?}"
+        );
     }
 }
