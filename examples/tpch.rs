@@ -714,7 +714,15 @@ async fn run_query(
                     datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
                 );
             }
+            // Cold: the device column cache starts empty for each query.
+            datafusion_gpu::clear_gpu_cache();
             let (gpu_answer, cold, gpu_plan) = run_once(gpu_ctx, &sql).await?;
+            if args.verbose {
+                eprintln!(
+                    "q{n}: GPU plan with the metrics of the cold run\n{}",
+                    DisplayableExecutionPlan::with_metrics(gpu_plan.as_ref()).indent(true)
+                );
+            }
             let mut warm = Vec::new();
             let mut last_gpu_plan = Arc::clone(&gpu_plan);
             for _ in 0..args.runs {

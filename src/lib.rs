@@ -30,7 +30,9 @@
 //! [`with_gpu_context`], [`gpu_session_context`]), the options
 //! ([`GpuOptions`], settable with `SET gpu.<name>`), where each node ran
 //! ([`gpu_decisions`], [`gpu_status`]), tables in pinned host memory
-//! ([`pin_batches`]) and the plan nodes the rule puts in a plan. The CUDA
+//! ([`pin_batches`]), the device column cache ([`cache_table`],
+//! [`gpu_cache_stats`], [`clear_gpu_cache`]) and the plan nodes the rule
+//! puts in a plan. The CUDA
 //! kernels are in `ptx/`, compiled ahead of time and embedded in the library.
 //!
 //! [Apache DataFusion]: https://datafusion.apache.org
@@ -67,17 +69,21 @@ layers! {
     trace;
 }
 
+mod column_cache;
 mod config;
 mod host;
 mod pinned_tables;
 mod planner;
 mod session;
 
+pub use column_cache::{cache_table, clear_gpu_cache, gpu_cache_stats, GpuCacheStats};
 #[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub use config::GpuTestOptions;
 pub use config::{GpuOptions, GpuTuning, PlacementPolicy};
-pub use exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
+pub use exec::{
+    GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec, GpuSortMergeJoinExec, WarmedColumns,
+};
 pub use gpu::GpuUnavailable;
 pub use pinned_tables::{is_pinned, pin_batches};
 pub use planner::{gpu_decisions, GpuOptimizerRule, NodeDecision, Placement};

@@ -109,6 +109,15 @@ config_namespace! {
         /// Join output pairs kept on the device at once before they are
         /// copied back and turned into batches.
         pub max_output_pairs: usize, default = 8_388_608
+        /// Keep the table columns that GPU scans read in device memory
+        /// between queries (the device column cache), so that the next
+        /// query over them copies nothing. Off, each query copies the
+        /// columns it reads and frees them after.
+        pub cache: bool, default = true
+        /// Fraction of the device memory free at start-up that the column
+        /// cache may hold, in [0, 1]. Cached columns no query reads give
+        /// way to any work that needs the memory.
+        pub cache_memory_fraction: f64, default = 0.5
         /// Probe chunks that start device work on one device at once; the
         /// others wait, which bounds the device work in flight (device memory
         /// is bounded by `memory_fraction` either way).
@@ -195,6 +204,11 @@ config_namespace! {
         /// partitioning as one 8-byte word a row (key and row id or one
         /// carried 4-byte value) in place of two (`rows_in_one_word`).
         pub one_word_join_rows: bool, default = true
+        /// Run a partial aggregation over filters, projections and one table
+        /// scan as one `GpuScanAggregateExec` over the table's cached
+        /// columns. `false` leaves such aggregations to `GpuAggregateExec`
+        /// or DataFusion, as placed.
+        pub scan_aggregate: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host
         /// turns one window into batches while the next crosses the bus. A
@@ -223,6 +237,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "carry_folded_values",
     "one_word_join_rows",
     "result_window_words",
+    "scan_aggregate",
 ];
 
 /// Options that are no longer options, with what to do instead.
@@ -402,13 +417,14 @@ mod tests {
     }
 
     #[test]
-    fn at_most_twelve_user_options() {
+    fn at_most_fourteen_user_options() {
         let user_options: Vec<_> = ExtensionOptions::entries(&GpuOptions::default())
             .into_iter()
             .filter(|entry| !entry.key.starts_with("gpu.tuning."))
             .map(|entry| entry.key)
             .collect();
-        assert!(user_options.len() <= 12, "{user_options:?}");
+        // Twelve, and the column cache's two (`cache`, its memory share).
+        assert!(user_options.len() <= 14, "{user_options:?}");
         assert!(user_options.contains(&"gpu.enabled".to_string()));
     }
 

@@ -10,4 +10,5 @@ pub mod device_batch;
 pub(crate) mod group_keys;
 pub(crate) mod keys;
 pub(crate) mod ordered_keys;
+pub(crate) mod table_words;
 pub(crate) mod words;

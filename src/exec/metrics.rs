@@ -32,7 +32,7 @@ pub struct DeviceMetrics {
 }
 
 impl DeviceMetrics {
-    fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+    pub(crate) fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         let builder = || MetricBuilder::new(set);
         Self {
             h2d_bytes: builder().counter("h2d_bytes", partition),
@@ -57,6 +57,52 @@ impl DeviceMetrics {
             .add(times.direct_host_to_device_copies);
         self.h2d_bytes.add(times.host_to_device_bytes);
         self.d2h_bytes.add(times.device_to_host_bytes);
+    }
+}
+
+/// Metrics of a GPU scan aggregation (one partition).
+#[derive(Debug, Clone)]
+pub struct GpuScanAggregateMetrics {
+    /// Output rows (partial states), batches and host compute time.
+    pub baseline: BaselineMetrics,
+    /// Table rows the device filtered and aggregated.
+    pub rows_scanned: Count,
+    /// Table rows read from files or memory to fill the column cache (a
+    /// part's rows once, whatever columns were missing).
+    pub rows_read: Count,
+    /// Columns of table parts found in the device column cache.
+    pub cache_hits: Count,
+    /// Columns of table parts read and copied to the device.
+    pub cache_misses: Count,
+    /// Runs handed to DataFusion's plan (see the trace for the reason).
+    pub cpu_fallback: Count,
+    /// Time reading missing columns from files or memory, summed over the
+    /// parts read at once.
+    pub read_time: Time,
+    /// Host time making them words (and codes).
+    pub encode_time: Time,
+    /// Wall time copying them to the device, waits for memory included.
+    pub upload_time: Time,
+    /// Copies, kernels and waits on the device.
+    pub device: DeviceMetrics,
+}
+
+impl GpuScanAggregateMetrics {
+    /// Registers the metrics in `set`.
+    pub fn new(set: &ExecutionPlanMetricsSet) -> Self {
+        let builder = || MetricBuilder::new(set);
+        Self {
+            baseline: BaselineMetrics::new(set, 0),
+            rows_scanned: builder().counter("rows_scanned", 0),
+            rows_read: builder().counter("rows_read", 0),
+            cache_hits: builder().counter("cache_hits", 0),
+            cache_misses: builder().counter("cache_misses", 0),
+            cpu_fallback: builder().counter("cpu_fallback", 0),
+            read_time: builder().subset_time("read_time", 0),
+            encode_time: builder().subset_time("encode_time", 0),
+            upload_time: builder().subset_time("upload_time", 0),
+            device: DeviceMetrics::new(set, 0),
+        }
     }
 }
 

@@ -10,6 +10,7 @@ mod collect;
 mod hash_join;
 mod join;
 mod metrics;
+mod scan_aggregate;
 mod sort_merge_join;
 
 pub use aggregate::GpuAggregateExec;
@@ -18,7 +19,11 @@ pub use hash_join::GpuHashJoinExec;
 pub(crate) use hash_join::with_filter_of;
 pub(crate) use join::matches::tracks_build_matches;
 pub(crate) use join::pair_aggregate::folds_pairs_below;
-pub use metrics::{GpuAggregateMetrics, GpuJoinMetrics, GpuSortMergeJoinMetrics};
+pub use metrics::{
+    GpuAggregateMetrics, GpuJoinMetrics, GpuScanAggregateMetrics, GpuSortMergeJoinMetrics,
+};
+pub use scan_aggregate::{GpuScanAggregateExec, WarmedColumns};
+pub(crate) use scan_aggregate::warm_scan;
 pub use sort_merge_join::GpuSortMergeJoinExec;
 
 use std::sync::Arc;

@@ -3,10 +3,11 @@
 //! wait for each other instead of running the device out of memory.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use super::column_cache::Evict;
 use super::{GpuError, GpuResult};
 
 /// Whether a reservation is released soon (so others may wait for it).
@@ -42,6 +43,9 @@ pub struct DeviceBudget {
     free_at_open: usize,
     state: Mutex<BudgetState>,
     released: Condvar,
+    /// What frees memory before a request that does not fit waits or fails
+    /// (the device's column cache).
+    evictor: Mutex<Option<Weak<dyn Evict>>>,
 }
 
 impl DeviceBudget {
@@ -51,7 +55,27 @@ impl DeviceBudget {
             free_at_open,
             state: Mutex::default(),
             released: Condvar::new(),
+            evictor: Mutex::new(None),
         })
+    }
+
+    /// Makes `evictor` free memory for requests that do not fit, before
+    /// they wait or fail. The budget holds it weakly.
+    pub fn set_evictor(&self, evictor: Weak<dyn Evict>) {
+        *self.evictor.lock().unwrap_or_else(|p| p.into_inner()) = Some(evictor);
+    }
+
+    /// Asks the evictor to free `bytes`; the bytes it freed. Called without
+    /// the state's lock: what it frees returns its reservations, which
+    /// take that lock.
+    fn evict(&self, bytes: usize) -> usize {
+        let evictor = self
+            .evictor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(Weak::upgrade);
+        evictor.map_or(0, |evictor| evictor.evict(bytes))
     }
 
     #[cfg(any(test, feature = "test-support"))]
@@ -118,6 +142,7 @@ impl DeviceBudget {
         let thread = std::thread::current().id();
         let started = Instant::now();
         let mut state = self.lock();
+        let mut evicted_for_this = false;
         loop {
             if state.in_use.saturating_add(bytes) <= limit {
                 let waited = started.elapsed();
@@ -139,6 +164,17 @@ impl DeviceBudget {
                         }
                     })
                     .collect());
+            }
+            if !evicted_for_this && bytes <= limit {
+                // Cached columns no one reads give way first.
+                evicted_for_this = true;
+                let short = state.in_use.saturating_add(bytes) - limit;
+                drop(state);
+                let freed = self.evict(short);
+                state = self.lock();
+                if freed > 0 {
+                    continue;
+                }
             }
             let others = state.transient_held_by_others(thread);
             let holds_transient = state.transient_holders > others;
@@ -174,7 +210,13 @@ impl DeviceBudget {
         let mut state = self.lock();
         let needed = state.in_use.saturating_add(bytes).saturating_add(headroom);
         if needed > limit {
-            return None;
+            // Cached columns no one reads give way first.
+            drop(state);
+            self.evict(needed - limit);
+            state = self.lock();
+            if state.in_use.saturating_add(bytes).saturating_add(headroom) > limit {
+                return None;
+            }
         }
         state.in_use += bytes;
         Some(DeviceReservation {
@@ -243,6 +285,48 @@ impl Drop for DeviceReservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Holds reservations and gives them up when asked, as the column
+    /// cache does.
+    #[derive(Debug, Default)]
+    struct Holder(Mutex<Vec<DeviceReservation>>);
+
+    impl Evict for Holder {
+        fn evict(&self, bytes: usize) -> usize {
+            let mut held = self.0.lock().unwrap();
+            let mut freed = 0;
+            while freed < bytes {
+                match held.pop() {
+                    Some(reservation) => freed += reservation.bytes(),
+                    None => break,
+                }
+            }
+            freed
+        }
+    }
+
+    #[test]
+    fn a_request_that_does_not_fit_evicts_cached_memory_before_it_fails() {
+        let budget = DeviceBudget::new(1000);
+        let holder = Arc::new(Holder::default());
+        for _ in 0..4 {
+            let held = budget.reserve(200, 1.0, ReservationKind::Resident).unwrap();
+            holder.0.lock().unwrap().push(held);
+        }
+        let weak: Weak<dyn Evict> = Arc::downgrade(&(Arc::clone(&holder) as Arc<dyn Evict>));
+        budget.set_evictor(weak);
+        let big = budget.reserve(500, 1.0, ReservationKind::Resident).unwrap();
+        assert_eq!(holder.0.lock().unwrap().len(), 2, "two of 200 bytes gave way");
+        assert_eq!(budget.in_use(), 900);
+        let small = budget.try_reserve(300, 0, 1.0).expect("evicts for a try too");
+        assert_eq!(holder.0.lock().unwrap().len(), 1);
+        // What is left to evict is not enough: the request fails as before.
+        assert!(budget.reserve(300, 1.0, ReservationKind::Resident).is_err());
+        assert_eq!(holder.0.lock().unwrap().len(), 0);
+        // Nothing left to evict: the request fails as before.
+        assert!(budget.reserve(300, 1.0, ReservationKind::Resident).is_err());
+        drop((big, small));
+    }
 
     #[test]
     fn reservations_add_up_and_release_on_drop() {

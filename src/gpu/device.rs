@@ -6,6 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 
 use super::launch::{Kernels, Launcher};
+use super::column_cache::{ColumnCache, Evict};
 use super::{DeviceBudget, DeviceConstants, DriverResultExt, GpuResult, PinnedPool};
 
 /// An opened device. Created once per process by [`super::gpu_runtime`].
@@ -25,6 +26,7 @@ pub struct GpuDevice {
     admitted: Mutex<usize>,
     admission_freed: Condvar,
     constants: OnceLock<Result<DeviceConstants, String>>,
+    column_cache: Arc<ColumnCache>,
 }
 
 /// A slot of the device's admission limit, released on drop.
@@ -85,6 +87,10 @@ impl GpuDevice {
             keep_freed_memory_in_pool(&ctx)?;
         }
         let kernels = Kernels::load(&ctx)?;
+        let budget = DeviceBudget::new(free_memory);
+        let column_cache = ColumnCache::new();
+        let evictor: Arc<dyn Evict> = Arc::clone(&column_cache) as Arc<dyn Evict>;
+        budget.set_evictor(Arc::downgrade(&evictor));
         static OPENED: AtomicU64 = AtomicU64::new(0);
         Ok(Self {
             id: OPENED.fetch_add(1, Ordering::Relaxed),
@@ -94,13 +100,14 @@ impl GpuDevice {
             sm_count: sm_count.max(1),
             total_memory,
             pinned: PinnedPool::new(Arc::clone(&ctx)),
-            budget: DeviceBudget::new(free_memory),
+            budget,
             ctx,
             kernels,
             idle_streams: Mutex::new(Vec::new()),
             admitted: Mutex::new(0),
             admission_freed: Condvar::new(),
             constants: OnceLock::new(),
+            column_cache,
         })
     }
 
@@ -164,6 +171,11 @@ impl GpuDevice {
     /// The device memory budget.
     pub fn budget(&self) -> &Arc<DeviceBudget> {
         &self.budget
+    }
+
+    /// The device's column cache.
+    pub fn column_cache(&self) -> &Arc<ColumnCache> {
+        &self.column_cache
     }
 
     /// Pinned staging buffers of this device.

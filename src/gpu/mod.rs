@@ -7,6 +7,7 @@
 mod budget;
 mod calibration;
 mod column;
+mod column_cache;
 mod device;
 mod device_slot;
 mod error;
@@ -22,6 +23,7 @@ mod transfer;
 pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
 pub use calibration::DeviceConstants;
 pub use column::{DeviceColumn, HostColumn};
+pub use column_cache::{CachedColumn, ColumnCache, ColumnCacheStats, WordKind};
 pub use device::{Admission, GpuDevice};
 #[cfg(any(test, feature = "test-support"))]
 pub use device::PooledStream;

@@ -15,7 +15,8 @@ use crate::config::GpuOptions;
 use crate::cost::{self, AggregateShape, DeviceConstants, Estimate, GPU_MARGIN};
 use crate::encode::keys::KeySpec;
 use crate::exec::{
-    describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec,
+    describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec,
+    GpuSortMergeJoinExec,
 };
 
 /// Where a node runs.
@@ -144,6 +145,51 @@ pub fn decide_sort_merge_join(
         options,
         shape.map(|shape| cost::join(&shape, &device_constants())),
     )
+}
+
+/// Table rows from which a scan aggregation goes to the GPU under
+/// `gpu.placement = 'cost'`: below, DataFusion's scan takes a few
+/// milliseconds, about what one kernel launch and the copy of a part's
+/// states back cost, and the first run's copy of the columns would not
+/// pay back soon.
+pub(crate) const SCAN_AGGREGATE_MIN_ROWS: usize = 1 << 20;
+
+/// Whether the partial aggregation `node` and the filters, projections and
+/// scan below it run as a [`GpuScanAggregateExec`]: `Ok(Some)` with the
+/// node if so, `Ok(None)` where it is not of that shape, and the reason
+/// where it is but stays on the CPU.
+pub(crate) fn decide_scan_aggregate(
+    node: &Arc<dyn ExecutionPlan>,
+    options: &GpuOptions,
+    gpu: Result<(), &str>,
+) -> Result<Option<GpuScanAggregateExec>, String> {
+    let Some(scan_aggregate) = GpuScanAggregateExec::try_new(Arc::clone(node))? else {
+        return Ok(None);
+    };
+    gpu_usable(
+        options,
+        options.aggregate,
+        "GPU aggregation disabled (gpu.aggregate = false)",
+        gpu,
+    )?;
+    if !options.tuning.scan_aggregate {
+        return Err("scan aggregations are off (gpu.tuning.scan_aggregate = false)".into());
+    }
+    if !options.cache {
+        return Err("a scan aggregation reads the device column cache (gpu.cache = false)".into());
+    }
+    if !options.placement.always() {
+        if let Some(rows) = scan_aggregate
+            .scan_rows()
+            .filter(|&r| r < SCAN_AGGREGATE_MIN_ROWS)
+        {
+            return Err(format!(
+                "the scan reads {rows} rows, below the {SCAN_AGGREGATE_MIN_ROWS} from which \
+                 its columns are kept on the device (gpu.placement = 'cost')"
+            ));
+        }
+    }
+    Ok(Some(scan_aggregate))
 }
 
 /// Decides whether `agg` can run as a [`GpuAggregateExec`]: `Ok` with its
@@ -449,13 +495,37 @@ fn collect_decisions(
                 ),
             },
         });
+    } else if let Some(scan_agg) = plan.downcast_ref::<GpuScanAggregateExec>() {
+        out.push(NodeDecision {
+            operator: "AggregateExec".into(),
+            detail: describe_aggregate(scan_agg.aggregate()),
+            placement: Placement::Gpu {
+                algorithm: format!(
+                    "{} with its filters, projections and table scan, over the table's columns \
+                     in the device column cache{}",
+                    GpuScanAggregateExec::ALGORITHM,
+                    match scan_agg.scan_rows() {
+                        Some(rows) => format!(" ({rows} rows by statistics)"),
+                        None => String::new(),
+                    }
+                ),
+            },
+        });
+        // The nodes below it run only where the device cannot.
+        return;
     } else if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
+        let reason = match decide_scan_aggregate(plan, options, gpu) {
+            Err(reason) => format!(
+                "{} not possible: {reason}; {}",
+                GpuScanAggregateExec::ALGORITHM,
+                cpu_reason(decide_aggregate(agg, options, gpu))
+            ),
+            Ok(_) => cpu_reason(decide_aggregate(agg, options, gpu)),
+        };
         out.push(NodeDecision {
             operator: "AggregateExec".into(),
             detail: describe_aggregate(agg),
-            placement: Placement::Cpu {
-                reason: cpu_reason(decide_aggregate(agg, options, gpu)),
-            },
+            placement: Placement::Cpu { reason },
         });
     }
     let folds = folds_join_below(plan, options);

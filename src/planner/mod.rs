@@ -9,6 +9,7 @@ mod rule;
 mod shape;
 mod statistics;
 
+pub(crate) use decision::decide_scan_aggregate;
 pub use decision::{
     decide_aggregate, decide_hash_join, decide_sort_merge_join, gpu_decisions, NodeDecision,
     Placement,

@@ -177,6 +177,12 @@ const SMALL_RESULT_WINDOWS: [&str; 2] = [
 ];
 
 async fn contexts(partitions: usize, extra: &[&str]) -> (SessionContext, SessionContext) {
+    // These tests are GpuAggregateExec's: aggregations over a table scan
+    // that a GpuScanAggregateExec would take stay with it (that node's own
+    // tests are in `scan_aggregate`).
+    let mut extra = extra.to_vec();
+    extra.insert(0, "SET gpu.tuning.scan_aggregate = false");
+    let extra = extra.as_slice();
     (
         gpu_context(JoinMode::CollectLeft, partitions, extra).await,
         cpu_context(JoinMode::CollectLeft, partitions, &[]).await,
@@ -366,7 +372,7 @@ async fn inputs_larger_than_the_memory_pool_still_aggregate() {
             limit,
             JoinMode::CollectLeft,
             partitions,
-            &[phases],
+            &[phases, "SET gpu.tuning.scan_aggregate = false"],
         )
         .await;
         let t = table(400_000, Keys::Uniform { domain: 300 }, partitions, 17);
@@ -1178,6 +1184,7 @@ async fn a_hash_table_sized_from_a_misleading_sample_is_built_again() {
             "SET gpu.tuning.aggregate_single_phase = true",
             "SET gpu.placement = 'always'",
             "SET gpu.tuning.fold_into_table = false",
+            "SET gpu.tuning.scan_aggregate = false",
         ],
     )
     .await;

@@ -17,4 +17,5 @@ mod join_sql;
 mod join_types;
 mod ops;
 mod runtime;
+mod scan_aggregate;
 mod sort_merge_join;

@@ -18,6 +18,7 @@ mod group_by;
 mod group_order;
 mod join_tasks;
 mod merge_join;
+mod scan_aggregate;
 pub use launcher::Launcher;
 pub use group_order::{group_min_rows, table_group_min_rows};
 pub use hash_seed::hash_seed;
@@ -37,6 +38,11 @@ use join_tasks::{check_join_tasks, push_join_tasks};
 pub use merge_join::{expand_pairs, merge_path_bounds, ordered_codes, CodeTransform, MergeBound};
 #[cfg(any(test, feature = "test-support"))]
 pub use merge_join::MERGE_TILE;
+pub use scan_aggregate::{
+    accumulator_init, scan_aggregate, AccumulatorKind, ScanAggregateOutput, ScanChunk,
+    ScanColumn, ScanOp, ScanProgram, SCAN_MAX_INSTRUCTIONS, SCAN_MAX_SHARED_BYTES,
+    SCAN_MAX_SLOTS, SCAN_REGISTERS,
+};
 
 /// Threads per block of every kernel (`BLOCK_THREADS` in `ptx/common.cuh`).
 pub const BLOCK_THREADS: u32 = 256;
@@ -53,6 +59,7 @@ const HASH_JOIN_PTX: &str = include_str!("../../../ptx/hash_join.ptx");
 const GROUP_BY_PTX: &str = include_str!("../../../ptx/group_by.ptx");
 const MERGE_JOIN_PTX: &str = include_str!("../../../ptx/merge_join.ptx");
 const GATHER_PTX: &str = include_str!("../../../ptx/gather.ptx");
+const SCAN_AGGREGATE_PTX: &str = include_str!("../../../ptx/scan_aggregate.ptx");
 
 /// Every kernel of the crate, loaded into one device context.
 #[derive(Debug)]
@@ -97,6 +104,7 @@ pub struct Kernels {
     aggregate_i128_sum: CudaFunction,
     f64_sum_scale: CudaFunction,
     f64_sum_fixed: CudaFunction,
+    scan_aggregate: CudaFunction,
     /// Blocks of each join kernel a multiprocessor holds at once.
     join_residency: JoinResidency,
 }
@@ -148,6 +156,7 @@ impl Kernels {
         let group_by = load(GROUP_BY_PTX)?;
         let merge = load(MERGE_JOIN_PTX)?;
         let gather = load(GATHER_PTX)?;
+        let scan_aggregate = load(SCAN_AGGREGATE_PTX)?;
         let function = |module: &Arc<CudaModule>, name: &'static str| {
             module
                 .load_function(name)
@@ -202,8 +211,9 @@ impl Kernels {
             aggregate_i128_sum: function(&group_by, "aggregate_i128_sum")?,
             f64_sum_scale: function(&group_by, "f64_sum_scale")?,
             f64_sum_fixed: function(&group_by, "f64_sum_fixed")?,
+            scan_aggregate: function(&scan_aggregate, "scan_aggregate")?,
             join_residency,
-            _modules: vec![scan, radix, join, group_by, merge, gather],
+            _modules: vec![scan, radix, join, group_by, merge, gather, scan_aggregate],
         })
     }
 }

@@ -28,7 +28,7 @@ use super::partitioning::{
 use super::phases::{cpu_phases, single_phase};
 use super::shape::estimated_rows;
 use super::statistics::with_statistics_of_one_pass;
-use super::{decide_aggregate, decide_hash_join, decide_sort_merge_join};
+use super::{decide_aggregate, decide_hash_join, decide_scan_aggregate, decide_sort_merge_join};
 use crate::config::GpuOptions;
 use crate::exec::tracks_build_matches;
 use crate::exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
@@ -238,6 +238,15 @@ fn rewrite(
         }
     }
     if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+        // One output partition in place of the partial aggregation's: only
+        // where nothing above relies on how its output is partitioned.
+        let one_partition_fits =
+            partitioning_free || agg.properties().output_partitioning().partition_count() == 1;
+        if one_partition_fits {
+            if let Ok(Some(scan_aggregate)) = decide_scan_aggregate(&node, options, gpu) {
+                return Ok(Arc::new(scan_aggregate));
+            }
+        }
         if let Some(join) = aggregate_into_join(&node, agg, partitioning_free, options) {
             return Ok(join);
         }

@@ -53,6 +53,7 @@ async fn two_aggregation_phases_become_one_gpu_aggregation_where_partitioning_is
         placement: PlacementPolicy::Always,
         tuning: GpuTuning {
             aggregate_single_phase: true,
+            scan_aggregate: false,
             ..GpuTuning::default()
         },
         ..GpuOptions::default()
@@ -543,5 +544,71 @@ async fn an_ungrouped_aggregate_above_a_sort_merge_join_is_computed_in_the_join(
             "{sql}\n{}",
             show(&plan)
         );
+    }
+}
+
+/// Every node of `plan`, parents first.
+fn plan_nodes(plan: &Arc<dyn ExecutionPlan>) -> Vec<&Arc<dyn ExecutionPlan>> {
+    let mut nodes = vec![plan];
+    for child in plan.children() {
+        nodes.extend(plan_nodes(child));
+    }
+    nodes
+}
+
+#[tokio::test]
+async fn a_partial_aggregation_over_a_table_scan_runs_as_a_scan_aggregation() {
+    use crate::exec::GpuScanAggregateExec;
+    let options = |cache: bool| GpuOptions {
+        placement: PlacementPolicy::Always,
+        cache,
+        ..GpuOptions::default()
+    };
+    let scan_aggregations = |plan: &Arc<dyn ExecutionPlan>| {
+        plan_nodes(plan)
+            .into_iter()
+            .filter(|node| node.downcast_ref::<GpuScanAggregateExec>().is_some())
+            .count()
+    };
+    // Ungrouped, over a filter and a projection: the partial aggregation,
+    // its filter and its scan become one node; DataFusion's final
+    // aggregation stays above it.
+    let sql = "SELECT count(*), sum(v * 2), min(k) FROM r WHERE v > 10 AND k IS NOT NULL";
+    let plan = rewritten_with(sql, options(true)).await;
+    assert_eq!(scan_aggregations(&plan), 1, "{}", show(&plan));
+    assert!(show(&plan).contains("GpuScanAggregateExec: algorithm=scan_aggregate"));
+    assert!(
+        show(&plan).contains("filter=[v@1 > 10 AND k@0 IS NOT NULL]"),
+        "{}",
+        show(&plan)
+    );
+    let final_mode = datafusion::physical_plan::aggregates::AggregateMode::Final;
+    let finals = cpu_aggregates(&plan)
+        .into_iter()
+        .filter(|agg| *agg.mode() == final_mode)
+        .count()
+        + gpu_aggregates(&plan)
+            .into_iter()
+            .filter(|agg| *agg.aggregate().mode() == final_mode)
+            .count();
+    assert_eq!(finals, 1, "{}", show(&plan));
+    // Its one partition holds every group.
+    let node = plan_nodes(&plan)
+        .into_iter()
+        .find(|node| node.downcast_ref::<GpuScanAggregateExec>().is_some())
+        .unwrap();
+    assert_eq!(node.properties().output_partitioning().partition_count(), 1);
+    // Off with the cache; integer group keys are not coded on the device
+    // (GpuAggregateExec takes those); a division is not evaluated there.
+    assert_eq!(
+        scan_aggregations(&rewritten_with(sql, options(false)).await),
+        0
+    );
+    for sql in [
+        "SELECT k, count(*) FROM r GROUP BY k",
+        "SELECT sum(v / 3) FROM r",
+    ] {
+        let plan = rewritten_with(sql, options(true)).await;
+        assert_eq!(scan_aggregations(&plan), 0, "{sql}\n{}", show(&plan));
     }
 }

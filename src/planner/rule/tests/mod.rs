@@ -38,6 +38,9 @@ async fn rewritten(sql: &str, merge_partitions: bool) -> Arc<dyn ExecutionPlan> 
                 // single-phase rewrite has its own test.
                 aggregate_single_phase: false,
                 merge_partitions,
+                // GpuAggregateExec's rewrites; scan aggregations have
+                // their own tests.
+                scan_aggregate: false,
                 ..GpuTuning::default()
             },
             ..GpuOptions::default()

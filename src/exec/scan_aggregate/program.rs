@@ -1,0 +1,601 @@
+//! DataFusion `PhysicalExpr`s compiled into the device interpreter's
+//! program (`ptx/scan_aggregate.cu`): one instruction a node, each value in
+//! a register, an expression met twice computed once. Values keep
+//! DataFusion's semantics: integers and decimals as exact 64-bit integers
+//! (an overflow sends the whole node to DataFusion, which computes in its
+//! own, wider or wrapping, way), floats as doubles compared in Arrow's total
+//! order, SQL's three-valued logic. What the interpreter cannot evaluate
+//! exactly as DataFusion does is refused, with the reason.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::expressions::{
+    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, Literal,
+    NegativeExpr, NotExpr,
+};
+use datafusion::physical_expr::PhysicalExpr;
+
+use crate::encode::table_words::word_kind;
+use crate::gpu::launch::{ScanOp, SCAN_MAX_INSTRUCTIONS, SCAN_REGISTERS};
+use crate::gpu::WordKind;
+
+/// What a register holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ValueType {
+    /// A signed integer (integers, dates, timestamps).
+    Int,
+    /// A decimal's unscaled value, at this scale.
+    Decimal(i8),
+    Float,
+    /// 0 or 1.
+    Bool,
+}
+
+/// A compiled value: its register and what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Value {
+    pub register: u32,
+    pub value_type: ValueType,
+}
+
+/// Builds one program over the columns of one scan.
+pub(crate) struct ProgramBuilder<'a> {
+    schema: &'a Schema,
+    instructions: Vec<[i64; 5]>,
+    /// Scan columns the program reads, in the order the kernel gets them.
+    columns: Vec<usize>,
+    memo: HashMap<String, Value>,
+    next_register: u32,
+}
+
+type Compiled<T> = std::result::Result<T, String>;
+
+impl<'a> ProgramBuilder<'a> {
+    /// A program over rows of `schema` (the scan's output).
+    pub fn new(schema: &'a Schema) -> Self {
+        Self {
+            schema,
+            instructions: Vec::new(),
+            columns: Vec::new(),
+            memo: HashMap::new(),
+            next_register: 0,
+        }
+    }
+
+    /// The instructions so far.
+    pub fn instructions(&self) -> &[[i64; 5]] {
+        &self.instructions
+    }
+
+    /// Scan columns read, by kernel column slot.
+    pub fn columns(&self) -> &[usize] {
+        &self.columns
+    }
+
+    fn register(&mut self) -> Compiled<u32> {
+        let register = self.next_register;
+        if register as usize >= SCAN_REGISTERS {
+            return Err(format!(
+                "the expressions need more than {SCAN_REGISTERS} device registers"
+            ));
+        }
+        self.next_register += 1;
+        Ok(register)
+    }
+
+    fn emit(&mut self, op: ScanOp, a: i64, b: i64, c: i64, value_type: ValueType) -> Compiled<Value> {
+        if self.instructions.len() >= SCAN_MAX_INSTRUCTIONS {
+            return Err(format!(
+                "the expressions need more than {SCAN_MAX_INSTRUCTIONS} device instructions"
+            ));
+        }
+        let register = self.register()?;
+        self.instructions
+            .push([op as i64, i64::from(register), a, b, c]);
+        Ok(Value {
+            register,
+            value_type,
+        })
+    }
+
+    fn column_slot(&mut self, column: usize) -> i64 {
+        let slot = match self.columns.iter().position(|&c| c == column) {
+            Some(slot) => slot,
+            None => {
+                self.columns.push(column);
+                self.columns.len() - 1
+            }
+        };
+        slot as i64
+    }
+
+    /// A group key: the coded column `column`'s code, 0 for NULL and one
+    /// more than the key's global code otherwise (key `key`'s remap table).
+    pub fn group_code(&mut self, column: usize, key: usize) -> Compiled<Value> {
+        let data_type = self.schema.field(column).data_type();
+        if word_kind(data_type) != Some(WordKind::Code) {
+            return Err(format!(
+                "group keys of type {data_type} are not coded on the device"
+            ));
+        }
+        let slot = self.column_slot(column);
+        self.emit(ScanOp::LoadCode, slot, key as i64, 0, ValueType::Int)
+    }
+
+    /// The constant `value`.
+    pub fn constant(&mut self, value: i64, value_type: ValueType) -> Compiled<Value> {
+        let key = format!("const {value} {value_type:?}");
+        if let Some(&v) = self.memo.get(&key) {
+            return Ok(v);
+        }
+        let v = self.emit(ScanOp::Const, value, 0, 0, value_type)?;
+        self.memo.insert(key, v);
+        Ok(v)
+    }
+
+    /// `a op b` on integers, exact (an overflow is flagged).
+    pub fn int_op(&mut self, op: ScanOp, a: Value, b: Value) -> Compiled<Value> {
+        self.emit(op, a.register.into(), b.register.into(), 0, ValueType::Int)
+    }
+
+    /// `expr`'s value on each row.
+    pub fn compile(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Value> {
+        let key = expr.to_string();
+        if let Some(&v) = self.memo.get(&key) {
+            return Ok(v);
+        }
+        let v = self.compile_new(expr)?;
+        self.memo.insert(key, v);
+        Ok(v)
+    }
+
+    fn data_type(&self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<DataType> {
+        expr.data_type(self.schema).map_err(|e| e.to_string())
+    }
+
+    fn compile_new(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Value> {
+        if let Some(column) = expr.downcast_ref::<Column>() {
+            return self.column(column.index());
+        }
+        if let Some(literal) = expr.downcast_ref::<Literal>() {
+            return self.literal(literal.value());
+        }
+        if let Some(binary) = expr.downcast_ref::<BinaryExpr>() {
+            let result = self.data_type(expr)?;
+            return self.binary(binary, &result);
+        }
+        if let Some(not) = expr.downcast_ref::<NotExpr>() {
+            let arg = self.compile(not.arg())?;
+            expect_bool(arg, "NOT")?;
+            return self.emit(ScanOp::Not, arg.register.into(), 0, 0, ValueType::Bool);
+        }
+        if let Some(is_null) = expr.downcast_ref::<IsNullExpr>() {
+            let arg = self.compile(is_null.arg())?;
+            return self.emit(ScanOp::IsNull, arg.register.into(), 0, 0, ValueType::Bool);
+        }
+        if let Some(is_not_null) = expr.downcast_ref::<IsNotNullExpr>() {
+            let arg = self.compile(is_not_null.arg())?;
+            return self.emit(ScanOp::IsNotNull, arg.register.into(), 0, 0, ValueType::Bool);
+        }
+        if let Some(negative) = expr.downcast_ref::<NegativeExpr>() {
+            let arg = self.compile(negative.arg())?;
+            let op = match arg.value_type {
+                ValueType::Float => ScanOp::NegF64,
+                ValueType::Int | ValueType::Decimal(_) => ScanOp::NegI64,
+                ValueType::Bool => return Err("negation of a boolean".into()),
+            };
+            return self.emit(op, arg.register.into(), 0, 0, arg.value_type);
+        }
+        if let Some(cast) = expr.downcast_ref::<CastExpr>() {
+            let from = self.data_type(cast.expr())?;
+            let arg = self.compile(cast.expr())?;
+            return self.cast(arg, &from, cast.cast_type());
+        }
+        if let Some(in_list) = expr.downcast_ref::<InListExpr>() {
+            return self.in_list(in_list);
+        }
+        if let Some(case) = expr.downcast_ref::<CaseExpr>() {
+            return self.case(case);
+        }
+        Err(format!("the expression {expr} is not evaluated on the device"))
+    }
+
+    fn column(&mut self, index: usize) -> Compiled<Value> {
+        let data_type = self.schema.field(index).data_type().clone();
+        let value_type = match (word_kind(&data_type), &data_type) {
+            (Some(WordKind::I64), DataType::Decimal128(_, scale)) => ValueType::Decimal(*scale),
+            (Some(WordKind::I64), DataType::Boolean) => ValueType::Bool,
+            (Some(WordKind::I64), _) => ValueType::Int,
+            (Some(WordKind::F64), _) => ValueType::Float,
+            (Some(WordKind::Code), _) => {
+                return Err(format!(
+                    "the {data_type} column {} is read on the device only as a group key",
+                    self.schema.field(index).name()
+                ))
+            }
+            (None, _) => {
+                return Err(format!(
+                    "columns of type {data_type} are not read on the device"
+                ))
+            }
+        };
+        let slot = self.column_slot(index);
+        let op = match value_type {
+            ValueType::Float => ScanOp::LoadF64,
+            _ => ScanOp::LoadI64,
+        };
+        self.emit(op, slot, 0, 0, value_type)
+    }
+
+    fn literal(&mut self, value: &ScalarValue) -> Compiled<Value> {
+        let data_type = value.data_type();
+        let value_type = match &data_type {
+            DataType::Decimal128(_, scale) => ValueType::Decimal(*scale),
+            DataType::Float64 => ValueType::Float,
+            DataType::Boolean => ValueType::Bool,
+            t if word_kind(t) == Some(WordKind::I64) => ValueType::Int,
+            t => return Err(format!("literals of type {t} are not used on the device")),
+        };
+        if value.is_null() {
+            return self.emit(ScanOp::Null, 0, 0, 0, value_type);
+        }
+        let bits = match value {
+            ScalarValue::Int8(Some(v)) => i64::from(*v),
+            ScalarValue::Int16(Some(v)) => i64::from(*v),
+            ScalarValue::Int32(Some(v)) => i64::from(*v),
+            ScalarValue::Int64(Some(v)) => *v,
+            ScalarValue::UInt8(Some(v)) => i64::from(*v),
+            ScalarValue::UInt16(Some(v)) => i64::from(*v),
+            ScalarValue::UInt32(Some(v)) => i64::from(*v),
+            ScalarValue::Date32(Some(v)) => i64::from(*v),
+            ScalarValue::Date64(Some(v)) => *v,
+            ScalarValue::TimestampSecond(Some(v), _)
+            | ScalarValue::TimestampMillisecond(Some(v), _)
+            | ScalarValue::TimestampMicrosecond(Some(v), _)
+            | ScalarValue::TimestampNanosecond(Some(v), _) => *v,
+            ScalarValue::Boolean(Some(v)) => i64::from(*v),
+            ScalarValue::Float64(Some(v)) => v.to_bits() as i64,
+            ScalarValue::Decimal128(Some(v), _, _) => i64::try_from(*v)
+                .map_err(|_| format!("the decimal literal {value} exceeds 64 bits"))?,
+            other => return Err(format!("the literal {other} is not used on the device")),
+        };
+        self.constant(bits, value_type)
+    }
+
+    fn binary(&mut self, binary: &BinaryExpr, result: &DataType) -> Compiled<Value> {
+        use Operator::*;
+        let op = *binary.op();
+        if matches!(op, And | Or) {
+            let left = self.compile(binary.left())?;
+            let right = self.compile(binary.right())?;
+            expect_bool(left, "AND/OR")?;
+            expect_bool(right, "AND/OR")?;
+            let op = if op == And { ScanOp::And } else { ScanOp::Or };
+            return self.emit(op, left.register.into(), right.register.into(), 0, ValueType::Bool);
+        }
+        let left = self.compile(binary.left())?;
+        let right = self.compile(binary.right())?;
+        match op {
+            Eq | NotEq | Lt | LtEq | Gt | GtEq => self.comparison(op, left, right),
+            Plus | Minus | Multiply => self.arithmetic(op, left, right, result),
+            other => Err(format!("the operator {other} is not evaluated on the device")),
+        }
+    }
+
+    fn comparison(&mut self, op: Operator, left: Value, right: Value) -> Compiled<Value> {
+        use Operator::*;
+        let (left, right, float) = match (left.value_type, right.value_type) {
+            (ValueType::Float, ValueType::Float) => (left, right, true),
+            (ValueType::Int, ValueType::Int) | (ValueType::Bool, ValueType::Bool) => {
+                (left, right, false)
+            }
+            (ValueType::Decimal(a), ValueType::Decimal(b)) => {
+                let scale = a.max(b);
+                (self.rescale(left, scale)?, self.rescale(right, scale)?, false)
+            }
+            (a, b) => return Err(format!("a comparison of {a:?} with {b:?}")),
+        };
+        let code = match (op, float) {
+            (Eq, false) => ScanOp::EqI64,
+            (NotEq, false) => ScanOp::NeI64,
+            (Lt, false) => ScanOp::LtI64,
+            (LtEq, false) => ScanOp::LeI64,
+            (Gt, false) => ScanOp::GtI64,
+            (GtEq, false) => ScanOp::GeI64,
+            (Eq, true) => ScanOp::EqF64,
+            (NotEq, true) => ScanOp::NeF64,
+            (Lt, true) => ScanOp::LtF64,
+            (LtEq, true) => ScanOp::LeF64,
+            (Gt, true) => ScanOp::GtF64,
+            (GtEq, true) => ScanOp::GeF64,
+            (other, _) => return Err(format!("the comparison {other}")),
+        };
+        self.emit(code, left.register.into(), right.register.into(), 0, ValueType::Bool)
+    }
+
+    /// `value` (a decimal) at `scale`, at least its own.
+    fn rescale(&mut self, value: Value, scale: i8) -> Compiled<Value> {
+        let ValueType::Decimal(own) = value.value_type else {
+            return Err("a rescale of a value that is not a decimal".into());
+        };
+        if own == scale {
+            return Ok(value);
+        }
+        let factor = power_of_ten(i32::from(scale) - i32::from(own))?;
+        self.emit(
+            ScanOp::ScaleI64,
+            value.register.into(),
+            factor,
+            0,
+            ValueType::Decimal(scale),
+        )
+    }
+
+    fn arithmetic(
+        &mut self,
+        op: Operator,
+        left: Value,
+        right: Value,
+        result: &DataType,
+    ) -> Compiled<Value> {
+        use Operator::*;
+        match (result, left.value_type, right.value_type) {
+            (DataType::Float64, ValueType::Float, ValueType::Float) => {
+                let code = match op {
+                    Plus => ScanOp::AddF64,
+                    Minus => ScanOp::SubF64,
+                    _ => ScanOp::MulF64,
+                };
+                self.emit(code, left.register.into(), right.register.into(), 0, ValueType::Float)
+            }
+            // Narrower integers wrap at their own width in DataFusion.
+            (DataType::Int64, ValueType::Int, ValueType::Int) => {
+                let code = match op {
+                    Plus => ScanOp::AddI64,
+                    Minus => ScanOp::SubI64,
+                    _ => ScanOp::MulI64,
+                };
+                self.int_op(code, left, right)
+            }
+            (DataType::Decimal128(_, scale), ValueType::Decimal(a), ValueType::Decimal(b)) => {
+                let (code, left, right, own) = match op {
+                    Plus | Minus => {
+                        let s = a.max(b);
+                        let code = if op == Plus { ScanOp::AddI64 } else { ScanOp::SubI64 };
+                        (code, self.rescale(left, s)?, self.rescale(right, s)?, s)
+                    }
+                    _ => (ScanOp::MulI64, left, right, a.checked_add(b).ok_or("scale")?),
+                };
+                if own != *scale {
+                    return Err(format!(
+                        "decimal arithmetic to scale {scale} from operands at scales {a} and {b}"
+                    ));
+                }
+                self.emit(code, left.register.into(), right.register.into(), 0, ValueType::Decimal(own))
+            }
+            (t, a, b) => Err(format!("arithmetic to {t} on {a:?} and {b:?}")),
+        }
+    }
+
+    fn cast(&mut self, arg: Value, from: &DataType, to: &DataType) -> Compiled<Value> {
+        use DataType::*;
+        if from == to {
+            return Ok(arg);
+        }
+        let refused = || Err(format!("CAST from {from} to {to} is not evaluated on the device"));
+        match (from, to) {
+            (f, Int64) if integer_digits(f).is_some() => Ok(Value {
+                value_type: ValueType::Int,
+                ..arg
+            }),
+            (Int8 | UInt8, Int16 | Int32) | (Int16 | UInt16, Int32) => Ok(arg),
+            (f, Decimal128(p, s)) if integer_digits(f).is_some() => {
+                let digits = integer_digits(f).unwrap_or(u8::MAX);
+                if i32::from(*p) - i32::from(*s) < i32::from(digits) {
+                    return refused();
+                }
+                let factor = power_of_ten(i32::from(*s))?;
+                self.emit(ScanOp::ScaleI64, arg.register.into(), factor, 0, ValueType::Decimal(*s))
+            }
+            (Decimal128(p1, s1), Decimal128(p2, s2)) => {
+                let widens = s2 >= s1 && i32::from(*p2) - i32::from(*s2) >= i32::from(*p1) - i32::from(*s1);
+                if !widens {
+                    return refused();
+                }
+                self.rescale(arg, *s2)
+            }
+            (f, Float64) if integer_digits(f).is_some() => {
+                self.emit(ScanOp::I64ToF64, arg.register.into(), 0, 0, ValueType::Float)
+            }
+            (Decimal128(_, s), Float64) if *s >= 0 => {
+                // Arrow divides the value, as a double, by 10^scale.
+                let float = self.emit(ScanOp::I64ToF64, arg.register.into(), 0, 0, ValueType::Float)?;
+                let divisor = self.constant(10f64.powi(i32::from(*s)).to_bits() as i64, ValueType::Float)?;
+                self.emit(ScanOp::DivF64, float.register.into(), divisor.register.into(), 0, ValueType::Float)
+            }
+            _ => refused(),
+        }
+    }
+
+    fn in_list(&mut self, in_list: &InListExpr) -> Compiled<Value> {
+        let mut any: Option<Value> = None;
+        for item in in_list.list() {
+            let equal = BinaryExpr::new(Arc::clone(in_list.expr()), Operator::Eq, Arc::clone(item));
+            let equal: Arc<dyn PhysicalExpr> = Arc::new(equal);
+            let equal = self.compile(&equal)?;
+            any = Some(match any {
+                None => equal,
+                Some(previous) => self.emit(
+                    ScanOp::Or,
+                    previous.register.into(),
+                    equal.register.into(),
+                    0,
+                    ValueType::Bool,
+                )?,
+            });
+        }
+        let any = any.ok_or("an empty IN list")?;
+        match in_list.negated() {
+            true => self.emit(ScanOp::Not, any.register.into(), 0, 0, ValueType::Bool),
+            false => Ok(any),
+        }
+    }
+
+    fn case(&mut self, case: &CaseExpr) -> Compiled<Value> {
+        let mut value = match case.else_expr() {
+            Some(otherwise) => self.compile(otherwise)?,
+            None => {
+                let first = case.when_then_expr().first().ok_or("a CASE without WHEN")?;
+                let then = self.compile(&first.1)?;
+                self.emit(ScanOp::Null, 0, 0, 0, then.value_type)?
+            }
+        };
+        for (when, then) in case.when_then_expr().iter().rev() {
+            let condition = match case.expr() {
+                Some(base) => {
+                    let equal: Arc<dyn PhysicalExpr> =
+                        Arc::new(BinaryExpr::new(Arc::clone(base), Operator::Eq, Arc::clone(when)));
+                    self.compile(&equal)?
+                }
+                None => self.compile(when)?,
+            };
+            expect_bool(condition, "CASE WHEN")?;
+            let then = self.compile(then)?;
+            if then.value_type != value.value_type {
+                return Err("CASE branches of different types".into());
+            }
+            value = self.emit(
+                ScanOp::Select,
+                condition.register.into(),
+                then.register.into(),
+                value.register.into(),
+                value.value_type,
+            )?;
+        }
+        Ok(value)
+    }
+}
+
+fn expect_bool(value: Value, what: &str) -> Compiled<()> {
+    match value.value_type {
+        ValueType::Bool => Ok(()),
+        other => Err(format!("{what} over {other:?}")),
+    }
+}
+
+/// Decimal digits every value of the integer type `data_type` fits in,
+/// or `None` where it is not an integer type.
+fn integer_digits(data_type: &DataType) -> Option<u8> {
+    use DataType::*;
+    match data_type {
+        Int8 | UInt8 => Some(3),
+        Int16 | UInt16 => Some(5),
+        Int32 | UInt32 => Some(10),
+        Int64 => Some(19),
+        _ => None,
+    }
+}
+
+fn power_of_ten(exponent: i32) -> Compiled<i64> {
+    u32::try_from(exponent)
+        .ok()
+        .and_then(|e| 10i64.checked_pow(e))
+        .ok_or_else(|| format!("a decimal rescale by 10^{exponent}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::Field;
+    use datafusion::physical_expr::expressions::{col, lit};
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::new("price", DataType::Decimal128(15, 2), true),
+            Field::new("discount", DataType::Decimal128(15, 2), true),
+            Field::new("flag", DataType::Utf8View, true),
+            Field::new("x", DataType::Float64, true),
+            Field::new("n", DataType::Int32, true),
+        ])
+    }
+
+    #[test]
+    fn an_expression_met_twice_is_computed_once_and_columns_are_read_once() {
+        let schema = schema();
+        let mut program = ProgramBuilder::new(&schema);
+        let product: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            col("price", &schema).unwrap(),
+            Operator::Multiply,
+            col("discount", &schema).unwrap(),
+        ));
+        let first = program.compile(&product).unwrap();
+        let again = program.compile(&product).unwrap();
+        assert_eq!(first, again);
+        assert_eq!(first.value_type, ValueType::Decimal(4));
+        assert_eq!(program.instructions().len(), 3);
+        assert_eq!(program.columns(), [0, 1]);
+    }
+
+    #[test]
+    fn decimals_at_different_scales_are_rescaled_before_they_are_added() {
+        let schema = schema();
+        let mut program = ProgramBuilder::new(&schema);
+        let one = lit(ScalarValue::Decimal128(Some(1), 20, 0));
+        let sum: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            one,
+            Operator::Minus,
+            col("discount", &schema).unwrap(),
+        ));
+        // DataFusion types it Decimal128(23, 2).
+        let value = program.compile(&sum).unwrap();
+        assert_eq!(value.value_type, ValueType::Decimal(2));
+        let ops: Vec<i64> = program.instructions().iter().map(|i| i[0]).collect();
+        assert!(ops.contains(&(ScanOp::ScaleI64 as i64)), "{ops:?}");
+        let scale = program
+            .instructions()
+            .iter()
+            .find(|i| i[0] == ScanOp::ScaleI64 as i64)
+            .unwrap();
+        assert_eq!(scale[3], 100);
+    }
+
+    #[test]
+    fn what_the_device_cannot_evaluate_exactly_is_refused_with_a_reason() {
+        let schema = schema();
+        let refused = |expr: Arc<dyn PhysicalExpr>| {
+            ProgramBuilder::new(&schema).compile(&expr).unwrap_err()
+        };
+        let division: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            col("price", &schema).unwrap(),
+            Operator::Divide,
+            col("discount", &schema).unwrap(),
+        ));
+        assert!(refused(division).contains("operator"));
+        // Int32 arithmetic wraps at 32 bits in DataFusion.
+        let narrow: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            col("n", &schema).unwrap(),
+            Operator::Plus,
+            col("n", &schema).unwrap(),
+        ));
+        assert!(refused(narrow).contains("Int32"));
+        let string = col("flag", &schema).unwrap();
+        assert!(refused(string).contains("group key"));
+    }
+
+    #[test]
+    fn too_many_registers_are_refused() {
+        let schema = schema();
+        let mut program = ProgramBuilder::new(&schema);
+        let mut result = Ok(());
+        for i in 0..=SCAN_REGISTERS as i64 {
+            if let Err(e) = program.constant(i, ValueType::Int) {
+                result = Err(e);
+            }
+        }
+        assert!(result.unwrap_err().contains("registers"));
+    }
+}

@@ -1,0 +1,409 @@
+//! One run of the node: each part's columns from the cache (read, coded,
+//! copied and cached where missing), the group keys' dictionaries merged,
+//! the program run over every part, and the partial states made. Anything
+//! the device cannot do here comes back as a reason, and the node runs
+//! DataFusion's plan instead.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+
+use crate::exec::GpuScanAggregateMetrics as ScanAggregateMetrics;
+use super::shape::{ScanAggregateShape, TableSource};
+use super::source::Part;
+use super::states::{columns_read, compile, partial_states};
+use crate::config::GpuOptions;
+use crate::encode::table_words::{column_words, strings_array, HostWords};
+use crate::gpu::launch::{scan_aggregate, ScanChunk, ScanColumn, ScanProgram};
+use crate::gpu::{
+    upload_byte_pieces, upload_u64, CachedColumn, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
+    ReservationKind,
+};
+use crate::trace;
+
+/// What a run made: the partial states, or why DataFusion must.
+pub(crate) enum Ran {
+    Batch(RecordBatch),
+    OnCpu(String),
+}
+
+type Reasoned<T> = std::result::Result<T, String>;
+
+/// Runs `shape` on the device (see the module docs).
+pub(crate) async fn run(
+    shape: Arc<ScanAggregateShape>,
+    context: Arc<TaskContext>,
+    metrics: ScanAggregateMetrics,
+) -> Result<Ran> {
+    let options = GpuOptions::from_config(context.session_config().options());
+    let fail_on_device_errors =
+        crate::config::device_error_policy(context.session_config().options()).fail;
+    let device = match crate::exec::partition_device(0) {
+        Ok(device) => device,
+        Err(e) => return Ok(Ran::OnCpu(e.to_string())),
+    };
+    let columns = match columns_read(&shape) {
+        Ok(columns) => columns,
+        Err(reason) => return Ok(Ran::OnCpu(reason)),
+    };
+    let groups = shape.source.part_groups();
+    trace::event(|| format!("scan aggregation: {} part groups", groups.len()));
+    // One task a group of parts (a partition of the scan: groups hold about
+    // the same bytes), reading its parts in turn, as the scan would.
+    let tasks: Vec<_> = groups
+        .into_iter()
+        .map(|parts| {
+            let (shape, device, context) = (Arc::clone(&shape), Arc::clone(&device), Arc::clone(&context));
+            let (columns, options, metrics) = (columns.clone(), options.clone(), metrics.clone());
+            SpawnedTask::spawn(async move {
+                let mut loaded = Vec::with_capacity(parts.len());
+                for part in parts {
+                    let fields = shape.fields_of(&columns);
+                    let context = Arc::clone(&context);
+                    match part_columns(&shape.source, fields, &device, part, context, &options, &metrics).await? {
+                        Ok(part) => loaded.push(part),
+                        Err(reason) => return Ok(Err(reason)),
+                    }
+                }
+                Ok::<_, DataFusionError>(Ok(loaded))
+            })
+        })
+        .collect();
+    let mut loaded = Vec::with_capacity(shape.source.part_count());
+    for task in tasks {
+        let group = task
+            .join()
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))??;
+        match group {
+            Ok(parts) => loaded.extend(parts),
+            Err(reason) => return Ok(Ran::OnCpu(reason)),
+        }
+    }
+    trace::event(|| "scan aggregation: columns resident".into());
+    let schema = shape.output_schema.clone();
+    let timer = metrics.baseline.elapsed_compute().clone();
+    SpawnedTask::spawn_blocking(move || {
+        let _timer = timer.timer();
+        aggregate(&shape, &device, &loaded, &columns, &schema, &metrics, fail_on_device_errors)
+    })
+    .join()
+    .await
+    .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))?
+}
+
+/// One part's columns `fields` (table column index and field), from the
+/// cache or read, coded and copied (and cached, with `gpu.cache`); a
+/// reason where a column cannot be kept as words.
+pub(crate) async fn part_columns(
+    source: &TableSource,
+    fields: Vec<(usize, Field)>,
+    device: &Arc<GpuDevice>,
+    part: Part,
+    context: Arc<TaskContext>,
+    options: &GpuOptions,
+    metrics: &ScanAggregateMetrics,
+) -> Result<Reasoned<Vec<Arc<CachedColumn>>>> {
+    let url = match source {
+        TableSource::Parquet { url, .. } => url.as_str().to_owned(),
+        TableSource::Memory { .. } => String::new(),
+    };
+    let cache = device.column_cache();
+    let keys: Vec<String> = fields
+        .iter()
+        .map(|(table_index, field)| part.column_key(&url, *table_index, field))
+        .collect();
+    let mut found: Vec<Option<Arc<CachedColumn>>> = keys
+        .iter()
+        .map(|key| options.cache.then(|| cache.get(key)).flatten())
+        .collect();
+    let missing: Vec<usize> = (0..found.len()).filter(|&i| found[i].is_none()).collect();
+    metrics.cache_hits.add(found.len() - missing.len());
+    metrics.cache_misses.add(missing.len());
+    if missing.is_empty() {
+        return Ok(Ok(found.into_iter().flatten().collect()));
+    }
+    let table_columns: Vec<usize> = missing.iter().map(|&i| fields[i].0).collect();
+    let reading = std::time::Instant::now();
+    let arrays = part.read(source, &table_columns, context).await?;
+    metrics.read_time.add_duration(reading.elapsed());
+    let capacity = device.budget().limit_for(options.cache_memory_fraction);
+    let (device, options, metrics) = (Arc::clone(device), options.clone(), metrics.clone());
+    let uploads = SpawnedTask::spawn_blocking(move || -> Result<Reasoned<Vec<(usize, Arc<CachedColumn>)>>> {
+        let mut out = Vec::with_capacity(missing.len());
+        for (i, pieces) in missing.into_iter().zip(arrays) {
+            let (table_index, field) = &fields[i];
+            let encoding = std::time::Instant::now();
+            let words = column_words(&pieces, field.data_type());
+            metrics.encode_time.add_duration(encoding.elapsed());
+            let Some(words) = words else {
+                return Ok(Err(format!(
+                    "column {} ({}) cannot be kept on the device as words",
+                    field.name(),
+                    field.data_type()
+                )));
+            };
+            if out.is_empty() {
+                metrics.rows_read.add(words.rows);
+            }
+            let keep_alive = part.keep_alive(*table_index);
+            let uploading = std::time::Instant::now();
+            let uploaded = upload(&device, words, keep_alive, options.memory_fraction, &metrics);
+            metrics.upload_time.add_duration(uploading.elapsed());
+            let column = match uploaded {
+                Ok(column) => column,
+                Err(e) => return Ok(Err(e.to_string())),
+            };
+            let column = match options.cache {
+                true => device.column_cache().insert(keys[i].clone(), column, capacity),
+                false => Arc::new(column),
+            };
+            out.push((i, column));
+        }
+        Ok(Ok(out))
+    })
+    .join()
+    .await
+    .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))??;
+    match uploads {
+        Ok(uploaded) => {
+            for (i, column) in uploaded {
+                found[i] = Some(column);
+            }
+            Ok(Ok(found.into_iter().flatten().collect()))
+        }
+        Err(reason) => Ok(Err(reason)),
+    }
+}
+
+/// `words` copied to the device, its memory reserved in the budget, and
+/// the copy finished (so that any stream may read it).
+fn upload(
+    device: &Arc<GpuDevice>,
+    words: HostWords,
+    keep_alive: Vec<ArrayRef>,
+    memory_fraction: f64,
+    metrics: &ScanAggregateMetrics,
+) -> GpuResult<CachedColumn> {
+    let value_bytes = words.values.bytes();
+    let bytes = value_bytes.len().div_ceil(8).max(1) * 8
+        + 8 * words.validity.as_ref().map_or(0, Vec::len);
+    let reservation = device
+        .budget()
+        .reserve(bytes, memory_fraction, ReservationKind::Resident)?;
+    device.bind_to_thread()?;
+    let stream = device.stream()?;
+    let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
+    // One word at least: a part without rows still has a column.
+    let values: &[u8] = match value_bytes.is_empty() {
+        true => &[0; 8],
+        false => value_bytes,
+    };
+    let values = upload_byte_pieces(device, stream.stream(), &[values], &mut timer)?;
+    let validity = words
+        .validity
+        .as_ref()
+        .filter(|v| !v.is_empty())
+        .map(|v| upload_u64(device, stream.stream(), v, &mut timer))
+        .transpose()?;
+    stream
+        .stream()
+        .synchronize()
+        .during("waiting for a table column's copy to the device")?;
+    metrics.device.record(&timer.finish()?);
+    Ok(CachedColumn {
+        rows: words.rows,
+        kind: words.kind,
+        narrow: words.values.narrow(),
+        values,
+        validity,
+        dictionary: words.dictionary,
+        keep_alive,
+        reservation,
+    })
+}
+
+/// The group keys' dictionaries merged over the parts: each key's values
+/// in global code order, and per part and key, the global code of each of
+/// its codes.
+struct MergedKeys {
+    dictionaries: Vec<ArrayRef>,
+    /// Per part: its remap table (each key's table start first).
+    remaps: Vec<Vec<u32>>,
+}
+
+fn merge_keys(
+    loaded: &[Vec<Arc<CachedColumn>>],
+    key_slots: &[usize],
+    key_types: &[DataType],
+) -> Reasoned<MergedKeys> {
+    let mut globals: Vec<(Vec<String>, HashMap<String, u32>)> =
+        vec![(Vec::new(), HashMap::new()); key_slots.len()];
+    let mut remaps = Vec::with_capacity(loaded.len());
+    for part in loaded {
+        let mut tables: Vec<Vec<u32>> = Vec::with_capacity(key_slots.len());
+        for (key, &slot) in key_slots.iter().enumerate() {
+            let column = &part[slot];
+            let dictionary = column
+                .dictionary
+                .as_ref()
+                .ok_or("a group key column without its dictionary")?;
+            let (values, by_value) = &mut globals[key];
+            let mut table = Vec::with_capacity(dictionary.len());
+            for value in string_values(dictionary)? {
+                let next = values.len() as u32;
+                let code = *by_value.entry(value.to_owned()).or_insert_with(|| {
+                    values.push(value.to_owned());
+                    next
+                });
+                table.push(code);
+            }
+            tables.push(table);
+        }
+        let mut remap = Vec::with_capacity(tables.len() + tables.iter().map(Vec::len).sum::<usize>());
+        let mut start = tables.len();
+        for table in &tables {
+            remap.push(start as u32);
+            start += table.len();
+        }
+        remap.extend(tables.into_iter().flatten());
+        remaps.push(remap);
+    }
+    let dictionaries = globals
+        .iter()
+        .zip(key_types)
+        .map(|((values, _), data_type)| strings_array(values, data_type))
+        .collect();
+    Ok(MergedKeys {
+        dictionaries,
+        remaps,
+    })
+}
+
+fn string_values(array: &ArrayRef) -> Reasoned<Vec<&str>> {
+    let values: Vec<Option<&str>> = match array.data_type() {
+        DataType::Utf8 => array.as_string::<i32>().iter().collect(),
+        DataType::LargeUtf8 => array.as_string::<i64>().iter().collect(),
+        DataType::Utf8View => array.as_string_view().iter().collect(),
+        other => return Err(format!("a dictionary of {other}")),
+    };
+    Ok(values.into_iter().map(Option::unwrap_or_default).collect())
+}
+
+/// The program over every part's resident columns, and the partial states.
+fn aggregate(
+    shape: &ScanAggregateShape,
+    device: &Arc<GpuDevice>,
+    loaded: &[Vec<Arc<CachedColumn>>],
+    columns: &[usize],
+    schema: &datafusion::arrow::datatypes::SchemaRef,
+    metrics: &ScanAggregateMetrics,
+    fail_on_device_errors: bool,
+) -> Result<Ran> {
+    let key_slots: Vec<usize> = shape
+        .group_columns
+        .iter()
+        .map(|c| columns.iter().position(|x| x == c).unwrap_or(usize::MAX))
+        .collect();
+    if key_slots.contains(&usize::MAX) {
+        return Ok(Ran::OnCpu("a group key the program does not read".into()));
+    }
+    let key_types: Vec<DataType> = shape
+        .group_columns
+        .iter()
+        .map(|&c| shape.scan_schema.field(c).data_type().clone())
+        .collect();
+    let merged = match merge_keys(loaded, &key_slots, &key_types) {
+        Ok(merged) => merged,
+        Err(reason) => return Ok(Ran::OnCpu(reason)),
+    };
+    let cardinalities: Vec<usize> = merged.dictionaries.iter().map(|d| d.len()).collect();
+    let program = match compile(shape, &cardinalities) {
+        Ok(program) => program,
+        Err(reason) => return Ok(Ran::OnCpu(reason)),
+    };
+    if program.columns != columns {
+        return Err(DataFusionError::Internal(
+            "the device program reads other columns than it was planned to".into(),
+        ));
+    }
+    let output = match run_program(device, loaded, &merged.remaps, &program, metrics) {
+        Ok(output) => output,
+        Err(e) if fail_on_device_errors && !e.is_out_of_device_memory() => {
+            return Err(DataFusionError::Execution(e.to_string()))
+        }
+        Err(e) => return Ok(Ran::OnCpu(format!("the device failed: {e}"))),
+    };
+    if output.overflowed {
+        return Ok(Ran::OnCpu(
+            "an integer or decimal value left 64 bits on the device".into(),
+        ));
+    }
+    let states = partial_states(
+        &program,
+        &output.words,
+        &cardinalities,
+        &merged.dictionaries,
+        schema,
+    )?;
+    Ok(match states {
+        Ok(batch) => {
+            metrics.baseline.record_output(batch.num_rows());
+            Ran::Batch(batch)
+        }
+        Err(reason) => Ran::OnCpu(reason),
+    })
+}
+
+fn run_program(
+    device: &Arc<GpuDevice>,
+    loaded: &[Vec<Arc<CachedColumn>>],
+    remaps: &[Vec<u32>],
+    program: &super::states::DeviceProgram,
+    metrics: &ScanAggregateMetrics,
+) -> GpuResult<crate::gpu::launch::ScanAggregateOutput> {
+    device.bind_to_thread()?;
+    let stream = device.stream()?;
+    let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
+    let chunks: Vec<ScanChunk<'_>> = loaded
+        .iter()
+        .zip(remaps)
+        .map(|(part, remap)| ScanChunk {
+            rows: part.first().map_or(0, |c| c.rows),
+            columns: part
+                .iter()
+                .map(|c| ScanColumn {
+                    values: &c.values,
+                    validity: c.validity.as_ref(),
+                    narrow: c.narrow,
+                })
+                .collect(),
+            remap: remap.clone(),
+        })
+        .collect();
+    if chunks
+        .iter()
+        .zip(loaded)
+        .any(|(chunk, part)| part.iter().any(|c| c.rows != chunk.rows))
+    {
+        return Err(GpuError::Invalid(
+            "a part's cached columns have different row counts".into(),
+        ));
+    }
+    let scan_program = ScanProgram {
+        instructions: &program.instructions,
+        predicate: program.predicate,
+        group: program.group,
+        groups: program.groups,
+        accumulators: &program.accumulators,
+    };
+    let output = scan_aggregate(device, &device.launcher(stream.stream()), &chunks, &scan_program, &mut timer)?;
+    metrics.rows_scanned.add(chunks.iter().map(|c| c.rows).sum());
+    metrics.device.record(&timer.finish()?);
+    Ok(output)
+}

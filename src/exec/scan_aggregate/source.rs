@@ -1,0 +1,152 @@
+//! A table's parts as the column cache keeps them, each under a key that
+//! changes with its data, and the reading of a part's columns where the
+//! cache misses them: every row, whatever filter the query has.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::datatypes::Field;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::ParquetSource;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, FileSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::{collect, ExecutionPlan};
+
+use super::shape::TableSource;
+
+/// Rows a batch of a part read to fill the cache.
+const READ_BATCH_ROWS: usize = 1 << 16;
+
+/// One part of a table: a Parquet file (or byte range of one) or a
+/// `MemTable` partition.
+#[derive(Debug, Clone)]
+pub(crate) enum Part {
+    File(PartitionedFile),
+    Memory(Vec<RecordBatch>),
+}
+
+impl TableSource {
+    /// The table's parts, in groups of about the same size (the scan's
+    /// partitions), each read by one task in turn.
+    pub fn part_groups(&self) -> Vec<Vec<Part>> {
+        match self {
+            TableSource::Parquet { groups, .. } => groups
+                .iter()
+                .map(|files| files.iter().cloned().map(Part::File).collect())
+                .collect(),
+            TableSource::Memory { partitions } => partitions
+                .iter()
+                .map(|batches| vec![Part::Memory(batches.clone())])
+                .collect(),
+        }
+    }
+
+    /// How many parts the table has.
+    pub fn part_count(&self) -> usize {
+        match self {
+            TableSource::Parquet { groups, .. } => groups.iter().map(Vec::len).sum(),
+            TableSource::Memory { partitions } => partitions.len(),
+        }
+    }
+}
+
+impl Part {
+    /// The cache key of table column `table_index` (`field`) of this part:
+    /// what identifies its data. A file by its store, path, size,
+    /// modification time, e-tag and version, and the byte range read; a
+    /// `MemTable` partition by the identity of its batches' arrays, which
+    /// the cache entry holds so that they cannot be freed and their
+    /// addresses reused.
+    pub fn column_key(&self, url: &str, table_index: usize, field: &Field) -> String {
+        let column = format!("{table_index}:{}:{}", field.name(), field.data_type());
+        match self {
+            Part::File(file) => {
+                let meta = &file.object_meta;
+                format!(
+                    "parquet|{url}|{}|{}|{}|{:?}|{:?}|{:?}|{column}",
+                    meta.location,
+                    meta.size,
+                    meta.last_modified.timestamp_nanos_opt().unwrap_or_default(),
+                    meta.e_tag,
+                    meta.version,
+                    file.range.as_ref().map(|r| (r.start, r.end)),
+                )
+            }
+            Part::Memory(batches) => {
+                let mut key = String::from("memory|");
+                for batch in batches {
+                    let array = batch.column(table_index);
+                    key.push_str(&format!(
+                        "{:p}+{}.{};",
+                        Arc::as_ptr(array) as *const u8,
+                        array.offset(),
+                        array.len()
+                    ));
+                }
+                key.push_str(&column);
+                key
+            }
+        }
+    }
+
+    /// Host arrays that a cached column of this part keeps alive (see
+    /// [`Self::column_key`]).
+    pub fn keep_alive(&self, table_index: usize) -> Vec<ArrayRef> {
+        match self {
+            Part::File(_) => Vec::new(),
+            Part::Memory(batches) => batches
+                .iter()
+                .map(|b| Arc::clone(b.column(table_index)))
+                .collect(),
+        }
+    }
+
+    /// Every row of table columns `table_columns` of this part, one list of
+    /// arrays per column.
+    pub async fn read(
+        &self,
+        source: &TableSource,
+        table_columns: &[usize],
+        context: Arc<TaskContext>,
+    ) -> Result<Vec<Vec<ArrayRef>>> {
+        let batches = match (self, source) {
+            (Part::Memory(batches), _) => {
+                return Ok(table_columns
+                    .iter()
+                    .map(|&c| batches.iter().map(|b| Arc::clone(b.column(c))).collect())
+                    .collect())
+            }
+            (Part::File(file), TableSource::Parquet { url, source, .. }) => {
+                let parquet = source
+                    .file_source()
+                    .downcast_ref::<ParquetSource>()
+                    .ok_or_else(|| DataFusionError::Internal("a Parquet part of another scan".into()))?;
+                // The scan's own options (they decide the columns' types),
+                // but neither its predicate nor its projection: every row.
+                let mut fresh = ParquetSource::new(parquet.table_schema().clone())
+                    .with_table_parquet_options(parquet.table_parquet_options().clone());
+                if let Some(factory) = parquet.parquet_file_reader_factory() {
+                    fresh = fresh.with_parquet_file_reader_factory(Arc::clone(factory));
+                }
+                let config = FileScanConfigBuilder::new(url.clone(), Arc::new(fresh))
+                    .with_file_group(FileGroup::new(vec![file.clone()]))
+                    .with_expr_adapter(source.expr_adapter_factory.clone())
+                    // Fewer, longer batches: less work a batch, in the
+                    // decoder and in the coding into words after it.
+                    .with_batch_size(Some(READ_BATCH_ROWS))
+                    .with_projection_indices(Some(table_columns.to_vec()))?
+                    .build();
+                let scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
+                collect(scan, context).await?
+            }
+            (Part::File(_), TableSource::Memory { .. }) => {
+                return Err(DataFusionError::Internal("a file part of a memory table".into()))
+            }
+        };
+        Ok((0..table_columns.len())
+            .map(|i| batches.iter().map(|b| Arc::clone(b.column(i))).collect())
+            .collect())
+    }
+}
