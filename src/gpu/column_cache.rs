@@ -158,29 +158,32 @@ impl<T: Cached> DeviceCache<T> {
     pub fn insert(&self, key: String, column: T, capacity: usize) -> Arc<T> {
         let column = Arc::new(column);
         let bytes = column.device_bytes();
-        let evicted = {
+        // What leaves the map is dropped after the lock is released
+        // (dropping returns reservations to the budget, which locks too).
+        let (evicted, replaced) = {
             let mut state = self.lock();
-            if let Some(old) = state.entries.remove(&key) {
+            let replaced = state.entries.remove(&key);
+            if let Some(old) = &replaced {
                 state.bytes -= old.column.device_bytes();
             }
             let over = (state.bytes + bytes).saturating_sub(capacity);
-            let mut evicted = evict_unused(&mut state, over);
-            if state.bytes + bytes > capacity {
-                // Entries in use hold the rest: the newcomer goes unkept.
-                return finish(self, evicted.drain(..), column);
+            let evicted = evict_unused(&mut state, over);
+            // Where entries in use hold the rest, the newcomer goes unkept.
+            if state.bytes + bytes <= capacity {
+                state.clock += 1;
+                let last_used = state.clock;
+                state.bytes += bytes;
+                state.entries.insert(
+                    key,
+                    Entry {
+                        column: Arc::clone(&column),
+                        last_used,
+                    },
+                );
             }
-            state.clock += 1;
-            let last_used = state.clock;
-            state.bytes += bytes;
-            state.entries.insert(
-                key,
-                Entry {
-                    column: Arc::clone(&column),
-                    last_used,
-                },
-            );
-            evicted
+            (evicted, replaced)
         };
+        drop(replaced);
         finish(self, evicted.into_iter(), column)
     }
 

@@ -24,7 +24,7 @@ use crate::gpu::launch::{ScanOp, SCAN_MAX_INSTRUCTIONS, SCAN_REGISTERS};
 use crate::gpu::WordKind;
 
 /// What a register holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum ValueType {
     /// A signed integer (integers, dates, timestamps).
     Int,
@@ -48,7 +48,12 @@ pub(crate) struct ProgramBuilder<'a> {
     instructions: Vec<[i64; 5]>,
     /// Scan columns the program reads, in the order the kernel gets them.
     columns: Vec<usize>,
-    memo: HashMap<String, Value>,
+    /// Expressions compiled so far, compared as expressions (their text
+    /// can be the same for different ones: `a - (b + c)` prints as
+    /// `a - b + c`).
+    compiled: Vec<(Arc<dyn PhysicalExpr>, Value)>,
+    /// Constants emitted so far, by value and type.
+    constants: HashMap<(i64, ValueType), Value>,
     next_register: u32,
 }
 
@@ -61,7 +66,8 @@ impl<'a> ProgramBuilder<'a> {
             schema,
             instructions: Vec::new(),
             columns: Vec::new(),
-            memo: HashMap::new(),
+            compiled: Vec::new(),
+            constants: HashMap::new(),
             next_register: 0,
         }
     }
@@ -128,12 +134,11 @@ impl<'a> ProgramBuilder<'a> {
 
     /// The constant `value`.
     pub fn constant(&mut self, value: i64, value_type: ValueType) -> Compiled<Value> {
-        let key = format!("const {value} {value_type:?}");
-        if let Some(&v) = self.memo.get(&key) {
+        if let Some(&v) = self.constants.get(&(value, value_type)) {
             return Ok(v);
         }
         let v = self.emit(ScanOp::Const, value, 0, 0, value_type)?;
-        self.memo.insert(key, v);
+        self.constants.insert((value, value_type), v);
         Ok(v)
     }
 
@@ -144,12 +149,15 @@ impl<'a> ProgramBuilder<'a> {
 
     /// `expr`'s value on each row.
     pub fn compile(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Value> {
-        let key = expr.to_string();
-        if let Some(&v) = self.memo.get(&key) {
-            return Ok(v);
+        if let Some((_, v)) = self
+            .compiled
+            .iter()
+            .find(|(seen, _)| seen.as_ref() == expr.as_ref())
+        {
+            return Ok(*v);
         }
         let v = self.compile_new(expr)?;
-        self.memo.insert(key, v);
+        self.compiled.push((Arc::clone(expr), v));
         Ok(v)
     }
 
@@ -182,6 +190,11 @@ impl<'a> ProgramBuilder<'a> {
             return self.emit(ScanOp::IsNotNull, arg.register.into(), 0, 0, ValueType::Bool);
         }
         if let Some(negative) = expr.downcast_ref::<NegativeExpr>() {
+            // DataFusion negates narrower integers wrapping at their width.
+            let arg_type = self.data_type(negative.arg())?;
+            if matches!(arg_type, DataType::Int8 | DataType::Int16 | DataType::Int32) {
+                return Err(format!("the negation of a {arg_type} (it wraps at its width)"));
+            }
             let arg = self.compile(negative.arg())?;
             let op = match arg.value_type {
                 ValueType::Float => ScanOp::NegF64,
@@ -276,6 +289,19 @@ impl<'a> ProgramBuilder<'a> {
             expect_bool(right, "AND/OR")?;
             let op = if op == And { ScanOp::And } else { ScanOp::Or };
             return self.emit(op, left.register.into(), right.register.into(), 0, ValueType::Bool);
+        }
+        if matches!(op, Plus | Minus | Multiply) {
+            // Integers, decimals and doubles only: DataFusion's date and
+            // time arithmetic has units of its own (Date64 - Date64 is in
+            // days, say).
+            for side in [binary.left(), binary.right()] {
+                let data_type = self.data_type(side)?;
+                let numeric = integer_digits(&data_type).is_some()
+                    || matches!(data_type, DataType::Decimal128(_, _) | DataType::Float64);
+                if !numeric {
+                    return Err(format!("arithmetic on {data_type} is not evaluated on the device"));
+                }
+            }
         }
         let left = self.compile(binary.left())?;
         let right = self.compile(binary.right())?;
@@ -584,6 +610,48 @@ mod tests {
         assert!(refused(narrow).contains("Int32"));
         let string = col("flag", &schema).unwrap();
         assert!(refused(string).contains("group key"));
+    }
+
+    #[test]
+    fn expressions_that_print_alike_are_compiled_apart() {
+        let schema = schema();
+        let column = |name: &str| col(name, &schema).unwrap();
+        let binary = |l, op, r| Arc::new(BinaryExpr::new(l, op, r)) as Arc<dyn PhysicalExpr>;
+        // price - (discount + price) and (price - discount) + price print alike.
+        let grouped_right = binary(
+            column("price"),
+            Operator::Minus,
+            binary(column("discount"), Operator::Plus, column("price")),
+        );
+        let grouped_left = binary(
+            binary(column("price"), Operator::Minus, column("discount")),
+            Operator::Plus,
+            column("price"),
+        );
+        assert_eq!(grouped_right.to_string(), grouped_left.to_string());
+        let mut program = ProgramBuilder::new(&schema);
+        let a = program.compile(&grouped_right).unwrap();
+        let b = program.compile(&grouped_left).unwrap();
+        assert_ne!(a.register, b.register);
+    }
+
+    #[test]
+    fn date_arithmetic_and_the_negation_of_narrow_integers_are_refused() {
+        let schema = Schema::new(vec![
+            Field::new("d1", DataType::Date64, true),
+            Field::new("d2", DataType::Date64, true),
+            Field::new("n", DataType::Int32, true),
+        ]);
+        let difference: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            col("d1", &schema).unwrap(),
+            Operator::Minus,
+            col("d2", &schema).unwrap(),
+        ));
+        let error = ProgramBuilder::new(&schema).compile(&difference).unwrap_err();
+        assert!(error.contains("Date64"), "{error}");
+        let negation: Arc<dyn PhysicalExpr> = Arc::new(NegativeExpr::new(col("n", &schema).unwrap()));
+        let error = ProgramBuilder::new(&schema).compile(&negation).unwrap_err();
+        assert!(error.contains("wraps"), "{error}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, InputOrderMode};
 
 use crate::exec::aggregate::{aggregate_kind, AggregateKind};
 
@@ -87,6 +87,13 @@ impl ScanAggregateShape {
     /// of the shape at all (not partial, or not over a scan).
     pub fn of(agg: &AggregateExec) -> Shaped<Option<Self>> {
         if *agg.mode() != AggregateMode::Partial {
+            return Ok(None);
+        }
+        // Its one partition of groups in no order: not where the partial
+        // aggregation streams over sorted input or orders its output.
+        if *agg.input_order_mode() != InputOrderMode::Linear
+            || agg.properties().output_ordering().is_some()
+        {
             return Ok(None);
         }
         let mut group_exprs: Vec<Arc<dyn PhysicalExpr>> =
@@ -270,11 +277,16 @@ pub(crate) fn table_source(scan: &DataSourceExec) -> Shaped<Option<(TableSource,
         }
         None => (0..width).map(|i| ScanColumn { table_index: i }).collect(),
     };
-    let groups = config
+    let groups: Vec<Vec<PartitionedFile>> = config
         .file_groups
         .iter()
         .map(|group| group.files().to_vec())
         .collect();
+    // A file read with extensions (an access plan, a row selection) reads
+    // other rows than its key says.
+    if groups.iter().flatten().any(|file| !file.extensions.is_empty()) {
+        return Ok(None);
+    }
     let source = TableSource::Parquet {
         url: config.object_store_url.clone(),
         groups,
