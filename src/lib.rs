@@ -82,7 +82,8 @@ pub use column_cache::{cache_table, clear_gpu_cache, gpu_cache_stats, GpuCacheSt
 pub use config::GpuTestOptions;
 pub use config::{GpuOptions, GpuTuning, PlacementPolicy};
 pub use exec::{
-    GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec, GpuSortMergeJoinExec, WarmedColumns,
+    GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec, GpuScanFilterExec,
+    GpuSortMergeJoinExec, WarmedColumns,
 };
 pub use gpu::GpuUnavailable;
 pub use pinned_tables::{is_pinned, pin_batches};

@@ -209,6 +209,11 @@ config_namespace! {
         /// columns. `false` leaves such aggregations to `GpuAggregateExec`
         /// or DataFusion, as placed.
         pub scan_aggregate: bool, default = true
+        /// Run filters and projections over one table scan as one
+        /// `GpuScanFilterExec` over the table's cached columns, which hands
+        /// the rows kept to the nodes above. `false` leaves them to
+        /// DataFusion.
+        pub scan_filter: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host
         /// turns one window into batches while the next crosses the bus. A
@@ -238,6 +243,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "one_word_join_rows",
     "result_window_words",
     "scan_aggregate",
+    "scan_filter",
 ];
 
 /// Options that are no longer options, with what to do instead.

@@ -314,19 +314,49 @@ struct Dictionary {
     /// view's own 16 bytes, the bytes past the length zeroed), which spares
     /// hashing a string for the short keys that are most often coded.
     by_view: Vec<(u128, i32)>,
+    /// The first 64 values by their length and first bytes
+    /// ([`prefix_key`]), each candidate's whole value compared before its
+    /// code is taken: no hashing for the few values a low-cardinality
+    /// column repeats.
+    by_prefix: Vec<(u64, i32)>,
+}
+
+/// A string's length and first 7 bytes in one word: equal for equal
+/// strings, rarely for others.
+fn prefix_key(value: &str) -> u64 {
+    let bytes = value.as_bytes();
+    let mut head = [0u8; 8];
+    let take = bytes.len().min(7);
+    head[..take].copy_from_slice(&bytes[..take]);
+    u64::from_le_bytes(head) | ((bytes.len() as u64) << 56)
 }
 
 impl Dictionary {
     fn code_of(&mut self, value: &str) -> Option<i32> {
-        if let Some(&code) = self.by_value.get(value) {
+        let key = prefix_key(value);
+        let seen = self
+            .by_prefix
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .find(|(_, code)| self.values[*code as usize] == value);
+        if let Some(&(_, code)) = seen {
             return Some(code);
         }
-        if self.values.len() >= MAX_DICTIONARY_VALUES {
-            return None;
+        let code = match self.by_value.get(value) {
+            Some(&code) => code,
+            None => {
+                if self.values.len() >= MAX_DICTIONARY_VALUES {
+                    return None;
+                }
+                let code = self.values.len() as i32;
+                self.values.push(value.to_owned());
+                self.by_value.insert(value.to_owned(), code);
+                code
+            }
+        };
+        if self.by_prefix.len() < 64 {
+            self.by_prefix.push((key, code));
         }
-        let code = self.values.len() as i32;
-        self.values.push(value.to_owned());
-        self.by_value.insert(value.to_owned(), code);
         Some(code)
     }
 
@@ -422,6 +452,19 @@ mod tests {
         let dictionary = dictionary.as_string_view();
         let values: Vec<&str> = dictionary.iter().map(|v| v.unwrap()).collect();
         assert_eq!(values, ["R", long, "", "N"]);
+    }
+
+    #[test]
+    fn long_strings_of_one_length_and_prefix_keep_codes_of_their_own() {
+        // Same length, same first four bytes, different values.
+        let (a, b) = ("DELIVER IN PERSON", "DELIVER BY TRUCK!");
+        assert_eq!(a.len(), b.len());
+        let views: ArrayRef = Arc::new(StringViewArray::from(vec![a, b, a, b, b, "NONE"]));
+        let words = column_words(&[views], &DataType::Utf8View).unwrap();
+        assert!(matches!(&words.values, WordValues::Narrow(v) if v == &[0, 1, 0, 1, 1, 2]));
+        let dictionary = words.dictionary.unwrap();
+        let values: Vec<&str> = dictionary.as_string_view().iter().map(|v| v.unwrap()).collect();
+        assert_eq!(values, [a, b, "NONE"]);
     }
 
     #[test]

@@ -60,10 +60,12 @@ impl DeviceMetrics {
     }
 }
 
-/// Metrics of a GPU scan aggregation (one partition).
+/// Metrics of a GPU scan over the device column cache, an aggregation or a
+/// filter (one partition).
 #[derive(Debug, Clone)]
-pub struct GpuScanAggregateMetrics {
-    /// Output rows (partial states), batches and host compute time.
+pub struct GpuScanMetrics {
+    /// Output rows (partial states, or rows kept), batches and host
+    /// compute time.
     pub baseline: BaselineMetrics,
     /// Table rows the device filtered and aggregated.
     pub rows_scanned: Count,
@@ -87,21 +89,21 @@ pub struct GpuScanAggregateMetrics {
     pub device: DeviceMetrics,
 }
 
-impl GpuScanAggregateMetrics {
-    /// Registers the metrics in `set`.
-    pub fn new(set: &ExecutionPlanMetricsSet) -> Self {
+impl GpuScanMetrics {
+    /// Registers the metrics of partition `partition` in `set`.
+    pub fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         let builder = || MetricBuilder::new(set);
         Self {
-            baseline: BaselineMetrics::new(set, 0),
-            rows_scanned: builder().counter("rows_scanned", 0),
-            rows_read: builder().counter("rows_read", 0),
-            cache_hits: builder().counter("cache_hits", 0),
-            cache_misses: builder().counter("cache_misses", 0),
-            cpu_fallback: builder().counter("cpu_fallback", 0),
-            read_time: builder().subset_time("read_time", 0),
-            encode_time: builder().subset_time("encode_time", 0),
-            upload_time: builder().subset_time("upload_time", 0),
-            device: DeviceMetrics::new(set, 0),
+            baseline: BaselineMetrics::new(set, partition),
+            rows_scanned: builder().counter("rows_scanned", partition),
+            rows_read: builder().counter("rows_read", partition),
+            cache_hits: builder().counter("cache_hits", partition),
+            cache_misses: builder().counter("cache_misses", partition),
+            cpu_fallback: builder().counter("cpu_fallback", partition),
+            read_time: builder().subset_time("read_time", partition),
+            encode_time: builder().subset_time("encode_time", partition),
+            upload_time: builder().subset_time("upload_time", partition),
+            device: DeviceMetrics::new(set, partition),
         }
     }
 }

@@ -11,6 +11,7 @@ mod hash_join;
 mod join;
 mod metrics;
 mod scan_aggregate;
+mod scan_filter;
 mod sort_merge_join;
 
 pub use aggregate::GpuAggregateExec;
@@ -20,10 +21,11 @@ pub(crate) use hash_join::with_filter_of;
 pub(crate) use join::matches::tracks_build_matches;
 pub(crate) use join::pair_aggregate::folds_pairs_below;
 pub use metrics::{
-    GpuAggregateMetrics, GpuJoinMetrics, GpuScanAggregateMetrics, GpuSortMergeJoinMetrics,
+    GpuAggregateMetrics, GpuJoinMetrics, GpuScanMetrics, GpuSortMergeJoinMetrics,
 };
 pub use scan_aggregate::{GpuScanAggregateExec, WarmedColumns};
 pub(crate) use scan_aggregate::warm_scan;
+pub use scan_filter::GpuScanFilterExec;
 pub use sort_merge_join::GpuSortMergeJoinExec;
 
 use std::sync::Arc;

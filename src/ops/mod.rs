@@ -11,6 +11,7 @@ pub mod join_tasks;
 pub mod merge_join;
 pub mod radix;
 pub mod scan;
+pub mod scan_filter;
 
 #[cfg(any(test, feature = "test-support"))]
 /// The device's key hash, `mix64` in `ptx/common.cuh`: MurmurHash3's 64-bit

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use datafusion::config::ConfigOptions;
 use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -16,7 +17,7 @@ use crate::cost::{self, AggregateShape, DeviceConstants, Estimate, GPU_MARGIN};
 use crate::encode::keys::KeySpec;
 use crate::exec::{
     describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec,
-    GpuSortMergeJoinExec,
+    GpuScanFilterExec, GpuSortMergeJoinExec,
 };
 
 /// Where a node runs.
@@ -190,6 +191,57 @@ pub(crate) fn decide_scan_aggregate(
         }
     }
     Ok(Some(scan_aggregate))
+}
+
+/// The largest share of a table's rows (by DataFusion's estimate) a
+/// filtering scan keeps under `gpu.placement = 'cost'`: each row kept
+/// crosses the bus back and becomes Arrow columns on the host, and where
+/// many are, the first run's copy of the columns does not pay back soon.
+pub(crate) const SCAN_FILTER_MAX_KEPT: f64 = 0.25;
+
+/// Whether `node`, the top of filters and projections over a table scan,
+/// runs as a [`GpuScanFilterExec`]: `Ok(Some)` with the node if so,
+/// `Ok(None)` where it is not of that shape, and the reason where it is
+/// but stays on the CPU.
+pub(crate) fn decide_scan_filter(
+    node: &Arc<dyn ExecutionPlan>,
+    options: &GpuOptions,
+    gpu: Result<(), &str>,
+) -> Result<Option<GpuScanFilterExec>, String> {
+    let Some(scan_filter) = GpuScanFilterExec::try_new(Arc::clone(node))? else {
+        return Ok(None);
+    };
+    gpu_usable(
+        options,
+        options.tuning.scan_filter,
+        "scan filters are off (gpu.tuning.scan_filter = false)",
+        gpu,
+    )?;
+    if !options.cache {
+        return Err("a scan filter reads the device column cache (gpu.cache = false)".into());
+    }
+    if !options.placement.always() {
+        let scan_rows = scan_filter.scan_rows();
+        if let Some(rows) = scan_rows.filter(|&r| r < SCAN_AGGREGATE_MIN_ROWS) {
+            return Err(format!(
+                "the scan reads {rows} rows, below the {SCAN_AGGREGATE_MIN_ROWS} from which \
+                 its columns are kept on the device (gpu.placement = 'cost')"
+            ));
+        }
+        let kept = super::statistics::plan_statistics(node)
+            .ok()
+            .and_then(|s| s.num_rows.get_value().copied());
+        if let (Some(kept), Some(rows)) = (kept, scan_rows) {
+            if kept as f64 > SCAN_FILTER_MAX_KEPT * rows as f64 {
+                return Err(format!(
+                    "the filter keeps about {kept} of {rows} rows by DataFusion's estimate, more \
+                     than {SCAN_FILTER_MAX_KEPT} of them, which would cross the bus back \
+                     (gpu.placement = 'cost')"
+                ));
+            }
+        }
+    }
+    Ok(Some(scan_filter))
 }
 
 /// Decides whether `agg` can run as a [`GpuAggregateExec`]: `Ok` with its
@@ -513,6 +565,34 @@ fn collect_decisions(
         });
         // The nodes below it run only where the device cannot.
         return;
+    } else if let Some(scan_filter) = plan.downcast_ref::<GpuScanFilterExec>() {
+        out.push(NodeDecision {
+            operator: scan_filter.cpu_input().name().into(),
+            detail: "filters and projections over a table scan".into(),
+            placement: Placement::Gpu {
+                algorithm: format!(
+                    "{} with its table scan, over the table's columns in the device column \
+                     cache{}",
+                    GpuScanFilterExec::ALGORITHM,
+                    match scan_filter.scan_rows() {
+                        Some(rows) => format!(" ({rows} rows by statistics)"),
+                        None => String::new(),
+                    }
+                ),
+            },
+        });
+        // The nodes below it run only where the device cannot.
+        return;
+    } else if plan.downcast_ref::<FilterExec>().is_some() {
+        if let Err(reason) = decide_scan_filter(plan, options, gpu) {
+            out.push(NodeDecision {
+                operator: "FilterExec".into(),
+                detail: "filters and projections over a table scan".into(),
+                placement: Placement::Cpu {
+                    reason: format!("{} not possible: {reason}", GpuScanFilterExec::ALGORITHM),
+                },
+            });
+        }
     } else if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
         let reason = match decide_scan_aggregate(plan, options, gpu) {
             Err(reason) => format!(

@@ -9,9 +9,9 @@ mod rule;
 mod shape;
 mod statistics;
 
-pub(crate) use decision::decide_scan_aggregate;
 pub use decision::{
     decide_aggregate, decide_hash_join, decide_sort_merge_join, gpu_decisions, NodeDecision,
     Placement,
 };
+pub(crate) use decision::{decide_scan_aggregate, decide_scan_filter};
 pub use rule::GpuOptimizerRule;

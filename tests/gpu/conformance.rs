@@ -41,6 +41,7 @@ use slt_files::find_test_files;
 struct GpuNodeCounts {
     all: AtomicUsize,
     sort_merge_joins: AtomicUsize,
+    scan_filters: AtomicUsize,
 }
 
 /// The rule, counting the GPU nodes it places, so a run can prove that the
@@ -72,6 +73,13 @@ impl PhysicalOptimizerRule for CountingGpuRule {
         self.gpu_nodes
             .sort_merge_joins
             .fetch_add(merge_joins, Ordering::Relaxed);
+        let scan_filters = placed
+            .iter()
+            .filter(|d| d.to_string().contains("scan_filter"))
+            .count();
+        self.gpu_nodes
+            .scan_filters
+            .fetch_add(scan_filters, Ordering::Relaxed);
         Ok(plan)
     }
 
@@ -348,8 +356,9 @@ async fn conformance_with(relative: &str, expects_gpu_nodes: bool, expects_sort_
     }
     let gpu_nodes = counter.all.load(Ordering::Relaxed);
     let sort_merge_joins = counter.sort_merge_joins.load(Ordering::Relaxed);
+    let scan_filters = counter.scan_filters.load(Ordering::Relaxed);
     let summary = format!(
-        "conformance {}: records {}, passed {passed}, failed {}, skipped {} ({} EXPLAIN, {} other engine, {environment} failing without the rule too); GPU nodes planned: {gpu_nodes} ({sort_merge_joins} sort-merge joins)",
+        "conformance {}: records {}, passed {passed}, failed {}, skipped {} ({} EXPLAIN, {} other engine, {environment} failing without the rule too); GPU nodes planned: {gpu_nodes} ({sort_merge_joins} sort-merge joins, {scan_filters} scan filters)",
         relative.display(),
         with_rule.records.len() + with_rule.explain_skipped + with_rule.other_engine_skipped,
         failures.len(),

@@ -18,4 +18,5 @@ mod join_types;
 mod ops;
 mod runtime;
 mod scan_aggregate;
+mod scan_filter;
 mod sort_merge_join;

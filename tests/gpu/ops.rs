@@ -2219,3 +2219,104 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
     }
     timer.finish().unwrap();
 }
+
+#[test]
+fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries() {
+    use datafusion_gpu::gpu::launch::{FilterProgram, ScanChunk, ScanColumn, ScanOp, FILTER_TILE};
+    use datafusion_gpu::ops::scan_filter::{filter_chunk, reference};
+    let Some(device) =
+        device("the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries")
+    else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // r0 = a, r1 = b (NULL where bit r of b's validity is clear),
+    // r2 = 500, r3 = a < 500, r4 = a + b: keep a < 500, output r0 and r4.
+    let instructions = [
+        [ScanOp::LoadI64 as i64, 0, 0, 0, 0],
+        [ScanOp::LoadI64 as i64, 1, 1, 0, 0],
+        [ScanOp::Const as i64, 2, 500, 0, 0],
+        [ScanOp::LtI64 as i64, 3, 0, 2, 0],
+        [ScanOp::AddI64 as i64, 4, 0, 1, 0],
+    ];
+    let outputs = [0u32, 4];
+    let program = FilterProgram {
+        instructions: &instructions,
+        predicate: Some(3),
+        outputs: &outputs,
+    };
+    for rows in [
+        0,
+        1,
+        FILTER_TILE - 1,
+        FILTER_TILE,
+        FILTER_TILE + 1,
+        3 * FILTER_TILE + 77,
+        100_003,
+    ] {
+        let a = random_keys(rows, 1000, rows as u64);
+        let b = random_keys(rows, 1 << 40, rows as u64 + 1);
+        let valid = |r: usize| r % 7 != 3;
+        let validity: Vec<u64> = (0..rows.div_ceil(64))
+            .map(|w| {
+                (0..64)
+                    .filter(|&i| w * 64 + i < rows && valid(w * 64 + i))
+                    .fold(0, |m, i| m | 1 << i)
+            })
+            .collect();
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let a_device = upload_u64(
+            &device,
+            stream,
+            &a.iter().copied().chain([0]).collect::<Vec<_>>(),
+            &mut timer,
+        )
+        .unwrap();
+        let b_device = upload_u64(
+            &device,
+            stream,
+            &b.iter().copied().chain([0]).collect::<Vec<_>>(),
+            &mut timer,
+        )
+        .unwrap();
+        let validity_device = upload_u64(
+            &device,
+            stream,
+            &validity.iter().copied().chain([0]).collect::<Vec<_>>(),
+            &mut timer,
+        )
+        .unwrap();
+        let chunk = ScanChunk {
+            rows,
+            columns: vec![
+                ScanColumn {
+                    values: &a_device,
+                    validity: None,
+                    narrow: false,
+                },
+                ScanColumn {
+                    values: &b_device,
+                    validity: Some(&validity_device),
+                    narrow: false,
+                },
+            ],
+            remap: Vec::new(),
+        };
+        let got = filter_chunk(&device, stream, &chunk, &program, 0.5, &mut timer).unwrap();
+        timer.finish().unwrap();
+        let expected = reference::filter(
+            rows,
+            2,
+            |r| a[r] < 500,
+            |r| {
+                vec![
+                    (a[r], true),
+                    (if valid(r) { a[r] + b[r] } else { 0 }, valid(r)),
+                ]
+            },
+        );
+        assert_eq!(got, expected, "{rows} rows");
+    }
+}

@@ -27,7 +27,7 @@ use crate::support::{
 const FLAGS: [&str; 3] = ["A", "N", "R"];
 const STATUSES: [&str; 2] = ["F", "O"];
 
-fn schema() -> Arc<Schema> {
+pub(crate) fn schema() -> Arc<Schema> {
     Arc::new(Schema::new(vec![
         Field::new("flag", DataType::Utf8, true),
         Field::new("status", DataType::Utf8View, true),
@@ -42,7 +42,7 @@ fn schema() -> Arc<Schema> {
 
 /// `rows` rows of every type the node reads, about a tenth NULL, values
 /// with duplicates, negatives and both signs of zero.
-fn columns(seed: u64) -> impl Fn(std::ops::Range<usize>) -> Vec<ArrayRef> {
+pub(crate) fn columns(seed: u64) -> impl Fn(std::ops::Range<usize>) -> Vec<ArrayRef> {
     move |range: std::ops::Range<usize>| {
         let mut rng = StdRng::seed_from_u64(seed ^ range.start as u64);
         let n = range.len();
@@ -96,7 +96,7 @@ fn columns(seed: u64) -> impl Fn(std::ops::Range<usize>) -> Vec<ArrayRef> {
     }
 }
 
-fn table(rows: usize, partitions: usize, seed: u64) -> Arc<MemTable> {
+pub(crate) fn table(rows: usize, partitions: usize, seed: u64) -> Arc<MemTable> {
     table_from_columns(schema(), rows, partitions, 4096, columns(seed))
 }
 
@@ -280,14 +280,14 @@ fn alone() -> bool {
 }
 
 /// A fresh folder under the system's temporary one.
-fn temp_dir(name: &str) -> PathBuf {
+pub(crate) fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("dfgpu-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
-fn write_parquet(path: &std::path::Path, rows: usize, seed: u64) {
+pub(crate) fn write_parquet(path: &std::path::Path, rows: usize, seed: u64) {
     let batch = RecordBatch::try_new(schema(), columns(seed)(0..rows)).unwrap();
     let file = std::fs::File::create(path).unwrap();
     let mut writer = ArrowWriter::try_new(file, schema(), None).unwrap();

@@ -20,10 +20,10 @@ use datafusion::common::stats::Precision;
 use futures::TryStreamExt;
 
 use super::run::{run, Ran};
-use super::shape::{ScanAggregateShape, TableSource};
+use super::shape::ScanAggregateShape;
 use super::states::check;
 use crate::exec::aggregate::describe_aggregate;
-use crate::exec::GpuScanAggregateMetrics;
+use crate::exec::GpuScanMetrics;
 use crate::gpu::launch::SCAN_MAX_SLOTS;
 use crate::trace;
 
@@ -103,16 +103,6 @@ impl GpuScanAggregateExec {
     pub(crate) fn scan_rows(&self) -> Option<usize> {
         self.shape.scan_rows
     }
-
-    /// What the table is, for `EXPLAIN`.
-    fn table(&self) -> String {
-        match &self.shape.source {
-            TableSource::Parquet { .. } => {
-                format!("parquet, {} files or ranges", self.shape.source.part_count())
-            }
-            TableSource::Memory { partitions } => format!("memory, {} partitions", partitions.len()),
-        }
-    }
 }
 
 impl fmt::Debug for GpuScanAggregateExec {
@@ -133,7 +123,7 @@ impl DisplayAs for GpuScanAggregateExec {
                      cpu_fallback=input",
                     Self::ALGORITHM,
                     describe_aggregate(self.aggregate()),
-                    self.table(),
+                    self.shape.source.describe(),
                     self.shape
                         .predicate
                         .as_ref()
@@ -142,7 +132,7 @@ impl DisplayAs for GpuScanAggregateExec {
             }
             DisplayFormatType::TreeRender => {
                 writeln!(f, "algorithm={}", Self::ALGORITHM)?;
-                write!(f, "table={}", self.table())
+                write!(f, "table={}", self.shape.source.describe())
             }
         }
     }
@@ -230,7 +220,7 @@ impl ExecutionPlan for GpuScanAggregateExec {
         let shape = Arc::clone(&self.shape);
         let fallback = Arc::clone(&self.cpu_aggregate);
         let schema = self.schema();
-        let metrics = GpuScanAggregateMetrics::new(&self.metrics);
+        let metrics = GpuScanMetrics::new(&self.metrics, 0);
         let output = async move {
             match run(shape, Arc::clone(&context), metrics.clone()).await? {
                 Ran::Batch(batch) => {

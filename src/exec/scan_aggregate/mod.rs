@@ -11,5 +11,12 @@ mod states;
 mod warm;
 
 pub use exec::GpuScanAggregateExec;
+pub(crate) use program::{CodeTest, ProgramBuilder, ValueType};
+pub(crate) use run::{part_columns, remap_table, scan_chunk, test_tables, Loaded};
+pub(crate) use source::{uncodable_column, Part};
+pub(crate) use shape::{
+    coalesced_input, filter_projection, scan_fields, substitute, table_source, ScanColumn,
+    TableSource,
+};
 pub(crate) use warm::warm_scan;
 pub use warm::WarmedColumns;

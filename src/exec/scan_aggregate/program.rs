@@ -10,7 +10,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::arrow::array::{new_null_array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::physical_expr::utils::collect_columns;
+use datafusion::physical_expr_common::physical_expr::is_volatile;
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
@@ -42,6 +46,17 @@ pub(crate) struct Value {
     pub value_type: ValueType,
 }
 
+/// A predicate over one string column kept as dictionary codes, evaluated
+/// by DataFusion on the host over each part's dictionary: the device looks
+/// each row's result up by its code (`ScanOp::CodeTest`).
+#[derive(Debug, Clone)]
+pub(crate) struct CodeTest {
+    /// The scan column it reads.
+    pub column: usize,
+    /// The predicate over a one-column batch of that column's values.
+    pub predicate: Arc<dyn PhysicalExpr>,
+}
+
 /// Builds one program over the columns of one scan.
 pub(crate) struct ProgramBuilder<'a> {
     schema: &'a Schema,
@@ -55,6 +70,9 @@ pub(crate) struct ProgramBuilder<'a> {
     /// Constants emitted so far, by value and type.
     constants: HashMap<(i64, ValueType), Value>,
     next_register: u32,
+    /// String predicates, their keys from `first_test_key` on.
+    tests: Vec<CodeTest>,
+    first_test_key: usize,
 }
 
 type Compiled<T> = std::result::Result<T, String>;
@@ -69,7 +87,22 @@ impl<'a> ProgramBuilder<'a> {
             compiled: Vec::new(),
             constants: HashMap::new(),
             next_register: 0,
+            tests: Vec::new(),
+            first_test_key: 0,
         }
+    }
+
+    /// String predicates take keys from `key` on (keys below are the
+    /// caller's: group keys, coded outputs).
+    pub fn with_test_keys_from(mut self, key: usize) -> Self {
+        self.first_test_key = key;
+        self
+    }
+
+    /// The string predicates compiled so far, in key order (from the
+    /// first test key on).
+    pub fn tests(&self) -> &[CodeTest] {
+        &self.tests
     }
 
     /// The instructions so far.
@@ -166,6 +199,9 @@ impl<'a> ProgramBuilder<'a> {
     }
 
     fn compile_new(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Value> {
+        if let Some(test) = self.code_test(expr)? {
+            return Ok(test);
+        }
         if let Some(column) = expr.downcast_ref::<Column>() {
             return self.column(column.index());
         }
@@ -215,6 +251,45 @@ impl<'a> ProgramBuilder<'a> {
             return self.case(case);
         }
         Err(format!("the expression {expr} is not evaluated on the device"))
+    }
+
+    /// `expr` as one lookup of its result by dictionary code, where it is a
+    /// deterministic boolean expression of one coded (string) column; it
+    /// is then evaluated by DataFusion itself, once per part over the
+    /// part's dictionary (see [`code_test_table`]).
+    fn code_test(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Option<Value>> {
+        if self.data_type(expr)? != DataType::Boolean || is_volatile(expr) {
+            return Ok(None);
+        }
+        let columns = collect_columns(expr);
+        let Some(column) = columns.iter().next().filter(|_| columns.len() == 1) else {
+            return Ok(None);
+        };
+        let index = column.index();
+        let field = self.schema.field(index).clone();
+        if word_kind(field.data_type()) != Some(WordKind::Code) {
+            return Ok(None);
+        }
+        let predicate = Arc::clone(expr)
+            .transform_up(|e| match e.downcast_ref::<Column>() {
+                Some(c) => Ok(Transformed::yes(
+                    Arc::new(Column::new(c.name(), 0)) as Arc<dyn PhysicalExpr>
+                )),
+                None => Ok(Transformed::no(e)),
+            })
+            .map_err(|e| e.to_string())?
+            .data;
+        let null = new_null_array(field.data_type(), 1);
+        let on_null = test_results(&predicate, &field, null)?;
+        let key = self.first_test_key + self.tests.len();
+        let slot = self.column_slot(index);
+        let on_null = on_null.first().copied().unwrap_or(TEST_NULL);
+        let value = self.emit(ScanOp::CodeTest, slot, key as i64, i64::from(on_null), ValueType::Bool)?;
+        self.tests.push(CodeTest {
+            column: index,
+            predicate,
+        });
+        Ok(Some(value))
     }
 
     fn column(&mut self, index: usize) -> Compiled<Value> {
@@ -506,6 +581,44 @@ impl<'a> ProgramBuilder<'a> {
     }
 }
 
+/// A code test's result for a value: false, true, NULL.
+const TEST_FALSE: u32 = 0;
+const TEST_TRUE: u32 = 1;
+const TEST_NULL: u32 = 2;
+
+/// `predicate` (over one column, `field`) evaluated by DataFusion on
+/// `values`, as code test results.
+fn test_results(predicate: &Arc<dyn PhysicalExpr>, field: &Field, values: ArrayRef) -> Compiled<Vec<u32>> {
+    let schema = Arc::new(Schema::new(vec![field.clone().with_nullable(true)]));
+    let rows = values.len();
+    let batch = RecordBatch::try_new(schema, vec![values]).map_err(|e| e.to_string())?;
+    let result = predicate
+        .evaluate(&batch)
+        .and_then(|v| v.into_array(rows))
+        .map_err(|e| format!("the string predicate {predicate}: {e}"))?;
+    let result = result
+        .as_boolean_opt()
+        .ok_or_else(|| format!("the string predicate {predicate} is not a boolean"))?;
+    Ok(result
+        .iter()
+        .map(|r| match r {
+            Some(true) => TEST_TRUE,
+            Some(false) => TEST_FALSE,
+            None => TEST_NULL,
+        })
+        .collect())
+}
+
+/// Code test `test`'s table for a part whose column has `dictionary`: the
+/// result for each code.
+pub(crate) fn code_test_table(test: &CodeTest, field: &Field, dictionary: &ArrayRef) -> Compiled<Vec<u32>> {
+    let values = match dictionary.data_type() == field.data_type() {
+        true => Arc::clone(dictionary),
+        false => datafusion::arrow::compute::cast(dictionary, field.data_type()).map_err(|e| e.to_string())?,
+    };
+    test_results(&test.predicate, field, values)
+}
+
 fn expect_bool(value: Value, what: &str) -> Compiled<()> {
     match value.value_type {
         ValueType::Bool => Ok(()),
@@ -547,6 +660,47 @@ mod tests {
             Field::new("x", DataType::Float64, true),
             Field::new("n", DataType::Int32, true),
         ])
+    }
+
+    #[test]
+    fn a_string_predicate_is_one_lookup_of_its_result_by_code() {
+        use datafusion::arrow::array::StringViewArray;
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{binary, is_null, like};
+        let schema = schema();
+        let flag = col("flag", &schema).unwrap();
+        let dictionary: ArrayRef = Arc::new(StringViewArray::from(vec!["A", "N", "R"]));
+        let field = schema.field(2);
+
+        // `flag = 'A'`: one instruction, NULL where flag is NULL.
+        let equal = binary(Arc::clone(&flag), Operator::Eq, lit(ScalarValue::Utf8View(Some("A".into()))), &schema).unwrap();
+        let mut program = ProgramBuilder::new(&schema).with_test_keys_from(2);
+        let value = program.compile(&equal).unwrap();
+        assert_eq!(value.value_type, ValueType::Bool);
+        assert_eq!(program.instructions().len(), 1);
+        let [op, _, slot, key, on_null] = program.instructions()[0];
+        assert_eq!((op, slot, key, on_null), (ScanOp::CodeTest as i64, 0, 2, 2));
+        assert_eq!(program.columns(), [2]);
+        let test = &program.tests()[0];
+        assert_eq!(code_test_table(test, field, &dictionary).unwrap(), [1, 0, 0]);
+
+        // Several tests of one column under OR stay one test; a NULL flag
+        // is true here.
+        let starts = like(false, false, Arc::clone(&flag), lit(ScalarValue::Utf8View(Some("N%".into()))), &schema).unwrap();
+        let either = binary(is_null(Arc::clone(&flag)).unwrap(), Operator::Or, starts, &schema).unwrap();
+        let mut program = ProgramBuilder::new(&schema);
+        program.compile(&either).unwrap();
+        assert_eq!(program.instructions().len(), 1);
+        assert_eq!(program.instructions()[0][4], 1);
+        assert_eq!(code_test_table(&program.tests()[0], field, &dictionary).unwrap(), [0, 1, 0]);
+
+        // A test beside a numeric comparison: two registers and an AND.
+        let numeric = binary(col("n", &schema).unwrap(), Operator::Gt, lit(3i32), &schema).unwrap();
+        let both = binary(equal, Operator::And, numeric, &schema).unwrap();
+        let mut program = ProgramBuilder::new(&schema);
+        program.compile(&both).unwrap();
+        assert_eq!(program.tests().len(), 1);
+        assert_eq!(program.instructions().last().unwrap()[0], ScanOp::And as i64);
     }
 
     #[test]

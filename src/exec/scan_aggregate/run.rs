@@ -8,21 +8,22 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 
-use crate::exec::GpuScanAggregateMetrics as ScanAggregateMetrics;
+use crate::exec::GpuScanMetrics;
 use super::shape::{ScanAggregateShape, TableSource};
-use super::source::Part;
+use super::source::{remember_uncodable, source_url, Part};
+use super::program::{code_test_table, CodeTest};
 use super::states::{columns_read, compile, partial_states};
 use crate::config::GpuOptions;
-use crate::encode::table_words::{column_words, strings_array, HostWords};
+use crate::encode::table_words::{column_words, strings_array, word_kind, HostWords};
 use crate::gpu::launch::{scan_aggregate, ScanChunk, ScanColumn, ScanProgram};
 use crate::gpu::{
     upload_byte_pieces, upload_u64, CachedColumn, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
-    ReservationKind,
+    ReservationKind, WordKind,
 };
 use crate::trace;
 
@@ -38,7 +39,7 @@ type Reasoned<T> = std::result::Result<T, String>;
 pub(crate) async fn run(
     shape: Arc<ScanAggregateShape>,
     context: Arc<TaskContext>,
-    metrics: ScanAggregateMetrics,
+    metrics: GpuScanMetrics,
 ) -> Result<Ran> {
     let options = GpuOptions::from_config(context.session_config().options());
     let fail_on_device_errors =
@@ -66,8 +67,8 @@ pub(crate) async fn run(
                     let fields = shape.fields_of(&columns);
                     let context = Arc::clone(&context);
                     match part_columns(&shape.source, fields, &device, part, context, &options, &metrics).await? {
-                        Ok(part) => loaded.push(part),
-                        Err(reason) => return Ok(Err(reason)),
+                        Loaded::Device(part) => loaded.push(part),
+                        Loaded::Host { reason, .. } => return Ok(Err(reason)),
                     }
                 }
                 Ok::<_, DataFusionError>(Ok(loaded))
@@ -97,9 +98,24 @@ pub(crate) async fn run(
     .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))?
 }
 
+/// A part's columns, as [`part_columns`] found them.
+pub(crate) enum Loaded {
+    /// Every column on the device.
+    Device(Vec<Arc<CachedColumn>>),
+    /// Not every one: why, and the host arrays read for the columns that
+    /// were missing (by index in the fields asked for), which a caller may
+    /// evaluate on the host rather than read again.
+    Host {
+        reason: String,
+        read: Vec<(usize, Vec<ArrayRef>)>,
+    },
+}
+
 /// One part's columns `fields` (table column index and field), from the
-/// cache or read, coded and copied (and cached, with `gpu.cache`); a
-/// reason where a column cannot be kept as words.
+/// cache or read, coded and copied (and cached, with `gpu.cache`); what
+/// was read where a column cannot be kept as words (a string column of
+/// more distinct values than the device codes is remembered as such, see
+/// [`uncodable_column`]).
 pub(crate) async fn part_columns(
     source: &TableSource,
     fields: Vec<(usize, Field)>,
@@ -107,12 +123,9 @@ pub(crate) async fn part_columns(
     part: Part,
     context: Arc<TaskContext>,
     options: &GpuOptions,
-    metrics: &ScanAggregateMetrics,
-) -> Result<Reasoned<Vec<Arc<CachedColumn>>>> {
-    let url = match source {
-        TableSource::Parquet { url, .. } => url.as_str().to_owned(),
-        TableSource::Memory { .. } => String::new(),
-    };
+    metrics: &GpuScanMetrics,
+) -> Result<Loaded> {
+    let url = source_url(source);
     let cache = device.column_cache();
     let keys: Vec<String> = fields
         .iter()
@@ -126,7 +139,7 @@ pub(crate) async fn part_columns(
     metrics.cache_hits.add(found.len() - missing.len());
     metrics.cache_misses.add(missing.len());
     if missing.is_empty() {
-        return Ok(Ok(found.into_iter().flatten().collect()));
+        return Ok(Loaded::Device(found.into_iter().flatten().collect()));
     }
     let table_columns: Vec<usize> = missing.iter().map(|&i| fields[i].0).collect();
     let reading = std::time::Instant::now();
@@ -134,19 +147,26 @@ pub(crate) async fn part_columns(
     metrics.read_time.add_duration(reading.elapsed());
     let capacity = device.budget().limit_for(options.cache_memory_fraction);
     let (device, options, metrics) = (Arc::clone(device), options.clone(), metrics.clone());
-    let uploads = SpawnedTask::spawn_blocking(move || -> Result<Reasoned<Vec<(usize, Arc<CachedColumn>)>>> {
+    let uploads = SpawnedTask::spawn_blocking(move || -> Result<Loaded> {
         let mut out = Vec::with_capacity(missing.len());
-        for (i, pieces) in missing.into_iter().zip(arrays) {
+        for (i, pieces) in missing.iter().copied().zip(&arrays) {
             let (table_index, field) = &fields[i];
             let encoding = std::time::Instant::now();
-            let words = column_words(&pieces, field.data_type());
+            let words = column_words(pieces, field.data_type());
             metrics.encode_time.add_duration(encoding.elapsed());
             let Some(words) = words else {
-                return Ok(Err(format!(
+                if word_kind(field.data_type()) == Some(WordKind::Code) {
+                    remember_uncodable(&keys[i]);
+                }
+                let reason = format!(
                     "column {} ({}) cannot be kept on the device as words",
                     field.name(),
                     field.data_type()
-                )));
+                );
+                return Ok(Loaded::Host {
+                    reason,
+                    read: missing.into_iter().zip(arrays).collect(),
+                });
             };
             if out.is_empty() {
                 metrics.rows_read.add(words.rows);
@@ -157,7 +177,12 @@ pub(crate) async fn part_columns(
             metrics.upload_time.add_duration(uploading.elapsed());
             let column = match uploaded {
                 Ok(column) => column,
-                Err(e) => return Ok(Err(e.to_string())),
+                Err(e) => {
+                    return Ok(Loaded::Host {
+                        reason: e.to_string(),
+                        read: missing.into_iter().zip(arrays).collect(),
+                    })
+                }
             };
             let column = match options.cache {
                 true => device.column_cache().insert(keys[i].clone(), column, capacity),
@@ -165,20 +190,15 @@ pub(crate) async fn part_columns(
             };
             out.push((i, column));
         }
-        Ok(Ok(out))
+        for (i, column) in out {
+            found[i] = Some(column);
+        }
+        Ok(Loaded::Device(found.into_iter().flatten().collect()))
     })
     .join()
     .await
     .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))??;
-    match uploads {
-        Ok(uploaded) => {
-            for (i, column) in uploaded {
-                found[i] = Some(column);
-            }
-            Ok(Ok(found.into_iter().flatten().collect()))
-        }
-        Err(reason) => Ok(Err(reason)),
-    }
+    Ok(uploads)
 }
 
 /// `words` copied to the device, its memory reserved in the budget, and
@@ -188,7 +208,7 @@ fn upload(
     words: HostWords,
     keep_alive: Vec<ArrayRef>,
     memory_fraction: f64,
-    metrics: &ScanAggregateMetrics,
+    metrics: &GpuScanMetrics,
 ) -> GpuResult<CachedColumn> {
     let value_bytes = words.values.bytes();
     let bytes = value_bytes.len().div_ceil(8).max(1) * 8
@@ -233,8 +253,8 @@ fn upload(
 /// its codes.
 struct MergedKeys {
     dictionaries: Vec<ArrayRef>,
-    /// Per part: its remap table (each key's table start first).
-    remaps: Vec<Vec<u32>>,
+    /// Per part and key: the global code of each of the part's codes.
+    tables: Vec<Vec<Vec<u32>>>,
 }
 
 fn merge_keys(
@@ -244,7 +264,7 @@ fn merge_keys(
 ) -> Reasoned<MergedKeys> {
     let mut globals: Vec<(Vec<String>, HashMap<String, u32>)> =
         vec![(Vec::new(), HashMap::new()); key_slots.len()];
-    let mut remaps = Vec::with_capacity(loaded.len());
+    let mut part_tables = Vec::with_capacity(loaded.len());
     for part in loaded {
         let mut tables: Vec<Vec<u32>> = Vec::with_capacity(key_slots.len());
         for (key, &slot) in key_slots.iter().enumerate() {
@@ -265,14 +285,7 @@ fn merge_keys(
             }
             tables.push(table);
         }
-        let mut remap = Vec::with_capacity(tables.len() + tables.iter().map(Vec::len).sum::<usize>());
-        let mut start = tables.len();
-        for table in &tables {
-            remap.push(start as u32);
-            start += table.len();
-        }
-        remap.extend(tables.into_iter().flatten());
-        remaps.push(remap);
+        part_tables.push(tables);
     }
     let dictionaries = globals
         .iter()
@@ -281,8 +294,60 @@ fn merge_keys(
         .collect();
     Ok(MergedKeys {
         dictionaries,
-        remaps,
+        tables: part_tables,
     })
+}
+
+/// Each code test's table for one part (its loaded columns, by slot of
+/// `columns`).
+pub(crate) fn test_tables(
+    part: &[Arc<CachedColumn>],
+    columns: &[usize],
+    tests: &[CodeTest],
+    scan_schema: &Schema,
+) -> Reasoned<Vec<Vec<u32>>> {
+    tests
+        .iter()
+        .map(|test| {
+            let slot = columns
+                .iter()
+                .position(|&c| c == test.column)
+                .ok_or("a string predicate's column the program does not read")?;
+            let dictionary = part[slot]
+                .dictionary
+                .as_ref()
+                .ok_or("a string predicate's column without its dictionary")?;
+            code_test_table(test, scan_schema.field(test.column), dictionary)
+        })
+        .collect()
+}
+
+/// A part's resident columns as the kernels' chunk, with its remap table.
+pub(crate) fn scan_chunk(part: &[Arc<CachedColumn>], remap: Vec<u32>) -> ScanChunk<'_> {
+    ScanChunk {
+        rows: part.first().map_or(0, |c| c.rows),
+        columns: part
+            .iter()
+            .map(|c| ScanColumn {
+                values: &c.values,
+                validity: c.validity.as_ref(),
+                narrow: c.narrow,
+            })
+            .collect(),
+        remap,
+    }
+}
+
+/// One remap table of `tables`, each key's table start first.
+pub(crate) fn remap_table(tables: Vec<Vec<u32>>) -> Vec<u32> {
+    let mut remap = Vec::with_capacity(tables.len() + tables.iter().map(Vec::len).sum::<usize>());
+    let mut start = tables.len();
+    for table in &tables {
+        remap.push(start as u32);
+        start += table.len();
+    }
+    remap.extend(tables.into_iter().flatten());
+    remap
 }
 
 fn string_values(array: &ArrayRef) -> Reasoned<Vec<&str>> {
@@ -302,7 +367,7 @@ fn aggregate(
     loaded: &[Vec<Arc<CachedColumn>>],
     columns: &[usize],
     schema: &datafusion::arrow::datatypes::SchemaRef,
-    metrics: &ScanAggregateMetrics,
+    metrics: &GpuScanMetrics,
     fail_on_device_errors: bool,
 ) -> Result<Ran> {
     let key_slots: Vec<usize> = shape
@@ -332,7 +397,15 @@ fn aggregate(
             "the device program reads other columns than it was planned to".into(),
         ));
     }
-    let output = match run_program(device, loaded, &merged.remaps, &program, metrics) {
+    let mut remaps = Vec::with_capacity(loaded.len());
+    for (part, mut tables) in loaded.iter().zip(merged.tables) {
+        match test_tables(part, &program.columns, &program.tests, &shape.scan_schema) {
+            Ok(tests) => tables.extend(tests),
+            Err(reason) => return Ok(Ran::OnCpu(reason)),
+        }
+        remaps.push(remap_table(tables));
+    }
+    let output = match run_program(device, loaded, &remaps, &program, metrics) {
         Ok(output) => output,
         Err(e) if fail_on_device_errors && !e.is_out_of_device_memory() => {
             return Err(DataFusionError::Execution(e.to_string()))
@@ -365,7 +438,7 @@ fn run_program(
     loaded: &[Vec<Arc<CachedColumn>>],
     remaps: &[Vec<u32>],
     program: &super::states::DeviceProgram,
-    metrics: &ScanAggregateMetrics,
+    metrics: &GpuScanMetrics,
 ) -> GpuResult<crate::gpu::launch::ScanAggregateOutput> {
     device.bind_to_thread()?;
     let stream = device.stream()?;
@@ -373,18 +446,7 @@ fn run_program(
     let chunks: Vec<ScanChunk<'_>> = loaded
         .iter()
         .zip(remaps)
-        .map(|(part, remap)| ScanChunk {
-            rows: part.first().map_or(0, |c| c.rows),
-            columns: part
-                .iter()
-                .map(|c| ScanColumn {
-                    values: &c.values,
-                    validity: c.validity.as_ref(),
-                    narrow: c.narrow,
-                })
-                .collect(),
-            remap: remap.clone(),
-        })
+        .map(|(part, remap)| scan_chunk(part, remap.clone()))
         .collect();
     if chunks
         .iter()

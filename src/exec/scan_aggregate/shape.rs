@@ -23,6 +23,7 @@ use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{ExecutionPlan, InputOrderMode};
 
 use crate::exec::aggregate::{aggregate_kind, AggregateKind};
@@ -112,15 +113,7 @@ impl ScanAggregateShape {
                 substitute_all(&mut group_exprs, &mut arguments, &mut predicates, &exprs)?;
                 node = Arc::clone(projection.input());
             } else if let Some(filter) = node.downcast_ref::<FilterExec>() {
-                if let Some(projection) = filter.projection() {
-                    let input_schema = filter.input().schema();
-                    let exprs: Vec<Arc<dyn PhysicalExpr>> = projection
-                        .iter()
-                        .map(|&i| {
-                            Arc::new(Column::new(input_schema.field(i).name(), i))
-                                as Arc<dyn PhysicalExpr>
-                        })
-                        .collect();
+                if let Some(exprs) = filter_projection(filter) {
                     substitute_all(&mut group_exprs, &mut arguments, &mut predicates, &exprs)?;
                 }
                 predicates.push(Arc::clone(filter.predicate()));
@@ -172,9 +165,8 @@ impl ScanAggregateShape {
         let predicate = predicates
             .into_iter()
             .reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)) as Arc<dyn PhysicalExpr>);
-        #[allow(deprecated)]
-        let scan_rows = scan
-            .partition_statistics(None)
+        let scan_rows = StatisticsContext::new()
+            .compute(scan.as_ref(), &StatisticsArgs::new())
             .ok()
             .and_then(|s| s.num_rows.get_value().copied());
         let shape = Self {
@@ -194,12 +186,22 @@ impl ScanAggregateShape {
     /// The table column index and field of each of `columns` (scan
     /// columns).
     pub fn fields_of(&self, columns: &[usize]) -> Vec<(usize, datafusion::arrow::datatypes::Field)> {
-        columns
-            .iter()
-            .map(|&c| (self.scan_columns[c].table_index, self.scan_schema.field(c).clone()))
-            .collect()
+        scan_fields(&self.scan_columns, &self.scan_schema, columns)
     }
 
+}
+
+/// The table column index and field of each of `columns`, scan columns of
+/// a scan with `scan_columns` and `scan_schema`.
+pub(crate) fn scan_fields(
+    scan_columns: &[ScanColumn],
+    scan_schema: &SchemaRef,
+    columns: &[usize],
+) -> Vec<(usize, datafusion::arrow::datatypes::Field)> {
+    columns
+        .iter()
+        .map(|&c| (scan_columns[c].table_index, scan_schema.field(c).clone()))
+        .collect()
 }
 
 /// Replaces, in every expression, each column by the expression that
@@ -210,22 +212,38 @@ fn substitute_all(
     predicates: &mut [Arc<dyn PhysicalExpr>],
     exprs: &[Arc<dyn PhysicalExpr>],
 ) -> Shaped<()> {
-    let substitute = |expr: &mut Arc<dyn PhysicalExpr>| -> Shaped<()> {
-        let rewritten = Arc::clone(expr)
-            .transform_up(|e| match e.downcast_ref::<Column>() {
-                Some(column) => match exprs.get(column.index()) {
-                    Some(below) => Ok(Transformed::yes(Arc::clone(below))),
-                    None => datafusion::common::internal_err!("a column past its projection"),
-                },
-                None => Ok(Transformed::no(e)),
-            })
-            .map_err(|e| e.to_string())?;
-        *expr = rewritten.data;
-        Ok(())
-    };
+    let substitute = |expr: &mut Arc<dyn PhysicalExpr>| substitute(expr, exprs);
     group_exprs.iter_mut().try_for_each(substitute)?;
     arguments.iter_mut().flatten().try_for_each(substitute)?;
     predicates.iter_mut().try_for_each(substitute)
+}
+
+/// Replaces, in `expr`, each column by the expression that makes it below
+/// (`exprs`, by column index).
+pub(crate) fn substitute(expr: &mut Arc<dyn PhysicalExpr>, exprs: &[Arc<dyn PhysicalExpr>]) -> Shaped<()> {
+    let rewritten = Arc::clone(expr)
+        .transform_up(|e| match e.downcast_ref::<Column>() {
+            Some(column) => match exprs.get(column.index()) {
+                Some(below) => Ok(Transformed::yes(Arc::clone(below))),
+                None => datafusion::common::internal_err!("a column past its projection"),
+            },
+            None => Ok(Transformed::no(e)),
+        })
+        .map_err(|e| e.to_string())?;
+    *expr = rewritten.data;
+    Ok(())
+}
+
+/// The expressions a `FilterExec`'s own projection makes of its input's
+/// columns, where it has one.
+pub(crate) fn filter_projection(filter: &FilterExec) -> Option<Vec<Arc<dyn PhysicalExpr>>> {
+    let input_schema = filter.input().schema();
+    filter.projection().as_ref().map(|projection| {
+        projection
+            .iter()
+            .map(|&i| Arc::new(Column::new(input_schema.field(i).name(), i)) as Arc<dyn PhysicalExpr>)
+            .collect()
+    })
 }
 
 /// The table behind `scan` and its output columns, `Ok(None)` where the
@@ -298,7 +316,7 @@ pub(crate) fn table_source(scan: &DataSourceExec) -> Shaped<Option<(TableSource,
 /// The input of `node` where it is a `CoalesceBatchesExec` (deprecated in
 /// DataFusion 55, and still made by plans built before).
 #[allow(deprecated)]
-fn coalesced_input(node: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+pub(crate) fn coalesced_input(node: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
     node.downcast_ref::<CoalesceBatchesExec>()
         .map(|coalesce| Arc::clone(coalesce.input()))
 }

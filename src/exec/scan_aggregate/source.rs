@@ -15,6 +15,8 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::{collect, ExecutionPlan};
 
 use super::shape::TableSource;
+use crate::encode::table_words::word_kind;
+use crate::gpu::WordKind;
 
 /// Rows a batch of a part read to fill the cache.
 const READ_BATCH_ROWS: usize = 1 << 16;
@@ -40,6 +42,14 @@ impl TableSource {
                 .iter()
                 .map(|batches| vec![Part::Memory(batches.clone())])
                 .collect(),
+        }
+    }
+
+    /// What the table is, for `EXPLAIN`.
+    pub fn describe(&self) -> String {
+        match self {
+            TableSource::Parquet { .. } => format!("parquet, {} files or ranges", self.part_count()),
+            TableSource::Memory { partitions } => format!("memory, {} partitions", partitions.len()),
         }
     }
 
@@ -149,4 +159,52 @@ impl Part {
             .map(|i| batches.iter().map(|b| Arc::clone(b.column(i))).collect())
             .collect())
     }
+}
+
+pub(crate) fn source_url(source: &TableSource) -> String {
+    match source {
+        TableSource::Parquet { url, .. } => url.as_str().to_owned(),
+        TableSource::Memory { .. } => String::new(),
+    }
+}
+
+/// Cache keys of string columns found to hold more distinct values in a
+/// part than the device codes: a property of the data the key names.
+static UNCODABLE: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Keys remembered at most (a `MemTable`'s keys outlive its data; past
+/// this the set starts again).
+const UNCODABLE_KEYS: usize = 100_000;
+
+pub(crate) fn remember_uncodable(key: &str) {
+    let mut keys = UNCODABLE.lock().unwrap_or_else(|p| p.into_inner());
+    if keys.len() >= UNCODABLE_KEYS {
+        keys.clear();
+    }
+    keys.insert(key.to_owned());
+}
+
+/// The first string column of `fields` that a part of `source` was found
+/// to hold too many distinct values of to code on the device, if any: a
+/// plan reading it stays DataFusion's rather than read the part twice.
+pub(crate) fn uncodable_column(source: &TableSource, fields: &[(usize, Field)]) -> Option<String> {
+    let strings: Vec<&(usize, Field)> = fields
+        .iter()
+        .filter(|(_, f)| word_kind(f.data_type()) == Some(WordKind::Code))
+        .collect();
+    if strings.is_empty() {
+        return None;
+    }
+    let keys = UNCODABLE.lock().unwrap_or_else(|p| p.into_inner());
+    if keys.is_empty() {
+        return None;
+    }
+    let url = source_url(source);
+    source.part_groups().into_iter().flatten().find_map(|part| {
+        strings
+            .iter()
+            .find(|(table_index, field)| keys.contains(&part.column_key(&url, *table_index, field)))
+            .map(|(_, field)| field.name().clone())
+    })
 }

@@ -12,8 +12,9 @@ use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::error::Result;
 
-use super::program::{ProgramBuilder, ValueType};
+use super::program::{CodeTest, ProgramBuilder, ValueType};
 use super::shape::ScanAggregateShape;
+use super::source::uncodable_column;
 use crate::exec::aggregate::AggregateKind;
 use crate::gpu::launch::{AccumulatorKind, ScanOp, SCAN_MAX_SLOTS};
 
@@ -50,13 +51,16 @@ pub(crate) struct DeviceProgram {
     pub groups: u32,
     /// Accumulator 0 counts each group's rows.
     pub accumulators: Vec<(AccumulatorKind, Option<u32>)>,
+    /// String predicates, keyed after the group keys.
+    pub tests: Vec<CodeTest>,
     states: Vec<StateColumn>,
 }
 
 /// Compiles `shape` with group keys of `cardinalities` distinct values
 /// (each key's codes then run from 1 to its cardinality, 0 for NULL).
 pub(crate) fn compile(shape: &ScanAggregateShape, cardinalities: &[usize]) -> Compiled<DeviceProgram> {
-    let mut program = ProgramBuilder::new(&shape.scan_schema);
+    let mut program =
+        ProgramBuilder::new(&shape.scan_schema).with_test_keys_from(shape.group_columns.len());
     let predicate = match &shape.predicate {
         Some(predicate) => {
             let value = program.compile(predicate)?;
@@ -164,6 +168,7 @@ pub(crate) fn compile(shape: &ScanAggregateShape, cardinalities: &[usize]) -> Co
         group: group.map(|g| g.register),
         groups: groups as u32,
         accumulators,
+        tests: program.tests().to_vec(),
         states,
     })
 }
@@ -172,10 +177,16 @@ pub(crate) fn compile(shape: &ScanAggregateShape, cardinalities: &[usize]) -> Co
 /// group key): the reason where the device cannot run it.
 pub(crate) fn check(shape: &ScanAggregateShape) -> Compiled<()> {
     // A part's rows are its columns' rows.
-    if columns_read(shape)?.is_empty() {
+    let columns = columns_read(shape)?;
+    if columns.is_empty() {
         return Err("the aggregation reads no column of the table".into());
     }
-    Ok(())
+    match uncodable_column(&shape.source, &shape.fields_of(&columns)) {
+        Some(name) => Err(format!(
+            "the string column {name} holds more distinct values in a part than the device codes"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The scan columns the program reads, by kernel slot.

@@ -9,11 +9,11 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::run::part_columns;
+use super::run::{part_columns, Loaded};
 use super::shape::table_source;
 use crate::config::GpuOptions;
 use crate::encode::table_words::word_kind;
-use crate::exec::GpuScanAggregateMetrics;
+use crate::exec::GpuScanMetrics;
 
 /// What warming a table did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub(crate) async fn warm_scan(scan: &DataSourceExec, context: Arc<TaskContext>) 
         Err(reason) => return Err(DataFusionError::Plan(reason)),
     };
     let schema = scan.schema();
-    let metrics = GpuScanAggregateMetrics::new(&ExecutionPlanMetricsSet::new());
+    let metrics = GpuScanMetrics::new(&ExecutionPlanMetricsSet::new(), 0);
     let mut warmed = WarmedColumns::default();
     for (c, column) in columns.iter().enumerate() {
         let field = schema.field(c).clone();
@@ -65,7 +65,10 @@ pub(crate) async fn warm_scan(scan: &DataSourceExec, context: Arc<TaskContext>) 
                 SpawnedTask::spawn(async move {
                     part_columns(&source, fields, &device, part, context, &options, &metrics)
                         .await
-                        .map(|loaded| loaded.map(|_| ()))
+                        .map(|loaded| match loaded {
+                            Loaded::Device(_) => Ok(()),
+                            Loaded::Host { reason, .. } => Err(reason),
+                        })
                 })
             })
             .collect();

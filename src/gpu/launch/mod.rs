@@ -19,6 +19,7 @@ mod group_order;
 mod join_tasks;
 mod merge_join;
 mod scan_aggregate;
+mod scan_filter;
 pub use launcher::Launcher;
 pub use group_order::{group_min_rows, table_group_min_rows};
 pub use hash_seed::hash_seed;
@@ -43,6 +44,7 @@ pub use scan_aggregate::{
     ScanColumn, ScanOp, ScanProgram, SCAN_MAX_INSTRUCTIONS, SCAN_MAX_SHARED_BYTES,
     SCAN_MAX_SLOTS, SCAN_REGISTERS,
 };
+pub use scan_filter::{FilterLaunch, FilterProgram, FILTER_TILE};
 
 /// Threads per block of every kernel (`BLOCK_THREADS` in `ptx/common.cuh`).
 pub const BLOCK_THREADS: u32 = 256;
@@ -60,6 +62,7 @@ const GROUP_BY_PTX: &str = include_str!("../../../ptx/group_by.ptx");
 const MERGE_JOIN_PTX: &str = include_str!("../../../ptx/merge_join.ptx");
 const GATHER_PTX: &str = include_str!("../../../ptx/gather.ptx");
 const SCAN_AGGREGATE_PTX: &str = include_str!("../../../ptx/scan_aggregate.ptx");
+const SCAN_FILTER_PTX: &str = include_str!("../../../ptx/scan_filter.ptx");
 
 /// Every kernel of the crate, loaded into one device context.
 #[derive(Debug)]
@@ -105,6 +108,8 @@ pub struct Kernels {
     f64_sum_scale: CudaFunction,
     f64_sum_fixed: CudaFunction,
     scan_aggregate: CudaFunction,
+    scan_filter_count: CudaFunction,
+    scan_filter_write: CudaFunction,
     /// Blocks of each join kernel a multiprocessor holds at once.
     join_residency: JoinResidency,
 }
@@ -157,6 +162,7 @@ impl Kernels {
         let merge = load(MERGE_JOIN_PTX)?;
         let gather = load(GATHER_PTX)?;
         let scan_aggregate = load(SCAN_AGGREGATE_PTX)?;
+        let scan_filter = load(SCAN_FILTER_PTX)?;
         let function = |module: &Arc<CudaModule>, name: &'static str| {
             module
                 .load_function(name)
@@ -212,8 +218,10 @@ impl Kernels {
             f64_sum_scale: function(&group_by, "f64_sum_scale")?,
             f64_sum_fixed: function(&group_by, "f64_sum_fixed")?,
             scan_aggregate: function(&scan_aggregate, "scan_aggregate")?,
+            scan_filter_count: function(&scan_filter, "scan_filter_count")?,
+            scan_filter_write: function(&scan_filter, "scan_filter_write")?,
             join_residency,
-            _modules: vec![scan, radix, join, group_by, merge, gather, scan_aggregate],
+            _modules: vec![scan, radix, join, group_by, merge, gather, scan_aggregate, scan_filter],
         })
     }
 }

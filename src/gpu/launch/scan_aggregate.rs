@@ -103,6 +103,11 @@ pub enum ScanOp {
     /// `dst` = `b` where `a` is valid and non-zero, else `c` (value and
     /// valid flag): `CASE WHEN a THEN b ELSE c END`.
     Select = 33,
+    /// `dst` = a string predicate's result on column `a`'s dictionary
+    /// code, from key `b`'s table (`remap[remap[b] + code]`: 0 false, 1
+    /// true, 2 NULL), or the immediate `c` (the same coding) where the
+    /// column is NULL.
+    CodeTest = 34,
 }
 
 /// What an instruction's operand `a`, `b` or `c` is to an opcode.
@@ -122,7 +127,7 @@ enum Operand {
 
 impl ScanOp {
     /// Every opcode, at the index of its value.
-    const ALL: [ScanOp; 34] = [
+    const ALL: [ScanOp; 35] = [
         ScanOp::LoadI64,
         ScanOp::LoadF64,
         ScanOp::LoadCode,
@@ -157,6 +162,7 @@ impl ScanOp {
         ScanOp::IsNull,
         ScanOp::IsNotNull,
         ScanOp::Select,
+        ScanOp::CodeTest,
     ];
 
     /// The opcode of value `code`, if there is one.
@@ -175,6 +181,7 @@ impl ScanOp {
         match self {
             LoadI64 | LoadF64 => [Column, Unused, Unused],
             LoadCode => [Column, Key, Unused],
+            CodeTest => [Column, Key, Immediate],
             Const => [Immediate, Unused, Unused],
             Null => [Unused, Unused, Unused],
             ScaleI64 => [Register, Immediate, Unused],
@@ -269,7 +276,7 @@ fn invalid<T>(message: String) -> GpuResult<T> {
 }
 
 /// A register index in an operand or an option: below [`SCAN_REGISTERS`].
-fn check_register(register: i64, what: &str) -> GpuResult<()> {
+pub(super) fn check_register(register: i64, what: &str) -> GpuResult<()> {
     if !(0..SCAN_REGISTERS as i64).contains(&register) {
         return invalid(format!(
             "{what} names register {register}, outside 0..{SCAN_REGISTERS}"
@@ -278,17 +285,16 @@ fn check_register(register: i64, what: &str) -> GpuResult<()> {
     Ok(())
 }
 
-/// Checks what does not depend on the chunks: opcodes, register operands,
-/// the predicate, group and accumulator registers, and the sizes the kernel
-/// takes. Returns the slots (groups times accumulators).
-fn check_program(program: &ScanProgram<'_>) -> GpuResult<usize> {
-    if program.instructions.len() > SCAN_MAX_INSTRUCTIONS {
+/// Checks a program's instructions: how many, their opcodes and their
+/// register operands.
+pub(super) fn check_instructions(instructions: &[[i64; 5]]) -> GpuResult<()> {
+    if instructions.len() > SCAN_MAX_INSTRUCTIONS {
         return invalid(format!(
             "a scan program of {} instructions, at most {SCAN_MAX_INSTRUCTIONS}",
-            program.instructions.len()
+            instructions.len()
         ));
     }
-    for (i, instruction) in program.instructions.iter().enumerate() {
+    for (i, instruction) in instructions.iter().enumerate() {
         let Some(op) = ScanOp::from_code(instruction[0]) else {
             return invalid(format!(
                 "instruction {i} of a scan program has the unknown opcode {}",
@@ -305,6 +311,14 @@ fn check_program(program: &ScanProgram<'_>) -> GpuResult<usize> {
             }
         }
     }
+    Ok(())
+}
+
+/// Checks what does not depend on the chunks: opcodes, register operands,
+/// the predicate, group and accumulator registers, and the sizes the kernel
+/// takes. Returns the slots (groups times accumulators).
+fn check_program(program: &ScanProgram<'_>) -> GpuResult<usize> {
+    check_instructions(program.instructions)?;
     if let Some(predicate) = program.predicate {
         check_register(i64::from(predicate), "the scan's predicate")?;
     }
@@ -380,7 +394,7 @@ fn check_operands_against_chunk(
 /// Checks that each chunk's columns hold its rows (values and validity
 /// words), that every chunk has as many columns, and that the program's
 /// column and key operands hold for each.
-fn check_chunks(chunks: &[ScanChunk<'_>], program: &ScanProgram<'_>) -> GpuResult<()> {
+pub(super) fn check_chunks(chunks: &[ScanChunk<'_>], instructions: &[[i64; 5]]) -> GpuResult<()> {
     let Some(first) = chunks.first() else {
         return Ok(());
     };
@@ -420,14 +434,45 @@ fn check_chunks(chunks: &[ScanChunk<'_>], program: &ScanProgram<'_>) -> GpuResul
                 }
             }
         }
-        check_operands_against_chunk(program.instructions, chunk.columns.len(), &chunk.remap)?;
+        check_operands_against_chunk(instructions, chunk.columns.len(), &chunk.remap)?;
     }
     Ok(())
 }
 
+/// The kernels' column table of `chunk`: two words per column, its values'
+/// address (the lowest bit set where they are 4-byte integers) and its
+/// validity bitmap's (0 for none). The guards of those addresses go to
+/// `guards`: the caller waits for the stream before the chunk's borrow ends.
+pub(super) fn column_addresses<'a>(
+    chunk: &'a ScanChunk<'a>,
+    stream: &'a std::sync::Arc<cudarc::driver::CudaStream>,
+    guards: &mut Vec<SyncOnDrop<'a>>,
+) -> GpuResult<Vec<u64>> {
+    let mut addresses = Vec::with_capacity(2 * chunk.columns.len());
+    for column in &chunk.columns {
+        let (values, guard) = column.values.device_ptr(stream);
+        guards.push(guard);
+        // The kernel reads 4-byte values where the address's lowest bit is
+        // set: device allocations are at least 256-byte aligned.
+        if values & 1 != 0 {
+            return invalid("a column's device address is not aligned".into());
+        }
+        addresses.push(values | u64::from(column.narrow));
+        match column.validity {
+            Some(validity) => {
+                let (bits, guard) = validity.device_ptr(stream);
+                guards.push(guard);
+                addresses.push(bits);
+            }
+            None => addresses.push(0),
+        }
+    }
+    Ok(addresses)
+}
+
 /// The little-endian bytes of 32-bit values, as the kernel reads them from
 /// the words they are uploaded in.
-fn le_bytes_u32(values: impl IntoIterator<Item = u32>) -> Vec<u8> {
+pub(super) fn le_bytes_u32(values: impl IntoIterator<Item = u32>) -> Vec<u8> {
     values.into_iter().flat_map(u32::to_le_bytes).collect()
 }
 
@@ -466,7 +511,7 @@ pub fn scan_aggregate(
 ) -> GpuResult<ScanAggregateOutput> {
     let Launcher { stream, .. } = *launcher;
     let slots = check_program(program)?;
-    check_chunks(chunks, program)?;
+    check_chunks(chunks, program.instructions)?;
     let initial = initial_words(program);
     if chunks.iter().all(|chunk| chunk.rows == 0) {
         return Ok(ScanAggregateOutput {
@@ -568,25 +613,7 @@ fn launch_chunks<'a>(
     let groups = program.program.groups;
     let accumulator_count = program.program.accumulators.len() as u32;
     for chunk in chunks.iter().filter(|chunk| chunk.rows > 0) {
-        let mut addresses = Vec::with_capacity(2 * chunk.columns.len());
-        for column in &chunk.columns {
-            let (values, guard) = column.values.device_ptr(stream);
-            guards.push(guard);
-            // The kernel reads 4-byte values where the address's lowest bit
-            // is set: device allocations are at least 256-byte aligned.
-            if values & 1 != 0 {
-                return invalid("a column's device address is not aligned".into());
-            }
-            addresses.push(values | u64::from(column.narrow));
-            match column.validity {
-                Some(validity) => {
-                    let (bits, guard) = validity.device_ptr(stream);
-                    guards.push(guard);
-                    addresses.push(bits);
-                }
-                None => addresses.push(0),
-            }
-        }
+        let addresses = column_addresses(chunk, stream, guards)?;
         let columns = upload_u64(device, stream, &addresses, timer)?;
         let remap = upload_byte_pieces(
             device,

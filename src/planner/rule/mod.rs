@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::physical_expr::expressions::{Column, UnKnownColumn};
@@ -28,10 +28,16 @@ use super::partitioning::{
 use super::phases::{cpu_phases, single_phase};
 use super::shape::estimated_rows;
 use super::statistics::with_statistics_of_one_pass;
-use super::{decide_aggregate, decide_hash_join, decide_scan_aggregate, decide_sort_merge_join};
+use super::{
+    decide_aggregate, decide_hash_join, decide_scan_aggregate, decide_scan_filter,
+    decide_sort_merge_join,
+};
 use crate::config::GpuOptions;
 use crate::exec::tracks_build_matches;
-use crate::exec::{GpuAggregateExec, GpuHashJoinExec, GpuSortMergeJoinExec};
+use crate::exec::{
+    GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec, GpuScanFilterExec,
+    GpuSortMergeJoinExec,
+};
 
 /// Replaces each `HashJoinExec` the GPU can run (see [`crate::gpu_decisions`])
 /// by a [`GpuHashJoinExec`], and each such `AggregateExec` by a
@@ -90,8 +96,37 @@ fn rewrite_plan(
     // arrive makes it no fixed order.
     let order_observable = true;
     with_statistics_of_one_pass(|| {
-        rewrite(plan, order_observable, true, false, options, gpu).and_then(without_spread_at_root)
+        rewrite(plan, order_observable, true, false, options, gpu)
+            .and_then(without_spread_at_root)
+            .and_then(|plan| with_scan_filters(plan, options, gpu))
     })
+}
+
+/// `plan` with each chain of filters and projections over a table scan
+/// that the device can run replaced by a [`GpuScanFilterExec`], from the
+/// top down (a chain is replaced from the highest node the device can
+/// make). Chains a GPU scan node already reads are left as they are.
+fn with_scan_filters(
+    plan: Arc<dyn ExecutionPlan>,
+    options: &GpuOptions,
+    gpu: std::result::Result<(), &str>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_down(|node| {
+        if node.downcast_ref::<GpuScanAggregateExec>().is_some()
+            || node.downcast_ref::<GpuScanFilterExec>().is_some()
+        {
+            return Ok(Transformed::new(node, false, TreeNodeRecursion::Jump));
+        }
+        Ok(match decide_scan_filter(&node, options, gpu) {
+            Ok(Some(scan_filter)) => {
+                Transformed::new(Arc::new(scan_filter), true, TreeNodeRecursion::Jump)
+            }
+            // A shorter chain below may still run on the device (a
+            // projection the device cannot make above a filter it can).
+            Err(_) | Ok(None) => Transformed::no(node),
+        })
+    })
+    .map(|t| t.data)
 }
 
 /// `plan` without the round robin at its root (or below projections of

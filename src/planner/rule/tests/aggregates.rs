@@ -604,6 +604,12 @@ async fn a_partial_aggregation_over_a_table_scan_runs_as_a_scan_aggregation() {
         scan_aggregations(&rewritten_with(sql, options(false)).await),
         0
     );
+    // Under the cost placement, a table of 400 rows stays DataFusion's.
+    let cost = GpuOptions {
+        placement: PlacementPolicy::Cost,
+        ..options(true)
+    };
+    assert_eq!(scan_aggregations(&rewritten_with(sql, cost).await), 0);
     for sql in [
         "SELECT k, count(*) FROM r GROUP BY k",
         "SELECT sum(v / 3) FROM r",

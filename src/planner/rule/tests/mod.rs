@@ -93,8 +93,22 @@ async fn rewritten_in_written_order(sql: &str, options: GpuOptions) -> Arc<dyn E
     rewritten_in(config, sql, options).await
 }
 
-/// `sql` planned under `config` over the test tables, then rewritten.
+/// `sql` planned under `config` over the test tables, then rewritten
+/// without scan filters (filters stay DataFusion's, as the joins and
+/// aggregations these tests look at have them; scan filters have their
+/// own test).
 async fn rewritten_in(
+    config: SessionConfig,
+    sql: &str,
+    mut options: GpuOptions,
+) -> Arc<dyn ExecutionPlan> {
+    options.tuning.scan_filter = false;
+    rewritten_as_given(config, sql, options).await
+}
+
+/// `sql` planned under `config` over the test tables, then rewritten with
+/// `options` as they are.
+async fn rewritten_as_given(
     config: SessionConfig,
     sql: &str,
     options: GpuOptions,
@@ -775,6 +789,7 @@ async fn a_hash_join_sorted_on_its_keys_becomes_a_gpu_sort_merge_join_without_th
 }
 
 mod aggregates;
+mod scan_filters;
 
 #[tokio::test]
 async fn a_partitioned_joins_repartitions_count_in_neither_estimate() {

@@ -1,0 +1,294 @@
+// The scan interpreter shared by `scan_aggregate.cu` and `scan_filter.cu`:
+// a small register-machine program, compiled on the host from a query's
+// expressions (`src/exec/scan_aggregate/program.rs`) and validated by the
+// launch wrappers (`src/gpu/launch/scan_aggregate.rs`), run per table row.
+//
+// Columns: `columns` holds two words per column, the device address of its
+// values (one 8-byte word per row: an i64, or an f64's bits; or, where the
+// address has its lowest bit set, one 4-byte signed integer per row, read
+// sign-extended: allocations are aligned, so the bit is free) and of its
+// validity bitmap (bit r of word r / 64 set = row r valid), 0 when every row
+// is valid.
+//
+// Program: `instructions` instructions of 5 i64 words, [op, dst, a, b, c],
+// run in order on every row. 32 registers, each an i64 (f64 bits for floats)
+// and a valid flag; a register read before an instruction of this row wrote
+// it is 0 and invalid, and an invalid register's value always reads as 0.
+// `remap` holds `remap_len` u32s: remap[k] is where key k's table of
+// dictionary codes starts in it (group keys map codes to global codes,
+// code tests map them to a test's result).
+#pragma once
+#include "common.cuh"
+
+
+// Opcodes: `ScanOp` in the Rust wrapper has the same values.
+#define OP_LOAD_I64 0
+#define OP_LOAD_F64 1
+#define OP_LOAD_CODE 2
+#define OP_CONST 3
+#define OP_NULL 4
+#define OP_ADD_I64 5
+#define OP_SUB_I64 6
+#define OP_MUL_I64 7
+#define OP_NEG_I64 8
+#define OP_SCALE_I64 9
+#define OP_ADD_F64 10
+#define OP_SUB_F64 11
+#define OP_MUL_F64 12
+#define OP_DIV_F64 13
+#define OP_NEG_F64 14
+#define OP_I64_TO_F64 15
+#define OP_EQ_I64 16
+#define OP_NE_I64 17
+#define OP_LT_I64 18
+#define OP_LE_I64 19
+#define OP_GT_I64 20
+#define OP_GE_I64 21
+#define OP_EQ_F64 22
+#define OP_NE_F64 23
+#define OP_LT_F64 24
+#define OP_LE_F64 25
+#define OP_GT_F64 26
+#define OP_GE_F64 27
+#define OP_AND 28
+#define OP_OR 29
+#define OP_NOT 30
+#define OP_IS_NULL 31
+#define OP_IS_NOT_NULL 32
+#define OP_SELECT 33
+#define OP_CODE_TEST 34
+
+#define SCAN_REGISTERS 32
+#define FULL_MASK 0xffffffffu
+// The key of a lane whose row does not count (or lies past the chunk):
+// above every group, since groups <= 2^32 - 1.
+#define NO_GROUP 0xffffffffu
+#define I64_MAX 0x7fffffffffffffffLL
+#define I64_MIN (-I64_MAX - 1LL)
+
+// One thread's registers: values in (local) memory, indexed by the
+// program, and valid flags as the bits of one word, kept apart so that the
+// word stays in a hardware register. A register index is taken modulo 32,
+// so even a malformed program stays within the file.
+struct Registers {
+    long long* value;  // SCAN_REGISTERS of them
+    u32& valid;
+
+    __device__ __forceinline__ bool ok(long long r) const { return (valid >> (r & 31)) & 1u; }
+    // The value, 0 where invalid (also a value left by an earlier row).
+    __device__ __forceinline__ long long get(long long r) const {
+        return ok(r) ? value[r & 31] : 0;
+    }
+    __device__ __forceinline__ void set(long long r, long long v, bool is_valid) {
+        const u32 bit = 1u << (r & 31);
+        value[r & 31] = v;
+        valid = is_valid ? (valid | bit) : (valid & ~bit);
+    }
+};
+
+__device__ __forceinline__ double as_f64(long long bits) { return __longlong_as_double(bits); }
+__device__ __forceinline__ long long f64_bits(double x) { return __double_as_longlong(x); }
+
+// Rust's `f64::total_cmp` key: ordering these as signed integers orders the
+// doubles as Arrow's comparison kernels do (-NaN < -inf < ... < -0.0 < +0.0
+// < ... < +inf < NaN, a NaN equal to itself).
+__device__ __forceinline__ long long total_order_key(long long bits) {
+    return bits ^ (long long)((u64)(bits >> 63) >> 1);
+}
+
+// Signed 64-bit arithmetic with overflow detection; the results wrap.
+__device__ __forceinline__ long long add_checked(long long x, long long y, bool& overflowed) {
+    const long long r = (long long)((u64)x + (u64)y);
+    overflowed = ((x ^ r) & (y ^ r)) < 0;
+    return r;
+}
+
+__device__ __forceinline__ long long sub_checked(long long x, long long y, bool& overflowed) {
+    const long long r = (long long)((u64)x - (u64)y);
+    overflowed = ((x ^ y) & (x ^ r)) < 0;
+    return r;
+}
+
+__device__ __forceinline__ long long mul_checked(long long x, long long y, bool& overflowed) {
+    const long long low = (long long)((u64)x * (u64)y);
+    // The product fits iff its high 64 bits are the sign extension of the low.
+    overflowed = __mul64hi(x, y) != (low >> 63);
+    return low;
+}
+
+// Runs the program on row `row`, which lies within the chunk.
+__device__ __forceinline__ void run_program(Registers regs, const u64* columns, u64 row,
+                                            const long long* program, u32 instructions,
+                                            const u32* remap, u32 remap_len, u32* overflow) {
+    regs.valid = 0;
+    bool overflowed = false;
+    for (u32 i = 0; i < instructions; ++i) {
+        const long long* ins = program + 5 * (u64)i;
+        const long long op = __ldg(ins);
+        const long long dst = __ldg(ins + 1);
+        const long long a = __ldg(ins + 2);
+        const long long b = __ldg(ins + 3);
+        switch (op) {
+        case OP_LOAD_I64:
+        case OP_LOAD_F64:
+        case OP_LOAD_CODE: {
+            const u64 address = __ldg(columns + 2 * a);
+            const u64* bitmap = (const u64*)__ldg(columns + 2 * a + 1);
+            const long long word = (address & 1)
+                ? (long long)__ldg((const int*)(address - 1) + row)
+                : __ldg((const long long*)address + row);
+            const bool valid = bitmap == nullptr || ((__ldg(bitmap + (row >> 6)) >> (row & 63)) & 1);
+            if (op != OP_LOAD_CODE) {
+                regs.set(dst, word, valid);
+                break;
+            }
+            // NULL is group code 0, code c of key b is 1 + its global code.
+            long long code = 0;
+            if (valid) {
+                const u64 start = (u64)b < remap_len ? (u64)__ldg(remap + b) : (u64)remap_len;
+                const u64 at = start + (u64)word;
+                if (at < remap_len && at >= start) {
+                    code = (long long)__ldg(remap + at) + 1;
+                } else {
+                    *overflow = 1;
+                }
+            }
+            regs.set(dst, code, true);
+            break;
+        }
+        case OP_CODE_TEST: {
+            // A string predicate evaluated on the host over the part's
+            // dictionary: entry 0 false, 1 true, 2 NULL; `c` the result for
+            // a NULL input.
+            const u64 address = __ldg(columns + 2 * a);
+            const u64* bitmap = (const u64*)__ldg(columns + 2 * a + 1);
+            const bool valid = bitmap == nullptr || ((__ldg(bitmap + (row >> 6)) >> (row & 63)) & 1);
+            long long result = __ldg(ins + 4);
+            if (valid) {
+                const long long word = (address & 1)
+                    ? (long long)__ldg((const int*)(address - 1) + row)
+                    : __ldg((const long long*)address + row);
+                const u64 start = (u64)b < remap_len ? (u64)__ldg(remap + b) : (u64)remap_len;
+                const u64 at = start + (u64)word;
+                if (at < remap_len && at >= start) {
+                    result = (long long)__ldg(remap + at);
+                } else {
+                    result = 2;
+                    *overflow = 1;
+                }
+            }
+            regs.set(dst, result == 1 ? 1 : 0, result != 2);
+            break;
+        }
+        case OP_CONST: regs.set(dst, a, true); break;
+        case OP_NULL: regs.set(dst, 0, false); break;
+        case OP_ADD_I64:
+        case OP_SUB_I64:
+        case OP_MUL_I64: {
+            const bool valid = regs.ok(a) && regs.ok(b);
+            long long r = 0;
+            if (valid) {
+                const long long x = regs.get(a), y = regs.get(b);
+                bool over;
+                r = op == OP_ADD_I64   ? add_checked(x, y, over)
+                    : op == OP_SUB_I64 ? sub_checked(x, y, over)
+                                       : mul_checked(x, y, over);
+                overflowed |= over;
+            }
+            regs.set(dst, r, valid);
+            break;
+        }
+        case OP_NEG_I64: {
+            const long long x = regs.get(a);
+            overflowed |= regs.ok(a) && x == I64_MIN;
+            regs.set(dst, (long long)(0ULL - (u64)x), regs.ok(a));
+            break;
+        }
+        case OP_SCALE_I64: {
+            const bool valid = regs.ok(a);
+            long long r = 0;
+            if (valid) {
+                bool over;
+                r = mul_checked(regs.get(a), b, over);
+                overflowed |= over;
+            }
+            regs.set(dst, r, valid);
+            break;
+        }
+        case OP_ADD_F64:
+        case OP_SUB_F64:
+        case OP_MUL_F64:
+        case OP_DIV_F64: {
+            // The intrinsics round each operation on its own: never fused.
+            const double x = as_f64(regs.get(a)), y = as_f64(regs.get(b));
+            const double r = op == OP_ADD_F64   ? __dadd_rn(x, y)
+                             : op == OP_SUB_F64 ? __dsub_rn(x, y)
+                             : op == OP_MUL_F64 ? __dmul_rn(x, y)
+                                                : __ddiv_rn(x, y);
+            regs.set(dst, f64_bits(r), regs.ok(a) && regs.ok(b));
+            break;
+        }
+        case OP_NEG_F64:
+            // IEEE negation flips the sign bit, NaNs included.
+            regs.set(dst, regs.get(a) ^ I64_MIN, regs.ok(a));
+            break;
+        case OP_I64_TO_F64: regs.set(dst, f64_bits((double)regs.get(a)), regs.ok(a)); break;
+        case OP_EQ_I64:
+        case OP_NE_I64:
+        case OP_LT_I64:
+        case OP_LE_I64:
+        case OP_GT_I64:
+        case OP_GE_I64:
+        case OP_EQ_F64:
+        case OP_NE_F64:
+        case OP_LT_F64:
+        case OP_LE_F64:
+        case OP_GT_F64:
+        case OP_GE_F64: {
+            long long x = regs.get(a), y = regs.get(b);
+            long long cmp = op;
+            if (op >= OP_EQ_F64) {
+                x = total_order_key(x);
+                y = total_order_key(y);
+                cmp -= OP_EQ_F64 - OP_EQ_I64;
+            }
+            const bool r = cmp == OP_EQ_I64   ? x == y
+                           : cmp == OP_NE_I64 ? x != y
+                           : cmp == OP_LT_I64 ? x < y
+                           : cmp == OP_LE_I64 ? x <= y
+                           : cmp == OP_GT_I64 ? x > y
+                                              : x >= y;
+            regs.set(dst, r ? 1 : 0, regs.ok(a) && regs.ok(b));
+            break;
+        }
+        case OP_AND:
+        case OP_OR: {
+            // Kleene logic: a valid operand equal to `decides` (false for
+            // AND, true for OR) decides the result; else NULL wins.
+            const bool decides = op == OP_OR;
+            const bool va = regs.ok(a), vb = regs.ok(b);
+            const bool ta = regs.get(a) != 0, tb = regs.get(b) != 0;
+            if ((va && ta == decides) || (vb && tb == decides)) {
+                regs.set(dst, decides ? 1 : 0, true);
+            } else {
+                regs.set(dst, decides ? 0 : 1, va && vb);
+            }
+            break;
+        }
+        case OP_NOT: regs.set(dst, regs.get(a) == 0 ? 1 : 0, regs.ok(a)); break;
+        case OP_IS_NULL: regs.set(dst, regs.ok(a) ? 0 : 1, true); break;
+        case OP_IS_NOT_NULL: regs.set(dst, regs.ok(a) ? 1 : 0, true); break;
+        case OP_SELECT: {
+            const long long c = __ldg(ins + 4);
+            const long long chosen = regs.ok(a) && regs.get(a) != 0 ? b : c;
+            regs.set(dst, regs.get(chosen), regs.ok(chosen));
+            break;
+        }
+        default:
+            // The host rejects unknown opcodes; flag one rather than guess.
+            overflowed = true;
+            break;
+        }
+    }
+    if (overflowed) *overflow = 1;
+}

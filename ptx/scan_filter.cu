@@ -1,0 +1,101 @@
+// A filtering scan over table rows: the interpreter's program
+// (`interpreter.cuh`) runs per row, a predicate register decides whether
+// the row is kept, and the kept rows' output registers are written packed,
+// in row order, for the host to make Arrow columns of. The host side is
+// `src/gpu/launch/scan_filter.rs`, which validates the program first.
+//
+// Two launches over the same tiles of FILTER_TILE rows (block b takes rows
+// [b * FILTER_TILE, (b + 1) * FILTER_TILE)):
+// - `scan_filter_count` writes each tile's kept rows to tile_counts[b];
+// - the host turns those into each tile's first output row (an exclusive
+//   prefix sum), and `scan_filter_write` runs the program again, each kept
+//   row finding its place from its tile's start and the kept rows before it
+//   in the tile (so the output keeps the rows' order).
+// Output register o of the row at place p goes to values[o * capacity + p]
+// (its value word) and valid[o * capacity + p] (1 valid, 0 NULL). A place
+// at or past `capacity`, an i64 overflow in the program or a dictionary
+// code outside its table sets *overflow = 1: the host then hands the part
+// back to the CPU.
+#include "interpreter.cuh"
+
+// Rows of one tile: FILTER_ROUNDS rounds of BLOCK_THREADS rows (the same
+// constant as `FILTER_TILE` in the Rust wrapper).
+#define FILTER_ROUNDS 8
+#define FILTER_TILE (BLOCK_THREADS * FILTER_ROUNDS)
+
+__device__ __forceinline__ bool row_kept(const Registers& regs, int predicate) {
+    return predicate < 0 || (regs.ok(predicate) && regs.get(predicate) != 0);
+}
+
+extern "C" __global__ void scan_filter_count(const u64* columns, u64 rows, const long long* program,
+                                             u32 instructions, const u32* remap, u32 remap_len,
+                                             int predicate, u64* tile_counts, u32* overflow) {
+    __shared__ u64 scratch[WARPS_PER_BLOCK];
+    long long register_values[SCAN_REGISTERS];
+    u32 valid = 0;
+    Registers regs = {register_values, valid};
+    const u64 tile_start = (u64)blockIdx.x * FILTER_TILE;
+    u64 kept = 0;
+    for (u32 round = 0; round < FILTER_ROUNDS; ++round) {
+        const u64 row = tile_start + (u64)round * BLOCK_THREADS + threadIdx.x;
+        if (row < rows) {
+            run_program(regs, columns, row, program, instructions, remap, remap_len, overflow);
+            kept += row_kept(regs, predicate) ? 1 : 0;
+        }
+    }
+    const u64 total = block_sum_u64(kept, scratch);
+    if (threadIdx.x == 0) tile_counts[blockIdx.x] = total;
+}
+
+extern "C" __global__ void scan_filter_write(const u64* columns, u64 rows, const long long* program,
+                                             u32 instructions, const u32* remap, u32 remap_len,
+                                             int predicate, const int* outputs, u32 output_count,
+                                             const u64* tile_starts, u64 capacity,
+                                             long long* values, unsigned char* valid_out,
+                                             u32* overflow) {
+    __shared__ u32 warp_kept[WARPS_PER_BLOCK];
+    __shared__ u64 next_place;
+    long long register_values[SCAN_REGISTERS];
+    u32 valid = 0;
+    Registers regs = {register_values, valid};
+    const u32 lane = lane_id();
+    const u32 warp = threadIdx.x / 32;
+    if (threadIdx.x == 0) next_place = tile_starts[blockIdx.x];
+    __syncthreads();
+    const u64 tile_start = (u64)blockIdx.x * FILTER_TILE;
+    for (u32 round = 0; round < FILTER_ROUNDS; ++round) {
+        const u64 row = tile_start + (u64)round * BLOCK_THREADS + threadIdx.x;
+        bool kept = false;
+        if (row < rows) {
+            run_program(regs, columns, row, program, instructions, remap, remap_len, overflow);
+            kept = row_kept(regs, predicate);
+        }
+        // Every lane of the block reaches the ballot and the barriers:
+        // rows past the end are simply not kept.
+        const u32 ballot = __ballot_sync(FULL_MASK, kept);
+        if (lane == 0) warp_kept[warp] = __popc(ballot);
+        __syncthreads();
+        u64 place = next_place + __popc(ballot & lanemask_lt());
+        u64 round_kept = 0;
+        for (u32 w = 0; w < WARPS_PER_BLOCK; ++w) {
+            const u32 count = warp_kept[w];
+            if (w < warp) place += count;
+            round_kept += count;
+        }
+        if (kept) {
+            if (place < capacity) {
+                for (u32 o = 0; o < output_count; ++o) {
+                    const int reg = __ldg(outputs + o);
+                    values[(u64)o * capacity + place] = regs.get(reg);
+                    valid_out[(u64)o * capacity + place] = regs.ok(reg) ? 1 : 0;
+                }
+            } else {
+                *overflow = 1;
+            }
+        }
+        // Everyone has read next_place and warp_kept before they change.
+        __syncthreads();
+        if (threadIdx.x == 0) next_place += round_kept;
+        __syncthreads();
+    }
+}

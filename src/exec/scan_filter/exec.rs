@@ -1,0 +1,234 @@
+//! The plan node.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::statistics::ChildStats;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+    Statistics, StatisticsArgs,
+};
+use futures::TryStreamExt;
+
+use super::program::compile;
+use super::run::{run, Ran};
+use super::shape::ScanFilterShape;
+use crate::exec::scan_aggregate::uncodable_column;
+use crate::exec::GpuScanMetrics;
+use crate::trace;
+
+/// Filters and projections over one table scan (Parquet files or a
+/// `MemTable`), run on the GPU over the table's columns in the device
+/// column cache (`algorithm=scan_filter`): the columns the query reads are
+/// copied to the device once (strings of few distinct values as codes into
+/// a host dictionary) and kept there for the next queries, up to
+/// `gpu.cache_memory_fraction` of the device's memory; per part of the
+/// table, one kernel evaluates the filter and the output columns, a second
+/// writes the rows kept, in order, and only those come back, as batches of
+/// the plan's schema for the nodes above.
+///
+/// It takes the place of the top of the chain, which stays below it as its
+/// only child and runs, partition by partition, only where no device is.
+/// A part the device cannot take (a string column of more distinct values
+/// than it codes, a 64-bit overflow, no device memory) is filtered on the
+/// host with DataFusion's own expressions. Its partitions, their rows and
+/// their order are the chain's.
+///
+/// Supported: filters and output expressions built of columns, literals,
+/// comparisons, `AND`, `OR`, `NOT`, `IS [NOT] NULL`, `+`, `-`, `*` (64-bit
+/// integers, decimals, doubles), `IN` lists, `CASE`, casts that widen, and
+/// any deterministic predicate of one string column (`=`, `IN`, `LIKE`,
+/// `starts_with`, ...), which DataFusion evaluates once over each part's
+/// dictionary; output columns of integers, dates, timestamps, decimals,
+/// doubles, booleans and strings.
+pub struct GpuScanFilterExec {
+    /// The chain replaced (its top): the CPU fallback.
+    cpu_input: Arc<dyn ExecutionPlan>,
+    shape: Arc<ScanFilterShape>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuScanFilterExec {
+    /// The algorithm name shown by `EXPLAIN` and in decisions.
+    pub const ALGORITHM: &'static str = "scan_filter";
+
+    /// Replaces `cpu_input`, the top of a chain of filters and projections
+    /// over one table scan whose every expression the device evaluates;
+    /// `Ok(None)` where it is not of that shape, the reason where the
+    /// device cannot run it.
+    pub(crate) fn try_new(
+        cpu_input: Arc<dyn ExecutionPlan>,
+    ) -> std::result::Result<Option<Self>, String> {
+        let Some(shape) = ScanFilterShape::of(&cpu_input)? else {
+            return Ok(None);
+        };
+        // What the device cannot evaluate is found now, with its reason.
+        let program = compile(&shape)?;
+        if program.columns.is_empty() {
+            return Err("the filter reads no column of the table".into());
+        }
+        if let Some(name) = uncodable_column(&shape.source, &shape.fields_of(&program.columns)) {
+            return Err(format!(
+                "the string column {name} holds more distinct values in a part than the device codes"
+            ));
+        }
+        Ok(Some(Self {
+            cpu_input,
+            shape: Arc::new(shape),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
+    }
+
+    /// The plan this node replaces (the top of the chain).
+    pub fn cpu_input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.cpu_input
+    }
+
+    /// Rows the scan reads, where its statistics know.
+    pub(crate) fn scan_rows(&self) -> Option<usize> {
+        self.shape.scan_rows
+    }
+}
+
+impl fmt::Debug for GpuScanFilterExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuScanFilterExec")
+            .field("cpu_input", &self.cpu_input)
+            .finish()
+    }
+}
+
+impl DisplayAs for GpuScanFilterExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => {
+                let outputs: Vec<String> = self
+                    .shape
+                    .outputs
+                    .iter()
+                    .zip(self.shape.output_schema.fields())
+                    .map(|(e, f)| format!("{e} as {}", f.name()))
+                    .collect();
+                write!(
+                    f,
+                    "GpuScanFilterExec: algorithm={}, table=({}), filter=[{}], output=[{}], \
+                     cpu_fallback=input",
+                    Self::ALGORITHM,
+                    self.shape.source.describe(),
+                    self.shape.predicate,
+                    outputs.join(", "),
+                )
+            }
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "algorithm={}", Self::ALGORITHM)?;
+                write!(f, "table={}", self.shape.source.describe())
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for GpuScanFilterExec {
+    fn name(&self) -> &str {
+        "GpuScanFilterExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        // The same partitions, rows and order as the chain it replaces.
+        self.cpu_input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.cpu_input]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        f(&self.shape.predicate)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let child = match (children.pop(), children.is_empty()) {
+            (Some(child), true) => child,
+            _ => {
+                return Err(DataFusionError::Internal(
+                    "GpuScanFilterExec has one child".into(),
+                ))
+            }
+        };
+        // A child this node can no longer read runs as it is.
+        match Self::try_new(Arc::clone(&child)) {
+            Ok(Some(node)) => Ok(Arc::new(node)),
+            _ => Ok(child),
+        }
+    }
+
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        let child = Arc::clone(&self.cpu_input).reset_state()?;
+        #[allow(deprecated)]
+        self.with_new_children(vec![child])
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        // The chain's own estimate: the same rows.
+        match input_stats.first() {
+            Some(stats) => Ok(Arc::clone(stats)),
+            None => Ok(Arc::new(Statistics::new_unknown(&self.schema()))),
+        }
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let shape = Arc::clone(&self.shape);
+        let fallback = Arc::clone(&self.cpu_input);
+        let schema = self.schema();
+        let metrics = GpuScanMetrics::new(&self.metrics, partition);
+        let output = async move {
+            match run(shape, partition, Arc::clone(&context), metrics.clone()).await? {
+                Ran::Batches(batches) => {
+                    metrics.baseline.done();
+                    let schema = fallback.schema();
+                    let batches = futures::stream::iter(batches.into_iter().map(Ok));
+                    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches))
+                        as SendableRecordBatchStream)
+                }
+                Ran::OnCpu(reason) => {
+                    trace::event(|| format!("scan filter partition {partition} on the CPU: {reason}"));
+                    metrics.cpu_fallback.add(1);
+                    fallback.execute(partition, context)
+                }
+            }
+        };
+        let stream = futures::stream::once(output).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}

@@ -1,0 +1,260 @@
+//! The program a filtering scan runs on the device (its predicate and one
+//! register per output column), and the Arrow columns made of the words
+//! the device returns for the rows kept.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, Float64Array, PrimitiveArray, UInt32Array};
+use datafusion::arrow::buffer::{NullBuffer, ScalarBuffer};
+use datafusion::arrow::compute::take;
+use datafusion::arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Date32Type, Date64Type, Decimal128Type, Field, Int16Type,
+    Int32Type, Int64Type, Int8Type, TimeUnit, TimestampMicrosecondType, TimestampMillisecondType,
+    TimestampNanosecondType, TimestampSecondType, UInt16Type, UInt32Type, UInt8Type,
+};
+use datafusion::physical_expr::expressions::Column;
+
+use super::shape::ScanFilterShape;
+use crate::encode::table_words::word_kind;
+use crate::exec::scan_aggregate::{CodeTest, ProgramBuilder, ValueType};
+use crate::gpu::WordKind;
+
+type Compiled<T> = std::result::Result<T, String>;
+
+/// How an output column is made from its register's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutputKind {
+    /// String column `column` (of the scan) kept as codes: 1 + the part's
+    /// dictionary code, 0 for NULL (key `key`'s table maps each code to
+    /// itself).
+    Code { key: usize, column: usize },
+    /// The register's value as the output column's type.
+    Word,
+}
+
+/// The compiled program of a filtering scan.
+#[derive(Debug)]
+pub(crate) struct FilterProgram {
+    pub instructions: Vec<[i64; 5]>,
+    /// Scan columns the kernel reads, by slot.
+    pub columns: Vec<usize>,
+    pub predicate: u32,
+    /// Each output column's register and how it is made.
+    pub outputs: Vec<(u32, OutputKind)>,
+    /// Keys of coded outputs come first (one identity table each), then
+    /// those of the string predicates.
+    pub coded_outputs: usize,
+    pub tests: Vec<CodeTest>,
+}
+
+/// Compiles `shape`, or the reason the device cannot run it.
+pub(crate) fn compile(shape: &ScanFilterShape) -> Compiled<FilterProgram> {
+    let coded_column = |expr: &Arc<dyn datafusion::physical_expr::PhysicalExpr>| {
+        expr.downcast_ref::<Column>()
+            .map(|c| c.index())
+            .filter(|&c| word_kind(shape.scan_schema.field(c).data_type()) == Some(WordKind::Code))
+    };
+    let coded_outputs = shape.outputs.iter().filter(|e| coded_column(e).is_some()).count();
+    let mut program = ProgramBuilder::new(&shape.scan_schema).with_test_keys_from(coded_outputs);
+    let predicate = program.compile(&shape.predicate)?;
+    if predicate.value_type != ValueType::Bool {
+        return Err("a filter that is not a boolean".into());
+    }
+    let mut outputs = Vec::with_capacity(shape.outputs.len());
+    let mut key = 0;
+    for (expr, field) in shape.outputs.iter().zip(shape.output_schema.fields()) {
+        if let Some(column) = coded_column(expr) {
+            let code = program.group_code(column, key)?;
+            outputs.push((code.register, OutputKind::Code { key, column }));
+            key += 1;
+            continue;
+        }
+        let value = program.compile(expr)?;
+        if !word_fits(value.value_type, field.data_type()) {
+            return Err(format!(
+                "the output {expr} of type {} from a device value of {:?}",
+                field.data_type(),
+                value.value_type
+            ));
+        }
+        outputs.push((value.register, OutputKind::Word));
+    }
+    Ok(FilterProgram {
+        instructions: program.instructions().to_vec(),
+        columns: program.columns().to_vec(),
+        predicate: predicate.register,
+        outputs,
+        coded_outputs,
+        tests: program.tests().to_vec(),
+    })
+}
+
+/// Whether a register of `value_type` holds values of `data_type` exactly.
+fn word_fits(value_type: ValueType, data_type: &DataType) -> bool {
+    use DataType::*;
+    match value_type {
+        ValueType::Int => matches!(
+            data_type,
+            Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | Date32 | Date64 | Timestamp(_, _)
+        ),
+        ValueType::Decimal(scale) => matches!(data_type, Decimal128(_, s) if *s == scale),
+        ValueType::Float => *data_type == Float64,
+        ValueType::Bool => *data_type == Boolean,
+    }
+}
+
+/// The validity of `valid` (one byte a row), `None` where every row is
+/// valid.
+fn nulls(valid: &[u8]) -> Option<NullBuffer> {
+    match valid.iter().all(|&v| v != 0) {
+        true => None,
+        false => Some(NullBuffer::from(valid.iter().map(|&v| v != 0).collect::<Vec<_>>())),
+    }
+}
+
+fn primitive<T: ArrowPrimitiveType>(
+    words: &[u64],
+    nulls: Option<NullBuffer>,
+    convert: impl Fn(i64) -> T::Native,
+) -> PrimitiveArray<T> {
+    let values: ScalarBuffer<T::Native> = words.iter().map(|&w| convert(w as i64)).collect();
+    PrimitiveArray::new(values, nulls)
+}
+
+/// An output column of `field`'s type from its register's words.
+pub(crate) fn word_column(field: &Field, words: &[u64], valid: &[u8]) -> Compiled<ArrayRef> {
+    use DataType::*;
+    let nulls = nulls(valid);
+    // The device computed each value exactly in 64 bits from columns and
+    // literals of this type (see `word_fits`): the narrowing casts below
+    // only drop bits that are the sign's.
+    let array: ArrayRef = match field.data_type() {
+        Int8 => Arc::new(primitive::<Int8Type>(words, nulls, |v| v as i8)),
+        Int16 => Arc::new(primitive::<Int16Type>(words, nulls, |v| v as i16)),
+        Int32 => Arc::new(primitive::<Int32Type>(words, nulls, |v| v as i32)),
+        Int64 => Arc::new(primitive::<Int64Type>(words, nulls, |v| v)),
+        UInt8 => Arc::new(primitive::<UInt8Type>(words, nulls, |v| v as u8)),
+        UInt16 => Arc::new(primitive::<UInt16Type>(words, nulls, |v| v as u16)),
+        UInt32 => Arc::new(primitive::<UInt32Type>(words, nulls, |v| v as u32)),
+        Date32 => Arc::new(primitive::<Date32Type>(words, nulls, |v| v as i32)),
+        Date64 => Arc::new(primitive::<Date64Type>(words, nulls, |v| v)),
+        Timestamp(unit, tz) => match unit {
+            TimeUnit::Second => Arc::new(
+                primitive::<TimestampSecondType>(words, nulls, |v| v).with_timezone_opt(tz.clone()),
+            ),
+            TimeUnit::Millisecond => Arc::new(
+                primitive::<TimestampMillisecondType>(words, nulls, |v| v)
+                    .with_timezone_opt(tz.clone()),
+            ),
+            TimeUnit::Microsecond => Arc::new(
+                primitive::<TimestampMicrosecondType>(words, nulls, |v| v)
+                    .with_timezone_opt(tz.clone()),
+            ),
+            TimeUnit::Nanosecond => Arc::new(
+                primitive::<TimestampNanosecondType>(words, nulls, |v| v)
+                    .with_timezone_opt(tz.clone()),
+            ),
+        },
+        Decimal128(precision, scale) => Arc::new(
+            primitive::<Decimal128Type>(words, nulls, i128::from)
+                .with_precision_and_scale(*precision, *scale)
+                .map_err(|e| e.to_string())?,
+        ),
+        Float64 => Arc::new(Float64Array::new(
+            words.iter().map(|&w| f64::from_bits(w)).collect(),
+            nulls,
+        )),
+        Boolean => Arc::new(BooleanArray::new(
+            words.iter().map(|&w| w != 0).collect(),
+            nulls,
+        )),
+        other => return Err(format!("an output column of type {other}")),
+    };
+    Ok(array)
+}
+
+/// A coded output column from its codes (1 + the dictionary code, 0 for
+/// NULL) and the part's `dictionary`, as `field`'s type.
+pub(crate) fn coded_column(field: &Field, words: &[u64], dictionary: &ArrayRef) -> Compiled<ArrayRef> {
+    let indices: UInt32Array = words
+        .iter()
+        .map(|&w| match w {
+            0 => None,
+            code => u32::try_from(code - 1).ok(),
+        })
+        .collect();
+    if indices
+        .iter()
+        .flatten()
+        .any(|i| i as usize >= dictionary.len())
+    {
+        return Err("a code past its dictionary".into());
+    }
+    let values = take(dictionary.as_ref(), &indices, None).map_err(|e| e.to_string())?;
+    match values.data_type() == field.data_type() {
+        true => Ok(values),
+        false => datafusion::arrow::compute::cast(&values, field.data_type()).map_err(|e| e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{
+        Date32Array, Decimal128Array, Int32Array, StringArray, TimestampMicrosecondArray,
+    };
+
+    #[test]
+    fn words_become_columns_of_the_output_type_with_their_nulls() {
+        let words: Vec<u64> = [-3i64, 0, 7].iter().map(|&v| v as u64).collect();
+        let valid = [1u8, 0, 1];
+        let column = |data_type: DataType| {
+            word_column(&Field::new("c", data_type, true), &words, &valid).unwrap()
+        };
+        assert_eq!(
+            column(DataType::Int32).as_ref(),
+            &Int32Array::from(vec![Some(-3), None, Some(7)]) as &dyn Array
+        );
+        assert_eq!(
+            column(DataType::Date32).as_ref(),
+            &Date32Array::from(vec![Some(-3), None, Some(7)]) as &dyn Array
+        );
+        let decimal = Decimal128Array::from(vec![Some(-3i128), None, Some(7)])
+            .with_precision_and_scale(15, 2)
+            .unwrap();
+        assert_eq!(column(DataType::Decimal128(15, 2)).as_ref(), &decimal as &dyn Array);
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let timestamps =
+            TimestampMicrosecondArray::from(vec![Some(-3), None, Some(7)]).with_timezone("UTC");
+        assert_eq!(column(utc).as_ref(), &timestamps as &dyn Array);
+        let booleans = column(DataType::Boolean);
+        assert_eq!(
+            booleans.as_ref(),
+            &BooleanArray::from(vec![Some(true), None, Some(true)]) as &dyn Array
+        );
+        let floats = word_column(
+            &Field::new("f", DataType::Float64, true),
+            &[(-0.0f64).to_bits(), 2.5f64.to_bits()],
+            &[1, 1],
+        )
+        .unwrap();
+        let floats = floats.as_any().downcast_ref::<Float64Array>().unwrap();
+        assert!(floats.null_count() == 0 && floats.value(0).is_sign_negative());
+        assert_eq!(floats.value(1), 2.5);
+        assert!(word_column(&Field::new("u", DataType::UInt64, true), &words, &valid).is_err());
+    }
+
+    #[test]
+    fn codes_become_the_dictionarys_strings() {
+        let dictionary: ArrayRef = Arc::new(StringArray::from(vec!["x", "yy"]));
+        let field = Field::new("s", DataType::Utf8, true);
+        let column = coded_column(&field, &[2, 0, 1, 2], &dictionary).unwrap();
+        assert_eq!(
+            column.as_ref(),
+            &StringArray::from(vec![Some("yy"), None, Some("x"), Some("yy")]) as &dyn Array
+        );
+        let view = Field::new("s", DataType::Utf8View, true);
+        assert_eq!(coded_column(&view, &[1], &dictionary).unwrap().data_type(), &DataType::Utf8View);
+        assert!(coded_column(&field, &[3], &dictionary).is_err());
+    }
+}

@@ -1,0 +1,295 @@
+//! One partition of the node: each of its parts' columns from the cache
+//! (read, coded, copied and cached where missing), the program run over
+//! the part, and the rows kept made into Arrow batches. A part the device
+//! cannot take (a string column of too many distinct values, a 64-bit
+//! overflow, no device memory) is filtered on the host by DataFusion's own
+//! expressions, from the columns its cache fill read where it read them.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    new_empty_array, new_null_array, Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions,
+};
+use datafusion::arrow::compute::{concat, filter_record_batch, prep_null_mask_filter};
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+
+use super::program::{coded_column, compile, word_column, FilterProgram, OutputKind};
+use super::shape::ScanFilterShape;
+use crate::config::GpuOptions;
+use crate::exec::scan_aggregate::{
+    part_columns, remap_table, scan_chunk, test_tables, Loaded, Part,
+};
+use crate::exec::GpuScanMetrics;
+use crate::gpu::launch::FilterProgram as DeviceFilterProgram;
+use crate::gpu::{CachedColumn, GpuDevice, PhaseTimer};
+use crate::ops::scan_filter::{filter_chunk, FilteredRows};
+use crate::trace;
+
+/// What a partition's run made: its batches, or why DataFusion must.
+pub(crate) enum Ran {
+    Batches(Vec<RecordBatch>),
+    OnCpu(String),
+}
+
+type Reasoned<T> = std::result::Result<T, String>;
+
+/// Runs partition `partition` of `shape` on the device.
+pub(crate) async fn run(
+    shape: Arc<ScanFilterShape>,
+    partition: usize,
+    context: Arc<TaskContext>,
+    metrics: GpuScanMetrics,
+) -> Result<Ran> {
+    let options = GpuOptions::from_config(context.session_config().options());
+    let fail_on_device_errors =
+        crate::config::device_error_policy(context.session_config().options()).fail;
+    let device = match crate::exec::partition_device(partition) {
+        Ok(device) => device,
+        Err(e) => return Ok(Ran::OnCpu(e.to_string())),
+    };
+    let program = match compile(&shape) {
+        Ok(program) => Arc::new(program),
+        Err(reason) => return Ok(Ran::OnCpu(reason)),
+    };
+    let Some(parts) = shape.source.part_groups().into_iter().nth(partition) else {
+        return Err(DataFusionError::Internal(format!(
+            "GpuScanFilterExec has no partition {partition}"
+        )));
+    };
+    let batch_size = context.session_config().batch_size().max(1);
+    let mut batches = Vec::new();
+    for part in parts {
+        let fields = shape.fields_of(&program.columns);
+        let loaded = part_columns(
+            &shape.source,
+            fields,
+            &device,
+            part.clone(),
+            Arc::clone(&context),
+            &options,
+            &metrics,
+        )
+        .await?;
+        let (reason, read) = match loaded {
+            Loaded::Device(loaded) => {
+                let (shape, device, program) = (Arc::clone(&shape), Arc::clone(&device), Arc::clone(&program));
+                let (metrics, memory_fraction) = (metrics.clone(), options.memory_fraction);
+                let timer = metrics.baseline.elapsed_compute().clone();
+                let filtered = SpawnedTask::spawn_blocking(move || {
+                    let _timer = timer.timer();
+                    filter_part(&shape, &device, &loaded, &program, memory_fraction, &metrics)
+                })
+                .join()
+                .await
+                .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))?;
+                match filtered {
+                    Ok(Ok(batch)) => {
+                        push_sliced(&mut batches, batch, batch_size);
+                        continue;
+                    }
+                    Ok(Err(reason)) => (reason, Vec::new()),
+                    Err(e) if fail_on_device_errors && !e.is_out_of_device_memory() => {
+                        return Err(DataFusionError::Execution(e.to_string()))
+                    }
+                    Err(e) => (format!("the device failed: {e}"), Vec::new()),
+                }
+            }
+            Loaded::Host { reason, read } => (reason, read),
+        };
+        trace::event(|| format!("scan filter part on the host: {reason}"));
+        metrics.cpu_fallback.add(1);
+        let batch = filter_on_host(&shape, &program, part, read, Arc::clone(&context), &metrics).await?;
+        metrics.baseline.record_output(batch.num_rows());
+        push_sliced(&mut batches, batch, batch_size);
+    }
+    Ok(Ran::Batches(batches))
+}
+
+/// `batch` in slices of at most `batch_size` rows, pushed to `batches`.
+fn push_sliced(batches: &mut Vec<RecordBatch>, batch: RecordBatch, batch_size: usize) {
+    let mut offset = 0;
+    while offset < batch.num_rows() {
+        let rows = batch_size.min(batch.num_rows() - offset);
+        batches.push(batch.slice(offset, rows));
+        offset += rows;
+    }
+}
+
+/// One part's rows filtered and projected on the host by DataFusion's own
+/// expressions, as DataFusion's filter and projections would: the program's
+/// columns from `read` (by slot, what the cache fill read) and the rest
+/// read now.
+async fn filter_on_host(
+    shape: &Arc<ScanFilterShape>,
+    program: &FilterProgram,
+    part: Part,
+    read: Vec<(usize, Vec<ArrayRef>)>,
+    context: Arc<TaskContext>,
+    metrics: &GpuScanMetrics,
+) -> Result<RecordBatch> {
+    let mut by_slot: Vec<Option<Vec<ArrayRef>>> = vec![None; program.columns.len()];
+    for (slot, arrays) in read {
+        if let Some(entry) = by_slot.get_mut(slot) {
+            *entry = Some(arrays);
+        }
+    }
+    let missing: Vec<usize> = (0..by_slot.len()).filter(|&s| by_slot[s].is_none()).collect();
+    if !missing.is_empty() {
+        let table_columns: Vec<usize> = missing
+            .iter()
+            .map(|&slot| shape.scan_columns[program.columns[slot]].table_index)
+            .collect();
+        let reading = std::time::Instant::now();
+        let arrays = part.read(&shape.source, &table_columns, context).await?;
+        metrics.read_time.add_duration(reading.elapsed());
+        for (slot, arrays) in missing.into_iter().zip(arrays) {
+            by_slot[slot] = Some(arrays);
+        }
+    }
+    let shape = Arc::clone(shape);
+    let columns = program.columns.clone();
+    let timer = metrics.baseline.elapsed_compute().clone();
+    SpawnedTask::spawn_blocking(move || {
+        let _timer = timer.timer();
+        evaluate_on_host(&shape, &columns, by_slot)
+    })
+    .join()
+    .await
+    .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))?
+}
+
+/// The shape's filter and outputs over the scan's columns `columns` (the
+/// others are not read by them).
+fn evaluate_on_host(
+    shape: &ScanFilterShape,
+    columns: &[usize],
+    by_slot: Vec<Option<Vec<ArrayRef>>>,
+) -> Result<RecordBatch> {
+    let mut arrays: Vec<Option<ArrayRef>> = vec![None; shape.scan_schema.fields().len()];
+    for (&column, pieces) in columns.iter().zip(by_slot) {
+        let pieces = pieces.unwrap_or_default();
+        let field = shape.scan_schema.field(column);
+        let array = match pieces.len() {
+            0 => new_empty_array(field.data_type()),
+            1 => Arc::clone(&pieces[0]),
+            _ => concat(&pieces.iter().map(|a| a.as_ref()).collect::<Vec<_>>())?,
+        };
+        arrays[column] = Some(array);
+    }
+    let rows = arrays.iter().flatten().map(|a| a.len()).next().unwrap_or(0);
+    // Columns the expressions do not read are NULL: every field nullable.
+    let fields: Vec<Field> = shape
+        .scan_schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    let arrays: Vec<ArrayRef> = arrays
+        .into_iter()
+        .zip(&fields)
+        .map(|(array, field)| array.unwrap_or_else(|| new_null_array(field.data_type(), rows)))
+        .collect();
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
+    let batch = RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), arrays, &options)?;
+    let mask = shape.predicate.evaluate(&batch)?.into_array(rows)?;
+    let mask = mask
+        .as_boolean_opt()
+        .ok_or_else(|| DataFusionError::Internal("a filter that is not a boolean".into()))?;
+    let mask = match mask.null_count() {
+        0 => mask.clone(),
+        _ => prep_null_mask_filter(mask),
+    };
+    let kept = filter_record_batch(&batch, &mask)?;
+    let outputs = shape
+        .outputs
+        .iter()
+        .map(|expr| expr.evaluate(&kept).and_then(|v| v.into_array(kept.num_rows())))
+        .collect::<Result<Vec<_>>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(kept.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        Arc::clone(&shape.output_schema),
+        outputs,
+        &options,
+    )?)
+}
+
+/// The program over one part's resident columns, and the rows kept as one
+/// batch (a reason where they cannot be made; a device error as it is).
+fn filter_part(
+    shape: &ScanFilterShape,
+    device: &Arc<GpuDevice>,
+    loaded: &[Arc<CachedColumn>],
+    program: &FilterProgram,
+    memory_fraction: f64,
+    metrics: &GpuScanMetrics,
+) -> crate::gpu::GpuResult<Reasoned<RecordBatch>> {
+    let rows = loaded.first().map_or(0, |c| c.rows);
+    if loaded.iter().any(|c| c.rows != rows) {
+        return Ok(Err("a part's cached columns have different row counts".into()));
+    }
+    // Coded outputs first: each code to itself. Then the string predicates.
+    let mut tables: Vec<Vec<u32>> = Vec::with_capacity(program.coded_outputs + program.tests.len());
+    let mut dictionaries: Vec<Option<ArrayRef>> = Vec::with_capacity(program.outputs.len());
+    for &(_, kind) in &program.outputs {
+        let OutputKind::Code { column, .. } = kind else {
+            dictionaries.push(None);
+            continue;
+        };
+        let slot = program.columns.iter().position(|&c| c == column);
+        let Some(dictionary) = slot.and_then(|slot| loaded[slot].dictionary.clone()) else {
+            return Ok(Err("a coded output without its dictionary".into()));
+        };
+        tables.push((0..dictionary.len() as u32).collect());
+        dictionaries.push(Some(dictionary));
+    }
+    match test_tables(loaded, &program.columns, &program.tests, &shape.scan_schema) {
+        Ok(tests) => tables.extend(tests),
+        Err(reason) => return Ok(Err(reason)),
+    }
+    let chunk = scan_chunk(loaded, remap_table(tables));
+    let registers: Vec<u32> = program.outputs.iter().map(|&(r, _)| r).collect();
+    let device_program = DeviceFilterProgram {
+        instructions: &program.instructions,
+        predicate: Some(program.predicate),
+        outputs: &registers,
+    };
+    device.bind_to_thread()?;
+    let stream = device.stream()?;
+    let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
+    let filtered = filter_chunk(device, stream.stream(), &chunk, &device_program, memory_fraction, &mut timer)?;
+    metrics.device.record(&timer.finish()?);
+    metrics.rows_scanned.add(rows);
+    if filtered.overflowed {
+        return Ok(Err("an integer or decimal value left 64 bits on the device".into()));
+    }
+    let batch = batch_of(shape, program, &filtered, &dictionaries);
+    if let Ok(batch) = &batch {
+        metrics.baseline.record_output(batch.num_rows());
+    }
+    Ok(batch)
+}
+
+/// The rows kept as a batch of the node's schema.
+fn batch_of(
+    shape: &ScanFilterShape,
+    program: &FilterProgram,
+    filtered: &FilteredRows,
+    dictionaries: &[Option<ArrayRef>],
+) -> Reasoned<RecordBatch> {
+    let schema = Arc::clone(&shape.output_schema);
+    let mut columns = Vec::with_capacity(program.outputs.len());
+    for (o, ((_, kind), field)) in program.outputs.iter().zip(schema.fields()).enumerate() {
+        let words = filtered.values_of(o);
+        let column = match (kind, &dictionaries[o]) {
+            (OutputKind::Code { .. }, Some(dictionary)) => coded_column(field, words, dictionary)?,
+            (OutputKind::Word, _) => word_column(field, words, filtered.valid_of(o))?,
+            (OutputKind::Code { .. }, None) => return Err("a coded output without its dictionary".into()),
+        };
+        columns.push(column);
+    }
+    let options = RecordBatchOptions::new().with_row_count(Some(filtered.rows));
+    RecordBatch::try_new_with_options(schema, columns, &options).map_err(|e| e.to_string())
+}

@@ -1,0 +1,244 @@
+//! Typed launches of `ptx/scan_filter.cu`: the scan interpreter's program
+//! run over one chunk of table rows, counting the rows its predicate keeps
+//! per tile, then writing the kept rows' output registers packed and in
+//! row order. The program and the chunk are validated once, when the
+//! launches are prepared, so the kernels never index outside their
+//! registers, columns or remap table.
+
+use cudarc::driver::{CudaSlice, PushKernelArg, SyncOnDrop};
+
+use super::scan_aggregate::{
+    check_chunks, check_instructions, check_register, column_addresses, le_bytes_u32,
+};
+use super::{config, Launcher, ScanChunk};
+use crate::gpu::{
+    upload_byte_pieces, upload_u64, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
+    PhaseTimer,
+};
+
+/// Rows of one tile (`FILTER_TILE` in `ptx/scan_filter.cu`): one block's.
+pub const FILTER_TILE: usize = 2048;
+
+/// The program of a filtering scan: `instructions` in order on every row;
+/// the row is kept where there is no `predicate` register or it is valid
+/// and non-zero; a kept row's `outputs` registers are written.
+pub struct FilterProgram<'a> {
+    pub instructions: &'a [[i64; 5]],
+    pub predicate: Option<u32>,
+    pub outputs: &'a [u32],
+}
+
+/// A chunk and a program on the device, ready for [`Self::count`] and
+/// [`Self::write`]. It holds guards of the chunk's column addresses (the
+/// kernels read them through the uploaded address table): the caller waits
+/// for the stream before the chunk's borrow ends.
+pub struct FilterLaunch<'a> {
+    launcher: Launcher<'a>,
+    rows: u64,
+    columns: CudaSlice<u64>,
+    remap: CudaSlice<u64>,
+    remap_len: u32,
+    program: CudaSlice<u64>,
+    instructions: u32,
+    predicate: i32,
+    outputs: CudaSlice<u64>,
+    output_count: u32,
+    _guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> FilterLaunch<'a> {
+    /// Checks `program` against `chunk` (opcodes, register, column and key
+    /// operands, the columns' lengths) and uploads both. Returns
+    /// [`GpuError::Invalid`] where they break the kernels' contract.
+    pub fn new(
+        device: &GpuDevice,
+        launcher: Launcher<'a>,
+        chunk: &'a ScanChunk<'a>,
+        program: &FilterProgram<'_>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Self> {
+        let stream = launcher.stream;
+        check_instructions(program.instructions)?;
+        if let Some(predicate) = program.predicate {
+            check_register(i64::from(predicate), "the filter's predicate")?;
+        }
+        for &output in program.outputs {
+            check_register(i64::from(output), "a filter output")?;
+        }
+        check_chunks(std::slice::from_ref(chunk), program.instructions)?;
+        let mut guards = Vec::with_capacity(2 * chunk.columns.len());
+        let mut addresses = column_addresses(chunk, stream, &mut guards)?;
+        // One word at least: the kernels take an address.
+        addresses.push(0);
+        let columns = upload_u64(device, stream, &addresses, timer)?;
+        let remap_len = u32::try_from(chunk.remap.len()).map_err(|_| {
+            GpuError::Invalid("a remap table of 2^32 entries or more".into())
+        })?;
+        let remap = upload_byte_pieces(
+            device,
+            stream,
+            &[&le_bytes_u32(chunk.remap.iter().copied().chain([0]))],
+            timer,
+        )?;
+        let mut program_words: Vec<u64> = program
+            .instructions
+            .iter()
+            .flatten()
+            .map(|&word| word as u64)
+            .collect();
+        program_words.push(0);
+        let device_program = upload_u64(device, stream, &program_words, timer)?;
+        let outputs = upload_byte_pieces(
+            device,
+            stream,
+            &[&le_bytes_u32(program.outputs.iter().copied().chain([0]))],
+            timer,
+        )?;
+        Ok(Self {
+            launcher,
+            rows: chunk.rows as u64,
+            columns,
+            remap,
+            remap_len,
+            program: device_program,
+            // check_instructions bounds it by SCAN_MAX_INSTRUCTIONS.
+            instructions: program.instructions.len() as u32,
+            predicate: program.predicate.map_or(-1, |r| r as i32),
+            outputs,
+            output_count: program.outputs.len() as u32,
+            _guards: guards,
+        })
+    }
+
+    /// Tiles of [`FILTER_TILE`] rows the chunk spans: the length
+    /// [`Self::count`] writes and [`Self::write`] reads.
+    pub fn tiles(&self) -> usize {
+        (self.rows as usize).div_ceil(FILTER_TILE)
+    }
+
+    /// Writes each tile's kept rows to `tile_counts[..tiles]`; an overflow
+    /// or a bad code sets `overflow`'s first 4 bytes.
+    pub fn count(
+        &self,
+        tile_counts: &mut CudaSlice<u64>,
+        overflow: &mut CudaSlice<u64>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        let tiles = self.tiles();
+        if tiles == 0 {
+            return Ok(());
+        }
+        check(tile_counts.len() >= tiles, "the tile counts are shorter than the tiles")?;
+        check(!overflow.is_empty(), "no overflow flag")?;
+        let stream = self.launcher.stream;
+        let function = &self.launcher.kernels.scan_filter_count;
+        let launch_config = config(tiles as u64)?;
+        timer.time_on(stream, Phase::Kernel, || {
+            let mut launch = stream.launch_builder(function);
+            launch
+                .arg(&self.columns)
+                .arg(&self.rows)
+                .arg(&self.program)
+                .arg(&self.instructions)
+                .arg(&self.remap)
+                .arg(&self.remap_len)
+                .arg(&self.predicate)
+                .arg(&mut *tile_counts)
+                .arg(&mut *overflow);
+            // SAFETY: `columns` holds two addresses per column of the chunk
+            // (values of at least `rows` words, or half as many for 4-byte
+            // values, and validity of rows / 64 words rounded up, or 0), all
+            // checked in `new`; the kernel reads them at rows below `rows`
+            // and only columns the program names, which `new` checked lie
+            // below the column count. The guards held in `self` keep those
+            // slices' reads ordered on the stream, and the caller waits for
+            // the stream before the chunk's borrow ends. Registers lie below
+            // SCAN_REGISTERS, key operands within `remap` (checked), and the
+            // kernel checks each code against remap_len. It writes
+            // tile_counts[..tiles] (checked above) and overflow's first 4
+            // bytes (one word, checked).
+            unsafe { launch.launch(launch_config) }
+                .during("launching scan_filter_count")
+                .map(|_| ())
+        })
+    }
+
+    /// Writes the kept rows' outputs: output `o` of the row at place `p`
+    /// to `values[o * capacity + p]` and byte `o * capacity + p` of
+    /// `valid` (1 valid, 0 NULL), the places starting at each tile's
+    /// `tile_starts` entry. A place at or past `capacity` is not written
+    /// and sets `overflow`.
+    pub fn write(
+        &self,
+        tile_starts: &CudaSlice<u64>,
+        capacity: usize,
+        values: &mut CudaSlice<u64>,
+        valid: &mut CudaSlice<u64>,
+        overflow: &mut CudaSlice<u64>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        let tiles = self.tiles();
+        if tiles == 0 || capacity == 0 || self.output_count == 0 {
+            return Ok(());
+        }
+        let slots = capacity
+            .checked_mul(self.output_count as usize)
+            .ok_or_else(|| GpuError::Invalid("a filter output beyond the address space".into()))?;
+        check(tile_starts.len() >= tiles, "the tile starts are shorter than the tiles")?;
+        check(values.len() >= slots, "the output values are shorter than their rows")?;
+        check(valid.len() >= slots.div_ceil(8), "the output validity is shorter than its rows")?;
+        check(!overflow.is_empty(), "no overflow flag")?;
+        let stream = self.launcher.stream;
+        let function = &self.launcher.kernels.scan_filter_write;
+        let launch_config = config(tiles as u64)?;
+        let capacity = capacity as u64;
+        timer.time_on(stream, Phase::Kernel, || {
+            let mut launch = stream.launch_builder(function);
+            launch
+                .arg(&self.columns)
+                .arg(&self.rows)
+                .arg(&self.program)
+                .arg(&self.instructions)
+                .arg(&self.remap)
+                .arg(&self.remap_len)
+                .arg(&self.predicate)
+                .arg(&self.outputs)
+                .arg(&self.output_count)
+                .arg(tile_starts)
+                .arg(&capacity)
+                .arg(&mut *values)
+                .arg(&mut *valid)
+                .arg(&mut *overflow);
+            // SAFETY: as for `count` for the chunk, program and remap table;
+            // `outputs` holds output_count registers (uploaded whole, each
+            // checked below SCAN_REGISTERS). The kernel reads
+            // tile_starts[..tiles] (checked) and writes values and valid
+            // only at o * capacity + p for o < output_count and p <
+            // capacity: within output_count * capacity words of `values`
+            // and bytes of `valid` (both checked above); overflow's first
+            // 4 bytes.
+            unsafe { launch.launch(launch_config) }
+                .during("launching scan_filter_write")
+                .map(|_| ())
+        })
+    }
+}
+
+fn check(holds: bool, what: &str) -> GpuResult<()> {
+    match holds {
+        true => Ok(()),
+        false => Err(GpuError::Invalid(format!("scan filter: {what}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tile_matches_the_kernel() {
+        let source = include_str!("../../../ptx/scan_filter.cu");
+        assert!(source.contains("#define FILTER_ROUNDS 8"));
+        assert_eq!(FILTER_TILE, super::super::BLOCK_THREADS as usize * 8);
+    }
+}

@@ -1,0 +1,130 @@
+//! Filters and projections over a table scan become a `GpuScanFilterExec`.
+
+use super::*;
+use crate::exec::{GpuScanAggregateExec, GpuScanFilterExec};
+
+fn options(cache: bool, placement: PlacementPolicy) -> GpuOptions {
+    GpuOptions {
+        placement,
+        cache,
+        ..GpuOptions::default()
+    }
+}
+
+/// The plan's nodes of type `T`.
+fn nodes_of<T: ExecutionPlan>(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>> {
+    let mut found = Vec::new();
+    plan.apply(|node| {
+        if node.downcast_ref::<T>().is_some() {
+            found.push(Arc::clone(node));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    found
+}
+
+async fn planned(sql: &str, options: GpuOptions) -> Arc<dyn ExecutionPlan> {
+    rewritten_as_given(SessionConfig::new().with_target_partitions(4), sql, options).await
+}
+
+#[tokio::test]
+async fn filters_and_projections_over_a_table_scan_run_as_a_scan_filter() {
+    let always = || options(true, PlacementPolicy::Always);
+    // A projection over a filter over the scan: one node in place of the
+    // chain, with its schema and its partitions (r has 4).
+    let sql = "SELECT v * 2 AS w, k FROM r WHERE v > 10 AND k IS NOT NULL";
+    let plan = planned(sql, always()).await;
+    let found = nodes_of::<GpuScanFilterExec>(&plan);
+    assert_eq!(found.len(), 1, "{}", show(&plan));
+    let node = &found[0];
+    assert_eq!(node.properties().output_partitioning().partition_count(), 4);
+    let schema = node.schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["w", "k"]);
+    assert!(
+        show(&plan).contains("GpuScanFilterExec: algorithm=scan_filter"),
+        "{}",
+        show(&plan)
+    );
+    assert!(
+        show(&plan).contains("filter=[v@1 > 10 AND k@0 IS NOT NULL]"),
+        "{}",
+        show(&plan)
+    );
+    // The decisions name it, and nothing below it.
+    let decisions = gpu_decisions_of(&plan, always());
+    assert_eq!(
+        decisions
+            .iter()
+            .filter(|d| d.contains("scan_filter"))
+            .count(),
+        1,
+        "{decisions:?}"
+    );
+
+    // Under a join, each filtered side.
+    let sql = "SELECT r.k, s.v FROM r JOIN s ON r.k = s.k WHERE r.v > 10 AND s.v < 50";
+    let plan = planned(sql, always()).await;
+    assert!(
+        !nodes_of::<GpuScanFilterExec>(&plan).is_empty(),
+        "{}",
+        show(&plan)
+    );
+
+    // A partial aggregation over the same chain: the scan aggregation takes
+    // it all.
+    let sql = "SELECT count(*), sum(v) FROM r WHERE v > 10";
+    let plan = planned(sql, always()).await;
+    assert_eq!(
+        nodes_of::<GpuScanAggregateExec>(&plan).len(),
+        1,
+        "{}",
+        show(&plan)
+    );
+    assert!(
+        nodes_of::<GpuScanFilterExec>(&plan).is_empty(),
+        "{}",
+        show(&plan)
+    );
+
+    // Not without the cache, with the tuning switch off, over an
+    // expression the device does not evaluate, or under the cost
+    // placement for a table of 400 rows.
+    let sql = "SELECT k, v FROM r WHERE v > 10";
+    let mut off = always();
+    off.tuning.scan_filter = false;
+    for (options, sql) in [
+        (options(false, PlacementPolicy::Always), sql),
+        (off, sql),
+        (always(), "SELECT k FROM r WHERE v % 3 = 0"),
+        (options(true, PlacementPolicy::Cost), sql),
+    ] {
+        let plan = planned(sql, options.clone()).await;
+        assert!(
+            nodes_of::<GpuScanFilterExec>(&plan).is_empty(),
+            "{sql} (cache {}, placement {:?}, scan_filter {})\n{}",
+            options.cache,
+            options.placement,
+            options.tuning.scan_filter,
+            show(&plan)
+        );
+        let decisions = gpu_decisions_of(&plan, options);
+        assert!(
+            decisions
+                .iter()
+                .any(|d| d.contains("scan_filter not possible")),
+            "{sql}: {decisions:?}"
+        );
+    }
+}
+
+/// The decisions for `plan`, as text.
+fn gpu_decisions_of(plan: &Arc<dyn ExecutionPlan>, options: GpuOptions) -> Vec<String> {
+    let mut config = datafusion::config::ConfigOptions::new();
+    config.extensions.insert(options);
+    crate::gpu_decisions(plan, &config)
+        .iter()
+        .map(|d| d.to_string())
+        .collect()
+}

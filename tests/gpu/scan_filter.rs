@@ -1,0 +1,226 @@
+//! `GpuScanFilterExec` against DataFusion: filters and output expressions
+//! over every type it reads (strings as codes, string predicates evaluated
+//! over each part's dictionary), NULLs, empty and filtered-out tables, from
+//! `MemTable`s and Parquet files, under a GPU join and aggregation, the
+//! rows' order within a partition, and the fallbacks to DataFusion's plan
+//! (too many distinct strings, a 64-bit overflow).
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::MemTable;
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion_gpu::{gpu_decisions, GpuScanFilterExec};
+
+use crate::scan_aggregate::{table, temp_dir, write_parquet};
+use crate::support::{
+    cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, rows_in_order, string_rows,
+    table_from_columns, JoinMode,
+};
+
+/// The GPU session leaves aggregations over filters to the filter node
+/// (no scan aggregation), so aggregates and zero-column outputs above it
+/// are tested too.
+async fn contexts(target_partitions: usize) -> (SessionContext, SessionContext) {
+    (
+        gpu_context(
+            JoinMode::CollectLeft,
+            target_partitions,
+            &["SET gpu.tuning.scan_aggregate = false"],
+        )
+        .await,
+        cpu_context(JoinMode::CollectLeft, target_partitions, &[]).await,
+    )
+}
+
+fn register(contexts: [&SessionContext; 2], name: &str, table: Arc<MemTable>) {
+    for ctx in contexts {
+        let _ = ctx.deregister_table(name);
+        ctx.register_table(name, Arc::clone(&table) as _).unwrap();
+    }
+}
+
+/// Scan filter nodes in `plan`.
+fn scan_filters(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let mut found = 0;
+    plan.apply(|node| {
+        if node.downcast_ref::<GpuScanFilterExec>().is_some() {
+            found += 1;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    found
+}
+
+/// Runs `sql` on both sessions and asserts the same rows (a sorted
+/// multiset of their text) and a scan filter on the GPU. Returns the GPU
+/// plan and its batches.
+async fn check(
+    gpu: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+) -> (Arc<dyn ExecutionPlan>, Vec<RecordBatch>) {
+    let plan = physical_plan(gpu, sql).await;
+    // DataFusion answers some queries over empty tables from statistics,
+    // reading no table at all.
+    let reads_a_table = plan
+        .exists(|node| Ok(node.children().is_empty() && node.name() == "DataSourceExec"))
+        .unwrap()
+        || scan_filters(&plan) > 0;
+    if reads_a_table {
+        assert!(
+            scan_filters(&plan) > 0,
+            "{sql}: no scan filter on the GPU\n{}",
+            displayable(plan.as_ref()).indent(true)
+        );
+        assert!(
+            gpu_decisions(&plan, gpu.state().config_options())
+                .iter()
+                .any(|d| d.on_gpu() && d.to_string().contains(GpuScanFilterExec::ALGORITHM)),
+            "{sql}: the decisions do not name the scan filter"
+        );
+    }
+    let gpu_batches = collect(Arc::clone(&plan), gpu.task_ctx())
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
+    assert_eq!(
+        string_rows(&gpu_batches),
+        string_rows(&cpu_batches),
+        "{sql}: results differ"
+    );
+    (plan, gpu_batches)
+}
+
+/// Filters and outputs over every type (`crate::scan_aggregate::schema`:
+/// flag Utf8, status Utf8View, i Int64, n Int32, d Decimal(15, 2), f
+/// Float64, dt Date32, b Boolean; about a tenth of each NULL).
+const QUERIES: &[&str] = &[
+    "SELECT * FROM t WHERE i > 0",
+    "SELECT flag, status, i, n, d, f, dt, b FROM t WHERE flag = 'A' OR status IN ('F')",
+    "SELECT i + n, d * d, f * 2.5 - 1.0, NOT b, CASE WHEN i > 0 THEN d ELSE -d END, \
+     CAST(n AS BIGINT) * 3 FROM t WHERE dt BETWEEN DATE '1992-01-01' AND DATE '1997-06-30'",
+    "SELECT flag, i FROM t WHERE flag LIKE 'A%' OR flag IS NULL",
+    "SELECT status, d FROM t WHERE status <> 'F' AND d IS NOT NULL AND NOT b",
+    "SELECT flag, f FROM t WHERE flag NOT IN ('A', 'R') AND f >= -0.0",
+    "SELECT dt, n FROM t WHERE starts_with(status, 'O') AND n IN (1, 2, 3, -4)",
+    "SELECT i FROM t WHERE i > 10000000",
+    "SELECT count(*) FROM t WHERE b",
+    "SELECT flag, count(*), sum(d), min(dt) FROM t WHERE f > 0.0 AND flag <> 'N' GROUP BY flag",
+    "SELECT a.i, a.flag, b.d FROM t a JOIN t b ON a.i = b.i \
+     WHERE a.flag = 'A' AND b.d > 100.00 AND a.i IS NOT NULL",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scan_filters_answer_as_datafusion_does() {
+    let Some(_) = require_gpu("scan_filters_answer_as_datafusion_does") else {
+        return;
+    };
+    let (gpu, cpu) = contexts(4).await;
+    // Empty, one row, one batch, several batches and partitions (4, the
+    // sessions' target, so no round robin lies between filter and scan).
+    for (rows, seed) in [(0, 1), (1, 2), (3000, 3), (200_000, 4)] {
+        register([&gpu, &cpu], "t", table(rows, 4, seed));
+        for sql in QUERIES {
+            let (plan, _) = check(&gpu, &cpu, sql).await;
+            assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql} ({rows} rows)");
+            assert!(
+                plan_metric(&plan, "rows_scanned") >= rows,
+                "{sql} ({rows} rows)"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scan_filters_read_parquet_files_and_keep_each_partitions_order() {
+    let Some(_) = require_gpu("scan_filters_read_parquet_files_and_keep_each_partitions_order")
+    else {
+        return;
+    };
+    let (gpu, cpu) = contexts(2).await;
+    let dir = temp_dir("scan-filter");
+    write_parquet(&dir.join("a.parquet"), 70_000, 11);
+    write_parquet(&dir.join("b.parquet"), 50_000, 12);
+    for ctx in [&gpu, &cpu] {
+        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+    }
+    for sql in QUERIES {
+        let (plan, _) = check(&gpu, &cpu, sql).await;
+        assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
+    }
+    // One partition, no order asked for: the rows come in the scan's order,
+    // as DataFusion's filter passes them.
+    let (gpu, cpu) = contexts(1).await;
+    register([&gpu, &cpu], "t", table(20_000, 1, 5));
+    let sql = "SELECT i, flag, d FROM t WHERE d > 1000.00 OR flag = 'R'";
+    let (_, gpu_batches) = check(&gpu, &cpu, sql).await;
+    let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
+    assert_eq!(
+        rows_in_order(&gpu_batches),
+        rows_in_order(&cpu_batches),
+        "{sql}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn too_many_strings_or_an_overflow_run_the_partition_on_datafusion() {
+    let Some(_) = require_gpu("too_many_strings_or_an_overflow_run_the_partition_on_datafusion")
+    else {
+        return;
+    };
+    let (gpu, cpu) = contexts(2).await;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("i", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, false),
+    ]));
+    // Partition 0 has 2,500 distinct strings (more than a part codes),
+    // partition 1 three: only the first runs DataFusion's plan.
+    let mixed = table_from_columns(Arc::clone(&schema), 5000, 2, 1000, |range| {
+        let distinct = if range.start < 2500 { 2500 } else { 3 };
+        vec![
+            Arc::new(Int64Array::from_iter_values(
+                range.clone().map(|r| r as i64),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                range.map(|r| format!("s{}", r % distinct)),
+            )),
+        ]
+    });
+    register([&gpu, &cpu], "u", mixed);
+    let sql = "SELECT s, i FROM u WHERE i > 7 AND s <> 's1'";
+    let (plan, _) = check(&gpu, &cpu, sql).await;
+    assert_eq!(plan_metric(&plan, "cpu_fallback"), 1);
+    // The next plan over those parts stays DataFusion's, and says why.
+    let plan = physical_plan(&gpu, sql).await;
+    assert_eq!(scan_filters(&plan), 0);
+    assert!(
+        gpu_decisions(&plan, gpu.state().config_options())
+            .iter()
+            .any(|d| d
+                .to_string()
+                .contains("holds more distinct values in a part")),
+        "{sql}: no reason given"
+    );
+    // Near i64::MAX, twice the value leaves 64 bits (DataFusion wraps).
+    let big = table_from_columns(Arc::clone(&schema), 3000, 2, 1000, |range| {
+        vec![
+            Arc::new(Int64Array::from_iter_values(
+                range.clone().map(|r| i64::MAX - r as i64),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                range.map(|r| format!("s{}", r % 3)),
+            )),
+        ]
+    });
+    register([&gpu, &cpu], "u", big);
+    let (plan, _) = check(&gpu, &cpu, "SELECT s, i * 2 FROM u WHERE i > 0").await;
+    assert_eq!(plan_metric(&plan, "cpu_fallback"), 2);
+}
