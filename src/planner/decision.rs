@@ -148,12 +148,12 @@ pub fn decide_sort_merge_join(
     )
 }
 
-/// Table rows from which a scan aggregation goes to the GPU under
+/// Table rows from which a GPU scan (aggregation or filter) is placed under
 /// `gpu.placement = 'cost'`: below, DataFusion's scan takes a few
 /// milliseconds, about what one kernel launch and the copy of a part's
 /// states back cost, and the first run's copy of the columns would not
 /// pay back soon.
-pub(crate) const SCAN_AGGREGATE_MIN_ROWS: usize = 1 << 20;
+pub(crate) const GPU_SCAN_MIN_ROWS: usize = 1 << 20;
 
 /// Whether the partial aggregation `node` and the filters, projections and
 /// scan below it run as a [`GpuScanAggregateExec`]: `Ok(Some)` with the
@@ -176,21 +176,30 @@ pub(crate) fn decide_scan_aggregate(
     if !options.tuning.scan_aggregate {
         return Err("scan aggregations are off (gpu.tuning.scan_aggregate = false)".into());
     }
-    if !options.cache {
-        return Err("a scan aggregation reads the device column cache (gpu.cache = false)".into());
-    }
-    if !options.placement.always() {
-        if let Some(rows) = scan_aggregate
-            .scan_rows()
-            .filter(|&r| r < SCAN_AGGREGATE_MIN_ROWS)
-        {
-            return Err(format!(
-                "the scan reads {rows} rows, below the {SCAN_AGGREGATE_MIN_ROWS} from which \
-                 its columns are kept on the device (gpu.placement = 'cost')"
-            ));
-        }
-    }
+    gpu_scan_placed(options, "a scan aggregation", scan_aggregate.scan_rows())?;
     Ok(Some(scan_aggregate))
+}
+
+/// What a GPU scan (`what`) of a table of `scan_rows` rows needs, whatever
+/// it computes: the column cache on, and under `gpu.placement = 'cost'` at
+/// least [`GPU_SCAN_MIN_ROWS`] rows where statistics know.
+fn gpu_scan_placed(
+    options: &GpuOptions,
+    what: &str,
+    scan_rows: Option<usize>,
+) -> Result<(), String> {
+    if !options.cache {
+        return Err(format!(
+            "{what} reads the device column cache (gpu.cache = false)"
+        ));
+    }
+    match scan_rows.filter(|&r| r < GPU_SCAN_MIN_ROWS && !options.placement.always()) {
+        Some(rows) => Err(format!(
+            "the scan reads {rows} rows, below the {GPU_SCAN_MIN_ROWS} from which its columns \
+             are kept on the device (gpu.placement = 'cost')"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The largest share of a table's rows (by DataFusion's estimate) a
@@ -217,17 +226,9 @@ pub(crate) fn decide_scan_filter(
         "scan filters are off (gpu.tuning.scan_filter = false)",
         gpu,
     )?;
-    if !options.cache {
-        return Err("a scan filter reads the device column cache (gpu.cache = false)".into());
-    }
+    let scan_rows = scan_filter.scan_rows();
+    gpu_scan_placed(options, "a scan filter", scan_rows)?;
     if !options.placement.always() {
-        let scan_rows = scan_filter.scan_rows();
-        if let Some(rows) = scan_rows.filter(|&r| r < SCAN_AGGREGATE_MIN_ROWS) {
-            return Err(format!(
-                "the scan reads {rows} rows, below the {SCAN_AGGREGATE_MIN_ROWS} from which \
-                 its columns are kept on the device (gpu.placement = 'cost')"
-            ));
-        }
         let kept = super::statistics::plan_statistics(node)
             .ok()
             .and_then(|s| s.num_rows.get_value().copied());
