@@ -8,11 +8,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, LargeStringArray, StringArray, StringViewArray,
+    Array, ArrayRef, AsArray, BooleanBufferBuilder, GenericStringArray, LargeStringArray,
+    OffsetSizeTrait, StringArray, StringViewArray,
 };
 use datafusion::arrow::datatypes::{
-    DataType, Date32Type, Date64Type, Decimal128Type, Float64Type, Int16Type, Int32Type,
-    Int64Type, Int8Type, TimeUnit, TimestampMicrosecondType, TimestampMillisecondType,
+    DataType, Date32Type, Date64Type, Decimal128Type, Float64Type, Int16Type, Int32Type, Int64Type,
+    Int8Type, TimeUnit, TimestampMicrosecondType, TimestampMillisecondType,
     TimestampNanosecondType, TimestampSecondType, UInt16Type, UInt32Type, UInt8Type,
 };
 
@@ -78,43 +79,114 @@ pub fn word_kind(data_type: &DataType) -> Option<WordKind> {
     }
 }
 
-/// `pieces` (arrays of one type, end to end) as words, or `None` where they
-/// cannot be: a type [`word_kind`] refuses, a decimal beyond 64 bits, or
-/// strings with more than [`MAX_DICTIONARY_VALUES`] distinct values.
-pub fn column_words(pieces: &[ArrayRef], data_type: &DataType) -> Option<HostWords> {
-    let kind = word_kind(data_type)?;
-    let rows: usize = pieces.iter().map(|p| p.len()).sum();
-    let (values, dictionary) = match kind {
-        WordKind::Code => {
-            let mut codes = Vec::with_capacity(rows);
-            let dictionary = coded_words(pieces, data_type, &mut codes)?;
-            (WordValues::Narrow(codes), Some(dictionary))
-        }
-        WordKind::I64 | WordKind::F64 => {
-            let mut narrow = Vec::with_capacity(rows);
-            let narrowed =
-                kind == WordKind::I64 && pieces.iter().all(|p| narrow_words(p, &mut narrow));
-            let values = match narrowed {
-                true => WordValues::Narrow(narrow),
-                false => {
-                    drop(narrow);
-                    let mut wide = Vec::with_capacity(rows);
-                    for piece in pieces {
-                        plain_words(piece, &mut wide)?;
-                    }
-                    WordValues::Wide(wide)
+/// A column's words made piece by piece as a part is read, each piece
+/// coded while it is fresh in the caches and then free to go. A column
+/// cannot be kept as words where [`word_kind`] refuses its type, a decimal
+/// is beyond 64 bits, or strings have more than [`MAX_DICTIONARY_VALUES`]
+/// distinct values.
+pub struct WordsBuilder {
+    data_type: DataType,
+    kind: WordKind,
+    rows: usize,
+    /// 4-byte values until a piece does not fit them, then 8-byte words
+    /// (floats start there).
+    values: WordValues,
+    /// Started at the first piece with NULLs.
+    validity: Option<BooleanBufferBuilder>,
+    /// A string column's distinct values so far.
+    dictionary: Option<Dictionary>,
+}
+
+impl WordsBuilder {
+    /// A builder for a column of `data_type`, or `None` where [`word_kind`]
+    /// refuses the type.
+    pub fn new(data_type: &DataType) -> Option<Self> {
+        let kind = word_kind(data_type)?;
+        Some(Self {
+            data_type: data_type.clone(),
+            kind,
+            rows: 0,
+            values: match kind {
+                WordKind::F64 => WordValues::Wide(Vec::new()),
+                WordKind::I64 | WordKind::Code => WordValues::Narrow(Vec::new()),
+            },
+            validity: None,
+            dictionary: (kind == WordKind::Code).then(Dictionary::default),
+        })
+    }
+
+    /// Appends `piece`'s rows, or returns `false` where the column cannot
+    /// be kept as words (the builder is then of no further use).
+    pub fn push(&mut self, piece: &ArrayRef) -> bool {
+        let appended = match (&mut self.values, &mut self.dictionary) {
+            (WordValues::Narrow(codes), Some(dictionary)) => {
+                code_strings(piece, dictionary, codes).is_some()
+            }
+            (WordValues::Narrow(narrow), None) => {
+                let before = narrow.len();
+                if narrow_words(piece, narrow) {
+                    true
+                } else {
+                    // A value past 32 bits: every word 8 bytes from here on.
+                    narrow.truncate(before);
+                    let mut wide: Vec<u64> =
+                        Vec::with_capacity((before + piece.len()).next_power_of_two());
+                    wide.extend(narrow.iter().map(|&v| i64::from(v) as u64));
+                    let appended = plain_words(piece, &mut wide).is_some();
+                    self.values = WordValues::Wide(wide);
+                    appended
                 }
-            };
-            (values, None)
+            }
+            (WordValues::Wide(wide), _) => plain_words(piece, wide).is_some(),
+        };
+        if !appended {
+            return false;
         }
-    };
-    Some(HostWords {
-        rows,
-        kind,
-        values,
-        validity: validity_words(pieces, rows),
-        dictionary,
-    })
+        match (piece.logical_nulls(), &mut self.validity) {
+            (None, None) => {}
+            (None, Some(validity)) => validity.append_n(piece.len(), true),
+            (Some(nulls), validity) => {
+                let validity = validity.get_or_insert_with(|| {
+                    let mut all_valid = BooleanBufferBuilder::new(self.rows + piece.len());
+                    all_valid.append_n(self.rows, true);
+                    all_valid
+                });
+                validity.append_buffer(nulls.inner());
+            }
+        }
+        self.rows += piece.len();
+        true
+    }
+
+    /// The words of every piece pushed.
+    pub fn finish(self) -> HostWords {
+        let validity = self.validity.map(|mut builder| {
+            let bits = builder.finish();
+            let bytes = bits.values();
+            let mut words = vec![0u64; self.rows.div_ceil(64)];
+            for (word, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
+                let mut le = [0u8; 8];
+                le[..chunk.len()].copy_from_slice(chunk);
+                *word = u64::from_le_bytes(le);
+            }
+            // Bits past the last row are not rows: clear them.
+            if self.rows % 64 != 0 {
+                if let Some(last) = words.last_mut() {
+                    *last &= (1u64 << (self.rows % 64)) - 1;
+                }
+            }
+            words
+        });
+        HostWords {
+            rows: self.rows,
+            kind: self.kind,
+            values: self.values,
+            validity,
+            dictionary: self
+                .dictionary
+                .map(|d| strings_array(&d.values, &self.data_type)),
+        }
+    }
 }
 
 /// Appends `array`'s values as 4-byte integers, or returns `false` (with
@@ -125,7 +197,13 @@ pub fn column_words(pieces: &[ArrayRef], data_type: &DataType) -> Option<HostWor
 fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
     macro_rules! always {
         ($t:ty) => {{
-            out.extend(array.as_primitive::<$t>().values().iter().map(|&v| v as i32));
+            out.extend(
+                array
+                    .as_primitive::<$t>()
+                    .values()
+                    .iter()
+                    .map(|&v| v as i32),
+            );
             true
         }};
     }
@@ -135,8 +213,8 @@ fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
             let (low, high) = values.iter().fold((i64::MAX, i64::MIN), |(l, h), &v| {
                 (l.min(v as i64), h.max(v as i64))
             });
-            let fits = values.is_empty()
-                || (low >= i64::from(i32::MIN) && high <= i64::from(i32::MAX));
+            let fits =
+                values.is_empty() || (low >= i64::from(i32::MIN) && high <= i64::from(i32::MAX));
             if fits {
                 out.extend(values.iter().map(|&v| v as i32));
             }
@@ -180,7 +258,13 @@ fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
 fn plain_words(array: &ArrayRef, out: &mut Vec<u64>) -> Option<()> {
     macro_rules! widened {
         ($t:ty) => {
-            out.extend(array.as_primitive::<$t>().values().iter().map(|&v| v as i64 as u64))
+            out.extend(
+                array
+                    .as_primitive::<$t>()
+                    .values()
+                    .iter()
+                    .map(|&v| v as i64 as u64),
+            )
         };
     }
     match array.data_type() {
@@ -201,9 +285,13 @@ fn plain_words(array: &ArrayRef, out: &mut Vec<u64>) -> Option<()> {
             let bits = array.as_boolean().values();
             out.extend(bits.iter().map(u64::from));
         }
-        DataType::Float64 => {
-            out.extend(array.as_primitive::<Float64Type>().values().iter().map(|v| v.to_bits()))
-        }
+        DataType::Float64 => out.extend(
+            array
+                .as_primitive::<Float64Type>()
+                .values()
+                .iter()
+                .map(|v| v.to_bits()),
+        ),
         DataType::Decimal128(_, _) => {
             let decimals = array.as_primitive::<Decimal128Type>();
             let start = out.len();
@@ -225,74 +313,55 @@ fn plain_words(array: &ArrayRef, out: &mut Vec<u64>) -> Option<()> {
     Some(())
 }
 
-/// The validity of `pieces` as one bitmap, or `None` where no row is NULL.
-fn validity_words(pieces: &[ArrayRef], rows: usize) -> Option<Vec<u64>> {
-    if pieces.iter().all(|p| p.logical_null_count() == 0) {
-        return None;
-    }
-    let mut words = vec![0u64; rows.div_ceil(64)];
-    let mut row = 0;
-    for piece in pieces {
-        match piece.logical_nulls() {
-            None => {
-                for r in row..row + piece.len() {
-                    words[r / 64] |= 1 << (r % 64);
+/// Appends the codes of `piece`'s strings to `out` (0 for NULL rows),
+/// adding new values to `dictionary`, or `None` past
+/// [`MAX_DICTIONARY_VALUES`] distinct values (or for a type not a string).
+fn code_strings(piece: &ArrayRef, dictionary: &mut Dictionary, out: &mut Vec<i32>) -> Option<()> {
+    out.reserve(piece.len());
+    match piece.data_type() {
+        DataType::Utf8View => {
+            let strings = piece.as_string_view();
+            // A long string's view names its bytes by buffer and offset,
+            // which only mean the same thing within this array.
+            dictionary.views.clear();
+            let views = strings.views();
+            match strings.nulls().filter(|n| n.null_count() > 0) {
+                None => {
+                    for (row, &view) in views.iter().enumerate() {
+                        out.push(dictionary.code_of_view(view, || strings.value(row))?);
+                    }
                 }
-            }
-            Some(nulls) => {
-                for (i, valid) in nulls.iter().enumerate() {
-                    if valid {
-                        let r = row + i;
-                        words[r / 64] |= 1 << (r % 64);
+                Some(nulls) => {
+                    for (row, &view) in views.iter().enumerate() {
+                        out.push(match nulls.is_valid(row) {
+                            true => dictionary.code_of_view(view, || strings.value(row))?,
+                            false => 0,
+                        });
                     }
                 }
             }
         }
-        row += piece.len();
+        DataType::Utf8 => code_offset_strings(piece.as_string::<i32>(), dictionary, out)?,
+        DataType::LargeUtf8 => code_offset_strings(piece.as_string::<i64>(), dictionary, out)?,
+        _ => return None,
     }
-    Some(words)
+    Some(())
 }
 
-/// Appends the codes of `pieces`' strings to `out` (0 for NULL rows) and
-/// returns their dictionary, or `None` past [`MAX_DICTIONARY_VALUES`].
-fn coded_words(pieces: &[ArrayRef], data_type: &DataType, out: &mut Vec<i32>) -> Option<ArrayRef> {
-    let mut codes = Dictionary::default();
-    for piece in pieces {
-        match piece.data_type() {
-            DataType::Utf8View => {
-                let strings = piece.as_string_view();
-                for (row, view) in strings.views().iter().enumerate() {
-                    let code = match strings.is_null(row) {
-                        true => 0,
-                        false => codes.code_of_view(*view, || strings.value(row))?,
-                    };
-                    out.push(code);
-                }
-            }
-            DataType::Utf8 => {
-                let strings = piece.as_string::<i32>();
-                for row in 0..strings.len() {
-                    let code = match strings.is_null(row) {
-                        true => 0,
-                        false => codes.code_of(strings.value(row))?,
-                    };
-                    out.push(code);
-                }
-            }
-            DataType::LargeUtf8 => {
-                let strings = piece.as_string::<i64>();
-                for row in 0..strings.len() {
-                    let code = match strings.is_null(row) {
-                        true => 0,
-                        false => codes.code_of(strings.value(row))?,
-                    };
-                    out.push(code);
-                }
-            }
-            _ => return None,
-        }
+/// [`code_strings`] for strings laid end to end with offsets: each looked
+/// up by its bytes.
+fn code_offset_strings<O: OffsetSizeTrait>(
+    strings: &GenericStringArray<O>,
+    dictionary: &mut Dictionary,
+    out: &mut Vec<i32>,
+) -> Option<()> {
+    for row in 0..strings.len() {
+        out.push(match strings.is_null(row) {
+            true => 0,
+            false => dictionary.code_of(strings.value(row))?,
+        });
     }
-    Some(strings_array(&codes.values, data_type))
+    Some(())
 }
 
 /// `values` as an array of `data_type` (a string type).
@@ -306,19 +375,75 @@ pub fn strings_array(values: &[String], data_type: &DataType) -> ArrayRef {
 }
 
 /// The distinct strings seen so far, by code.
-#[derive(Default)]
 struct Dictionary {
     values: Vec<String>,
     by_value: HashMap<String, i32>,
-    /// Strings of at most 12 bytes by their length and bytes (a string
-    /// view's own 16 bytes, the bytes past the length zeroed), which spares
-    /// hashing a string for the short keys that are most often coded.
-    by_view: Vec<(u128, i32)>,
+    /// Codes by string view, for one array at a time: a string of at most
+    /// 12 bytes by its length and bytes (its view, the bytes past the
+    /// length zeroed), a longer one by its whole view (length, first bytes,
+    /// buffer and offset), which only names the same bytes within one
+    /// array. A Parquet column read through its dictionary repeats each
+    /// value's view, so each distinct value is looked up by its bytes once
+    /// an array, and no string is hashed.
+    views: ViewCodes,
     /// The first 64 values by their length and first bytes
     /// ([`prefix_key`]), each candidate's whole value compared before its
     /// code is taken: no hashing for the few values a low-cardinality
     /// column repeats.
     by_prefix: Vec<(u64, i32)>,
+}
+
+impl Default for Dictionary {
+    fn default() -> Self {
+        Self {
+            values: Vec::new(),
+            by_value: HashMap::new(),
+            views: ViewCodes::new(),
+            by_prefix: Vec::new(),
+        }
+    }
+}
+
+/// Codes of string views seen, in slots picked by a hash of the view; a
+/// slot holds the last view that hashed to it, so a lookup either finds
+/// the view itself or misses.
+struct ViewCodes {
+    slots: Vec<(u128, i32)>,
+}
+
+/// Slots of a [`ViewCodes`], as a power of two: as many as a dictionary
+/// has values at most.
+const VIEW_SLOTS_LOG2: u32 = 10;
+
+impl ViewCodes {
+    const EMPTY: (u128, i32) = (0, -1);
+
+    fn new() -> Self {
+        Self {
+            slots: vec![Self::EMPTY; 1 << VIEW_SLOTS_LOG2],
+        }
+    }
+
+    fn clear(&mut self) {
+        self.slots.fill(Self::EMPTY);
+    }
+
+    #[inline]
+    fn slot(view: u128) -> usize {
+        let mixed = (view as u64) ^ ((view >> 64) as u64).rotate_left(32);
+        (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - VIEW_SLOTS_LOG2)) as usize
+    }
+
+    #[inline]
+    fn get(&self, view: u128) -> Option<i32> {
+        let (key, code) = self.slots[Self::slot(view)];
+        (code >= 0 && key == view).then_some(code)
+    }
+
+    #[inline]
+    fn put(&mut self, view: u128, code: i32) {
+        self.slots[Self::slot(view)] = (view, code);
+    }
 }
 
 /// A string's length and first 7 bytes in one word: equal for equal
@@ -329,6 +454,20 @@ fn prefix_key(value: &str) -> u64 {
     let take = bytes.len().min(7);
     head[..take].copy_from_slice(&bytes[..take]);
     u64::from_le_bytes(head) | ((bytes.len() as u64) << 56)
+}
+
+/// The key of a string view in [`Dictionary::views`]: the view with the
+/// bytes past a short string's length masked (Arrow's format has them zero,
+/// but the key does not depend on it). Short and long keys never meet: the
+/// length is part of the key. Without branches, as the strings of a column
+/// come in no order.
+#[inline]
+fn view_key(view: u128) -> u128 {
+    let len = (view as u32).min(12);
+    let kept_bits = 32 + 8 * len;
+    // A shift by 128 would overflow: shift the ones out in two steps.
+    let mask = !((u128::MAX << (kept_bits - 1)) << 1);
+    view & mask
 }
 
 impl Dictionary {
@@ -360,26 +499,16 @@ impl Dictionary {
         Some(code)
     }
 
+    /// The code of the string `view` of the array being coded describes
+    /// (`value` gives its bytes).
+    #[inline]
     fn code_of_view<'a>(&mut self, view: u128, value: impl FnOnce() -> &'a str) -> Option<i32> {
-        let len = (view as u32) as usize;
-        if len > 12 {
-            return self.code_of(value());
-        }
-        // Bytes past the length are zero by Arrow's format, but zeroing
-        // them here makes the key not depend on it.
-        let mask = match len {
-            12 => u128::MAX,
-            _ => (1u128 << (32 + 8 * len)) - 1,
-        };
-        let key = view & mask;
-        // Few distinct short strings: a linear search beats a hash.
-        if let Some(&(_, code)) = self.by_view.iter().find(|(k, _)| *k == key) {
+        let key = view_key(view);
+        if let Some(code) = self.views.get(key) {
             return Some(code);
         }
         let code = self.code_of(value())?;
-        if self.by_view.len() < 64 {
-            self.by_view.push((key, code));
-        }
+        self.views.put(key, code);
         Some(code)
     }
 }
@@ -387,6 +516,19 @@ impl Dictionary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `pieces` (arrays of one type, end to end) as words, or `None` where they
+    /// cannot be: a type [`word_kind`] refuses, a decimal beyond 64 bits, or
+    /// strings with more than [`MAX_DICTIONARY_VALUES`] distinct values.
+    fn column_words(pieces: &[ArrayRef], data_type: &DataType) -> Option<HostWords> {
+        let mut builder = WordsBuilder::new(data_type)?;
+        for piece in pieces {
+            if !builder.push(piece) {
+                return None;
+            }
+        }
+        Some(builder.finish())
+    }
     use datafusion::arrow::array::{Decimal128Array, Float64Array, Int32Array, Int64Array};
 
     #[test]
@@ -411,7 +553,9 @@ mod tests {
         // One value past 32 bits keeps the column in 8-byte words.
         let wide: ArrayRef = Arc::new(Int64Array::from(vec![1, i64::from(i32::MIN) - 1]));
         let words = column_words(&[wide], &DataType::Int64).unwrap();
-        assert!(matches!(&words.values, WordValues::Wide(v) if v[1] as i64 == i64::from(i32::MIN) - 1));
+        assert!(
+            matches!(&words.values, WordValues::Wide(v) if v[1] as i64 == i64::from(i32::MIN) - 1)
+        );
     }
 
     #[test]
@@ -454,6 +598,11 @@ mod tests {
         assert_eq!(values, ["R", long, "", "N"]);
     }
 
+    /// A dictionary of string views' values.
+    fn view_values(dictionary: &ArrayRef) -> Vec<&str> {
+        dictionary.as_string_view().iter().map(|v| v.unwrap()).collect()
+    }
+
     #[test]
     fn long_strings_of_one_length_and_prefix_keep_codes_of_their_own() {
         // Same length, same first four bytes, different values.
@@ -462,9 +611,93 @@ mod tests {
         let views: ArrayRef = Arc::new(StringViewArray::from(vec![a, b, a, b, b, "NONE"]));
         let words = column_words(&[views], &DataType::Utf8View).unwrap();
         assert!(matches!(&words.values, WordValues::Narrow(v) if v == &[0, 1, 0, 1, 1, 2]));
-        let dictionary = words.dictionary.unwrap();
-        let values: Vec<&str> = dictionary.as_string_view().iter().map(|v| v.unwrap()).collect();
+        let values = view_values(words.dictionary.as_ref().unwrap());
         assert_eq!(values, [a, b, "NONE"]);
+    }
+
+    #[test]
+    fn long_strings_with_equal_views_in_different_arrays_keep_their_own_codes() {
+        // Same length, same first four bytes, each at offset 0 of its
+        // array's first buffer: the two arrays' views are equal.
+        let (a, b) = ("same-prefix value A", "same-prefix value B");
+        let first: ArrayRef = Arc::new(StringViewArray::from(vec![a, a]));
+        let second: ArrayRef = Arc::new(StringViewArray::from(vec![b, a, b]));
+        let (v1, v2) = (
+            first.as_string_view().views()[0],
+            second.as_string_view().views()[0],
+        );
+        assert_eq!(v1, v2, "the test needs equal views");
+        let words = column_words(&[first, second], &DataType::Utf8View).unwrap();
+        assert!(matches!(&words.values, WordValues::Narrow(v) if v == &[0, 0, 1, 0, 1]));
+        let values = view_values(words.dictionary.as_ref().unwrap());
+        assert_eq!(values, [a, b]);
+    }
+
+    #[test]
+    fn a_wide_piece_after_narrow_ones_widens_every_word() {
+        let narrow: ArrayRef = Arc::new(Int64Array::from(vec![Some(-3), None, Some(5)]));
+        let wide: ArrayRef = Arc::new(Int64Array::from(vec![i64::MAX, -1]));
+        let words = column_words(&[narrow, wide], &DataType::Int64).unwrap();
+        let WordValues::Wide(values) = &words.values else {
+            panic!("a value past 32 bits widens the column");
+        };
+        let values: Vec<i64> = values.iter().map(|&w| w as i64).collect();
+        assert_eq!(
+            (values[0], values[2], values[3], values[4]),
+            (-3, 5, i64::MAX, -1)
+        );
+        assert_eq!(words.validity, Some(vec![0b11101]));
+    }
+
+    #[test]
+    fn validity_spans_pieces_sliced_or_not_and_clears_bits_past_the_rows() {
+        // 70 valid rows, then a sliced piece with NULLs at its rows 1 and
+        // 3, then 2 valid rows: 77 rows, across two words.
+        let valid: ArrayRef = Arc::new(Int32Array::from((0..70).collect::<Vec<_>>()));
+        let with_nulls: ArrayRef = Arc::new(Int32Array::from(vec![
+            Some(9),
+            Some(1),
+            None,
+            Some(3),
+            None,
+            Some(5),
+        ]));
+        let sliced = with_nulls.slice(1, 5);
+        let tail: ArrayRef = Arc::new(Int32Array::from(vec![7, 8]));
+        let words = column_words(&[valid, sliced, tail], &DataType::Int32).unwrap();
+        assert_eq!(words.rows, 77);
+        let validity = words.validity.unwrap();
+        let valid_rows: Vec<usize> = (0..77)
+            .filter(|&r| validity[r / 64] >> (r % 64) & 1 == 1)
+            .collect();
+        let expected: Vec<usize> = (0..77).filter(|&r| r != 71 && r != 73).collect();
+        assert_eq!(valid_rows, expected);
+        assert_eq!(validity[1] >> 13, 0, "no bit past the last row");
+    }
+
+    #[test]
+    fn strings_with_nulls_and_short_values_of_every_length_code_alike() {
+        let values: Vec<Option<String>> = (0..=20)
+            .map(|len| Some("x".repeat(len)))
+            .chain([None])
+            .collect();
+        let mut doubled = values.clone();
+        doubled.extend(values.iter().cloned());
+        let views: ArrayRef = Arc::new(StringViewArray::from_iter(
+            doubled.iter().map(|v| v.as_deref()),
+        ));
+        let words = column_words(&[views], &DataType::Utf8View).unwrap();
+        let WordValues::Narrow(codes) = &words.values else {
+            panic!("codes are 4 bytes");
+        };
+        let first: Vec<i32> = (0..=20).collect();
+        assert_eq!(&codes[..21], &first[..]);
+        assert_eq!(
+            &codes[22..43],
+            &first[..],
+            "each value's second row takes its first code"
+        );
+        assert_eq!((codes[21], codes[43]), (0, 0), "NULL rows");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! over each part's dictionary), NULLs, empty and filtered-out tables, from
 //! `MemTable`s and Parquet files, under a GPU join and aggregation, the
 //! rows' order within a partition, and the fallbacks to DataFusion's plan
-//! (too many distinct strings, a 64-bit overflow).
+//! (too many distinct strings, a 64-bit overflow), also where a Parquet
+//! part shows them only in a later batch of its read.
 
 use std::sync::Arc;
 
@@ -223,4 +224,114 @@ async fn too_many_strings_or_an_overflow_run_the_partition_on_datafusion() {
     register([&gpu, &cpu], "u", big);
     let (plan, _) = check(&gpu, &cpu, "SELECT s, i * 2 FROM u WHERE i > 0").await;
     assert_eq!(plan_metric(&plan, "cpu_fallback"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_parquet_part_that_widens_or_turns_too_varied_late_in_its_read_answers_right() {
+    let Some(_) = require_gpu(
+        "a_parquet_part_that_widens_or_turns_too_varied_late_in_its_read_answers_right",
+    ) else {
+        return;
+    };
+    // One partition of two parts (files). The second has 200,000 rows,
+    // read in batches of 65,536: `i` leaves 32 bits only from its row
+    // 150,000 (its words widen in the fourth batch), and `s` takes 2,000
+    // distinct values only from row 140,000 (more than a part codes, found
+    // in the third batch). The first part is plain: 3 strings, small `i`.
+    let dir = temp_dir("scan-filter-late");
+    let write = |name: &str, rows: usize, late: bool| {
+        let i = move |r: usize| match late && r >= 150_000 {
+            true => (1i64 << 40) + r as i64,
+            false => r as i64 - 1000,
+        };
+        let s = move |r: usize| match late && r >= 140_000 {
+            true => format!("s{}", r % 2000),
+            false => format!("s{}", r % 3),
+        };
+        write_ints_and_strings(&dir.join(name), rows, i, s);
+    };
+    write("a-first.parquet", 50_000, false);
+    write("b-late.parquet", 200_000, true);
+    let rows = 250_000;
+    let (gpu, cpu) = contexts(1).await;
+    register_parquet([&gpu, &cpu], "late", &dir).await;
+    let sql = "SELECT i, i * 3 FROM late WHERE i > 5 AND i <> 13";
+    let (plan, _) = check(&gpu, &cpu, sql).await;
+    assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
+    assert_eq!(plan_metric(&plan, "rows_scanned"), rows, "{sql}");
+    // The first part on the device, the second filtered on the host, the
+    // rows in the scan's order.
+    let sql = "SELECT s, i FROM late WHERE i > 7 AND s <> 's1'";
+    let (plan, gpu_batches) = check(&gpu, &cpu, sql).await;
+    assert_eq!(plan_metric(&plan, "cpu_fallback"), 1, "{sql}");
+    let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
+    assert_eq!(
+        rows_in_order(&gpu_batches),
+        rows_in_order(&cpu_batches),
+        "{sql}"
+    );
+    let plan = physical_plan(&gpu, sql).await;
+    assert_eq!(
+        scan_filters(&plan),
+        0,
+        "{sql}: the next plan stays DataFusion's"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_left_to_datafusion_reads_only_its_own_files() {
+    let Some(_) = require_gpu("a_partition_left_to_datafusion_reads_only_its_own_files") else {
+        return;
+    };
+    // Two files, one partition each: the first with more distinct strings
+    // than a part codes (its partition runs DataFusion's chain), the second
+    // plain (its partition runs on the device). DataFusion's scan would let
+    // the first partition's stream take the second file too, once done with
+    // its own, as no other stream of the scan runs.
+    let dir = temp_dir("scan-filter-own-files");
+    for (name, distinct) in [("a.parquet", 2500), ("b.parquet", 3)] {
+        let s = move |r: usize| format!("s{}", r % distinct);
+        write_ints_and_strings(&dir.join(name), 20_000, |r| r as i64, s);
+    }
+    let (gpu, cpu) = contexts(2).await;
+    register_parquet([&gpu, &cpu], "own", &dir).await;
+    let sql = "SELECT s, i FROM own WHERE i > 7 AND s <> 's1'";
+    let (plan, _) = check(&gpu, &cpu, sql).await;
+    assert_eq!(plan_metric(&plan, "cpu_fallback"), 1, "{sql}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Parquet file of `rows` rows: `i` (Int64) and `s` (Utf8) of each row.
+fn write_ints_and_strings(
+    path: &std::path::Path,
+    rows: usize,
+    i: impl Fn(usize) -> i64,
+    s: impl Fn(usize) -> String,
+) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("i", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values((0..rows).map(i))),
+            Arc::new(StringArray::from_iter_values((0..rows).map(s))),
+        ],
+    )
+    .unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = datafusion::parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+}
+
+/// Registers the Parquet files of `dir` as table `name` in each session.
+async fn register_parquet(contexts: [&SessionContext; 2], name: &str, dir: &std::path::Path) {
+    for ctx in contexts {
+        ctx.register_parquet(name, dir.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+    }
 }

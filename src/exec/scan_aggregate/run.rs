@@ -12,6 +12,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
+use futures::StreamExt;
 
 use crate::exec::GpuScanMetrics;
 use super::shape::{ScanAggregateShape, TableSource};
@@ -19,7 +20,7 @@ use super::source::{remember_uncodable, source_url, Part};
 use super::program::{code_test_table, CodeTest};
 use super::states::{columns_read, compile, partial_states};
 use crate::config::GpuOptions;
-use crate::encode::table_words::{column_words, strings_array, word_kind, HostWords};
+use crate::encode::table_words::{strings_array, word_kind, HostWords, WordsBuilder};
 use crate::gpu::launch::{scan_aggregate, ScanChunk, ScanColumn, ScanProgram};
 use crate::gpu::{
     upload_byte_pieces, upload_u64, CachedColumn, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
@@ -68,7 +69,7 @@ pub(crate) async fn run(
                     let context = Arc::clone(&context);
                     match part_columns(&shape.source, fields, &device, part, context, &options, &metrics).await? {
                         Loaded::Device(part) => loaded.push(part),
-                        Loaded::Host { reason, .. } => return Ok(Err(reason)),
+                        Loaded::Host(reason) => return Ok(Err(reason)),
                     }
                 }
                 Ok::<_, DataFusionError>(Ok(loaded))
@@ -102,20 +103,18 @@ pub(crate) async fn run(
 pub(crate) enum Loaded {
     /// Every column on the device.
     Device(Vec<Arc<CachedColumn>>),
-    /// Not every one: why, and the host arrays read for the columns that
-    /// were missing (by index in the fields asked for), which a caller may
-    /// evaluate on the host rather than read again.
-    Host {
-        reason: String,
-        read: Vec<(usize, Vec<ArrayRef>)>,
-    },
+    /// Not every one, and why (the caller reads the part again if it
+    /// wants the rows on the host: the cache fill keeps no batch it has
+    /// coded).
+    Host(String),
 }
 
 /// One part's columns `fields` (table column index and field), from the
-/// cache or read, coded and copied (and cached, with `gpu.cache`); what
-/// was read where a column cannot be kept as words (a string column of
-/// more distinct values than the device codes is remembered as such, see
-/// [`uncodable_column`]).
+/// cache or read, coded and copied (and cached, with `gpu.cache`). The
+/// missing columns are read a batch at a time, each batch coded while it
+/// is fresh and then dropped, so a part is never held twice on the host. A
+/// string column of more distinct values than the device codes is
+/// remembered as such (see [`uncodable_column`]).
 pub(crate) async fn part_columns(
     source: &TableSource,
     fields: Vec<(usize, Field)>,
@@ -141,48 +140,55 @@ pub(crate) async fn part_columns(
     if missing.is_empty() {
         return Ok(Loaded::Device(found.into_iter().flatten().collect()));
     }
+    let cannot_be_words = |i: usize| {
+        let field = &fields[i].1;
+        format!("column {} ({}) cannot be kept on the device as words", field.name(), field.data_type())
+    };
+    let mut builders = Vec::with_capacity(missing.len());
+    for &i in &missing {
+        match WordsBuilder::new(fields[i].1.data_type()) {
+            Some(builder) => builders.push(builder),
+            None => return Ok(Loaded::Host(cannot_be_words(i))),
+        }
+    }
     let table_columns: Vec<usize> = missing.iter().map(|&i| fields[i].0).collect();
-    let reading = std::time::Instant::now();
-    let arrays = part.read(source, &table_columns, context).await?;
-    metrics.read_time.add_duration(reading.elapsed());
+    let mut batches = part.batches(source, &table_columns, context)?;
+    loop {
+        let reading = std::time::Instant::now();
+        let Some(batch) = batches.next().await else {
+            break;
+        };
+        metrics.read_time.add_duration(reading.elapsed());
+        let encoding = std::time::Instant::now();
+        let refused = builders
+            .iter_mut()
+            .zip(&batch?)
+            .position(|(builder, array)| !builder.push(array));
+        metrics.encode_time.add_duration(encoding.elapsed());
+        if let Some(b) = refused {
+            let i = missing[b];
+            if word_kind(fields[i].1.data_type()) == Some(WordKind::Code) {
+                remember_uncodable(&keys[i]);
+            }
+            return Ok(Loaded::Host(cannot_be_words(i)));
+        }
+    }
     let capacity = device.budget().limit_for(options.cache_memory_fraction);
     let (device, options, metrics) = (Arc::clone(device), options.clone(), metrics.clone());
-    let uploads = SpawnedTask::spawn_blocking(move || -> Result<Loaded> {
+    SpawnedTask::spawn_blocking(move || -> Loaded {
         let mut out = Vec::with_capacity(missing.len());
-        for (i, pieces) in missing.iter().copied().zip(&arrays) {
-            let (table_index, field) = &fields[i];
-            let encoding = std::time::Instant::now();
-            let words = column_words(pieces, field.data_type());
-            metrics.encode_time.add_duration(encoding.elapsed());
-            let Some(words) = words else {
-                if word_kind(field.data_type()) == Some(WordKind::Code) {
-                    remember_uncodable(&keys[i]);
-                }
-                let reason = format!(
-                    "column {} ({}) cannot be kept on the device as words",
-                    field.name(),
-                    field.data_type()
-                );
-                return Ok(Loaded::Host {
-                    reason,
-                    read: missing.into_iter().zip(arrays).collect(),
-                });
-            };
+        for (i, builder) in missing.iter().copied().zip(builders) {
+            let words = builder.finish();
             if out.is_empty() {
                 metrics.rows_read.add(words.rows);
             }
-            let keep_alive = part.keep_alive(*table_index);
+            let keep_alive = part.keep_alive(fields[i].0);
             let uploading = std::time::Instant::now();
             let uploaded = upload(&device, words, keep_alive, options.memory_fraction, &metrics);
             metrics.upload_time.add_duration(uploading.elapsed());
             let column = match uploaded {
                 Ok(column) => column,
-                Err(e) => {
-                    return Ok(Loaded::Host {
-                        reason: e.to_string(),
-                        read: missing.into_iter().zip(arrays).collect(),
-                    })
-                }
+                Err(e) => return Loaded::Host(e.to_string()),
             };
             let column = match options.cache {
                 true => device.column_cache().insert(keys[i].clone(), column, capacity),
@@ -193,12 +199,11 @@ pub(crate) async fn part_columns(
         for (i, column) in out {
             found[i] = Some(column);
         }
-        Ok(Loaded::Device(found.into_iter().flatten().collect()))
+        Loaded::Device(found.into_iter().flatten().collect())
     })
     .join()
     .await
-    .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))??;
-    Ok(uploads)
+    .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))
 }
 
 /// `words` copied to the device, its memory reserved in the budget, and

@@ -12,7 +12,8 @@ use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, Fi
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::stream::{BoxStream, StreamExt};
 
 use super::shape::TableSource;
 use crate::encode::table_words::word_kind;
@@ -42,6 +43,18 @@ impl TableSource {
                 .iter()
                 .map(|batches| vec![Part::Memory(batches.clone())])
                 .collect(),
+        }
+    }
+
+    /// The parts of group `index` (partition `index` of the scan), if any.
+    pub fn part_group(&self, index: usize) -> Option<Vec<Part>> {
+        match self {
+            TableSource::Parquet { groups, .. } => groups
+                .get(index)
+                .map(|files| files.iter().cloned().map(Part::File).collect()),
+            TableSource::Memory { partitions } => partitions
+                .get(index)
+                .map(|batches| vec![Part::Memory(batches.clone())]),
         }
     }
 
@@ -121,43 +134,61 @@ impl Part {
         table_columns: &[usize],
         context: Arc<TaskContext>,
     ) -> Result<Vec<Vec<ArrayRef>>> {
-        let batches = match (self, source) {
+        let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); table_columns.len()];
+        let mut batches = self.batches(source, table_columns, context)?;
+        while let Some(batch) = batches.next().await {
+            for (column, array) in columns.iter_mut().zip(batch?) {
+                column.push(array);
+            }
+        }
+        Ok(columns)
+    }
+
+    /// Every row of table columns `table_columns` of this part, a batch at
+    /// a time (one array per column), as the scan would read them.
+    pub fn batches(
+        &self,
+        source: &TableSource,
+        table_columns: &[usize],
+        context: Arc<TaskContext>,
+    ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
+        let (file, url, source) = match (self, source) {
             (Part::Memory(batches), _) => {
-                return Ok(table_columns
+                let columns: Vec<Result<Vec<ArrayRef>>> = batches
                     .iter()
-                    .map(|&c| batches.iter().map(|b| Arc::clone(b.column(c))).collect())
-                    .collect())
+                    .map(|b| Ok(table_columns.iter().map(|&c| Arc::clone(b.column(c))).collect()))
+                    .collect();
+                return Ok(futures::stream::iter(columns).boxed());
             }
-            (Part::File(file), TableSource::Parquet { url, source, .. }) => {
-                let parquet = source
-                    .file_source()
-                    .downcast_ref::<ParquetSource>()
-                    .ok_or_else(|| DataFusionError::Internal("a Parquet part of another scan".into()))?;
-                // The scan's own options (they decide the columns' types),
-                // but neither its predicate nor its projection: every row.
-                let mut fresh = ParquetSource::new(parquet.table_schema().clone())
-                    .with_table_parquet_options(parquet.table_parquet_options().clone());
-                if let Some(factory) = parquet.parquet_file_reader_factory() {
-                    fresh = fresh.with_parquet_file_reader_factory(Arc::clone(factory));
-                }
-                let config = FileScanConfigBuilder::new(url.clone(), Arc::new(fresh))
-                    .with_file_group(FileGroup::new(vec![file.clone()]))
-                    .with_expr_adapter(source.expr_adapter_factory.clone())
-                    // Fewer, longer batches: less work a batch, in the
-                    // decoder and in the coding into words after it.
-                    .with_batch_size(Some(READ_BATCH_ROWS))
-                    .with_projection_indices(Some(table_columns.to_vec()))?
-                    .build();
-                let scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
-                collect(scan, context).await?
-            }
+            (Part::File(file), TableSource::Parquet { url, source, .. }) => (file, url, source),
             (Part::File(_), TableSource::Memory { .. }) => {
                 return Err(DataFusionError::Internal("a file part of a memory table".into()))
             }
         };
-        Ok((0..table_columns.len())
-            .map(|i| batches.iter().map(|b| Arc::clone(b.column(i))).collect())
-            .collect())
+        let parquet = source
+            .file_source()
+            .downcast_ref::<ParquetSource>()
+            .ok_or_else(|| DataFusionError::Internal("a Parquet part of another scan".into()))?;
+        // The scan's own options (they decide the columns' types), but
+        // neither its predicate nor its projection: every row.
+        let mut fresh = ParquetSource::new(parquet.table_schema().clone())
+            .with_table_parquet_options(parquet.table_parquet_options().clone());
+        if let Some(factory) = parquet.parquet_file_reader_factory() {
+            fresh = fresh.with_parquet_file_reader_factory(Arc::clone(factory));
+        }
+        let config = FileScanConfigBuilder::new(url.clone(), Arc::new(fresh))
+            .with_file_group(FileGroup::new(vec![file.clone()]))
+            .with_expr_adapter(source.expr_adapter_factory.clone())
+            // Fewer, longer batches: less work a batch, in the decoder and
+            // in the coding into words after it.
+            .with_batch_size(Some(READ_BATCH_ROWS))
+            .with_projection_indices(Some(table_columns.to_vec()))?
+            .build();
+        let scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
+        let stream = scan.execute(0, context)?;
+        Ok(stream
+            .map(|batch| batch.map(|b| b.columns().to_vec()))
+            .boxed())
     }
 }
 

@@ -67,7 +67,7 @@ pub(crate) async fn warm_scan(scan: &DataSourceExec, context: Arc<TaskContext>) 
                         .await
                         .map(|loaded| match loaded {
                             Loaded::Device(_) => Ok(()),
-                            Loaded::Host { reason, .. } => Err(reason),
+                            Loaded::Host(reason) => Err(reason),
                         })
                 })
             })

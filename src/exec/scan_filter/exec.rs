@@ -16,7 +16,7 @@ use datafusion::physical_plan::{
 };
 use futures::TryStreamExt;
 
-use super::program::compile;
+use super::program::{compile, FilterProgram};
 use super::run::{run, Ran};
 use super::shape::ScanFilterShape;
 use crate::exec::scan_aggregate::uncodable_column;
@@ -51,6 +51,8 @@ pub struct GpuScanFilterExec {
     /// The chain replaced (its top): the CPU fallback.
     cpu_input: Arc<dyn ExecutionPlan>,
     shape: Arc<ScanFilterShape>,
+    /// The chain's expressions as the device evaluates them.
+    program: Arc<FilterProgram>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -81,6 +83,7 @@ impl GpuScanFilterExec {
         Ok(Some(Self {
             cpu_input,
             shape: Arc::new(shape),
+            program: Arc::new(program),
             metrics: ExecutionPlanMetricsSet::new(),
         }))
     }
@@ -208,12 +211,12 @@ impl ExecutionPlan for GpuScanFilterExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let shape = Arc::clone(&self.shape);
+        let (shape, program) = (Arc::clone(&self.shape), Arc::clone(&self.program));
         let fallback = Arc::clone(&self.cpu_input);
         let schema = self.schema();
         let metrics = GpuScanMetrics::new(&self.metrics, partition);
         let output = async move {
-            match run(shape, partition, Arc::clone(&context), metrics.clone()).await? {
+            match run(shape, program, partition, Arc::clone(&context), metrics.clone()).await? {
                 Ran::Batches(batches) => {
                     metrics.baseline.done();
                     let schema = fallback.schema();
@@ -224,11 +227,31 @@ impl ExecutionPlan for GpuScanFilterExec {
                 Ran::OnCpu(reason) => {
                     trace::event(|| format!("scan filter partition {partition} on the CPU: {reason}"));
                     metrics.cpu_fallback.add(1);
-                    fallback.execute(partition, context)
+                    fallback.execute(partition, without_work_stealing(&context))
                 }
             }
         };
         let stream = futures::stream::once(output).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
+}
+
+/// `context` with DataFusion's file work stealing off. The chain runs only
+/// the partitions the device did not take; a scan stealing files from its
+/// sibling partitions, which the device reads from the cache instead,
+/// would return their rows twice. Its scan reads each partition's own files
+/// (the first partition to run sets this for the scan's run).
+fn without_work_stealing(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+    let mut config = context.session_config().clone();
+    config.options_mut().execution.enable_file_stream_work_stealing = false;
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config,
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ))
 }

@@ -1,9 +1,10 @@
 //! One partition of the node: each of its parts' columns from the cache
 //! (read, coded, copied and cached where missing), the program run over
-//! the part, and the rows kept made into Arrow batches. A part the device
-//! cannot take (a string column of too many distinct values, a 64-bit
-//! overflow, no device memory) is filtered on the host by DataFusion's own
-//! expressions, from the columns its cache fill read where it read them.
+//! the part, and the rows kept made into Arrow batches. Where the device
+//! cannot take the partition's first part (a string column of too many
+//! distinct values, a 64-bit overflow, no device memory), DataFusion's
+//! chain runs the partition; a later part it cannot take is filtered on the
+//! host by DataFusion's own expressions, from its columns read again.
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 
-use super::program::{coded_column, compile, word_column, FilterProgram, OutputKind};
+use super::program::{coded_column, word_column, FilterProgram, OutputKind};
 use super::shape::ScanFilterShape;
 use crate::config::GpuOptions;
 use crate::exec::scan_aggregate::{
@@ -39,6 +40,7 @@ type Reasoned<T> = std::result::Result<T, String>;
 /// Runs partition `partition` of `shape` on the device.
 pub(crate) async fn run(
     shape: Arc<ScanFilterShape>,
+    program: Arc<FilterProgram>,
     partition: usize,
     context: Arc<TaskContext>,
     metrics: GpuScanMetrics,
@@ -50,18 +52,14 @@ pub(crate) async fn run(
         Ok(device) => device,
         Err(e) => return Ok(Ran::OnCpu(e.to_string())),
     };
-    let program = match compile(&shape) {
-        Ok(program) => Arc::new(program),
-        Err(reason) => return Ok(Ran::OnCpu(reason)),
-    };
-    let Some(parts) = shape.source.part_groups().into_iter().nth(partition) else {
+    let Some(parts) = shape.source.part_group(partition) else {
         return Err(DataFusionError::Internal(format!(
             "GpuScanFilterExec has no partition {partition}"
         )));
     };
     let batch_size = context.session_config().batch_size().max(1);
     let mut batches = Vec::new();
-    for part in parts {
+    for (index, part) in parts.into_iter().enumerate() {
         let fields = shape.fields_of(&program.columns);
         let loaded = part_columns(
             &shape.source,
@@ -73,7 +71,7 @@ pub(crate) async fn run(
             &metrics,
         )
         .await?;
-        let (reason, read) = match loaded {
+        let reason = match loaded {
             Loaded::Device(loaded) => {
                 let (shape, device, program) = (Arc::clone(&shape), Arc::clone(&device), Arc::clone(&program));
                 let (metrics, memory_fraction) = (metrics.clone(), options.memory_fraction);
@@ -90,18 +88,23 @@ pub(crate) async fn run(
                         push_sliced(&mut batches, batch, batch_size);
                         continue;
                     }
-                    Ok(Err(reason)) => (reason, Vec::new()),
+                    Ok(Err(reason)) => reason,
                     Err(e) if fail_on_device_errors && !e.is_out_of_device_memory() => {
                         return Err(DataFusionError::Execution(e.to_string()))
                     }
-                    Err(e) => (format!("the device failed: {e}"), Vec::new()),
+                    Err(e) => format!("the device failed: {e}"),
                 }
             }
-            Loaded::Host { reason, read } => (reason, read),
+            Loaded::Host(reason) => reason,
         };
+        if index == 0 {
+            // Nothing made yet: DataFusion's own chain takes the whole
+            // partition, streaming, as it would have without this node.
+            return Ok(Ran::OnCpu(reason));
+        }
         trace::event(|| format!("scan filter part on the host: {reason}"));
         metrics.cpu_fallback.add(1);
-        let batch = filter_on_host(&shape, &program, part, read, Arc::clone(&context), &metrics).await?;
+        let batch = filter_on_host(&shape, &program, part, Arc::clone(&context), &metrics).await?;
         metrics.baseline.record_output(batch.num_rows());
         push_sliced(&mut batches, batch, batch_size);
     }
@@ -119,36 +122,23 @@ fn push_sliced(batches: &mut Vec<RecordBatch>, batch: RecordBatch, batch_size: u
 }
 
 /// One part's rows filtered and projected on the host by DataFusion's own
-/// expressions, as DataFusion's filter and projections would: the program's
-/// columns from `read` (by slot, what the cache fill read) and the rest
-/// read now.
+/// expressions, as DataFusion's filter and projections would: the
+/// program's columns read again (the cache fill keeps none).
 async fn filter_on_host(
     shape: &Arc<ScanFilterShape>,
     program: &FilterProgram,
     part: Part,
-    read: Vec<(usize, Vec<ArrayRef>)>,
     context: Arc<TaskContext>,
     metrics: &GpuScanMetrics,
 ) -> Result<RecordBatch> {
-    let mut by_slot: Vec<Option<Vec<ArrayRef>>> = vec![None; program.columns.len()];
-    for (slot, arrays) in read {
-        if let Some(entry) = by_slot.get_mut(slot) {
-            *entry = Some(arrays);
-        }
-    }
-    let missing: Vec<usize> = (0..by_slot.len()).filter(|&s| by_slot[s].is_none()).collect();
-    if !missing.is_empty() {
-        let table_columns: Vec<usize> = missing
-            .iter()
-            .map(|&slot| shape.scan_columns[program.columns[slot]].table_index)
-            .collect();
-        let reading = std::time::Instant::now();
-        let arrays = part.read(&shape.source, &table_columns, context).await?;
-        metrics.read_time.add_duration(reading.elapsed());
-        for (slot, arrays) in missing.into_iter().zip(arrays) {
-            by_slot[slot] = Some(arrays);
-        }
-    }
+    let table_columns: Vec<usize> = program
+        .columns
+        .iter()
+        .map(|&column| shape.scan_columns[column].table_index)
+        .collect();
+    let reading = std::time::Instant::now();
+    let by_slot: Vec<Vec<ArrayRef>> = part.read(&shape.source, &table_columns, context).await?;
+    metrics.read_time.add_duration(reading.elapsed());
     let shape = Arc::clone(shape);
     let columns = program.columns.clone();
     let timer = metrics.baseline.elapsed_compute().clone();
@@ -166,11 +156,10 @@ async fn filter_on_host(
 fn evaluate_on_host(
     shape: &ScanFilterShape,
     columns: &[usize],
-    by_slot: Vec<Option<Vec<ArrayRef>>>,
+    by_slot: Vec<Vec<ArrayRef>>,
 ) -> Result<RecordBatch> {
     let mut arrays: Vec<Option<ArrayRef>> = vec![None; shape.scan_schema.fields().len()];
     for (&column, pieces) in columns.iter().zip(by_slot) {
-        let pieces = pieces.unwrap_or_default();
         let field = shape.scan_schema.field(column);
         let array = match pieces.len() {
             0 => new_empty_array(field.data_type()),
