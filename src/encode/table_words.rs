@@ -142,7 +142,8 @@ impl WordsBuilder {
         if !appended {
             return false;
         }
-        match (piece.logical_nulls(), &mut self.validity) {
+        let nulls = piece.logical_nulls().filter(|n| n.null_count() > 0);
+        match (nulls, &mut self.validity) {
             (None, None) => {}
             (None, Some(validity)) => validity.append_n(piece.len(), true),
             (Some(nulls), validity) => {
@@ -530,6 +531,7 @@ mod tests {
         Some(builder.finish())
     }
     use datafusion::arrow::array::{Decimal128Array, Float64Array, Int32Array, Int64Array};
+    use datafusion::arrow::buffer::NullBuffer;
 
     #[test]
     fn integers_and_decimals_become_signed_words_with_their_validity() {
@@ -673,6 +675,17 @@ mod tests {
         let expected: Vec<usize> = (0..77).filter(|&r| r != 71 && r != 73).collect();
         assert_eq!(valid_rows, expected);
         assert_eq!(validity[1] >> 13, 0, "no bit past the last row");
+    }
+
+    #[test]
+    fn a_null_buffer_without_nulls_leaves_the_column_without_validity() {
+        let all_valid: ArrayRef = Arc::new(Int32Array::new(
+            vec![1, 2, 3].into(),
+            Some(NullBuffer::new_valid(3)),
+        ));
+        assert!(all_valid.logical_nulls().is_some());
+        let words = column_words(&[all_valid], &DataType::Int32).unwrap();
+        assert_eq!(words.validity, None);
     }
 
     #[test]
