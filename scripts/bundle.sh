@@ -10,7 +10,7 @@
 #
 # On the GPU machine:
 #   cd OUT_DIR && ./run.sh tests         GPU tests and conformance, a missing GPU is a failure
-#   ./run.sh conformance                 only the sqllogictest conformance files
+#   ./run.sh conformance                 every sqllogictest file, with and without the rule
 #   ./run.sh fuzz                        the differential fuzzer (FUZZ_CASES, e.g. 0..10000)
 #   ./run.sh sanitize                    the device and SQL join tests under compute-sanitizer
 #   ./run.sh bench                       the end-to-end benchmarks (BENCH_ARGS; --group-by, --sort-merge, --shapes)
@@ -62,7 +62,7 @@ for p in json.load(sys.stdin)["packages"]:
     if p["name"] == "datafusion-sqllogictest":
         print(os.path.join(os.path.dirname(p["manifest_path"]), "test_files"))
 ')"
-tar -C "$(dirname "$test_files")" -cJf "$out/test_files.tar.xz" test_files
+tar -C "$(dirname "$test_files")" -cJf "$out/test_files.tar.xz" test_files data
 echo "bundled test_files: $(du -h "$out/test_files.tar.xz" | cut -f1)"
 cp scripts/ncu_floor.py scripts/duckdb_tpch.py "$out/"
 

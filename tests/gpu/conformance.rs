@@ -114,6 +114,15 @@ fn workspace() -> std::result::Result<&'static Path, String> {
                 std::env::temp_dir().join(format!("{WORKSPACE_PREFIX}{}", std::process::id()));
             let dir = root.join("datafusion").join("sqllogictest");
             copy_dir(&source, &dir.join("test_files")).map_err(|e| e.to_string())?;
+            // The package's `data` folder beside `test_files`, which a few
+            // files read, where it came along.
+            if let Some(data) = source
+                .parent()
+                .map(|p| p.join("data"))
+                .filter(|d| d.is_dir())
+            {
+                copy_dir(&data, &dir.join("data")).map_err(|e| e.to_string())?;
+            }
             // The files name their data and scratch folders relative to here.
             std::env::set_current_dir(&dir).map_err(|e| e.to_string())?;
             Ok(dir)
@@ -238,15 +247,17 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
             let mut test_options = GpuTestOptions::default();
             test_options.device_errors_fail = true;
             config.options_mut().extensions.insert(test_options);
-            let state = builder
+            let mut state = builder
                 .with_physical_optimizer_rule(Arc::new(CountingGpuRule {
                     rule: GpuOptimizerRule::new(),
                     gpu_nodes: counter,
                 }))
                 .build();
+            as_the_file_had_it(&test_ctx.session_ctx().state(), &mut state)?;
             SessionContext::new_with_state(state)
         }
     };
+    let with_rule = !Arc::ptr_eq(&test_ctx.session_ctx().state_ref(), &ctx.state_ref());
     setup_scratch_dir(relative)?;
     let path = Path::new("test_files").join(relative);
     let records =
@@ -266,7 +277,11 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
     runner.add_label("Datafusion");
     runner.with_column_validator(strict_column_validator);
     runner.with_normalizer(value_normalizer);
-    runner.with_validator(df_value_validator);
+    runner.with_validator(if with_rule {
+        validator_past_gpu_options
+    } else {
+        df_value_validator
+    });
     let mut run = FileRun::default();
     for record in records {
         let (loc, sql, conditions) = match &record {
@@ -309,6 +324,103 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
     Ok(run)
 }
 
+/// One file run both ways: its summary line, the records that failed only
+/// with the rule, and the GPU nodes the rule planned.
+#[derive(Debug)]
+struct Comparison {
+    summary: String,
+    failures: Vec<String>,
+    gpu_nodes: usize,
+    sort_merge_joins: usize,
+}
+
+/// Puts back in `state`, built from the file's own session `original` by
+/// `SessionStateBuilder::new_from_existing`, what that rebuild changes
+/// besides the rule and its options: the builder turns off
+/// `create_default_catalog_and_schema` (the catalogs exist), and it
+/// registers the functions again in no fixed order, so a name two functions
+/// claim (Spark's `array_contains` and DataFusion's alias of `array_has`)
+/// may come to mean the other one.
+fn as_the_file_had_it(
+    original: &datafusion::execution::SessionState,
+    state: &mut datafusion::execution::SessionState,
+) -> Result<()> {
+    use datafusion::execution::FunctionRegistry;
+    state
+        .config_mut()
+        .options_mut()
+        .catalog
+        .create_default_catalog_and_schema = original
+        .config_options()
+        .catalog
+        .create_default_catalog_and_schema;
+    // Registering a function again takes all its names back; a few rounds
+    // settle names claimed by several.
+    for _ in 0..4 {
+        let mut changed = false;
+        for (name, function) in original.scalar_functions() {
+            if !state
+                .scalar_functions()
+                .get(name)
+                .is_some_and(|f| Arc::ptr_eq(f, function))
+            {
+                state.register_udf(Arc::clone(function))?;
+                changed = true;
+            }
+        }
+        for (name, function) in original.aggregate_functions() {
+            if !state
+                .aggregate_functions()
+                .get(name)
+                .is_some_and(|f| Arc::ptr_eq(f, function))
+            {
+                state.register_udaf(Arc::clone(function))?;
+                changed = true;
+            }
+        }
+        for (name, function) in original.window_functions() {
+            if !state
+                .window_functions()
+                .get(name)
+                .is_some_and(|f| Arc::ptr_eq(f, function))
+            {
+                state.register_udwf(Arc::clone(function))?;
+                changed = true;
+            }
+        }
+        if !changed {
+            return Ok(());
+        }
+    }
+    Err(datafusion::error::DataFusionError::Internal(
+        "the rebuilt session's functions do not settle to the file's own".into(),
+    ))
+}
+
+/// `df_value_validator` for the run with the rule, over the rows of a
+/// settings listing (`SHOW ALL`) that are not this crate's options:
+/// registering the rule adds its `gpu.*` options (and the tests'
+/// `GpuTestOptions`) to the listing, by design; every other row must be as
+/// the file expects, and any other result is validated as it is.
+fn validator_past_gpu_options(
+    normalizer: sqllogictest::Normalizer,
+    actual: &[Vec<String>],
+    expected: &[String],
+) -> bool {
+    use datafusion::config::ExtensionOptions;
+    let test_options: Vec<String> = GpuTestOptions::default()
+        .entries()
+        .into_iter()
+        .map(|entry| entry.key)
+        .collect();
+    let ours = |row: &Vec<String>| {
+        row.first()
+            .is_some_and(|name| name.starts_with("gpu.") || test_options.contains(name))
+    };
+    let rest: Vec<Vec<String>> = actual.iter().filter(|row| !ours(row)).cloned().collect();
+    df_value_validator(normalizer, &rest, expected)
+}
+
 /// Runs one file both ways, prints its summary line, and fails on a record
 /// that only fails with the rule.
 async fn conformance(relative: &str, expects_gpu_nodes: bool) {
@@ -328,21 +440,54 @@ async fn conformance_with(relative: &str, expects_gpu_nodes: bool, expects_sort_
             return;
         }
     };
-    if relative.starts_with("tpch/") {
-        tpch_data(workspace).expect("writing TPC-H SF 0.1 data");
-    }
-    let relative = Path::new(relative);
-    let baseline = run_file(relative, None).await.expect("baseline run");
-    let counter = Arc::new(GpuNodeCounts::default());
-    let with_rule = run_file(relative, Some(Arc::clone(&counter)))
-        .await
-        .expect("run with the rule");
-    assert_eq!(
-        baseline.records.len(),
-        with_rule.records.len(),
-        "{}: the two runs saw different records",
-        relative.display()
+    let compared = compare(workspace, Path::new(relative)).await;
+    log_comparison(&compared);
+    let summary = &compared.summary;
+    assert!(
+        compared.failures.is_empty(),
+        "{summary}\n{}",
+        compared.failures.join("\n---\n")
     );
+    if gpu_status().is_ok() && expects_gpu_nodes {
+        assert!(compared.gpu_nodes > 0, "{summary}: no node ran on the GPU");
+    }
+    if gpu_status().is_ok() && expects_sort_merge_joins {
+        assert!(
+            compared.sort_merge_joins > 0,
+            "{summary}: no sort-merge join ran on the GPU"
+        );
+    }
+    if gpu_status().is_err() {
+        assert_eq!(compared.gpu_nodes, 0, "{summary}: GPU nodes without a GPU");
+    }
+}
+
+/// Runs `relative` on plain DataFusion, then with the rule, and compares
+/// them record by record. A run that fails as a whole (its file cannot be
+/// read, the runs see different records) is a failure of the comparison.
+async fn compare(workspace: &Path, relative: &Path) -> Comparison {
+    let failed = |reason: String| failed_file(relative, reason);
+    if relative.starts_with("tpch") {
+        if let Err(e) = tpch_data(workspace) {
+            return failed(format!("writing TPC-H SF 0.1 data: {e}"));
+        }
+    }
+    let baseline = match run_file(relative, None).await {
+        Ok(run) => run,
+        Err(e) => return failed(format!("the run without the rule failed: {e}")),
+    };
+    let counter = Arc::new(GpuNodeCounts::default());
+    let with_rule = match run_file(relative, Some(Arc::clone(&counter))).await {
+        Ok(run) => run,
+        Err(e) => return failed(format!("the run with the rule failed: {e}")),
+    };
+    if baseline.records.len() != with_rule.records.len() {
+        return failed(format!(
+            "the two runs saw different records ({} without the rule, {} with it)",
+            baseline.records.len(),
+            with_rule.records.len()
+        ));
+    }
     let mut passed = 0;
     let mut environment = 0;
     let mut failures = Vec::new();
@@ -366,35 +511,155 @@ async fn conformance_with(relative: &str, expects_gpu_nodes: bool, expects_sort_
         with_rule.explain_skipped,
         with_rule.other_engine_skipped,
     );
-    let _ = writeln!(std::io::stderr(), "{summary}");
+    Comparison {
+        summary,
+        failures,
+        gpu_nodes,
+        sort_merge_joins,
+    }
+}
+
+/// The comparison of a file that could not be compared, for `reason`.
+fn failed_file(relative: &Path, reason: String) -> Comparison {
+    Comparison {
+        summary: format!("conformance {}: {reason}", relative.display()),
+        failures: vec![reason],
+        gpu_nodes: 0,
+        sort_merge_joins: 0,
+    }
+}
+
+/// Prints a comparison's summary line, and appends it with its failures to
+/// `DATAFUSION_GPU_CONFORMANCE_LOG` where that is set.
+fn log_comparison(compared: &Comparison) {
+    let _ = writeln!(std::io::stderr(), "{}", compared.summary);
     if let Ok(path) = std::env::var("DATAFUSION_GPU_CONFORMANCE_LOG") {
         if let Ok(mut log) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
         {
-            let _ = writeln!(log, "{summary}");
-            for failure in &failures {
+            let _ = writeln!(log, "{}", compared.summary);
+            for failure in &compared.failures {
                 let _ = writeln!(log, "  FAILED {failure}");
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{summary}\n{}",
-        failures.join("\n---\n")
+}
+
+/// Every `.slt` file under `dir`, relative to it, in name order.
+fn slt_files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut folders = vec![PathBuf::new()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(dir.join(&folder))? {
+            let entry = entry?;
+            let relative = folder.join(entry.file_name());
+            if entry.file_type()?.is_dir() {
+                folders.push(relative);
+            } else if relative.extension().is_some_and(|e| e == "slt") {
+                found.push(relative);
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Files of the package compared at once in [`every_other_slt_file`] (each
+/// runs its records one after the other, as DataFusion's own runner does).
+const FILES_AT_ONCE: usize = 8;
+
+/// A file's two runs together may take at most this long.
+const FILE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The files the tests below run on their own (with their own checks of
+/// the GPU nodes planned).
+const FILES_WITH_OWN_TESTS: [&str; 8] = [
+    "joins.slt",
+    "join_is_not_distinct_from.slt",
+    "null_aware_anti_join.slt",
+    "join_disable_repartition_joins.slt",
+    "aggregate.slt",
+    "group_by.slt",
+    "sort_merge_join.slt",
+    "tpch/tpch.slt",
+];
+
+/// Every other file the `datafusion-sqllogictest` package ships, compared as
+/// the tests below compare theirs, several at once. Fails on any record
+/// that passes without the rule and fails with it, on a file whose runs
+/// fail or take longer than [`FILE_TIME_LIMIT`], and, on a GPU machine,
+/// when no file had a GPU node planned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn every_other_slt_file() {
+    use futures::StreamExt;
+    let workspace = match workspace() {
+        Ok(w) => w,
+        Err(reason) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED conformance of every other file: {reason}"
+            );
+            return;
+        }
+    };
+    let files: Vec<PathBuf> = slt_files_under(&workspace.join("test_files"))
+        .expect("listing the .slt files")
+        .into_iter()
+        .filter(|f| !FILES_WITH_OWN_TESTS.iter().any(|own| f == Path::new(own)))
+        .collect();
+    let started = std::time::Instant::now();
+    let comparisons: Vec<Comparison> =
+        futures::stream::iter(files)
+            .map(|relative| async move {
+                let task = tokio::spawn({
+                    let relative = relative.clone();
+                    async move {
+                        tokio::time::timeout(FILE_TIME_LIMIT, compare(workspace, &relative)).await
+                    }
+                });
+                let compared = match task.await {
+                    Ok(Ok(compared)) => compared,
+                    Ok(Err(_)) => {
+                        let reason = format!("took longer than {} s", FILE_TIME_LIMIT.as_secs());
+                        failed_file(&relative, reason)
+                    }
+                    Err(e) => failed_file(&relative, format!("its run ended in a panic: {e}")),
+                };
+                log_comparison(&compared);
+                compared
+            })
+            .buffer_unordered(FILES_AT_ONCE)
+            .collect()
+            .await;
+    let failed: Vec<&Comparison> = comparisons
+        .iter()
+        .filter(|c| !c.failures.is_empty())
+        .collect();
+    let gpu_nodes: usize = comparisons.iter().map(|c| c.gpu_nodes).sum();
+    let with_gpu_nodes = comparisons.iter().filter(|c| c.gpu_nodes > 0).count();
+    let total = format!(
+        "conformance of every other file: {} files, {} with a record failing only with the rule, {with_gpu_nodes} with GPU nodes planned ({gpu_nodes} nodes), {:.0} s",
+        comparisons.len(),
+        failed.len(),
+        started.elapsed().as_secs_f64()
     );
-    if gpu_status().is_ok() && expects_gpu_nodes {
-        assert!(gpu_nodes > 0, "{summary}: no node ran on the GPU");
-    }
-    if gpu_status().is_ok() && expects_sort_merge_joins {
-        assert!(
-            sort_merge_joins > 0,
-            "{summary}: no sort-merge join ran on the GPU"
-        );
-    }
-    if gpu_status().is_err() {
-        assert_eq!(gpu_nodes, 0, "{summary}: GPU nodes without a GPU");
+    log_comparison(&Comparison {
+        summary: total.clone(),
+        failures: Vec::new(),
+        gpu_nodes,
+        sort_merge_joins: 0,
+    });
+    let details: Vec<String> = failed
+        .iter()
+        .map(|c| format!("{}\n  {}", c.summary, c.failures.join("\n  ")))
+        .collect();
+    assert!(failed.is_empty(), "{total}\n{}", details.join("\n"));
+    if gpu_status().is_ok() {
+        assert!(gpu_nodes > 0, "{total}: no node ran on the GPU");
+    } else {
+        assert_eq!(gpu_nodes, 0, "{total}: GPU nodes without a GPU");
     }
 }
 
