@@ -17,7 +17,7 @@ use datafusion::arrow::datatypes::{
     TimestampNanosecondType, TimestampSecondType, UInt16Type, UInt32Type, UInt8Type,
 };
 
-use crate::gpu::WordKind;
+use crate::gpu::{zeroed_for_fill, WordKind};
 
 /// Distinct strings a column may hold in one part of a table and still be
 /// coded: beyond, its strings are too many for the device's group tables
@@ -99,16 +99,19 @@ pub struct WordsBuilder {
 
 impl WordsBuilder {
     /// A builder for a column of `data_type`, or `None` where [`word_kind`]
-    /// refuses the type.
-    pub fn new(data_type: &DataType) -> Option<Self> {
+    /// refuses the type, with room for about `rows` rows made at once (a
+    /// guess: more rows grow the words, fewer leave room unused).
+    pub fn with_rows_hint(data_type: &DataType, rows: usize) -> Option<Self> {
         let kind = word_kind(data_type)?;
         Some(Self {
             data_type: data_type.clone(),
             kind,
             rows: 0,
             values: match kind {
-                WordKind::F64 => WordValues::Wide(Vec::new()),
-                WordKind::I64 | WordKind::Code => WordValues::Narrow(Vec::new()),
+                WordKind::F64 => WordValues::Wide(empty_for_fill(initial_room(rows))),
+                WordKind::I64 | WordKind::Code => {
+                    WordValues::Narrow(empty_for_fill(initial_room(rows)))
+                }
             },
             validity: None,
             dictionary: (kind == WordKind::Code).then(Dictionary::default),
@@ -130,7 +133,7 @@ impl WordsBuilder {
                     // A value past 32 bits: every word 8 bytes from here on.
                     narrow.truncate(before);
                     let mut wide: Vec<u64> =
-                        Vec::with_capacity((before + piece.len()).next_power_of_two());
+                        empty_for_fill(narrow.capacity().max(before + piece.len()));
                     wide.extend(narrow.iter().map(|&v| i64::from(v) as u64));
                     let appended = plain_words(piece, &mut wide).is_some();
                     self.values = WordValues::Wide(wide);
@@ -190,12 +193,17 @@ impl WordsBuilder {
     }
 }
 
+/// Values checked for fitting a narrower word at once, then copied: few
+/// enough to stay in the CPU's first-level cache between the two loops.
+const FIT_CHUNK: usize = 1024;
+
 /// Appends `array`'s values as 4-byte integers, or returns `false` (with
 /// `out` in any state) where one does not fit (NULL rows included: they
 /// hold whatever the array holds there) or the type is not an integer.
 /// Checked before copied, in loops the compiler vectorizes: this runs over
 /// every row of every column a query first reads.
 fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
+    room_for(out, array.len());
     macro_rules! always {
         ($t:ty) => {{
             out.extend(
@@ -208,18 +216,24 @@ fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
             true
         }};
     }
+    // Checked a chunk at a time, then copied while the chunk is in the
+    // CPU's first-level cache: both loops vectorize (a running minimum and
+    // maximum, or a per-value branch, do not).
     macro_rules! if_fits {
         ($t:ty) => {{
             let values = array.as_primitive::<$t>().values();
-            let (low, high) = values.iter().fold((i64::MAX, i64::MIN), |(l, h), &v| {
-                (l.min(v as i64), h.max(v as i64))
-            });
-            let fits =
-                values.is_empty() || (low >= i64::from(i32::MIN) && high <= i64::from(i32::MAX));
-            if fits {
-                out.extend(values.iter().map(|&v| v as i32));
+            let start = out.len();
+            for chunk in values.chunks(FIT_CHUNK) {
+                let fits = chunk
+                    .iter()
+                    .fold(true, |fits, &v| fits & (v as i64 as i32 as i64 == v as i64));
+                if !fits {
+                    out.truncate(start);
+                    return false;
+                }
+                out.extend(chunk.iter().map(|&v| v as i32));
             }
-            fits
+            true
         }};
     }
     match array.data_type() {
@@ -242,13 +256,18 @@ fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
         }
         DataType::Decimal128(_, _) => {
             let values = array.as_primitive::<Decimal128Type>().values();
-            let fits = values
-                .iter()
-                .fold(true, |fits, &v| fits & (v as i32 as i128 == v));
-            if fits {
-                out.extend(values.iter().map(|&v| v as i32));
+            let start = out.len();
+            for chunk in values.chunks(FIT_CHUNK) {
+                let fits = chunk
+                    .iter()
+                    .fold(true, |fits, &v| fits & (v as i32 as i128 == v));
+                if !fits {
+                    out.truncate(start);
+                    return false;
+                }
+                out.extend(chunk.iter().map(|&v| v as i32));
             }
-            fits
+            true
         }
         _ => false,
     }
@@ -257,6 +276,7 @@ fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
 /// Appends `array`'s values as words (NULL rows hold whatever the array
 /// holds there).
 fn plain_words(array: &ArrayRef, out: &mut Vec<u64>) -> Option<()> {
+    room_for(out, array.len());
     macro_rules! widened {
         ($t:ty) => {
             out.extend(
@@ -296,15 +316,23 @@ fn plain_words(array: &ArrayRef, out: &mut Vec<u64>) -> Option<()> {
         DataType::Decimal128(_, _) => {
             let decimals = array.as_primitive::<Decimal128Type>();
             let start = out.len();
-            out.reserve(decimals.len());
-            for (row, &value) in decimals.values().iter().enumerate() {
-                match i64::try_from(value) {
-                    Ok(narrow) => out.push(narrow as u64),
-                    // A NULL row's value is not the row's: it may hold anything.
-                    Err(_) if decimals.is_null(row) => out.push(0),
-                    Err(_) => {
-                        out.truncate(start);
-                        return None;
+            for (at, chunk) in decimals.values().chunks(FIT_CHUNK).enumerate() {
+                let fits = chunk
+                    .iter()
+                    .fold(true, |fits, &v| fits & (v as i64 as i128 == v));
+                if fits {
+                    out.extend(chunk.iter().map(|&v| v as i64 as u64));
+                    continue;
+                }
+                for (i, &value) in chunk.iter().enumerate() {
+                    match i64::try_from(value) {
+                        Ok(narrow) => out.push(narrow as u64),
+                        // A NULL row's value is not the row's: it may hold anything.
+                        Err(_) if decimals.is_null(at * FIT_CHUNK + i) => out.push(0),
+                        Err(_) => {
+                            out.truncate(start);
+                            return None;
+                        }
                     }
                 }
             }
@@ -318,7 +346,7 @@ fn plain_words(array: &ArrayRef, out: &mut Vec<u64>) -> Option<()> {
 /// adding new values to `dictionary`, or `None` past
 /// [`MAX_DICTIONARY_VALUES`] distinct values (or for a type not a string).
 fn code_strings(piece: &ArrayRef, dictionary: &mut Dictionary, out: &mut Vec<i32>) -> Option<()> {
-    out.reserve(piece.len());
+    room_for(out, piece.len());
     match piece.data_type() {
         DataType::Utf8View => {
             let strings = piece.as_string_view();
@@ -326,20 +354,31 @@ fn code_strings(piece: &ArrayRef, dictionary: &mut Dictionary, out: &mut Vec<i32
             // which only mean the same thing within this array.
             dictionary.views.clear();
             let views = strings.views();
-            match strings.nulls().filter(|n| n.null_count() > 0) {
-                None => {
-                    for (row, &view) in views.iter().enumerate() {
-                        out.push(dictionary.code_of_view(view, || strings.value(row))?);
-                    }
-                }
-                Some(nulls) => {
-                    for (row, &view) in views.iter().enumerate() {
-                        out.push(match nulls.is_valid(row) {
-                            true => dictionary.code_of_view(view, || strings.value(row))?,
-                            false => 0,
-                        });
-                    }
-                }
+            // Codes written in place (not pushed), so that the loop keeps
+            // the table and the output in registers.
+            let start = out.len();
+            out.resize(start + views.len(), 0);
+            let codes = &mut out[start..];
+            let coded =
+                match strings.nulls().filter(|n| n.null_count() > 0) {
+                    None => codes.iter_mut().zip(views).enumerate().try_for_each(
+                        |(row, (code, &view))| {
+                            *code = dictionary.code_of_view(view, || strings.value(row))?;
+                            Some(())
+                        },
+                    ),
+                    Some(nulls) => codes.iter_mut().zip(views).enumerate().try_for_each(
+                        |(row, (code, &view))| {
+                            if nulls.is_valid(row) {
+                                *code = dictionary.code_of_view(view, || strings.value(row))?;
+                            }
+                            Some(())
+                        },
+                    ),
+                };
+            if coded.is_none() {
+                out.truncate(start);
+                return None;
             }
         }
         DataType::Utf8 => code_offset_strings(piece.as_string::<i32>(), dictionary, out)?,
@@ -363,6 +402,46 @@ fn code_offset_strings<O: OffsetSizeTrait>(
         });
     }
     Some(())
+}
+
+/// Values a column's words grow to at least when they first outgrow their
+/// room: 8 MiB of 4-byte values, enough to be mapped in huge pages.
+const MIN_GROWN_VALUES: usize = 1 << 21;
+
+/// The room a column's words start with for a part of about `rows` rows:
+/// a large part's at least [`MIN_GROWN_VALUES`], so that it is mapped in
+/// huge pages (a part of a few million rows fills several times faster so);
+/// a small part's its own (a huge page would be mostly cleared for nothing).
+fn initial_room(rows: usize) -> usize {
+    match rows >= MIN_GROWN_VALUES / 2 {
+        true => rows.max(MIN_GROWN_VALUES),
+        false => rows,
+    }
+}
+
+/// An empty vector with room for `len` values, in memory mapped as
+/// [`zeroed_for_fill`] maps it: in huge pages where large, so that filling
+/// a part's words (tens of MiB) faults once per 2 MiB, not per 4 KiB page.
+fn empty_for_fill<T: Copy + Default>(len: usize) -> Vec<T> {
+    let mut values = zeroed_for_fill::<T>(len);
+    values.clear();
+    values
+}
+
+/// Makes room in `out` for `more` values more: where it must grow, it at
+/// least doubles, into memory from [`empty_for_fill`] (growing a `Vec`
+/// the usual way maps every 4 KiB page of each larger copy one fault at a
+/// time).
+fn room_for<T: Copy + Default>(out: &mut Vec<T>, more: usize) {
+    let needed = out.len() + more;
+    if needed <= out.capacity() {
+        return;
+    }
+    // Room never written is never mapped: growing in large steps costs
+    // address space, not memory.
+    let mut grown = empty_for_fill(needed.max(2 * out.capacity()).max(MIN_GROWN_VALUES));
+    grown.extend_from_slice(out);
+    *out = grown;
 }
 
 /// `values` as an array of `data_type` (a string type).
@@ -412,9 +491,11 @@ struct ViewCodes {
     slots: Vec<(u128, i32)>,
 }
 
-/// Slots of a [`ViewCodes`], as a power of two: as many as a dictionary
-/// has values at most.
-const VIEW_SLOTS_LOG2: u32 = 10;
+/// Slots of a [`ViewCodes`], as a power of two: four times the values a
+/// dictionary holds at most, so that few of a column's values share a slot
+/// and miss each time they meet (with as many slots as values, 150 values
+/// of `p_type` coded at twice the time a row).
+const VIEW_SLOTS_LOG2: u32 = 12;
 
 impl ViewCodes {
     const EMPTY: (u128, i32) = (0, -1);
@@ -505,10 +586,18 @@ impl Dictionary {
     #[inline]
     fn code_of_view<'a>(&mut self, view: u128, value: impl FnOnce() -> &'a str) -> Option<i32> {
         let key = view_key(view);
-        if let Some(code) = self.views.get(key) {
-            return Some(code);
+        match self.views.get(key) {
+            Some(code) => Some(code),
+            None => self.code_of_new_view(key, value()),
         }
-        let code = self.code_of(value())?;
+    }
+
+    /// [`Self::code_of_view`] for a view not in the table: out of the
+    /// loop's way, as most views are.
+    #[cold]
+    #[inline(never)]
+    fn code_of_new_view(&mut self, key: u128, value: &str) -> Option<i32> {
+        let code = self.code_of(value)?;
         self.views.put(key, code);
         Some(code)
     }
@@ -522,7 +611,7 @@ mod tests {
     /// cannot be: a type [`word_kind`] refuses, a decimal beyond 64 bits, or
     /// strings with more than [`MAX_DICTIONARY_VALUES`] distinct values.
     fn column_words(pieces: &[ArrayRef], data_type: &DataType) -> Option<HostWords> {
-        let mut builder = WordsBuilder::new(data_type)?;
+        let mut builder = WordsBuilder::with_rows_hint(data_type, 0)?;
         for piece in pieces {
             if !builder.push(piece) {
                 return None;
@@ -567,6 +656,71 @@ mod tests {
         assert!(column_words(&[valid], &DataType::Decimal128(38, 0)).is_none());
     }
 
+    /// The 8-byte words' values of `words`, as signed integers.
+    fn wide_values(words: &HostWords) -> Vec<i64> {
+        match &words.values {
+            WordValues::Wide(values) => values.iter().map(|&w| w as i64).collect(),
+            WordValues::Narrow(_) => panic!("expected 8-byte words"),
+        }
+    }
+
+    #[test]
+    fn a_value_past_4_bytes_is_found_in_any_chunk_and_with_any_room() {
+        // The fit is checked a chunk at a time, and the words grow past a
+        // hint too small: each place and room must widen every word.
+        let rows = 3 * FIT_CHUNK + 5;
+        let head: ArrayRef = Arc::new(Int64Array::from(vec![-9i64; 5]));
+        for at in [0, FIT_CHUNK - 1, FIT_CHUNK, rows - 1] {
+            let mut values: Vec<i64> = (0..rows as i64).map(|v| v - 1000).collect();
+            values[at] = i64::from(i32::MAX) + 1;
+            let array: ArrayRef = Arc::new(Int64Array::from(values.clone()));
+            for hint in [0, 7, rows + 5] {
+                let mut builder = WordsBuilder::with_rows_hint(&DataType::Int64, hint).unwrap();
+                assert!(builder.push(&head) && builder.push(&array));
+                let got = wide_values(&builder.finish());
+                assert_eq!(got[..5], [-9; 5], "at {at}, hint {hint}");
+                assert_eq!(got[5..], values[..], "at {at}, hint {hint}");
+            }
+            let decimals: ArrayRef = Arc::new(
+                Decimal128Array::from(values.iter().map(|&v| i128::from(v)).collect::<Vec<_>>())
+                    .with_precision_and_scale(38, 0)
+                    .unwrap(),
+            );
+            let words = column_words(&[decimals], &DataType::Decimal128(38, 0)).unwrap();
+            assert_eq!(wide_values(&words), values, "decimals, at {at}");
+        }
+    }
+
+    #[test]
+    fn a_decimal_past_8_bytes_counts_only_where_its_row_is_valid_in_any_chunk() {
+        let rows = 2 * FIT_CHUNK + 3;
+        let past = i128::from(i64::MAX) + 1;
+        let mut values: Vec<i128> = (0..rows as i128).map(|v| v - 5).collect();
+        let mut valid = vec![true; rows];
+        values[FIT_CHUNK + 2] = past;
+        valid[FIT_CHUNK + 2] = false;
+        let decimals = |values: &[i128], valid: &[bool]| -> ArrayRef {
+            Arc::new(
+                Decimal128Array::new(
+                    values.to_vec().into(),
+                    Some(NullBuffer::from(valid.to_vec())),
+                )
+                .with_precision_and_scale(38, 0)
+                .unwrap(),
+            )
+        };
+        let words =
+            column_words(&[decimals(&values, &valid)], &DataType::Decimal128(38, 0)).unwrap();
+        let got = wide_values(&words);
+        assert_eq!(got[FIT_CHUNK + 2], 0, "a NULL row's word");
+        assert_eq!(
+            (got[FIT_CHUNK + 1], got[rows - 1]),
+            (FIT_CHUNK as i64 - 4, rows as i64 - 6)
+        );
+        valid[FIT_CHUNK + 2] = true;
+        assert!(column_words(&[decimals(&values, &valid)], &DataType::Decimal128(38, 0)).is_none());
+    }
+
     #[test]
     fn floats_keep_their_bits() {
         let floats: ArrayRef = Arc::new(Float64Array::from(vec![-0.0, f64::NAN, 1.5]));
@@ -602,7 +756,11 @@ mod tests {
 
     /// A dictionary of string views' values.
     fn view_values(dictionary: &ArrayRef) -> Vec<&str> {
-        dictionary.as_string_view().iter().map(|v| v.unwrap()).collect()
+        dictionary
+            .as_string_view()
+            .iter()
+            .map(|v| v.unwrap())
+            .collect()
     }
 
     #[test]

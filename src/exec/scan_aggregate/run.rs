@@ -145,8 +145,9 @@ pub(crate) async fn part_columns(
         format!("column {} ({}) cannot be kept on the device as words", field.name(), field.data_type())
     };
     let mut builders = Vec::with_capacity(missing.len());
+    let rows_hint = part.rows_hint();
     for &i in &missing {
-        match WordsBuilder::new(fields[i].1.data_type()) {
+        match WordsBuilder::with_rows_hint(fields[i].1.data_type(), rows_hint) {
             Some(builder) => builders.push(builder),
             None => return Ok(Loaded::Host(cannot_be_words(i))),
         }

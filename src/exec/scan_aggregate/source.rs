@@ -114,6 +114,32 @@ impl Part {
         }
     }
 
+    /// About how many rows the part holds, so that its words are sized
+    /// once: a `MemTable` partition's rows; a file's rows from its
+    /// statistics in proportion to the byte range read, and an eighth more
+    /// (a range holds whole row groups, which need not split evenly by
+    /// bytes); 0 where the file has no statistics.
+    pub fn rows_hint(&self) -> usize {
+        match self {
+            Part::Memory(batches) => batches.iter().map(RecordBatch::num_rows).sum(),
+            Part::File(file) => {
+                let rows = file
+                    .statistics
+                    .as_ref()
+                    .and_then(|s| s.num_rows.get_value().copied());
+                let Some(rows) = rows else { return 0 };
+                let size = file.object_meta.size as f64;
+                let share = match &file.range {
+                    Some(range) if size > 0.0 => {
+                        ((range.end - range.start) as f64 / size).clamp(0.0, 1.0)
+                    }
+                    _ => 1.0,
+                };
+                (rows as f64 * share * 1.125).ceil() as usize
+            }
+        }
+    }
+
     /// Host arrays that a cached column of this part keeps alive (see
     /// [`Self::column_key`]).
     pub fn keep_alive(&self, table_index: usize) -> Vec<ArrayRef> {
