@@ -152,7 +152,15 @@ pub(crate) async fn part_columns(
             None => return Ok(Loaded::Host(cannot_be_words(i))),
         }
     }
+    if let Some(i) = too_varied_at_first(source, &part, &fields, &missing, &context, metrics).await? {
+        remember_uncodable(&keys[i]);
+        return Ok(Loaded::Host(cannot_be_words(i)));
+    }
     let table_columns: Vec<usize> = missing.iter().map(|&i| fields[i].0).collect();
+    // String columns coded first in each batch: one too varied ends the
+    // read before the batch's other columns are coded for nothing.
+    let mut coded_first: Vec<usize> = (0..missing.len()).collect();
+    coded_first.sort_by_key(|&b| word_kind(fields[missing[b]].1.data_type()) != Some(WordKind::Code));
     let mut batches = part.batches(source, &table_columns, context)?;
     loop {
         let reading = std::time::Instant::now();
@@ -161,10 +169,11 @@ pub(crate) async fn part_columns(
         };
         metrics.read_time.add_duration(reading.elapsed());
         let encoding = std::time::Instant::now();
-        let refused = builders
-            .iter_mut()
-            .zip(&batch?)
-            .position(|(builder, array)| !builder.push(array));
+        let batch = batch?;
+        let refused = coded_first
+            .iter()
+            .copied()
+            .find(|&b| !builders[b].push(&batch[b]));
         metrics.encode_time.add_duration(encoding.elapsed());
         if let Some(b) = refused {
             let i = missing[b];
@@ -205,6 +214,48 @@ pub(crate) async fn part_columns(
     .join()
     .await
     .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))
+}
+
+/// Rows of a file part's string columns read first, alone, to find a
+/// column with more distinct values than the device codes before every
+/// column's first batch is read (and coded) for nothing: most such columns
+/// (names, comments) show it within their first thousand or so rows.
+const PROBE_ROWS: usize = 1 << 13;
+
+/// The first of `missing` (indices into `fields`) that is a string column
+/// of a file part with more distinct values in its first [`PROBE_ROWS`]
+/// rows than the device codes; `None` where none is (or the part is a
+/// `MemTable` partition, whose batches cost nothing to read again).
+async fn too_varied_at_first(
+    source: &TableSource,
+    part: &Part,
+    fields: &[(usize, Field)],
+    missing: &[usize],
+    context: &Arc<TaskContext>,
+    metrics: &GpuScanMetrics,
+) -> Result<Option<usize>> {
+    let coded: Vec<usize> = missing
+        .iter()
+        .copied()
+        .filter(|&i| word_kind(fields[i].1.data_type()) == Some(WordKind::Code))
+        .collect();
+    if coded.is_empty() || matches!(part, Part::Memory(_)) {
+        return Ok(None);
+    }
+    let table_columns: Vec<usize> = coded.iter().map(|&i| fields[i].0).collect();
+    let reading = std::time::Instant::now();
+    let mut batches = part.batches_of(source, &table_columns, Arc::clone(context), PROBE_ROWS)?;
+    let first = batches.next().await.transpose()?;
+    drop(batches);
+    metrics.read_time.add_duration(reading.elapsed());
+    let Some(first) = first else { return Ok(None) };
+    let encoding = std::time::Instant::now();
+    let refused = coded.iter().zip(&first).find_map(|(&i, array)| {
+        let mut builder = WordsBuilder::with_rows_hint(fields[i].1.data_type(), array.len())?;
+        (!builder.push(array)).then_some(i)
+    });
+    metrics.encode_time.add_duration(encoding.elapsed());
+    Ok(refused)
 }
 
 /// `words` copied to the device, its memory reserved in the budget, and

@@ -19,7 +19,8 @@ use super::shape::TableSource;
 use crate::encode::table_words::word_kind;
 use crate::gpu::WordKind;
 
-/// Rows a batch of a part read to fill the cache.
+/// Rows a batch of a part read to fill the cache: fewer, longer batches,
+/// less work a batch, in the decoder and in the coding into words after it.
 const READ_BATCH_ROWS: usize = 1 << 16;
 
 /// One part of a table: a Parquet file (or byte range of one) or a
@@ -178,6 +179,18 @@ impl Part {
         table_columns: &[usize],
         context: Arc<TaskContext>,
     ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
+        self.batches_of(source, table_columns, context, READ_BATCH_ROWS)
+    }
+
+    /// [`Self::batches`] in batches of `batch_rows` rows (a `MemTable`
+    /// partition's batches as they are).
+    pub fn batches_of(
+        &self,
+        source: &TableSource,
+        table_columns: &[usize],
+        context: Arc<TaskContext>,
+        batch_rows: usize,
+    ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
         let (file, url, source) = match (self, source) {
             (Part::Memory(batches), _) => {
                 let columns: Vec<Result<Vec<ArrayRef>>> = batches
@@ -205,9 +218,7 @@ impl Part {
         let config = FileScanConfigBuilder::new(url.clone(), Arc::new(fresh))
             .with_file_group(FileGroup::new(vec![file.clone()]))
             .with_expr_adapter(source.expr_adapter_factory.clone())
-            // Fewer, longer batches: less work a batch, in the decoder and
-            // in the coding into words after it.
-            .with_batch_size(Some(READ_BATCH_ROWS))
+            .with_batch_size(Some(batch_rows))
             .with_projection_indices(Some(table_columns.to_vec()))?
             .build();
         let scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
