@@ -276,3 +276,45 @@ pub(crate) fn uncodable_column(source: &TableSource, fields: &[(usize, Field)]) 
             .map(|(_, field)| field.name().clone())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Schema};
+    use datafusion::common::stats::Precision;
+    use datafusion::common::Statistics;
+
+    fn file_of(rows: Option<usize>) -> PartitionedFile {
+        let file = PartitionedFile::new("t/part-0.parquet", 1_000);
+        match rows {
+            Some(rows) => {
+                let schema = Schema::new(vec![Field::new("a", DataType::Int64, true)]);
+                let statistics = Statistics::new_unknown(&schema).with_num_rows(Precision::Exact(rows));
+                file.with_statistics(Arc::new(statistics))
+            }
+            None => file,
+        }
+    }
+
+    #[test]
+    fn a_parts_rows_are_guessed_from_its_statistics_and_range() {
+        // A whole file: its rows and an eighth more.
+        assert_eq!(Part::File(file_of(Some(8_000))).rows_hint(), 9_000);
+        // A quarter of its bytes: a quarter of its rows, and an eighth more.
+        let quarter = file_of(Some(8_000)).with_range(250, 500);
+        assert_eq!(Part::File(quarter).rows_hint(), 2_250);
+        // A range past the file's end holds no more than the file.
+        let beyond = file_of(Some(8_000)).with_range(0, 4_000);
+        assert_eq!(Part::File(beyond).rows_hint(), 9_000);
+        // No statistics: no guess.
+        assert_eq!(Part::File(file_of(None)).rows_hint(), 0);
+        // A MemTable partition's rows exactly.
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
+        let batch = |n: i64| {
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from_iter_values(0..n))])
+                .unwrap()
+        };
+        assert_eq!(Part::Memory(vec![batch(3), batch(0), batch(5)]).rows_hint(), 8);
+    }
+}
