@@ -356,38 +356,25 @@ fn as_the_file_had_it(
         .create_default_catalog_and_schema;
     // Registering a function again takes all its names back; a few rounds
     // settle names claimed by several.
+    macro_rules! put_back {
+        ($functions:ident, $register:ident, $changed:ident) => {
+            for (name, function) in original.$functions() {
+                let same = state
+                    .$functions()
+                    .get(name)
+                    .is_some_and(|f| Arc::ptr_eq(f, function));
+                if !same {
+                    state.$register(Arc::clone(function))?;
+                    $changed = true;
+                }
+            }
+        };
+    }
     for _ in 0..4 {
         let mut changed = false;
-        for (name, function) in original.scalar_functions() {
-            if !state
-                .scalar_functions()
-                .get(name)
-                .is_some_and(|f| Arc::ptr_eq(f, function))
-            {
-                state.register_udf(Arc::clone(function))?;
-                changed = true;
-            }
-        }
-        for (name, function) in original.aggregate_functions() {
-            if !state
-                .aggregate_functions()
-                .get(name)
-                .is_some_and(|f| Arc::ptr_eq(f, function))
-            {
-                state.register_udaf(Arc::clone(function))?;
-                changed = true;
-            }
-        }
-        for (name, function) in original.window_functions() {
-            if !state
-                .window_functions()
-                .get(name)
-                .is_some_and(|f| Arc::ptr_eq(f, function))
-            {
-                state.register_udwf(Arc::clone(function))?;
-                changed = true;
-            }
-        }
+        put_back!(scalar_functions, register_udf, changed);
+        put_back!(aggregate_functions, register_udaf, changed);
+        put_back!(window_functions, register_udwf, changed);
         if !changed {
             return Ok(());
         }
