@@ -19,6 +19,9 @@ pub struct DeviceMetrics {
     pub kernel_time: Time,
     /// Host time copying into and out of pinned staging buffers.
     pub staging_time: Time,
+    /// Host time getting page-locked staging buffers (locking new memory
+    /// where the pool had none idle: a first query's cost).
+    pub pinned_alloc_time: Time,
     /// Bytes copied to the device straight from tables in pinned host
     /// memory (`pin_batches`), without staging.
     pub h2d_direct_bytes: Count,
@@ -40,6 +43,7 @@ impl DeviceMetrics {
             transfer_time: builder().subset_time("transfer_time", partition),
             kernel_time: builder().subset_time("kernel_time", partition),
             staging_time: builder().subset_time("staging_time", partition),
+            pinned_alloc_time: builder().subset_time("pinned_alloc_time", partition),
             h2d_direct_bytes: builder().counter("h2d_direct_bytes", partition),
             h2d_direct_copies: builder().counter("h2d_direct_copies", partition),
             device_memory_wait: builder().subset_time("device_memory_wait", partition),
@@ -52,6 +56,8 @@ impl DeviceMetrics {
         self.transfer_time.add_duration(times.transfer());
         self.kernel_time.add_duration(times.kernel);
         self.staging_time.add_duration(times.host_staging);
+        self.pinned_alloc_time
+            .add_duration(times.pinned_allocation);
         self.h2d_direct_bytes.add(times.direct_host_to_device_bytes);
         self.h2d_direct_copies
             .add(times.direct_host_to_device_copies);

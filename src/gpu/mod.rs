@@ -16,6 +16,7 @@ pub mod launch;
 mod memory;
 mod pinned;
 mod pinned_region;
+mod pinned_words;
 mod runtime;
 mod timing;
 mod transfer;
@@ -32,6 +33,8 @@ pub use host_pages::zeroed_for_fill;
 pub use memory::{
     alloc_uninit, alloc_zeroed, empty_device_vec, DeviceEvent, DeviceStream, DeviceVec,
 };
+#[cfg(any(test, feature = "test-support"))]
+pub use pinned::PinnedStats;
 pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool, IDLE_LIMIT_BYTES as PINNED_IDLE_LIMIT_BYTES};
 pub(crate) use pinned_region::{region_holding, PinnedRegion};
 pub use runtime::{gpu_availability, gpu_runtime};

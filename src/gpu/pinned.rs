@@ -1,17 +1,21 @@
 //! Page-locked host staging buffers. Copies from pageable memory are staged by
 //! the driver through its own small pinned buffer and do not overlap with
 //! anything; copies from pinned memory run at full PCIe speed and
-//! asynchronously. Allocating pinned memory costs milliseconds, so buffers
-//! are pooled per device and reused, up to [`IDLE_LIMIT_BYTES`] idle: a
-//! returned buffer beyond that is freed (the largest idle ones first), so
-//! one large download does not keep its page-locked memory for the life of
-//! the process.
+//! asynchronously. Locking memory costs milliseconds, so buffers
+//! ([`PinnedWords`]) are pooled per device and reused, up to
+//! [`IDLE_LIMIT_BYTES`] idle: a returned buffer beyond that is freed (the
+//! largest idle ones first), so one large download does not keep its
+//! page-locked memory for the life of the process.
 
+#[cfg(any(test, feature = "test-support"))]
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use cudarc::driver::{CudaContext, PinnedHostSlice};
+use cudarc::driver::CudaContext;
 
-use super::{DriverResultExt, GpuResult};
+use super::pinned_words::PinnedWords;
+use super::{GpuResult, PhaseTimer};
 
 /// Smallest buffer the pool allocates, in u64 elements (512 KiB).
 const MIN_PINNED_ELEMENTS: usize = 1 << 16;
@@ -25,8 +29,25 @@ pub const IDLE_LIMIT_BYTES: usize = 4 << 30;
 #[derive(Debug)]
 pub struct PinnedPool {
     ctx: Arc<CudaContext>,
-    free: Mutex<Vec<PinnedHostSlice<u64>>>,
+    free: Mutex<Vec<PinnedWords>>,
     idle_limit_bytes: usize,
+    /// Whether new buffers are registered huge pages where the kernel
+    /// offers them (always, but in the tests of the driver's allocation).
+    huge_pages: bool,
+    /// Buffers allocated so far and their bytes, for the tests of reuse.
+    #[cfg(any(test, feature = "test-support"))]
+    allocated: (AtomicU64, AtomicU64),
+}
+
+/// What a [`PinnedPool`] has allocated since it was made: buffers the
+/// pool had none idle for, and their bytes.
+#[cfg(any(test, feature = "test-support"))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PinnedStats {
+    /// Buffers allocated.
+    pub allocations: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 impl PinnedPool {
@@ -41,6 +62,9 @@ impl PinnedPool {
             ctx,
             free: Mutex::new(Vec::new()),
             idle_limit_bytes: bytes,
+            huge_pages: true,
+            #[cfg(any(test, feature = "test-support"))]
+            allocated: (AtomicU64::new(0), AtomicU64::new(0)),
         })
     }
 
@@ -51,15 +75,35 @@ impl PinnedPool {
         Self::with_idle_limit(Arc::clone(&self.ctx), bytes)
     }
 
+    /// A pool of this one's context whose buffers the driver allocates
+    /// (never registered huge pages) and that keeps at most `bytes` idle,
+    /// for the tests of that path.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn sibling_allocated_by_driver(&self, bytes: usize) -> Arc<Self> {
+        let pool = Self::with_idle_limit(Arc::clone(&self.ctx), bytes);
+        let mut pool = Arc::into_inner(pool).expect("just made");
+        pool.huge_pages = false;
+        Arc::new(pool)
+    }
+
     /// Bytes of the idle buffers the pool keeps.
     pub fn idle_bytes(&self) -> usize {
         let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         free.iter().map(|b| b.len() * 8).sum()
     }
 
+    /// Buffers allocated so far and their bytes.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn stats(&self) -> PinnedStats {
+        PinnedStats {
+            allocations: self.allocated.0.load(Ordering::Relaxed),
+            bytes: self.allocated.1.load(Ordering::Relaxed),
+        }
+    }
+
     /// Keeps `slice` for reuse, then frees the largest idle buffers while
     /// more than the limit is idle.
-    fn give_back(&self, slice: PinnedHostSlice<u64>) {
+    fn give_back(&self, slice: PinnedWords) {
         let freed = {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
             free.push(slice);
@@ -79,6 +123,14 @@ impl PinnedPool {
         drop(freed);
     }
 
+    /// [`Self::take`], its time counted in `timer`.
+    pub fn take_timed(self: &Arc<Self>, len: usize, timer: &mut PhaseTimer) -> GpuResult<PinnedBuffer> {
+        let taking = Instant::now();
+        let buffer = self.take(len);
+        timer.add_pinned_allocation(taking.elapsed());
+        buffer
+    }
+
     /// A buffer of at least `len` elements: the smallest pooled one that fits,
     /// or a new one with a power-of-two size.
     pub fn take(self: &Arc<Self>, len: usize) -> GpuResult<PinnedBuffer> {
@@ -96,11 +148,16 @@ impl PinnedPool {
             Some(slice) => slice,
             None => {
                 let elements = len.max(MIN_PINNED_ELEMENTS).next_power_of_two();
-                // SAFETY: the memory is uninitialised; every user writes the
-                // prefix it reads (host writes before an upload, the device
-                // writes before a download) and reads no further.
-                unsafe { self.ctx.alloc_pinned_with_flags::<u64>(elements, 0) }
-                    .during("allocating pinned host memory")?
+                // Every user writes the prefix it reads (host writes before
+                // an upload, the device writes before a download) and reads
+                // no further.
+                let words = PinnedWords::new(&self.ctx, elements, self.huge_pages)?;
+                #[cfg(any(test, feature = "test-support"))]
+                {
+                    self.allocated.0.fetch_add(1, Ordering::Relaxed);
+                    self.allocated.1.fetch_add(8 * elements as u64, Ordering::Relaxed);
+                }
+                words
             }
         };
         Ok(PinnedBuffer {
@@ -116,7 +173,7 @@ impl PinnedPool {
 /// on that event, so it is never overwritten while a copy is in flight.
 #[derive(Debug)]
 pub struct PinnedBuffer {
-    slice: Option<PinnedHostSlice<u64>>,
+    slice: Option<PinnedWords>,
     len: usize,
     pool: Arc<PinnedPool>,
 }
@@ -126,7 +183,7 @@ impl PinnedBuffer {
     pub fn as_mut_slice(&mut self) -> GpuResult<&mut [u64]> {
         let len = self.len;
         let slice = self.slice.as_mut().expect("present until drop");
-        Ok(&mut slice.as_mut_slice().during("waiting for a pinned buffer")?[..len])
+        Ok(&mut slice.as_mut_slice()?[..len])
     }
 
     /// The bytes of the first `len` elements, for the host to fill with
@@ -143,7 +200,7 @@ impl PinnedBuffer {
     /// The first `len` elements, for the host to read (waits for pending copies).
     pub fn as_slice(&self) -> GpuResult<&[u64]> {
         let slice = self.slice.as_ref().expect("present until drop");
-        Ok(&slice.as_slice().during("waiting for a pinned buffer")?[..self.len])
+        Ok(&slice.as_slice()?[..self.len])
     }
 
     /// The buffer once every copy into it has finished (waits for them),
@@ -160,8 +217,15 @@ impl PinnedBuffer {
     }
 
     /// The underlying driver allocation, mutably.
-    pub(crate) fn raw_mut(&mut self) -> &mut PinnedHostSlice<u64> {
+    pub(crate) fn raw_mut(&mut self) -> &mut PinnedWords {
         self.slice.as_mut().expect("present until drop")
+    }
+
+    /// Whether the buffer is registered huge pages rather than the
+    /// driver's own allocation.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn is_registered(&self) -> bool {
+        self.slice.as_ref().is_some_and(PinnedWords::is_registered)
     }
 
     /// Elements in use.

@@ -35,6 +35,9 @@ pub struct PhaseTimes {
     /// Host time copying between host memory and the pinned staging
     /// buffers, both ways (on the host's clock, not the device's).
     pub host_staging: Duration,
+    /// Host time getting page-locked buffers from the pinned pool: locking
+    /// new memory where none of the size was idle, else next to nothing.
+    pub pinned_allocation: Duration,
     /// Of the bytes copied host to device, those copied straight from
     /// tables in pinned host memory, without staging.
     pub direct_host_to_device_bytes: usize,
@@ -62,6 +65,7 @@ pub struct PhaseTimer {
     host_to_device_bytes: usize,
     device_to_host_bytes: usize,
     host_staging: Duration,
+    pinned_allocation: Duration,
     direct_host_to_device_bytes: usize,
     direct_host_to_device_copies: usize,
 }
@@ -76,6 +80,7 @@ impl PhaseTimer {
             host_to_device_bytes: 0,
             device_to_host_bytes: 0,
             host_staging: Duration::ZERO,
+            pinned_allocation: Duration::ZERO,
             direct_host_to_device_bytes: 0,
             direct_host_to_device_copies: 0,
         }
@@ -91,6 +96,11 @@ impl PhaseTimer {
     /// Counts host time spent copying into or out of pinned staging buffers.
     pub fn add_host_staging(&mut self, time: Duration) {
         self.host_staging += time;
+    }
+
+    /// Counts host time spent getting buffers from the pinned pool.
+    pub fn add_pinned_allocation(&mut self, time: Duration) {
+        self.pinned_allocation += time;
     }
 
     /// Counts `bytes` copied in a copy phase.
@@ -146,6 +156,7 @@ impl PhaseTimer {
             host_to_device_bytes: self.host_to_device_bytes,
             device_to_host_bytes: self.device_to_host_bytes,
             host_staging: self.host_staging,
+            pinned_allocation: self.pinned_allocation,
             direct_host_to_device_bytes: self.direct_host_to_device_bytes,
             direct_host_to_device_copies: self.direct_host_to_device_copies,
             ..PhaseTimes::default()

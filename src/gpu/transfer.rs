@@ -7,6 +7,7 @@ use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::datatypes::ToByteSlice;
 
 use super::pinned_region::region_holding;
+use super::pinned_words::PinnedWords;
 use super::{
     DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer, PinnedRegion,
 };
@@ -149,7 +150,7 @@ impl<'a> StagingWindows<'a> {
             }
             let staging = match slot {
                 Some(buffer) => buffer,
-                empty => empty.insert(self.device.pinned().take(words)?),
+                empty => empty.insert(self.device.pinned().take_timed(words, timer)?),
             };
             let target = &mut staging.as_mut_bytes()?[..8 * words];
             let filling = std::time::Instant::now();
@@ -317,7 +318,7 @@ fn download_to_staging(
     if len == 0 {
         return Ok(None);
     }
-    let mut staging = device.pinned().take(len)?;
+    let mut staging = device.pinned().take_timed(len, timer)?;
     enqueue_download(stream, device_data, &mut staging, 0, timer)?;
     Ok(Some(staging))
 }
@@ -438,7 +439,7 @@ fn copy_out_in_parallel(pieces: &[&[u8]], threads: usize) -> GpuResult<Vec<Buffe
 /// driver copies to or from asynchronously. cudarc copies the whole host
 /// slice, so a pooled buffer larger than the data must be narrowed to it.
 struct PinnedRange<'a> {
-    buffer: &'a mut cudarc::driver::PinnedHostSlice<u64>,
+    buffer: &'a mut PinnedWords,
     start: usize,
     len: usize,
 }

@@ -9,8 +9,9 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion_gpu::gpu::launch::{self, ValueWidth};
 use datafusion_gpu::gpu::{
-    download_byte_pieces, download_u64, upload_byte_pieces, upload_byte_pieces_in_windows,
-    upload_u64, upload_u64_pieces, GpuDevice, PhaseTimer, StagingWindows,
+    download_byte_pieces, download_u64, enqueue_download, upload_byte_pieces,
+    upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces, GpuDevice, PhaseTimer,
+    StagingWindows,
 };
 use datafusion_gpu::ops::hash_join::{self, DeviceBuildTable, HostKeys, KeyRange};
 use datafusion_gpu::ops::radix::{self, RadixPlan};
@@ -1288,6 +1289,69 @@ fn the_pinned_pool_keeps_at_most_its_limit_of_idle_buffers() {
     assert_eq!(pool.idle_bytes(), 8 << 20);
     // The device's own pool stays within its limit too.
     assert!(device.pinned().idle_bytes() <= datafusion_gpu::gpu::PINNED_IDLE_LIMIT_BYTES);
+}
+
+#[test]
+fn pinned_buffers_of_both_kinds_carry_copies_and_are_counted() {
+    let Some(device) = device("pinned_buffers_of_both_kinds_carry_copies_and_are_counted") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // Where the kernel maps huge pages on request, the pool registers them.
+    let huge_pages = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|mode| mode.contains("[always]") || mode.contains("[madvise]"));
+    // Pools that keep nothing idle: every buffer is made and freed here.
+    let registering = device.pinned().sibling_with_idle_limit(0);
+    let allocated = device.pinned().sibling_allocated_by_driver(0);
+    for (pool, registered) in [(registering, huge_pages), (allocated, false)] {
+        // One word, a few MiB, and 70 MiB and a little (faulted in on
+        // several threads when registered; not a whole number of pages).
+        for len in [1usize, 3 << 17, (70 << 20) / 8 + 5] {
+            let before = pool.stats();
+            let mut timer = PhaseTimer::new(Arc::clone(stream));
+            let mut buffer = pool.take_timed(len, &mut timer).unwrap();
+            assert_eq!(buffer.is_registered(), registered, "{len} words");
+            assert_eq!(buffer.len(), len);
+            let after = pool.stats();
+            assert_eq!(after.allocations, before.allocations + 1, "{len} words");
+            let expected_bytes = 8 * len.max(1 << 16).next_power_of_two() as u64;
+            assert_eq!(after.bytes - before.bytes, expected_bytes, "{len} words");
+            // Device to pinned buffer, at an offset, then back out.
+            let words = random_keys(len, u64::MAX, len as u64 + 11);
+            let uploaded = upload_u64(&device, stream, &words, &mut timer).unwrap();
+            buffer.as_mut_slice().unwrap().fill(u64::MAX);
+            let tail = len / 2;
+            enqueue_download(
+                stream,
+                &uploaded.slice(tail..),
+                &mut buffer,
+                tail,
+                &mut timer,
+            )
+            .unwrap();
+            enqueue_download(stream, &uploaded.slice(..tail), &mut buffer, 0, &mut timer).unwrap();
+            assert!(buffer.as_slice().unwrap() == &words[..], "{len} words");
+            // Host writes land on the device too (the device pool stages
+            // this upload through buffers of its own kind).
+            buffer.as_mut_slice().unwrap().reverse();
+            let again =
+                upload_u64(&device, stream, buffer.as_slice().unwrap(), &mut timer).unwrap();
+            let mut back = Vec::new();
+            download_u64(&device, stream, &again.as_view(), &mut back, &mut timer).unwrap();
+            timer.finish().unwrap();
+            assert!(back.iter().rev().eq(words.iter()), "{len} words");
+            drop(buffer);
+            assert_eq!(pool.idle_bytes(), 0);
+        }
+    }
+    // A buffer kept idle is reused without another allocation.
+    let keeping = device.pinned().sibling_allocated_by_driver(1 << 20);
+    drop(keeping.take(100).unwrap());
+    drop(keeping.take(200).unwrap());
+    assert_eq!(keeping.stats().allocations, 1);
+    assert_eq!(keeping.idle_bytes(), 512 << 10);
 }
 
 #[test]

@@ -140,6 +140,7 @@ pub(crate) async fn part_columns(
     if missing.is_empty() {
         return Ok(Loaded::Device(found.into_iter().flatten().collect()));
     }
+    trace::event(|| format!("cache fill of {}: {} columns", part.describe(), missing.len()));
     let cannot_be_words = |i: usize| {
         let field = &fields[i].1;
         format!("column {} ({}) cannot be kept on the device as words", field.name(), field.data_type())
@@ -161,12 +162,15 @@ pub(crate) async fn part_columns(
     // read before the batch's other columns are coded for nothing.
     let mut coded_first: Vec<usize> = (0..missing.len()).collect();
     coded_first.sort_by_key(|&b| word_kind(fields[missing[b]].1.data_type()) != Some(WordKind::Code));
+    trace::event(|| format!("cache fill of {}: probed", part.describe()));
+    let (mut read_for, mut coded_for) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     let mut batches = part.batches(source, &table_columns, context)?;
     loop {
         let reading = std::time::Instant::now();
         let Some(batch) = batches.next().await else {
             break;
         };
+        read_for += reading.elapsed();
         metrics.read_time.add_duration(reading.elapsed());
         let encoding = std::time::Instant::now();
         let batch = batch?;
@@ -174,6 +178,7 @@ pub(crate) async fn part_columns(
             .iter()
             .copied()
             .find(|&b| !builders[b].push(&batch[b]));
+        coded_for += encoding.elapsed();
         metrics.encode_time.add_duration(encoding.elapsed());
         if let Some(b) = refused {
             let i = missing[b];
@@ -183,6 +188,11 @@ pub(crate) async fn part_columns(
             return Ok(Loaded::Host(cannot_be_words(i)));
         }
     }
+    trace::event(|| {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let (read, coded) = (ms(read_for), ms(coded_for));
+        format!("cache fill of {}: read ({read:.1} ms) and coded ({coded:.1} ms)", part.describe())
+    });
     let capacity = device.budget().limit_for(options.cache_memory_fraction);
     let (device, options, metrics) = (Arc::clone(device), options.clone(), metrics.clone());
     SpawnedTask::spawn_blocking(move || -> Loaded {
@@ -206,6 +216,7 @@ pub(crate) async fn part_columns(
             };
             out.push((i, column));
         }
+        trace::event(|| format!("cache fill of {}: copied", part.describe()));
         for (i, column) in out {
             found[i] = Some(column);
         }

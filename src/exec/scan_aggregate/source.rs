@@ -77,6 +77,24 @@ impl TableSource {
 }
 
 impl Part {
+    /// Which part this is, for the trace: a file's name and byte range, or
+    /// a `MemTable` partition's rows.
+    pub fn describe(&self) -> String {
+        match self {
+            Part::File(file) => {
+                let name = file.object_meta.location.filename().unwrap_or_default();
+                match &file.range {
+                    Some(r) => format!("{name}:{}..{}", r.start, r.end),
+                    None => name.to_string(),
+                }
+            }
+            Part::Memory(batches) => {
+                let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+                format!("a partition of {rows} rows")
+            }
+        }
+    }
+
     /// The cache key of table column `table_index` (`field`) of this part:
     /// what identifies its data. A file by its store, path, size,
     /// modification time, e-tag and version, and the byte range read; a

@@ -83,6 +83,7 @@ pub(crate) async fn run(
                 .join()
                 .await
                 .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))?;
+                trace::event(|| format!("scan filter of {}: filtered", part.describe()));
                 match filtered {
                     Ok(Ok(batch)) => {
                         push_sliced(&mut batches, batch, batch_size);

@@ -307,9 +307,12 @@ impl DeviceGrouped {
         device: &GpuDevice,
         window: usize,
         parts: ResultParts,
+        timer: &mut PhaseTimer,
     ) -> GpuResult<Option<PinnedBuffer>> {
         let words = self.words_per_group(parts) * window;
-        (words > 0).then(|| device.pinned().take(words)).transpose()
+        (words > 0)
+            .then(|| device.pinned().take_timed(words, timer))
+            .transpose()
     }
 
     /// Enqueues the copies of window `w` (of `window` groups each) of
@@ -436,7 +439,7 @@ impl DeviceGrouped {
         let all = (&self.stream, ResultParts::All);
         let mut buffers = Vec::with_capacity(2);
         for w in 0..windows.min(2) {
-            let mut buffer = self.window_buffer(device, window, ResultParts::All)?;
+            let mut buffer = self.window_buffer(device, window, ResultParts::All, timer)?;
             self.enqueue_window(w, window, buffer.as_mut(), all, timer)?;
             buffers.push(buffer);
         }
@@ -661,7 +664,7 @@ impl DeviceGrouped {
                 while next < windows && crossing.len() + handed.len() < buffers {
                     let mut buffer = match spare.pop() {
                         Some(buffer) => Some(buffer),
-                        None => self.window_buffer(device, window, parts)?,
+                        None => self.window_buffer(device, window, parts, timer)?,
                     };
                     self.enqueue_window(next, window, buffer.as_mut(), (stream, parts), timer)?;
                     crossing.push_back((next, buffer));
