@@ -101,8 +101,18 @@ struct FileRun {
     other_engine_skipped: usize,
 }
 
+/// The workspace, or `None` after a visible line saying why the
+/// conformance of `what` is skipped.
+fn workspace_or_skip(what: &str) -> Option<&'static Path> {
+    workspace()
+        .map_err(|reason| {
+            let _ = writeln!(std::io::stderr(), "SKIPPED conformance {what}: {reason}");
+        })
+        .ok()
+}
+
 /// The per-process copy of the test files, laid out as DataFusion's repo
-/// lays them out, with the working directory set to it. `None` (with the
+/// lays them out, with the working directory set to it. An error (with the
 /// reason) when the files cannot be found.
 fn workspace() -> std::result::Result<&'static Path, String> {
     static WORKSPACE: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
@@ -417,15 +427,8 @@ async fn conformance(relative: &str, expects_gpu_nodes: bool) {
 /// [`conformance`]; with `expects_sort_merge_joins`, sort-merge joins must
 /// also have run on the GPU.
 async fn conformance_with(relative: &str, expects_gpu_nodes: bool, expects_sort_merge_joins: bool) {
-    let workspace = match workspace() {
-        Ok(w) => w,
-        Err(reason) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED conformance {relative}: {reason}"
-            );
-            return;
-        }
+    let Some(workspace) = workspace_or_skip(relative) else {
+        return;
     };
     let compared = compare(workspace, Path::new(relative)).await;
     log_comparison(&compared);
@@ -581,15 +584,8 @@ const FILES_WITH_OWN_TESTS: [&str; 8] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn every_other_slt_file() {
     use futures::StreamExt;
-    let workspace = match workspace() {
-        Ok(w) => w,
-        Err(reason) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED conformance of every other file: {reason}"
-            );
-            return;
-        }
+    let Some(workspace) = workspace_or_skip("of every other file") else {
+        return;
     };
     let files: Vec<PathBuf> = slt_files_under(&workspace.join("test_files"))
         .expect("listing the .slt files")
