@@ -280,6 +280,59 @@ async fn a_parquet_part_that_widens_or_turns_too_varied_late_in_its_read_answers
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_part_too_varied_after_parts_that_kept_no_row_leaves_the_partition_to_datafusion() {
+    let Some(_) = require_gpu(
+        "a_part_too_varied_after_parts_that_kept_no_row_leaves_the_partition_to_datafusion",
+    ) else {
+        return;
+    };
+    // One partition of two files: the first keeps no row (every `i` is
+    // negative), the second has more distinct strings than a part codes.
+    // With nothing kept, DataFusion's chain takes the partition, streaming,
+    // rather than the second file being read again and filtered on the
+    // host (as after a part that kept rows).
+    let dir = temp_dir("scan-filter-none-kept");
+    write_ints_and_strings(
+        &dir.join("a.parquet"),
+        20_000,
+        |r| -(r as i64) - 1,
+        |r| format!("s{}", r % 3),
+    );
+    write_ints_and_strings(
+        &dir.join("b.parquet"),
+        20_000,
+        |r| r as i64,
+        |r| format!("s{}", r % 2500),
+    );
+    let (gpu, cpu) = contexts(1).await;
+    register_parquet([&gpu, &cpu], "none_kept", &dir).await;
+    let sql = "SELECT s, i FROM none_kept WHERE i > 7 AND s <> 's1'";
+    let (plan, gpu_batches) = check(&gpu, &cpu, sql).await;
+    assert_eq!(plan_metric(&plan, "cpu_fallback"), 1, "{sql}");
+    let mut kept_by_the_node = None;
+    plan.apply(|node| {
+        if node.downcast_ref::<GpuScanFilterExec>().is_some() {
+            kept_by_the_node = node.metrics().and_then(|m| m.output_rows());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    assert_eq!(
+        kept_by_the_node,
+        Some(0),
+        "{sql}: rows filtered on the host"
+    );
+    let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
+    assert_eq!(
+        rows_in_order(&gpu_batches),
+        rows_in_order(&cpu_batches),
+        "{sql}"
+    );
+    assert!(!cpu_batches.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_left_to_datafusion_reads_only_its_own_files() {
     let Some(_) = require_gpu("a_partition_left_to_datafusion_reads_only_its_own_files") else {
         return;

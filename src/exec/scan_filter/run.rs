@@ -1,10 +1,12 @@
 //! One partition of the node: each of its parts' columns from the cache
 //! (read, coded, copied and cached where missing), the program run over
 //! the part, and the rows kept made into Arrow batches. Where the device
-//! cannot take the partition's first part (a string column of too many
-//! distinct values, a 64-bit overflow, no device memory), DataFusion's
-//! chain runs the partition; a later part it cannot take is filtered on the
-//! host by DataFusion's own expressions, from its columns read again.
+//! cannot take a part (a string column of too many distinct values, a
+//! 64-bit overflow, no device memory) before any row was kept (the first
+//! part, or after parts that kept none: an empty byte range of a file),
+//! DataFusion's chain runs the whole partition, streaming; a part after
+//! rows were kept is filtered on the host by DataFusion's own expressions,
+//! from its columns read again.
 
 use std::sync::Arc;
 
@@ -59,7 +61,7 @@ pub(crate) async fn run(
     };
     let batch_size = context.session_config().batch_size().max(1);
     let mut batches = Vec::new();
-    for (index, part) in parts.into_iter().enumerate() {
+    for part in parts {
         let fields = shape.fields_of(&program.columns);
         let loaded = part_columns(
             &shape.source,
@@ -98,9 +100,10 @@ pub(crate) async fn run(
             }
             Loaded::Host(reason) => reason,
         };
-        if index == 0 {
-            // Nothing made yet: DataFusion's own chain takes the whole
-            // partition, streaming, as it would have without this node.
+        if batches.is_empty() {
+            // No row kept yet: DataFusion's own chain takes the whole
+            // partition, streaming, as it would have without this node (the
+            // parts before this one kept nothing there either).
             return Ok(Ran::OnCpu(reason));
         }
         trace::event(|| format!("scan filter part on the host: {reason}"));
