@@ -16,7 +16,9 @@
 // it is 0 and invalid, and an invalid register's value always reads as 0.
 // `remap` holds `remap_len` u32s: remap[k] is where key k's table of
 // dictionary codes starts in it (group keys map codes to global codes,
-// code tests map them to a test's result).
+// code tests map them to a test's result; a key test's table is a set of
+// integers instead, see OP_KEY_TEST). Tables lie end to end after the
+// starts, so remap[0] is the number of keys.
 #pragma once
 #include "common.cuh"
 
@@ -57,6 +59,7 @@
 #define OP_IS_NOT_NULL 32
 #define OP_SELECT 33
 #define OP_CODE_TEST 34
+#define OP_KEY_TEST 35
 
 #define SCAN_REGISTERS 32
 #define FULL_MASK 0xffffffffu
@@ -178,6 +181,40 @@ __device__ __forceinline__ void run_program(Registers regs, const u64* columns, 
                 }
             }
             regs.set(dst, result == 1 ? 1 : 0, result != 2);
+            break;
+        }
+        case OP_KEY_TEST: {
+            // Whether column `a`'s integer is in key `b`'s set: a table of
+            // the set's smallest value (two words, low first) and a bitmap
+            // from it (bit v - smallest of word (v - smallest) / 32). An
+            // empty table holds no set yet: every row passes. A NULL never
+            // passes. Always valid.
+            const u64 keys = remap_len > 0 ? (u64)__ldg(remap) : 0;
+            const u64 start = (u64)b < remap_len ? (u64)__ldg(remap + b) : (u64)remap_len;
+            u64 end = (u64)b + 1 < keys && (u64)b + 1 < remap_len ? (u64)__ldg(remap + b + 1)
+                                                                 : (u64)remap_len;
+            if (end > remap_len) end = remap_len;
+            long long result = 1;
+            if (end > start) {
+                const u64 address = __ldg(columns + 2 * a);
+                const u64* bitmap = (const u64*)__ldg(columns + 2 * a + 1);
+                const bool valid =
+                    bitmap == nullptr || ((__ldg(bitmap + (row >> 6)) >> (row & 63)) & 1);
+                result = 0;
+                if (valid && end - start >= 2) {
+                    const long long word = (address & 1)
+                        ? (long long)__ldg((const int*)(address - 1) + row)
+                        : __ldg((const long long*)address + row);
+                    const u64 smallest =
+                        (u64)__ldg(remap + start) | ((u64)__ldg(remap + start + 1) << 32);
+                    const u64 offset = (u64)word - smallest;
+                    const u64 words = end - start - 2;
+                    if (offset / 32 < words) {
+                        result = (__ldg(remap + start + 2 + offset / 32) >> (offset % 32)) & 1;
+                    }
+                }
+            }
+            regs.set(dst, result, true);
             break;
         }
         case OP_CONST: regs.set(dst, a, true); break;

@@ -214,6 +214,12 @@ config_namespace! {
         /// the rows kept to the nodes above. `false` leaves them to
         /// DataFusion.
         pub scan_filter: bool, default = true
+        /// Where a hash join stays on the CPU and its probe side is a scan
+        /// the device can read from the column cache, hand the build side's
+        /// keys (one integer key) to a `GpuScanFilterExec` there, which keeps
+        /// only the rows whose key the build side holds. `false` leaves the
+        /// probe side as placed.
+        pub join_key_filters: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host
         /// turns one window into batches while the next crosses the bus. A
@@ -244,6 +250,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "result_window_words",
     "scan_aggregate",
     "scan_filter",
+    "join_key_filters",
 ];
 
 /// Options that are no longer options, with what to do instead.

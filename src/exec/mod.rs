@@ -9,6 +9,7 @@ mod aggregate;
 mod collect;
 mod hash_join;
 mod join;
+pub(crate) mod join_keys;
 mod metrics;
 mod scan_aggregate;
 mod scan_filter;
@@ -17,6 +18,7 @@ mod sort_merge_join;
 pub use aggregate::GpuAggregateExec;
 pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
+pub use join_keys::JoinKeyCollectorExec;
 pub(crate) use hash_join::with_filter_of;
 pub(crate) use join::matches::tracks_build_matches;
 pub(crate) use join::pair_aggregate::folds_pairs_below;
@@ -24,7 +26,7 @@ pub use metrics::{
     GpuAggregateMetrics, GpuJoinMetrics, GpuScanMetrics, GpuSortMergeJoinMetrics,
 };
 pub use scan_aggregate::{GpuScanAggregateExec, WarmedColumns};
-pub(crate) use scan_aggregate::warm_scan;
+pub(crate) use scan_aggregate::{coalesced_input, warm_scan};
 pub use scan_filter::GpuScanFilterExec;
 pub use sort_merge_join::GpuSortMergeJoinExec;
 

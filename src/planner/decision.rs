@@ -15,6 +15,7 @@ use super::shape::{aggregate_shape, hash_join_shape, sort_merge_join_shape};
 use crate::config::GpuOptions;
 use crate::cost::{self, AggregateShape, DeviceConstants, Estimate, GPU_MARGIN};
 use crate::encode::keys::KeySpec;
+use crate::exec::join_keys::JoinKeyCollectorExec;
 use crate::exec::{
     describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec,
     GpuScanFilterExec, GpuSortMergeJoinExec,
@@ -183,7 +184,7 @@ pub(crate) fn decide_scan_aggregate(
 /// What a GPU scan (`what`) of a table of `scan_rows` rows needs, whatever
 /// it computes: the column cache on, and under `gpu.placement = 'cost'` at
 /// least [`GPU_SCAN_MIN_ROWS`] rows where statistics know.
-fn gpu_scan_placed(
+pub(super) fn gpu_scan_placed(
     options: &GpuOptions,
     what: &str,
     scan_rows: Option<usize>,
@@ -470,11 +471,21 @@ fn collect_decisions(
             },
         });
     } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        let key_filter = match join.left().downcast_ref::<JoinKeyCollectorExec>() {
+            Some(collector) => format!(
+                "; its build keys (#{}) filter the GPU scan of its probe side",
+                collector.keys().id()
+            ),
+            None => String::new(),
+        };
         out.push(NodeDecision {
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(join),
             placement: Placement::Cpu {
-                reason: cpu_reason(decide_hash_join(plan, options, gpu, output_folded)),
+                reason: format!(
+                    "{}{key_filter}",
+                    cpu_reason(decide_hash_join(plan, options, gpu, output_folded))
+                ),
             },
         });
     } else if let Some(gpu_join) = plan.downcast_ref::<GpuSortMergeJoinExec>() {
@@ -573,8 +584,12 @@ fn collect_decisions(
             placement: Placement::Gpu {
                 algorithm: format!(
                     "{} with its table scan, over the table's columns in the device column \
-                     cache{}",
+                     cache{}{}",
                     GpuScanFilterExec::ALGORITHM,
+                    match scan_filter.join_filtered() {
+                        true => ", its rows tested against the build keys of the joins above",
+                        false => "",
+                    },
                     match scan_filter.scan_rows() {
                         Some(rows) => format!(" ({rows} rows by statistics)"),
                         None => String::new(),

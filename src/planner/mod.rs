@@ -2,6 +2,7 @@
 //! reasons, and the physical optimizer rule that applies them.
 
 mod decision;
+mod join_key_filters;
 mod merge_for_order;
 mod partitioning;
 mod phases;

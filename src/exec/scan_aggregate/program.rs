@@ -24,6 +24,7 @@ use datafusion::physical_expr::expressions::{
 use datafusion::physical_expr::PhysicalExpr;
 
 use crate::encode::table_words::word_kind;
+use crate::exec::join_keys::{gathers_keys_of, JoinKeyFilterExpr, JoinKeySet};
 use crate::gpu::launch::{ScanOp, SCAN_MAX_INSTRUCTIONS, SCAN_REGISTERS};
 use crate::gpu::WordKind;
 
@@ -55,6 +56,9 @@ pub(crate) struct CodeTest {
     pub column: usize,
     /// The predicate over a one-column batch of that column's values.
     pub predicate: Arc<dyn PhysicalExpr>,
+    /// Where the test is a join key filter instead (`ScanOp::KeyTest`):
+    /// the build side's keys, its table made from them.
+    pub join_keys: Option<Arc<JoinKeySet>>,
 }
 
 /// Builds one program over the columns of one scan.
@@ -199,6 +203,9 @@ impl<'a> ProgramBuilder<'a> {
     }
 
     fn compile_new(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Value> {
+        if let Some(filter) = expr.downcast_ref::<JoinKeyFilterExpr>() {
+            return self.join_key_test(filter);
+        }
         if let Some(test) = self.code_test(expr)? {
             return Ok(test);
         }
@@ -288,8 +295,31 @@ impl<'a> ProgramBuilder<'a> {
         self.tests.push(CodeTest {
             column: index,
             predicate,
+            join_keys: None,
         });
         Ok(Some(value))
+    }
+
+    /// A join key filter: one lookup of the key column's value in a bitmap
+    /// of the build side's keys, made at run time.
+    fn join_key_test(&mut self, filter: &JoinKeyFilterExpr) -> Compiled<Value> {
+        let Some(column) = filter.key().downcast_ref::<Column>() else {
+            return Err(format!("the join key {} is not a column of the table", filter.key()));
+        };
+        let index = column.index();
+        let data_type = self.schema.field(index).data_type();
+        if !gathers_keys_of(data_type) {
+            return Err(format!("join keys of type {data_type} are not tested on the device"));
+        }
+        let key = self.first_test_key + self.tests.len();
+        let slot = self.column_slot(index);
+        let value = self.emit(ScanOp::KeyTest, slot, key as i64, 0, ValueType::Bool)?;
+        self.tests.push(CodeTest {
+            column: index,
+            predicate: Arc::new(filter.clone()),
+            join_keys: Some(Arc::clone(filter.keys())),
+        });
+        Ok(value)
     }
 
     fn column(&mut self, index: usize) -> Compiled<Value> {

@@ -46,13 +46,18 @@ use crate::trace;
 /// any deterministic predicate of one string column (`=`, `IN`, `LIKE`,
 /// `starts_with`, ...), which DataFusion evaluates once over each part's
 /// dictionary; output columns of integers, dates, timestamps, decimals,
-/// doubles, booleans and strings.
+/// doubles, booleans and strings. Joins above may add tests of a column
+/// against their build keys (see [`crate::exec::join_keys`]); with those,
+/// a chain without a filter of its own, or the scan alone, is taken too.
 pub struct GpuScanFilterExec {
     /// The chain replaced (its top): the CPU fallback.
     cpu_input: Arc<dyn ExecutionPlan>,
     shape: Arc<ScanFilterShape>,
     /// The chain's expressions as the device evaluates them.
     program: Arc<FilterProgram>,
+    /// Join key filters over `cpu_input`'s output, from the joins above
+    /// (see [`crate::exec::join_keys`]).
+    join_filters: Vec<Arc<dyn PhysicalExpr>>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -67,7 +72,17 @@ impl GpuScanFilterExec {
     pub(crate) fn try_new(
         cpu_input: Arc<dyn ExecutionPlan>,
     ) -> std::result::Result<Option<Self>, String> {
-        let Some(shape) = ScanFilterShape::of(&cpu_input)? else {
+        Self::with_join_filters(cpu_input, Vec::new())
+    }
+
+    /// [`Self::try_new`] with `join_filters` (over `cpu_input`'s output) among
+    /// its filters: then `cpu_input` may be a chain without a filter, or the
+    /// scan alone.
+    pub(crate) fn with_join_filters(
+        cpu_input: Arc<dyn ExecutionPlan>,
+        join_filters: Vec<Arc<dyn PhysicalExpr>>,
+    ) -> std::result::Result<Option<Self>, String> {
+        let Some(shape) = ScanFilterShape::with_join_filters(&cpu_input, &join_filters)? else {
             return Ok(None);
         };
         // What the device cannot evaluate is found now, with its reason.
@@ -84,8 +99,24 @@ impl GpuScanFilterExec {
             cpu_input,
             shape: Arc::new(shape),
             program: Arc::new(program),
+            join_filters,
             metrics: ExecutionPlanMetricsSet::new(),
         }))
+    }
+
+    /// This node with `filter` (over its output) among its join key filters.
+    pub(crate) fn with_join_filter(
+        &self,
+        filter: Arc<dyn PhysicalExpr>,
+    ) -> std::result::Result<Option<Self>, String> {
+        let mut join_filters = self.join_filters.clone();
+        join_filters.push(filter);
+        Self::with_join_filters(Arc::clone(&self.cpu_input), join_filters)
+    }
+
+    /// Whether joins above test this scan's rows against their build keys.
+    pub(crate) fn join_filtered(&self) -> bool {
+        !self.join_filters.is_empty()
     }
 
     /// The plan this node replaces (the top of the chain).
@@ -170,7 +201,7 @@ impl ExecutionPlan for GpuScanFilterExec {
             }
         };
         // A child this node can no longer read runs as it is.
-        match Self::try_new(Arc::clone(&child)) {
+        match Self::with_join_filters(Arc::clone(&child), self.join_filters.clone()) {
             Ok(Some(node)) => Ok(Arc::new(node)),
             _ => Ok(child),
         }

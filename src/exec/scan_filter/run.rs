@@ -59,6 +59,18 @@ pub(crate) async fn run(
             "GpuScanFilterExec has no partition {partition}"
         )));
     };
+    // Without a filter of its own, the node only pays where the join keys
+    // drop rows: with no set yet, DataFusion's scan reads the partition.
+    let join_keys_there = program
+        .tests
+        .iter()
+        .filter_map(|test| test.join_keys.as_ref())
+        .any(|keys| keys.keys().is_some());
+    if !shape.chain_filters && !join_keys_there {
+        return Ok(Ran::OnCpu(
+            "the join's build keys were not all read when the scan started".into(),
+        ));
+    }
     let batch_size = context.session_config().batch_size().max(1);
     let mut batches = Vec::new();
     for part in parts {

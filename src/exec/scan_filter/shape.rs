@@ -1,7 +1,8 @@
 //! Which plans a [`super::GpuScanFilterExec`] can take the place of:
 //! filters, projections and batch coalescing over one table scan (Parquet
-//! files or a `MemTable`), at least one filter among them, with every
-//! expression taken down to the scan's columns.
+//! files or a `MemTable`), at least one filter among them (or a join key
+//! filter above them), with every expression taken down to the scan's
+//! columns.
 
 use std::sync::Arc;
 
@@ -36,14 +37,21 @@ pub(crate) struct ScanFilterShape {
     pub output_schema: SchemaRef,
     /// Rows the scan reads, where statistics know.
     pub scan_rows: Option<usize>,
+    /// Whether the chain filters (not only the join key filters above it).
+    pub chain_filters: bool,
 }
 
 type Shaped<T> = std::result::Result<T, String>;
 
 impl ScanFilterShape {
     /// The plan `top` taken apart, `Ok(None)` where it is not of the shape,
-    /// or the reason it cannot be.
-    pub fn of(top: &Arc<dyn ExecutionPlan>) -> Shaped<Option<Self>> {
+    /// or the reason it cannot be; `join_filters` (predicates over `top`'s
+    /// output, see [`crate::exec::join_keys`]) among its filters: a chain
+    /// without a filter of its own then takes the node's place too.
+    pub fn with_join_filters(
+        top: &Arc<dyn ExecutionPlan>,
+        join_filters: &[Arc<dyn PhysicalExpr>],
+    ) -> Shaped<Option<Self>> {
         let output_schema = top.schema();
         let mut outputs: Vec<Arc<dyn PhysicalExpr>> = output_schema
             .fields()
@@ -51,7 +59,8 @@ impl ScanFilterShape {
             .enumerate()
             .map(|(i, f)| Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>)
             .collect();
-        let mut predicates: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
+        let mut predicates: Vec<Arc<dyn PhysicalExpr>> = join_filters.to_vec();
+        let mut chain_filters = false;
         let mut node = Arc::clone(top);
         let scan = loop {
             if node.fetch().is_some() {
@@ -67,6 +76,7 @@ impl ScanFilterShape {
                     substitute_every(&mut outputs, &mut predicates, &exprs)?;
                 }
                 predicates.push(Arc::clone(filter.predicate()));
+                chain_filters = true;
                 node = Arc::clone(filter.input());
             } else if let Some(input) = coalesced_input(&node) {
                 node = input;
@@ -107,6 +117,7 @@ impl ScanFilterShape {
             outputs,
             output_schema,
             scan_rows,
+            chain_filters,
         }))
     }
 

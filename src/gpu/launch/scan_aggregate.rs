@@ -108,6 +108,11 @@ pub enum ScanOp {
     /// true, 2 NULL), or the immediate `c` (the same coding) where the
     /// column is NULL.
     CodeTest = 34,
+    /// `dst` = whether column `a`'s integer is in key `b`'s set: a table of
+    /// the set's smallest value (two words, low first) and a bitmap of the
+    /// values from it; an empty table holds no set yet, and every row
+    /// passes. NULL never passes; always valid.
+    KeyTest = 35,
 }
 
 /// What an instruction's operand `a`, `b` or `c` is to an opcode.
@@ -127,7 +132,7 @@ enum Operand {
 
 impl ScanOp {
     /// Every opcode, at the index of its value.
-    const ALL: [ScanOp; 35] = [
+    const ALL: [ScanOp; 36] = [
         ScanOp::LoadI64,
         ScanOp::LoadF64,
         ScanOp::LoadCode,
@@ -163,6 +168,7 @@ impl ScanOp {
         ScanOp::IsNotNull,
         ScanOp::Select,
         ScanOp::CodeTest,
+        ScanOp::KeyTest,
     ];
 
     /// The opcode of value `code`, if there is one.
@@ -182,6 +188,7 @@ impl ScanOp {
             LoadI64 | LoadF64 => [Column, Unused, Unused],
             LoadCode => [Column, Key, Unused],
             CodeTest => [Column, Key, Immediate],
+            KeyTest => [Column, Key, Unused],
             Const => [Immediate, Unused, Unused],
             Null => [Unused, Unused, Unused],
             ScaleI64 => [Register, Immediate, Unused],

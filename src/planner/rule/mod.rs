@@ -21,6 +21,7 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
 use super::decision::folds_join_below;
+use super::join_key_filters::with_join_key_filters;
 use super::merge_for_order::{merge_join_for_sort, MergeForOrder};
 use super::partitioning::{
     children_partitioning_free, merge_join_over_unrepartitioned_inputs, over_unrepartitioned_inputs,
@@ -99,6 +100,7 @@ fn rewrite_plan(
         rewrite(plan, order_observable, true, false, options, gpu)
             .and_then(without_spread_at_root)
             .and_then(|plan| with_scan_filters(plan, options, gpu))
+            .and_then(|plan| with_join_key_filters(plan, options, gpu))
     })
 }
 

@@ -128,3 +128,84 @@ fn gpu_decisions_of(plan: &Arc<dyn ExecutionPlan>, options: GpuOptions) -> Vec<S
         .map(|d| d.to_string())
         .collect()
 }
+
+#[tokio::test]
+async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
+    use crate::exec::join_keys::JoinKeyCollectorExec;
+    use datafusion::physical_plan::joins::HashJoinExec;
+    // The joins stay on the CPU.
+    let cpu_joins = |cache, placement| GpuOptions {
+        hash_join: false,
+        sort_merge_join: false,
+        aggregate: false,
+        ..options(cache, placement)
+    };
+    let always = || cpu_joins(true, PlacementPolicy::Always);
+    let collectors = |plan: &Arc<dyn ExecutionPlan>| nodes_of::<JoinKeyCollectorExec>(plan).len();
+    // Neither side filtered: the probe side's scan alone becomes a scan
+    // filter that tests the keys gathered above the build side.
+    for sql in [
+        "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k",
+        "SELECT r.v FROM r WHERE r.k IN (SELECT k FROM s WHERE v < 5)",
+        "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k AND r.v = s.v WHERE s.v > 3",
+    ] {
+        let plan = planned(sql, always()).await;
+        let text = show(&plan);
+        let joins = nodes_of::<HashJoinExec>(&plan);
+        assert_eq!(joins.len(), 1, "{sql}\n{text}");
+        let join = joins[0].downcast_ref::<HashJoinExec>().unwrap();
+        let collector = join
+            .left()
+            .downcast_ref::<JoinKeyCollectorExec>()
+            .unwrap_or_else(|| panic!("{sql}: no key collector on the build side\n{text}"));
+        let id = collector.keys().id();
+        let tested = nodes_of::<GpuScanFilterExec>(join.right());
+        assert_eq!(tested.len(), 1, "{sql}\n{text}");
+        assert!(
+            show(&tested[0]).contains(&format!("IN join keys #{id}")),
+            "{sql}\n{text}"
+        );
+        let decisions = gpu_decisions_of(&plan, always());
+        assert!(
+            decisions
+                .iter()
+                .any(|d| d.contains(&format!("its build keys (#{id}) filter the GPU scan"))),
+            "{sql}: {decisions:?}"
+        );
+        assert!(
+            decisions
+                .iter()
+                .any(|d| d.contains("tested against the build keys of the joins above")),
+            "{sql}: {decisions:?}"
+        );
+    }
+    // Where a probe row without a match makes output, where NULL keys
+    // count (NOT IN), with the switch off, without the cache, or under the
+    // cost placement for tables of a few hundred rows: no key filter.
+    let mut off = always();
+    off.tuning.join_key_filters = false;
+    for (sql, options) in [
+        ("SELECT r.v, s.v FROM r FULL JOIN s ON r.k = s.k", always()),
+        (
+            "SELECT r.v FROM r WHERE r.k NOT IN (SELECT k FROM s)",
+            always(),
+        ),
+        ("SELECT r.v, s.v FROM r JOIN s ON r.k = s.k", off),
+        (
+            "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k",
+            cpu_joins(false, PlacementPolicy::Always),
+        ),
+        (
+            "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k",
+            cpu_joins(true, PlacementPolicy::Cost),
+        ),
+    ] {
+        let plan = planned(sql, options).await;
+        assert_eq!(collectors(&plan), 0, "{sql}\n{}", show(&plan));
+        assert!(
+            !show(&plan).contains("IN join keys"),
+            "{sql}\n{}",
+            show(&plan)
+        );
+    }
+}

@@ -1,0 +1,149 @@
+//! The predicate a probe side's scan tests its rows with: whether the join
+//! key is among the build side's keys.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, BooleanArray};
+use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::ColumnarValue;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::arrow::array::RecordBatch;
+
+use super::set::JoinKeySet;
+
+/// `key IN (the build side's keys)`, once the build side's every partition
+/// was read (see [`JoinKeySet`]); before, and where no set could be made,
+/// true for every row. Never NULL: a NULL key is false once the set is
+/// there (it matches no build row in a join where NULL equals nothing).
+///
+/// A row it drops has no match on the build side, so it only holds where
+/// such probe rows make no output: inner, left, left semi, right semi, left
+/// anti and left mark joins where NULL equals nothing and NULLs are not
+/// awaited (`NOT IN`).
+#[derive(Debug, Clone)]
+pub struct JoinKeyFilterExpr {
+    key: Arc<dyn PhysicalExpr>,
+    keys: Arc<JoinKeySet>,
+}
+
+impl JoinKeyFilterExpr {
+    /// The test of `key` against `keys`.
+    pub fn new(key: Arc<dyn PhysicalExpr>, keys: Arc<JoinKeySet>) -> Self {
+        Self { key, keys }
+    }
+
+    /// The key tested.
+    pub fn key(&self) -> &Arc<dyn PhysicalExpr> {
+        &self.key
+    }
+
+    /// The set it is tested against.
+    pub fn keys(&self) -> &Arc<JoinKeySet> {
+        &self.keys
+    }
+}
+
+impl fmt::Display for JoinKeyFilterExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} IN join keys #{}", self.key, self.keys.id())
+    }
+}
+
+impl PartialEq for JoinKeyFilterExpr {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.keys, &other.keys) && self.key.as_ref() == other.key.as_ref()
+    }
+}
+
+impl Eq for JoinKeyFilterExpr {}
+
+impl Hash for JoinKeyFilterExpr {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.keys.id().hash(state);
+        self.key.hash(state);
+    }
+}
+
+impl PhysicalExpr for JoinKeyFilterExpr {
+    fn data_type(&self, _input_schema: &Schema) -> Result<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn nullable(&self, _input_schema: &Schema) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
+        let rows = batch.num_rows();
+        let Some(keys) = self.keys.keys() else {
+            return Ok(ColumnarValue::Array(Arc::new(BooleanArray::from(vec![true; rows]))));
+        };
+        let array = self.key.evaluate(batch)?.into_array(rows)?;
+        let mut values = Vec::with_capacity(rows);
+        if !super::collector::append_key_values(&array, &mut values) && rows > 0 {
+            return Err(DataFusionError::Internal(format!(
+                "join keys of type {} tested against a set of integers",
+                array.data_type()
+            )));
+        }
+        // `values` holds the valid rows' keys in order.
+        let mut valid = values.into_iter();
+        let passes: BooleanArray = (0..rows)
+            .map(|row| {
+                Some(array.is_valid(row) && valid.next().is_some_and(|v| keys.contains(v)))
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(passes)))
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
+        vec![&self.key]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn PhysicalExpr>>,
+    ) -> Result<Arc<dyn PhysicalExpr>> {
+        match (children.pop(), children.is_empty()) {
+            (Some(key), true) => Ok(Arc::new(Self::new(key, Arc::clone(&self.keys)))),
+            _ => Err(DataFusionError::Internal(
+                "a join key test has one child".into(),
+            )),
+        }
+    }
+
+    fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::arrow::datatypes::Field;
+    use datafusion::physical_expr::expressions::Column;
+
+    #[test]
+    fn rows_pass_while_there_is_no_set_then_only_build_keys() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let column: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), None, Some(5), Some(2)]));
+        let batch = RecordBatch::try_new(schema, vec![column]).unwrap();
+        let keys = Arc::new(JoinKeySet::new(1));
+        let expr = JoinKeyFilterExpr::new(Arc::new(Column::new("k", 0)), Arc::clone(&keys));
+        let passes = |expr: &JoinKeyFilterExpr| -> Vec<bool> {
+            let result = expr.evaluate(&batch).unwrap().into_array(4).unwrap();
+            result.as_boolean().iter().map(|v| v.unwrap()).collect()
+        };
+        assert_eq!(passes(&expr), [true; 4]);
+        let round = keys.start(0);
+        keys.finish(round, Some(vec![2, 5, 9]));
+        assert_eq!(passes(&expr), [false, false, true, true]);
+        assert!(expr.to_string().contains("IN join keys #"));
+    }
+
+    use datafusion::arrow::array::ArrayRef;
+}

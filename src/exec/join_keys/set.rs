@@ -1,0 +1,241 @@
+//! The integer keys of a hash join's build side, gathered as the build side
+//! is read, as a set the probe side's scan can test each row against.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Distinct build keys a set is made of at most; beyond, the build side is
+/// too large for the filter to pay, and no set is made.
+pub const MAX_KEY_VALUES: usize = 1 << 25;
+
+/// Values from the smallest key to the largest that a set spans at most:
+/// its bitmap (one bit a value, 8 MiB at most) goes to the device with each
+/// part of the probe side's table.
+pub const MAX_KEY_SPAN: u64 = 1 << 26;
+
+/// A set of integers as the device tests it (`ScanOp::KeyTest`): the
+/// smallest value, then one bit per value from it to the largest.
+#[derive(Debug, PartialEq, Eq)]
+pub struct KeyBitmap {
+    /// The smallest value's two 32-bit halves, low first, then the bitmap
+    /// (bit `v - smallest` of word `(v - smallest) / 32`).
+    words: Vec<u32>,
+}
+
+impl KeyBitmap {
+    /// The set of `values`, or `None` where they span more than
+    /// [`MAX_KEY_SPAN`] values. No values make an empty set.
+    pub fn of(values: &[i64]) -> Option<Self> {
+        let (Some(&smallest), Some(&largest)) = (values.iter().min(), values.iter().max()) else {
+            return Some(Self { words: vec![0, 0] });
+        };
+        let span = (largest as i128 - smallest as i128 + 1) as u128;
+        if span > u128::from(MAX_KEY_SPAN) {
+            return None;
+        }
+        let mut words = vec![0u32; 2 + (span as usize).div_ceil(32)];
+        words[0] = smallest as u64 as u32;
+        words[1] = ((smallest as u64) >> 32) as u32;
+        for &v in values {
+            let offset = v.wrapping_sub(smallest) as u64 as usize;
+            words[2 + offset / 32] |= 1 << (offset % 32);
+        }
+        Some(Self { words })
+    }
+
+    /// The table the device reads.
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// Whether `value` is in the set.
+    pub fn contains(&self, value: i64) -> bool {
+        let smallest = (u64::from(self.words[1]) << 32 | u64::from(self.words[0])) as i64;
+        let offset = value.wrapping_sub(smallest) as u64;
+        let bits = &self.words[2..];
+        offset / 32 < bits.len() as u64 && bits[(offset / 32) as usize] >> (offset % 32) & 1 == 1
+    }
+}
+
+/// A join's build keys, shared by the node that gathers them
+/// ([`super::JoinKeyCollectorExec`], above the build side) and the scans
+/// that test their rows against them ([`super::JoinKeyFilterExpr`]).
+///
+/// The build side is read in rounds: one per execution of the plan, each
+/// partition once. A round's set is made when its every partition was read
+/// to its end; until then, or where a partition stopped early, failed, or
+/// the keys are too many or too spread, there is no set and every probe row
+/// passes. Only the latest round's set is ever given out, so a scan never
+/// tests its rows against the keys of another execution.
+#[derive(Debug)]
+pub struct JoinKeySet {
+    id: usize,
+    partitions: usize,
+    round: Mutex<Round>,
+}
+
+#[derive(Debug, Default)]
+struct Round {
+    number: u64,
+    started: Vec<bool>,
+    finished: usize,
+    failed: bool,
+    values: Vec<i64>,
+    keys: Option<Arc<KeyBitmap>>,
+}
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+impl JoinKeySet {
+    /// The keys of a build side of `partitions` partitions.
+    pub fn new(partitions: usize) -> Self {
+        Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            partitions,
+            round: Mutex::new(Round {
+                started: vec![false; partitions],
+                ..Round::default()
+            }),
+        }
+    }
+
+    /// A number naming this set in `EXPLAIN`.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Round> {
+        self.round.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Partition `partition` of the build side starts: the round it belongs
+    /// to (a new one where it already started in the latest).
+    pub fn start(&self, partition: usize) -> u64 {
+        let mut round = self.lock();
+        if round.started.get(partition).copied().unwrap_or(true) {
+            let number = round.number + 1;
+            *round = Round {
+                number,
+                started: vec![false; self.partitions],
+                ..Round::default()
+            };
+        }
+        if let Some(started) = round.started.get_mut(partition) {
+            *started = true;
+        } else {
+            round.failed = true;
+        }
+        round.number
+    }
+
+    /// A partition of round `number` read to its end, with its keys (NULLs
+    /// left out); `None` where they could not be taken. Whether this made
+    /// the round's set.
+    pub fn finish(&self, number: u64, values: Option<Vec<i64>>) -> bool {
+        let mut round = self.lock();
+        if round.number != number || round.failed {
+            return false;
+        }
+        match values {
+            Some(values) if round.values.len() + values.len() <= MAX_KEY_VALUES => {
+                round.values.extend(values)
+            }
+            _ => {
+                round.failed = true;
+                round.values = Vec::new();
+                return false;
+            }
+        }
+        round.finished += 1;
+        if round.finished < self.partitions {
+            return false;
+        }
+        let values = std::mem::take(&mut round.values);
+        match KeyBitmap::of(&values) {
+            Some(keys) => round.keys = Some(Arc::new(keys)),
+            None => round.failed = true,
+        }
+        round.keys.is_some()
+    }
+
+    /// A partition of round `number` that stopped before its end.
+    pub fn fail(&self, number: u64) {
+        let mut round = self.lock();
+        if round.number == number {
+            round.failed = true;
+            round.values = Vec::new();
+        }
+    }
+
+    /// The latest round's set, where that round is complete.
+    pub fn keys(&self) -> Option<Arc<KeyBitmap>> {
+        self.lock().keys.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bitmap_holds_its_values_and_no_other() {
+        let values = [5, -3, 40, 5, 70];
+        let keys = KeyBitmap::of(&values).unwrap();
+        for v in -40..120 {
+            assert_eq!(keys.contains(v), values.contains(&v), "{v}");
+        }
+        assert_eq!(keys.words()[..2], [-3i64 as u64 as u32, (-3i64 as u64 >> 32) as u32]);
+        assert!(!keys.contains(i64::MIN) && !keys.contains(i64::MAX));
+        let empty = KeyBitmap::of(&[]).unwrap();
+        assert!(!empty.contains(0) && empty.words().len() == 2);
+        let extremes = KeyBitmap::of(&[i64::MAX]).unwrap();
+        assert!(extremes.contains(i64::MAX) && !extremes.contains(i64::MIN));
+        assert!(KeyBitmap::of(&[0, MAX_KEY_SPAN as i64 - 1]).is_some());
+        assert!(KeyBitmap::of(&[0, MAX_KEY_SPAN as i64]).is_none());
+        assert!(KeyBitmap::of(&[i64::MIN, i64::MAX]).is_none());
+    }
+
+    #[test]
+    fn a_set_is_given_out_only_once_its_latest_round_is_complete() {
+        let set = JoinKeySet::new(2);
+        let first = set.start(0);
+        set.finish(first, Some(vec![1, 2]));
+        assert!(set.keys().is_none(), "a partition still to come");
+        assert_eq!(set.start(1), first);
+        set.finish(first, Some(vec![9]));
+        let keys = set.keys().unwrap();
+        assert!(keys.contains(1) && keys.contains(9) && !keys.contains(3));
+
+        // The next execution: the old set is gone once it starts.
+        let second = set.start(1);
+        assert_ne!(second, first);
+        assert!(set.keys().is_none());
+        set.finish(first, Some(vec![3]));
+        assert_eq!(set.start(0), second);
+        set.finish(second, Some(vec![4]));
+        set.fail(second);
+        set.finish(second, Some(vec![5]));
+        assert!(set.keys().is_none(), "a partition that stopped early");
+
+        let third = set.start(0);
+        set.finish(third, None);
+        set.start(1);
+        set.finish(third, Some(vec![1]));
+        assert!(set.keys().is_none(), "keys that could not be taken");
+
+        let fourth = set.start(0);
+        set.start(1);
+        assert!(!set.finish(fourth, Some(vec![])));
+        assert!(set.finish(fourth, Some(vec![])), "the last partition makes the set");
+        let empty = set.keys().unwrap();
+        assert!(!empty.contains(0), "an empty build side passes no row");
+    }
+
+    #[test]
+    fn keys_too_spread_make_no_set() {
+        let set = JoinKeySet::new(1);
+        let round = set.start(0);
+        set.finish(round, Some(vec![0, MAX_KEY_SPAN as i64 * 2]));
+        assert!(set.keys().is_none());
+    }
+}

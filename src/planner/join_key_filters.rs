@@ -1,0 +1,192 @@
+//! Placing join key filters (see [`crate::exec::join_keys`]): each hash join
+//! that stays on the CPU, whose probe side is a scan the device can read
+//! from the column cache, gathers one integer key of its build side for
+//! that scan, which then keeps only the rows whose key the build side holds.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{JoinType, NullEquality};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::error::Result;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
+
+use super::decision::gpu_scan_placed;
+use super::statistics::plan_statistics;
+use crate::config::GpuOptions;
+use crate::exec::join_keys::{
+    gathers_keys_of, JoinKeyCollectorExec, JoinKeyFilterExpr, JoinKeySet,
+};
+use crate::exec::{coalesced_input, GpuScanFilterExec};
+
+/// Under `gpu.placement = 'cost'`, a probe side's scan that has no filter
+/// of its own reads the device column cache for the join only where the
+/// build side holds at most this share of its rows by DataFusion's
+/// estimates: its keys then drop most rows (a key a probe row shares with
+/// several build rows aside), and the rows that cross the bus back are
+/// few.
+const MAX_BUILD_SHARE: f64 = 0.125;
+
+/// `plan` with a join key filter for each hash join it can serve.
+pub(crate) fn with_join_key_filters(
+    plan: Arc<dyn ExecutionPlan>,
+    options: &GpuOptions,
+    gpu: std::result::Result<(), &str>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if gpu.is_err() || !options.tuning.join_key_filters || !options.tuning.scan_filter {
+        return Ok(plan);
+    }
+    plan.transform_up(|node| {
+        let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        match filtered_sides(join, options) {
+            Some((left, right)) => Ok(Transformed::yes(replace_children_if_necessary(
+                Arc::clone(&node),
+                vec![left, right],
+            )?)),
+            None => Ok(Transformed::no(node)),
+        }
+    })
+    .map(|t| t.data)
+}
+
+/// Whether a probe row of `join` whose key no build row holds makes no
+/// output: the probe side may then drop it.
+pub(crate) fn drops_unmatched_probe_rows(join: &HashJoinExec) -> bool {
+    use JoinType::*;
+    matches!(
+        join.join_type(),
+        Inner | Left | LeftSemi | LeftAnti | RightSemi | LeftMark
+    ) && join.null_equality() == NullEquality::NullEqualsNothing
+        && !join.null_aware
+}
+
+/// `join`'s build side under a [`JoinKeyCollectorExec`] and its probe side
+/// with the scan that tests the keys, where it has such a scan.
+fn filtered_sides(
+    join: &HashJoinExec,
+    options: &GpuOptions,
+) -> Option<(Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>)> {
+    if !drops_unmatched_probe_rows(join)
+        || join.left().downcast_ref::<JoinKeyCollectorExec>().is_some()
+    {
+        return None;
+    }
+    let (left_schema, right_schema) = (join.left().schema(), join.right().schema());
+    let (build_key, probe_key) = join.on().iter().find_map(|(l, r)| {
+        let (l, r) = (l.downcast_ref::<Column>()?, r.downcast_ref::<Column>()?);
+        let l_type = left_schema.field(l.index()).data_type();
+        let r_type = right_schema.field(r.index()).data_type();
+        (l_type == r_type && gathers_keys_of(l_type)).then(|| (l.clone(), r.clone()))
+    })?;
+    let build_rows = plan_statistics(join.left())
+        .ok()
+        .and_then(|s| s.num_rows.get_value().copied());
+    let partitions = join
+        .left()
+        .properties()
+        .output_partitioning()
+        .partition_count();
+    let keys = Arc::new(JoinKeySet::new(partitions));
+    let probe = Probe {
+        keys: &keys,
+        build_rows,
+        options,
+    };
+    let right = probe.with_filter(join.right(), probe_key.index())?;
+    let left = Arc::new(JoinKeyCollectorExec::new(
+        Arc::clone(join.left()),
+        Arc::new(build_key),
+        keys,
+    ));
+    Some((left, right))
+}
+
+/// What placing the filter on a probe side needs.
+struct Probe<'a> {
+    keys: &'a Arc<JoinKeySet>,
+    build_rows: Option<usize>,
+    options: &'a GpuOptions,
+}
+
+impl Probe<'_> {
+    /// `node` with its rows tested against the keys, by their column
+    /// `column`: at a GPU scan filter that reads the column, made or found
+    /// under nodes that pass rows through with their columns.
+    fn with_filter(
+        &self,
+        node: &Arc<dyn ExecutionPlan>,
+        column: usize,
+    ) -> Option<Arc<dyn ExecutionPlan>> {
+        let filter = || -> Arc<dyn PhysicalExpr> {
+            let name = node.schema().field(column).name().clone();
+            Arc::new(JoinKeyFilterExpr::new(
+                Arc::new(Column::new(&name, column)),
+                Arc::clone(self.keys),
+            ))
+        };
+        if let Some(scan) = node.downcast_ref::<GpuScanFilterExec>() {
+            return scan
+                .with_join_filter(filter())
+                .ok()
+                .flatten()
+                .map(|scan| Arc::new(scan) as Arc<dyn ExecutionPlan>);
+        }
+        let chain = node.downcast_ref::<ProjectionExec>().is_some()
+            || node.downcast_ref::<FilterExec>().is_some()
+            || node.downcast_ref::<DataSourceExec>().is_some()
+            || coalesced_input(node).is_some();
+        if chain {
+            if let Ok(Some(scan)) =
+                GpuScanFilterExec::with_join_filters(Arc::clone(node), vec![filter()])
+            {
+                return self
+                    .placed(&scan)
+                    .then(|| Arc::new(scan) as Arc<dyn ExecutionPlan>);
+            }
+        }
+        // Below: the input column that is `column` here.
+        let (input, below) = if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+            let expr = &projection.expr().get(column)?.expr;
+            (projection.input(), expr.downcast_ref::<Column>()?.index())
+        } else if let Some(filter) = node.downcast_ref::<FilterExec>() {
+            let below = match filter.projection() {
+                Some(projection) => *projection.get(column)?,
+                None => column,
+            };
+            (filter.input(), below)
+        } else if let Some(repartition) = node.downcast_ref::<RepartitionExec>() {
+            (repartition.input(), column)
+        } else if let Some(input) = coalesced_input(node) {
+            let filtered = self.with_filter(&input, column)?;
+            return replace_children_if_necessary(Arc::clone(node), vec![filtered]).ok();
+        } else {
+            return None;
+        };
+        let filtered = self.with_filter(input, below)?;
+        replace_children_if_necessary(Arc::clone(node), vec![filtered]).ok()
+    }
+
+    /// Whether a scan that tests the keys (and filters nothing else, where
+    /// it is new) should read the cache in place of DataFusion's scan.
+    fn placed(&self, scan: &GpuScanFilterExec) -> bool {
+        let rows = scan.scan_rows();
+        if gpu_scan_placed(self.options, "a scan filter", rows).is_err() {
+            return false;
+        }
+        if self.options.placement.always() {
+            return true;
+        }
+        match (self.build_rows, rows) {
+            (Some(build), Some(rows)) => build as f64 <= MAX_BUILD_SHARE * rows as f64,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Join key filters against DataFusion: a hash join left on the CPU hands
+//! its build keys to the GPU scan of its probe side, which drops the rows
+//! no build key matches. Inner, semi, left and anti joins; Int64, Int32 and
+//! Date32 keys, one of two keys; NULL, duplicate, negative and unmatched
+//! keys; an empty build side; build keys too spread for a set (every row
+//! then passes); a probe side with filters of its own; `MemTable`s and
+//! Parquet files; the build side collected once or hash-partitioned.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, Date32Array, Int32Array, Int64Array, RecordBatch, StringArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::MemTable;
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion_gpu::{gpu_decisions, GpuScanFilterExec};
+
+use crate::scan_aggregate::{table, temp_dir, write_parquet};
+use crate::support::{
+    cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, string_rows, JoinMode,
+};
+
+/// Sessions whose joins stay on the CPU (so that their probe sides take
+/// the keys), every other GPU node placed whatever its size.
+async fn contexts(mode: JoinMode) -> (SessionContext, SessionContext) {
+    let extra = [
+        "SET gpu.hash_join = false",
+        "SET gpu.sort_merge_join = false",
+        "SET gpu.tuning.scan_aggregate = false",
+    ];
+    (
+        gpu_context(mode, 4, &extra).await,
+        cpu_context(mode, 4, &[]).await,
+    )
+}
+
+/// Build tables: `k` (Int64 `key`, Int32 `n`, Date32 `day`, Utf8 `tag`)
+/// with keys that `t` holds, NULLs, duplicates, negatives and keys no row
+/// of `t` has; `wide`, whose keys span more values than a set holds.
+fn build_tables(rows: usize) -> (Arc<MemTable>, Arc<MemTable>) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("key", DataType::Int64, true),
+        Field::new("n", DataType::Int32, true),
+        Field::new("day", DataType::Date32, true),
+        Field::new("tag", DataType::Utf8, true),
+    ]));
+    // Every 97th value of t's range, a few hundred others, NULLs.
+    let keys: Vec<Option<i64>> = (0..rows)
+        .map(|r| match r % 11 {
+            0 => None,
+            1 => Some(-1_000_000 + (r as i64 % 50)),
+            2 => Some(5_000_000 + r as i64),
+            _ => Some(-1_000_000 + (r as i64 * 97) % 2_000_000),
+        })
+        .collect();
+    let columns = |keys: Vec<Option<i64>>| -> Vec<ArrayRef> {
+        let n = keys.len();
+        vec![
+            Arc::new(Int64Array::from(keys)),
+            Arc::new(Int32Array::from(
+                (0..n)
+                    .map(|r| (r % 13 != 0).then_some((r as i32 % 60) - 30))
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(Date32Array::from(
+                (0..n)
+                    .map(|r| (r % 7 != 0).then_some(8000 + (r as i32 * 37) % 3000))
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                (0..n).map(|r| format!("tag{}", r % 5)),
+            )),
+        ]
+    };
+    let k = RecordBatch::try_new(Arc::clone(&schema), columns(keys.clone())).unwrap();
+    let mut spread = keys;
+    spread.push(Some(1 << 40));
+    let wide = RecordBatch::try_new(Arc::clone(&schema), columns(spread)).unwrap();
+    let table = |batch: RecordBatch| {
+        let half = batch.num_rows() / 2;
+        let parts = vec![
+            vec![batch.slice(0, half)],
+            vec![batch.slice(half, batch.num_rows() - half)],
+        ];
+        Arc::new(MemTable::try_new(Arc::clone(&schema), parts).unwrap())
+    };
+    (table(k), table(wide))
+}
+
+const QUERIES: &[&str] = &[
+    "SELECT t.i, t.flag, k.tag FROM t JOIN k ON t.i = k.key",
+    "SELECT t.i, t.d FROM t WHERE t.i IN (SELECT key FROM k)",
+    "SELECT k.key, k.tag, t.flag FROM k LEFT JOIN t ON k.key = t.i",
+    "SELECT k.key FROM k WHERE NOT EXISTS (SELECT 1 FROM t WHERE t.i = k.key)",
+    "SELECT t.n, t.dt, t.i FROM t JOIN k ON t.n = k.n AND t.dt = k.day",
+    "SELECT t.i, t.status FROM t JOIN k ON t.i = k.key WHERE t.status <> 'F' AND t.f > 0.0",
+    "SELECT t.i FROM t JOIN k ON t.i = k.key WHERE k.key > 100000000000",
+    "SELECT t.i, w.key FROM t JOIN wide w ON t.i = w.key",
+    "SELECT count(*), sum(t.d) FROM t JOIN k ON t.i = k.key",
+];
+
+/// Nodes of `plan` named `name`.
+fn nodes_named(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Vec<Arc<dyn ExecutionPlan>> {
+    let mut found = Vec::new();
+    plan.apply(|node| {
+        if node.name() == name {
+            found.push(Arc::clone(node));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    found
+}
+
+/// What the scans that test join keys did.
+#[derive(Debug, Default)]
+struct Tested {
+    kept: usize,
+    scanned: usize,
+    /// Partitions left to DataFusion's scan (no set when they started).
+    on_cpu: usize,
+}
+
+/// Runs `sql` on both sessions, asserts the same rows, and returns the
+/// GPU plan (run) and what its key-testing scans did.
+async fn check(
+    gpu: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+) -> (Arc<dyn ExecutionPlan>, Tested) {
+    let plan = physical_plan(gpu, sql).await;
+    let gpu_batches = collect(Arc::clone(&plan), gpu.task_ctx())
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
+    assert_eq!(
+        string_rows(&gpu_batches),
+        string_rows(&cpu_batches),
+        "{sql}: results differ\n{}",
+        displayable(plan.as_ref()).indent(true)
+    );
+    let mut tested = Tested::default();
+    for node in nodes_named(&plan, "GpuScanFilterExec") {
+        let scan = node.downcast_ref::<GpuScanFilterExec>().unwrap();
+        if !displayable(scan)
+            .one_line()
+            .to_string()
+            .contains("IN join keys")
+        {
+            continue;
+        }
+        let metrics = node.metrics().unwrap();
+        let count = |name| metrics.sum_by_name(name).map_or(0, |v| v.as_usize());
+        tested.kept += metrics.output_rows().unwrap_or(0);
+        tested.scanned += count("rows_scanned");
+        tested.on_cpu += count("cpu_fallback");
+    }
+    (plan, tested)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn join_key_filters_answer_as_datafusion_does() {
+    let Some(_) = require_gpu("join_key_filters_answer_as_datafusion_does") else {
+        return;
+    };
+    for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+        let (gpu, cpu) = contexts(mode).await;
+        for (rows, build_rows, seed) in [(0, 0, 1), (1, 3, 2), (5000, 200, 3), (200_000, 3000, 4)] {
+            let (k, wide) = build_tables(build_rows);
+            for ctx in [&gpu, &cpu] {
+                for (name, table) in [
+                    ("t", table(rows, 4, seed)),
+                    ("k", k.clone()),
+                    ("wide", wide.clone()),
+                ] {
+                    let _ = ctx.deregister_table(name);
+                    ctx.register_table(name, table as _).unwrap();
+                }
+            }
+            let mut filtered = 0;
+            for sql in QUERIES {
+                let (plan, tested) = check(&gpu, &cpu, sql).await;
+                let collectors = nodes_named(&plan, "JoinKeyCollectorExec");
+                if collectors.is_empty() {
+                    continue;
+                }
+                filtered += 1;
+                let decisions = gpu_decisions(&plan, gpu.state().config_options());
+                assert!(
+                    decisions.iter().any(|d| d
+                        .to_string()
+                        .contains("filter the GPU scan of its probe side")),
+                    "{sql}: {decisions:?}"
+                );
+                // A build side collected once is whole before the probe side
+                // starts: the scan tests every row.
+                if mode == JoinMode::CollectLeft && rows >= 5000 && build_rows > 0 {
+                    let Tested {
+                        kept,
+                        scanned,
+                        on_cpu,
+                    } = tested;
+                    let sets = plan_metric(&plan, "join_key_sets");
+                    if sql.contains("wide") {
+                        // No set: the scan has no filter of its own, and
+                        // DataFusion's reads every partition.
+                        assert_eq!((sets, scanned, on_cpu), (0, 0, 4), "{sql}");
+                        continue;
+                    }
+                    assert!(sets >= 1, "{sql}: no set made");
+                    if sql.contains("100000000000") {
+                        // DataFusion's join may skip a probe side whose
+                        // build side is empty; where it reads it, no row
+                        // passes.
+                        assert_eq!(kept, 0, "{sql}: an empty build side keeps no row");
+                        continue;
+                    }
+                    assert!(scanned >= rows, "{sql}: {scanned} of {rows} rows scanned");
+                    if sql.contains("JOIN k ON t.i = k.key") {
+                        assert!(kept < rows / 5, "{sql}: {kept} of {rows} rows kept");
+                    }
+                }
+            }
+            assert!(
+                filtered >= 5,
+                "{mode:?}, {rows} rows: {filtered} queries filtered by join keys"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn join_key_filters_read_parquet_probe_sides() {
+    let Some(_) = require_gpu("join_key_filters_read_parquet_probe_sides") else {
+        return;
+    };
+    let dir = temp_dir("join-keys");
+    for (file, seed) in [("a.parquet", 11), ("b.parquet", 12), ("c.parquet", 13)] {
+        write_parquet(&dir.join(file), 40_000, seed);
+    }
+    let (k, wide) = build_tables(1500);
+    for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+        let (gpu, cpu) = contexts(mode).await;
+        for ctx in [&gpu, &cpu] {
+            ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
+                .await
+                .unwrap();
+            ctx.register_table("k", k.clone() as _).unwrap();
+            ctx.register_table("wide", wide.clone() as _).unwrap();
+        }
+        let mut filtered = 0;
+        for sql in QUERIES {
+            let (plan, tested) = check(&gpu, &cpu, sql).await;
+            if !nodes_named(&plan, "JoinKeyCollectorExec").is_empty() {
+                filtered += 1;
+                assert!(tested.kept <= tested.scanned, "{sql}: {tested:?}");
+            }
+        }
+        assert!(
+            filtered >= 5,
+            "{mode:?}: {filtered} queries filtered by join keys"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
