@@ -2,15 +2,19 @@
 //! that stays on the CPU, whose probe side is a scan the device can read
 //! from the column cache, gathers one integer key of its build side for
 //! that scan, which then keeps only the rows whose key the build side holds.
+//! The probe side's column is followed through inner joins below, to the
+//! input it comes from and, by the equi-join key it is, to the other.
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{JoinType, NullEquality};
+use datafusion::common::{JoinType, NullEquality, ScalarValue};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -119,7 +123,8 @@ struct Probe<'a> {
 impl Probe<'_> {
     /// `node` with its rows tested against the keys, by their column
     /// `column`: at a GPU scan filter that reads the column, made or found
-    /// under nodes that pass rows through with their columns.
+    /// under nodes that pass rows through with their columns, and on either
+    /// side of inner joins.
     fn with_filter(
         &self,
         node: &Arc<dyn ExecutionPlan>,
@@ -130,6 +135,7 @@ impl Probe<'_> {
             Arc::new(JoinKeyFilterExpr::new(
                 Arc::new(Column::new(&name, column)),
                 Arc::clone(self.keys),
+                value_range(node, column),
             ))
         };
         if let Some(scan) = node.downcast_ref::<GpuScanFilterExec>() {
@@ -164,14 +170,67 @@ impl Probe<'_> {
             (filter.input(), below)
         } else if let Some(repartition) = node.downcast_ref::<RepartitionExec>() {
             (repartition.input(), column)
+        } else if let Some(coalesce) = node.downcast_ref::<CoalescePartitionsExec>() {
+            (coalesce.input(), column)
+        } else if let Some(collector) = node.downcast_ref::<JoinKeyCollectorExec>() {
+            (collector.input(), column)
         } else if let Some(input) = coalesced_input(node) {
             let filtered = self.with_filter(&input, column)?;
             return replace_children_if_necessary(Arc::clone(node), vec![filtered]).ok();
+        } else if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+            return self.through_inner_join(node, join, column);
         } else {
             return None;
         };
         let filtered = self.with_filter(input, below)?;
         replace_children_if_necessary(Arc::clone(node), vec![filtered]).ok()
+    }
+
+    /// `node`, an inner join, with its output column `column` tested in the
+    /// input it comes from and, where it is an equi-join key, in the other
+    /// input by its partner: a row either test drops makes no output row
+    /// whose key is among the keys.
+    fn through_inner_join(
+        &self,
+        node: &Arc<dyn ExecutionPlan>,
+        join: &HashJoinExec,
+        column: usize,
+    ) -> Option<Arc<dyn ExecutionPlan>> {
+        if *join.join_type() != JoinType::Inner {
+            return None;
+        }
+        let column = match &join.projection {
+            Some(projection) => *projection.get(column)?,
+            None => column,
+        };
+        let left_width = join.left().schema().fields().len();
+        let (left_column, right_column) = match column < left_width {
+            true => {
+                let partner = join.on().iter().find_map(|(l, r)| {
+                    let l = l.downcast_ref::<Column>()?;
+                    (l.index() == column).then(|| r.downcast_ref::<Column>().map(Column::index))?
+                });
+                (Some(column), partner)
+            }
+            false => {
+                let column = column - left_width;
+                let partner = join.on().iter().find_map(|(l, r)| {
+                    let r = r.downcast_ref::<Column>()?;
+                    (r.index() == column).then(|| l.downcast_ref::<Column>().map(Column::index))?
+                });
+                (partner, Some(column))
+            }
+        };
+        let left = left_column.and_then(|c| self.with_filter(join.left(), c));
+        let right = right_column.and_then(|c| self.with_filter(join.right(), c));
+        if left.is_none() && right.is_none() {
+            return None;
+        }
+        let children = vec![
+            left.unwrap_or_else(|| Arc::clone(join.left())),
+            right.unwrap_or_else(|| Arc::clone(join.right())),
+        ];
+        replace_children_if_necessary(Arc::clone(node), children).ok()
     }
 
     /// Whether a scan that tests the keys (and filters nothing else, where
@@ -189,4 +248,20 @@ impl Probe<'_> {
             _ => false,
         }
     }
+}
+
+/// The smallest and largest value of `node`'s output column `column`
+/// (an integer or date), where its statistics know both.
+fn value_range(node: &Arc<dyn ExecutionPlan>, column: usize) -> Option<(i64, i64)> {
+    let stats = plan_statistics(node).ok()?;
+    let column = stats.column_statistics.get(column)?;
+    let bound = |value: &ScalarValue| -> Option<i64> {
+        match value.cast_to(&DataType::Int64).ok()? {
+            ScalarValue::Int64(Some(v)) => Some(v),
+            _ => None,
+        }
+    };
+    let low = bound(column.min_value.get_value()?)?;
+    let high = bound(column.max_value.get_value()?)?;
+    Some((low, high))
 }

@@ -12,6 +12,7 @@ use datafusion::arrow::datatypes::{
 };
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
@@ -98,6 +99,11 @@ impl JoinKeyCollectorExec {
     /// The set the keys go to.
     pub fn keys(&self) -> &Arc<JoinKeySet> {
         &self.keys
+    }
+
+    /// The build side.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
     }
 }
 
@@ -197,6 +203,8 @@ impl ExecutionPlan for JoinKeyCollectorExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        let reservation = MemoryConsumer::new(format!("JoinKeyCollectorExec[{partition}]"))
+            .register(context.memory_pool());
         let input = self.input.execute(partition, context)?;
         let round = self.keys.start(partition);
         let metrics = GatherMetrics {
@@ -205,6 +213,7 @@ impl ExecutionPlan for JoinKeyCollectorExec {
         };
         Ok(Box::pin(GatheringStream {
             metrics,
+            reservation,
             schema: input.schema(),
             input,
             key: Arc::clone(&self.key),
@@ -227,6 +236,9 @@ struct GatherMetrics {
 /// One partition of the build side, its keys gathered as it passes.
 struct GatheringStream {
     metrics: GatherMetrics,
+    /// The keys' memory, in the session's pool: where it refuses them, no
+    /// set is made.
+    reservation: MemoryReservation,
     schema: SchemaRef,
     input: SendableRecordBatchStream,
     key: Arc<dyn PhysicalExpr>,
@@ -245,8 +257,16 @@ impl GatheringStream {
         };
         let array = self.key.evaluate(batch)?.into_array(batch.num_rows())?;
         let before = values.len();
-        if !append_key_values(&array, values) || values.len() > MAX_KEY_VALUES {
+        let held = values.capacity();
+        let taken = append_key_values(&array, values)
+            && values.len() <= MAX_KEY_VALUES
+            && self
+                .reservation
+                .try_grow(values.capacity().saturating_sub(held) * std::mem::size_of::<i64>())
+                .is_ok();
+        if !taken {
             self.values = None;
+            self.reservation.free();
             return Ok(());
         }
         self.metrics.keys.add(values.len() - before);

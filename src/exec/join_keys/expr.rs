@@ -27,12 +27,32 @@ use super::set::JoinKeySet;
 pub struct JoinKeyFilterExpr {
     key: Arc<dyn PhysicalExpr>,
     keys: Arc<JoinKeySet>,
+    /// The smallest and largest key of the probe side, where statistics
+    /// know them: how much of its range the keys cover estimates the share
+    /// of rows the test keeps.
+    probe_range: Option<(i64, i64)>,
 }
 
 impl JoinKeyFilterExpr {
-    /// The test of `key` against `keys`.
-    pub fn new(key: Arc<dyn PhysicalExpr>, keys: Arc<JoinKeySet>) -> Self {
-        Self { key, keys }
+    /// The test of `key` against `keys`, whose probe side's keys lie
+    /// within `probe_range` where it is known.
+    pub fn new(
+        key: Arc<dyn PhysicalExpr>,
+        keys: Arc<JoinKeySet>,
+        probe_range: Option<(i64, i64)>,
+    ) -> Self {
+        Self {
+            key,
+            keys,
+            probe_range,
+        }
+    }
+
+    /// About the share of the probe side's rows the test keeps, once the
+    /// set is there: the share of the probe keys' range (or, unknown, of
+    /// the values the set spans) that the set holds.
+    pub fn kept_share(&self) -> Option<f64> {
+        self.keys.keys().map(|keys| keys.share_of(self.probe_range))
     }
 
     /// The key tested.
@@ -108,7 +128,11 @@ impl PhysicalExpr for JoinKeyFilterExpr {
         mut children: Vec<Arc<dyn PhysicalExpr>>,
     ) -> Result<Arc<dyn PhysicalExpr>> {
         match (children.pop(), children.is_empty()) {
-            (Some(key), true) => Ok(Arc::new(Self::new(key, Arc::clone(&self.keys)))),
+            (Some(key), true) => Ok(Arc::new(Self::new(
+                key,
+                Arc::clone(&self.keys),
+                self.probe_range,
+            ))),
             _ => Err(DataFusionError::Internal(
                 "a join key test has one child".into(),
             )),
@@ -133,15 +157,17 @@ mod tests {
         let column: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), None, Some(5), Some(2)]));
         let batch = RecordBatch::try_new(schema, vec![column]).unwrap();
         let keys = Arc::new(JoinKeySet::new(1));
-        let expr = JoinKeyFilterExpr::new(Arc::new(Column::new("k", 0)), Arc::clone(&keys));
+        let expr = JoinKeyFilterExpr::new(Arc::new(Column::new("k", 0)), Arc::clone(&keys), Some((0, 9)));
         let passes = |expr: &JoinKeyFilterExpr| -> Vec<bool> {
             let result = expr.evaluate(&batch).unwrap().into_array(4).unwrap();
             result.as_boolean().iter().map(|v| v.unwrap()).collect()
         };
         assert_eq!(passes(&expr), [true; 4]);
+        assert_eq!(expr.kept_share(), None);
         let round = keys.start(0);
         keys.finish(round, Some(vec![2, 5, 9]));
         assert_eq!(passes(&expr), [false, false, true, true]);
+        assert_eq!(expr.kept_share(), Some(0.3), "3 of the 10 probe keys 0 to 9");
         assert!(expr.to_string().contains("IN join keys #"));
     }
 

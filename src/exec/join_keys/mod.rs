@@ -20,4 +20,4 @@ mod set;
 pub(crate) use collector::gathers_keys_of;
 pub use collector::JoinKeyCollectorExec;
 pub use expr::JoinKeyFilterExpr;
-pub use set::JoinKeySet;
+pub use set::{JoinKeySet, MAX_KEPT_SHARE};

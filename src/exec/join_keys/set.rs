@@ -13,6 +13,12 @@ pub const MAX_KEY_VALUES: usize = 1 << 25;
 /// part of the probe side's table.
 pub const MAX_KEY_SPAN: u64 = 1 << 26;
 
+/// The largest share of a probe side's rows a join key test may be
+/// estimated to keep for a scan with no filter of its own to read the
+/// column cache for it (the scan filter's own limit, for the same reason:
+/// each row kept crosses the bus back and is made into Arrow columns).
+pub const MAX_KEPT_SHARE: f64 = 0.25;
+
 /// A set of integers as the device tests it (`ScanOp::KeyTest`): the
 /// smallest value, then one bit per value from it to the largest.
 #[derive(Debug, PartialEq, Eq)]
@@ -48,12 +54,33 @@ impl KeyBitmap {
         &self.words
     }
 
+    fn smallest(&self) -> i64 {
+        (u64::from(self.words[1]) << 32 | u64::from(self.words[0])) as i64
+    }
+
     /// Whether `value` is in the set.
     pub fn contains(&self, value: i64) -> bool {
-        let smallest = (u64::from(self.words[1]) << 32 | u64::from(self.words[0])) as i64;
-        let offset = value.wrapping_sub(smallest) as u64;
+        let offset = value.wrapping_sub(self.smallest()) as u64;
         let bits = &self.words[2..];
         offset / 32 < bits.len() as u64 && bits[(offset / 32) as usize] >> (offset % 32) & 1 == 1
+    }
+
+    /// The share of the values from `low` to `high` in the set (of the
+    /// values it spans where no range is given): about the share of rows a
+    /// test keeps whose keys spread evenly over that range.
+    pub fn share_of(&self, range: Option<(i64, i64)>) -> f64 {
+        let bits = &self.words[2..];
+        let span = bits.len() as i64 * 32;
+        let smallest = self.smallest();
+        let (low, high) = range.unwrap_or((smallest, smallest.saturating_add(span - 1)));
+        if high < low {
+            return 0.0;
+        }
+        // The range as bit offsets, clamped to the bitmap.
+        let first = (low as i128 - smallest as i128).clamp(0, span as i128) as usize;
+        let last = (high as i128 - smallest as i128 + 1).clamp(0, span as i128) as usize;
+        let held = count_bits(bits, first, last);
+        held as f64 / (high as i128 - low as i128 + 1) as f64
     }
 }
 
@@ -173,6 +200,24 @@ impl JoinKeySet {
     }
 }
 
+/// Set bits of `bits` from bit `first` to before bit `last`.
+fn count_bits(bits: &[u32], first: usize, last: usize) -> u64 {
+    let mut count = 0;
+    let mut at = first;
+    while at < last {
+        let from = at % 32;
+        let base = at - from;
+        let width = (last - base).min(32) - from;
+        let mask = match width {
+            32 => u32::MAX,
+            _ => ((1u32 << width) - 1) << from,
+        };
+        count += u64::from((bits[at / 32] & mask).count_ones());
+        at = base + 32;
+    }
+    count
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,6 +274,27 @@ mod tests {
         assert!(set.finish(fourth, Some(vec![])), "the last partition makes the set");
         let empty = set.keys().unwrap();
         assert!(!empty.contains(0), "an empty build side passes no row");
+    }
+
+    #[test]
+    fn a_share_counts_the_keys_within_a_range() {
+        let values: Vec<i64> = (100..200).chain([1000]).collect();
+        let keys = KeyBitmap::of(&values).unwrap();
+        assert_eq!(keys.share_of(Some((100, 199))), 1.0);
+        assert_eq!(keys.share_of(Some((0, 999))), 0.1);
+        assert_eq!(keys.share_of(Some((150, 1049))), 51.0 / 900.0);
+        assert_eq!(keys.share_of(Some((-5000, -1))), 0.0);
+        assert_eq!(keys.share_of(Some((5, 4))), 0.0);
+        // Without a range: of the values spanned (rounded up to whole words).
+        let spanned = keys.words().len() as f64 * 32.0 - 64.0;
+        assert_eq!(keys.share_of(None), 101.0 / spanned);
+        for (first, last) in [(0, 0), (3, 5), (31, 33), (0, 64), (7, 100), (64, 96)] {
+            let bits = [u32::MAX, 0x0F0F_0F0F, 1 << 31, u32::MAX];
+            let expected = (first..last)
+                .filter(|&b: &usize| bits[b / 32] >> (b % 32) & 1 == 1)
+                .count() as u64;
+            assert_eq!(count_bits(&bits, first, last), expected, "{first}..{last}");
+        }
     }
 
     #[test]

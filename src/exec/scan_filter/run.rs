@@ -25,6 +25,7 @@ use crate::config::GpuOptions;
 use crate::exec::scan_aggregate::{
     part_columns, remap_table, scan_chunk, test_tables, Loaded, Part,
 };
+use crate::exec::join_keys::{JoinKeyFilterExpr, MAX_KEPT_SHARE};
 use crate::exec::GpuScanMetrics;
 use crate::gpu::launch::FilterProgram as DeviceFilterProgram;
 use crate::gpu::{CachedColumn, GpuDevice, PhaseTimer};
@@ -60,16 +61,29 @@ pub(crate) async fn run(
         )));
     };
     // Without a filter of its own, the node only pays where the join keys
-    // drop rows: with no set yet, DataFusion's scan reads the partition.
-    let join_keys_there = program
-        .tests
-        .iter()
-        .filter_map(|test| test.join_keys.as_ref())
-        .any(|keys| keys.keys().is_some());
-    if !shape.chain_filters && !join_keys_there {
-        return Ok(Ran::OnCpu(
-            "the join's build keys were not all read when the scan started".into(),
-        ));
+    // drop most rows: with no set yet, or a set estimated to keep more
+    // than MAX_KEPT_SHARE of them, DataFusion's scan reads the partition.
+    if !shape.chain_filters {
+        let kept = program
+            .tests
+            .iter()
+            .filter_map(|test| test.predicate.downcast_ref::<JoinKeyFilterExpr>())
+            .filter_map(JoinKeyFilterExpr::kept_share)
+            .reduce(f64::min);
+        match kept {
+            None => {
+                return Ok(Ran::OnCpu(
+                    "the join's build keys were not all read when the scan started".into(),
+                ))
+            }
+            Some(kept) if kept > MAX_KEPT_SHARE => {
+                return Ok(Ran::OnCpu(format!(
+                    "the join's build keys would keep about {:.0} % of the rows",
+                    100.0 * kept
+                )))
+            }
+            Some(_) => {}
+        }
     }
     let batch_size = context.session_config().batch_size().max(1);
     let mut batches = Vec::new();

@@ -179,6 +179,34 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
             "{sql}: {decisions:?}"
         );
     }
+    // A semi join over an inner join: its keys reach the scans of both
+    // inputs, beside the inner join's own.
+    let sql = "SELECT r.v FROM r JOIN s ON r.k = s.k WHERE r.k IN (SELECT k FROM t WHERE v < 5)";
+    let plan = planned(sql, always()).await;
+    let text = show(&plan);
+    let ids: Vec<usize> = nodes_of::<JoinKeyCollectorExec>(&plan)
+        .iter()
+        .map(|c| {
+            c.downcast_ref::<JoinKeyCollectorExec>()
+                .unwrap()
+                .keys()
+                .id()
+        })
+        .collect();
+    assert_eq!(ids.len(), 2, "{text}");
+    let scans = nodes_of::<GpuScanFilterExec>(&plan);
+    let widest = ids
+        .iter()
+        .map(|id| {
+            let test = format!("IN join keys #{id}");
+            scans
+                .iter()
+                .filter(|scan| show(scan).contains(&test))
+                .count()
+        })
+        .max();
+    assert_eq!(widest, Some(2), "{text}");
+
     // Where a probe row without a match makes output, where NULL keys
     // count (NOT IN), with the switch off, without the cache, or under the
     // cost placement for tables of a few hundred rows: no key filter.
