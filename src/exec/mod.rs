@@ -32,6 +32,8 @@ pub use sort_merge_join::GpuSortMergeJoinExec;
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::PhysicalExprRef;
 
@@ -57,6 +59,18 @@ pub(crate) fn check_device_ids(ids: &[u64], rows: usize, what: &str) -> Result<(
         )));
     }
     Ok(())
+}
+
+/// The statistics of a node whose rows are its one input's: the input's,
+/// or unknown for `schema` without them.
+pub(crate) fn input_statistics(
+    input_stats: &[Arc<Statistics>],
+    schema: &SchemaRef,
+) -> Arc<Statistics> {
+    match input_stats.first() {
+        Some(stats) => Arc::clone(stats),
+        None => Arc::new(Statistics::new_unknown(schema)),
+    }
 }
 
 /// A join's equi-join keys as `EXPLAIN` shows them: `(left, right), ...`.

@@ -473,7 +473,7 @@ fn collect_decisions(
     } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
         let key_filter = match join.left().downcast_ref::<JoinKeyCollectorExec>() {
             Some(collector) => format!(
-                "; its build keys (#{}) filter the GPU scan of its probe side",
+                "; its build keys (#{}) filter the scan of its probe side",
                 collector.keys().id()
             ),
             None => String::new(),

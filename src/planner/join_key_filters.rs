@@ -1,7 +1,8 @@
 //! Placing join key filters (see [`crate::exec::join_keys`]): each hash join
-//! that stays on the CPU, whose probe side is a scan the device can read
-//! from the column cache, gathers one integer key of its build side for
-//! that scan, which then keeps only the rows whose key the build side holds.
+//! that stays on the CPU gathers one integer key of its build side for the
+//! scan of its probe side, which then keeps only the rows whose key the
+//! build side holds: on the device where it reads the column cache, else
+//! in a `FilterExec` on the host.
 //! The probe side's column is followed through inner joins below, to the
 //! input it comes from and, by the equi-join key it is, to the other.
 
@@ -43,7 +44,7 @@ pub(crate) fn with_join_key_filters(
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    if gpu.is_err() || !options.tuning.join_key_filters || !options.tuning.scan_filter {
+    if gpu.is_err() || !options.tuning.join_key_filters {
         return Ok(plan);
     }
     plan.transform_up(|node| {
@@ -63,7 +64,7 @@ pub(crate) fn with_join_key_filters(
 
 /// Whether a probe row of `join` whose key no build row holds makes no
 /// output: the probe side may then drop it.
-pub(crate) fn drops_unmatched_probe_rows(join: &HashJoinExec) -> bool {
+fn drops_unmatched_probe_rows(join: &HashJoinExec) -> bool {
     use JoinType::*;
     matches!(
         join.join_type(),
@@ -124,7 +125,8 @@ impl Probe<'_> {
     /// `node` with its rows tested against the keys, by their column
     /// `column`: at a GPU scan filter that reads the column, made or found
     /// under nodes that pass rows through with their columns, and on either
-    /// side of inner joins.
+    /// side of inner joins; where the device does not read the scan, by a
+    /// `FilterExec` above it on the host.
     fn with_filter(
         &self,
         node: &Arc<dyn ExecutionPlan>,
@@ -153,10 +155,16 @@ impl Probe<'_> {
             if let Ok(Some(scan)) =
                 GpuScanFilterExec::with_join_filters(Arc::clone(node), vec![filter()])
             {
-                return self
-                    .placed(&scan)
-                    .then(|| Arc::new(scan) as Arc<dyn ExecutionPlan>);
+                if self.placed(&scan) {
+                    return Some(Arc::new(scan));
+                }
             }
+        }
+        // A scan the device does not read: tested on the host, where the
+        // set is worth it (see `JoinKeyFilterExpr::evaluate`).
+        if node.downcast_ref::<DataSourceExec>().is_some() {
+            let tested = FilterExec::try_new(filter(), Arc::clone(node)).ok()?;
+            return Some(Arc::new(tested));
         }
         // Below: the input column that is `column` here.
         let (input, below) = if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
@@ -236,6 +244,9 @@ impl Probe<'_> {
     /// Whether a scan that tests the keys (and filters nothing else, where
     /// it is new) should read the cache in place of DataFusion's scan.
     fn placed(&self, scan: &GpuScanFilterExec) -> bool {
+        if !self.options.tuning.scan_filter {
+            return false;
+        }
         let rows = scan.scan_rows();
         if gpu_scan_placed(self.options, "a scan filter", rows).is_err() {
             return false;

@@ -121,7 +121,7 @@ impl DisplayAs for JoinKeyCollectorExec {
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
                 f,
-                "JoinKeyCollectorExec: key={}, keys=#{} (for the GPU scan of the probe side)",
+                "JoinKeyCollectorExec: key={}, keys=#{} (for the scan of the probe side)",
                 self.key,
                 self.keys.id()
             ),
@@ -188,10 +188,7 @@ impl ExecutionPlan for JoinKeyCollectorExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        match input_stats.first() {
-            Some(stats) => Ok(Arc::clone(stats)),
-            None => Ok(Arc::new(Statistics::new_unknown(&self.schema()))),
-        }
+        Ok(crate::exec::input_statistics(input_stats, &self.schema()))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

@@ -3,16 +3,17 @@
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{Array, BooleanArray};
+use datafusion::common::ScalarValue;
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::ColumnarValue;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::arrow::array::RecordBatch;
 
-use super::set::JoinKeySet;
+use super::set::{JoinKeySet, KeyBitmap, MAX_KEPT_SHARE};
 
 /// `key IN (the build side's keys)`, once the build side's every partition
 /// was read (see [`JoinKeySet`]); before, and where no set could be made,
@@ -31,6 +32,9 @@ pub struct JoinKeyFilterExpr {
     /// know them: how much of its range the keys cover estimates the share
     /// of rows the test keeps.
     probe_range: Option<(i64, i64)>,
+    /// The share of rows the latest set keeps ([`Self::kept_share`]), by
+    /// the set's id: counted once a set, not once a batch.
+    share: Arc<Mutex<Option<(u64, f64)>>>,
 }
 
 impl JoinKeyFilterExpr {
@@ -45,6 +49,7 @@ impl JoinKeyFilterExpr {
             key,
             keys,
             probe_range,
+            share: Arc::default(),
         }
     }
 
@@ -52,7 +57,21 @@ impl JoinKeyFilterExpr {
     /// set is there: the share of the probe keys' range (or, unknown, of
     /// the values the set spans) that the set holds.
     pub fn kept_share(&self) -> Option<f64> {
-        self.keys.keys().map(|keys| keys.share_of(self.probe_range))
+        let keys = self.keys.keys()?;
+        Some(self.share_of(&keys))
+    }
+
+    fn share_of(&self, keys: &KeyBitmap) -> f64 {
+        let id = keys.id();
+        let mut share = self.share.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match *share {
+            Some((seen, kept)) if seen == id => kept,
+            _ => {
+                let kept = keys.share_of(self.probe_range);
+                *share = Some((id, kept));
+                kept
+            }
+        }
     }
 
     /// The key tested.
@@ -96,11 +115,18 @@ impl PhysicalExpr for JoinKeyFilterExpr {
         Ok(false)
     }
 
+    /// On the host (a CPU filter, or a part the device could not take): no
+    /// set, or one estimated to keep more than [`MAX_KEPT_SHARE`] of the
+    /// rows, passes every row as it is.
     fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
         let rows = batch.num_rows();
+        let every_row = ColumnarValue::Scalar(ScalarValue::Boolean(Some(true)));
         let Some(keys) = self.keys.keys() else {
-            return Ok(ColumnarValue::Array(Arc::new(BooleanArray::from(vec![true; rows]))));
+            return Ok(every_row);
         };
+        if self.share_of(&keys) > MAX_KEPT_SHARE {
+            return Ok(every_row);
+        }
         let array = self.key.evaluate(batch)?.into_array(rows)?;
         let mut values = Vec::with_capacity(rows);
         if !super::collector::append_key_values(&array, &mut values) && rows > 0 {
@@ -128,11 +154,12 @@ impl PhysicalExpr for JoinKeyFilterExpr {
         mut children: Vec<Arc<dyn PhysicalExpr>>,
     ) -> Result<Arc<dyn PhysicalExpr>> {
         match (children.pop(), children.is_empty()) {
-            (Some(key), true) => Ok(Arc::new(Self::new(
+            (Some(key), true) => Ok(Arc::new(Self {
                 key,
-                Arc::clone(&self.keys),
-                self.probe_range,
-            ))),
+                keys: Arc::clone(&self.keys),
+                probe_range: self.probe_range,
+                share: Arc::clone(&self.share),
+            })),
             _ => Err(DataFusionError::Internal(
                 "a join key test has one child".into(),
             )),
@@ -157,7 +184,8 @@ mod tests {
         let column: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), None, Some(5), Some(2)]));
         let batch = RecordBatch::try_new(schema, vec![column]).unwrap();
         let keys = Arc::new(JoinKeySet::new(1));
-        let expr = JoinKeyFilterExpr::new(Arc::new(Column::new("k", 0)), Arc::clone(&keys), Some((0, 9)));
+        let key = || Arc::new(Column::new("k", 0)) as Arc<dyn PhysicalExpr>;
+        let expr = JoinKeyFilterExpr::new(key(), Arc::clone(&keys), Some((0, 19)));
         let passes = |expr: &JoinKeyFilterExpr| -> Vec<bool> {
             let result = expr.evaluate(&batch).unwrap().into_array(4).unwrap();
             result.as_boolean().iter().map(|v| v.unwrap()).collect()
@@ -167,8 +195,19 @@ mod tests {
         let round = keys.start(0);
         keys.finish(round, Some(vec![2, 5, 9]));
         assert_eq!(passes(&expr), [false, false, true, true]);
-        assert_eq!(expr.kept_share(), Some(0.3), "3 of the 10 probe keys 0 to 9");
+        assert_eq!(expr.kept_share(), Some(0.15), "3 of the 20 probe keys 0 to 19");
         assert!(expr.to_string().contains("IN join keys #"));
+        // A set that holds more than a quarter of the probe keys' range
+        // is not worth testing on the host: every row passes.
+        let narrow = JoinKeyFilterExpr::new(key(), Arc::clone(&keys), Some((0, 9)));
+        assert_eq!(narrow.kept_share(), Some(0.3));
+        assert_eq!(passes(&narrow), [true; 4]);
+        // The next round's set is counted anew.
+        keys.start(0);
+        let next = keys.start(0);
+        keys.finish(next, Some((0..20).collect()));
+        assert_eq!(expr.kept_share(), Some(1.0));
+        assert_eq!(passes(&expr), [true; 4]);
     }
 
     use datafusion::arrow::array::ArrayRef;

@@ -1,14 +1,15 @@
 //! Join key filters: a hash join that stays on the CPU hands the keys of its
-//! build side to the GPU scan of its probe side, which then keeps only the
-//! rows whose key is among them (`algorithm=scan_filter`, over the table's
-//! columns in the device column cache). The join gets fewer rows to
+//! build side to the scan of its probe side, which then keeps only the rows
+//! whose key is among them: on the GPU (`algorithm=scan_filter`, over the
+//! table's columns in the device column cache) where the device reads the
+//! scan, else in a `FilterExec` on the host. The join gets fewer rows to
 //! repartition and probe; its result is the same, since a probe row whose
 //! key no build row holds makes no output in the joins it is used for.
 //!
 //! [`JoinKeyCollectorExec`] sits above the build side and gathers one
 //! integer key into a [`JoinKeySet`]; the scan tests [`JoinKeyFilterExpr`]
-//! on the device (`ScanOp::KeyTest`, a bitmap of the keys) once the set is
-//! complete. DataFusion's hash join reads its whole build side (in every
+//! (on the device, `ScanOp::KeyTest`, a bitmap of the keys) once the set
+//! is complete. DataFusion's hash join reads its whole build side (in every
 //! partition, where its dynamic filter is in use) before it reads its
 //! probe side, so the set is normally there when the scan starts; where it
 //! is not, rows pass untested.

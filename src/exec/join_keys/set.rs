@@ -1,7 +1,7 @@
 //! The integer keys of a hash join's build side, gathered as the build side
 //! is read, as a set the probe side's scan can test each row against.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Distinct build keys a set is made of at most; beyond, the build side is
@@ -21,19 +21,23 @@ pub const MAX_KEPT_SHARE: f64 = 0.25;
 
 /// A set of integers as the device tests it (`ScanOp::KeyTest`): the
 /// smallest value, then one bit per value from it to the largest.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct KeyBitmap {
     /// The smallest value's two 32-bit halves, low first, then the bitmap
     /// (bit `v - smallest` of word `(v - smallest) / 32`).
     words: Vec<u32>,
+    /// Which set this is: a number no other set of the process has.
+    id: u64,
 }
+
+static NEXT_BITMAP: AtomicU64 = AtomicU64::new(1);
 
 impl KeyBitmap {
     /// The set of `values`, or `None` where they span more than
     /// [`MAX_KEY_SPAN`] values. No values make an empty set.
     pub fn of(values: &[i64]) -> Option<Self> {
         let (Some(&smallest), Some(&largest)) = (values.iter().min(), values.iter().max()) else {
-            return Some(Self { words: vec![0, 0] });
+            return Some(Self::new(vec![0, 0]));
         };
         let span = (largest as i128 - smallest as i128 + 1) as u128;
         if span > u128::from(MAX_KEY_SPAN) {
@@ -46,7 +50,19 @@ impl KeyBitmap {
             let offset = v.wrapping_sub(smallest) as u64 as usize;
             words[2 + offset / 32] |= 1 << (offset % 32);
         }
-        Some(Self { words })
+        Some(Self::new(words))
+    }
+
+    fn new(words: Vec<u32>) -> Self {
+        Self {
+            words,
+            id: NEXT_BITMAP.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// A number no other set of the process has.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The table the device reads.

@@ -227,10 +227,7 @@ impl ExecutionPlan for GpuScanFilterExec {
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
         // The chain's own estimate: the same rows.
-        match input_stats.first() {
-            Some(stats) => Ok(Arc::clone(stats)),
-            None => Ok(Arc::new(Statistics::new_unknown(&self.schema()))),
-        }
+        Ok(crate::exec::input_statistics(input_stats, &self.schema()))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
