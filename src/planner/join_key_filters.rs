@@ -28,7 +28,7 @@ use crate::config::GpuOptions;
 use crate::exec::join_keys::{
     gathers_keys_of, JoinKeyCollectorExec, JoinKeyFilterExpr, JoinKeySet,
 };
-use crate::exec::{coalesced_input, GpuScanFilterExec};
+use crate::exec::{coalesced_input, GpuHashJoinExec, GpuScanFilterExec};
 
 /// Under `gpu.placement = 'cost'`, a probe side's scan that has no filter
 /// of its own reads the device column cache for the join only where the
@@ -132,6 +132,10 @@ impl Probe<'_> {
         node: &Arc<dyn ExecutionPlan>,
         column: usize,
     ) -> Option<Arc<dyn ExecutionPlan>> {
+        // Below a limit, the rows a test drops would let others in.
+        if node.fetch().is_some() {
+            return None;
+        }
         let filter = || -> Arc<dyn PhysicalExpr> {
             let name = node.schema().field(column).name().clone();
             Arc::new(JoinKeyFilterExpr::new(
@@ -187,6 +191,13 @@ impl Probe<'_> {
             return replace_children_if_necessary(Arc::clone(node), vec![filtered]).ok();
         } else if let Some(join) = node.downcast_ref::<HashJoinExec>() {
             return self.through_inner_join(node, join, column);
+        } else if let Some(gpu_join) = node.downcast_ref::<GpuHashJoinExec>() {
+            // Its children are its hash join's; not where it aggregates
+            // its pairs (its output is then the aggregation's).
+            if gpu_join.partial_aggregate_node().is_some() {
+                return None;
+            }
+            return self.through_inner_join(node, gpu_join.hash_join(), column);
         } else {
             return None;
         };
@@ -194,10 +205,11 @@ impl Probe<'_> {
         replace_children_if_necessary(Arc::clone(node), vec![filtered]).ok()
     }
 
-    /// `node`, an inner join, with its output column `column` tested in the
-    /// input it comes from and, where it is an equi-join key, in the other
-    /// input by its partner: a row either test drops makes no output row
-    /// whose key is among the keys.
+    /// `node`, an inner join (`join`, or the GPU join that takes its place),
+    /// with its output column `column` tested in the input it comes from
+    /// and, where it is an equi-join key, in the other input by its
+    /// partner: a row either test drops makes no output row whose key is
+    /// among the keys.
     fn through_inner_join(
         &self,
         node: &Arc<dyn ExecutionPlan>,

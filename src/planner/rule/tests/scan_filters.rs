@@ -225,6 +225,16 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
             "{text}"
         );
     }
+    // A limit on the probe side's path: a test below it would let other
+    // rows in, so there is none.
+    let sql = "SELECT t.v, r2.v FROM t JOIN (SELECT k, v FROM r LIMIT 300) r2 ON t.k = r2.k";
+    let plan = planned(sql, always()).await;
+    let text = show(&plan);
+    assert!(
+        text.contains("fetch=300") || text.contains("limit=300"),
+        "{text}"
+    );
+    assert!(!text.contains("IN join keys"), "{text}");
     // Where a probe row without a match makes output, where NULL keys
     // count (NOT IN), or with the switch off: no key filter.
     let mut off = always();
