@@ -70,8 +70,9 @@ pub(super) fn append_key_values(array: &ArrayRef, out: &mut Vec<i64>) -> bool {
 }
 
 /// Passes a hash join's build side through unchanged, gathering the values
-/// of one of its join keys into a [`JoinKeySet`] that the GPU scan of the
-/// join's probe side tests its rows against (see [`super`]).
+/// of one of its join keys into a [`JoinKeySet`] that the scan of the
+/// join's probe side tests its rows against, on the GPU or the host (see
+/// [`super`]).
 pub struct JoinKeyCollectorExec {
     input: Arc<dyn ExecutionPlan>,
     /// The join key, over the input's rows.
