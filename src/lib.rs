@@ -83,7 +83,7 @@ pub use config::GpuTestOptions;
 pub use config::{GpuOptions, GpuTuning, PlacementPolicy};
 pub use exec::{
     GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec, GpuScanFilterExec,
-    GpuSortMergeJoinExec, JoinKeyCollectorExec, WarmedColumns,
+    GpuSortMergeJoinExec, JoinKeyCollectorExec, JoinKeyWaitExec, WarmedColumns,
 };
 pub use gpu::GpuUnavailable;
 pub use pinned_tables::{is_pinned, pin_batches};

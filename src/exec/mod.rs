@@ -18,7 +18,7 @@ mod sort_merge_join;
 pub use aggregate::GpuAggregateExec;
 pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
-pub use join_keys::JoinKeyCollectorExec;
+pub use join_keys::{JoinKeyCollectorExec, JoinKeyWaitExec};
 pub(crate) use hash_join::with_filter_of;
 pub(crate) use join::matches::tracks_build_matches;
 pub(crate) use join::pair_aggregate::folds_pairs_below;

@@ -4,7 +4,9 @@
 //! build side holds: on the device where it reads the column cache, else
 //! in a `FilterExec` on the host.
 //! The probe side's column is followed through inner joins below, to the
-//! input it comes from and, by the equi-join key it is, to the other.
+//! input it comes from and, by the equi-join key it is, to the other; and
+//! through aggregations that group by it, whose groups of keys the build
+//! side lacks the join drops whole.
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
@@ -26,16 +29,17 @@ use super::decision::gpu_scan_placed;
 use super::statistics::plan_statistics;
 use crate::config::GpuOptions;
 use crate::exec::join_keys::{
-    gathers_keys_of, JoinKeyCollectorExec, JoinKeyFilterExpr, JoinKeySet,
+    gathers_keys_of, JoinKeyCollectorExec, JoinKeyFilterExpr, JoinKeySet, JoinKeyWaitExec,
 };
-use crate::exec::{coalesced_input, GpuHashJoinExec, GpuScanFilterExec};
+use crate::exec::{coalesced_input, GpuAggregateExec, GpuHashJoinExec, GpuScanFilterExec};
 
-/// Under `gpu.placement = 'cost'`, a probe side's scan that has no filter
-/// of its own reads the device column cache for the join only where the
-/// build side holds at most this share of its rows by DataFusion's
-/// estimates: its keys then drop most rows (a key a probe row shares with
-/// several build rows aside), and the rows that cross the bus back are
-/// few.
+/// Under `gpu.placement = 'cost'`, a probe side's scan with filters of its
+/// own that the scan filters left on the CPU reads the device column cache
+/// for the join only where the build side holds at most this share of its
+/// rows by DataFusion's estimates: its keys then drop most rows (a key a
+/// probe row shares with several build rows aside), and the rows that
+/// cross the bus back are few. (A scan that only tests keys decides at run
+/// time, by the set.)
 const MAX_BUILD_SHARE: f64 = 0.125;
 
 /// `plan` with a join key filter for each hash join it can serve.
@@ -154,6 +158,7 @@ impl Probe<'_> {
         let chain = node.downcast_ref::<ProjectionExec>().is_some()
             || node.downcast_ref::<FilterExec>().is_some()
             || node.downcast_ref::<DataSourceExec>().is_some()
+            || node.downcast_ref::<JoinKeyWaitExec>().is_some()
             || coalesced_input(node).is_some();
         if chain {
             if let Ok(Some(scan)) =
@@ -165,9 +170,19 @@ impl Probe<'_> {
             }
         }
         // A scan the device does not read: tested on the host, where the
-        // set is worth it (see `JoinKeyFilterExpr::evaluate`).
-        if node.downcast_ref::<DataSourceExec>().is_some() {
-            let tested = FilterExec::try_new(filter(), Arc::clone(node)).ok()?;
+        // set is worth it (see `JoinKeyFilterExpr::evaluate`), read once
+        // the keys are there where the wait cannot hang.
+        let waiting = if node.downcast_ref::<DataSourceExec>().is_some() {
+            Some(JoinKeyWaitExec::new(
+                Arc::clone(node),
+                vec![Arc::clone(self.keys)],
+            ))
+        } else {
+            node.downcast_ref::<JoinKeyWaitExec>()
+                .map(|wait| wait.with_set(Arc::clone(self.keys)))
+        };
+        if let Some(waiting) = waiting {
+            let tested = FilterExec::try_new(filter(), Arc::new(waiting)).ok()?;
             return Some(Arc::new(tested));
         }
         // Below: the input column that is `column` here.
@@ -186,6 +201,12 @@ impl Probe<'_> {
             (coalesce.input(), column)
         } else if let Some(collector) = node.downcast_ref::<JoinKeyCollectorExec>() {
             (collector.input(), column)
+        } else if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
+            (aggregate.input(), group_key_column(aggregate, column)?)
+        } else if let Some(gpu_aggregate) = node.downcast_ref::<GpuAggregateExec>() {
+            // Its child is its aggregation's.
+            let aggregate = gpu_aggregate.aggregate();
+            (aggregate.input(), group_key_column(aggregate, column)?)
         } else if let Some(input) = coalesced_input(node) {
             let filtered = self.with_filter(&input, column)?;
             return replace_children_if_necessary(Arc::clone(node), vec![filtered]).ok();
@@ -253,8 +274,8 @@ impl Probe<'_> {
         replace_children_if_necessary(Arc::clone(node), children).ok()
     }
 
-    /// Whether a scan that tests the keys (and filters nothing else, where
-    /// it is new) should read the cache in place of DataFusion's scan.
+    /// Whether a scan that tests the keys should read the cache in place
+    /// of DataFusion's scan.
     fn placed(&self, scan: &GpuScanFilterExec) -> bool {
         if !self.options.tuning.scan_filter {
             return false;
@@ -263,7 +284,12 @@ impl Probe<'_> {
         if gpu_scan_placed(self.options, "a scan filter", rows).is_err() {
             return false;
         }
-        if self.options.placement.always() {
+        // A scan that only tests keys leaves a partition to DataFusion's
+        // scan at run time, before it reads anything into the cache, where
+        // the set would keep many rows (see `MAX_KEPT_SHARE`): DataFusion's
+        // estimate of the build side is not needed (nor often right, under
+        // a `HAVING` or a join).
+        if self.options.placement.always() || !scan.filters_of_its_own() {
             return true;
         }
         match (self.build_rows, rows) {
@@ -271,6 +297,20 @@ impl Probe<'_> {
             _ => false,
         }
     }
+}
+
+/// The input column that `aggregate`'s output column `column` is, where
+/// that column is a group key taken as it is from the input: a row whose
+/// key the build side lacks then belongs to a group the join drops. Only
+/// a plain GROUP BY (grouping sets are left alone), and not with a limit
+/// on the groups (other groups would come out in place of those dropped).
+fn group_key_column(aggregate: &AggregateExec, column: usize) -> Option<usize> {
+    let group_by = aggregate.group_expr();
+    if !group_by.is_single() || aggregate.limit_options().is_some() {
+        return None;
+    }
+    let (expr, _) = group_by.expr().get(column)?;
+    expr.downcast_ref::<Column>().map(Column::index)
 }
 
 /// The smallest and largest value of `node`'s output column `column`

@@ -2,7 +2,8 @@
 //! its build keys to the scan of its probe side (on the GPU, or on the host
 //! where the device does not read it), which drops the rows no build key
 //! matches. Inner, semi, left and anti joins; Int64, Int32 and
-//! Date32 keys, one of two keys, keys followed through inner joins below;
+//! Date32 keys, one of two keys, keys followed through inner joins below
+//! and through aggregations grouped by them, to scans that wait for them;
 //! NULL, duplicate, negative and unmatched
 //! keys; an empty build side; build keys too spread for a set (every row
 //! then passes); a probe side with filters of its own; `MemTable`s and
@@ -107,6 +108,20 @@ const QUERIES: &[&str] = &[
      WHERE t.i IN (SELECT key FROM wide WHERE tag = 'tag1')",
     "SELECT t.i, sum(t.d) FROM t JOIN k ON t.i = k.key \
      WHERE k.key IN (SELECT key FROM k WHERE n > 0) GROUP BY t.i",
+    // Keys that reach the scan of another join's build side, which
+    // DataFusion starts before the join above has read its own build
+    // side (read in one partition): the scan waits for them.
+    "SELECT t.flag, k.tag FROM t JOIN k ON t.i = k.key JOIN \
+     (SELECT DISTINCT n FROM k WHERE tag = 'tag3' AND n < -20) sel ON k.n = sel.n",
+    // Aggregations grouped by the key on the probe side: the keys reach
+    // the scan below them (not under grouping sets).
+    "SELECT k.key, k.tag, a.rows, a.total FROM k JOIN \
+     (SELECT i, count(*) AS rows, sum(d) AS total FROM t GROUP BY i) a ON a.i = k.key",
+    "SELECT k.key, k.tag FROM k WHERE k.key IN (SELECT i FROM t GROUP BY i HAVING count(*) > 1)",
+    "SELECT sum(t.d) FROM k JOIN t ON k.key = t.i \
+     WHERE t.d < (SELECT 2 * avg(t2.d) FROM t t2 WHERE t2.i = t.i)",
+    "SELECT k.key, a.n, a.c FROM k JOIN \
+     (SELECT i, n, count(*) AS c FROM t GROUP BY ROLLUP(i, n)) a ON a.i = k.key",
 ];
 
 /// Nodes of `plan` named `name`.
@@ -227,6 +242,10 @@ async fn join_key_filters_answer_as_datafusion_does() {
                         // Keys -30 to 29, each there: a test estimated to
                         // keep most rows, so DataFusion's scan reads them.
                         assert_eq!((scanned, on_cpu), (0, 4), "{sql}");
+                    } else if sql.contains("sum(d) AS total FROM t GROUP BY i") {
+                        // The scan below the aggregation tests every row.
+                        assert!(scanned >= rows, "{sql}: {scanned} of {rows} rows scanned");
+                        assert!(kept < rows / 5, "{sql}: {kept} of {rows} rows kept");
                     } else if sql.contains("JOIN k ON t.i = k.key") {
                         assert!(scanned >= rows, "{sql}: {scanned} of {rows} rows scanned");
                         assert!(kept < rows / 5, "{sql}: {kept} of {rows} rows kept");
@@ -339,6 +358,26 @@ async fn join_key_filters_on_the_host_answer_as_datafusion_does() {
                 assert!(
                     kept < rows / 5,
                     "{sql}: {kept} of {rows} rows kept on the host"
+                );
+            }
+            if mode == JoinMode::CollectLeft && sql.contains("sel ON k.n = sel.n") {
+                // `sel` holds two of k's 60 values of `n`: the test of k's
+                // scan (below the build side of the join of t and k) drops
+                // most of its 3,000 rows once it waits for them.
+                let k_kept: usize = filters
+                    .iter()
+                    .filter(|f| f.schema().field_with_name("tag").is_ok())
+                    .map(|f| f.metrics().and_then(|m| m.output_rows()).unwrap_or(0))
+                    .sum();
+                assert!(
+                    nodes_named(&plan, "JoinKeyWaitExec").len() >= 2,
+                    "{sql}: {}",
+                    displayable(plan.as_ref()).indent(true)
+                );
+                assert!(
+                    k_kept < 300,
+                    "{sql}: {k_kept} of k's 3000 rows kept\n{}",
+                    displayable(plan.as_ref()).indent(true)
                 );
             }
         }

@@ -11,14 +11,20 @@
 //! (on the device, `ScanOp::KeyTest`, a bitmap of the keys) once the set
 //! is complete. DataFusion's hash join reads its whole build side (in every
 //! partition, where its dynamic filter is in use) before it reads its
-//! probe side, so the set is normally there when the scan starts; where it
-//! is not, rows pass untested.
+//! probe side, so the set is normally there when the scan starts. A scan
+//! DataFusion may start early (below a merge of partitions, which reads its
+//! input as soon as it is executed) waits for a set whose build side is
+//! read in one partition ([`JoinKeyWaitExec`] on the host, the GPU scan
+//! itself); where a set is still not there, rows pass untested.
 
 mod collector;
 mod expr;
 mod set;
+mod wait;
 
 pub(crate) use collector::gathers_keys_of;
 pub use collector::JoinKeyCollectorExec;
 pub use expr::JoinKeyFilterExpr;
 pub use set::{JoinKeySet, MAX_KEPT_SHARE};
+pub(crate) use wait::{key_sets_in, waits_for};
+pub use wait::JoinKeyWaitExec;

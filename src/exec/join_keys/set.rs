@@ -1,8 +1,12 @@
 //! The integer keys of a hash join's build side, gathered as the build side
 //! is read, as a set the probe side's scan can test each row against.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::channel::oneshot;
 
 /// Distinct build keys a set is made of at most; beyond, the build side is
 /// too large for the filter to pay, and no set is made.
@@ -18,6 +22,10 @@ pub const MAX_KEY_SPAN: u64 = 1 << 26;
 /// column cache for it (the scan filter's own limit, for the same reason:
 /// each row kept crosses the bus back and is made into Arrow columns).
 pub const MAX_KEPT_SHARE: f64 = 0.25;
+
+/// How long a scan waits at most for the set of a build side read in one
+/// partition before it reads its rows (see [`JoinKeySet::settled`]).
+pub const MAX_KEY_WAIT: Duration = Duration::from_secs(10);
 
 /// A set of integers as the device tests it (`ScanOp::KeyTest`): the
 /// smallest value, then one bit per value from it to the largest.
@@ -110,11 +118,15 @@ impl KeyBitmap {
 /// the keys are too many or too spread, there is no set and every probe row
 /// passes. Only the latest round's set is ever given out, so a scan never
 /// tests its rows against the keys of another execution.
+///
+/// A scan may wait for a round's set ([`Self::settled`]) before it reads.
 #[derive(Debug)]
 pub struct JoinKeySet {
     id: usize,
     partitions: usize,
     round: Mutex<Round>,
+    /// Signalled whenever a round settles or a new one starts.
+    changed: Condvar,
 }
 
 #[derive(Debug, Default)]
@@ -125,6 +137,27 @@ struct Round {
     failed: bool,
     values: Vec<i64>,
     keys: Option<Arc<KeyBitmap>>,
+    /// A wait for this round's set ran out: no scan waits for it again.
+    waited_out: bool,
+    /// Whether a thread times the waits for this round's set.
+    timed: bool,
+    /// The scans waiting for this round's set.
+    waiters: Vec<oneshot::Sender<()>>,
+}
+
+impl Round {
+    /// Whether round `number` is over for those waiting: its set made,
+    /// none to be made, waited for long enough, or a newer round started.
+    fn settled(&self, number: u64) -> bool {
+        self.number != number || self.keys.is_some() || self.failed || self.waited_out
+    }
+
+    /// Lets every scan waiting for this round go on.
+    fn release(&mut self) {
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.send(());
+        }
+    }
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
@@ -139,12 +172,94 @@ impl JoinKeySet {
                 started: vec![false; partitions],
                 ..Round::default()
             }),
+            changed: Condvar::new(),
         }
     }
 
     /// A number naming this set in `EXPLAIN`.
     pub fn id(&self) -> usize {
         self.id
+    }
+
+    /// How many partitions of the build side make a round.
+    pub fn partitions(&self) -> usize {
+        self.partitions
+    }
+
+    /// The latest round's number: a scan executed after its join's build
+    /// side was (as DataFusion's hash join executes its inputs) tests its
+    /// rows against this round's set.
+    pub fn round(&self) -> u64 {
+        self.lock().number
+    }
+
+    /// Resolves once round `number` has settled: its set made, none to be
+    /// made, a newer round started, or `limit` after the first wait for
+    /// it began (a round waited out so is not waited for again). A thread
+    /// times the waits; where none can be started, nothing waits.
+    ///
+    /// A scan waits only for a build side read in one partition: whoever
+    /// reads the join first reads all of it, so the wait cannot hang on a
+    /// partition that no one reads, as it could where DataFusion reads a
+    /// hash-partitioned join's partitions one after another, or in several
+    /// processes.
+    pub fn settled(
+        self: &Arc<Self>,
+        number: u64,
+        limit: Duration,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let waiting = {
+            let mut round = self.lock();
+            if round.settled(number) {
+                None
+            } else {
+                let (sender, receiver) = oneshot::channel();
+                round.waiters.push(sender);
+                if !round.timed {
+                    round.timed = true;
+                    let set = Arc::clone(self);
+                    let timer = std::thread::Builder::new()
+                        .name("join-key-wait".into())
+                        .spawn(move || set.time_waits(number, limit));
+                    if timer.is_err() {
+                        round.waited_out = true;
+                        round.release();
+                    }
+                }
+                Some(receiver)
+            }
+        };
+        async move {
+            if let Some(receiver) = waiting {
+                // A dropped sender (the set gone) ends the wait too.
+                let _ = receiver.await;
+            }
+        }
+    }
+
+    /// Ends the waits for round `number` after `limit`, unless it settles
+    /// first.
+    fn time_waits(&self, number: u64, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut round = self.lock();
+        while !round.settled(number) {
+            let now = Instant::now();
+            if now >= deadline {
+                round.waited_out = true;
+                round.release();
+                return;
+            }
+            round = match self.changed.wait_timeout(round, deadline - now) {
+                Ok((round, _)) => round,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+
+    /// `round` settled: its waiters go on, and its timer stops.
+    fn settle(&self, round: &mut Round) {
+        round.release();
+        self.changed.notify_all();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Round> {
@@ -157,16 +272,21 @@ impl JoinKeySet {
         let mut round = self.lock();
         if round.started.get(partition).copied().unwrap_or(true) {
             let number = round.number + 1;
-            *round = Round {
-                number,
-                started: vec![false; self.partitions],
-                ..Round::default()
-            };
+            let mut latest = std::mem::replace(
+                &mut *round,
+                Round {
+                    number,
+                    started: vec![false; self.partitions],
+                    ..Round::default()
+                },
+            );
+            self.settle(&mut latest);
         }
         if let Some(started) = round.started.get_mut(partition) {
             *started = true;
         } else {
             round.failed = true;
+            self.settle(&mut round);
         }
         round.number
     }
@@ -186,6 +306,7 @@ impl JoinKeySet {
             _ => {
                 round.failed = true;
                 round.values = Vec::new();
+                self.settle(&mut round);
                 return false;
             }
         }
@@ -198,6 +319,7 @@ impl JoinKeySet {
             Some(keys) => round.keys = Some(Arc::new(keys)),
             None => round.failed = true,
         }
+        self.settle(&mut round);
         round.keys.is_some()
     }
 
@@ -207,6 +329,7 @@ impl JoinKeySet {
         if round.number == number {
             round.failed = true;
             round.values = Vec::new();
+            self.settle(&mut round);
         }
     }
 
@@ -290,6 +413,66 @@ mod tests {
         assert!(set.finish(fourth, Some(vec![])), "the last partition makes the set");
         let empty = set.keys().unwrap();
         assert!(!empty.contains(0), "an empty build side passes no row");
+    }
+
+    /// Whether `wait` resolves within `within`, polled on this thread.
+    fn resolves_within(wait: impl Future<Output = ()> + Send + 'static, within: Duration) -> bool {
+        let (done, finished) = std::sync::mpsc::channel();
+        let waiting = std::thread::spawn(move || {
+            futures::executor::block_on(wait);
+            let _ = done.send(());
+        });
+        let resolved = finished.recv_timeout(within).is_ok();
+        if resolved {
+            waiting.join().unwrap();
+        }
+        resolved
+    }
+
+    #[test]
+    fn a_wait_ends_when_the_round_settles_or_runs_out() {
+        let long = Duration::from_secs(60);
+        // Settled when the set is made.
+        let set = Arc::new(JoinKeySet::new(1));
+        let round = set.start(0);
+        let wait = set.settled(round, long);
+        assert!(!resolves_within(wait, Duration::from_millis(50)), "no set yet");
+        let wait = set.settled(round, long);
+        let maker = Arc::clone(&set);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            maker.finish(round, Some(vec![7]));
+        });
+        assert!(resolves_within(wait, Duration::from_secs(10)), "the set made");
+        assert!(resolves_within(set.settled(round, long), Duration::from_secs(1)));
+
+        // Settled when none is made, or by the next round.
+        for end in ["fail", "too many", "next round"] {
+            let set = Arc::new(JoinKeySet::new(2));
+            let round = set.start(0);
+            let wait = set.settled(round, long);
+            match end {
+                "fail" => set.fail(round),
+                "too many" => drop(set.finish(round, None)),
+                _ => drop(set.start(0)),
+            }
+            assert!(resolves_within(wait, Duration::from_secs(10)), "{end}");
+        }
+
+        // A round whose set never comes: the wait runs out, and later waits
+        // for that round do not wait; the next round's do.
+        let set = Arc::new(JoinKeySet::new(2));
+        let round = set.start(0);
+        let started = Instant::now();
+        assert!(resolves_within(
+            set.settled(round, Duration::from_millis(30)),
+            Duration::from_secs(10)
+        ));
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        assert!(resolves_within(set.settled(round, long), Duration::from_secs(1)));
+        assert!(set.keys().is_none());
+        let next = set.start(0);
+        assert!(!resolves_within(set.settled(next, long), Duration::from_millis(50)));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use super::program::{compile, FilterProgram};
 use super::run::{run, Ran};
 use super::shape::ScanFilterShape;
 use crate::exec::scan_aggregate::uncodable_column;
+use crate::exec::join_keys::{key_sets_in, waits_for};
 use crate::exec::GpuScanMetrics;
 use crate::trace;
 
@@ -112,6 +113,13 @@ impl GpuScanFilterExec {
         let mut join_filters = self.join_filters.clone();
         join_filters.push(filter);
         Self::with_join_filters(Arc::clone(&self.cpu_input), join_filters)
+    }
+
+    /// Whether the chain it replaces filters rows (beside any join key
+    /// tests): else it only tests join keys, and leaves a partition to
+    /// DataFusion's scan where those would keep many rows.
+    pub(crate) fn filters_of_its_own(&self) -> bool {
+        self.shape.chain_filters
     }
 
     /// Whether joins above test this scan's rows against their build keys.
@@ -243,7 +251,11 @@ impl ExecutionPlan for GpuScanFilterExec {
         let fallback = Arc::clone(&self.cpu_input);
         let schema = self.schema();
         let metrics = GpuScanMetrics::new(&self.metrics, partition);
+        // The join keys it tests, where their build side is read in one
+        // partition: the rounds taken now, waited for before the first part.
+        let waits = waits_for(&key_sets_in([&self.shape.predicate]));
         let output = async move {
+            waits.await;
             match run(shape, program, partition, Arc::clone(&context), metrics.clone()).await? {
                 Ran::Batches(batches) => {
                     metrics.baseline.done();

@@ -16,6 +16,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlan;
 
+use crate::exec::join_keys::{JoinKeyFilterExpr, JoinKeyWaitExec};
 use crate::exec::scan_aggregate::{
     coalesced_input, filter_projection, scan_fields, substitute, table_source, ScanColumn,
     TableSource,
@@ -75,11 +76,17 @@ impl ScanFilterShape {
                 if let Some(exprs) = filter_projection(filter) {
                     substitute_every(&mut outputs, &mut predicates, &exprs)?;
                 }
+                // A host test of join keys is not a filter of the chain's own.
+                if filter.predicate().downcast_ref::<JoinKeyFilterExpr>().is_none() {
+                    chain_filters = true;
+                }
                 predicates.push(Arc::clone(filter.predicate()));
-                chain_filters = true;
                 node = Arc::clone(filter.input());
             } else if let Some(input) = coalesced_input(&node) {
                 node = input;
+            } else if let Some(wait) = node.downcast_ref::<JoinKeyWaitExec>() {
+                // A host test's wait: this node waits for the keys itself.
+                node = Arc::clone(wait.input());
             } else if node.downcast_ref::<DataSourceExec>().is_some() {
                 break node;
             } else {

@@ -132,7 +132,10 @@ fn gpu_decisions_of(plan: &Arc<dyn ExecutionPlan>, options: GpuOptions) -> Vec<S
 
 #[tokio::test]
 async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
-    use crate::exec::join_keys::JoinKeyCollectorExec;
+    use crate::exec::join_keys::{JoinKeyCollectorExec, JoinKeyWaitExec};
+    use crate::exec::GpuAggregateExec;
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::physical_plan::aggregates::AggregateExec;
     use datafusion::physical_plan::joins::HashJoinExec;
     // The joins stay on the CPU.
     let cpu_joins = |cache, placement| GpuOptions {
@@ -208,6 +211,71 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
         .max();
     assert_eq!(widest, Some(2), "{text}");
 
+    // An aggregation on the probe side that groups by the key, on the CPU
+    // or the GPU: the keys reach the scan below it. Not where the key is
+    // an aggregate's result, nor under grouping sets.
+    for aggregate in [false, true] {
+        let options = GpuOptions {
+            aggregate,
+            ..always()
+        };
+        let sql = "SELECT s.v, a.n FROM s JOIN \
+                   (SELECT k, count(*) AS n FROM r WHERE v > 2 GROUP BY k) a ON s.k = a.k";
+        let plan = planned(sql, options.clone()).await;
+        let text = show(&plan);
+        let collectors = nodes_of::<JoinKeyCollectorExec>(&plan);
+        assert_eq!(collectors.len(), 1, "{text}");
+        let id = collectors[0]
+            .downcast_ref::<JoinKeyCollectorExec>()
+            .unwrap()
+            .keys()
+            .id();
+        let under_aggregate = |plan: &Arc<dyn ExecutionPlan>| {
+            let mut aggregates = nodes_of::<AggregateExec>(plan);
+            aggregates.extend(nodes_of::<GpuAggregateExec>(plan));
+            aggregates.iter().any(|aggregate| {
+                nodes_of::<GpuScanFilterExec>(aggregate)
+                    .iter()
+                    .any(|scan| show(scan).contains(&format!("IN join keys #{id}")))
+            })
+        };
+        assert!(
+            under_aggregate(&plan),
+            "aggregate on the GPU: {aggregate}\n{text}"
+        );
+        assert_eq!(
+            nodes_of::<GpuAggregateExec>(&plan).is_empty(),
+            !aggregate,
+            "{text}"
+        );
+        for sql in [
+            "SELECT s.v FROM s JOIN (SELECT v, max(k) AS m FROM r GROUP BY v) a ON s.k = a.m",
+            "SELECT s.v FROM s JOIN \
+             (SELECT k, v, count(*) AS n FROM r GROUP BY ROLLUP(k, v)) a ON s.k = a.k",
+        ] {
+            let plan = planned(sql, options.clone()).await;
+            let text = show(&plan);
+            let collectors = nodes_of::<JoinKeyCollectorExec>(&plan);
+            let ids: Vec<usize> = collectors
+                .iter()
+                .map(|c| {
+                    c.downcast_ref::<JoinKeyCollectorExec>()
+                        .unwrap()
+                        .keys()
+                        .id()
+                })
+                .collect();
+            let mut aggregates = nodes_of::<AggregateExec>(&plan);
+            aggregates.extend(nodes_of::<GpuAggregateExec>(&plan));
+            for aggregate in aggregates {
+                assert!(
+                    !show(&aggregate).contains("IN join keys"),
+                    "{sql}: {ids:?}\n{text}"
+                );
+            }
+        }
+    }
+
     // A scan the device does not read (the cache off, or, under the cost
     // placement, a table of a few hundred rows) is tested on the host.
     for options in [
@@ -224,7 +292,25 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
             tested.iter().any(|f| show(f).contains("IN join keys")),
             "{text}"
         );
+        // The scan below the test is read once the keys are there.
+        let waits = nodes_of::<JoinKeyWaitExec>(&plan);
+        assert_eq!(waits.len(), 1, "{text}");
+        assert!(
+            waits[0].children()[0]
+                .downcast_ref::<DataSourceExec>()
+                .is_some(),
+            "{text}"
+        );
     }
+    // Two joins' keys tested on the host over one scan: one wait, for both.
+    let sql = "SELECT r.v FROM r JOIN s ON r.k = s.k WHERE r.k IN (SELECT k FROM t WHERE v < 5)";
+    let plan = planned(sql, cpu_joins(false, PlacementPolicy::Always)).await;
+    let text = show(&plan);
+    let waits = nodes_of::<JoinKeyWaitExec>(&plan);
+    assert!(
+        waits.iter().any(|w| show(w).matches('#').count() == 2),
+        "{text}"
+    );
     // A limit on the probe side's path: a test below it would let other
     // rows in, so there is none.
     let sql = "SELECT t.v, r2.v FROM t JOIN (SELECT k, v FROM r LIMIT 300) r2 ON t.k = r2.k";
@@ -255,4 +341,67 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
             show(&plan)
         );
     }
+}
+
+#[tokio::test]
+async fn under_the_cost_placement_a_large_scan_that_only_tests_keys_reads_the_cache() {
+    use crate::exec::join_keys::JoinKeyWaitExec;
+    // Two tables of 2^20 rows (the size from which the device keeps a
+    // scan's columns), joined on the CPU.
+    let big = || {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let rows = 1i64 << 18;
+        let parts = (0..4)
+            .map(|p| {
+                let k: ArrayRef = Arc::new(Int64Array::from_iter_values(p * rows..(p + 1) * rows));
+                let v: ArrayRef = Arc::new(Int64Array::from_iter_values((0..rows).map(|r| r % 7)));
+                vec![RecordBatch::try_new(Arc::clone(&schema), vec![k, v]).unwrap()]
+            })
+            .collect();
+        Arc::new(MemTable::try_new(schema, parts).unwrap())
+    };
+    let options = GpuOptions {
+        hash_join: false,
+        sort_merge_join: false,
+        aggregate: false,
+        ..options(true, PlacementPolicy::Cost)
+    };
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+    ctx.register_table("big", big()).unwrap();
+    ctx.register_table("big2", big()).unwrap();
+    let plan_of = |sql: &'static str| {
+        let ctx = ctx.clone();
+        let options = options.clone();
+        async move {
+            let plan = ctx
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            rewrite_plan(plan, &options, Ok(())).unwrap()
+        }
+    };
+    // The build side, estimated at more than an eighth of the probe
+    // side's rows, does not keep the scan off the device: the scan
+    // decides by the set at run time.
+    let plan = plan_of("SELECT big.v FROM big JOIN big2 ON big.k = big2.k WHERE big2.v = 3").await;
+    let text = show(&plan);
+    let tested: Vec<_> = nodes_of::<GpuScanFilterExec>(&plan)
+        .into_iter()
+        .filter(|scan| show(scan).contains("IN join keys"))
+        .collect();
+    assert_eq!(tested.len(), 1, "{text}");
+    assert!(
+        !tested[0]
+            .downcast_ref::<GpuScanFilterExec>()
+            .unwrap()
+            .filters_of_its_own(),
+        "{text}"
+    );
+    assert!(nodes_of::<JoinKeyWaitExec>(&plan).is_empty(), "{text}");
 }
