@@ -16,6 +16,10 @@
 //!   keys; aggregations over joins; a LIMIT over a join (its row count).
 //! * Settings: target partitions, batch size, hash or sort-merge joins,
 //!   partition modes and small output ranges.
+//! * Joins left on the CPU (a case in four, from a generator of its own):
+//!   their build keys filter the scans of their probe sides (join key
+//!   filters), and in two of five of those cases the query is one whose
+//!   probe side aggregates by the key or joins again.
 //! * Where the tables lie: in memory, or (three cases in ten) in Parquet
 //!   files, one a partition, in row groups of 16 to 4,096 rows, scanned
 //!   with DataFusion's dynamic filters, by row group statistics or (half of
@@ -46,6 +50,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema, TimeUnit}
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::catalog::TableProvider;
 use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::MemTable;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::file::properties::WriterProperties;
@@ -451,7 +456,14 @@ fn gen_case(seed: u64) -> Case {
     }
     let mode = *JoinMode::ALL.choose(&mut rng).unwrap();
     let target_partitions = *[1usize, 2, 4, 8].choose(&mut rng).unwrap();
-    let sql = gen_query(&mut rng, key_types.len());
+    let mut sql = gen_query(&mut rng, key_types.len());
+    if let Some(query) = cpu_joins_for_case(seed) {
+        settings.push("SET gpu.hash_join = false".into());
+        settings.push("SET gpu.sort_merge_join = false".into());
+        if let Some(query) = query {
+            sql = query.into();
+        }
+    }
     Case {
         seed,
         tables,
@@ -461,6 +473,33 @@ fn gen_case(seed: u64) -> Case {
         settings,
         sql,
     }
+}
+
+/// Queries whose probe sides take join keys through aggregations grouped
+/// by the key and through inner joins.
+const KEY_FILTER_QUERIES: &[&str] = &[
+    "SELECT s.k0, s.v, a.n, a.m FROM s JOIN \
+     (SELECT k0, COUNT(*) AS n, MAX(v) AS m FROM r GROUP BY k0) a ON s.k0 = a.k0",
+    "SELECT s.k0, s.w FROM s WHERE s.k0 IN (SELECT k0 FROM r GROUP BY k0 HAVING COUNT(*) > 1)",
+    "SELECT r.k0, r.v, a.t FROM r JOIN s ON r.k0 = s.k0 JOIN \
+     (SELECT k0, SUM(v) AS t FROM r GROUP BY k0) a ON r.k0 = a.k0 WHERE s.v > 0",
+    "SELECT s.k0, COUNT(*) FROM s JOIN r ON s.k0 = r.k0 \
+     WHERE r.v < (SELECT AVG(r2.v) FROM r r2 WHERE r2.k0 = r.k0) GROUP BY s.k0",
+];
+
+/// Whether case `seed` leaves its joins on the CPU (so that their build
+/// keys filter their probe sides' scans), and then the query it runs in
+/// place of its own, if any: from a generator of its own, so that every
+/// case's tables, query and settings otherwise stay what they were.
+fn cpu_joins_for_case(seed: u64) -> Option<Option<&'static str>> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6e75_cc1e);
+    if !rng.random_bool(0.25) {
+        return None;
+    }
+    Some(
+        rng.random_bool(0.4)
+            .then(|| *KEY_FILTER_QUERIES.choose(&mut rng).unwrap()),
+    )
 }
 
 /// A join condition on the first `keys` key columns.
@@ -549,19 +588,26 @@ fn gen_query(rng: &mut StdRng, keys: usize) -> String {
 /// A query's answer: its rows as sorted text, or its error.
 type Answer = Result<Vec<String>, String>;
 
-async fn answer(ctx: &SessionContext, sql: &str) -> (Answer, usize) {
+/// A query's answer, the nodes its plan ran on the GPU, and whether joins
+/// handed their build keys to the scans of their probe sides.
+async fn answer(ctx: &SessionContext, sql: &str) -> (Answer, usize, bool) {
     let plan = match ctx.sql(sql).await {
         Ok(df) => df.create_physical_plan().await,
         Err(e) => Err(e),
     };
     let plan = match plan {
         Ok(plan) => plan,
-        Err(e) => return (Err(e.to_string()), 0),
+        Err(e) => return (Err(e.to_string()), 0, false),
     };
     let gpu_nodes = gpu_decisions(&plan, ctx.state().config_options())
         .iter()
         .filter(|d| d.on_gpu())
         .count();
+    let mut key_filters = false;
+    let _ = plan.apply(|node| {
+        key_filters |= node.name() == "JoinKeyCollectorExec";
+        Ok(TreeNodeRecursion::Continue)
+    });
     // In a task of its own, so that a panic (DataFusion's own sort-merge
     // join panics on NaN keys) is an answer to compare, not the run's end.
     // Aborted when this future is dropped at the time limit, so that a
@@ -571,7 +617,7 @@ async fn answer(ctx: &SessionContext, sql: &str) -> (Answer, usize) {
         Ok(batches) => batches.map(|b| sorted_rows(&b)).map_err(|e| e.to_string()),
         Err(e) => Err(format!("panic: {e}")),
     };
-    (answer, gpu_nodes)
+    (answer, gpu_nodes, key_filters)
 }
 
 /// The rows of `batches` as text, sorted: a multiset to compare.
@@ -599,6 +645,8 @@ fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
 /// What a case that agreed found.
 struct Agreed {
     gpu_nodes: usize,
+    /// Joins handed their build keys to their probe sides' scans.
+    key_filters: bool,
     /// Both paths failed (the query's own error, such as an overflow).
     error: Option<String>,
     /// DataFusion's own path ran past the time limit: nothing compared.
@@ -658,10 +706,11 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
     if case.parquet.is_some() {
         let _ = std::fs::remove_dir_all(&folder);
     }
-    let (cpu_answer, (gpu_answer, gpu_nodes)) = match (cpu_answer, gpu_answer) {
+    let (cpu_answer, (gpu_answer, gpu_nodes, key_filters)) = match (cpu_answer, gpu_answer) {
         (Err(_), _) => {
             return Ok(Agreed {
                 gpu_nodes: 0,
+                key_filters: false,
                 error: None,
                 datafusion_past_limit: true,
             })
@@ -671,16 +720,18 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
                 "the GPU path past {CASE_TIME_LIMIT:?}, DataFusion's own in {cpu_took:.1?}"
             )))
         }
-        (Ok((cpu_answer, _)), Some(gpu)) => (cpu_answer, gpu),
+        (Ok((cpu_answer, _, _)), Some(gpu)) => (cpu_answer, gpu),
     };
     match (&gpu_answer, &cpu_answer) {
         (Ok(g), Ok(c)) if g == c => Ok(Agreed {
             gpu_nodes,
+            key_filters,
             error: None,
             datafusion_past_limit: false,
         }),
         (Err(_), Err(c)) => Ok(Agreed {
             gpu_nodes,
+            key_filters,
             error: Some(c.clone()),
             datafusion_past_limit: false,
         }),
@@ -747,6 +798,8 @@ async fn run_cases() {
     let started = Instant::now();
     let mut failures: Vec<String> = Vec::new();
     let (mut run, mut on_gpu, mut gpu_nodes, mut hangs) = (0usize, 0usize, 0usize, 0usize);
+    // Agreeing cases whose joins handed their build keys to their scans.
+    let mut key_filtered = 0usize;
     // Cases read from Parquet files, and those of them with GPU nodes.
     let (mut from_parquet, mut from_parquet_on_gpu) = (0usize, 0usize);
     let mut errors: Vec<String> = Vec::new();
@@ -786,6 +839,7 @@ async fn run_cases() {
             Ok(Ok(agreed)) => {
                 gpu_nodes += agreed.gpu_nodes;
                 on_gpu += usize::from(agreed.gpu_nodes > 0);
+                key_filtered += usize::from(agreed.key_filters);
                 if ParquetLayout::for_case(seed).is_some() {
                     from_parquet += 1;
                     from_parquet_on_gpu += usize::from(agreed.gpu_nodes > 0);
@@ -814,6 +868,7 @@ async fn run_cases() {
     let _ = writeln!(
         std::io::stderr(),
         "fuzz: cases {}..{} ({}): {run} run, {on_gpu} with GPU nodes ({gpu_nodes} nodes), \
+         {key_filtered} with join key filters, \
          {from_parquet} agreeing from Parquet files ({from_parquet_on_gpu} with GPU nodes), {} mismatches, {hangs} hangs, {} failing alike on both paths, in {:.1} s",
         cases.start,
         cases.end,
@@ -856,5 +911,10 @@ async fn run_cases() {
     assert_eq!(run, (cases.end - cases.start) as usize);
     if gpu {
         assert!(gpu_nodes > 0, "no case ran a node on the GPU");
+        // A case in ten or so places join key filters.
+        assert!(
+            run < 200 || key_filtered > 0,
+            "no case of {run} placed join key filters"
+        );
     }
 }
