@@ -220,6 +220,11 @@ config_namespace! {
         /// only the rows whose key the build side holds. `false` leaves the
         /// probe side as placed.
         pub join_key_filters: bool, default = true
+        /// Where a GPU join or aggregation reads a filtered Parquet table
+        /// scan that keeps too many rows for a `GpuScanFilterExec` of its
+        /// own, read it through one all the same (its rows go to the device
+        /// anyway). `false` leaves DataFusion's scan and filter there.
+        pub cached_gpu_inputs: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host
         /// turns one window into batches while the next crosses the bus. A
@@ -251,6 +256,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "scan_aggregate",
     "scan_filter",
     "join_key_filters",
+    "cached_gpu_inputs",
 ];
 
 /// Options that are no longer options, with what to do instead.

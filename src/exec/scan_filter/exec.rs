@@ -19,7 +19,7 @@ use futures::TryStreamExt;
 use super::program::{compile, FilterProgram};
 use super::run::{run, Ran};
 use super::shape::ScanFilterShape;
-use crate::exec::scan_aggregate::uncodable_column;
+use crate::exec::scan_aggregate::{uncodable_column, TableSource};
 use crate::exec::join_keys::{key_sets_in, waits_for};
 use crate::exec::GpuScanMetrics;
 use crate::trace;
@@ -120,6 +120,11 @@ impl GpuScanFilterExec {
     /// DataFusion's scan where those would keep many rows.
     pub(crate) fn filters_of_its_own(&self) -> bool {
         self.shape.chain_filters
+    }
+
+    /// Whether it reads a Parquet table (not batches in memory).
+    pub(crate) fn reads_files(&self) -> bool {
+        matches!(self.shape.source, TableSource::Parquet { .. })
     }
 
     /// Whether joins above test this scan's rows against their build keys.

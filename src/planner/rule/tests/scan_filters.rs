@@ -405,3 +405,119 @@ async fn under_the_cost_placement_a_large_scan_that_only_tests_keys_reads_the_ca
     );
     assert!(nodes_of::<JoinKeyWaitExec>(&plan).is_empty(), "{text}");
 }
+
+#[tokio::test]
+async fn gpu_nodes_over_filtered_parquet_scans_read_them_from_the_cache() {
+    use crate::exec::{GpuAggregateExec, GpuHashJoinExec};
+    use crate::planner::cached_inputs::with_cached_gpu_inputs;
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::prelude::ParquetReadOptions;
+    // A Parquet table, the same rows in memory.
+    let dir = std::env::temp_dir().join(format!(
+        "datafusion-gpu-cached-inputs-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let batches: Vec<RecordBatch> = (0..4i64)
+        .map(|p| {
+            let k: ArrayRef = Arc::new(Int64Array::from_iter_values(p * 1000..(p + 1) * 1000));
+            let v: ArrayRef = Arc::new(Int64Array::from_iter_values((0..1000).map(|r| r % 97)));
+            RecordBatch::try_new(Arc::clone(&schema), vec![k, v]).unwrap()
+        })
+        .collect();
+    // One file a partition.
+    for (i, batch) in batches.iter().enumerate() {
+        let file = std::fs::File::create(dir.join(format!("p{i}.parquet"))).unwrap();
+        let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
+        writer.write(batch).unwrap();
+        writer.close().unwrap();
+    }
+    let memory = Arc::new(MemTable::try_new(Arc::clone(&schema), vec![batches]).unwrap());
+    // Planned with the GPU joins and aggregations placed but no scan filter
+    // (as the cost placement leaves a filter that keeps most rows), then
+    // the pass under `options`.
+    let plan_of = |sql: &'static str, options: GpuOptions| {
+        let dir = dir.clone();
+        let memory = Arc::clone(&memory);
+        async move {
+            let ctx =
+                SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+            ctx.register_parquet("p", dir.to_str().unwrap(), ParquetReadOptions::default())
+                .await
+                .unwrap();
+            ctx.register_table("m", memory).unwrap();
+            let plan = ctx
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            let mut placed = options.clone();
+            placed.tuning.scan_filter = false;
+            placed.tuning.join_key_filters = false;
+            let plan = rewrite_plan(plan, &placed, Ok(())).unwrap();
+            with_cached_gpu_inputs(plan, &options, Ok(())).unwrap()
+        }
+    };
+    let always = || GpuOptions {
+        tuning: GpuTuning {
+            scan_aggregate: false,
+            ..GpuTuning::default()
+        },
+        ..options(true, PlacementPolicy::Always)
+    };
+    let reading = |plan: &Arc<dyn ExecutionPlan>| nodes_of::<GpuScanFilterExec>(plan);
+    // Below a GPU join's build side: the filtered scan read through a scan
+    // filter. The probe side, which the join's dynamic filter prunes,
+    // stays DataFusion's scan.
+    let sql = "SELECT a.v, b.v FROM p a JOIN p b ON a.k = b.k WHERE a.v >= 3 AND b.v >= 5";
+    let plan = plan_of(sql, always()).await;
+    let text = show(&plan);
+    let joins = nodes_of::<GpuHashJoinExec>(&plan);
+    assert_eq!(joins.len(), 1, "{text}");
+    let sides = joins[0].children();
+    let build = reading(sides[0]);
+    assert_eq!(build.len(), 1, "{text}");
+    let scan = build[0].downcast_ref::<GpuScanFilterExec>().unwrap();
+    assert!(scan.reads_files(), "{text}");
+    assert!(show(&build[0]).contains("filter=[v@1 >="), "{text}");
+    assert!(reading(sides[1]).is_empty(), "{text}");
+    assert!(show(sides[1]).contains("DynamicFilter"), "{text}");
+    // Below a GPU aggregation, through the merge of its partitions.
+    let sql = "SELECT k, count(*), max(v) FROM p WHERE v >= 3 GROUP BY k";
+    let plan = plan_of(sql, always()).await;
+    let aggregates = nodes_of::<GpuAggregateExec>(&plan);
+    assert!(!aggregates.is_empty(), "{}", show(&plan));
+    assert_eq!(reading(&plan).len(), 1, "{}", show(&plan));
+    // Switched off, over a `MemTable`, without a filter, under a CPU node,
+    // or without a GPU: DataFusion's scan.
+    let mut off = always();
+    off.tuning.cached_gpu_inputs = false;
+    let cpu_nodes = GpuOptions {
+        hash_join: false,
+        sort_merge_join: false,
+        aggregate: false,
+        ..always()
+    };
+    for (sql, options) in [
+        (sql, off),
+        (
+            "SELECT k, count(*), max(v) FROM m WHERE v >= 3 GROUP BY k",
+            always(),
+        ),
+        ("SELECT k, count(*), max(v) FROM p GROUP BY k", always()),
+        (sql, cpu_nodes),
+    ] {
+        let plan = plan_of(sql, options).await;
+        assert!(reading(&plan).is_empty(), "{sql}\n{}", show(&plan));
+    }
+    let plan = plan_of(sql, always()).await;
+    let unchanged = with_cached_gpu_inputs(Arc::clone(&plan), &always(), Err("no GPU")).unwrap();
+    assert!(Arc::ptr_eq(&plan, &unchanged));
+    let _ = std::fs::remove_dir_all(&dir);
+}
