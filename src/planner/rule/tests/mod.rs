@@ -117,19 +117,23 @@ async fn rewritten_as_given(
     ctx.register_table("r", table(4)).unwrap();
     ctx.register_table("s", table(3)).unwrap();
     ctx.register_table("t", table(1)).unwrap();
-    let plan = ctx
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
+    let plan = physical_plan_of(&ctx, sql).await;
     let plan = rewrite_plan(plan, &options, Ok(())).unwrap();
     // The rewritten plan still meets every node's distribution and
     // ordering requirements.
     SanityCheckPlan::new()
         .optimize(Arc::clone(&plan), ctx.state().config_options())
         .unwrap_or_else(|e| panic!("{e}\n{}", show(&plan)))
+}
+
+/// DataFusion's physical plan of `sql` in `ctx`.
+async fn physical_plan_of(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    ctx.sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap()
 }
 
 fn show(plan: &Arc<dyn ExecutionPlan>) -> String {

@@ -130,6 +130,16 @@ fn gpu_decisions_of(plan: &Arc<dyn ExecutionPlan>, options: GpuOptions) -> Vec<S
         .collect()
 }
 
+/// The ids of the key sets the plan's collectors gather.
+fn key_set_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<usize> {
+    use crate::exec::join_keys::JoinKeyCollectorExec;
+    nodes_of::<JoinKeyCollectorExec>(plan)
+        .iter()
+        .filter_map(|c| c.downcast_ref::<JoinKeyCollectorExec>())
+        .map(|c| c.keys().id())
+        .collect()
+}
+
 #[tokio::test]
 async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
     use crate::exec::join_keys::{JoinKeyCollectorExec, JoinKeyWaitExec};
@@ -188,15 +198,7 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
     let sql = "SELECT r.v FROM r JOIN s ON r.k = s.k WHERE r.k IN (SELECT k FROM t WHERE v < 5)";
     let plan = planned(sql, always()).await;
     let text = show(&plan);
-    let ids: Vec<usize> = nodes_of::<JoinKeyCollectorExec>(&plan)
-        .iter()
-        .map(|c| {
-            c.downcast_ref::<JoinKeyCollectorExec>()
-                .unwrap()
-                .keys()
-                .id()
-        })
-        .collect();
+    let ids = key_set_ids(&plan);
     assert_eq!(ids.len(), 2, "{text}");
     let scans = nodes_of::<GpuScanFilterExec>(&plan);
     let widest = ids
@@ -255,16 +257,7 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
         ] {
             let plan = planned(sql, options.clone()).await;
             let text = show(&plan);
-            let collectors = nodes_of::<JoinKeyCollectorExec>(&plan);
-            let ids: Vec<usize> = collectors
-                .iter()
-                .map(|c| {
-                    c.downcast_ref::<JoinKeyCollectorExec>()
-                        .unwrap()
-                        .keys()
-                        .id()
-                })
-                .collect();
+            let ids = key_set_ids(&plan);
             let mut aggregates = nodes_of::<AggregateExec>(&plan);
             aggregates.extend(nodes_of::<GpuAggregateExec>(&plan));
             for aggregate in aggregates {
@@ -376,13 +369,7 @@ async fn under_the_cost_placement_a_large_scan_that_only_tests_keys_reads_the_ca
         let ctx = ctx.clone();
         let options = options.clone();
         async move {
-            let plan = ctx
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
+            let plan = physical_plan_of(&ctx, sql).await;
             rewrite_plan(plan, &options, Ok(())).unwrap()
         }
     };
@@ -450,13 +437,7 @@ async fn gpu_nodes_over_filtered_parquet_scans_read_them_from_the_cache() {
                 .await
                 .unwrap();
             ctx.register_table("m", memory).unwrap();
-            let plan = ctx
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
+            let plan = physical_plan_of(&ctx, sql).await;
             let mut placed = options.clone();
             placed.tuning.scan_filter = false;
             placed.tuning.join_key_filters = false;
