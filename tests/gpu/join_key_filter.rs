@@ -17,13 +17,14 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::MemTable;
-use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::physical_plan::{displayable, ExecutionPlan};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use datafusion_gpu::{gpu_decisions, GpuScanFilterExec};
 
 use crate::scan_aggregate::{table, temp_dir, write_parquet};
 use crate::support::{
-    cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, string_rows, JoinMode,
+    cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, same_rows_as_datafusion,
+    JoinMode,
 };
 
 /// Sessions whose joins stay on the CPU (so that their probe sides take
@@ -154,16 +155,7 @@ async fn check(
     sql: &str,
 ) -> (Arc<dyn ExecutionPlan>, Tested) {
     let plan = physical_plan(gpu, sql).await;
-    let gpu_batches = collect(Arc::clone(&plan), gpu.task_ctx())
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
-    assert_eq!(
-        string_rows(&gpu_batches),
-        string_rows(&cpu_batches),
-        "{sql}: results differ\n{}",
-        displayable(plan.as_ref()).indent(true)
-    );
+    same_rows_as_datafusion(gpu, cpu, sql, &plan).await;
     let mut tested = Tested::default();
     for node in nodes_named(&plan, "GpuScanFilterExec") {
         let scan = node.downcast_ref::<GpuScanFilterExec>().unwrap();

@@ -21,7 +21,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::support::{
-    cpu_context, gpu_context, plan_metric, require_gpu, string_rows, table_from_columns, JoinMode,
+    cpu_context, gpu_context, plan_metric, require_gpu, same_rows_as_datafusion,
+    table_from_columns, JoinMode,
 };
 
 const FLAGS: [&str; 3] = ["A", "N", "R"];
@@ -137,15 +138,7 @@ async fn check(gpu: &SessionContext, cpu: &SessionContext, sql: &str) -> Arc<dyn
         "{sql}: no scan aggregation on the GPU\n{}",
         datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
     );
-    let gpu_batches = datafusion::physical_plan::collect(Arc::clone(&plan), gpu.task_ctx())
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
-    assert_eq!(
-        string_rows(&gpu_batches),
-        string_rows(&cpu_batches),
-        "{sql}: results differ"
-    );
+    same_rows_as_datafusion(gpu, cpu, sql, &plan).await;
     plan
 }
 

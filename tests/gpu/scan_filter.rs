@@ -12,14 +12,14 @@ use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::MemTable;
-use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::physical_plan::{displayable, ExecutionPlan};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use datafusion_gpu::{gpu_decisions, GpuScanFilterExec};
 
 use crate::scan_aggregate::{table, temp_dir, write_parquet};
 use crate::support::{
-    cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, rows_in_order, string_rows,
-    table_from_columns, JoinMode,
+    cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, rows_in_order,
+    same_rows_as_datafusion, table_from_columns, JoinMode,
 };
 
 /// The GPU session leaves aggregations over filters to the filter node
@@ -85,15 +85,7 @@ async fn check(
             "{sql}: the decisions do not name the scan filter"
         );
     }
-    let gpu_batches = collect(Arc::clone(&plan), gpu.task_ctx())
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
-    assert_eq!(
-        string_rows(&gpu_batches),
-        string_rows(&cpu_batches),
-        "{sql}: results differ"
-    );
+    let gpu_batches = same_rows_as_datafusion(gpu, cpu, sql, &plan).await;
     (plan, gpu_batches)
 }
 

@@ -271,6 +271,28 @@ pub async fn physical_plan(ctx: &SessionContext, sql: &str) -> Arc<dyn Execution
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// Runs `plan`, the GPU session's plan of `sql`, and `sql` on DataFusion's
+/// own session `cpu`, asserts the same rows (a sorted multiset of their
+/// text), and returns the GPU path's batches.
+pub async fn same_rows_as_datafusion(
+    gpu: &SessionContext,
+    cpu: &SessionContext,
+    sql: &str,
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Vec<RecordBatch> {
+    let gpu_batches = datafusion::physical_plan::collect(Arc::clone(plan), gpu.task_ctx())
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
+    assert_eq!(
+        string_rows(&gpu_batches),
+        string_rows(&cpu_batches),
+        "{sql}: results differ\n{}",
+        datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
+    );
+    gpu_batches
+}
+
 /// Runs `sql` and returns its batches, the number of joins that ran on the
 /// GPU, and the plan.
 pub async fn run(

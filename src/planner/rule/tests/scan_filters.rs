@@ -260,6 +260,9 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
             let ids = key_set_ids(&plan);
             let mut aggregates = nodes_of::<AggregateExec>(&plan);
             aggregates.extend(nodes_of::<GpuAggregateExec>(&plan));
+            // The join hands over keys, and an aggregation is there: none
+            // of the tests lies below it.
+            assert!(!ids.is_empty() && !aggregates.is_empty(), "{sql}\n{text}");
             for aggregate in aggregates {
                 assert!(
                     !show(&aggregate).contains("IN join keys"),
