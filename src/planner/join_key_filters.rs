@@ -171,18 +171,29 @@ impl Probe<'_> {
         }
         // A scan the device does not read: tested on the host, where the
         // set is worth it (see `JoinKeyFilterExpr::evaluate`), read once
-        // the keys are there where the wait cannot hang.
-        let waiting = if node.downcast_ref::<DataSourceExec>().is_some() {
-            Some(JoinKeyWaitExec::new(
-                Arc::clone(node),
-                vec![Arc::clone(self.keys)],
-            ))
-        } else {
-            node.downcast_ref::<JoinKeyWaitExec>()
-                .map(|wait| wait.with_set(Arc::clone(self.keys)))
-        };
-        if let Some(waiting) = waiting {
-            let tested = FilterExec::try_new(filter(), Arc::new(waiting)).ok()?;
+        // the keys are there where the wait cannot hang (a build side of
+        // one partition; see `JoinKeySet::settled`).
+        let waits = self.keys.partitions() == 1;
+        let scan: Option<Arc<dyn ExecutionPlan>> =
+            if node.downcast_ref::<DataSourceExec>().is_some() {
+                Some(match waits {
+                    true => Arc::new(JoinKeyWaitExec::new(
+                        Arc::clone(node),
+                        vec![Arc::clone(self.keys)],
+                    )),
+                    false => Arc::clone(node),
+                })
+            } else {
+                node.downcast_ref::<JoinKeyWaitExec>()
+                    .map(|wait| match waits {
+                        true => {
+                            Arc::new(wait.with_set(Arc::clone(self.keys))) as Arc<dyn ExecutionPlan>
+                        }
+                        false => Arc::clone(node),
+                    })
+            };
+        if let Some(scan) = scan {
+            let tested = FilterExec::try_new(filter(), scan).ok()?;
             return Some(Arc::new(tested));
         }
         // Below: the input column that is `column` here.

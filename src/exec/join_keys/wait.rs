@@ -58,7 +58,8 @@ pub(crate) fn waits_for(sets: &[Arc<JoinKeySet>]) -> impl std::future::Future<Ou
 
 /// Passes a table scan through once the join keys that a host test above
 /// it reads are there (see the module docs): placed between the scan and
-/// the `FilterExec` that tests them.
+/// the `FilterExec` that tests them, for sets whose build side has one
+/// partition.
 pub struct JoinKeyWaitExec {
     input: Arc<dyn ExecutionPlan>,
     sets: Vec<Arc<JoinKeySet>>,
@@ -98,7 +99,7 @@ impl DisplayAs for JoinKeyWaitExec {
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
                 f,
-                "JoinKeyWaitExec: keys={} (the scan waits for them where their build side has one partition)",
+                "JoinKeyWaitExec: keys={} (the scan waits for them)",
                 ids.join(", ")
             ),
             DisplayFormatType::TreeRender => write!(f, "keys={}", ids.join(", ")),

@@ -298,6 +298,18 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
             "{text}"
         );
     }
+    // A partitioned join's build side is read partition by partition: its
+    // keys are tested on the host without a wait.
+    let plan = rewritten_where(
+        "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k",
+        cpu_joins(true, PlacementPolicy::Always),
+        0,
+    )
+    .await;
+    let text = show(&plan);
+    assert!(text.contains("mode=Partitioned"), "{text}");
+    assert!(text.contains("IN join keys"), "{text}");
+    assert!(nodes_of::<JoinKeyWaitExec>(&plan).is_empty(), "{text}");
     // Two joins' keys tested on the host over one scan: one wait, for both.
     let sql = "SELECT r.v FROM r JOIN s ON r.k = s.k WHERE r.k IN (SELECT k FROM t WHERE v < 5)";
     let plan = planned(sql, cpu_joins(false, PlacementPolicy::Always)).await;
