@@ -1,6 +1,7 @@
 //! Planning: the configuration, the per-node GPU/CPU decisions with their
 //! reasons, and the physical optimizer rule that applies them.
 
+mod aggregate_filters;
 mod cached_inputs;
 mod decision;
 mod join_key_filters;

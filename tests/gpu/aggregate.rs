@@ -497,6 +497,58 @@ async fn filtered_aggregates_match_the_cpu() {
     }
 }
 
+/// A `HAVING` runs inside the GPU aggregation (`filter=[...]` in its
+/// plan, no `FilterExec` left): groups whose predicate is NULL, keeping
+/// none, every one, or few, with its projection above, output in windows
+/// of one batch each, in every placement of the phases; and, where a
+/// device error hands the partition to DataFusion's aggregation, that
+/// filters its groups too. The same rows as DataFusion's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn having_filters_the_groups_inside_the_gpu_aggregation() {
+    let Some(_) = require_gpu("having_filters_the_groups_inside_the_gpu_aggregation") else {
+        return;
+    };
+    let queries = [
+        "SELECT k, count(*), sum(v) FROM t GROUP BY k HAVING sum(v) > 0",
+        "SELECT k FROM t GROUP BY k HAVING count(*) > 4 AND max(d) IS NOT NULL",
+        "SELECT k2, avg(f) FROM t GROUP BY k2 HAVING count(*) < 0",
+        "SELECT k, min(dt) FROM t GROUP BY k HAVING count(*) > 0",
+        "SELECT sum(v), count(*) FROM t HAVING sum(v) > 0",
+    ];
+    for (partitions, phases) in PLANS {
+        let mut settings = SMALL_RESULT_WINDOWS.to_vec();
+        settings.push(phases);
+        let (gpu, cpu) = contexts(partitions, &settings).await;
+        register(
+            [&gpu, &cpu],
+            table(30_000, Keys::Uniform { domain: 9_000 }, partitions, 5),
+        );
+        for sql in queries {
+            let plan = check(&gpu, &cpu, sql).await;
+            let text = datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(true)
+                .to_string();
+            assert!(text.contains(", filter=["), "{phases}: {sql}\n{text}");
+            assert!(!text.contains("FilterExec"), "{phases}: {sql}\n{text}");
+        }
+        let (gpu, cpu) = contexts(
+            partitions,
+            &[
+                phases,
+                "SET gpu_test.device_errors_fail = false",
+                "SET gpu_test.inject_device_error = true",
+            ],
+        )
+        .await;
+        register(
+            [&gpu, &cpu],
+            table(30_000, Keys::Uniform { domain: 9_000 }, partitions, 6),
+        );
+        let plan = check(&gpu, &cpu, queries[1]).await;
+        assert!(gpu_aggregate_metric(&plan, "device_error_fallback_partitions") > 0);
+    }
+}
+
 /// `rows` rows whose key `k` (Int64) and values `u` (UInt32), `x` (Int64)
 /// and `big` (Decimal128) cannot be NULL, and `v` (Int64) can, in
 /// `partitions` partitions of batches of at most 4,096 rows.

@@ -13,7 +13,8 @@
 //! * Queries: joins of every type on one to three keys, with NULLs equal
 //!   or not, with and without a residual filter; aggregations (COUNT, SUM,
 //!   MIN, MAX, AVG over decimals, COUNT(DISTINCT), FILTER) by zero to two
-//!   keys; aggregations over joins; a LIMIT over a join (its row count).
+//!   keys, some with a HAVING; aggregations over joins; a LIMIT over a
+//!   join (its row count).
 //! * Settings: target partitions, batch size, hash or sort-merge joins,
 //!   partition modes and small output ranges.
 //! * Joins left on the CPU (a case in four, from a generator of its own):
@@ -561,10 +562,16 @@ fn gen_query(rng: &mut StdRng, keys: usize) -> String {
                 true => " WHERE v > -500",
                 false => "",
             };
+            // A HAVING where the aggregate count is even (no draw of its
+            // own, so the other cases stay as they were).
+            let having = match count % 2 {
+                0 => " HAVING COUNT(*) > 1",
+                _ => "",
+            };
             match groups.is_empty() {
                 true => format!("SELECT {} FROM r{filter}", aggregates.join(", ")),
                 false => format!(
-                    "SELECT {g}, {} FROM r{filter} GROUP BY {g}",
+                    "SELECT {g}, {} FROM r{filter} GROUP BY {g}{having}",
                     aggregates.join(", "),
                     g = groups.join(", ")
                 ),

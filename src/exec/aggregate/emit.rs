@@ -92,6 +92,10 @@ impl DeviceAggregation {
                 let made = early.of_batch(batch);
                 let batch =
                     self.output_batch(key_chunk, work, &window.reduced, groups, memory, made)?;
+                let batch = match &self.output_filter {
+                    Some(filter) => batch_filter(&batch, filter.predicate())?,
+                    None => batch,
+                };
                 // Counted here, on the thread that made the batch: counted
                 // one by one on the query's thread, thousands of batches would
                 // each cost a few cache misses after the last was made.
@@ -117,6 +121,10 @@ impl DeviceAggregation {
                 return Ok(Emitted::Collided);
             }
         }
+        let per_batch = match &self.output_filter {
+            Some(_) => self.coalesced(per_batch)?,
+            None => per_batch,
+        };
         // The batches now leave (the CPU operator no longer takes over):
         // they count as output.
         let mut output = Vec::with_capacity(per_batch.len());
@@ -130,6 +138,31 @@ impl DeviceAggregation {
             .aggregates_brought_back_early
             .add(early.aggregates);
         Ok(Emitted::Batches(grouped.groups, output))
+    }
+
+    /// Filtered output batches (with their sizes) gathered into batches of
+    /// about `batch_size` rows, as DataFusion's filter hands them on: a
+    /// filter that keeps few groups leaves thousands of tiny batches, which
+    /// every node above would pay for one by one. Empty batches go; a batch
+    /// of at least half the size passes as it is.
+    fn coalesced(&self, batches: Vec<(RecordBatch, usize)>) -> Result<Vec<(RecordBatch, usize)>> {
+        let size = self.batch_size.max(1);
+        let schema = match batches.first() {
+            Some((batch, _)) => batch.schema(),
+            None => return Ok(batches),
+        };
+        let mut coalescer = BatchCoalescer::new(schema, size)
+            .with_biggest_coalesce_batch_size(Some((size / 2).max(1)));
+        for (batch, _) in batches {
+            coalescer.push_batch(batch)?;
+        }
+        coalescer.finish_buffered_batch()?;
+        let mut output = Vec::new();
+        while let Some(batch) = coalescer.next_completed_batch() {
+            let bytes = get_record_batch_memory_size(&batch);
+            output.push((batch, bytes));
+        }
+        Ok(output)
     }
 
     /// The key columns of every output batch (`batch_size` groups each),

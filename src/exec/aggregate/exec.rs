@@ -15,6 +15,7 @@ use datafusion::physical_plan::aggregates::{
 };
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::EmissionType;
+use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements,
@@ -46,6 +47,11 @@ use crate::config::GpuOptions;
 /// FILTER; group keys that pack into 64 bits (integers, dates, times,
 /// timestamps, decimals, booleans, several columns), NULL as a group; the
 /// aggregation without GROUP BY.
+///
+/// A filter of its groups (a `HAVING`, or any `FilterExec` the rule finds
+/// above it, past repartitions) may run inside it
+/// ([`Self::with_output_filter`]): each output batch is filtered as it is
+/// made, on every core, and the groups it drops are never handed on.
 pub struct GpuAggregateExec {
     /// The replaced node; its child is this node's child.
     cpu_aggregate: Arc<dyn ExecutionPlan>,
@@ -57,6 +63,11 @@ pub struct GpuAggregateExec {
     cpu_phases: Option<Arc<dyn ExecutionPlan>>,
     /// The order the groups leave in, where this node sorts them.
     group_order: Option<GroupOrder>,
+    /// The filter of the groups this node runs, if any: DataFusion's
+    /// `FilterExec` over the replaced aggregation (without a projection),
+    /// whose predicate each output batch passes, and which the CPU
+    /// fallback runs over DataFusion's aggregation.
+    output_filter: Option<Arc<FilterExec>>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -84,9 +95,50 @@ impl GpuAggregateExec {
             properties: Arc::clone(agg.properties()),
             cpu_phases: None,
             group_order: None,
+            output_filter: None,
             metrics: ExecutionPlanMetricsSet::new(),
             cpu_aggregate,
         })
+    }
+
+    /// This aggregation filtering its groups by `filter`'s predicate (a
+    /// `FilterExec` whose input has this node's schema; its projection, if
+    /// any, stays the caller's to make), or `None` where it cannot: the
+    /// groups must leave as final values (not partial states), in no
+    /// order of this node's making, and not filtered already; the filter
+    /// must take no limit and make no column constant that its input did
+    /// not (the plan above may have relied on that).
+    pub fn with_output_filter(&self, filter: &FilterExec) -> Result<Option<Self>> {
+        let final_output = self.aggregate().mode().output_mode() == AggregateOutputMode::Final;
+        if !final_output
+            || self.group_order.is_some()
+            || self.output_filter.is_some()
+            || filter.fetch().is_some()
+            || filter.input().schema() != self.schema()
+        {
+            return Ok(None);
+        }
+        let constants = |plan: &dyn ExecutionPlan| plan.properties().eq_properties.constants().len();
+        if constants(filter) != constants(filter.input().as_ref()) {
+            return Ok(None);
+        }
+        let filter = Arc::new(filtered_groups(filter, &self.cpu_aggregate)?);
+        let mut properties = filter.properties().as_ref().clone();
+        properties.partitioning = self.properties.partitioning.clone();
+        Ok(Some(Self {
+            spec: self.spec.clone(),
+            properties: Arc::new(properties),
+            cpu_phases: self.cpu_phases.clone(),
+            group_order: None,
+            output_filter: Some(filter),
+            metrics: ExecutionPlanMetricsSet::new(),
+            cpu_aggregate: Arc::clone(&self.cpu_aggregate),
+        }))
+    }
+
+    /// The predicate of the groups this node keeps, if it filters them.
+    pub fn output_filter(&self) -> Option<&Arc<dyn PhysicalExpr>> {
+        self.output_filter.as_ref().map(|filter| filter.predicate())
     }
 
     /// This aggregation emitting its groups sorted by `ordering`, in place
@@ -100,7 +152,7 @@ impl GpuAggregateExec {
         let Some(key_spec) = &self.spec.keys else {
             return Ok(None);
         };
-        if !key_spec.packable() {
+        if !key_spec.packable() || self.output_filter.is_some() {
             return Ok(None);
         }
         let group_count = key_spec.types().len();
@@ -134,6 +186,7 @@ impl GpuAggregateExec {
             properties: Arc::new(ordered_properties(&self.properties, &order)?),
             cpu_phases: self.cpu_phases.clone(),
             group_order: Some(order),
+            output_filter: None,
             metrics: ExecutionPlanMetricsSet::new(),
             cpu_aggregate: Arc::clone(&self.cpu_aggregate),
         }))
@@ -159,6 +212,14 @@ impl GpuAggregateExec {
         cpu_phases: Option<Arc<dyn ExecutionPlan>>,
     ) -> Result<Self> {
         let node = Self::try_new(cpu_aggregate)?.with_cpu_phases(cpu_phases);
+        if let Some(filter) = &self.output_filter {
+            return node.with_output_filter(filter)?.ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "GpuAggregateExec can no longer filter its groups by {}",
+                    filter.predicate()
+                ))
+            });
+        }
         let Some(order) = &self.group_order else {
             return Ok(node);
         };
@@ -208,6 +269,14 @@ impl fmt::Debug for GpuAggregateExec {
     }
 }
 
+/// `filter` (without its projection) over `input`.
+fn filtered_groups(filter: &FilterExec, input: &Arc<dyn ExecutionPlan>) -> Result<FilterExec> {
+    FilterExecBuilder::from(filter)
+        .with_input(Arc::clone(input))
+        .apply_projection(None)?
+        .build()
+}
+
 /// The aggregation's properties with its groups sorted by `order`.
 fn ordered_properties(properties: &PlanProperties, order: &GroupOrder) -> Result<PlanProperties> {
     let mut eq_properties = properties.eq_properties.clone();
@@ -252,6 +321,9 @@ impl DisplayAs for GpuAggregateExec {
                 if let Some(ordering) = self.group_ordering() {
                     write!(f, ", order=[{ordering}]")?;
                 }
+                if let Some(predicate) = self.output_filter() {
+                    write!(f, ", filter=[{predicate}]")?;
+                }
                 if self.phases_merged() {
                     write!(f, ", cpu_phases=removed")?;
                 }
@@ -290,7 +362,11 @@ impl ExecutionPlan for GpuAggregateExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        self.cpu_aggregate.apply_expressions(f)
+        let recursion = self.cpu_aggregate.apply_expressions(f)?;
+        match (recursion, self.output_filter()) {
+            (TreeNodeRecursion::Continue, Some(predicate)) => f(predicate),
+            (recursion, _) => Ok(recursion),
+        }
     }
 
     fn with_new_children(
@@ -331,7 +407,11 @@ impl ExecutionPlan for GpuAggregateExec {
         input_stats: &[Arc<Statistics>],
         args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        self.cpu_aggregate.statistics_from_inputs(input_stats, args)
+        let groups = self.cpu_aggregate.statistics_from_inputs(input_stats, args)?;
+        match &self.output_filter {
+            Some(filter) => filter.statistics_from_inputs(&[groups], args),
+            None => Ok(groups),
+        }
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -377,6 +457,7 @@ impl ExecutionPlan for GpuAggregateExec {
             cpu_aggregate: Arc::clone(&self.cpu_aggregate),
             cpu_phases: self.cpu_phases.clone(),
             group_order: self.group_order.clone(),
+            output_filter: self.output_filter.clone(),
             batch_size: context.session_config().batch_size(),
             context,
             reservation,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::gpu::DeviceStream;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
-use datafusion::arrow::compute::{concat, interleave};
+use datafusion::arrow::compute::{concat, interleave, BatchCoalescer};
 use datafusion::arrow::datatypes::{Schema, SchemaRef, ToByteSlice};
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::utils::memory::get_record_batch_memory_size;
@@ -26,6 +26,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::{CastExpr, Column, Literal};
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::filter::{batch_filter, FilterExec};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan, SendableRecordBatchStream};
@@ -78,6 +79,7 @@ const ROWS_PER_GROUP_TO_SORT_ROWS: usize = 8;
 const MAX_BYTES_MAPPED_AHEAD: usize = 2 << 30;
 
 /// The expressions one partition evaluates over its input.
+#[derive(Default)]
 pub(crate) struct AggregateInputs {
     /// Group key expressions.
     pub(crate) group_exprs: Vec<Arc<dyn PhysicalExpr>>,
@@ -109,6 +111,10 @@ pub(crate) struct AggregateTask {
     /// The order the groups leave in, where the node replaced a sort: the
     /// CPU fallback then sorts its output.
     pub(crate) group_order: Option<GroupOrder>,
+    /// The filter of the groups, where the node runs one: each output batch
+    /// is filtered as it is made, and the CPU fallback runs it over its
+    /// output.
+    pub(crate) output_filter: Option<Arc<FilterExec>>,
     pub(crate) context: Arc<TaskContext>,
     pub(crate) reservation: MemoryReservation,
     pub(crate) device: Arc<GpuDevice>,
@@ -165,13 +171,8 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
             task.metrics.cpu_fallback_partitions.add(1);
             task.metrics.memory_pool_fallback_partitions.add(1);
             let source = handed_over_input(Arc::clone(&task.input_schema), read, rest)?;
-            let operators = (&task.cpu_aggregate, task.cpu_phases.as_ref());
-            let plan = cpu_plan_over(operators, task.group_order.as_ref(), source)?;
-            let stream = execute_stream(plan, Arc::clone(&task.context))?;
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(
-                task.output_schema,
-                stream,
-            )));
+            let plan = task.cpu_plan_over(source)?;
+            return execute_stream(plan, Arc::clone(&task.context));
         }
     };
     trace::event(|| format!("aggregation: input collected ({} batches)", batches.len()));
@@ -179,6 +180,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     let device_task = Arc::new(DeviceAggregation {
         spec: task.spec.clone(),
         group_order: task.group_order.clone(),
+        output_filter: task.output_filter.clone(),
         final_output: task.final_output,
         output_schema: Arc::clone(&task.output_schema),
         device: Arc::clone(&task.device),
@@ -188,7 +190,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
         batch_size: task.batch_size,
         metrics: task.metrics.clone(),
     });
-    let inputs = Arc::new(task.inputs);
+    let inputs = Arc::new(std::mem::take(&mut task.inputs));
     let (outcome, reservation) = {
         let batches = Arc::clone(&batches);
         let inputs = Arc::clone(&inputs);
@@ -252,8 +254,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
             }
             let source =
                 MemorySourceConfig::try_new_exec(&parts, Arc::clone(&task.input_schema), None)?;
-            let operators = (&task.cpu_aggregate, task.cpu_phases.as_ref());
-            let plan = cpu_plan_over(operators, task.group_order.as_ref(), source)?;
+            let plan = task.cpu_plan_over(source)?;
             let stream = execute_stream(plan, Arc::clone(&task.context))?;
             // The collected input stays reserved until the CPU operator's
             // stream, which reads it, is dropped.
@@ -268,26 +269,28 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     }
 }
 
-/// DataFusion's aggregation in place of this one over `source` (the
-/// task's input): its two phases where this one replaced them, else the
-/// replaced operator; sorted where this one took a sort's place.
-fn cpu_plan_over(
-    (cpu_aggregate, cpu_phases): (&Arc<dyn ExecutionPlan>, Option<&Arc<dyn ExecutionPlan>>),
-    group_order: Option<&GroupOrder>,
-    source: Arc<dyn ExecutionPlan>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    let plan = match cpu_phases {
-        Some(cpu_phases) => cpu_phases_over(cpu_phases, source)?,
-        None => {
-            #[allow(deprecated)]
-            Arc::clone(cpu_aggregate).with_new_children(vec![source])?
-        }
-    };
-    Ok(match group_order {
-        // The sort this node took the place of.
-        Some(order) => sorted_by(plan, &order.ordering),
-        None => plan,
-    })
+impl AggregateTask {
+    /// DataFusion's aggregation in place of this one over `source` (the
+    /// task's input): its two phases where this one replaced them, else
+    /// the replaced operator; sorted where this one took a sort's place,
+    /// filtered where it filters its groups.
+    fn cpu_plan_over(&self, source: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        #[allow(deprecated)]
+        let plan = match &self.cpu_phases {
+            Some(cpu_phases) => cpu_phases_over(cpu_phases, source)?,
+            None => Arc::clone(&self.cpu_aggregate).with_new_children(vec![source])?,
+        };
+        let plan = match &self.group_order {
+            // The sort this node took the place of.
+            Some(order) => sorted_by(plan, &order.ordering),
+            None => plan,
+        };
+        #[allow(deprecated)]
+        Ok(match &self.output_filter {
+            Some(filter) => Arc::clone(filter).with_new_children(vec![plan])?,
+            None => plan,
+        })
+    }
 }
 
 /// What emitting a partition's groups gave.
@@ -335,6 +338,8 @@ struct KeySources<'a> {
 struct DeviceAggregation {
     spec: AggregateSpec,
     group_order: Option<GroupOrder>,
+    /// The filter each output batch passes, if any.
+    output_filter: Option<Arc<FilterExec>>,
     final_output: bool,
     output_schema: SchemaRef,
     device: Arc<GpuDevice>,

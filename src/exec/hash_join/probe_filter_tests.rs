@@ -278,3 +278,39 @@ fn no_publisher_without_a_filter_a_reader_or_the_session_option() {
     .unwrap();
     assert!(ProbeFilterPublisher::for_join(&unread, &config).is_none());
 }
+
+/// A large build side's bounds, taken on several threads over runs of its
+/// pieces, are those one pass over every piece takes: the least and
+/// greatest value wherever they lie (NULLs and pieces of NULLs aside), or
+/// none where every value is NULL.
+#[test]
+fn bounds_taken_on_several_threads_are_those_of_one_pass() {
+    let rows_per_piece = 10_000;
+    let piece_count = 3 * ROWS_PER_BOUNDS_TASK / rows_per_piece + 1;
+    let pieces_of = |value: &dyn Fn(usize) -> Option<i64>| -> Vec<ArrayRef> {
+        (0..piece_count)
+            .map(|p| {
+                let values = (0..rows_per_piece).map(|r| value(p * rows_per_piece + r));
+                Arc::new(Int64Array::from_iter(values)) as ArrayRef
+            })
+            .collect()
+    };
+    // The least value in the last piece, the greatest in the first, NULLs
+    // and a piece of NULLs between.
+    let last = piece_count * rows_per_piece - 1;
+    let spread = pieces_of(&|row| match row {
+        0 => Some(1 << 40),
+        row if row == last => Some(-(1 << 40)),
+        row if row % 7 == 0 || (50_000..60_000).contains(&row) => None,
+        row => Some((row as i64 * 7919) % 1_000_003),
+    });
+    let expected = KeyBounds::Range(
+        ScalarValue::Int64(Some(-(1 << 40))),
+        ScalarValue::Int64(Some(1 << 40)),
+    );
+    assert_eq!(KeyBounds::of_on_one_thread(&spread), expected);
+    assert_eq!(KeyBounds::of(&spread), expected);
+    let nulls = pieces_of(&|_| None);
+    assert_eq!(KeyBounds::of(&nulls), KeyBounds::NoValue);
+    assert_eq!(KeyBounds::of(&[]), KeyBounds::NoValue);
+}

@@ -20,6 +20,7 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
+use super::aggregate_filters::with_filters_in_gpu_aggregations;
 use super::cached_inputs::with_cached_gpu_inputs;
 use super::decision::folds_join_below;
 use super::join_key_filters::with_join_key_filters;
@@ -100,6 +101,7 @@ fn rewrite_plan(
     with_statistics_of_one_pass(|| {
         rewrite(plan, order_observable, true, false, options, gpu)
             .and_then(without_spread_at_root)
+            .and_then(with_filters_in_gpu_aggregations)
             .and_then(|plan| with_scan_filters(plan, options, gpu))
             .and_then(|plan| with_cached_gpu_inputs(plan, options, gpu))
             .and_then(|plan| with_join_key_filters(plan, options, gpu))

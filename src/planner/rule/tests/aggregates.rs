@@ -618,3 +618,83 @@ async fn a_partial_aggregation_over_a_table_scan_runs_as_a_scan_aggregation() {
         assert_eq!(scan_aggregations(&plan), 0, "{sql}\n{}", show(&plan));
     }
 }
+
+/// A filter of a GPU aggregation's groups (a `HAVING`) runs inside it,
+/// directly above it or past the repartitions that deal its groups, in
+/// every placement of the phases; its projection stays above. A filter
+/// of partial states, or of groups the aggregation sorts, stays
+/// DataFusion's.
+#[tokio::test]
+async fn a_filter_of_the_groups_runs_inside_the_gpu_aggregation() {
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::projection::ProjectionExec;
+    let options = |aggregate_single_phase| GpuOptions {
+        placement: PlacementPolicy::Always,
+        tuning: GpuTuning {
+            aggregate_single_phase,
+            scan_aggregate: false,
+            ..GpuTuning::default()
+        },
+        ..GpuOptions::default()
+    };
+    let filters = |plan: &Arc<dyn ExecutionPlan>| nodes_of::<FilterExec>(plan).len();
+    let having = "SELECT k, sum(v) AS total FROM r GROUP BY k HAVING sum(v) > 10";
+    let hidden = "SELECT k FROM r GROUP BY k HAVING sum(v) > 10 AND count(*) > 1";
+    let joined = "SELECT a.k, s.v FROM (SELECT k FROM r GROUP BY k HAVING count(*) > 1) a \
+                  JOIN s ON a.k = s.k";
+    for single_phase in [true, false] {
+        for sql in [having, hidden, joined] {
+            let plan = rewritten_with(sql, options(single_phase)).await;
+            let text = show(&plan);
+            assert_eq!(filters(&plan), 0, "{sql}\n{text}");
+            let filtered = gpu_aggregates(&plan)
+                .into_iter()
+                .filter(|agg| agg.output_filter().is_some())
+                .count();
+            assert_eq!(filtered, 1, "{sql}\n{text}");
+            assert!(text.contains(", filter=["), "{text}");
+            // The columns the filter kept, and no others.
+            if sql == hidden {
+                assert!(!nodes_of::<ProjectionExec>(&plan).is_empty(), "{text}");
+                assert_eq!(plan.schema().fields().len(), 1, "{text}");
+            }
+        }
+    }
+    // The join above still reads the aggregation's groups hash-partitioned
+    // on the key, filtered below the repartitions.
+    let plan = rewritten_with(joined, options(true)).await;
+    let text = show(&plan);
+    let repartition = text
+        .find("RepartitionExec: partitioning=Hash([k@0], 4)")
+        .expect(&text);
+    let aggregation = text.find("GpuAggregateExec").expect(&text);
+    assert!(repartition < aggregation, "{text}");
+
+    // Groups the aggregation sorts, and partial states, are not filtered
+    // inside it: a filter over either stays DataFusion's.
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{binary, col, lit};
+    use datafusion::physical_plan::aggregates::AggregateMode;
+    let sorted = "SELECT k, count(*) FROM r GROUP BY k ORDER BY k";
+    let two_phases = "SELECT k, count(*) FROM r GROUP BY k";
+    for (sql, single_phase) in [(sorted, true), (two_phases, false)] {
+        let plan = rewritten_with(sql, options(single_phase)).await;
+        let text = show(&plan);
+        let refused = nodes_of::<GpuAggregateExec>(&plan)
+            .into_iter()
+            .find(|node| {
+                let agg = node.downcast_ref::<GpuAggregateExec>().unwrap();
+                agg.group_ordering().is_some() || *agg.aggregate().mode() == AggregateMode::Partial
+            })
+            .unwrap_or_else(|| panic!("no sorting or partial GPU aggregation\n{text}"));
+        let schema = refused.schema();
+        let count = col(schema.field(1).name(), &schema).unwrap();
+        let predicate = binary(count, Operator::Gt, lit(1i64), &schema).unwrap();
+        let filter = FilterExec::try_new(predicate, Arc::clone(&refused)).unwrap();
+        let agg = refused.downcast_ref::<GpuAggregateExec>().unwrap();
+        assert!(
+            agg.with_output_filter(&filter).unwrap().is_none(),
+            "{sql}\n{text}"
+        );
+    }
+}

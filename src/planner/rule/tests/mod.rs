@@ -126,6 +126,21 @@ async fn rewritten_as_given(
         .unwrap_or_else(|e| panic!("{e}\n{}", show(&plan)))
 }
 
+/// The plan's nodes of type `T`.
+pub(super) fn nodes_of<T: ExecutionPlan>(
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Vec<Arc<dyn ExecutionPlan>> {
+    let mut found = Vec::new();
+    plan.apply(|node| {
+        if node.downcast_ref::<T>().is_some() {
+            found.push(Arc::clone(node));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    found
+}
+
 /// DataFusion's physical plan of `sql` in `ctx`.
 async fn physical_plan_of(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
     ctx.sql(sql)

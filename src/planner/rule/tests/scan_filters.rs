@@ -12,19 +12,6 @@ fn options(cache: bool, placement: PlacementPolicy) -> GpuOptions {
     }
 }
 
-/// The plan's nodes of type `T`.
-fn nodes_of<T: ExecutionPlan>(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>> {
-    let mut found = Vec::new();
-    plan.apply(|node| {
-        if node.downcast_ref::<T>().is_some() {
-            found.push(Arc::clone(node));
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })
-    .unwrap();
-    found
-}
-
 async fn planned(sql: &str, options: GpuOptions) -> Arc<dyn ExecutionPlan> {
     rewritten_as_given(SessionConfig::new().with_target_partitions(4), sql, options).await
 }
