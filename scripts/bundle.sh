@@ -85,8 +85,9 @@ for what in "$@"; do
   case "$what" in
     tests)
       # The concurrency test checks the device budget returns to zero, the
-      # fault test breaks the device's context, and the column cache tests
-      # count what stayed cached between queries, so they run again after
+      # fault test breaks the device's context, the column cache tests count
+      # what stayed cached between queries, and the out-of-core aggregation
+      # test what a small share of the device made, so they run again after
       # the others, alone in their process, one after the other.
       DATAFUSION_GPU_CONFORMANCE_LOG="$logs/conformance.log" DATAFUSION_GPU_REQUIRE_GPU=1 \
         ./gpu --skip concurrency:: --skip device_fault:: 2>&1 | tee "$logs/tests.log"
@@ -94,7 +95,8 @@ for what in "$@"; do
       # (The cache tests first: after the fault test the device is gone.)
       DATAFUSION_GPU_TEST_ALONE=1 DATAFUSION_GPU_REQUIRE_GPU=1 \
         ./gpu scan_aggregate::the_column_cache scan_aggregate::a_small_cache \
-        --test-threads=1 2>&1 | tee "$logs/alone-cache.log"
+        aggregate::inputs_larger_than_the_device_budget --test-threads=1 2>&1 \
+        | tee "$logs/alone-cache.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       DATAFUSION_GPU_TEST_ALONE=1 DATAFUSION_GPU_REQUIRE_GPU=1 \
         ./gpu concurrency:: device_fault:: --test-threads=1 2>&1 | tee "$logs/alone.log"

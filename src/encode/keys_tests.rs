@@ -457,6 +457,81 @@ fn parallel_encoding_matches_one_pass_with_and_without_dropped_rows() {
     assert!(one_pass.row_ids.is_some());
 }
 
+/// Two key columns cut into batches of many lengths (empty ones too), the
+/// cuts falling anywhere in the threads' ranges: coded where they lie, the
+/// same keys and dropped rows as over the columns made contiguous.
+#[test]
+fn packed_keys_coded_piece_by_piece_match_those_of_the_concatenation() {
+    let spec = KeySpec::try_new(&[DataType::Int64, DataType::Int32], NullEquality::NullEqualsNothing)
+        .unwrap();
+    let build = [
+        arr(Int64Array::from_iter_values(0..200_000)),
+        arr(Int32Array::from_iter_values((0..200_000).map(|i| i % 7 - 3))),
+    ];
+    let encoder = KeyEncoder::for_build_side(&spec, &build).unwrap();
+    assert_eq!(encoder.kind(), "packed");
+    let rows = 2 * (1 << 20) + 77_777;
+    // Probe keys, some outside the build side's ranges (dropped).
+    let first: Vec<i64> = (0..rows as i64).map(|i| (i * 7919) % 230_000 - 10_000).collect();
+    let second: Vec<i32> = (0..rows as i32).map(|i| i % 9 - 4).collect();
+    // Empty pieces, tiny ones and large ones.
+    let lengths = [0, 1, 5_000, 0, 123_457, 8_192, 300_001, 3];
+    let mut cuts = vec![0usize];
+    for length in lengths.iter().cycle() {
+        let at = *cuts.last().unwrap();
+        if at == rows {
+            break;
+        }
+        cuts.push((at + length).min(rows));
+    }
+    let pieces: Vec<Vec<ArrayRef>> = vec![
+        cuts.windows(2)
+            .map(|w| arr(Int64Array::from(first[w[0]..w[1]].to_vec())))
+            .collect(),
+        cuts.windows(2)
+            .map(|w| arr(Int32Array::from(second[w[0]..w[1]].to_vec())))
+            .collect(),
+    ];
+    assert!(pieces[0].iter().any(|p| p.is_empty()) && pieces[0].len() > 10);
+    assert!(encoder.codes_pieces_in_place(&pieces));
+    let whole = [
+        arr(Int64Array::from(first.clone())),
+        arr(Int32Array::from(second.clone())),
+    ];
+    let expected = encoder.encode(&whole).unwrap();
+    assert!(expected.row_ids.is_some(), "no probe row was dropped");
+    for threads in [1, 2, 3, 16] {
+        let got = encoder.encode_pieces_parallel(&pieces, threads).unwrap();
+        assert_eq!(got.keys, expected.keys, "{threads} threads");
+        assert_eq!(got.row_ids, expected.row_ids, "{threads} threads");
+    }
+    // No piece at all: no key.
+    let none = encoder
+        .encode_pieces_parallel(&[Vec::new(), Vec::new()], 4)
+        .unwrap();
+    assert!(none.keys.is_empty());
+    // A NULL key, or keys that are not packed, go through the columns.
+    let with_null = vec![
+        vec![arr(Int64Array::from(vec![Some(1), None]))],
+        vec![arr(Int32Array::from(vec![1, 2]))],
+    ];
+    assert!(!encoder.codes_pieces_in_place(&with_null));
+    let strings = spec_of_strings();
+    assert!(!strings.codes_pieces_in_place(&[vec![arr(StringArray::from(vec!["a"]))]]));
+    assert!(strings
+        .encode_pieces_parallel(&[vec![arr(StringArray::from(vec!["a"]))]], 2)
+        .is_err());
+}
+
+/// A hashed encoder: string keys.
+fn spec_of_strings() -> KeyEncoder {
+    let spec = KeySpec::try_new(&[DataType::Utf8], NullEquality::NullEqualsNothing).unwrap();
+    let encoder =
+        KeyEncoder::for_build_side(&spec, &[arr(StringArray::from(vec!["a", "b"]))]).unwrap();
+    assert_eq!(encoder.kind(), "hashed");
+    encoder
+}
+
 #[test]
 fn the_range_of_a_large_column_found_in_slices_is_that_of_one_pass() {
     // 5 M rows: two or more slices on any host with two cores.

@@ -1047,7 +1047,11 @@ async fn inputs_larger_than_the_device_budget_are_aggregated_in_key_partitions()
     // asserts that, for each way of planning the phases, at least one ran
     // in parts with no fallback (with both phases on the GPU, the final
     // phase's partitions are those of DataFusion's hash repartition on the
-    // same keys, which the split must still spread).
+    // same keys, which the split must still spread). That holds only with
+    // the device to itself (tests beside it take device memory from the
+    // same budget, and a partition then waits for memory or falls back):
+    // the bundle's run script runs it again alone; beside others, the
+    // answers are checked all the same.
     let free = datafusion_gpu::gpu::gpu_runtime().expect("a GPU").devices()[0]
         .budget()
         .free_at_open();
@@ -1079,7 +1083,7 @@ async fn inputs_larger_than_the_device_budget_are_aggregated_in_key_partitions()
             }
         }
         assert!(
-            in_parts > 0,
+            in_parts > 0 || !crate::support::alone_on_the_device(),
             "{phases}: no budget made the aggregation run in parts"
         );
     }

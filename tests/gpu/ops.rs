@@ -2366,7 +2366,7 @@ fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries(
                     narrow: false,
                 },
             ],
-            remap: Vec::new(),
+            remap: Default::default(),
         };
         let got = filter_chunk(&device, stream, &chunk, &program, 0.5, &mut timer).unwrap();
         timer.finish().unwrap();

@@ -265,11 +265,10 @@ async fn values_beyond_64_bits_and_too_many_groups_run_datafusions_plan() {
     assert_eq!(plan_metric(&plan, "cpu_fallback"), 1);
 }
 
-/// Whether this test has the device to itself (`DATAFUSION_GPU_TEST_ALONE=1`,
-/// as the bundle's run script runs the cache tests): only then must a
-/// cached column still be there for the next query.
+/// Only alone on the device must a cached column still be there for the
+/// next query.
 fn alone() -> bool {
-    std::env::var("DATAFUSION_GPU_TEST_ALONE").is_ok_and(|v| v == "1")
+    crate::support::alone_on_the_device()
 }
 
 /// A fresh folder under the system's temporary one.

@@ -38,6 +38,15 @@ pub fn sanitizing() -> bool {
     std::env::var_os(SANITIZE_VAR).is_some()
 }
 
+/// Whether this test has the device to itself (`DATAFUSION_GPU_TEST_ALONE=1`,
+/// as the bundle's run script runs the tests whose outcome depends on the
+/// device memory or cache that tests beside them would take): only then
+/// must what a share of device memory leads to, or a cached column, be
+/// there to see.
+pub fn alone_on_the_device() -> bool {
+    std::env::var("DATAFUSION_GPU_TEST_ALONE").is_ok_and(|v| v == "1")
+}
+
 /// The GPU runtime, or `None` after printing a visible skip line (written to
 /// the process's stderr directly, which the test harness does not capture).
 /// Panics when no GPU is there and [`REQUIRE_GPU_VAR`] is set.

@@ -445,7 +445,10 @@ impl ExecutionPlan for GpuAggregateExec {
         };
         let input =
             WholeInput::execute(agg.input(), self.merge_read_through(), partition, &context)?;
+        // Spillable: refused, the partition hands its input to DataFusion's
+        // aggregation, which spills (see `GpuSortMergeJoinExec`).
         let reservation = MemoryConsumer::new(format!("GpuAggregateInput[{partition}]"))
+            .with_can_spill(true)
             .register(context.memory_pool());
         Ok(aggregate_stream(AggregateTask {
             spec: self.spec.clone(),

@@ -48,7 +48,8 @@ pub(crate) struct BuildSide {
     /// The arrival position of each row of `rows`.
     pub(crate) arrival: ArrivalOrder,
     /// The key columns evaluated on `rows`, each one contiguous array; none
-    /// where `keys` are raw pieces (which hold no NULL and need no check).
+    /// where `keys` are raw pieces or packed keys coded in place (which
+    /// hold no NULL and need no check).
     pub(crate) key_columns: Vec<ArrayRef>,
     pub(crate) encoder: KeyEncoder,
     pub(crate) keys: JoinKeys,
@@ -187,6 +188,12 @@ impl PreparedBuild {
             // Raw keys without NULLs: no check against the key columns, and
             // no NULL key for the null-aware anti join to look for.
             Some(raw) => (Vec::new(), JoinKeys::RawPieces(raw)),
+            // Packed keys without NULLs: coded where they lie, and no key
+            // columns kept (nothing checks them, and none is NULL).
+            None if encoder.codes_pieces_in_place(&per_key) => {
+                let keys = encoder.encode_pieces_parallel(&per_key, threads)?;
+                (Vec::new(), JoinKeys::Encoded(keys))
+            }
             None => {
                 let key_columns = rows.concat_key_pieces(on, &per_key, threads)?;
                 let keys = encoder.encode_parallel(&key_columns, threads)?;

@@ -55,6 +55,11 @@ fn code_probe_keys(
     Ok(Some(match build.encoder.raw_pieces(&pieces) {
         // Raw keys need no check against the key columns.
         Some(raw) => (Vec::new(), JoinKeys::RawPieces(raw)),
+        // Nor do packed keys without NULLs, coded where they lie.
+        None if build.encoder.codes_pieces_in_place(&pieces) => {
+            let keys = build.encoder.encode_pieces_parallel(&pieces, cx.host_threads)?;
+            (Vec::new(), JoinKeys::Encoded(keys))
+        }
         None => {
             let threads = cx.host_threads;
             let columns = chunk.concat_key_pieces(&cx.probe_on, &pieces, threads)?;

@@ -379,7 +379,8 @@ impl ProbeLoop {
         let (mut ids, mark) = rows_emitted_alone(semantics.join_type, &visited.snapshot());
         if semantics.null_aware && build.probe_saw_rows.load(Ordering::Acquire) {
             // NULL NOT IN (a non-empty set) is not true either.
-            // Keys held as raw pieces have no NULL (and no key columns).
+            // Keys held as raw pieces, or packed in place, have no NULL
+            // (and no key columns).
             if let Some(key) = build.key_columns.first() {
                 ids = ids
                     .values()

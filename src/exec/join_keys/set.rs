@@ -40,6 +40,13 @@ pub struct KeyBitmap {
 
 static NEXT_BITMAP: AtomicU64 = AtomicU64::new(1);
 
+/// Its words as the device tests them: a scan's parts share them.
+impl AsRef<[u32]> for KeyBitmap {
+    fn as_ref(&self) -> &[u32] {
+        &self.words
+    }
+}
+
 impl KeyBitmap {
     /// The set of `values`, or `None` where they span more than
     /// [`MAX_KEY_SPAN`] values. No values make an empty set.

@@ -21,7 +21,9 @@ use super::program::{code_test_table, CodeTest};
 use super::states::{columns_read, compile, partial_states};
 use crate::config::GpuOptions;
 use crate::encode::table_words::{strings_array, word_kind, HostWords, WordsBuilder};
-use crate::gpu::launch::{scan_aggregate, ScanChunk, ScanColumn, ScanProgram};
+use crate::gpu::launch::{
+    scan_aggregate, RemapTable, ScanChunk, ScanColumn, ScanProgram, SharedWords,
+};
 use crate::gpu::{
     upload_byte_pieces, upload_u64, CachedColumn, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
     ReservationKind, WordKind,
@@ -373,13 +375,17 @@ pub(crate) fn test_tables(
     columns: &[usize],
     tests: &[CodeTest],
     scan_schema: &Schema,
-) -> Reasoned<Vec<Vec<u32>>> {
+) -> Reasoned<Vec<SharedWords>> {
     tests
         .iter()
-        .map(|test| {
+        .map(|test| -> Reasoned<SharedWords> {
             if let Some(keys) = &test.join_keys {
-                // No set yet: an empty table, which every row passes.
-                return Ok(keys.keys().map_or_else(Vec::new, |keys| keys.words().to_vec()));
+                // The set's own words, shared by every part; no set yet: an
+                // empty table, which every row passes.
+                return Ok(match keys.keys() {
+                    Some(bitmap) => bitmap,
+                    None => Arc::new(Vec::<u32>::new()),
+                });
             }
             let slot = columns
                 .iter()
@@ -389,13 +395,13 @@ pub(crate) fn test_tables(
                 .dictionary
                 .as_ref()
                 .ok_or("a string predicate's column without its dictionary")?;
-            code_test_table(test, scan_schema.field(test.column), dictionary)
+            Ok(Arc::new(code_test_table(test, scan_schema.field(test.column), dictionary)?))
         })
         .collect()
 }
 
 /// A part's resident columns as the kernels' chunk, with its remap table.
-pub(crate) fn scan_chunk(part: &[Arc<CachedColumn>], remap: Vec<u32>) -> ScanChunk<'_> {
+pub(crate) fn scan_chunk(part: &[Arc<CachedColumn>], remap: RemapTable) -> ScanChunk<'_> {
     ScanChunk {
         rows: part.first().map_or(0, |c| c.rows),
         columns: part
@@ -410,17 +416,6 @@ pub(crate) fn scan_chunk(part: &[Arc<CachedColumn>], remap: Vec<u32>) -> ScanChu
     }
 }
 
-/// One remap table of `tables`, each key's table start first.
-pub(crate) fn remap_table(tables: Vec<Vec<u32>>) -> Vec<u32> {
-    let mut remap = Vec::with_capacity(tables.len() + tables.iter().map(Vec::len).sum::<usize>());
-    let mut start = tables.len();
-    for table in &tables {
-        remap.push(start as u32);
-        start += table.len();
-    }
-    remap.extend(tables.into_iter().flatten());
-    remap
-}
 
 fn string_values(array: &ArrayRef) -> Reasoned<Vec<&str>> {
     let values: Vec<Option<&str>> = match array.data_type() {
@@ -470,12 +465,16 @@ fn aggregate(
         ));
     }
     let mut remaps = Vec::with_capacity(loaded.len());
-    for (part, mut tables) in loaded.iter().zip(merged.tables) {
+    for (part, merged_tables) in loaded.iter().zip(merged.tables) {
+        let mut tables: Vec<SharedWords> = merged_tables
+            .into_iter()
+            .map(|table| -> SharedWords { Arc::new(table) })
+            .collect();
         match test_tables(part, &program.columns, &program.tests, &shape.scan_schema) {
             Ok(tests) => tables.extend(tests),
             Err(reason) => return Ok(Ran::OnCpu(reason)),
         }
-        remaps.push(remap_table(tables));
+        remaps.push(RemapTable::new(tables));
     }
     let output = match run_program(device, loaded, &remaps, &program, metrics) {
         Ok(output) => output,
@@ -508,7 +507,7 @@ fn aggregate(
 fn run_program(
     device: &Arc<GpuDevice>,
     loaded: &[Vec<Arc<CachedColumn>>],
-    remaps: &[Vec<u32>],
+    remaps: &[RemapTable],
     program: &super::states::DeviceProgram,
     metrics: &GpuScanMetrics,
 ) -> GpuResult<crate::gpu::launch::ScanAggregateOutput> {

@@ -23,11 +23,11 @@ use super::program::{coded_column, word_column, FilterProgram, OutputKind};
 use super::shape::ScanFilterShape;
 use crate::config::GpuOptions;
 use crate::exec::scan_aggregate::{
-    part_columns, remap_table, scan_chunk, test_tables, Loaded, Part,
+    part_columns, scan_chunk, test_tables, Loaded, Part,
 };
 use crate::exec::join_keys::{JoinKeyFilterExpr, MAX_KEPT_SHARE};
 use crate::exec::GpuScanMetrics;
-use crate::gpu::launch::FilterProgram as DeviceFilterProgram;
+use crate::gpu::launch::{FilterProgram as DeviceFilterProgram, RemapTable, SharedWords};
 use crate::gpu::{CachedColumn, GpuDevice, PhaseTimer};
 use crate::ops::scan_filter::{filter_chunk, FilteredRows};
 use crate::trace;
@@ -250,7 +250,8 @@ fn filter_part(
         return Ok(Err("a part's cached columns have different row counts".into()));
     }
     // Coded outputs first: each code to itself. Then the string predicates.
-    let mut tables: Vec<Vec<u32>> = Vec::with_capacity(program.coded_outputs + program.tests.len());
+    let mut tables: Vec<SharedWords> =
+        Vec::with_capacity(program.coded_outputs + program.tests.len());
     let mut dictionaries: Vec<Option<ArrayRef>> = Vec::with_capacity(program.outputs.len());
     for &(_, kind) in &program.outputs {
         let OutputKind::Code { column, .. } = kind else {
@@ -261,14 +262,14 @@ fn filter_part(
         let Some(dictionary) = slot.and_then(|slot| loaded[slot].dictionary.clone()) else {
             return Ok(Err("a coded output without its dictionary".into()));
         };
-        tables.push((0..dictionary.len() as u32).collect());
+        tables.push(Arc::new((0..dictionary.len() as u32).collect::<Vec<u32>>()));
         dictionaries.push(Some(dictionary));
     }
     match test_tables(loaded, &program.columns, &program.tests, &shape.scan_schema) {
         Ok(tests) => tables.extend(tests),
         Err(reason) => return Ok(Err(reason)),
     }
-    let chunk = scan_chunk(loaded, remap_table(tables));
+    let chunk = scan_chunk(loaded, RemapTable::new(tables));
     let registers: Vec<u32> = program.outputs.iter().map(|&(r, _)| r).collect();
     let device_program = DeviceFilterProgram {
         instructions: &program.instructions,

@@ -648,7 +648,11 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
                 .as_ref()
                 .map(|a| Arc::clone(&a.pair_aggregate)),
         };
+        // Spillable: refused, the partition hands its inputs to DataFusion's
+        // join, whose sorts spill; a fair pool caps it at its share so that
+        // those sorts (its own or another partition's) find theirs.
         let reservation = MemoryConsumer::new(format!("GpuSortMergeJoinInput[{partition}]"))
+            .with_can_spill(true)
             .register(context.memory_pool());
         let task = MergeJoinTask {
             partition,

@@ -23,7 +23,6 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef, ToByteSlice};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{JoinType, NullEquality};
-use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::TaskContext;
@@ -182,11 +181,9 @@ impl Side {
     /// order they arrived (a side that arrives sorted stays sorted).
     fn into_source(self, schema: &SchemaRef) -> Result<Arc<dyn ExecutionPlan>> {
         match self {
-            Side::Arrived(batches) => Ok(MemorySourceConfig::try_new_exec(
-                &[batches.batches().to_vec()],
-                Arc::clone(schema),
-                None,
-            )?),
+            Side::Arrived(batches) => {
+                handed_over_input(Arc::clone(schema), batches.batches().to_vec(), Vec::new())
+            }
             Side::Refused { read, rest } => handed_over_input(Arc::clone(schema), read, rest),
         }
     }

@@ -40,8 +40,8 @@ pub use merge_join::{expand_pairs, merge_path_bounds, ordered_codes, CodeTransfo
 #[cfg(any(test, feature = "test-support"))]
 pub use merge_join::MERGE_TILE;
 pub use scan_aggregate::{
-    accumulator_init, scan_aggregate, AccumulatorKind, ScanAggregateOutput, ScanChunk,
-    ScanColumn, ScanOp, ScanProgram, SCAN_MAX_INSTRUCTIONS, SCAN_MAX_SHARED_BYTES,
+    accumulator_init, scan_aggregate, AccumulatorKind, RemapTable, ScanAggregateOutput, ScanChunk,
+    ScanColumn, ScanOp, ScanProgram, SharedWords, SCAN_MAX_INSTRUCTIONS, SCAN_MAX_SHARED_BYTES,
     SCAN_MAX_SLOTS, SCAN_REGISTERS,
 };
 pub use scan_filter::{FilterLaunch, FilterProgram, FILTER_TILE};

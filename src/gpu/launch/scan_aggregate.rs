@@ -4,7 +4,10 @@
 //! kernel per chunk. The program is validated here, so the kernel never
 //! indexes outside its registers, columns or remap table.
 
+use std::sync::Arc;
+
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg, SyncOnDrop};
+use datafusion::arrow::datatypes::ToByteSlice;
 
 use super::{config, grid_stride_blocks, Launcher};
 use crate::gpu::{
@@ -250,8 +253,84 @@ pub struct ScanColumn<'a> {
 pub struct ScanChunk<'a> {
     pub rows: usize,
     pub columns: Vec<ScanColumn<'a>>,
-    pub remap: Vec<u32>,
+    pub remap: RemapTable,
 }
+
+/// 32-bit words a remap table holds, shared rather than copied: a join key
+/// set's bitmap (up to megabytes) is the same table for every chunk of a
+/// scan, and goes to the device from where it lies.
+pub type SharedWords = Arc<dyn AsRef<[u32]> + Send + Sync>;
+
+/// A chunk's remap table: where each key's table starts within it (one word
+/// a key, counted from the table's first word), then the tables, end to
+/// end, held in pieces.
+#[derive(Clone, Default)]
+pub struct RemapTable {
+    pieces: Vec<SharedWords>,
+    len: usize,
+}
+
+impl RemapTable {
+    /// The table of `tables`, key `k`'s table being `tables[k]`.
+    pub fn new(tables: Vec<SharedWords>) -> Self {
+        let mut starts = Vec::with_capacity(tables.len());
+        let mut start = tables.len();
+        for table in &tables {
+            starts.push(start as u32);
+            start += table.as_ref().as_ref().len();
+        }
+        let mut pieces: Vec<SharedWords> = Vec::with_capacity(1 + tables.len());
+        pieces.push(Arc::new(starts));
+        pieces.extend(tables);
+        Self { pieces, len: start }
+    }
+
+    /// A table given word by word, its starts included (as the kernel reads
+    /// it).
+    pub fn from_words(words: Vec<u32>) -> Self {
+        let len = words.len();
+        Self {
+            pieces: vec![Arc::new(words)],
+            len,
+        }
+    }
+
+    /// Its words.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Word `index`, if the table holds it.
+    pub fn word(&self, index: usize) -> Option<u32> {
+        let mut at = index;
+        for piece in &self.pieces {
+            let words = piece.as_ref().as_ref();
+            match words.get(at) {
+                Some(&word) => return Some(word),
+                None => at -= words.len(),
+            }
+        }
+        None
+    }
+
+    /// Its bytes as the kernel reads them (32-bit little-endian words), in
+    /// pieces, none copied.
+    pub fn byte_pieces(&self) -> Vec<&[u8]> {
+        self.pieces
+            .iter()
+            .map(|piece| piece.as_ref().as_ref().to_byte_slice())
+            .collect()
+    }
+}
+
+// The kernels read the remap table's words as little-endian, and the
+// table's pieces go to the device as they lie in host memory.
+#[cfg(target_endian = "big")]
+compile_error!("the device reads host words as little-endian");
 
 /// The program run over every row: `instructions` in order; then the row
 /// counts where there is no `predicate` register or it is valid and
@@ -362,7 +441,7 @@ fn check_program(program: &ScanProgram<'_>) -> GpuResult<usize> {
 fn check_operands_against_chunk(
     instructions: &[[i64; 5]],
     columns: usize,
-    remap: &[u32],
+    remap: &RemapTable,
 ) -> GpuResult<()> {
     for (i, instruction) in instructions.iter().enumerate() {
         let Some(op) = ScanOp::from_code(instruction[0]) else {
@@ -381,8 +460,8 @@ fn check_operands_against_chunk(
                 Operand::Key => {
                     let start = usize::try_from(value)
                         .ok()
-                        .and_then(|key| remap.get(key))
-                        .map(|&start| start as usize);
+                        .and_then(|key| remap.word(key))
+                        .map(|start| start as usize);
                     if start.is_none_or(|start| start > remap.len()) {
                         return invalid(format!(
                             "instruction {i} ({op:?}) reads key {value}'s codes, which a \
@@ -622,12 +701,7 @@ fn launch_chunks<'a>(
     for chunk in chunks.iter().filter(|chunk| chunk.rows > 0) {
         let addresses = column_addresses(chunk, stream, guards)?;
         let columns = upload_u64(device, stream, &addresses, timer)?;
-        let remap = upload_byte_pieces(
-            device,
-            stream,
-            &[&le_bytes_u32(chunk.remap.iter().copied())],
-            timer,
-        )?;
+        let remap = upload_byte_pieces(device, stream, &chunk.remap.byte_pieces(), timer)?;
         // check_chunks bounds the remap table below 2^32 entries.
         let remap_len = chunk.remap.len() as u32;
         let rows = chunk.rows as u64;
@@ -723,7 +797,7 @@ mod tests {
         let instructions = well_formed();
         let p = program(&instructions, &SUM_AND_COUNT, 3);
         assert_eq!(check_program(&p).unwrap(), 6);
-        check_operands_against_chunk(&instructions, 2, &[]).unwrap();
+        check_operands_against_chunk(&instructions, 2, &RemapTable::default()).unwrap();
     }
 
     #[test]
@@ -761,17 +835,27 @@ mod tests {
     #[test]
     fn columns_and_keys_outside_the_chunk_are_rejected() {
         let instructions = well_formed();
-        assert!(check_operands_against_chunk(&instructions, 1, &[]).is_err());
+        let words = |words: &[u32]| RemapTable::from_words(words.to_vec());
+        assert!(check_operands_against_chunk(&instructions, 1, &words(&[])).is_err());
         let negative = [[ScanOp::LoadF64 as i64, 0, -1, 0, 0]];
-        assert!(check_operands_against_chunk(&negative, 4, &[]).is_err());
+        assert!(check_operands_against_chunk(&negative, 4, &words(&[])).is_err());
         // Key 1's table starts at 2: remap = [starts 2, 2 | no table].
         let code = |key: i64| [[ScanOp::LoadCode as i64, 0, 0, key, 0]];
-        check_operands_against_chunk(&code(0), 1, &[2, 2, 7]).unwrap();
-        check_operands_against_chunk(&code(1), 1, &[2, 3, 7]).unwrap();
-        assert!(check_operands_against_chunk(&code(2), 1, &[1, 9]).is_err());
-        assert!(check_operands_against_chunk(&code(0), 1, &[]).is_err());
-        assert!(check_operands_against_chunk(&code(0), 1, &[3, 0]).is_err());
-        assert!(check_operands_against_chunk(&code(-1), 1, &[1, 0]).is_err());
+        check_operands_against_chunk(&code(0), 1, &words(&[2, 2, 7])).unwrap();
+        check_operands_against_chunk(&code(1), 1, &words(&[2, 3, 7])).unwrap();
+        assert!(check_operands_against_chunk(&code(2), 1, &words(&[1, 9])).is_err());
+        assert!(check_operands_against_chunk(&code(0), 1, &words(&[])).is_err());
+        assert!(check_operands_against_chunk(&code(0), 1, &words(&[3, 0])).is_err());
+        assert!(check_operands_against_chunk(&code(-1), 1, &words(&[1, 0])).is_err());
+        // The same from tables held in pieces: key 1's table starts after
+        // key 0's; no word 5 to hold a start.
+        let tables = RemapTable::new(vec![Arc::new(vec![5u32, 6]), Arc::new(vec![7u32])]);
+        assert_eq!(tables.len(), 5);
+        let all: Vec<u32> = (0..6).map_while(|i| tables.word(i)).collect();
+        assert_eq!(all, [2, 4, 5, 6, 7]);
+        assert_eq!(tables.byte_pieces().concat(), le_bytes_u32(all));
+        check_operands_against_chunk(&code(1), 1, &tables).unwrap();
+        assert!(check_operands_against_chunk(&code(5), 1, &tables).is_err());
     }
 
     #[test]

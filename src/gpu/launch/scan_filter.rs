@@ -74,12 +74,10 @@ impl<'a> FilterLaunch<'a> {
         let remap_len = u32::try_from(chunk.remap.len()).map_err(|_| {
             GpuError::Invalid("a remap table of 2^32 entries or more".into())
         })?;
-        let remap = upload_byte_pieces(
-            device,
-            stream,
-            &[&le_bytes_u32(chunk.remap.iter().copied().chain([0]))],
-            timer,
-        )?;
+        // One word more: the kernels take an address.
+        let mut remap_bytes = chunk.remap.byte_pieces();
+        remap_bytes.push(&[0; 4]);
+        let remap = upload_byte_pieces(device, stream, &remap_bytes, timer)?;
         let mut program_words: Vec<u64> = program
             .instructions
             .iter()
