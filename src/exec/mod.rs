@@ -1,12 +1,14 @@
 //! DataFusion execution plan nodes that run on the GPU and their streams:
 //! the hash join, the sort-merge join and the aggregation, the join
 //! machinery they share ([`join`]), reading a node's whole input
-//! ([`collect`]) and their metrics. They own batching, metrics, memory
+//! ([`collect`]) and handing it on to DataFusion's operator where the GPU
+//! node falls back ([`hand_over`]), and their metrics. They own batching, metrics, memory
 //! reservations and join semantics; Arrow columns become device words in
 //! [`crate::encode`] and the algorithms run in [`crate::ops`].
 
 mod aggregate;
 mod collect;
+mod hand_over;
 mod hash_join;
 mod join;
 pub(crate) mod join_keys;

@@ -36,7 +36,8 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::emit::{needs_pairs, streams_left, StreamedWalk};
-use crate::exec::collect::{collect_or_refuse_into, handed_over_input, Collected, WholeInput};
+use crate::exec::collect::{collect_or_refuse_into, Collected, WholeInput};
+use crate::exec::hand_over::handed_over_input;
 use crate::exec::join::matches::gathers_by_pair;
 use crate::exec::join::device_gather::{
     gather_batches, output_columns, reduce_pairs, ColumnBytes, GatherSide,
