@@ -416,7 +416,6 @@ pub(crate) fn scan_chunk(part: &[Arc<CachedColumn>], remap: RemapTable) -> ScanC
     }
 }
 
-
 fn string_values(array: &ArrayRef) -> Reasoned<Vec<&str>> {
     let values: Vec<Option<&str>> = match array.data_type() {
         DataType::Utf8 => array.as_string::<i32>().iter().collect(),
