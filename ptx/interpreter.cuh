@@ -3,12 +3,15 @@
 // expressions (`src/exec/scan_aggregate/program.rs`) and validated by the
 // launch wrappers (`src/gpu/launch/scan_aggregate.rs`), run per table row.
 //
-// Columns: `columns` holds two words per column, the device address of its
-// values (one 8-byte word per row: an i64, or an f64's bits; or, where the
-// address has its lowest bit set, one 4-byte signed integer per row, read
-// sign-extended: allocations are aligned, so the bit is free) and of its
-// validity bitmap (bit r of word r / 64 set = row r valid), 0 when every row
-// is valid.
+// Columns: `columns` holds COLUMN_WORDS words per column: the device
+// address of its values (one 8-byte word per row: an i64, or an f64's bits;
+// or, where the address has its lowest bit set, one 4-byte signed integer
+// per row, read sign-extended: allocations are aligned, so the bit is free),
+// of its validity bitmap (bit r of word r / 64 set = row r valid), 0 when
+// every row is valid, and, for a column of strings kept as their bytes, of
+// those bytes and their count (0 and 0 otherwise): its values are then
+// rows + 1 offsets into the bytes, row r's string lying in
+// [offset r, offset r + 1).
 //
 // Program: `instructions` instructions of 5 i64 words, [op, dst, a, b, c],
 // run in order on every row. 32 registers, each an i64 (f64 bits for floats)
@@ -60,6 +63,9 @@
 #define OP_SELECT 33
 #define OP_CODE_TEST 34
 #define OP_KEY_TEST 35
+#define OP_LIKE 36
+
+#define COLUMN_WORDS 4
 
 #define SCAN_REGISTERS 32
 #define FULL_MASK 0xffffffffu
@@ -119,6 +125,93 @@ __device__ __forceinline__ long long mul_checked(long long x, long long y, bool&
     return low;
 }
 
+// Column `a`'s value word at `row` (an 8-byte word, or a 4-byte integer
+// sign-extended where the address's lowest bit is set).
+__device__ __forceinline__ long long column_word(u64 address, u64 row) {
+    return (address & 1) ? (long long)__ldg((const int*)(address - 1) + row)
+                         : __ldg((const long long*)address + row);
+}
+
+// Byte `i` of a pattern's literal bytes, packed four to a little-endian
+// word of the remap table from word `at`.
+__device__ __forceinline__ unsigned char pattern_byte(const u32* remap, u64 at, u32 i) {
+    return (unsigned char)(__ldg(remap + at + i / 4) >> (8 * (i % 4)));
+}
+
+// Whether segment bytes [at..) of length `len` equal the string's bytes from
+// `s`.
+__device__ __forceinline__ bool segment_at(const unsigned char* s, const u32* remap, u64 at,
+                                           u32 len) {
+    for (u32 i = 0; i < len; ++i) {
+        if (__ldg(s + i) != pattern_byte(remap, at, i)) return false;
+    }
+    return true;
+}
+
+// Whether the string s[0..n) matches a LIKE pattern of literal segments
+// separated by `%` (no `_`, no escapes), as compiled by the host
+// (`like_table` in `src/exec/scan_aggregate/program.rs`): the table at
+// `start` (of `end - start` words) holds the segment count k, then whether
+// the pattern starts with `%` and whether it ends with one, then per
+// segment its byte length and its bytes (four to a word). Segments match
+// leftmost first, which decides such patterns: the first is a prefix unless
+// the pattern starts with `%`, the last a suffix unless it ends with one,
+// the others found in turn after each other. A table that does not hold
+// what its counts say sets `bad`.
+__device__ bool like_matches(const unsigned char* s, u64 n, const u32* remap, u64 start, u64 end,
+                             bool& bad) {
+    if (end < start + 3) {
+        bad = true;
+        return false;
+    }
+    const u32 k = __ldg(remap + start);
+    const bool open_start = __ldg(remap + start + 1) != 0;
+    const bool open_end = __ldg(remap + start + 2) != 0;
+    // Each segment's length word and where its bytes start.
+    u64 at = start + 3;
+    u64 pos = 0;  // bytes of s consumed so far
+    for (u32 seg = 0; seg < k; ++seg) {
+        if (at >= end) {
+            bad = true;
+            return false;
+        }
+        const u32 len = __ldg(remap + at);
+        const u64 bytes_at = at + 1;
+        at = bytes_at + (len + 3) / 4;
+        if (at > end) {
+            bad = true;
+            return false;
+        }
+        const bool first = seg == 0, last = seg + 1 == k;
+        if (last && !open_end) {
+            // A suffix, after what the segments before it took.
+            if (n < pos + len) return false;
+            if (first && !open_start && n != len) return false;
+            if (!segment_at(s + (n - len), remap, bytes_at, len)) return false;
+            pos = n;
+            continue;
+        }
+        if (first && !open_start) {
+            if (n < len || !segment_at(s, remap, bytes_at, len)) return false;
+            pos = len;
+            continue;
+        }
+        // Leftmost occurrence at or after pos.
+        bool found = false;
+        for (u64 p = pos; p + len <= n; ++p) {
+            if (segment_at(s + p, remap, bytes_at, len)) {
+                pos = p + len;
+                found = true;
+                break;
+            }
+        }
+        if (!found) return false;
+    }
+    // No segment: "%" (or "%%") matches everything, "" only the empty string.
+    if (k == 0) return open_start || open_end || n == 0;
+    return true;
+}
+
 // Runs the program on row `row`, which lies within the chunk.
 __device__ __forceinline__ void run_program(Registers regs, const u64* columns, u64 row,
                                             const long long* program, u32 instructions,
@@ -135,8 +228,8 @@ __device__ __forceinline__ void run_program(Registers regs, const u64* columns, 
         case OP_LOAD_I64:
         case OP_LOAD_F64:
         case OP_LOAD_CODE: {
-            const u64 address = __ldg(columns + 2 * a);
-            const u64* bitmap = (const u64*)__ldg(columns + 2 * a + 1);
+            const u64 address = __ldg(columns + COLUMN_WORDS * a);
+            const u64* bitmap = (const u64*)__ldg(columns + COLUMN_WORDS * a + 1);
             const long long word = (address & 1)
                 ? (long long)__ldg((const int*)(address - 1) + row)
                 : __ldg((const long long*)address + row);
@@ -163,8 +256,8 @@ __device__ __forceinline__ void run_program(Registers regs, const u64* columns, 
             // A string predicate evaluated on the host over the part's
             // dictionary: entry 0 false, 1 true, 2 NULL; `c` the result for
             // a NULL input.
-            const u64 address = __ldg(columns + 2 * a);
-            const u64* bitmap = (const u64*)__ldg(columns + 2 * a + 1);
+            const u64 address = __ldg(columns + COLUMN_WORDS * a);
+            const u64* bitmap = (const u64*)__ldg(columns + COLUMN_WORDS * a + 1);
             const bool valid = bitmap == nullptr || ((__ldg(bitmap + (row >> 6)) >> (row & 63)) & 1);
             long long result = __ldg(ins + 4);
             if (valid) {
@@ -196,8 +289,8 @@ __device__ __forceinline__ void run_program(Registers regs, const u64* columns, 
             if (end > remap_len) end = remap_len;
             long long result = 1;
             if (end > start) {
-                const u64 address = __ldg(columns + 2 * a);
-                const u64* bitmap = (const u64*)__ldg(columns + 2 * a + 1);
+                const u64 address = __ldg(columns + COLUMN_WORDS * a);
+                const u64* bitmap = (const u64*)__ldg(columns + COLUMN_WORDS * a + 1);
                 const bool valid =
                     bitmap == nullptr || ((__ldg(bitmap + (row >> 6)) >> (row & 63)) & 1);
                 result = 0;
@@ -215,6 +308,38 @@ __device__ __forceinline__ void run_program(Registers regs, const u64* columns, 
                 }
             }
             regs.set(dst, result, true);
+            break;
+        }
+        case OP_LIKE: {
+            // Whether column `a`'s string (kept as its bytes) matches the
+            // LIKE pattern of key `b`'s table (see like_matches); NULL for
+            // a NULL string.
+            const u64* column = columns + COLUMN_WORDS * a;
+            const u64 offsets = __ldg(column);
+            const u64* bitmap = (const u64*)__ldg(column + 1);
+            const unsigned char* bytes = (const unsigned char*)__ldg(column + 2);
+            const u64 byte_count = __ldg(column + 3);
+            const bool valid = bitmap == nullptr || ((__ldg(bitmap + (row >> 6)) >> (row & 63)) & 1);
+            long long result = 0;
+            if (valid) {
+                const long long from = column_word(offsets, row);
+                const long long to = column_word(offsets, row + 1);
+                const u64 keys = remap_len > 0 ? (u64)__ldg(remap) : 0;
+                const u64 start = (u64)b < remap_len ? (u64)__ldg(remap + b) : (u64)remap_len;
+                u64 end = (u64)b + 1 < keys && (u64)b + 1 < remap_len ? (u64)__ldg(remap + b + 1)
+                                                                     : (u64)remap_len;
+                if (end > remap_len) end = remap_len;
+                bool bad = bytes == nullptr || from < 0 || to < from || (u64)to > byte_count;
+                if (!bad) {
+                    result = like_matches(bytes + from, (u64)(to - from), remap, start, end, bad)
+                        ? 1 : 0;
+                }
+                if (bad) {
+                    result = 0;
+                    *overflow = 1;
+                }
+            }
+            regs.set(dst, result, valid);
             break;
         }
         case OP_CONST: regs.set(dst, a, true); break;

@@ -61,6 +61,9 @@ pub struct HostWords {
     /// A coded column's distinct values, in code order, of the column's
     /// type.
     pub dictionary: Option<ArrayRef>,
+    /// A [`WordKind::Bytes`] column's bytes, which its values (offsets)
+    /// point into.
+    pub bytes: Option<Vec<u8>>,
 }
 
 /// How columns of `data_type` are kept as words, or `None` where they are
@@ -91,8 +94,7 @@ pub struct WordsBuilder {
     /// 4-byte values until a piece does not fit them, then 8-byte words
     /// (floats start there).
     values: WordValues,
-    /// Started at the first piece with NULLs.
-    validity: Option<BooleanBufferBuilder>,
+    validity: ValidityBuilder,
     /// A string column's distinct values so far.
     dictionary: Option<Dictionary>,
 }
@@ -109,13 +111,18 @@ impl WordsBuilder {
             rows: 0,
             values: match kind {
                 WordKind::F64 => WordValues::Wide(empty_for_fill(initial_room(rows))),
-                WordKind::I64 | WordKind::Code => {
+                WordKind::I64 | WordKind::Code | WordKind::Bytes => {
                     WordValues::Narrow(empty_for_fill(initial_room(rows)))
                 }
             },
-            validity: None,
+            validity: ValidityBuilder::default(),
             dictionary: (kind == WordKind::Code).then(Dictionary::default),
         })
+    }
+
+    /// How the column's words are read.
+    pub fn kind(&self) -> WordKind {
+        self.kind
     }
 
     /// Appends `piece`'s rows, or returns `false` where the column cannot
@@ -145,51 +152,71 @@ impl WordsBuilder {
         if !appended {
             return false;
         }
-        let nulls = piece.logical_nulls().filter(|n| n.null_count() > 0);
-        match (nulls, &mut self.validity) {
-            (None, None) => {}
-            (None, Some(validity)) => validity.append_n(piece.len(), true),
-            (Some(nulls), validity) => {
-                let validity = validity.get_or_insert_with(|| {
-                    let mut all_valid = BooleanBufferBuilder::new(self.rows + piece.len());
-                    all_valid.append_n(self.rows, true);
-                    all_valid
-                });
-                validity.append_buffer(nulls.inner());
-            }
-        }
+        self.validity.push(piece, self.rows);
         self.rows += piece.len();
         true
     }
 
     /// The words of every piece pushed.
     pub fn finish(self) -> HostWords {
-        let validity = self.validity.map(|mut builder| {
+        HostWords {
+            rows: self.rows,
+            kind: self.kind,
+            values: self.values,
+            validity: self.validity.finish(self.rows),
+            dictionary: self
+                .dictionary
+                .map(|d| strings_array(&d.values, &self.data_type)),
+            bytes: None,
+        }
+    }
+}
+
+/// A column's validity made piece by piece: nothing kept until the first
+/// piece with NULLs.
+#[derive(Default)]
+pub(crate) struct ValidityBuilder {
+    bits: Option<BooleanBufferBuilder>,
+}
+
+impl ValidityBuilder {
+    /// Appends `piece`'s validity after the `rows_before` rows pushed.
+    pub fn push(&mut self, piece: &ArrayRef, rows_before: usize) {
+        let nulls = piece.logical_nulls().filter(|n| n.null_count() > 0);
+        match (nulls, &mut self.bits) {
+            (None, None) => {}
+            (None, Some(bits)) => bits.append_n(piece.len(), true),
+            (Some(nulls), bits) => {
+                let bits = bits.get_or_insert_with(|| {
+                    let mut all_valid = BooleanBufferBuilder::new(rows_before + piece.len());
+                    all_valid.append_n(rows_before, true);
+                    all_valid
+                });
+                bits.append_buffer(nulls.inner());
+            }
+        }
+    }
+
+    /// Bit `r` of word `r / 64` set where row `r` of `rows` is valid;
+    /// `None` where every row is.
+    pub fn finish(self, rows: usize) -> Option<Vec<u64>> {
+        self.bits.map(|mut builder| {
             let bits = builder.finish();
             let bytes = bits.values();
-            let mut words = vec![0u64; self.rows.div_ceil(64)];
+            let mut words = vec![0u64; rows.div_ceil(64)];
             for (word, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
                 let mut le = [0u8; 8];
                 le[..chunk.len()].copy_from_slice(chunk);
                 *word = u64::from_le_bytes(le);
             }
             // Bits past the last row are not rows: clear them.
-            if self.rows % 64 != 0 {
+            if rows % 64 != 0 {
                 if let Some(last) = words.last_mut() {
-                    *last &= (1u64 << (self.rows % 64)) - 1;
+                    *last &= (1u64 << (rows % 64)) - 1;
                 }
             }
             words
-        });
-        HostWords {
-            rows: self.rows,
-            kind: self.kind,
-            values: self.values,
-            validity,
-            dictionary: self
-                .dictionary
-                .map(|d| strings_array(&d.values, &self.data_type)),
-        }
+        })
     }
 }
 
@@ -412,7 +439,7 @@ const MIN_GROWN_VALUES: usize = 1 << 21;
 /// a large part's at least [`MIN_GROWN_VALUES`], so that it is mapped in
 /// huge pages (a part of a few million rows fills several times faster so);
 /// a small part's its own (a huge page would be mostly cleared for nothing).
-fn initial_room(rows: usize) -> usize {
+pub(crate) fn initial_room(rows: usize) -> usize {
     match rows >= MIN_GROWN_VALUES / 2 {
         true => rows.max(MIN_GROWN_VALUES),
         false => rows,
@@ -422,7 +449,7 @@ fn initial_room(rows: usize) -> usize {
 /// An empty vector with room for `len` values, in memory mapped as
 /// [`zeroed_for_fill`] maps it: in huge pages where large, so that filling
 /// a part's words (tens of MiB) faults once per 2 MiB, not per 4 KiB page.
-fn empty_for_fill<T: Copy + Default>(len: usize) -> Vec<T> {
+pub(crate) fn empty_for_fill<T: Copy + Default>(len: usize) -> Vec<T> {
     let mut values = zeroed_for_fill::<T>(len);
     values.clear();
     values
@@ -432,7 +459,7 @@ fn empty_for_fill<T: Copy + Default>(len: usize) -> Vec<T> {
 /// least doubles, into memory from [`empty_for_fill`] (growing a `Vec`
 /// the usual way maps every 4 KiB page of each larger copy one fault at a
 /// time).
-fn room_for<T: Copy + Default>(out: &mut Vec<T>, more: usize) {
+pub(crate) fn room_for<T: Copy + Default>(out: &mut Vec<T>, more: usize) {
     let needed = out.len() + more;
     if needed <= out.capacity() {
         return;

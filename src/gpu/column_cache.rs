@@ -29,6 +29,9 @@ pub enum WordKind {
     F64,
     /// Codes into the entry's host dictionary.
     Code,
+    /// Strings as their bytes: the words are `rows + 1` 4-byte offsets
+    /// into the entry's `bytes`.
+    Bytes,
 }
 
 /// One column of one part of a table in device memory: one 8-byte word a
@@ -44,6 +47,9 @@ pub struct CachedColumn {
     pub validity: Option<DeviceVec<u64>>,
     /// The distinct values a coded column's codes index, in code order.
     pub dictionary: Option<ArrayRef>,
+    /// A [`WordKind::Bytes`] column's bytes (padded to whole words) and
+    /// their count.
+    pub bytes: Option<(DeviceVec<u64>, usize)>,
     /// Host arrays whose buffers the key names: held so that their memory
     /// cannot be freed and reused by other data under the same key while
     /// the entry lives.

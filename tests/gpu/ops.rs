@@ -2359,11 +2359,13 @@ fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries(
                     values: &a_device,
                     validity: None,
                     narrow: false,
+                    bytes: None,
                 },
                 ScanColumn {
                     values: &b_device,
                     validity: Some(&validity_device),
                     narrow: false,
+                    bytes: None,
                 },
             ],
             remap: Default::default(),

@@ -4,7 +4,8 @@
 //! `MemTable`s and Parquet files, under a GPU join and aggregation, the
 //! rows' order within a partition, and the fallbacks to DataFusion's plan
 //! (too many distinct strings, a 64-bit overflow), also where a Parquet
-//! part shows them only in a later batch of its read.
+//! part shows them only in a later batch of its read; LIKE over strings too
+//! varied to code, matched over their bytes.
 
 use std::sync::Arc;
 
@@ -344,6 +345,139 @@ async fn a_partition_left_to_datafusion_reads_only_its_own_files() {
     let sql = "SELECT s, i FROM own WHERE i > 7 AND s <> 's1'";
     let (plan, _) = check(&gpu, &cpu, sql).await;
     assert_eq!(plan_metric(&plan, "cpu_fallback"), 1, "{sql}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Row `r`'s string for the LIKE tests: nearly every row distinct (more
+/// than a part codes), with NULLs, empty strings, the patterns' texts at
+/// the start, the end, the middle, in the wrong order, overlapping,
+/// multibyte characters and newlines between them.
+fn varied_string(r: usize) -> Option<String> {
+    Some(match r % 13 {
+        0 => return None,
+        1 => String::new(),
+        2 => format!("special{r}requests"),
+        3 => format!("{r} requests special"),
+        4 => format!("spécial€{r}\nrequests"),
+        5 => format!("specialrequests{r}"),
+        6 => format!("{r}special\nrequests"),
+        7 => "special".into(),
+        8 => format!("x{r}special"),
+        9 => "ab".into(),
+        10 => "aba".into(),
+        11 => format!("ab{r}ab"),
+        _ => format!("€{r}"),
+    })
+}
+
+/// LIKE predicates of text and `%`, `=` and `<>` with text, and their
+/// negations, that the device matches over a column's bytes.
+const LIKE_QUERIES: &[&str] = &[
+    "SELECT i FROM w WHERE s NOT LIKE '%special%requests%'",
+    "SELECT i, i * 2 FROM w WHERE s LIKE '%special%requests%' AND i > 10",
+    "SELECT i FROM w WHERE s LIKE 'special%'",
+    "SELECT i FROM w WHERE s LIKE '%requests'",
+    "SELECT i FROM w WHERE s LIKE 'special'",
+    "SELECT i FROM w WHERE s LIKE ''",
+    "SELECT i FROM w WHERE s LIKE '%' OR i < 3",
+    "SELECT i FROM w WHERE s LIKE 'ab%ab'",
+    "SELECT i FROM w WHERE s LIKE 'a%%a'",
+    "SELECT count(*) FROM w WHERE s LIKE '%€%' OR s IS NULL",
+    "SELECT i FROM w WHERE NOT (s NOT LIKE '%e%') AND i < 5000",
+    "SELECT i FROM w WHERE s LIKE '%special%\nrequests'",
+    "SELECT i FROM w WHERE s = 'aba' OR s <> '' AND i > 20000",
+    "SELECT i FROM w WHERE s IN ('ab', 'special', '€5') OR 'a%' = s",
+    "SELECT i FROM w WHERE s NOT IN ('ab', 'aba', '') AND s NOT LIKE '%€%'",
+];
+
+/// Runs [`LIKE_QUERIES`] over table `w`, whose `s` the device must keep as
+/// bytes: the first run, planned to code it, finds it too varied and reads
+/// its bytes instead; the next plans read its bytes from the start; a plan
+/// that reads `s` otherwise stays DataFusion's, and says why.
+async fn like_queries_match_bytes(gpu: &SessionContext, cpu: &SessionContext) {
+    let (plan, _) = check(gpu, cpu, LIKE_QUERIES[0]).await;
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(
+        !text.contains("strings_as_bytes"),
+        "the first plan codes `s`:\n{text}"
+    );
+    assert_eq!(
+        plan_metric(&plan, "cpu_fallback"),
+        0,
+        "the first run reads the bytes"
+    );
+    for sql in LIKE_QUERIES {
+        let (plan, _) = check(gpu, cpu, sql).await;
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(text.contains("strings_as_bytes=[s]"), "{sql}:\n{text}");
+        assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
+    }
+    for (sql, reason) in [
+        (
+            "SELECT s, i FROM w WHERE s LIKE 'special%'",
+            "and is output",
+        ),
+        ("SELECT i FROM w WHERE s LIKE 'a_a'", "`_`"),
+        ("SELECT i FROM w WHERE s < 'aba'", "only by LIKE"),
+    ] {
+        let plan = physical_plan(gpu, sql).await;
+        assert_eq!(scan_filters(&plan), 0, "{sql}");
+        assert!(
+            gpu_decisions(&plan, gpu.state().config_options())
+                .iter()
+                .any(|d| d.to_string().contains(reason)),
+            "{sql}: no reason given"
+        );
+        same_rows_as_datafusion(gpu, cpu, sql, &plan).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn like_over_strings_too_varied_to_code_matches_their_bytes() {
+    let Some(_) = require_gpu("like_over_strings_too_varied_to_code_matches_their_bytes") else {
+        return;
+    };
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("i", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let table = table_from_columns(Arc::clone(&schema), 30_000, 2, 4096, |range| {
+        vec![
+            Arc::new(Int64Array::from_iter_values(
+                range.clone().map(|r| r as i64),
+            )),
+            Arc::new(StringArray::from_iter(range.map(varied_string))),
+        ]
+    });
+    let (gpu, cpu) = contexts(2).await;
+    register([&gpu, &cpu], "w", table);
+    like_queries_match_bytes(&gpu, &cpu).await;
+    // From Parquet (strings read as views), two files.
+    let dir = temp_dir("scan-filter-like");
+    for (name, start) in [("a.parquet", 0), ("b.parquet", 20_000)] {
+        let schema = Arc::clone(&schema);
+        let rows = 20_000;
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    (start..start + rows).map(|r| r as i64),
+                )),
+                Arc::new(StringArray::from_iter(
+                    (start..start + rows).map(varied_string),
+                )),
+            ],
+        )
+        .unwrap();
+        let file = std::fs::File::create(dir.join(name)).unwrap();
+        let mut writer =
+            datafusion::parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    let (gpu, cpu) = contexts(2).await;
+    register_parquet([&gpu, &cpu], "w", &dir).await;
+    like_queries_match_bytes(&gpu, &cpu).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

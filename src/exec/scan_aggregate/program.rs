@@ -18,11 +18,12 @@ use datafusion::physical_expr_common::physical_expr::is_volatile;
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, Literal,
-    NegativeExpr, NotExpr,
+    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr,
+    Literal, NegativeExpr, NotExpr,
 };
 use datafusion::physical_expr::PhysicalExpr;
 
+use super::like::{like_table, text_table};
 use crate::encode::table_words::word_kind;
 use crate::exec::join_keys::{gathers_keys_of, JoinKeyFilterExpr, JoinKeySet};
 use crate::gpu::launch::{ScanOp, SCAN_MAX_INSTRUCTIONS, SCAN_REGISTERS};
@@ -59,6 +60,9 @@ pub(crate) struct CodeTest {
     /// Where the test is a join key filter instead (`ScanOp::KeyTest`):
     /// the build side's keys, its table made from them.
     pub join_keys: Option<Arc<JoinKeySet>>,
+    /// Where the test is a LIKE over a column of string bytes instead
+    /// (`ScanOp::Like`): the pattern's table (see [`like_table`]).
+    pub pattern: Option<Arc<Vec<u32>>>,
 }
 
 /// Builds one program over the columns of one scan.
@@ -77,6 +81,8 @@ pub(crate) struct ProgramBuilder<'a> {
     /// String predicates, their keys from `first_test_key` on.
     tests: Vec<CodeTest>,
     first_test_key: usize,
+    /// String columns kept as their bytes (read only by LIKE).
+    byte_columns: Vec<usize>,
 }
 
 type Compiled<T> = std::result::Result<T, String>;
@@ -93,7 +99,15 @@ impl<'a> ProgramBuilder<'a> {
             next_register: 0,
             tests: Vec::new(),
             first_test_key: 0,
+            byte_columns: Vec::new(),
         }
+    }
+
+    /// The string columns `columns` (of the scan) are kept as their bytes:
+    /// read only by LIKE patterns of text and `%`.
+    pub fn with_byte_columns(mut self, columns: &[usize]) -> Self {
+        self.byte_columns = columns.to_vec();
+        self
     }
 
     /// String predicates take keys from `key` on (keys below are the
@@ -159,6 +173,7 @@ impl<'a> ProgramBuilder<'a> {
     /// A group key: the coded column `column`'s code, 0 for NULL and one
     /// more than the key's global code otherwise (key `key`'s remap table).
     pub fn group_code(&mut self, column: usize, key: usize) -> Compiled<Value> {
+        self.not_bytes(column)?;
         let data_type = self.schema.field(column).data_type();
         if word_kind(data_type) != Some(WordKind::Code) {
             return Err(format!(
@@ -205,6 +220,9 @@ impl<'a> ProgramBuilder<'a> {
     fn compile_new(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Value> {
         if let Some(filter) = expr.downcast_ref::<JoinKeyFilterExpr>() {
             return self.join_key_test(filter);
+        }
+        if let Some(value) = self.text_test_on_bytes(expr)? {
+            return Ok(value);
         }
         if let Some(test) = self.code_test(expr)? {
             return Ok(test);
@@ -274,7 +292,7 @@ impl<'a> ProgramBuilder<'a> {
         };
         let index = column.index();
         let field = self.schema.field(index).clone();
-        if word_kind(field.data_type()) != Some(WordKind::Code) {
+        if word_kind(field.data_type()) != Some(WordKind::Code) || self.byte_columns.contains(&index) {
             return Ok(None);
         }
         let predicate = Arc::clone(expr)
@@ -296,8 +314,126 @@ impl<'a> ProgramBuilder<'a> {
             column: index,
             predicate,
             join_keys: None,
+            pattern: None,
         });
         Ok(Some(value))
+    }
+
+    /// Refuses `column` where it is kept as string bytes.
+    fn not_bytes(&self, column: usize) -> Compiled<()> {
+        match self.byte_columns.contains(&column) {
+            true => Err(format!(
+                "the string column {} holds more distinct values in a part than the device \
+                 codes, and is read on the device only by LIKE, =, <> and IN with text, and IS NULL",
+                self.schema.field(column).name()
+            )),
+            false => Ok(()),
+        }
+    }
+
+    /// `expr`, where it is a LIKE, `=`, `<>` or `IN` list of a column kept
+    /// as string bytes and text, or its IS [NOT] NULL: one match of the
+    /// text's segments a row (`ScanOp::Like`; `=` text is one segment, both
+    /// ends closed) a pattern or value, negated for NOT LIKE, `<>` and NOT
+    /// IN. `None` where it is not of that shape.
+    fn text_test_on_bytes(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Option<Value>> {
+        let text = |e: &Arc<dyn PhysicalExpr>| match e.downcast_ref::<Literal>().map(Literal::value) {
+            Some(
+                ScalarValue::Utf8(Some(t)) | ScalarValue::Utf8View(Some(t)) | ScalarValue::LargeUtf8(Some(t)),
+            ) => Some(t.clone()),
+            _ => None,
+        };
+        // IS [NOT] NULL: of a match every valid string passes ("%").
+        let null_test = match (expr.downcast_ref::<IsNullExpr>(), expr.downcast_ref::<IsNotNullExpr>()) {
+            (Some(is_null), _) => Some((is_null.arg(), ScanOp::IsNull)),
+            (_, Some(is_not_null)) => Some((is_not_null.arg(), ScanOp::IsNotNull)),
+            _ => None,
+        };
+        if let Some((arg, op)) = null_test {
+            let Some(column) = self.byte_column(arg) else {
+                return Ok(None);
+            };
+            let any = self.text_match(expr, column, vec![0, 1, 1])?;
+            return Ok(Some(self.emit(op, any.register.into(), 0, 0, ValueType::Bool)?));
+        }
+        if let Some(in_list) = expr.downcast_ref::<InListExpr>() {
+            let Some(column) = self.byte_column(in_list.expr()) else {
+                return Ok(None);
+            };
+            let Some(values) = in_list.list().iter().map(text).collect::<Option<Vec<String>>>() else {
+                return Ok(None);
+            };
+            // One match a value, ORed (no value: false), negated for NOT IN.
+            let mut any = self.constant(0, ValueType::Bool)?;
+            for value in values {
+                let matched = self.text_match(expr, column, text_table(&value))?;
+                any = self.emit(ScanOp::Or, any.register.into(), matched.register.into(), 0, ValueType::Bool)?;
+            }
+            return match in_list.negated() {
+                true => Ok(Some(self.emit(ScanOp::Not, any.register.into(), 0, 0, ValueType::Bool)?)),
+                false => Ok(Some(any)),
+            };
+        }
+        let (column, table, negated) = if let Some(like) = expr.downcast_ref::<LikeExpr>() {
+            let Some(column) = self.byte_column(like.expr()) else {
+                return Ok(None);
+            };
+            if like.case_insensitive() {
+                return Err(format!("{expr}: ILIKE is not evaluated on the device"));
+            }
+            let Some(pattern) = text(like.pattern()) else {
+                return Err(format!("{expr}: a LIKE pattern that is not a string literal"));
+            };
+            let Some(table) = like_table(&pattern) else {
+                return Err(format!("{expr}: a LIKE pattern with `_` or an escape"));
+            };
+            (column, table, like.negated())
+        } else if let Some(binary) = expr.downcast_ref::<BinaryExpr>() {
+            let negated = match binary.op() {
+                Operator::Eq => false,
+                Operator::NotEq => true,
+                _ => return Ok(None),
+            };
+            let (left, right) = (binary.left(), binary.right());
+            let (column, value) = match (self.byte_column(left), self.byte_column(right)) {
+                (Some(column), None) => (column, text(right)),
+                (None, Some(column)) => (column, text(left)),
+                _ => return Ok(None),
+            };
+            let Some(value) = value else {
+                return Ok(None);
+            };
+            (column, text_table(&value), negated)
+        } else {
+            return Ok(None);
+        };
+        let matched = self.text_match(expr, column, table)?;
+        match negated {
+            true => Ok(Some(self.emit(ScanOp::Not, matched.register.into(), 0, 0, ValueType::Bool)?)),
+            false => Ok(Some(matched)),
+        }
+    }
+
+    /// One match of column `column` (kept as string bytes) with the
+    /// pattern `table` ([`like_table`]), for `expr`.
+    fn text_match(&mut self, expr: &Arc<dyn PhysicalExpr>, column: usize, table: Vec<u32>) -> Compiled<Value> {
+        let key = self.first_test_key + self.tests.len();
+        let slot = self.column_slot(column);
+        let matched = self.emit(ScanOp::Like, slot, key as i64, 0, ValueType::Bool)?;
+        self.tests.push(CodeTest {
+            column,
+            predicate: Arc::clone(expr),
+            join_keys: None,
+            pattern: Some(Arc::new(table)),
+        });
+        Ok(matched)
+    }
+
+    /// The scan column `expr` is, where it is one kept as string bytes.
+    fn byte_column(&self, expr: &Arc<dyn PhysicalExpr>) -> Option<usize> {
+        expr.downcast_ref::<Column>()
+            .map(Column::index)
+            .filter(|c| self.byte_columns.contains(c))
     }
 
     /// A join key filter: one lookup of the key column's value in a bitmap
@@ -318,18 +454,20 @@ impl<'a> ProgramBuilder<'a> {
             column: index,
             predicate: Arc::new(filter.clone()),
             join_keys: Some(Arc::clone(filter.keys())),
+            pattern: None,
         });
         Ok(value)
     }
 
     fn column(&mut self, index: usize) -> Compiled<Value> {
+        self.not_bytes(index)?;
         let data_type = self.schema.field(index).data_type().clone();
         let value_type = match (word_kind(&data_type), &data_type) {
             (Some(WordKind::I64), DataType::Decimal128(_, scale)) => ValueType::Decimal(*scale),
             (Some(WordKind::I64), DataType::Boolean) => ValueType::Bool,
             (Some(WordKind::I64), _) => ValueType::Int,
             (Some(WordKind::F64), _) => ValueType::Float,
-            (Some(WordKind::Code), _) => {
+            (Some(WordKind::Code | WordKind::Bytes), _) => {
                 return Err(format!(
                     "the {data_type} column {} is read on the device only as a group key",
                     self.schema.field(index).name()

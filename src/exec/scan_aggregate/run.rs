@@ -20,6 +20,7 @@ use super::source::{remember_uncodable, source_url, Part};
 use super::program::{code_test_table, CodeTest};
 use super::states::{columns_read, compile, partial_states};
 use crate::config::GpuOptions;
+use crate::encode::string_bytes::StringBytesBuilder;
 use crate::encode::table_words::{strings_array, word_kind, HostWords, WordsBuilder};
 use crate::gpu::launch::{
     scan_aggregate, RemapTable, ScanChunk, ScanColumn, ScanProgram, SharedWords,
@@ -69,7 +70,7 @@ pub(crate) async fn run(
                 for part in parts {
                     let fields = shape.fields_of(&columns);
                     let context = Arc::clone(&context);
-                    match part_columns(&shape.source, fields, &device, part, context, &options, &metrics).await? {
+                    match part_columns(&shape.source, fields, &[], &device, part, context, &options, &metrics).await? {
                         Loaded::Device(part) => loaded.push(part),
                         Loaded::Host(reason) => return Ok(Err(reason)),
                     }
@@ -111,15 +112,53 @@ pub(crate) enum Loaded {
     Host(String),
 }
 
+/// A column's host form as a part is read: words (codes for strings), or a
+/// string column's bytes.
+enum ColumnBuilder {
+    Words(WordsBuilder),
+    Bytes(StringBytesBuilder),
+}
+
+impl ColumnBuilder {
+    fn push(&mut self, piece: &ArrayRef) -> bool {
+        match self {
+            ColumnBuilder::Words(builder) => builder.push(piece),
+            ColumnBuilder::Bytes(builder) => builder.push(piece),
+        }
+    }
+
+    fn finish(self) -> HostWords {
+        match self {
+            ColumnBuilder::Words(builder) => builder.finish(),
+            ColumnBuilder::Bytes(builder) => builder.finish(),
+        }
+    }
+
+    /// Whether a piece it refuses makes the column uncodable: a string
+    /// column coded.
+    fn codes_strings(&self) -> bool {
+        matches!(self, ColumnBuilder::Words(b) if b.kind() == WordKind::Code)
+    }
+}
+
+/// The cache key of a string column kept as its bytes: another entry than
+/// its codes'.
+fn bytes_key(key: String) -> String {
+    key + "|bytes"
+}
+
 /// One part's columns `fields` (table column index and field), from the
-/// cache or read, coded and copied (and cached, with `gpu.cache`). The
-/// missing columns are read a batch at a time, each batch coded while it
-/// is fresh and then dropped, so a part is never held twice on the host. A
-/// string column of more distinct values than the device codes is
+/// cache or read, coded and copied (and cached, with `gpu.cache`); those
+/// at `byte_slots` (string columns) kept as their bytes rather than coded.
+/// The missing columns are read a batch at a time, each batch coded while
+/// it is fresh and then dropped, so a part is never held twice on the host.
+/// A string column of more distinct values than the device codes is
 /// remembered as such (see [`uncodable_column`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn part_columns(
     source: &TableSource,
     fields: Vec<(usize, Field)>,
+    byte_slots: &[usize],
     device: &Arc<GpuDevice>,
     part: Part,
     context: Arc<TaskContext>,
@@ -130,7 +169,14 @@ pub(crate) async fn part_columns(
     let cache = device.column_cache();
     let keys: Vec<String> = fields
         .iter()
-        .map(|(table_index, field)| part.column_key(&url, *table_index, field))
+        .enumerate()
+        .map(|(slot, (table_index, field))| {
+            let key = part.column_key(&url, *table_index, field);
+            match byte_slots.contains(&slot) {
+                true => bytes_key(key),
+                false => key,
+            }
+        })
         .collect();
     let mut found: Vec<Option<Arc<CachedColumn>>> = keys
         .iter()
@@ -150,12 +196,22 @@ pub(crate) async fn part_columns(
     let mut builders = Vec::with_capacity(missing.len());
     let rows_hint = part.rows_hint();
     for &i in &missing {
-        match WordsBuilder::with_rows_hint(fields[i].1.data_type(), rows_hint) {
+        let data_type = fields[i].1.data_type();
+        let builder = match byte_slots.contains(&i) {
+            true => StringBytesBuilder::with_rows_hint(data_type, rows_hint).map(ColumnBuilder::Bytes),
+            false => WordsBuilder::with_rows_hint(data_type, rows_hint).map(ColumnBuilder::Words),
+        };
+        match builder {
             Some(builder) => builders.push(builder),
             None => return Ok(Loaded::Host(cannot_be_words(i))),
         }
     }
-    if let Some(i) = too_varied_at_first(source, &part, &fields, &missing, &context, metrics).await? {
+    let coded: Vec<usize> = missing
+        .iter()
+        .copied()
+        .filter(|i| !byte_slots.contains(i))
+        .collect();
+    if let Some(i) = too_varied_at_first(source, &part, &fields, &coded, &context, metrics).await? {
         remember_uncodable(&keys[i]);
         return Ok(Loaded::Host(cannot_be_words(i)));
     }
@@ -163,7 +219,7 @@ pub(crate) async fn part_columns(
     // String columns coded first in each batch: one too varied ends the
     // read before the batch's other columns are coded for nothing.
     let mut coded_first: Vec<usize> = (0..missing.len()).collect();
-    coded_first.sort_by_key(|&b| word_kind(fields[missing[b]].1.data_type()) != Some(WordKind::Code));
+    coded_first.sort_by_key(|&b| !builders[b].codes_strings());
     trace::event(|| format!("cache fill of {}: probed", part.describe()));
     let (mut read_for, mut coded_for) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     let mut batches = part.batches(source, &table_columns, context)?;
@@ -184,7 +240,7 @@ pub(crate) async fn part_columns(
         metrics.encode_time.add_duration(encoding.elapsed());
         if let Some(b) = refused {
             let i = missing[b];
-            if word_kind(fields[i].1.data_type()) == Some(WordKind::Code) {
+            if builders[b].codes_strings() {
                 remember_uncodable(&keys[i]);
             }
             return Ok(Loaded::Host(cannot_be_words(i)));
@@ -281,8 +337,10 @@ fn upload(
     metrics: &GpuScanMetrics,
 ) -> GpuResult<CachedColumn> {
     let value_bytes = words.values.bytes();
+    let string_bytes = words.bytes.as_deref();
     let bytes = value_bytes.len().div_ceil(8).max(1) * 8
-        + 8 * words.validity.as_ref().map_or(0, Vec::len);
+        + 8 * words.validity.as_ref().map_or(0, Vec::len)
+        + string_bytes.map_or(0, |b| b.len().div_ceil(8).max(1) * 8);
     let reservation = device
         .budget()
         .reserve(bytes, memory_fraction, ReservationKind::Resident)?;
@@ -301,6 +359,13 @@ fn upload(
         .filter(|v| !v.is_empty())
         .map(|v| upload_u64(device, stream.stream(), v, &mut timer))
         .transpose()?;
+    // One word at least here too: the kernels take an address.
+    let string_bytes = string_bytes
+        .map(|b| -> GpuResult<_> {
+            let padded: &[u8] = if b.is_empty() { &[0; 8] } else { b };
+            Ok((upload_byte_pieces(device, stream.stream(), &[padded], &mut timer)?, b.len()))
+        })
+        .transpose()?;
     stream
         .stream()
         .synchronize()
@@ -313,6 +378,7 @@ fn upload(
         values,
         validity,
         dictionary: words.dictionary,
+        bytes: string_bytes,
         keep_alive,
         reservation,
     })
@@ -379,6 +445,9 @@ pub(crate) fn test_tables(
     tests
         .iter()
         .map(|test| -> Reasoned<SharedWords> {
+            if let Some(pattern) = &test.pattern {
+                return Ok(Arc::clone(pattern) as SharedWords);
+            }
             if let Some(keys) = &test.join_keys {
                 // The set's own words, shared by every part; no set yet: an
                 // empty table, which every row passes.
@@ -410,6 +479,7 @@ pub(crate) fn scan_chunk(part: &[Arc<CachedColumn>], remap: RemapTable) -> ScanC
                 values: &c.values,
                 validity: c.validity.as_ref(),
                 narrow: c.narrow,
+                bytes: c.bytes.as_ref().map(|(bytes, count)| (bytes, *count)),
             })
             .collect(),
         remap,

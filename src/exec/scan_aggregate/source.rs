@@ -275,24 +275,36 @@ pub(crate) fn remember_uncodable(key: &str) {
 /// to hold too many distinct values of to code on the device, if any: a
 /// plan reading it stays DataFusion's rather than read the part twice.
 pub(crate) fn uncodable_column(source: &TableSource, fields: &[(usize, Field)]) -> Option<String> {
-    let strings: Vec<&(usize, Field)> = fields
-        .iter()
-        .filter(|(_, f)| word_kind(f.data_type()) == Some(WordKind::Code))
+    uncodable_columns(source, fields)
+        .first()
+        .map(|&i| fields[i].1.name().clone())
+}
+
+/// The string columns of `fields` (their indices in it) that a part of
+/// `source` was found to hold too many distinct values of to code on the
+/// device.
+pub(crate) fn uncodable_columns(source: &TableSource, fields: &[(usize, Field)]) -> Vec<usize> {
+    let strings: Vec<usize> = (0..fields.len())
+        .filter(|&i| word_kind(fields[i].1.data_type()) == Some(WordKind::Code))
         .collect();
     if strings.is_empty() {
-        return None;
+        return Vec::new();
     }
     let keys = UNCODABLE.lock().unwrap_or_else(|p| p.into_inner());
     if keys.is_empty() {
-        return None;
+        return Vec::new();
     }
     let url = source_url(source);
-    source.part_groups().into_iter().flatten().find_map(|part| {
-        strings
-            .iter()
-            .find(|(table_index, field)| keys.contains(&part.column_key(&url, *table_index, field)))
-            .map(|(_, field)| field.name().clone())
-    })
+    let parts: Vec<Part> = source.part_groups().into_iter().flatten().collect();
+    strings
+        .into_iter()
+        .filter(|&i| {
+            let (table_index, field) = &fields[i];
+            parts
+                .iter()
+                .any(|part| keys.contains(&part.column_key(&url, *table_index, field)))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -63,7 +63,7 @@ pub(crate) async fn warm_scan(scan: &DataSourceExec, context: Arc<TaskContext>) 
                 let (options, metrics) = (options.clone(), metrics.clone());
                 let fields = vec![(column.table_index, field.clone())];
                 SpawnedTask::spawn(async move {
-                    part_columns(&source, fields, &device, part, context, &options, &metrics)
+                    part_columns(&source, fields, &[], &device, part, context, &options, &metrics)
                         .await
                         .map(|loaded| match loaded {
                             Loaded::Device(_) => Ok(()),

@@ -19,7 +19,7 @@ use futures::TryStreamExt;
 use super::program::{compile, FilterProgram};
 use super::run::{run, Ran};
 use super::shape::ScanFilterShape;
-use crate::exec::scan_aggregate::{uncodable_column, TableSource};
+use crate::exec::scan_aggregate::{uncodable_columns, TableSource};
 use crate::exec::join_keys::{key_sets_in, waits_for};
 use crate::exec::GpuScanMetrics;
 use crate::trace;
@@ -28,7 +28,9 @@ use crate::trace;
 /// `MemTable`), run on the GPU over the table's columns in the device
 /// column cache (`algorithm=scan_filter`): the columns the query reads are
 /// copied to the device once (strings of few distinct values as codes into
-/// a host dictionary) and kept there for the next queries, up to
+/// a host dictionary, strings of many as their bytes where only `LIKE`,
+/// `=`, `<>`, `IN` with text or `IS NULL` reads them) and kept there for
+/// the next queries, up to
 /// `gpu.cache_memory_fraction` of the device's memory; per part of the
 /// table, one kernel evaluates the filter and the output columns, a second
 /// writes the rows kept, in order, and only those come back, as batches of
@@ -87,14 +89,16 @@ impl GpuScanFilterExec {
             return Ok(None);
         };
         // What the device cannot evaluate is found now, with its reason.
-        let program = compile(&shape)?;
+        let mut program = compile(&shape, &[])?;
         if program.columns.is_empty() {
             return Err("the filter reads no column of the table".into());
         }
-        if let Some(name) = uncodable_column(&shape.source, &shape.fields_of(&program.columns)) {
-            return Err(format!(
-                "the string column {name} holds more distinct values in a part than the device codes"
-            ));
+        // String columns found too varied to code are kept as their bytes,
+        // where only LIKE reads them.
+        let uncodable = uncodable_columns(&shape.source, &shape.fields_of(&program.columns));
+        if !uncodable.is_empty() {
+            let byte_columns: Vec<usize> = uncodable.iter().map(|&slot| program.columns[slot]).collect();
+            program = compile(&shape, &byte_columns)?;
         }
         Ok(Some(Self {
             cpu_input,
@@ -170,7 +174,17 @@ impl DisplayAs for GpuScanFilterExec {
                     self.shape.source.describe(),
                     self.shape.predicate,
                     outputs.join(", "),
-                )
+                )?;
+                let as_bytes: Vec<&str> = self
+                    .program
+                    .byte_columns
+                    .iter()
+                    .map(|&c| self.shape.scan_schema.field(c).name().as_str())
+                    .collect();
+                match as_bytes.is_empty() {
+                    true => Ok(()),
+                    false => write!(f, ", strings_as_bytes=[{}]", as_bytes.join(", ")),
+                }
             }
             DisplayFormatType::TreeRender => {
                 writeln!(f, "algorithm={}", Self::ALGORITHM)?;

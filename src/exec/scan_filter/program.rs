@@ -45,17 +45,39 @@ pub(crate) struct FilterProgram {
     /// those of the string predicates.
     pub coded_outputs: usize,
     pub tests: Vec<CodeTest>,
+    /// Scan columns kept as string bytes (read only by LIKE).
+    pub byte_columns: Vec<usize>,
 }
 
-/// Compiles `shape`, or the reason the device cannot run it.
-pub(crate) fn compile(shape: &ScanFilterShape) -> Compiled<FilterProgram> {
+impl FilterProgram {
+    /// The slots (in [`Self::columns`]) of the columns kept as string
+    /// bytes.
+    pub fn byte_slots(&self) -> Vec<usize> {
+        (0..self.columns.len())
+            .filter(|&slot| self.byte_columns.contains(&self.columns[slot]))
+            .collect()
+    }
+}
+
+/// Compiles `shape`, with the string columns `byte_columns` (of the scan)
+/// kept as their bytes, or the reason the device cannot run it.
+pub(crate) fn compile(shape: &ScanFilterShape, byte_columns: &[usize]) -> Compiled<FilterProgram> {
     let coded_column = |expr: &Arc<dyn datafusion::physical_expr::PhysicalExpr>| {
         expr.downcast_ref::<Column>()
             .map(|c| c.index())
             .filter(|&c| word_kind(shape.scan_schema.field(c).data_type()) == Some(WordKind::Code))
     };
+    if let Some(column) = shape.outputs.iter().filter_map(coded_column).find(|c| byte_columns.contains(c)) {
+        return Err(format!(
+            "the string column {} holds more distinct values in a part than the device codes, \
+             and is output",
+            shape.scan_schema.field(column).name()
+        ));
+    }
     let coded_outputs = shape.outputs.iter().filter(|e| coded_column(e).is_some()).count();
-    let mut program = ProgramBuilder::new(&shape.scan_schema).with_test_keys_from(coded_outputs);
+    let mut program = ProgramBuilder::new(&shape.scan_schema)
+        .with_test_keys_from(coded_outputs)
+        .with_byte_columns(byte_columns);
     let predicate = program.compile(&shape.predicate)?;
     if predicate.value_type != ValueType::Bool {
         return Err("a filter that is not a boolean".into());
@@ -86,6 +108,7 @@ pub(crate) fn compile(shape: &ScanFilterShape) -> Compiled<FilterProgram> {
         outputs,
         coded_outputs,
         tests: program.tests().to_vec(),
+        byte_columns: byte_columns.to_vec(),
     })
 }
 

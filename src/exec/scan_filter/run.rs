@@ -1,8 +1,9 @@
 //! One partition of the node: each of its parts' columns from the cache
 //! (read, coded, copied and cached where missing), the program run over
 //! the part, and the rows kept made into Arrow batches. Where the device
-//! cannot take a part (a string column of too many distinct values, a
-//! 64-bit overflow, no device memory) before any row was kept (the first
+//! cannot take a part (a string column of too many distinct values that
+//! the program cannot read as bytes, a 64-bit overflow, no device memory;
+//! one it can is read again as bytes) before any row was kept (the first
 //! part, or after parts that kept none: an empty byte range of a file),
 //! DataFusion's chain runs the whole partition, streaming; a part after
 //! rows were kept is filtered on the host by DataFusion's own expressions,
@@ -19,11 +20,11 @@ use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 
-use super::program::{coded_column, word_column, FilterProgram, OutputKind};
+use super::program::{coded_column, compile, word_column, FilterProgram, OutputKind};
 use super::shape::ScanFilterShape;
 use crate::config::GpuOptions;
 use crate::exec::scan_aggregate::{
-    part_columns, scan_chunk, test_tables, Loaded, Part,
+    part_columns, scan_chunk, test_tables, uncodable_columns, Loaded, Part,
 };
 use crate::exec::join_keys::{JoinKeyFilterExpr, MAX_KEPT_SHARE};
 use crate::exec::GpuScanMetrics;
@@ -87,18 +88,18 @@ pub(crate) async fn run(
     }
     let batch_size = context.session_config().batch_size().max(1);
     let mut batches = Vec::new();
+    let mut program = program;
     for part in parts {
-        let fields = shape.fields_of(&program.columns);
-        let loaded = part_columns(
-            &shape.source,
-            fields,
-            &device,
-            part.clone(),
-            Arc::clone(&context),
-            &options,
-            &metrics,
-        )
-        .await?;
+        let mut loaded = load_part(&shape, &program, &device, &part, &context, &options, &metrics).await?;
+        if let Loaded::Host(_) = &loaded {
+            // A string column found too varied to code just now is kept as
+            // its bytes from here on, where the program can read it so.
+            if let Some(as_bytes) = with_uncodable_as_bytes(&shape, &program) {
+                trace::event(|| format!("scan filter of {}: strings as bytes", part.describe()));
+                program = Arc::new(as_bytes);
+                loaded = load_part(&shape, &program, &device, &part, &context, &options, &metrics).await?;
+            }
+        }
         let reason = match loaded {
             Loaded::Device(loaded) => {
                 let (shape, device, program) = (Arc::clone(&shape), Arc::clone(&device), Arc::clone(&program));
@@ -139,6 +140,48 @@ pub(crate) async fn run(
         push_sliced(&mut batches, batch, batch_size);
     }
     Ok(Ran::Batches(batches))
+}
+
+/// `part`'s columns that `program` reads (see [`part_columns`]).
+async fn load_part(
+    shape: &ScanFilterShape,
+    program: &FilterProgram,
+    device: &Arc<GpuDevice>,
+    part: &Part,
+    context: &Arc<TaskContext>,
+    options: &GpuOptions,
+    metrics: &GpuScanMetrics,
+) -> Result<Loaded> {
+    let fields = shape.fields_of(&program.columns);
+    let byte_slots = program.byte_slots();
+    part_columns(
+        &shape.source,
+        fields,
+        &byte_slots,
+        device,
+        part.clone(),
+        Arc::clone(context),
+        options,
+        metrics,
+    )
+    .await
+}
+
+/// `program` recompiled with the string columns it reads that parts of the
+/// table were found too varied to code kept as their bytes, where there
+/// are such columns not kept so yet and the device can read them so.
+fn with_uncodable_as_bytes(shape: &ScanFilterShape, program: &FilterProgram) -> Option<FilterProgram> {
+    let uncodable = uncodable_columns(&shape.source, &shape.fields_of(&program.columns));
+    let mut byte_columns = program.byte_columns.clone();
+    let before = byte_columns.len();
+    for slot in uncodable {
+        if !byte_columns.contains(&program.columns[slot]) {
+            byte_columns.push(program.columns[slot]);
+        }
+    }
+    (byte_columns.len() > before)
+        .then(|| compile(shape, &byte_columns).ok())
+        .flatten()
 }
 
 /// `batch` in slices of at most `batch_size` rows, pushed to `batches`.

@@ -19,6 +19,9 @@ use crate::gpu::{
 pub const SCAN_REGISTERS: usize = 32;
 /// Instructions one program holds at most.
 pub const SCAN_MAX_INSTRUCTIONS: usize = 256;
+/// Words of the kernels' column table per column (`COLUMN_WORDS` in
+/// `ptx/interpreter.cuh`).
+pub const COLUMN_WORDS: usize = 4;
 /// Dynamic shared memory one block's accumulator slots take at most.
 pub const SCAN_MAX_SHARED_BYTES: usize = 48 * 1024;
 /// Slots (groups times accumulators) one launch holds at most: each takes
@@ -116,6 +119,13 @@ pub enum ScanOp {
     /// values from it; an empty table holds no set yet, and every row
     /// passes. NULL never passes; always valid.
     KeyTest = 35,
+    /// `dst` = whether column `a`'s string (a column of strings kept as
+    /// their bytes, see [`ScanColumn::bytes`]) matches the LIKE pattern of
+    /// key `b`'s table: the segment count, whether the pattern starts with
+    /// `%` and whether it ends with one (1 or 0), then per segment its byte
+    /// length and its bytes, four to a little-endian word. NULL for a NULL
+    /// string.
+    Like = 36,
 }
 
 /// What an instruction's operand `a`, `b` or `c` is to an opcode.
@@ -135,7 +145,7 @@ enum Operand {
 
 impl ScanOp {
     /// Every opcode, at the index of its value.
-    const ALL: [ScanOp; 36] = [
+    const ALL: [ScanOp; 37] = [
         ScanOp::LoadI64,
         ScanOp::LoadF64,
         ScanOp::LoadCode,
@@ -172,6 +182,7 @@ impl ScanOp {
         ScanOp::Select,
         ScanOp::CodeTest,
         ScanOp::KeyTest,
+        ScanOp::Like,
     ];
 
     /// The opcode of value `code`, if there is one.
@@ -191,7 +202,7 @@ impl ScanOp {
             LoadI64 | LoadF64 => [Column, Unused, Unused],
             LoadCode => [Column, Key, Unused],
             CodeTest => [Column, Key, Immediate],
-            KeyTest => [Column, Key, Unused],
+            KeyTest | Like => [Column, Key, Unused],
             Const => [Immediate, Unused, Unused],
             Null => [Unused, Unused, Unused],
             ScaleI64 => [Register, Immediate, Unused],
@@ -244,6 +255,11 @@ pub struct ScanColumn<'a> {
     /// The values are 4-byte signed integers, two to a word (the first in
     /// the low half), read sign-extended.
     pub narrow: bool,
+    /// For strings kept as their bytes: the bytes (padded to whole words)
+    /// and how many there are. The values are then `rows + 1` narrow
+    /// offsets into them, row `r`'s string lying between offsets `r` and
+    /// `r + 1`.
+    pub bytes: Option<(&'a CudaSlice<u64>, usize)>,
 }
 
 /// `rows` rows of a table on the device: its columns, in the order the
@@ -440,9 +456,10 @@ fn check_program(program: &ScanProgram<'_>) -> GpuResult<usize> {
 /// it (the kernel checks each code against the table's end itself).
 fn check_operands_against_chunk(
     instructions: &[[i64; 5]],
-    columns: usize,
+    of_bytes: &[bool],
     remap: &RemapTable,
 ) -> GpuResult<()> {
+    let columns = of_bytes.len();
     for (i, instruction) in instructions.iter().enumerate() {
         let Some(op) = ScanOp::from_code(instruction[0]) else {
             return invalid(format!(
@@ -456,6 +473,20 @@ fn check_operands_against_chunk(
                     return invalid(format!(
                         "instruction {i} ({op:?}) reads column {value} of a chunk of {columns}"
                     ));
+                }
+                // Strings kept as bytes are read by LIKE alone, and LIKE
+                // reads nothing else.
+                Operand::Column => {
+                    let of_bytes = of_bytes[value as usize];
+                    if of_bytes != (op == ScanOp::Like) {
+                        return invalid(format!(
+                            "instruction {i} ({op:?}) reads column {value}, {}",
+                            match of_bytes {
+                                true => "a column of string bytes",
+                                false => "not a column of string bytes",
+                            }
+                        ));
+                    }
                 }
                 Operand::Key => {
                     let start = usize::try_from(value)
@@ -499,10 +530,22 @@ pub(super) fn check_chunks(chunks: &[ScanChunk<'_>], instructions: &[[i64; 5]]) 
             ));
         }
         for (c, column) in chunk.columns.iter().enumerate() {
+            // A column of string bytes holds one offset more than rows.
+            let values = chunk.rows + usize::from(column.bytes.is_some());
             let words = match column.narrow {
-                true => chunk.rows.div_ceil(2),
-                false => chunk.rows,
+                true => values.div_ceil(2),
+                false => values,
             };
+            if let Some((bytes, count)) = column.bytes {
+                if !column.narrow || bytes.len() < count.div_ceil(8) {
+                    return invalid(format!(
+                        "column {c} of scan chunk {index} holds {} words of its {count} string \
+                         bytes{}",
+                        bytes.len(),
+                        if column.narrow { "" } else { ", its offsets not 4-byte" }
+                    ));
+                }
+            }
             if column.values.len() < words {
                 return invalid(format!(
                     "column {c} of scan chunk {index} holds {} words, {} rows",
@@ -520,21 +563,23 @@ pub(super) fn check_chunks(chunks: &[ScanChunk<'_>], instructions: &[[i64; 5]]) 
                 }
             }
         }
-        check_operands_against_chunk(instructions, chunk.columns.len(), &chunk.remap)?;
+        let of_bytes: Vec<bool> = chunk.columns.iter().map(|c| c.bytes.is_some()).collect();
+        check_operands_against_chunk(instructions, &of_bytes, &chunk.remap)?;
     }
     Ok(())
 }
 
-/// The kernels' column table of `chunk`: two words per column, its values'
-/// address (the lowest bit set where they are 4-byte integers) and its
-/// validity bitmap's (0 for none). The guards of those addresses go to
+/// The kernels' column table of `chunk`: [`COLUMN_WORDS`] words per column,
+/// its values' address (the lowest bit set where they are 4-byte integers),
+/// its validity bitmap's (0 for none), and for strings kept as bytes, the
+/// bytes' address and count (0 and 0 otherwise). The guards of those addresses go to
 /// `guards`: the caller waits for the stream before the chunk's borrow ends.
 pub(super) fn column_addresses<'a>(
     chunk: &'a ScanChunk<'a>,
     stream: &'a std::sync::Arc<cudarc::driver::CudaStream>,
     guards: &mut Vec<SyncOnDrop<'a>>,
 ) -> GpuResult<Vec<u64>> {
-    let mut addresses = Vec::with_capacity(2 * chunk.columns.len());
+    let mut addresses = Vec::with_capacity(COLUMN_WORDS * chunk.columns.len());
     for column in &chunk.columns {
         let (values, guard) = column.values.device_ptr(stream);
         guards.push(guard);
@@ -551,6 +596,14 @@ pub(super) fn column_addresses<'a>(
                 addresses.push(bits);
             }
             None => addresses.push(0),
+        }
+        match column.bytes {
+            Some((bytes, count)) => {
+                let (address, guard) = bytes.device_ptr(stream);
+                guards.push(guard);
+                addresses.extend([address, count as u64]);
+            }
+            None => addresses.extend([0, 0]),
         }
     }
     Ok(addresses)
@@ -797,7 +850,7 @@ mod tests {
         let instructions = well_formed();
         let p = program(&instructions, &SUM_AND_COUNT, 3);
         assert_eq!(check_program(&p).unwrap(), 6);
-        check_operands_against_chunk(&instructions, 2, &RemapTable::default()).unwrap();
+        check_operands_against_chunk(&instructions, &[false; 2], &RemapTable::default()).unwrap();
     }
 
     #[test]
@@ -836,17 +889,17 @@ mod tests {
     fn columns_and_keys_outside_the_chunk_are_rejected() {
         let instructions = well_formed();
         let words = |words: &[u32]| RemapTable::from_words(words.to_vec());
-        assert!(check_operands_against_chunk(&instructions, 1, &words(&[])).is_err());
+        assert!(check_operands_against_chunk(&instructions, &[false; 1], &words(&[])).is_err());
         let negative = [[ScanOp::LoadF64 as i64, 0, -1, 0, 0]];
-        assert!(check_operands_against_chunk(&negative, 4, &words(&[])).is_err());
+        assert!(check_operands_against_chunk(&negative, &[false; 4], &words(&[])).is_err());
         // Key 1's table starts at 2: remap = [starts 2, 2 | no table].
         let code = |key: i64| [[ScanOp::LoadCode as i64, 0, 0, key, 0]];
-        check_operands_against_chunk(&code(0), 1, &words(&[2, 2, 7])).unwrap();
-        check_operands_against_chunk(&code(1), 1, &words(&[2, 3, 7])).unwrap();
-        assert!(check_operands_against_chunk(&code(2), 1, &words(&[1, 9])).is_err());
-        assert!(check_operands_against_chunk(&code(0), 1, &words(&[])).is_err());
-        assert!(check_operands_against_chunk(&code(0), 1, &words(&[3, 0])).is_err());
-        assert!(check_operands_against_chunk(&code(-1), 1, &words(&[1, 0])).is_err());
+        check_operands_against_chunk(&code(0), &[false; 1], &words(&[2, 2, 7])).unwrap();
+        check_operands_against_chunk(&code(1), &[false; 1], &words(&[2, 3, 7])).unwrap();
+        assert!(check_operands_against_chunk(&code(2), &[false; 1], &words(&[1, 9])).is_err());
+        assert!(check_operands_against_chunk(&code(0), &[false; 1], &words(&[])).is_err());
+        assert!(check_operands_against_chunk(&code(0), &[false; 1], &words(&[3, 0])).is_err());
+        assert!(check_operands_against_chunk(&code(-1), &[false; 1], &words(&[1, 0])).is_err());
         // The same from tables held in pieces: key 1's table starts after
         // key 0's; no word 5 to hold a start.
         let tables = RemapTable::new(vec![Arc::new(vec![5u32, 6]), Arc::new(vec![7u32])]);
@@ -854,8 +907,8 @@ mod tests {
         let all: Vec<u32> = (0..6).map_while(|i| tables.word(i)).collect();
         assert_eq!(all, [2, 4, 5, 6, 7]);
         assert_eq!(tables.byte_pieces().concat(), le_bytes_u32(all));
-        check_operands_against_chunk(&code(1), 1, &tables).unwrap();
-        assert!(check_operands_against_chunk(&code(5), 1, &tables).is_err());
+        check_operands_against_chunk(&code(1), &[false; 1], &tables).unwrap();
+        assert!(check_operands_against_chunk(&code(5), &[false; 1], &tables).is_err());
     }
 
     #[test]
