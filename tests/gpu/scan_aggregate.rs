@@ -21,7 +21,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::support::{
-    cpu_context, gpu_context, plan_metric, require_gpu, same_rows_as_datafusion,
+    cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, same_rows_as_datafusion,
     table_from_columns, JoinMode,
 };
 
@@ -263,6 +263,53 @@ async fn values_beyond_64_bits_and_too_many_groups_run_datafusions_plan() {
     register([&gpu, &cpu], many);
     let plan = check(&gpu, &cpu, "SELECT s, count(*), sum(i) FROM t GROUP BY s").await;
     assert_eq!(plan_metric(&plan, "cpu_fallback"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn like_over_strings_too_varied_to_code_filters_the_aggregation_on_their_bytes() {
+    let Some(_) =
+        require_gpu("like_over_strings_too_varied_to_code_filters_the_aggregation_on_their_bytes")
+    else {
+        return;
+    };
+    let (gpu, cpu) = contexts(&[]).await;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("i", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let rows = 30_000;
+    let table = table_from_columns(Arc::clone(&schema), rows, 2, 4096, |range| {
+        vec![
+            Arc::new(Int64Array::from_iter_values(
+                range.clone().map(|r| r as i64),
+            )),
+            Arc::new(StringArray::from_iter(
+                range.map(crate::scan_filter::varied_string),
+            )),
+        ]
+    });
+    register([&gpu, &cpu], table);
+    let queries = [
+        "SELECT count(*), sum(i), min(i) FROM t WHERE s NOT LIKE '%special%requests%'",
+        "SELECT count(*), max(i) FROM t WHERE s LIKE 'ab%ab' OR s = 'aba' OR s IS NULL",
+        "SELECT count(i), sum(i) FROM t WHERE s IN ('ab', 'special') AND i > 100",
+        "SELECT count(*) FROM t WHERE s LIKE '%€%' AND s NOT LIKE '%\nrequests'",
+    ];
+    // The first run, planned to code `s`, finds it too varied to: DataFusion's
+    // plan aggregates the table.
+    let plan = check(&gpu, &cpu, queries[0]).await;
+    assert_eq!(plan_metric(&plan, "cpu_fallback"), 1);
+    // The next plans read its bytes.
+    for sql in queries {
+        let plan = check(&gpu, &cpu, sql).await;
+        assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
+        assert_eq!(plan_metric(&plan, "rows_scanned"), rows, "{sql}");
+    }
+    // Grouped by it, the aggregation stays DataFusion's.
+    let sql = "SELECT s, count(*) FROM t WHERE i < 100 GROUP BY s";
+    let plan = physical_plan(&gpu, sql).await;
+    assert_eq!(scan_aggregations(&gpu, &plan), 0, "{sql}");
+    same_rows_as_datafusion(&gpu, &cpu, sql, &plan).await;
 }
 
 /// Only alone on the device must a cached column still be there for the

@@ -352,7 +352,7 @@ async fn a_partition_left_to_datafusion_reads_only_its_own_files() {
 /// than a part codes), with NULLs, empty strings, the patterns' texts at
 /// the start, the end, the middle, in the wrong order, overlapping,
 /// multibyte characters and newlines between them.
-fn varied_string(r: usize) -> Option<String> {
+pub(crate) fn varied_string(r: usize) -> Option<String> {
     Some(match r % 13 {
         0 => return None,
         1 => String::new(),

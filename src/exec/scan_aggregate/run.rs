@@ -52,10 +52,13 @@ pub(crate) async fn run(
         Ok(device) => device,
         Err(e) => return Ok(Ran::OnCpu(e.to_string())),
     };
-    let columns = match columns_read(&shape) {
-        Ok(columns) => columns,
+    let (columns, byte_columns) = match columns_read(&shape) {
+        Ok(read) => read,
         Err(reason) => return Ok(Ran::OnCpu(reason)),
     };
+    let byte_slots: Vec<usize> = (0..columns.len())
+        .filter(|&slot| byte_columns.contains(&columns[slot]))
+        .collect();
     let groups = shape.source.part_groups();
     trace::event(|| format!("scan aggregation: {} part groups", groups.len()));
     // One task a group of parts (a partition of the scan: groups hold about
@@ -65,12 +68,13 @@ pub(crate) async fn run(
         .map(|parts| {
             let (shape, device, context) = (Arc::clone(&shape), Arc::clone(&device), Arc::clone(&context));
             let (columns, options, metrics) = (columns.clone(), options.clone(), metrics.clone());
+            let byte_slots = byte_slots.clone();
             SpawnedTask::spawn(async move {
                 let mut loaded = Vec::with_capacity(parts.len());
                 for part in parts {
                     let fields = shape.fields_of(&columns);
                     let context = Arc::clone(&context);
-                    match part_columns(&shape.source, fields, &[], &device, part, context, &options, &metrics).await? {
+                    match part_columns(&shape.source, fields, &byte_slots, &device, part, context, &options, &metrics).await? {
                         Loaded::Device(part) => loaded.push(part),
                         Loaded::Host(reason) => return Ok(Err(reason)),
                     }
@@ -95,7 +99,8 @@ pub(crate) async fn run(
     let timer = metrics.baseline.elapsed_compute().clone();
     SpawnedTask::spawn_blocking(move || {
         let _timer = timer.timer();
-        aggregate(&shape, &device, &loaded, &columns, &schema, &metrics, fail_on_device_errors)
+        let read = (columns.as_slice(), byte_columns.as_slice());
+        aggregate(&shape, &device, &loaded, read, &schema, &metrics, fail_on_device_errors)
     })
     .join()
     .await
@@ -153,7 +158,7 @@ fn bytes_key(key: String) -> String {
 /// The missing columns are read a batch at a time, each batch coded while
 /// it is fresh and then dropped, so a part is never held twice on the host.
 /// A string column of more distinct values than the device codes is
-/// remembered as such (see [`uncodable_column`]).
+/// remembered as such (see [`super::source::uncodable_columns`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn part_columns(
     source: &TableSource,
@@ -496,12 +501,13 @@ fn string_values(array: &ArrayRef) -> Reasoned<Vec<&str>> {
     Ok(values.into_iter().map(Option::unwrap_or_default).collect())
 }
 
-/// The program over every part's resident columns, and the partial states.
+/// The program over every part's resident columns (`columns`, those of
+/// `byte_columns` as string bytes), and the partial states.
 fn aggregate(
     shape: &ScanAggregateShape,
     device: &Arc<GpuDevice>,
     loaded: &[Vec<Arc<CachedColumn>>],
-    columns: &[usize],
+    (columns, byte_columns): (&[usize], &[usize]),
     schema: &datafusion::arrow::datatypes::SchemaRef,
     metrics: &GpuScanMetrics,
     fail_on_device_errors: bool,
@@ -524,7 +530,7 @@ fn aggregate(
         Err(reason) => return Ok(Ran::OnCpu(reason)),
     };
     let cardinalities: Vec<usize> = merged.dictionaries.iter().map(|d| d.len()).collect();
-    let program = match compile(shape, &cardinalities) {
+    let program = match compile(shape, &cardinalities, byte_columns) {
         Ok(program) => program,
         Err(reason) => return Ok(Ran::OnCpu(reason)),
     };

@@ -271,18 +271,10 @@ pub(crate) fn remember_uncodable(key: &str) {
     keys.insert(key.to_owned());
 }
 
-/// The first string column of `fields` that a part of `source` was found
-/// to hold too many distinct values of to code on the device, if any: a
-/// plan reading it stays DataFusion's rather than read the part twice.
-pub(crate) fn uncodable_column(source: &TableSource, fields: &[(usize, Field)]) -> Option<String> {
-    uncodable_columns(source, fields)
-        .first()
-        .map(|&i| fields[i].1.name().clone())
-}
-
 /// The string columns of `fields` (their indices in it) that a part of
 /// `source` was found to hold too many distinct values of to code on the
-/// device.
+/// device: a plan reads them as their bytes where it can, and stays
+/// DataFusion's where it cannot, rather than read the parts twice.
 pub(crate) fn uncodable_columns(source: &TableSource, fields: &[(usize, Field)]) -> Vec<usize> {
     let strings: Vec<usize> = (0..fields.len())
         .filter(|&i| word_kind(fields[i].1.data_type()) == Some(WordKind::Code))

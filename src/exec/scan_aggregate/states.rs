@@ -14,7 +14,7 @@ use datafusion::error::Result;
 
 use super::program::{CodeTest, ProgramBuilder, ValueType};
 use super::shape::ScanAggregateShape;
-use super::source::uncodable_column;
+use super::source::uncodable_columns;
 use crate::exec::aggregate::AggregateKind;
 use crate::gpu::launch::{AccumulatorKind, ScanOp, SCAN_MAX_SLOTS};
 
@@ -57,10 +57,16 @@ pub(crate) struct DeviceProgram {
 }
 
 /// Compiles `shape` with group keys of `cardinalities` distinct values
-/// (each key's codes then run from 1 to its cardinality, 0 for NULL).
-pub(crate) fn compile(shape: &ScanAggregateShape, cardinalities: &[usize]) -> Compiled<DeviceProgram> {
-    let mut program =
-        ProgramBuilder::new(&shape.scan_schema).with_test_keys_from(shape.group_columns.len());
+/// (each key's codes then run from 1 to its cardinality, 0 for NULL), the
+/// string columns `byte_columns` (of the scan) kept as their bytes.
+pub(crate) fn compile(
+    shape: &ScanAggregateShape,
+    cardinalities: &[usize],
+    byte_columns: &[usize],
+) -> Compiled<DeviceProgram> {
+    let mut program = ProgramBuilder::new(&shape.scan_schema)
+        .with_test_keys_from(shape.group_columns.len())
+        .with_byte_columns(byte_columns);
     let predicate = match &shape.predicate {
         Some(predicate) => {
             let value = program.compile(predicate)?;
@@ -177,21 +183,28 @@ pub(crate) fn compile(shape: &ScanAggregateShape, cardinalities: &[usize]) -> Co
 /// group key): the reason where the device cannot run it.
 pub(crate) fn check(shape: &ScanAggregateShape) -> Compiled<()> {
     // A part's rows are its columns' rows.
-    let columns = columns_read(shape)?;
+    let (columns, _) = columns_read(shape)?;
     if columns.is_empty() {
         return Err("the aggregation reads no column of the table".into());
     }
-    match uncodable_column(&shape.source, &shape.fields_of(&columns)) {
-        Some(name) => Err(format!(
-            "the string column {name} holds more distinct values in a part than the device codes"
-        )),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
-/// The scan columns the program reads, by kernel slot.
-pub(crate) fn columns_read(shape: &ScanAggregateShape) -> Compiled<Vec<usize>> {
-    compile(shape, &vec![1; shape.group_columns.len()]).map(|p| p.columns)
+/// The scan columns the program reads, by kernel slot, and those of them
+/// kept as string bytes: the string columns parts of the table were found
+/// too varied to code (the reason where the program cannot read them so).
+pub(crate) fn columns_read(shape: &ScanAggregateShape) -> Compiled<(Vec<usize>, Vec<usize>)> {
+    let one_value_a_key = vec![1; shape.group_columns.len()];
+    let columns = compile(shape, &one_value_a_key, &[])?.columns;
+    let byte_columns: Vec<usize> = uncodable_columns(&shape.source, &shape.fields_of(&columns))
+        .into_iter()
+        .map(|slot| columns[slot])
+        .collect();
+    if byte_columns.is_empty() {
+        return Ok((columns, byte_columns));
+    }
+    let columns = compile(shape, &one_value_a_key, &byte_columns)?.columns;
+    Ok((columns, byte_columns))
 }
 
 /// The partial aggregation's output from the device's accumulator words
