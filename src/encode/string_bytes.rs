@@ -1,8 +1,8 @@
 //! A string column as the device column cache keeps it where its values
 //! are too many to code (names, comments): its bytes end to end and
 //! `rows + 1` 4-byte offsets into them, a NULL row an empty string there
-//! (its validity says NULL). The device reads such a column only in LIKE
-//! predicates. Host work only.
+//! (its validity says NULL). The device reads such a column only in
+//! `LIKE`, `=`, `<>`, `IN` with text and `IS NULL`. Host work only.
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, GenericStringArray, OffsetSizeTrait};
 use datafusion::arrow::datatypes::DataType;

@@ -210,7 +210,7 @@ impl ValidityBuilder {
                 *word = u64::from_le_bytes(le);
             }
             // Bits past the last row are not rows: clear them.
-            if rows % 64 != 0 {
+            if !rows.is_multiple_of(64) {
                 if let Some(last) = words.last_mut() {
                     *last &= (1u64 << (rows % 64)) - 1;
                 }

@@ -81,7 +81,8 @@ pub(crate) struct ProgramBuilder<'a> {
     /// String predicates, their keys from `first_test_key` on.
     tests: Vec<CodeTest>,
     first_test_key: usize,
-    /// String columns kept as their bytes (read only by LIKE).
+    /// String columns kept as their bytes (read only by `LIKE`, `=`, `<>`
+    /// and `IN` with text, and `IS NULL`).
     byte_columns: Vec<usize>,
 }
 
@@ -104,7 +105,8 @@ impl<'a> ProgramBuilder<'a> {
     }
 
     /// The string columns `columns` (of the scan) are kept as their bytes:
-    /// read only by LIKE patterns of text and `%`.
+    /// read only by `LIKE` with patterns of text and `%`, `=`, `<>` and
+    /// `IN` with text, and `IS NULL`.
     pub fn with_byte_columns(mut self, columns: &[usize]) -> Self {
         self.byte_columns = columns.to_vec();
         self

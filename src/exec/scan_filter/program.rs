@@ -45,7 +45,8 @@ pub(crate) struct FilterProgram {
     /// those of the string predicates.
     pub coded_outputs: usize,
     pub tests: Vec<CodeTest>,
-    /// Scan columns kept as string bytes (read only by LIKE).
+    /// Scan columns kept as string bytes (read only by `LIKE`, `=`, `<>`
+    /// and `IN` with text, and `IS NULL`).
     pub byte_columns: Vec<usize>,
 }
 
