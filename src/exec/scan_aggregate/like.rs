@@ -23,26 +23,30 @@ pub(crate) fn like_table(pattern: &str) -> Option<Vec<u32>> {
         u32::from(pattern.ends_with('%')),
     ];
     for segment in segments {
-        table.push(u32::try_from(segment.len()).ok()?);
-        table.extend(segment.chunks(4).map(|chunk| {
-            let mut le = [0u8; 4];
-            le[..chunk.len()].copy_from_slice(chunk);
-            u32::from_le_bytes(le)
-        }));
+        push_segment(&mut table, segment)?;
     }
     Some(table)
 }
 
 /// The table [`like_table`] makes, for a string equal to `text`: one
 /// segment, both ends closed (whatever `text` holds, `%` and `_` included).
-pub(crate) fn text_table(text: &str) -> Vec<u32> {
-    let mut table = vec![1, 0, 0, text.len() as u32];
-    table.extend(text.as_bytes().chunks(4).map(|chunk| {
+/// `None` for text of 4 GiB or more.
+pub(crate) fn text_table(text: &str) -> Option<Vec<u32>> {
+    let mut table = vec![1, 0, 0];
+    push_segment(&mut table, text.as_bytes())?;
+    Some(table)
+}
+
+/// Appends one segment to a pattern's table: its byte length, then its
+/// bytes four to a little-endian word (the last padded with zeros).
+fn push_segment(table: &mut Vec<u32>, segment: &[u8]) -> Option<()> {
+    table.push(u32::try_from(segment.len()).ok()?);
+    table.extend(segment.chunks(4).map(|chunk| {
         let mut le = [0u8; 4];
         le[..chunk.len()].copy_from_slice(chunk);
         u32::from_le_bytes(le)
     }));
-    table
+    Some(())
 }
 
 #[cfg(test)]
@@ -72,9 +76,9 @@ mod tests {
         assert_eq!(like_table("").unwrap(), vec![0, 0, 0]);
         assert_eq!(like_table("a%%b").unwrap(), like_table("a%b").unwrap());
         // Text to equal: its bytes as they are, wildcards included.
-        assert_eq!(text_table("ab"), like_table("ab").unwrap());
-        assert_eq!(text_table(""), vec![1, 0, 0, 0]);
-        assert_eq!(text_table("a_%"), vec![1, 0, 0, 3, u32::from_le_bytes([b'a', b'_', b'%', 0])]);
+        assert_eq!(text_table("ab").unwrap(), like_table("ab").unwrap());
+        assert_eq!(text_table("").unwrap(), vec![1, 0, 0, 0]);
+        assert_eq!(text_table("a_%").unwrap(), vec![1, 0, 0, 3, u32::from_le_bytes([b'a', b'_', b'%', 0])]);
     }
 
     #[test]
@@ -126,7 +130,7 @@ mod tests {
         program.compile(&compare(datafusion::logical_expr::Operator::NotEq)).unwrap();
         let ops: Vec<i64> = program.instructions().iter().map(|i| i[0]).collect();
         assert_eq!(ops, [ScanOp::Like as i64, ScanOp::Not as i64]);
-        assert_eq!(program.tests()[0].pattern.as_deref(), Some(&text_table("x%")));
+        assert_eq!(program.tests()[0].pattern.as_deref(), text_table("x%").as_ref());
         // NOT IN: a match a value, ORed, negated.
         let values = ["a", "b"]
             .map(|v| lit(datafusion::common::ScalarValue::Utf8View(Some(v.into()))))
@@ -138,7 +142,7 @@ mod tests {
         let likes = program.instructions().iter().filter(|i| i[0] == ScanOp::Like as i64).count();
         assert_eq!(likes, 2);
         assert_eq!(program.instructions().last().unwrap()[0], ScanOp::Not as i64);
-        assert_eq!(program.tests()[1].pattern.as_deref(), Some(&text_table("b")));
+        assert_eq!(program.tests()[1].pattern.as_deref(), text_table("b").as_ref());
         // IS NULL: whether a match of "%" (every valid string) is NULL.
         let is_null: Arc<dyn PhysicalExpr> =
             Arc::new(datafusion::physical_expr::expressions::IsNullExpr::new(Arc::clone(&c)));

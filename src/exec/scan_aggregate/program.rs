@@ -368,7 +368,8 @@ impl<'a> ProgramBuilder<'a> {
             // One match a value, ORed (no value: false), negated for NOT IN.
             let mut any = self.constant(0, ValueType::Bool)?;
             for value in values {
-                let matched = self.text_match(expr, column, text_table(&value))?;
+                let table = text_table(&value).ok_or_else(|| format!("{expr}: text of 4 GiB or more"))?;
+                let matched = self.text_match(expr, column, table)?;
                 any = self.emit(ScanOp::Or, any.register.into(), matched.register.into(), 0, ValueType::Bool)?;
             }
             return match in_list.negated() {
@@ -405,7 +406,8 @@ impl<'a> ProgramBuilder<'a> {
             let Some(value) = value else {
                 return Ok(None);
             };
-            (column, text_table(&value), negated)
+            let table = text_table(&value).ok_or_else(|| format!("{expr}: text of 4 GiB or more"))?;
+            (column, table, negated)
         } else {
             return Ok(None);
         };
