@@ -31,13 +31,18 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef, UInt64Type};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::catalog::streaming::StreamingTable;
+use datafusion::catalog::TableProvider;
 use datafusion::dataframe::DataFrameWriteOptions;
 use datafusion::datasource::MemTable;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
-use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::physical_plan::stream::RecordBatchReceiverStream;
+use datafusion::physical_plan::streaming::PartitionStream;
+use datafusion::physical_plan::{collect, ExecutionPlan, SendableRecordBatchStream};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_gpu::{gpu_decisions, gpu_session_context, gpu_status, Placement};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -161,53 +166,77 @@ fn query_sql(test_files: &Path, n: usize) -> Result<String> {
     Ok(sql.join("\n").replace("decimal(12,2)", "decimal(38,2)"))
 }
 
-/// Generates one table with `parts` generator parts in parallel; the
-/// table and its row count.
-fn generate<I>(parts: usize, make: impl Fn(i32, i32) -> I + Sync) -> Result<(Arc<MemTable>, usize)>
-where
-    I: Iterator<Item = std::result::Result<RecordBatch, datafusion::arrow::error::ArrowError>>
-        + datafusion::arrow::record_batch::RecordBatchReader,
-{
-    let partitions: Vec<Vec<RecordBatch>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (1..=parts as i32)
-            .map(|part| {
-                let make = &make;
-                scope.spawn(move || {
-                    make(part, parts as i32).collect::<std::result::Result<Vec<_>, _>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("generator thread"))
-            .collect::<std::result::Result<Vec<_>, _>>()
-    })?;
-    let schema = make(1, 1).schema();
-    let rows = partitions.iter().flatten().map(|b| b.num_rows()).sum();
-    Ok((Arc::new(MemTable::try_new(schema, partitions)?), rows))
+/// One generator part of one table as a DataFusion stream: its batches are
+/// made on a thread of their own as the consumer asks for them (at most
+/// two ahead), so that a table of any size is written without being held.
+struct GeneratedPart {
+    schema: SchemaRef,
+    make: Arc<dyn Fn() -> Box<dyn Iterator<Item = ArrowResult> + Send> + Send + Sync>,
 }
 
-/// The eight tables, generated in memory.
-fn tpch_tables(
-    sf: f64,
-    parts: usize,
-    progress: &ProgressBar,
-) -> Result<Vec<(&'static str, Arc<MemTable>)>> {
+type ArrowResult = std::result::Result<RecordBatch, datafusion::arrow::error::ArrowError>;
+
+impl std::fmt::Debug for GeneratedPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GeneratedPart").finish_non_exhaustive()
+    }
+}
+
+impl PartitionStream for GeneratedPart {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _context: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let mut builder = RecordBatchReceiverStream::builder(Arc::clone(&self.schema), 2);
+        let sender = builder.tx();
+        let make = Arc::clone(&self.make);
+        builder.spawn_blocking(move || {
+            for batch in make() {
+                // The consumer stopped reading: nothing more to make.
+                if sender.blocking_send(batch.map_err(Into::into)).is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        builder.build()
+    }
+}
+
+/// The eight tables as streams of generated batches, each table in `parts`
+/// generator parts (one partition each).
+fn tpch_sources(sf: f64, parts: usize) -> Result<Vec<(&'static str, Arc<StreamingTable>)>> {
+    use datafusion::arrow::record_batch::RecordBatchReader;
     use tpchgen::generators::*;
     use tpchgen_arrow::*;
     const BATCH: usize = 8192;
     let mut tables = Vec::new();
     macro_rules! table {
         ($name:literal, $arrow:ident, $generator:ident, $parts:expr) => {{
-            progress.set_message(concat!("generating ", $name));
-            let (table, rows) = generate($parts, |part, count| {
-                $arrow::new($generator::new(sf, part, count)).with_batch_size(BATCH)
-            })?;
-            check_fixed_size($name, rows)?;
-            tables.push(($name, table));
-            progress.inc(1);
+            let count: i32 = $parts;
+            let schema = $arrow::new($generator::new(sf, 1, 1)).schema();
+            let partitions = (1..=count)
+                .map(|part| -> Arc<dyn PartitionStream> {
+                    Arc::new(GeneratedPart {
+                        schema: Arc::clone(&schema),
+                        make: Arc::new(move || {
+                            Box::new(
+                                $arrow::new($generator::new(sf, part, count))
+                                    .with_batch_size(BATCH),
+                            )
+                        }),
+                    })
+                })
+                .collect();
+            tables.push((
+                $name,
+                Arc::new(StreamingTable::try_new(schema, partitions)?),
+            ));
         }};
     }
+    let parts = i32::try_from(parts)
+        .map_err(|_| DataFusionError::Execution(format!("{parts} generator parts")))?;
     // The nation and region generators ignore the part arguments and make
     // the whole table for each part: generated in parts they would repeat.
     table!("nation", NationArrow, NationGenerator, 1);
@@ -221,6 +250,26 @@ fn tpch_tables(
     Ok(tables)
 }
 
+/// The eight tables, generated in memory.
+async fn tpch_tables(
+    sf: f64,
+    parts: usize,
+    progress: &ProgressBar,
+) -> Result<Vec<(&'static str, Arc<MemTable>)>> {
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(parts));
+    let mut tables = Vec::new();
+    for (name, source) in tpch_sources(sf, parts)? {
+        progress.set_message(format!("generating {name}"));
+        let schema = source.schema();
+        let partitions = ctx.read_table(source)?.collect_partitioned().await?;
+        let rows = partitions.iter().flatten().map(|b| b.num_rows()).sum();
+        check_fixed_size(name, rows)?;
+        tables.push((name, Arc::new(MemTable::try_new(schema, partitions)?)));
+        progress.inc(1);
+    }
+    Ok(tables)
+}
+
 /// The eight tables' names.
 const TABLES: [&str; 8] = [
     "nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem",
@@ -228,6 +277,7 @@ const TABLES: [&str; 8] = [
 
 /// Writes each of the eight tables missing under `folder` as Parquet with
 /// DataFusion's writer and default options (`folder/<table>/*.parquet`),
+/// generated as the writer reads it (memory stays bounded at any scale),
 /// into a `.partial` folder renamed when whole, so an interrupted run leaves
 /// no half table behind. Returns how many tables it wrote.
 async fn write_parquet_tables(
@@ -246,9 +296,10 @@ async fn write_parquet_tables(
     std::fs::create_dir_all(folder).map_err(io(folder))?;
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(parts));
     let mut written = 0;
-    for (name, table) in tpch_tables(sf, parts, progress)? {
+    for (name, source) in tpch_sources(sf, parts)? {
         let done = folder.join(name);
         if done.is_dir() {
+            progress.inc(1);
             continue;
         }
         progress.set_message(format!("writing {name}"));
@@ -260,13 +311,31 @@ async fn write_parquet_tables(
         let target = partial.to_str().ok_or_else(|| {
             DataFusionError::Execution(format!("{}: not UTF-8", partial.display()))
         })?;
-        ctx.read_table(table)?
+        let counts = ctx
+            .read_table(source)?
             .write_parquet(target, DataFrameWriteOptions::new(), None)
             .await?;
+        check_fixed_size(name, written_rows(&counts)?)?;
         std::fs::rename(&partial, &done).map_err(io(&done))?;
         written += 1;
+        progress.inc(1);
     }
     Ok(written)
+}
+
+/// The rows a DataFusion write reports it wrote (its one `count` column).
+fn written_rows(counts: &[RecordBatch]) -> Result<usize> {
+    let mut rows = 0;
+    for batch in counts {
+        let column = batch
+            .column_by_name("count")
+            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+            .ok_or_else(|| {
+                DataFusionError::Internal("a write reported no UInt64 count column".into())
+            })?;
+        rows += column.iter().flatten().sum::<u64>() as usize;
+    }
+    Ok(rows)
 }
 
 /// DuckDB's warm median per query on the Parquet files under `folder`
@@ -581,7 +650,7 @@ async fn main() -> Result<()> {
             std::process::exit(2);
         }
         Format::Memory => {
-            let tables = tpch_tables(args.scale_factor, partitions, &progress)?;
+            let tables = tpch_tables(args.scale_factor, partitions, &progress).await?;
             for (name, table) in &tables {
                 cpu_ctx.register_table(*name, Arc::clone(table) as _)?;
                 gpu_ctx.register_table(*name, Arc::clone(table) as _)?;
@@ -775,8 +844,15 @@ async fn run_query(
                 .filter(|d| d.operator != "FilterExec")
                 .find_map(cpu_reason)
                 .or_else(|| decisions.iter().find_map(cpu_reason));
-            if let Err(difference) = answers_agree(&cpu_answer, &gpu_answer)? {
-                disagreement = Some(format!("q{n}: {difference}"));
+            // Said as soon as it is known, so that a run stopped before
+            // its end still tells which answers were checked.
+            match answers_agree(&cpu_answer, &gpu_answer)? {
+                Ok(()) if args.verbose => eprintln!("q{n}: answers agree"),
+                Ok(()) => {}
+                Err(difference) => {
+                    eprintln!("q{n}: ANSWERS DISAGREE: {difference}");
+                    disagreement = Some(format!("q{n}: {difference}"));
+                }
             }
         }
         Ok((report, disagreement))

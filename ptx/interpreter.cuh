@@ -177,7 +177,7 @@ __device__ bool like_matches(const unsigned char* s, u64 n, const u32* remap, u6
         }
         const u32 len = __ldg(remap + at);
         const u64 bytes_at = at + 1;
-        at = bytes_at + (len + 3) / 4;
+        at = bytes_at + ((u64)len + 3) / 4;  // in 64 bits: a length near 2^32 must not wrap
         if (at > end) {
             bad = true;
             return false;
