@@ -5,7 +5,9 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::array::{Array, BooleanArray};
+use datafusion::arrow::array::{Array, AsArray, BooleanArray};
+use datafusion::arrow::compute::kernels::boolean::and;
+use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter};
 use datafusion::common::ScalarValue;
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::error::{DataFusionError, Result};
@@ -168,6 +170,36 @@ impl PhysicalExpr for JoinKeyFilterExpr {
 
     fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self}")
+    }
+}
+
+/// `batch`'s rows that pass every one of `tests` (join key tests over its
+/// columns, each passing every row while its set is not there or would keep
+/// many rows), the batch itself where every test passes every row.
+pub(crate) fn rows_passing(batch: RecordBatch, tests: &[Arc<dyn PhysicalExpr>]) -> Result<RecordBatch> {
+    let rows = batch.num_rows();
+    let mut passing: Option<BooleanArray> = None;
+    for test in tests {
+        let passes = match test.evaluate(&batch)? {
+            ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))) => continue,
+            value => value.into_array(rows)?,
+        };
+        let passes = passes.as_boolean_opt().ok_or_else(|| {
+            DataFusionError::Internal(format!("a join key test of type {}", passes.data_type()))
+        })?;
+        // NULL fails, as in a filter.
+        let passes = match passes.null_count() {
+            0 => passes.clone(),
+            _ => prep_null_mask_filter(passes),
+        };
+        passing = Some(match passing {
+            Some(before) => and(&before, &passes)?,
+            None => passes,
+        });
+    }
+    match passing {
+        Some(passing) => Ok(filter_record_batch(&batch, &passing)?),
+        None => Ok(batch),
     }
 }
 

@@ -13,9 +13,11 @@ use futures::channel::oneshot;
 pub const MAX_KEY_VALUES: usize = 1 << 25;
 
 /// Values from the smallest key to the largest that a set spans at most:
-/// its bitmap (one bit a value, 8 MiB at most) goes to the device with each
-/// part of the probe side's table.
-pub const MAX_KEY_SPAN: u64 = 1 << 26;
+/// its bitmap (one bit a value, 128 MiB at most) goes to the device with
+/// each part of the probe side's table. TPC-H's order keys at scale factor
+/// 100 span 600 million values: a set of a few thousand of them must still
+/// be made, or every order and line item crosses the joins above on the CPU.
+pub const MAX_KEY_SPAN: u64 = 1 << 30;
 
 /// The largest share of a probe side's rows a join key test may be
 /// estimated to keep for a scan with no filter of its own to read the
@@ -501,6 +503,21 @@ mod tests {
                 .count() as u64;
             assert_eq!(count_bits(&bits, first, last), expected, "{first}..{last}");
         }
+    }
+
+    #[test]
+    fn a_few_keys_spread_over_hundreds_of_millions_make_a_set_that_keeps_few_rows() {
+        // Order keys at scale factor 100: 1 to 600 million (a quarter of
+        // them used), the few thousand orders a query keeps spread over all.
+        let keys: Vec<i64> = (0..6_400).map(|i| 1 + i * 93_750).collect();
+        let set = JoinKeySet::new(1);
+        let round = set.start(0);
+        set.finish(round, Some(keys.clone()));
+        let bitmap = set.keys().expect("a set of keys spanning 600 million values");
+        assert!(keys.iter().all(|&k| bitmap.contains(k)));
+        assert!(!bitmap.contains(2) && !bitmap.contains(600_000_000) && !bitmap.contains(0));
+        let share = bitmap.share_of(Some((1, 600_000_000)));
+        assert!(share > 0.0 && share < 1e-4, "{share}");
     }
 
     #[test]

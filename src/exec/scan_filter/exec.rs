@@ -20,7 +20,7 @@ use super::program::{compile, FilterProgram};
 use super::run::{run, Ran};
 use super::shape::ScanFilterShape;
 use crate::exec::scan_aggregate::{uncodable_columns, TableSource};
-use crate::exec::join_keys::{key_sets_in, waits_for};
+use crate::exec::join_keys::{key_sets_in, rows_passing, waits_for};
 use crate::exec::GpuScanMetrics;
 use crate::trace;
 
@@ -51,7 +51,8 @@ use crate::trace;
 /// dictionary; output columns of integers, dates, timestamps, decimals,
 /// doubles, booleans and strings. Joins above may add tests of a column
 /// against their build keys (see [`crate::exec::join_keys`]); with those,
-/// a chain without a filter of its own, or the scan alone, is taken too.
+/// a chain without a filter of its own, or the scan alone, is taken too,
+/// and a partition left to the chain has its batches tested on the host.
 pub struct GpuScanFilterExec {
     /// The chain replaced (its top): the CPU fallback.
     cpu_input: Arc<dyn ExecutionPlan>,
@@ -268,6 +269,7 @@ impl ExecutionPlan for GpuScanFilterExec {
     ) -> Result<SendableRecordBatchStream> {
         let (shape, program) = (Arc::clone(&self.shape), Arc::clone(&self.program));
         let fallback = Arc::clone(&self.cpu_input);
+        let join_filters = self.join_filters.clone();
         let schema = self.schema();
         let metrics = GpuScanMetrics::new(&self.metrics, partition);
         // The join keys it tests, where their build side is read in one
@@ -280,13 +282,24 @@ impl ExecutionPlan for GpuScanFilterExec {
                     metrics.baseline.done();
                     let schema = fallback.schema();
                     let batches = futures::stream::iter(batches.into_iter().map(Ok));
-                    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches))
+                    Ok::<_, DataFusionError>(Box::pin(RecordBatchStreamAdapter::new(schema, batches))
                         as SendableRecordBatchStream)
                 }
                 Ran::OnCpu(reason) => {
                     trace::event(|| format!("scan filter partition {partition} on the CPU: {reason}"));
                     metrics.cpu_fallback.add(1);
-                    fallback.execute(partition, without_work_stealing(&context))
+                    let stream = fallback.execute(partition, without_work_stealing(&context))?;
+                    // The join key tests still drop rows, from the batch
+                    // their sets are there on.
+                    Ok(match join_filters.is_empty() {
+                        true => stream,
+                        false => Box::pin(RecordBatchStreamAdapter::new(
+                            stream.schema(),
+                            stream.and_then(move |batch| {
+                                std::future::ready(rows_passing(batch, &join_filters))
+                            }),
+                        )) as SendableRecordBatchStream,
+                    })
                 }
             }
         };
@@ -313,4 +326,75 @@ fn without_work_stealing(context: &Arc<TaskContext>) -> Arc<TaskContext> {
         context.window_functions().clone(),
         context.runtime_env(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::join_keys::{JoinKeyFilterExpr, JoinKeySet};
+    use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_expr::expressions::Column;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::SessionContext;
+
+    /// The `v` of every row the node gives, sorted.
+    async fn values(node: &Arc<dyn ExecutionPlan>) -> Vec<i64> {
+        let batches = collect(Arc::clone(node), SessionContext::new().task_ctx()).await.unwrap();
+        let mut values: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+        values.sort_unstable();
+        values
+    }
+
+    #[tokio::test]
+    async fn partitions_datafusion_reads_still_drop_the_rows_the_join_keys_rule_out() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let batch = |k: Vec<Option<i64>>, v: Vec<i64>| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(Int64Array::from(k)), Arc::new(Int64Array::from(v))],
+            )
+            .unwrap()
+        };
+        let partitions = [
+            vec![batch(vec![Some(1), None, Some(5), Some(2), Some(7)], vec![10, 20, 30, 40, 50])],
+            vec![batch(vec![Some(9), Some(3), Some(5)], vec![60, 70, 80])],
+        ];
+        let scan = MemorySourceConfig::try_new_exec(&partitions, Arc::clone(&schema), None).unwrap();
+        // A build side of two partitions: the scan does not wait for it.
+        let keys = Arc::new(JoinKeySet::new(2));
+        let test: Arc<dyn PhysicalExpr> = Arc::new(JoinKeyFilterExpr::new(
+            Arc::new(Column::new("k", 0)),
+            Arc::clone(&keys),
+            Some((0, 99)),
+        ));
+        let node: Arc<dyn ExecutionPlan> = Arc::new(
+            GpuScanFilterExec::with_join_filters(scan, vec![test])
+                .unwrap()
+                .expect("a scan with a join key test"),
+        );
+        // No set yet: every row.
+        assert_eq!(values(&node).await, [10, 20, 30, 40, 50, 60, 70, 80]);
+        // The set made: only the rows whose key is among the build keys
+        // (a NULL key never is), on the device or, where none is, on
+        // DataFusion's chain under the node.
+        let round = keys.start(0);
+        assert_eq!(keys.start(1), round);
+        keys.finish(round, Some(vec![2, 5]));
+        keys.finish(round, Some(vec![9]));
+        assert!(keys.keys().is_some());
+        assert_eq!(values(&node).await, [30, 40, 60, 80]);
+        if crate::gpu_status().is_err() {
+            let metrics = node.metrics().unwrap();
+            let fallbacks = metrics.sum_by_name("cpu_fallback").unwrap().as_usize();
+            assert_eq!(fallbacks, 4, "two runs of two partitions, each on the CPU");
+        }
+    }
 }
