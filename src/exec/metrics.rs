@@ -1,7 +1,13 @@
 //! Metrics of the GPU operators, shown by `EXPLAIN ANALYZE`.
 
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, Time,
+    BaselineMetrics, Count, CustomMetricValue, ExecutionPlanMetricsSet, MetricBuilder,
+    MetricValue, Time,
 };
 
 use crate::gpu::PhaseTimes;
@@ -82,8 +88,10 @@ pub struct GpuScanMetrics {
     pub cache_hits: Count,
     /// Columns of table parts read and copied to the device.
     pub cache_misses: Count,
-    /// Runs handed to DataFusion's plan (see the trace for the reason).
+    /// Runs handed to DataFusion's plan (or parts filtered on the host).
     pub cpu_fallback: Count,
+    /// Why, each reason with its count ([`Self::fell_back`]).
+    pub cpu_fallback_reasons: Arc<FallbackReasons>,
     /// Time reading missing columns from files or memory, summed over the
     /// parts read at once.
     pub read_time: Time,
@@ -106,11 +114,92 @@ impl GpuScanMetrics {
             cache_hits: builder().counter("cache_hits", partition),
             cache_misses: builder().counter("cache_misses", partition),
             cpu_fallback: builder().counter("cpu_fallback", partition),
+            cpu_fallback_reasons: {
+                let reasons = Arc::new(FallbackReasons::default());
+                builder().with_partition(partition).build(MetricValue::Custom {
+                    name: "cpu_fallback_reasons".into(),
+                    value: Arc::clone(&reasons) as Arc<dyn CustomMetricValue>,
+                });
+                reasons
+            },
             read_time: builder().subset_time("read_time", partition),
             encode_time: builder().subset_time("encode_time", partition),
             upload_time: builder().subset_time("upload_time", partition),
             device: DeviceMetrics::new(set, partition),
         }
+    }
+
+    /// A run (or a part) handed to the host, for `reason`: counted, and
+    /// the reason kept for `EXPLAIN ANALYZE`.
+    pub fn fell_back(&self, reason: &str) {
+        self.cpu_fallback.add(1);
+        self.cpu_fallback_reasons.add(reason);
+    }
+}
+
+/// Why a node's runs went to the host: each reason with how many times, shown
+/// by `EXPLAIN ANALYZE` summed over the partitions (`[]` where none did).
+#[derive(Debug, Default)]
+pub struct FallbackReasons {
+    counts: Mutex<BTreeMap<String, usize>>,
+}
+
+impl FallbackReasons {
+    /// One more run handed to the host for `reason`.
+    pub fn add(&self, reason: &str) {
+        *self.lock().entry(reason.to_string()).or_default() += 1;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, usize>> {
+        self.counts.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Each reason with its count, in the reasons' order.
+    pub fn counts(&self) -> Vec<(String, usize)> {
+        self.lock().iter().map(|(reason, &n)| (reason.clone(), n)).collect()
+    }
+}
+
+impl fmt::Display for FallbackReasons {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let counts = self.counts();
+        let shown: Vec<String> = counts.iter().map(|(reason, n)| format!("{n}: {reason}")).collect();
+        write!(f, "[{}]", shown.join("; "))
+    }
+}
+
+impl CustomMetricValue for FallbackReasons {
+    fn new_empty(&self) -> Arc<dyn CustomMetricValue> {
+        Arc::new(Self::default())
+    }
+
+    fn aggregate(&self, other: Arc<dyn CustomMetricValue + 'static>) {
+        if let Some(other) = other.as_any().downcast_ref::<Self>() {
+            // The same value aggregated into itself would lock twice.
+            if std::ptr::eq(self, other) {
+                return;
+            }
+            let theirs = other.counts();
+            let mut ours = self.lock();
+            for (reason, n) in theirs {
+                *ours.entry(reason).or_default() += n;
+            }
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_usize(&self) -> usize {
+        self.lock().values().sum()
+    }
+
+    fn is_eq(&self, other: &Arc<dyn CustomMetricValue>) -> bool {
+        other
+            .as_any()
+            .downcast_ref::<Self>()
+            .is_some_and(|other| std::ptr::eq(self, other) || self.counts() == other.counts())
     }
 }
 

@@ -232,7 +232,7 @@ impl ExecutionPlan for GpuScanAggregateExec {
                 }
                 Ran::OnCpu(reason) => {
                     trace::event(|| format!("scan aggregation on the CPU: {reason}"));
-                    metrics.cpu_fallback.add(1);
+                    metrics.fell_back(&reason);
                     let plan = Arc::new(CoalescePartitionsExec::new(fallback));
                     execute_stream(plan, context)
                 }

@@ -50,7 +50,7 @@ pub(crate) async fn run(
         crate::config::device_error_policy(context.session_config().options()).fail;
     let device = match crate::exec::partition_device(0) {
         Ok(device) => device,
-        Err(e) => return Ok(Ran::OnCpu(e.to_string())),
+        Err(e) => return Ok(Ran::OnCpu(e.message().into_owned())),
     };
     let (columns, byte_columns) = match columns_read(&shape) {
         Ok(read) => read,

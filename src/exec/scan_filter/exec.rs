@@ -287,7 +287,7 @@ impl ExecutionPlan for GpuScanFilterExec {
                 }
                 Ran::OnCpu(reason) => {
                     trace::event(|| format!("scan filter partition {partition} on the CPU: {reason}"));
-                    metrics.cpu_fallback.add(1);
+                    metrics.fell_back(&reason);
                     let stream = fallback.execute(partition, without_work_stealing(&context))?;
                     // The join key tests still drop rows, from the batch
                     // their sets are there on.
@@ -391,10 +391,25 @@ mod tests {
         keys.finish(round, Some(vec![9]));
         assert!(keys.keys().is_some());
         assert_eq!(values(&node).await, [30, 40, 60, 80]);
-        if crate::gpu_status().is_err() {
-            let metrics = node.metrics().unwrap();
+        if let Err(no_gpu) = crate::gpu_status() {
+            let metrics = node.metrics().unwrap().aggregate_by_name();
             let fallbacks = metrics.sum_by_name("cpu_fallback").unwrap().as_usize();
             assert_eq!(fallbacks, 4, "two runs of two partitions, each on the CPU");
+            // EXPLAIN ANALYZE says why.
+            let reasons = metrics
+                .iter()
+                .find(|m| m.value().name() == "cpu_fallback_reasons")
+                .expect("the fallback reasons among the metrics")
+                .value();
+            assert_eq!(reasons.as_usize(), 4);
+            let shown = reasons.to_string();
+            assert!(shown.starts_with("[4: ") && shown.contains(&no_gpu.0), "{shown}");
+            let plan = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
+                node.as_ref(),
+            )
+            .indent(true)
+            .to_string();
+            assert!(plan.contains(&format!("cpu_fallback_reasons={shown}")), "{plan}");
         }
     }
 }

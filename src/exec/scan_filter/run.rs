@@ -54,7 +54,7 @@ pub(crate) async fn run(
         crate::config::device_error_policy(context.session_config().options()).fail;
     let device = match crate::exec::partition_device(partition) {
         Ok(device) => device,
-        Err(e) => return Ok(Ran::OnCpu(e.to_string())),
+        Err(e) => return Ok(Ran::OnCpu(e.message().into_owned())),
     };
     let Some(parts) = shape.source.part_group(partition) else {
         return Err(DataFusionError::Internal(format!(
@@ -134,7 +134,7 @@ pub(crate) async fn run(
             return Ok(Ran::OnCpu(reason));
         }
         trace::event(|| format!("scan filter part on the host: {reason}"));
-        metrics.cpu_fallback.add(1);
+        metrics.fell_back(&reason);
         let batch = filter_on_host(&shape, &program, part, Arc::clone(&context), &metrics).await?;
         metrics.baseline.record_output(batch.num_rows());
         push_sliced(&mut batches, batch, batch_size);
