@@ -193,8 +193,10 @@ impl PartitionStream for GeneratedPart {
         let make = Arc::clone(&self.make);
         builder.spawn_blocking(move || {
             for batch in make() {
-                // The consumer stopped reading: nothing more to make.
-                if sender.blocking_send(batch.map_err(Into::into)).is_err() {
+                let failed = batch.is_err();
+                // The consumer stopped reading, or the generator failed:
+                // nothing more to make.
+                if sender.blocking_send(batch.map_err(Into::into)).is_err() || failed {
                     break;
                 }
             }

@@ -324,7 +324,17 @@ impl JoinKeySet {
             return false;
         }
         let values = std::mem::take(&mut round.values);
-        match KeyBitmap::of(&values) {
+        // The bitmap (up to 128 MiB) is made with the lock released: scans
+        // testing their batches ask for the set meanwhile.
+        drop(round);
+        let made = KeyBitmap::of(&values);
+        drop(values);
+        let mut round = self.lock();
+        if round.number != number || round.failed {
+            // A newer round started (or this one failed) meanwhile.
+            return false;
+        }
+        match made {
             Some(keys) => round.keys = Some(Arc::new(keys)),
             None => round.failed = true,
         }
