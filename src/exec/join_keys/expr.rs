@@ -242,5 +242,33 @@ mod tests {
         assert_eq!(passes(&expr), [true; 4]);
     }
 
+    #[test]
+    fn rows_passing_keeps_the_rows_every_test_passes_and_drops_nulls() {
+        use datafusion::arrow::array::BooleanArray;
+        use datafusion::physical_expr::expressions::lit;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Boolean, true),
+            Field::new("b", DataType::Boolean, true),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let a = BooleanArray::from(vec![Some(true), None, Some(true), Some(false), Some(true)]);
+        let b = BooleanArray::from(vec![Some(true), Some(true), Some(false), Some(true), Some(true)]);
+        let v = Int64Array::from(vec![1, 2, 3, 4, 5]);
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(a), Arc::new(b), Arc::new(v)]).unwrap();
+        let column = |name: &str, index: usize| Arc::new(Column::new(name, index)) as Arc<dyn PhysicalExpr>;
+        let kept = |tests: &[Arc<dyn PhysicalExpr>]| -> Vec<i64> {
+            let passed = rows_passing(batch.clone(), tests).unwrap();
+            passed.column(2).as_primitive::<datafusion::arrow::datatypes::Int64Type>().values().to_vec()
+        };
+        // A test that passes every row as a scalar leaves the batch whole.
+        assert_eq!(kept(&[lit(true)]), [1, 2, 3, 4, 5]);
+        assert_eq!(kept(&[]), [1, 2, 3, 4, 5]);
+        // NULL fails; two tests must both pass.
+        assert_eq!(kept(&[column("a", 0)]), [1, 3, 5]);
+        assert_eq!(kept(&[column("a", 0), lit(true), column("b", 1)]), [1, 5]);
+        // A test that is not boolean is an error, not a guess.
+        assert!(rows_passing(batch.clone(), &[column("v", 2)]).is_err());
+    }
+
     use datafusion::arrow::array::ArrayRef;
 }
