@@ -22,7 +22,7 @@ use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
-use super::decision::gpu_scan_placed;
+use super::scan_size::gpu_scan_placed;
 use crate::config::GpuOptions;
 use crate::exec::{coalesced_input, GpuAggregateExec, GpuHashJoinExec, GpuScanFilterExec};
 

@@ -11,6 +11,8 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::ExecutionPlan;
 
+use super::join_key_filters::probe_share_kept_on_device;
+use super::scan_size::gpu_scan_placed;
 use super::shape::{aggregate_shape, hash_join_shape, sort_merge_join_shape};
 use crate::config::GpuOptions;
 use crate::cost::{self, AggregateShape, DeviceConstants, Estimate, GPU_MARGIN};
@@ -105,10 +107,43 @@ pub fn decide_hash_join(
     }
     crate::encode::keys::join_key_spec(join)?;
     let shape = hash_join_shape(join, node, output_folded, options.tuning.device_gather);
-    place_by_cost(
-        options,
-        shape.map(|shape| cost::join(&shape, &device_constants())),
-    )
+    let device = device_constants();
+    let estimate = shape.map(|shape| cost::join(&shape, &device));
+    let placed = place_by_cost(options, estimate)?;
+    if let (Some(shape), Some(estimate), false) = (shape, estimate, options.placement.always()) {
+        if let Some(share) = probe_share_kept_on_device(join, options) {
+            keys_tested_on_device_slower(&shape, &estimate, share, &device)?;
+        }
+    }
+    Ok(placed)
+}
+
+/// Whether a join the GPU is estimated faster for (`estimate`, of
+/// `shape`) is still so against DataFusion's join over the share `share`
+/// of its probe rows, those its build keys keep when a scan on the device
+/// tests them (the join left on the CPU; the GPU join reads every probe
+/// row from DataFusion's scan): otherwise the reason it stays on the CPU.
+pub(super) fn keys_tested_on_device_slower(
+    shape: &cost::JoinShape,
+    estimate: &Estimate,
+    share: f64,
+    device: &DeviceConstants,
+) -> Result<(), String> {
+    let kept = cost::JoinShape {
+        probe_rows: (shape.probe_rows as f64 * share).ceil() as u64,
+        ..*shape
+    };
+    let cpu = cost::join(&kept, device).cpu;
+    if estimate.gpu.as_secs_f64() * GPU_MARGIN <= cpu.as_secs_f64() {
+        return Ok(());
+    }
+    Err(format!(
+        "{estimate}, but CPU {:.0} ms where its build keys filter the scan of its probe side on \
+         the device (about {:.2} % of the probe rows kept): the GPU must be estimated \
+         {GPU_MARGIN}x faster (gpu.placement = 'cost')",
+        cpu.as_secs_f64() * 1e3,
+        share * 100.0
+    ))
 }
 
 /// Decides whether the `SortMergeJoinExec` `node` can run as a
@@ -149,13 +184,6 @@ pub fn decide_sort_merge_join(
     )
 }
 
-/// Table rows from which a GPU scan (aggregation or filter) is placed under
-/// `gpu.placement = 'cost'`: below, DataFusion's scan takes a few
-/// milliseconds, about what one kernel launch and the copy of a part's
-/// states back cost, and the first run's copy of the columns would not
-/// pay back soon.
-pub(crate) const GPU_SCAN_MIN_ROWS: usize = 1 << 20;
-
 /// Whether the partial aggregation `node` and the filters, projections and
 /// scan below it run as a [`GpuScanAggregateExec`]: `Ok(Some)` with the
 /// node if so, `Ok(None)` where it is not of that shape, and the reason
@@ -179,28 +207,6 @@ pub(crate) fn decide_scan_aggregate(
     }
     gpu_scan_placed(options, "a scan aggregation", scan_aggregate.scan_rows())?;
     Ok(Some(scan_aggregate))
-}
-
-/// What a GPU scan (`what`) of a table of `scan_rows` rows needs, whatever
-/// it computes: the column cache on, and under `gpu.placement = 'cost'` at
-/// least [`GPU_SCAN_MIN_ROWS`] rows where statistics know.
-pub(super) fn gpu_scan_placed(
-    options: &GpuOptions,
-    what: &str,
-    scan_rows: Option<usize>,
-) -> Result<(), String> {
-    if !options.cache {
-        return Err(format!(
-            "{what} reads the device column cache (gpu.cache = false)"
-        ));
-    }
-    match scan_rows.filter(|&r| r < GPU_SCAN_MIN_ROWS && !options.placement.always()) {
-        Some(rows) => Err(format!(
-            "the scan reads {rows} rows, below the {GPU_SCAN_MIN_ROWS} from which its columns \
-             are kept on the device (gpu.placement = 'cost')"
-        )),
-        None => Ok(()),
-    }
 }
 
 /// The largest share of a table's rows (by DataFusion's estimate) a

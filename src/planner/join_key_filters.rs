@@ -25,7 +25,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
-use super::decision::gpu_scan_placed;
+use super::scan_size::gpu_scan_placed;
 use super::statistics::plan_statistics;
 use crate::config::GpuOptions;
 use crate::exec::join_keys::{
@@ -88,13 +88,7 @@ fn filtered_sides(
     {
         return None;
     }
-    let (left_schema, right_schema) = (join.left().schema(), join.right().schema());
-    let (build_key, probe_key) = join.on().iter().find_map(|(l, r)| {
-        let (l, r) = (l.downcast_ref::<Column>()?, r.downcast_ref::<Column>()?);
-        let l_type = left_schema.field(l.index()).data_type();
-        let r_type = right_schema.field(r.index()).data_type();
-        (l_type == r_type && gathers_keys_of(l_type)).then(|| (l.clone(), r.clone()))
-    })?;
+    let (build_key, probe_key) = gathered_key(join)?;
     let build_rows = plan_statistics(join.left())
         .ok()
         .and_then(|s| s.num_rows.get_value().copied());
@@ -116,6 +110,54 @@ fn filtered_sides(
         keys,
     ));
     Some((left, right))
+}
+
+/// The equi-join key whose build side values a join key set gathers: the
+/// first of one integer (or date) type on both sides, build then probe.
+fn gathered_key(join: &HashJoinExec) -> Option<(Column, Column)> {
+    let (left_schema, right_schema) = (join.left().schema(), join.right().schema());
+    join.on().iter().find_map(|(l, r)| {
+        let (l, r) = (l.downcast_ref::<Column>()?, r.downcast_ref::<Column>()?);
+        let l_type = left_schema.field(l.index()).data_type();
+        let r_type = right_schema.field(r.index()).data_type();
+        (l_type == r_type && gathers_keys_of(l_type)).then(|| (l.clone(), r.clone()))
+    })
+}
+
+/// Where `join` on the CPU has (or would be given) a join key filter whose
+/// test the device makes in a scan of its probe side from the column
+/// cache: the share of the probe side's rows the keys keep, by
+/// DataFusion's estimate of the build side's rows over the span of the
+/// probe key's values (each value taken as common as another). `None`
+/// where no scan on the device tests the keys or the statistics do not
+/// tell. A GPU join in its place reads every probe row from DataFusion's
+/// scan instead: the placement weighs the two ([`super::decision`]).
+pub(super) fn probe_share_kept_on_device(join: &HashJoinExec, options: &GpuOptions) -> Option<f64> {
+    if !options.tuning.join_key_filters || !drops_unmatched_probe_rows(join) {
+        return None;
+    }
+    let (build, tested) = match join.left().downcast_ref::<JoinKeyCollectorExec>() {
+        Some(collector) => (collector.input(), tested_on_device(join.right())),
+        None => (
+            join.left(),
+            filtered_sides(join, options).is_some_and(|(_, probe)| tested_on_device(&probe)),
+        ),
+    };
+    if !tested {
+        return None;
+    }
+    let (_, probe_key) = gathered_key(join)?;
+    let build_rows = *plan_statistics(build).ok()?.num_rows.get_value()?;
+    let (low, high) = value_range(join.right(), probe_key.index())?;
+    let span = (high as f64 - low as f64 + 1.0).max(1.0);
+    Some((build_rows as f64 / span).min(1.0))
+}
+
+/// Whether a scan on the device below `plan` tests join keys.
+fn tested_on_device(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.downcast_ref::<GpuScanFilterExec>()
+        .is_some_and(GpuScanFilterExec::join_filtered)
+        || plan.children().into_iter().any(tested_on_device)
 }
 
 /// What placing the filter on a probe side needs.

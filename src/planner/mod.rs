@@ -9,6 +9,7 @@ mod merge_for_order;
 mod partitioning;
 mod phases;
 mod rule;
+mod scan_size;
 mod shape;
 mod statistics;
 

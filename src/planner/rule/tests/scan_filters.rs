@@ -504,3 +504,109 @@ async fn gpu_nodes_over_filtered_parquet_scans_read_them_from_the_cache() {
     assert!(Arc::ptr_eq(&plan, &unchanged));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_join_whose_build_keys_filter_a_cached_probe_scan_weighs_the_share_they_keep() {
+    use crate::planner::join_key_filters::probe_share_kept_on_device;
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::physical_plan::joins::HashJoinExec;
+    use datafusion::prelude::ParquetReadOptions;
+    // A probe side of 2^20 rows in Parquet (its keys' bounds in the file's
+    // statistics), keys 0 to 2^20 - 1; a build side of 1,024 rows.
+    let dir =
+        std::env::temp_dir().join(format!("datafusion-gpu-probe-share-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let rows = 1i64 << 20;
+    let k: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));
+    let v: ArrayRef = Arc::new(Int64Array::from_iter_values((0..rows).map(|r| r % 7)));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![k, v]).unwrap();
+    let file = std::fs::File::create(dir.join("big.parquet")).unwrap();
+    let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let small = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(5000..5000 + 1024)),
+            Arc::new(Int64Array::from_iter_values((0..1024).map(|r| r % 7))),
+        ],
+    )
+    .unwrap();
+    let small = Arc::new(MemTable::try_new(Arc::clone(&schema), vec![vec![small]]).unwrap());
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+    ctx.register_parquet("big", dir.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    ctx.register_table("small", small).unwrap();
+    let sql = "SELECT big.v, small.v FROM small JOIN big ON small.k = big.k";
+    let plan = physical_plan_of(&ctx, sql).await;
+    let cost = options(true, PlacementPolicy::Cost);
+    let share_of = |plan: &Arc<dyn ExecutionPlan>, options: &GpuOptions| {
+        let joins = nodes_of::<HashJoinExec>(plan);
+        assert_eq!(joins.len(), 1, "{}", show(plan));
+        let join = joins[0].downcast_ref::<HashJoinExec>().unwrap();
+        probe_share_kept_on_device(join, options)
+    };
+    // Before the rule (the placement's question) and after it (the
+    // filter made, as `gpu_decisions` asks): 1,024 of 2^20 key values.
+    let expected = 1024.0 / rows as f64;
+    let before = share_of(&plan, &cost).unwrap_or_else(|| panic!("{}", show(&plan)));
+    assert!((before - expected).abs() < 1e-12, "{before}");
+    let cpu_joins = GpuOptions {
+        hash_join: false,
+        sort_merge_join: false,
+        ..cost.clone()
+    };
+    let rewritten = rewrite_plan(Arc::clone(&plan), &cpu_joins, Ok(())).unwrap();
+    let after = share_of(&rewritten, &cpu_joins).unwrap_or_else(|| panic!("{}", show(&rewritten)));
+    assert!((after - expected).abs() < 1e-12, "{after}");
+    // No scan on the device tests the keys: without the cache, without
+    // join key filters, or on a host test of a table below the GPU scans'
+    // size.
+    let mut no_filters = cost.clone();
+    no_filters.tuning.join_key_filters = false;
+    for options in [options(false, PlacementPolicy::Cost), no_filters] {
+        assert_eq!(share_of(&plan, &options), None);
+    }
+    let sql = "SELECT a.v, b.v FROM small a JOIN small b ON a.k = b.k";
+    assert_eq!(share_of(&physical_plan_of(&ctx, sql).await, &cost), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_gpu_join_must_beat_the_cpu_join_over_the_probe_rows_its_keys_keep() {
+    use crate::cost::{self, DeviceConstants, JoinAlgorithm, JoinShape};
+    use crate::planner::decision::keys_tested_on_device_slower;
+    // SF 100's q17: 20 million parts filtered to an estimated 4 million
+    // build rows (one thread builds them), 600 million line items probing.
+    let shape = JoinShape {
+        algorithm: JoinAlgorithm::Hash,
+        build_rows: 4_000_000,
+        probe_rows: 600_000_000,
+        keys: 1,
+        output_rows: 120_000_000,
+        output_row_bytes: 24,
+        gathered_on_device: true,
+        output_folded: false,
+        threads: 16,
+        build_on_one_thread: true,
+        repartitioned: false,
+        sorted_for_join: [false, false],
+        probe_skipped: false,
+        build_matches_tracked: false,
+        output_reads_build: true,
+    };
+    let device = DeviceConstants::TYPICAL;
+    let estimate = cost::join(&shape, &device);
+    assert!(estimate.gpu_faster(), "{estimate}");
+    // Its keys keeping a fifth of the probe rows, the CPU join wins.
+    let why = keys_tested_on_device_slower(&shape, &estimate, 0.2, &device).unwrap_err();
+    assert!(why.contains("filter the scan of its probe side"), "{why}");
+    assert!(why.contains("20.00 %"), "{why}");
+    // Keeping them all, nothing changes.
+    keys_tested_on_device_slower(&shape, &estimate, 1.0, &device).unwrap();
+}
