@@ -136,16 +136,26 @@ pub(super) fn probe_share_kept_on_device(join: &HashJoinExec, options: &GpuOptio
     if !options.tuning.join_key_filters || !drops_unmatched_probe_rows(join) {
         return None;
     }
-    let (build, tested) = match join.left().downcast_ref::<JoinKeyCollectorExec>() {
-        Some(collector) => (collector.input(), tested_on_device(join.right())),
-        None => (
-            join.left(),
-            filtered_sides(join, options).is_some_and(|(_, probe)| tested_on_device(&probe)),
-        ),
+    let tested = |collector: &Arc<dyn ExecutionPlan>, probe: &Arc<dyn ExecutionPlan>| {
+        collector
+            .downcast_ref::<JoinKeyCollectorExec>()
+            .is_some_and(|collector| tested_on_device(probe, collector.keys()))
     };
-    if !tested {
-        return None;
-    }
+    let build = match join.left().downcast_ref::<JoinKeyCollectorExec>() {
+        Some(collector) => {
+            if !tested(join.left(), join.right()) {
+                return None;
+            }
+            collector.input()
+        }
+        None => {
+            let (collector, probe) = filtered_sides(join, options)?;
+            if !tested(&collector, &probe) {
+                return None;
+            }
+            join.left()
+        }
+    };
     let (_, probe_key) = gathered_key(join)?;
     let build_rows = *plan_statistics(build).ok()?.num_rows.get_value()?;
     let (low, high) = value_range(join.right(), probe_key.index())?;
@@ -153,11 +163,14 @@ pub(super) fn probe_share_kept_on_device(join: &HashJoinExec, options: &GpuOptio
     Some((build_rows as f64 / span).min(1.0))
 }
 
-/// Whether a scan on the device below `plan` tests join keys.
-fn tested_on_device(plan: &Arc<dyn ExecutionPlan>) -> bool {
+/// Whether a scan on the device in `plan` tests its rows against `keys`.
+fn tested_on_device(plan: &Arc<dyn ExecutionPlan>, keys: &Arc<JoinKeySet>) -> bool {
     plan.downcast_ref::<GpuScanFilterExec>()
-        .is_some_and(GpuScanFilterExec::join_filtered)
-        || plan.children().into_iter().any(tested_on_device)
+        .is_some_and(|scan| scan.tests_keys_of(keys))
+        || plan
+            .children()
+            .into_iter()
+            .any(|child| tested_on_device(child, keys))
 }
 
 /// What placing the filter on a probe side needs.

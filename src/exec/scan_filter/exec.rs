@@ -137,6 +137,13 @@ impl GpuScanFilterExec {
         !self.join_filters.is_empty()
     }
 
+    /// Whether this scan tests its rows against the join key set `keys`.
+    pub(crate) fn tests_keys_of(&self, keys: &Arc<crate::exec::join_keys::JoinKeySet>) -> bool {
+        key_sets_in(&self.join_filters)
+            .iter()
+            .any(|set| Arc::ptr_eq(set, keys))
+    }
+
     /// The plan this node replaces (the top of the chain).
     pub fn cpu_input(&self) -> &Arc<dyn ExecutionPlan> {
         &self.cpu_input
