@@ -23,6 +23,8 @@
 
 #[path = "../tests/common/slt_files.rs"]
 mod slt_files;
+#[path = "common/tpch.rs"]
+mod tpch_data;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,26 +32,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef, UInt64Type};
-use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use datafusion::catalog::streaming::StreamingTable;
+use datafusion::arrow::array::RecordBatch;
 use datafusion::catalog::TableProvider;
-use datafusion::dataframe::DataFrameWriteOptions;
 use datafusion::datasource::MemTable;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::TaskContext;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
-use datafusion::physical_plan::stream::RecordBatchReceiverStream;
-use datafusion::physical_plan::streaming::PartitionStream;
-use datafusion::physical_plan::{collect, ExecutionPlan, SendableRecordBatchStream};
+use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_gpu::{gpu_decisions, gpu_session_context, gpu_status, Placement};
 use indicatif::{ProgressBar, ProgressStyle};
-
-/// Relative tolerance for floating-point answers (sums of floats may be
-/// added in a different order).
-const FLOAT_TOLERANCE: f64 = 1e-9;
+use tpch_data::{
+    answers_agree, check_fixed_size, query_sql, tpch_sources, write_parquet_tables, TABLES,
+};
 
 /// Where the tables come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -143,115 +137,6 @@ fn setting(text: &str) -> std::result::Result<(String, String), String> {
     Ok((key.trim().to_string(), value.trim().to_string()))
 }
 
-/// The SQL of query `n`: the first `query` record of its answer file.
-fn query_sql(test_files: &Path, n: usize) -> Result<String> {
-    let path = test_files
-        .join("tpch")
-        .join("answers")
-        .join(format!("q{n}.slt.part"));
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| DataFusionError::Execution(format!("{}: {e}", path.display())))?;
-    let mut lines = text.lines().skip_while(|l| !l.starts_with("query "));
-    lines.next();
-    let sql: Vec<&str> = lines.take_while(|l| l.trim() != "----").collect();
-    if sql.is_empty() {
-        return Err(DataFusionError::Execution(format!(
-            "{}: no query record",
-            path.display()
-        )));
-    }
-    // The packaged q8 casts its sums to decimal(12,2) so its SF 0.1 answer
-    // prints exactly; above SF 0.1 those sums overflow 12 digits. The
-    // benchmark's q8 has no such cast; widen it so every scale factor runs.
-    Ok(sql.join("\n").replace("decimal(12,2)", "decimal(38,2)"))
-}
-
-/// One generator part of one table as a DataFusion stream: its batches are
-/// made on a thread of their own as the consumer asks for them (at most
-/// two ahead), so that a table of any size is written without being held.
-struct GeneratedPart {
-    schema: SchemaRef,
-    make: Arc<dyn Fn() -> Box<dyn Iterator<Item = ArrowResult> + Send> + Send + Sync>,
-}
-
-type ArrowResult = std::result::Result<RecordBatch, datafusion::arrow::error::ArrowError>;
-
-impl std::fmt::Debug for GeneratedPart {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GeneratedPart").finish_non_exhaustive()
-    }
-}
-
-impl PartitionStream for GeneratedPart {
-    fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    fn execute(&self, _context: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let mut builder = RecordBatchReceiverStream::builder(Arc::clone(&self.schema), 2);
-        let sender = builder.tx();
-        let make = Arc::clone(&self.make);
-        builder.spawn_blocking(move || {
-            for batch in make() {
-                let failed = batch.is_err();
-                // The consumer stopped reading, or the generator failed:
-                // nothing more to make.
-                if sender.blocking_send(batch.map_err(Into::into)).is_err() || failed {
-                    break;
-                }
-            }
-            Ok(())
-        });
-        builder.build()
-    }
-}
-
-/// The eight tables as streams of generated batches, each table in `parts`
-/// generator parts (one partition each).
-fn tpch_sources(sf: f64, parts: usize) -> Result<Vec<(&'static str, Arc<StreamingTable>)>> {
-    use datafusion::arrow::record_batch::RecordBatchReader;
-    use tpchgen::generators::*;
-    use tpchgen_arrow::*;
-    const BATCH: usize = 8192;
-    let mut tables = Vec::new();
-    macro_rules! table {
-        ($name:literal, $arrow:ident, $generator:ident, $parts:expr) => {{
-            let count: i32 = $parts;
-            let schema = $arrow::new($generator::new(sf, 1, 1)).schema();
-            let partitions = (1..=count)
-                .map(|part| -> Arc<dyn PartitionStream> {
-                    Arc::new(GeneratedPart {
-                        schema: Arc::clone(&schema),
-                        make: Arc::new(move || {
-                            Box::new(
-                                $arrow::new($generator::new(sf, part, count))
-                                    .with_batch_size(BATCH),
-                            )
-                        }),
-                    })
-                })
-                .collect();
-            tables.push((
-                $name,
-                Arc::new(StreamingTable::try_new(schema, partitions)?),
-            ));
-        }};
-    }
-    let parts = i32::try_from(parts)
-        .map_err(|_| DataFusionError::Execution(format!("{parts} generator parts")))?;
-    // The nation and region generators ignore the part arguments and make
-    // the whole table for each part: generated in parts they would repeat.
-    table!("nation", NationArrow, NationGenerator, 1);
-    table!("region", RegionArrow, RegionGenerator, 1);
-    table!("part", PartArrow, PartGenerator, parts);
-    table!("supplier", SupplierArrow, SupplierGenerator, parts);
-    table!("partsupp", PartSuppArrow, PartSuppGenerator, parts);
-    table!("customer", CustomerArrow, CustomerGenerator, parts);
-    table!("orders", OrderArrow, OrderGenerator, parts);
-    table!("lineitem", LineItemArrow, LineItemGenerator, parts);
-    Ok(tables)
-}
-
 /// The eight tables, generated in memory.
 async fn tpch_tables(
     sf: f64,
@@ -270,74 +155,6 @@ async fn tpch_tables(
         progress.inc(1);
     }
     Ok(tables)
-}
-
-/// The eight tables' names.
-const TABLES: [&str; 8] = [
-    "nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem",
-];
-
-/// Writes each of the eight tables missing under `folder` as Parquet with
-/// DataFusion's writer and default options (`folder/<table>/*.parquet`),
-/// generated as the writer reads it (memory stays bounded at any scale),
-/// into a `.partial` folder renamed when whole, so an interrupted run leaves
-/// no half table behind. Returns how many tables it wrote.
-async fn write_parquet_tables(
-    folder: &Path,
-    sf: f64,
-    parts: usize,
-    progress: &ProgressBar,
-) -> Result<usize> {
-    let io = |path: &Path| {
-        let path = path.display().to_string();
-        move |e: std::io::Error| DataFusionError::Execution(format!("{path}: {e}"))
-    };
-    if TABLES.iter().all(|name| folder.join(name).is_dir()) {
-        return Ok(0);
-    }
-    std::fs::create_dir_all(folder).map_err(io(folder))?;
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(parts));
-    let mut written = 0;
-    for (name, source) in tpch_sources(sf, parts)? {
-        let done = folder.join(name);
-        if done.is_dir() {
-            progress.inc(1);
-            continue;
-        }
-        progress.set_message(format!("writing {name}"));
-        let partial = folder.join(format!("{name}.partial"));
-        if partial.exists() {
-            std::fs::remove_dir_all(&partial).map_err(io(&partial))?;
-        }
-        std::fs::create_dir_all(&partial).map_err(io(&partial))?;
-        let target = partial.to_str().ok_or_else(|| {
-            DataFusionError::Execution(format!("{}: not UTF-8", partial.display()))
-        })?;
-        let counts = ctx
-            .read_table(source)?
-            .write_parquet(target, DataFrameWriteOptions::new(), None)
-            .await?;
-        check_fixed_size(name, written_rows(&counts)?)?;
-        std::fs::rename(&partial, &done).map_err(io(&done))?;
-        written += 1;
-        progress.inc(1);
-    }
-    Ok(written)
-}
-
-/// The rows a DataFusion write reports it wrote (its one `count` column).
-fn written_rows(counts: &[RecordBatch]) -> Result<usize> {
-    let mut rows = 0;
-    for batch in counts {
-        let column = batch
-            .column_by_name("count")
-            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
-            .ok_or_else(|| {
-                DataFusionError::Internal("a write reported no UInt64 count column".into())
-            })?;
-        rows += column.iter().flatten().sum::<u64>() as usize;
-    }
-    Ok(rows)
 }
 
 /// DuckDB's warm median per query on the Parquet files under `folder`
@@ -388,127 +205,6 @@ fn duckdb_times(folder: &Path, args: &Args) -> Result<std::collections::HashMap<
         times.len()
     );
     Ok(times)
-}
-
-/// The tables whose size does not depend on the scale factor have exactly
-/// their specified rows (25 nations, 5 regions): a table generated twice
-/// over would give wrong answers on both paths alike.
-fn check_fixed_size(name: &str, rows: usize) -> Result<()> {
-    let expected = match name {
-        "nation" => 25,
-        "region" => 5,
-        _ => return Ok(()),
-    };
-    if rows != expected {
-        return Err(DataFusionError::Internal(format!(
-            "generated {rows} {name} rows, expected {expected}"
-        )));
-    }
-    Ok(())
-}
-
-/// One cell of an answer: compared exactly, or as a float with tolerance.
-#[derive(Debug, Clone, PartialEq)]
-enum Cell {
-    Exact(String),
-    Float(f64),
-}
-
-fn answer_rows(batches: &[RecordBatch]) -> Result<Vec<Vec<Cell>>> {
-    let mut rows = Vec::new();
-    let options = FormatOptions::default().with_null("NULL");
-    for batch in batches {
-        let mut columns: Vec<Vec<Cell>> = Vec::with_capacity(batch.num_columns());
-        for column in batch.columns() {
-            let cells = match column.data_type() {
-                DataType::Float64 => {
-                    let a = column.as_primitive::<Float64Type>();
-                    (0..a.len())
-                        .map(|i| {
-                            if a.is_null(i) {
-                                Cell::Exact("NULL".into())
-                            } else {
-                                Cell::Float(a.value(i))
-                            }
-                        })
-                        .collect()
-                }
-                DataType::Float32 => {
-                    let a = column.as_primitive::<Float32Type>();
-                    (0..a.len())
-                        .map(|i| {
-                            if a.is_null(i) {
-                                Cell::Exact("NULL".into())
-                            } else {
-                                Cell::Float(a.value(i) as f64)
-                            }
-                        })
-                        .collect()
-                }
-                _ => {
-                    let formatter = ArrayFormatter::try_new(column.as_ref(), &options)?;
-                    (0..column.len())
-                        .map(|i| Cell::Exact(formatter.value(i).to_string()))
-                        .collect()
-                }
-            };
-            columns.push(cells);
-        }
-        for i in 0..batch.num_rows() {
-            rows.push(columns.iter().map(|c| c[i].clone()).collect());
-        }
-    }
-    Ok(rows)
-}
-
-fn cell_order(a: &Cell, b: &Cell) -> std::cmp::Ordering {
-    match (a, b) {
-        (Cell::Exact(a), Cell::Exact(b)) => a.cmp(b),
-        (Cell::Float(a), Cell::Float(b)) => a.total_cmp(b),
-        (Cell::Exact(_), Cell::Float(_)) => std::cmp::Ordering::Less,
-        (Cell::Float(_), Cell::Exact(_)) => std::cmp::Ordering::Greater,
-    }
-}
-
-/// Whether two answers agree: same rows as multisets (ties in ORDER BY may
-/// come out in either order), floats within [`FLOAT_TOLERANCE`].
-fn answers_agree(
-    cpu: &[RecordBatch],
-    gpu: &[RecordBatch],
-) -> Result<std::result::Result<(), String>> {
-    let sort = |mut rows: Vec<Vec<Cell>>| {
-        rows.sort_by(|a, b| {
-            a.iter()
-                .zip(b)
-                .map(|(x, y)| cell_order(x, y))
-                .find(|o| o.is_ne())
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
-        rows
-    };
-    let (cpu, gpu) = (sort(answer_rows(cpu)?), sort(answer_rows(gpu)?));
-    if cpu.len() != gpu.len() {
-        return Ok(Err(format!(
-            "{} rows on the CPU, {} on the GPU",
-            cpu.len(),
-            gpu.len()
-        )));
-    }
-    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
-        let same = c.len() == g.len()
-            && c.iter().zip(g).all(|(c, g)| match (c, g) {
-                (Cell::Float(c), Cell::Float(g)) => {
-                    c == g
-                        || (c.is_nan() && g.is_nan())
-                        || (c - g).abs() <= FLOAT_TOLERANCE * c.abs().max(g.abs()).max(1.0)
-                }
-                _ => c == g,
-            });
-        if !same {
-            return Ok(Err(format!("row {i} differs: CPU {c:?}, GPU {g:?}")));
-        }
-    }
-    Ok(Ok(()))
 }
 
 /// Plans and runs `sql`, returning the answer, the time and the plan.
