@@ -21,6 +21,8 @@
 #   ./run.sh floor                       seed 002's PK-FK joins' kernels against their
 #                                        bytes-moved floor (ncu, python3)
 #   ./run.sh quickstart                  the example
+#   ./run.sh ballista                    the Ballista crate's test (GPU required) and its
+#                                        tpch_cluster example (BALLISTA_ARGS)
 # Logs go to $OUT (if set) or ./logs. Each binary is its own file, so a
 # machine that takes a limited upload can be sent only the ones it runs
 # (plus run.sh and test_files.tar.xz).
@@ -45,6 +47,8 @@ for line in sys.stdin:
   cargo test --release --test gpu --no-run --message-format=json
   cargo bench --bench gpu_join --no-run --message-format=json
   cargo build --release --example quickstart --example tpch --message-format=json
+  cargo test --release -p datafusion-gpu-ballista --test cluster --no-run --message-format=json
+  cargo build --release -p datafusion-gpu-ballista --example tpch_cluster --message-format=json
 } | executables | sort -u > "$out/.artifacts"
 
 while read -r name path; do
@@ -79,7 +83,7 @@ for f in *.xz; do
 done
 [[ -d test_files || ! -e test_files.tar.xz ]] || tar -xJf test_files.tar.xz
 export DATAFUSION_SLT_TEST_FILES="$PWD/test_files"
-chmod +x gpu gpu_join quickstart tpch 2>/dev/null
+chmod +x gpu gpu_join quickstart tpch cluster tpch_cluster 2>/dev/null
 status=0
 for what in "$@"; do
   case "$what" in
@@ -183,12 +187,19 @@ for what in "$@"; do
       # the duckdb Python package.
       python3 duckdb_tpch.py ${DUCKDB_ARGS:-} --json "$logs/duckdb.json" 2>&1 | tee "$logs/duckdb.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    ballista)
+      # A scheduler, a GPU and a CPU executor in one process: the test (SF
+      # 0.01, GPU path forced, fails without GPU nodes), then the example.
+      DATAFUSION_GPU_REQUIRE_GPU=1 ./cluster --nocapture 2>&1 | tee "$logs/ballista-test.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+      ./tpch_cluster ${BALLISTA_ARGS:-} 2>&1 | tee "$logs/ballista.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     quickstart)
       ./quickstart 2>&1 | tee "$logs/quickstart.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       CUDA_VISIBLE_DEVICES= ./quickstart 100000 2>&1 | tee "$logs/quickstart-no-gpu.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
-    *) echo "unknown: $what (tests | conformance | fuzz | sanitize | bench | seeds | floor | tpch | duckdb | quickstart)"; status=2 ;;
+    *) echo "unknown: $what (tests | conformance | fuzz | sanitize | bench | seeds | floor | tpch | duckdb | ballista | quickstart)"; status=2 ;;
   esac
 done
 exit $status
