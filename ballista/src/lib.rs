@@ -127,9 +127,10 @@ fn with_gpu_options(mut config: SessionConfig) -> SessionConfig {
 }
 
 /// `config` with its query stages run by a [`GpuExecutionEngine`] (one
-/// shared by the executor's tasks, returned beside it to read its count)
-/// and its sessions knowing the `gpu.*` options (around a config producer
-/// already set, else Ballista's default).
+/// shared by the executor's tasks, returned beside it to read its counts;
+/// it takes the place of any engine `config` set) and its sessions knowing
+/// the `gpu.*` options (around a config producer already set, else
+/// Ballista's default).
 pub fn with_gpu_engine(
     config: ExecutorProcessConfig,
 ) -> (ExecutorProcessConfig, Arc<GpuExecutionEngine>) {
