@@ -45,10 +45,13 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = 1..=22u32,
           value_parser = clap::value_parser!(u32).range(1..=22))]
     queries: Vec<u32>,
-    /// Target partitions of both sessions, and task slots of each
-    /// executor; default: the host's cores.
+    /// Target partitions of both sessions; default: the host's cores.
     #[arg(long)]
     partitions: Option<usize>,
+    /// Task slots of each executor (fewer than the partitions: a task
+    /// runs several partitions of a stage); default: the partitions.
+    #[arg(long)]
+    slots: Option<usize>,
     /// Folder of the Parquet files (`SF<sf>/<table>/` below it).
     #[arg(long, default_value = "tpch-data")]
     data: PathBuf,
@@ -108,7 +111,8 @@ async fn main() -> Result<()> {
 
     let local =
         SessionContext::new_with_config(SessionConfig::new().with_target_partitions(partitions));
-    let cluster = cluster::start(&executors, partitions, partitions).await?;
+    let slots = args.slots.unwrap_or(partitions);
+    let cluster = cluster::start(&executors, slots, partitions).await?;
     for setting in &args.settings {
         let (key, value) = setting.split_once('=').ok_or_else(|| {
             DataFusionError::Configuration(format!("--set {setting}: expected KEY=VALUE"))

@@ -11,7 +11,7 @@
 //! GPU and CPU executors can serve one cluster.
 //!
 //! ```no_run
-//! use std::sync::Arc;
+//! use std::sync::{Arc, OnceLock};
 //! use ballista_executor::executor_process::{start_executor_process, ExecutorProcessConfig};
 //!
 //! # async fn run() -> ballista_core::error::Result<()> {
@@ -30,7 +30,7 @@
 //! producer.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ballista_core::extension::SessionConfigExt;
 use ballista_core::{ConfigProducer, JobId};
@@ -40,14 +40,13 @@ use ballista_executor::execution_engine::{
 use ballista_executor::executor_process::ExecutorProcessConfig;
 use datafusion::common::tree_node::TreeNode;
 use datafusion::error::Result;
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{displayable, ExecutionPlan};
 use datafusion::prelude::SessionConfig;
 pub use datafusion_gpu::GpuOptimizerRule;
 use datafusion_gpu::GpuOptions;
 
-/// Runs each query stage through [`GpuOptimizerRule`] under the stage's
-/// session options, then as Ballista's default engine does (its shuffle
+/// Runs each query stage through [`GpuOptimizerRule::optimize_stage`] under
+/// the stage's session options, then as Ballista's default engine does (its shuffle
 /// writer over the rewritten plan).
 #[derive(Default)]
 pub struct GpuExecutionEngine {
@@ -81,8 +80,19 @@ impl ExecutionEngine for GpuExecutionEngine {
         config: &SessionConfig,
     ) -> Result<Arc<dyn QueryStageExecutor>> {
         // The stage's root is Ballista's shuffle writer, which the rule
-        // keeps, rewriting what lies below it.
-        let plan = self.rule.optimize(plan, config.options())?;
+        // keeps, rewriting what lies below it. This task executes one of
+        // the stage's partitions, and other executors (with the rule or
+        // without) the others: the rewrite keeps each partition's rows.
+        let given = tracing().then(|| Arc::clone(&plan));
+        let plan = self.rule.optimize_stage(plan, config.options())?;
+        if let Some(given) = given {
+            eprintln!(
+                "[gpu-trace] stage {stage_id} task {task_id} (output partitions \
+                 {global_output_partition_ids:?}) as given:\n{}rewritten:\n{}",
+                displayable(given.as_ref()).indent(true),
+                displayable(plan.as_ref()).indent(true)
+            );
+        }
         self.stages_made.fetch_add(1, Ordering::Relaxed);
         if gpu_nodes(&plan)? > 0 {
             self.stages_on_gpu.fetch_add(1, Ordering::Relaxed);
@@ -97,6 +107,13 @@ impl ExecutionEngine for GpuExecutionEngine {
             config,
         )
     }
+}
+
+/// Whether datafusion-gpu traces its work (`DATAFUSION_GPU_TRACE` set): the
+/// engine then prints each stage's plan as given and as rewritten.
+fn tracing() -> bool {
+    static TRACING: OnceLock<bool> = OnceLock::new();
+    *TRACING.get_or_init(|| std::env::var_os("DATAFUSION_GPU_TRACE").is_some())
 }
 
 /// The plan nodes of `plan` that run on the GPU.

@@ -301,10 +301,14 @@ pub fn answers_agree(
     };
     let (cpu, gpu) = (sort(answer_rows(cpu)?), sort(answer_rows(gpu)?));
     if cpu.len() != gpu.len() {
+        // A few rows of each, so that a small answer shows what is missing.
+        let first = |rows: &[Vec<Cell>]| format!("{:?}", &rows[..rows.len().min(4)]);
         return Ok(Err(format!(
-            "{} rows on the CPU, {} on the GPU",
+            "{} rows on the CPU, {} on the GPU (CPU {}, GPU {})",
             cpu.len(),
-            gpu.len()
+            gpu.len(),
+            first(&cpu),
+            first(&gpu)
         )));
     }
     for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {

@@ -40,6 +40,7 @@ pub enum WordKind {
 #[derive(Debug)]
 pub struct CachedColumn {
     pub rows: usize,
+    #[cfg_attr(not(any(test, feature = "test-support")), allow(dead_code))]
     pub kind: WordKind,
     /// The values are 4-byte signed integers, two to a word.
     pub narrow: bool,
@@ -52,7 +53,8 @@ pub struct CachedColumn {
     pub bytes: Option<(DeviceVec<u64>, usize)>,
     /// Host arrays whose buffers the key names: held so that their memory
     /// cannot be freed and reused by other data under the same key while
-    /// the entry lives.
+    /// the entry lives (never read).
+    #[allow(dead_code)]
     pub keep_alive: Vec<ArrayRef>,
     /// The entry's share of the device budget.
     pub reservation: DeviceReservation,

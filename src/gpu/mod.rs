@@ -24,7 +24,9 @@ mod transfer;
 pub use budget::{DeviceBudget, DeviceReservation, ReservationKind};
 pub use calibration::DeviceConstants;
 pub use column::{DeviceColumn, HostColumn};
-pub use column_cache::{CachedColumn, ColumnCache, ColumnCacheStats, WordKind};
+pub use column_cache::{CachedColumn, WordKind};
+#[cfg(any(test, feature = "test-support"))]
+pub use column_cache::{ColumnCache, ColumnCacheStats};
 pub use device::{Admission, GpuDevice};
 #[cfg(any(test, feature = "test-support"))]
 pub use device::PooledStream;
@@ -35,7 +37,9 @@ pub use memory::{
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use pinned::PinnedStats;
-pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool, IDLE_LIMIT_BYTES as PINNED_IDLE_LIMIT_BYTES};
+pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool};
+#[cfg(any(test, feature = "test-support"))]
+pub use pinned::IDLE_LIMIT_BYTES as PINNED_IDLE_LIMIT_BYTES;
 pub(crate) use pinned_region::{region_holding, PinnedRegion};
 pub use runtime::{gpu_availability, gpu_runtime};
 #[cfg(any(test, feature = "test-support"))]
@@ -45,6 +49,7 @@ pub use transfer::{
     download_byte_pieces, download_u64, enqueue_download, in_pinned_memory, upload_byte_pieces,
     upload_u64, upload_u64_pieces, StagingWindows,
 };
+#[cfg(any(test, feature = "test-support"))]
 pub use transfer::CopyBandwidth;
 #[cfg(any(test, feature = "test-support"))]
 pub use transfer::{measure_copy_bandwidth, upload_byte_pieces_in_windows};

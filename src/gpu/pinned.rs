@@ -87,6 +87,7 @@ impl PinnedPool {
     }
 
     /// Bytes of the idle buffers the pool keeps.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn idle_bytes(&self) -> usize {
         let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         free.iter().map(|b| b.len() * 8).sum()

@@ -2,7 +2,7 @@
 //! the NVIDIA driver, without a device, or with `CUDA_VISIBLE_DEVICES` empty
 //! gets a [`GpuUnavailable`] with the reason, and queries run on the CPU.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::CudaContext;
@@ -61,8 +61,9 @@ impl GpuRuntime {
     /// How many times a device was opened again because a kernel fault had
     /// broken its context (the CUDA 13.0 driver refuses new contexts after
     /// such a fault, so this stays 0 there).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn context_resets(&self) -> u64 {
-        self.context_resets.load(Ordering::Acquire)
+        self.context_resets.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// One line per device, for logs and examples.

@@ -110,7 +110,15 @@ impl DeviceAggregation {
                 };
                 let memory = mapped.get().unwrap_or(&no_mapping);
                 let output = self.emit(grouped, sources, work, keys_stream, memory, timer, reduced);
-                trace::event(|| "aggregation: output made".into());
+                trace::event(|| match &output {
+                    Ok(Emitted::Batches(groups, _)) => {
+                        format!("aggregation: output made ({groups} groups)")
+                    }
+                    Ok(Emitted::Collided) => "aggregation: hashed keys collided".into(),
+                    Ok(Emitted::DeviceFailed(e)) => format!("aggregation: device failed: {e}"),
+                    Ok(Emitted::OutOfMemory) => "aggregation: no pinned memory for results".into(),
+                    Err(e) => format!("aggregation: output failed: {e}"),
+                });
                 output
             },
         );

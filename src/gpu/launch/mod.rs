@@ -22,6 +22,7 @@ mod scan_aggregate;
 mod scan_filter;
 pub use launcher::Launcher;
 pub use group_order::{group_min_rows, table_group_min_rows};
+#[cfg(any(test, feature = "test-support"))]
 pub use hash_seed::hash_seed;
 use hash_seed::set_hash_seed;
 pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, ValueWidth};
@@ -40,11 +41,14 @@ pub use merge_join::{expand_pairs, merge_path_bounds, ordered_codes, CodeTransfo
 #[cfg(any(test, feature = "test-support"))]
 pub use merge_join::MERGE_TILE;
 pub use scan_aggregate::{
-    accumulator_init, scan_aggregate, AccumulatorKind, RemapTable, ScanAggregateOutput, ScanChunk,
-    ScanColumn, ScanOp, ScanProgram, SharedWords, SCAN_MAX_INSTRUCTIONS, SCAN_MAX_SHARED_BYTES,
-    SCAN_MAX_SLOTS, SCAN_REGISTERS,
+    scan_aggregate, AccumulatorKind, RemapTable, ScanAggregateOutput, ScanChunk, ScanColumn,
+    ScanOp, ScanProgram, SharedWords, SCAN_MAX_INSTRUCTIONS, SCAN_MAX_SLOTS, SCAN_REGISTERS,
 };
-pub use scan_filter::{FilterLaunch, FilterProgram, FILTER_TILE};
+#[cfg(any(test, feature = "test-support"))]
+pub use scan_aggregate::{accumulator_init, SCAN_MAX_SHARED_BYTES};
+pub use scan_filter::{FilterLaunch, FilterProgram};
+#[cfg(any(test, feature = "test-support"))]
+pub use scan_filter::FILTER_TILE;
 
 /// Threads per block of every kernel (`BLOCK_THREADS` in `ptx/common.cuh`).
 pub const BLOCK_THREADS: u32 = 256;

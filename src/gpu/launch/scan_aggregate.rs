@@ -303,6 +303,7 @@ impl RemapTable {
 
     /// A table given word by word, its starts included (as the kernel reads
     /// it).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn from_words(words: Vec<u32>) -> Self {
         let len = words.len();
         Self {
@@ -316,6 +317,7 @@ impl RemapTable {
         self.len
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -57,13 +57,29 @@ impl GpuOptimizerRule {
     pub fn new() -> Self {
         Self
     }
-}
 
-impl PhysicalOptimizerRule for GpuOptimizerRule {
-    fn optimize(
+    /// Rewrites `plan`, whose output partitions are run apart, each by a
+    /// task of its own that executes only that partition: a query stage of
+    /// a distributed engine such as Ballista, whose tasks may run on
+    /// executors with the rule and without it. Every rewrite keeps the rows
+    /// of each output partition, so a task writes the rows the plan as
+    /// given would: no GPU node runs over the partitions of other tasks,
+    /// and none changes how many output partitions there are. Below a node
+    /// that merges partitions within the task, the rewrites are those of
+    /// [`PhysicalOptimizerRule::optimize`].
+    pub fn optimize_stage(
         &self,
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.optimize_with(plan, config, RootPartitions::RunApart)
+    }
+
+    fn optimize_with(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+        root: RootPartitions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let options = GpuOptions::from_config(config);
         if !options.enabled {
@@ -72,9 +88,34 @@ impl PhysicalOptimizerRule for GpuOptimizerRule {
         let gpu = crate::gpu::gpu_availability();
         let gpu = gpu.as_ref().map(|_| ()).map_err(|e| e.as_str());
         crate::trace::event(|| "rule: rewriting the plan".into());
-        let rewritten = rewrite_plan(plan, &options, gpu);
+        let rewritten = rewrite_plan(plan, &options, gpu, root);
         crate::trace::event(|| "rule: plan rewritten".into());
         rewritten
+    }
+}
+
+/// How the caller consumes the output partitions of the plan it rewrites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RootPartitions {
+    /// Read together (a session collecting a query's result): how the rows
+    /// fall into them does not matter.
+    Merged,
+    /// Each executed by its own task (a distributed query stage): each must
+    /// keep its rows. The stage's sorts stay too: Ballista reads a stage
+    /// that ends in a sort through its ordered exchange, and with the sort
+    /// of TPC-H q8's final stage folded into the GPU aggregation (whose
+    /// groups come out in that order all the same), the groups one GPU
+    /// task wrote were missing from the answer, or the query never ended.
+    RunApart,
+}
+
+impl PhysicalOptimizerRule for GpuOptimizerRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.optimize_with(plan, config, RootPartitions::Merged)
     }
 
     fn name(&self) -> &str {
@@ -91,6 +132,7 @@ fn rewrite_plan(
     plan: Arc<dyn ExecutionPlan>,
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
+    root: RootPartitions,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     // The caller sees each partition's rows in the order they are made,
     // even where it interleaves several partitions: a partition fed by
@@ -99,12 +141,25 @@ fn rewrite_plan(
     // arrive makes it no fixed order.
     let order_observable = true;
     with_statistics_of_one_pass(|| {
-        rewrite(plan, order_observable, true, false, options, gpu)
-            .and_then(without_spread_at_root)
-            .and_then(with_filters_in_gpu_aggregations)
-            .and_then(|plan| with_scan_filters(plan, options, gpu))
-            .and_then(|plan| with_cached_gpu_inputs(plan, options, gpu))
-            .and_then(|plan| with_join_key_filters(plan, options, gpu))
+        let root_free = root == RootPartitions::Merged;
+        let sorts_kept = root == RootPartitions::RunApart;
+        rewrite(
+            plan,
+            order_observable,
+            root_free,
+            false,
+            sorts_kept,
+            options,
+            gpu,
+        )
+        .and_then(|plan| match root {
+            RootPartitions::Merged => without_spread_at_root(plan),
+            RootPartitions::RunApart => Ok(plan),
+        })
+        .and_then(with_filters_in_gpu_aggregations)
+        .and_then(|plan| with_scan_filters(plan, options, gpu))
+        .and_then(|plan| with_cached_gpu_inputs(plan, options, gpu))
+        .and_then(|plan| with_join_key_filters(plan, options, gpu))
     })
 }
 
@@ -187,23 +242,40 @@ fn without_spread_at_root(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Execut
 /// nothing above depends on its hash partitioning (`partitioning_free`),
 /// with its output repartitioned where something does. `output_folded`
 /// says that `node`'s parent is an aggregation that takes a GPU join's
-/// pairs on the device (see [`folds_join_below`]).
+/// pairs on the device (see [`folds_join_below`]). Where `sorts_kept` (a
+/// distributed query stage, see [`RootPartitions::RunApart`]), every
+/// `SortExec` stays: none is folded into the GPU node below it.
 fn rewrite(
     node: Arc<dyn ExecutionPlan>,
     order_observable: bool,
     partitioning_free: bool,
     output_folded: bool,
+    sorts_kept: bool,
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    if let Some(merge) = merge_join_for_sort(&node, options, gpu)? {
+    let merge_for_sort = match sorts_kept {
+        true => None,
+        false => merge_join_for_sort(&node, options, gpu)?,
+    };
+    if let Some(merge) = merge_for_sort {
         // The sorts below it keep the hash partitioning the merge needs;
         // below them, row order does not matter.
         let children = merge
             .join
             .children()
             .into_iter()
-            .map(|child| rewrite(Arc::clone(child), false, false, false, options, gpu))
+            .map(|child| {
+                rewrite(
+                    Arc::clone(child),
+                    false,
+                    false,
+                    false,
+                    sorts_kept,
+                    options,
+                    gpu,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let join = replace_children_if_necessary(merge.join, children)?;
         let sorts = match join.downcast_ref::<SortMergeJoinExec>() {
@@ -234,6 +306,7 @@ fn rewrite(
                 children_observable,
                 free,
                 children_folded,
+                sorts_kept,
                 options,
                 gpu,
             )
@@ -295,7 +368,7 @@ fn rewrite(
             return Ok(gpu_agg);
         }
     }
-    if let Some(sort) = node.downcast_ref::<SortExec>() {
+    if let Some(sort) = node.downcast_ref::<SortExec>().filter(|_| !sorts_kept) {
         if let Some(sorted) = sort_into_aggregate(sort)? {
             return Ok(sorted);
         }

@@ -63,7 +63,13 @@ async fn rewritten_where(
     options: GpuOptions,
     collect_left_bytes: usize,
 ) -> Arc<dyn ExecutionPlan> {
-    let config = SessionConfig::new()
+    rewritten_in(collect_left_below(collect_left_bytes), sql, options).await
+}
+
+/// Four target partitions, and joins whose build side holds fewer than
+/// `collect_left_bytes` bytes planned in `CollectLeft` mode.
+fn collect_left_below(collect_left_bytes: usize) -> SessionConfig {
+    SessionConfig::new()
         .with_target_partitions(4)
         .set_usize(
             "datafusion.optimizer.hash_join_single_partition_threshold",
@@ -72,8 +78,7 @@ async fn rewritten_where(
         .set_usize(
             "datafusion.optimizer.hash_join_single_partition_threshold_rows",
             0,
-        );
-    rewritten_in(config, sql, options).await
+        )
 }
 
 /// As [`rewritten_where`] (everything in `CollectLeft` mode), with each
@@ -118,7 +123,7 @@ async fn rewritten_as_given(
     ctx.register_table("s", table(3)).unwrap();
     ctx.register_table("t", table(1)).unwrap();
     let plan = physical_plan_of(&ctx, sql).await;
-    let plan = rewrite_plan(plan, &options, Ok(())).unwrap();
+    let plan = rewrite_plan(plan, &options, Ok(()), RootPartitions::Merged).unwrap();
     // The rewritten plan still meets every node's distribution and
     // ordering requirements.
     SanityCheckPlan::new()
@@ -532,7 +537,7 @@ async fn sort_merge_joins_absorb_the_sorts_planned_for_them() {
             .create_physical_plan()
             .await
             .unwrap();
-        let plan = rewrite(plan, false, true, false, &options, Ok(())).unwrap();
+        let plan = rewrite(plan, false, true, false, false, &options, Ok(())).unwrap();
         // Every requirement still holds, with the sorts gone.
         let plan = SanityCheckPlan::new()
             .optimize(plan, ctx.state().config_options())
@@ -551,7 +556,7 @@ async fn sort_merge_joins_absorb_the_sorts_planned_for_them() {
         .create_physical_plan()
         .await
         .unwrap();
-    let plan = rewrite(plan, false, true, false, &options, Ok(())).unwrap();
+    let plan = rewrite(plan, false, true, false, false, &options, Ok(())).unwrap();
     assert!(gpu_merge_joins(&plan).is_empty(), "{}", show(&plan));
     let join = find_merge_join(&plan).expect("a sort-merge join");
     let why = super::decide_sort_merge_join(join, &options, Ok(()), false).unwrap_err();
@@ -585,7 +590,7 @@ async fn merge_join_plan(sql: &str, options: &GpuOptions, sorted: bool) -> Arc<d
         .create_physical_plan()
         .await
         .unwrap();
-    let plan = rewrite(plan, false, true, false, options, Ok(())).unwrap();
+    let plan = rewrite(plan, false, true, false, false, options, Ok(())).unwrap();
     SanityCheckPlan::new()
         .optimize(Arc::clone(&plan), ctx.state().config_options())
         .unwrap_or_else(|e| panic!("{e}\n{}", show(&plan)))
@@ -809,6 +814,7 @@ async fn a_hash_join_sorted_on_its_keys_becomes_a_gpu_sort_merge_join_without_th
 
 mod aggregates;
 mod scan_filters;
+mod stages;
 
 #[tokio::test]
 async fn a_partitioned_joins_repartitions_count_in_neither_estimate() {

@@ -372,7 +372,7 @@ async fn under_the_cost_placement_a_large_scan_that_only_tests_keys_reads_the_ca
         let options = options.clone();
         async move {
             let plan = physical_plan_of(&ctx, sql).await;
-            rewrite_plan(plan, &options, Ok(())).unwrap()
+            rewrite_plan(plan, &options, Ok(()), RootPartitions::Merged).unwrap()
         }
     };
     // The build side, estimated at more than an eighth of the probe
@@ -443,7 +443,7 @@ async fn gpu_nodes_over_filtered_parquet_scans_read_them_from_the_cache() {
             let mut placed = options.clone();
             placed.tuning.scan_filter = false;
             placed.tuning.join_key_filters = false;
-            let plan = rewrite_plan(plan, &placed, Ok(())).unwrap();
+            let plan = rewrite_plan(plan, &placed, Ok(()), RootPartitions::Merged).unwrap();
             with_cached_gpu_inputs(plan, &options, Ok(())).unwrap()
         }
     };
@@ -561,7 +561,13 @@ async fn a_join_whose_build_keys_filter_a_cached_probe_scan_weighs_the_share_the
         sort_merge_join: false,
         ..cost.clone()
     };
-    let rewritten = rewrite_plan(Arc::clone(&plan), &cpu_joins, Ok(())).unwrap();
+    let rewritten = rewrite_plan(
+        Arc::clone(&plan),
+        &cpu_joins,
+        Ok(()),
+        RootPartitions::Merged,
+    )
+    .unwrap();
     let after = share_of(&rewritten, &cpu_joins).unwrap_or_else(|| panic!("{}", show(&rewritten)));
     assert!((after - expected).abs() < 1e-12, "{after}");
     // No scan on the device tests the keys: without the cache, without
