@@ -88,7 +88,9 @@ pub use exec::{
 pub use gpu::GpuUnavailable;
 pub use pinned_tables::{is_pinned, pin_batches};
 pub use planner::{gpu_decisions, GpuOptimizerRule, NodeDecision, Placement};
-pub use session::{gpu_session_context, with_gpu_context, SessionStateBuilderGpuExt};
+pub use session::{
+    gpu_session_context, with_gpu_context, with_gpu_options, SessionStateBuilderGpuExt,
+};
 
 /// Whether this process can use a GPU, and if not, why not.
 pub fn gpu_status() -> Result<String, gpu::GpuUnavailable> {

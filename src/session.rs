@@ -27,6 +27,16 @@ impl SessionStateBuilderGpuExt for SessionStateBuilder {
     }
 }
 
+/// `config` with the `gpu.*` options registered (unless already there), so
+/// that sessions built from it accept `SET gpu.…` and hand the settings to
+/// [`GpuOptimizerRule`] wherever it runs: for a process that runs the rule
+/// itself (a distributed engine's executor) or only passes the settings on
+/// (its scheduler). [`SessionStateBuilderGpuExt::with_gpu`] does this too.
+pub fn with_gpu_options(mut config: SessionConfig) -> SessionConfig {
+    add_gpu_options(&mut config);
+    config
+}
+
 fn add_gpu_options(config: &mut SessionConfig) {
     let options = config.options_mut();
     if options.extensions.get::<GpuOptions>().is_none() {
@@ -77,6 +87,21 @@ mod tests {
         assert!(options.placement.always());
         assert!(!options.enabled);
         assert!(ctx.sql("SET gpu.no_such_option = 1").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_config_with_the_options_takes_them_without_the_rule() {
+        let ctx = SessionContext::new_with_config(with_gpu_options(SessionConfig::new()));
+        ctx.sql("SET gpu.placement = 'always'").await.unwrap();
+        let options = GpuOptions::from_config(ctx.state().config_options());
+        assert!(options.placement.always());
+        let rules = ctx.state().physical_optimizers().to_vec();
+        assert!(rules.iter().all(|rule| rule.name() != "datafusion_gpu"));
+        // Without them, DataFusion refuses the setting.
+        assert!(SessionContext::new()
+            .sql("SET gpu.placement = 'always'")
+            .await
+            .is_err());
     }
 
     #[tokio::test]

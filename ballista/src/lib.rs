@@ -11,7 +11,7 @@
 //! GPU and CPU executors can serve one cluster.
 //!
 //! ```no_run
-//! use std::sync::{Arc, OnceLock};
+//! use std::sync::Arc;
 //! use ballista_executor::executor_process::{start_executor_process, ExecutorProcessConfig};
 //!
 //! # async fn run() -> ballista_core::error::Result<()> {
@@ -42,8 +42,8 @@ use datafusion::common::tree_node::TreeNode;
 use datafusion::error::Result;
 use datafusion::physical_plan::{displayable, ExecutionPlan};
 use datafusion::prelude::SessionConfig;
+use datafusion_gpu::with_gpu_options;
 pub use datafusion_gpu::GpuOptimizerRule;
-use datafusion_gpu::GpuOptions;
 
 /// Runs each query stage through [`GpuOptimizerRule::optimize_stage`] under
 /// the stage's session options, then as Ballista's default engine does (its shuffle
@@ -135,14 +135,6 @@ pub fn gpu_session_config() -> SessionConfig {
     with_gpu_options(SessionConfig::new_with_ballista())
 }
 
-fn with_gpu_options(mut config: SessionConfig) -> SessionConfig {
-    let options = config.options_mut();
-    if options.extensions.get::<GpuOptions>().is_none() {
-        options.extensions.insert(GpuOptions::default());
-    }
-    config
-}
-
 /// `config` with its query stages run by a [`GpuExecutionEngine`] (one
 /// shared by the executor's tasks, returned beside it to read its counts;
 /// it takes the place of any engine `config` set) and its sessions knowing
@@ -173,6 +165,7 @@ pub fn with_gpu(config: ExecutorProcessConfig) -> ExecutorProcessConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion_gpu::GpuOptions;
 
     #[test]
     fn a_gpu_executor_gets_the_engine_and_sessions_that_know_the_gpu_options() {

@@ -101,7 +101,8 @@ pub(crate) enum RootPartitions {
     /// fall into them does not matter.
     Merged,
     /// Each executed by its own task (a distributed query stage): each must
-    /// keep its rows. The stage's sorts stay too: Ballista reads a stage
+    /// keep its rows. The stage's sorts stay nodes of their own too (a
+    /// sort-merge join still sorts its inputs itself): Ballista reads a stage
     /// that ends in a sort through its ordered exchange, and with the sort
     /// of TPC-H q8's final stage folded into the GPU aggregation (whose
     /// groups come out in that order all the same), the groups one GPU
@@ -243,8 +244,9 @@ fn without_spread_at_root(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Execut
 /// with its output repartitioned where something does. `output_folded`
 /// says that `node`'s parent is an aggregation that takes a GPU join's
 /// pairs on the device (see [`folds_join_below`]). Where `sorts_kept` (a
-/// distributed query stage, see [`RootPartitions::RunApart`]), every
-/// `SortExec` stays: none is folded into the GPU node below it.
+/// distributed query stage, see [`RootPartitions::RunApart`]), no
+/// `SortExec` is folded into the GPU aggregation below it, or replaced by a
+/// sort-merge join in place of the hash join below it.
 fn rewrite(
     node: Arc<dyn ExecutionPlan>,
     order_observable: bool,
