@@ -17,6 +17,8 @@
 #   ./run.sh seeds                       the seeds' workloads as criterion benchmarks
 #                                        (SEEDS, e.g. "join" or "rt1,b10": the families to run)
 #   ./run.sh tpch                        the TPC-H-derived example (TPCH_ARGS)
+#   ./run.sh devices                     the same on the first GPU alone, then on every GPU
+#                                        (TPCH_ARGS; give both runs one --data folder)
 #   ./run.sh duckdb                      DuckDB on the example's Parquet files (DUCKDB_ARGS)
 #   ./run.sh floor                       seed 002's PK-FK joins' kernels against their
 #                                        bytes-moved floor (ncu, python3)
@@ -118,6 +120,15 @@ for what in "$@"; do
       # TPCH_ARGS, e.g. "--sf 1 --runs 3", is passed through.
       ./tpch ${TPCH_ARGS:-} --json "$logs/tpch.json" --chart "$logs/tpch.svg" 2>&1 | tee "$logs/tpch.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
+    devices)
+      # One GPU against all of them, each run with its own DataFusion
+      # column: compare the two GPU columns (the ratio of their totals).
+      first=${CUDA_VISIBLE_DEVICES:-0}; first=${first%%,*}
+      CUDA_VISIBLE_DEVICES=$first ./tpch ${TPCH_ARGS:-} --json "$logs/tpch-one-gpu.json" 2>&1 \
+        | tee "$logs/tpch-one-gpu.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+      ./tpch ${TPCH_ARGS:-} --json "$logs/tpch-all-gpus.json" 2>&1 | tee "$logs/tpch-all-gpus.log"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     sanitize)
       # memcheck: the device tests and two SQL join tests; racecheck: the
       # device tests, whose kernels share memory, but for the sort and merge
@@ -199,7 +210,7 @@ for what in "$@"; do
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       CUDA_VISIBLE_DEVICES= ./quickstart 100000 2>&1 | tee "$logs/quickstart-no-gpu.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
-    *) echo "unknown: $what (tests | conformance | fuzz | sanitize | bench | seeds | floor | tpch | duckdb | ballista | quickstart)"; status=2 ;;
+    *) echo "unknown: $what (tests | conformance | fuzz | sanitize | bench | seeds | floor | tpch | devices | duckdb | ballista | quickstart)"; status=2 ;;
   esac
 done
 exit $status
