@@ -84,6 +84,7 @@ async fn a_stage_keeps_its_output_partitions_and_sorts_and_merges_none_of_them()
         "SELECT r.k, x.c FROM r JOIN (SELECT k, count(*) AS c FROM s GROUP BY k) x ON r.k = x.k",
     ];
     let mut merged_rewrites_change_partitions = 0;
+    let mut gpu_nodes_apart = 0;
     for (sql, ctx) in queries
         .iter()
         .flat_map(|q| contexts.iter().map(move |c| (q, c)))
@@ -111,6 +112,12 @@ async fn a_stage_keeps_its_output_partitions_and_sorts_and_merges_none_of_them()
             for join in gpu_joins(&apart) {
                 assert!(!join.repartition_removed(), "{}", context());
             }
+            apart
+                .apply(|node| {
+                    gpu_nodes_apart += usize::from(node.name().starts_with("Gpu"));
+                    Ok(TreeNodeRecursion::Continue)
+                })
+                .unwrap();
             let merged =
                 rewrite_plan(Arc::clone(&stage), &options, Ok(()), RootPartitions::Merged).unwrap();
             if partitions(&merged) != partitions(&stage)
@@ -127,4 +134,6 @@ async fn a_stage_keeps_its_output_partitions_and_sorts_and_merges_none_of_them()
         merged_rewrites_change_partitions >= 3,
         "{merged_rewrites_change_partitions}"
     );
+    // The stages still run on the GPU.
+    assert!(gpu_nodes_apart >= queries.len(), "{gpu_nodes_apart}");
 }
