@@ -10,7 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef, UInt64Type};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Float64Type, SchemaRef, UInt64Type};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::dataframe::DataFrameWriteOptions;
@@ -234,26 +235,16 @@ pub fn answer_rows(batches: &[RecordBatch]) -> Result<Vec<Vec<Cell>>> {
         let mut columns: Vec<Vec<Cell>> = Vec::with_capacity(batch.num_columns());
         for column in batch.columns() {
             let cells = match column.data_type() {
-                DataType::Float64 => {
-                    let a = column.as_primitive::<Float64Type>();
+                DataType::Float64 | DataType::Float32 => {
+                    // A Float32 widens to Float64 exactly.
+                    let wide = cast(column, &DataType::Float64)?;
+                    let a = wide.as_primitive::<Float64Type>();
                     (0..a.len())
                         .map(|i| {
                             if a.is_null(i) {
                                 Cell::Exact("NULL".into())
                             } else {
                                 Cell::Float(a.value(i))
-                            }
-                        })
-                        .collect()
-                }
-                DataType::Float32 => {
-                    let a = column.as_primitive::<Float32Type>();
-                    (0..a.len())
-                        .map(|i| {
-                            if a.is_null(i) {
-                                Cell::Exact("NULL".into())
-                            } else {
-                                Cell::Float(a.value(i) as f64)
                             }
                         })
                         .collect()
