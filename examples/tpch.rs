@@ -12,6 +12,7 @@
 //! ```text
 //! cargo run --release --example tpch -- [--sf 1] [--format parquet|memory] [--data DIR]
 //!     [--runs 3] [--queries 1,3,9] [--partitions N] [--json out.json] [--set KEY=VALUE]
+//!     [--one-device]
 //! ```
 //!
 //! The query text is DataFusion's TPC-H-derived benchmark SQL (Apache-2.0,
@@ -109,6 +110,11 @@ struct Args {
     /// model's estimates (`gpu_decisions`), on stderr.
     #[arg(long)]
     decisions: bool,
+    /// Also runs the GPU session on its first device alone (`gpu.devices =
+    /// 0`), cold and warm, answers checked: the `1 GPU` columns, and the
+    /// totals' ratio, show what the other devices add.
+    #[arg(long)]
+    one_device: bool,
     /// A setting of the GPU session, e.g. gpu.placement=always (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = setting)]
     settings: Vec<(String, String)>,
@@ -237,6 +243,8 @@ struct QueryReport {
     query: usize,
     cpu: Duration,
     gpu: Option<(Duration, Duration)>,
+    /// Cold and warm on the first device alone (`--one-device`).
+    one_device: Option<(Duration, Duration)>,
     /// DuckDB's warm median in milliseconds (`--duckdb`).
     duckdb: Option<f64>,
     joins_on_gpu: usize,
@@ -283,8 +291,12 @@ fn report_json(
                 None => ("null".into(), "null".into(), "null".into()),
             };
             let duckdb = r.duckdb.map_or("null".into(), |d| format!("{d:.3}"));
+            let (one_cold, one_warm) = match r.one_device {
+                Some((cold, warm)) => (format!("{:.3}", ms(cold)), format!("{:.3}", ms(warm))),
+                None => ("null".into(), "null".into()),
+            };
             format!(
-                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"duckdb_warm_ms\":{duckdb},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"scan_filters_on_gpu\":{},\"first_cpu_reason\":{}}}",
+                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"one_gpu_cold_ms\":{one_cold},\"one_gpu_warm_ms\":{one_warm},\"duckdb_warm_ms\":{duckdb},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"scan_filters_on_gpu\":{},\"first_cpu_reason\":{}}}",
                 r.query,
                 ms(r.cpu),
                 r.joins_on_gpu,
@@ -339,6 +351,20 @@ async fn main() -> Result<()> {
         gpu_ctx.sql(&format!("SET {key} = {value}")).await?;
         println!("GPU session: SET {key} = {value}");
     }
+    // The same session on the first device alone (`--one-device`).
+    let one_ctx = match args.one_device {
+        true => {
+            let ctx = gpu_session_context(config());
+            for (key, value) in &args.settings {
+                ctx.sql(&format!("SET {key} = {value}")).await?;
+            }
+            ctx.sql("SET gpu.devices = '0'").await?;
+            println!("1 GPU session: the same, and SET gpu.devices = '0'");
+            Some(ctx)
+        }
+        false => None,
+    };
+    let gpu_contexts: Vec<&SessionContext> = std::iter::once(&gpu_ctx).chain(&one_ctx).collect();
     let progress = ProgressBar::new(8).with_style(style.clone());
     let started = Instant::now();
     let mut duckdb = std::collections::HashMap::new();
@@ -351,7 +377,9 @@ async fn main() -> Result<()> {
             let tables = tpch_tables(args.scale_factor, partitions, &progress).await?;
             for (name, table) in &tables {
                 cpu_ctx.register_table(*name, Arc::clone(table) as _)?;
-                gpu_ctx.register_table(*name, Arc::clone(table) as _)?;
+                for ctx in &gpu_contexts {
+                    ctx.register_table(*name, Arc::clone(table) as _)?;
+                }
             }
             progress.finish_and_clear();
             println!(
@@ -371,9 +399,10 @@ async fn main() -> Result<()> {
                 cpu_ctx
                     .register_parquet(name, path, ParquetReadOptions::default())
                     .await?;
-                gpu_ctx
-                    .register_parquet(name, path, ParquetReadOptions::default())
-                    .await?;
+                for ctx in &gpu_contexts {
+                    ctx.register_parquet(name, path, ParquetReadOptions::default())
+                        .await?;
+                }
             }
             progress.finish_and_clear();
             if args.duckdb {
@@ -395,13 +424,22 @@ async fn main() -> Result<()> {
     let mut disagreements: Vec<String> = Vec::new();
     let mut failures = Vec::new();
     let with_duckdb = args.duckdb;
-    print_header(with_duckdb);
+    print_header(with_duckdb, args.one_device);
     for &n in &args.queries {
         progress.set_message(format!("q{n}"));
-        match run_query(&args, &test_files, n as usize, &cpu_ctx, &gpu_ctx).await {
+        match run_query(
+            &args,
+            &test_files,
+            n as usize,
+            &cpu_ctx,
+            &gpu_ctx,
+            one_ctx.as_ref(),
+        )
+        .await
+        {
             Ok((mut report, disagreement)) => {
                 report.duckdb = duckdb.get(&n).copied();
-                progress.suspend(|| print_row(&report, with_duckdb));
+                progress.suspend(|| print_row(&report, with_duckdb, args.one_device));
                 reports.push(report);
                 disagreements.extend(disagreement);
             }
@@ -438,6 +476,7 @@ async fn run_query(
     n: usize,
     cpu_ctx: &SessionContext,
     gpu_ctx: &SessionContext,
+    one_ctx: Option<&SessionContext>,
 ) -> Result<(QueryReport, Option<String>)> {
     let mut disagreement = None;
     let sql = query_sql(test_files, n)?;
@@ -467,6 +506,7 @@ async fn run_query(
             query: n,
             cpu: median(cpu_times),
             gpu: None,
+            one_device: None,
             duckdb: None,
             joins_on_gpu: 0,
             joins,
@@ -553,6 +593,19 @@ async fn run_query(
                 }
             }
         }
+        if let Some(one_ctx) = one_ctx {
+            datafusion_gpu::clear_gpu_cache();
+            let (one_answer, cold, _) = run_once(one_ctx, &sql).await?;
+            let mut warm = Vec::new();
+            for _ in 0..args.runs {
+                warm.push(run_once(one_ctx, &sql).await?.1);
+            }
+            report.one_device = Some((cold, median(warm)));
+            if let Err(difference) = answers_agree(&cpu_answer, &one_answer)? {
+                eprintln!("q{n}: ANSWERS DISAGREE on one GPU: {difference}");
+                disagreement.get_or_insert(format!("q{n} on one GPU: {difference}"));
+            }
+        }
         Ok((report, disagreement))
     };
     if args.verbose {
@@ -564,20 +617,24 @@ async fn run_query(
     result
 }
 
-fn print_header(with_duckdb: bool) {
+fn print_header(with_duckdb: bool, with_one_device: bool) {
     println!();
     let duckdb = match with_duckdb {
         true => format!(" {:>10} {:>8}", "DuckDB ms", "vs DuckDB"),
         false => String::new(),
     };
+    let one_device = match with_one_device {
+        true => format!(" {:>12} {:>12}", "1 GPU cold", "1 GPU warm"),
+        false => String::new(),
+    };
     println!(
-        "{:>5} {:>10} {:>12} {:>12} {:>8}{duckdb} {:>7} {:>7} {:>6}  first reason a node stayed on the CPU",
+        "{:>5} {:>10} {:>12} {:>12} {:>8}{duckdb}{one_device} {:>7} {:>7} {:>6}  first reason a node stayed on the CPU",
         "query", "CPU ms", "GPU cold ms", "GPU warm ms", "speedup", "joins", "aggs", "scans"
     );
 }
 
 /// One row of the table, printed as soon as its query has run.
-fn print_row(r: &QueryReport, with_duckdb: bool) {
+fn print_row(r: &QueryReport, with_duckdb: bool, with_one_device: bool) {
     let (cold, warm, speedup) = match r.gpu {
         Some((cold, warm)) => (
             format!("{:.1}", ms(cold)),
@@ -596,8 +653,13 @@ fn print_row(r: &QueryReport, with_duckdb: bool) {
         }
         (true, _, _) => format!(" {:>10} {:>8}", "-", "-"),
     };
+    let one_device = match (with_one_device, r.one_device) {
+        (false, _) => String::new(),
+        (true, Some((cold, warm))) => format!(" {:>12.1} {:>12.1}", ms(cold), ms(warm)),
+        (true, None) => format!(" {:>12} {:>12}", "-", "-"),
+    };
     println!(
-        "{:>5} {:>10.1} {cold:>12} {warm:>12} {speedup:>8}{duckdb} {:>7} {:>7} {:>6}  {}",
+        "{:>5} {:>10.1} {cold:>12} {warm:>12} {speedup:>8}{duckdb}{one_device} {:>7} {:>7} {:>6}  {}",
         format!("q{}", r.query),
         ms(r.cpu),
         format!("{}/{}", r.joins_on_gpu, r.joins),
@@ -626,10 +688,37 @@ fn print_totals(
         }
         false => String::new(),
     };
+    let one_device = match args.one_device {
+        true => {
+            let cold: f64 = reports
+                .iter()
+                .filter_map(|r| r.one_device.map(|g| ms(g.0)))
+                .sum();
+            let warm: f64 = reports
+                .iter()
+                .filter_map(|r| r.one_device.map(|g| ms(g.1)))
+                .sum();
+            format!(" {cold:>12.1} {warm:>12.1}")
+        }
+        false => String::new(),
+    };
     println!(
-        "total {total_cpu:>10.1} {total_cold:>12.1} {total_warm:>12.1} {:>7.2}x{duckdb}",
+        "total {total_cpu:>10.1} {total_cold:>12.1} {total_warm:>12.1} {:>7.2}x{duckdb}{one_device}",
         total_cpu / total_warm.max(1e-9)
     );
+    if args.one_device {
+        let one = |pick: fn((Duration, Duration)) -> Duration| -> f64 {
+            reports
+                .iter()
+                .filter_map(|r| r.one_device.map(|g| ms(pick(g))))
+                .sum()
+        };
+        println!(
+            "every device against the first alone: cold {:.2}x, warm {:.2}x",
+            one(|g| g.0) / total_cold.max(1e-9),
+            one(|g| g.1) / total_warm.max(1e-9)
+        );
+    }
     if let Some(path) = &args.json {
         std::fs::File::create(path)
             .and_then(|mut f| f.write_all(report_json(args, gpu, reports).as_bytes()))

@@ -17,8 +17,7 @@
 #   ./run.sh seeds                       the seeds' workloads as criterion benchmarks
 #                                        (SEEDS, e.g. "join" or "rt1,b10": the families to run)
 #   ./run.sh tpch                        the TPC-H-derived example (TPCH_ARGS)
-#   ./run.sh devices                     the same on the first GPU alone, then on every GPU
-#                                        (TPCH_ARGS; give both runs one --data folder)
+#   ./run.sh devices                     the same, also on the first GPU alone (TPCH_ARGS)
 #   ./run.sh duckdb                      DuckDB on the example's Parquet files (DUCKDB_ARGS)
 #   ./run.sh floor                       seed 002's PK-FK joins' kernels against their
 #                                        bytes-moved floor (ncu, python3)
@@ -121,13 +120,10 @@ for what in "$@"; do
       ./tpch ${TPCH_ARGS:-} --json "$logs/tpch.json" --chart "$logs/tpch.svg" 2>&1 | tee "$logs/tpch.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     devices)
-      # One GPU against all of them, each run with its own DataFusion
-      # column: compare the two GPU columns (the ratio of their totals).
-      first=${CUDA_VISIBLE_DEVICES:-0}; first=${first%%,*}
-      CUDA_VISIBLE_DEVICES=$first ./tpch ${TPCH_ARGS:-} --json "$logs/tpch-one-gpu.json" 2>&1 \
-        | tee "$logs/tpch-one-gpu.log"
-      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-      ./tpch ${TPCH_ARGS:-} --json "$logs/tpch-all-gpus.json" 2>&1 | tee "$logs/tpch-all-gpus.log"
+      # Every GPU against the first alone, in one run (--one-device): one
+      # DataFusion column, both GPU sessions' answers checked against it.
+      ./tpch ${TPCH_ARGS:-} --one-device --json "$logs/tpch-devices.json" 2>&1 \
+        | tee "$logs/tpch-devices.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1 ;;
     sanitize)
       # memcheck: the device tests and two SQL join tests; racecheck: the

@@ -80,7 +80,7 @@ pub use column_cache::{cache_table, clear_gpu_cache, gpu_cache_stats, GpuCacheSt
 #[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub use config::GpuTestOptions;
-pub use config::{GpuOptions, GpuTuning, PlacementPolicy};
+pub use config::{DeviceSelection, GpuOptions, GpuTuning, PlacementPolicy};
 pub use exec::{
     GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec, GpuScanFilterExec,
     GpuSortMergeJoinExec, JoinKeyCollectorExec, JoinKeyWaitExec, WarmedColumns,

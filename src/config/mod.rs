@@ -11,8 +11,36 @@ use datafusion::config::{ConfigOptions, ExtensionOptions};
 use datafusion::error::Result;
 use std::any::Any;
 
+/// Implements `ConfigField` for an option value `$type` that is set by
+/// parsing its text (`FromStr`) and shown by `Display`; `$name` names the
+/// option in errors.
+macro_rules! config_field_by_parsing {
+    ($type:ty, $name:literal) => {
+        impl ConfigField for $type {
+            fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+                v.some(key, self, description)
+            }
+
+            fn set(&mut self, _: &str, value: &str) -> Result<()> {
+                *self = value.parse()?;
+                Ok(())
+            }
+
+            fn reset(&mut self, key: &str) -> Result<()> {
+                if !key.is_empty() {
+                    return config_err!("{} has no field {key}", $name);
+                }
+                *self = <$type>::default();
+                Ok(())
+            }
+        }
+    };
+}
+
+mod devices;
 #[cfg(feature = "test-support")]
 mod test_options;
+pub use devices::DeviceSelection;
 #[cfg(feature = "test-support")]
 pub use test_options::GpuTestOptions;
 
@@ -122,6 +150,13 @@ config_namespace! {
         /// others wait, which bounds the device work in flight (device memory
         /// is bounded by `memory_fraction` either way).
         pub max_concurrent_tasks: usize, default = 16
+        /// The GPUs the session's work may use: `all` (the default), or
+        /// device numbers such as `0` or `0,1`, as CUDA numbers the devices
+        /// `CUDA_VISIBLE_DEVICES` leaves visible. A node's partitions are
+        /// spread round robin over them; a list that names no device of the
+        /// process keeps every node on the CPU, with the reason in
+        /// `gpu_decisions`.
+        pub devices: DeviceSelection, default = DeviceSelection::All
         /// Algorithm switches for benchmarking (`gpu.tuning.*`).
         pub tuning: GpuTuning, default = GpuTuning::default()
     }
@@ -315,24 +350,7 @@ impl std::str::FromStr for PlacementPolicy {
     }
 }
 
-impl ConfigField for PlacementPolicy {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
-
-    fn set(&mut self, _: &str, value: &str) -> Result<()> {
-        *self = value.parse()?;
-        Ok(())
-    }
-
-    fn reset(&mut self, key: &str) -> Result<()> {
-        if !key.is_empty() {
-            return config_err!("gpu.placement has no field {key}");
-        }
-        *self = PlacementPolicy::default();
-        Ok(())
-    }
-}
+config_field_by_parsing!(PlacementPolicy, "gpu.placement");
 
 impl ConfigExtension for GpuOptions {
     const PREFIX: &'static str = "gpu";
@@ -442,8 +460,10 @@ mod tests {
             .filter(|entry| !entry.key.starts_with("gpu.tuning."))
             .map(|entry| entry.key)
             .collect();
-        // Twelve, and the column cache's two (`cache`, its memory share).
+        // Eleven, the column cache's two (`cache`, its memory share) and
+        // the devices.
         assert!(user_options.len() <= 14, "{user_options:?}");
+        assert!(user_options.contains(&"gpu.devices".to_string()));
         assert!(user_options.contains(&"gpu.enabled".to_string()));
     }
 

@@ -10,7 +10,7 @@ use datafusion::physical_plan::metrics::{
     MetricValue, Time,
 };
 
-use crate::gpu::PhaseTimes;
+use crate::gpu::{GpuDevice, PhaseTimes};
 
 /// Per-partition metrics of device work, shared by every GPU operator.
 #[derive(Debug, Clone)]
@@ -38,6 +38,9 @@ pub struct DeviceMetrics {
     pub device_memory_wait: Time,
     /// Time spent waiting for a slot of `gpu.max_concurrent_tasks`.
     pub device_admission_wait: Time,
+    /// Where [`Self::ran_on`] registers the partition's device.
+    set: ExecutionPlanMetricsSet,
+    partition: usize,
 }
 
 impl DeviceMetrics {
@@ -54,7 +57,18 @@ impl DeviceMetrics {
             h2d_direct_copies: builder().counter("h2d_direct_copies", partition),
             device_memory_wait: builder().subset_time("device_memory_wait", partition),
             device_admission_wait: builder().subset_time("device_admission_wait", partition),
+            set: set.clone(),
+            partition,
         }
+    }
+
+    /// Counts the partition as given to `device`: `partitions_on_gpu<N>`
+    /// in `EXPLAIN ANALYZE` says how many of a node's partitions device N
+    /// ran (`gpu.devices` chooses among the devices).
+    pub fn ran_on(&self, device: &GpuDevice) {
+        MetricBuilder::new(&self.set)
+            .counter(format!("partitions_on_gpu{}", device.ordinal()), self.partition)
+            .add(1);
     }
 
     /// Adds the device times and bytes of one unit of work.

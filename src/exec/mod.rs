@@ -39,13 +39,33 @@ use datafusion::common::Statistics;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::PhysicalExprRef;
 
+use crate::config::GpuOptions;
 use crate::gpu::GpuDevice;
 
-/// The device that runs DataFusion partition `partition`, or why there is
-/// none (a node planned on the GPU executed where no GPU is).
-pub(crate) fn partition_device(partition: usize) -> Result<Arc<GpuDevice>> {
+/// The device of those `options.devices` names that runs DataFusion
+/// partition `partition`, or why there is none (a node planned on the GPU
+/// executed where no GPU is, or none of those devices).
+pub(crate) fn partition_device(partition: usize, options: &GpuOptions) -> Result<Arc<GpuDevice>> {
     crate::gpu::gpu_runtime()
-        .map(|runtime| runtime.device_for_partition(partition))
+        .and_then(|runtime| runtime.device_for_partition(partition, &options.devices))
+        .map_err(|e| DataFusionError::Execution(e.to_string()))
+}
+
+/// The device for partition `partition` of a join or aggregation with
+/// `partitions` output partitions, which reads no cached columns: a node of
+/// one partition takes the devices `options.devices` names in turn (see
+/// [`crate::gpu::GpuRuntime::device_in_turn`]), a node of several spreads
+/// its partitions over them ([`partition_device`]).
+pub(crate) fn node_device(
+    partition: usize,
+    partitions: usize,
+    options: &GpuOptions,
+) -> Result<Arc<GpuDevice>> {
+    if partitions != 1 {
+        return partition_device(partition, options);
+    }
+    crate::gpu::gpu_runtime()
+        .and_then(|runtime| runtime.device_in_turn(&options.devices))
         .map_err(|e| DataFusionError::Execution(e.to_string()))
 }
 

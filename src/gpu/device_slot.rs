@@ -66,6 +66,11 @@ impl DeviceSlot {
         }
     }
 
+    /// The device's number, as CUDA numbers the visible devices.
+    pub(super) fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
     /// The device for new work, or, where a fault broke its context and it
     /// could not be opened again, the broken device and why. `resets`
     /// counts the reopenings.

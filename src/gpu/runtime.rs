@@ -2,12 +2,13 @@
 //! the NVIDIA driver, without a device, or with `CUDA_VISIBLE_DEVICES` empty
 //! gets a [`GpuUnavailable`] with the reason, and queries run on the CPU.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::CudaContext;
 
 use super::device::ContextKind;
+use crate::config::DeviceSelection;
 use super::device_slot::DeviceSlot;
 use super::{GpuDevice, GpuError, GpuUnavailable};
 
@@ -16,6 +17,8 @@ use super::{GpuDevice, GpuError, GpuUnavailable};
 pub struct GpuRuntime {
     slots: Vec<DeviceSlot>,
     context_resets: AtomicU64,
+    /// Nodes of one partition given a device so far ([`Self::device_in_turn`]).
+    turns: AtomicUsize,
 }
 
 impl GpuRuntime {
@@ -28,28 +31,47 @@ impl GpuRuntime {
             .collect()
     }
 
-    /// The device that serves DataFusion partition `partition`: partitions are
-    /// spread round-robin over the devices, past any whose context a fault
-    /// broke. Where every one is broken, partition's own: work planned before
-    /// the fault meets its errors there and answers on the CPU.
-    pub fn device_for_partition(&self, partition: usize) -> Arc<GpuDevice> {
-        let n = self.slots.len();
+    /// The device that serves DataFusion partition `partition` among those
+    /// `selection` names: partitions are spread round robin over them, past
+    /// any whose context a fault broke. Where every one is broken,
+    /// partition's own: work planned before the fault meets its errors there
+    /// and answers on the CPU. An error where `selection` names no device of
+    /// the process.
+    pub fn device_for_partition(
+        &self,
+        partition: usize,
+        selection: &DeviceSelection,
+    ) -> Result<Arc<GpuDevice>, GpuUnavailable> {
+        let chosen = self.selected(selection)?;
+        let n = chosen.len();
         let mut broken = None;
         for i in 0..n {
-            match self.slots[(partition + i) % n].current(&self.context_resets) {
-                Ok(device) => return device,
+            match chosen[(partition + i) % n].current(&self.context_resets) {
+                Ok(device) => return Ok(device),
                 Err(e) => {
                     broken.get_or_insert(e.device);
                 }
             }
         }
-        broken.expect("a runtime has at least one device")
+        Ok(broken.expect("a selection has at least one device"))
     }
 
-    /// `Ok(())` while some device can take new work, otherwise why not.
-    pub fn availability(&self) -> Result<(), GpuUnavailable> {
+    /// A device `selection` names for a node of one partition (a join or
+    /// aggregation over all its input partitions), the devices taken in
+    /// turn: the nodes of a plan, which run at once, spread over them.
+    pub fn device_in_turn(
+        &self,
+        selection: &DeviceSelection,
+    ) -> Result<Arc<GpuDevice>, GpuUnavailable> {
+        let turn = self.turns.fetch_add(1, Ordering::Relaxed);
+        self.device_for_partition(turn, selection)
+    }
+
+    /// `Ok(())` while some device `selection` names can take new work,
+    /// otherwise why not.
+    pub fn availability(&self, selection: &DeviceSelection) -> Result<(), GpuUnavailable> {
         let mut reasons = Vec::new();
-        for slot in &self.slots {
+        for slot in self.selected(selection)? {
             match slot.current(&self.context_resets) {
                 Ok(_) => return Ok(()),
                 Err(e) => reasons.push(e.reason.0),
@@ -58,12 +80,32 @@ impl GpuRuntime {
         Err(GpuUnavailable(reasons.join("; ")))
     }
 
+    /// The slots `selection` names, in its order; an error where it names
+    /// none of them.
+    fn selected(&self, selection: &DeviceSelection) -> Result<Vec<&DeviceSlot>, GpuUnavailable> {
+        let chosen: Vec<&DeviceSlot> = match selection {
+            DeviceSelection::All => self.slots.iter().collect(),
+            DeviceSelection::Ordinals(ordinals) => ordinals
+                .iter()
+                .filter_map(|ordinal| self.slots.iter().find(|slot| slot.ordinal() == *ordinal))
+                .collect(),
+        };
+        if chosen.is_empty() {
+            let seen: Vec<String> = self.slots.iter().map(|s| s.ordinal().to_string()).collect();
+            return Err(GpuUnavailable(format!(
+                "gpu.devices = '{selection}' names no device of this process (it has {})",
+                seen.join(", ")
+            )));
+        }
+        Ok(chosen)
+    }
+
     /// How many times a device was opened again because a kernel fault had
     /// broken its context (the CUDA 13.0 driver refuses new contexts after
     /// such a fault, so this stays 0 there).
     #[cfg(any(test, feature = "test-support"))]
     pub fn context_resets(&self) -> u64 {
-        self.context_resets.load(std::sync::atomic::Ordering::Acquire)
+        self.context_resets.load(Ordering::Acquire)
     }
 
     /// One line per device, for logs and examples.
@@ -92,11 +134,11 @@ pub fn gpu_runtime() -> Result<Arc<GpuRuntime>, GpuUnavailable> {
     RUNTIME.get_or_init(detect).clone()
 }
 
-/// `Ok(())` when a GPU can be used, otherwise the reason: the form the
+/// `Ok(())` when a GPU `selection` names can be used, otherwise the reason: the form the
 /// planner's decisions take.
-pub fn gpu_availability() -> Result<(), String> {
+pub fn gpu_availability(selection: &DeviceSelection) -> Result<(), String> {
     gpu_runtime()
-        .and_then(|runtime| runtime.availability())
+        .and_then(|runtime| runtime.availability(selection))
         .map_err(|e| e.0)
 }
 
@@ -150,5 +192,6 @@ fn open_devices() -> Result<GpuRuntime, GpuUnavailable> {
     Ok(GpuRuntime {
         slots: devices,
         context_resets: AtomicU64::new(0),
+        turns: AtomicUsize::new(0),
     })
 }

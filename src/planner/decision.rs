@@ -395,7 +395,7 @@ fn aggregate_in_join(
 
 pub fn gpu_decisions(plan: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Vec<NodeDecision> {
     let options = GpuOptions::from_config(config);
-    let gpu = crate::gpu::gpu_availability();
+    let gpu = crate::gpu::gpu_availability(&options.devices);
     let mut decisions = Vec::new();
     collect_decisions(
         plan,

@@ -48,9 +48,15 @@ fn register(ctx: &SessionContext) {
 }
 
 /// Device errors fall back to the CPU here, as under the defaults (the
-/// other tests make them fail the query).
-async fn contexts() -> (SessionContext, SessionContext) {
-    let fall_back = ["SET gpu_test.device_errors_fail = false"];
+/// other tests make them fail the query). The GPU session uses the device
+/// numbered `ordinal` alone (`gpu.devices`), so that on a machine with more
+/// than one the test breaks the device its queries run on.
+async fn contexts(ordinal: usize) -> (SessionContext, SessionContext) {
+    let one_device = format!("SET gpu.devices = '{ordinal}'");
+    let fall_back = [
+        "SET gpu_test.device_errors_fail = false",
+        one_device.as_str(),
+    ];
     let gpu = gpu_context(JoinMode::CollectLeft, 1, &fall_back).await;
     let cpu = cpu_context(JoinMode::CollectLeft, 1, &[]).await;
     register(&gpu);
@@ -91,7 +97,8 @@ async fn a_kernel_fault_ends_on_the_cpu_and_keeps_new_work_off_the_broken_device
         );
         return;
     }
-    let (gpu, cpu) = contexts().await;
+    let broken = runtime.devices()[0].clone();
+    let (gpu, cpu) = contexts(broken.ordinal()).await;
     let expected = int64_rows(&run(&cpu, SQL).await.0);
     assert!(!expected.is_empty());
     assert_eq!(gpu_answer(&gpu, &expected, "before any fault").await, 0);
@@ -100,7 +107,6 @@ async fn a_kernel_fault_ends_on_the_cpu_and_keeps_new_work_off_the_broken_device
     // A fault while a query holds the device: that query answers on the CPU.
     let plan = physical_plan(&gpu, SQL).await;
     let stream = execute_stream(Arc::clone(&plan), gpu.task_ctx()).unwrap();
-    let broken = runtime.devices()[0].clone();
     let fault = broken.break_context_for_test();
     assert!(
         fault.breaks_context(),
@@ -132,7 +138,10 @@ async fn a_kernel_fault_ends_on_the_cpu_and_keeps_new_work_off_the_broken_device
         // The driver refuses a new context after the fault (CUDA 13.0
         // does): later queries are planned on the CPU, and say why.
         assert_eq!(gpu_joins, 0, "a join was planned on the broken device");
-        let reason = datafusion_gpu::gpu::gpu_availability().unwrap_err();
+        let reason = datafusion_gpu::gpu::gpu_availability(
+            &datafusion_gpu::DeviceSelection::Ordinals(vec![broken.ordinal()]),
+        )
+        .unwrap_err();
         assert!(reason.contains("kernel fault broke GPU"), "{reason}");
         assert!(reason.contains("ILLEGAL_ADDRESS"), "{reason}");
         let decisions = gpu_decisions(&plan, gpu.state().config_options());

@@ -124,3 +124,90 @@ async fn small_inputs_stay_on_the_cpu_by_their_estimates() {
         other => panic!("{other:?}"),
     }
 }
+
+/// `gpu.devices` chooses the devices a session's GPU nodes run on
+/// (`partitions_on_gpu<N>` counts a node's partitions on device N), spreads
+/// partitions over all of them by default, and keeps the plan on the CPU,
+/// saying why, where it names no device of the process.
+#[tokio::test]
+async fn gpu_devices_chooses_the_devices_that_run_a_query() {
+    let Some(runtime) = require_gpu("gpu_devices_chooses_the_devices_that_run_a_query") else {
+        return;
+    };
+    let ordinals: Vec<usize> = runtime.devices().iter().map(|d| d.ordinal()).collect();
+    let r = gen_keys(20_000, Keys::Uniform { domain: 5_000 }, 0.1, 11);
+    let s = gen_keys(
+        30_000,
+        Keys::Zipf {
+            domain: 5_000,
+            s: 1.1,
+        },
+        0.1,
+        12,
+    );
+    let sql = "SELECT r.k, count(*), sum(s.v) FROM r JOIN s ON r.k = s.k GROUP BY r.k";
+    let partitions = 4;
+    let register = |ctx: &datafusion::prelude::SessionContext| {
+        ctx.register_table("r", key_value_table(&r, 1, partitions, 1_000))
+            .unwrap();
+        ctx.register_table("s", key_value_table(&s, 2, partitions, 1_000))
+            .unwrap();
+    };
+    let cpu = cpu_context(JoinMode::PartitionedKept, partitions, &[]).await;
+    register(&cpu);
+    let ran_on = |plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+                  ordinal: usize| {
+        plan_metric(plan, &format!("partitions_on_gpu{ordinal}"))
+    };
+
+    for &ordinal in &ordinals {
+        let setting = format!("SET gpu.devices = '{ordinal}'");
+        let gpu = gpu_context(JoinMode::PartitionedKept, partitions, &[&setting]).await;
+        register(&gpu);
+        let plan = physical_plan(&gpu, sql).await;
+        same_rows_as_datafusion(&gpu, &cpu, sql, &plan).await;
+        assert!(
+            ran_on(&plan, ordinal) > 0,
+            "{setting}: nothing ran on GPU {ordinal}"
+        );
+        for &other in ordinals.iter().filter(|&&other| other != ordinal) {
+            assert_eq!(
+                ran_on(&plan, other),
+                0,
+                "{setting}: GPU {other} ran partitions"
+            );
+        }
+    }
+
+    // By default the join's partitions go round robin over every device.
+    let gpu = gpu_context(JoinMode::PartitionedKept, partitions, &[]).await;
+    register(&gpu);
+    let plan = physical_plan(&gpu, sql).await;
+    same_rows_as_datafusion(&gpu, &cpu, sql, &plan).await;
+    for &ordinal in ordinals.iter().take(partitions) {
+        assert!(
+            ran_on(&plan, ordinal) > 0,
+            "all devices: nothing ran on GPU {ordinal}"
+        );
+    }
+
+    // A device the process does not have: the CPU, with the reason.
+    let missing = ordinals.iter().max().map_or(0, |last| last + 1);
+    let setting = format!("SET gpu.devices = '{missing}'");
+    let gpu = gpu_context(JoinMode::PartitionedKept, partitions, &[&setting]).await;
+    register(&gpu);
+    let plan = physical_plan(&gpu, sql).await;
+    same_rows_as_datafusion(&gpu, &cpu, sql, &plan).await;
+    let decisions = gpu_decisions(&plan, gpu.state().config_options());
+    assert!(!decisions.is_empty());
+    for decision in &decisions {
+        match &decision.placement {
+            Placement::Cpu { reason } => {
+                assert!(reason.contains("names no device"), "{setting}: {reason}")
+            }
+            other => panic!("{setting}: {other:?}"),
+        }
+    }
+    assert_eq!(ran_on(&plan, missing), 0);
+    assert!(gpu.sql("SET gpu.devices = 'first'").await.is_err());
+}

@@ -428,7 +428,10 @@ impl ExecutionPlan for GpuAggregateExec {
         let hashed_group_key_bits =
             crate::config::hashed_group_key_bits(context.session_config().options());
         let device_errors = crate::config::device_error_policy(context.session_config().options());
-        let device = crate::exec::partition_device(partition)?;
+        let partitions = self.properties().output_partitioning().partition_count();
+        let device = crate::exec::node_device(partition, partitions, &options)?;
+        let metrics = GpuAggregateMetrics::new(&self.metrics, partition);
+        metrics.device.ran_on(&device);
         let inputs = AggregateInputs {
             group_exprs: agg
                 .group_expr()
@@ -468,7 +471,7 @@ impl ExecutionPlan for GpuAggregateExec {
             options,
             hashed_group_key_bits,
             device_errors,
-            metrics: GpuAggregateMetrics::new(&self.metrics, partition),
+            metrics,
         }))
     }
 }

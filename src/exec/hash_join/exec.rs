@@ -500,8 +500,10 @@ impl ExecutionPlan for GpuHashJoinExec {
             context.session_config().options(),
             super::stream::MAX_PROBE_CHUNK_BYTES,
         );
-        let device = crate::exec::partition_device(partition)?;
+        let partitions = self.properties().output_partitioning().partition_count();
+        let device = crate::exec::node_device(partition, partitions, &options)?;
         let metrics = GpuJoinMetrics::new(&self.metrics, partition);
+        metrics.device.ran_on(&device);
         let (build_columns, probe_columns) = (
             join.left().schema().fields().len(),
             join.right().schema().fields().len(),

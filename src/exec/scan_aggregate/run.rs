@@ -48,10 +48,11 @@ pub(crate) async fn run(
     let options = GpuOptions::from_config(context.session_config().options());
     let fail_on_device_errors =
         crate::config::device_error_policy(context.session_config().options()).fail;
-    let device = match crate::exec::partition_device(0) {
+    let device = match crate::exec::partition_device(0, &options) {
         Ok(device) => device,
         Err(e) => return Ok(Ran::OnCpu(e.message().into_owned())),
     };
+    metrics.device.ran_on(&device);
     let (columns, byte_columns) = match columns_read(&shape) {
         Ok(read) => read,
         Err(reason) => return Ok(Ran::OnCpu(reason)),

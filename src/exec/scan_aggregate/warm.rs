@@ -34,7 +34,7 @@ pub(crate) async fn warm_scan(scan: &DataSourceExec, context: Arc<TaskContext>) 
             "the device column cache is off (gpu.cache = false)".into(),
         ));
     }
-    let device = crate::exec::partition_device(0)?;
+    let device = crate::exec::partition_device(0, &options)?;
     let (source, columns) = match table_source(scan) {
         Ok(Some(found)) => found,
         Ok(None) => {

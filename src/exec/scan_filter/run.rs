@@ -52,10 +52,11 @@ pub(crate) async fn run(
     let options = GpuOptions::from_config(context.session_config().options());
     let fail_on_device_errors =
         crate::config::device_error_policy(context.session_config().options()).fail;
-    let device = match crate::exec::partition_device(partition) {
+    let device = match crate::exec::partition_device(partition, &options) {
         Ok(device) => device,
         Err(e) => return Ok(Ran::OnCpu(e.message().into_owned())),
     };
+    metrics.device.ran_on(&device);
     let Some(parts) = shape.source.part_group(partition) else {
         return Err(DataFusionError::Internal(format!(
             "GpuScanFilterExec has no partition {partition}"

@@ -607,7 +607,10 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
         let join = self.sort_merge_join();
         let options = GpuOptions::from_config(context.session_config().options());
         let device_errors = crate::config::device_error_policy(context.session_config().options());
-        let device = crate::exec::partition_device(partition)?;
+        let partitions = self.properties().output_partitioning().partition_count();
+        let device = crate::exec::node_device(partition, partitions, &options)?;
+        let metrics = GpuSortMergeJoinMetrics::new(&self.metrics, partition);
+        metrics.device.ran_on(&device);
         let left_schema = self.inputs[0].schema();
         let right_schema = self.inputs[1].schema();
         let key_types = join
@@ -667,7 +670,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
             memory_fraction: options.memory_fraction,
             max_concurrent_tasks: options.max_concurrent_tasks,
             device_errors,
-            metrics: GpuSortMergeJoinMetrics::new(&self.metrics, partition),
+            metrics,
         };
         Ok(merge_join_stream(task))
     }

@@ -85,7 +85,7 @@ impl GpuOptimizerRule {
         if !options.enabled {
             return Ok(plan);
         }
-        let gpu = crate::gpu::gpu_availability();
+        let gpu = crate::gpu::gpu_availability(&options.devices);
         let gpu = gpu.as_ref().map(|_| ()).map_err(|e| e.as_str());
         crate::trace::event(|| "rule: rewriting the plan".into());
         let rewritten = rewrite_plan(plan, &options, gpu, root);
