@@ -8,7 +8,8 @@ use datafusion::error::Result;
 /// process sees (`all`, the default), or some of them by number, as CUDA
 /// numbers the devices `CUDA_VISIBLE_DEVICES` leaves visible (`0` is the
 /// first visible device whatever its number on the machine). Partitions are
-/// spread round robin over the devices chosen.
+/// spread round robin over the devices chosen; numbers the process lacks
+/// are passed over.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum DeviceSelection {
     /// Every device of the process.

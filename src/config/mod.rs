@@ -153,9 +153,10 @@ config_namespace! {
         /// The GPUs the session's work may use: `all` (the default), or
         /// device numbers such as `0` or `0,1`, as CUDA numbers the devices
         /// `CUDA_VISIBLE_DEVICES` leaves visible. A node's partitions are
-        /// spread round robin over them; a list that names no device of the
-        /// process keeps every node on the CPU, with the reason in
-        /// `gpu_decisions`.
+        /// spread round robin over them. Numbers the process lacks are
+        /// passed over (executors of one cluster may have different
+        /// devices); a list that names none of its devices keeps every node
+        /// on the CPU, with the reason in `gpu_decisions`.
         pub devices: DeviceSelection, default = DeviceSelection::All
         /// Algorithm switches for benchmarking (`gpu.tuning.*`).
         pub tuning: GpuTuning, default = GpuTuning::default()

@@ -83,21 +83,9 @@ impl GpuRuntime {
     /// The slots `selection` names, in its order; an error where it names
     /// none of them.
     fn selected(&self, selection: &DeviceSelection) -> Result<Vec<&DeviceSlot>, GpuUnavailable> {
-        let chosen: Vec<&DeviceSlot> = match selection {
-            DeviceSelection::All => self.slots.iter().collect(),
-            DeviceSelection::Ordinals(ordinals) => ordinals
-                .iter()
-                .filter_map(|ordinal| self.slots.iter().find(|slot| slot.ordinal() == *ordinal))
-                .collect(),
-        };
-        if chosen.is_empty() {
-            let seen: Vec<String> = self.slots.iter().map(|s| s.ordinal().to_string()).collect();
-            return Err(GpuUnavailable(format!(
-                "gpu.devices = '{selection}' names no device of this process (it has {})",
-                seen.join(", ")
-            )));
-        }
-        Ok(chosen)
+        let ordinals: Vec<usize> = self.slots.iter().map(DeviceSlot::ordinal).collect();
+        let chosen = chosen_slots(&ordinals, selection)?;
+        Ok(chosen.into_iter().map(|i| &self.slots[i]).collect())
     }
 
     /// How many times a device was opened again because a kernel fault had
@@ -125,6 +113,30 @@ impl GpuRuntime {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// The indexes into `ordinals` (the process's devices, by number) of the
+/// devices `selection` names, in its order: numbers the process lacks are
+/// passed over. An error where it names none of them.
+fn chosen_slots(
+    ordinals: &[usize],
+    selection: &DeviceSelection,
+) -> Result<Vec<usize>, GpuUnavailable> {
+    let chosen: Vec<usize> = match selection {
+        DeviceSelection::All => (0..ordinals.len()).collect(),
+        DeviceSelection::Ordinals(named) => named
+            .iter()
+            .filter_map(|ordinal| ordinals.iter().position(|o| o == ordinal))
+            .collect(),
+    };
+    if chosen.is_empty() {
+        let seen: Vec<String> = ordinals.iter().map(usize::to_string).collect();
+        return Err(GpuUnavailable(format!(
+            "gpu.devices = '{selection}' names no device of this process (it has {})",
+            seen.join(", ")
+        )));
+    }
+    Ok(chosen)
 }
 
 static RUNTIME: OnceLock<Result<Arc<GpuRuntime>, GpuUnavailable>> = OnceLock::new();
@@ -194,4 +206,25 @@ fn open_devices() -> Result<GpuRuntime, GpuUnavailable> {
         context_resets: AtomicU64::new(0),
         turns: AtomicUsize::new(0),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chosen_slots;
+    use crate::config::DeviceSelection;
+
+    #[test]
+    fn a_selection_names_devices_in_its_order_and_passes_over_missing_ones() {
+        let chosen = |text: &str| chosen_slots(&[0, 1], &text.parse::<DeviceSelection>().unwrap());
+        assert_eq!(chosen("all").unwrap(), vec![0, 1]);
+        assert_eq!(chosen("1").unwrap(), vec![1]);
+        assert_eq!(chosen("1,0").unwrap(), vec![1, 0]);
+        assert_eq!(chosen("0,5").unwrap(), vec![0]);
+        let reason = chosen("5,7").unwrap_err().0;
+        assert!(reason.contains("names no device"), "{reason}");
+        assert!(reason.contains("it has 0, 1"), "{reason}");
+        // Slots are found by device number, not by position.
+        let by_number = chosen_slots(&[3, 4], &"4".parse().unwrap()).unwrap();
+        assert_eq!(by_number, vec![1]);
+    }
 }
