@@ -688,35 +688,28 @@ fn print_totals(
         }
         false => String::new(),
     };
-    let one_device = match args.one_device {
-        true => {
-            let cold: f64 = reports
-                .iter()
-                .filter_map(|r| r.one_device.map(|g| ms(g.0)))
-                .sum();
-            let warm: f64 = reports
-                .iter()
-                .filter_map(|r| r.one_device.map(|g| ms(g.1)))
-                .sum();
-            format!(" {cold:>12.1} {warm:>12.1}")
-        }
-        false => String::new(),
-    };
-    println!(
-        "total {total_cpu:>10.1} {total_cold:>12.1} {total_warm:>12.1} {:>7.2}x{duckdb}{one_device}",
-        total_cpu / total_warm.max(1e-9)
-    );
-    if args.one_device {
-        let one = |pick: fn((Duration, Duration)) -> Duration| -> f64 {
+    // The first device alone (`--one-device`): its totals, cold and warm.
+    let one_device_totals = args.one_device.then(|| {
+        let total = |pick: fn((Duration, Duration)) -> Duration| -> f64 {
             reports
                 .iter()
                 .filter_map(|r| r.one_device.map(|g| ms(pick(g))))
                 .sum()
         };
+        (total(|g| g.0), total(|g| g.1))
+    });
+    let one_device = one_device_totals.map_or(String::new(), |(cold, warm)| {
+        format!(" {cold:>12.1} {warm:>12.1}")
+    });
+    println!(
+        "total {total_cpu:>10.1} {total_cold:>12.1} {total_warm:>12.1} {:>7.2}x{duckdb}{one_device}",
+        total_cpu / total_warm.max(1e-9)
+    );
+    if let Some((cold, warm)) = one_device_totals {
         println!(
             "every device against the first alone: cold {:.2}x, warm {:.2}x",
-            one(|g| g.0) / total_cold.max(1e-9),
-            one(|g| g.1) / total_warm.max(1e-9)
+            cold / total_cold.max(1e-9),
+            warm / total_warm.max(1e-9)
         );
     }
     if let Some(path) = &args.json {

@@ -19,16 +19,6 @@ pub enum DeviceSelection {
     Ordinals(Vec<usize>),
 }
 
-impl DeviceSelection {
-    /// Whether the device numbered `ordinal` may be used.
-    pub fn includes(&self, ordinal: usize) -> bool {
-        match self {
-            DeviceSelection::All => true,
-            DeviceSelection::Ordinals(ordinals) => ordinals.contains(&ordinal),
-        }
-    }
-}
-
 impl std::fmt::Display for DeviceSelection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -85,8 +75,6 @@ mod tests {
         let listed: DeviceSelection = "1, 0".parse().unwrap();
         assert_eq!(listed, DeviceSelection::Ordinals(vec![1, 0]));
         assert_eq!(listed.to_string(), "1,0");
-        assert!(listed.includes(0) && listed.includes(1) && !listed.includes(2));
-        assert!(DeviceSelection::All.includes(7));
         for bad in ["", "first", "0,", "-1", "0,0", "0;1"] {
             let error = bad.parse::<DeviceSelection>().unwrap_err().to_string();
             assert!(error.contains("gpu.devices"), "{bad}: {error}");
