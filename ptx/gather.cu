@@ -68,3 +68,21 @@ extern "C" __global__ void gather_bits(const u64* bits, u64 bits_len, const u64*
         out[w] = word;
     }
 }
+
+// A cached column's values as one 64-bit word a row, written to out[offset +
+// i] for i < n: 4-byte values (two to a word) sign-extended where `narrow`,
+// else the 8-byte words as they are; where `sign_only`, each word is instead
+// the sign of the value (all ones for a negative value, else 0): the high
+// word of a 128-bit sum's input. The column's parts are laid end to end in
+// `out` one launch each, so that a node reads a table's cached columns as one
+// column without a copy through the host.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride).
+extern "C" __global__ void widen_words(const void* src, u32 narrow, u32 sign_only, u64 n,
+                                       u64* out, u64 offset) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const long long value = narrow ? (long long)((const int*)src)[i]
+                                       : ((const long long*)src)[i];
+        out[offset + i] = sign_only ? (u64)(value >> 63) : (u64)value;
+    }
+}

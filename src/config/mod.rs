@@ -259,7 +259,9 @@ config_namespace! {
         /// Where a GPU join or aggregation reads a filtered Parquet table
         /// scan that keeps too many rows for a `GpuScanFilterExec` of its
         /// own, read it through one all the same (its rows go to the device
-        /// anyway). `false` leaves DataFusion's scan and filter there.
+        /// anyway); and where a GPU aggregation reads a whole table scan
+        /// (with `gpu.cache`), read the table's cached columns on the
+        /// device. `false` leaves DataFusion's scans and filters there.
         pub cached_gpu_inputs: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host

@@ -54,7 +54,8 @@ impl ValueKind {
     }
 }
 
-const SIGN: u64 = 1 << 63;
+/// The sign bit: flipped, signed words compare as unsigned ones in order.
+pub(crate) const SIGN: u64 = 1 << 63;
 
 /// The words of one column: low words, high words for Decimal128, and the
 /// flip the device applies to the low words before comparing them.

@@ -128,14 +128,7 @@ impl GpuScanMetrics {
             cache_hits: builder().counter("cache_hits", partition),
             cache_misses: builder().counter("cache_misses", partition),
             cpu_fallback: builder().counter("cpu_fallback", partition),
-            cpu_fallback_reasons: {
-                let reasons = Arc::new(FallbackReasons::default());
-                builder().with_partition(partition).build(MetricValue::Custom {
-                    name: "cpu_fallback_reasons".into(),
-                    value: Arc::clone(&reasons) as Arc<dyn CustomMetricValue>,
-                });
-                reasons
-            },
+            cpu_fallback_reasons: FallbackReasons::register(set, "cpu_fallback_reasons", partition),
             read_time: builder().subset_time("read_time", partition),
             encode_time: builder().subset_time("encode_time", partition),
             upload_time: builder().subset_time("upload_time", partition),
@@ -159,6 +152,16 @@ pub struct FallbackReasons {
 }
 
 impl FallbackReasons {
+    /// New reasons, registered in `set` as metric `name` of `partition`.
+    pub fn register(set: &ExecutionPlanMetricsSet, name: &'static str, partition: usize) -> Arc<Self> {
+        let reasons = Arc::new(Self::default());
+        MetricBuilder::new(set).with_partition(partition).build(MetricValue::Custom {
+            name: name.into(),
+            value: Arc::clone(&reasons) as Arc<dyn CustomMetricValue>,
+        });
+        reasons
+    }
+
     /// One more run handed to the host for `reason`.
     pub fn add(&self, reason: &str) {
         *self.lock().entry(reason.to_string()).or_default() += 1;
@@ -464,13 +467,41 @@ pub struct GpuAggregateMetrics {
     /// Of those, partitions whose device work failed (a driver error, or
     /// results the device got wrong) before any output.
     pub device_error_fallback_partitions: Count,
+    /// Partitions that read their table's columns from the device column
+    /// cache on the device, rather than the rows from their input.
+    pub cached_input_partitions: Count,
+    /// Why a partition that could have read the column cache read its
+    /// input instead, each reason with its count.
+    pub cached_input_refusals: Arc<FallbackReasons>,
+    /// The column cache's reads (hits, misses, and the reads, coding and
+    /// copies that fill it), registered in a set of their own
+    /// ([`Self::CACHE_METRICS`] of it are shown with the node's).
+    pub cache: GpuScanMetrics,
 }
 
 impl GpuAggregateMetrics {
-    /// Registers the metrics of `partition` in `set`.
-    pub fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+    /// The metrics of the column cache's reads shown with the node's.
+    pub const CACHE_METRICS: [&'static str; 6] = [
+        "cache_hits",
+        "cache_misses",
+        "rows_read",
+        "read_time",
+        "encode_time",
+        "upload_time",
+    ];
+
+    /// Registers the metrics of `partition` in `set`, those of the column
+    /// cache's reads in `cache_set`.
+    pub fn new(
+        set: &ExecutionPlanMetricsSet,
+        cache_set: &ExecutionPlanMetricsSet,
+        partition: usize,
+    ) -> Self {
         let builder = || MetricBuilder::new(set);
         Self {
+            cached_input_partitions: builder().counter("cached_input_partitions", partition),
+            cached_input_refusals: FallbackReasons::register(set, "cached_input_refusals", partition),
+            cache: GpuScanMetrics::new(cache_set, partition),
             baseline: BaselineMetrics::new(set, partition),
             output_bytes: builder().output_bytes(partition),
             input_rows: builder().counter("input_rows", partition),

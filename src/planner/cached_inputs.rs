@@ -11,6 +11,10 @@
 //! filter reaches (a probe side under a join, DataFusion's or the GPU's,
 //! that publishes its build keys): it skips the row groups the filter
 //! rules out, where the cache would hand every row over.
+//! A GPU aggregation over a whole table scan (Parquet or a `MemTable`, no
+//! filter) reads the table's cached columns on the device instead
+//! ([`GpuAggregateExec::with_cached_input`]): nothing crosses the bus, and
+//! no row is decoded, once they are cached.
 
 use std::sync::Arc;
 
@@ -33,13 +37,21 @@ pub(crate) fn with_cached_gpu_inputs(
     options: &GpuOptions,
     gpu: std::result::Result<(), &str>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    if gpu.is_err() || !options.tuning.scan_filter || !options.tuning.cached_gpu_inputs {
+    if gpu.is_err() || !options.tuning.cached_gpu_inputs {
         return Ok(plan);
     }
     plan.transform_up(|node| {
+        if let Some(aggregate) = node
+            .downcast_ref::<GpuAggregateExec>()
+            .filter(|_| options.cache)
+        {
+            if let Some(reading) = aggregate.with_cached_input() {
+                return Ok(Transformed::yes(Arc::new(reading) as Arc<dyn ExecutionPlan>));
+            }
+        }
         let reads_inputs = node.downcast_ref::<GpuAggregateExec>().is_some()
             || node.downcast_ref::<GpuHashJoinExec>().is_some();
-        if !reads_inputs {
+        if !reads_inputs || !options.tuning.scan_filter {
             return Ok(Transformed::no(node));
         }
         let children: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();

@@ -547,10 +547,15 @@ fn collect_decisions(
             detail: describe_aggregate(gpu_agg.aggregate()),
             placement: Placement::Gpu {
                 algorithm: format!(
-                    "{}{}{}{}",
+                    "{}{}{}{}{}",
                     gpu_agg.algorithm(),
                     if gpu_agg.phases_merged() {
                         " over all input partitions (CPU partial aggregation and repartition removed)"
+                    } else {
+                        ""
+                    },
+                    if gpu_agg.reads_cached_input() {
+                        ", reading its table scan's columns from the device column cache"
                     } else {
                         ""
                     },

@@ -613,7 +613,10 @@ async fn inputs_prepared_while_the_keys_cross_match_the_cpu() {
          sum(big), min(big), max(big)";
     for (plan, in_partitions) in [(PLANS[0], false), (PLANS[1], false), (PLANS[0], true)] {
         let (partitions, phases) = plan;
-        let mut settings = vec![phases];
+        // The inputs as this test prepares them cross the bus: a table
+        // scan's columns read from the column cache on the device do not
+        // (`cached_input`'s tests).
+        let mut settings = vec![phases, "SET gpu.tuning.cached_gpu_inputs = false"];
         if in_partitions {
             settings.push("SET gpu.tuning.min_groups_to_partition = 0");
         }
@@ -1223,11 +1226,15 @@ async fn a_hash_table_sized_from_a_misleading_sample_is_built_again() {
         let values: Int64Array = range.map(|i| Some(i as i64 % 1001 - 500)).collect();
         vec![Arc::new(keys), Arc::new(values)]
     };
+    // The input crosses the bus in chunks that the table folds (a table
+    // scan's columns read from the column cache on the device are laid out
+    // whole, and not folded: `cached_input`'s tests).
     let (gpu, cpu) = contexts(
         1,
         &[
             "SET gpu.tuning.aggregate_single_phase = true",
             "SET gpu.placement = 'always'",
+            "SET gpu.tuning.cached_gpu_inputs = false",
         ],
     )
     .await;
@@ -1241,6 +1248,7 @@ async fn a_hash_table_sized_from_a_misleading_sample_is_built_again() {
             "SET gpu.placement = 'always'",
             "SET gpu.tuning.fold_into_table = false",
             "SET gpu.tuning.scan_aggregate = false",
+            "SET gpu.tuning.cached_gpu_inputs = false",
         ],
     )
     .await;

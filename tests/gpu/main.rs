@@ -7,6 +7,7 @@
 mod support;
 
 mod aggregate;
+mod cached_input;
 mod concurrency;
 mod conformance;
 mod device_batch;

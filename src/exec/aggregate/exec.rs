@@ -23,7 +23,7 @@ use datafusion::physical_plan::{
 };
 
 use super::spec::AggregateSpec;
-use super::stream::{aggregate_stream, AggregateInputs, AggregateTask};
+use super::stream::{aggregate_stream, cached_input, AggregateInputs, AggregateTask, CachedInput, InputStart};
 use super::spec::GroupOrder;
 use crate::exec::collect::{merge_to_read_through, WholeInput};
 use crate::exec::GpuAggregateMetrics;
@@ -68,7 +68,13 @@ pub struct GpuAggregateExec {
     /// whose predicate each output batch passes, and which the CPU
     /// fallback runs over DataFusion's aggregation.
     output_filter: Option<Arc<FilterExec>>,
+    /// Whether it reads its table's columns from the device column cache,
+    /// where its input is a whole table scan it can read so
+    /// ([`Self::with_cached_input`]).
+    reads_cache: bool,
     metrics: ExecutionPlanMetricsSet,
+    /// The column cache's reads ([`GpuAggregateMetrics::cache`]).
+    cache_metrics: ExecutionPlanMetricsSet,
 }
 
 impl GpuAggregateExec {
@@ -96,7 +102,9 @@ impl GpuAggregateExec {
             cpu_phases: None,
             group_order: None,
             output_filter: None,
+            reads_cache: false,
             metrics: ExecutionPlanMetricsSet::new(),
+            cache_metrics: ExecutionPlanMetricsSet::new(),
             cpu_aggregate,
         })
     }
@@ -131,7 +139,9 @@ impl GpuAggregateExec {
             cpu_phases: self.cpu_phases.clone(),
             group_order: None,
             output_filter: Some(filter),
+            reads_cache: self.reads_cache,
             metrics: ExecutionPlanMetricsSet::new(),
+            cache_metrics: ExecutionPlanMetricsSet::new(),
             cpu_aggregate: Arc::clone(&self.cpu_aggregate),
         }))
     }
@@ -187,9 +197,41 @@ impl GpuAggregateExec {
             cpu_phases: self.cpu_phases.clone(),
             group_order: Some(order),
             output_filter: None,
+            reads_cache: false,
             metrics: ExecutionPlanMetricsSet::new(),
+            cache_metrics: ExecutionPlanMetricsSet::new(),
             cpu_aggregate: Arc::clone(&self.cpu_aggregate),
         }))
+    }
+
+    /// This aggregation reading its table's columns from the device column
+    /// cache on the device (no rows decoded, made words or copied over the
+    /// bus once they are cached), or `None` where it cannot
+    /// ([`cached_input`]: one partition of a whole table scan, one integer
+    /// group key, columns and literals as arguments, groups in no order).
+    /// Where a run finds the columns unreadable so (NULLs, strings), it
+    /// reads its input as before.
+    pub fn with_cached_input(&self) -> Option<Self> {
+        if self.group_order.is_some() {
+            return None;
+        }
+        cached_input(self.aggregate(), &self.spec)?;
+        let mut node = self.rebuilt(Arc::clone(&self.cpu_aggregate), self.cpu_phases.clone()).ok()?;
+        node.reads_cache = true;
+        Some(node)
+    }
+
+    /// Whether it reads its table's columns from the column cache
+    /// ([`Self::with_cached_input`]), as its input now stands.
+    pub fn reads_cached_input(&self) -> bool {
+        self.cached_input().is_some()
+    }
+
+    fn cached_input(&self) -> Option<CachedInput> {
+        match self.reads_cache && self.group_order.is_none() {
+            true => cached_input(self.aggregate(), &self.spec),
+            false => None,
+        }
     }
 
     /// The sort this node does in place of one above it, if any.
@@ -211,7 +253,8 @@ impl GpuAggregateExec {
         cpu_aggregate: Arc<dyn ExecutionPlan>,
         cpu_phases: Option<Arc<dyn ExecutionPlan>>,
     ) -> Result<Self> {
-        let node = Self::try_new(cpu_aggregate)?.with_cpu_phases(cpu_phases);
+        let mut node = Self::try_new(cpu_aggregate)?.with_cpu_phases(cpu_phases);
+        node.reads_cache = self.reads_cache;
         if let Some(filter) = &self.output_filter {
             return node.with_output_filter(filter)?.ok_or_else(|| {
                 DataFusionError::Internal(format!(
@@ -327,6 +370,9 @@ impl DisplayAs for GpuAggregateExec {
                 if self.phases_merged() {
                     write!(f, ", cpu_phases=removed")?;
                 }
+                if self.reads_cached_input() {
+                    write!(f, ", input=column_cache")?;
+                }
                 if let Some(merge) = self.merge_read_through() {
                     // The merge below is shown but not run.
                     let partitions = merge.input().properties().output_partitioning();
@@ -415,7 +461,13 @@ impl ExecutionPlan for GpuAggregateExec {
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
+        let mut metrics = self.metrics.clone_inner();
+        for metric in self.cache_metrics.clone_inner().iter() {
+            if GpuAggregateMetrics::CACHE_METRICS.contains(&metric.value().name()) {
+                metrics.push(Arc::clone(metric));
+            }
+        }
+        Some(metrics)
     }
 
     fn execute(
@@ -430,7 +482,7 @@ impl ExecutionPlan for GpuAggregateExec {
         let device_errors = crate::config::device_error_policy(context.session_config().options());
         let partitions = self.properties().output_partitioning().partition_count();
         let device = crate::exec::node_device(partition, partitions, &options)?;
-        let metrics = GpuAggregateMetrics::new(&self.metrics, partition);
+        let metrics = GpuAggregateMetrics::new(&self.metrics, &self.cache_metrics, partition);
         metrics.device.ran_on(&device);
         let inputs = AggregateInputs {
             group_exprs: agg
@@ -446,8 +498,25 @@ impl ExecutionPlan for GpuAggregateExec {
             )?,
             filters: agg.filter_expr().to_vec(),
         };
-        let input =
-            WholeInput::execute(agg.input(), self.merge_read_through(), partition, &context)?;
+        // A node that reads the column cache starts its input only where a
+        // run cannot read the cache after all.
+        let cached_input = self
+            .cached_input()
+            .filter(|_| options.cache && options.tuning.cached_gpu_inputs);
+        let (input, cached_input) = match cached_input {
+            Some(cached) => {
+                let (input, read_through) = (Arc::clone(agg.input()), self.merge_read_through().cloned());
+                let context = Arc::clone(&context);
+                let start: InputStart = Box::new(move || {
+                    WholeInput::execute(&input, read_through.as_ref(), partition, &context)
+                });
+                (WholeInput::default(), Some((cached, start)))
+            }
+            None => (
+                WholeInput::execute(agg.input(), self.merge_read_through(), partition, &context)?,
+                None,
+            ),
+        };
         // Spillable: refused, the partition hands its input to DataFusion's
         // aggregation, which spills (see `GpuSortMergeJoinExec`).
         let reservation = MemoryConsumer::new(format!("GpuAggregateInput[{partition}]"))
@@ -458,6 +527,7 @@ impl ExecutionPlan for GpuAggregateExec {
             inputs,
             final_output: agg.mode().output_mode() == AggregateOutputMode::Final,
             input,
+            cached_input,
             input_schema: agg.input().schema(),
             output_schema: agg.schema(),
             cpu_aggregate: Arc::clone(&self.cpu_aggregate),

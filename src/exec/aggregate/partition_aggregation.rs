@@ -161,7 +161,7 @@ impl DeviceAggregation {
     /// the sample saw few groups, each many times (so that their number is
     /// known), and given them the cost model estimates the CPU faster.
     /// Never under `gpu.placement = 'always'`.
-    fn sample_favours_cpu(&self, rows: usize, sampled: usize, distinct: usize) -> bool {
+    pub(super) fn sample_favours_cpu(&self, rows: usize, sampled: usize, distinct: usize) -> bool {
         if self.options.placement.always() || !sample_shows_few_groups(sampled, distinct) {
             return false;
         }
@@ -267,7 +267,7 @@ impl DeviceAggregation {
     }
 
     /// Counts how the device grouped the partition.
-    fn count_grouping(&self, ids: GroupIds, grouped: &DeviceGrouped) {
+    pub(super) fn count_grouping(&self, ids: GroupIds, grouped: &DeviceGrouped) {
         let metrics = &self.metrics;
         match ids {
             GroupIds::Sorted { .. } => metrics.sorted_rows_partitions.add(1),
@@ -294,7 +294,7 @@ impl DeviceAggregation {
     /// The partition's outcome: its batches, or DataFusion's operator where
     /// the device ran out of memory or failed (unless the session makes
     /// device errors fail), or two hashed keys collided.
-    fn outcome_of(&self, emitted: GpuResult<Result<Emitted>>) -> Result<Outcome> {
+    pub(super) fn outcome_of(&self, emitted: GpuResult<Result<Emitted>>) -> Result<Outcome> {
         let emitted = match emitted {
             Ok(_) if self.device_errors.inject => Err(GpuError::Invalid(
                 "a device error injected by the test options".into(),

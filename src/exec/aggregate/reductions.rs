@@ -17,9 +17,11 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::EmitTo;
 
 use super::spec::{AggregateKind, GpuAggregate, ValueKind};
-use crate::encode::words::{column_from_words, ordered_words, row_validity, sum_words, ColumnWords};
+use crate::encode::words::{
+    column_from_words, ordered_words, row_validity, sum_words, ColumnWords, SIGN,
+};
 use crate::host::mapped_ahead::MappedAhead;
-use crate::ops::group_by::{ReduceInput, ReducedWindow, Reduction};
+use crate::ops::group_by::{DeviceWordPiece, ReduceInput, ReducedWindow, Reduction, Words};
 
 /// How one state column comes from the reductions' results.
 #[derive(Debug, Clone)]
@@ -233,6 +235,84 @@ impl DeviceWork {
         }
         self.states.push(states);
         self.held_inputs.push(args);
+        Ok(())
+    }
+
+    /// Adds the reductions of one aggregate over raw rows (not states)
+    /// whose arguments lie on the device without NULLs (the columns of a
+    /// cached table, [`super::cached_input`]): per argument, its words and
+    /// value kind, `None` for a literal (a count of every row). `Err` names
+    /// what this cannot take (the caller then reads the rows on the host).
+    pub(crate) fn add_on_device(
+        &mut self,
+        aggregate: &GpuAggregate,
+        args: &[Option<(&[DeviceWordPiece], ValueKind)>],
+        with_keys: bool,
+    ) -> std::result::Result<(), String> {
+        let words = |pieces: &[DeviceWordPiece], sign_only: bool| {
+            Words::on_device(
+                pieces
+                    .iter()
+                    .map(|piece| DeviceWordPiece {
+                        sign_only,
+                        ..piece.clone()
+                    })
+                    .collect(),
+            )
+        };
+        let column = |kind: ValueKind, flip: u64, pieces: &[DeviceWordPiece]| ColumnWords {
+            low: words(pieces, false),
+            high: match kind {
+                ValueKind::Decimal128 => words(pieces, true),
+                _ => Words::default(),
+            },
+            flip,
+        };
+        let name = aggregate.expr.fun().name().to_string();
+        let mut states = Vec::new();
+        match (aggregate.kind, args) {
+            (AggregateKind::Count, [_]) => {
+                let reduced = self.count(None);
+                states.push(plain(reduced, ValueKind::Signed));
+            }
+            (AggregateKind::Sum | AggregateKind::Avg, [Some((pieces, kind))])
+                if *kind != ValueKind::Unsigned =>
+            {
+                let count = (aggregate.kind == AggregateKind::Avg || !with_keys)
+                    .then(|| self.count(None));
+                let sum = self.reduce(self.sum_reduction(*kind), column(*kind, 0, pieces), None);
+                if aggregate.kind == AggregateKind::Avg {
+                    states.push(StateColumn {
+                        reduced: count.unwrap_or_default(),
+                        kind: ValueKind::Unsigned,
+                        ordered: false,
+                        null_where_empty: count,
+                    });
+                }
+                states.push(StateColumn {
+                    reduced: sum,
+                    kind: *kind,
+                    ordered: false,
+                    null_where_empty: count,
+                });
+            }
+            (AggregateKind::Min | AggregateKind::Max, [Some((pieces, ValueKind::Signed))]) => {
+                let reduction = match aggregate.kind {
+                    AggregateKind::Min => Reduction::Min,
+                    _ => Reduction::Max,
+                };
+                let reduced =
+                    self.reduce(reduction, column(ValueKind::Signed, SIGN, pieces), None);
+                states.push(StateColumn {
+                    reduced,
+                    kind: ValueKind::Signed,
+                    ordered: true,
+                    null_where_empty: (!with_keys).then(|| self.count(None)),
+                });
+            }
+            _ => return Err(format!("{name} over these arguments")),
+        }
+        self.states.push(states);
         Ok(())
     }
 

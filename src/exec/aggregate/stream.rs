@@ -68,6 +68,13 @@ mod partition_aggregation;
 mod emit;
 #[path = "out_of_core.rs"]
 mod out_of_core;
+#[path = "cached_input.rs"]
+mod cached_input;
+
+pub(crate) use cached_input::{cached_input, CachedInput};
+
+/// Starts a node's input: executes it (its streams start when polled).
+pub(crate) type InputStart = Box<dyn FnOnce() -> Result<WholeInput> + Send + Sync>;
 
 /// Where groups must leave in key order, the rows themselves are sorted
 /// when the sampled keys show at least one group in this many rows;
@@ -100,6 +107,10 @@ pub(crate) struct AggregateTask {
     /// that this one aggregation reads itself (collected concurrently), or
     /// the batches of a scan of batches in memory.
     pub(crate) input: WholeInput,
+    /// The table whose cached columns the node reads on the device, and
+    /// how to start its input where a run cannot (`input` is then empty
+    /// until started).
+    pub(crate) cached_input: Option<(CachedInput, InputStart)>,
     pub(crate) input_schema: SchemaRef,
     pub(crate) output_schema: SchemaRef,
     /// The replaced `AggregateExec`, run over the collected input when the
@@ -153,6 +164,13 @@ enum Outcome {
 }
 
 async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
+    if let Some((cached, start_input)) = task.cached_input.take() {
+        let device_task = task.device_aggregation();
+        if let Some(output) = run_cached(device_task, Arc::clone(&task.context), cached).await? {
+            return Ok(output);
+        }
+        task.input = start_input()?;
+    }
     let input = std::mem::take(&mut task.input);
     let collecting = task.metrics.input_time.timer();
     let collected =
@@ -178,19 +196,7 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     };
     trace::event(|| format!("aggregation: input collected ({} batches)", batches.len()));
     let batches = Arc::new(batches);
-    let device_task = Arc::new(DeviceAggregation {
-        spec: task.spec.clone(),
-        group_order: task.group_order.clone(),
-        output_filter: task.output_filter.clone(),
-        final_output: task.final_output,
-        output_schema: Arc::clone(&task.output_schema),
-        device: Arc::clone(&task.device),
-        options: task.options.clone(),
-        hashed_group_key_bits: task.hashed_group_key_bits,
-        device_errors: task.device_errors,
-        batch_size: task.batch_size,
-        metrics: task.metrics.clone(),
-    });
+    let device_task = Arc::new(task.device_aggregation());
     let inputs = Arc::new(std::mem::take(&mut task.inputs));
     let (outcome, reservation) = {
         let batches = Arc::clone(&batches);
@@ -270,7 +276,78 @@ async fn run(mut task: AggregateTask) -> Result<SendableRecordBatchStream> {
     }
 }
 
+/// The partition aggregated from the table's cached columns `cached` on
+/// the device; `None` where a run cannot (why is counted), and the node
+/// reads its input instead.
+async fn run_cached(
+    device_task: DeviceAggregation,
+    context: Arc<TaskContext>,
+    cached: CachedInput,
+) -> Result<Option<SendableRecordBatchStream>> {
+    let metrics = device_task.metrics.clone();
+    if let Some(reason) = device_task.too_large_for_cached(&cached) {
+        metrics.cached_input_refusals.add(&reason);
+        return Ok(None);
+    }
+    let loading = metrics.input_time.timer();
+    let parts = cached
+        .load(&device_task.device, &context, &device_task.options, &metrics.cache)
+        .await?;
+    loading.done();
+    let parts = match parts {
+        Ok(parts) => parts,
+        Err(reason) => {
+            trace::event(|| format!("aggregation: cached input refused: {reason}"));
+            metrics.cached_input_refusals.add(&reason);
+            return Ok(None);
+        }
+    };
+    trace::event(|| format!("aggregation: {} cached parts resident", parts.len()));
+    let schema = Arc::clone(&device_task.output_schema);
+    let outcome = SpawnedTask::spawn_blocking(move || device_task.aggregate_cached(&cached, &parts))
+        .join()
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("GPU aggregation task failed: {e}")))??;
+    match outcome {
+        Ok(Outcome::Batches(output)) => {
+            metrics.cached_input_partitions.add(1);
+            metrics.baseline.done();
+            let output: Vec<Result<RecordBatch>> = output.into_iter().map(Ok).collect();
+            Ok(Some(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::iter(output),
+            ))))
+        }
+        Ok(_) => {
+            metrics.cached_input_refusals.add("the device could not aggregate them");
+            Ok(None)
+        }
+        Err(reason) => {
+            trace::event(|| format!("aggregation: cached input refused: {reason}"));
+            metrics.cached_input_refusals.add(&reason);
+            Ok(None)
+        }
+    }
+}
+
 impl AggregateTask {
+    /// The blocking part of this partition.
+    fn device_aggregation(&self) -> DeviceAggregation {
+        DeviceAggregation {
+            spec: self.spec.clone(),
+            group_order: self.group_order.clone(),
+            output_filter: self.output_filter.clone(),
+            final_output: self.final_output,
+            output_schema: Arc::clone(&self.output_schema),
+            device: Arc::clone(&self.device),
+            options: self.options.clone(),
+            hashed_group_key_bits: self.hashed_group_key_bits,
+            device_errors: self.device_errors,
+            batch_size: self.batch_size,
+            metrics: self.metrics.clone(),
+        }
+    }
+
     /// DataFusion's aggregation in place of this one over `source` (the
     /// task's input): its two phases where this one replaced them, else
     /// the replaced operator; sorted where this one took a sort's place,

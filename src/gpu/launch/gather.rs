@@ -184,6 +184,48 @@ pub fn gather_bits(
     Ok(())
 }
 
+/// `widen_words`: the `values` values of a cached column (`src`: 4-byte
+/// values two to a word where `narrow`, else one 8-byte word each) written
+/// as one 64-bit word each to `out[offset..offset + values]`, 4-byte values
+/// sign-extended; with `sign_only`, each word is the value's sign instead
+/// (all ones where it is negative, else 0).
+pub fn widen_words(
+    launcher: &Launcher<'_>,
+    src: &CudaSlice<u64>,
+    values: usize,
+    narrow: bool,
+    sign_only: bool,
+    out: &mut CudaSlice<u64>,
+    offset: usize,
+) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
+    if values == 0 {
+        return Ok(());
+    }
+    let width = if narrow { ValueWidth::Four } else { ValueWidth::Eight };
+    width.check_source(src, values, "a cached column")?;
+    let end = offset.checked_add(values).ok_or_else(|| {
+        GpuError::Invalid(format!("{values} words at offset {offset} overflow"))
+    })?;
+    check_len(out, end, "widened words")?;
+    let (narrow, sign_only) = (u32::from(narrow), u32::from(sign_only));
+    let (n, offset) = (values as u64, offset as u64);
+    let mut launch = stream.launch_builder(&kernels.widen_words);
+    launch
+        .arg(src)
+        .arg(&narrow)
+        .arg(&sign_only)
+        .arg(&n)
+        .arg(&mut *out)
+        .arg(&offset);
+    // SAFETY: the kernel reads the first `values` values of `src` at the
+    // width `narrow` gives (checked to lie within its words above) and
+    // writes out[offset..offset + values], checked to lie within `out`.
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching widen_words")?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@ pub use group_order::{group_min_rows, table_group_min_rows};
 #[cfg(any(test, feature = "test-support"))]
 pub use hash_seed::hash_seed;
 use hash_seed::set_hash_seed;
-pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, ValueWidth};
+pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, widen_words, ValueWidth};
 pub use group_by::{
     aggregate_f64_sum, aggregate_gathered, aggregate_i128_sum, aggregate_u64, f64_sum_fixed,
     f64_sum_scale, fill_u64, group_insert, group_insert_fold, group_resolve,
@@ -87,6 +87,7 @@ pub struct Kernels {
     gather_u128: CudaFunction,
     scatter_u64: CudaFunction,
     gather_bits: CudaFunction,
+    widen_words: CudaFunction,
     partition_bounds: CudaFunction,
     hash_join_count: CudaFunction,
     hash_join_write: CudaFunction,
@@ -193,6 +194,7 @@ impl Kernels {
             gather_u128: function(&gather, "gather_u128")?,
             scatter_u64: function(&gather, "scatter_u64")?,
             gather_bits: function(&gather, "gather_bits")?,
+            widen_words: function(&gather, "widen_words")?,
             partition_bounds: function(&radix, "partition_bounds")?,
             hash_join_count,
             hash_join_write,

@@ -155,8 +155,11 @@ fn enqueue_grouping(
     chunks: &InputChunks,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Enqueued> {
+    // Inputs on the device already are laid out whole: nothing crosses
+    // the bus for the folds or reductions to overlap.
     let fold_into_table = chunks.fold_into_table
         && keys.with_keys
+        && !inputs.iter().any(ReduceInput::lies_on_device)
         && table_fold_capacity(ids, back, rows, inputs).is_some();
     let mut device_keys = keys.words;
     let mut pending = if keys.with_keys && !fold_into_table {
@@ -275,6 +278,7 @@ fn upload_columns(
         .map(|input| {
             let in_chunks = chunks.reduce_as_they_land
                 && with_keys
+                && !input.lies_on_device()
                 && rows > 0
                 && reduces_in_one_pass(input.reduction);
             Ok(if in_chunks {

@@ -36,6 +36,7 @@ use crate::gpu::{
 use crate::trace;
 
 mod checked;
+mod device_words;
 mod finish;
 mod first_seen;
 mod grouping;
@@ -63,6 +64,7 @@ use reduce::*;
 pub use sizing::*;
 use sorted::*;
 
+pub use device_words::{sample as sample_device_words, DeviceWordPiece};
 pub use landing_chunks::InputChunks;
 use landing_chunks::{reduce_chunks, reduces_in_one_pass, upload_in_chunks, RowsInRowOrder};
 use results::DeviceReduced;
@@ -77,18 +79,37 @@ use table_folds::{
 pub type WordPiece = Box<dyn AsRef<[u64]> + Send + Sync>;
 
 /// One 64-bit word per row, in pieces laid end to end (one per input
-/// batch, typically).
+/// batch, typically): on the host, or already on the device
+/// ([`Words::on_device`]), never both.
 #[derive(Default)]
 pub struct Words {
     pieces: Vec<WordPiece>,
+    on_device: Vec<DeviceWordPiece>,
     len: usize,
 }
 
 impl Words {
     /// Appends a piece.
     pub fn push(&mut self, piece: WordPiece) {
+        debug_assert!(self.on_device.is_empty(), "host words pushed onto device words");
         self.len += piece.as_ref().as_ref().len();
         self.pieces.push(piece);
+    }
+
+    /// Words that lie on the device already, `pieces` end to end: a copy
+    /// to the device lays them out in device memory instead
+    /// ([`device_words::lay_out`]), and nothing crosses the bus.
+    pub fn on_device(pieces: Vec<DeviceWordPiece>) -> Self {
+        Self {
+            len: pieces.iter().map(|p| p.rows).sum(),
+            pieces: Vec::new(),
+            on_device: pieces,
+        }
+    }
+
+    /// Whether the words lie on the device ([`Words::on_device`]).
+    pub fn lie_on_device(&self) -> bool {
+        !self.on_device.is_empty()
     }
 
     /// Words in all.
@@ -101,8 +122,9 @@ impl Words {
         self.len == 0
     }
 
-    /// The pieces, in order.
+    /// The pieces, in order (host words only).
     pub fn pieces(&self) -> Vec<&[u64]> {
+        debug_assert!(self.on_device.is_empty(), "device words read as host pieces");
         self.pieces.iter().map(|p| p.as_ref().as_ref()).collect()
     }
 
@@ -139,7 +161,10 @@ impl From<Vec<u64>> for Words {
 
 impl std::fmt::Debug for Words {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Words({} in {} pieces)", self.len, self.pieces.len())
+        match self.lie_on_device() {
+            true => write!(f, "Words({} on the device in {} pieces)", self.len, self.on_device.len()),
+            false => write!(f, "Words({} in {} pieces)", self.len, self.pieces.len()),
+        }
     }
 }
 
@@ -215,6 +240,13 @@ pub struct ReduceInput {
     pub flip: u64,
     /// Index into the bitmaps passed alongside; `None`: every row counts.
     pub valid: Option<usize>,
+}
+
+impl ReduceInput {
+    /// Whether its words lie on the device already ([`Words::on_device`]).
+    pub fn lies_on_device(&self) -> bool {
+        self.values.lie_on_device() || self.high_words.lie_on_device()
+    }
 }
 
 #[cfg(any(test, feature = "test-support"))]
@@ -426,7 +458,10 @@ pub fn upload_group_keys(
     // later, for nothing.
     let words = match keys {
         Some(keys) if rows > 0 => {
-            let uploaded = upload_u64_pieces(device, stream, &keys.pieces(), timer)?;
+            let uploaded = match keys.lie_on_device() {
+                true => device_words::lay_out(device, stream, keys, timer)?,
+                false => upload_u64_pieces(device, stream, &keys.pieces(), timer)?,
+            };
             if !Arc::ptr_eq(stream, copy_stream) {
                 let keys_copied = stream
                     .record_event(None)

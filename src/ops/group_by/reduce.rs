@@ -57,7 +57,10 @@ pub(super) fn upload_input(
 ) -> GpuResult<UploadedInput> {
     let upload = |words: &Words, timer: &mut PhaseTimer| {
         (rows > 0 && !words.is_empty())
-            .then(|| upload_u64_pieces(device, stream, &words.pieces(), timer))
+            .then(|| match words.lie_on_device() {
+                true => device_words::lay_out(device, stream, words, timer),
+                false => upload_u64_pieces(device, stream, &words.pieces(), timer),
+            })
             .transpose()
     };
     Ok(UploadedInput {

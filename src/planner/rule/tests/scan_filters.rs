@@ -477,6 +477,56 @@ async fn gpu_nodes_over_filtered_parquet_scans_read_them_from_the_cache() {
     let aggregates = nodes_of::<GpuAggregateExec>(&plan);
     assert!(!aggregates.is_empty(), "{}", show(&plan));
     assert_eq!(reading(&plan).len(), 1, "{}", show(&plan));
+    // Without a filter, the aggregation reads the table's cached columns
+    // itself, from Parquet or a `MemTable`; not with the cache off, nor
+    // with a key that is not an integer column.
+    let reads_cache = |plan: &Arc<dyn ExecutionPlan>| {
+        let aggregates = nodes_of::<GpuAggregateExec>(plan);
+        aggregates
+            .iter()
+            .filter(|a| {
+                a.downcast_ref::<GpuAggregateExec>()
+                    .unwrap()
+                    .reads_cached_input()
+            })
+            .count()
+    };
+    for table in ["p", "m"] {
+        let sql = format!("SELECT k, count(*), max(v), sum(v) FROM {table} GROUP BY k");
+        let sql: &'static str = Box::leak(sql.into_boxed_str());
+        let plan = plan_of(sql, always()).await;
+        assert_eq!(reads_cache(&plan), 1, "{sql}\n{}", show(&plan));
+        assert!(
+            show(&plan).contains("input=column_cache"),
+            "{}",
+            show(&plan)
+        );
+        let decisions = gpu_decisions_of(&plan, always());
+        assert!(
+            decisions
+                .iter()
+                .any(|d| d.contains("from the device column cache") && d.contains("hash_group_by")),
+            "{decisions:?}"
+        );
+        assert!(reading(&plan).is_empty(), "{}", show(&plan));
+        let mut uncached = always();
+        uncached.cache = false;
+        assert_eq!(reads_cache(&plan_of(sql, uncached).await), 0, "{sql}");
+    }
+    for sql in [
+        "SELECT k + 1, count(*) FROM p GROUP BY k + 1",
+        "SELECT k, v, count(*) FROM p GROUP BY k, v",
+        "SELECT k, count(*) FROM p WHERE v >= 3 GROUP BY k",
+        "SELECT k, count(*) FILTER (WHERE v > 3) FROM p GROUP BY k",
+    ] {
+        let plan = plan_of(sql, always()).await;
+        assert!(
+            !nodes_of::<GpuAggregateExec>(&plan).is_empty(),
+            "{sql}\n{}",
+            show(&plan)
+        );
+        assert_eq!(reads_cache(&plan), 0, "{sql}\n{}", show(&plan));
+    }
     // Switched off, over a `MemTable`, without a filter, under a CPU node,
     // or without a GPU: DataFusion's scan.
     let mut off = always();
