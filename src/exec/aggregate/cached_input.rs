@@ -20,6 +20,7 @@ use datafusion::physical_plan::ExecutionPlanProperties;
 
 use crate::encode::group_keys::GroupKeyKind;
 use super::super::spec::AggregateKind;
+use crate::encode::table_words::word_kind;
 use crate::encode::words::ValueKind;
 use crate::exec::scan_aggregate::{
     coalesced_input, part_columns, scan_fields, table_source, Loaded, ScanColumn, TableSource,
@@ -74,7 +75,7 @@ pub(crate) fn cached_input(agg: &AggregateExec, spec: &AggregateSpec) -> Option<
     };
     let key = key.downcast_ref::<Column>()?.index();
     let key_type = input.schema().field(key).data_type().clone();
-    if ValueKind::of(&key_type) != Some(ValueKind::Signed) {
+    if ValueKind::of(&key_type) != Some(ValueKind::Signed) || !cached_as_words(&key_type) {
         return None;
     }
     let mut columns = vec![key];
@@ -90,7 +91,9 @@ pub(crate) fn cached_input(agg: &AggregateExec, spec: &AggregateSpec) -> Option<
                 continue;
             }
             let index = read_column(&expr, &input.schema())?;
-            let kind = ValueKind::of(input.schema().field(index).data_type())?;
+            let schema = input.schema();
+            let data_type = schema.field(index).data_type();
+            let kind = ValueKind::of(data_type).filter(|_| cached_as_words(data_type))?;
             let readable = match aggregate.kind {
                 AggregateKind::Min | AggregateKind::Max => kind == ValueKind::Signed,
                 _ => kind != ValueKind::Unsigned,
@@ -122,6 +125,13 @@ pub(crate) fn cached_input(agg: &AggregateExec, spec: &AggregateSpec) -> Option<
         args,
         rows,
     })
+}
+
+/// Whether the column cache keeps a column of `data_type` as one plain
+/// word a row (integers, dates, timestamps, decimals, doubles; not times
+/// or durations, which it does not keep).
+fn cached_as_words(data_type: &DataType) -> bool {
+    matches!(word_kind(data_type), Some(WordKind::I64 | WordKind::F64))
 }
 
 /// The column `expr` reads as it is: the column itself, or a CAST of an
@@ -273,13 +283,14 @@ impl AsRef<crate::gpu::DeviceVec<u64>> for CachedValues {
 
 impl DeviceAggregation {
     /// The aggregation of the table's cached columns `parts` (per part, the
-    /// columns `input` reads) on the device: `Err` names why the rows must
-    /// be read on the host instead (nothing has left the partition then).
+    /// columns `input` reads) on the device, its output batches: `Err` names
+    /// why the rows must be read from the input instead (nothing has left
+    /// the partition then).
     pub(super) fn aggregate_cached(
         &self,
         input: &CachedInput,
         parts: &[Vec<Arc<CachedColumn>>],
-    ) -> Result<std::result::Result<Outcome, String>> {
+    ) -> Result<std::result::Result<Vec<RecordBatch>, String>> {
         let _timer = self.metrics.baseline.elapsed_compute().timer();
         let pieces = match input.pieces(parts) {
             Ok(pieces) => pieces,
@@ -323,27 +334,44 @@ impl DeviceAggregation {
             &mut prepared,
             GroupsBack::KeyWords,
             |grouped, work, keys_stream, timer| {
-                let reduced = || {
-                    device_wall.done();
-                    self.count_grouping(ids, grouped);
-                };
                 let sources = KeySources {
                     keys: Some(&keys),
                     key_columns: &[],
                     batches: &[],
                 };
-                self.emit(grouped, sources, work, keys_stream, &no_mapping, timer, reduced)
+                let reduced = || device_wall.done();
+                let output =
+                    self.emit(grouped, sources, work, keys_stream, &no_mapping, timer, reduced);
+                // Counted once the output is made: a refused run's input is
+                // aggregated again, and counted then.
+                if matches!(output, Ok(Emitted::Batches(..))) {
+                    self.count_grouping(ids, grouped);
+                }
+                output
             },
         );
-        Ok(match self.outcome_of(emitted)? {
-            Outcome::Batches(output) => {
+        // As `outcome_of`, but a run that cannot finish here is a refusal,
+        // not a fallback: the input is read and aggregated again.
+        let emitted = match emitted {
+            Ok(_) if self.device_errors.inject => Err(GpuError::Invalid(
+                "a device error injected by the test options".into(),
+            )),
+            Ok(Ok(Emitted::DeviceFailed(e))) => Err(e),
+            emitted => emitted,
+        };
+        Ok(match emitted {
+            Ok(Ok(Emitted::Batches(groups, output))) => {
+                self.metrics.groups.add(groups);
                 self.metrics.input_rows.add(rows);
-                Ok(Outcome::Batches(output))
+                Ok(output)
             }
-            Outcome::TooLarge { .. } => Err("the device's work needs more than its budget".into()),
-            Outcome::OnCpu | Outcome::PoolRefused => {
-                Err("the device could not aggregate the cached columns".into())
+            Ok(Ok(_)) => Err("the device could not bring the groups back".into()),
+            Ok(Err(e)) => return Err(e),
+            Err(GpuError::OutOfDeviceMemory { requested, limit, .. }) if requested > limit => {
+                Err(format!("the device's work needs {requested} bytes, more than the budget's {limit}"))
             }
+            Err(e) if self.device_errors.fail && !e.is_out_of_device_memory() => return Err(e.into()),
+            Err(e) => Err(format!("the device failed: {e}")),
         })
     }
 
@@ -351,8 +379,8 @@ impl DeviceAggregation {
     /// from the cache, where they are not: the device's work, however many
     /// groups there are and however they are numbered, could need more than
     /// the whole budget, so the cache is not filled for a run that would
-    /// then read the input all the same (the node aggregates it in parts,
-    /// as below).
+    /// then read the input all the same (the node then aggregates its input
+    /// in parts that fit, as any input too large for the device).
     pub(super) fn too_large_for_cached(&self, input: &CachedInput) -> Option<String> {
         let rows = input.rows?;
         let mut shape = DeviceWork::new(self.options.deterministic_float_sums);
@@ -379,5 +407,35 @@ impl DeviceAggregation {
         self.metrics.device.record(&timer.finish()?);
         let distinct: std::collections::HashSet<u64> = sampled.iter().copied().collect();
         Ok((sampled.len(), distinct.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::TimeUnit;
+
+    #[test]
+    fn only_columns_the_cache_keeps_as_plain_words_are_read_from_it() {
+        for kept in [
+            DataType::Int32,
+            DataType::Int64,
+            DataType::Date32,
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            DataType::Decimal128(15, 2),
+            DataType::Float64,
+        ] {
+            assert!(cached_as_words(&kept), "{kept}");
+        }
+        // Signed integer-like to DataFusion, but not kept by the cache (a
+        // node over them would be refused on every run), or kept as codes.
+        for not_kept in [
+            DataType::Time64(TimeUnit::Nanosecond),
+            DataType::Duration(TimeUnit::Second),
+            DataType::Utf8,
+            DataType::Float32,
+        ] {
+            assert!(!cached_as_words(&not_kept), "{not_kept}");
+        }
     }
 }

@@ -209,8 +209,11 @@ impl GpuAggregateExec {
     /// bus once they are cached), or `None` where it cannot
     /// ([`cached_input`]: one partition of a whole table scan, one integer
     /// group key, columns and literals as arguments, groups in no order).
-    /// Where a run finds the columns unreadable so (NULLs, strings), it
-    /// reads its input as before.
+    /// Where a run cannot read them so (NULLs, a decimal beyond 64 bits, a
+    /// sample showing few groups, too little device memory, a device
+    /// failure), it reads its input as before. `EXPLAIN` shows it where the
+    /// plan reads the cache; the session must also keep `gpu.cache` and
+    /// `gpu.tuning.cached_gpu_inputs` on when it runs.
     pub fn with_cached_input(&self) -> Option<Self> {
         if self.group_order.is_some() {
             return None;

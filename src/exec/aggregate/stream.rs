@@ -309,7 +309,7 @@ async fn run_cached(
         .await
         .map_err(|e| DataFusionError::Execution(format!("GPU aggregation task failed: {e}")))??;
     match outcome {
-        Ok(Outcome::Batches(output)) => {
+        Ok(output) => {
             metrics.cached_input_partitions.add(1);
             metrics.baseline.done();
             let output: Vec<Result<RecordBatch>> = output.into_iter().map(Ok).collect();
@@ -317,10 +317,6 @@ async fn run_cached(
                 schema,
                 futures::stream::iter(output),
             ))))
-        }
-        Ok(_) => {
-            metrics.cached_input_refusals.add("the device could not aggregate them");
-            Ok(None)
         }
         Err(reason) => {
             trace::event(|| format!("aggregation: cached input refused: {reason}"));
