@@ -23,7 +23,7 @@ use super::super::spec::AggregateKind;
 use crate::encode::table_words::word_kind;
 use crate::encode::words::ValueKind;
 use crate::exec::scan_aggregate::{
-    coalesced_input, part_columns, scan_fields, table_source, Loaded, ScanColumn, TableSource,
+    coalesced_input, scan_fields, table_columns, table_source, ScanColumn, TableSource,
 };
 use crate::exec::GpuScanMetrics;
 use crate::gpu::{CachedColumn, WordKind};
@@ -189,50 +189,7 @@ impl CachedInput {
         metrics: &GpuScanMetrics,
     ) -> Result<std::result::Result<Vec<Vec<Arc<CachedColumn>>>, String>> {
         let fields = scan_fields(&self.scan_columns, &self.scan_schema, &self.columns);
-        // One task a group of parts (a partition of the scan), reading its
-        // parts in turn, as the scan would.
-        let tasks: Vec<_> = self
-            .source
-            .part_groups()
-            .into_iter()
-            .map(|parts| {
-                let (source, fields) = (self.source.clone(), fields.clone());
-                let (device, context) = (Arc::clone(device), Arc::clone(context));
-                let (options, metrics) = (options.clone(), metrics.clone());
-                SpawnedTask::spawn(async move {
-                    let mut loaded = Vec::with_capacity(parts.len());
-                    for part in parts {
-                        let context = Arc::clone(&context);
-                        let read = part_columns(
-                            &source,
-                            fields.clone(),
-                            &[],
-                            &device,
-                            part,
-                            context,
-                            &options,
-                            &metrics,
-                        );
-                        match read.await? {
-                            Loaded::Device(columns) => loaded.push(columns),
-                            Loaded::Host(reason) => return Ok(Err(reason)),
-                        }
-                    }
-                    Ok::<_, DataFusionError>(Ok(loaded))
-                })
-            })
-            .collect();
-        let mut parts = Vec::with_capacity(self.source.part_count());
-        for task in tasks {
-            let group = task.join().await.map_err(|e| {
-                DataFusionError::Execution(format!("reading a cached table failed: {e}"))
-            })??;
-            match group {
-                Ok(group) => parts.extend(group),
-                Err(reason) => return Ok(Err(reason)),
-            }
-        }
-        Ok(Ok(parts))
+        table_columns(&self.source, fields, &[], device, context, options, metrics).await
     }
 
     /// Each read column's pieces, one per part; `Err` names a column the

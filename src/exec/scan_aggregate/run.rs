@@ -60,41 +60,13 @@ pub(crate) async fn run(
     let byte_slots: Vec<usize> = (0..columns.len())
         .filter(|&slot| byte_columns.contains(&columns[slot]))
         .collect();
-    let groups = shape.source.part_groups();
-    trace::event(|| format!("scan aggregation: {} part groups", groups.len()));
-    // One task a group of parts (a partition of the scan: groups hold about
-    // the same bytes), reading its parts in turn, as the scan would.
-    let tasks: Vec<_> = groups
-        .into_iter()
-        .map(|parts| {
-            let (shape, device, context) = (Arc::clone(&shape), Arc::clone(&device), Arc::clone(&context));
-            let (columns, options, metrics) = (columns.clone(), options.clone(), metrics.clone());
-            let byte_slots = byte_slots.clone();
-            SpawnedTask::spawn(async move {
-                let mut loaded = Vec::with_capacity(parts.len());
-                for part in parts {
-                    let fields = shape.fields_of(&columns);
-                    let context = Arc::clone(&context);
-                    match part_columns(&shape.source, fields, &byte_slots, &device, part, context, &options, &metrics).await? {
-                        Loaded::Device(part) => loaded.push(part),
-                        Loaded::Host(reason) => return Ok(Err(reason)),
-                    }
-                }
-                Ok::<_, DataFusionError>(Ok(loaded))
-            })
-        })
-        .collect();
-    let mut loaded = Vec::with_capacity(shape.source.part_count());
-    for task in tasks {
-        let group = task
-            .join()
-            .await
-            .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))??;
-        match group {
-            Ok(parts) => loaded.extend(parts),
-            Err(reason) => return Ok(Ran::OnCpu(reason)),
-        }
-    }
+    trace::event(|| format!("scan aggregation: {} parts", shape.source.part_count()));
+    let fields = shape.fields_of(&columns);
+    let read = table_columns(&shape.source, fields, &byte_slots, &device, &context, &options, &metrics);
+    let loaded = match read.await? {
+        Ok(loaded) => loaded,
+        Err(reason) => return Ok(Ran::OnCpu(reason)),
+    };
     trace::event(|| "scan aggregation: columns resident".into());
     let schema = shape.output_schema.clone();
     let timer = metrics.baseline.elapsed_compute().clone();
@@ -106,6 +78,65 @@ pub(crate) async fn run(
     .join()
     .await
     .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))?
+}
+
+/// Every part's columns `fields` of `source` on `device` ([`part_columns`],
+/// those at `byte_slots` as their bytes), in the parts' order: one task a
+/// group of parts (a partition of the scan: groups hold about the same
+/// bytes), reading its parts in turn, as the scan would. `Err` names why a
+/// part's columns cannot all be on the device.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn table_columns(
+    source: &TableSource,
+    fields: Vec<(usize, Field)>,
+    byte_slots: &[usize],
+    device: &Arc<GpuDevice>,
+    context: &Arc<TaskContext>,
+    options: &GpuOptions,
+    metrics: &GpuScanMetrics,
+) -> Result<Reasoned<Vec<Vec<Arc<CachedColumn>>>>> {
+    let tasks: Vec<_> = source
+        .part_groups()
+        .into_iter()
+        .map(|parts| {
+            let (source, fields, byte_slots) = (source.clone(), fields.clone(), byte_slots.to_vec());
+            let (device, context) = (Arc::clone(device), Arc::clone(context));
+            let (options, metrics) = (options.clone(), metrics.clone());
+            SpawnedTask::spawn(async move {
+                let mut loaded = Vec::with_capacity(parts.len());
+                for part in parts {
+                    let context = Arc::clone(&context);
+                    let read = part_columns(
+                        &source,
+                        fields.clone(),
+                        &byte_slots,
+                        &device,
+                        part,
+                        context,
+                        &options,
+                        &metrics,
+                    );
+                    match read.await? {
+                        Loaded::Device(columns) => loaded.push(columns),
+                        Loaded::Host(reason) => return Ok(Err(reason)),
+                    }
+                }
+                Ok::<_, DataFusionError>(Ok(loaded))
+            })
+        })
+        .collect();
+    let mut loaded = Vec::with_capacity(source.part_count());
+    for task in tasks {
+        let group = task
+            .join()
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))??;
+        match group {
+            Ok(parts) => loaded.extend(parts),
+            Err(reason) => return Ok(Err(reason)),
+        }
+    }
+    Ok(Ok(loaded))
 }
 
 /// A part's columns, as [`part_columns`] found them.
