@@ -17,6 +17,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::statistics::ChildStats;
+use datafusion::physical_plan::stream::{RecordBatchReceiverStreamBuilder, RecordBatchStreamAdapter};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream,
     SendableRecordBatchStream, Statistics, StatisticsArgs,
@@ -73,6 +74,14 @@ pub(super) fn append_key_values(array: &ArrayRef, out: &mut Vec<i64>) -> bool {
 /// of one of its join keys into a [`JoinKeySet`] that the scan of the
 /// join's probe side tests its rows against, on the GPU or the host (see
 /// [`super`]).
+///
+/// In a multi-threaded runtime each partition of the build side is read to
+/// its end by a task of its own from the moment it is executed, its batches
+/// held (in the session's memory pool) until the join reads them: the build
+/// side's work overlaps whatever the plan does before the join reads it (in
+/// q18, `customer`'s scan and hash table run beside the GPU aggregation of
+/// `lineitem` rather than after it), and the set is made without waiting
+/// for the join, so that a scan may wait for it ([`JoinKeySet::reads_ahead`]).
 pub struct JoinKeyCollectorExec {
     input: Arc<dyn ExecutionPlan>,
     /// The join key, over the input's rows.
@@ -203,13 +212,15 @@ impl ExecutionPlan for JoinKeyCollectorExec {
     ) -> Result<SendableRecordBatchStream> {
         let reservation = MemoryConsumer::new(format!("JoinKeyCollectorExec[{partition}]"))
             .register(context.memory_pool());
+        let held = MemoryConsumer::new(format!("JoinKeyCollectorExec[{partition}] read ahead"))
+            .register(context.memory_pool());
         let input = self.input.execute(partition, context)?;
         let round = self.keys.start(partition);
         let metrics = GatherMetrics {
             keys: MetricBuilder::new(&self.metrics).counter("join_keys", partition),
             sets: MetricBuilder::new(&self.metrics).counter("join_key_sets", partition),
         };
-        Ok(Box::pin(GatheringStream {
+        let gathering = Box::pin(GatheringStream {
             metrics,
             reservation,
             schema: input.schema(),
@@ -219,8 +230,56 @@ impl ExecutionPlan for JoinKeyCollectorExec {
             round,
             values: Some(Vec::new()),
             done: false,
-        }))
+        });
+        Ok(read_ahead(gathering, &self.keys, round, held))
     }
+}
+
+/// Batches a partition read ahead may hold: in effect all of them (the
+/// channel takes room as it fills), so that the read never waits for the
+/// join and the set is made whenever the join starts reading.
+const READ_AHEAD_BATCHES: usize = 1 << 20;
+
+/// `stream` (partition of round `round` of `keys`) read to its end by a
+/// task of its own, where a multi-threaded runtime can run one (see
+/// [`JoinKeyCollectorExec`]); else `stream` as it is, read as the join
+/// reads it. The batches waiting for the join are counted in `held`. The
+/// task stops when the stream it feeds is dropped.
+fn read_ahead(
+    mut stream: SendableRecordBatchStream,
+    keys: &JoinKeySet,
+    round: u64,
+    held: MemoryReservation,
+) -> SendableRecordBatchStream {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {}
+        _ => return stream,
+    }
+    let schema = stream.schema();
+    let held = Arc::new(held);
+    let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&schema), READ_AHEAD_BATCHES);
+    let sender = builder.tx();
+    let holding = Arc::clone(&held);
+    builder.spawn(async move {
+        while let Some(item) = stream.next().await {
+            if let Ok(batch) = &item {
+                holding.grow(batch.get_array_memory_size());
+            }
+            if sender.send(item).await.is_err() {
+                // The join is gone (a limit, a cancelled query).
+                break;
+            }
+        }
+        Ok(())
+    });
+    keys.read_ahead(round);
+    let taken = builder.build().map(move |item| {
+        if let Ok(batch) = &item {
+            held.shrink(batch.get_array_memory_size().min(held.size()));
+        }
+        item
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, taken))
 }
 
 /// What `EXPLAIN ANALYZE` shows of a partition's gathering.
@@ -322,6 +381,7 @@ impl Drop for GatheringStream {
 mod tests {
     use super::*;
     use datafusion::arrow::array::{Date32Array, Int32Array, Int64Array, StringArray, UInt32Array};
+    use datafusion::arrow::datatypes::Int64Type;
 
     #[test]
     fn key_values_leave_nulls_out_and_refuse_other_types() {
@@ -338,5 +398,93 @@ mod tests {
         let strings: ArrayRef = Arc::new(StringArray::from(vec!["a"]));
         assert!(!append_key_values(&strings, &mut out));
         assert!(gathers_keys_of(&DataType::Date32) && !gathers_keys_of(&DataType::UInt64));
+    }
+
+    /// A collector over two partitions of keys 0..100 and 100..200.
+    fn collector_of_two_partitions() -> (JoinKeyCollectorExec, Arc<JoinKeySet>) {
+        use datafusion::arrow::datatypes::{Field, Schema};
+        use datafusion::datasource::memory::MemorySourceConfig;
+        use datafusion::physical_expr::expressions::Column;
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let batch = |keys: std::ops::Range<i64>| {
+            let column: ArrayRef = Arc::new(Int64Array::from(keys.collect::<Vec<_>>()));
+            RecordBatch::try_new(Arc::clone(&schema), vec![column]).unwrap()
+        };
+        let partitions = vec![vec![batch(0..60), batch(60..100)], vec![batch(100..200)]];
+        let scan = MemorySourceConfig::try_new_exec(&partitions, Arc::clone(&schema), None).unwrap();
+        let set = Arc::new(JoinKeySet::new(2));
+        let key = Arc::new(Column::new("k", 0));
+        (JoinKeyCollectorExec::new(scan, key, Arc::clone(&set)), set)
+    }
+
+    fn keys_of(batches: &[RecordBatch]) -> Vec<i64> {
+        batches
+            .iter()
+            .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn a_build_side_is_read_ahead_of_its_join_in_a_multi_threaded_runtime() {
+        use futures::TryStreamExt;
+        let (collector, set) = collector_of_two_partitions();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
+        let context = Arc::new(TaskContext::default());
+        let streams = runtime.block_on(async {
+            (0..2)
+                .map(|p| collector.execute(p, Arc::clone(&context)))
+                .collect::<Result<Vec<_>>>()
+        });
+        let streams = streams.unwrap();
+        // No one reads the join: the set is made all the same, and a scan
+        // waits for it although the build side has two partitions.
+        assert!(set.reads_ahead());
+        let waited = runtime.block_on(async {
+            let wait = super::super::waits_for(&[Arc::clone(&set)]);
+            tokio::time::timeout(std::time::Duration::from_secs(10), wait).await
+        });
+        assert!(waited.is_ok(), "the set of a build side read ahead was never made");
+        let keys = set.keys().expect("the set of a build side read ahead");
+        assert!((0..200).all(|k| keys.contains(k)) && !keys.contains(200) && !keys.contains(-1));
+        // The join then reads every batch, in order, and the memory held
+        // for them is given back.
+        let read: Vec<Vec<RecordBatch>> = runtime.block_on(async {
+            let mut read = Vec::new();
+            for stream in streams {
+                read.push(stream.try_collect::<Vec<_>>().await.unwrap());
+            }
+            read
+        });
+        assert_eq!(keys_of(&read[0]), (0..100).collect::<Vec<_>>());
+        assert_eq!(keys_of(&read[1]), (100..200).collect::<Vec<_>>());
+        assert_eq!(read[0].len(), 2);
+        assert_eq!(context.memory_pool().reserved(), 0);
+    }
+
+    #[test]
+    fn a_build_side_waits_for_its_join_where_no_task_can_read_it_ahead() {
+        use futures::TryStreamExt;
+        let (collector, set) = collector_of_two_partitions();
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let context = Arc::new(TaskContext::default());
+        let read = runtime.block_on(async {
+            let streams = (0..2)
+                .map(|p| collector.execute(p, Arc::clone(&context)))
+                .collect::<Result<Vec<_>>>()
+                .unwrap();
+            assert!(!set.reads_ahead());
+            assert!(set.keys().is_none());
+            let mut read = Vec::new();
+            for stream in streams {
+                read.push(stream.try_collect::<Vec<_>>().await.unwrap());
+            }
+            read
+        });
+        assert_eq!(keys_of(&read.concat()), (0..200).collect::<Vec<_>>());
+        assert!(set.keys().is_some_and(|keys| keys.contains(0) && keys.contains(199)));
     }
 }

@@ -29,6 +29,14 @@ pub const MAX_KEPT_SHARE: f64 = 0.25;
 /// partition before it reads its rows (see [`JoinKeySet::settled`]).
 pub const MAX_KEY_WAIT: Duration = Duration::from_secs(10);
 
+/// How long after the first wait for a round of a build side of several
+/// partitions, some read ahead of their join, its every partition must be
+/// read ahead for the wait to go on (see [`JoinKeySet::settled`]): the
+/// partitions of a plan are executed within moments of each other, and a
+/// partition that no one here executes (another process reads it) ends
+/// the wait then.
+pub const READ_AHEAD_GRACE: Duration = Duration::from_millis(20);
+
 /// A set of integers as the device tests it (`ScanOp::KeyTest`): the
 /// smallest value, then one bit per value from it to the largest.
 #[derive(Debug)]
@@ -146,6 +154,9 @@ struct Round {
     failed: bool,
     values: Vec<i64>,
     keys: Option<Arc<KeyBitmap>>,
+    /// Partitions of this round read to their end by a task of their own
+    /// ([`JoinKeySet::read_ahead`]).
+    read_ahead: usize,
     /// A wait for this round's set ran out: no scan waits for it again.
     waited_out: bool,
     /// Whether a thread times the waits for this round's set.
@@ -207,11 +218,13 @@ impl JoinKeySet {
     /// it began (a round waited out so is not waited for again). A thread
     /// times the waits; where none can be started, nothing waits.
     ///
-    /// A scan waits only for a build side read in one partition: whoever
-    /// reads the join first reads all of it, so the wait cannot hang on a
-    /// partition that no one reads, as it could where DataFusion reads a
-    /// hash-partitioned join's partitions one after another, or in several
-    /// processes.
+    /// A scan waits only for a build side read in one partition (whoever
+    /// reads the join first reads all of it) or read ahead of its join
+    /// ([`Self::reads_ahead`]), so the wait cannot hang on a partition that
+    /// no one reads, as it could where DataFusion reads a hash-partitioned
+    /// join's partitions one after another, or in several processes: a
+    /// round of several partitions not all read ahead [`READ_AHEAD_GRACE`]
+    /// after the first wait began is waited out then.
     pub fn settled(
         self: &Arc<Self>,
         number: u64,
@@ -246,19 +259,27 @@ impl JoinKeySet {
         }
     }
 
-    /// Ends the waits for round `number` after `limit`, unless it settles
-    /// first.
+    /// Ends the waits for round `number` after `limit`, or after
+    /// [`READ_AHEAD_GRACE`] where the round has several partitions and not
+    /// all are read ahead by then, unless it settles first.
     fn time_waits(&self, number: u64, limit: Duration) {
-        let deadline = Instant::now() + limit;
+        let began = Instant::now();
+        let deadline = began + limit;
+        let grace = (self.partitions > 1).then(|| began + READ_AHEAD_GRACE.min(limit));
         let mut round = self.lock();
         while !round.settled(number) {
             let now = Instant::now();
-            if now >= deadline {
+            let graceless = grace.is_some_and(|grace| now >= grace && round.read_ahead < self.partitions);
+            if now >= deadline || graceless {
                 round.waited_out = true;
                 round.release();
                 return;
             }
-            round = match self.changed.wait_timeout(round, deadline - now) {
+            let until = match grace {
+                Some(grace) if grace > now => grace,
+                _ => deadline,
+            };
+            round = match self.changed.wait_timeout(round, until - now) {
                 Ok((round, _)) => round,
                 Err(poisoned) => poisoned.into_inner().0,
             };
@@ -338,8 +359,29 @@ impl JoinKeySet {
             Some(keys) => round.keys = Some(Arc::new(keys)),
             None => round.failed = true,
         }
+        crate::trace::event(|| {
+            format!("join keys #{}: round {number}'s set made: {}", self.id, round.keys.is_some())
+        });
         self.settle(&mut round);
         round.keys.is_some()
+    }
+
+    /// A partition of round `number` is read to its end by a task of its
+    /// own, whether or not the join reads it.
+    pub fn read_ahead(&self, number: u64) {
+        let mut round = self.lock();
+        if round.number == number {
+            round.read_ahead += 1;
+        }
+    }
+
+    /// Whether a partition of the latest round is read to its end by a task
+    /// of its own: the plan's other partitions are then read so too, so
+    /// that the round settles without the join reading anything, and a scan
+    /// may wait for it whatever the partitions (for [`READ_AHEAD_GRACE`]
+    /// at most, until they all are).
+    pub fn reads_ahead(&self) -> bool {
+        self.lock().read_ahead > 0
     }
 
     /// A partition of round `number` that stopped before its end.
@@ -480,7 +522,7 @@ mod tests {
 
         // A round whose set never comes: the wait runs out, and later waits
         // for that round do not wait; the next round's do.
-        let set = Arc::new(JoinKeySet::new(2));
+        let set = Arc::new(JoinKeySet::new(1));
         let round = set.start(0);
         let started = Instant::now();
         assert!(resolves_within(
@@ -492,6 +534,35 @@ mod tests {
         assert!(set.keys().is_none());
         let next = set.start(0);
         assert!(!resolves_within(set.settled(next, long), Duration::from_millis(50)));
+    }
+
+    #[test]
+    fn a_wait_for_several_partitions_goes_on_only_where_all_are_read_ahead() {
+        let long = Duration::from_secs(60);
+        // Every partition read ahead: the wait lasts until the set is made.
+        let set = Arc::new(JoinKeySet::new(2));
+        let round = set.start(0);
+        set.read_ahead(round);
+        assert_eq!(set.start(1), round);
+        set.read_ahead(round);
+        assert!(set.reads_ahead());
+        let wait = set.settled(round, long);
+        assert!(!resolves_within(wait, 3 * READ_AHEAD_GRACE), "no set yet");
+        let wait = set.settled(round, long);
+        set.finish(round, Some(vec![1]));
+        set.finish(round, Some(vec![2]));
+        assert!(resolves_within(wait, Duration::from_secs(10)), "the set made");
+
+        // One partition read ahead, the other never executed here: the
+        // wait ends after the grace, and the round is not waited for again.
+        let set = Arc::new(JoinKeySet::new(2));
+        let round = set.start(0);
+        set.read_ahead(round);
+        let started = Instant::now();
+        assert!(resolves_within(set.settled(round, long), Duration::from_secs(10)));
+        assert!(started.elapsed() >= READ_AHEAD_GRACE);
+        assert!(resolves_within(set.settled(round, long), Duration::from_secs(1)));
+        assert!(set.keys().is_none());
     }
 
     #[test]

@@ -42,16 +42,24 @@ pub(crate) fn key_sets_in<'a>(
 }
 
 /// What a scan executed now waits for before it reads: the latest round
-/// of each of `sets` whose build side is read in one partition (see
-/// [`JoinKeySet::settled`]). To be called when the scan is executed, after
-/// the joins' build sides were.
+/// of each of `sets` whose build side is read in one partition, taken now
+/// (to be called when the scan is executed, after the joins' build sides
+/// were), and, when first polled, the latest round of each other set read
+/// ahead of its join ([`JoinKeySet::reads_ahead`]). See
+/// [`JoinKeySet::settled`].
 pub(crate) fn waits_for(sets: &[Arc<JoinKeySet>]) -> impl std::future::Future<Output = ()> + Send {
-    let waits: Vec<_> = sets
+    let (single, others): (Vec<_>, Vec<_>) =
+        sets.iter().cloned().partition(|set| set.partitions() == 1);
+    let waits: Vec<_> = single
         .iter()
-        .filter(|set| set.partitions() == 1)
         .map(|set| set.settled(set.round(), MAX_KEY_WAIT))
         .collect();
     async move {
+        let read_ahead = others
+            .iter()
+            .filter(|set| set.reads_ahead())
+            .map(|set| set.settled(set.round(), MAX_KEY_WAIT));
+        futures::future::join_all(read_ahead).await;
         futures::future::join_all(waits).await;
     }
 }

@@ -91,7 +91,9 @@ pub(crate) async fn run(
     let mut batches = Vec::new();
     let mut program = program;
     for part in parts {
+        trace::event(|| format!("scan filter of {}: partition {partition} reads it", part.describe()));
         let mut loaded = load_part(&shape, &program, &device, &part, &context, &options, &metrics).await?;
+        trace::event(|| format!("scan filter of {}: its columns on the device", part.describe()));
         if let Loaded::Host(_) = &loaded {
             // A string column found too varied to code just now is kept as
             // its bytes from here on, where the program can read it so.
