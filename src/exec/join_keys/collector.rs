@@ -17,7 +17,9 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::statistics::ChildStats;
-use datafusion::physical_plan::stream::{RecordBatchReceiverStreamBuilder, RecordBatchStreamAdapter};
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::utils::memory::get_record_batch_memory_size;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream,
     SendableRecordBatchStream, Statistics, StatisticsArgs,
@@ -77,7 +79,8 @@ pub(super) fn append_key_values(array: &ArrayRef, out: &mut Vec<i64>) -> bool {
 ///
 /// In a multi-threaded runtime each partition of the build side is read to
 /// its end by a task of its own from the moment it is executed, its batches
-/// held (in the session's memory pool) until the join reads them: the build
+/// held (in the session's memory pool; where it refuses one, the join reads
+/// the rest itself) until the join reads them: the build
 /// side's work overlaps whatever the plan does before the join reads it (in
 /// q18, `customer`'s scan and hash table run beside the GPU aggregation of
 /// `lineitem` rather than after it), and the set is made without waiting
@@ -235,19 +238,27 @@ impl ExecutionPlan for JoinKeyCollectorExec {
     }
 }
 
-/// Batches a partition read ahead may hold: in effect all of them (the
-/// channel takes room as it fills), so that the read never waits for the
-/// join and the set is made whenever the join starts reading.
-const READ_AHEAD_BATCHES: usize = 1 << 20;
+/// What the task reading a partition ahead hands the join.
+enum ReadAhead {
+    /// The partition's next batch (or error), held since it was read.
+    Batch(Result<RecordBatch>),
+    /// The rest of the partition, to be read as the join reads it: the
+    /// memory pool refused to hold more.
+    Rest(SendableRecordBatchStream),
+    /// The partition's end.
+    End,
+}
 
 /// `stream` (partition of round `round` of `keys`) read to its end by a
 /// task of its own, where a multi-threaded runtime can run one (see
 /// [`JoinKeyCollectorExec`]); else `stream` as it is, read as the join
-/// reads it. The batches waiting for the join are counted in `held`. The
-/// task stops when the stream it feeds is dropped.
+/// reads it. The batches waiting for the join are held in `held`; where the
+/// pool refuses one, the task hands the join that batch and the rest of the
+/// stream, and the join reads them as it would have. The task stops when
+/// the stream it feeds is dropped.
 fn read_ahead(
     mut stream: SendableRecordBatchStream,
-    keys: &JoinKeySet,
+    keys: &Arc<JoinKeySet>,
     round: u64,
     held: MemoryReservation,
 ) -> SendableRecordBatchStream {
@@ -257,29 +268,85 @@ fn read_ahead(
     }
     let schema = stream.schema();
     let held = Arc::new(held);
-    let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&schema), READ_AHEAD_BATCHES);
-    let sender = builder.tx();
-    let holding = Arc::clone(&held);
-    builder.spawn(async move {
+    let (sender, received) = futures::channel::mpsc::unbounded();
+    // Counted before the task starts: it may hand the partition back at
+    // once.
+    keys.read_ahead(round);
+    let (holding, rest_schema, set) = (Arc::clone(&held), Arc::clone(&schema), Arc::clone(keys));
+    let task = SpawnedTask::spawn(async move {
         while let Some(item) = stream.next().await {
-            if let Ok(batch) = &item {
-                holding.grow(batch.get_array_memory_size());
+            let failed = item.is_err();
+            let size = item.as_ref().map_or(0, get_record_batch_memory_size);
+            if holding.try_grow(size).is_err() {
+                // The join takes this batch and reads the rest itself.
+                let rest = futures::stream::once(async move { item }).chain(stream);
+                let rest = RecordBatchStreamAdapter::new(rest_schema, rest);
+                set.read_by_join(round);
+                let _ = sender.unbounded_send(ReadAhead::Rest(Box::pin(rest)));
+                return;
             }
-            if sender.send(item).await.is_err() {
+            if sender.unbounded_send(ReadAhead::Batch(item)).is_err() {
                 // The join is gone (a limit, a cancelled query).
+                return;
+            }
+            if failed {
+                // The partition failed: nothing more to read.
                 break;
             }
         }
-        Ok(())
+        let _ = sender.unbounded_send(ReadAhead::End);
     });
-    keys.read_ahead(round);
-    let taken = builder.build().map(move |item| {
-        if let Ok(batch) = &item {
-            held.shrink(batch.get_array_memory_size().min(held.size()));
+    Box::pin(ReadAheadStream {
+        schema,
+        received,
+        rest: None,
+        held,
+        _task: task,
+    })
+}
+
+/// A partition read ahead, as its join reads it (see [`read_ahead`]).
+struct ReadAheadStream {
+    schema: SchemaRef,
+    received: futures::channel::mpsc::UnboundedReceiver<ReadAhead>,
+    /// The rest of the partition, where the task handed it over.
+    rest: Option<SendableRecordBatchStream>,
+    held: Arc<MemoryReservation>,
+    /// Aborted when the join drops this stream.
+    _task: SpawnedTask<()>,
+}
+
+impl Stream for ReadAheadStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(rest) = self.rest.as_mut() {
+                return rest.poll_next_unpin(cx);
+            }
+            match futures::ready!(self.received.poll_next_unpin(cx)) {
+                Some(ReadAhead::Batch(item)) => {
+                    let size = item.as_ref().map_or(0, get_record_batch_memory_size);
+                    self.held.shrink(size.min(self.held.size()));
+                    return Poll::Ready(Some(item));
+                }
+                Some(ReadAhead::Rest(rest)) => self.rest = Some(rest),
+                Some(ReadAhead::End) => return Poll::Ready(None),
+                // The task ended without the partition's end: it panicked.
+                None => {
+                    return Poll::Ready(Some(Err(DataFusionError::Execution(
+                        "the task reading a join's build side ahead stopped before its end".into(),
+                    ))))
+                }
+            }
         }
-        item
-    });
-    Box::pin(RecordBatchStreamAdapter::new(schema, taken))
+    }
+}
+
+impl RecordBatchStream for ReadAheadStream {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
 }
 
 /// What `EXPLAIN ANALYZE` shows of a partition's gathering.
@@ -400,21 +467,71 @@ mod tests {
         assert!(gathers_keys_of(&DataType::Date32) && !gathers_keys_of(&DataType::UInt64));
     }
 
-    /// A collector over two partitions of keys 0..100 and 100..200.
-    fn collector_of_two_partitions() -> (JoinKeyCollectorExec, Arc<JoinKeySet>) {
+    /// A partition of one batch that comes once its gate opens (or at
+    /// once, without a gate).
+    #[derive(Debug)]
+    struct GatedPartition {
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+        gate: std::sync::Mutex<Option<futures::channel::oneshot::Receiver<()>>>,
+    }
+
+    impl datafusion::physical_plan::streaming::PartitionStream for GatedPartition {
+        fn schema(&self) -> &SchemaRef {
+            &self.schema
+        }
+
+        fn execute(&self, _context: Arc<TaskContext>) -> SendableRecordBatchStream {
+            let gate = self.gate.lock().unwrap().take();
+            let opened = futures::stream::once(async move {
+                if let Some(gate) = gate {
+                    let _ = gate.await;
+                }
+            });
+            let batches = futures::stream::iter(self.batches.clone().into_iter().map(Ok));
+            let stream = opened.filter_map(|_| async { None }).chain(batches);
+            Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream))
+        }
+    }
+
+    /// A collector over two partitions of keys 0..100 and 100..200, in
+    /// batches of `columns` copies of the key, each partition held back by
+    /// a gate where `gated`; the gates' senders.
+    fn collector_of_two_partitions(
+        columns: usize,
+        gated: bool,
+    ) -> (JoinKeyCollectorExec, Arc<JoinKeySet>, Vec<futures::channel::oneshot::Sender<()>>) {
         use datafusion::arrow::datatypes::{Field, Schema};
-        use datafusion::datasource::memory::MemorySourceConfig;
         use datafusion::physical_expr::expressions::Column;
-        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+        let fields: Vec<Field> = (0..columns).map(|c| Field::new(format!("k{c}"), DataType::Int64, false)).collect();
+        let schema = Arc::new(Schema::new(fields));
+        // Arrays of their own: memory is counted once per buffer.
         let batch = |keys: std::ops::Range<i64>| {
-            let column: ArrayRef = Arc::new(Int64Array::from(keys.collect::<Vec<_>>()));
-            RecordBatch::try_new(Arc::clone(&schema), vec![column]).unwrap()
+            let keys: Vec<i64> = keys.collect();
+            let columns: Vec<ArrayRef> = (0..columns)
+                .map(|_| Arc::new(Int64Array::from(keys.clone())) as ArrayRef)
+                .collect();
+            RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
         };
-        let partitions = vec![vec![batch(0..60), batch(60..100)], vec![batch(100..200)]];
-        let scan = MemorySourceConfig::try_new_exec(&partitions, Arc::clone(&schema), None).unwrap();
+        let mut gates = Vec::new();
+        let mut partition = |batches: Vec<RecordBatch>| -> Arc<dyn PartitionStream> {
+            let gate = gated.then(|| {
+                let (open, gate) = futures::channel::oneshot::channel();
+                gates.push(open);
+                gate
+            });
+            Arc::new(GatedPartition {
+                schema: Arc::clone(&schema),
+                batches,
+                gate: std::sync::Mutex::new(gate),
+            })
+        };
+        let partitions = vec![partition(vec![batch(0..60), batch(60..100)]), partition(vec![batch(100..200)])];
+        let scan = StreamingTableExec::try_new(Arc::clone(&schema), partitions, None, [], false, None).unwrap();
         let set = Arc::new(JoinKeySet::new(2));
-        let key = Arc::new(Column::new("k", 0));
-        (JoinKeyCollectorExec::new(scan, key, Arc::clone(&set)), set)
+        let key = Arc::new(Column::new("k0", 0));
+        (JoinKeyCollectorExec::new(Arc::new(scan), key, Arc::clone(&set)), set, gates)
     }
 
     fn keys_of(batches: &[RecordBatch]) -> Vec<i64> {
@@ -424,41 +541,65 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn a_build_side_is_read_ahead_of_its_join_in_a_multi_threaded_runtime() {
-        use futures::TryStreamExt;
-        let (collector, set) = collector_of_two_partitions();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+    fn multi_threaded() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_time()
             .build()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Both partitions of `collector` executed within `runtime`.
+    fn execute_both(
+        collector: &JoinKeyCollectorExec,
+        context: &Arc<TaskContext>,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Vec<SendableRecordBatchStream> {
+        let _inside = runtime.enter();
+        (0..2)
+            .map(|p| collector.execute(p, Arc::clone(context)))
+            .collect::<Result<Vec<_>>>()
+            .unwrap()
+    }
+
+    /// Every batch of `streams`, stream by stream.
+    async fn read_all(streams: Vec<SendableRecordBatchStream>) -> Vec<Vec<RecordBatch>> {
+        use futures::TryStreamExt;
+        let mut read = Vec::new();
+        for stream in streams {
+            read.push(stream.try_collect::<Vec<_>>().await.unwrap());
+        }
+        read
+    }
+
+    #[test]
+    fn a_build_side_is_read_ahead_of_its_join_in_a_multi_threaded_runtime() {
+        let (collector, set, gates) = collector_of_two_partitions(1, true);
+        let runtime = multi_threaded();
         let context = Arc::new(TaskContext::default());
-        let streams = runtime.block_on(async {
-            (0..2)
-                .map(|p| collector.execute(p, Arc::clone(&context)))
-                .collect::<Result<Vec<_>>>()
-        });
-        let streams = streams.unwrap();
-        // No one reads the join: the set is made all the same, and a scan
-        // waits for it although the build side has two partitions.
+        let streams = execute_both(&collector, &context, &runtime);
         assert!(set.reads_ahead());
-        let waited = runtime.block_on(async {
-            let wait = super::super::waits_for(&[Arc::clone(&set)]);
-            tokio::time::timeout(std::time::Duration::from_secs(10), wait).await
+        // A scan waits for the set although the build side has two
+        // partitions, past the grace (every partition is read ahead)...
+        let (waited, done) = std::sync::mpsc::channel();
+        let wait = super::super::waits_for(&[Arc::clone(&set)]);
+        runtime.spawn(async move {
+            wait.await;
+            let _ = waited.send(());
         });
-        assert!(waited.is_ok(), "the set of a build side read ahead was never made");
+        let grace = super::super::set::READ_AHEAD_GRACE;
+        assert!(done.recv_timeout(5 * grace).is_err(), "the wait ended before the set was made");
+        // ...until the build side is read, though no one reads the join.
+        for gate in gates {
+            gate.send(()).unwrap();
+        }
+        assert!(done.recv_timeout(std::time::Duration::from_secs(30)).is_ok());
         let keys = set.keys().expect("the set of a build side read ahead");
         assert!((0..200).all(|k| keys.contains(k)) && !keys.contains(200) && !keys.contains(-1));
+        assert!(context.memory_pool().reserved() > 0, "the batches read ahead are held");
         // The join then reads every batch, in order, and the memory held
         // for them is given back.
-        let read: Vec<Vec<RecordBatch>> = runtime.block_on(async {
-            let mut read = Vec::new();
-            for stream in streams {
-                read.push(stream.try_collect::<Vec<_>>().await.unwrap());
-            }
-            read
-        });
+        let read = runtime.block_on(read_all(streams));
         assert_eq!(keys_of(&read[0]), (0..100).collect::<Vec<_>>());
         assert_eq!(keys_of(&read[1]), (100..200).collect::<Vec<_>>());
         assert_eq!(read[0].len(), 2);
@@ -466,24 +607,59 @@ mod tests {
     }
 
     #[test]
+    fn a_join_dropped_before_its_build_side_was_read_stops_the_read_and_leaves_no_set() {
+        let (collector, set, gates) = collector_of_two_partitions(1, true);
+        let runtime = multi_threaded();
+        let context = Arc::new(TaskContext::default());
+        let streams = execute_both(&collector, &context, &runtime);
+        // The join goes (a limit, a cancelled query): the reads stop, and
+        // the round settles without a set, so no scan waits for it.
+        drop(streams);
+        let settled = runtime.block_on(async {
+            let wait = super::super::waits_for(&[Arc::clone(&set)]);
+            tokio::time::timeout(std::time::Duration::from_secs(5), wait).await
+        });
+        assert!(settled.is_ok());
+        assert!(set.keys().is_none());
+        // The tasks are dropped on the runtime's threads, moments later.
+        let stopped = |gates: &[futures::channel::oneshot::Sender<()>]| {
+            gates.iter().all(|gate| gate.is_canceled()) && context.memory_pool().reserved() == 0
+        };
+        let began = std::time::Instant::now();
+        while !stopped(&gates) && began.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(stopped(&gates), "the reads still run, or hold memory");
+    }
+
+    #[test]
+    fn a_build_side_the_memory_pool_cannot_hold_is_left_to_its_join() {
+        use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        // 64 columns: a batch takes many times the memory of its keys.
+        let (collector, set, _) = collector_of_two_partitions(64, false);
+        let runtime = multi_threaded();
+        let limited = RuntimeEnvBuilder::new().with_memory_limit(16 << 10, 1.0).build_arc().unwrap();
+        let context = Arc::new(TaskContext::default().with_runtime(limited));
+        let streams = execute_both(&collector, &context, &runtime);
+        let read = runtime.block_on(read_all(streams));
+        assert_eq!(keys_of(&read[0]), (0..100).collect::<Vec<_>>());
+        assert_eq!(keys_of(&read[1]), (100..200).collect::<Vec<_>>());
+        assert!(read.iter().flatten().all(|batch| batch.num_columns() == 64));
+        assert!(set.keys().is_some_and(|keys| keys.contains(0) && keys.contains(199)));
+        // Left to the join: a scan no longer waits for that round.
+        assert!(!set.reads_ahead());
+        assert_eq!(context.memory_pool().reserved(), 0);
+    }
+
+    #[test]
     fn a_build_side_waits_for_its_join_where_no_task_can_read_it_ahead() {
-        use futures::TryStreamExt;
-        let (collector, set) = collector_of_two_partitions();
+        let (collector, set, _) = collector_of_two_partitions(1, false);
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let context = Arc::new(TaskContext::default());
-        let read = runtime.block_on(async {
-            let streams = (0..2)
-                .map(|p| collector.execute(p, Arc::clone(&context)))
-                .collect::<Result<Vec<_>>>()
-                .unwrap();
-            assert!(!set.reads_ahead());
-            assert!(set.keys().is_none());
-            let mut read = Vec::new();
-            for stream in streams {
-                read.push(stream.try_collect::<Vec<_>>().await.unwrap());
-            }
-            read
-        });
+        let streams = execute_both(&collector, &context, &runtime);
+        assert!(!set.reads_ahead());
+        assert!(set.keys().is_none());
+        let read = runtime.block_on(read_all(streams));
         assert_eq!(keys_of(&read.concat()), (0..200).collect::<Vec<_>>());
         assert!(set.keys().is_some_and(|keys| keys.contains(0) && keys.contains(199)));
     }

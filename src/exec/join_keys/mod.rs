@@ -11,11 +11,14 @@
 //! (on the device, `ScanOp::KeyTest`, a bitmap of the keys) once the set
 //! is complete. DataFusion's hash join reads its whole build side (in every
 //! partition, where its dynamic filter is in use) before it reads its
-//! probe side, so the set is normally there when the scan starts. A scan
-//! DataFusion may start early (below a merge of partitions, which reads its
-//! input as soon as it is executed) waits for a set whose build side is
-//! read in one partition ([`JoinKeyWaitExec`] on the host, the GPU scan
-//! itself); where a set is still not there, rows pass untested.
+//! probe side, so the set is normally there when the scan starts. In a
+//! multi-threaded runtime the collector reads its build side ahead of the
+//! join, from the moment it is executed, so that a chain of joins reads its
+//! build sides at once. A scan DataFusion may start early (below a merge of
+//! partitions, which reads its input as soon as it is executed, or below a
+//! build side read ahead) waits for a set whose build side is read in one
+//! partition ([`JoinKeyWaitExec`] on the host, the GPU scan itself) or, the
+//! GPU scan, read ahead; where a set is still not there, rows pass untested.
 
 mod collector;
 mod expr;

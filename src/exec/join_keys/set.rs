@@ -375,6 +375,17 @@ impl JoinKeySet {
         }
     }
 
+    /// A partition of round `number` read ahead is left to its join after
+    /// all (the memory pool refused to hold more): waits for the round end
+    /// once [`READ_AHEAD_GRACE`] has passed.
+    pub fn read_by_join(&self, number: u64) {
+        let mut round = self.lock();
+        if round.number == number {
+            round.read_ahead = round.read_ahead.saturating_sub(1);
+            self.changed.notify_all();
+        }
+    }
+
     /// Whether a partition of the latest round is read to its end by a task
     /// of its own: the plan's other partitions are then read so too, so
     /// that the round settles without the join reading anything, and a scan
@@ -509,8 +520,11 @@ mod tests {
 
         // Settled when none is made, or by the next round.
         for end in ["fail", "too many", "next round"] {
+            // Both partitions read ahead: no grace ends the wait.
             let set = Arc::new(JoinKeySet::new(2));
             let round = set.start(0);
+            set.read_ahead(round);
+            set.read_ahead(round);
             let wait = set.settled(round, long);
             match end {
                 "fail" => set.fail(round),

@@ -280,7 +280,8 @@ impl ExecutionPlan for GpuScanFilterExec {
         let schema = self.schema();
         let metrics = GpuScanMetrics::new(&self.metrics, partition);
         // The join keys it tests, where their build side is read in one
-        // partition: the rounds taken now, waited for before the first part.
+        // partition (the rounds taken now) or read ahead of its join (the
+        // rounds taken when first read): waited for before the first part.
         let waits = waits_for(&key_sets_in([&self.shape.predicate]));
         let output = async move {
             waits.await;
