@@ -223,6 +223,10 @@ impl ExecutionPlan for JoinKeyCollectorExec {
             keys: MetricBuilder::new(&self.metrics).counter("join_keys", partition),
             sets: MetricBuilder::new(&self.metrics).counter("join_key_sets", partition),
         };
+        let read_ahead_metrics = ReadAheadMetrics {
+            read_ahead: MetricBuilder::new(&self.metrics).counter("build_side_read_ahead", partition),
+            left_to_join: MetricBuilder::new(&self.metrics).counter("build_side_left_to_join", partition),
+        };
         let gathering = Box::pin(GatheringStream {
             metrics,
             reservation,
@@ -234,8 +238,17 @@ impl ExecutionPlan for JoinKeyCollectorExec {
             values: Some(Vec::new()),
             done: false,
         });
-        Ok(read_ahead(gathering, &self.keys, round, held))
+        Ok(read_ahead(gathering, &self.keys, round, held, read_ahead_metrics))
     }
+}
+
+/// What `EXPLAIN ANALYZE` shows of a partition's read ahead.
+struct ReadAheadMetrics {
+    /// 1 where the partition was read ahead of its join.
+    read_ahead: Count,
+    /// 1 where the memory pool refused to hold more, and the join read the
+    /// rest itself.
+    left_to_join: Count,
 }
 
 /// What the task reading a partition ahead hands the join.
@@ -261,6 +274,7 @@ fn read_ahead(
     keys: &Arc<JoinKeySet>,
     round: u64,
     held: MemoryReservation,
+    metrics: ReadAheadMetrics,
 ) -> SendableRecordBatchStream {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {}
@@ -272,6 +286,7 @@ fn read_ahead(
     // Counted before the task starts: it may hand the partition back at
     // once.
     keys.read_ahead(round);
+    metrics.read_ahead.add(1);
     let (holding, rest_schema, set) = (Arc::clone(&held), Arc::clone(&schema), Arc::clone(keys));
     let task = SpawnedTask::spawn(async move {
         while let Some(item) = stream.next().await {
@@ -282,6 +297,7 @@ fn read_ahead(
                 let rest = futures::stream::once(async move { item }).chain(stream);
                 let rest = RecordBatchStreamAdapter::new(rest_schema, rest);
                 set.read_by_join(round);
+                metrics.left_to_join.add(1);
                 let _ = sender.unbounded_send(ReadAhead::Rest(Box::pin(rest)));
                 return;
             }
@@ -549,6 +565,12 @@ mod tests {
             .unwrap()
     }
 
+    /// The sum of `collector`'s metric `name` over its partitions.
+    fn metric(collector: &JoinKeyCollectorExec, name: &str) -> usize {
+        let metrics = collector.metrics().expect("the collector's metrics");
+        metrics.sum_by_name(name).map_or(0, |value| value.as_usize())
+    }
+
     /// Both partitions of `collector` executed within `runtime`.
     fn execute_both(
         collector: &JoinKeyCollectorExec,
@@ -604,6 +626,8 @@ mod tests {
         assert_eq!(keys_of(&read[1]), (100..200).collect::<Vec<_>>());
         assert_eq!(read[0].len(), 2);
         assert_eq!(context.memory_pool().reserved(), 0);
+        assert_eq!(metric(&collector, "build_side_read_ahead"), 2);
+        assert_eq!(metric(&collector, "build_side_left_to_join"), 0);
     }
 
     #[test]
@@ -649,6 +673,7 @@ mod tests {
         // Left to the join: a scan no longer waits for that round.
         assert!(!set.reads_ahead());
         assert_eq!(context.memory_pool().reserved(), 0);
+        assert_eq!(metric(&collector, "build_side_left_to_join"), 2);
     }
 
     #[test]
@@ -662,5 +687,6 @@ mod tests {
         let read = runtime.block_on(read_all(streams));
         assert_eq!(keys_of(&read.concat()), (0..200).collect::<Vec<_>>());
         assert!(set.keys().is_some_and(|keys| keys.contains(0) && keys.contains(199)));
+        assert_eq!(metric(&collector, "build_side_read_ahead"), 0);
     }
 }
