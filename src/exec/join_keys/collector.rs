@@ -316,6 +316,7 @@ fn read_ahead(
         schema,
         received,
         rest: None,
+        ended: false,
         held,
         _task: task,
     })
@@ -327,6 +328,8 @@ struct ReadAheadStream {
     received: futures::channel::mpsc::UnboundedReceiver<ReadAhead>,
     /// The rest of the partition, where the task handed it over.
     rest: Option<SendableRecordBatchStream>,
+    /// Whether the partition's end (or the task's failure) was handed on.
+    ended: bool,
     held: Arc<MemoryReservation>,
     /// Aborted when the join drops this stream.
     _task: SpawnedTask<()>,
@@ -340,6 +343,9 @@ impl Stream for ReadAheadStream {
             if let Some(rest) = self.rest.as_mut() {
                 return rest.poll_next_unpin(cx);
             }
+            if self.ended {
+                return Poll::Ready(None);
+            }
             match futures::ready!(self.received.poll_next_unpin(cx)) {
                 Some(ReadAhead::Batch(item)) => {
                     let size = item.as_ref().map_or(0, get_record_batch_memory_size);
@@ -347,9 +353,13 @@ impl Stream for ReadAheadStream {
                     return Poll::Ready(Some(item));
                 }
                 Some(ReadAhead::Rest(rest)) => self.rest = Some(rest),
-                Some(ReadAhead::End) => return Poll::Ready(None),
+                Some(ReadAhead::End) => {
+                    self.ended = true;
+                    return Poll::Ready(None);
+                }
                 // The task ended without the partition's end: it panicked.
                 None => {
+                    self.ended = true;
                     return Poll::Ready(Some(Err(DataFusionError::Execution(
                         "the task reading a join's build side ahead stopped before its end".into(),
                     ))))
@@ -627,6 +637,13 @@ mod tests {
         assert_eq!(read[0].len(), 2);
         assert_eq!(context.memory_pool().reserved(), 0);
         assert_eq!(metric(&collector, "build_side_read_ahead"), 2);
+        // A stream read past its end stays ended.
+        let mut again = execute_both(&collector, &context, &runtime);
+        let (first, second) = runtime.block_on(async {
+            while again[0].next().await.is_some() {}
+            (again[0].next().await.is_none(), again[0].next().await.is_none())
+        });
+        assert!(first && second);
         assert_eq!(metric(&collector, "build_side_left_to_join"), 0);
     }
 
