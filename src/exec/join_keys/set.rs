@@ -376,8 +376,8 @@ impl JoinKeySet {
     }
 
     /// A partition of round `number` read ahead is left to its join after
-    /// all (the memory pool refused to hold more): waits for the round end
-    /// once [`READ_AHEAD_GRACE`] has passed.
+    /// all (the memory pool refused to hold more): the waits for the round
+    /// end as soon as [`READ_AHEAD_GRACE`] has passed.
     pub fn read_by_join(&self, number: u64) {
         let mut round = self.lock();
         if round.number == number {
