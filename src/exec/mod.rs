@@ -8,6 +8,7 @@
 
 mod aggregate;
 mod collect;
+pub(crate) mod fill_ahead;
 mod hand_over;
 mod hash_join;
 mod join;

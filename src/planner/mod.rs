@@ -4,6 +4,7 @@
 mod aggregate_filters;
 mod cached_inputs;
 mod decision;
+pub(crate) mod fills_ahead;
 mod join_key_filters;
 mod merge_for_order;
 mod partitioning;

@@ -23,8 +23,8 @@ use datafusion_gpu::{gpu_decisions, GpuScanFilterExec};
 
 use crate::scan_aggregate::{table, temp_dir, write_parquet};
 use crate::support::{
-    cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, same_rows_as_datafusion,
-    JoinMode,
+    alone_on_the_device, cpu_context, gpu_context, physical_plan, plan_metric, require_gpu,
+    same_rows_as_datafusion, JoinMode,
 };
 
 /// Sessions whose joins stay on the CPU (so that their probe sides take
@@ -252,6 +252,23 @@ async fn join_key_filters_answer_as_datafusion_does() {
     }
 }
 
+/// `t` from the Parquet files in `dir`, with the build tables `k` and
+/// `wide`, in each session.
+async fn register_parquet_probe_side(
+    contexts: [&SessionContext; 2],
+    dir: &std::path::Path,
+    k: &Arc<MemTable>,
+    wide: &Arc<MemTable>,
+) {
+    for ctx in contexts {
+        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+        ctx.register_table("k", Arc::clone(k) as _).unwrap();
+        ctx.register_table("wide", Arc::clone(wide) as _).unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn join_key_filters_read_parquet_probe_sides() {
     let Some(_) = require_gpu("join_key_filters_read_parquet_probe_sides") else {
@@ -264,13 +281,7 @@ async fn join_key_filters_read_parquet_probe_sides() {
     let (k, wide) = build_tables(1500);
     for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
         let (gpu, cpu) = contexts(mode).await;
-        for ctx in [&gpu, &cpu] {
-            ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
-                .await
-                .unwrap();
-            ctx.register_table("k", k.clone() as _).unwrap();
-            ctx.register_table("wide", wide.clone() as _).unwrap();
-        }
+        register_parquet_probe_side([&gpu, &cpu], &dir, &k, &wide).await;
         let mut filtered = 0;
         for sql in QUERIES {
             let (plan, tested) = check(&gpu, &cpu, sql).await;
@@ -375,4 +386,57 @@ async fn join_key_filters_on_the_host_answer_as_datafusion_does() {
         }
         assert!(tested >= 5, "{mode:?}: {tested} queries tested on the host");
     }
+}
+
+/// The scan of a join's probe side is read into the column cache from the
+/// plan's start, beside the build side, each part once: the fill ahead and
+/// the scan take turns on a part, never both read it. The build side is
+/// collected once, where the Parquet probe side of the first query is a GPU
+/// scan testing the keys (see `join_key_filters_read_parquet_probe_sides`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plans_scans_are_filled_ahead_each_part_once() {
+    let Some(_) = require_gpu("a_plans_scans_are_filled_ahead_each_part_once") else {
+        return;
+    };
+    let (k, wide) = build_tables(1500);
+    // Files of their own: the cache has none of their parts.
+    let dir = temp_dir("fill-ahead");
+    let rows_per_file = 40_000;
+    for (file, seed) in [("a.parquet", 21), ("b.parquet", 22), ("c.parquet", 23)] {
+        write_parquet(&dir.join(file), rows_per_file, seed);
+    }
+    let (gpu, cpu) = contexts(JoinMode::CollectLeft).await;
+    register_parquet_probe_side([&gpu, &cpu], &dir, &k, &wide).await;
+    let sql = QUERIES[0];
+    let mut filled_ahead = 0;
+    for run in ["cold", "warm"] {
+        let (plan, tested) = check(&gpu, &cpu, sql).await;
+        let scans = nodes_named(&plan, "GpuScanFilterExec");
+        assert_eq!(
+            scans.len(),
+            1,
+            "one scan of t: {}",
+            displayable(plan.as_ref()).indent(true)
+        );
+        let read = plan_metric(&scans[0], "rows_read");
+        let filled = plan_metric(&scans[0], "rows_filled_ahead");
+        let parts_filled = plan_metric(&plan, "parts_filled_ahead");
+        match run {
+            // Every row read once, by the scan or ahead of it (a partition
+            // the scan left to DataFusion reads none).
+            "cold" if tested.on_cpu == 0 => {
+                assert_eq!(read + filled, 3 * rows_per_file, "{tested:?}")
+            }
+            "cold" => assert!(read + filled <= 3 * rows_per_file, "{tested:?}"),
+            // All in the cache already (where no other test of the process
+            // evicts it meanwhile).
+            _ if alone_on_the_device() => assert_eq!((read, filled, parts_filled), (0, 0, 0)),
+            _ => {}
+        }
+        filled_ahead += parts_filled;
+    }
+    // The fills start with the plan, the scan once the build side is in:
+    // they take parts before it.
+    assert!(filled_ahead > 0, "no part was filled ahead");
+    let _ = std::fs::remove_dir_all(&dir);
 }

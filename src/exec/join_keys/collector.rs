@@ -27,6 +27,7 @@ use datafusion::physical_plan::{
 use futures::{Stream, StreamExt};
 
 use super::set::{JoinKeySet, MAX_KEY_VALUES};
+use crate::exec::fill_ahead::FillAheadSlot;
 
 /// Whether join keys of `data_type` can be gathered into a [`JoinKeySet`]:
 /// integers (unsigned up to 32 bits) and dates, whose device words are their
@@ -91,6 +92,8 @@ pub struct JoinKeyCollectorExec {
     key: Arc<dyn PhysicalExpr>,
     keys: Arc<JoinKeySet>,
     metrics: ExecutionPlanMetricsSet,
+    /// The cache fills of the plan's scans, started when this node runs.
+    fill_ahead: FillAheadSlot,
 }
 
 impl JoinKeyCollectorExec {
@@ -106,7 +109,13 @@ impl JoinKeyCollectorExec {
             key,
             keys,
             metrics: ExecutionPlanMetricsSet::new(),
+            fill_ahead: FillAheadSlot::default(),
         }
+    }
+
+    /// Where the plan's fills are given to this node.
+    pub(crate) fn fill_ahead(&self) -> &FillAheadSlot {
+        &self.fill_ahead
     }
 
     /// The set the keys go to.
@@ -184,7 +193,9 @@ impl ExecutionPlan for JoinKeyCollectorExec {
                     true => Arc::clone(&self.keys),
                     false => return Ok(input),
                 };
-                Ok(Arc::new(Self::new(input, Arc::clone(&self.key), keys)))
+                let mut node = Self::new(input, Arc::clone(&self.key), keys);
+                node.fill_ahead = self.fill_ahead.carried();
+                Ok(Arc::new(node))
             }
             _ => Err(DataFusionError::Internal(
                 "JoinKeyCollectorExec has one child".into(),
@@ -217,6 +228,7 @@ impl ExecutionPlan for JoinKeyCollectorExec {
             .register(context.memory_pool());
         let held = MemoryConsumer::new(format!("JoinKeyCollectorExec[{partition}] read ahead"))
             .register(context.memory_pool());
+        let fills = self.fill_ahead.start(&context);
         let input = self.input.execute(partition, context)?;
         let round = self.keys.start(partition);
         let metrics = GatherMetrics {
@@ -238,7 +250,18 @@ impl ExecutionPlan for JoinKeyCollectorExec {
             values: Some(Vec::new()),
             done: false,
         });
-        Ok(read_ahead(gathering, &self.keys, round, held, read_ahead_metrics))
+        let stream = read_ahead(gathering, &self.keys, round, held, read_ahead_metrics);
+        Ok(match fills {
+            None => stream,
+            // The plan's fills go on while the join reads this side.
+            Some(fills) => Box::pin(RecordBatchStreamAdapter::new(
+                stream.schema(),
+                stream.map(move |batch| {
+                    let _ = &fills;
+                    batch
+                }),
+            )),
+        })
     }
 }
 

@@ -22,6 +22,7 @@ use futures::TryStreamExt;
 use super::run::{run, Ran};
 use super::shape::ScanAggregateShape;
 use super::states::check;
+use crate::exec::fill_ahead::FillAheadSlot;
 use crate::exec::aggregate::describe_aggregate;
 use crate::exec::GpuScanMetrics;
 use crate::gpu::launch::SCAN_MAX_SLOTS;
@@ -57,6 +58,8 @@ pub struct GpuScanAggregateExec {
     shape: Arc<ScanAggregateShape>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+    /// The cache fills of the plan's scans, started when this node runs.
+    fill_ahead: FillAheadSlot,
 }
 
 impl GpuScanAggregateExec {
@@ -89,6 +92,7 @@ impl GpuScanAggregateExec {
             shape: Arc::new(shape),
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
+            fill_ahead: FillAheadSlot::default(),
         }))
     }
 
@@ -102,6 +106,11 @@ impl GpuScanAggregateExec {
     /// Rows the scan reads, where its statistics know.
     pub(crate) fn scan_rows(&self) -> Option<usize> {
         self.shape.scan_rows
+    }
+
+    /// Where the plan's fills are given to this node.
+    pub(crate) fn fill_ahead(&self) -> &FillAheadSlot {
+        &self.fill_ahead
     }
 }
 
@@ -175,7 +184,10 @@ impl ExecutionPlan for GpuScanAggregateExec {
         };
         // A child this node can no longer read runs as it is.
         match Self::try_new(Arc::clone(&child)) {
-            Ok(Some(node)) => Ok(Arc::new(node)),
+            Ok(Some(mut node)) => {
+                node.fill_ahead = self.fill_ahead.carried();
+                Ok(Arc::new(node))
+            }
             _ => Ok(Arc::new(CoalescePartitionsExec::new(child))),
         }
     }
@@ -221,7 +233,9 @@ impl ExecutionPlan for GpuScanAggregateExec {
         let fallback = Arc::clone(&self.cpu_aggregate);
         let schema = self.schema();
         let metrics = GpuScanMetrics::new(&self.metrics, 0);
+        let fills = self.fill_ahead.start(&context);
         let output = async move {
+            let _fills = fills;
             match run(shape, Arc::clone(&context), metrics.clone()).await? {
                 Ran::Batch(batch) => {
                     metrics.baseline.done();

@@ -3,6 +3,7 @@
 //! columns kept in the device column cache.
 
 mod exec;
+mod fill_lock;
 mod like;
 mod program;
 mod run;

@@ -215,10 +215,23 @@ pub(crate) async fn part_columns(
             }
         })
         .collect();
-    let mut found: Vec<Option<Arc<CachedColumn>>> = keys
-        .iter()
-        .map(|key| options.cache.then(|| cache.get(key)).flatten())
-        .collect();
+    let cached = |keys: &[String]| -> Vec<Option<Arc<CachedColumn>>> {
+        keys.iter()
+            .map(|key| options.cache.then(|| cache.get(key)).flatten())
+            .collect()
+    };
+    let mut found = cached(&keys);
+    // Where another task fills this part now (the fill ahead of the plan,
+    // another scan or query), its columns are waited for and then found in
+    // the cache.
+    let _filling = match (options.cache, found.iter().any(Option::is_none)) {
+        (true, true) => {
+            let guard = super::fill_lock::fill_guard(&part.fill_key(&url), device.id()).await;
+            found = cached(&keys);
+            Some(guard)
+        }
+        _ => None,
+    };
     let missing: Vec<usize> = (0..found.len()).filter(|&i| found[i].is_none()).collect();
     metrics.cache_hits.add(found.len() - missing.len());
     metrics.cache_misses.add(missing.len());

@@ -104,18 +104,7 @@ impl Part {
     pub fn column_key(&self, url: &str, table_index: usize, field: &Field) -> String {
         let column = format!("{table_index}:{}:{}", field.name(), field.data_type());
         match self {
-            Part::File(file) => {
-                let meta = &file.object_meta;
-                format!(
-                    "parquet|{url}|{}|{}|{}|{:?}|{:?}|{:?}|{column}",
-                    meta.location,
-                    meta.size,
-                    meta.last_modified.timestamp_nanos_opt().unwrap_or_default(),
-                    meta.e_tag,
-                    meta.version,
-                    file.range.as_ref().map(|r| (r.start, r.end)),
-                )
-            }
+            Part::File(_) => format!("{}|{column}", self.fill_key(url)),
             Part::Memory(batches) => {
                 let mut key = String::from("memory|");
                 for batch in batches {
@@ -128,6 +117,35 @@ impl Part {
                     ));
                 }
                 key.push_str(&column);
+                key
+            }
+        }
+    }
+
+    /// What identifies the part's data, whatever its columns (see
+    /// [`Self::column_key`]): one fill of it at a time
+    /// ([`super::fill_lock::fill_guard`]).
+    pub fn fill_key(&self, url: &str) -> String {
+        match self {
+            Part::File(file) => {
+                let meta = &file.object_meta;
+                format!(
+                    "parquet|{url}|{}|{}|{}|{:?}|{:?}|{:?}",
+                    meta.location,
+                    meta.size,
+                    meta.last_modified.timestamp_nanos_opt().unwrap_or_default(),
+                    meta.e_tag,
+                    meta.version,
+                    file.range.as_ref().map(|r| (r.start, r.end)),
+                )
+            }
+            Part::Memory(batches) => {
+                let mut key = String::from("memory|");
+                for batch in batches {
+                    if let Some(array) = batch.columns().first() {
+                        key.push_str(&format!("{:p}+{};", Arc::as_ptr(array) as *const u8, array.len()));
+                    }
+                }
                 key
             }
         }

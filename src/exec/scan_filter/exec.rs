@@ -21,6 +21,7 @@ use super::run::{run, Ran};
 use super::shape::ScanFilterShape;
 use crate::exec::scan_aggregate::{uncodable_columns, TableSource};
 use crate::exec::join_keys::{key_sets_in, rows_passing, waits_for};
+use crate::exec::fill_ahead::{FillAheadSlot, ScanFill};
 use crate::exec::GpuScanMetrics;
 use crate::trace;
 
@@ -63,6 +64,8 @@ pub struct GpuScanFilterExec {
     /// (see [`crate::exec::join_keys`]).
     join_filters: Vec<Arc<dyn PhysicalExpr>>,
     metrics: ExecutionPlanMetricsSet,
+    /// The cache fills of the plan's scans, started when this node runs.
+    fill_ahead: FillAheadSlot,
 }
 
 impl GpuScanFilterExec {
@@ -107,7 +110,23 @@ impl GpuScanFilterExec {
             program: Arc::new(program),
             join_filters,
             metrics: ExecutionPlanMetricsSet::new(),
+            fill_ahead: FillAheadSlot::default(),
         }))
+    }
+
+    /// The columns this node reads into the cache, as it reads them.
+    pub(crate) fn fill(&self) -> ScanFill {
+        ScanFill {
+            source: self.shape.source.clone(),
+            fields: self.shape.fields_of(&self.program.columns),
+            byte_slots: self.program.byte_slots(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Where the plan's fills are given to this node.
+    pub(crate) fn fill_ahead(&self) -> &FillAheadSlot {
+        &self.fill_ahead
     }
 
     /// This node with `filter` (over its output) among its join key filters.
@@ -237,7 +256,10 @@ impl ExecutionPlan for GpuScanFilterExec {
         };
         // A child this node can no longer read runs as it is.
         match Self::with_join_filters(Arc::clone(&child), self.join_filters.clone()) {
-            Ok(Some(node)) => Ok(Arc::new(node)),
+            Ok(Some(mut node)) => {
+                node.fill_ahead = self.fill_ahead.carried();
+                Ok(Arc::new(node))
+            }
             _ => Ok(child),
         }
     }
@@ -283,7 +305,9 @@ impl ExecutionPlan for GpuScanFilterExec {
         // partition (the rounds taken now) or read ahead of its join (the
         // rounds taken when first read): waited for before the first part.
         let waits = waits_for(&key_sets_in([&self.shape.predicate]));
+        let fills = self.fill_ahead.start(&context);
         let output = async move {
+            let _fills = fills;
             waits.await;
             match run(shape, program, partition, Arc::clone(&context), metrics.clone()).await? {
                 Ran::Batches(batches) => {

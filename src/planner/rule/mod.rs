@@ -23,6 +23,7 @@ use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 use super::aggregate_filters::with_filters_in_gpu_aggregations;
 use super::cached_inputs::with_cached_gpu_inputs;
 use super::decision::folds_join_below;
+use super::fills_ahead::with_fills_ahead;
 use super::join_key_filters::with_join_key_filters;
 use super::merge_for_order::{merge_join_for_sort, MergeForOrder};
 use super::partitioning::{
@@ -161,6 +162,12 @@ fn rewrite_plan(
         .and_then(|plan| with_scan_filters(plan, options, gpu))
         .and_then(|plan| with_cached_gpu_inputs(plan, options, gpu))
         .and_then(|plan| with_join_key_filters(plan, options, gpu))
+        .and_then(|plan| match root {
+            // A stage's task runs only its own partitions: it fills only
+            // the parts they read.
+            RootPartitions::Merged => with_fills_ahead(plan),
+            RootPartitions::RunApart => Ok(plan),
+        })
     })
 }
 

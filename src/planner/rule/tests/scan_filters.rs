@@ -666,3 +666,57 @@ fn a_gpu_join_must_beat_the_cpu_join_over_the_probe_rows_its_keys_keep() {
     // Keeping them all, nothing changes.
     keys_tested_on_device_slower(&shape, &estimate, 1.0, &device).unwrap();
 }
+
+#[tokio::test]
+async fn a_plans_scans_and_collectors_share_one_fill_ahead_of_its_filtered_scans() {
+    use crate::exec::join_keys::JoinKeyCollectorExec;
+    use crate::planner::fills_ahead::slot_of;
+    let cpu_joins = GpuOptions {
+        hash_join: false,
+        sort_merge_join: false,
+        aggregate: false,
+        ..options(true, PlacementPolicy::Always)
+    };
+    // Two filtered scans and a collector: each holds the same fills, of
+    // both scans.
+    let sql = "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k WHERE r.v > 10 AND s.v < 50";
+    let plan = planned(sql, cpu_joins.clone()).await;
+    let scans = nodes_of::<GpuScanFilterExec>(&plan);
+    let collectors = nodes_of::<JoinKeyCollectorExec>(&plan);
+    assert_eq!((scans.len(), collectors.len()), (2, 1), "{}", show(&plan));
+    let slots: Vec<_> = scans
+        .iter()
+        .chain(&collectors)
+        .map(|node| slot_of(node.as_ref()).unwrap().scans())
+        .collect();
+    assert!(
+        slots
+            .iter()
+            .all(|&(count, fills)| count == 2 && fills == slots[0].1),
+        "{slots:?}"
+    );
+    // A plan without a filtered scan has none to fill.
+    let plan = planned("SELECT k, sum(v) FROM r GROUP BY k", cpu_joins.clone()).await;
+    assert!(
+        nodes_of::<GpuScanFilterExec>(&plan).is_empty(),
+        "{}",
+        show(&plan)
+    );
+    for node in nodes_of::<GpuScanAggregateExec>(&plan) {
+        assert_eq!(slot_of(node.as_ref()).unwrap().scans().0, 0);
+    }
+    // A distributed stage's scans read only their own partitions: none.
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+    ctx.register_table("r", table(4)).unwrap();
+    ctx.register_table("s", table(3)).unwrap();
+    let plan = physical_plan_of(&ctx, sql).await;
+    let stage = rewrite_plan(plan, &cpu_joins, Ok(()), RootPartitions::RunApart).unwrap();
+    let scans = nodes_of::<GpuScanFilterExec>(&stage);
+    assert!(!scans.is_empty(), "{}", show(&stage));
+    for node in scans
+        .iter()
+        .chain(&nodes_of::<JoinKeyCollectorExec>(&stage))
+    {
+        assert_eq!(slot_of(node.as_ref()).unwrap().scans(), (0, None));
+    }
+}

@@ -1,0 +1,209 @@
+//! The device column cache filled for every filtered GPU scan of a plan
+//! (`GpuScanFilterExec`) as soon as the plan starts to run, rather than
+//! when each scan is first read.
+//!
+//! DataFusion reads a hash join's probe side only once its build side is
+//! in, so a chain of joins reads its tables one after another, and the
+//! largest (the probe side of the first join) last. A GPU scan's columns
+//! are read whole into the cache, whatever its filter and its join keys,
+//! so nothing but the order of reading makes it wait: a plan's scans are
+//! filled together from the start, a task a partition of each scan, the
+//! smallest tables first, beside the joins' own reading, and each scan
+//! finds its parts in the cache (or waits for the part being filled, see
+//! [`crate::exec::scan_aggregate`]'s fill lock) when its turn comes. Scan
+//! aggregations are left out: each reads all of its parts at once, a task
+//! a group, when it first runs.
+//!
+//! Only with the cache on (the fill is the cache's), in a multi-threaded
+//! runtime, for a plan whose output partitions are read together (not a
+//! distributed stage, which reads only its own), and where every column the
+//! plan's scans read fits in half the cache's share of the device: a fill
+//! ahead that evicts its own parts before their scan reads them would read
+//! them twice. A fill that fails, or finds a column it cannot keep, stops:
+//! the scan finds the same when it reads the part, and says so.
+//!
+//! `EXPLAIN ANALYZE` counts, per scan, the parts and rows filled ahead
+//! (`parts_filled_ahead`, `rows_filled_ahead`); the scan's own
+//! `cache_misses`, `rows_read` and read times count only what it read
+//! itself.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use datafusion::arrow::datatypes::Field;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
+
+use super::scan_aggregate::{part_columns, Loaded, TableSource};
+use super::GpuScanMetrics;
+use crate::config::GpuOptions;
+use crate::trace;
+
+/// The columns one GPU scan of a plan reads, as it reads them.
+pub(crate) struct ScanFill {
+    pub source: TableSource,
+    /// Table column index and field of each column read.
+    pub fields: Vec<(usize, Field)>,
+    /// Those of `fields` read as their bytes.
+    pub byte_slots: Vec<usize>,
+    /// The scan node's metrics, where the parts and rows filled ahead are
+    /// counted (`parts_filled_ahead`, `rows_filled_ahead`).
+    pub metrics: ExecutionPlanMetricsSet,
+}
+
+impl ScanFill {
+    /// About how many bytes the scan's columns take on the device, at most.
+    fn bytes(&self) -> usize {
+        let rows: usize = self
+            .source
+            .part_groups()
+            .iter()
+            .flatten()
+            .map(|part| part.rows_hint())
+            .sum();
+        rows.saturating_mul(8).saturating_mul(self.fields.len())
+    }
+}
+
+/// The fills of one plan's scans, started once, by the first of its nodes
+/// to run ([`FillAheadSlot::start`]); the tasks end when it is dropped.
+pub(crate) struct FillAhead {
+    scans: Vec<ScanFill>,
+    started: AtomicBool,
+    tasks: Mutex<Vec<SpawnedTask<()>>>,
+}
+
+impl FillAhead {
+    pub fn new(scans: Vec<ScanFill>) -> Self {
+        Self {
+            scans,
+            started: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Starts the fills, the first time only (see the module docs for
+    /// where it does nothing).
+    fn start(&self, context: &Arc<TaskContext>) {
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let options = GpuOptions::from_config(context.session_config().options());
+        let multi_threaded = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if !options.cache || !multi_threaded || self.scans.is_empty() {
+            return;
+        }
+        let Ok(first) = super::partition_device(0, &options) else { return };
+        let capacity = first.budget().limit_for(options.cache_memory_fraction);
+        let bytes: usize = self.scans.iter().map(ScanFill::bytes).sum();
+        if bytes > capacity / 2 {
+            trace::event(|| format!("fill ahead: {bytes} bytes, more than half the cache's {capacity}"));
+            return;
+        }
+        let mut order: Vec<&ScanFill> = self.scans.iter().collect();
+        order.sort_by_key(|scan| scan.bytes());
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        for scan in order {
+            for (group, parts) in scan.source.part_groups().into_iter().enumerate() {
+                // The device of the scan's partition `group`, which reads
+                // this group's parts.
+                let Ok(device) = super::partition_device(group, &options) else {
+                    continue;
+                };
+                let filled = MetricBuilder::new(&scan.metrics).counter("parts_filled_ahead", group);
+                let rows_filled = MetricBuilder::new(&scan.metrics).counter("rows_filled_ahead", group);
+                let (source, fields, byte_slots) =
+                    (scan.source.clone(), scan.fields.clone(), scan.byte_slots.clone());
+                let (context, options) = (Arc::clone(context), options.clone());
+                tasks.push(SpawnedTask::spawn(async move {
+                    // Its own metrics: the node's count the scan's reads.
+                    let metrics = GpuScanMetrics::new(&ExecutionPlanMetricsSet::new(), group);
+                    for part in parts {
+                        let (misses_before, rows_before) =
+                            (metrics.cache_misses.value(), metrics.rows_read.value());
+                        let loaded = part_columns(
+                            &source,
+                            fields.clone(),
+                            &byte_slots,
+                            &device,
+                            part,
+                            Arc::clone(&context),
+                            &options,
+                            &metrics,
+                        )
+                        .await;
+                        match loaded {
+                            Ok(Loaded::Device(_)) => {
+                                if metrics.cache_misses.value() > misses_before {
+                                    filled.add(1);
+                                    rows_filled.add(metrics.rows_read.value() - rows_before);
+                                }
+                            }
+                            // The scan finds the same when it reads the
+                            // part, and says so.
+                            Ok(Loaded::Host(reason)) => {
+                                trace::event(|| format!("fill ahead stopped: {reason}"));
+                                return;
+                            }
+                            Err(e) => {
+                                trace::event(|| format!("fill ahead stopped: {e}"));
+                                return;
+                            }
+                        }
+                    }
+                }));
+            }
+        }
+    }
+}
+
+/// Where a plan node keeps its plan's [`FillAhead`], set once the plan is
+/// made ([`crate::planner`]); empty in a node made otherwise.
+#[derive(Default)]
+pub(crate) struct FillAheadSlot(OnceLock<Arc<FillAhead>>);
+
+impl FillAheadSlot {
+    /// Gives the node `fills` (a node keeps the first it is given).
+    pub fn set(&self, fills: &Arc<FillAhead>) {
+        let _ = self.0.set(Arc::clone(fills));
+    }
+
+    /// The same fills, for a copy of the node.
+    pub fn carried(&self) -> Self {
+        let slot = Self::default();
+        if let Some(fills) = self.0.get() {
+            slot.set(fills);
+        }
+        slot
+    }
+
+    /// Starts the plan's fills, where the node has them and none of the
+    /// plan's nodes started them yet; what the node's stream holds so that
+    /// they go on while it is read (they end once the plan and every such
+    /// stream are dropped).
+    pub fn start(&self, context: &Arc<TaskContext>) -> Option<Arc<FillAhead>> {
+        let fills = self.0.get()?;
+        fills.start(context);
+        Some(Arc::clone(fills))
+    }
+}
+
+impl FillAheadSlot {
+    /// The scans the plan's fills read (0 where the node has none), and
+    /// which fills they are.
+    pub fn scans(&self) -> (usize, Option<*const FillAhead>) {
+        match self.0.get() {
+            Some(fills) => (fills.scans.len(), Some(Arc::as_ptr(fills))),
+            None => (0, None),
+        }
+    }
+}
+
+impl fmt::Debug for FillAheadSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FillAheadSlot({})", self.scans().0)
+    }
+}
