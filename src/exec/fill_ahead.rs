@@ -17,9 +17,9 @@
 //! Only with the cache on (the fill is the cache's), in a multi-threaded
 //! runtime, for a plan whose output partitions are read together (not a
 //! distributed stage, which reads only its own), and where every column the
-//! plan's scans read fits in half the cache's share of the device: a fill
-//! ahead that evicts its own parts before their scan reads them would read
-//! them twice. A fill that fails, or finds a column it cannot keep, stops:
+//! plan's scans read is known (by the files' statistics) to fit in half the
+//! cache's share of the device: a fill ahead that evicts its own parts
+//! before their scan reads them would read them twice. A fill that fails, or finds a column it cannot keep, stops:
 //! the scan finds the same when it reads the part, and says so.
 //!
 //! `EXPLAIN ANALYZE` counts, per scan, the parts and rows filled ahead
@@ -54,17 +54,30 @@ pub(crate) struct ScanFill {
 }
 
 impl ScanFill {
-    /// About how many bytes the scan's columns take on the device, at most.
-    fn bytes(&self) -> usize {
-        let rows: usize = self
-            .source
-            .part_groups()
-            .iter()
-            .flatten()
-            .map(|part| part.rows_hint())
-            .sum();
-        rows.saturating_mul(8).saturating_mul(self.fields.len())
+    /// About how many bytes the scan's columns take on the device, at most;
+    /// `None` where a part's rows are unknown (a file without statistics).
+    fn bytes(&self) -> Option<usize> {
+        let mut rows = 0usize;
+        for part in self.source.part_groups().iter().flatten() {
+            rows = rows.saturating_add(part.rows_estimate()?);
+        }
+        Some(rows.saturating_mul(8).saturating_mul(self.fields.len()))
     }
+}
+
+/// Whether scans whose columns take `bytes` (`None`: unknown) are filled
+/// ahead into a cache of `capacity` bytes: only where they take at most
+/// half of it, so that the fills do not evict their own parts before
+/// their scans read them.
+fn fits_ahead(bytes: &[Option<usize>], capacity: usize) -> bool {
+    let mut total = 0usize;
+    for scan in bytes {
+        match scan {
+            Some(bytes) => total = total.saturating_add(*bytes),
+            None => return false,
+        }
+    }
+    total <= capacity / 2
 }
 
 /// The fills of one plan's scans, started once, by the first of its nodes
@@ -98,15 +111,15 @@ impl FillAhead {
         }
         let Ok(first) = super::partition_device(0, &options) else { return };
         let capacity = first.budget().limit_for(options.cache_memory_fraction);
-        let bytes: usize = self.scans.iter().map(ScanFill::bytes).sum();
-        if bytes > capacity / 2 {
-            trace::event(|| format!("fill ahead: {bytes} bytes, more than half the cache's {capacity}"));
+        let bytes: Vec<Option<usize>> = self.scans.iter().map(ScanFill::bytes).collect();
+        if !fits_ahead(&bytes, capacity) {
+            trace::event(|| format!("fill ahead: {bytes:?} bytes, not known to fit half the cache's {capacity}"));
             return;
         }
-        let mut order: Vec<&ScanFill> = self.scans.iter().collect();
-        order.sort_by_key(|scan| scan.bytes());
+        let mut order: Vec<(&ScanFill, Option<usize>)> = self.scans.iter().zip(bytes).collect();
+        order.sort_by_key(|&(_, bytes)| bytes);
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
-        for scan in order {
+        for (scan, _) in order {
             for (group, parts) in scan.source.part_groups().into_iter().enumerate() {
                 // The device of the scan's partition `group`, which reads
                 // this group's parts.
@@ -205,5 +218,21 @@ impl FillAheadSlot {
 impl fmt::Debug for FillAheadSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "FillAheadSlot({})", self.scans().0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fits_ahead;
+
+    #[test]
+    fn scans_are_filled_ahead_only_where_they_are_known_to_fit_half_the_cache() {
+        assert!(fits_ahead(&[Some(300), Some(200)], 1000));
+        assert!(!fits_ahead(&[Some(300), Some(201)], 1000));
+        // A part of unknown rows (a file without statistics) may be of any
+        // size.
+        assert!(!fits_ahead(&[Some(1), None], 1000));
+        assert!(fits_ahead(&[], 1000));
+        assert!(!fits_ahead(&[Some(usize::MAX), Some(usize::MAX)], usize::MAX));
     }
 }

@@ -152,19 +152,23 @@ impl Part {
     }
 
     /// About how many rows the part holds, so that its words are sized
-    /// once: a `MemTable` partition's rows; a file's rows from its
-    /// statistics in proportion to the byte range read, and an eighth more
-    /// (a range holds whole row groups, which need not split evenly by
-    /// bytes); 0 where the file has no statistics.
+    /// once ([`Self::rows_estimate`]); 0 where the file has no statistics.
     pub fn rows_hint(&self) -> usize {
+        self.rows_estimate().unwrap_or(0)
+    }
+
+    /// About how many rows the part holds: a `MemTable` partition's rows;
+    /// a file's rows from its statistics in proportion to the byte range
+    /// read, and an eighth more (a range holds whole row groups, which need
+    /// not split evenly by bytes); `None` where the file has no statistics.
+    pub fn rows_estimate(&self) -> Option<usize> {
         match self {
-            Part::Memory(batches) => batches.iter().map(RecordBatch::num_rows).sum(),
+            Part::Memory(batches) => Some(batches.iter().map(RecordBatch::num_rows).sum()),
             Part::File(file) => {
                 let rows = file
                     .statistics
                     .as_ref()
-                    .and_then(|s| s.num_rows.get_value().copied());
-                let Some(rows) = rows else { return 0 };
+                    .and_then(|s| s.num_rows.get_value().copied())?;
                 let size = file.object_meta.size as f64;
                 let share = match &file.range {
                     Some(range) if size > 0.0 => {
@@ -172,7 +176,7 @@ impl Part {
                     }
                     _ => 1.0,
                 };
-                (rows as f64 * share * 1.125).ceil() as usize
+                Some((rows as f64 * share * 1.125).ceil() as usize)
             }
         }
     }
@@ -349,6 +353,8 @@ mod tests {
         assert_eq!(Part::File(beyond).rows_hint(), 9_000);
         // No statistics: no guess.
         assert_eq!(Part::File(file_of(None)).rows_hint(), 0);
+        assert_eq!(Part::File(file_of(None)).rows_estimate(), None);
+        assert_eq!(Part::File(file_of(Some(8_000))).rows_estimate(), Some(9_000));
         // A MemTable partition's rows exactly.
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
         let batch = |n: i64| {
