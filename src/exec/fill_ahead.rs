@@ -7,19 +7,23 @@
 //! largest (the probe side of the first join) last. A GPU scan's columns
 //! are read whole into the cache, whatever its filter and its join keys,
 //! so nothing but the order of reading makes it wait: a plan's scans are
-//! filled together from the start, a task a partition of each scan, the
-//! smallest tables first, beside the joins' own reading, and each scan
-//! finds its parts in the cache (or waits for the part being filled, see
-//! [`crate::exec::scan_aggregate`]'s fill lock) when its turn comes. Scan
-//! aggregations are left out: each reads all of its parts at once, a task
-//! a group, when it first runs.
+//! filled together from the start, a task a partition of each scan (all
+//! spawned at once, the smallest tables' first), beside the joins' own
+//! reading, and each scan finds its parts in the cache (or waits for the
+//! part being filled, see [`crate::exec::scan_aggregate`]'s fill lock)
+//! when its turn comes. Scan aggregations are left out: each reads all of
+//! its parts at once, a task a group, when it first runs. A scan that only
+//! tests join keys may still leave its partitions to DataFusion (keys
+//! estimated to keep most rows, or not there): its fill then serves the
+//! next query.
 //!
 //! Only with the cache on (the fill is the cache's), in a multi-threaded
 //! runtime, for a plan whose output partitions are read together (not a
 //! distributed stage, which reads only its own), and where every column the
 //! plan's scans read is known (by the files' statistics) to fit in half the
 //! cache's share of the device: a fill ahead that evicts its own parts
-//! before their scan reads them would read them twice. A fill that fails, or finds a column it cannot keep, stops:
+//! before their scan reads them would read them twice. (The estimate
+//! counts 8 bytes a row a column; strings kept as their bytes take more.) A fill that fails, or finds a column it cannot keep, stops:
 //! the scan finds the same when it reads the part, and says so.
 //!
 //! `EXPLAIN ANALYZE` counts, per scan, the parts and rows filled ahead

@@ -423,11 +423,19 @@ async fn a_plans_scans_are_filled_ahead_each_part_once() {
         let parts_filled = plan_metric(&plan, "parts_filled_ahead");
         match run {
             // Every row read once, by the scan or ahead of it (a partition
-            // the scan left to DataFusion reads none).
-            "cold" if tested.on_cpu == 0 => {
+            // the scan left to DataFusion reads none); twice only where
+            // other tests' device memory evicted a part filled ahead
+            // before its scan read it.
+            "cold" if tested.on_cpu == 0 && alone_on_the_device() => {
                 assert_eq!(read + filled, 3 * rows_per_file, "{tested:?}")
             }
-            "cold" => assert!(read + filled <= 3 * rows_per_file, "{tested:?}"),
+            "cold" if tested.on_cpu == 0 => {
+                assert!(read + filled >= 3 * rows_per_file, "{tested:?}")
+            }
+            "cold" if alone_on_the_device() => {
+                assert!(read + filled <= 3 * rows_per_file, "{tested:?}")
+            }
+            "cold" => {}
             // All in the cache already (where no other test of the process
             // evicts it meanwhile).
             _ if alone_on_the_device() => assert_eq!((read, filled, parts_filled), (0, 0, 0)),
