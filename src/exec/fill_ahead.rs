@@ -108,9 +108,7 @@ impl FillAhead {
             return;
         }
         let options = GpuOptions::from_config(context.session_config().options());
-        let multi_threaded = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        if !options.cache || !multi_threaded || self.scans.is_empty() {
+        if !options.cache || !super::in_multi_threaded_runtime() || self.scans.is_empty() {
             return;
         }
         let Ok(first) = super::partition_device(0, &options) else { return };

@@ -52,6 +52,14 @@ pub(crate) fn partition_device(partition: usize, options: &GpuOptions) -> Result
         .map_err(|e| DataFusionError::Execution(e.to_string()))
 }
 
+/// Whether the caller runs in a multi-threaded tokio runtime, where work
+/// spawned beside a query (a build side read ahead, the cache filled
+/// ahead) runs in parallel with it rather than in turn.
+pub(crate) fn in_multi_threaded_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 /// The device for partition `partition` of a join or aggregation with
 /// `partitions` output partitions, which reads no cached columns: a node of
 /// one partition takes the devices `options.devices` names in turn (see

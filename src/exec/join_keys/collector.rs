@@ -299,9 +299,8 @@ fn read_ahead(
     held: MemoryReservation,
     metrics: ReadAheadMetrics,
 ) -> SendableRecordBatchStream {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {}
-        _ => return stream,
+    if !crate::exec::in_multi_threaded_runtime() {
+        return stream;
     }
     let schema = stream.schema();
     let held = Arc::new(held);
