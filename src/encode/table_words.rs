@@ -12,7 +12,7 @@ use datafusion::arrow::array::{
     OffsetSizeTrait, StringArray, StringViewArray,
 };
 use datafusion::arrow::datatypes::{
-    DataType, Date32Type, Date64Type, Decimal128Type, Float64Type, Int16Type, Int32Type, Int64Type,
+    DataType, Date32Type, Date64Type, Decimal128Type, Decimal32Type, Decimal64Type, Float64Type, Int16Type, Int32Type, Int64Type,
     Int8Type, TimeUnit, TimestampMicrosecondType, TimestampMillisecondType,
     TimestampNanosecondType, TimestampSecondType, UInt16Type, UInt32Type, UInt8Type,
 };
@@ -271,6 +271,10 @@ fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
         DataType::UInt16 => always!(UInt16Type),
         DataType::Date32 => always!(Date32Type),
         DataType::Int64 => if_fits!(Int64Type),
+        // A decimal read in 32 or 64 bits (`read_types`): the same words as
+        // the table's 128-bit decimal.
+        DataType::Decimal32(_, _) => always!(Decimal32Type),
+        DataType::Decimal64(_, _) => if_fits!(Decimal64Type),
         DataType::UInt32 => if_fits!(UInt32Type),
         DataType::Date64 => if_fits!(Date64Type),
         DataType::Timestamp(TimeUnit::Second, _) => if_fits!(TimestampSecondType),
@@ -320,6 +324,8 @@ fn plain_words(array: &ArrayRef, out: &mut Vec<u64>) -> Option<()> {
         DataType::Int16 => widened!(Int16Type),
         DataType::Int32 => widened!(Int32Type),
         DataType::Int64 => widened!(Int64Type),
+        DataType::Decimal32(_, _) => widened!(Decimal32Type),
+        DataType::Decimal64(_, _) => widened!(Decimal64Type),
         DataType::UInt8 => widened!(UInt8Type),
         DataType::UInt16 => widened!(UInt16Type),
         DataType::UInt32 => widened!(UInt32Type),
@@ -646,7 +652,9 @@ mod tests {
         }
         Some(builder.finish())
     }
-    use datafusion::arrow::array::{Decimal128Array, Float64Array, Int32Array, Int64Array};
+    use datafusion::arrow::array::{
+        Decimal128Array, Decimal32Array, Decimal64Array, Float64Array, Int32Array, Int64Array,
+    };
     use datafusion::arrow::buffer::NullBuffer;
 
     #[test]
@@ -674,6 +682,51 @@ mod tests {
         assert!(
             matches!(&words.values, WordValues::Wide(v) if v[1] as i64 == i64::from(i32::MIN) - 1)
         );
+    }
+
+    #[test]
+    fn a_decimal_read_in_32_or_64_bits_makes_the_words_of_its_128_bit_type() {
+        // The cache fill reads short decimals narrower than the table's
+        // type (`read_types`); the words must not tell the difference,
+        // in 4-byte words and, past 32 bits, in 8-byte ones, NULLs kept.
+        let table_type = DataType::Decimal128(15, 2);
+        let cases: [Vec<Option<i64>>; 2] = [
+            vec![Some(-1), None, Some(7), Some(i64::from(i32::MAX))],
+            vec![Some(3), Some(i64::from(i32::MIN) - 1), None, Some(i64::MAX / 7)],
+        ];
+        for values in cases {
+            let wide: ArrayRef = Arc::new(
+                Decimal128Array::from(values.iter().map(|v| v.map(i128::from)).collect::<Vec<_>>())
+                    .with_precision_and_scale(15, 2)
+                    .unwrap(),
+            );
+            let narrow: ArrayRef = Arc::new(
+                Decimal64Array::from(values.clone()).with_precision_and_scale(15, 2).unwrap(),
+            );
+            let expected = column_words(&[Arc::clone(&wide), wide], &table_type).unwrap();
+            let words = column_words(&[Arc::clone(&narrow), narrow], &table_type).unwrap();
+            assert_eq!(words.rows, expected.rows);
+            assert_eq!(words.validity, expected.validity);
+            match (&words.values, &expected.values) {
+                (WordValues::Narrow(a), WordValues::Narrow(b)) => assert_eq!(a, b),
+                (WordValues::Wide(a), WordValues::Wide(b)) => assert_eq!(a, b),
+                _ => panic!("4-byte words against 8-byte ones for {values:?}"),
+            }
+        }
+        let small: Vec<Option<i32>> = vec![Some(-5), None, Some(99_999)];
+        let wide: ArrayRef = Arc::new(
+            Decimal128Array::from(small.iter().map(|v| v.map(i128::from)).collect::<Vec<_>>())
+                .with_precision_and_scale(7, 2)
+                .unwrap(),
+        );
+        let narrow: ArrayRef =
+            Arc::new(Decimal32Array::from(small).with_precision_and_scale(7, 2).unwrap());
+        let (a, b) = (
+            column_words(&[narrow], &DataType::Decimal128(7, 2)).unwrap(),
+            column_words(&[wide], &DataType::Decimal128(7, 2)).unwrap(),
+        );
+        assert!(matches!((&a.values, &b.values), (WordValues::Narrow(x), WordValues::Narrow(y)) if x == y));
+        assert_eq!(a.validity, b.validity);
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod exec;
 mod fill_lock;
 mod like;
 mod program;
+mod read_types;
 mod run;
 mod shape;
 mod source;

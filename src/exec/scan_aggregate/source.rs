@@ -10,14 +10,17 @@ use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::ParquetSource;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, FileSource};
 use datafusion::datasource::source::DataSourceExec;
+use datafusion::datasource::table_schema::TableSchema;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use futures::stream::{BoxStream, StreamExt};
 
+use super::read_types;
 use super::shape::TableSource;
 use crate::encode::table_words::word_kind;
 use crate::gpu::WordKind;
+use crate::trace;
 
 /// Rows a batch of a part read to fill the cache: fewer, longer batches,
 /// less work a batch, in the decoder and in the coding into words after it.
@@ -248,24 +251,58 @@ impl Part {
             .file_source()
             .downcast_ref::<ParquetSource>()
             .ok_or_else(|| DataFusionError::Internal("a Parquet part of another scan".into()))?;
-        // The scan's own options (they decide the columns' types), but
-        // neither its predicate nor its projection: every row.
-        let mut fresh = ParquetSource::new(parquet.table_schema().clone())
-            .with_table_parquet_options(parquet.table_parquet_options().clone());
-        if let Some(factory) = parquet.parquet_file_reader_factory() {
-            fresh = fresh.with_parquet_file_reader_factory(Arc::clone(factory));
-        }
-        let config = FileScanConfigBuilder::new(url.clone(), Arc::new(fresh))
-            .with_file_group(FileGroup::new(vec![file.clone()]))
-            .with_expr_adapter(source.expr_adapter_factory.clone())
-            .with_batch_size(Some(batch_rows))
-            .with_projection_indices(Some(table_columns.to_vec()))?
-            .build();
-        let scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
-        let stream = scan.execute(0, context)?;
-        Ok(stream
-            .map(|batch| batch.map(|b| b.columns().to_vec()))
-            .boxed())
+        let scan_of = |table: TableSchema, file: PartitionedFile| {
+            // The scan's own options, but neither its predicate nor its
+            // projection: every row.
+            let mut fresh = ParquetSource::new(table)
+                .with_table_parquet_options(parquet.table_parquet_options().clone());
+            if let Some(factory) = parquet.parquet_file_reader_factory() {
+                fresh = fresh.with_parquet_file_reader_factory(Arc::clone(factory));
+            }
+            let config = FileScanConfigBuilder::new(url.clone(), Arc::new(fresh))
+                .with_file_group(FileGroup::new(vec![file]))
+                .with_expr_adapter(source.expr_adapter_factory.clone())
+                .with_batch_size(Some(batch_rows))
+                .with_projection_indices(Some(table_columns.to_vec()))?
+                .build();
+            Ok::<Arc<dyn ExecutionPlan>, DataFusionError>(DataSourceExec::from_data_source(config))
+        };
+        let rows_of = |scan: Arc<dyn ExecutionPlan>, context: Arc<TaskContext>| {
+            Ok::<_, DataFusionError>(
+                scan.execute(0, context)?
+                    .map(|batch| batch.map(|b| b.columns().to_vec()))
+                    .boxed(),
+            )
+        };
+        let table = parquet.table_schema().clone();
+        let plain = scan_of(table.clone(), file.clone())?;
+        // Read in narrower types where the file allows it
+        // ([`read_types`]); the reader checks the types asked for against
+        // the file's when it opens it, and where they do not match (a file
+        // unlike the table's other files) the part is read as the table's.
+        let file_schema = file.arrow_schema.as_ref().unwrap_or(table.file_schema());
+        let (Some(narrow_table), Some(narrow_file)) =
+            (read_types::narrowed_table(&table), read_types::narrowed(file_schema))
+        else {
+            return rows_of(plain, context);
+        };
+        let mut narrow = rows_of(
+            scan_of(narrow_table, file.clone().with_arrow_schema(narrow_file))?,
+            Arc::clone(&context),
+        )?;
+        let described = Part::File(file.clone()).describe();
+        Ok(futures::stream::once(async move {
+            match narrow.next().await {
+                Some(Err(e)) => {
+                    trace::event(|| format!("{described}: read as the table's types ({e})"));
+                    rows_of(plain, context)
+                        .unwrap_or_else(|e| futures::stream::once(async move { Err(e) }).boxed())
+                }
+                first => futures::stream::iter(first).chain(narrow).boxed(),
+            }
+        })
+        .flatten()
+        .boxed())
     }
 }
 
@@ -324,7 +361,7 @@ pub(crate) fn uncodable_columns(source: &TableSource, fields: &[(usize, Field)])
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::array::{Array, Int64Array};
     use datafusion::arrow::datatypes::{DataType, Schema};
     use datafusion::common::stats::Precision;
     use datafusion::common::Statistics;
@@ -362,5 +399,103 @@ mod tests {
                 .unwrap()
         };
         assert_eq!(Part::Memory(vec![batch(3), batch(0), batch(5)]).rows_hint(), 8);
+    }
+
+    /// The arrays of every part of `dir`'s Parquet table `t`, columns
+    /// `price` and `qty`, as the cache fill reads them, file by file.
+    async fn parts_as_read(dir: &std::path::Path) -> Vec<(String, Vec<ArrayRef>)> {
+        use datafusion::prelude::{ParquetReadOptions, SessionContext};
+        let ctx = SessionContext::new();
+        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+        let plan = ctx
+            .sql("SELECT price, qty FROM t")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let mut node = plan;
+        let scan = loop {
+            if let Some(scan) = node.downcast_ref::<DataSourceExec>() {
+                break scan.clone();
+            }
+            node = Arc::clone(node.children()[0]);
+        };
+        let (source, columns) = super::super::table_source(&scan).unwrap().unwrap();
+        let table_columns: Vec<usize> = columns.iter().map(|c| c.table_index).collect();
+        let mut read = Vec::new();
+        for part in source.part_groups().into_iter().flatten() {
+            let arrays = part.read(&source, &table_columns, ctx.task_ctx()).await.unwrap();
+            let arrays = arrays
+                .into_iter()
+                .map(|pieces| {
+                    let pieces: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
+                    datafusion::arrow::compute::concat(&pieces).unwrap()
+                })
+                .collect();
+            read.push((part.describe(), arrays));
+        }
+        read.sort_by(|a, b| a.0.cmp(&b.0));
+        read
+    }
+
+    #[tokio::test]
+    async fn short_decimals_are_read_in_64_bits_and_a_file_unlike_the_table_as_the_table() {
+        use datafusion::arrow::array::{Decimal128Array, Decimal64Array};
+        use datafusion::parquet::arrow::ArrowWriter;
+        let dir = std::env::temp_dir().join(format!(
+            "datafusion-gpu-read-types-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // a.parquet's price has no NULLs and says so; b.parquet's may. The
+        // table's price may (the files' schemas merged), which a.parquet's
+        // does not match: its part is read as the table's type.
+        let prices = [vec![Some(-12_345i64), Some(7), Some(i64::from(i32::MAX) + 9)], vec![
+            Some(1),
+            None,
+            Some(-99_999_999_999),
+        ]];
+        for (name, (values, nullable)) in ["a", "b"].iter().zip(prices.iter().zip([false, true])) {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("price", DataType::Decimal128(15, 2), nullable),
+                Field::new("qty", DataType::Int64, false),
+            ]));
+            let price = Decimal128Array::from(values.iter().map(|v| v.map(i128::from)).collect::<Vec<_>>())
+                .with_precision_and_scale(15, 2)
+                .unwrap();
+            let qty = Int64Array::from_iter_values(0..values.len() as i64);
+            let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(price), Arc::new(qty)]).unwrap();
+            let file = std::fs::File::create(dir.join(format!("{name}.parquet"))).unwrap();
+            let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+        }
+        let read = parts_as_read(&dir).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(read.len(), 2, "one part a file: {:?}", read.iter().map(|r| &r.0).collect::<Vec<_>>());
+        for ((name, arrays), values) in read.iter().zip(&prices) {
+            let as_i128: Vec<Option<i128>> = match arrays[0].data_type() {
+                DataType::Decimal64(15, 2) => {
+                    assert!(name.starts_with('b'), "{name} read in 64 bits");
+                    let a = arrays[0].as_any().downcast_ref::<Decimal64Array>().unwrap();
+                    a.iter().map(|v| v.map(i128::from)).collect()
+                }
+                DataType::Decimal128(15, 2) => {
+                    assert!(name.starts_with('a'), "{name} read as the table's type");
+                    let a = arrays[0].as_any().downcast_ref::<Decimal128Array>().unwrap();
+                    a.iter().collect()
+                }
+                other => panic!("{name}: price read as {other}"),
+            };
+            let expected: Vec<Option<i128>> = values.iter().map(|v| v.map(i128::from)).collect();
+            assert_eq!(as_i128, expected, "{name}");
+            assert_eq!(arrays[1].data_type(), &DataType::Int64);
+            assert_eq!(arrays[1].len(), values.len());
+        }
     }
 }
