@@ -4,7 +4,9 @@
 //! (its validity says NULL). The device reads such a column only in
 //! `LIKE`, `=`, `<>`, `IN` with text and `IS NULL`. Host work only.
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, GenericStringArray, OffsetSizeTrait};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, GenericStringArray, OffsetSizeTrait, StringViewArray,
+};
 use datafusion::arrow::datatypes::DataType;
 
 use super::table_words::{empty_for_fill, initial_room, room_for, HostWords, ValidityBuilder, WordValues};
@@ -18,7 +20,13 @@ pub struct StringBytesBuilder {
     offsets: Vec<i32>,
     bytes: Vec<u8>,
     validity: ValidityBuilder,
+    /// About how many rows the part holds: the first piece's bytes a row
+    /// size the bytes' room for all of them at once.
+    rows_hint: usize,
 }
+
+/// Bytes a part's strings may take: its offsets are 4-byte.
+const MAX_BYTES: usize = i32::MAX as usize;
 
 impl StringBytesBuilder {
     /// A builder for a column of `data_type`, or `None` where it is not a
@@ -33,6 +41,7 @@ impl StringBytesBuilder {
             offsets,
             bytes: Vec::new(),
             validity: ValidityBuilder::default(),
+            rows_hint: rows,
         })
     }
 
@@ -46,13 +55,7 @@ impl StringBytesBuilder {
     pub fn push(&mut self, piece: &ArrayRef) -> bool {
         let rows_before = self.rows();
         let appended = match piece.data_type() {
-            DataType::Utf8View => {
-                let strings = piece.as_string_view();
-                // At most the bytes every view names (a NULL's too).
-                let bytes: usize = strings.views().iter().map(|&view| view as u32 as usize).sum();
-                room_for(&mut self.bytes, bytes);
-                self.append((0..strings.len()).map(|r| (!strings.is_null(r)).then(|| strings.value(r))))
-            }
+            DataType::Utf8View => self.append_views(piece.as_string_view()),
             DataType::Utf8 => self.append_offset_strings(piece.as_string::<i32>()),
             DataType::LargeUtf8 => self.append_offset_strings(piece.as_string::<i64>()),
             _ => false,
@@ -63,21 +66,77 @@ impl StringBytesBuilder {
         appended
     }
 
-    fn append_offset_strings<O: OffsetSizeTrait>(&mut self, strings: &GenericStringArray<O>) -> bool {
-        let offsets = strings.value_offsets();
-        let bytes = offsets[offsets.len() - 1].as_usize() - offsets[0].as_usize();
+    /// Makes room for a piece of `rows` rows and `bytes` bytes, or returns
+    /// `false` where the part's bytes would reach [`MAX_BYTES`]. The first
+    /// piece makes room for the whole part at its bytes a row (an eighth
+    /// more): growing by doubling would map and copy the bytes several
+    /// times over, which for a part's comments cost more than the copy.
+    fn make_room(&mut self, rows: usize, bytes: usize) -> bool {
+        if self.bytes.len() + bytes >= MAX_BYTES {
+            return false;
+        }
+        if self.bytes.capacity() == 0 && rows > 0 {
+            let part_rows = self.rows_hint.max(rows) as f64;
+            let expected = (bytes as f64 / rows as f64 * part_rows * 1.125) as usize;
+            // Room never written is never mapped: a guess too large costs
+            // address space only.
+            self.bytes = empty_for_fill(expected.clamp(bytes, MAX_BYTES));
+        }
         room_for(&mut self.bytes, bytes);
-        self.append((0..strings.len()).map(|r| (!strings.is_null(r)).then(|| strings.value(r))))
+        room_for(&mut self.offsets, rows);
+        true
     }
 
-    /// Appends each value's bytes (nothing for a NULL).
-    fn append<'a>(&mut self, values: impl Iterator<Item = Option<&'a str>>) -> bool {
-        room_for(&mut self.offsets, values.size_hint().0);
-        for value in values {
-            self.bytes.extend_from_slice(value.unwrap_or_default().as_bytes());
-            match i32::try_from(self.bytes.len()) {
-                Ok(end) => self.offsets.push(end),
-                Err(_) => return false,
+    /// Appends string views' bytes: each view's inline bytes or its
+    /// buffer's range, copied without building a `&str` a row.
+    fn append_views(&mut self, strings: &StringViewArray) -> bool {
+        let views = strings.views();
+        let nulls = strings.nulls().filter(|n| n.null_count() > 0);
+        let length = |row: usize, view: u128| match &nulls {
+            Some(nulls) if nulls.is_null(row) => 0,
+            _ => view as u32 as usize,
+        };
+        let bytes: usize = views.iter().enumerate().map(|(row, &view)| length(row, view)).sum();
+        if !self.make_room(views.len(), bytes) {
+            return false;
+        }
+        let buffers = strings.data_buffers();
+        for (row, &view) in views.iter().enumerate() {
+            let len = length(row, view);
+            if len > 12 {
+                let (buffer, offset) = ((view >> 64) as u32 as usize, (view >> 96) as u32 as usize);
+                self.bytes.extend_from_slice(&buffers[buffer][offset..offset + len]);
+            } else if len > 0 {
+                self.bytes.extend_from_slice(&view.to_le_bytes()[4..4 + len]);
+            }
+            // Below MAX_BYTES: checked for the whole piece above.
+            self.offsets.push(self.bytes.len() as i32);
+        }
+        true
+    }
+
+    fn append_offset_strings<O: OffsetSizeTrait>(&mut self, strings: &GenericStringArray<O>) -> bool {
+        let offsets = strings.value_offsets();
+        let (first, last) = (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize());
+        if !self.make_room(strings.len(), last - first) {
+            return false;
+        }
+        match strings.nulls().filter(|n| n.null_count() > 0) {
+            // Every row's bytes at once, their offsets moved.
+            None => {
+                let base = self.bytes.len() as i64 - first as i64;
+                self.bytes.extend_from_slice(&strings.value_data()[first..last]);
+                self.offsets
+                    .extend(offsets[1..].iter().map(|end| (end.as_usize() as i64 + base) as i32));
+            }
+            // A NULL row's slot may hold bytes: it becomes empty.
+            Some(nulls) => {
+                for row in 0..strings.len() {
+                    if nulls.is_valid(row) {
+                        self.bytes.extend_from_slice(strings.value(row).as_bytes());
+                    }
+                    self.offsets.push(self.bytes.len() as i32);
+                }
             }
         }
         true
@@ -160,5 +219,60 @@ mod tests {
         let mut builder = StringBytesBuilder::with_rows_hint(&DataType::Utf8, 0).unwrap();
         let ints: ArrayRef = Arc::new(datafusion::arrow::array::Int64Array::from(vec![1]));
         assert!(!builder.push(&ints));
+    }
+
+    /// The strings of `piece` (a string array of any type), NULL as `None`.
+    fn expected(piece: &ArrayRef) -> Vec<Option<String>> {
+        let as_utf8 = datafusion::arrow::compute::cast(piece, &DataType::Utf8).unwrap();
+        as_utf8.as_string::<i32>().iter().map(|v| v.map(String::from)).collect()
+    }
+
+    #[test]
+    fn sliced_pieces_buffers_of_views_and_null_slots_holding_bytes_keep_each_rows_string() {
+        use datafusion::arrow::array::StringViewBuilder;
+        use datafusion::arrow::buffer::{Buffer, NullBuffer, OffsetBuffer};
+        // Views in several data buffers (small blocks), long and short.
+        let mut views = StringViewBuilder::new().with_fixed_block_size(64);
+        for i in 0..200 {
+            match i % 7 {
+                0 => views.append_null(),
+                1 => views.append_value(""),
+                _ => views.append_value(format!("{i} {}", "long text ".repeat(i % 4))),
+            }
+        }
+        let views = views.finish();
+        assert!(views.data_buffers().len() > 2);
+        // A NULL slot holding bytes, as Arrow allows: it becomes empty.
+        let offsets = OffsetBuffer::new(vec![0i32, 3, 8, 10].into());
+        let hidden = StringArray::new(
+            offsets,
+            Buffer::from_slice_ref(b"abcHIDDENxy"[..10].as_ref()),
+            Some(NullBuffer::from(vec![true, false, true])),
+        );
+        let words: Vec<String> = (0..300).map(|i| format!("w{i}")).collect();
+        let plain = StringArray::from_iter_values(words.iter());
+        let large = LargeStringArray::from_iter_values(words.iter());
+        let pieces: Vec<ArrayRef> = vec![
+            Arc::new(views.slice(3, 150)),
+            Arc::new(hidden),
+            Arc::new(plain.slice(17, 100)),
+            Arc::new(large.slice(250, 50)),
+            Arc::new(views),
+        ];
+        // A hint below, at and above the rows: the room grows or not.
+        let rows: usize = pieces.iter().map(|p| p.len()).sum();
+        for hint in [0, 10, rows, 100 * rows] {
+            let mut builder = StringBytesBuilder::with_rows_hint(&DataType::Utf8View, hint).unwrap();
+            let mut want = Vec::new();
+            for piece in &pieces {
+                assert!(builder.push(piece));
+                want.extend(expected(piece));
+            }
+            let words = builder.finish();
+            assert_eq!(words.rows, rows);
+            assert_eq!(strings_of(&words), want, "rows hint {hint}");
+            let total: usize = want.iter().flatten().map(String::len).sum();
+            assert_eq!(words.bytes.as_ref().unwrap().len(), total, "NULL rows take no bytes");
+        }
     }
 }
