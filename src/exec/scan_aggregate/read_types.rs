@@ -1,10 +1,12 @@
 //! The types a Parquet part's columns are read as to fill the column cache:
 //! cheaper to decode than the table's own where the device's words come
-//! out the same. A decimal of at most 18 digits is read as a 64-bit decimal:
-//! Parquet stores it in 32 or 64 bits, and Arrow's reader would otherwise
-//! widen every value to 128 bits, which the cache then narrows again.
-//! The words keep the table's type (its precision and scale), so the cache
-//! keys do not change.
+//! out the same. A decimal of at most 18 digits is read as a 64-bit
+//! decimal: Parquet stores it as a 32- or 64-bit integer (or a short byte
+//! array), and Arrow's reader would otherwise widen every value to 128 bits,
+//! which the cache then narrows again. Only where the file stores the
+//! column as the table declares it (same precision and scale): a file that
+//! differs is read as DataFusion reads it, its values cast to the table's
+//! type. The words keep the table's type, so the cache keys do not change.
 
 use std::sync::Arc;
 
@@ -13,26 +15,7 @@ use datafusion::arrow::datatypes::{
 };
 use datafusion::datasource::table_schema::TableSchema;
 
-/// `schema` with each decimal of at most [`DECIMAL64_MAX_PRECISION`] digits
-/// as a `Decimal64` of the same precision and scale; `None` where it has no
-/// such decimal.
-pub(crate) fn narrowed(schema: &Schema) -> Option<SchemaRef> {
-    let mut changed = false;
-    let fields: Vec<FieldRef> = schema
-        .fields()
-        .iter()
-        .map(|field| match narrow_type(field.data_type()) {
-            Some(narrow) => {
-                changed = true;
-                Arc::new(Field::clone(field).with_data_type(narrow))
-            }
-            None => Arc::clone(field),
-        })
-        .collect();
-    changed.then(|| Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())))
-}
-
-/// The narrower type `data_type` is read as, if any.
+/// The narrower type a column of `data_type` is read as, if any.
 fn narrow_type(data_type: &DataType) -> Option<DataType> {
     match data_type {
         DataType::Decimal128(precision, scale) if *precision <= DECIMAL64_MAX_PRECISION => {
@@ -42,61 +25,132 @@ fn narrow_type(data_type: &DataType) -> Option<DataType> {
     }
 }
 
-/// `table` with its file columns [`narrowed`]; `None` where none is.
-pub(crate) fn narrowed_table(table: &TableSchema) -> Option<TableSchema> {
-    let file_schema = narrowed(table.file_schema())?;
-    Some(
-        TableSchema::builder(file_schema)
-            .with_table_partition_cols(table.table_partition_cols().clone())
-            .with_virtual_columns(table.virtual_columns().clone())
-            .build(),
-    )
+/// Whether any of `table_columns` (indices into the table's columns) is of
+/// a type read narrower: only then is the file's own schema worth fetching.
+pub(crate) fn may_narrow(table: &TableSchema, table_columns: &[usize]) -> bool {
+    let fields = table.file_schema().fields();
+    table_columns
+        .iter()
+        .filter_map(|&c| fields.get(c))
+        .any(|field| narrow_type(field.data_type()).is_some())
+}
+
+/// The schema of the table and the schema of the file (whose own schema,
+/// as Arrow's reader makes it, is `own`) to read a part of the file by:
+/// each decimal column of at most 18 digits that the file stores as the
+/// table declares it, in both, as a `Decimal64` of the same precision and
+/// scale; `None` where there is no such column.
+pub(crate) fn narrowed_for_file(table: &TableSchema, own: &Schema) -> Option<(TableSchema, SchemaRef)> {
+    let names: Vec<&str> = table
+        .file_schema()
+        .fields()
+        .iter()
+        .filter(|field| narrow_type(field.data_type()).is_some())
+        .filter(|field| {
+            own.field_with_name(field.name())
+                .is_ok_and(|stored| stored.data_type() == field.data_type())
+        })
+        .map(|field| field.name().as_str())
+        .collect();
+    if names.is_empty() {
+        return None;
+    }
+    let file_schema = narrowed(table.file_schema(), &names);
+    let table = TableSchema::builder(file_schema)
+        .with_table_partition_cols(table.table_partition_cols().clone())
+        .with_virtual_columns(table.virtual_columns().clone())
+        .build();
+    Some((table, narrowed(own, &names)))
+}
+
+/// `schema` with the columns `names` of a type read narrower in that type.
+fn narrowed(schema: &Schema, names: &[&str]) -> SchemaRef {
+    let fields: Vec<FieldRef> = schema
+        .fields()
+        .iter()
+        .map(|field| match narrow_type(field.data_type()) {
+            Some(narrow) if names.contains(&field.name().as_str()) => {
+                Arc::new(Field::clone(field).with_data_type(narrow))
+            }
+            _ => Arc::clone(field),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn table(fields: Vec<Field>) -> TableSchema {
+        TableSchema::builder(Arc::new(Schema::new(fields))).build()
+    }
+
     #[test]
-    fn decimals_of_up_to_18_digits_are_read_in_64_bits_and_nothing_else_changes() {
-        let schema = Schema::new(vec![
+    fn decimals_of_up_to_18_digits_stored_as_declared_are_read_in_64_bits() {
+        let declared = vec![
             Field::new("price", DataType::Decimal128(15, 2), false),
             Field::new("widest", DataType::Decimal128(18, 0), true),
             Field::new("wide", DataType::Decimal128(19, 2), true),
+            Field::new("rescaled", DataType::Decimal128(15, 2), true),
             Field::new("key", DataType::Int64, false),
-            Field::new("name", DataType::Utf8View, true),
+            Field::new("missing", DataType::Decimal128(9, 1), true),
+        ];
+        // The file: `rescaled` at another scale, `missing` absent, the
+        // columns in another order, `price` nullable there.
+        let own = Schema::new(vec![
+            Field::new("key", DataType::Int64, false),
+            Field::new("rescaled", DataType::Decimal128(15, 4), true),
+            Field::new("wide", DataType::Decimal128(19, 2), true),
+            Field::new("widest", DataType::Decimal128(18, 0), true),
+            Field::new("price", DataType::Decimal128(15, 2), true),
         ]);
-        let narrow = narrowed(&schema).unwrap();
-        let types: Vec<&DataType> = narrow.fields().iter().map(|f| f.data_type()).collect();
+        let t = table(declared.clone());
+        assert!(may_narrow(&t, &[0]));
+        assert!(!may_narrow(&t, &[2, 4]), "19 digits and an integer");
+        assert!(!may_narrow(&t, &[99]));
+        let (narrow_table, narrow_file) = narrowed_for_file(&t, &own).unwrap();
+        let types = |s: &Schema| -> Vec<DataType> { s.fields().iter().map(|f| f.data_type().clone()).collect() };
         assert_eq!(
-            types,
+            types(narrow_table.file_schema()),
             [
-                &DataType::Decimal64(15, 2),
-                &DataType::Decimal64(18, 0),
-                &DataType::Decimal128(19, 2),
-                &DataType::Int64,
-                &DataType::Utf8View
+                DataType::Decimal64(15, 2),
+                DataType::Decimal64(18, 0),
+                DataType::Decimal128(19, 2),
+                DataType::Decimal128(15, 2),
+                DataType::Int64,
+                DataType::Decimal128(9, 1),
             ]
         );
-        // Names and nullability as they were: the reader checks both.
-        for (before, after) in schema.fields().iter().zip(narrow.fields()) {
-            assert_eq!(
-                (before.name(), before.is_nullable()),
-                (after.name(), after.is_nullable())
-            );
+        // The file's own fields, order and nullability: only the types of
+        // the columns narrowed in the table change.
+        assert_eq!(
+            types(&narrow_file),
+            [
+                DataType::Int64,
+                DataType::Decimal128(15, 4),
+                DataType::Decimal128(19, 2),
+                DataType::Decimal64(18, 0),
+                DataType::Decimal64(15, 2),
+            ]
+        );
+        for (before, after) in own.fields().iter().zip(narrow_file.fields()) {
+            assert_eq!((before.name(), before.is_nullable()), (after.name(), after.is_nullable()));
         }
-        let plain = Schema::new(vec![Field::new("key", DataType::Int64, false)]);
-        assert!(narrowed(&plain).is_none());
+        // Nothing stored as declared: nothing narrowed.
+        let t = table(vec![Field::new("rescaled", DataType::Decimal128(15, 2), true)]);
+        assert!(narrowed_for_file(&t, &own).is_none());
     }
 
     #[test]
     fn a_tables_partition_columns_stay_as_they_are() {
         let file = Arc::new(Schema::new(vec![Field::new("price", DataType::Decimal128(12, 2), true)]));
         let day = Arc::new(Field::new("day", DataType::Decimal128(8, 0), false));
-        let table = TableSchema::builder(file)
+        let t = TableSchema::builder(Arc::clone(&file))
             .with_table_partition_cols(vec![Arc::clone(&day)])
             .build();
-        let narrow = narrowed_table(&table).unwrap();
+        assert!(!may_narrow(&t, &[1]), "the partition column is not read from the file");
+        let (narrow, _) = narrowed_for_file(&t, &file).unwrap();
         assert_eq!(narrow.file_schema().field(0).data_type(), &DataType::Decimal64(12, 2));
         assert_eq!(narrow.table_partition_cols()[0].as_ref(), day.as_ref());
         assert_eq!(narrow.table_schema().fields().len(), 2);

@@ -7,14 +7,19 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::datatypes::Field;
 use datafusion::datasource::listing::PartitionedFile;
-use datafusion::datasource::physical_plan::ParquetSource;
+use datafusion::config::TableParquetOptions;
+use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
+use datafusion::datasource::physical_plan::{ParquetFileReaderFactory, ParquetSource};
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::parquet::file::metadata::PageIndexPolicy;
+use datafusion::physical_expr_adapter::PhysicalExprAdapterFactory;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, FileSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::table_schema::TableSchema;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
-use futures::stream::{BoxStream, StreamExt};
+use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 
 use super::read_types;
 use super::shape::TableSource;
@@ -197,7 +202,7 @@ impl Part {
     }
 
     /// Every row of table columns `table_columns` of this part, one list of
-    /// arrays per column.
+    /// arrays per column, of the table's types.
     pub async fn read(
         &self,
         source: &TableSource,
@@ -205,7 +210,7 @@ impl Part {
         context: Arc<TaskContext>,
     ) -> Result<Vec<Vec<ArrayRef>>> {
         let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); table_columns.len()];
-        let mut batches = self.batches(source, table_columns, context)?;
+        let mut batches = self.batches_of(source, table_columns, context, READ_BATCH_ROWS)?;
         while let Some(batch) = batches.next().await {
             for (column, array) in columns.iter_mut().zip(batch?) {
                 column.push(array);
@@ -215,17 +220,20 @@ impl Part {
     }
 
     /// Every row of table columns `table_columns` of this part, a batch at
-    /// a time (one array per column), as the scan would read them.
+    /// a time (one array per column), to fill the cache: as the scan would
+    /// read them, but for short decimals of a file, read in 64 bits where
+    /// the file stores them as the table declares them ([`read_types`]).
     pub fn batches(
         &self,
         source: &TableSource,
         table_columns: &[usize],
         context: Arc<TaskContext>,
     ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
-        self.batches_of(source, table_columns, context, READ_BATCH_ROWS)
+        self.stream(source, table_columns, context, READ_BATCH_ROWS, true)
     }
 
-    /// [`Self::batches`] in batches of `batch_rows` rows (a `MemTable`
+    /// Every row of table columns `table_columns` of this part, of the
+    /// table's types, in batches of `batch_rows` rows (a `MemTable`
     /// partition's batches as they are).
     pub fn batches_of(
         &self,
@@ -233,6 +241,17 @@ impl Part {
         table_columns: &[usize],
         context: Arc<TaskContext>,
         batch_rows: usize,
+    ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
+        self.stream(source, table_columns, context, batch_rows, false)
+    }
+
+    fn stream(
+        &self,
+        source: &TableSource,
+        table_columns: &[usize],
+        context: Arc<TaskContext>,
+        batch_rows: usize,
+        narrow: bool,
     ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
         let (file, url, source) = match (self, source) {
             (Part::Memory(batches), _) => {
@@ -251,58 +270,90 @@ impl Part {
             .file_source()
             .downcast_ref::<ParquetSource>()
             .ok_or_else(|| DataFusionError::Internal("a Parquet part of another scan".into()))?;
-        let scan_of = |table: TableSchema, file: PartitionedFile| {
-            // The scan's own options, but neither its predicate nor its
-            // projection: every row.
-            let mut fresh = ParquetSource::new(table)
-                .with_table_parquet_options(parquet.table_parquet_options().clone());
-            if let Some(factory) = parquet.parquet_file_reader_factory() {
-                fresh = fresh.with_parquet_file_reader_factory(Arc::clone(factory));
-            }
-            let config = FileScanConfigBuilder::new(url.clone(), Arc::new(fresh))
-                .with_file_group(FileGroup::new(vec![file]))
-                .with_expr_adapter(source.expr_adapter_factory.clone())
-                .with_batch_size(Some(batch_rows))
-                .with_projection_indices(Some(table_columns.to_vec()))?
-                .build();
-            Ok::<Arc<dyn ExecutionPlan>, DataFusionError>(DataSourceExec::from_data_source(config))
-        };
-        let rows_of = |scan: Arc<dyn ExecutionPlan>, context: Arc<TaskContext>| {
-            Ok::<_, DataFusionError>(
-                scan.execute(0, context)?
-                    .map(|batch| batch.map(|b| b.columns().to_vec()))
-                    .boxed(),
-            )
+        let read = FileRead {
+            url: url.clone(),
+            options: parquet.table_parquet_options().clone(),
+            reader_factory: parquet.parquet_file_reader_factory().cloned(),
+            expr_adapter: source.expr_adapter_factory.clone(),
+            table_columns: table_columns.to_vec(),
+            batch_rows,
         };
         let table = parquet.table_schema().clone();
-        let plain = scan_of(table.clone(), file.clone())?;
-        // Read in narrower types where the file allows it
-        // ([`read_types`]); the reader checks the types asked for against
-        // the file's when it opens it, and where they do not match (a file
-        // unlike the table's other files) the part is read as the table's.
-        let file_schema = file.arrow_schema.as_ref().unwrap_or(table.file_schema());
-        let (Some(narrow_table), Some(narrow_file)) =
-            (read_types::narrowed_table(&table), read_types::narrowed(file_schema))
-        else {
-            return rows_of(plain, context);
+        if !narrow || !read_types::may_narrow(&table, table_columns) {
+            return read.rows(table, file.clone(), context);
+        }
+        // The file's own schema (its footer, from DataFusion's metadata
+        // cache where the scan or the statistics read it), for the types
+        // the reader is asked for: a file that differs from the table, or
+        // whose footer cannot be read here, is read as the table's.
+        let Ok(store) = context.runtime_env().object_store(url) else {
+            return read.rows(table, file.clone(), context);
         };
-        let mut narrow = rows_of(
-            scan_of(narrow_table, file.clone().with_arrow_schema(narrow_file))?,
-            Arc::clone(&context),
-        )?;
-        let described = Part::File(file.clone()).describe();
+        let footers = context.runtime_env().cache_manager.get_file_metadata_cache();
+        let file = file.clone();
         Ok(futures::stream::once(async move {
+            let own = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
+                .with_file_metadata_cache(Some(footers))
+                .with_page_index_policy(Some(PageIndexPolicy::Skip))
+                .fetch_schema()
+                .await;
+            let Some((narrow_table, own_narrow)) =
+                own.ok().and_then(|own| read_types::narrowed_for_file(&table, &own))
+            else {
+                return read.rows(table, file, context);
+            };
+            let narrow_file = file.clone().with_arrow_schema(own_narrow);
+            let mut narrow = read.rows(narrow_table, narrow_file, Arc::clone(&context))?.fuse();
+            // A type the reader cannot give it (its error comes as it opens
+            // the file, before any row): read as the table's.
             match narrow.next().await {
                 Some(Err(e)) => {
-                    trace::event(|| format!("{described}: read as the table's types ({e})"));
-                    rows_of(plain, context)
-                        .unwrap_or_else(|e| futures::stream::once(async move { Err(e) }).boxed())
+                    let part = Part::File(file.clone()).describe();
+                    trace::event(|| format!("{part}: read as the table's types ({e})"));
+                    read.rows(table, file, context)
                 }
-                first => futures::stream::iter(first).chain(narrow).boxed(),
+                first => Ok(futures::stream::iter(first).chain(narrow).boxed()),
             }
         })
-        .flatten()
+        .try_flatten()
         .boxed())
+    }
+}
+
+/// What reading a Parquet part takes: the scan's options, but neither its
+/// predicate nor its projection (every row of the columns asked for).
+struct FileRead {
+    url: ObjectStoreUrl,
+    options: TableParquetOptions,
+    reader_factory: Option<Arc<dyn ParquetFileReaderFactory>>,
+    expr_adapter: Option<Arc<dyn PhysicalExprAdapterFactory>>,
+    table_columns: Vec<usize>,
+    batch_rows: usize,
+}
+
+impl FileRead {
+    /// The rows of `file` read as a table of `table`'s columns.
+    fn rows(
+        &self,
+        table: TableSchema,
+        file: PartitionedFile,
+        context: Arc<TaskContext>,
+    ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
+        let mut fresh = ParquetSource::new(table).with_table_parquet_options(self.options.clone());
+        if let Some(factory) = &self.reader_factory {
+            fresh = fresh.with_parquet_file_reader_factory(Arc::clone(factory));
+        }
+        let config = FileScanConfigBuilder::new(self.url.clone(), Arc::new(fresh))
+            .with_file_group(FileGroup::new(vec![file]))
+            .with_expr_adapter(self.expr_adapter.clone())
+            .with_batch_size(Some(self.batch_rows))
+            .with_projection_indices(Some(self.table_columns.clone()))?
+            .build();
+        let scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
+        Ok(scan
+            .execute(0, context)?
+            .map(|batch| batch.map(|b| b.columns().to_vec()))
+            .boxed())
     }
 }
 
@@ -401,21 +452,42 @@ mod tests {
         assert_eq!(Part::Memory(vec![batch(3), batch(0), batch(5)]).rows_hint(), 8);
     }
 
-    /// The arrays of every part of `dir`'s Parquet table `t`, columns
-    /// `price` and `qty`, as the cache fill reads them, file by file.
-    async fn parts_as_read(dir: &std::path::Path) -> Vec<(String, Vec<ArrayRef>)> {
+    /// Writes `columns` (name, type, nullable, values) to `dir`/`name`.parquet.
+    fn write_file(dir: &std::path::Path, name: &str, columns: Vec<(&str, DataType, bool, ArrayRef)>) {
+        use datafusion::parquet::arrow::ArrowWriter;
+        let fields: Vec<Field> = columns.iter().map(|(n, t, null, _)| Field::new(*n, t.clone(), *null)).collect();
+        let schema = Arc::new(Schema::new(fields));
+        let arrays = columns.into_iter().map(|(_, _, _, a)| a).collect();
+        let batch = RecordBatch::try_new(Arc::clone(&schema), arrays).unwrap();
+        let file = std::fs::File::create(dir.join(format!("{name}.parquet"))).unwrap();
+        let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+
+    /// Decimals of `scale` digits after the point, of 15 digits.
+    fn decimals(values: &[Option<i64>], scale: i8) -> ArrayRef {
+        use datafusion::arrow::array::Decimal128Array;
+        let values: Vec<Option<i128>> = values.iter().map(|v| v.map(i128::from)).collect();
+        Arc::new(Decimal128Array::from(values).with_precision_and_scale(15, scale).unwrap())
+    }
+
+    /// Table `t` over `dir` (of `schema` where given), the arrays of each of
+    /// its parts as the cache fill reads them (`price`, `qty`), file by
+    /// file, and the prices DataFusion's own scan reads, as text.
+    async fn parts_as_filled(
+        dir: &std::path::Path,
+        schema: Option<&Schema>,
+    ) -> (Vec<(String, Vec<ArrayRef>)>, Vec<String>) {
         use datafusion::prelude::{ParquetReadOptions, SessionContext};
         let ctx = SessionContext::new();
-        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
-            .await
-            .unwrap();
-        let plan = ctx
-            .sql("SELECT price, qty FROM t")
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
+        let mut options = ParquetReadOptions::default();
+        if let Some(schema) = schema {
+            options = options.schema(schema);
+        }
+        ctx.register_parquet("t", dir.to_str().unwrap(), options).await.unwrap();
+        let sql = "SELECT price, qty FROM t";
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
         let mut node = plan;
         let scan = loop {
             if let Some(scan) = node.downcast_ref::<DataSourceExec>() {
@@ -426,9 +498,22 @@ mod tests {
         let (source, columns) = super::super::table_source(&scan).unwrap().unwrap();
         let table_columns: Vec<usize> = columns.iter().map(|c| c.table_index).collect();
         let mut read = Vec::new();
+        let table_types: Vec<DataType> = scan.schema().fields().iter().map(|f| f.data_type().clone()).collect();
         for part in source.part_groups().into_iter().flatten() {
-            let arrays = part.read(&source, &table_columns, ctx.task_ctx()).await.unwrap();
-            let arrays = arrays
+            // The host's read (a part filtered by DataFusion's expressions)
+            // keeps the table's types.
+            let on_host = part.read(&source, &table_columns, ctx.task_ctx()).await.unwrap();
+            for (pieces, table_type) in on_host.iter().zip(&table_types) {
+                assert!(pieces.iter().all(|a| a.data_type() == table_type), "{table_type}");
+            }
+            let mut batches = part.batches(&source, &table_columns, ctx.task_ctx()).unwrap();
+            let mut pieces: Vec<Vec<ArrayRef>> = vec![Vec::new(); table_columns.len()];
+            while let Some(batch) = batches.next().await {
+                for (column, array) in pieces.iter_mut().zip(batch.unwrap()) {
+                    column.push(array);
+                }
+            }
+            let arrays = pieces
                 .into_iter()
                 .map(|pieces| {
                     let pieces: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
@@ -438,13 +523,21 @@ mod tests {
             read.push((part.describe(), arrays));
         }
         read.sort_by(|a, b| a.0.cmp(&b.0));
-        read
+        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let prices: Vec<String> = batches.iter().flat_map(|b| decimal_text(b.column(0))).collect();
+        (read, prices)
+    }
+
+    /// `array` (a decimal array of 64 or 128 bits) as text, as its type
+    /// would print it.
+    fn decimal_text(array: &ArrayRef) -> Vec<String> {
+        use datafusion::arrow::array::AsArray;
+        let text = datafusion::arrow::compute::cast(array, &DataType::Utf8).unwrap();
+        text.as_string::<i32>().iter().map(|v| v.unwrap_or("NULL").to_string()).collect()
     }
 
     #[tokio::test]
-    async fn short_decimals_are_read_in_64_bits_and_a_file_unlike_the_table_as_the_table() {
-        use datafusion::arrow::array::{Decimal128Array, Decimal64Array};
-        use datafusion::parquet::arrow::ArrowWriter;
+    async fn short_decimals_stored_as_the_table_declares_are_filled_in_64_bits() {
         let dir = std::env::temp_dir().join(format!(
             "datafusion-gpu-read-types-{}-{:?}",
             std::process::id(),
@@ -452,50 +545,53 @@ mod tests {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        // a.parquet's price has no NULLs and says so; b.parquet's may. The
-        // table's price may (the files' schemas merged), which a.parquet's
-        // does not match: its part is read as the table's type.
+        // a.parquet's price has no NULLs and says so; b.parquet's may (the
+        // table's may: the files' schemas merged). Each is read by its own
+        // schema: both in 64 bits.
         let prices = [vec![Some(-12_345i64), Some(7), Some(i64::from(i32::MAX) + 9)], vec![
             Some(1),
             None,
             Some(-99_999_999_999),
         ]];
         for (name, (values, nullable)) in ["a", "b"].iter().zip(prices.iter().zip([false, true])) {
-            let schema = Arc::new(Schema::new(vec![
-                Field::new("price", DataType::Decimal128(15, 2), nullable),
-                Field::new("qty", DataType::Int64, false),
-            ]));
-            let price = Decimal128Array::from(values.iter().map(|v| v.map(i128::from)).collect::<Vec<_>>())
-                .with_precision_and_scale(15, 2)
-                .unwrap();
-            let qty = Int64Array::from_iter_values(0..values.len() as i64);
-            let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(price), Arc::new(qty)]).unwrap();
-            let file = std::fs::File::create(dir.join(format!("{name}.parquet"))).unwrap();
-            let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
-            writer.write(&batch).unwrap();
-            writer.close().unwrap();
+            let qty: ArrayRef = Arc::new(Int64Array::from_iter_values(0..values.len() as i64));
+            write_file(&dir, name, vec![
+                ("price", DataType::Decimal128(15, 2), nullable, decimals(values, 2)),
+                ("qty", DataType::Int64, false, qty),
+            ]);
         }
-        let read = parts_as_read(&dir).await;
-        let _ = std::fs::remove_dir_all(&dir);
+        let (read, _) = parts_as_filled(&dir, None).await;
         assert_eq!(read.len(), 2, "one part a file: {:?}", read.iter().map(|r| &r.0).collect::<Vec<_>>());
         for ((name, arrays), values) in read.iter().zip(&prices) {
-            let as_i128: Vec<Option<i128>> = match arrays[0].data_type() {
-                DataType::Decimal64(15, 2) => {
-                    assert!(name.starts_with('b'), "{name} read in 64 bits");
-                    let a = arrays[0].as_any().downcast_ref::<Decimal64Array>().unwrap();
-                    a.iter().map(|v| v.map(i128::from)).collect()
-                }
-                DataType::Decimal128(15, 2) => {
-                    assert!(name.starts_with('a'), "{name} read as the table's type");
-                    let a = arrays[0].as_any().downcast_ref::<Decimal128Array>().unwrap();
-                    a.iter().collect()
-                }
-                other => panic!("{name}: price read as {other}"),
-            };
-            let expected: Vec<Option<i128>> = values.iter().map(|v| v.map(i128::from)).collect();
-            assert_eq!(as_i128, expected, "{name}");
+            assert_eq!(arrays[0].data_type(), &DataType::Decimal64(15, 2), "{name}");
+            let expected = decimal_text(&decimals(values, 2));
+            assert_eq!(decimal_text(&arrays[0]), expected, "{name}");
             assert_eq!(arrays[1].data_type(), &DataType::Int64);
             assert_eq!(arrays[1].len(), values.len());
         }
+
+        // A table declared at scale 2 over a file that stores scale 4:
+        // the file's values are cast to the table's type as DataFusion
+        // casts them, not read as if they were of the table's scale.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let stored = [Some(123_456i64), None, Some(-7_000_000)];
+        let qty: ArrayRef = Arc::new(Int64Array::from_iter_values(0..3));
+        write_file(&dir, "c", vec![
+            ("price", DataType::Decimal128(15, 4), true, decimals(&stored, 4)),
+            ("qty", DataType::Int64, false, qty),
+        ]);
+        let declared = Schema::new(vec![
+            Field::new("price", DataType::Decimal128(15, 2), true),
+            Field::new("qty", DataType::Int64, false),
+        ]);
+        let (read, answer) = parts_as_filled(&dir, Some(&declared)).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(read.len(), 1);
+        let price = &read[0].1[0];
+        assert_eq!(price.data_type(), &DataType::Decimal128(15, 2), "cast by DataFusion");
+        assert_eq!(decimal_text(price), answer, "as DataFusion's scan reads them");
+        assert_eq!(answer[1], "NULL");
+        assert!(answer[0].starts_with("12.3") && answer[2] == "-700.00", "{answer:?}");
     }
 }
