@@ -13,9 +13,12 @@
 //! part being filled, see [`crate::exec::scan_aggregate`]'s fill lock)
 //! when its turn comes. Scan aggregations are left out: each reads all of
 //! its parts at once, a task a group, when it first runs. A scan that only
-//! tests join keys may still leave its partitions to DataFusion (keys
-//! estimated to keep most rows, or not there): its fill then serves the
-//! next query.
+//! tests join keys leaves its partitions to DataFusion where the keys are
+//! estimated to keep more than [`MAX_KEPT_SHARE`] of its rows, or where
+//! none are there: its fill waits until their sets are made (or will not
+//! be), and fills nothing where the scan would read nothing from the
+//! device. (TPC-H q14's `part`, tested against the parts of a month's line
+//! items, would otherwise be read twice in a first run.)
 //!
 //! Only with the cache on (the fill is the cache's), in a multi-threaded
 //! runtime, for a plan whose output partitions are read together (not a
@@ -38,11 +41,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use datafusion::arrow::datatypes::Field;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::execution::TaskContext;
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 
-use super::scan_aggregate::{part_columns, Loaded, TableSource};
+use super::join_keys::{kept_by_join_keys, key_sets_in, MAX_KEPT_SHARE};
+use super::scan_aggregate::{part_columns, Loaded, Part, TableSource};
 use super::GpuScanMetrics;
 use crate::config::GpuOptions;
+use crate::gpu::GpuDevice;
 use crate::trace;
 
 /// The columns one GPU scan of a plan reads, as it reads them.
@@ -55,7 +61,19 @@ pub(crate) struct ScanFill {
     /// The scan node's metrics, where the parts and rows filled ahead are
     /// counted (`parts_filled_ahead`, `rows_filled_ahead`).
     pub metrics: ExecutionPlanMetricsSet,
+    /// Where the scan tests nothing but join keys, its tests: the fill
+    /// waits for their sets (see the module docs).
+    pub key_tests: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    /// How the scan reads its columns once a string column is found too
+    /// varied to code, where it can read it as its bytes.
+    pub as_bytes: Option<AsBytes>,
 }
+
+/// The columns a scan reads and the slots of those it reads as their
+/// bytes, made again after a string column was found too varied to code
+/// (see [`crate::exec::scan_aggregate::uncodable_columns`]); `None` where
+/// the scan cannot read it as its bytes.
+pub(crate) type AsBytes = Arc<dyn Fn() -> Option<(Vec<(usize, Field)>, Vec<usize>)> + Send + Sync>;
 
 impl ScanFill {
     /// About how many bytes the scan's columns take on the device, at most;
@@ -67,6 +85,15 @@ impl ScanFill {
         }
         Some(rows.saturating_mul(8).saturating_mul(self.fields.len()))
     }
+}
+
+/// Whether a scan that tests only `key_tests` reads the device: once their
+/// sets are made, or will not be, whether they keep at most
+/// [`MAX_KEPT_SHARE`] of its rows (as the scan finds when it runs).
+async fn keys_keep_few_rows(key_tests: &[Arc<dyn PhysicalExpr>]) -> bool {
+    let sets = key_sets_in(key_tests);
+    futures::future::join_all(sets.iter().map(|set| set.decided())).await;
+    kept_by_join_keys(key_tests).is_some_and(|kept| kept <= MAX_KEPT_SHARE)
 }
 
 /// Whether scans whose columns take `bytes` (`None`: unknown) are filled
@@ -128,48 +155,96 @@ impl FillAhead {
                 let Ok(device) = super::partition_device(group, &options) else {
                     continue;
                 };
-                let filled = MetricBuilder::new(&scan.metrics).counter("parts_filled_ahead", group);
-                let rows_filled = MetricBuilder::new(&scan.metrics).counter("rows_filled_ahead", group);
-                let (source, fields, byte_slots) =
-                    (scan.source.clone(), scan.fields.clone(), scan.byte_slots.clone());
-                let (context, options) = (Arc::clone(context), options.clone());
-                tasks.push(SpawnedTask::spawn(async move {
+                let read = PartsRead {
+                    source: scan.source.clone(),
+                    fields: scan.fields.clone(),
+                    byte_slots: scan.byte_slots.clone(),
+                    as_bytes: scan.as_bytes.clone(),
+                    device,
+                    filled: MetricBuilder::new(&scan.metrics).counter("parts_filled_ahead", group),
+                    rows_filled: MetricBuilder::new(&scan.metrics).counter("rows_filled_ahead", group),
                     // Its own metrics: the node's count the scan's reads.
-                    let metrics = GpuScanMetrics::new(&ExecutionPlanMetricsSet::new(), group);
-                    for part in parts {
-                        let (misses_before, rows_before) =
-                            (metrics.cache_misses.value(), metrics.rows_read.value());
-                        let loaded = part_columns(
-                            &source,
-                            fields.clone(),
-                            &byte_slots,
-                            &device,
-                            part,
-                            Arc::clone(&context),
-                            &options,
-                            &metrics,
-                        )
-                        .await;
-                        match loaded {
-                            Ok(Loaded::Device(_)) => {
-                                if metrics.cache_misses.value() > misses_before {
-                                    filled.add(1);
-                                    rows_filled.add(metrics.rows_read.value() - rows_before);
-                                }
+                    metrics: GpuScanMetrics::new(&ExecutionPlanMetricsSet::new(), group),
+                };
+                let (context, options) = (Arc::clone(context), options.clone());
+                let key_tests = scan.key_tests.clone();
+                tasks.push(SpawnedTask::spawn(async move {
+                    if let Some(key_tests) = &key_tests {
+                        if !keys_keep_few_rows(key_tests).await {
+                            trace::event(|| {
+                                format!("fill ahead of {group}: left out, the join keys keep many rows or none came")
+                            });
+                            return;
+                        }
+                    }
+                    read.fill(parts, context, options).await;
+                }));
+            }
+        }
+    }
+}
+
+/// One task of a fill ahead: the parts of one partition of one scan.
+struct PartsRead {
+    source: TableSource,
+    fields: Vec<(usize, Field)>,
+    byte_slots: Vec<usize>,
+    as_bytes: Option<AsBytes>,
+    device: Arc<GpuDevice>,
+    filled: Count,
+    rows_filled: Count,
+    metrics: GpuScanMetrics,
+}
+
+impl PartsRead {
+    /// Reads `parts` into the cache, those the cache lacks, one after
+    /// another; stops at the first the device cannot take (the scan finds
+    /// the same when it reads the part, and says so), but for a string
+    /// column just found too varied to code that the scan reads as its
+    /// bytes instead: the part is read again so, as the scan would.
+    async fn fill(mut self, parts: Vec<Part>, context: Arc<TaskContext>, options: GpuOptions) {
+        for part in parts {
+            let mut read_as_bytes = false;
+            loop {
+                let (misses_before, rows_before) =
+                    (self.metrics.cache_misses.value(), self.metrics.rows_read.value());
+                let loaded = part_columns(
+                    &self.source,
+                    self.fields.clone(),
+                    &self.byte_slots,
+                    &self.device,
+                    part.clone(),
+                    Arc::clone(&context),
+                    &options,
+                    &self.metrics,
+                )
+                .await;
+                match loaded {
+                    Ok(Loaded::Device(_)) => {
+                        if self.metrics.cache_misses.value() > misses_before {
+                            self.filled.add(1);
+                            self.rows_filled.add(self.metrics.rows_read.value() - rows_before);
+                        }
+                        break;
+                    }
+                    Ok(Loaded::Host(reason)) => {
+                        let as_bytes = self.as_bytes.as_ref().and_then(|as_bytes| as_bytes());
+                        match as_bytes {
+                            Some((fields, byte_slots)) if !read_as_bytes && byte_slots != self.byte_slots => {
+                                trace::event(|| format!("fill ahead of {}: strings as bytes", part.describe()));
+                                (self.fields, self.byte_slots, read_as_bytes) = (fields, byte_slots, true);
                             }
-                            // The scan finds the same when it reads the
-                            // part, and says so.
-                            Ok(Loaded::Host(reason)) => {
+                            _ => {
                                 trace::event(|| format!("fill ahead stopped: {reason}"));
-                                return;
-                            }
-                            Err(e) => {
-                                trace::event(|| format!("fill ahead stopped: {e}"));
                                 return;
                             }
                         }
                     }
-                }));
+                    Err(e) => {
+                        trace::event(|| format!("fill ahead stopped: {e}"));
+                        return;
+                    }
+                }
             }
         }
     }

@@ -17,6 +17,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::MemTable;
+use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::physical_plan::{displayable, ExecutionPlan};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use datafusion_gpu::{gpu_decisions, GpuScanFilterExec};
@@ -388,11 +389,11 @@ async fn join_key_filters_on_the_host_answer_as_datafusion_does() {
     }
 }
 
-/// The scan of a join's probe side is read into the column cache from the
-/// plan's start, beside the build side, each part once: the fill ahead and
-/// the scan take turns on a part, never both read it. The build side is
-/// collected once, where the Parquet probe side of the first query is a GPU
-/// scan testing the keys (see `join_key_filters_read_parquet_probe_sides`).
+/// The scan of a join's probe side with a filter of its own is read into
+/// the column cache from the plan's start, beside the build side, each part
+/// once: the fill ahead and the scan take turns on a part, never both read
+/// it. The build side is collected once, where the Parquet probe side is a
+/// GPU scan testing the keys (see `join_key_filters_read_parquet_probe_sides`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plans_scans_are_filled_ahead_each_part_once() {
     let Some(_) = require_gpu("a_plans_scans_are_filled_ahead_each_part_once") else {
@@ -407,7 +408,8 @@ async fn a_plans_scans_are_filled_ahead_each_part_once() {
     }
     let (gpu, cpu) = contexts(JoinMode::CollectLeft).await;
     register_parquet_probe_side([&gpu, &cpu], &dir, &k, &wide).await;
-    let sql = QUERIES[0];
+    // A scan that only tests keys waits for them before it fills (below).
+    let sql = QUERIES[5];
     let mut filled_ahead = 0;
     for run in ["cold", "warm"] {
         let (plan, tested) = check(&gpu, &cpu, sql).await;
@@ -446,5 +448,95 @@ async fn a_plans_scans_are_filled_ahead_each_part_once() {
     // The fills start with the plan, the scan once the build side is in:
     // they take parts before it.
     assert!(filled_ahead > 0, "no part was filled ahead");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A scan that only tests join keys reads the device only where they keep
+/// few of its rows (by the share of its keys' range they hold): its fill
+/// ahead waits for the keys, and reads nothing into the cache where they
+/// keep many, as the scan then leaves every partition to DataFusion. Where
+/// they keep few, each part is read once, by the fill or by the scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scan_testing_only_join_keys_is_filled_only_where_they_keep_few_rows() {
+    let Some(_) =
+        require_gpu("a_scan_testing_only_join_keys_is_filled_only_where_they_keep_few_rows")
+    else {
+        return;
+    };
+    // The probe side: keys 0 to 99,999, three rows each, in one file.
+    let dir = temp_dir("fill-ahead-keys");
+    let rows = 300_000;
+    let probe = Arc::new(Schema::new(vec![
+        Field::new("i", DataType::Int64, false),
+        Field::new("v", DataType::Int32, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&probe),
+        vec![
+            Arc::new(Int64Array::from_iter_values(
+                (0..rows as i64).map(|r| r % 100_000),
+            )) as ArrayRef,
+            Arc::new(Int32Array::from_iter(
+                (0..rows as i32).map(|r| (r % 7 != 0).then_some(r % 1000)),
+            )),
+        ],
+    )
+    .unwrap();
+    let file = std::fs::File::create(dir.join("p.parquet")).unwrap();
+    let mut writer = ArrowWriter::try_new(file, Arc::clone(&probe), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    // Build sides smaller than the probe side (so that DataFusion builds on
+    // them): `half` holds every other key, `rare` one in a thousand.
+    let build = Arc::new(Schema::new(vec![Field::new("key", DataType::Int64, false)]));
+    let keys = |values: Vec<i64>| {
+        let batch = RecordBatch::try_new(
+            Arc::clone(&build),
+            vec![Arc::new(Int64Array::from(values)) as ArrayRef],
+        )
+        .unwrap();
+        Arc::new(MemTable::try_new(Arc::clone(&build), vec![vec![batch]]).unwrap())
+    };
+    let half = keys((0..50_000).map(|k| 2 * k).collect());
+    let rare = keys((0..100).map(|k| 1000 * k + 7).collect());
+    let (gpu, cpu) = contexts(JoinMode::CollectLeft).await;
+    for ctx in [&gpu, &cpu] {
+        ctx.register_parquet("p", dir.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+        ctx.register_table("half", Arc::clone(&half) as _).unwrap();
+        ctx.register_table("rare", Arc::clone(&rare) as _).unwrap();
+    }
+    for (sql, keep_many) in [
+        ("SELECT p.i, p.v FROM p JOIN half h ON p.i = h.key", true),
+        ("SELECT p.i, p.v FROM p JOIN rare r ON p.i = r.key", false),
+    ] {
+        let (plan, tested) = check(&gpu, &cpu, sql).await;
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        let scans = nodes_named(&plan, "GpuScanFilterExec");
+        assert_eq!(
+            scans.len(),
+            1,
+            "{sql}: one scan of p testing the keys:\n{text}"
+        );
+        assert!(text.contains("IN join keys"), "{sql}:\n{text}");
+        // A fill that went on after the query would count its parts by now.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let read = plan_metric(&scans[0], "rows_read");
+        let filled = plan_metric(&scans[0], "rows_filled_ahead");
+        if keep_many {
+            assert!(tested.on_cpu > 0 && tested.kept == 0, "{sql}: {tested:?}");
+            assert_eq!((read, filled), (0, 0), "{sql}: nothing read into the cache");
+            assert_eq!(plan_metric(&plan, "parts_filled_ahead"), 0, "{sql}");
+        } else {
+            assert_eq!(tested.on_cpu, 0, "{sql}: {tested:?}");
+            assert!(tested.kept == 300, "{sql}: {tested:?}");
+            if alone_on_the_device() {
+                assert_eq!(read + filled, rows, "{sql}: each row read once");
+            } else {
+                assert!(read + filled >= rows, "{sql}");
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -173,6 +173,21 @@ impl PhysicalExpr for JoinKeyFilterExpr {
     }
 }
 
+/// About the share of a scan's rows that the join key tests among
+/// `predicates` keep together: the least of their estimates
+/// ([`JoinKeyFilterExpr::kept_share`]) whose sets are there; `None` where
+/// none is. A scan that tests nothing else reads the device only where it
+/// is at most [`MAX_KEPT_SHARE`].
+pub(crate) fn kept_by_join_keys<'a>(
+    predicates: impl IntoIterator<Item = &'a Arc<dyn PhysicalExpr>>,
+) -> Option<f64> {
+    predicates
+        .into_iter()
+        .filter_map(|predicate| predicate.downcast_ref::<JoinKeyFilterExpr>())
+        .filter_map(JoinKeyFilterExpr::kept_share)
+        .reduce(f64::min)
+}
+
 /// `batch`'s rows that pass every one of `tests` (join key tests over its
 /// columns, each passing every row while its set is not there or would keep
 /// many rows), the batch itself where every test passes every row.

@@ -27,7 +27,7 @@ mod wait;
 
 pub(crate) use collector::gathers_keys_of;
 pub use collector::JoinKeyCollectorExec;
-pub(crate) use expr::rows_passing;
+pub(crate) use expr::{kept_by_join_keys, rows_passing};
 pub use expr::JoinKeyFilterExpr;
 pub use set::{JoinKeySet, MAX_KEPT_SHARE};
 pub(crate) use wait::{key_sets_in, waits_for};

@@ -259,6 +259,31 @@ impl JoinKeySet {
         }
     }
 
+    /// Resolves once the latest round has settled (see [`Self::settled`]),
+    /// however long that takes. Unlike [`Self::settled`] it times nothing
+    /// and never ends a round's waits, so it changes nothing for the scans
+    /// that wait: the fill ahead of a scan that only tests join keys waits
+    /// so (see [`crate::exec::fill_ahead`]). A task that waits so must be
+    /// one that is dropped with its plan, as a round no one reads never
+    /// settles.
+    pub fn decided(&self) -> impl Future<Output = ()> + Send + 'static {
+        let waiting = {
+            let mut round = self.lock();
+            if round.settled(round.number) {
+                None
+            } else {
+                let (sender, receiver) = oneshot::channel();
+                round.waiters.push(sender);
+                Some(receiver)
+            }
+        };
+        async move {
+            if let Some(receiver) = waiting {
+                let _ = receiver.await;
+            }
+        }
+    }
+
     /// Ends the waits for round `number` after `limit`, or after
     /// [`READ_AHEAD_GRACE`] where the round has several partitions and not
     /// all are read ahead by then, unless it settles first.
@@ -548,6 +573,43 @@ mod tests {
         assert!(set.keys().is_none());
         let next = set.start(0);
         assert!(!resolves_within(set.settled(next, long), Duration::from_millis(50)));
+    }
+
+    #[test]
+    fn a_fill_waits_for_the_latest_round_without_ending_anyone_elses_wait() {
+        let long = Duration::from_secs(60);
+        // Waiting before the build side started: the first round is the
+        // one waited for, and only its set (or its end) ends the wait.
+        let set = Arc::new(JoinKeySet::new(2));
+        let decided = set.decided();
+        let round = set.start(0);
+        assert!(!resolves_within(set.decided(), 3 * READ_AHEAD_GRACE), "no set yet");
+        // The fill's wait has no timer of its own (above); a scan's wait on
+        // a round not read ahead runs out after the grace, and the round is
+        // over for the fill too.
+        let scans_wait = set.settled(round, long);
+        assert!(resolves_within(scans_wait, Duration::from_secs(10)));
+        assert!(resolves_within(decided, Duration::from_secs(10)), "the round waited out");
+        assert!(resolves_within(set.decided(), Duration::from_secs(1)));
+        assert!(set.keys().is_none());
+
+        let set = Arc::new(JoinKeySet::new(1));
+        let round = set.start(0);
+        let decided = set.decided();
+        let maker = Arc::clone(&set);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            maker.finish(round, Some(vec![3, 4]));
+        });
+        assert!(resolves_within(decided, Duration::from_secs(10)), "the set made");
+        assert!(set.keys().unwrap().contains(4));
+        // A fill that waited changed nothing for the scans: a new round's
+        // wait waits for its set.
+        let next = set.start(0);
+        let decided = set.decided();
+        assert!(!resolves_within(set.settled(next, long), Duration::from_millis(50)));
+        set.fail(next);
+        assert!(resolves_within(decided, Duration::from_secs(10)), "the round failed");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use futures::StreamExt;
 
 use crate::exec::GpuScanMetrics;
 use super::shape::{ScanAggregateShape, TableSource};
-use super::source::{remember_uncodable, source_url, Part};
+use super::source::{is_uncodable, remember_uncodable, source_url, Part};
 use super::program::{code_test_table, CodeTest};
 use super::states::{columns_read, compile, partial_states};
 use crate::config::GpuOptions;
@@ -215,6 +215,20 @@ pub(crate) async fn part_columns(
             }
         })
         .collect();
+    let cannot_be_words = |i: usize| {
+        let field = &fields[i].1;
+        format!("column {} ({}) cannot be kept on the device as words", field.name(), field.data_type())
+    };
+    // A string column this part was found to hold too many values of to
+    // code: no need to wait for a fill of the part or to probe it again.
+    let remembered = (0..fields.len()).find(|&i| {
+        !byte_slots.contains(&i)
+            && word_kind(fields[i].1.data_type()) == Some(WordKind::Code)
+            && is_uncodable(&keys[i])
+    });
+    if let Some(i) = remembered {
+        return Ok(Loaded::Host(cannot_be_words(i)));
+    }
     let cached = |keys: &[String]| -> Vec<Option<Arc<CachedColumn>>> {
         keys.iter()
             .map(|key| options.cache.then(|| cache.get(key)).flatten())
@@ -239,10 +253,6 @@ pub(crate) async fn part_columns(
         return Ok(Loaded::Device(found.into_iter().flatten().collect()));
     }
     trace::event(|| format!("cache fill of {}: {} columns", part.describe(), missing.len()));
-    let cannot_be_words = |i: usize| {
-        let field = &fields[i].1;
-        format!("column {} ({}) cannot be kept on the device as words", field.name(), field.data_type())
-    };
     let mut builders = Vec::with_capacity(missing.len());
     let rows_hint = part.rows_hint();
     for &i in &missing {

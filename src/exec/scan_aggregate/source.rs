@@ -381,6 +381,12 @@ pub(crate) fn remember_uncodable(key: &str) {
     keys.insert(key.to_owned());
 }
 
+/// Whether the column of a part cached under `key` was found too varied to
+/// code (see [`remember_uncodable`]).
+pub(crate) fn is_uncodable(key: &str) -> bool {
+    UNCODABLE.lock().unwrap_or_else(|p| p.into_inner()).contains(key)
+}
+
 /// The string columns of `fields` (their indices in it) that a part of
 /// `source` was found to hold too many distinct values of to code on the
 /// device: a plan reads them as their bytes where it can, and stays

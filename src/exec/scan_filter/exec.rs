@@ -17,7 +17,7 @@ use datafusion::physical_plan::{
 use futures::TryStreamExt;
 
 use super::program::{compile, FilterProgram};
-use super::run::{run, Ran};
+use super::run::{run, with_uncodable_as_bytes, Ran};
 use super::shape::ScanFilterShape;
 use crate::exec::scan_aggregate::{uncodable_columns, TableSource};
 use crate::exec::join_keys::{key_sets_in, rows_passing, waits_for};
@@ -121,6 +121,16 @@ impl GpuScanFilterExec {
             fields: self.shape.fields_of(&self.program.columns),
             byte_slots: self.program.byte_slots(),
             metrics: self.metrics.clone(),
+            key_tests: (!self.shape.chain_filters).then(|| {
+                self.program.tests.iter().map(|test| Arc::clone(&test.predicate)).collect()
+            }),
+            as_bytes: Some({
+                let (shape, program) = (Arc::clone(&self.shape), Arc::clone(&self.program));
+                Arc::new(move || {
+                    let program = with_uncodable_as_bytes(&shape, &program)?;
+                    Some((shape.fields_of(&program.columns), program.byte_slots()))
+                })
+            }),
         }
     }
 

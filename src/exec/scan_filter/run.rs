@@ -26,7 +26,7 @@ use crate::config::GpuOptions;
 use crate::exec::scan_aggregate::{
     part_columns, scan_chunk, test_tables, uncodable_columns, Loaded, Part,
 };
-use crate::exec::join_keys::{JoinKeyFilterExpr, MAX_KEPT_SHARE};
+use crate::exec::join_keys::{kept_by_join_keys, MAX_KEPT_SHARE};
 use crate::exec::GpuScanMetrics;
 use crate::gpu::launch::{FilterProgram as DeviceFilterProgram, RemapTable, SharedWords};
 use crate::gpu::{CachedColumn, GpuDevice, PhaseTimer};
@@ -66,13 +66,7 @@ pub(crate) async fn run(
     // drop most rows: with no set yet, or a set estimated to keep more
     // than MAX_KEPT_SHARE of them, DataFusion's scan reads the partition.
     if !shape.chain_filters {
-        let kept = program
-            .tests
-            .iter()
-            .filter_map(|test| test.predicate.downcast_ref::<JoinKeyFilterExpr>())
-            .filter_map(JoinKeyFilterExpr::kept_share)
-            .reduce(f64::min);
-        match kept {
+        match kept_by_join_keys(program.tests.iter().map(|test| &test.predicate)) {
             None => {
                 return Ok(Ran::OnCpu(
                     "the join's build keys were not all read when the scan started".into(),
@@ -173,7 +167,7 @@ async fn load_part(
 /// `program` recompiled with the string columns it reads that parts of the
 /// table were found too varied to code kept as their bytes, where there
 /// are such columns not kept so yet and the device can read them so.
-fn with_uncodable_as_bytes(shape: &ScanFilterShape, program: &FilterProgram) -> Option<FilterProgram> {
+pub(super) fn with_uncodable_as_bytes(shape: &ScanFilterShape, program: &FilterProgram) -> Option<FilterProgram> {
     let uncodable = uncodable_columns(&shape.source, &shape.fields_of(&program.columns));
     let mut byte_columns = program.byte_columns.clone();
     let before = byte_columns.len();
