@@ -64,6 +64,7 @@
 #define OP_CODE_TEST 34
 #define OP_KEY_TEST 35
 #define OP_LIKE 36
+#define OP_ROW_OF 37
 
 #define COLUMN_WORDS 4
 
@@ -340,6 +341,15 @@ __device__ __forceinline__ void run_program(Registers regs, const u64* columns, 
                 }
             }
             regs.set(dst, result, valid);
+            break;
+        }
+        case OP_ROW_OF: {
+            // The row's index in the chunk, valid where column `a`'s value
+            // is: a string kept as its bytes is output so, and made on the
+            // host from the column's offsets and bytes.
+            const u64* bitmap = (const u64*)__ldg(columns + COLUMN_WORDS * a + 1);
+            const bool valid = bitmap == nullptr || ((__ldg(bitmap + (row >> 6)) >> (row & 63)) & 1);
+            regs.set(dst, (long long)row, valid);
             break;
         }
         case OP_CONST: regs.set(dst, a, true); break;

@@ -14,8 +14,8 @@
 //! when its turn comes. Scan aggregations are left out: each reads all of
 //! its parts at once, a task a group, when it first runs. A scan that only
 //! tests join keys leaves its partitions to DataFusion where the keys are
-//! estimated to keep more than [`MAX_KEPT_SHARE`] of its rows, or where
-//! none are there: its fill waits until their sets are made (or will not
+//! estimated to keep more than a share of its rows ([`crate::exec::join_keys::MAX_KEPT_SHARE`], or
+//! more for strings kept as their bytes), or where none are there: its fill waits until their sets are made (or will not
 //! be), and fills nothing where the scan would read nothing from the
 //! device. (TPC-H q14's `part`, tested against the parts of a month's line
 //! items, would otherwise be read twice in a first run.)
@@ -44,7 +44,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 
-use super::join_keys::{kept_by_join_keys, key_sets_in, MAX_KEPT_SHARE};
+use super::join_keys::{kept_by_join_keys, key_sets_in};
 use super::scan_aggregate::{part_columns, Loaded, Part, TableSource};
 use super::GpuScanMetrics;
 use crate::config::GpuOptions;
@@ -64,6 +64,9 @@ pub(crate) struct ScanFill {
     /// Where the scan tests nothing but join keys, its tests: the fill
     /// waits for their sets (see the module docs).
     pub key_tests: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    /// The largest share of its rows such a scan's keys may keep for it to
+    /// read the device, as the scan would find it now.
+    pub kept_limit: KeptLimit,
     /// How the scan reads its columns once a string column is found too
     /// varied to code, where it can read it as its bytes.
     pub as_bytes: Option<AsBytes>,
@@ -74,6 +77,9 @@ pub(crate) struct ScanFill {
 /// (see [`crate::exec::scan_aggregate::uncodable_columns`]); `None` where
 /// the scan cannot read it as its bytes.
 pub(crate) type AsBytes = Arc<dyn Fn() -> Option<(Vec<(usize, Field)>, Vec<usize>)> + Send + Sync>;
+
+/// See [`ScanFill::kept_limit`].
+pub(crate) type KeptLimit = Arc<dyn Fn() -> f64 + Send + Sync>;
 
 impl ScanFill {
     /// About how many bytes the scan's columns take on the device, at most;
@@ -88,12 +94,12 @@ impl ScanFill {
 }
 
 /// Whether a scan that tests only `key_tests` reads the device: once their
-/// sets are made, or will not be, whether they keep at most
-/// [`MAX_KEPT_SHARE`] of its rows (as the scan finds when it runs).
-async fn keys_keep_few_rows(key_tests: &[Arc<dyn PhysicalExpr>]) -> bool {
+/// sets are made, or will not be, whether they keep at most `limit` of its
+/// rows (as the scan finds when it runs).
+async fn keys_keep_few_rows(key_tests: &[Arc<dyn PhysicalExpr>], limit: &KeptLimit) -> bool {
     let sets = key_sets_in(key_tests);
     futures::future::join_all(sets.iter().map(|set| set.decided())).await;
-    kept_by_join_keys(key_tests).is_some_and(|kept| kept <= MAX_KEPT_SHARE)
+    kept_by_join_keys(key_tests).is_some_and(|kept| kept <= limit())
 }
 
 /// Whether scans whose columns take `bytes` (`None`: unknown) are filled
@@ -167,10 +173,10 @@ impl FillAhead {
                     metrics: GpuScanMetrics::new(&ExecutionPlanMetricsSet::new(), group),
                 };
                 let (context, options) = (Arc::clone(context), options.clone());
-                let key_tests = scan.key_tests.clone();
+                let (key_tests, kept_limit) = (scan.key_tests.clone(), Arc::clone(&scan.kept_limit));
                 tasks.push(SpawnedTask::spawn(async move {
                     if let Some(key_tests) = &key_tests {
-                        if !keys_keep_few_rows(key_tests).await {
+                        if !keys_keep_few_rows(key_tests, &kept_limit).await {
                             trace::event(|| {
                                 format!("fill ahead of {group}: left out, the join keys keep many rows or none came")
                             });

@@ -23,6 +23,7 @@ use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use datafusion_gpu::{gpu_decisions, GpuScanFilterExec};
 
 use crate::scan_aggregate::{table, temp_dir, write_parquet};
+use crate::scan_filter::varied_string;
 use crate::support::{
     alone_on_the_device, cpu_context, gpu_context, physical_plan, plan_metric, require_gpu,
     same_rows_as_datafusion, JoinMode,
@@ -448,6 +449,110 @@ async fn a_plans_scans_are_filled_ahead_each_part_once() {
     // The fills start with the plan, the scan once the build side is in:
     // they take parts before it.
     assert!(filled_ahead > 0, "no part was filled ahead");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A scan of Parquet files that only tests join keys and outputs strings
+/// too varied to code reads the device where the keys keep up to half of
+/// its rows, the strings made from their bytes (the first run finds them
+/// too varied on a part's first rows; later plans keep them as bytes from
+/// the start); above that, and for a `MemTable` above a quarter, DataFusion
+/// scans the table. (TPC-H q10's `customer`, 28 % kept.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scan_testing_only_join_keys_outputs_strings_too_varied_to_code() {
+    let Some(_) = require_gpu("a_scan_testing_only_join_keys_outputs_strings_too_varied_to_code")
+    else {
+        return;
+    };
+    let dir = temp_dir("key-only-strings");
+    let rows = 60_000;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("key", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("note", DataType::Utf8, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..rows as i64)) as ArrayRef,
+            Arc::new(StringArray::from_iter(
+                (0..rows).map(|r| (r % 17 != 0).then(|| format!("Customer#{r:09}"))),
+            )),
+            Arc::new(StringArray::from_iter((0..rows).map(varied_string))),
+        ],
+    )
+    .unwrap();
+    let file = std::fs::File::create(dir.join("p.parquet")).unwrap();
+    let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let halves = vec![
+        vec![batch.slice(0, rows / 2)],
+        vec![batch.slice(rows / 2, rows - rows / 2)],
+    ];
+    let memory = Arc::new(MemTable::try_new(Arc::clone(&schema), halves).unwrap());
+    let keys = |keep: fn(i64) -> bool| {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let values = Int64Array::from_iter_values((0..rows as i64).filter(|&k| keep(k)));
+        let batch =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(values) as ArrayRef]).unwrap();
+        Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap())
+    };
+    let (third, two_thirds) = (keys(|k| k % 3 == 0), keys(|k| k % 3 != 0));
+    let (gpu, cpu) = contexts(JoinMode::CollectLeft).await;
+    for ctx in [&gpu, &cpu] {
+        ctx.register_parquet("p", dir.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+        ctx.register_table("m", Arc::clone(&memory) as _).unwrap();
+        ctx.register_table("third", Arc::clone(&third) as _)
+            .unwrap();
+        ctx.register_table("two_thirds", Arc::clone(&two_thirds) as _)
+            .unwrap();
+    }
+    for (sql, on_gpu) in [
+        (
+            "SELECT p.key, p.name, p.note FROM p JOIN third o ON p.key = o.k",
+            true,
+        ),
+        (
+            "SELECT p.key, p.name FROM p JOIN two_thirds o ON p.key = o.k",
+            false,
+        ),
+        (
+            "SELECT m.key, m.name, m.note FROM m JOIN third o ON m.key = o.k",
+            false,
+        ),
+    ] {
+        for run in ["first", "next"] {
+            let (plan, tested) = check(&gpu, &cpu, sql).await;
+            let text = displayable(plan.as_ref()).indent(true).to_string();
+            assert_eq!(
+                nodes_named(&plan, "GpuScanFilterExec").len(),
+                1,
+                "{sql}:\n{text}"
+            );
+            assert!(text.contains("IN join keys"), "{sql}:\n{text}");
+            if on_gpu && run == "first" {
+                // Partitions of byte ranges that hold no row group have no
+                // rows to learn from, and leave their (empty) ranges to
+                // DataFusion.
+                assert_eq!(tested.kept, rows / 3, "{sql} ({run} run): {tested:?}");
+            } else if on_gpu {
+                assert_eq!(
+                    (tested.on_cpu, tested.kept),
+                    (0, rows / 3),
+                    "{sql} ({run} run)"
+                );
+                assert!(
+                    text.contains("strings_as_bytes=[name, note]"),
+                    "{sql}:\n{text}"
+                );
+            } else {
+                assert!(tested.on_cpu > 0, "{sql} ({run} run): {tested:?}");
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -252,9 +252,10 @@ async fn a_parquet_part_that_widens_or_turns_too_varied_late_in_its_read_answers
     let (plan, _) = check(&gpu, &cpu, sql).await;
     assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
     assert_eq!(plan_metric(&plan, "rows_scanned"), rows, "{sql}");
-    // The first part on the device, the second filtered on the host, the
+    // The first part on the device, the second filtered on the host (`<`
+    // reads strings too varied to code otherwise than the device can), the
     // rows in the scan's order.
-    let sql = "SELECT s, i FROM late WHERE i > 7 AND s <> 's1'";
+    let sql = "SELECT s, i FROM late WHERE i > 7 AND s < 's1'";
     let (plan, gpu_batches) = check(&gpu, &cpu, sql).await;
     assert_eq!(plan_metric(&plan, "cpu_fallback"), 1, "{sql}");
     let cpu_batches = cpu.sql(sql).await.unwrap().collect().await.unwrap();
@@ -299,7 +300,8 @@ async fn a_part_too_varied_after_parts_that_kept_no_row_leaves_the_partition_to_
     );
     let (gpu, cpu) = contexts(1).await;
     register_parquet([&gpu, &cpu], "none_kept", &dir).await;
-    let sql = "SELECT s, i FROM none_kept WHERE i > 7 AND s <> 's1'";
+    // `<` reads strings too varied to code otherwise than the device can.
+    let sql = "SELECT s, i FROM none_kept WHERE i > 7 AND s < 's1'";
     let (plan, gpu_batches) = check(&gpu, &cpu, sql).await;
     assert_eq!(plan_metric(&plan, "cpu_fallback"), 1, "{sql}");
     let mut kept_by_the_node = None;
@@ -342,7 +344,8 @@ async fn a_partition_left_to_datafusion_reads_only_its_own_files() {
     }
     let (gpu, cpu) = contexts(2).await;
     register_parquet([&gpu, &cpu], "own", &dir).await;
-    let sql = "SELECT s, i FROM own WHERE i > 7 AND s <> 's1'";
+    // `<` reads the strings the device keeps as bytes otherwise than it can.
+    let sql = "SELECT s, i FROM own WHERE i > 7 AND s < 's1'";
     let (plan, _) = check(&gpu, &cpu, sql).await;
     assert_eq!(plan_metric(&plan, "cpu_fallback"), 1, "{sql}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -393,8 +396,9 @@ const LIKE_QUERIES: &[&str] = &[
 /// Runs [`LIKE_QUERIES`] over table `w`, whose `s` the device must keep as
 /// bytes: the first run, planned to code it, finds it too varied and reads
 /// its bytes instead; the next plans read its bytes from the start; a plan
-/// that reads `s` otherwise stays DataFusion's, and says why.
-async fn like_queries_match_bytes(gpu: &SessionContext, cpu: &SessionContext) {
+/// that reads `s` otherwise stays DataFusion's, and says why, but for `s`
+/// output from files (`from_files`), which comes from its bytes.
+async fn like_queries_match_bytes(gpu: &SessionContext, cpu: &SessionContext, from_files: bool) {
     let (plan, _) = check(gpu, cpu, LIKE_QUERIES[0]).await;
     let text = displayable(plan.as_ref()).indent(true).to_string();
     assert!(
@@ -412,14 +416,25 @@ async fn like_queries_match_bytes(gpu: &SessionContext, cpu: &SessionContext) {
         assert!(text.contains("strings_as_bytes=[s]"), "{sql}:\n{text}");
         assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
     }
-    for (sql, reason) in [
-        (
-            "SELECT s, i FROM w WHERE s LIKE 'special%'",
-            "and is output",
-        ),
+    let outputs = [
+        "SELECT s, i FROM w WHERE s LIKE 'special%'",
+        "SELECT i, s FROM w WHERE i > 20000 OR s IS NULL",
+        "SELECT s FROM w WHERE s NOT LIKE '%e%' AND i > 100",
+    ];
+    if from_files {
+        for sql in outputs {
+            let (plan, _) = check(gpu, cpu, sql).await;
+            let text = displayable(plan.as_ref()).indent(true).to_string();
+            assert_eq!(scan_filters(&plan), 1, "{sql}:\n{text}");
+            assert!(text.contains("strings_as_bytes=[s]"), "{sql}:\n{text}");
+            assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
+        }
+    }
+    let output = (!from_files).then_some((outputs[0], "and is output"));
+    for (sql, reason) in output.into_iter().chain([
         ("SELECT i FROM w WHERE s LIKE 'a_a'", "`_`"),
         ("SELECT i FROM w WHERE s < 'aba'", "only by LIKE"),
-    ] {
+    ]) {
         let plan = physical_plan(gpu, sql).await;
         assert_eq!(scan_filters(&plan), 0, "{sql}");
         assert!(
@@ -451,7 +466,7 @@ async fn like_over_strings_too_varied_to_code_matches_their_bytes() {
     });
     let (gpu, cpu) = contexts(2).await;
     register([&gpu, &cpu], "w", table);
-    like_queries_match_bytes(&gpu, &cpu).await;
+    like_queries_match_bytes(&gpu, &cpu, false).await;
     // From Parquet (strings read as views), two files.
     let dir = temp_dir("scan-filter-like");
     for (name, start) in [("a.parquet", 0), ("b.parquet", 20_000)] {
@@ -477,7 +492,7 @@ async fn like_over_strings_too_varied_to_code_matches_their_bytes() {
     }
     let (gpu, cpu) = contexts(2).await;
     register_parquet([&gpu, &cpu], "w", &dir).await;
-    like_queries_match_bytes(&gpu, &cpu).await;
+    like_queries_match_bytes(&gpu, &cpu, true).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

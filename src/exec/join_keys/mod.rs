@@ -29,6 +29,6 @@ pub(crate) use collector::gathers_keys_of;
 pub use collector::JoinKeyCollectorExec;
 pub(crate) use expr::{kept_by_join_keys, rows_passing};
 pub use expr::JoinKeyFilterExpr;
-pub use set::{JoinKeySet, MAX_KEPT_SHARE};
+pub use set::{JoinKeySet, MAX_KEPT_SHARE, MAX_KEPT_SHARE_OF_STRINGS};
 pub(crate) use wait::{key_sets_in, waits_for};
 pub use wait::JoinKeyWaitExec;

@@ -25,6 +25,11 @@ pub const MAX_KEY_SPAN: u64 = 1 << 30;
 /// each row kept crosses the bus back and is made into Arrow columns).
 pub const MAX_KEPT_SHARE: f64 = 0.25;
 
+/// The same for a scan of files that outputs strings too varied to code,
+/// kept on the device as their bytes: DataFusion's scan decodes every
+/// row's strings, where the device sends back the kept rows' alone.
+pub const MAX_KEPT_SHARE_OF_STRINGS: f64 = 0.5;
+
 /// How long a scan waits at most for the set of a build side read in one
 /// partition before it reads its rows (see [`JoinKeySet::settled`]).
 pub const MAX_KEY_WAIT: Duration = Duration::from_secs(10);

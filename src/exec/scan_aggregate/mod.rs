@@ -15,7 +15,7 @@ mod warm;
 
 pub use exec::GpuScanAggregateExec;
 pub(crate) use program::{CodeTest, ProgramBuilder, ValueType};
-pub(crate) use run::{part_columns, scan_chunk, table_columns, test_tables, Loaded};
+pub(crate) use run::{learn_uncodable, part_columns, scan_chunk, table_columns, test_tables, Loaded};
 pub(crate) use source::{uncodable_columns, Part};
 pub(crate) use shape::{
     coalesced_input, filter_projection, scan_fields, substitute, table_source, ScanColumn,

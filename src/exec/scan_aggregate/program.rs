@@ -186,6 +186,14 @@ impl<'a> ProgramBuilder<'a> {
         self.emit(ScanOp::LoadCode, slot, key as i64, 0, ValueType::Int)
     }
 
+    /// The row's index in the chunk, valid where column `column`'s value
+    /// is: how a string column kept as its bytes is output (the host makes
+    /// the strings from the column's offsets and bytes).
+    pub fn row_of(&mut self, column: usize) -> Compiled<Value> {
+        let slot = self.column_slot(column);
+        self.emit(ScanOp::RowOf, slot, 0, 0, ValueType::Int)
+    }
+
     /// The constant `value`.
     pub fn constant(&mut self, value: i64, value_type: ValueType) -> Compiled<Value> {
         if let Some(&v) = self.constants.get(&(value, value_type)) {

@@ -351,6 +351,23 @@ pub(crate) async fn part_columns(
 /// (names, comments) show it within their first thousand or so rows.
 const PROBE_ROWS: usize = 1 << 13;
 
+/// The first [`PROBE_ROWS`] rows (or fewer) of the columns `table_columns`
+/// of `part`, one array a column; `None` where the part has none.
+async fn first_rows(
+    source: &TableSource,
+    part: &Part,
+    table_columns: &[usize],
+    context: &Arc<TaskContext>,
+    metrics: &GpuScanMetrics,
+) -> Result<Option<Vec<ArrayRef>>> {
+    let reading = std::time::Instant::now();
+    let mut batches = part.batches_of(source, table_columns, Arc::clone(context), PROBE_ROWS)?;
+    let first = batches.next().await.transpose()?;
+    drop(batches);
+    metrics.read_time.add_duration(reading.elapsed());
+    Ok(first)
+}
+
 /// The first of `missing` (indices into `fields`) that is a string column
 /// of a file part with more distinct values in its first [`PROBE_ROWS`]
 /// rows than the device codes; `None` where none is (or the part is a
@@ -372,12 +389,9 @@ async fn too_varied_at_first(
         return Ok(None);
     }
     let table_columns: Vec<usize> = coded.iter().map(|&i| fields[i].0).collect();
-    let reading = std::time::Instant::now();
-    let mut batches = part.batches_of(source, &table_columns, Arc::clone(context), PROBE_ROWS)?;
-    let first = batches.next().await.transpose()?;
-    drop(batches);
-    metrics.read_time.add_duration(reading.elapsed());
-    let Some(first) = first else { return Ok(None) };
+    let Some(first) = first_rows(source, part, &table_columns, context, metrics).await? else {
+        return Ok(None);
+    };
     let encoding = std::time::Instant::now();
     let refused = coded.iter().zip(&first).find_map(|(&i, array)| {
         let mut builder = WordsBuilder::with_rows_hint(fields[i].1.data_type(), array.len())?;
@@ -385,6 +399,41 @@ async fn too_varied_at_first(
     });
     metrics.encode_time.add_duration(encoding.elapsed());
     Ok(refused)
+}
+
+/// Reads the first [`PROBE_ROWS`] rows of the string columns `slots` of
+/// `fields` in file part `part`, those not known already to be too varied
+/// to code, and remembers each one that is (see [`remember_uncodable`]).
+pub(crate) async fn learn_uncodable(
+    source: &TableSource,
+    part: &Part,
+    fields: &[(usize, Field)],
+    slots: &[usize],
+    context: &Arc<TaskContext>,
+    metrics: &GpuScanMetrics,
+) -> Result<()> {
+    let url = source_url(source);
+    let keys: Vec<(usize, String)> = slots
+        .iter()
+        .filter(|&&i| word_kind(fields[i].1.data_type()) == Some(WordKind::Code))
+        .map(|&i| (i, part.column_key(&url, fields[i].0, &fields[i].1)))
+        .filter(|(_, key)| !is_uncodable(key))
+        .collect();
+    if keys.is_empty() || matches!(part, Part::Memory(_)) {
+        return Ok(());
+    }
+    let table_columns: Vec<usize> = keys.iter().map(|&(i, _)| fields[i].0).collect();
+    let Some(first) = first_rows(source, part, &table_columns, context, metrics).await? else {
+        return Ok(());
+    };
+    for ((i, key), array) in keys.iter().zip(&first) {
+        let codes = WordsBuilder::with_rows_hint(fields[*i].1.data_type(), array.len())
+            .is_some_and(|mut builder| builder.push(array));
+        if !codes {
+            remember_uncodable(key);
+        }
+    }
+    Ok(())
 }
 
 /// `words` copied to the device, its memory reserved in the budget, and

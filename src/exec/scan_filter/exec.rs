@@ -17,7 +17,7 @@ use datafusion::physical_plan::{
 use futures::TryStreamExt;
 
 use super::program::{compile, FilterProgram};
-use super::run::{run, with_uncodable_as_bytes, Ran};
+use super::run::{kept_limit, run, with_uncodable_as_bytes, Ran};
 use super::shape::ScanFilterShape;
 use crate::exec::scan_aggregate::{uncodable_columns, TableSource};
 use crate::exec::join_keys::{key_sets_in, rows_passing, waits_for};
@@ -124,6 +124,13 @@ impl GpuScanFilterExec {
             key_tests: (!self.shape.chain_filters).then(|| {
                 self.program.tests.iter().map(|test| Arc::clone(&test.predicate)).collect()
             }),
+            kept_limit: {
+                let (shape, program) = (Arc::clone(&self.shape), Arc::clone(&self.program));
+                Arc::new(move || match with_uncodable_as_bytes(&shape, &program) {
+                    Some(as_bytes) => kept_limit(&shape, &as_bytes),
+                    None => kept_limit(&shape, &program),
+                })
+            },
             as_bytes: Some({
                 let (shape, program) = (Arc::clone(&self.shape), Arc::clone(&self.program));
                 Arc::new(move || {

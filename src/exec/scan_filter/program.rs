@@ -4,7 +4,11 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, Float64Array, PrimitiveArray, UInt32Array};
+use datafusion::arrow::array::{
+    Array, ArrayRef, BooleanArray, Float64Array, LargeStringBuilder, PrimitiveArray, StringBuilder,
+    StringViewBuilder, UInt32Array,
+};
+use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::buffer::{NullBuffer, ScalarBuffer};
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{
@@ -16,7 +20,7 @@ use datafusion::physical_expr::expressions::Column;
 
 use super::shape::ScanFilterShape;
 use crate::encode::table_words::word_kind;
-use crate::exec::scan_aggregate::{CodeTest, ProgramBuilder, ValueType};
+use crate::exec::scan_aggregate::{CodeTest, ProgramBuilder, TableSource, ValueType};
 use crate::gpu::WordKind;
 
 type Compiled<T> = std::result::Result<T, String>;
@@ -30,6 +34,10 @@ pub(crate) enum OutputKind {
     Code { key: usize, column: usize },
     /// The register's value as the output column's type.
     Word,
+    /// String column `column` (of the scan) kept as its bytes: the
+    /// register holds the row's index in the part, and the string is taken
+    /// from the column's offsets and bytes brought back whole.
+    Bytes { column: usize },
 }
 
 /// The compiled program of a filtering scan.
@@ -68,13 +76,28 @@ pub(crate) fn compile(shape: &ScanFilterShape, byte_columns: &[usize]) -> Compil
             .map(|c| c.index())
             .filter(|&c| word_kind(shape.scan_schema.field(c).data_type()) == Some(WordKind::Code))
     };
-    if let Some(column) = shape.outputs.iter().filter_map(coded_column).find(|c| byte_columns.contains(c)) {
+    // A string column too varied to code is output from its bytes (all of a
+    // part's brought back, see `string_column`) where the table is Parquet
+    // files, whose every string DataFusion's scan would decode; a
+    // `MemTable`'s DataFusion reads in place.
+    let bytes_output = |expr: &Arc<dyn datafusion::physical_expr::PhysicalExpr>| {
+        coded_column(expr).filter(|c| byte_columns.contains(c))
+    };
+    let files = matches!(shape.source, TableSource::Parquet { .. });
+    if let Some(column) = shape.outputs.iter().filter_map(bytes_output).find(|&c| {
+        !files || !matches!(shape.scan_schema.field(c).data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+    }) {
         return Err(format!(
             "the string column {} holds more distinct values in a part than the device codes, \
-             and is output",
-            shape.scan_schema.field(column).name()
+             and is output ({} of a {})",
+            shape.scan_schema.field(column).name(),
+            shape.scan_schema.field(column).data_type(),
+            if files { "file" } else { "MemTable" }
         ));
     }
+    let coded_column = |expr: &Arc<dyn datafusion::physical_expr::PhysicalExpr>| {
+        coded_column(expr).filter(|c| !byte_columns.contains(c))
+    };
     let coded_outputs = shape.outputs.iter().filter(|e| coded_column(e).is_some()).count();
     let mut program = ProgramBuilder::new(&shape.scan_schema)
         .with_test_keys_from(coded_outputs)
@@ -86,6 +109,11 @@ pub(crate) fn compile(shape: &ScanFilterShape, byte_columns: &[usize]) -> Compil
     let mut outputs = Vec::with_capacity(shape.outputs.len());
     let mut key = 0;
     for (expr, field) in shape.outputs.iter().zip(shape.output_schema.fields()) {
+        if let Some(column) = bytes_output(expr) {
+            let row = program.row_of(column)?;
+            outputs.push((row.register, OutputKind::Bytes { column }));
+            continue;
+        }
         if let Some(column) = coded_column(expr) {
             let code = program.group_code(column, key)?;
             outputs.push((code.register, OutputKind::Code { key, column }));
@@ -221,11 +249,91 @@ pub(crate) fn coded_column(field: &Field, words: &[u64], dictionary: &ArrayRef) 
     }
 }
 
+/// A part's column of strings kept as their bytes, brought back whole for
+/// the rows a scan keeps of it: `rows + 1` offsets into its bytes.
+pub(crate) struct PartStrings {
+    pub offsets: Vec<i32>,
+    pub bytes: Buffer,
+}
+
+/// A column of `field`'s string type (`Utf8`, `LargeUtf8` or `Utf8View`):
+/// for each kept row, the string of row `rows[i]` of the part's `strings`,
+/// NULL where `valid[i]` is 0. Views point into the part's bytes, which are
+/// copied instead where the kept strings take less than half of them (so
+/// that the batch holds no more than it needs). The bytes are checked to
+/// be UTF-8 where they are read.
+pub(crate) fn string_column(
+    field: &Field,
+    rows: &[u64],
+    valid: &[u8],
+    strings: &PartStrings,
+) -> Compiled<ArrayRef> {
+    // Each kept row's string: `None` for NULL, else where its bytes lie.
+    let ranges = rows.iter().zip(valid).map(|(&row, &valid)| -> Compiled<Option<(usize, usize)>> {
+        if valid == 0 {
+            return Ok(None);
+        }
+        let row = usize::try_from(row).map_err(|e| e.to_string())?;
+        match (strings.offsets.get(row), strings.offsets.get(row + 1)) {
+            (Some(&from), Some(&to)) if 0 <= from && from <= to && to as usize <= strings.bytes.len() => {
+                Ok(Some((from as usize, to as usize)))
+            }
+            _ => Err(format!("a kept row ({row}) outside its part's strings")),
+        }
+    });
+    let text = |(from, to): (usize, usize)| -> Compiled<&str> {
+        std::str::from_utf8(&strings.bytes[from..to]).map_err(|e| e.to_string())
+    };
+    let kept = rows.len().min(valid.len());
+    let array: ArrayRef = match field.data_type() {
+        DataType::Utf8View => {
+            if strings.bytes.len() >= u32::MAX as usize {
+                return Err("a part's strings past 4 GiB".into());
+            }
+            let mut builder = StringViewBuilder::with_capacity(kept);
+            let block = builder.append_block(strings.bytes.clone());
+            let mut kept_bytes = 0;
+            for range in ranges {
+                let Some((from, to)) = range? else {
+                    builder.append_null();
+                    continue;
+                };
+                kept_bytes += to - from;
+                builder
+                    .try_append_view(block, from as u32, (to - from) as u32)
+                    .map_err(|e| e.to_string())?;
+            }
+            let array = builder.finish();
+            Arc::new(match 2 * kept_bytes < strings.bytes.len() {
+                true => array.gc(),
+                false => array,
+            })
+        }
+        DataType::Utf8 => {
+            let mut builder = StringBuilder::with_capacity(kept, 0);
+            for range in ranges {
+                builder.append_option(range?.map(text).transpose()?);
+            }
+            Arc::new(builder.finish())
+        }
+        DataType::LargeUtf8 => {
+            let mut builder = LargeStringBuilder::with_capacity(kept, 0);
+            for range in ranges {
+                builder.append_option(range?.map(text).transpose()?);
+            }
+            Arc::new(builder.finish())
+        }
+        other => return Err(format!("strings kept as bytes output as {other}")),
+    };
+    Ok(array)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use datafusion::arrow::array::{
-        Date32Array, Decimal128Array, Int32Array, StringArray, TimestampMicrosecondArray,
+        Date32Array, Decimal128Array, Int32Array, StringArray, StringViewArray,
+        TimestampMicrosecondArray,
     };
 
     #[test]
@@ -266,6 +374,67 @@ mod tests {
         assert!(floats.null_count() == 0 && floats.value(0).is_sign_negative());
         assert_eq!(floats.value(1), 2.5);
         assert!(word_column(&Field::new("u", DataType::UInt64, true), &words, &valid).is_err());
+    }
+
+    /// A part's strings as the cache keeps them as bytes (a NULL row an
+    /// empty string there), and the column a scan makes of the kept rows.
+    fn part_strings(values: &[Option<&str>]) -> PartStrings {
+        let mut offsets = vec![0i32];
+        let mut bytes = Vec::new();
+        for value in values {
+            bytes.extend_from_slice(value.unwrap_or("").as_bytes());
+            offsets.push(bytes.len() as i32);
+        }
+        PartStrings {
+            offsets,
+            bytes: Buffer::from_vec(bytes),
+        }
+    }
+
+    #[test]
+    fn kept_rows_of_strings_kept_as_bytes_become_columns_of_every_string_type() {
+        let long = "a string longer than twelve bytes, with ünïcödé";
+        let values = [Some("short"), None, Some(""), Some(long), Some("€"), Some("twelve bytes")];
+        let strings = part_strings(&values);
+        // Kept rows in any order, repeated; a NULL where the row's is.
+        let rows = [3u64, 0, 1, 2, 3, 4, 5];
+        let valid = [1u8, 1, 0, 1, 1, 1, 1];
+        let expected: Vec<Option<&str>> =
+            rows.iter().zip(valid).map(|(&r, v)| (v == 1).then(|| values[r as usize].unwrap())).collect();
+        for data_type in [DataType::Utf8View, DataType::Utf8, DataType::LargeUtf8] {
+            let field = Field::new("s", data_type.clone(), true);
+            let column = string_column(&field, &rows, &valid, &strings).unwrap();
+            assert_eq!(column.data_type(), &data_type);
+            let as_utf8 = datafusion::arrow::compute::cast(&column, &DataType::Utf8).unwrap();
+            assert_eq!(
+                as_utf8.as_ref(),
+                &StringArray::from(expected.clone()) as &dyn Array,
+                "{data_type}"
+            );
+        }
+        // Views keep the part's bytes where most are kept, and copy the
+        // few kept where not.
+        let field = Field::new("s", DataType::Utf8View, true);
+        let most = string_column(&field, &[3, 3, 3], &[1, 1, 1], &strings).unwrap();
+        let views = most.as_any().downcast_ref::<StringViewArray>().unwrap();
+        assert_eq!(views.data_buffers()[0].len(), strings.bytes.len());
+        let few = string_column(&field, &[0], &[1], &strings).unwrap();
+        let views = few.as_any().downcast_ref::<StringViewArray>().unwrap();
+        assert!(views.data_buffers().iter().all(|b| b.len() < strings.bytes.len()));
+        assert_eq!(views.value(0), "short");
+        // No row kept; a row past the part's; bytes that are not UTF-8.
+        let empty = string_column(&field, &[], &[], &strings).unwrap();
+        assert_eq!(empty.len(), 0);
+        for data_type in [DataType::Utf8View, DataType::Utf8, DataType::LargeUtf8] {
+            let field = Field::new("s", data_type, true);
+            assert!(string_column(&field, &[6], &[1], &strings).is_err());
+            let broken = PartStrings {
+                offsets: vec![0, 2],
+                bytes: Buffer::from_vec(vec![0xe2u8, 0x82]),
+            };
+            assert!(string_column(&field, &[0], &[1], &broken).is_err());
+        }
+        assert!(string_column(&Field::new("s", DataType::Binary, true), &[0], &[1], &strings).is_err());
     }
 
     #[test]

@@ -20,16 +20,21 @@ use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 
-use super::program::{coded_column, compile, word_column, FilterProgram, OutputKind};
+use super::program::{
+    coded_column, compile, string_column, word_column, FilterProgram, OutputKind, PartStrings,
+};
 use super::shape::ScanFilterShape;
 use crate::config::GpuOptions;
 use crate::exec::scan_aggregate::{
-    part_columns, scan_chunk, test_tables, uncodable_columns, Loaded, Part,
+    learn_uncodable, part_columns, scan_chunk, test_tables, uncodable_columns, Loaded, Part, TableSource,
 };
-use crate::exec::join_keys::{kept_by_join_keys, MAX_KEPT_SHARE};
+use crate::exec::join_keys::{kept_by_join_keys, MAX_KEPT_SHARE, MAX_KEPT_SHARE_OF_STRINGS};
 use crate::exec::GpuScanMetrics;
 use crate::gpu::launch::{FilterProgram as DeviceFilterProgram, RemapTable, SharedWords};
-use crate::gpu::{CachedColumn, GpuDevice, PhaseTimer};
+use crate::gpu::{
+    download_byte_pieces, download_u64, CachedColumn, DeviceStream, GpuDevice, PhaseTimer,
+};
+use datafusion::arrow::buffer::Buffer;
 use crate::ops::scan_filter::{filter_chunk, FilteredRows};
 use crate::trace;
 
@@ -64,26 +69,38 @@ pub(crate) async fn run(
     };
     // Without a filter of its own, the node only pays where the join keys
     // drop most rows: with no set yet, or a set estimated to keep more
-    // than MAX_KEPT_SHARE of them, DataFusion's scan reads the partition.
+    // than the scan's limit of them (see `kept_limit`), DataFusion's scan
+    // reads the partition.
+    let mut program = program;
     if !shape.chain_filters {
-        match kept_by_join_keys(program.tests.iter().map(|test| &test.predicate)) {
-            None => {
-                return Ok(Ran::OnCpu(
-                    "the join's build keys were not all read when the scan started".into(),
-                ))
+        let kept = kept_by_join_keys(program.tests.iter().map(|test| &test.predicate));
+        let Some(kept) = kept else {
+            return Ok(Ran::OnCpu(
+                "the join's build keys were not all read when the scan started".into(),
+            ));
+        };
+        if kept > MAX_KEPT_SHARE && kept <= MAX_KEPT_SHARE_OF_STRINGS {
+            // Where its string outputs turn out too varied to code (on the
+            // partition's first part), they are kept as their bytes, and the
+            // larger limit holds.
+            if let Some(first) = parts.first() {
+                let slots = string_output_slots(&program);
+                let fields = shape.fields_of(&program.columns);
+                learn_uncodable(&shape.source, first, &fields, &slots, &context, &metrics).await?;
             }
-            Some(kept) if kept > MAX_KEPT_SHARE => {
-                return Ok(Ran::OnCpu(format!(
-                    "the join's build keys would keep about {:.0} % of the rows",
-                    100.0 * kept
-                )))
+            if let Some(as_bytes) = with_uncodable_as_bytes(&shape, &program) {
+                program = Arc::new(as_bytes);
             }
-            Some(_) => {}
+        }
+        if kept > kept_limit(&shape, &program) {
+            return Ok(Ran::OnCpu(format!(
+                "the join's build keys would keep about {:.0} % of the rows",
+                100.0 * kept
+            )));
         }
     }
     let batch_size = context.session_config().batch_size().max(1);
     let mut batches = Vec::new();
-    let mut program = program;
     for part in parts {
         trace::event(|| format!("scan filter of {}: partition {partition} reads it", part.describe()));
         let mut loaded = load_part(&shape, &program, &device, &part, &context, &options, &metrics).await?;
@@ -179,6 +196,31 @@ pub(super) fn with_uncodable_as_bytes(shape: &ScanFilterShape, program: &FilterP
     (byte_columns.len() > before)
         .then(|| compile(shape, &byte_columns).ok())
         .flatten()
+}
+
+/// The largest share of its rows that a scan that only tests join keys
+/// may keep to read the device: [`MAX_KEPT_SHARE`], or
+/// [`MAX_KEPT_SHARE_OF_STRINGS`] for a scan of files that outputs strings
+/// kept as their bytes.
+pub(super) fn kept_limit(shape: &ScanFilterShape, program: &FilterProgram) -> f64 {
+    let strings = program.outputs.iter().any(|(_, kind)| matches!(kind, OutputKind::Bytes { .. }));
+    match strings && matches!(shape.source, TableSource::Parquet { .. }) {
+        true => MAX_KEPT_SHARE_OF_STRINGS,
+        false => MAX_KEPT_SHARE,
+    }
+}
+
+/// The slots (in the program's columns) of the string columns it outputs
+/// as codes.
+fn string_output_slots(program: &FilterProgram) -> Vec<usize> {
+    program
+        .outputs
+        .iter()
+        .filter_map(|(_, kind)| match kind {
+            OutputKind::Code { column, .. } => program.columns.iter().position(|c| c == column),
+            _ => None,
+        })
+        .collect()
 }
 
 /// `batch` in slices of at most `batch_size` rows, pushed to `batches`.
@@ -320,16 +362,71 @@ fn filter_part(
     let stream = device.stream()?;
     let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
     let filtered = filter_chunk(device, stream.stream(), &chunk, &device_program, memory_fraction, &mut timer)?;
+    let strings = match filtered.rows > 0 && !filtered.overflowed {
+        true => output_strings(device, stream.stream(), loaded, program, &mut timer)?,
+        false => Ok(Vec::new()),
+    };
     metrics.device.record(&timer.finish()?);
     metrics.rows_scanned.add(rows);
     if filtered.overflowed {
         return Ok(Err("an integer or decimal value left 64 bits on the device".into()));
     }
-    let batch = batch_of(shape, program, &filtered, &dictionaries);
+    let strings = match strings {
+        Ok(strings) => strings,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let batch = batch_of(shape, program, &filtered, &dictionaries, &strings);
     if let Ok(batch) = &batch {
         metrics.baseline.record_output(batch.num_rows());
     }
     Ok(batch)
+}
+
+/// The part's columns of strings kept as their bytes that `program`
+/// outputs, brought back whole (their offsets and bytes), by output (`None`
+/// for other outputs). Blocking.
+fn output_strings(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    loaded: &[Arc<CachedColumn>],
+    program: &FilterProgram,
+    timer: &mut PhaseTimer,
+) -> crate::gpu::GpuResult<Reasoned<Vec<Option<PartStrings>>>> {
+    let mut strings = Vec::with_capacity(program.outputs.len());
+    for &(_, kind) in &program.outputs {
+        let OutputKind::Bytes { column } = kind else {
+            strings.push(None);
+            continue;
+        };
+        let slot = program.columns.iter().position(|&c| c == column);
+        let Some(cached) = slot.and_then(|slot| loaded.get(slot)) else {
+            return Ok(Err("a string output without its column".into()));
+        };
+        let (Some((bytes, count)), true) = (&cached.bytes, cached.narrow) else {
+            return Ok(Err("a string output not kept as its bytes".into()));
+        };
+        let mut words = Vec::new();
+        download_u64(device, stream, &cached.values.as_view(), &mut words, timer)?;
+        // Four-byte offsets, two to a word, the first in the low half.
+        let offsets: Vec<i32> = (0..=cached.rows)
+            .map_while(|r| words.get(r / 2).map(|w| (w >> (32 * (r % 2))) as u32 as i32))
+            .collect();
+        if offsets.len() != cached.rows + 1 {
+            return Ok(Err("a string column's offsets cut short".into()));
+        }
+        let bytes = match *count {
+            0 => Buffer::from_vec(Vec::<u8>::new()),
+            count => {
+                let mut pieces = download_byte_pieces(device, stream, &bytes.as_view(), count, count, 1, timer)?;
+                match (pieces.pop(), pieces.is_empty()) {
+                    (Some(piece), true) => piece,
+                    _ => return Ok(Err("a string column's bytes not in one piece".into())),
+                }
+            }
+        };
+        strings.push(Some(PartStrings { offsets, bytes }));
+    }
+    Ok(Ok(strings))
 }
 
 /// The rows kept as a batch of the node's schema.
@@ -338,6 +435,7 @@ fn batch_of(
     program: &FilterProgram,
     filtered: &FilteredRows,
     dictionaries: &[Option<ArrayRef>],
+    strings: &[Option<PartStrings>],
 ) -> Reasoned<RecordBatch> {
     let schema = Arc::clone(&shape.output_schema);
     let mut columns = Vec::with_capacity(program.outputs.len());
@@ -346,6 +444,11 @@ fn batch_of(
         let column = match (kind, &dictionaries[o]) {
             (OutputKind::Code { .. }, Some(dictionary)) => coded_column(field, words, dictionary)?,
             (OutputKind::Word, _) => word_column(field, words, filtered.valid_of(o))?,
+            (OutputKind::Bytes { .. }, _) => match strings.get(o) {
+                Some(Some(strings)) => string_column(field, words, filtered.valid_of(o), strings)?,
+                _ if filtered.rows == 0 => new_empty_array(field.data_type()),
+                _ => return Err("a string output without its strings".into()),
+            },
             (OutputKind::Code { .. }, None) => return Err("a coded output without its dictionary".into()),
         };
         columns.push(column);

@@ -126,6 +126,9 @@ pub enum ScanOp {
     /// length and its bytes, four to a little-endian word. NULL for a NULL
     /// string.
     Like = 36,
+    /// `dst` = the row's index in the chunk, valid where column `a`'s value
+    /// is (a column of any kind): how a string kept as its bytes is output.
+    RowOf = 37,
 }
 
 /// What an instruction's operand `a`, `b` or `c` is to an opcode.
@@ -145,7 +148,7 @@ enum Operand {
 
 impl ScanOp {
     /// Every opcode, at the index of its value.
-    const ALL: [ScanOp; 37] = [
+    const ALL: [ScanOp; 38] = [
         ScanOp::LoadI64,
         ScanOp::LoadF64,
         ScanOp::LoadCode,
@@ -183,6 +186,7 @@ impl ScanOp {
         ScanOp::CodeTest,
         ScanOp::KeyTest,
         ScanOp::Like,
+        ScanOp::RowOf,
     ];
 
     /// The opcode of value `code`, if there is one.
@@ -199,7 +203,7 @@ impl ScanOp {
         use Operand::*;
         use ScanOp::*;
         match self {
-            LoadI64 | LoadF64 => [Column, Unused, Unused],
+            LoadI64 | LoadF64 | RowOf => [Column, Unused, Unused],
             LoadCode => [Column, Key, Unused],
             CodeTest => [Column, Key, Immediate],
             KeyTest | Like => [Column, Key, Unused],
@@ -477,7 +481,8 @@ fn check_operands_against_chunk(
                     ));
                 }
                 // Strings kept as bytes are read by LIKE alone, and LIKE
-                // reads nothing else.
+                // reads nothing else (a row's index reads only validity).
+                Operand::Column if op == ScanOp::RowOf => {}
                 Operand::Column => {
                     let of_bytes = of_bytes[value as usize];
                     if of_bytes != (op == ScanOp::Like) {
