@@ -2,7 +2,8 @@
 //! are too many to code (names, comments): its bytes end to end and
 //! `rows + 1` 4-byte offsets into them, a NULL row an empty string there
 //! (its validity says NULL). The device reads such a column only in
-//! `LIKE`, `=`, `<>`, `IN` with text and `IS NULL`. Host work only.
+//! `LIKE`, `=`, `<>`, `IN` with text and `IS NULL`, and a scan of files
+//! outputs it from the part's bytes brought back whole. Host work only.
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, GenericStringArray, OffsetSizeTrait, StringViewArray,

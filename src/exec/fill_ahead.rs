@@ -14,11 +14,15 @@
 //! when its turn comes. Scan aggregations are left out: each reads all of
 //! its parts at once, a task a group, when it first runs. A scan that only
 //! tests join keys leaves its partitions to DataFusion where the keys are
-//! estimated to keep more than a share of its rows ([`crate::exec::join_keys::MAX_KEPT_SHARE`], or
-//! more for strings kept as their bytes), or where none are there: its fill waits until their sets are made (or will not
-//! be), and fills nothing where the scan would read nothing from the
-//! device. (TPC-H q14's `part`, tested against the parts of a month's line
-//! items, would otherwise be read twice in a first run.)
+//! estimated to keep more than a share of its rows
+//! ([`crate::exec::join_keys::MAX_KEPT_SHARE`], or more for strings kept
+//! as their bytes), or where none are there: its fill waits until their
+//! sets are made (or will not be), and fills nothing where the scan would
+//! read nothing from the device. (TPC-H q14's `part`, tested against the
+//! parts of a month's line items, would otherwise be read twice in a first
+//! run.) A scan partition that started before a set of several partitions
+//! was there (one not read ahead) still leaves its partition to
+//! DataFusion: its fill may then read for the next query only.
 //!
 //! Only with the cache on (the fill is the cache's), in a multi-threaded
 //! runtime, for a plan whose output partitions are read together (not a
@@ -26,8 +30,9 @@
 //! plan's scans read is known (by the files' statistics) to fit in half the
 //! cache's share of the device: a fill ahead that evicts its own parts
 //! before their scan reads them would read them twice. (The estimate
-//! counts 8 bytes a row a column; strings kept as their bytes take more.) A fill that fails, or finds a column it cannot keep, stops:
-//! the scan finds the same when it reads the part, and says so.
+//! counts 8 bytes a row a column; strings kept as their bytes take more.)
+//! A fill that fails, or finds a column it cannot keep, stops: the scan
+//! finds the same when it reads the part, and says so.
 //!
 //! `EXPLAIN ANALYZE` counts, per scan, the parts and rows filled ahead
 //! (`parts_filled_ahead`, `rows_filled_ahead`); the scan's own

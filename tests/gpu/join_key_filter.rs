@@ -635,7 +635,7 @@ async fn a_scan_testing_only_join_keys_is_filled_only_where_they_keep_few_rows()
             assert_eq!(plan_metric(&plan, "parts_filled_ahead"), 0, "{sql}");
         } else {
             assert_eq!(tested.on_cpu, 0, "{sql}: {tested:?}");
-            assert!(tested.kept == 300, "{sql}: {tested:?}");
+            assert_eq!(tested.kept, 300, "{sql}: {tested:?}");
             if alone_on_the_device() {
                 assert_eq!(read + filled, rows, "{sql}: each row read once");
             } else {

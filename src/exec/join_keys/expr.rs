@@ -177,7 +177,8 @@ impl PhysicalExpr for JoinKeyFilterExpr {
 /// `predicates` keep together: the least of their estimates
 /// ([`JoinKeyFilterExpr::kept_share`]) whose sets are there; `None` where
 /// none is. A scan that tests nothing else reads the device only where it
-/// is at most [`MAX_KEPT_SHARE`].
+/// is at most [`MAX_KEPT_SHARE`] (or, outputting strings kept as their
+/// bytes from files, [`super::MAX_KEPT_SHARE_OF_STRINGS`]).
 pub(crate) fn kept_by_join_keys<'a>(
     predicates: impl IntoIterator<Item = &'a Arc<dyn PhysicalExpr>>,
 ) -> Option<f64> {

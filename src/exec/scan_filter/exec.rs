@@ -30,12 +30,14 @@ use crate::trace;
 /// column cache (`algorithm=scan_filter`): the columns the query reads are
 /// copied to the device once (strings of few distinct values as codes into
 /// a host dictionary, strings of many as their bytes where only `LIKE`,
-/// `=`, `<>`, `IN` with text or `IS NULL` reads them) and kept there for
-/// the next queries, up to
+/// `=`, `<>`, `IN` with text or `IS NULL` reads them, or, from files, where
+/// they are output) and kept there for the next queries, up to
 /// `gpu.cache_memory_fraction` of the device's memory; per part of the
 /// table, one kernel evaluates the filter and the output columns, a second
-/// writes the rows kept, in order, and only those come back, as batches of
-/// the plan's schema for the nodes above.
+/// writes the rows kept, in order, and only those come back (but for a
+/// string output kept as bytes, whose part's bytes come back whole, the
+/// kept rows' strings made from them), as batches of the plan's schema for
+/// the nodes above.
 ///
 /// It takes the place of the top of the chain, which stays below it as its
 /// only child and runs, partition by partition, only where no device is.
@@ -98,7 +100,8 @@ impl GpuScanFilterExec {
             return Err("the filter reads no column of the table".into());
         }
         // String columns found too varied to code are kept as their bytes,
-        // where only LIKE reads them.
+        // where only LIKE and its kin read them, or they are output from
+        // files.
         let uncodable = uncodable_columns(&shape.source, &shape.fields_of(&program.columns));
         if !uncodable.is_empty() {
             let byte_columns: Vec<usize> = uncodable.iter().map(|&slot| program.columns[slot]).collect();
