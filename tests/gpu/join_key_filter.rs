@@ -17,12 +17,11 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::MemTable;
-use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::physical_plan::{displayable, ExecutionPlan};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use datafusion_gpu::{gpu_decisions, GpuScanFilterExec};
 
-use crate::scan_aggregate::{table, temp_dir, write_parquet};
+use crate::scan_aggregate::{table, temp_dir, write_batch, write_parquet};
 use crate::scan_filter::varied_string;
 use crate::support::{
     alone_on_the_device, cpu_context, gpu_context, physical_plan, plan_metric, require_gpu,
@@ -482,10 +481,7 @@ async fn a_scan_testing_only_join_keys_outputs_strings_too_varied_to_code() {
         ],
     )
     .unwrap();
-    let file = std::fs::File::create(dir.join("p.parquet")).unwrap();
-    let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    write_batch(&dir.join("p.parquet"), &batch);
     let halves = vec![
         vec![batch.slice(0, rows / 2)],
         vec![batch.slice(rows / 2, rows - rows / 2)],
@@ -587,10 +583,7 @@ async fn a_scan_testing_only_join_keys_is_filled_only_where_they_keep_few_rows()
         ],
     )
     .unwrap();
-    let file = std::fs::File::create(dir.join("p.parquet")).unwrap();
-    let mut writer = ArrowWriter::try_new(file, Arc::clone(&probe), None).unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    write_batch(&dir.join("p.parquet"), &batch);
     // Build sides smaller than the probe side (so that DataFusion builds on
     // them): `half` holds every other key, `rare` one in a thousand.
     let build = Arc::new(Schema::new(vec![Field::new("key", DataType::Int64, false)]));

@@ -328,9 +328,14 @@ pub(crate) fn temp_dir(name: &str) -> PathBuf {
 
 pub(crate) fn write_parquet(path: &std::path::Path, rows: usize, seed: u64) {
     let batch = RecordBatch::try_new(schema(), columns(seed)(0..rows)).unwrap();
+    write_batch(path, &batch);
+}
+
+/// `batch` written to a Parquet file at `path`.
+pub(crate) fn write_batch(path: &std::path::Path, batch: &RecordBatch) {
     let file = std::fs::File::create(path).unwrap();
-    let mut writer = ArrowWriter::try_new(file, schema(), None).unwrap();
-    writer.write(&batch).unwrap();
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    writer.write(batch).unwrap();
     writer.close().unwrap();
 }
 

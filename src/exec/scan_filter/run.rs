@@ -211,16 +211,19 @@ pub(super) fn kept_limit(shape: &ScanFilterShape, program: &FilterProgram) -> f6
 }
 
 /// The slots (in the program's columns) of the string columns it outputs
-/// as codes.
+/// as codes, each once (a column may be output twice).
 fn string_output_slots(program: &FilterProgram) -> Vec<usize> {
-    program
+    let mut slots: Vec<usize> = program
         .outputs
         .iter()
         .filter_map(|(_, kind)| match kind {
             OutputKind::Code { column, .. } => program.columns.iter().position(|c| c == column),
             _ => None,
         })
-        .collect()
+        .collect();
+    slots.sort_unstable();
+    slots.dedup();
+    slots
 }
 
 /// `batch` in slices of at most `batch_size` rows, pushed to `batches`.
