@@ -451,6 +451,18 @@ async fn a_plans_scans_are_filled_ahead_each_part_once() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A `MemTable` of one partition of one non-null Int64 column `column`.
+fn key_table(column: &str, values: Vec<i64>) -> Arc<MemTable> {
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        column,
+        DataType::Int64,
+        false,
+    )]));
+    let values: ArrayRef = Arc::new(Int64Array::from(values));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![values]).unwrap();
+    Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap())
+}
+
 /// A scan of Parquet files that only tests join keys and outputs strings
 /// too varied to code reads the device where the keys keep up to half of
 /// its rows, the strings made from their bytes (the first run finds them
@@ -487,13 +499,8 @@ async fn a_scan_testing_only_join_keys_outputs_strings_too_varied_to_code() {
         vec![batch.slice(rows / 2, rows - rows / 2)],
     ];
     let memory = Arc::new(MemTable::try_new(Arc::clone(&schema), halves).unwrap());
-    let keys = |keep: fn(i64) -> bool| {
-        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
-        let values = Int64Array::from_iter_values((0..rows as i64).filter(|&k| keep(k)));
-        let batch =
-            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(values) as ArrayRef]).unwrap();
-        Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap())
-    };
+    let keys =
+        |keep: fn(i64) -> bool| key_table("k", (0..rows as i64).filter(|&k| keep(k)).collect());
     let (third, two_thirds) = (keys(|k| k % 3 == 0), keys(|k| k % 3 != 0));
     let (gpu, cpu) = contexts(JoinMode::CollectLeft).await;
     for ctx in [&gpu, &cpu] {
@@ -586,17 +593,8 @@ async fn a_scan_testing_only_join_keys_is_filled_only_where_they_keep_few_rows()
     write_batch(&dir.join("p.parquet"), &batch);
     // Build sides smaller than the probe side (so that DataFusion builds on
     // them): `half` holds every other key, `rare` one in a thousand.
-    let build = Arc::new(Schema::new(vec![Field::new("key", DataType::Int64, false)]));
-    let keys = |values: Vec<i64>| {
-        let batch = RecordBatch::try_new(
-            Arc::clone(&build),
-            vec![Arc::new(Int64Array::from(values)) as ArrayRef],
-        )
-        .unwrap();
-        Arc::new(MemTable::try_new(Arc::clone(&build), vec![vec![batch]]).unwrap())
-    };
-    let half = keys((0..50_000).map(|k| 2 * k).collect());
-    let rare = keys((0..100).map(|k| 1000 * k + 7).collect());
+    let half = key_table("key", (0..50_000).map(|k| 2 * k).collect());
+    let rare = key_table("key", (0..100).map(|k| 1000 * k + 7).collect());
     let (gpu, cpu) = contexts(JoinMode::CollectLeft).await;
     for ctx in [&gpu, &cpu] {
         ctx.register_parquet("p", dir.to_str().unwrap(), ParquetReadOptions::default())
