@@ -31,14 +31,22 @@ use crate::support::{
 /// Sessions whose joins stay on the CPU (so that their probe sides take
 /// the keys), every other GPU node placed whatever its size.
 async fn contexts(mode: JoinMode) -> (SessionContext, SessionContext) {
+    contexts_of_partitions(mode, 4).await
+}
+
+/// [`contexts`] with `partitions` target partitions.
+async fn contexts_of_partitions(
+    mode: JoinMode,
+    partitions: usize,
+) -> (SessionContext, SessionContext) {
     let extra = [
         "SET gpu.hash_join = false",
         "SET gpu.sort_merge_join = false",
         "SET gpu.tuning.scan_aggregate = false",
     ];
     (
-        gpu_context(mode, 4, &extra).await,
-        cpu_context(mode, 4, &[]).await,
+        gpu_context(mode, partitions, &extra).await,
+        cpu_context(mode, partitions, &[]).await,
     )
 }
 
@@ -556,7 +564,30 @@ async fn a_scan_testing_only_join_keys_outputs_strings_too_varied_to_code() {
             }
         }
     }
+    // One partition whose first file holds no rows: the first run learns
+    // from the next, and reads the device already.
+    let empty_first = temp_dir("key-only-strings-empty-first");
+    write_batch(&empty_first.join("a.parquet"), &batch.slice(0, 0));
+    write_batch(&empty_first.join("b.parquet"), &batch);
+    let (gpu, cpu) = contexts_of_partitions(JoinMode::CollectLeft, 1).await;
+    for ctx in [&gpu, &cpu] {
+        let folder = empty_first.to_str().unwrap();
+        ctx.register_parquet("e", folder, ParquetReadOptions::default())
+            .await
+            .unwrap();
+        ctx.register_table("third", Arc::clone(&third) as _)
+            .unwrap();
+    }
+    let sql = "SELECT e.key, e.name, e.note FROM e JOIN third o ON e.key = o.k";
+    let (plan, tested) = check(&gpu, &cpu, sql).await;
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    assert_eq!(
+        (tested.on_cpu, tested.kept),
+        (0, rows / 3),
+        "{sql}:\n{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&empty_first);
 }
 
 /// A scan that only tests join keys reads the device only where they keep

@@ -404,6 +404,9 @@ async fn too_varied_at_first(
 /// Reads the first [`PROBE_ROWS`] rows of the string columns `slots` of
 /// `fields` in file part `part`, those not known already to be too varied
 /// to code, and remembers each one that is (see [`remember_uncodable`]).
+/// Returns `false` where the part holds no rows to learn from (a byte
+/// range of a file that holds no row group), `true` otherwise (learned, or
+/// nothing to learn).
 pub(crate) async fn learn_uncodable(
     source: &TableSource,
     part: &Part,
@@ -411,7 +414,7 @@ pub(crate) async fn learn_uncodable(
     slots: &[usize],
     context: &Arc<TaskContext>,
     metrics: &GpuScanMetrics,
-) -> Result<()> {
+) -> Result<bool> {
     let url = source_url(source);
     let keys: Vec<(usize, String)> = slots
         .iter()
@@ -420,11 +423,11 @@ pub(crate) async fn learn_uncodable(
         .filter(|(_, key)| !is_uncodable(key))
         .collect();
     if keys.is_empty() || matches!(part, Part::Memory(_)) {
-        return Ok(());
+        return Ok(true);
     }
     let table_columns: Vec<usize> = keys.iter().map(|&(i, _)| fields[i].0).collect();
     let Some(first) = first_rows(source, part, &table_columns, context, metrics).await? else {
-        return Ok(());
+        return Ok(false);
     };
     for ((i, key), array) in keys.iter().zip(&first) {
         let codes = WordsBuilder::with_rows_hint(fields[*i].1.data_type(), array.len())
@@ -433,7 +436,7 @@ pub(crate) async fn learn_uncodable(
             remember_uncodable(key);
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// `words` copied to the device, its memory reserved in the budget, and

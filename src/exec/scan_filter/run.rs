@@ -81,12 +81,15 @@ pub(crate) async fn run(
         };
         if kept > MAX_KEPT_SHARE && kept <= MAX_KEPT_SHARE_OF_STRINGS {
             // Where its string outputs turn out too varied to code (on the
-            // partition's first part), they are kept as their bytes, and the
+            // partition's first part that holds rows: a byte range of a file
+            // may hold no row group), they are kept as their bytes, and the
             // larger limit holds.
-            if let Some(first) = parts.first() {
-                let slots = string_output_slots(&program);
-                let fields = shape.fields_of(&program.columns);
-                learn_uncodable(&shape.source, first, &fields, &slots, &context, &metrics).await?;
+            let slots = string_output_slots(&program);
+            let fields = shape.fields_of(&program.columns);
+            for part in &parts {
+                if learn_uncodable(&shape.source, part, &fields, &slots, &context, &metrics).await? {
+                    break;
+                }
             }
             if let Some(as_bytes) = with_uncodable_as_bytes(&shape, &program) {
                 program = Arc::new(as_bytes);
