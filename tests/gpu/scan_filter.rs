@@ -130,6 +130,47 @@ async fn scan_filters_answer_as_datafusion_does() {
     }
 }
 
+/// A filter comparing with the value of an uncorrelated scalar subquery
+/// (TPC-H q22's `c_acctbal > (SELECT avg(c_acctbal) ...)`) runs on the
+/// device, the value a constant of the program compiled when the scan runs
+/// (DataFusion runs the subquery first); a NULL value keeps no row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scalar_subquerys_value_is_read_when_the_scan_runs() {
+    let Some(_) = require_gpu("a_scalar_subquerys_value_is_read_when_the_scan_runs") else {
+        return;
+    };
+    let (gpu, cpu) = contexts(4).await;
+    register([&gpu, &cpu], "t", table(200_000, 4, 7));
+    for (sql, keeps_rows) in [
+        ("SELECT i, d FROM t WHERE d > (SELECT avg(d) FROM t WHERE n > 0)", true),
+        (
+            "SELECT count(*), sum(d) FROM t \
+             WHERE i < (SELECT max(i) FROM t WHERE b) - 5 AND f > (SELECT avg(f) FROM t WHERE i > 0)",
+            true,
+        ),
+        ("SELECT i FROM t WHERE d > (SELECT avg(d) FROM t WHERE n > 2147483000)", false),
+    ] {
+        let (plan, _) = check(&gpu, &cpu, sql).await;
+        let mut outer = Vec::new();
+        plan.apply(|node| {
+            let line = displayable(node.as_ref()).one_line().to_string();
+            if node.downcast_ref::<GpuScanFilterExec>().is_some() && line.contains("scalar_subquery") {
+                outer.push(Arc::clone(node));
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        assert_eq!(outer.len(), 1, "{sql}:\n{text}");
+        let metrics = outer[0].metrics().unwrap();
+        let count = |name| metrics.sum_by_name(name).map_or(0, |v| v.as_usize());
+        assert_eq!(count("cpu_fallback"), 0, "{sql}:\n{text}");
+        assert_eq!(count("rows_scanned"), 200_000, "{sql}:\n{text}");
+        let kept = metrics.output_rows().unwrap_or(0);
+        assert_eq!(kept > 0, keeps_rows, "{sql}: {kept} rows kept");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scan_filters_read_parquet_files_and_keep_each_partitions_order() {
     let Some(_) = require_gpu("scan_filters_read_parquet_files_and_keep_each_partitions_order")
@@ -373,8 +414,9 @@ pub(crate) fn varied_string(r: usize) -> Option<String> {
     })
 }
 
-/// LIKE predicates of text and `%`, `=` and `<>` with text, and their
-/// negations, that the device matches over a column's bytes.
+/// LIKE predicates of text and `%`, `=`, `<>` and `IN` with text (of the
+/// string or of its first characters), and their negations, that the
+/// device matches over a column's bytes.
 const LIKE_QUERIES: &[&str] = &[
     "SELECT i FROM w WHERE s NOT LIKE '%special%requests%'",
     "SELECT i, i * 2 FROM w WHERE s LIKE '%special%requests%' AND i > 10",
@@ -391,6 +433,11 @@ const LIKE_QUERIES: &[&str] = &[
     "SELECT i FROM w WHERE s = 'aba' OR s <> '' AND i > 20000",
     "SELECT i FROM w WHERE s IN ('ab', 'special', '€5') OR 'a%' = s",
     "SELECT i FROM w WHERE s NOT IN ('ab', 'aba', '') AND s NOT LIKE '%€%'",
+    // Their first characters: a prefix of as many, the whole string for a
+    // shorter value, nothing for a longer one.
+    "SELECT i FROM w WHERE substr(s, 1, 2) IN ('ab', 'sp', '€1', 'x', '', 'abc')",
+    "SELECT i FROM w WHERE substr(s, 1, 3) NOT IN ('spe', 'aba', 'ab') AND i < 20000",
+    "SELECT count(*) FROM w WHERE substr(s, 1, 1) = '€' OR substring(s FROM 1 FOR 7) <> 'special'",
 ];
 
 /// Runs [`LIKE_QUERIES`] over table `w`, whose `s` the device must keep as
@@ -434,6 +481,10 @@ async fn like_queries_match_bytes(gpu: &SessionContext, cpu: &SessionContext, fr
     for (sql, reason) in output.into_iter().chain([
         ("SELECT i FROM w WHERE s LIKE 'a_a'", "`_`"),
         ("SELECT i FROM w WHERE s < 'aba'", "only by LIKE"),
+        (
+            "SELECT i FROM w WHERE substr(s, 1, 1) IN ('ab', 'cd')",
+            "substr",
+        ),
     ]) {
         let plan = physical_plan(gpu, sql).await;
         assert_eq!(scan_filters(&plan), 0, "{sql}");

@@ -37,6 +37,30 @@ pub(crate) fn text_table(text: &str) -> Option<Vec<u32>> {
     Some(table)
 }
 
+/// The table [`like_table`] makes, for a string that starts with `text`:
+/// one segment, closed at the start and open at the end (whatever `text`
+/// holds, `%` and `_` included). `None` for text of 4 GiB or more.
+pub(crate) fn prefix_table(text: &str) -> Option<Vec<u32>> {
+    let mut table = vec![1, 0, 1];
+    push_segment(&mut table, text.as_bytes())?;
+    Some(table)
+}
+
+/// What `substr(s, 1, length) = text` asks of `s` itself, for a length of
+/// at least one character: the table of a string starting with `text`
+/// where `text` holds `length` characters (the first `length` characters
+/// of `s` are exactly its bytes: UTF-8 codes no character as the start of
+/// another), of a string equal to `text` where it holds fewer (`s` is then
+/// no longer than `text`); `None` where it holds more (no `s` matches).
+/// The outer `None`: text of 4 GiB or more.
+pub(crate) fn substr_table(text: &str, length: usize) -> Option<Option<Vec<u32>>> {
+    match text.chars().count().cmp(&length) {
+        std::cmp::Ordering::Equal => prefix_table(text).map(Some),
+        std::cmp::Ordering::Less => text_table(text).map(Some),
+        std::cmp::Ordering::Greater => Some(None),
+    }
+}
+
 /// Appends one segment to a pattern's table: its byte length, then its
 /// bytes four to a little-endian word (the last padded with zeros).
 fn push_segment(table: &mut Vec<u32>, segment: &[u8]) -> Option<()> {
@@ -152,10 +176,62 @@ mod tests {
         assert_eq!(ops, [ScanOp::Like as i64, ScanOp::IsNull as i64]);
         assert_eq!(program.tests()[0].pattern.as_deref(), like_table("%").as_ref());
         assert!(builder().group_code(1, 0).unwrap_err().contains("only by LIKE"));
+        // `substr(c, 1, 2) IN`: a prefix a value of two characters, the
+        // whole string for a shorter one, none for a longer one.
+        let substr = |start: i64, length: i64| -> Arc<dyn PhysicalExpr> {
+            let args = vec![Arc::clone(&c), lit(start), lit(length)];
+            let config = Arc::new(datafusion::config::ConfigOptions::default());
+            let function = datafusion::physical_expr::ScalarFunctionExpr::try_new(
+                datafusion::functions::unicode::substr(),
+                args,
+                &schema,
+                config,
+            );
+            Arc::new(function.unwrap())
+        };
+        let texts = |values: &[&str]| {
+            values
+                .iter()
+                .map(|v| lit(datafusion::common::ScalarValue::Utf8View(Some((*v).into()))))
+                .collect::<Vec<_>>()
+        };
+        let in_list = |string: Arc<dyn PhysicalExpr>, values: &[&str]| {
+            datafusion::physical_expr::expressions::in_list(string, texts(values), &false, &schema).unwrap()
+        };
+        let mut program = builder();
+        program.compile(&in_list(substr(1, 2), &["13", "1", "123"])).unwrap();
+        let patterns: Vec<Option<Vec<u32>>> =
+            program.tests().iter().map(|t| t.pattern.as_deref().cloned()).collect();
+        assert_eq!(patterns, [like_table("13%"), text_table("1")]);
+        // `=` and `<>` alike; from another start, or only longer values:
+        // not evaluated on the device.
+        let equal: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            substr(1, 1),
+            datafusion::logical_expr::Operator::Eq,
+            texts(&["€"]).remove(0),
+        ));
+        let mut program = builder();
+        program.compile(&equal).unwrap();
+        assert_eq!(program.tests()[0].pattern.as_deref(), prefix_table("€").as_ref());
+        assert!(builder().compile(&in_list(substr(2, 2), &["13"])).is_err());
+        assert!(builder().compile(&in_list(substr(1, 1), &["13", "ab"])).is_err());
         // Not kept as bytes: LIKE is a test of its dictionary codes.
         let mut coded = ProgramBuilder::new(&schema);
         coded.compile(&like(false, false, "%a%")).unwrap();
         assert_eq!(coded.instructions()[0][0], ScanOp::CodeTest as i64);
+    }
+
+    #[test]
+    fn a_substring_from_the_start_is_a_prefix_or_the_whole_string() {
+        // As many characters as the substring: a prefix, wildcards and
+        // multibyte characters as they are.
+        assert_eq!(substr_table("13", 2), Some(Some(like_table("13%").unwrap())));
+        assert_eq!(substr_table("%_", 2), Some(Some(vec![1, 0, 1, 2, u32::from_le_bytes([b'%', b'_', 0, 0])])));
+        assert_eq!(substr_table("€a", 2), Some(Some(vec![1, 0, 1, 4, u32::from_le_bytes([0xe2, 0x82, 0xac, b'a'])])));
+        // Fewer: the whole string; more: nothing matches.
+        assert_eq!(substr_table("1", 2), Some(text_table("1")));
+        assert_eq!(substr_table("", 3), Some(text_table("")));
+        assert_eq!(substr_table("€€€", 2), Some(None));
     }
 
     #[test]

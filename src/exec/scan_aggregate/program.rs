@@ -21,9 +21,11 @@ use datafusion::physical_expr::expressions::{
     BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr,
     Literal, NegativeExpr, NotExpr,
 };
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::logical_expr::ColumnarValue;
+use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
-use super::like::{like_table, text_table};
+use super::like::{like_table, substr_table, text_table};
 use crate::encode::table_words::word_kind;
 use crate::exec::join_keys::{gathers_keys_of, JoinKeyFilterExpr, JoinKeySet};
 use crate::gpu::launch::{ScanOp, SCAN_MAX_INSTRUCTIONS, SCAN_REGISTERS};
@@ -84,6 +86,13 @@ pub(crate) struct ProgramBuilder<'a> {
     /// String columns kept as their bytes (read only by `LIKE`, `=`, `<>`
     /// and `IN` with text, and `IS NULL`).
     byte_columns: Vec<usize>,
+    /// Whether the values of scalar subqueries are constants of the
+    /// program (see [`Self::with_run_time_values`]).
+    run_time_values: bool,
+    /// Whether the program holds such a value, and whether one of them was
+    /// not known yet (its type's NULL in its place).
+    uses_run_time_values: bool,
+    pending_values: bool,
 }
 
 type Compiled<T> = std::result::Result<T, String>;
@@ -101,7 +110,32 @@ impl<'a> ProgramBuilder<'a> {
             tests: Vec::new(),
             first_test_key: 0,
             byte_columns: Vec::new(),
+            run_time_values: false,
+            uses_run_time_values: false,
+            pending_values: false,
         }
+    }
+
+    /// The value of an uncorrelated scalar subquery (DataFusion's
+    /// `ScalarSubqueryExpr`, set once the subquery has run, before the
+    /// plan that reads it runs) is a constant of the program; until it is
+    /// set, its type's NULL holds its place, and the caller compiles the
+    /// program again when it runs (see [`Self::pending_values`]). Without
+    /// this, such a value is refused.
+    pub fn with_run_time_values(mut self) -> Self {
+        self.run_time_values = true;
+        self
+    }
+
+    /// Whether the program holds the value of a scalar subquery.
+    pub fn uses_run_time_values(&self) -> bool {
+        self.uses_run_time_values
+    }
+
+    /// Whether the program holds the value of a scalar subquery that was
+    /// not set yet: it must be compiled again before it runs.
+    pub fn pending_values(&self) -> bool {
+        self.pending_values
     }
 
     /// The string columns `columns` (of the scan) are kept as their bytes:
@@ -243,6 +277,9 @@ impl<'a> ProgramBuilder<'a> {
         if let Some(literal) = expr.downcast_ref::<Literal>() {
             return self.literal(literal.value());
         }
+        if expr.downcast_ref::<ScalarSubqueryExpr>().is_some() {
+            return self.run_time_value(expr);
+        }
         if let Some(binary) = expr.downcast_ref::<BinaryExpr>() {
             let result = self.data_type(expr)?;
             return self.binary(binary, &result);
@@ -329,12 +366,31 @@ impl<'a> ProgramBuilder<'a> {
         Ok(Some(value))
     }
 
+    /// The value of scalar subquery `expr` as a constant, its type's NULL
+    /// where it is not set yet (see [`Self::with_run_time_values`]).
+    fn run_time_value(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Value> {
+        if !self.run_time_values {
+            return Err(format!("{expr}: a scalar subquery's value is not read on the device here"));
+        }
+        self.uses_run_time_values = true;
+        let no_rows = RecordBatch::new_empty(Arc::new(Schema::empty()));
+        let value = match expr.evaluate(&no_rows) {
+            Ok(ColumnarValue::Scalar(value)) => value,
+            _ => {
+                self.pending_values = true;
+                ScalarValue::try_from(self.data_type(expr)?).map_err(|e| e.to_string())?
+            }
+        };
+        self.literal(&value)
+    }
+
     /// Refuses `column` where it is kept as string bytes.
     fn not_bytes(&self, column: usize) -> Compiled<()> {
         match self.byte_columns.contains(&column) {
             true => Err(format!(
                 "the string column {} holds more distinct values in a part than the device \
-                 codes, and is read on the device only by LIKE, =, <> and IN with text, and IS NULL",
+                 codes, and is read on the device only by LIKE, =, <> and IN with text (its own or \
+                 its first characters', substr(s, 1, n)), and IS NULL",
                 self.schema.field(column).name()
             )),
             false => Ok(()),
@@ -345,7 +401,9 @@ impl<'a> ProgramBuilder<'a> {
     /// as string bytes and text, or its IS [NOT] NULL: one match of the
     /// text's segments a row (`ScanOp::Like`; `=` text is one segment, both
     /// ends closed) a pattern or value, negated for NOT LIKE, `<>` and NOT
-    /// IN. `None` where it is not of that shape.
+    /// IN. `=`, `<>` and `IN` also compare the column's first characters
+    /// (`substr(column, 1, n)`, TPC-H q22's country codes): text of `n`
+    /// characters as a prefix. `None` where it is not of that shape.
     fn text_test_on_bytes(&mut self, expr: &Arc<dyn PhysicalExpr>) -> Compiled<Option<Value>> {
         let text = |e: &Arc<dyn PhysicalExpr>| match e.downcast_ref::<Literal>().map(Literal::value) {
             Some(
@@ -367,16 +425,24 @@ impl<'a> ProgramBuilder<'a> {
             return Ok(Some(self.emit(op, any.register.into(), 0, 0, ValueType::Bool)?));
         }
         if let Some(in_list) = expr.downcast_ref::<InListExpr>() {
-            let Some(column) = self.byte_column(in_list.expr()) else {
+            let Some((column, length)) = self.text_of_byte_column(in_list.expr()) else {
                 return Ok(None);
             };
             let Some(values) = in_list.list().iter().map(text).collect::<Option<Vec<String>>>() else {
                 return Ok(None);
             };
-            // One match a value, ORed (no value: false), negated for NOT IN.
+            let mut tables = Vec::with_capacity(values.len());
+            for value in &values {
+                tables.extend(value_table(expr, value, length)?);
+            }
+            if tables.is_empty() {
+                // No value a substring can equal: without a match, a NULL
+                // string would not give NULL.
+                return Ok(None);
+            }
+            // One match a value, ORed, negated for NOT IN.
             let mut any = self.constant(0, ValueType::Bool)?;
-            for value in values {
-                let table = text_table(&value).ok_or_else(|| format!("{expr}: text of 4 GiB or more"))?;
+            for table in tables {
                 let matched = self.text_match(expr, column, table)?;
                 any = self.emit(ScanOp::Or, any.register.into(), matched.register.into(), 0, ValueType::Bool)?;
             }
@@ -406,7 +472,7 @@ impl<'a> ProgramBuilder<'a> {
                 _ => return Ok(None),
             };
             let (left, right) = (binary.left(), binary.right());
-            let (column, value) = match (self.byte_column(left), self.byte_column(right)) {
+            let ((column, length), value) = match (self.text_of_byte_column(left), self.text_of_byte_column(right)) {
                 (Some(column), None) => (column, text(right)),
                 (None, Some(column)) => (column, text(left)),
                 _ => return Ok(None),
@@ -414,7 +480,9 @@ impl<'a> ProgramBuilder<'a> {
             let Some(value) = value else {
                 return Ok(None);
             };
-            let table = text_table(&value).ok_or_else(|| format!("{expr}: text of 4 GiB or more"))?;
+            let Some(table) = value_table(expr, &value, length)? else {
+                return Ok(None);
+            };
             (column, table, negated)
         } else {
             return Ok(None);
@@ -439,6 +507,28 @@ impl<'a> ProgramBuilder<'a> {
             pattern: Some(Arc::new(table)),
         });
         Ok(matched)
+    }
+
+    /// The text `expr` compares, where it is a column kept as string bytes
+    /// (its index, `None`) or its first characters (`substr(column, 1,
+    /// length)`, a literal length of at least one: its index and the
+    /// length).
+    fn text_of_byte_column(&self, expr: &Arc<dyn PhysicalExpr>) -> Option<(usize, Option<usize>)> {
+        if let Some(column) = self.byte_column(expr) {
+            return Some((column, None));
+        }
+        let function = expr.downcast_ref::<ScalarFunctionExpr>()?;
+        let [string, start, length] = function.args() else {
+            return None;
+        };
+        let integer = |e: &Arc<dyn PhysicalExpr>| match e.downcast_ref::<Literal>()?.value() {
+            ScalarValue::Int64(Some(v)) => Some(*v),
+            ScalarValue::Int32(Some(v)) => Some(i64::from(*v)),
+            _ => None,
+        };
+        let column = self.byte_column(string)?;
+        let length = usize::try_from(integer(length)?).ok().filter(|&n| n >= 1)?;
+        (function.name() == "substr" && integer(start)? == 1).then_some((column, Some(length)))
     }
 
     /// The scan column `expr` is, where it is one kept as string bytes.
@@ -765,6 +855,17 @@ impl<'a> ProgramBuilder<'a> {
 const TEST_FALSE: u32 = 0;
 const TEST_TRUE: u32 = 1;
 const TEST_NULL: u32 = 2;
+
+/// The match table of a string column's text equal to `value`: the whole
+/// string (`length` `None`), or its first `length` characters
+/// ([`substr_table`]; `None` where no string's can equal `value`).
+fn value_table(expr: &Arc<dyn PhysicalExpr>, value: &str, length: Option<usize>) -> Compiled<Option<Vec<u32>>> {
+    let table = match length {
+        None => text_table(value).map(Some),
+        Some(length) => substr_table(value, length),
+    };
+    table.ok_or_else(|| format!("{expr}: text of 4 GiB or more"))
+}
 
 /// `predicate` (over one column, `field`) evaluated by DataFusion on
 /// `values`, as code test results.

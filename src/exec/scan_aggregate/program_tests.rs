@@ -172,3 +172,39 @@ fn too_many_registers_are_refused() {
     }
     assert!(result.unwrap_err().contains("registers"));
 }
+
+#[test]
+fn a_scalar_subquerys_value_is_a_constant_once_set() {
+    use datafusion::logical_expr::physical_planning_context::{ScalarSubqueryResults, SubqueryIndex};
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::binary;
+    let schema = schema();
+    let results = ScalarSubqueryResults::new(1);
+    let index = SubqueryIndex::new(0);
+    let subquery: Arc<dyn PhysicalExpr> = Arc::new(ScalarSubqueryExpr::new(
+        DataType::Decimal128(15, 2),
+        true,
+        index,
+        results.clone(),
+    ));
+    let above = binary(col("price", &schema).unwrap(), Operator::Gt, subquery, &schema).unwrap();
+    // Not allowed: refused, with the reason.
+    let refused = ProgramBuilder::new(&schema).compile(&above).unwrap_err();
+    assert!(refused.contains("scalar subquery"), "{refused}");
+    // Not set yet: the type's NULL holds its place, and the program says so.
+    let mut pending = ProgramBuilder::new(&schema).with_run_time_values();
+    pending.compile(&above).unwrap();
+    assert!(pending.uses_run_time_values() && pending.pending_values());
+    assert!(pending.instructions().iter().any(|i| i[0] == ScanOp::Null as i64));
+    // Set: its value is a constant.
+    results.set(index, ScalarValue::Decimal128(Some(499_815), 15, 2)).unwrap();
+    let mut set = ProgramBuilder::new(&schema).with_run_time_values();
+    set.compile(&above).unwrap();
+    assert!(set.uses_run_time_values() && !set.pending_values());
+    assert!(set.instructions().iter().all(|i| i[0] != ScanOp::Null as i64));
+    assert!(set.instructions().iter().any(|i| i[0] == ScanOp::Const as i64 && i.contains(&499_815)));
+    // An expression without one does not use them.
+    let mut plain = ProgramBuilder::new(&schema).with_run_time_values();
+    plain.compile(&col("price", &schema).unwrap()).unwrap();
+    assert!(!plain.uses_run_time_values());
+}

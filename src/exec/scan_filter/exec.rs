@@ -16,7 +16,7 @@ use datafusion::physical_plan::{
 };
 use futures::TryStreamExt;
 
-use super::program::{compile, FilterProgram};
+use super::program::{compile, with_run_time_values, FilterProgram};
 use super::run::{kept_limit, run, with_uncodable_as_bytes, Ran};
 use super::shape::ScanFilterShape;
 use crate::exec::scan_aggregate::{uncodable_columns, TableSource};
@@ -329,7 +329,11 @@ impl ExecutionPlan for GpuScanFilterExec {
         let output = async move {
             let _fills = fills;
             waits.await;
-            match run(shape, program, partition, Arc::clone(&context), metrics.clone()).await? {
+            let ran = match with_run_time_values(&shape, program) {
+                Ok(program) => run(shape, program, partition, Arc::clone(&context), metrics.clone()).await?,
+                Err(reason) => Ran::OnCpu(reason),
+            };
+            match ran {
                 Ran::Batches(batches) => {
                     metrics.baseline.done();
                     let schema = fallback.schema();

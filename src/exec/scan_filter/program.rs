@@ -56,6 +56,11 @@ pub(crate) struct FilterProgram {
     /// Scan columns kept as string bytes (read only by `LIKE`, `=`, `<>`
     /// and `IN` with text, and `IS NULL`).
     pub byte_columns: Vec<usize>,
+    /// Whether the program holds the value of a scalar subquery, and
+    /// whether one was not set when it was compiled (the program must then
+    /// be compiled again once it is, before it runs: see [`compile`]).
+    pub run_time_values: bool,
+    pub pending_values: bool,
 }
 
 impl FilterProgram {
@@ -101,7 +106,8 @@ pub(crate) fn compile(shape: &ScanFilterShape, byte_columns: &[usize]) -> Compil
     let coded_outputs = shape.outputs.iter().filter(|e| coded_column(e).is_some()).count();
     let mut program = ProgramBuilder::new(&shape.scan_schema)
         .with_test_keys_from(coded_outputs)
-        .with_byte_columns(byte_columns);
+        .with_byte_columns(byte_columns)
+        .with_run_time_values();
     let predicate = program.compile(&shape.predicate)?;
     if predicate.value_type != ValueType::Bool {
         return Err("a filter that is not a boolean".into());
@@ -138,7 +144,27 @@ pub(crate) fn compile(shape: &ScanFilterShape, byte_columns: &[usize]) -> Compil
         coded_outputs,
         tests: program.tests().to_vec(),
         byte_columns: byte_columns.to_vec(),
+        run_time_values: program.uses_run_time_values(),
+        pending_values: program.pending_values(),
     })
+}
+
+/// `program`, compiled again where it holds the values of scalar
+/// subqueries (DataFusion runs them before the plan that reads them, so
+/// they are set when the scan runs), or the reason the device cannot run
+/// it now.
+pub(crate) fn with_run_time_values(
+    shape: &ScanFilterShape,
+    program: Arc<FilterProgram>,
+) -> Compiled<Arc<FilterProgram>> {
+    if !program.run_time_values {
+        return Ok(program);
+    }
+    let program = compile(shape, &program.byte_columns)?;
+    match program.pending_values {
+        true => Err("a scalar subquery's value was not set when the scan ran".into()),
+        false => Ok(Arc::new(program)),
+    }
 }
 
 /// Whether a register of `value_type` holds values of `data_type` exactly.
