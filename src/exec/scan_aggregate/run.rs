@@ -103,6 +103,7 @@ pub(crate) async fn table_columns(
             let (device, context) = (Arc::clone(device), Arc::clone(context));
             let (options, metrics) = (options.clone(), metrics.clone());
             SpawnedTask::spawn(async move {
+                trace::event(|| format!("scan: a task reads {} parts", parts.len()));
                 let mut loaded = Vec::with_capacity(parts.len());
                 for part in parts {
                     let context = Arc::clone(&context);
@@ -235,6 +236,10 @@ pub(crate) async fn part_columns(
             .collect()
     };
     let mut found = cached(&keys);
+    trace::event(|| {
+        let hits = found.iter().filter(|c| c.is_some()).count();
+        format!("cache lookup of {}: {hits} of {} columns", part.describe(), keys.len())
+    });
     // Where another task fills this part now (the fill ahead of the plan,
     // another scan or query), its columns are waited for and then found in
     // the cache.

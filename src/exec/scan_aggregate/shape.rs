@@ -41,7 +41,9 @@ pub(crate) enum TableSource {
         source: Arc<FileScanConfig>,
     },
     /// A `MemTable`'s partitions.
-    Memory { partitions: Vec<Vec<datafusion::arrow::array::RecordBatch>> },
+    /// Shared (a task per partition clones the source): a `MemTable`'s
+    /// batches, thousands at a large table's 8,192 rows a batch.
+    Memory { partitions: Vec<Arc<Vec<datafusion::arrow::array::RecordBatch>>> },
 }
 
 /// One column of the scan's output: the table column it is.
@@ -261,7 +263,7 @@ pub(crate) fn table_source(scan: &DataSourceExec) -> Shaped<Option<(TableSource,
             None => (0..width).map(|i| ScanColumn { table_index: i }).collect(),
         };
         let source = TableSource::Memory {
-            partitions: memory.partitions().to_vec(),
+            partitions: memory.partitions().iter().map(|p| Arc::new(p.clone())).collect(),
         };
         return Ok(Some((source, columns)));
     }

@@ -36,7 +36,7 @@ const READ_BATCH_ROWS: usize = 1 << 16;
 #[derive(Debug, Clone)]
 pub(crate) enum Part {
     File(PartitionedFile),
-    Memory(Vec<RecordBatch>),
+    Memory(Arc<Vec<RecordBatch>>),
 }
 
 impl TableSource {
@@ -50,7 +50,7 @@ impl TableSource {
                 .collect(),
             TableSource::Memory { partitions } => partitions
                 .iter()
-                .map(|batches| vec![Part::Memory(batches.clone())])
+                .map(|batches| vec![Part::Memory(Arc::clone(batches))])
                 .collect(),
         }
     }
@@ -63,7 +63,7 @@ impl TableSource {
                 .map(|files| files.iter().cloned().map(Part::File).collect()),
             TableSource::Memory { partitions } => partitions
                 .get(index)
-                .map(|batches| vec![Part::Memory(batches.clone())]),
+                .map(|batches| vec![Part::Memory(Arc::clone(batches))]),
         }
     }
 
@@ -115,7 +115,7 @@ impl Part {
             Part::File(_) => format!("{}|{column}", self.fill_key(url)),
             Part::Memory(batches) => {
                 let mut key = String::from("memory|");
-                for batch in batches {
+                for batch in batches.iter() {
                     let array = batch.column(table_index);
                     key.push_str(&format!(
                         "{:p}+{}.{};",
@@ -149,7 +149,7 @@ impl Part {
             }
             Part::Memory(batches) => {
                 let mut key = String::from("memory|");
-                for batch in batches {
+                for batch in batches.iter() {
                     if let Some(array) = batch.columns().first() {
                         key.push_str(&format!("{:p}+{};", Arc::as_ptr(array) as *const u8, array.len()));
                     }
@@ -455,7 +455,7 @@ mod tests {
             RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from_iter_values(0..n))])
                 .unwrap()
         };
-        assert_eq!(Part::Memory(vec![batch(3), batch(0), batch(5)]).rows_hint(), 8);
+        assert_eq!(Part::Memory(Arc::new(vec![batch(3), batch(0), batch(5)])).rows_hint(), 8);
     }
 
     /// Writes `columns` (name, type, nullable, values) to `dir`/`name`.parquet.
