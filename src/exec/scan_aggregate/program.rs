@@ -333,6 +333,14 @@ impl<'a> ProgramBuilder<'a> {
         if self.data_type(expr)? != DataType::Boolean || is_volatile(expr) {
             return Ok(None);
         }
+        // A scalar subquery's value is set when the plan runs, after the
+        // test's results on NULL would be taken here.
+        let reads_a_subquery = Arc::clone(expr)
+            .exists(|e| Ok(e.downcast_ref::<ScalarSubqueryExpr>().is_some()))
+            .map_err(|e| e.to_string())?;
+        if reads_a_subquery {
+            return Ok(None);
+        }
         let columns = collect_columns(expr);
         let Some(column) = columns.iter().next().filter(|_| columns.len() == 1) else {
             return Ok(None);

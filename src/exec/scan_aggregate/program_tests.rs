@@ -208,3 +208,22 @@ fn a_scalar_subquerys_value_is_a_constant_once_set() {
     plain.compile(&col("price", &schema).unwrap()).unwrap();
     assert!(!plain.uses_run_time_values());
 }
+
+#[test]
+fn a_string_test_reading_a_scalar_subquery_is_not_a_code_test() {
+    use datafusion::logical_expr::physical_planning_context::{ScalarSubqueryResults, SubqueryIndex};
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::binary;
+    let schema = schema();
+    let results = ScalarSubqueryResults::new(1);
+    let index = SubqueryIndex::new(0);
+    results.set(index, ScalarValue::Utf8View(Some("A".into()))).unwrap();
+    let subquery: Arc<dyn PhysicalExpr> =
+        Arc::new(ScalarSubqueryExpr::new(DataType::Utf8View, true, index, results));
+    // `flag = (SELECT ...)`: its results by code would be taken before the
+    // plan runs, so it is not compiled, even with the value set.
+    let equal = binary(col("flag", &schema).unwrap(), Operator::Eq, subquery, &schema).unwrap();
+    let mut program = ProgramBuilder::new(&schema).with_run_time_values();
+    assert!(program.compile(&equal).is_err());
+    assert!(program.tests().is_empty());
+}
