@@ -65,3 +65,16 @@ pub(super) const GPU_HASH_JOIN_PASSES: f64 = 12.0;
 pub(super) const GPU_SORT_MERGE_PASSES: f64 = 20.0;
 /// Passes over an aggregation's input bytes on the device.
 pub(super) const GPU_AGGREGATE_PASSES: f64 = 4.0;
+
+/// A GPU scan of a table held in memory (a `MemTable`'s batches) whose
+/// columns the device column cache holds: what its node pays whatever the
+/// table's size (a task and a cache lookup a partition, a launch a part,
+/// the states or rows back), and its work a row on DataFusion's threads
+/// (each part's lookup and launch, a part a batch). A scan aggregation,
+/// and a scan that only tests a join's build keys (a bitmap of the keys'
+/// span sent with each part, the rows kept made into batches). Fitted to
+/// the placement sweep's "no GROUP BY" and "tiny build side" shapes.
+pub(super) const GPU_MEMORY_SCAN_AGGREGATE_FIXED_SECONDS: f64 = 0.002;
+pub(super) const GPU_MEMORY_SCAN_AGGREGATE_NS_PER_ROW: f64 = 4.0;
+pub(super) const GPU_MEMORY_KEY_TEST_FIXED_SECONDS: f64 = 0.010;
+pub(super) const GPU_MEMORY_KEY_TEST_NS_PER_ROW: f64 = 11.7;

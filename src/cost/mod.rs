@@ -327,6 +327,63 @@ pub fn aggregate(shape: &AggregateShape, device: &DeviceConstants) -> Estimate {
     Estimate::of(cpu, GPU_FIXED_SECONDS, (to_device, from_device), host_and_device, device)
 }
 
+/// The estimate of a scan aggregation of `shape` (the rows its filter
+/// keeps) over a table held in memory of `scan_rows` rows whose columns
+/// the device column cache holds: DataFusion's aggregation against the
+/// device reading the cached columns (their one upload, at the first run,
+/// left out: the cache keeps them for the runs after; DataFusion's filter
+/// left out too).
+pub fn memory_scan_aggregate(
+    shape: &AggregateShape,
+    scan_rows: u64,
+    device: &DeviceConstants,
+) -> Estimate {
+    let threads = shape.threads.max(1) as f64;
+    let rows = scan_rows.max(shape.rows) as f64;
+    let groups = (shape.groups.max(1) as f64).min((shape.rows as f64).max(1.0));
+    let group_bytes = groups * shape.group_bytes as f64;
+    let cpu = aggregate(shape, device).cpu.as_secs_f64();
+    let kernels = (rows * shape.value_bytes as f64 * GPU_AGGREGATE_PASSES + 2.0 * group_bytes)
+        / device.device_memory;
+    let host = rows * ns(GPU_MEMORY_SCAN_AGGREGATE_NS_PER_ROW) / threads
+        + group_bytes * ns(CPU_OUTPUT_NS_PER_BYTE) / threads;
+    Estimate::of(
+        cpu,
+        GPU_MEMORY_SCAN_AGGREGATE_FIXED_SECONDS,
+        (0.0, group_bytes),
+        host + kernels,
+        device,
+    )
+}
+
+/// What an estimate of a join's build keys tested in the scan of its probe
+/// side needs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeyTestShape {
+    /// Rows of the probe side's table.
+    pub probe_rows: u64,
+    /// Rows of the build side, where statistics know: its hash table, out
+    /// of cache, makes each of DataFusion's probes a miss.
+    pub build_rows: Option<u64>,
+    /// DataFusion's threads.
+    pub threads: usize,
+}
+
+/// The estimate of a scan of a table held in memory that only tests a
+/// join's build keys, its columns in the device column cache: at best
+/// (no row kept) what DataFusion's join spends probing every row, against
+/// the device's scan. The join stays DataFusion's either way.
+pub fn memory_key_test(shape: &KeyTestShape, device: &DeviceConstants) -> Estimate {
+    let threads = shape.threads.max(1) as f64;
+    let rows = shape.probe_rows as f64;
+    let misses = shape
+        .build_rows
+        .map_or(0.0, |build| out_of_cache(16.0 * build as f64, CPU_SHARED_CACHE_BYTES));
+    let cpu = rows * ns(CPU_HASH_PROBE_NS_PER_ROW + CPU_MISS_NS * misses) / threads;
+    let host = rows * ns(GPU_MEMORY_KEY_TEST_NS_PER_ROW) / threads;
+    Estimate::of(cpu, GPU_MEMORY_KEY_TEST_FIXED_SECONDS, (0.0, 0.0), host, device)
+}
+
 /// Groups a sample of the keys at run time must find before an aggregation
 /// whose groups statistics do not know goes to DataFusion's operator after
 /// all: few enough to sit in one core's cache.

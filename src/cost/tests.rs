@@ -172,3 +172,49 @@ fn an_estimate_reads_as_both_times_and_the_bytes_each_way() {
     assert!(!close.gpu_faster(), "within the margin stays on the CPU");
 }
 
+
+#[test]
+fn a_scan_aggregation_of_a_table_in_memory_goes_to_the_gpu_only_when_large() {
+    let device = DeviceConstants::TYPICAL;
+    let no_group_by = |rows| AggregateShape {
+        groups: 1,
+        keys: 0,
+        value_bytes: 24,
+        aggregates: 4,
+        group_bytes: 32,
+        ..group_by(rows, 1)
+    };
+    // The placement sweep's "no GROUP BY" on 16 threads: 0.66x and 0.96x
+    // of DataFusion at 2^20 and 2^22 rows on the device, 1.9x and 1.8x at
+    // 2^24 and 2^26.
+    for (rows, faster) in [(1u64 << 20, false), (1 << 22, false), (1 << 24, true), (1 << 26, true)] {
+        let estimate = memory_scan_aggregate(&no_group_by(rows), rows, &device);
+        assert_eq!(estimate.gpu_faster(), faster, "2^{}: {estimate}", rows.ilog2());
+        // Nothing crosses up: the cache holds the columns.
+        assert_eq!(estimate.to_device, 0);
+    }
+    // A filter that keeps few rows leaves the device its whole scan.
+    let kept = memory_scan_aggregate(&no_group_by(1 << 20), 1 << 26, &device);
+    assert!(kept.gpu > memory_scan_aggregate(&no_group_by(1 << 26), 1 << 26, &device).gpu / 2);
+}
+
+#[test]
+fn a_key_test_of_a_table_in_memory_pays_only_against_probes_that_miss_the_cache() {
+    let device = DeviceConstants::TYPICAL;
+    let test = |probe_rows, build_rows| KeyTestShape {
+        probe_rows,
+        build_rows,
+        threads: THREADS,
+    };
+    // A small build side (its hash table in cache): DataFusion's probes
+    // cost about what the device's scan does, at any size (the sweep's
+    // tiny build side: 0.19x at 2^20, 0.86x at 2^24, 0.99x at 2^26).
+    for rows in [1u64 << 20, 1 << 24, 1 << 26, 1 << 30] {
+        let estimate = memory_key_test(&test(rows, Some(1000)), &device);
+        assert!(!estimate.gpu_faster(), "2^{}: {estimate}", rows.ilog2());
+    }
+    // A build side whose table misses the cache on each probe: from some
+    // millions of probe rows, the device's scan pays.
+    assert!(memory_key_test(&test(1 << 26, Some(1 << 24)), &device).gpu_faster());
+    assert!(!memory_key_test(&test(1 << 20, Some(1 << 24)), &device).gpu_faster());
+}

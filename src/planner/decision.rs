@@ -206,7 +206,39 @@ pub(crate) fn decide_scan_aggregate(
         return Err("scan aggregations are off (gpu.tuning.scan_aggregate = false)".into());
     }
     gpu_scan_placed(options, "a scan aggregation", scan_aggregate.scan_rows())?;
+    if !options.placement.always() && !scan_aggregate.reads_files() {
+        memory_scan_aggregate_faster(&scan_aggregate)?;
+    }
     Ok(Some(scan_aggregate))
+}
+
+/// Whether a scan aggregation of a table held in memory is estimated
+/// faster on the device: it saves DataFusion no decoding, only the
+/// aggregation, against the device's fixed costs. Groups that statistics
+/// do not know are taken as few, where the device gains least (the scan
+/// aggregation has no run-time check of them).
+fn memory_scan_aggregate_faster(scan_aggregate: &GpuScanAggregateExec) -> Result<(), String> {
+    let (Some((shape, groups_known)), Some(scan_rows)) = (
+        aggregate_shape(scan_aggregate.aggregate(), false),
+        scan_aggregate.scan_rows(),
+    ) else {
+        return Ok(());
+    };
+    let shape = match groups_known {
+        true => shape,
+        false => AggregateShape {
+            groups: cost::FEW_GROUPS,
+            ..shape
+        },
+    };
+    let estimate = cost::memory_scan_aggregate(&shape, scan_rows as u64, &device_constants());
+    if estimate.gpu_faster() {
+        return Ok(());
+    }
+    Err(format!(
+        "a scan aggregation of a table in memory: {estimate}, the GPU must be estimated \
+         {GPU_MARGIN}x faster (gpu.placement = 'cost')"
+    ))
 }
 
 /// The largest share of a table's rows (by DataFusion's estimate) a
@@ -319,7 +351,7 @@ fn place_by_cost(options: &GpuOptions, estimate: Option<Estimate>) -> GpuPlaceme
 
 /// The constants of the first device, measured at its first use; typical
 /// ones where there is no device or measuring failed.
-fn device_constants() -> DeviceConstants {
+pub(super) fn device_constants() -> DeviceConstants {
     crate::gpu::gpu_runtime()
         .ok()
         .and_then(|runtime| runtime.devices().first().cloned())

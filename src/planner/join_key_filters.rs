@@ -25,9 +25,12 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{replace_children_if_necessary, ExecutionPlan};
 
+use super::decision::device_constants;
 use super::scan_size::gpu_scan_placed;
+use super::shape::{estimated_rows, exact_rows, threads};
 use super::statistics::plan_statistics;
 use crate::config::GpuOptions;
+use crate::cost;
 use crate::exec::join_keys::{
     gathers_keys_of, JoinKeyCollectorExec, JoinKeyFilterExpr, JoinKeySet, JoinKeyWaitExec,
 };
@@ -92,6 +95,11 @@ fn filtered_sides(
     let build_rows = plan_statistics(join.left())
         .ok()
         .and_then(|s| s.num_rows.get_value().copied());
+    let build_exact = exact_rows(join.left());
+    // An empty build side: DataFusion's join skips its probe side already.
+    if build_exact == Some(0) && !options.placement.always() {
+        return None;
+    }
     let partitions = join
         .left()
         .properties()
@@ -101,6 +109,8 @@ fn filtered_sides(
     let probe = Probe {
         keys: &keys,
         build_rows,
+        build_exact,
+        scan_right_below: scan_right_below(join.right()),
         options,
     };
     let right = probe.with_filter(join.right(), probe_key.index())?;
@@ -177,7 +187,36 @@ fn tested_on_device(plan: &Arc<dyn ExecutionPlan>, keys: &Arc<JoinKeySet>) -> bo
 struct Probe<'a> {
     keys: &'a Arc<JoinKeySet>,
     build_rows: Option<usize>,
+    /// The build side's rows where statistics know them exactly.
+    build_exact: Option<usize>,
+    /// Whether the probe side is its scan, with only filters and
+    /// projections between (see [`scan_right_below`]).
+    scan_right_below: bool,
     options: &'a GpuOptions,
+}
+
+/// Whether `probe` (a join's probe side) is a table scan, with only
+/// filters, projections and merges of partitions between: a test of its
+/// rows against the build keys there, on the host or by the device over a
+/// table in memory, then saves nothing the join would not do as cheaply
+/// (its probe of each row), and costs the scan's wait for the keys.
+/// (Below a repartition, another join or an aggregation, the rows the test
+/// drops are rows those no longer take.)
+fn scan_right_below(probe: &Arc<dyn ExecutionPlan>) -> bool {
+    if probe.downcast_ref::<DataSourceExec>().is_some()
+        || probe.downcast_ref::<GpuScanFilterExec>().is_some()
+    {
+        return true;
+    }
+    let passes = probe.downcast_ref::<ProjectionExec>().is_some()
+        || probe.downcast_ref::<FilterExec>().is_some()
+        || probe.downcast_ref::<CoalescePartitionsExec>().is_some()
+        || probe.downcast_ref::<JoinKeyWaitExec>().is_some()
+        || coalesced_input(probe).is_some();
+    match (passes, probe.children().as_slice()) {
+        (true, [input]) => scan_right_below(input),
+        _ => false,
+    }
 }
 
 impl Probe<'_> {
@@ -204,6 +243,9 @@ impl Probe<'_> {
             ))
         };
         if let Some(scan) = node.downcast_ref::<GpuScanFilterExec>() {
+            if self.build_too_large_for(scan.scan_rows()) {
+                return None;
+            }
             return scan
                 .with_join_filter(filter())
                 .ok()
@@ -228,6 +270,13 @@ impl Probe<'_> {
         // set is worth it (see `JoinKeyFilterExpr::evaluate`), read once
         // the keys are there where the wait cannot hang (a build side of
         // one partition; see `JoinKeySet::settled`).
+        let at_scan = node.downcast_ref::<DataSourceExec>().is_some()
+            || node.downcast_ref::<JoinKeyWaitExec>().is_some();
+        if at_scan
+            && (self.build_too_large_for(estimated_rows(node)) || self.nothing_saved_right_below())
+        {
+            return None;
+        }
         let waits = self.keys.partitions() == 1;
         let scan: Option<Arc<dyn ExecutionPlan>> =
             if node.downcast_ref::<DataSourceExec>().is_some() {
@@ -350,18 +399,67 @@ impl Probe<'_> {
         if gpu_scan_placed(self.options, "a scan filter", rows).is_err() {
             return false;
         }
+        if self.options.placement.always() {
+            return true;
+        }
+        if self.build_too_large_for(rows) {
+            return false;
+        }
         // A scan that only tests keys leaves a partition to DataFusion's
         // scan at run time, before it reads anything into the cache, where
         // the set would keep many rows (see `MAX_KEPT_SHARE`): DataFusion's
         // estimate of the build side is not needed (nor often right, under
-        // a `HAVING` or a join).
-        if self.options.placement.always() || !scan.filters_of_its_own() {
-            return true;
+        // a `HAVING` or a join). Of a table in memory, it saves DataFusion
+        // no decoding, only its join's probes: the device's fixed costs
+        // must pay by the estimate.
+        if !scan.filters_of_its_own() {
+            return scan.reads_files()
+                || (!self.nothing_saved_right_below() && self.memory_key_test_faster(scan));
         }
         match (self.build_rows, rows) {
             (Some(build), Some(rows)) => build as f64 <= MAX_BUILD_SHARE * rows as f64,
             _ => false,
         }
+    }
+}
+
+impl Probe<'_> {
+    /// Under `gpu.placement = 'cost'`, whether the build side holds, by
+    /// exact statistics (a whole table), more than [`MAX_BUILD_SHARE`] of
+    /// the rows of a scan of `scan_rows`: its keys then keep many of them,
+    /// and the scan waiting for the whole build side costs the join more
+    /// than the test saves. (An estimate of the build side is no reason:
+    /// under a filter, a `HAVING` or a join, it is often far off.)
+    fn build_too_large_for(&self, scan_rows: Option<usize>) -> bool {
+        if self.options.placement.always() {
+            return false;
+        }
+        match (self.build_exact, scan_rows) {
+            (Some(build), Some(rows)) => build as f64 > MAX_BUILD_SHARE * rows as f64,
+            _ => false,
+        }
+    }
+
+    /// Under `gpu.placement = 'cost'`, whether the scan is right below the
+    /// join (see [`scan_right_below`]), where a test on the host, or by the
+    /// device over a table in memory, saves nothing.
+    fn nothing_saved_right_below(&self) -> bool {
+        self.scan_right_below && !self.options.placement.always()
+    }
+
+    /// Whether a scan of a table in memory that only tests keys is
+    /// estimated faster on the device, at best, than DataFusion's join
+    /// probing each of its rows.
+    fn memory_key_test_faster(&self, scan: &GpuScanFilterExec) -> bool {
+        let Some(rows) = scan.scan_rows() else {
+            return false;
+        };
+        let shape = cost::KeyTestShape {
+            probe_rows: rows as u64,
+            build_rows: self.build_rows.map(|rows| rows as u64),
+            threads: threads(scan.cpu_input()),
+        };
+        cost::memory_key_test(&shape, &device_constants()).gpu_faster()
     }
 }
 

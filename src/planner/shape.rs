@@ -54,7 +54,7 @@ fn fixed_width(schema: &Schema) -> bool {
 /// node of it has (a node re-planned to read all partitions as one has a
 /// single partition, but DataFusion's own plan below it runs on them all),
 /// at most the host's cores.
-fn threads(plan: &Arc<dyn ExecutionPlan>) -> usize {
+pub(super) fn threads(plan: &Arc<dyn ExecutionPlan>) -> usize {
     fn widest(plan: &Arc<dyn ExecutionPlan>) -> usize {
         let own = plan.properties().output_partitioning().partition_count();
         plan.children()
@@ -240,6 +240,14 @@ pub(super) fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
     match stats.num_rows {
         Precision::Exact(n) | Precision::Inexact(n) => Some(n),
         Precision::Absent => None,
+    }
+}
+
+/// Rows of `plan` where statistics know them exactly (a whole table).
+pub(super) fn exact_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    match plan_statistics(plan).ok()?.num_rows {
+        Precision::Exact(n) => Some(n),
+        _ => None,
     }
 }
 

@@ -108,6 +108,11 @@ impl GpuScanAggregateExec {
         self.shape.scan_rows
     }
 
+    /// Whether it reads a Parquet table (not batches in memory).
+    pub(crate) fn reads_files(&self) -> bool {
+        matches!(self.shape.source, super::TableSource::Parquet { .. })
+    }
+
     /// Where the plan's fills are given to this node.
     pub(crate) fn fill_ahead(&self) -> &FillAheadSlot {
         &self.fill_ahead

@@ -107,6 +107,73 @@ async fn filters_and_projections_over_a_table_scan_run_as_a_scan_filter() {
     }
 }
 
+/// A MemTable of 2^20 rows (four partitions), keys 0 to 2^20 - 1.
+fn memory_table_of_2_20_rows() -> Arc<MemTable> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let rows = 1i64 << 18;
+    let parts = (0..4)
+        .map(|p| {
+            let k: ArrayRef = Arc::new(Int64Array::from_iter_values(p * rows..(p + 1) * rows));
+            let v: ArrayRef = Arc::new(Int64Array::from_iter_values((0..rows).map(|r| r % 7)));
+            vec![RecordBatch::try_new(Arc::clone(&schema), vec![k, v]).unwrap()]
+        })
+        .collect();
+    Arc::new(MemTable::try_new(schema, parts).unwrap())
+}
+
+#[tokio::test]
+async fn under_the_cost_placement_a_scan_aggregation_of_a_table_in_memory_is_placed_by_its_estimate(
+) {
+    // 2^20 rows, the size from which the device keeps a scan's columns,
+    // but in memory: DataFusion aggregates them in a millisecond or two,
+    // less than the device's fixed costs.
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+    ctx.register_table("big", memory_table_of_2_20_rows())
+        .unwrap();
+    let sql = "SELECT count(*), sum(v), max(k) FROM big";
+    let plan = physical_plan_of(&ctx, sql).await;
+    let partial = nodes_of::<datafusion::physical_plan::aggregates::AggregateExec>(&plan)
+        .into_iter()
+        .find(|node| {
+            let agg = node.downcast_ref::<datafusion::physical_plan::aggregates::AggregateExec>();
+            agg.is_some_and(|agg| {
+                *agg.mode() == datafusion::physical_plan::aggregates::AggregateMode::Partial
+            })
+        })
+        .unwrap_or_else(|| panic!("{}", show(&plan)));
+    let placed = |placement| {
+        crate::planner::decide_scan_aggregate(&partial, &options(true, placement), Ok(()))
+            .map(|node| node.is_some())
+    };
+    let reason = placed(PlacementPolicy::Cost).unwrap_err();
+    assert!(
+        reason.contains("a scan aggregation of a table in memory: estimated GPU"),
+        "{reason}"
+    );
+    assert_eq!(placed(PlacementPolicy::Always), Ok(true));
+    let aggregations = |placement| {
+        let ctx = ctx.clone();
+        async move {
+            let plan = physical_plan_of(&ctx, sql).await;
+            let plan = rewrite_plan(
+                plan,
+                &options(true, placement),
+                Ok(()),
+                RootPartitions::Merged,
+            )
+            .unwrap();
+            (nodes_of::<GpuScanAggregateExec>(&plan).len(), show(&plan))
+        }
+    };
+    let (found, text) = aggregations(PlacementPolicy::Cost).await;
+    assert_eq!(found, 0, "{text}");
+    let (found, text) = aggregations(PlacementPolicy::Always).await;
+    assert_eq!(found, 1, "{text}");
+}
+
 /// The decisions for `plan`, as text.
 fn gpu_decisions_of(plan: &Arc<dyn ExecutionPlan>, options: GpuOptions) -> Vec<String> {
     let mut config = datafusion::config::ConfigOptions::new();
@@ -259,13 +326,15 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
         }
     }
 
-    // A scan the device does not read (the cache off, or, under the cost
-    // placement, a table of a few hundred rows) is tested on the host.
-    for options in [
-        cpu_joins(false, PlacementPolicy::Always),
-        cpu_joins(true, PlacementPolicy::Cost),
-    ] {
-        let sql = "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k";
+    // A scan the device does not read (the cache off) is tested on the
+    // host. Under the cost placement, not where the scan is right below
+    // the join (the test saves nothing the join's probe does not do), nor
+    // where the build side is a whole table of more than an eighth of the
+    // probe side's rows (below).
+    let sql = "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k WHERE s.v < 50";
+    let plan = planned(sql, cpu_joins(true, PlacementPolicy::Cost)).await;
+    assert_eq!(collectors(&plan), 0, "{}", show(&plan));
+    for options in [cpu_joins(false, PlacementPolicy::Always)] {
         let plan = planned(sql, options).await;
         let text = show(&plan);
         assert_eq!(collectors(&plan), 1, "{text}");
@@ -285,6 +354,52 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
             "{text}"
         );
     }
+    // Under the cost placement, no keys are gathered where statistics know
+    // the build side exactly (a whole table) and it holds more than an
+    // eighth of the probe side's rows (t's 100 against r's 400), or none
+    // (DataFusion's join then skips its probe side); the same joins are
+    // tested under `gpu.placement = 'always'`.
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+    ctx.register_table("r", table(4)).unwrap();
+    ctx.register_table("s", table(3)).unwrap();
+    ctx.register_table("t", table(1)).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let empty = MemTable::try_new(schema, vec![vec![]]).unwrap();
+    ctx.register_table("e", Arc::new(empty)).unwrap();
+    let filtered = |plan: &Arc<dyn ExecutionPlan>| show(plan).contains("IN join keys");
+    // (The probe sides aggregate, so that a test below them would save
+    // the aggregation work.)
+    for sql in [
+        "SELECT t.v, a.n FROM t JOIN (SELECT k, count(*) AS n FROM r GROUP BY k) a ON t.k = a.k",
+        "SELECT e.v, a.n FROM e JOIN (SELECT k, count(*) AS n FROM r GROUP BY k) a ON e.k = a.k",
+    ] {
+        let plan = physical_plan_of(&ctx, sql).await;
+        let cost = rewrite_plan(
+            Arc::clone(&plan),
+            &cpu_joins(true, PlacementPolicy::Cost),
+            Ok(()),
+            RootPartitions::Merged,
+        )
+        .unwrap();
+        assert_eq!(collectors(&cost), 0, "{sql}:\n{}", show(&cost));
+        assert!(!filtered(&cost), "{sql}:\n{}", show(&cost));
+        let always = rewrite_plan(plan, &always(), Ok(()), RootPartitions::Merged).unwrap();
+        assert_eq!(collectors(&always), 1, "{sql}:\n{}", show(&always));
+        assert!(filtered(&always), "{sql}:\n{}", show(&always));
+    }
+    // A build side of a tenth of the probe side's rows is tested.
+    ctx.register_table("big", table(10)).unwrap();
+    let sql =
+        "SELECT t.v, a.n FROM t JOIN (SELECT k, count(*) AS n FROM big GROUP BY k) a ON t.k = a.k";
+    let plan = physical_plan_of(&ctx, sql).await;
+    let options = cpu_joins(true, PlacementPolicy::Cost);
+    let cost = rewrite_plan(plan, &options, Ok(()), RootPartitions::Merged).unwrap();
+    assert_eq!(collectors(&cost), 1, "{sql}:\n{}", show(&cost));
+    assert!(filtered(&cost), "{sql}:\n{}", show(&cost));
+
     // A partitioned join's build side is read partition by partition: its
     // keys are tested on the host without a wait.
     let plan = rewritten_where(
@@ -339,25 +454,11 @@ async fn a_hash_join_hands_its_build_keys_to_the_scan_of_its_probe_side() {
 }
 
 #[tokio::test]
-async fn under_the_cost_placement_a_large_scan_that_only_tests_keys_reads_the_cache() {
-    use crate::exec::join_keys::JoinKeyWaitExec;
+async fn under_the_cost_placement_a_scan_of_a_table_in_memory_that_only_tests_keys_is_placed_by_its_estimate(
+) {
     // Two tables of 2^20 rows (the size from which the device keeps a
     // scan's columns), joined on the CPU.
-    let big = || {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, true),
-            Field::new("v", DataType::Int64, true),
-        ]));
-        let rows = 1i64 << 18;
-        let parts = (0..4)
-            .map(|p| {
-                let k: ArrayRef = Arc::new(Int64Array::from_iter_values(p * rows..(p + 1) * rows));
-                let v: ArrayRef = Arc::new(Int64Array::from_iter_values((0..rows).map(|r| r % 7)));
-                vec![RecordBatch::try_new(Arc::clone(&schema), vec![k, v]).unwrap()]
-            })
-            .collect();
-        Arc::new(MemTable::try_new(schema, parts).unwrap())
-    };
+    let big = memory_table_of_2_20_rows;
     let options = GpuOptions {
         hash_join: false,
         sort_merge_join: false,
@@ -376,9 +477,43 @@ async fn under_the_cost_placement_a_large_scan_that_only_tests_keys_reads_the_ca
         }
     };
     // The build side, estimated at more than an eighth of the probe
-    // side's rows, does not keep the scan off the device: the scan
-    // decides by the set at run time.
-    let plan = plan_of("SELECT big.v FROM big JOIN big2 ON big.k = big2.k WHERE big2.v = 3").await;
+    // side's rows, does not keep the test off: the scan would decide by
+    // the set at run time. But a scan of a table in memory saves
+    // DataFusion no decoding, only its join's probes of 2^20 rows (a
+    // millisecond or two on a few threads), less than the device's fixed
+    // costs: the keys are tested on the host, DataFusion's scan below.
+    let sql = "SELECT big.v FROM big JOIN big2 ON big.k = big2.k WHERE big2.v = 3";
+    let plan = plan_of(sql).await;
+    let text = show(&plan);
+    let on_device: Vec<_> = nodes_of::<GpuScanFilterExec>(&plan)
+        .into_iter()
+        .filter(|scan| show(scan).contains("IN join keys"))
+        .collect();
+    assert!(on_device.is_empty(), "{text}");
+    assert!(
+        nodes_of::<FilterExec>(&plan)
+            .iter()
+            .any(|f| show(f).contains("IN join keys")),
+        "{text}"
+    );
+    // The estimate that decided it.
+    let estimate = crate::cost::memory_key_test(
+        &crate::cost::KeyTestShape {
+            probe_rows: 1 << 20,
+            build_rows: Some((1 << 20) / 7),
+            threads: 4,
+        },
+        &crate::cost::DeviceConstants::TYPICAL,
+    );
+    assert!(!estimate.gpu_faster(), "{estimate}");
+    // Under `gpu.placement = 'always'` the device reads the scan, whatever
+    // its size.
+    let always = GpuOptions {
+        placement: PlacementPolicy::Always,
+        ..options.clone()
+    };
+    let plan = physical_plan_of(&ctx, sql).await;
+    let plan = rewrite_plan(plan, &always, Ok(()), RootPartitions::Merged).unwrap();
     let text = show(&plan);
     let tested: Vec<_> = nodes_of::<GpuScanFilterExec>(&plan)
         .into_iter()
@@ -392,7 +527,6 @@ async fn under_the_cost_placement_a_large_scan_that_only_tests_keys_reads_the_ca
             .filters_of_its_own(),
         "{text}"
     );
-    assert!(nodes_of::<JoinKeyWaitExec>(&plan).is_empty(), "{text}");
 }
 
 #[tokio::test]
