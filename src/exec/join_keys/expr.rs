@@ -138,7 +138,8 @@ impl PhysicalExpr for JoinKeyFilterExpr {
                 array.data_type()
             )));
         }
-        if array.null_count() == 0 {
+        // No NULL among them: one key a row.
+        if values.len() == rows {
             let passes = BooleanBuffer::collect_bool(rows, |row| keys.contains(values[row]));
             return Ok(ColumnarValue::Array(Arc::new(BooleanArray::new(passes, None))));
         }
