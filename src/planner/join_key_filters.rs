@@ -208,15 +208,21 @@ fn scan_right_below(probe: &Arc<dyn ExecutionPlan>) -> bool {
     {
         return true;
     }
-    let passes = probe.downcast_ref::<ProjectionExec>().is_some()
-        || probe.downcast_ref::<FilterExec>().is_some()
-        || probe.downcast_ref::<CoalescePartitionsExec>().is_some()
-        || probe.downcast_ref::<JoinKeyWaitExec>().is_some()
-        || coalesced_input(probe).is_some();
+    let passes = in_scan_chain(probe) || probe.downcast_ref::<CoalescePartitionsExec>().is_some();
     match (passes, probe.children().as_slice()) {
         (true, [input]) => scan_right_below(input),
         _ => false,
     }
+}
+
+/// Whether `node` belongs to a chain of filters and projections over a
+/// table scan (the scan included), as a [`GpuScanFilterExec`] takes it.
+fn in_scan_chain(node: &Arc<dyn ExecutionPlan>) -> bool {
+    node.downcast_ref::<ProjectionExec>().is_some()
+        || node.downcast_ref::<FilterExec>().is_some()
+        || node.downcast_ref::<DataSourceExec>().is_some()
+        || node.downcast_ref::<JoinKeyWaitExec>().is_some()
+        || coalesced_input(node).is_some()
 }
 
 impl Probe<'_> {
@@ -252,12 +258,7 @@ impl Probe<'_> {
                 .flatten()
                 .map(|scan| Arc::new(scan) as Arc<dyn ExecutionPlan>);
         }
-        let chain = node.downcast_ref::<ProjectionExec>().is_some()
-            || node.downcast_ref::<FilterExec>().is_some()
-            || node.downcast_ref::<DataSourceExec>().is_some()
-            || node.downcast_ref::<JoinKeyWaitExec>().is_some()
-            || coalesced_input(node).is_some();
-        if chain {
+        if in_scan_chain(node) {
             if let Ok(Some(scan)) =
                 GpuScanFilterExec::with_join_filters(Arc::clone(node), vec![filter()])
             {
