@@ -66,6 +66,12 @@ pub(super) const GPU_SORT_MERGE_PASSES: f64 = 20.0;
 /// Passes over an aggregation's input bytes on the device.
 pub(super) const GPU_AGGREGATE_PASSES: f64 = 4.0;
 
+/// The device's aggregation of rows it reads from the column cache, a
+/// row, whatever the groups (the hash table's atomics, not the bytes, set
+/// its pace). Fitted to the placement sweep's 16 groups at 2^24 and 2^26
+/// rows on the device (15 and 44 ms, the fixed costs included).
+pub(super) const GPU_CACHED_AGGREGATE_NS_PER_ROW: f64 = 0.55;
+
 /// A GPU scan of a table held in memory (a `MemTable`'s batches) whose
 /// columns the device column cache holds: what its node pays whatever the
 /// table's size (a task and a cache lookup a partition, a launch a part,

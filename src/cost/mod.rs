@@ -356,6 +356,21 @@ pub fn memory_scan_aggregate(
     )
 }
 
+/// The estimate of an aggregation of `shape` that reads its whole table's
+/// columns where the device column cache holds them: DataFusion's
+/// aggregation against the device's, with nothing sent up and no pass
+/// over the keys on the host; the groups come back as [`aggregate`]'s do.
+pub fn cached_aggregate(shape: &AggregateShape, device: &DeviceConstants) -> Estimate {
+    let threads = shape.threads.max(1) as f64;
+    let rows = shape.rows as f64;
+    let groups = (shape.groups.max(1) as f64).min(rows.max(1.0));
+    let group_bytes = groups * shape.group_bytes as f64;
+    let cpu = aggregate(shape, device).cpu.as_secs_f64();
+    let kernels = rows * ns(GPU_CACHED_AGGREGATE_NS_PER_ROW) + 2.0 * group_bytes / device.device_memory;
+    let host = group_bytes * ns(CPU_OUTPUT_NS_PER_BYTE) / threads;
+    Estimate::of(cpu, GPU_FIXED_SECONDS, (0.0, group_bytes), kernels + host, device)
+}
+
 /// What an estimate of a join's build keys tested in the scan of its probe
 /// side needs.
 #[derive(Debug, Clone, Copy, PartialEq)]

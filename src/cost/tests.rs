@@ -218,3 +218,27 @@ fn a_key_test_of_a_table_in_memory_pays_only_against_probes_that_miss_the_cache(
     assert!(memory_key_test(&test(1 << 26, Some(1 << 24)), &device).gpu_faster());
     assert!(!memory_key_test(&test(1 << 20, Some(1 << 24)), &device).gpu_faster());
 }
+
+#[test]
+fn an_aggregation_of_cached_columns_sends_nothing_up_and_pays_with_few_groups_only_when_large() {
+    let device = DeviceConstants::TYPICAL;
+    // The placement sweep's 16 groups on 16 threads, the device reading the
+    // table's cached columns: 0.46x and 0.67x of DataFusion at 2^20 and
+    // 2^22 rows, 2.3x to 2.6x at 2^26.
+    for (rows, faster) in [(1u64 << 20, false), (1 << 22, false), (1 << 26, true)] {
+        let estimate = cached_aggregate(&group_by(rows, 16), &device);
+        assert_eq!(estimate.gpu_faster(), faster, "2^{}: {estimate}", rows.ilog2());
+        assert_eq!(estimate.to_device, 0);
+        // DataFusion's side is the same either way.
+        assert_eq!(estimate.cpu, aggregate(&group_by(rows, 16), &device).cpu);
+    }
+    // Sent up from the host, the same rows stay on the CPU.
+    assert!(!aggregate(&group_by(1 << 26, 16), &device).gpu_faster());
+    // The groups come back either way.
+    let many = group_by(1 << 26, 1 << 24);
+    assert_eq!(
+        cached_aggregate(&many, &device).from_device,
+        aggregate(&many, &device).from_device
+    );
+    assert!(cached_aggregate(&many, &device).gpu_faster());
+}

@@ -19,7 +19,7 @@ mod scan_filter;
 mod sort_merge_join;
 
 pub use aggregate::GpuAggregateExec;
-pub(crate) use aggregate::{describe_aggregate, AggregateSpec};
+pub(crate) use aggregate::{can_read_cached_input, describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
 pub use join_keys::{JoinKeyCollectorExec, JoinKeyWaitExec};
 pub(crate) use hash_join::with_filter_of;

@@ -19,8 +19,8 @@ use crate::cost::{self, AggregateShape, DeviceConstants, Estimate, GPU_MARGIN};
 use crate::encode::keys::KeySpec;
 use crate::exec::join_keys::JoinKeyCollectorExec;
 use crate::exec::{
-    describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec, GpuScanAggregateExec,
-    GpuScanFilterExec, GpuSortMergeJoinExec,
+    can_read_cached_input, describe_aggregate, AggregateSpec, GpuAggregateExec, GpuHashJoinExec,
+    GpuScanAggregateExec, GpuScanFilterExec, GpuSortMergeJoinExec,
 };
 
 /// Where a node runs.
@@ -314,6 +314,10 @@ pub fn decide_aggregate(
     let Some((shape, groups_known)) = aggregate_shape(agg, spec.keys_need_hashing) else {
         return Ok(None);
     };
+    // Over a whole table the device reads from its column cache, nothing
+    // is sent up.
+    let cached =
+        options.cache && options.tuning.cached_gpu_inputs && can_read_cached_input(agg, &spec);
     if !groups_known && !options.placement.always() {
         // Statistics do not know the groups: taken as many, checked again
         // at run time by a sample of the keys, whose overhead only a long
@@ -333,7 +337,18 @@ pub fn decide_aggregate(
             ));
         }
     }
-    place_by_cost(options, Some(cost::aggregate(&shape, &device)))
+    let estimate = match cached {
+        true => cost::cached_aggregate(&shape, &device),
+        false => cost::aggregate(&shape, &device),
+    };
+    place_by_cost(options, Some(estimate))
+}
+
+/// The estimate of `agg` reading its table's columns from the device
+/// column cache (nothing sent up); `None` without statistics.
+fn cached_aggregate_estimate(agg: &AggregateExec) -> Option<Estimate> {
+    let (shape, _) = aggregate_shape(agg, false)?;
+    Some(cost::cached_aggregate(&shape, &device_constants()))
 }
 
 /// Places a node the GPU can run by its estimates (`None` without
@@ -598,7 +613,10 @@ fn collect_decisions(
                         ),
                         None => String::new(),
                     },
-                    estimates(decide_aggregate(gpu_agg.aggregate(), &always, Ok(())))
+                    match gpu_agg.reads_cached_input() {
+                        true => estimates(Ok(cached_aggregate_estimate(gpu_agg.aggregate()))),
+                        false => estimates(decide_aggregate(gpu_agg.aggregate(), &always, Ok(()))),
+                    }
                 ),
             },
         });

@@ -19,6 +19,7 @@ use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlanProperties;
 
 use crate::encode::group_keys::GroupKeyKind;
+use super::partition_aggregation::InputSource;
 use super::super::spec::AggregateKind;
 use crate::encode::table_words::word_kind;
 use crate::encode::words::ValueKind;
@@ -275,7 +276,7 @@ impl DeviceAggregation {
             Ok(sample) => sample,
             Err(e) => return Ok(Err(format!("the device failed: {e}"))),
         };
-        if self.sample_favours_cpu(rows, sample.0, sample.1) {
+        if self.sample_favours_cpu(InputSource::ColumnCache, rows, sample.0, sample.1) {
             return Ok(Err("a sample of the keys shows few groups".into()));
         }
         let ids = unordered_ids(sample, rows, self.options.tuning.min_groups_to_partition);

@@ -14,3 +14,11 @@ mod stream;
 pub(crate) use exec::describe_aggregate;
 pub use exec::GpuAggregateExec;
 pub(crate) use spec::{aggregate_kind, AggregateKind, AggregateSpec, ValueKind};
+
+use datafusion::physical_plan::aggregates::AggregateExec;
+
+/// Whether `agg` (of `spec`) can read its table's columns from the device
+/// column cache ([`GpuAggregateExec::with_cached_input`]).
+pub(crate) fn can_read_cached_input(agg: &AggregateExec, spec: &AggregateSpec) -> bool {
+    stream::cached_input(agg, spec).is_some()
+}

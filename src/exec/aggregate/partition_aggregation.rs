@@ -11,6 +11,15 @@ const QUICK_SAMPLE_ROWS: usize = 4096;
 /// Batches the quick sample reads at most, spread over the input.
 const QUICK_SAMPLE_BATCHES: usize = 256;
 
+/// Where the device reads an aggregation's input from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum InputSource {
+    /// The partition's batches, sent up.
+    Host,
+    /// The table's columns in the device column cache: nothing sent up.
+    ColumnCache,
+}
+
 impl DeviceAggregation {
     pub(super) fn aggregate(
         &self,
@@ -27,7 +36,7 @@ impl DeviceAggregation {
         // scattered reads, which only the device's work needs.
         if let Some((sampled, distinct)) = self.quick_sample(batches, inputs)? {
             trace::event(|| format!("aggregation: quick sample ({sampled}, {distinct})"));
-            if self.sample_favours_cpu(rows, sampled, distinct) {
+            if self.sample_favours_cpu(InputSource::Host, rows, sampled, distinct) {
                 self.metrics.few_groups_partitions.add(1);
                 return Ok(Outcome::OnCpu);
             }
@@ -42,7 +51,7 @@ impl DeviceAggregation {
             // many): a sample of the keys decides again before they are
             // encoded or copied, where one CPU pass over host memory would
             // be faster.
-            if self.sample_favours_cpu(rows, sampled, distinct) {
+            if self.sample_favours_cpu(InputSource::Host, rows, sampled, distinct) {
                 self.metrics.few_groups_partitions.add(1);
                 return Ok(Outcome::OnCpu);
             }
@@ -159,9 +168,16 @@ impl DeviceAggregation {
     /// Whether a sample of the keys (`sampled` of `rows` rows, `distinct`
     /// keys among them) says DataFusion's operator aggregates them faster:
     /// the sample saw few groups, each many times (so that their number is
-    /// known), and given them the cost model estimates the CPU faster.
-    /// Never under `gpu.placement = 'always'`.
-    pub(super) fn sample_favours_cpu(&self, rows: usize, sampled: usize, distinct: usize) -> bool {
+    /// known), and given them the cost model estimates the CPU faster, the
+    /// device reading its input from `source`. Never under
+    /// `gpu.placement = 'always'`.
+    pub(super) fn sample_favours_cpu(
+        &self,
+        source: InputSource,
+        rows: usize,
+        sampled: usize,
+        distinct: usize,
+    ) -> bool {
         if self.options.placement.always() || !sample_shows_few_groups(sampled, distinct) {
             return false;
         }
@@ -178,7 +194,11 @@ impl DeviceAggregation {
             hashed_keys: self.spec.keys_need_hashing,
         };
         let device = self.device.constants().unwrap_or(DeviceConstants::TYPICAL);
-        !cost::aggregate(&shape, &device).gpu_faster()
+        let estimate = match source {
+            InputSource::Host => cost::aggregate(&shape, &device),
+            InputSource::ColumnCache => cost::cached_aggregate(&shape, &device),
+        };
+        !estimate.gpu_faster()
     }
 
     /// A sample of the keys' distinct values (sampled rows, distinct among

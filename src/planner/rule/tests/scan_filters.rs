@@ -642,6 +642,13 @@ async fn gpu_nodes_over_filtered_parquet_scans_read_them_from_the_cache() {
                 .any(|d| d.contains("from the device column cache") && d.contains("hash_group_by")),
             "{decisions:?}"
         );
+        // Its estimate sends nothing up: the cache holds the columns.
+        assert!(
+            decisions
+                .iter()
+                .any(|d| d.contains("from the device column cache") && d.contains("(0 B up,")),
+            "{decisions:?}"
+        );
         assert!(reading(&plan).is_empty(), "{}", show(&plan));
         let mut uncached = always();
         uncached.cache = false;
