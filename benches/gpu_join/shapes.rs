@@ -4,8 +4,10 @@
 //! `--log2-rows-list` (default `20,22,24,26`), timed three ways in one
 //! process: DataFusion alone (`gpu.enabled = false`), the defaults
 //! (`gpu.placement = 'cost'`) and every supported node on the GPU
-//! (`gpu.placement = 'always'`). Each way runs once to warm up, then
-//! `--runs` times (default 2), the median counting; every answer is checked
+//! (`gpu.placement = 'always'`). Each way runs once to warm up, then the
+//! ways take turns `--runs` times (default 2; more for a shape whose runs
+//! take milliseconds, up to 400 ms a way), the median counting; every
+//! answer is checked
 //! against DataFusion's by an order-independent checksum of all its rows.
 //! `--only a,b` runs the shapes whose names contain one of the words.
 //!
@@ -195,6 +197,29 @@ fn checksum(batches: &[RecordBatch]) -> (u64, usize) {
     (sum, rows)
 }
 
+/// Sets a way's options.
+async fn set(ctx: &SessionContext, settings: &[&str]) {
+    for setting in settings {
+        ctx.sql(setting).await.unwrap();
+    }
+}
+
+/// The least total time, in milliseconds, each way's timed runs of a shape
+/// take: a shape of a few milliseconds runs more often than `--runs`, so
+/// that its median is not one run's noise.
+const MIN_TIMED_MS: u64 = 400;
+
+/// The most timed runs a way takes.
+const MAX_TIMED_RUNS: usize = 25;
+
+/// The timed runs of each way: `runs`, or more where the slowest warm-up
+/// run took less than [`MIN_TIMED_MS`] over `runs`.
+fn timed_runs(runs: usize, slowest_warm_up: Duration) -> usize {
+    let per_run = slowest_warm_up.as_millis().max(1) as u64;
+    let wanted = MIN_TIMED_MS.div_ceil(per_run) as usize;
+    runs.max(1).max(wanted.min(MAX_TIMED_RUNS))
+}
+
 /// One run of `sql`: its time, checksum and plan.
 async fn run_once(
     ctx: &SessionContext,
@@ -250,7 +275,8 @@ pub async fn benchmark(log2_list: &[usize], runs: usize, only: &[String]) {
     let config = SessionConfig::new().with_target_partitions(cores);
     println!(
         "placement sweep: {cores} cores, sizes 2^{log2_list:?} rows a side, a warm-up and {runs} \
-         timed runs a way, the median counting"
+         timed runs a way (at least {MIN_TIMED_MS} ms of them, at most {MAX_TIMED_RUNS}), the \
+         ways taking turns, the median counting"
     );
     if let Some(device) = datafusion_gpu::gpu::gpu_runtime()
         .ok()
@@ -284,30 +310,19 @@ pub async fn benchmark(log2_list: &[usize], runs: usize, only: &[String]) {
             if !only.is_empty() && !only.iter().any(|word| name.contains(word.as_str())) {
                 continue;
             }
-            let mut times = Vec::new();
             let mut expected = None;
             let mut defaults_placed = String::new();
             let mut estimate = None;
+            let mut slowest_warm_up = Duration::ZERO;
             for (way, settings) in WAYS {
-                for setting in settings {
-                    ctx.sql(setting).await.unwrap();
-                }
-                let (_, answer, plan) = run_once(&ctx, sql).await;
+                set(&ctx, settings).await;
+                let (time, answer, plan) = run_once(&ctx, sql).await;
+                slowest_warm_up = slowest_warm_up.max(time);
                 let expected = *expected.get_or_insert(answer);
                 assert_eq!(
                     answer, expected,
                     "{name} at 2^{log2}, {way}: the answer differs"
                 );
-                let mut way_times = Vec::new();
-                for _ in 0..runs.max(1) {
-                    let (time, answer, _) = run_once(&ctx, sql).await;
-                    assert_eq!(
-                        answer, expected,
-                        "{name} at 2^{log2}, {way}: the answer differs"
-                    );
-                    way_times.push(time);
-                }
-                times.push(median(&mut way_times));
                 let decisions = gpu_decisions(&plan, ctx.state().config_options());
                 if way == "defaults" {
                     let on_gpu = decisions.iter().filter(|d| d.on_gpu()).count();
@@ -320,6 +335,22 @@ pub async fn benchmark(log2_list: &[usize], runs: usize, only: &[String]) {
                     }
                 }
             }
+            // The ways take turns, so that a drift of the host's state
+            // weighs on each alike.
+            let mut way_times: [Vec<Duration>; 3] = Default::default();
+            for _ in 0..timed_runs(runs, slowest_warm_up) {
+                for ((way, settings), times) in WAYS.iter().zip(way_times.iter_mut()) {
+                    set(&ctx, settings).await;
+                    let (time, answer, _) = run_once(&ctx, sql).await;
+                    assert_eq!(
+                        Some(answer),
+                        expected,
+                        "{name} at 2^{log2}, {way}: the answer differs"
+                    );
+                    times.push(time);
+                }
+            }
+            let times: Vec<Duration> = way_times.iter_mut().map(|t| median(t)).collect();
             let [datafusion, defaults, always] = [times[0], times[1], times[2]];
             let ratio = |t: Duration| ms(datafusion) / ms(t).max(1e-3);
             let (estimates, errors) = match estimate {

@@ -15,7 +15,6 @@ use datafusion::datasource::physical_plan::{FileScanConfig, FileSource, ParquetS
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlanProperties;
 
 use crate::encode::group_keys::GroupKeyKind;
@@ -24,7 +23,8 @@ use super::super::spec::AggregateKind;
 use crate::encode::table_words::word_kind;
 use crate::encode::words::ValueKind;
 use crate::exec::scan_aggregate::{
-    coalesced_input, scan_fields, table_columns, table_source, ScanColumn, TableSource,
+    coalesced_input, scan_fields, table_columns, table_scan_columns, table_source, ScanColumn,
+    TableSource,
 };
 use crate::exec::GpuScanMetrics;
 use crate::gpu::{CachedColumn, WordKind};
@@ -58,6 +58,36 @@ pub(crate) struct CachedInput {
 /// integer column cast to `Int64`), or a literal (a count); `MIN` and `MAX`
 /// of integer-like columns only.
 pub(crate) fn cached_input(agg: &AggregateExec, spec: &AggregateSpec) -> Option<CachedInput> {
+    let readable = readable_cached_input(agg, spec)?;
+    let data_source = readable.scan.downcast_ref::<DataSourceExec>()?;
+    let (source, scan_columns) = table_source(data_source).ok()??;
+    let rows = source.rows(readable.scan.as_ref());
+    Some(CachedInput {
+        source,
+        scan_schema: readable.scan.schema(),
+        scan_columns,
+        columns: readable.columns,
+        key_type: readable.key_type,
+        args: readable.args,
+        rows,
+    })
+}
+
+/// Whether `agg` (of `spec`) can read its input from the column cache
+/// ([`cached_input`]), found without taking the table's source.
+pub(crate) fn reads_cache_if_asked(agg: &AggregateExec, spec: &AggregateSpec) -> bool {
+    readable_cached_input(agg, spec).is_some()
+}
+
+/// What [`cached_input`] finds of `agg` before it takes the table.
+struct ReadableInput {
+    scan: Arc<dyn ExecutionPlan>,
+    columns: Vec<usize>,
+    key_type: DataType,
+    args: Vec<Vec<Option<(usize, ValueKind)>>>,
+}
+
+fn readable_cached_input(agg: &AggregateExec, spec: &AggregateSpec) -> Option<ReadableInput> {
     if spec.merges_states || agg.filter_expr().iter().any(Option::is_some) {
         return None;
     }
@@ -70,7 +100,7 @@ pub(crate) fn cached_input(agg: &AggregateExec, spec: &AggregateSpec) -> Option<
         return None;
     }
     let data_source = scan.downcast_ref::<DataSourceExec>()?;
-    let (source, scan_columns) = table_source(data_source).ok()??;
+    table_scan_columns(data_source).ok()??;
     let [(key, _)] = agg.group_expr().expr() else {
         return None;
     };
@@ -113,18 +143,11 @@ pub(crate) fn cached_input(agg: &AggregateExec, spec: &AggregateSpec) -> Option<
         }
         args.push(slots);
     }
-    let rows = StatisticsContext::new()
-        .compute(scan.as_ref(), &StatisticsArgs::new())
-        .ok()
-        .and_then(|statistics| statistics.num_rows.get_value().copied());
-    Some(CachedInput {
-        source,
-        scan_schema: scan.schema(),
-        scan_columns,
+    Some(ReadableInput {
+        scan,
         columns,
         key_type,
         args,
-        rows,
     })
 }
 

@@ -23,7 +23,10 @@ use datafusion::physical_plan::{
 };
 
 use super::spec::AggregateSpec;
-use super::stream::{aggregate_stream, cached_input, AggregateInputs, AggregateTask, CachedInput, InputStart};
+use super::stream::{
+    aggregate_stream, cached_input, reads_cache_if_asked, AggregateInputs, AggregateTask, CachedInput,
+    InputStart,
+};
 use super::spec::GroupOrder;
 use crate::exec::collect::{merge_to_read_through, WholeInput};
 use crate::exec::GpuAggregateMetrics;
@@ -218,7 +221,9 @@ impl GpuAggregateExec {
         if self.group_order.is_some() {
             return None;
         }
-        cached_input(self.aggregate(), &self.spec)?;
+        if !reads_cache_if_asked(self.aggregate(), &self.spec) {
+            return None;
+        }
         let mut node = self.rebuilt(Arc::clone(&self.cpu_aggregate), self.cpu_phases.clone()).ok()?;
         node.reads_cache = true;
         Some(node)
@@ -227,7 +232,9 @@ impl GpuAggregateExec {
     /// Whether it reads its table's columns from the column cache
     /// ([`Self::with_cached_input`]), as its input now stands.
     pub fn reads_cached_input(&self) -> bool {
-        self.cached_input().is_some()
+        self.reads_cache
+            && self.group_order.is_none()
+            && reads_cache_if_asked(self.aggregate(), &self.spec)
     }
 
     fn cached_input(&self) -> Option<CachedInput> {

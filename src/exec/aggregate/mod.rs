@@ -20,5 +20,5 @@ use datafusion::physical_plan::aggregates::AggregateExec;
 /// Whether `agg` (of `spec`) can read its table's columns from the device
 /// column cache ([`GpuAggregateExec::with_cached_input`]).
 pub(crate) fn can_read_cached_input(agg: &AggregateExec, spec: &AggregateSpec) -> bool {
-    stream::cached_input(agg, spec).is_some()
+    stream::reads_cache_if_asked(agg, spec)
 }

@@ -71,7 +71,7 @@ mod out_of_core;
 #[path = "cached_input.rs"]
 mod cached_input;
 
-pub(crate) use cached_input::{cached_input, CachedInput};
+pub(crate) use cached_input::{cached_input, reads_cache_if_asked, CachedInput};
 
 /// Starts a node's input: executes it (its streams start when polled).
 pub(crate) type InputStart = Box<dyn FnOnce() -> Result<WholeInput> + Send + Sync>;

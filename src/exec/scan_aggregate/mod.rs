@@ -18,8 +18,8 @@ pub(crate) use program::{CodeTest, ProgramBuilder, ValueType};
 pub(crate) use run::{learn_uncodable, part_columns, scan_chunk, table_columns, test_tables, Loaded};
 pub(crate) use source::{uncodable_columns, Part};
 pub(crate) use shape::{
-    coalesced_input, filter_projection, scan_fields, substitute, table_source, ScanColumn,
-    TableSource,
+    coalesced_input, filter_projection, scan_fields, substitute, table_scan_columns, table_source,
+    ScanColumn, TableSource,
 };
 pub(crate) use warm::warm_scan;
 pub use warm::WarmedColumns;

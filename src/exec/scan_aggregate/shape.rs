@@ -23,7 +23,6 @@ use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{ExecutionPlan, InputOrderMode};
 
 use crate::exec::aggregate::{aggregate_kind, AggregateKind};
@@ -167,10 +166,7 @@ impl ScanAggregateShape {
         let predicate = predicates
             .into_iter()
             .reduce(|a, b| Arc::new(BinaryExpr::new(a, Operator::And, b)) as Arc<dyn PhysicalExpr>);
-        let scan_rows = StatisticsContext::new()
-            .compute(scan.as_ref(), &StatisticsArgs::new())
-            .ok()
-            .and_then(|s| s.num_rows.get_value().copied());
+        let scan_rows = source.rows(scan.as_ref());
         let shape = Self {
             source,
             scan_schema,
@@ -252,6 +248,32 @@ pub(crate) fn filter_projection(filter: &FilterExec) -> Option<Vec<Arc<dyn Physi
 /// scan is not one this node reads (another format, a limit, partition
 /// columns, computed columns), `Err` where it reads what it must not drop.
 pub(crate) fn table_source(scan: &DataSourceExec) -> Shaped<Option<(TableSource, Vec<ScanColumn>)>> {
+    let Some(columns) = table_scan_columns(scan)? else {
+        return Ok(None);
+    };
+    let data_source = scan.data_source();
+    let source = match data_source.downcast_ref::<MemorySourceConfig>() {
+        Some(memory) => TableSource::Memory {
+            partitions: memory.partitions().iter().map(|p| Arc::new(p.clone())).collect(),
+        },
+        None => {
+            let config = data_source
+                .downcast_ref::<FileScanConfig>()
+                .ok_or("a scan checked to read Parquet files")?;
+            TableSource::Parquet {
+                url: config.object_store_url.clone(),
+                groups: config.file_groups.iter().map(|group| group.files().to_vec()).collect(),
+                source: Arc::new(config.clone()),
+            }
+        }
+    };
+    Ok(Some((source, columns)))
+}
+
+/// The output columns of `scan` where it is a scan of a table this node
+/// reads, as [`table_source`] finds it, without making the table's source
+/// (a `MemTable`'s thousands of batches taken): what a check needs.
+pub(crate) fn table_scan_columns(scan: &DataSourceExec) -> Shaped<Option<Vec<ScanColumn>>> {
     let data_source = scan.data_source();
     if data_source.fetch().is_some() {
         return Ok(None);
@@ -262,10 +284,7 @@ pub(crate) fn table_source(scan: &DataSourceExec) -> Shaped<Option<(TableSource,
             Some(projection) => projection.iter().map(|&i| ScanColumn { table_index: i }).collect(),
             None => (0..width).map(|i| ScanColumn { table_index: i }).collect(),
         };
-        let source = TableSource::Memory {
-            partitions: memory.partitions().iter().map(|p| Arc::new(p.clone())).collect(),
-        };
-        return Ok(Some((source, columns)));
+        return Ok(Some(columns));
     }
     let Some(config) = data_source.downcast_ref::<FileScanConfig>() else {
         return Ok(None);
@@ -297,22 +316,17 @@ pub(crate) fn table_source(scan: &DataSourceExec) -> Shaped<Option<(TableSource,
         }
         None => (0..width).map(|i| ScanColumn { table_index: i }).collect(),
     };
-    let groups: Vec<Vec<PartitionedFile>> = config
-        .file_groups
-        .iter()
-        .map(|group| group.files().to_vec())
-        .collect();
     // A file read with extensions (an access plan, a row selection) reads
     // other rows than its key says.
-    if groups.iter().flatten().any(|file| !file.extensions.is_empty()) {
+    if config
+        .file_groups
+        .iter()
+        .flat_map(|group| group.files())
+        .any(|file| !file.extensions.is_empty())
+    {
         return Ok(None);
     }
-    let source = TableSource::Parquet {
-        url: config.object_store_url.clone(),
-        groups,
-        source: Arc::new(config.clone()),
-    };
-    Ok(Some((source, columns)))
+    Ok(Some(columns))
 }
 
 /// The input of `node` where it is a `CoalesceBatchesExec` (deprecated in

@@ -13,7 +13,6 @@ use datafusion::physical_expr::expressions::{BinaryExpr, Column};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::exec::join_keys::{JoinKeyFilterExpr, JoinKeyWaitExec};
@@ -112,10 +111,7 @@ impl ScanFilterShape {
         if source.part_groups().len() != partitions {
             return Ok(None);
         }
-        let scan_rows = StatisticsContext::new()
-            .compute(scan.as_ref(), &StatisticsArgs::new())
-            .ok()
-            .and_then(|s| s.num_rows.get_value().copied());
+        let scan_rows = source.rows(scan.as_ref());
         Ok(Some(Self {
             source,
             scan_schema: scan.schema(),
