@@ -621,4 +621,67 @@ mod tests {
         assert_eq!(answer[1], "NULL");
         assert!(answer[0].starts_with("12.3") && answer[2] == "-700.00", "{answer:?}");
     }
+
+    /// The scan of `sql`'s only table in `ctx`.
+    async fn scan_of(ctx: &datafusion::prelude::SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+        let mut node = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        while node.downcast_ref::<DataSourceExec>().is_none() {
+            node = Arc::clone(node.children()[0]);
+        }
+        node
+    }
+
+    #[tokio::test]
+    async fn a_tables_rows_are_counted_as_datafusion_counts_them() {
+        use datafusion::datasource::MemTable;
+        use datafusion::prelude::{ParquetReadOptions, SessionContext};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Int64, true),
+        ]));
+        let batch = |n: i64| {
+            let column = || Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef;
+            RecordBatch::try_new(Arc::clone(&schema), vec![column(), column()]).unwrap()
+        };
+        // Partitions of several batches, an empty batch and an empty partition.
+        let partitions = vec![vec![batch(3), batch(0), batch(5)], vec![], vec![batch(7)]];
+        let ctx = SessionContext::new();
+        let table = MemTable::try_new(Arc::clone(&schema), partitions).unwrap();
+        ctx.register_table("m", Arc::new(table)).unwrap();
+        let scan = scan_of(&ctx, "SELECT b FROM m").await;
+        let data_source = scan.downcast_ref::<DataSourceExec>().unwrap();
+        let (source, columns) = super::super::table_source(data_source).unwrap().unwrap();
+        let checked = super::super::table_scan_columns(data_source).unwrap().unwrap();
+        let indices = |columns: &[super::super::ScanColumn]| -> Vec<usize> {
+            columns.iter().map(|c| c.table_index).collect()
+        };
+        assert_eq!(indices(&checked), indices(&columns), "the check finds the columns the source reads");
+        assert_eq!(indices(&columns), vec![1]);
+        let statistics = StatisticsContext::new()
+            .compute(scan.as_ref(), &StatisticsArgs::new())
+            .unwrap();
+        assert_eq!(source.rows(scan.as_ref()), Some(15));
+        assert_eq!(statistics.num_rows.get_value().copied(), Some(15));
+
+        // Files: their footers' rows.
+        let dir = std::env::temp_dir().join(format!(
+            "datafusion-gpu-table-rows-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, rows) in [("a", 4), ("b", 9)] {
+            let values: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));
+            write_file(&dir, name, vec![("v", DataType::Int64, false, values)]);
+        }
+        ctx.register_parquet("f", dir.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+        let scan = scan_of(&ctx, "SELECT v FROM f").await;
+        let data_source = scan.downcast_ref::<DataSourceExec>().unwrap();
+        let (source, _) = super::super::table_source(data_source).unwrap().unwrap();
+        assert_eq!(source.rows(scan.as_ref()), Some(13));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
