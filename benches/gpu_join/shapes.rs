@@ -5,9 +5,9 @@
 //! process: DataFusion alone (`gpu.enabled = false`), the defaults
 //! (`gpu.placement = 'cost'`) and every supported node on the GPU
 //! (`gpu.placement = 'always'`). Each way runs once to warm up, then the
-//! ways take turns `--runs` times (default 2; more for a shape whose runs
-//! take milliseconds, up to 400 ms a way), the median counting; every
-//! answer is checked
+//! ways take turns `--runs` times (default 2; more for a shape whose
+//! slowest warm-up run takes milliseconds: as many as 400 ms holds of
+//! that run, at most 25), the median counting; every answer is checked
 //! against DataFusion's by an order-independent checksum of all its rows.
 //! `--only a,b` runs the shapes whose names contain one of the words.
 //!
@@ -204,9 +204,9 @@ async fn set(ctx: &SessionContext, settings: &[&str]) {
     }
 }
 
-/// The least total time, in milliseconds, each way's timed runs of a shape
-/// take: a shape of a few milliseconds runs more often than `--runs`, so
-/// that its median is not one run's noise.
+/// The time, in milliseconds, of the timed runs of a shape's slowest way
+/// (by its warm-up run): a shape of a few milliseconds runs more often
+/// than `--runs`, so that its median is not one run's noise.
 const MIN_TIMED_MS: u64 = 400;
 
 /// The most timed runs a way takes.
@@ -275,8 +275,8 @@ pub async fn benchmark(log2_list: &[usize], runs: usize, only: &[String]) {
     let config = SessionConfig::new().with_target_partitions(cores);
     println!(
         "placement sweep: {cores} cores, sizes 2^{log2_list:?} rows a side, a warm-up and {runs} \
-         timed runs a way (at least {MIN_TIMED_MS} ms of them, at most {MAX_TIMED_RUNS}), the \
-         ways taking turns, the median counting"
+         timed runs a way (more where the slowest way's warm-up run fits more in {MIN_TIMED_MS} ms, \
+         at most {MAX_TIMED_RUNS}), the ways taking turns, the median counting"
     );
     if let Some(device) = datafusion_gpu::gpu::gpu_runtime()
         .ok()

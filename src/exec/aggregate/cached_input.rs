@@ -44,7 +44,8 @@ pub(crate) struct CachedInput {
     /// Per aggregate, per argument: its slot in `columns` and value kind,
     /// `None` for a literal.
     args: Vec<Vec<Option<(usize, ValueKind)>>>,
-    /// The table's rows, where its statistics know them.
+    /// The table's rows, where known without reading it
+    /// ([`TableSource::rows`]).
     rows: Option<usize>,
 }
 

@@ -103,7 +103,8 @@ impl GpuScanAggregateExec {
             .expect("checked in try_new")
     }
 
-    /// Rows the scan reads, where its statistics know.
+    /// Rows the scan reads, where known without reading the table (a
+    /// `MemTable`'s counted, files' from their footers).
     pub(crate) fn scan_rows(&self) -> Option<usize> {
         self.shape.scan_rows
     }

@@ -78,7 +78,8 @@ pub(crate) struct ScanAggregateShape {
     pub state_types: Vec<Vec<DataType>>,
     /// The partial aggregation's output schema.
     pub output_schema: SchemaRef,
-    /// Rows the scan reads, where statistics know.
+    /// Rows the scan reads, where known without reading the table
+    /// ([`TableSource::rows`]).
     pub scan_rows: Option<usize>,
 }
 

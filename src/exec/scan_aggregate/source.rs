@@ -42,9 +42,11 @@ pub(crate) enum Part {
 
 impl TableSource {
     /// The table's rows, where known without reading it: a `MemTable`'s
-    /// counted from its batches, files' from `scan`'s statistics (their
-    /// footers). (A `MemTable`'s statistics weigh every array of every
-    /// batch, thousands of them at a large table's 8,192 rows a batch.)
+    /// counted from its batches, files' from the statistics of `scan`,
+    /// the table's own scan node (their footers; a node above it would
+    /// give its own estimate). (A `MemTable`'s statistics weigh every
+    /// array of every batch, thousands of them at a large table's 8,192
+    /// rows a batch.)
     pub fn rows(&self, scan: &dyn ExecutionPlan) -> Option<usize> {
         match self {
             TableSource::Memory { partitions } => Some(

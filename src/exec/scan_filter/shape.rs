@@ -35,7 +35,8 @@ pub(crate) struct ScanFilterShape {
     pub outputs: Vec<Arc<dyn PhysicalExpr>>,
     /// The output schema (the replaced plan's).
     pub output_schema: SchemaRef,
-    /// Rows the scan reads, where statistics know.
+    /// Rows the scan reads, where known without reading the table
+    /// (`TableSource::rows`).
     pub scan_rows: Option<usize>,
     /// Whether the chain filters (not only the join key filters above it).
     pub chain_filters: bool,
