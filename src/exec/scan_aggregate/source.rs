@@ -481,6 +481,18 @@ mod tests {
         assert_eq!(Part::Memory(Arc::new(vec![batch(3), batch(0), batch(5)])).rows_hint(), 8);
     }
 
+    /// An empty folder of this process and test thread, named by `label`.
+    fn empty_dir(label: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "datafusion-gpu-{label}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// Writes `columns` (name, type, nullable, values) to `dir`/`name`.parquet.
     fn write_file(dir: &std::path::Path, name: &str, columns: Vec<(&str, DataType, bool, ArrayRef)>) {
         use datafusion::parquet::arrow::ArrowWriter;
@@ -567,13 +579,7 @@ mod tests {
 
     #[tokio::test]
     async fn short_decimals_stored_as_the_table_declares_are_filled_in_64_bits() {
-        let dir = std::env::temp_dir().join(format!(
-            "datafusion-gpu-read-types-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = empty_dir("read-types");
         // a.parquet's price has no NULLs and says so; b.parquet's may (the
         // table's may: the files' schemas merged). Each is read by its own
         // schema: both in 64 bits.
@@ -666,13 +672,7 @@ mod tests {
         assert_eq!(statistics.num_rows.get_value().copied(), Some(15));
 
         // Files: their footers' rows.
-        let dir = std::env::temp_dir().join(format!(
-            "datafusion-gpu-table-rows-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = empty_dir("table-rows");
         for (name, rows) in [("a", 4), ("b", 9)] {
             let values: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));
             write_file(&dir, name, vec![("v", DataType::Int64, false, values)]);
