@@ -528,15 +528,9 @@ mod tests {
         }
         ctx.register_parquet("t", dir.to_str().unwrap(), options).await.unwrap();
         let sql = "SELECT price, qty FROM t";
-        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
-        let mut node = plan;
-        let scan = loop {
-            if let Some(scan) = node.downcast_ref::<DataSourceExec>() {
-                break scan.clone();
-            }
-            node = Arc::clone(node.children()[0]);
-        };
-        let (source, columns) = super::super::table_source(&scan).unwrap().unwrap();
+        let scan = scan_of(&ctx, sql).await;
+        let (source, columns) =
+            super::super::table_source(scan.downcast_ref::<DataSourceExec>().unwrap()).unwrap().unwrap();
         let table_columns: Vec<usize> = columns.iter().map(|c| c.table_index).collect();
         let mut read = Vec::new();
         let table_types: Vec<DataType> = scan.schema().fields().iter().map(|f| f.data_type().clone()).collect();
