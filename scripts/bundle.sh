@@ -100,7 +100,8 @@ for what in "$@"; do
       # (The cache tests first: after the fault test the device is gone.)
       DATAFUSION_GPU_TEST_ALONE=1 DATAFUSION_GPU_REQUIRE_GPU=1 \
         ./gpu scan_aggregate::the_column_cache scan_aggregate::a_small_cache \
-        aggregate::inputs_larger_than_the_device_budget --test-threads=1 2>&1 \
+        cached_input::aggregations_over_a_whole_table aggregate::inputs_larger_than_the_device_budget \
+        --test-threads=1 2>&1 \
         | tee "$logs/alone-cache.log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
       DATAFUSION_GPU_TEST_ALONE=1 DATAFUSION_GPU_REQUIRE_GPU=1 \

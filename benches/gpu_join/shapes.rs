@@ -15,7 +15,9 @@
 //! GPU's ratio to DataFusion, where the defaults placed each join and
 //! aggregation, and the cost model's estimates (`gpu_decisions`) beside the
 //! measured times of the GPU path and of DataFusion: the error of the
-//! estimates.
+//! estimates; and each way's median planning time (SQL to the physical
+//! plan, the rule's rewrite included), the share of a small shape's time
+//! that placement cannot win back.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -220,11 +222,17 @@ fn timed_runs(runs: usize, slowest_warm_up: Duration) -> usize {
     runs.max(1).max(wanted.min(MAX_TIMED_RUNS))
 }
 
-/// One run of `sql`: its time, checksum and plan.
-async fn run_once(
-    ctx: &SessionContext,
-    sql: &str,
-) -> (Duration, (u64, usize), Arc<dyn ExecutionPlan>) {
+/// One run of `sql`.
+struct Run {
+    /// Planning and execution.
+    time: Duration,
+    /// Planning alone (SQL to the physical plan, the rule included).
+    planning: Duration,
+    answer: (u64, usize),
+    plan: Arc<dyn ExecutionPlan>,
+}
+
+async fn run_once(ctx: &SessionContext, sql: &str) -> Run {
     let start = Instant::now();
     let plan = ctx
         .sql(sql)
@@ -233,10 +241,16 @@ async fn run_once(
         .create_physical_plan()
         .await
         .unwrap();
+    let planning = start.elapsed();
     let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
         .await
         .unwrap();
-    (start.elapsed(), checksum(&batches), plan)
+    Run {
+        time: start.elapsed(),
+        planning,
+        answer: checksum(&batches),
+        plan,
+    }
 }
 
 /// The estimate of the plan's costliest node on the CPU (the one the
@@ -316,7 +330,9 @@ pub async fn benchmark(log2_list: &[usize], runs: usize, only: &[String]) {
             let mut slowest_warm_up = Duration::ZERO;
             for (way, settings) in WAYS {
                 set(&ctx, settings).await;
-                let (time, answer, plan) = run_once(&ctx, sql).await;
+                let Run {
+                    time, answer, plan, ..
+                } = run_once(&ctx, sql).await;
                 slowest_warm_up = slowest_warm_up.max(time);
                 let expected = *expected.get_or_insert(answer);
                 assert_eq!(
@@ -338,19 +354,33 @@ pub async fn benchmark(log2_list: &[usize], runs: usize, only: &[String]) {
             // The ways take turns, so that a drift of the host's state
             // weighs on each alike.
             let mut way_times: [Vec<Duration>; 3] = Default::default();
+            let mut way_planning: [Vec<Duration>; 3] = Default::default();
             for _ in 0..timed_runs(runs, slowest_warm_up) {
-                for ((way, settings), times) in WAYS.iter().zip(way_times.iter_mut()) {
-                    set(&ctx, settings).await;
-                    let (time, answer, _) = run_once(&ctx, sql).await;
+                for (way, (times, planning)) in WAYS
+                    .iter()
+                    .zip(way_times.iter_mut().zip(way_planning.iter_mut()))
+                {
+                    set(&ctx, way.1).await;
+                    let run = run_once(&ctx, sql).await;
                     assert_eq!(
-                        Some(answer),
+                        Some(run.answer),
                         expected,
-                        "{name} at 2^{log2}, {way}: the answer differs"
+                        "{name} at 2^{log2}, {}: the answer differs",
+                        way.0
                     );
-                    times.push(time);
+                    times.push(run.time);
+                    planning.push(run.planning);
                 }
             }
             let times: Vec<Duration> = way_times.iter_mut().map(|t| median(t)).collect();
+            let planning: Vec<String> = way_planning
+                .iter_mut()
+                .map(|t| format!("{:.2}", ms(median(t))))
+                .collect();
+            println!(
+                "    2^{log2} {name}, planning ms (median; DataFusion, defaults, always): {}",
+                planning.join(", ")
+            );
             let [datafusion, defaults, always] = [times[0], times[1], times[2]];
             let ratio = |t: Duration| ms(datafusion) / ms(t).max(1e-3);
             let (estimates, errors) = match estimate {

@@ -116,9 +116,7 @@ impl InMemoryBatches {
     /// however many slices it is handed on in).
     async fn take(self) -> Result<Taken> {
         let partitions: Vec<usize> = self.partitions.clone().collect();
-        let tasks = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(partitions.len());
+        let tasks = crate::host::copy::host_threads().min(partitions.len());
         if tasks <= 1 {
             return self.take_partitions(&partitions);
         }

@@ -62,7 +62,7 @@ pub(super) fn threads(plan: &Arc<dyn ExecutionPlan>) -> usize {
             .map(widest)
             .fold(own, usize::max)
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::host::copy::host_threads();
     widest(plan).clamp(1, cores)
 }
 

@@ -21,8 +21,8 @@ use datafusion::prelude::{ParquetReadOptions, SessionContext};
 
 use crate::scan_aggregate::temp_dir;
 use crate::support::{
-    cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, same_rows_as_datafusion,
-    table_from_columns, JoinMode,
+    alone_on_the_device, cpu_context, gpu_context, physical_plan, plan_metric, require_gpu,
+    same_rows_as_datafusion, table_from_columns, JoinMode,
 };
 
 fn schema(nullable: bool) -> Arc<Schema> {
@@ -171,7 +171,10 @@ async fn aggregations_over_a_whole_table_read_its_cached_columns_on_the_device()
                     0,
                     "{sql}\n{shown}"
                 );
-                if run == "warm" {
+                // Tests beside this one evict entries (a small share's
+                // inserts evict down to that share), so what must hit is
+                // checked where this test has the device to itself.
+                if run == "warm" && alone_on_the_device() {
                     assert_eq!(plan_metric(&plan, "cache_misses"), 0, "{sql}\n{shown}");
                     assert!(plan_metric(&plan, "cache_hits") > 0, "{sql}\n{shown}");
                 }

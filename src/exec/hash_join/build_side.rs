@@ -164,7 +164,7 @@ impl PreparedBuild {
         in_memory_order: bool,
         filter_limits: Option<MembershipLimits>,
     ) -> Result<Self> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = crate::host::copy::host_threads();
         // In reverse arrival order, as `HashJoinExec` concatenates its build
         // side: build row ids then order rows the way it does. With
         // `in_memory_order`, in the order the batches lie in memory.

@@ -4,15 +4,16 @@
 //! every expression taken down to the scan's columns, so that the device
 //! evaluates them over the table's cached columns.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::ParquetSource;
 use datafusion::datasource::physical_plan::{FileScanConfig, FileSource};
-use datafusion::datasource::source::DataSourceExec;
+use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column};
@@ -40,9 +41,41 @@ pub(crate) enum TableSource {
         source: Arc<FileScanConfig>,
     },
     /// A `MemTable`'s partitions.
-    /// Shared (a task per partition clones the source): a `MemTable`'s
-    /// batches, thousands at a large table's 8,192 rows a batch.
-    Memory { partitions: Vec<Arc<Vec<datafusion::arrow::array::RecordBatch>>> },
+    Memory(MemoryPartitions),
+}
+
+/// A `MemTable` scan's partitions: read in place from the scan where only
+/// counted (planning's checks), taken once and shared where first read as
+/// parts (a task per partition clones the source). A large table has
+/// thousands of batches at 8,192 rows a batch, so copying their lists for
+/// every check cost planning more than the checks themselves.
+#[derive(Debug, Clone)]
+pub(crate) struct MemoryPartitions {
+    /// The scan's `MemorySourceConfig`.
+    scan: Arc<dyn DataSource>,
+    taken: Arc<OnceLock<Vec<Arc<Vec<RecordBatch>>>>>,
+}
+
+impl MemoryPartitions {
+    fn of(scan: &Arc<dyn DataSource>) -> Self {
+        Self {
+            scan: Arc::clone(scan),
+            taken: Arc::default(),
+        }
+    }
+
+    /// Each partition's batches, in place.
+    pub fn batches(&self) -> &[Vec<RecordBatch>] {
+        self.scan
+            .downcast_ref::<MemorySourceConfig>()
+            .map_or(&[], |memory| memory.partitions())
+    }
+
+    /// Each partition's batches, taken from the scan at the first call.
+    pub fn shared(&self) -> &[Arc<Vec<RecordBatch>>] {
+        self.taken
+            .get_or_init(|| self.batches().iter().map(|p| Arc::new(p.clone())).collect())
+    }
 }
 
 /// One column of the scan's output: the table column it is.
@@ -254,9 +287,7 @@ pub(crate) fn table_source(scan: &DataSourceExec) -> Shaped<Option<(TableSource,
     };
     let data_source = scan.data_source();
     let source = match data_source.downcast_ref::<MemorySourceConfig>() {
-        Some(memory) => TableSource::Memory {
-            partitions: memory.partitions().iter().map(|p| Arc::new(p.clone())).collect(),
-        },
+        Some(_) => TableSource::Memory(MemoryPartitions::of(data_source)),
         None => {
             let config = data_source
                 .downcast_ref::<FileScanConfig>()

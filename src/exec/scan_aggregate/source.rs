@@ -49,8 +49,9 @@ impl TableSource {
     /// rows a batch.)
     pub fn rows(&self, scan: &dyn ExecutionPlan) -> Option<usize> {
         match self {
-            TableSource::Memory { partitions } => Some(
+            TableSource::Memory(partitions) => Some(
                 partitions
+                    .batches()
                     .iter()
                     .flat_map(|batches| batches.iter())
                     .map(RecordBatch::num_rows)
@@ -71,7 +72,8 @@ impl TableSource {
                 .iter()
                 .map(|files| files.iter().cloned().map(Part::File).collect())
                 .collect(),
-            TableSource::Memory { partitions } => partitions
+            TableSource::Memory(partitions) => partitions
+                .shared()
                 .iter()
                 .map(|batches| vec![Part::Memory(Arc::clone(batches))])
                 .collect(),
@@ -84,7 +86,8 @@ impl TableSource {
             TableSource::Parquet { groups, .. } => groups
                 .get(index)
                 .map(|files| files.iter().cloned().map(Part::File).collect()),
-            TableSource::Memory { partitions } => partitions
+            TableSource::Memory(partitions) => partitions
+                .shared()
                 .get(index)
                 .map(|batches| vec![Part::Memory(Arc::clone(batches))]),
         }
@@ -94,7 +97,17 @@ impl TableSource {
     pub fn describe(&self) -> String {
         match self {
             TableSource::Parquet { .. } => format!("parquet, {} files or ranges", self.part_count()),
-            TableSource::Memory { partitions } => format!("memory, {} partitions", partitions.len()),
+            TableSource::Memory(partitions) => {
+                format!("memory, {} partitions", partitions.batches().len())
+            }
+        }
+    }
+
+    /// How many groups of parts the table has (the scan's partitions).
+    pub fn group_count(&self) -> usize {
+        match self {
+            TableSource::Parquet { groups, .. } => groups.len(),
+            TableSource::Memory(partitions) => partitions.batches().len(),
         }
     }
 
@@ -102,7 +115,7 @@ impl TableSource {
     pub fn part_count(&self) -> usize {
         match self {
             TableSource::Parquet { groups, .. } => groups.iter().map(Vec::len).sum(),
-            TableSource::Memory { partitions } => partitions.len(),
+            TableSource::Memory(partitions) => partitions.batches().len(),
         }
     }
 }
@@ -285,7 +298,7 @@ impl Part {
                 return Ok(futures::stream::iter(columns).boxed());
             }
             (Part::File(file), TableSource::Parquet { url, source, .. }) => (file, url, source),
-            (Part::File(_), TableSource::Memory { .. }) => {
+            (Part::File(_), TableSource::Memory(_)) => {
                 return Err(DataFusionError::Internal("a file part of a memory table".into()))
             }
         };
@@ -383,7 +396,7 @@ impl FileRead {
 pub(crate) fn source_url(source: &TableSource) -> String {
     match source {
         TableSource::Parquet { url, .. } => url.as_str().to_owned(),
-        TableSource::Memory { .. } => String::new(),
+        TableSource::Memory(_) => String::new(),
     }
 }
 
@@ -633,23 +646,29 @@ mod tests {
         node
     }
 
+    /// A session with `m`, a `MemTable` of nullable `Int64` `columns`, each
+    /// partition's batches of the given row counts (every column `0..rows`).
+    fn session_with_memtable(columns: &[&str], partitions: &[&[i64]]) -> datafusion::prelude::SessionContext {
+        let fields: Vec<Field> = columns.iter().map(|c| Field::new(*c, DataType::Int64, true)).collect();
+        let schema = Arc::new(Schema::new(fields));
+        let batch = |n: i64| {
+            let values: Vec<ArrayRef> = (0..columns.len())
+                .map(|_| Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef)
+                .collect();
+            RecordBatch::try_new(Arc::clone(&schema), values).unwrap()
+        };
+        let partitions = partitions.iter().map(|rows| rows.iter().map(|&n| batch(n)).collect()).collect();
+        let table = datafusion::datasource::MemTable::try_new(Arc::clone(&schema), partitions).unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        ctx.register_table("m", Arc::new(table)).unwrap();
+        ctx
+    }
+
     #[tokio::test]
     async fn a_tables_rows_are_counted_as_datafusion_counts_them() {
-        use datafusion::datasource::MemTable;
-        use datafusion::prelude::{ParquetReadOptions, SessionContext};
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("a", DataType::Int64, true),
-            Field::new("b", DataType::Int64, true),
-        ]));
-        let batch = |n: i64| {
-            let column = || Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef;
-            RecordBatch::try_new(Arc::clone(&schema), vec![column(), column()]).unwrap()
-        };
+        use datafusion::prelude::ParquetReadOptions;
         // Partitions of several batches, an empty batch and an empty partition.
-        let partitions = vec![vec![batch(3), batch(0), batch(5)], vec![], vec![batch(7)]];
-        let ctx = SessionContext::new();
-        let table = MemTable::try_new(Arc::clone(&schema), partitions).unwrap();
-        ctx.register_table("m", Arc::new(table)).unwrap();
+        let ctx = session_with_memtable(&["a", "b"], &[&[3, 0, 5], &[], &[7]]);
         let scan = scan_of(&ctx, "SELECT b FROM m").await;
         let data_source = scan.downcast_ref::<DataSourceExec>().unwrap();
         let (source, columns) = super::super::table_source(data_source).unwrap().unwrap();
@@ -679,5 +698,41 @@ mod tests {
         let (source, _) = super::super::table_source(data_source).unwrap().unwrap();
         assert_eq!(source.rows(scan.as_ref()), Some(13));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_memtables_parts_are_its_scans_batches_taken_once_for_every_task() {
+        let ctx = session_with_memtable(&["a"], &[&[3, 5], &[], &[7]]);
+        let scan = scan_of(&ctx, "SELECT a FROM m").await;
+        let data_source = scan.downcast_ref::<DataSourceExec>().unwrap();
+        let (source, _) = super::super::table_source(data_source).unwrap().unwrap();
+        assert_eq!((source.group_count(), source.part_count()), (3, 3));
+        assert_eq!(source.describe(), "memory, 3 partitions");
+        assert_eq!(source.rows(scan.as_ref()), Some(15));
+
+        // Each group is one part, the scan's partition: its batches, the
+        // same arrays.
+        use datafusion::datasource::memory::MemorySourceConfig;
+        let memory = data_source.data_source().downcast_ref::<MemorySourceConfig>().unwrap();
+        // A task's clone, made before any part was taken.
+        let task = source.clone();
+        let groups = source.part_groups();
+        assert_eq!(groups.len(), 3);
+        for (group, batches) in groups.iter().zip(memory.partitions()) {
+            let [Part::Memory(taken)] = group.as_slice() else {
+                panic!("a group of one memory part");
+            };
+            assert_eq!(taken.len(), batches.len());
+            for (taken, batch) in taken.iter().zip(batches) {
+                assert!(Arc::ptr_eq(taken.column(0), batch.column(0)));
+            }
+        }
+        // Taken once: the task's clone and a later call share the lists.
+        let again = task.part_group(2).unwrap();
+        match (&groups[2][0], &again[0]) {
+            (Part::Memory(first), Part::Memory(second)) => assert!(Arc::ptr_eq(first, second)),
+            _ => panic!("memory parts"),
+        }
+        assert!(source.part_group(3).is_none());
     }
 }

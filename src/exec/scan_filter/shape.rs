@@ -109,7 +109,7 @@ impl ScanFilterShape {
         };
         // Partition p of the plan is part group p of the table.
         let partitions = top.properties().output_partitioning().partition_count();
-        if source.part_groups().len() != partitions {
+        if source.group_count() != partitions {
             return Ok(None);
         }
         let scan_rows = source.rows(scan.as_ref());

@@ -637,7 +637,7 @@ impl ExecutionPlan for GpuSortMergeJoinExec {
             join_type: join.join_type(),
             filter: join.filter().clone(),
             sort_on_device: self.sort_on_device,
-            host_threads: std::thread::available_parallelism().map_or(1, |n| n.get())
+            host_threads: crate::host::copy::host_threads()
                 / self
                     .properties
                     .output_partitioning()
