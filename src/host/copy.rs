@@ -57,8 +57,8 @@ pub(crate) fn copy_window<T: Copy + Send + Sync>(
 
 /// The host's cores, as the default thread count of host work, counted
 /// once per process: counting reads the process's CPU affinity and its
-/// cgroup's quota files, tens of microseconds each time, and the rule asks
-/// at every decision of every plan.
+/// cgroup's quota files each time, and the rule asks at every decision of
+/// every plan.
 pub(crate) fn host_threads() -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
