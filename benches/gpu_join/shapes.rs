@@ -356,17 +356,16 @@ pub async fn benchmark(log2_list: &[usize], runs: usize, only: &[String]) {
             let mut way_times: [Vec<Duration>; 3] = Default::default();
             let mut way_planning: [Vec<Duration>; 3] = Default::default();
             for _ in 0..timed_runs(runs, slowest_warm_up) {
-                for (way, (times, planning)) in WAYS
+                for ((way, settings), (times, planning)) in WAYS
                     .iter()
                     .zip(way_times.iter_mut().zip(way_planning.iter_mut()))
                 {
-                    set(&ctx, way.1).await;
+                    set(&ctx, settings).await;
                     let run = run_once(&ctx, sql).await;
                     assert_eq!(
                         Some(run.answer),
                         expected,
-                        "{name} at 2^{log2}, {}: the answer differs",
-                        way.0
+                        "{name} at 2^{log2}, {way}: the answer differs"
                     );
                     times.push(run.time);
                     planning.push(run.planning);
