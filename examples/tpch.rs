@@ -73,7 +73,10 @@ struct Args {
     /// Scale factor (1 is about 1 GB of data).
     #[arg(long = "sf", default_value_t = 1.0, value_parser = positive_scale_factor)]
     scale_factor: f64,
-    /// Runs of each query on each side; the median is reported.
+    /// Runs of each query on each side; the median is reported. The GPU
+    /// session's cold time is the median of as many runs, each with the
+    /// device column cache emptied first (the first of them is reported
+    /// too).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
     /// Queries to run, e.g. 1,3,9.
@@ -224,6 +227,41 @@ async fn run_once(
     Ok((batches, start.elapsed(), plan))
 }
 
+/// `runs` runs of `sql`, each with the device column cache emptied first:
+/// every run's answer, its time, and the first run's plan with its metrics.
+async fn cold_runs(
+    ctx: &SessionContext,
+    sql: &str,
+    runs: u32,
+) -> Result<(Vec<Vec<RecordBatch>>, Vec<Duration>, Arc<dyn ExecutionPlan>)> {
+    let mut answers = Vec::new();
+    let mut times = Vec::new();
+    let mut first_plan = None;
+    for _ in 0..runs.max(1) {
+        datafusion_gpu::clear_gpu_cache();
+        let (answer, time, plan) = run_once(ctx, sql).await?;
+        answers.push(answer);
+        times.push(time);
+        first_plan.get_or_insert(plan);
+    }
+    let plan = first_plan.ok_or_else(|| DataFusionError::Internal("no cold run".into()))?;
+    Ok((answers, times, plan))
+}
+
+/// Whether every run's answer agrees with `cpu` ([`answers_agree`]); the
+/// first that does not is named by its run.
+fn answers_agree_every(
+    cpu: &[RecordBatch],
+    runs: &[Vec<RecordBatch>],
+) -> Result<std::result::Result<(), String>> {
+    for (run, answer) in runs.iter().enumerate() {
+        if let Err(difference) = answers_agree(cpu, answer)? {
+            return Ok(Err(format!("cold run {}: {difference}", run + 1)));
+        }
+    }
+    Ok(Ok(()))
+}
+
 fn median(mut times: Vec<Duration>) -> Duration {
     times.sort();
     times[times.len() / 2]
@@ -242,7 +280,10 @@ fn count_nodes(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
 struct QueryReport {
     query: usize,
     cpu: Duration,
+    /// Cold (the median of cold runs) and warm.
     gpu: Option<(Duration, Duration)>,
+    /// The GPU session's first cold run.
+    first_cold: Option<Duration>,
     /// Cold and warm on the first device alone (`--one-device`).
     one_device: Option<(Duration, Duration)>,
     /// DuckDB's warm median in milliseconds (`--duckdb`).
@@ -291,12 +332,13 @@ fn report_json(
                 None => ("null".into(), "null".into(), "null".into()),
             };
             let duckdb = r.duckdb.map_or("null".into(), |d| format!("{d:.3}"));
+            let first_cold = r.first_cold.map_or("null".into(), |d| format!("{:.3}", ms(d)));
             let (one_cold, one_warm) = match r.one_device {
                 Some((cold, warm)) => (format!("{:.3}", ms(cold)), format!("{:.3}", ms(warm))),
                 None => ("null".into(), "null".into()),
             };
             format!(
-                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"one_gpu_cold_ms\":{one_cold},\"one_gpu_warm_ms\":{one_warm},\"duckdb_warm_ms\":{duckdb},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"scan_filters_on_gpu\":{},\"first_cpu_reason\":{}}}",
+                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_first_cold_ms\":{first_cold},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"one_gpu_cold_ms\":{one_cold},\"one_gpu_warm_ms\":{one_warm},\"duckdb_warm_ms\":{duckdb},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"scan_filters_on_gpu\":{},\"first_cpu_reason\":{}}}",
                 r.query,
                 ms(r.cpu),
                 r.joins_on_gpu,
@@ -506,6 +548,7 @@ async fn run_query(
             query: n,
             cpu: median(cpu_times),
             gpu: None,
+            first_cold: None,
             one_device: None,
             duckdb: None,
             joins_on_gpu: 0,
@@ -526,9 +569,11 @@ async fn run_query(
                 );
             }
             // Cold: the device column cache starts empty for each query.
-            datafusion_gpu::clear_gpu_cache();
-            let (gpu_answer, cold, gpu_plan) = run_once(gpu_ctx, &sql).await?;
+            let (gpu_answer, colds, gpu_plan) = cold_runs(gpu_ctx, &sql, args.runs).await?;
             if args.verbose {
+                for cold in &colds {
+                    eprintln!("q{n}: GPU cold run {:.1} ms", ms(*cold));
+                }
                 eprintln!(
                     "q{n}: GPU plan with the metrics of the cold run\n{}",
                     DisplayableExecutionPlan::with_metrics(gpu_plan.as_ref()).indent(true)
@@ -544,7 +589,8 @@ async fn run_query(
                     eprintln!("q{n}: GPU run {:.1} ms", ms(time));
                 }
             }
-            report.gpu = Some((cold, median(warm)));
+            report.first_cold = Some(colds[0]);
+            report.gpu = Some((median(colds), median(warm)));
             if args.verbose {
                 // The last warm run's metrics: the cold run's include
                 // one-time costs (kernel loading, pinned buffers).
@@ -584,7 +630,7 @@ async fn run_query(
                 .or_else(|| decisions.iter().find_map(cpu_reason));
             // Said as soon as it is known, so that a run stopped before
             // its end still tells which answers were checked.
-            match answers_agree(&cpu_answer, &gpu_answer)? {
+            match answers_agree_every(&cpu_answer, &gpu_answer)? {
                 Ok(()) if args.verbose => eprintln!("q{n}: answers agree"),
                 Ok(()) => {}
                 Err(difference) => {
@@ -594,14 +640,13 @@ async fn run_query(
             }
         }
         if let Some(one_ctx) = one_ctx {
-            datafusion_gpu::clear_gpu_cache();
-            let (one_answer, cold, _) = run_once(one_ctx, &sql).await?;
+            let (one_answers, colds, _) = cold_runs(one_ctx, &sql, args.runs).await?;
             let mut warm = Vec::new();
             for _ in 0..args.runs {
                 warm.push(run_once(one_ctx, &sql).await?.1);
             }
-            report.one_device = Some((cold, median(warm)));
-            if let Err(difference) = answers_agree(&cpu_answer, &one_answer)? {
+            report.one_device = Some((median(colds), median(warm)));
+            if let Err(difference) = answers_agree_every(&cpu_answer, &one_answers)? {
                 eprintln!("q{n}: ANSWERS DISAGREE on one GPU: {difference}");
                 disagreement.get_or_insert(format!("q{n} on one GPU: {difference}"));
             }
@@ -705,6 +750,13 @@ fn print_totals(
         "total {total_cpu:>10.1} {total_cold:>12.1} {total_warm:>12.1} {:>7.2}x{duckdb}{one_device}",
         total_cpu / total_warm.max(1e-9)
     );
+    if args.runs > 1 {
+        let first_cold: f64 = reports.iter().filter_map(|r| r.first_cold.map(ms)).sum();
+        println!(
+            "the first of each query's cold runs: {first_cold:.1} ms in all, {:.2}x",
+            total_cpu / first_cold.max(1e-9)
+        );
+    }
     if let Some((cold, warm)) = one_device_totals {
         println!(
             "every device against the first alone: cold {:.2}x, warm {:.2}x",
