@@ -262,6 +262,35 @@ fn answers_agree_every(
     Ok(Ok(()))
 }
 
+/// Bytes the GPU nodes of an executed plan copied to the host only for
+/// another GPU node to read them: the `d2h_bytes` of each GPU node whose
+/// consumer, through projections, batch coalescing and repartitioning, is
+/// a GPU node. Batches between GPU nodes pass through host memory today;
+/// this is what keeping them on the device would save each way.
+fn bytes_down_between_gpu_nodes(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    fn walk(node: &Arc<dyn ExecutionPlan>, gpu_above: bool) -> usize {
+        let on_gpu = node.name().starts_with("Gpu");
+        let own = match on_gpu && gpu_above {
+            true => node
+                .metrics()
+                .and_then(|m| m.sum_by_name("d2h_bytes"))
+                .map_or(0, |bytes| bytes.as_usize()),
+            false => 0,
+        };
+        let passes_through = matches!(
+            node.name(),
+            "ProjectionExec" | "CoalesceBatchesExec" | "RepartitionExec" | "CoalescePartitionsExec"
+        );
+        let above = on_gpu || (passes_through && gpu_above);
+        own + node
+            .children()
+            .into_iter()
+            .map(|child| walk(child, above))
+            .sum::<usize>()
+    }
+    walk(plan, false)
+}
+
 fn median(mut times: Vec<Duration>) -> Duration {
     times.sort();
     times[times.len() / 2]
@@ -284,6 +313,10 @@ struct QueryReport {
     gpu: Option<(Duration, Duration)>,
     /// The GPU session's first cold run.
     first_cold: Option<Duration>,
+    /// Bytes GPU nodes copied to the host for another GPU node to read
+    /// ([`bytes_down_between_gpu_nodes`]), in the first cold run and the
+    /// last warm one.
+    between_gpu_nodes: Option<(usize, usize)>,
     /// Cold and warm on the first device alone (`--one-device`).
     one_device: Option<(Duration, Duration)>,
     /// DuckDB's warm median in milliseconds (`--duckdb`).
@@ -333,12 +366,15 @@ fn report_json(
             };
             let duckdb = r.duckdb.map_or("null".into(), |d| format!("{d:.3}"));
             let first_cold = r.first_cold.map_or("null".into(), |d| format!("{:.3}", ms(d)));
+            let (between_cold, between_warm) = r
+                .between_gpu_nodes
+                .map_or(("null".into(), "null".into()), |(c, w)| (c.to_string(), w.to_string()));
             let (one_cold, one_warm) = match r.one_device {
                 Some((cold, warm)) => (format!("{:.3}", ms(cold)), format!("{:.3}", ms(warm))),
                 None => ("null".into(), "null".into()),
             };
             format!(
-                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_first_cold_ms\":{first_cold},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"one_gpu_cold_ms\":{one_cold},\"one_gpu_warm_ms\":{one_warm},\"duckdb_warm_ms\":{duckdb},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"scan_filters_on_gpu\":{},\"first_cpu_reason\":{}}}",
+                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_first_cold_ms\":{first_cold},\"cold_bytes_down_between_gpu_nodes\":{between_cold},\"warm_bytes_down_between_gpu_nodes\":{between_warm},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"one_gpu_cold_ms\":{one_cold},\"one_gpu_warm_ms\":{one_warm},\"duckdb_warm_ms\":{duckdb},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"scan_filters_on_gpu\":{},\"first_cpu_reason\":{}}}",
                 r.query,
                 ms(r.cpu),
                 r.joins_on_gpu,
@@ -549,6 +585,7 @@ async fn run_query(
             cpu: median(cpu_times),
             gpu: None,
             first_cold: None,
+            between_gpu_nodes: None,
             one_device: None,
             duckdb: None,
             joins_on_gpu: 0,
@@ -590,6 +627,16 @@ async fn run_query(
                 }
             }
             report.first_cold = Some(colds[0]);
+            let (cold_between, warm_between) = (
+                bytes_down_between_gpu_nodes(&gpu_plan),
+                bytes_down_between_gpu_nodes(&last_gpu_plan),
+            );
+            if args.verbose {
+                eprintln!(
+                    "q{n}: bytes copied down between GPU nodes: cold {cold_between}, warm {warm_between}"
+                );
+            }
+            report.between_gpu_nodes = Some((cold_between, warm_between));
             report.gpu = Some((median(colds), median(warm)));
             if args.verbose {
                 // The last warm run's metrics: the cold run's include
@@ -750,6 +797,21 @@ fn print_totals(
         "total {total_cpu:>10.1} {total_cold:>12.1} {total_warm:>12.1} {:>7.2}x{duckdb}{one_device}",
         total_cpu / total_warm.max(1e-9)
     );
+    let between: Vec<(usize, usize)> = reports
+        .iter()
+        .filter_map(|r| r.between_gpu_nodes.map(|(_, warm)| (r.query, warm)))
+        .filter(|&(_, warm)| warm > 0)
+        .collect();
+    if !between.is_empty() {
+        let each: Vec<String> = between
+            .iter()
+            .map(|(q, bytes)| format!("q{q} {:.1} MB", *bytes as f64 / 1e6))
+            .collect();
+        println!(
+            "copied down between GPU nodes, warm (batches pass through the host): {}",
+            each.join(", ")
+        );
+    }
     if args.runs > 1 {
         let first_cold: f64 = reports.iter().filter_map(|r| r.first_cold.map(ms)).sum();
         println!(
