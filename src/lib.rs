@@ -92,7 +92,10 @@ pub use session::{
     gpu_session_context, with_gpu_context, with_gpu_options, SessionStateBuilderGpuExt,
 };
 
-/// Whether this process can use a GPU, and if not, why not.
+/// Whether this process can use a GPU, and if not, why not. The first call
+/// in a process opens the GPUs and measures the first one for placement by
+/// cost (a fraction of a second); call it at startup to keep that off the
+/// first query.
 pub fn gpu_status() -> Result<String, gpu::GpuUnavailable> {
     gpu::gpu_runtime().map(|runtime| runtime.describe())
 }

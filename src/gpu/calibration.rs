@@ -1,5 +1,6 @@
 //! The device's constants that placement by cost needs, measured once per
-//! opened device at first use (about 0.1 s on an H200 host, the first pinned
+//! opened device: the first device's as the process opens its GPUs, another's
+//! at its first use (about 0.1 s on an H200 host, the first pinned
 //! staging buffers included): how fast bytes cross the bus from pinned memory and from ordinary host memory (staged through the
 //! pinned windows every upload of a table as users hold it takes), how fast
 //! the device's own memory moves them, and what one kernel launch costs.

@@ -112,7 +112,8 @@ impl GpuDevice {
     }
 
     /// The device's measured constants ([`DeviceConstants`]), measured at
-    /// the first call (about 0.1 s) and kept; the reason where
+    /// the first call (about 0.1 s; the runtime makes it for the first
+    /// device as it opens the devices) and kept; the reason where
     /// measuring failed.
     pub fn constants(self: &Arc<Self>) -> Result<DeviceConstants, String> {
         self.constants
