@@ -222,6 +222,11 @@ config_namespace! {
         /// filter on the device (4-, 8- and 16-byte columns without NULLs),
         /// in place of gathering every column row by row on the host.
         pub device_gather: bool, default = true
+        /// With `device_gather`, keep a GPU hash join's output on the device
+        /// where its consumer is a GPU hash join that probes with it there
+        /// (an 8-byte key without NULLs): the rows never cross the bus
+        /// between the two joins.
+        pub device_rows_between_joins: bool, default = true
         /// Compute an aggregation without GROUP BY (`COUNT`, `SUM`, `MIN`,
         /// `MAX`) right above a GPU inner join without a residual filter in
         /// the join itself: one row of partial states per partition comes
@@ -286,6 +291,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "results_back_early",
     "probe_chunk_rows",
     "device_gather",
+    "device_rows_between_joins",
     "aggregate_in_join",
     "fold_while_probing",
     "carry_folded_values",

@@ -414,6 +414,17 @@ impl KeyEncoder {
         in_place.then(|| column.iter().map(|piece| raw_keys(piece).keys).collect())
     }
 
+    /// Whether the keys of a column of `data_type` without NULLs are its
+    /// own 8-byte words (the raw encoding, for this encoder's key type):
+    /// the device then reads them where the column lies.
+    pub fn reads_in_place(&self, data_type: &DataType) -> bool {
+        self.encoding == Encoding::Raw
+            && !self.float_keys
+            && self.spec.types.len() == 1
+            && self.spec.types[0] == *data_type
+            && data_type.primitive_width() == Some(8)
+    }
+
     /// Bits an encoded key may take: every key lies below 2^key_bits (64
     /// for raw and hashed keys).
     pub fn key_bits(&self) -> u32 {

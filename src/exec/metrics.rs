@@ -276,6 +276,16 @@ pub struct GpuJoinMetrics {
     /// Build and probe rows partitioned as one word each, key and row id
     /// (or carried value) together (`gpu.tuning.one_word_join_rows`).
     pub rows_in_one_word: Count,
+    /// Output rows kept on the device for the GPU join above, which probes
+    /// with them there: no copy down and up between the two joins.
+    pub output_rows_kept_on_device: Count,
+    /// Probe rows handed on by the GPU join below on the device and probed
+    /// there.
+    pub probe_rows_from_device: Count,
+    /// Probe rows handed on on the device that this join copied down to
+    /// join on the host (a key the device cannot read in place, a chunk
+    /// the device lacked memory for); their bytes are in `d2h_bytes`.
+    pub probe_rows_copied_down: Count,
 }
 
 impl GpuJoinMetrics {
@@ -304,6 +314,10 @@ impl GpuJoinMetrics {
             build_rows_carrying_values: builder().counter("build_rows_carrying_values", partition),
             build_rows_by_row_id: builder().counter("build_rows_by_row_id", partition),
             rows_in_one_word: builder().counter("rows_in_one_word", partition),
+            output_rows_kept_on_device: builder()
+                .counter("output_rows_kept_on_device", partition),
+            probe_rows_from_device: builder().counter("probe_rows_from_device", partition),
+            probe_rows_copied_down: builder().counter("probe_rows_copied_down", partition),
         }
     }
 }

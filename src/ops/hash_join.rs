@@ -172,24 +172,50 @@ fn upload_and_partition<'v>(
             )));
         }
     }
-    let mut device_keys = upload_u64_pieces(device, stream, keys.pieces, timer)?;
+    let device_keys = upload_u64_pieces(device, stream, keys.pieces, timer)?;
     let carried = carried(timer)?;
-    let carried = carried.as_ref();
+    partition_device_keys(
+        device,
+        stream,
+        device_keys,
+        keys.row_ids,
+        keys.range,
+        carried.as_ref(),
+        plan,
+        timer,
+    )
+}
+
+/// The part of [`upload_and_partition`] after the keys' copy: `device_keys`
+/// (one per row) partitioned by `plan`, with their `row_ids` (or their
+/// places) or `carried`'s values.
+#[allow(clippy::too_many_arguments)]
+fn partition_device_keys(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    mut device_keys: DeviceVec<u64>,
+    row_ids: Option<&[u64]>,
+    range: KeyRange,
+    carried: Option<&CarriedValues<'_>>,
+    plan: &RadixPlan,
+    timer: &mut PhaseTimer,
+) -> GpuResult<(JoinSide, bool)> {
+    let rows = device_keys.len();
     if let Some(carried) = carried {
         // Each key's row (its row id, or its place) must have a value.
-        if keys.row_ids.is_none() && rows > carried.rows {
+        if row_ids.is_none() && rows > carried.rows {
             return Err(GpuError::Invalid(format!(
                 "{rows} keys carrying the values of {} rows",
                 carried.rows
             )));
         }
     }
-    let one_word = keys.range == KeyRange::Below32Bits
+    let one_word = range == KeyRange::Below32Bits
         && rows as u64 <= 1 << 32
         && carried.is_none_or(|c| c.low.1 == ValueWidth::Four && c.high.is_none());
     // Dropped (stream-ordered) once the words are packed, before the
     // partitioning allocates its buffers.
-    let uploaded_ids = match (one_word || carried.is_some(), keys.row_ids) {
+    let uploaded_ids = match (one_word || carried.is_some(), row_ids) {
         (true, Some(ids)) => Some(upload_u64(device, stream, ids, timer)?),
         _ => None,
     };
@@ -208,7 +234,7 @@ fn upload_and_partition<'v>(
         })?;
         return Ok((side.into(), carried.is_some()));
     }
-    let device_ids = match (keys.row_ids, carried) {
+    let device_ids = match (row_ids, carried) {
         (_, Some(carried)) => {
             // pack_carried_words writes every element.
             let mut words =
@@ -379,6 +405,42 @@ pub fn partition_probe(
     timer: &mut PhaseTimer,
 ) -> GpuResult<Option<PartitionedProbe>> {
     partition_probe_moving(device, stream, keys, None, plan, timer)
+}
+
+/// [`partition_probe`] of keys already on the device: the first `rows`
+/// words of `keys` (a probe chunk's 8-byte key column, handed on by the GPU
+/// node below), copied on the device and partitioned with their places as
+/// row ids; `keys` is left as it was.
+pub fn partition_probe_on_device(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    keys: &DeviceVec<u64>,
+    rows: usize,
+    range: KeyRange,
+    plan: &RadixPlan,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Option<PartitionedProbe>> {
+    if rows == 0 {
+        return Ok(None);
+    }
+    if keys.len() < rows {
+        return Err(GpuError::Invalid(format!(
+            "{rows} probe keys asked of {} on the device",
+            keys.len()
+        )));
+    }
+    let copied = timer.time(Phase::Kernel, || {
+        stream
+            .clone_dtod(&keys.slice(..rows))
+            .during("copying probe keys on the device")
+    })?;
+    let (keys, carries_values) =
+        partition_device_keys(device, stream, copied, None, range, None, plan, timer)?;
+    Ok(Some(PartitionedProbe {
+        plan: plan.clone(),
+        keys,
+        carries_values,
+    }))
 }
 
 /// [`partition_probe`] carrying `carried`'s values in place of row ids:

@@ -14,6 +14,7 @@ mod device_batch;
 mod device_budget;
 mod device_fault;
 mod fuzz;
+mod join_chain;
 mod join_key_filter;
 mod join_sql;
 mod join_types;

@@ -358,7 +358,12 @@ impl BuildSide {
     /// below 2^32 where the encoding's keys take at most 32 bits, so that
     /// the side is partitioned as one word a row.
     pub(crate) fn key_range(&self, keys: &JoinKeys) -> KeyRange {
-        if self.one_word_rows && self.encoder.key_bits() <= 32 && keys.row_bound() <= 1 << 32 {
+        self.key_range_of(keys.row_bound())
+    }
+
+    /// [`Self::key_range`] of keys whose rows lie below `row_bound`.
+    pub(crate) fn key_range_of(&self, row_bound: u64) -> KeyRange {
+        if self.one_word_rows && self.encoder.key_bits() <= 32 && row_bound <= 1 << 32 {
             KeyRange::Below32Bits
         } else {
             KeyRange::Full

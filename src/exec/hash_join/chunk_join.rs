@@ -4,7 +4,9 @@
 
 use super::*;
 use crate::exec::check_device_ids;
+use crate::gpu::{DeviceVec, DriverResultExt};
 use datafusion::arrow::array::ArrayRef;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::joins::utils::JoinKeyComparator;
 
 /// Joins one probe chunk: its keys coded here, the device part off the
@@ -13,12 +15,15 @@ pub(super) async fn join_chunk(
     cx: ChunkContext,
     build: Arc<BuildSide>,
     chunk: ProbeChunk,
-) -> Result<Vec<RecordBatch>> {
-    let ProbeChunk { rows: chunk } = chunk;
+) -> Result<Vec<JoinedRows>> {
+    let chunk = match chunk {
+        ProbeChunk::Host(chunk) => chunk,
+        ProbeChunk::Device(rows) => return join_device_chunk(cx, build, rows).await,
+    };
     let Some((probe_key_columns, probe_keys)) = code_probe_keys(&cx, &build, &chunk)? else {
         return Ok(vec![]);
     };
-    let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+    let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<JoinedRows>> {
         let _timer = cx.metrics.baseline.elapsed_compute().timer();
         let batches = join_coded_chunk(&cx, &build, &chunk, &probe_keys, &probe_key_columns)?;
         // The chunk's batches and keys are dropped while the join goes on
@@ -29,6 +34,214 @@ pub(super) async fn join_chunk(
     task.join()
         .await
         .map_err(|e| DataFusionError::Execution(format!("GPU join task failed: {e}")))?
+}
+
+/// Joins probe rows the GPU join below handed on on the device: probed
+/// where they lie where the device can read their key in place (see
+/// [`probe_rows_on_device`]), else copied down and joined as a host chunk.
+async fn join_device_chunk(
+    cx: ChunkContext,
+    build: Arc<BuildSide>,
+    rows: DeviceRows,
+) -> Result<Vec<JoinedRows>> {
+    let task = SpawnedTask::spawn_blocking(move || -> Result<Vec<JoinedRows>> {
+        let batch = {
+            let _timer = cx.metrics.baseline.elapsed_compute().timer();
+            match probe_rows_on_device(&cx, &build, rows)? {
+                DeviceProbe::Joined(output) => return Ok(output),
+                DeviceProbe::OnTheHost(batch) => batch,
+            }
+        };
+        cx.metrics.probe_rows_copied_down.add(batch.num_rows());
+        let chunk = ArrivedBatches::new(batch.schema(), vec![batch]);
+        let Some((probe_key_columns, probe_keys)) = code_probe_keys(&cx, &build, &chunk)? else {
+            return Ok(vec![]);
+        };
+        let _timer = cx.metrics.baseline.elapsed_compute().timer();
+        join_coded_chunk(&cx, &build, &chunk, &probe_keys, &probe_key_columns)
+    });
+    task.join()
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("GPU join task failed: {e}")))?
+}
+
+/// What [`probe_rows_on_device`] did with rows on the device.
+enum DeviceProbe {
+    /// Joined where they lay: the output.
+    Joined(Vec<JoinedRows>),
+    /// Not joined: the rows copied down, to join as a host chunk.
+    OnTheHost(RecordBatch),
+}
+
+/// The probe key column whose words the device reads as this join's keys
+/// in place: a single key that is a plain column, coded raw (an 8-byte
+/// integer key without NULLs), of the type the build side's keys have.
+fn raw_key_column(cx: &ChunkContext, build: &BuildSide, shape: &RowsShape) -> Option<usize> {
+    let [key] = cx.probe_on.as_slice() else {
+        return None;
+    };
+    let column = key.downcast_ref::<Column>()?.index();
+    let data_type = shape.schema.fields().get(column)?.data_type();
+    build.encoder.reads_in_place(data_type).then_some(column)
+}
+
+/// Probes with rows on the device without copying them: their key
+/// column's words are the keys, their columns are gathered from where they
+/// lie. Only where every pair is an output row gathered on the device (an
+/// inner join without a filter, on exactly coded keys, in no particular
+/// order) and no aggregation reads the pairs; otherwise, on another device,
+/// or where the device fails or lacks memory before any output is handed
+/// on, the rows come back copied down. Blocking.
+fn probe_rows_on_device(
+    cx: &ChunkContext,
+    build: &BuildSide,
+    rows: DeviceRows,
+) -> Result<DeviceProbe> {
+    let DeviceRows {
+        device,
+        columns,
+        shape,
+        memory,
+    } = rows;
+    let key_column = raw_key_column(cx, build, &shape);
+    let probe_columns_wanted = cx.gather_probe_columns.as_deref();
+    let semantics = &cx.semantics;
+    let in_place = device.id() == cx.device.id()
+        && probe_columns_wanted.is_some()
+        && build.gathers_on_device()
+        && !build.encoder.needs_verification()
+        && !semantics.preserve_order
+        && !semantics.null_aware
+        && cx.aggregate.is_none()
+        && cx.partial.is_none();
+    let key_words = match key_column.and_then(|c| columns.words_of(c)) {
+        Some(words) if in_place => Some(words),
+        _ => None,
+    };
+    let (Some(key_words), Some(probe_columns_wanted)) = (key_words, probe_columns_wanted) else {
+        return copied_down(cx, &device, &columns, &shape).map(DeviceProbe::OnTheHost);
+    };
+    if build.keys.is_empty() || shape.rows == 0 {
+        // An inner join with no build row, or no probe row, has no output.
+        return Ok(DeviceProbe::Joined(Vec::new()));
+    }
+    let keys = copy_keys(&cx.device, key_words, shape.rows)?;
+    let gather = ChunkGather {
+        chunk: &shape,
+        chunk_on_device: true,
+        device_output: cx.device_output.as_ref(),
+        probe_columns: probe_columns_wanted,
+        output: &cx.output,
+        ordered: false,
+        reductions: None,
+        fold_while_probing: cx.options.tuning.fold_while_probing,
+        carry_folded_values: cx.options.tuning.carry_folded_values,
+    };
+    let limits = cx.device_limits(build);
+    let mut probe_columns = Some(columns);
+    let mut output = Vec::new();
+    let mut handed_on = false;
+    let mut host_error = None;
+    let device_wall = cx.metrics.device_wall_time.timer();
+    let on_device = {
+        let _admission = cx.device.admit(limits.max_concurrent_tasks);
+        match limits.device_errors.inject {
+            true => Err(GpuError::Invalid("a device error injected by the test options".into())),
+            false => pairs_on_device(
+                &cx.device,
+                build,
+                ChunkKeys::Device {
+                    words: &keys,
+                    rows: shape.rows,
+                },
+                &limits,
+                Some(&gather),
+                &cx.metrics,
+                &mut probe_columns,
+                &mut |part| {
+                    handed_on = true;
+                    let taken = part.and_then(|part| match part {
+                        ChunkOutput::Batches(batches, len) => {
+                            cx.metrics.rows_gathered_on_device.add(len);
+                            output.extend(batches.into_iter().map(JoinedRows::Host));
+                            Ok(())
+                        }
+                        ChunkOutput::Device(rows) => {
+                            output.push(JoinedRows::Device(rows));
+                            Ok(())
+                        }
+                        ChunkOutput::Pairs(..) | ChunkOutput::Reduced(..) => {
+                            Err(DataFusionError::Internal(
+                                "pairs of probe rows on the device reached the host".into(),
+                            ))
+                        }
+                    });
+                    if let Err(e) = taken {
+                        host_error.get_or_insert(e);
+                    }
+                },
+            ),
+        }
+    };
+    device_wall.done();
+    drop(keys);
+    if let Some(e) = host_error {
+        return Err(e);
+    }
+    match on_device {
+        Ok(()) => {
+            cx.metrics.probe_chunks.add(1);
+            cx.metrics.probe_rows_from_device.add(shape.rows);
+            drop(memory);
+            Ok(DeviceProbe::Joined(output))
+        }
+        Err(e) if !handed_on && (e.is_out_of_device_memory() || !limits.device_errors.fail) => {
+            let partition = cx.partition;
+            trace::event(|| format!("hash join p{partition}: rows on the device copied down: {e}"));
+            if !e.is_out_of_device_memory() {
+                cx.metrics.device_error_fallback_chunks.add(1);
+            }
+            cx.metrics.cpu_fallback_chunks.add(1);
+            let Some(columns) = probe_columns else {
+                return Err(DataFusionError::Internal("rows on the device were lost".into()));
+            };
+            copied_down(cx, &device, &columns, &shape).map(DeviceProbe::OnTheHost)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `columns` (rows of `shape` on `device`) copied down into one batch, the
+/// bytes counted in the join's transfer metrics.
+fn copied_down(
+    cx: &ChunkContext,
+    device: &Arc<GpuDevice>,
+    columns: &ResidentColumns,
+    shape: &RowsShape,
+) -> Result<RecordBatch> {
+    device.bind_to_thread()?;
+    let stream = device.stream()?;
+    let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
+    let batch = columns.download_batch(device, stream.stream(), shape, cx.host_threads, &mut timer)??;
+    cx.metrics.device.record(&timer.finish()?);
+    Ok(batch)
+}
+
+/// A copy of the first `rows` key words, which the key column's
+/// partitioning reads while the columns they came from stay as they are
+/// for the gathers. Waits for it.
+fn copy_keys(device: &Arc<GpuDevice>, words: &DeviceVec<u64>, rows: usize) -> Result<DeviceVec<u64>> {
+    device.bind_to_thread()?;
+    let stream = device.stream()?;
+    let copy = stream
+        .stream()
+        .clone_dtod(&words.slice(..rows))
+        .during("copying probe keys handed on on the device")?;
+    stream
+        .stream()
+        .synchronize()
+        .during("waiting for the probe keys' copy")?;
+    Ok(copy)
 }
 
 /// The chunk's keys coded for the device, with the key columns where the
@@ -78,7 +291,7 @@ fn join_coded_chunk(
     chunk: &ArrivedBatches,
     probe_keys: &JoinKeys,
     probe_key_columns: &[ArrayRef],
-) -> Result<Vec<RecordBatch>> {
+) -> Result<Vec<JoinedRows>> {
     let keys_equal = if build.encoder.needs_verification() {
         Some(key_comparator(
             &build.key_columns,
@@ -98,6 +311,11 @@ fn join_coded_chunk(
             .filter(|_| !build.encoder.needs_verification())
             .map(|probe_columns| ChunkGather {
                 chunk,
+                chunk_on_device: false,
+                device_output: cx
+                    .device_output
+                    .as_ref()
+                    .filter(|_| !cx.semantics.preserve_order && cx.aggregate.is_none()),
                 probe_columns,
                 output: &cx.output,
                 ordered: cx.semantics.preserve_order,
@@ -105,15 +323,7 @@ fn join_coded_chunk(
                 fold_while_probing: cx.options.tuning.fold_while_probing,
                 carry_folded_values: cx.options.tuning.carry_folded_values,
             });
-        let limits = DeviceLimits {
-            max_pairs: cx.options.max_output_pairs.max(1),
-            memory_fraction: cx.options.memory_fraction,
-            max_concurrent_tasks: cx.options.max_concurrent_tasks,
-            host_threads: cx.host_threads,
-            partition: cx.partition,
-            device_errors: cx.device_errors,
-            pair_limit: cx.pair_limit(build),
-        };
+        let limits = cx.device_limits(build);
         let device_wall = cx.metrics.device_wall_time.timer();
         find_pairs(
             &cx.device,
@@ -132,11 +342,23 @@ fn join_coded_chunk(
     if let Some(partial) = &cx.partial {
         // Rows assembled on the host feed the same accumulators.
         let mut partial = lock(partial);
-        for batch in batches.drain(..) {
-            partial.update(&batch)?;
+        for rows in batches.drain(..) {
+            match rows {
+                JoinedRows::Host(batch) => partial.update(&batch)?,
+                JoinedRows::Device(_) => {
+                    return Err(DataFusionError::Internal(
+                        "rows kept on the device for an aggregation on the host".into(),
+                    ))
+                }
+            }
         }
     }
     Ok(batches)
+}
+
+/// Appends host batches to a chunk's output.
+fn extend_host(output: &mut Vec<JoinedRows>, batches: Vec<RecordBatch>) {
+    output.extend(batches.into_iter().map(JoinedRows::Host));
 }
 
 /// What one chunk's device work has handed back so far.
@@ -150,7 +372,7 @@ struct ChunkResults<'a> {
     /// With the order preserved, the chunk's pairs are gathered, sorted
     /// and emitted at the end; otherwise each range is emitted as it comes.
     ordered_pairs: Option<(Vec<u64>, Vec<u64>)>,
-    batches: Vec<RecordBatch>,
+    batches: Vec<JoinedRows>,
 }
 
 impl<'a> ChunkResults<'a> {
@@ -184,7 +406,11 @@ impl<'a> ChunkResults<'a> {
             ChunkOutput::Batches(gathered, len) => {
                 // Every pair is an output row, in order already.
                 metrics.rows_gathered_on_device.add(len);
-                self.batches.extend(gathered);
+                self.batches.extend(gathered.into_iter().map(JoinedRows::Host));
+                return Ok(());
+            }
+            ChunkOutput::Device(rows) => {
+                self.batches.push(JoinedRows::Device(rows));
                 return Ok(());
             }
             ChunkOutput::Reduced(words, len) => {
@@ -219,7 +445,7 @@ impl<'a> ChunkResults<'a> {
             all_build.extend_from_slice(build_ids.values());
             all_probe.extend_from_slice(probe_ids.values());
         } else if emits_pairs(self.cx.semantics.join_type) {
-            self.batches.extend(self.cx.output.assemble(
+            extend_host(&mut self.batches, self.cx.output.assemble(
                 &self.build.rows,
                 self.chunk,
                 &OutputRows::pairs(build_ids, probe_ids),
@@ -231,7 +457,7 @@ impl<'a> ChunkResults<'a> {
     /// The chunk's batches: the pairs kept in order, sorted by probe row
     /// (with the unmatched probe rows of outer joins among them), and the
     /// probe rows the join type emits alone.
-    fn finish(mut self) -> Result<Vec<RecordBatch>> {
+    fn finish(mut self) -> Result<Vec<JoinedRows>> {
         let _emit = self.cx.metrics.emit_time.timer();
         let join_type = self.cx.semantics.join_type;
         let (build, chunk, output) = (self.build, self.chunk, &self.cx.output);
@@ -258,10 +484,10 @@ impl<'a> ChunkResults<'a> {
                 }
                 _ => OutputRows::pairs(UInt64Array::from(build_ids), UInt64Array::from(probe_ids)),
             };
-            self.batches.extend(output.assemble(&build.rows, chunk, &rows)?);
+            extend_host(&mut self.batches, output.assemble(&build.rows, chunk, &rows)?);
         } else if let Some(matched) = probe_matched.as_ref().filter(|_| outer_probe) {
             let (ids, _) = rows_emitted_alone(join_type, matched);
-            self.batches.extend(output.assemble(
+            extend_host(&mut self.batches, output.assemble(
                 &build.rows,
                 chunk,
                 &OutputRows::probe_only(ids, None),
@@ -270,7 +496,7 @@ impl<'a> ChunkResults<'a> {
         if let Some(matched) = probe_matched.as_ref().filter(|_| !outer_probe) {
             // RightSemi, RightAnti, RightMark: probe rows, in order.
             let (ids, mark) = rows_emitted_alone(join_type, matched);
-            self.batches.extend(output.assemble(
+            extend_host(&mut self.batches, output.assemble(
                 &build.rows,
                 chunk,
                 &OutputRows::probe_only(ids, mark),
@@ -281,6 +507,19 @@ impl<'a> ChunkResults<'a> {
 }
 
 impl ChunkContext {
+    /// The limits on one chunk's device work.
+    fn device_limits(&self, build: &BuildSide) -> DeviceLimits {
+        DeviceLimits {
+            max_pairs: self.options.max_output_pairs.max(1),
+            memory_fraction: self.options.memory_fraction,
+            max_concurrent_tasks: self.options.max_concurrent_tasks,
+            host_threads: self.host_threads,
+            partition: self.partition,
+            device_errors: self.device_errors,
+            pair_limit: self.pair_limit(build),
+        }
+    }
+
     /// Pairs after which a chunk's output may stop: the fetch pushed into
     /// the join, where each pair found is one output row (an inner join
     /// without a filter or an aggregation above it, on exactly coded keys,

@@ -4,7 +4,10 @@
 
 use super::*;
 use crate::exec::hash_join::build_side::ResidentBuildColumns;
-use crate::ops::hash_join::DeviceJoinPairs;
+use crate::ops::hash_join::{partition_probe_on_device, DeviceJoinPairs};
+use crate::exec::join::device_gather::gather_device_rows;
+use crate::exec::join::device_rows::DeviceRows;
+use crate::gpu::DeviceVec;
 use crate::gpu::DeviceReservation;
 
 /// What a chunk hands on: matching pairs (build row ids, probe row ids),
@@ -14,12 +17,39 @@ pub(super) enum ChunkOutput {
     Pairs(Vec<u64>, Vec<u64>),
     Batches(Vec<RecordBatch>, usize),
     Reduced(Vec<u64>, usize),
+    /// Output rows kept on the device for the GPU join above.
+    Device(DeviceRows),
+}
+
+/// A probe chunk's keys: coded on the host, or the raw keys of rows whose
+/// columns are on the device already (one word per row).
+#[derive(Clone, Copy)]
+pub(super) enum ChunkKeys<'a> {
+    Host(&'a JoinKeys),
+    Device { words: &'a DeviceVec<u64>, rows: usize },
+}
+
+impl ChunkKeys<'_> {
+    /// Keys in all.
+    fn len(&self) -> usize {
+        match self {
+            Self::Host(keys) => keys.len(),
+            Self::Device { rows, .. } => *rows,
+        }
+    }
 }
 
 /// Output gathered on the device for one chunk (see
 /// [`crate::exec::join::device_gather`]).
 pub(super) struct ChunkGather<'a> {
-    pub(super) chunk: &'a ArrivedBatches,
+    pub(super) chunk: &'a dyn RowSource,
+    /// The chunk's columns are on the device already (rows handed on by
+    /// the GPU join below): none is copied up, and none counts again
+    /// against the chunk's device memory.
+    pub(super) chunk_on_device: bool,
+    /// Keep the output on the device for the GPU join above, where every
+    /// output column is there (see [`gather_device_rows`]).
+    pub(super) device_output: Option<&'a SchemaRef>,
     /// Per probe column, whether the output uses it.
     pub(super) probe_columns: &'a [bool],
     pub(super) output: &'a OutputAssembler,
@@ -98,10 +128,11 @@ pub(super) fn find_pairs(
         None => pairs_on_device(
             device,
             build,
-            probe_keys,
+            ChunkKeys::Host(probe_keys),
             &limits,
             gather.as_ref(),
             metrics,
+            &mut None,
             &mut |output| {
                 handed_on = true;
                 admission.borrow_mut().take();
@@ -137,14 +168,18 @@ pub(super) fn find_pairs(
     }
 }
 
-/// The device part of [`find_pairs`].
+/// The device part of [`find_pairs`]; `probe_columns` holds the chunk's
+/// columns on the device, where they are there already, and those copied
+/// up after.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn pairs_on_device(
     device: &Arc<GpuDevice>,
     build: &BuildSide,
-    probe_keys: &JoinKeys,
+    probe_keys: ChunkKeys<'_>,
     limits: &DeviceLimits,
     gather: Option<&ChunkGather<'_>>,
     metrics: &GpuJoinMetrics,
+    probe_columns: &mut Option<ResidentColumns>,
     on_output: &mut dyn FnMut(Result<ChunkOutput>),
 ) -> GpuResult<()> {
     device.bind_to_thread()?;
@@ -159,16 +194,15 @@ pub(super) fn pairs_on_device(
         metrics,
     };
     let mut timer = PhaseTimer::new(Arc::clone(work.stream));
-    let mut probe_columns: Option<ResidentColumns> = None;
-    let ready = work.ready_table(&mut probe_columns, &mut timer)?;
+    let ready = work.ready_table(probe_columns, &mut timer)?;
     let mut partitioned = match ready.partitioned {
         Some(partitioned) => partitioned,
-        None => work.partition_keys(&mut probe_columns, true, &mut timer)?,
+        None => work.partition_keys(probe_columns, true, &mut timer)?,
     };
     if partitioned.is_some()
-        && !work.fold(&ready.resident, &partitioned, &mut probe_columns, &mut timer, on_output)?
+        && !work.fold(&ready.resident, &partitioned, probe_columns, &mut timer, on_output)?
     {
-        work.write_pairs(&ready.resident, &mut partitioned, &mut probe_columns, &mut timer, on_output)?;
+        work.write_pairs(&ready.resident, &mut partitioned, probe_columns, &mut timer, on_output)?;
     }
     metrics.device.record(&timer.finish()?);
     Ok(())
@@ -179,7 +213,7 @@ struct ChunkOnDevice<'a, 'g> {
     device: &'a Arc<GpuDevice>,
     stream: &'a Arc<DeviceStream>,
     build: &'a BuildSide,
-    probe_keys: &'a JoinKeys,
+    probe_keys: ChunkKeys<'a>,
     limits: &'a DeviceLimits,
     /// Output gathered on the device, where the build side allows it.
     gather: Option<&'a ChunkGather<'g>>,
@@ -212,9 +246,11 @@ impl ChunkOnDevice<'_, '_> {
             };
             let widest = ResidentColumns::widest(gather.chunk, gather.probe_columns)
                 .max(self.build.widest_gathered_column());
-            ResidentColumns::device_bytes(gather.chunk, gather.probe_columns)
-                + order
-                + widest * max_pairs
+            let columns = match gather.chunk_on_device {
+                true => 0,
+                false => ResidentColumns::device_bytes(gather.chunk, gather.probe_columns),
+            };
+            columns + order + widest * max_pairs
         });
         probe_device_bytes(
             self.probe_keys.len(),
@@ -457,11 +493,20 @@ fn partition_chunk_keys(
     device: &GpuDevice,
     stream: &Arc<DeviceStream>,
     build: &BuildSide,
-    probe_keys: &JoinKeys,
+    probe_keys: ChunkKeys<'_>,
     carrying: Option<&ChunkGather<'_>>,
     probe_columns: &mut Option<ResidentColumns>,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Option<KeysOnDevice>> {
+    let probe_keys = match probe_keys {
+        ChunkKeys::Host(keys) => keys,
+        ChunkKeys::Device { words, rows } => {
+            let range = build.key_range_of(rows as u64);
+            let partitioned =
+                partition_probe_on_device(device, stream, words, rows, range, build.plan(), timer)?;
+            return Ok(partitioned.map(|keys| KeysOnDevice { keys, carry: None }));
+        }
+    };
     let pieces = probe_keys.pieces();
     let host_keys = HostKeys {
         pieces: &pieces,
@@ -514,7 +559,7 @@ fn partition_chunk_keys(
 /// pairs' columns gathered there, or an aggregation's reductions over them.
 #[allow(clippy::too_many_arguments)]
 fn emit_range(
-    device: &GpuDevice,
+    device: &Arc<GpuDevice>,
     stream: &Arc<DeviceStream>,
     build: &BuildSide,
     gather: Option<(&ChunkGather<'_>, &ResidentBuildColumns)>,
@@ -540,7 +585,10 @@ fn emit_range(
         // An aggregation's columns always pay: without them the
         // range's rows are made and aggregated on the host.
         None => probe_columns.insert(
+            // Rows kept on the device for the join above need every
+            // column there.
             if gather.reductions.is_some()
+                || gather.device_output.is_some()
                 || probe_side_pays(pairs.len, pairs.whole_chunk, gather.chunk.num_rows())
             {
                 ResidentColumns::upload(
@@ -594,6 +642,24 @@ fn emit_range(
         if let Some(words) = reduced {
             trace::event(|| format!("hash join p{partition}: pairs reduced"));
             on_output(Ok(ChunkOutput::Reduced(words, pairs.len)));
+            return Ok(());
+        }
+    }
+    if let Some(schema) = gather.device_output {
+        let kept = gather_device_rows(
+            device,
+            stream,
+            gather.output,
+            schema,
+            &build_side,
+            &probe_side,
+            pairs.len,
+            limits.memory_fraction,
+            timer,
+        )?;
+        if let Some(rows) = kept {
+            trace::event(|| format!("hash join p{partition}: output kept on the device"));
+            on_output(Ok(ChunkOutput::Device(rows)));
             return Ok(());
         }
     }

@@ -23,7 +23,9 @@ use datafusion::physical_plan::{
 use super::build_side::{BuildGather, BuildSide, FoldedAggregation};
 use super::probe_filter::{dynamic_filter_of, with_filter_of, ProbeFilterPublisher};
 use crate::exec::join::output::OutputAssembler;
-use super::stream::{probe_stream, JoinSemantics, ProbeSpec};
+use super::stream::{
+    host_probe_input, probe_rows_stream, probe_stream, JoinSemantics, ProbeInput, ProbeSpec,
+};
 use crate::exec::collect::{merge_inputs_in_groups, merge_to_read_through, WholeInput};
 use crate::exec::join::device_gather::output_columns;
 use crate::exec::join::matches::gathers_by_pair;
@@ -493,6 +495,74 @@ impl ExecutionPlan for GpuHashJoinExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        let spec = self.probe_spec(partition, &context, false)?;
+        probe_stream(spec, self.schema())
+    }
+}
+
+impl GpuHashJoinExec {
+    /// Whether this join can keep its output on the device for a GPU join
+    /// above: an inner join without a residual filter, a fetch or an
+    /// aggregation, whose every output column is of 4, 8 or 16 bytes
+    /// (gathered on the device where it has no NULLs), in no particular
+    /// order.
+    fn hands_on_device_rows(&self, options: &GpuOptions) -> bool {
+        let join = self.hash_join();
+        options.tuning.device_gather
+            && options.tuning.device_rows_between_joins
+            && gathers_by_pair(*join.join_type(), join.filter().is_some())
+            && self.aggregate.is_none()
+            && join.fetch().is_none()
+            && !(options.preserve_order && self.preserve_order)
+            && self.schema().fields().iter().all(|field| {
+                matches!(field.data_type().primitive_width(), Some(4 | 8 | 16))
+            })
+    }
+
+    /// Whether this join probes with rows the GPU join below keeps on the
+    /// device: it gathers its output there too (an inner join without a
+    /// residual filter or an aggregation, in no particular order), on one
+    /// key that is a plain column.
+    fn takes_device_rows(&self, options: &GpuOptions) -> bool {
+        let join = self.hash_join();
+        let [(_, key)] = join.on() else {
+            return false;
+        };
+        options.tuning.device_gather
+            && options.tuning.device_rows_between_joins
+            && gathers_by_pair(*join.join_type(), join.filter().is_some())
+            && self.aggregate.is_none()
+            && !join.null_aware
+            && !(options.preserve_order && self.preserve_order)
+            && key.downcast_ref::<datafusion::physical_expr::expressions::Column>().is_some()
+    }
+
+    /// The GPU hash join below this one on its probe side, where it keeps
+    /// its output on the device for this one.
+    fn device_rows_from(&self, options: &GpuOptions) -> Option<&GpuHashJoinExec> {
+        let below = self.hash_join().right().downcast_ref::<GpuHashJoinExec>()?;
+        (self.takes_device_rows(options) && below.hands_on_device_rows(options)).then_some(below)
+    }
+
+    /// One partition's output as host batches and, with `device_output`,
+    /// rows kept on the device for the GPU join above.
+    fn execute_rows(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+        device_output: bool,
+    ) -> Result<ProbeInput> {
+        probe_rows_stream(self.probe_spec(partition, context, device_output)?)
+    }
+
+    /// What one partition's probe loop needs.
+    fn probe_spec(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+        device_output: bool,
+    ) -> Result<ProbeSpec> {
+        let context = Arc::clone(context);
         let join = self.hash_join();
         let options = GpuOptions::from_config(context.session_config().options());
         let device_errors = crate::config::device_error_policy(context.session_config().options());
@@ -553,13 +623,26 @@ impl ExecutionPlan for GpuHashJoinExec {
             // The readers start at once, unless the build side's keys are
             // to filter the probe side's scan: then once they have.
             Some(merge) => match self.probe_filter(&context) {
-                None => (merge_inputs_in_groups(merge, &context)?, host_threads()),
+                None => (
+                    host_probe_input(merge_inputs_in_groups(merge, &context)?),
+                    host_threads(),
+                ),
                 Some(_) => (
-                    merge_inputs_after_build(Arc::clone(join.right()), &build, &context),
+                    host_probe_input(merge_inputs_after_build(
+                        Arc::clone(join.right()),
+                        &build,
+                        &context,
+                    )),
                     host_threads(),
                 ),
             },
-            None => (join.right().execute(partition, Arc::clone(&context))?, 1),
+            None => match self.device_rows_from(&options) {
+                Some(below) => (below.execute_rows(partition, &context, true)?, 1),
+                None => (
+                    host_probe_input(join.right().execute(partition, Arc::clone(&context))?),
+                    1,
+                ),
+            },
         };
         let spec = ProbeSpec {
             partition,
@@ -588,8 +671,9 @@ impl ExecutionPlan for GpuHashJoinExec {
             max_chunk_bytes,
             host_threads,
             metrics,
+            device_output: device_output.then(|| self.schema()),
         };
-        probe_stream(spec, self.schema())
+        Ok(spec)
     }
 }
 

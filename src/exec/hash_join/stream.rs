@@ -23,7 +23,8 @@ use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::SendableRecordBatchStream;
-use futures::StreamExt;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 
 use super::build_side::{BuildSide, ResidentTable};
 use crate::exec::join::candidates::{confirm_pairs, key_comparator};
@@ -39,6 +40,7 @@ use crate::encode::keys::JoinKeys;
 use crate::host::once::OnceFut;
 use crate::exec::join::pair_aggregate::{PairAggregate, PairReduction, PartialStates};
 use crate::host::release::release_in_background;
+use crate::exec::join::device_rows::{DeviceRows, JoinedRows, RowsShape};
 use crate::exec::join::row_source::{ArrivedBatches, RowSource};
 use crate::exec::GpuJoinMetrics;
 use crate::gpu::launch::PairSide;
@@ -79,10 +81,21 @@ pub(crate) struct JoinSemantics {
 /// several chunks.
 pub(crate) const MAX_PROBE_CHUNK_BYTES: usize = 1 << 30;
 
-/// Probe rows joined in one device launch sequence.
-struct ProbeChunk {
-    /// The probe batches the chunk is made of, as they arrived.
-    rows: ArrivedBatches,
+/// Probe rows joined in one device launch sequence: the probe batches the
+/// chunk is made of, as they arrived, or rows the GPU join below handed on
+/// on the device.
+enum ProbeChunk {
+    Host(ArrivedBatches),
+    Device(DeviceRows),
+}
+
+/// A join's probe input: host batches, and rows on the device where the
+/// GPU join below hands them on so (see [`crate::exec::join::device_rows`]).
+pub(crate) type ProbeInput = BoxStream<'static, Result<JoinedRows>>;
+
+/// A record batch stream as a probe input of host batches.
+pub(crate) fn host_probe_input(input: SendableRecordBatchStream) -> ProbeInput {
+    Box::pin(input.map_ok(JoinedRows::Host))
 }
 
 /// Everything one partition's probe loop needs.
@@ -90,7 +103,7 @@ pub(crate) struct ProbeSpec {
     /// The DataFusion partition this loop reads.
     pub(crate) partition: usize,
     pub(crate) build: OnceFut<BuildSide>,
-    pub(crate) probe_input: SendableRecordBatchStream,
+    pub(crate) probe_input: ProbeInput,
     pub(crate) probe_schema: SchemaRef,
     pub(crate) probe_on: Vec<PhysicalExprRef>,
     pub(crate) semantics: JoinSemantics,
@@ -116,6 +129,9 @@ pub(crate) struct ProbeSpec {
     /// side.
     pub(crate) host_threads: usize,
     pub(crate) metrics: GpuJoinMetrics,
+    /// Keep output rows on the device for the GPU join above, which reads
+    /// them there (rows of this schema); `None` for host batches only.
+    pub(crate) device_output: Option<SchemaRef>,
 }
 
 /// Where one partition's probe stands.
@@ -139,23 +155,38 @@ struct ProbeLoop {
     state: ProbeState,
     /// Rows still to emit (the pushed-down fetch).
     rows_left: usize,
-    ready: VecDeque<RecordBatch>,
+    ready: VecDeque<JoinedRows>,
     /// The chunk being joined (in a task of its own) while the next one is
     /// read: its output goes before the next chunk's.
-    joining: Option<SpawnedTask<Result<Vec<RecordBatch>>>>,
+    joining: Option<SpawnedTask<Result<Vec<JoinedRows>>>>,
     /// The build table being made on this partition's device while the
     /// first probe chunk is read (see [`ProbeLoop::make_table_in_advance`]).
     table_in_advance: Option<SpawnedTask<()>>,
     /// A batch read that would have taken its chunk past
-    /// `ProbeSpec::max_chunk_bytes`: the next chunk's first.
-    pending: Option<RecordBatch>,
+    /// `ProbeSpec::max_chunk_bytes`, or rows on the device read after
+    /// host batches: the next chunk's first.
+    pending: Option<JoinedRows>,
 }
 
-/// The output stream of one partition.
+/// The output stream of one partition, for a consumer that reads host
+/// batches (`spec.device_output` is `None`).
 pub(crate) fn probe_stream(
     spec: ProbeSpec,
     schema: SchemaRef,
 ) -> Result<SendableRecordBatchStream> {
+    let rows = probe_rows_stream(spec)?;
+    let batches = rows.map(|rows| match rows? {
+        JoinedRows::Host(batch) => Ok(batch),
+        JoinedRows::Device(_) => Err(DataFusionError::Internal(
+            "rows kept on the device reached a consumer of host batches".into(),
+        )),
+    });
+    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+}
+
+/// The output of one partition as host batches and, where
+/// `spec.device_output` asks for them, rows kept on the device.
+pub(crate) fn probe_rows_stream(spec: ProbeSpec) -> Result<ProbeInput> {
     let partial = match &spec.aggregate {
         Some(aggregate) => Some(Arc::new(Mutex::new(aggregate.start()?))),
         None => None,
@@ -176,16 +207,28 @@ pub(crate) fn probe_stream(
                 state.spec.metrics.baseline.done();
                 return Ok(None);
             }
-            if let Some(batch) = state.ready.pop_front() {
-                let batch = if batch.num_rows() > state.rows_left {
-                    batch.slice(0, state.rows_left)
-                } else {
-                    batch
-                };
-                state.rows_left -= batch.num_rows();
-                // Rows, batches and bytes, as DataFusion's own operators record them.
-                let batch = batch.record_output(&state.spec.metrics.baseline);
-                return Ok(Some((batch, state)));
+            match state.ready.pop_front() {
+                Some(JoinedRows::Host(batch)) => {
+                    let batch = if batch.num_rows() > state.rows_left {
+                        batch.slice(0, state.rows_left)
+                    } else {
+                        batch
+                    };
+                    state.rows_left -= batch.num_rows();
+                    // Rows, batches and bytes, as DataFusion's own operators record them.
+                    let batch = batch.record_output(&state.spec.metrics.baseline);
+                    return Ok(Some((JoinedRows::Host(batch), state)));
+                }
+                Some(JoinedRows::Device(rows)) => {
+                    // Kept on the device only without a fetch (see
+                    // `GpuHashJoinExec::hands_on_device_rows`).
+                    state.rows_left = state.rows_left.saturating_sub(rows.num_rows());
+                    let metrics = &state.spec.metrics;
+                    metrics.baseline.record_output(rows.num_rows());
+                    metrics.output_rows_kept_on_device.add(rows.num_rows());
+                    return Ok(Some((JoinedRows::Device(rows), state)));
+                }
+                None => {}
             }
             state.state = match std::mem::replace(&mut state.state, ProbeState::Done) {
                 ProbeState::WaitingForBuild => {
@@ -204,11 +247,11 @@ pub(crate) fn probe_stream(
             };
         }
     });
-    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    Ok(Box::pin(stream))
 }
 
 /// The output of a chunk's join task.
-async fn joined(task: SpawnedTask<Result<Vec<RecordBatch>>>) -> Result<Vec<RecordBatch>> {
+async fn joined(task: SpawnedTask<Result<Vec<JoinedRows>>>) -> Result<Vec<JoinedRows>> {
     task.join()
         .await
         .map_err(|e| DataFusionError::Execution(format!("GPU join chunk task failed: {e}")))?
@@ -230,6 +273,7 @@ struct ChunkContext {
     host_threads: usize,
     partition: usize,
     metrics: GpuJoinMetrics,
+    device_output: Option<SchemaRef>,
 }
 
 /// The bytes of `batch`'s rows: a slice of a larger batch counts its part of
@@ -296,10 +340,10 @@ impl ProbeLoop {
             return Ok(ProbeState::Draining(build));
         }
         let output = self.final_rows(&build)?;
-        self.ready.extend(output);
+        self.ready.extend(output.into_iter().map(JoinedRows::Host));
         if let Some(partial) = &self.partial {
             let states = lock(partial).finish()?;
-            self.ready.push_back(states);
+            self.ready.push_back(JoinedRows::Host(states));
         }
         Ok(ProbeState::Done)
     }
@@ -324,11 +368,27 @@ impl ProbeLoop {
                 None => self.spec.probe_input.next().await,
             };
             match next {
-                Some(batch) => {
-                    let batch = batch?;
+                Some(next) => {
+                    let batch = match next? {
+                        JoinedRows::Host(batch) => batch,
+                        JoinedRows::Device(rows) if batches.is_empty() => {
+                            let partition = self.spec.partition;
+                            let count = rows.num_rows();
+                            self.spec.metrics.probe_rows.add(count);
+                            trace::event(|| {
+                                format!("hash join p{partition}: {count} rows read on the device")
+                            });
+                            return Ok((Some(ProbeChunk::Device(rows)), false));
+                        }
+                        device => {
+                            // A chunk of its own, after the host batches.
+                            self.pending = Some(device);
+                            break;
+                        }
+                    };
                     let batch_values = offset_value_bytes(&batch);
                     if !batches.is_empty() && value_bytes + batch_values > max_value_bytes {
-                        self.pending = Some(batch);
+                        self.pending = Some(JoinedRows::Host(batch));
                         break;
                     }
                     value_bytes += batch_values;
@@ -354,9 +414,10 @@ impl ProbeLoop {
         trace::event(|| format!("hash join p{partition}: chunk of {rows} rows read"));
         // Not concatenated: only the keys are made contiguous (see
         // `crate::exec::join::row_source`).
-        let chunk = ProbeChunk {
-            rows: ArrivedBatches::new(Arc::clone(&self.spec.probe_schema), batches),
-        };
+        let chunk = ProbeChunk::Host(ArrivedBatches::new(
+            Arc::clone(&self.spec.probe_schema),
+            batches,
+        ));
         Ok((Some(chunk), exhausted))
     }
 
@@ -440,6 +501,7 @@ impl ProbeLoop {
             host_threads: spec.host_threads,
             partition: spec.partition,
             metrics: spec.metrics.clone(),
+            device_output: spec.device_output.clone(),
         }
     }
 }

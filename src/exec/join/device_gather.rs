@@ -27,10 +27,13 @@ use crate::exec::join::row_source::RowSource;
 use crate::gpu::launch::{
     CarriedSlot, FoldOp, GatheredValues, JoinFold, PairSide, ValueWidth, MAX_JOIN_FOLDS,
 };
+use crate::exec::join::device_rows::{DeviceRows, RowsShape};
 use crate::gpu::{
     download_byte_pieces, download_u64, in_pinned_memory, upload_byte_pieces, DeviceVec,
-    GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
+    DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
+use datafusion::arrow::array::RecordBatchOptions;
+use datafusion::arrow::datatypes::SchemaRef;
 use crate::ops::gather;
 use crate::ops::hash_join::{CarriedValues, FoldedPairs};
 
@@ -165,6 +168,140 @@ impl ResidentColumns {
     fn get(&self, column: usize) -> Option<&ResidentColumn> {
         self.columns.get(column).and_then(Option::as_ref)
     }
+
+    /// The words of column `column` where it is on the device at 8 bytes a
+    /// value: the keys themselves, where it is a raw probe key.
+    pub(crate) fn words_of(&self, column: usize) -> Option<&DeviceVec<u64>> {
+        self.get(column)
+            .filter(|values| values.width == ValueWidth::Eight)
+            .map(|values| &values.words)
+    }
+
+    /// The columns copied down as one record batch of `shape`; every
+    /// column must be on the device. Device failures are the outer error,
+    /// host ones the inner.
+    pub(crate) fn download_batch(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<DeviceStream>,
+        shape: &RowsShape,
+        host_threads: usize,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Result<RecordBatch>> {
+        let rows = shape.rows;
+        if rows == 0 {
+            return Ok(Ok(RecordBatch::new_empty(Arc::clone(&shape.schema))));
+        }
+        let mut arrays = Vec::with_capacity(shape.schema.fields().len());
+        for (i, field) in shape.schema.fields().iter().enumerate() {
+            let Some(values) = self.get(i) else {
+                return Ok(Err(DataFusionError::Internal(format!(
+                    "column {i} of rows on the device is not there"
+                ))));
+            };
+            let bytes = rows * values.width.bytes();
+            let buffers = download_byte_pieces(
+                device,
+                stream,
+                &values.words.as_view(),
+                bytes,
+                bytes,
+                host_threads,
+                timer,
+            )?;
+            let data = ArrayData::builder(field.data_type().clone())
+                .len(rows)
+                .add_buffers(buffers)
+                .build();
+            match data {
+                Ok(data) => arrays.push(make_array(data)),
+                Err(e) => return Ok(Err(e.into())),
+            }
+        }
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
+        Ok(RecordBatch::try_new_with_options(Arc::clone(&shape.schema), arrays, &options)
+            .map_err(Into::into))
+    }
+}
+
+/// The output of `len` pairs gathered into columns of their own that stay
+/// on the device (see [`crate::exec::join::device_rows`]), in pair order,
+/// or `None` where an output column is not on the device on its side (a
+/// column with NULLs, of another width, a mark) or the device's budget has
+/// no room for them: the caller then makes host batches as
+/// [`gather_batches`] does. Waits for the gathers, so that another stream
+/// may read the columns.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gather_device_rows(
+    device: &Arc<GpuDevice>,
+    stream: &Arc<DeviceStream>,
+    assembler: &OutputAssembler,
+    schema: &SchemaRef,
+    build: &GatherSide<'_>,
+    probe: &GatherSide<'_>,
+    len: usize,
+    memory_fraction: f64,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Option<DeviceRows>> {
+    let mut sources = Vec::with_capacity(assembler.sources().len());
+    for source in assembler.sources() {
+        let (side, column) = match *source {
+            ColumnSource::Build(i) => (build, i),
+            ColumnSource::Probe(i) => (probe, i),
+            ColumnSource::Mark => return Ok(None),
+        };
+        let Some(values) = side.resident.get(column) else {
+            return Ok(None);
+        };
+        sources.push((side, column, values));
+    }
+    if len == 0 || sources.len() != schema.fields().len() {
+        return Ok(None);
+    }
+    let bytes = sources
+        .iter()
+        .map(|(_, _, values)| 8 * values.width.words(len))
+        .sum();
+    let Some(memory) = device.budget().try_reserve(bytes, 0, memory_fraction) else {
+        return Ok(None);
+    };
+    let mut columns = Vec::with_capacity(sources.len());
+    for (side, _, values) in sources {
+        let mut gathered = None;
+        timer.time(Phase::Kernel, || {
+            gather::gather_into(
+                device,
+                stream,
+                values.width,
+                &values.words,
+                side.batch.num_rows(),
+                side.ids,
+                len,
+                values.width,
+                &mut gathered,
+            )
+            .map(|_| ())
+        })?;
+        let Some(words) = gathered else {
+            return Err(GpuError::Invalid("a gather made no column".into()));
+        };
+        columns.push(Some(ResidentColumn {
+            words,
+            width: values.width,
+        }));
+    }
+    stream
+        .synchronize()
+        .during("waiting for output columns kept on the device")?;
+    Ok(Some(DeviceRows {
+        device: Arc::clone(device),
+        columns: ResidentColumns { columns },
+        shape: RowsShape {
+            schema: Arc::clone(schema),
+            rows: len,
+        },
+        memory,
+    }))
 }
 
 /// The bytes of the columns of one batch that [`ResidentColumns::upload`]

@@ -8,6 +8,7 @@
 
 pub(crate) mod candidates;
 pub(crate) mod device_gather;
+pub(crate) mod device_rows;
 pub(crate) mod matches;
 pub(crate) mod output;
 pub(crate) mod pair_aggregate;
