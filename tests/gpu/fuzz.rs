@@ -21,6 +21,11 @@
 //!   their build keys filter the scans of their probe sides (join key
 //!   filters), and in two of five of those cases the query is one whose
 //!   probe side aggregates by the key or joins again.
+//! * Two joins stacked (a case in five of the others with small tables, from
+//!   a generator of its own), in one partition, their order free: where
+//!   DataFusion makes the lower one the upper one's probe side, it hands its
+//!   output up on the device where its columns allow it, else as host
+//!   batches.
 //! * Where the tables lie: in memory, or (three cases in ten) in Parquet
 //!   files, one a partition, in row groups of 16 to 4,096 rows, scanned
 //!   with DataFusion's dynamic filters, by row group statistics or (half of
@@ -464,6 +469,11 @@ fn gen_case(seed: u64) -> Case {
         if let Some(query) = query {
             sql = query.into();
         }
+    } else if let Some(query) = chained_joins_for_case(seed, r_rows, s_rows) {
+        // One partition: no repartition comes between the two joins.
+        settings.push("SET datafusion.execution.target_partitions = 1".into());
+        settings.push("SET gpu.preserve_order = false".into());
+        sql = query.into();
     }
     Case {
         seed,
@@ -501,6 +511,28 @@ fn cpu_joins_for_case(seed: u64) -> Option<Option<&'static str>> {
         rng.random_bool(0.4)
             .then(|| *KEY_FILTER_QUERIES.choose(&mut rng).unwrap()),
     )
+}
+
+/// Two joins, the lower one the upper one's probe side: output columns
+/// that are keys (no NULLs past an equality), a value column with NULLs,
+/// an aggregation above, a filter on the upper join's build side.
+const CHAINED_JOIN_QUERIES: &[&str] = &[
+    "SELECT r.k0, s.k0, x.k0 FROM r JOIN s ON r.k0 = s.k0 JOIN r x ON x.k0 = s.k0",
+    "SELECT s.k0, x.v, COUNT(*) FROM r JOIN s ON r.k0 = s.k0 JOIN s x ON x.k0 = r.k0 \
+     GROUP BY s.k0, x.v",
+    "SELECT r.k0, r.d, s.k0 FROM r JOIN s ON r.k0 = s.k0 JOIN s x ON x.k0 = r.k0 WHERE x.v > 0",
+];
+
+/// The query of two stacked joins case `seed` runs in place of its own,
+/// if any: from a generator of its own, so that every case's tables,
+/// query and settings otherwise stay what they were; only where the three
+/// sides' rows multiplied stay within 2^22 (keys that all match).
+fn chained_joins_for_case(seed: u64, r_rows: usize, s_rows: usize) -> Option<&'static str> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0c4a_1d5e);
+    if !rng.random_bool(0.2) || r_rows * s_rows * r_rows.max(s_rows) > 1 << 22 {
+        return None;
+    }
+    Some(*CHAINED_JOIN_QUERIES.choose(&mut rng).unwrap())
 }
 
 /// A join condition on the first `keys` key columns.
@@ -595,16 +627,17 @@ fn gen_query(rng: &mut StdRng, keys: usize) -> String {
 /// A query's answer: its rows as sorted text, or its error.
 type Answer = Result<Vec<String>, String>;
 
-/// A query's answer, the nodes its plan ran on the GPU, and whether joins
-/// handed their build keys to the scans of their probe sides.
-async fn answer(ctx: &SessionContext, sql: &str) -> (Answer, usize, bool) {
+/// A query's answer, the nodes its plan ran on the GPU, whether joins
+/// handed their build keys to the scans of their probe sides, and whether
+/// a join kept its output on the device for the join above.
+async fn answer(ctx: &SessionContext, sql: &str) -> (Answer, usize, bool, bool) {
     let plan = match ctx.sql(sql).await {
         Ok(df) => df.create_physical_plan().await,
         Err(e) => Err(e),
     };
     let plan = match plan {
         Ok(plan) => plan,
-        Err(e) => return (Err(e.to_string()), 0, false),
+        Err(e) => return (Err(e.to_string()), 0, false, false),
     };
     let gpu_nodes = gpu_decisions(&plan, ctx.state().config_options())
         .iter()
@@ -619,12 +652,14 @@ async fn answer(ctx: &SessionContext, sql: &str) -> (Answer, usize, bool) {
     // join panics on NaN keys) is an answer to compare, not the run's end.
     // Aborted when this future is dropped at the time limit, so that a
     // query past it stops taking the runtime's threads from the others.
+    let executed = Arc::clone(&plan);
     let task = SpawnedTask::spawn(datafusion::physical_plan::collect(plan, ctx.task_ctx()));
     let answer = match task.join().await {
         Ok(batches) => batches.map(|b| sorted_rows(&b)).map_err(|e| e.to_string()),
         Err(e) => Err(format!("panic: {e}")),
     };
-    (answer, gpu_nodes, key_filters)
+    let rows_on_device = plan_metric(&executed, "output_rows_kept_on_device") > 0;
+    (answer, gpu_nodes, key_filters, rows_on_device)
 }
 
 /// The rows of `batches` as text, sorted: a multiset to compare.
@@ -654,6 +689,8 @@ struct Agreed {
     gpu_nodes: usize,
     /// Joins handed their build keys to their probe sides' scans.
     key_filters: bool,
+    /// A join kept its output on the device for the join above.
+    rows_on_device: bool,
     /// Both paths failed (the query's own error, such as an overflow).
     error: Option<String>,
     /// DataFusion's own path ran past the time limit: nothing compared.
@@ -713,32 +750,36 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
     if case.parquet.is_some() {
         let _ = std::fs::remove_dir_all(&folder);
     }
-    let (cpu_answer, (gpu_answer, gpu_nodes, key_filters)) = match (cpu_answer, gpu_answer) {
-        (Err(_), _) => {
-            return Ok(Agreed {
-                gpu_nodes: 0,
-                key_filters: false,
-                error: None,
-                datafusion_past_limit: true,
-            })
-        }
-        (Ok(_), None) => {
-            return Err(Failure::Hang(format!(
-                "the GPU path past {CASE_TIME_LIMIT:?}, DataFusion's own in {cpu_took:.1?}"
-            )))
-        }
-        (Ok((cpu_answer, _, _)), Some(gpu)) => (cpu_answer, gpu),
-    };
+    let (cpu_answer, (gpu_answer, gpu_nodes, key_filters, rows_on_device)) =
+        match (cpu_answer, gpu_answer) {
+            (Err(_), _) => {
+                return Ok(Agreed {
+                    gpu_nodes: 0,
+                    key_filters: false,
+                    rows_on_device: false,
+                    error: None,
+                    datafusion_past_limit: true,
+                })
+            }
+            (Ok(_), None) => {
+                return Err(Failure::Hang(format!(
+                    "the GPU path past {CASE_TIME_LIMIT:?}, DataFusion's own in {cpu_took:.1?}"
+                )))
+            }
+            (Ok((cpu_answer, _, _, _)), Some(gpu)) => (cpu_answer, gpu),
+        };
     match (&gpu_answer, &cpu_answer) {
         (Ok(g), Ok(c)) if g == c => Ok(Agreed {
             gpu_nodes,
             key_filters,
+            rows_on_device,
             error: None,
             datafusion_past_limit: false,
         }),
         (Err(_), Err(c)) => Ok(Agreed {
             gpu_nodes,
             key_filters,
+            rows_on_device,
             error: Some(c.clone()),
             datafusion_past_limit: false,
         }),
@@ -807,6 +848,8 @@ async fn run_cases() {
     let (mut run, mut on_gpu, mut gpu_nodes, mut hangs) = (0usize, 0usize, 0usize, 0usize);
     // Agreeing cases whose joins handed their build keys to their scans.
     let mut key_filtered = 0usize;
+    // Agreeing cases where a join kept its output on the device.
+    let mut rows_on_device = 0usize;
     // Cases read from Parquet files, and those of them with GPU nodes.
     let (mut from_parquet, mut from_parquet_on_gpu) = (0usize, 0usize);
     let mut errors: Vec<String> = Vec::new();
@@ -847,6 +890,7 @@ async fn run_cases() {
                 gpu_nodes += agreed.gpu_nodes;
                 on_gpu += usize::from(agreed.gpu_nodes > 0);
                 key_filtered += usize::from(agreed.key_filters);
+                rows_on_device += usize::from(agreed.rows_on_device);
                 if ParquetLayout::for_case(seed).is_some() {
                     from_parquet += 1;
                     from_parquet_on_gpu += usize::from(agreed.gpu_nodes > 0);
@@ -876,6 +920,7 @@ async fn run_cases() {
         std::io::stderr(),
         "fuzz: cases {}..{} ({}): {run} run, {on_gpu} with GPU nodes ({gpu_nodes} nodes), \
          {key_filtered} with join key filters, \
+         {rows_on_device} with rows handed between joins on the device, \
          {from_parquet} agreeing from Parquet files ({from_parquet_on_gpu} with GPU nodes), {} mismatches, {hangs} hangs, {} failing alike on both paths, in {:.1} s",
         cases.start,
         cases.end,
