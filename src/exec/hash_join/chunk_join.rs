@@ -4,7 +4,6 @@
 
 use super::*;
 use crate::exec::check_device_ids;
-use crate::gpu::{DeviceVec, DriverResultExt};
 use datafusion::arrow::array::ArrayRef;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::joins::utils::JoinKeyComparator;
@@ -85,9 +84,9 @@ fn raw_key_column(cx: &ChunkContext, build: &BuildSide, shape: &RowsShape) -> Op
     build.encoder.reads_in_place(data_type).then_some(column)
 }
 
-/// Probes with rows on the device without copying them: their key
-/// column's words are the keys, their columns are gathered from where they
-/// lie. Only where every pair is an output row gathered on the device (an
+/// Probes with rows on the device without copying them down: their key
+/// column's words are the keys (copied on the device to be partitioned),
+/// their columns are gathered from where they lie. Only where every pair is an output row gathered on the device (an
 /// inner join without a filter, on exactly coded keys, in no particular
 /// order) and no aggregation reads the pairs; otherwise, on another device,
 /// or where the device fails or lacks memory before any output is handed
@@ -114,18 +113,14 @@ fn probe_rows_on_device(
         && !semantics.null_aware
         && cx.aggregate.is_none()
         && cx.partial.is_none();
-    let key_words = match key_column.and_then(|c| columns.words_of(c)) {
-        Some(words) if in_place => Some(words),
-        _ => None,
-    };
-    let (Some(key_words), Some(probe_columns_wanted)) = (key_words, probe_columns_wanted) else {
+    let key_column = key_column.filter(|&c| in_place && columns.words_of(c).is_some());
+    let (Some(key_column), Some(probe_columns_wanted)) = (key_column, probe_columns_wanted) else {
         return copied_down(cx, &device, &columns, &shape).map(DeviceProbe::OnTheHost);
     };
     if build.keys.is_empty() || shape.rows == 0 {
         // An inner join with no build row, or no probe row, has no output.
         return Ok(DeviceProbe::Joined(Vec::new()));
     }
-    let keys = copy_keys(&cx.device, key_words, shape.rows)?;
     let gather = ChunkGather {
         chunk: &shape,
         chunk_on_device: true,
@@ -151,7 +146,7 @@ fn probe_rows_on_device(
                 &cx.device,
                 build,
                 ChunkKeys::Device {
-                    words: &keys,
+                    column: key_column,
                     rows: shape.rows,
                 },
                 &limits,
@@ -184,7 +179,6 @@ fn probe_rows_on_device(
         }
     };
     device_wall.done();
-    drop(keys);
     if let Some(e) = host_error {
         return Err(e);
     }
@@ -225,23 +219,6 @@ fn copied_down(
     let batch = columns.download_batch(device, stream.stream(), shape, cx.host_threads, &mut timer)??;
     cx.metrics.device.record(&timer.finish()?);
     Ok(batch)
-}
-
-/// A copy of the first `rows` key words, which the key column's
-/// partitioning reads while the columns they came from stay as they are
-/// for the gathers. Waits for it.
-fn copy_keys(device: &Arc<GpuDevice>, words: &DeviceVec<u64>, rows: usize) -> Result<DeviceVec<u64>> {
-    device.bind_to_thread()?;
-    let stream = device.stream()?;
-    let copy = stream
-        .stream()
-        .clone_dtod(&words.slice(..rows))
-        .during("copying probe keys handed on on the device")?;
-    stream
-        .stream()
-        .synchronize()
-        .during("waiting for the probe keys' copy")?;
-    Ok(copy)
 }
 
 /// The chunk's keys coded for the device, with the key columns where the

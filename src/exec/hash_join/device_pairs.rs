@@ -5,9 +5,8 @@
 use super::*;
 use crate::exec::hash_join::build_side::ResidentBuildColumns;
 use crate::ops::hash_join::{partition_probe_on_device, DeviceJoinPairs};
-use crate::exec::join::device_gather::gather_device_rows;
+use crate::exec::join::device_gather::{can_gather_all, gather_device_rows};
 use crate::exec::join::device_rows::DeviceRows;
-use crate::gpu::DeviceVec;
 use crate::gpu::DeviceReservation;
 
 /// What a chunk hands on: matching pairs (build row ids, probe row ids),
@@ -22,11 +21,12 @@ pub(super) enum ChunkOutput {
 }
 
 /// A probe chunk's keys: coded on the host, or the raw keys of rows whose
-/// columns are on the device already (one word per row).
+/// columns are on the device already: the words of their column `column`
+/// (among the chunk's columns on the device), one per row.
 #[derive(Clone, Copy)]
 pub(super) enum ChunkKeys<'a> {
     Host(&'a JoinKeys),
-    Device { words: &'a DeviceVec<u64>, rows: usize },
+    Device { column: usize, rows: usize },
 }
 
 impl ChunkKeys<'_> {
@@ -246,8 +246,10 @@ impl ChunkOnDevice<'_, '_> {
             };
             let widest = ResidentColumns::widest(gather.chunk, gather.probe_columns)
                 .max(self.build.widest_gathered_column());
+            // Columns on the device already hold their memory; their keys
+            // are copied to be partitioned.
             let columns = match gather.chunk_on_device {
-                true => 0,
+                true => 8 * self.probe_keys.len(),
                 false => ResidentColumns::device_bytes(gather.chunk, gather.probe_columns),
             };
             columns + order + widest * max_pairs
@@ -500,7 +502,11 @@ fn partition_chunk_keys(
 ) -> GpuResult<Option<KeysOnDevice>> {
     let probe_keys = match probe_keys {
         ChunkKeys::Host(keys) => keys,
-        ChunkKeys::Device { words, rows } => {
+        ChunkKeys::Device { column, rows } => {
+            let words = probe_columns
+                .as_ref()
+                .and_then(|columns| columns.words_of(column))
+                .ok_or_else(|| GpuError::Invalid("probe keys not on the device".into()))?;
             let range = build.key_range_of(rows as u64);
             let partitioned =
                 partition_probe_on_device(device, stream, words, rows, range, build.plan(), timer)?;
@@ -588,7 +594,7 @@ fn emit_range(
             // Rows kept on the device for the join above need every
             // column there.
             if gather.reductions.is_some()
-                || gather.device_output.is_some()
+                || keeps_rows_on_device(gather, build_columns)
                 || probe_side_pays(pairs.len, pairs.whole_chunk, gather.chunk.num_rows())
             {
                 ResidentColumns::upload(
@@ -675,6 +681,14 @@ fn emit_range(
     )?;
     on_output(gathered.map(|batches| ChunkOutput::Batches(batches, pairs.len)));
     Ok(())
+}
+
+/// Whether a range's output can stay on the device for the join above:
+/// asked for, and every output column on the device on its side once the
+/// chunk's columns are copied up (see [`can_gather_all`]).
+fn keeps_rows_on_device(gather: &ChunkGather<'_>, build_columns: &ResidentBuildColumns) -> bool {
+    gather.device_output.is_some()
+        && can_gather_all(gather.output, &build_columns.columns, gather.chunk)
 }
 
 /// A probe chunk's keys partitioned on the device, and the probe columns

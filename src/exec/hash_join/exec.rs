@@ -23,6 +23,7 @@ use datafusion::physical_plan::{
 use super::build_side::{BuildGather, BuildSide, FoldedAggregation};
 use super::probe_filter::{dynamic_filter_of, with_filter_of, ProbeFilterPublisher};
 use crate::exec::join::output::OutputAssembler;
+use crate::gpu::GpuDevice;
 use super::stream::{
     host_probe_input, probe_rows_stream, probe_stream, JoinSemantics, ProbeInput, ProbeSpec,
 };
@@ -495,7 +496,7 @@ impl ExecutionPlan for GpuHashJoinExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let spec = self.probe_spec(partition, &context, false)?;
+        let spec = self.probe_spec(partition, &context, None)?;
         probe_stream(spec, self.schema())
     }
 }
@@ -544,23 +545,24 @@ impl GpuHashJoinExec {
         (self.takes_device_rows(options) && below.hands_on_device_rows(options)).then_some(below)
     }
 
-    /// One partition's output as host batches and, with `device_output`,
-    /// rows kept on the device for the GPU join above.
+    /// One partition's output, run on `device` (the GPU join above's) as
+    /// host batches and rows kept on the device for that join.
     fn execute_rows(
         &self,
         partition: usize,
         context: &Arc<TaskContext>,
-        device_output: bool,
+        device: Arc<GpuDevice>,
     ) -> Result<ProbeInput> {
-        probe_rows_stream(self.probe_spec(partition, context, device_output)?)
+        probe_rows_stream(self.probe_spec(partition, context, Some(device))?)
     }
 
-    /// What one partition's probe loop needs.
+    /// What one partition's probe loop needs; with `device_output`, run on
+    /// that device, the output kept there for the GPU join above.
     fn probe_spec(
         &self,
         partition: usize,
         context: &Arc<TaskContext>,
-        device_output: bool,
+        device_output: Option<Arc<GpuDevice>>,
     ) -> Result<ProbeSpec> {
         let context = Arc::clone(context);
         let join = self.hash_join();
@@ -571,7 +573,12 @@ impl GpuHashJoinExec {
             super::stream::MAX_PROBE_CHUNK_BYTES,
         );
         let partitions = self.properties().output_partitioning().partition_count();
-        let device = crate::exec::node_device(partition, partitions, &options)?;
+        // A join handing rows on runs where the join above does (a plan of
+        // one partition takes devices in turn, node by node).
+        let device = match &device_output {
+            Some(device) => Arc::clone(device),
+            None => crate::exec::node_device(partition, partitions, &options)?,
+        };
         let metrics = GpuJoinMetrics::new(&self.metrics, partition);
         metrics.device.ran_on(&device);
         let (build_columns, probe_columns) = (
@@ -637,7 +644,10 @@ impl GpuHashJoinExec {
                 ),
             },
             None => match self.device_rows_from(&options) {
-                Some(below) => (below.execute_rows(partition, &context, true)?, 1),
+                Some(below) => (
+                    below.execute_rows(partition, &context, Arc::clone(&device))?,
+                    1,
+                ),
                 None => (
                     host_probe_input(join.right().execute(partition, Arc::clone(&context))?),
                     1,
@@ -671,7 +681,7 @@ impl GpuHashJoinExec {
             max_chunk_bytes,
             host_threads,
             metrics,
-            device_output: device_output.then(|| self.schema()),
+            device_output: device_output.map(|_| self.schema()),
         };
         Ok(spec)
     }

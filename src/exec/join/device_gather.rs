@@ -224,6 +224,36 @@ impl ResidentColumns {
     }
 }
 
+/// The widths of the output columns of `assembler` that lie on the device
+/// on their side.
+fn gathered_widths<'a>(
+    assembler: &'a OutputAssembler,
+    build: &'a ResidentColumns,
+    probe: &'a ResidentColumns,
+) -> impl Iterator<Item = ValueWidth> + 'a {
+    assembler.sources().iter().filter_map(|source| match *source {
+        ColumnSource::Build(i) => build.get(i).map(|c| c.width),
+        ColumnSource::Probe(i) => probe.get(i).map(|c| c.width),
+        ColumnSource::Mark => None,
+    })
+}
+
+/// Whether every output column of `assembler` can be gathered on the
+/// device: a build column on the device there, a probe column of `probe`
+/// that [`ResidentColumns::upload`] copies (a width the kernels move, no
+/// NULLs), no mark.
+pub(crate) fn can_gather_all(
+    assembler: &OutputAssembler,
+    build: &ResidentColumns,
+    probe: &dyn RowSource,
+) -> bool {
+    assembler.sources().iter().all(|source| match *source {
+        ColumnSource::Build(i) => build.get(i).is_some(),
+        ColumnSource::Probe(i) => i < probe.num_columns() && device_width(probe, i).is_some(),
+        ColumnSource::Mark => false,
+    })
+}
+
 /// The output of `len` pairs gathered into columns of their own that stay
 /// on the device (see [`crate::exec::join::device_rows`]), in pair order,
 /// or `None` where an output column is not on the device on its side (a
@@ -262,7 +292,9 @@ pub(crate) fn gather_device_rows(
         .iter()
         .map(|(_, _, values)| 8 * values.width.words(len))
         .sum();
-    let Some(memory) = device.budget().try_reserve(bytes, 0, memory_fraction) else {
+    // As much again left free, for the join above to probe with them:
+    // rows kept where that leaves no room would only be copied down there.
+    let Some(memory) = device.budget().try_reserve(bytes, bytes, memory_fraction) else {
         return Ok(None);
     };
     let mut columns = Vec::with_capacity(sources.len());
@@ -407,10 +439,10 @@ pub(crate) fn gather_batches(
             continue;
         };
         let width = values.width;
-        let widest = [build, probe]
-            .iter()
-            .flat_map(|side| side.resident.columns.iter().flatten())
-            .map(|column| column.width)
+        // The widest column gathered here (not every column on the device:
+        // rows handed on from the join below hold columns this output
+        // does not read).
+        let widest = gathered_widths(assembler, build.resident, probe.resident)
             .max()
             .unwrap_or(width);
         let target = timer.time(Phase::Kernel, || {

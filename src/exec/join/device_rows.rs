@@ -2,8 +2,9 @@
 //! output columns gathered there are handed on as they lie, and the join
 //! above probes with them without a trip over the bus (seed 002's
 //! pipeline of joins; the whole-queries guide's device batches between GPU
-//! nodes). Only a CPU consumer, or a path of the join above that needs the
-//! rows on the host, copies them down.
+//! nodes). A join hands rows on so only to the GPU hash join above it that
+//! asked for them; that join copies them down where it cannot probe with
+//! them in place.
 
 use std::sync::Arc;
 
