@@ -564,3 +564,44 @@ fn a_type_mismatch_is_an_error_not_a_panic() {
         .is_err());
     assert!(encoder.encode(&[good.clone(), good]).is_err());
 }
+
+#[test]
+fn only_raw_eight_byte_keys_of_the_build_sides_type_are_read_in_place() {
+    let raw = KeyEncoder::for_build_side(
+        &spec(&[DataType::Int64]),
+        &[arr(Int64Array::from(vec![1, 5, 9]))],
+    )
+    .unwrap();
+    assert_eq!(raw.kind(), "raw");
+    assert!(raw.reads_in_place(&DataType::Int64));
+    // Another type's words are not this encoder's keys.
+    assert!(!raw.reads_in_place(&DataType::UInt64));
+    assert!(!raw.reads_in_place(&DataType::Int32));
+    // Packed keys are offsets from the build minimum, not the words.
+    let packed = KeyEncoder::for_build_side(
+        &spec(&[DataType::Int32]),
+        &[arr(Int32Array::from(vec![-3, 4, 0]))],
+    )
+    .unwrap();
+    assert_eq!(packed.kind(), "packed");
+    assert!(!packed.reads_in_place(&DataType::Int32));
+    // Floats are coded by equality, strings hashed, several keys combined.
+    let float = KeyEncoder::for_build_side(
+        &spec(&[DataType::Float64]),
+        &[arr(Float64Array::from(vec![0.5, -0.0]))],
+    )
+    .unwrap();
+    assert!(!float.reads_in_place(&DataType::Float64));
+    let strings = KeyEncoder::for_build_side(
+        &spec(&[DataType::Utf8]),
+        &[arr(StringArray::from(vec!["a", "b"]))],
+    )
+    .unwrap();
+    assert!(!strings.reads_in_place(&DataType::Utf8));
+    let two = KeyEncoder::for_build_side(
+        &spec(&[DataType::Int64, DataType::Int64]),
+        &[arr(Int64Array::from(vec![1, 2])), arr(Int64Array::from(vec![3, 4]))],
+    )
+    .unwrap();
+    assert!(!two.reads_in_place(&DataType::Int64));
+}

@@ -90,3 +90,26 @@ pub(crate) enum JoinedRows {
     Host(RecordBatch),
     Device(DeviceRows),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    #[test]
+    fn a_shape_gives_counts_and_types_and_refuses_host_rows() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("d", DataType::Decimal128(15, 2), false),
+        ]));
+        let shape = RowsShape { schema, rows: 7 };
+        assert_eq!(shape.num_rows(), 7);
+        assert_eq!(shape.num_columns(), 2);
+        assert_eq!(shape.data_type(1), &DataType::Decimal128(15, 2));
+        // No piece on the host, hence none with NULLs.
+        assert!(shape.pieces(0).is_empty());
+        let ids = UInt64Array::from(vec![0, 3]);
+        let error = shape.take_columns(&[0], &ids).unwrap_err();
+        assert!(error.to_string().contains("on the host"), "{error}");
+    }
+}
