@@ -86,11 +86,12 @@ fn raw_key_column(cx: &ChunkContext, build: &BuildSide, shape: &RowsShape) -> Op
 
 /// Probes with rows on the device without copying them down: their key
 /// column's words are the keys (copied on the device to be partitioned),
-/// their columns are gathered from where they lie. Only where every pair is an output row gathered on the device (an
-/// inner join without a filter, on exactly coded keys, in no particular
-/// order) and no aggregation reads the pairs; otherwise, on another device,
-/// or where the device fails or lacks memory before any output is handed
-/// on, the rows come back copied down. Blocking.
+/// their columns are gathered from where they lie. Only where every pair
+/// is an output row gathered on the device (an inner join without a
+/// filter, on exactly coded keys, in no particular order) and no
+/// aggregation reads the pairs; otherwise, on another device, or where the
+/// device fails or lacks memory before any output is handed on, the rows
+/// come back copied down. Blocking.
 fn probe_rows_on_device(
     cx: &ChunkContext,
     build: &BuildSide,
