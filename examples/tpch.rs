@@ -414,7 +414,19 @@ async fn main() -> Result<()> {
         args.runs
     );
     match &gpu {
-        Ok(description) => println!("GPU: {description}"),
+        Ok(description) => {
+            println!("GPU: {description}");
+            // What placement by cost weighs every node with in this process.
+            let first = datafusion_gpu::gpu::gpu_runtime()
+                .ok()
+                .and_then(|runtime| runtime.devices().first().cloned());
+            if let Some(device) = first {
+                match device.constants() {
+                    Ok(constants) => println!("device constants: {constants}"),
+                    Err(reason) => println!("device constants not measured: {reason}"),
+                }
+            }
+        }
         Err(reason) => {
             println!("no GPU ({reason}): the GPU columns are the session with the rule, on the CPU")
         }

@@ -52,6 +52,39 @@ impl DeviceConstants {
     };
 }
 
+impl std::fmt::Display for DeviceConstants {
+    /// One line, bandwidths in GB/s: what placement by cost weighed, for a
+    /// benchmark's log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pinned up {:.1} GB/s, down {:.1}; staged up {:.1}, down {:.1}; device memory {:.0}; \
+             launch {:.1} us; measured in {:.1} ms",
+            self.pinned_to_device / 1e9,
+            self.pinned_from_device / 1e9,
+            self.staged_to_device / 1e9,
+            self.staged_from_device / 1e9,
+            self.device_memory / 1e9,
+            self.launch.as_secs_f64() * 1e6,
+            self.measured_in.as_secs_f64() * 1e3
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceConstants;
+
+    #[test]
+    fn constants_print_on_one_line_in_gb_per_second() {
+        assert_eq!(
+            DeviceConstants::TYPICAL.to_string(),
+            "pinned up 50.0 GB/s, down 50.0; staged up 20.0, down 12.0; device memory 3000; \
+             launch 5.0 us; measured in 0.0 ms"
+        );
+    }
+}
+
 /// Bytes each bandwidth is measured with: long enough that a copy's fixed
 /// cost is a few percent of it, short enough that the whole measurement
 /// takes milliseconds.
