@@ -508,13 +508,8 @@ impl GpuHashJoinExec {
     /// (gathered on the device where it has no NULLs), in no particular
     /// order.
     fn hands_on_device_rows(&self, options: &GpuOptions) -> bool {
-        let join = self.hash_join();
-        options.tuning.device_gather
-            && options.tuning.device_rows_between_joins
-            && gathers_by_pair(*join.join_type(), join.filter().is_some())
-            && self.aggregate.is_none()
-            && join.fetch().is_none()
-            && !(options.preserve_order && self.preserve_order)
+        self.passes_rows_on_device(options)
+            && self.hash_join().fetch().is_none()
             && self.schema().fields().iter().all(|field| {
                 matches!(field.data_type().primitive_width(), Some(4 | 8 | 16))
             })
@@ -529,13 +524,22 @@ impl GpuHashJoinExec {
         let [(_, key)] = join.on() else {
             return false;
         };
+        self.passes_rows_on_device(options)
+            && !join.null_aware
+            && key.downcast_ref::<datafusion::physical_expr::expressions::Column>().is_some()
+    }
+
+    /// What both joins of a handoff on the device need: the option on, an
+    /// inner join without a residual filter (every pair an output row,
+    /// gathered on the device), no aggregation in the join, no row order
+    /// to keep.
+    fn passes_rows_on_device(&self, options: &GpuOptions) -> bool {
+        let join = self.hash_join();
         options.tuning.device_gather
             && options.tuning.device_rows_between_joins
             && gathers_by_pair(*join.join_type(), join.filter().is_some())
             && self.aggregate.is_none()
-            && !join.null_aware
             && !(options.preserve_order && self.preserve_order)
-            && key.downcast_ref::<datafusion::physical_expr::expressions::Column>().is_some()
     }
 
     /// The GPU hash join below this one on its probe side, where it keeps

@@ -33,7 +33,7 @@ use crate::gpu::{
     DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
 use datafusion::arrow::array::RecordBatchOptions;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use crate::ops::gather;
 use crate::ops::hash_join::{CarriedValues, FoldedPairs};
 
@@ -62,6 +62,16 @@ fn device_width(rows: &dyn RowSource, column: usize) -> Option<ValueWidth> {
         .iter()
         .all(|piece| piece.null_count() == 0)
         .then_some(width)
+}
+
+/// An array of `data_type`, without NULLs, whose values are `buffer`'s
+/// bytes, `width` bytes each.
+fn values_array(data_type: &DataType, buffer: Buffer, width: ValueWidth) -> Result<ArrayRef> {
+    let data = ArrayData::builder(data_type.clone())
+        .len(buffer.len() / width.bytes())
+        .add_buffer(buffer)
+        .build()?;
+    Ok(make_array(data))
 }
 
 /// The bytes of the values of a column of `width`, read in place from its
@@ -200,7 +210,7 @@ impl ResidentColumns {
                 ))));
             };
             let bytes = rows * values.width.bytes();
-            let buffers = download_byte_pieces(
+            let mut buffers = download_byte_pieces(
                 device,
                 stream,
                 &values.words.as_view(),
@@ -209,13 +219,14 @@ impl ResidentColumns {
                 host_threads,
                 timer,
             )?;
-            let data = ArrayData::builder(field.data_type().clone())
-                .len(rows)
-                .add_buffers(buffers)
-                .build();
-            match data {
-                Ok(data) => arrays.push(make_array(data)),
-                Err(e) => return Ok(Err(e.into())),
+            let (Some(buffer), true) = (buffers.pop(), buffers.is_empty()) else {
+                return Ok(Err(DataFusionError::Internal(format!(
+                    "column {i} of rows on the device came down in pieces"
+                ))));
+            };
+            match values_array(field.data_type(), buffer, values.width) {
+                Ok(array) => arrays.push(array),
+                Err(e) => return Ok(Err(e)),
             }
         }
         let options = RecordBatchOptions::new().with_row_count(Some(rows));
@@ -470,14 +481,9 @@ pub(crate) fn gather_batches(
         )?;
         let data_type = side.batch.data_type(column);
         for buffer in buffers {
-            let rows = buffer.len() / width.bytes();
-            let data = ArrayData::builder(data_type.clone())
-                .len(rows)
-                .add_buffer(buffer)
-                .build();
-            match data {
-                Ok(data) => columns[position].push(make_array(data)),
-                Err(e) => return Ok(Err(e.into())),
+            match values_array(data_type, buffer, width) {
+                Ok(array) => columns[position].push(array),
+                Err(e) => return Ok(Err(e)),
             }
         }
     }
