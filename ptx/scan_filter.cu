@@ -12,16 +12,25 @@
 //   row finding its place from its tile's start and the kept rows before it
 //   in the tile (so the output keeps the rows' order).
 // Output register o of the row at place p goes to values[o * capacity + p]
-// (its value word) and valid[o * capacity + p] (1 valid, 0 NULL). A place
-// at or past `capacity`, an i64 overflow in the program or a dictionary
-// code outside its table sets *overflow = 1: the host then hands the part
-// back to the CPU.
+// (its value word) and valid[o * capacity + p] (1 valid, 0 NULL), and
+// output_flags[o] gathers what the host needs to copy less back: bit 0 where
+// some row's output o is NULL, bit 1 where some row's word is not a 32-bit
+// integer sign-extended. A place at or past `capacity`, an i64 overflow in
+// the program or a dictionary code outside its table sets *overflow = 1: the
+// host then hands the part back to the CPU.
+//
+// `scan_filter_narrow` then packs the words of an output whose flag says
+// they all fit into 4 bytes each, for a copy back half the size.
 #include "interpreter.cuh"
 
 // Rows of one tile: FILTER_ROUNDS rounds of BLOCK_THREADS rows (the same
 // constant as `FILTER_TILE` in the Rust wrapper).
 #define FILTER_ROUNDS 8
 #define FILTER_TILE (BLOCK_THREADS * FILTER_ROUNDS)
+
+// Bits of `output_flags` (the same constants as in the Rust wrapper).
+#define OUTPUT_HAS_NULL 1u
+#define OUTPUT_IS_WIDE 2u
 
 __device__ __forceinline__ bool row_kept(const Registers& regs, int predicate) {
     return predicate < 0 || (regs.ok(predicate) && regs.get(predicate) != 0);
@@ -52,7 +61,7 @@ extern "C" __global__ void scan_filter_write(const u64* columns, u64 rows, const
                                              int predicate, const int* outputs, u32 output_count,
                                              const u64* tile_starts, u64 capacity,
                                              long long* values, unsigned char* valid_out,
-                                             u32* overflow) {
+                                             u32* output_flags, u32* overflow) {
     __shared__ u32 warp_kept[WARPS_PER_BLOCK];
     __shared__ u64 next_place;
     long long register_values[SCAN_REGISTERS];
@@ -86,8 +95,17 @@ extern "C" __global__ void scan_filter_write(const u64* columns, u64 rows, const
             if (place < capacity) {
                 for (u32 o = 0; o < output_count; ++o) {
                     const int reg = __ldg(outputs + o);
-                    values[(u64)o * capacity + place] = regs.get(reg);
-                    valid_out[(u64)o * capacity + place] = regs.ok(reg) ? 1 : 0;
+                    const long long value = regs.get(reg);
+                    const bool ok = regs.ok(reg);
+                    values[(u64)o * capacity + place] = value;
+                    valid_out[(u64)o * capacity + place] = ok ? 1 : 0;
+                    const u32 flags = (ok ? 0u : OUTPUT_HAS_NULL) |
+                                      ((long long)(int)value == value ? 0u : OUTPUT_IS_WIDE);
+                    // The flags only ever gain bits: a stale read costs an
+                    // atomic that changes nothing, never a bit missed.
+                    if (flags != 0 && (*(volatile u32*)(output_flags + o) & flags) != flags) {
+                        atomicOr(output_flags + o, flags);
+                    }
                 }
             } else {
                 *overflow = 1;
@@ -97,5 +115,17 @@ extern "C" __global__ void scan_filter_write(const u64* columns, u64 rows, const
         __syncthreads();
         if (threadIdx.x == 0) next_place += round_kept;
         __syncthreads();
+    }
+}
+
+// The low 4 bytes of words[from + i] to out[offset + i] for i < n: an
+// output's words that the write's flags found to be 32-bit integers
+// sign-extended, so that the host gets them back whole from half the bytes.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride).
+extern "C" __global__ void scan_filter_narrow(const u64* words, u64 from, u64 n, u32* out,
+                                              u64 offset) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        out[offset + i] = (u32)words[from + i];
     }
 }

@@ -6,37 +6,118 @@
 
 use std::sync::Arc;
 
-use crate::gpu::launch::{FilterLaunch, FilterProgram, ScanChunk};
+use datafusion::arrow::buffer::{Buffer, ScalarBuffer};
+use datafusion::arrow::datatypes::ToByteSlice;
+
+use crate::gpu::launch::{FilterLaunch, FilterProgram, ScanChunk, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE};
 use crate::gpu::{
     alloc_zeroed, download_u64, DeviceStream, DriverResultExt, GpuDevice, GpuResult, PhaseTimer,
     ReservationKind,
 };
 use crate::ops::scan::exclusive_scan;
 
-/// The rows a filtering scan kept, output by output.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// The rows a filtering scan kept, output by output. Two are equal where
+/// they keep the same rows with the same words and validity, however the
+/// words came back.
+#[derive(Debug, Clone, Default)]
 pub struct FilteredRows {
     /// Rows kept.
     pub rows: usize,
-    /// Output `o`'s words are `values[o * rows..(o + 1) * rows]`: an i64,
-    /// or an f64's bits, as the program's register held it.
-    pub values: Vec<u64>,
-    /// Output `o`'s validity likewise, one byte a row (1 valid, 0 NULL).
-    pub valid: Vec<u8>,
+    /// Each output's words and validity, `rows` of each; none where no row
+    /// was kept or the rows overflowed.
+    pub outputs: Vec<FilterOutput>,
     /// An i64 overflowed in the program, or a dictionary code fell outside
     /// its table: the rows are not the filter's.
     pub overflowed: bool,
 }
 
-impl FilteredRows {
-    /// Output `output`'s words.
-    pub fn values_of(&self, output: usize) -> &[u64] {
-        &self.values[output * self.rows..(output + 1) * self.rows]
+/// One output of the kept rows.
+#[derive(Debug, Clone)]
+pub struct FilterOutput {
+    pub words: OutputWords,
+    /// One byte a row (1 valid, 0 NULL); `None` where every row is valid.
+    pub valid: Option<Vec<u8>>,
+}
+
+/// An output's words as they came back from the device.
+#[derive(Debug, Clone)]
+pub enum OutputWords {
+    /// One 8-byte word a row: an i64, or an f64's bits, as the program's
+    /// register held it.
+    Wide(ScalarBuffer<u64>),
+    /// Every word was a 32-bit integer sign-extended: that integer, copied
+    /// back in half the bytes.
+    Narrow(ScalarBuffer<i32>),
+}
+
+impl OutputWords {
+    pub fn len(&self) -> usize {
+        match self {
+            OutputWords::Wide(words) => words.len(),
+            OutputWords::Narrow(values) => values.len(),
+        }
     }
 
-    /// Output `output`'s validity bytes.
-    pub fn valid_of(&self, output: usize) -> &[u8] {
-        &self.valid[output * self.rows..(output + 1) * self.rows]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Row `row`'s word, as the register held it.
+    pub fn word(&self, row: usize) -> u64 {
+        match self {
+            OutputWords::Wide(words) => words[row],
+            OutputWords::Narrow(values) => i64::from(values[row]) as u64,
+        }
+    }
+
+    /// Every row's word, as the registers held them.
+    pub fn words(&self) -> Box<dyn Iterator<Item = u64> + '_> {
+        match self {
+            OutputWords::Wide(words) => Box::new(words.iter().copied()),
+            OutputWords::Narrow(values) => Box::new(values.iter().map(|&v| i64::from(v) as u64)),
+        }
+    }
+}
+
+impl FilteredRows {
+    /// No rows, and no outputs.
+    fn empty(overflowed: bool) -> Self {
+        FilteredRows {
+            rows: 0,
+            outputs: Vec::new(),
+            overflowed,
+        }
+    }
+
+    /// Output `output`'s words, or `None` where no row was kept.
+    pub fn words_of(&self, output: usize) -> Option<&OutputWords> {
+        self.outputs.get(output).map(|o| &o.words)
+    }
+
+    /// Output `output`'s validity bytes; `None` where every row is valid.
+    pub fn valid_of(&self, output: usize) -> Option<&[u8]> {
+        self.outputs.get(output).and_then(|o| o.valid.as_deref())
+    }
+}
+
+impl PartialEq for FilteredRows {
+    fn eq(&self, other: &Self) -> bool {
+        let output = |rows: &FilteredRows, o: usize| -> (Vec<u64>, Vec<u8>) {
+            match rows.outputs.get(o) {
+                Some(output) => (
+                    output.words.words().collect(),
+                    output.valid.clone().unwrap_or_else(|| vec![1; rows.rows]),
+                ),
+                None => (Vec::new(), Vec::new()),
+            }
+        };
+        let outputs = match self.rows {
+            0 => 0,
+            _ => self.outputs.len().max(other.outputs.len()),
+        };
+        self.rows == other.rows
+            && self.overflowed == other.overflowed
+            && (0..outputs).all(|o| output(self, o) == output(other, o))
     }
 }
 
@@ -89,32 +170,81 @@ fn run(
     if overflowed || rows == 0 || outputs == 0 {
         return Ok(FilteredRows {
             rows,
-            values: Vec::new(),
-            valid: vec![],
-            overflowed,
+            ..FilteredRows::empty(overflowed)
         });
     }
     let slots = rows * outputs;
+    // The words, their validity, and the narrowed copy of those that fit
+    // 4 bytes (at most half as large again).
     let _reservation = device.budget().reserve(
-        8 * slots + slots.div_ceil(8) * 8,
+        12 * slots + slots.div_ceil(8) * 8,
         memory_fraction,
         ReservationKind::Transient,
     )?;
     let mut values = alloc_zeroed::<u64>(stream, slots, "allocating the filter's output values")?;
     let mut valid = alloc_zeroed::<u64>(stream, slots.div_ceil(8), "allocating the filter's output validity")?;
-    launch.write(&starts, rows, &mut values, &mut valid, &mut overflow, timer)?;
-    let mut value_words = Vec::with_capacity(slots);
-    download_u64(device, stream, &values.as_view(), &mut value_words, timer)?;
-    let mut valid_words = Vec::with_capacity(slots.div_ceil(8));
-    download_u64(device, stream, &valid.as_view(), &mut valid_words, timer)?;
+    let mut output_flags = alloc_zeroed::<u64>(stream, outputs.div_ceil(2), "allocating the filter's output flags")?;
+    launch.write(&starts, rows, &mut values, &mut valid, &mut output_flags, &mut overflow, timer)?;
+    let mut flag_words = Vec::with_capacity(outputs.div_ceil(2));
+    download_u64(device, stream, &output_flags.as_view(), &mut flag_words, timer)?;
+    // Four-byte flags, two to a word, the first in the low half.
+    let flags: Vec<u32> = (0..outputs)
+        .map(|o| flag_words.get(o / 2).map_or(u32::MAX, |w| (w >> (32 * (o % 2))) as u32))
+        .collect();
+    let narrow: Vec<usize> = (0..outputs).filter(|&o| flags[o] & OUTPUT_IS_WIDE == 0).collect();
+    let narrowed = match narrow.is_empty() {
+        true => None,
+        false => {
+            let mut packed = alloc_zeroed::<u64>(
+                stream,
+                (rows * narrow.len()).div_ceil(2),
+                "allocating the filter's narrowed outputs",
+            )?;
+            for (j, &o) in narrow.iter().enumerate() {
+                launch.narrow(&values, o * rows, rows, &mut packed, j * rows, timer)?;
+            }
+            let mut words = Vec::with_capacity(packed.len());
+            download_u64(device, stream, &packed.as_view(), &mut words, timer)?;
+            Some(Buffer::from_vec(words))
+        }
+    };
+    // Each run of outputs side by side that stay 8 bytes a row comes back
+    // in one copy.
+    let mut out = Vec::with_capacity(outputs);
+    let mut o = 0;
+    while o < outputs {
+        if let (Some(j), Some(packed)) = (narrow.iter().position(|&n| n == o), &narrowed) {
+            let words = OutputWords::Narrow(ScalarBuffer::new(packed.clone(), j * rows, rows));
+            out.push(FilterOutput { words, valid: None });
+            o += 1;
+            continue;
+        }
+        let end = (o..outputs).find(|e| narrow.contains(e)).unwrap_or(outputs);
+        let mut words = Vec::with_capacity((end - o) * rows);
+        download_u64(device, stream, &values.slice(o * rows..end * rows), &mut words, timer)?;
+        let words = Buffer::from_vec(words);
+        for i in 0..end - o {
+            let words = OutputWords::Wide(ScalarBuffer::new(words.clone(), i * rows, rows));
+            out.push(FilterOutput { words, valid: None });
+        }
+        o = end;
+    }
+    if flags.iter().any(|&f| f & OUTPUT_HAS_NULL != 0) {
+        let mut valid_words = Vec::with_capacity(slots.div_ceil(8));
+        download_u64(device, stream, &valid.as_view(), &mut valid_words, timer)?;
+        let valid_bytes = valid_words.to_byte_slice();
+        for (o, output) in out.iter_mut().enumerate() {
+            if flags[o] & OUTPUT_HAS_NULL != 0 {
+                output.valid = Some(valid_bytes[o * rows..(o + 1) * rows].to_vec());
+            }
+        }
+    }
     download_u64(device, stream, &overflow.as_view(), &mut flag, timer)?;
-    let mut valid_bytes: Vec<u8> = valid_words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    valid_bytes.truncate(slots);
+    let overflowed = flag.first().is_some_and(|&word| word != 0);
     Ok(FilteredRows {
         rows,
-        values: value_words,
-        valid: valid_bytes,
-        overflowed: flag.first().is_some_and(|&word| word != 0),
+        outputs: if overflowed { Vec::new() } else { out },
+        overflowed,
     })
 }
 
@@ -138,10 +268,18 @@ pub mod reference {
                 valid[o * kept.len() + place] = u8::from(is_valid);
             }
         }
+        let outputs = match kept.len() {
+            0 => Vec::new(),
+            rows => (0..output_count)
+                .map(|o| super::FilterOutput {
+                    words: super::OutputWords::Wide(values[o * rows..(o + 1) * rows].to_vec().into()),
+                    valid: Some(valid[o * rows..(o + 1) * rows].to_vec()),
+                })
+                .collect(),
+        };
         super::FilteredRows {
             rows: kept.len(),
-            values,
-            valid,
+            outputs,
             overflowed: false,
         }
     }

@@ -2384,5 +2384,31 @@ fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries(
             },
         );
         assert_eq!(got, expected, "{rows} rows");
+        // Words come back 4 bytes a row where every one fits, validity
+        // only where some row is NULL.
+        if got.rows > 0 {
+            use datafusion_gpu::ops::scan_filter::OutputWords;
+            let narrow = |o: usize| matches!(got.words_of(o), Some(OutputWords::Narrow(_)));
+            assert!(narrow(0) && got.valid_of(0).is_none(), "{rows} rows");
+            let sums: Vec<(u64, bool)> = (0..rows)
+                .filter(|&r| a[r] < 500)
+                .map(|r| {
+                    if valid(r) {
+                        (a[r] + b[r], true)
+                    } else {
+                        (0, false)
+                    }
+                })
+                .collect();
+            let fits = sums
+                .iter()
+                .all(|&(v, _)| i64::from(v as i64 as i32) == v as i64);
+            assert_eq!(narrow(1), fits, "{rows} rows");
+            assert_eq!(
+                got.valid_of(1).is_some(),
+                sums.iter().any(|&(_, ok)| !ok),
+                "{rows} rows"
+            );
+        }
     }
 }

@@ -22,6 +22,7 @@ use super::shape::ScanFilterShape;
 use crate::encode::table_words::word_kind;
 use crate::exec::scan_aggregate::{CodeTest, ProgramBuilder, TableSource, ValueType};
 use crate::gpu::WordKind;
+use crate::ops::scan_filter::OutputWords;
 
 type Compiled<T> = std::result::Result<T, String>;
 
@@ -182,8 +183,9 @@ fn word_fits(value_type: ValueType, data_type: &DataType) -> bool {
 }
 
 /// The validity of `valid` (one byte a row), `None` where every row is
-/// valid.
-fn nulls(valid: &[u8]) -> Option<NullBuffer> {
+/// valid (or none was given).
+fn nulls(valid: Option<&[u8]>) -> Option<NullBuffer> {
+    let valid = valid?;
     match valid.iter().all(|&v| v != 0) {
         true => None,
         false => Some(NullBuffer::from(valid.iter().map(|&v| v != 0).collect::<Vec<_>>())),
@@ -191,16 +193,46 @@ fn nulls(valid: &[u8]) -> Option<NullBuffer> {
 }
 
 fn primitive<T: ArrowPrimitiveType>(
-    words: &[u64],
+    words: &OutputWords,
     nulls: Option<NullBuffer>,
     convert: impl Fn(i64) -> T::Native,
 ) -> PrimitiveArray<T> {
-    let values: ScalarBuffer<T::Native> = words.iter().map(|&w| convert(w as i64)).collect();
+    let values: ScalarBuffer<T::Native> = match words {
+        OutputWords::Wide(words) => words.iter().map(|&w| convert(w as i64)).collect(),
+        OutputWords::Narrow(values) => values.iter().map(|&v| convert(i64::from(v))).collect(),
+    };
     PrimitiveArray::new(values, nulls)
 }
 
-/// An output column of `field`'s type from its register's words.
-pub(crate) fn word_column(field: &Field, words: &[u64], valid: &[u8]) -> Compiled<ArrayRef> {
+/// `words` as 8-byte values of `T` (`i64` in all but name) without a copy
+/// where they came back 8 bytes a row.
+fn wide_primitive<T: ArrowPrimitiveType<Native = i64>>(
+    words: &OutputWords,
+    nulls: Option<NullBuffer>,
+) -> PrimitiveArray<T> {
+    match words {
+        OutputWords::Wide(words) => {
+            PrimitiveArray::new(ScalarBuffer::new(words.inner().clone(), 0, words.len()), nulls)
+        }
+        OutputWords::Narrow(_) => primitive::<T>(words, nulls, |v| v),
+    }
+}
+
+/// `words` as 4-byte values of `T` (`i32` in all but name) without a copy
+/// where they came back 4 bytes a row.
+fn narrow_primitive<T: ArrowPrimitiveType<Native = i32>>(
+    words: &OutputWords,
+    nulls: Option<NullBuffer>,
+) -> PrimitiveArray<T> {
+    match words {
+        OutputWords::Narrow(values) => PrimitiveArray::new(values.clone(), nulls),
+        OutputWords::Wide(_) => primitive::<T>(words, nulls, |v| v as i32),
+    }
+}
+
+/// An output column of `field`'s type from its register's words, NULL
+/// where `valid` (one byte a row, `None` for none NULL) says so.
+pub(crate) fn word_column(field: &Field, words: &OutputWords, valid: Option<&[u8]>) -> Compiled<ArrayRef> {
     use DataType::*;
     let nulls = nulls(valid);
     // The device computed each value exactly in 64 bits from columns and
@@ -209,27 +241,27 @@ pub(crate) fn word_column(field: &Field, words: &[u64], valid: &[u8]) -> Compile
     let array: ArrayRef = match field.data_type() {
         Int8 => Arc::new(primitive::<Int8Type>(words, nulls, |v| v as i8)),
         Int16 => Arc::new(primitive::<Int16Type>(words, nulls, |v| v as i16)),
-        Int32 => Arc::new(primitive::<Int32Type>(words, nulls, |v| v as i32)),
-        Int64 => Arc::new(primitive::<Int64Type>(words, nulls, |v| v)),
+        Int32 => Arc::new(narrow_primitive::<Int32Type>(words, nulls)),
+        Int64 => Arc::new(wide_primitive::<Int64Type>(words, nulls)),
         UInt8 => Arc::new(primitive::<UInt8Type>(words, nulls, |v| v as u8)),
         UInt16 => Arc::new(primitive::<UInt16Type>(words, nulls, |v| v as u16)),
         UInt32 => Arc::new(primitive::<UInt32Type>(words, nulls, |v| v as u32)),
-        Date32 => Arc::new(primitive::<Date32Type>(words, nulls, |v| v as i32)),
-        Date64 => Arc::new(primitive::<Date64Type>(words, nulls, |v| v)),
+        Date32 => Arc::new(narrow_primitive::<Date32Type>(words, nulls)),
+        Date64 => Arc::new(wide_primitive::<Date64Type>(words, nulls)),
         Timestamp(unit, tz) => match unit {
             TimeUnit::Second => Arc::new(
-                primitive::<TimestampSecondType>(words, nulls, |v| v).with_timezone_opt(tz.clone()),
+                wide_primitive::<TimestampSecondType>(words, nulls).with_timezone_opt(tz.clone()),
             ),
             TimeUnit::Millisecond => Arc::new(
-                primitive::<TimestampMillisecondType>(words, nulls, |v| v)
+                wide_primitive::<TimestampMillisecondType>(words, nulls)
                     .with_timezone_opt(tz.clone()),
             ),
             TimeUnit::Microsecond => Arc::new(
-                primitive::<TimestampMicrosecondType>(words, nulls, |v| v)
+                wide_primitive::<TimestampMicrosecondType>(words, nulls)
                     .with_timezone_opt(tz.clone()),
             ),
             TimeUnit::Nanosecond => Arc::new(
-                primitive::<TimestampNanosecondType>(words, nulls, |v| v)
+                wide_primitive::<TimestampNanosecondType>(words, nulls)
                     .with_timezone_opt(tz.clone()),
             ),
         },
@@ -239,11 +271,11 @@ pub(crate) fn word_column(field: &Field, words: &[u64], valid: &[u8]) -> Compile
                 .map_err(|e| e.to_string())?,
         ),
         Float64 => Arc::new(Float64Array::new(
-            words.iter().map(|&w| f64::from_bits(w)).collect(),
+            words.words().map(f64::from_bits).collect(),
             nulls,
         )),
         Boolean => Arc::new(BooleanArray::new(
-            words.iter().map(|&w| w != 0).collect(),
+            words.words().map(|w| w != 0).collect(),
             nulls,
         )),
         other => return Err(format!("an output column of type {other}")),
@@ -253,10 +285,10 @@ pub(crate) fn word_column(field: &Field, words: &[u64], valid: &[u8]) -> Compile
 
 /// A coded output column from its codes (1 + the dictionary code, 0 for
 /// NULL) and the part's `dictionary`, as `field`'s type.
-pub(crate) fn coded_column(field: &Field, words: &[u64], dictionary: &ArrayRef) -> Compiled<ArrayRef> {
+pub(crate) fn coded_column(field: &Field, words: &OutputWords, dictionary: &ArrayRef) -> Compiled<ArrayRef> {
     let indices: UInt32Array = words
-        .iter()
-        .map(|&w| match w {
+        .words()
+        .map(|w| match w {
             0 => None,
             code => u32::try_from(code - 1).ok(),
         })
@@ -290,16 +322,17 @@ pub(crate) struct PartStrings {
 /// be UTF-8 where they are read.
 pub(crate) fn string_column(
     field: &Field,
-    rows: &[u64],
-    valid: &[u8],
+    rows: &OutputWords,
+    valid: Option<&[u8]>,
     strings: &PartStrings,
 ) -> Compiled<ArrayRef> {
+    let kept = rows.len().min(valid.map_or(usize::MAX, <[u8]>::len));
     // Each kept row's string: `None` for NULL, else where its bytes lie.
-    let ranges = rows.iter().zip(valid).map(|(&row, &valid)| -> Compiled<Option<(usize, usize)>> {
-        if valid == 0 {
+    let ranges = (0..kept).map(|i| -> Compiled<Option<(usize, usize)>> {
+        if valid.is_some_and(|valid| valid[i] == 0) {
             return Ok(None);
         }
-        let row = usize::try_from(row).map_err(|e| e.to_string())?;
+        let row = usize::try_from(rows.word(i)).map_err(|e| e.to_string())?;
         match (strings.offsets.get(row), strings.offsets.get(row + 1)) {
             (Some(&from), Some(&to)) if 0 <= from && from <= to && to as usize <= strings.bytes.len() => {
                 Ok(Some((from as usize, to as usize)))
@@ -310,7 +343,6 @@ pub(crate) fn string_column(
     let text = |(from, to): (usize, usize)| -> Compiled<&str> {
         std::str::from_utf8(&strings.bytes[from..to]).map_err(|e| e.to_string())
     };
-    let kept = rows.len().min(valid.len());
     let array: ArrayRef = match field.data_type() {
         DataType::Utf8View => {
             if strings.bytes.len() >= u32::MAX as usize {
@@ -358,48 +390,88 @@ pub(crate) fn string_column(
 mod tests {
     use super::*;
     use datafusion::arrow::array::{
-        Date32Array, Decimal128Array, Int32Array, StringArray, StringViewArray,
+        Date32Array, Decimal128Array, Int32Array, Int64Array, StringArray, StringViewArray,
         TimestampMicrosecondArray,
     };
 
+    fn wide(words: &[u64]) -> OutputWords {
+        OutputWords::Wide(words.to_vec().into())
+    }
+
     #[test]
     fn words_become_columns_of_the_output_type_with_their_nulls() {
-        let words: Vec<u64> = [-3i64, 0, 7].iter().map(|&v| v as u64).collect();
+        let signed = [-3i64, 0, 7];
         let valid = [1u8, 0, 1];
-        let column = |data_type: DataType| {
-            word_column(&Field::new("c", data_type, true), &words, &valid).unwrap()
-        };
-        assert_eq!(
-            column(DataType::Int32).as_ref(),
-            &Int32Array::from(vec![Some(-3), None, Some(7)]) as &dyn Array
-        );
-        assert_eq!(
-            column(DataType::Date32).as_ref(),
-            &Date32Array::from(vec![Some(-3), None, Some(7)]) as &dyn Array
-        );
-        let decimal = Decimal128Array::from(vec![Some(-3i128), None, Some(7)])
-            .with_precision_and_scale(15, 2)
-            .unwrap();
-        assert_eq!(column(DataType::Decimal128(15, 2)).as_ref(), &decimal as &dyn Array);
-        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
-        let timestamps =
-            TimestampMicrosecondArray::from(vec![Some(-3), None, Some(7)]).with_timezone("UTC");
-        assert_eq!(column(utc).as_ref(), &timestamps as &dyn Array);
-        let booleans = column(DataType::Boolean);
-        assert_eq!(
-            booleans.as_ref(),
-            &BooleanArray::from(vec![Some(true), None, Some(true)]) as &dyn Array
-        );
+        // The same words as they come back 8 bytes a row and 4.
+        let both = [
+            wide(&signed.map(|v| v as u64)),
+            OutputWords::Narrow(signed.map(|v| v as i32).to_vec().into()),
+        ];
+        for words in &both {
+            let column = |data_type: DataType| {
+                word_column(&Field::new("c", data_type, true), words, Some(&valid)).unwrap()
+            };
+            assert_eq!(
+                column(DataType::Int32).as_ref(),
+                &Int32Array::from(vec![Some(-3), None, Some(7)]) as &dyn Array
+            );
+            assert_eq!(
+                column(DataType::Int64).as_ref(),
+                &Int64Array::from(vec![Some(-3), None, Some(7)]) as &dyn Array
+            );
+            assert_eq!(
+                column(DataType::Date32).as_ref(),
+                &Date32Array::from(vec![Some(-3), None, Some(7)]) as &dyn Array
+            );
+            let decimal = Decimal128Array::from(vec![Some(-3i128), None, Some(7)])
+                .with_precision_and_scale(15, 2)
+                .unwrap();
+            assert_eq!(column(DataType::Decimal128(15, 2)).as_ref(), &decimal as &dyn Array);
+            let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+            let timestamps =
+                TimestampMicrosecondArray::from(vec![Some(-3), None, Some(7)]).with_timezone("UTC");
+            assert_eq!(column(utc).as_ref(), &timestamps as &dyn Array);
+            let booleans = column(DataType::Boolean);
+            assert_eq!(
+                booleans.as_ref(),
+                &BooleanArray::from(vec![Some(true), None, Some(true)]) as &dyn Array
+            );
+            // No validity: no NULL.
+            let all_valid = word_column(&Field::new("c", DataType::Int64, true), words, None).unwrap();
+            assert_eq!(all_valid.as_ref(), &Int64Array::from(vec![-3, 0, 7]) as &dyn Array);
+            assert!(word_column(&Field::new("u", DataType::UInt64, true), words, Some(&valid)).is_err());
+        }
         let floats = word_column(
             &Field::new("f", DataType::Float64, true),
-            &[(-0.0f64).to_bits(), 2.5f64.to_bits()],
-            &[1, 1],
+            &wide(&[(-0.0f64).to_bits(), 2.5f64.to_bits()]),
+            Some(&[1, 1]),
         )
         .unwrap();
         let floats = floats.as_any().downcast_ref::<Float64Array>().unwrap();
         assert!(floats.null_count() == 0 && floats.value(0).is_sign_negative());
         assert_eq!(floats.value(1), 2.5);
-        assert!(word_column(&Field::new("u", DataType::UInt64, true), &words, &valid).is_err());
+        // A float whose bits fit 4 bytes (0.0) comes back exactly.
+        let zero = word_column(
+            &Field::new("f", DataType::Float64, true),
+            &OutputWords::Narrow(vec![0i32].into()),
+            None,
+        )
+        .unwrap();
+        let zero = zero.as_any().downcast_ref::<Float64Array>().unwrap();
+        assert!(zero.value(0) == 0.0 && zero.value(0).is_sign_positive());
+    }
+
+    #[test]
+    fn words_of_the_columns_width_are_not_copied() {
+        let narrow = OutputWords::Narrow(vec![1i32, -2].into());
+        let column = word_column(&Field::new("d", DataType::Date32, false), &narrow, None).unwrap();
+        let OutputWords::Narrow(values) = &narrow else { unreachable!() };
+        assert_eq!(column.to_data().buffers()[0].as_ptr(), values.inner().as_ptr());
+        let words = wide(&[5, u64::MAX]);
+        let column = word_column(&Field::new("i", DataType::Int64, false), &words, None).unwrap();
+        let OutputWords::Wide(values) = &words else { unreachable!() };
+        assert_eq!(column.to_data().buffers()[0].as_ptr(), values.inner().as_ptr());
+        assert_eq!(column.as_ref(), &Int64Array::from(vec![5, -1]) as &dyn Array);
     }
 
     /// A part's strings as the cache keeps them as bytes (a NULL row an
@@ -429,7 +501,7 @@ mod tests {
             rows.iter().zip(valid).map(|(&r, v)| (v == 1).then(|| values[r as usize].unwrap())).collect();
         for data_type in [DataType::Utf8View, DataType::Utf8, DataType::LargeUtf8] {
             let field = Field::new("s", data_type.clone(), true);
-            let column = string_column(&field, &rows, &valid, &strings).unwrap();
+            let column = string_column(&field, &wide(&rows), Some(&valid), &strings).unwrap();
             assert_eq!(column.data_type(), &data_type);
             let as_utf8 = datafusion::arrow::compute::cast(&column, &DataType::Utf8).unwrap();
             assert_eq!(
@@ -441,39 +513,39 @@ mod tests {
         // Views keep the part's bytes where most are kept, and copy the
         // few kept where not.
         let field = Field::new("s", DataType::Utf8View, true);
-        let most = string_column(&field, &[3, 3, 3], &[1, 1, 1], &strings).unwrap();
+        let most = string_column(&field, &wide(&[3, 3, 3]), None, &strings).unwrap();
         let views = most.as_any().downcast_ref::<StringViewArray>().unwrap();
         assert_eq!(views.data_buffers()[0].len(), strings.bytes.len());
-        let few = string_column(&field, &[0], &[1], &strings).unwrap();
+        let few = string_column(&field, &OutputWords::Narrow(vec![0].into()), None, &strings).unwrap();
         let views = few.as_any().downcast_ref::<StringViewArray>().unwrap();
         assert!(views.data_buffers().iter().all(|b| b.len() < strings.bytes.len()));
         assert_eq!(views.value(0), "short");
         // No row kept; a row past the part's; bytes that are not UTF-8.
-        let empty = string_column(&field, &[], &[], &strings).unwrap();
+        let empty = string_column(&field, &wide(&[]), Some(&[]), &strings).unwrap();
         assert_eq!(empty.len(), 0);
         for data_type in [DataType::Utf8View, DataType::Utf8, DataType::LargeUtf8] {
             let field = Field::new("s", data_type, true);
-            assert!(string_column(&field, &[6], &[1], &strings).is_err());
+            assert!(string_column(&field, &wide(&[6]), Some(&[1]), &strings).is_err());
             let broken = PartStrings {
                 offsets: vec![0, 2],
                 bytes: Buffer::from_vec(vec![0xe2u8, 0x82]),
             };
-            assert!(string_column(&field, &[0], &[1], &broken).is_err());
+            assert!(string_column(&field, &wide(&[0]), None, &broken).is_err());
         }
-        assert!(string_column(&Field::new("s", DataType::Binary, true), &[0], &[1], &strings).is_err());
+        assert!(string_column(&Field::new("s", DataType::Binary, true), &wide(&[0]), None, &strings).is_err());
     }
 
     #[test]
     fn codes_become_the_dictionarys_strings() {
         let dictionary: ArrayRef = Arc::new(StringArray::from(vec!["x", "yy"]));
         let field = Field::new("s", DataType::Utf8, true);
-        let column = coded_column(&field, &[2, 0, 1, 2], &dictionary).unwrap();
+        let column = coded_column(&field, &OutputWords::Narrow(vec![2, 0, 1, 2].into()), &dictionary).unwrap();
         assert_eq!(
             column.as_ref(),
             &StringArray::from(vec![Some("yy"), None, Some("x"), Some("yy")]) as &dyn Array
         );
         let view = Field::new("s", DataType::Utf8View, true);
-        assert_eq!(coded_column(&view, &[1], &dictionary).unwrap().data_type(), &DataType::Utf8View);
-        assert!(coded_column(&field, &[3], &dictionary).is_err());
+        assert_eq!(coded_column(&view, &wide(&[1]), &dictionary).unwrap().data_type(), &DataType::Utf8View);
+        assert!(coded_column(&field, &wide(&[3]), &dictionary).is_err());
     }
 }

@@ -446,13 +446,19 @@ fn batch_of(
     let schema = Arc::clone(&shape.output_schema);
     let mut columns = Vec::with_capacity(program.outputs.len());
     for (o, ((_, kind), field)) in program.outputs.iter().zip(schema.fields()).enumerate() {
-        let words = filtered.values_of(o);
+        let Some(words) = filtered.words_of(o) else {
+            match filtered.rows {
+                0 => columns.push(new_empty_array(field.data_type())),
+                _ => return Err("an output the device did not bring back".into()),
+            }
+            continue;
+        };
+        let valid = filtered.valid_of(o);
         let column = match (kind, &dictionaries[o]) {
             (OutputKind::Code { .. }, Some(dictionary)) => coded_column(field, words, dictionary)?,
-            (OutputKind::Word, _) => word_column(field, words, filtered.valid_of(o))?,
+            (OutputKind::Word, _) => word_column(field, words, valid)?,
             (OutputKind::Bytes { .. }, _) => match strings.get(o) {
-                Some(Some(strings)) => string_column(field, words, filtered.valid_of(o), strings)?,
-                _ if filtered.rows == 0 => new_empty_array(field.data_type()),
+                Some(Some(strings)) => string_column(field, words, valid, strings)?,
                 _ => return Err("a string output without its strings".into()),
             },
             (OutputKind::Code { .. }, None) => return Err("a coded output without its dictionary".into()),

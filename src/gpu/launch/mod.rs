@@ -46,7 +46,7 @@ pub use scan_aggregate::{
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_aggregate::{accumulator_init, SCAN_MAX_SHARED_BYTES};
-pub use scan_filter::{FilterLaunch, FilterProgram};
+pub use scan_filter::{FilterLaunch, FilterProgram, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE};
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_filter::FILTER_TILE;
 
@@ -115,6 +115,7 @@ pub struct Kernels {
     scan_aggregate: CudaFunction,
     scan_filter_count: CudaFunction,
     scan_filter_write: CudaFunction,
+    scan_filter_narrow: CudaFunction,
     /// Blocks of each join kernel a multiprocessor holds at once.
     join_residency: JoinResidency,
 }
@@ -226,6 +227,7 @@ impl Kernels {
             scan_aggregate: function(&scan_aggregate, "scan_aggregate")?,
             scan_filter_count: function(&scan_filter, "scan_filter_count")?,
             scan_filter_write: function(&scan_filter, "scan_filter_write")?,
+            scan_filter_narrow: function(&scan_filter, "scan_filter_narrow")?,
             join_residency,
             _modules: vec![scan, radix, join, group_by, merge, gather, scan_aggregate, scan_filter],
         })

@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, PushKernelArg, SyncOnDrop};
 use super::scan_aggregate::{
     check_chunks, check_instructions, check_register, column_addresses, le_bytes_u32,
 };
-use super::{config, Launcher, ScanChunk};
+use super::{config, grid_stride_blocks, Launcher, ScanChunk};
 use crate::gpu::{
     upload_byte_pieces, upload_u64, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
     PhaseTimer,
@@ -18,6 +18,13 @@ use crate::gpu::{
 
 /// Rows of one tile (`FILTER_TILE` in `ptx/scan_filter.cu`): one block's.
 pub const FILTER_TILE: usize = 2048;
+
+/// Bit of an output's flag ([`FilterLaunch::write`]) set where some kept
+/// row's output is NULL (`OUTPUT_HAS_NULL` in `ptx/scan_filter.cu`).
+pub const OUTPUT_HAS_NULL: u32 = 1;
+/// Bit of an output's flag set where some kept row's word is not a 32-bit
+/// integer sign-extended (`OUTPUT_IS_WIDE` in `ptx/scan_filter.cu`).
+pub const OUTPUT_IS_WIDE: u32 = 2;
 
 /// The program of a filtering scan: `instructions` in order on every row;
 /// the row is kept where there is no `predicate` register or it is valid
@@ -164,14 +171,19 @@ impl<'a> FilterLaunch<'a> {
     /// Writes the kept rows' outputs: output `o` of the row at place `p`
     /// to `values[o * capacity + p]` and byte `o * capacity + p` of
     /// `valid` (1 valid, 0 NULL), the places starting at each tile's
-    /// `tile_starts` entry. A place at or past `capacity` is not written
-    /// and sets `overflow`.
+    /// `tile_starts` entry, and ORs into the 4-byte flag `o` of
+    /// `output_flags` (zeroed by the caller, two to a word, the first in
+    /// the low half) [`OUTPUT_HAS_NULL`] and [`OUTPUT_IS_WIDE`] as the
+    /// rows find them. A place at or past `capacity` is not written and
+    /// sets `overflow`.
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         tile_starts: &CudaSlice<u64>,
         capacity: usize,
         values: &mut CudaSlice<u64>,
         valid: &mut CudaSlice<u64>,
+        output_flags: &mut CudaSlice<u64>,
         overflow: &mut CudaSlice<u64>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<()> {
@@ -185,6 +197,10 @@ impl<'a> FilterLaunch<'a> {
         check(tile_starts.len() >= tiles, "the tile starts are shorter than the tiles")?;
         check(values.len() >= slots, "the output values are shorter than their rows")?;
         check(valid.len() >= slots.div_ceil(8), "the output validity is shorter than its rows")?;
+        check(
+            output_flags.len() >= (self.output_count as usize).div_ceil(2),
+            "the output flags are fewer than the outputs",
+        )?;
         check(!overflow.is_empty(), "no overflow flag")?;
         let stream = self.launcher.stream;
         let function = &self.launcher.kernels.scan_filter_write;
@@ -206,6 +222,7 @@ impl<'a> FilterLaunch<'a> {
                 .arg(&capacity)
                 .arg(&mut *values)
                 .arg(&mut *valid)
+                .arg(&mut *output_flags)
                 .arg(&mut *overflow);
             // SAFETY: as for `count` for the chunk, program and remap table;
             // `outputs` holds output_count registers (uploaded whole, each
@@ -213,10 +230,53 @@ impl<'a> FilterLaunch<'a> {
             // tile_starts[..tiles] (checked) and writes values and valid
             // only at o * capacity + p for o < output_count and p <
             // capacity: within output_count * capacity words of `values`
-            // and bytes of `valid` (both checked above); overflow's first
-            // 4 bytes.
+            // and bytes of `valid` (both checked above); the 4-byte flags
+            // 0..output_count of `output_flags` (checked above); overflow's
+            // first 4 bytes.
             unsafe { launch.launch(launch_config) }
                 .during("launching scan_filter_write")
+                .map(|_| ())
+        })
+    }
+
+    /// Launches `scan_filter_narrow`: the low 4 bytes of `words[from..from + n]`
+    /// written to the 4-byte values `offset..offset + n` of `out` (two to a
+    /// word, the first in the low half): the words of an output whose flag
+    /// lacks [`OUTPUT_IS_WIDE`], for a copy back half the size.
+    pub fn narrow(
+        &self,
+        words: &CudaSlice<u64>,
+        from: usize,
+        n: usize,
+        out: &mut CudaSlice<u64>,
+        offset: usize,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        let Launcher { kernels, stream, sm_count } = self.launcher;
+        if n == 0 {
+            return Ok(());
+        }
+        let end = from.checked_add(n);
+        check(end.is_some_and(|end| end <= words.len()), "narrowed words past their output")?;
+        let out_end = offset.checked_add(n);
+        check(
+            out_end.is_some_and(|end| end.div_ceil(2) <= out.len()),
+            "narrowed words past their room",
+        )?;
+        let (from, n, offset) = (from as u64, n as u64, offset as u64);
+        timer.time_on(stream, Phase::Kernel, || {
+            let mut launch = stream.launch_builder(&kernels.scan_filter_narrow);
+            launch
+                .arg(words)
+                .arg(&from)
+                .arg(&n)
+                .arg(&mut *out)
+                .arg(&offset);
+            // SAFETY: the kernel reads words[from..from + n] and writes the
+            // 4-byte values offset..offset + n of `out`, both checked above to
+            // lie within their slices.
+            unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+                .during("launching scan_filter_narrow")
                 .map(|_| ())
         })
     }
@@ -238,5 +298,7 @@ mod tests {
         let source = include_str!("../../../ptx/scan_filter.cu");
         assert!(source.contains("#define FILTER_ROUNDS 8"));
         assert_eq!(FILTER_TILE, super::super::BLOCK_THREADS as usize * 8);
+        assert!(source.contains(&format!("#define OUTPUT_HAS_NULL {OUTPUT_HAS_NULL}u")));
+        assert!(source.contains(&format!("#define OUTPUT_IS_WIDE {OUTPUT_IS_WIDE}u")));
     }
 }
