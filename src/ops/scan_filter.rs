@@ -51,15 +51,12 @@ pub enum OutputWords {
 }
 
 impl OutputWords {
-    pub fn len(&self) -> usize {
+    /// The rows it holds a word of.
+    pub fn rows(&self) -> usize {
         match self {
             OutputWords::Wide(words) => words.len(),
             OutputWords::Narrow(values) => values.len(),
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Row `row`'s word, as the register held it.

@@ -326,7 +326,7 @@ pub(crate) fn string_column(
     valid: Option<&[u8]>,
     strings: &PartStrings,
 ) -> Compiled<ArrayRef> {
-    let kept = rows.len().min(valid.map_or(usize::MAX, <[u8]>::len));
+    let kept = rows.rows().min(valid.map_or(usize::MAX, <[u8]>::len));
     // Each kept row's string: `None` for NULL, else where its bytes lie.
     let ranges = (0..kept).map(|i| -> Compiled<Option<(usize, usize)>> {
         if valid.is_some_and(|valid| valid[i] == 0) {
