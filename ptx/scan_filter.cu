@@ -129,3 +129,52 @@ extern "C" __global__ void scan_filter_narrow(const u64* words, u64 from, u64 n,
         out[offset + i] = (u32)words[from + i];
     }
 }
+
+// Strings kept as their bytes, gathered for the kept rows only. The part's
+// column is `part_rows + 1` four-byte offsets into its `byte_count` bytes
+// (row r's string between offsets r and r + 1); a kept row's output word at
+// words[from + i] is its row in the part, and valid[from + i] its validity
+// byte (0: NULL, no string).
+//
+// `scan_filter_string_lengths` writes each kept row's string length to
+// lengths[i] for i < n (0 where NULL); a row past the part, or offsets out of
+// order or past the bytes, set *bad = 1 (and count 0). The host turns the
+// lengths into each string's start (an exclusive prefix sum over n + 1
+// entries, the last the total) and, where nothing was bad, launches
+// `scan_filter_string_copy`, a warp a row, to lay the strings end to end.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride).
+extern "C" __global__ void scan_filter_string_lengths(const u64* words, u64 from,
+                                                      const unsigned char* valid,
+                                                      const u32* offsets, u64 part_rows,
+                                                      u64 byte_count, u64 n, u64* lengths,
+                                                      u32* bad) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        u64 length = 0;
+        if (valid[from + i] != 0) {
+            const u64 row = words[from + i];
+            if (row < part_rows && offsets[row] <= offsets[row + 1] &&
+                offsets[row + 1] <= byte_count) {
+                length = offsets[row + 1] - offsets[row];
+            } else {
+                *bad = 1;
+            }
+        }
+        lengths[i] = length;
+    }
+}
+
+extern "C" __global__ void scan_filter_string_copy(const u64* words, u64 from,
+                                                   const u32* offsets,
+                                                   const unsigned char* bytes,
+                                                   const u64* starts, u64 n,
+                                                   unsigned char* out) {
+    const u64 warps = ((u64)gridDim.x * blockDim.x) / 32;
+    for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < n; i += warps) {
+        const u64 start = starts[i];
+        const u64 length = starts[i + 1] - start;
+        if (length == 0) continue;
+        const unsigned char* src = bytes + offsets[words[from + i]];
+        for (u64 j = lane_id(); j < length; j += 32) out[start + j] = src[j];
+    }
+}

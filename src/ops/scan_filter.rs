@@ -9,10 +9,14 @@ use std::sync::Arc;
 use datafusion::arrow::buffer::{Buffer, ScalarBuffer};
 use datafusion::arrow::datatypes::ToByteSlice;
 
-use crate::gpu::launch::{FilterLaunch, FilterProgram, ScanChunk, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE};
+use cudarc::driver::CudaSlice;
+
+use crate::gpu::launch::{
+    FilterLaunch, FilterProgram, ScanChunk, ScanColumn, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE,
+};
 use crate::gpu::{
-    alloc_zeroed, download_u64, DeviceStream, DriverResultExt, GpuDevice, GpuResult, PhaseTimer,
-    ReservationKind,
+    alloc_zeroed, download_byte_pieces, download_u64, DeviceStream, DriverResultExt, GpuDevice,
+    GpuResult, PhaseTimer, ReservationKind,
 };
 use crate::ops::scan::exclusive_scan;
 
@@ -37,6 +41,18 @@ pub struct FilterOutput {
     pub words: OutputWords,
     /// One byte a row (1 valid, 0 NULL); `None` where every row is valid.
     pub valid: Option<Vec<u8>>,
+    /// For an output of strings kept as their bytes (its words the rows'
+    /// places in the part), the kept rows' strings gathered on the device,
+    /// or why they could not be.
+    pub strings: Option<Result<KeptStrings, String>>,
+}
+
+/// The strings of the kept rows, end to end: row `i`'s between offsets `i`
+/// and `i + 1` (equal where it is NULL).
+#[derive(Debug, Clone)]
+pub struct KeptStrings {
+    pub offsets: ScalarBuffer<i32>,
+    pub bytes: Buffer,
 }
 
 /// An output's words as they came back from the device.
@@ -121,16 +137,26 @@ impl PartialEq for FilteredRows {
 /// Runs `program` over `chunk` on `stream` and copies the kept rows'
 /// outputs back; the device memory of the outputs is reserved in the
 /// budget (within `memory_fraction` of the device) while they are made.
+/// Where `strings[o]` names a column of the chunk kept as its bytes, output
+/// `o` holds each kept row's place in the chunk, and the kept rows' strings
+/// of that column come back too, gathered on the device
+/// ([`FilterOutput::strings`]).
 pub fn filter_chunk(
     device: &GpuDevice,
     stream: &Arc<DeviceStream>,
     chunk: &ScanChunk<'_>,
     program: &FilterProgram<'_>,
+    strings: &[Option<usize>],
     memory_fraction: f64,
     timer: &mut PhaseTimer,
 ) -> GpuResult<FilteredRows> {
     let launch = FilterLaunch::new(device, device.launcher(stream), chunk, program, timer)?;
-    let ran = run(device, stream, &launch, program.outputs.len(), memory_fraction, timer);
+    let outputs = Outputs {
+        count: program.outputs.len(),
+        strings,
+        chunk,
+    };
+    let ran = run(device, stream, &launch, &outputs, memory_fraction, timer);
     // The kernels read the chunk's columns through raw addresses: whatever
     // happened, they finish before the chunk's borrow ends.
     let waited = stream.synchronize().during("waiting for scan_filter");
@@ -140,14 +166,23 @@ pub fn filter_chunk(
     Ok(rows)
 }
 
+/// What [`run`] brings back: `count` outputs, those `strings` names with
+/// the strings of the chunk's columns.
+struct Outputs<'a> {
+    count: usize,
+    strings: &'a [Option<usize>],
+    chunk: &'a ScanChunk<'a>,
+}
+
 fn run(
     device: &GpuDevice,
     stream: &Arc<DeviceStream>,
     launch: &FilterLaunch<'_>,
-    outputs: usize,
+    wanted: &Outputs<'_>,
     memory_fraction: f64,
     timer: &mut PhaseTimer,
 ) -> GpuResult<FilteredRows> {
+    let outputs = wanted.count;
     let tiles = launch.tiles();
     if tiles == 0 {
         return Ok(FilteredRows::default());
@@ -212,7 +247,7 @@ fn run(
     while o < outputs {
         if let (Some(j), Some(packed)) = (narrow.iter().position(|&n| n == o), &narrowed) {
             let words = OutputWords::Narrow(ScalarBuffer::new(packed.clone(), j * rows, rows));
-            out.push(FilterOutput { words, valid: None });
+            out.push(FilterOutput { words, valid: None, strings: None });
             o += 1;
             continue;
         }
@@ -222,7 +257,7 @@ fn run(
         let words = Buffer::from_vec(words);
         for i in 0..end - o {
             let words = OutputWords::Wide(ScalarBuffer::new(words.clone(), i * rows, rows));
-            out.push(FilterOutput { words, valid: None });
+            out.push(FilterOutput { words, valid: None, strings: None });
         }
         o = end;
     }
@@ -236,6 +271,22 @@ fn run(
             }
         }
     }
+    for (o, output) in out.iter_mut().enumerate() {
+        let Some(column) = wanted.strings.get(o).copied().flatten() else {
+            continue;
+        };
+        let Some(column) = wanted.chunk.columns.get(column) else {
+            output.strings = Some(Err("a string output without its column".into()));
+            continue;
+        };
+        let at = StringsAt {
+            values: &values,
+            valid: &valid,
+            from: o * rows,
+            rows,
+        };
+        output.strings = Some(gather_strings(device, stream, launch, &at, column, wanted.chunk.rows, memory_fraction, timer)?);
+    }
     download_u64(device, stream, &overflow.as_view(), &mut flag, timer)?;
     let overflowed = flag.first().is_some_and(|&word| word != 0);
     Ok(FilteredRows {
@@ -243,6 +294,75 @@ fn run(
         outputs: if overflowed { Vec::new() } else { out },
         overflowed,
     })
+}
+
+/// Where a string output's kept rows lie: their places in the part at
+/// `values[from..from + rows]`, their validity bytes at `from..` of `valid`.
+struct StringsAt<'a> {
+    values: &'a CudaSlice<u64>,
+    valid: &'a CudaSlice<u64>,
+    from: usize,
+    rows: usize,
+}
+
+/// The kept rows' strings of `column` (kept as its bytes, `part_rows`
+/// rows), gathered on the device and copied back: their lengths, the
+/// lengths' prefix sum (each string's start), the strings end to end; the
+/// reason where they cannot be (a row outside the part, more than 2 GiB).
+#[allow(clippy::too_many_arguments)]
+fn gather_strings(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    launch: &FilterLaunch<'_>,
+    at: &StringsAt<'_>,
+    column: &ScanColumn<'_>,
+    part_rows: usize,
+    memory_fraction: f64,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Result<KeptStrings, String>> {
+    let Some((_, part_bytes)) = column.bytes else {
+        return Ok(Err("a string output of a column not kept as its bytes".into()));
+    };
+    let rows = at.rows;
+    // The starts, their 4-byte copy, and at most the part's bytes.
+    let _reservation = device.budget().reserve(
+        12 * (rows + 1) + part_bytes.div_ceil(8) * 8,
+        memory_fraction,
+        ReservationKind::Transient,
+    )?;
+    let mut starts = alloc_zeroed::<u64>(stream, rows + 1, "allocating the kept strings' starts")?;
+    let mut bad = alloc_zeroed::<u64>(stream, 1, "allocating the kept strings' flag")?;
+    launch.string_lengths(at.values, at.from, at.valid, column, part_rows, rows, &mut starts, &mut bad, timer)?;
+    exclusive_scan(device, stream, &mut starts, rows + 1)?;
+    let mut words = Vec::with_capacity(2);
+    download_u64(device, stream, &starts.slice(rows..rows + 1), &mut words, timer)?;
+    let total = words.first().copied().unwrap_or(0) as usize;
+    download_u64(device, stream, &bad.as_view(), &mut words, timer)?;
+    if words.first().is_some_and(|&word| word != 0) {
+        return Ok(Err("a kept row outside its part's strings".into()));
+    }
+    if total > i32::MAX as usize {
+        return Ok(Err("a part's kept strings past 2 GiB".into()));
+    }
+    let mut gathered = alloc_zeroed::<u64>(stream, total.div_ceil(8).max(1), "allocating the kept strings")?;
+    launch.string_copy(at.values, at.from, column, &starts, rows, total, &mut gathered, timer)?;
+    // Every start fits 4 bytes (the total does): copied back so.
+    let mut packed = alloc_zeroed::<u64>(stream, (rows + 1).div_ceil(2), "allocating the kept strings' offsets")?;
+    launch.narrow(&starts, 0, rows + 1, &mut packed, 0, timer)?;
+    let mut offsets = Vec::with_capacity(packed.len());
+    download_u64(device, stream, &packed.as_view(), &mut offsets, timer)?;
+    let offsets = ScalarBuffer::new(Buffer::from_vec(offsets), 0, rows + 1);
+    let bytes = match total {
+        0 => Buffer::from_vec(Vec::<u8>::new()),
+        total => {
+            let mut pieces = download_byte_pieces(device, stream, &gathered.as_view(), total, total, 1, timer)?;
+            match (pieces.pop(), pieces.is_empty()) {
+                (Some(piece), true) => piece,
+                _ => return Ok(Err("the kept strings not in one piece".into())),
+            }
+        }
+    };
+    Ok(Ok(KeptStrings { offsets, bytes }))
 }
 
 /// CPU references.
@@ -271,6 +391,7 @@ pub mod reference {
                 .map(|o| super::FilterOutput {
                     words: super::OutputWords::Wide(values[o * rows..(o + 1) * rows].to_vec().into()),
                     valid: Some(valid[o * rows..(o + 1) * rows].to_vec()),
+                    strings: None,
                 })
                 .collect(),
         };

@@ -2284,6 +2284,18 @@ fn reductions_over_spans_of_rows_match_one_over_all() {
     timer.finish().unwrap();
 }
 
+/// Validity words of `rows` rows: bit `r % 64` of word `r / 64` set where
+/// `valid(r)`.
+fn validity_bits(rows: usize, valid: impl Fn(usize) -> bool) -> Vec<u64> {
+    (0..rows.div_ceil(64))
+        .map(|w| {
+            (0..64)
+                .filter(|&i| w * 64 + i < rows && valid(w * 64 + i))
+                .fold(0, |m, i| m | 1 << i)
+        })
+        .collect()
+}
+
 #[test]
 fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries() {
     use datafusion_gpu::gpu::launch::{FilterProgram, ScanChunk, ScanColumn, ScanOp, FILTER_TILE};
@@ -2323,13 +2335,7 @@ fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries(
         let a = random_keys(rows, 1000, rows as u64);
         let b = random_keys(rows, 1 << 40, rows as u64 + 1);
         let valid = |r: usize| r % 7 != 3;
-        let validity: Vec<u64> = (0..rows.div_ceil(64))
-            .map(|w| {
-                (0..64)
-                    .filter(|&i| w * 64 + i < rows && valid(w * 64 + i))
-                    .fold(0, |m, i| m | 1 << i)
-            })
-            .collect();
+        let validity = validity_bits(rows, valid);
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         let a_device = upload_u64(
             &device,
@@ -2370,7 +2376,7 @@ fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries(
             ],
             remap: Default::default(),
         };
-        let got = filter_chunk(&device, stream, &chunk, &program, 0.5, &mut timer).unwrap();
+        let got = filter_chunk(&device, stream, &chunk, &program, &[], 0.5, &mut timer).unwrap();
         timer.finish().unwrap();
         let expected = reference::filter(
             rows,
@@ -2410,5 +2416,151 @@ fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries(
                 "{rows} rows"
             );
         }
+    }
+}
+
+#[test]
+fn the_filtering_scan_gathers_the_kept_rows_strings_on_the_device() {
+    use datafusion_gpu::gpu::launch::{FilterProgram, ScanChunk, ScanColumn, ScanOp, FILTER_TILE};
+    use datafusion_gpu::ops::scan_filter::filter_chunk;
+    let Some(device) = device("the_filtering_scan_gathers_the_kept_rows_strings_on_the_device")
+    else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // r0 = a, r1 = 500, r2 = a < 500, r3 = the row's place (valid where
+    // the string is): keep a < 500, output r3 with the strings of column 1.
+    let instructions = [
+        [ScanOp::LoadI64 as i64, 0, 0, 0, 0],
+        [ScanOp::Const as i64, 1, 500, 0, 0],
+        [ScanOp::LtI64 as i64, 2, 0, 1, 0],
+        [ScanOp::RowOf as i64, 3, 1, 0, 0],
+    ];
+    let outputs = [3u32];
+    let program = FilterProgram {
+        instructions: &instructions,
+        predicate: Some(2),
+        outputs: &outputs,
+    };
+    for (rows, null_every) in [
+        (0, 0),
+        (1, 0),
+        (FILTER_TILE + 1, 5),
+        (100_003, 0),
+        (100_003, 3),
+    ] {
+        let a = random_keys(rows, 1000, rows as u64 + 7);
+        let lengths = random_keys(rows, 41, rows as u64 + 8);
+        // Strings of 0 to 40 bytes, some of two-byte characters; a NULL row
+        // an empty string, as the cache keeps it.
+        let valid = |r: usize| null_every == 0 || r % null_every != 1;
+        let text = |r: usize| -> String {
+            match valid(r) {
+                true => (0..lengths[r] as usize)
+                    .map(|i| {
+                        if (r + i).is_multiple_of(7) {
+                            'é'
+                        } else {
+                            char::from(b'a' + ((r + i) % 26) as u8)
+                        }
+                    })
+                    .collect(),
+                false => String::new(),
+            }
+        };
+        let strings: Vec<String> = (0..rows).map(text).collect();
+        let mut offsets = vec![0u32];
+        let mut bytes = Vec::new();
+        for string in &strings {
+            bytes.extend_from_slice(string.as_bytes());
+            offsets.push(bytes.len() as u32);
+        }
+        let offset_words: Vec<u64> = offsets
+            .chunks(2)
+            .map(|pair| u64::from(pair[0]) | pair.get(1).map_or(0, |&h| u64::from(h) << 32))
+            .collect();
+        let byte_words: Vec<u64> = bytes
+            .chunks(8)
+            .map(|chunk| {
+                let mut word = [0u8; 8];
+                word[..chunk.len()].copy_from_slice(chunk);
+                u64::from_le_bytes(word)
+            })
+            .chain([0])
+            .collect();
+        let validity = validity_bits(rows, valid);
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let upload = |words: &[u64], timer: &mut PhaseTimer| {
+            let words: Vec<u64> = words.iter().copied().chain([0]).collect();
+            upload_u64(&device, stream, &words, timer).unwrap()
+        };
+        let a_device = upload(&a, &mut timer);
+        let offsets_device = upload(&offset_words, &mut timer);
+        let bytes_device = upload(&byte_words, &mut timer);
+        let validity_device = upload(&validity, &mut timer);
+        let chunk = ScanChunk {
+            rows,
+            columns: vec![
+                ScanColumn {
+                    values: &a_device,
+                    validity: None,
+                    narrow: false,
+                    bytes: None,
+                },
+                ScanColumn {
+                    values: &offsets_device,
+                    validity: (null_every != 0).then_some(&validity_device),
+                    narrow: true,
+                    bytes: Some((&bytes_device, bytes.len())),
+                },
+            ],
+            remap: Default::default(),
+        };
+        let got = filter_chunk(
+            &device,
+            stream,
+            &chunk,
+            &program,
+            &[Some(1)],
+            0.5,
+            &mut timer,
+        )
+        .unwrap();
+        timer.finish().unwrap();
+        let kept: Vec<usize> = (0..rows).filter(|&r| a[r] < 500).collect();
+        assert_eq!(got.rows, kept.len(), "{rows} rows");
+        if kept.is_empty() {
+            continue;
+        }
+        // The rows' places come back as before (0 where NULL, as every
+        // NULL register), the strings gathered.
+        let places: Vec<u64> = got.words_of(0).unwrap().words().collect();
+        assert_eq!(
+            places,
+            kept.iter()
+                .map(|&r| if valid(r) { r as u64 } else { 0 })
+                .collect::<Vec<_>>(),
+            "{rows} rows"
+        );
+        let kept_valid: Vec<u8> = kept.iter().map(|&r| u8::from(valid(r))).collect();
+        match got.valid_of(0) {
+            Some(valid) => assert_eq!(valid, kept_valid.as_slice(), "{rows} rows"),
+            None => assert!(kept_valid.iter().all(|&v| v == 1), "{rows} rows"),
+        }
+        let gathered = got.outputs[0].strings.as_ref().unwrap().as_ref().unwrap();
+        let mut expected_offsets = vec![0i32];
+        let mut expected_bytes = Vec::new();
+        for &r in &kept {
+            expected_bytes.extend_from_slice(strings[r].as_bytes());
+            expected_offsets.push(expected_bytes.len() as i32);
+        }
+        assert_eq!(gathered.offsets.to_vec(), expected_offsets, "{rows} rows");
+        assert_eq!(
+            gathered.bytes.as_slice(),
+            expected_bytes.as_slice(),
+            "{rows} rows"
+        );
     }
 }

@@ -31,11 +31,8 @@ use crate::exec::scan_aggregate::{
 use crate::exec::join_keys::{kept_by_join_keys, MAX_KEPT_SHARE, MAX_KEPT_SHARE_OF_STRINGS};
 use crate::exec::GpuScanMetrics;
 use crate::gpu::launch::{FilterProgram as DeviceFilterProgram, RemapTable, SharedWords};
-use crate::gpu::{
-    download_byte_pieces, download_u64, CachedColumn, DeviceStream, GpuDevice, PhaseTimer,
-};
-use datafusion::arrow::buffer::Buffer;
-use crate::ops::scan_filter::{filter_chunk, FilteredRows};
+use crate::gpu::{CachedColumn, GpuDevice, PhaseTimer};
+use crate::ops::scan_filter::{filter_chunk, FilteredRows, OutputWords};
 use crate::trace;
 
 /// What a partition's run made: its batches, or why DataFusion must.
@@ -367,72 +364,35 @@ fn filter_part(
     device.bind_to_thread()?;
     let stream = device.stream()?;
     let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
-    let filtered = filter_chunk(device, stream.stream(), &chunk, &device_program, memory_fraction, &mut timer)?;
-    let strings = match filtered.rows > 0 && !filtered.overflowed {
-        true => output_strings(device, stream.stream(), loaded, program, &mut timer)?,
-        false => Ok(Vec::new()),
-    };
+    // Strings kept as their bytes come back gathered for the kept rows,
+    // from the chunk's column (the chunk's columns are the program's).
+    let strings: Vec<Option<usize>> = program
+        .outputs
+        .iter()
+        .map(|&(_, kind)| match kind {
+            OutputKind::Bytes { column } => program.columns.iter().position(|&c| c == column),
+            _ => None,
+        })
+        .collect();
+    let filtered = filter_chunk(
+        device,
+        stream.stream(),
+        &chunk,
+        &device_program,
+        &strings,
+        memory_fraction,
+        &mut timer,
+    )?;
     metrics.device.record(&timer.finish()?);
     metrics.rows_scanned.add(rows);
     if filtered.overflowed {
         return Ok(Err("an integer or decimal value left 64 bits on the device".into()));
     }
-    let strings = match strings {
-        Ok(strings) => strings,
-        Err(reason) => return Ok(Err(reason)),
-    };
-    let batch = batch_of(shape, program, &filtered, &dictionaries, &strings);
+    let batch = batch_of(shape, program, &filtered, &dictionaries);
     if let Ok(batch) = &batch {
         metrics.baseline.record_output(batch.num_rows());
     }
     Ok(batch)
-}
-
-/// The part's columns of strings kept as their bytes that `program`
-/// outputs, brought back whole (their offsets and bytes), by output (`None`
-/// for other outputs). Blocking.
-fn output_strings(
-    device: &GpuDevice,
-    stream: &Arc<DeviceStream>,
-    loaded: &[Arc<CachedColumn>],
-    program: &FilterProgram,
-    timer: &mut PhaseTimer,
-) -> crate::gpu::GpuResult<Reasoned<Vec<Option<PartStrings>>>> {
-    let mut strings = Vec::with_capacity(program.outputs.len());
-    for &(_, kind) in &program.outputs {
-        let OutputKind::Bytes { column } = kind else {
-            strings.push(None);
-            continue;
-        };
-        let slot = program.columns.iter().position(|&c| c == column);
-        let Some(cached) = slot.and_then(|slot| loaded.get(slot)) else {
-            return Ok(Err("a string output without its column".into()));
-        };
-        let (Some((bytes, count)), true) = (&cached.bytes, cached.narrow) else {
-            return Ok(Err("a string output not kept as its bytes".into()));
-        };
-        let mut words = Vec::new();
-        download_u64(device, stream, &cached.values.as_view(), &mut words, timer)?;
-        // Four-byte offsets, two to a word, the first in the low half.
-        let offsets: Vec<i32> = (0..=cached.rows)
-            .map_while(|r| words.get(r / 2).map(|w| (w >> (32 * (r % 2))) as u32 as i32))
-            .collect();
-        if offsets.len() != cached.rows + 1 {
-            return Ok(Err("a string column's offsets cut short".into()));
-        }
-        let bytes = match *count {
-            0 => Buffer::from_vec(Vec::<u8>::new()),
-            count => {
-                let mut pieces = download_byte_pieces(device, stream, &bytes.as_view(), count, count, 1, timer)?;
-                match (pieces.pop(), pieces.is_empty()) {
-                    (Some(piece), true) => piece,
-                    _ => return Ok(Err("a string column's bytes not in one piece".into())),
-                }
-            }
-        };
-        strings.push(Some(PartStrings { offsets, bytes }));
-    }
-    Ok(Ok(strings))
 }
 
 /// The rows kept as a batch of the node's schema.
@@ -441,7 +401,6 @@ fn batch_of(
     program: &FilterProgram,
     filtered: &FilteredRows,
     dictionaries: &[Option<ArrayRef>],
-    strings: &[Option<PartStrings>],
 ) -> Reasoned<RecordBatch> {
     let schema = Arc::clone(&shape.output_schema);
     let mut columns = Vec::with_capacity(program.outputs.len());
@@ -457,9 +416,18 @@ fn batch_of(
         let column = match (kind, &dictionaries[o]) {
             (OutputKind::Code { .. }, Some(dictionary)) => coded_column(field, words, dictionary)?,
             (OutputKind::Word, _) => word_column(field, words, valid)?,
-            (OutputKind::Bytes { .. }, _) => match strings.get(o) {
-                Some(Some(strings)) => string_column(field, words, valid, strings)?,
-                _ => return Err("a string output without its strings".into()),
+            (OutputKind::Bytes { .. }, _) => match filtered.outputs.get(o).and_then(|o| o.strings.as_ref()) {
+                Some(Ok(kept)) => {
+                    // Row i's string is the i-th gathered.
+                    let strings = PartStrings {
+                        offsets: kept.offsets.to_vec(),
+                        bytes: kept.bytes.clone(),
+                    };
+                    let rows = OutputWords::Narrow((0..words.rows() as i32).collect());
+                    string_column(field, &rows, valid, &strings)?
+                }
+                Some(Err(reason)) => return Err(reason.clone()),
+                None => return Err("a string output without its strings".into()),
             },
             (OutputKind::Code { .. }, None) => return Err("a coded output without its dictionary".into()),
         };

@@ -116,6 +116,8 @@ pub struct Kernels {
     scan_filter_count: CudaFunction,
     scan_filter_write: CudaFunction,
     scan_filter_narrow: CudaFunction,
+    scan_filter_string_lengths: CudaFunction,
+    scan_filter_string_copy: CudaFunction,
     /// Blocks of each join kernel a multiprocessor holds at once.
     join_residency: JoinResidency,
 }
@@ -228,6 +230,8 @@ impl Kernels {
             scan_filter_count: function(&scan_filter, "scan_filter_count")?,
             scan_filter_write: function(&scan_filter, "scan_filter_write")?,
             scan_filter_narrow: function(&scan_filter, "scan_filter_narrow")?,
+            scan_filter_string_lengths: function(&scan_filter, "scan_filter_string_lengths")?,
+            scan_filter_string_copy: function(&scan_filter, "scan_filter_string_copy")?,
             join_residency,
             _modules: vec![scan, radix, join, group_by, merge, gather, scan_aggregate, scan_filter],
         })

@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, PushKernelArg, SyncOnDrop};
 use super::scan_aggregate::{
     check_chunks, check_instructions, check_register, column_addresses, le_bytes_u32,
 };
-use super::{config, grid_stride_blocks, Launcher, ScanChunk};
+use super::{config, grid_stride_blocks, Launcher, ScanChunk, ScanColumn};
 use crate::gpu::{
     upload_byte_pieces, upload_u64, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
     PhaseTimer,
@@ -277,6 +277,121 @@ impl<'a> FilterLaunch<'a> {
             // lie within their slices.
             unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
                 .during("launching scan_filter_narrow")
+                .map(|_| ())
+        })
+    }
+
+    /// Launches `scan_filter_string_lengths` over `n` kept rows of a string
+    /// output: row `i`'s part row is `words[from + i]`, its validity byte
+    /// `from + i` of `valid`; `column` is the part's column of strings kept
+    /// as their bytes (`part_rows + 1` narrow offsets and the bytes). Writes
+    /// each row's string length to `lengths[i]` (0 where NULL); a row or
+    /// offsets outside the part set `bad`'s first 4 bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn string_lengths(
+        &self,
+        words: &CudaSlice<u64>,
+        from: usize,
+        valid: &CudaSlice<u64>,
+        column: &ScanColumn<'_>,
+        part_rows: usize,
+        n: usize,
+        lengths: &mut CudaSlice<u64>,
+        bad: &mut CudaSlice<u64>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        let Launcher { kernels, stream, sm_count } = self.launcher;
+        if n == 0 {
+            return Ok(());
+        }
+        let Some((_, byte_count)) = column.bytes else {
+            return Err(GpuError::Invalid("scan filter: strings of a column not kept as bytes".into()));
+        };
+        let end = from.checked_add(n);
+        check(end.is_some_and(|end| end <= words.len()), "string rows past their output")?;
+        check(end.is_some_and(|end| end <= 8 * valid.len()), "string rows past their validity")?;
+        check(column.narrow, "string offsets not four bytes each")?;
+        check(
+            (part_rows + 1).div_ceil(2) <= column.values.len(),
+            "string offsets fewer than the part's rows",
+        )?;
+        check(lengths.len() >= n, "string lengths fewer than the rows")?;
+        check(!bad.is_empty(), "no flag for bad strings")?;
+        let (from, part_rows, byte_count, n) = (from as u64, part_rows as u64, byte_count as u64, n as u64);
+        timer.time_on(stream, Phase::Kernel, || {
+            let mut launch = stream.launch_builder(&kernels.scan_filter_string_lengths);
+            launch
+                .arg(words)
+                .arg(&from)
+                .arg(valid)
+                .arg(column.values)
+                .arg(&part_rows)
+                .arg(&byte_count)
+                .arg(&n)
+                .arg(&mut *lengths)
+                .arg(&mut *bad);
+            // SAFETY: the kernel reads words[from..from + n] and validity
+            // bytes from..from + n (both checked above to lie within their
+            // slices), offsets r and r + 1 of `column.values` only for r <
+            // part_rows (it checks each row; the offsets, four bytes each,
+            // checked to cover part_rows + 1), and writes lengths[..n]
+            // (checked) and bad's first 4 bytes (one word at least, checked).
+            unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+                .during("launching scan_filter_string_lengths")
+                .map(|_| ())
+        })
+    }
+
+    /// Launches `scan_filter_string_copy`: the strings whose lengths
+    /// [`Self::string_lengths`] found, with nothing bad, laid end to end in
+    /// `out` at `starts` (their exclusive prefix sum, `n + 1` entries, the
+    /// last `total`), a warp a row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn string_copy(
+        &self,
+        words: &CudaSlice<u64>,
+        from: usize,
+        column: &ScanColumn<'_>,
+        starts: &CudaSlice<u64>,
+        n: usize,
+        total: usize,
+        out: &mut CudaSlice<u64>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<()> {
+        let Launcher { kernels, stream, sm_count } = self.launcher;
+        if n == 0 || total == 0 {
+            return Ok(());
+        }
+        let Some((bytes, _)) = column.bytes else {
+            return Err(GpuError::Invalid("scan filter: strings of a column not kept as bytes".into()));
+        };
+        check(from.checked_add(n).is_some_and(|end| end <= words.len()), "string rows past their output")?;
+        check(starts.len() > n, "string starts fewer than the rows and one")?;
+        check(total <= 8 * out.len(), "gathered strings past their room")?;
+        let (from, n) = (from as u64, n as u64);
+        // A warp a row.
+        let blocks = grid_stride_blocks(n.saturating_mul(32), sm_count);
+        timer.time_on(stream, Phase::Kernel, || {
+            let mut launch = stream.launch_builder(&kernels.scan_filter_string_copy);
+            launch
+                .arg(words)
+                .arg(&from)
+                .arg(column.values)
+                .arg(bytes)
+                .arg(starts)
+                .arg(&n)
+                .arg(&mut *out);
+            // SAFETY: called, as its contract says, only after
+            // `string_lengths` over the same words, validity and column
+            // found nothing bad, with `starts` their exclusive prefix sum
+            // whose last entry, `total`, fits `out` (checked above): each
+            // row of non-zero length then has a part row whose offsets lie
+            // in order within the part's bytes, and its copy writes
+            // out[starts[i]..starts[i + 1]] within the first `total` bytes.
+            // The kernel reads words[from..from + n] (checked) and
+            // starts[..n + 1] (checked).
+            unsafe { launch.launch(config(blocks)?) }
+                .during("launching scan_filter_string_copy")
                 .map(|_| ())
         })
     }
