@@ -22,7 +22,7 @@ use crate::ops::scan::exclusive_scan;
 
 /// The rows a filtering scan kept, output by output. Two are equal where
 /// they keep the same rows with the same words and validity, however the
-/// words came back.
+/// words came back (gathered strings are not compared).
 #[derive(Debug, Clone, Default)]
 pub struct FilteredRows {
     /// Rows kept.
