@@ -9,13 +9,11 @@ use std::sync::Arc;
 use datafusion::arrow::buffer::{Buffer, ScalarBuffer};
 use datafusion::arrow::datatypes::ToByteSlice;
 
-use cudarc::driver::CudaSlice;
-
 use crate::gpu::launch::{
     FilterLaunch, FilterProgram, ScanChunk, ScanColumn, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE,
 };
 use crate::gpu::{
-    alloc_zeroed, download_byte_pieces, download_u64, DeviceStream, DriverResultExt, GpuDevice,
+    alloc_zeroed, download_byte_pieces, download_u64, DeviceStream, DeviceVec, DriverResultExt, GpuDevice,
     GpuResult, PhaseTimer, ReservationKind,
 };
 use crate::ops::scan::exclusive_scan;
@@ -299,8 +297,8 @@ fn run(
 /// Where a string output's kept rows lie: their places in the part at
 /// `values[from..from + rows]`, their validity bytes at `from..` of `valid`.
 struct StringsAt<'a> {
-    values: &'a CudaSlice<u64>,
-    valid: &'a CudaSlice<u64>,
+    values: &'a DeviceVec<u64>,
+    valid: &'a DeviceVec<u64>,
     from: usize,
     rows: usize,
 }
