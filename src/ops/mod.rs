@@ -9,6 +9,7 @@ pub mod group_by;
 pub mod hash_join;
 pub mod join_tasks;
 pub mod merge_join;
+pub mod pair_order;
 pub mod radix;
 pub mod scan;
 pub mod scan_filter;
