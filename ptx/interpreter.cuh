@@ -139,12 +139,12 @@ __device__ __forceinline__ unsigned char pattern_byte(const u32* remap, u64 at, 
     return (unsigned char)(__ldg(remap + at + i / 4) >> (8 * (i % 4)));
 }
 
-// Whether segment bytes [at..) of length `len` equal the string's bytes from
-// `s`.
+// Whether segment bytes [at..) of length `len`, from byte `from` on, equal
+// the string's bytes from `s` (which holds the segment's byte `from`).
 __device__ __forceinline__ bool segment_at(const unsigned char* s, const u32* remap, u64 at,
-                                           u32 len) {
-    for (u32 i = 0; i < len; ++i) {
-        if (__ldg(s + i) != pattern_byte(remap, at, i)) return false;
+                                           u32 len, u32 from = 0) {
+    for (u32 i = from; i < len; ++i) {
+        if (__ldg(s + i - from) != pattern_byte(remap, at, i)) return false;
     }
     return true;
 }
@@ -197,10 +197,14 @@ __device__ bool like_matches(const unsigned char* s, u64 n, const u32* remap, u6
             pos = len;
             continue;
         }
-        // Leftmost occurrence at or after pos.
+        // Leftmost occurrence at or after pos: the string's bytes are
+        // scanned for the segment's first byte, held in a register, and the
+        // rest compared only where it is found.
+        if (len == 0) continue;
+        const unsigned char head = pattern_byte(remap, bytes_at, 0);
         bool found = false;
         for (u64 p = pos; p + len <= n; ++p) {
-            if (segment_at(s + p, remap, bytes_at, len)) {
+            if (__ldg(s + p) == head && segment_at(s + p + 1, remap, bytes_at, len, 1)) {
                 pos = p + len;
                 found = true;
                 break;

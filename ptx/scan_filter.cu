@@ -6,11 +6,17 @@
 //
 // Two launches over the same tiles of FILTER_TILE rows (block b takes rows
 // [b * FILTER_TILE, (b + 1) * FILTER_TILE)):
-// - `scan_filter_count` writes each tile's kept rows to tile_counts[b];
-// - the host turns those into each tile's first output row (an exclusive
-//   prefix sum), and `scan_filter_write` runs the program again, each kept
-//   row finding its place from its tile's start and the kept rows before it
-//   in the tile (so the output keeps the rows' order).
+// - `scan_filter_count` runs the whole program, writes each tile's kept rows
+//   to tile_counts[b] and each row's verdict to bit r % 32 of kept_bits[r /
+//   32];
+// - the host turns the counts into each tile's first output row (an
+//   exclusive prefix sum), and `scan_filter_write` runs, for the kept rows
+//   alone, the instructions the outputs depend on (the host prunes the rest:
+//   the predicate is not evaluated twice), each kept row finding its place
+//   from its tile's start and the kept rows before it in the tile (so the
+//   output keeps the rows' order). The count has evaluated every
+//   instruction over every row, so it has set *overflow wherever the write
+//   could.
 // Output register o of the row at place p goes to values[o * capacity + p]
 // (its value word) and valid[o * capacity + p] (1 valid, 0 NULL), and
 // output_flags[o] gathers what the host needs to copy less back: bit 0 where
@@ -38,19 +44,28 @@ __device__ __forceinline__ bool row_kept(const Registers& regs, int predicate) {
 
 extern "C" __global__ void scan_filter_count(const u64* columns, u64 rows, const long long* program,
                                              u32 instructions, const u32* remap, u32 remap_len,
-                                             int predicate, u64* tile_counts, u32* overflow) {
+                                             int predicate, u64* tile_counts, u32* kept_bits,
+                                             u32* overflow) {
     __shared__ u64 scratch[WARPS_PER_BLOCK];
     long long register_values[SCAN_REGISTERS];
     u32 valid = 0;
     Registers regs = {register_values, valid};
+    const u32 lane = lane_id();
     const u64 tile_start = (u64)blockIdx.x * FILTER_TILE;
     u64 kept = 0;
     for (u32 round = 0; round < FILTER_ROUNDS; ++round) {
         const u64 row = tile_start + (u64)round * BLOCK_THREADS + threadIdx.x;
+        bool keep = false;
         if (row < rows) {
             run_program(regs, columns, row, program, instructions, remap, remap_len, overflow);
-            kept += row_kept(regs, predicate) ? 1 : 0;
+            keep = row_kept(regs, predicate);
         }
+        // Every lane reaches the ballot; a warp's 32 rows start at a
+        // multiple of 32 (tiles and rounds are multiples of 32 rows).
+        const u32 ballot = __ballot_sync(FULL_MASK, keep);
+        const u64 first = row - lane;
+        if (lane == 0 && first < rows) kept_bits[first / 32] = ballot;
+        kept += keep ? 1 : 0;
     }
     const u64 total = block_sum_u64(kept, scratch);
     if (threadIdx.x == 0) tile_counts[blockIdx.x] = total;
@@ -58,7 +73,7 @@ extern "C" __global__ void scan_filter_count(const u64* columns, u64 rows, const
 
 extern "C" __global__ void scan_filter_write(const u64* columns, u64 rows, const long long* program,
                                              u32 instructions, const u32* remap, u32 remap_len,
-                                             int predicate, const int* outputs, u32 output_count,
+                                             const u32* kept_bits, const int* outputs, u32 output_count,
                                              const u64* tile_starts, u64 capacity,
                                              long long* values, unsigned char* valid_out,
                                              u32* output_flags, u32* overflow) {
@@ -74,10 +89,9 @@ extern "C" __global__ void scan_filter_write(const u64* columns, u64 rows, const
     const u64 tile_start = (u64)blockIdx.x * FILTER_TILE;
     for (u32 round = 0; round < FILTER_ROUNDS; ++round) {
         const u64 row = tile_start + (u64)round * BLOCK_THREADS + threadIdx.x;
-        bool kept = false;
-        if (row < rows) {
+        const bool kept = row < rows && ((__ldg(kept_bits + row / 32) >> (row % 32)) & 1);
+        if (kept) {
             run_program(regs, columns, row, program, instructions, remap, remap_len, overflow);
-            kept = row_kept(regs, predicate);
         }
         // Every lane of the block reaches the ballot and the barriers:
         // rows past the end are simply not kept.

@@ -189,7 +189,9 @@ fn run(
     let mut starts = alloc_zeroed::<u64>(stream, tiles + 1, "allocating the filter's tile counts")?;
     // One word, of which the kernels write the low 4 bytes (a u32).
     let mut overflow = alloc_zeroed::<u64>(stream, 1, "allocating the filter's overflow flag")?;
-    launch.count(&mut starts, &mut overflow, timer)?;
+    // A bit a row: whether the predicate kept it (the write reads them).
+    let mut kept_bits = alloc_zeroed::<u64>(stream, launch.kept_bits_words(), "allocating the filter's row marks")?;
+    launch.count(&mut starts, &mut kept_bits, &mut overflow, timer)?;
     exclusive_scan(device, stream, &mut starts, tiles + 1)?;
     let mut total = Vec::with_capacity(1);
     download_u64(device, stream, &starts.slice(tiles..tiles + 1), &mut total, timer)?;
@@ -214,7 +216,7 @@ fn run(
     let mut values = alloc_zeroed::<u64>(stream, slots, "allocating the filter's output values")?;
     let mut valid = alloc_zeroed::<u64>(stream, slots.div_ceil(8), "allocating the filter's output validity")?;
     let mut output_flags = alloc_zeroed::<u64>(stream, outputs.div_ceil(2), "allocating the filter's output flags")?;
-    launch.write(&starts, rows, &mut values, &mut valid, &mut output_flags, &mut overflow, timer)?;
+    launch.write(&kept_bits, &starts, rows, &mut values, &mut valid, &mut output_flags, &mut overflow, timer)?;
     let mut flag_words = Vec::with_capacity(outputs.div_ceil(2));
     download_u64(device, stream, &output_flags.as_view(), &mut flag_words, timer)?;
     // Four-byte flags, two to a word, the first in the low half.

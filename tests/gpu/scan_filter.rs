@@ -430,6 +430,10 @@ const LIKE_QUERIES: &[&str] = &[
     "SELECT count(*) FROM w WHERE s LIKE '%€%' OR s IS NULL",
     "SELECT i FROM w WHERE NOT (s NOT LIKE '%e%') AND i < 5000",
     "SELECT i FROM w WHERE s LIKE '%special%\nrequests'",
+    // A segment whose first byte comes often before it matches, or in
+    // the middle of a multibyte character's bytes.
+    "SELECT i FROM w WHERE s LIKE '%es%ts' AND s NOT LIKE '%ab%b'",
+    "SELECT i FROM w WHERE s LIKE '%€1%' OR s LIKE '%\u{82}%'",
     "SELECT i FROM w WHERE s = 'aba' OR s <> '' AND i > 20000",
     "SELECT i FROM w WHERE s IN ('ab', 'special', '€5') OR 'a%' = s",
     "SELECT i FROM w WHERE s NOT IN ('ab', 'aba', '') AND s NOT LIKE '%€%'",

@@ -422,6 +422,46 @@ pub(super) fn check_instructions(instructions: &[[i64; 5]]) -> GpuResult<()> {
     Ok(())
 }
 
+/// The instructions of a checked program (see [`check_instructions`]) that
+/// the values of `registers` after it depend on, in their order: each
+/// instruction whose result some later kept instruction, or the end, reads
+/// before another writes that register. Every instruction writes its
+/// destination whole and reads only its register operands, so the kept
+/// ones leave `registers` as the whole program does. `None` where some
+/// register read is written by no instruction before it (its value then
+/// is whatever the program's start leaves there), or an instruction is
+/// not checked.
+pub(super) fn instructions_for(instructions: &[[i64; 5]], registers: &[u32]) -> Option<Vec<[i64; 5]>> {
+    let mut live = [false; SCAN_REGISTERS];
+    for &register in registers {
+        *live.get_mut(register as usize)? = true;
+    }
+    let mut kept = vec![false; instructions.len()];
+    for (i, instruction) in instructions.iter().enumerate().rev() {
+        let op = ScanOp::from_code(instruction[0])?;
+        let destination = usize::try_from(instruction[1]).ok()?;
+        if !std::mem::take(live.get_mut(destination)?) {
+            continue;
+        }
+        kept[i] = true;
+        for (operand, &value) in op.operands().iter().zip(&instruction[2..]) {
+            if *operand == Operand::Register {
+                *live.get_mut(usize::try_from(value).ok()?)? = true;
+            }
+        }
+    }
+    if live.iter().any(|&read| read) {
+        return None;
+    }
+    Some(
+        instructions
+            .iter()
+            .zip(kept)
+            .filter_map(|(instruction, kept)| kept.then_some(*instruction))
+            .collect(),
+    )
+}
+
 /// Checks what does not depend on the chunks: opcodes, register operands,
 /// the predicate, group and accumulator registers, and the sizes the kernel
 /// takes. Returns the slots (groups times accumulators).
@@ -858,6 +898,47 @@ mod tests {
         let p = program(&instructions, &SUM_AND_COUNT, 3);
         assert_eq!(check_program(&p).unwrap(), 6);
         check_operands_against_chunk(&instructions, &[false; 2], &RemapTable::default()).unwrap();
+    }
+
+    #[test]
+    fn the_instructions_registers_depend_on_are_kept_in_order() {
+        use ScanOp::*;
+        let ins = |op: ScanOp, dst: i64, a: i64, b: i64, c: i64| [op as i64, dst, a, b, c];
+        // r0 = col 0, r1 = col 1, r2 = r0 < r1 (a predicate), r3 = col 2
+        // LIKE key 0, r2 = r2 AND r3, r4 = r0 * 100 (scaled), r5 = r1 + r4,
+        // r1 = 7 (r1 written again after r5 read it), r6 = select(r2, r5, r1).
+        let program = [
+            ins(LoadI64, 0, 0, 0, 0),
+            ins(LoadI64, 1, 1, 0, 0),
+            ins(LtI64, 2, 0, 1, 0),
+            ins(Like, 3, 2, 0, 0),
+            ins(And, 2, 2, 3, 0),
+            ins(ScaleI64, 4, 0, 100, 0),
+            ins(AddI64, 5, 1, 4, 0),
+            ins(Const, 1, 7, 0, 0),
+            ins(Select, 6, 2, 5, 1),
+        ];
+        check_instructions(&program).unwrap();
+        // Plain loads: only them.
+        assert_eq!(instructions_for(&program, &[0]).unwrap(), [program[0]]);
+        assert_eq!(instructions_for(&program, &[0, 1]).unwrap(), [program[0], program[7]]);
+        // r5 reads the first r1 and r4 (from r0), not the constant after.
+        assert_eq!(
+            instructions_for(&program, &[5]).unwrap(),
+            [program[0], program[1], program[5], program[6]]
+        );
+        // The predicate alone needs everything before it that it reads.
+        assert_eq!(instructions_for(&program, &[2]).unwrap(), program[..5]);
+        // Everything but nothing is needed by the select.
+        assert_eq!(instructions_for(&program, &[6]).unwrap(), program);
+        assert!(instructions_for(&program, &[]).unwrap().is_empty());
+        // A register read before any instruction writes it: not pruned.
+        assert_eq!(instructions_for(&program, &[3, 9]), None);
+        let reads_unwritten = [ins(AddI64, 0, 8, 8, 0)];
+        assert_eq!(instructions_for(&reads_unwritten, &[0]), None);
+        // An output outside the registers, an unknown opcode: not pruned.
+        assert_eq!(instructions_for(&program, &[SCAN_REGISTERS as u32]), None);
+        assert_eq!(instructions_for(&[[99, 0, 0, 0, 0]], &[0]), None);
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! Typed launches of `ptx/scan_filter.cu`: the scan interpreter's program
 //! run over one chunk of table rows, counting the rows its predicate keeps
-//! per tile, then writing the kept rows' output registers packed and in
-//! row order. The program and the chunk are validated once, when the
-//! launches are prepared, so the kernels never index outside their
-//! registers, columns or remap table.
+//! per tile and marking each, then writing the kept rows' output registers
+//! packed and in row order, from only the instructions those depend on.
+//! The program and the chunk are validated once, when the launches are
+//! prepared, so the kernels never index outside their registers, columns
+//! or remap table.
 
 use cudarc::driver::{CudaSlice, PushKernelArg, SyncOnDrop};
 
 use super::scan_aggregate::{
-    check_chunks, check_instructions, check_register, column_addresses, le_bytes_u32,
+    check_chunks, check_instructions, check_register, column_addresses, instructions_for,
+    le_bytes_u32,
 };
 use super::{config, grid_stride_blocks, Launcher, ScanChunk, ScanColumn};
 use crate::gpu::{
@@ -48,6 +50,9 @@ pub struct FilterLaunch<'a> {
     program: CudaSlice<u64>,
     instructions: u32,
     predicate: i32,
+    /// The instructions the outputs depend on, which the write runs.
+    output_program: CudaSlice<u64>,
+    output_instructions: u32,
     outputs: CudaSlice<u64>,
     output_count: u32,
     _guards: Vec<SyncOnDrop<'a>>,
@@ -85,14 +90,12 @@ impl<'a> FilterLaunch<'a> {
         let mut remap_bytes = chunk.remap.byte_pieces();
         remap_bytes.push(&[0; 4]);
         let remap = upload_byte_pieces(device, stream, &remap_bytes, timer)?;
-        let mut program_words: Vec<u64> = program
-            .instructions
-            .iter()
-            .flatten()
-            .map(|&word| word as u64)
-            .collect();
-        program_words.push(0);
-        let device_program = upload_u64(device, stream, &program_words, timer)?;
+        let device_program = upload_program(device, stream, program.instructions, timer)?;
+        // The write runs only what the outputs read; the whole program
+        // where a register is read before it is written.
+        let output_instructions = instructions_for(program.instructions, program.outputs)
+            .unwrap_or_else(|| program.instructions.to_vec());
+        let output_program = upload_program(device, stream, &output_instructions, timer)?;
         let outputs = upload_byte_pieces(
             device,
             stream,
@@ -109,6 +112,9 @@ impl<'a> FilterLaunch<'a> {
             // check_instructions bounds it by SCAN_MAX_INSTRUCTIONS.
             instructions: program.instructions.len() as u32,
             predicate: program.predicate.map_or(-1, |r| r as i32),
+            // At most the program's instructions.
+            output_instructions: output_instructions.len() as u32,
+            output_program,
             outputs,
             output_count: program.outputs.len() as u32,
             _guards: guards,
@@ -121,11 +127,20 @@ impl<'a> FilterLaunch<'a> {
         (self.rows as usize).div_ceil(FILTER_TILE)
     }
 
-    /// Writes each tile's kept rows to `tile_counts[..tiles]`; an overflow
-    /// or a bad code sets `overflow`'s first 4 bytes.
+    /// Words of the row marks [`Self::count`] writes and [`Self::write`]
+    /// reads: a bit a row.
+    pub fn kept_bits_words(&self) -> usize {
+        (self.rows as usize).div_ceil(64)
+    }
+
+    /// Writes each tile's kept rows to `tile_counts[..tiles]` and marks
+    /// each kept row in `kept_bits` (bit `r % 64` of word `r / 64`, of
+    /// [`Self::kept_bits_words`] words); an overflow or a bad code sets
+    /// `overflow`'s first 4 bytes.
     pub fn count(
         &self,
         tile_counts: &mut CudaSlice<u64>,
+        kept_bits: &mut CudaSlice<u64>,
         overflow: &mut CudaSlice<u64>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<()> {
@@ -134,6 +149,7 @@ impl<'a> FilterLaunch<'a> {
             return Ok(());
         }
         check(tile_counts.len() >= tiles, "the tile counts are shorter than the tiles")?;
+        check(kept_bits.len() >= self.kept_bits_words(), "the row marks are fewer than the rows")?;
         check(!overflow.is_empty(), "no overflow flag")?;
         let stream = self.launcher.stream;
         let function = &self.launcher.kernels.scan_filter_count;
@@ -149,6 +165,7 @@ impl<'a> FilterLaunch<'a> {
                 .arg(&self.remap_len)
                 .arg(&self.predicate)
                 .arg(&mut *tile_counts)
+                .arg(&mut *kept_bits)
                 .arg(&mut *overflow);
             // SAFETY: `columns` holds two addresses per column of the chunk
             // (values of at least `rows` words, or half as many for 4-byte
@@ -160,15 +177,19 @@ impl<'a> FilterLaunch<'a> {
             // the stream before the chunk's borrow ends. Registers lie below
             // SCAN_REGISTERS, key operands within `remap` (checked), and the
             // kernel checks each code against remap_len. It writes
-            // tile_counts[..tiles] (checked above) and overflow's first 4
-            // bytes (one word, checked).
+            // tile_counts[..tiles] (checked above), the 4-byte marks of the
+            // warps whose first row is below `rows` (rows / 32 rounded up:
+            // within kept_bits_words words, checked above) and overflow's
+            // first 4 bytes (one word, checked).
             unsafe { launch.launch(launch_config) }
                 .during("launching scan_filter_count")
                 .map(|_| ())
         })
     }
 
-    /// Writes the kept rows' outputs: output `o` of the row at place `p`
+    /// Writes the outputs of the rows [`Self::count`] marked in `kept_bits`
+    /// (running only the instructions the outputs depend on): output `o`
+    /// of the row at place `p`
     /// to `values[o * capacity + p]` and byte `o * capacity + p` of
     /// `valid` (1 valid, 0 NULL), the places starting at each tile's
     /// `tile_starts` entry, and ORs into the 4-byte flag `o` of
@@ -179,6 +200,7 @@ impl<'a> FilterLaunch<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
+        kept_bits: &CudaSlice<u64>,
         tile_starts: &CudaSlice<u64>,
         capacity: usize,
         values: &mut CudaSlice<u64>,
@@ -195,6 +217,7 @@ impl<'a> FilterLaunch<'a> {
             .checked_mul(self.output_count as usize)
             .ok_or_else(|| GpuError::Invalid("a filter output beyond the address space".into()))?;
         check(tile_starts.len() >= tiles, "the tile starts are shorter than the tiles")?;
+        check(kept_bits.len() >= self.kept_bits_words(), "the row marks are fewer than the rows")?;
         check(values.len() >= slots, "the output values are shorter than their rows")?;
         check(valid.len() >= slots.div_ceil(8), "the output validity is shorter than its rows")?;
         check(
@@ -211,11 +234,11 @@ impl<'a> FilterLaunch<'a> {
             launch
                 .arg(&self.columns)
                 .arg(&self.rows)
-                .arg(&self.program)
-                .arg(&self.instructions)
+                .arg(&self.output_program)
+                .arg(&self.output_instructions)
                 .arg(&self.remap)
                 .arg(&self.remap_len)
-                .arg(&self.predicate)
+                .arg(kept_bits)
                 .arg(&self.outputs)
                 .arg(&self.output_count)
                 .arg(tile_starts)
@@ -224,10 +247,12 @@ impl<'a> FilterLaunch<'a> {
                 .arg(&mut *valid)
                 .arg(&mut *output_flags)
                 .arg(&mut *overflow);
-            // SAFETY: as for `count` for the chunk, program and remap table;
-            // `outputs` holds output_count registers (uploaded whole, each
-            // checked below SCAN_REGISTERS). The kernel reads
-            // tile_starts[..tiles] (checked) and writes values and valid
+            // SAFETY: as for `count` for the chunk, program and remap table
+            // (the output program is a subset of the checked instructions,
+            // in order); `outputs` holds output_count registers (uploaded
+            // whole, each checked below SCAN_REGISTERS). The kernel reads
+            // the 4-byte marks of rows below `rows` (within kept_bits_words
+            // words, checked) and tile_starts[..tiles] (checked) and writes values and valid
             // only at o * capacity + p for o < output_count and p <
             // capacity: within output_count * capacity words of `values`
             // and bytes of `valid` (both checked above); the 4-byte flags
@@ -395,6 +420,23 @@ impl<'a> FilterLaunch<'a> {
                 .map(|_| ())
         })
     }
+}
+
+/// `instructions` on the device, five words each, and one word more (the
+/// kernels take an address).
+fn upload_program(
+    device: &GpuDevice,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    instructions: &[[i64; 5]],
+    timer: &mut PhaseTimer,
+) -> GpuResult<CudaSlice<u64>> {
+    let words: Vec<u64> = instructions
+        .iter()
+        .flatten()
+        .map(|&word| word as u64)
+        .chain([0])
+        .collect();
+    upload_u64(device, stream, &words, timer)
 }
 
 fn check(holds: bool, what: &str) -> GpuResult<()> {
