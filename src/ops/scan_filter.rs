@@ -10,7 +10,7 @@ use datafusion::arrow::buffer::{Buffer, ScalarBuffer};
 use datafusion::arrow::datatypes::ToByteSlice;
 
 use crate::gpu::launch::{
-    FilterLaunch, FilterProgram, ScanChunk, ScanColumn, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE,
+    FilterLaunch, FilterProgram, RemapUploads, ScanChunk, ScanColumn, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE,
 };
 use crate::gpu::{
     alloc_zeroed, download_byte_pieces, download_u64, DeviceStream, DeviceVec, DriverResultExt, GpuDevice,
@@ -138,17 +138,20 @@ impl PartialEq for FilteredRows {
 /// Where `strings[o]` names a column of the chunk kept as its bytes, output
 /// `o` holds each kept row's place in the chunk, and the kept rows' strings
 /// of that column come back too, gathered on the device
-/// ([`FilterOutput::strings`]).
+/// ([`FilterOutput::strings`]). The chunk's remap table is copied through
+/// `remaps` where given: once for all the chunks that share its tables.
+#[allow(clippy::too_many_arguments)]
 pub fn filter_chunk(
     device: &GpuDevice,
     stream: &Arc<DeviceStream>,
     chunk: &ScanChunk<'_>,
     program: &FilterProgram<'_>,
     strings: &[Option<usize>],
+    remaps: Option<&RemapUploads>,
     memory_fraction: f64,
     timer: &mut PhaseTimer,
 ) -> GpuResult<FilteredRows> {
-    let launch = FilterLaunch::new(device, device.launcher(stream), chunk, program, timer)?;
+    let launch = FilterLaunch::new(device, device.launcher(stream), chunk, program, remaps, timer)?;
     let outputs = Outputs {
         count: program.outputs.len(),
         strings,

@@ -2376,7 +2376,17 @@ fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries(
             ],
             remap: Default::default(),
         };
-        let got = filter_chunk(&device, stream, &chunk, &program, &[], 0.5, &mut timer).unwrap();
+        let got = filter_chunk(
+            &device,
+            stream,
+            &chunk,
+            &program,
+            &[],
+            None,
+            0.5,
+            &mut timer,
+        )
+        .unwrap();
         timer.finish().unwrap();
         let expected = reference::filter(
             rows,
@@ -2417,6 +2427,120 @@ fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries(
             );
         }
     }
+}
+
+#[test]
+fn chunks_sharing_their_tables_share_one_copy_and_keep_the_same_rows() {
+    use datafusion_gpu::gpu::launch::{
+        FilterProgram, RemapTable, RemapUploads, ScanChunk, ScanColumn, ScanOp, SharedWords,
+    };
+    use datafusion_gpu::ops::scan_filter::{filter_chunk, reference};
+    let Some(device) = device("chunks_sharing_their_tables_share_one_copy_and_keep_the_same_rows")
+    else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // A join key set as the scan tests it: its smallest value (two words,
+    // low first), then a bitmap from it. Keys 1000 + 3i for i < 20000.
+    let (smallest, keys): (u64, Vec<u64>) = (1000, (0..20_000).map(|i| 1000 + 3 * i).collect());
+    let span = (keys[keys.len() - 1] - smallest + 1) as usize;
+    let mut set = vec![smallest as u32, (smallest >> 32) as u32];
+    set.extend(std::iter::repeat_n(0u32, span.div_ceil(32)));
+    for &key in &keys {
+        let bit = (key - smallest) as usize;
+        set[2 + bit / 32] |= 1 << (bit % 32);
+    }
+    let set: SharedWords = Arc::new(set);
+    let table = RemapTable::new(vec![Arc::clone(&set)]);
+    // r0 = a, r1 = a in key set 0: keep r1, output r0.
+    let instructions = [
+        [ScanOp::LoadI64 as i64, 0, 0, 0, 0],
+        [ScanOp::KeyTest as i64, 1, 0, 0, 0],
+    ];
+    let program = FilterProgram {
+        instructions: &instructions,
+        predicate: Some(1),
+        outputs: &[0],
+    };
+    let remaps = RemapUploads::default();
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    for (part, rows) in [0usize, 1, 5_000, 100_003, 3].into_iter().enumerate() {
+        let a = random_keys(rows, 80_000, part as u64 + 11);
+        let a_device = upload_u64(
+            &device,
+            stream,
+            &a.iter().copied().chain([0]).collect::<Vec<_>>(),
+            &mut timer,
+        )
+        .unwrap();
+        // Each part's chunk holds the same tables, as a scan's parts do.
+        let chunk = ScanChunk {
+            rows,
+            columns: vec![ScanColumn {
+                values: &a_device,
+                validity: None,
+                narrow: false,
+                bytes: None,
+            }],
+            remap: table.clone(),
+        };
+        let shared = filter_chunk(
+            &device,
+            stream,
+            &chunk,
+            &program,
+            &[],
+            Some(&remaps),
+            0.5,
+            &mut timer,
+        )
+        .unwrap();
+        let own = filter_chunk(
+            &device,
+            stream,
+            &chunk,
+            &program,
+            &[],
+            None,
+            0.5,
+            &mut timer,
+        )
+        .unwrap();
+        let expected = reference::filter(
+            rows,
+            1,
+            |r| a[r] >= smallest && (a[r] - smallest) % 3 == 0 && a[r] <= keys[keys.len() - 1],
+            |r| vec![(a[r], true)],
+        );
+        assert_eq!(shared, expected, "part {part}, {rows} rows");
+        assert_eq!(own, expected, "part {part}, {rows} rows");
+    }
+    // One copy for every part: the same words on the device again, another
+    // copy for equal words held apart or for another device's chunk.
+    let first = remaps
+        .on_device(&device, stream, &table, &mut timer)
+        .unwrap();
+    let again = remaps
+        .on_device(&device, stream, &table.clone(), &mut timer)
+        .unwrap();
+    assert!(Arc::ptr_eq(&first, &again));
+    let equal = RemapTable::new(vec![Arc::new(set.as_ref().as_ref().to_vec()) as SharedWords]);
+    let other = remaps
+        .on_device(&device, stream, &equal, &mut timer)
+        .unwrap();
+    assert!(!Arc::ptr_eq(&first, &other));
+    // A table without words (a key set not read yet) is not kept.
+    let unread = RemapTable::new(vec![Arc::new(Vec::<u32>::new()) as SharedWords]);
+    let once = remaps
+        .on_device(&device, stream, &unread, &mut timer)
+        .unwrap();
+    let twice = remaps
+        .on_device(&device, stream, &unread, &mut timer)
+        .unwrap();
+    assert!(!Arc::ptr_eq(&once, &twice));
+    timer.finish().unwrap();
 }
 
 #[test]
@@ -2524,6 +2648,7 @@ fn the_filtering_scan_gathers_the_kept_rows_strings_on_the_device() {
             &chunk,
             &program,
             &[Some(1)],
+            None,
             0.5,
             &mut timer,
         )

@@ -23,6 +23,7 @@ use crate::exec::scan_aggregate::{uncodable_columns, TableSource};
 use crate::exec::join_keys::{key_sets_in, rows_passing, waits_for};
 use crate::exec::fill_ahead::{FillAheadSlot, ScanFill};
 use crate::exec::GpuScanMetrics;
+use crate::gpu::launch::RemapUploads;
 use crate::trace;
 
 /// Filters and projections over one table scan (Parquet files or a
@@ -68,6 +69,9 @@ pub struct GpuScanFilterExec {
     metrics: ExecutionPlanMetricsSet,
     /// The cache fills of the plan's scans, started when this node runs.
     fill_ahead: FillAheadSlot,
+    /// The remap tables its partitions' parts share (join key sets, LIKE
+    /// patterns), copied to each device once.
+    remaps: Arc<RemapUploads>,
 }
 
 impl GpuScanFilterExec {
@@ -114,6 +118,7 @@ impl GpuScanFilterExec {
             join_filters,
             metrics: ExecutionPlanMetricsSet::new(),
             fill_ahead: FillAheadSlot::default(),
+            remaps: Arc::default(),
         }))
     }
 
@@ -318,6 +323,7 @@ impl ExecutionPlan for GpuScanFilterExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let (shape, program) = (Arc::clone(&self.shape), Arc::clone(&self.program));
+        let remaps = Arc::clone(&self.remaps);
         let fallback = Arc::clone(&self.cpu_input);
         let join_filters = self.join_filters.clone();
         let schema = self.schema();
@@ -331,7 +337,9 @@ impl ExecutionPlan for GpuScanFilterExec {
             let _fills = fills;
             waits.await;
             let ran = match with_run_time_values(&shape, program) {
-                Ok(program) => run(shape, program, partition, Arc::clone(&context), metrics.clone()).await?,
+                Ok(program) => {
+                    run(shape, program, remaps, partition, Arc::clone(&context), metrics.clone()).await?
+                }
                 Err(reason) => Ran::OnCpu(reason),
             };
             match ran {

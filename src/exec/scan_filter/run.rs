@@ -30,7 +30,7 @@ use crate::exec::scan_aggregate::{
 };
 use crate::exec::join_keys::{kept_by_join_keys, MAX_KEPT_SHARE, MAX_KEPT_SHARE_OF_STRINGS};
 use crate::exec::GpuScanMetrics;
-use crate::gpu::launch::{FilterProgram as DeviceFilterProgram, RemapTable, SharedWords};
+use crate::gpu::launch::{FilterProgram as DeviceFilterProgram, RemapTable, RemapUploads, SharedWords};
 use crate::gpu::{CachedColumn, GpuDevice, PhaseTimer};
 use crate::ops::scan_filter::{filter_chunk, FilteredRows, OutputWords};
 use crate::trace;
@@ -47,6 +47,7 @@ type Reasoned<T> = std::result::Result<T, String>;
 pub(crate) async fn run(
     shape: Arc<ScanFilterShape>,
     program: Arc<FilterProgram>,
+    remaps: Arc<RemapUploads>,
     partition: usize,
     context: Arc<TaskContext>,
     metrics: GpuScanMetrics,
@@ -117,11 +118,12 @@ pub(crate) async fn run(
         let reason = match loaded {
             Loaded::Device(loaded) => {
                 let (shape, device, program) = (Arc::clone(&shape), Arc::clone(&device), Arc::clone(&program));
+                let remaps = Arc::clone(&remaps);
                 let (metrics, memory_fraction) = (metrics.clone(), options.memory_fraction);
                 let timer = metrics.baseline.elapsed_compute().clone();
                 let filtered = SpawnedTask::spawn_blocking(move || {
                     let _timer = timer.timer();
-                    filter_part(&shape, &device, &loaded, &program, memory_fraction, &metrics)
+                    filter_part(&shape, &device, &loaded, &program, &remaps, memory_fraction, &metrics)
                 })
                 .join()
                 .await
@@ -327,6 +329,7 @@ fn filter_part(
     device: &Arc<GpuDevice>,
     loaded: &[Arc<CachedColumn>],
     program: &FilterProgram,
+    remaps: &RemapUploads,
     memory_fraction: f64,
     metrics: &GpuScanMetrics,
 ) -> crate::gpu::GpuResult<Reasoned<RecordBatch>> {
@@ -380,6 +383,7 @@ fn filter_part(
         &chunk,
         &device_program,
         &strings,
+        Some(remaps),
         memory_fraction,
         &mut timer,
     )?;

@@ -18,6 +18,7 @@ mod group_by;
 mod group_order;
 mod join_tasks;
 mod merge_join;
+mod remap_uploads;
 mod scan_aggregate;
 mod scan_filter;
 pub use launcher::Launcher;
@@ -46,6 +47,7 @@ pub use scan_aggregate::{
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_aggregate::{accumulator_init, SCAN_MAX_SHARED_BYTES};
+pub use remap_uploads::RemapUploads;
 pub use scan_filter::{FilterLaunch, FilterProgram, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE};
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_filter::FILTER_TILE;

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PushKernelArg, SyncOnDrop};
 use datafusion::arrow::datatypes::ToByteSlice;
 
 use super::{config, grid_stride_blocks, Launcher};
@@ -319,6 +319,34 @@ impl RemapTable {
     /// Its words.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether `other` holds the very same tables (the same shared words,
+    /// not only equal ones; the starts follow from their lengths): then one
+    /// copy on the device serves both.
+    pub fn same_tables(&self, other: &RemapTable) -> bool {
+        self.len == other.len
+            && self.pieces.len() == other.pieces.len()
+            && self.pieces.iter().zip(&other.pieces).skip(1).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+
+    /// Whether every table holds a word: a table of none (a join key set
+    /// not read yet) is made afresh for each chunk.
+    pub(super) fn tables_hold_words(&self) -> bool {
+        self.pieces.iter().skip(1).all(|piece| !piece.as_ref().as_ref().is_empty())
+    }
+
+    /// Its words on the device, and one word more (the kernels take an
+    /// address).
+    pub(super) fn upload(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<CudaSlice<u64>> {
+        let mut bytes = self.byte_pieces();
+        bytes.push(&[0; 4]);
+        upload_byte_pieces(device, stream, &bytes, timer)
     }
 
     #[cfg(any(test, feature = "test-support"))]
@@ -898,6 +926,23 @@ mod tests {
         let p = program(&instructions, &SUM_AND_COUNT, 3);
         assert_eq!(check_program(&p).unwrap(), 6);
         check_operands_against_chunk(&instructions, &[false; 2], &RemapTable::default()).unwrap();
+    }
+
+    #[test]
+    fn tables_are_the_same_only_where_they_are_the_very_same_words() {
+        let keys: SharedWords = Arc::new(vec![1u32, 2, 3]);
+        let pattern: SharedWords = Arc::new(vec![9u32]);
+        let table = RemapTable::new(vec![Arc::clone(&keys), Arc::clone(&pattern)]);
+        let again = RemapTable::new(vec![Arc::clone(&keys), Arc::clone(&pattern)]);
+        assert!(table.same_tables(&again) && table.same_tables(&table.clone()));
+        // Equal words in another allocation, another order, one table fewer.
+        let copied = RemapTable::new(vec![Arc::new(vec![1u32, 2, 3]), Arc::clone(&pattern)]);
+        assert!(!table.same_tables(&copied));
+        assert!(!table.same_tables(&RemapTable::new(vec![Arc::clone(&pattern), Arc::clone(&keys)])));
+        assert!(!table.same_tables(&RemapTable::new(vec![Arc::clone(&keys)])));
+        // A key set not read yet is an empty table, made for each chunk.
+        assert!(table.tables_hold_words());
+        assert!(!RemapTable::new(vec![keys, Arc::new(Vec::<u32>::new())]).tables_hold_words());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::scan_aggregate::{
     check_chunks, check_instructions, check_register, column_addresses, instructions_for,
     le_bytes_u32,
 };
-use super::{config, grid_stride_blocks, Launcher, ScanChunk, ScanColumn};
+use super::{config, grid_stride_blocks, Launcher, RemapUploads, ScanChunk, ScanColumn};
 use crate::gpu::{
     upload_byte_pieces, upload_u64, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
     PhaseTimer,
@@ -45,7 +45,9 @@ pub struct FilterLaunch<'a> {
     launcher: Launcher<'a>,
     rows: u64,
     columns: CudaSlice<u64>,
-    remap: CudaSlice<u64>,
+    /// The chunk's remap table on the device, perhaps shared with other
+    /// chunks (see [`RemapUploads`]).
+    remap: std::sync::Arc<CudaSlice<u64>>,
     remap_len: u32,
     program: CudaSlice<u64>,
     instructions: u32,
@@ -60,13 +62,16 @@ pub struct FilterLaunch<'a> {
 
 impl<'a> FilterLaunch<'a> {
     /// Checks `program` against `chunk` (opcodes, register, column and key
-    /// operands, the columns' lengths) and uploads both. Returns
-    /// [`GpuError::Invalid`] where they break the kernels' contract.
+    /// operands, the columns' lengths) and uploads both; the chunk's remap
+    /// table through `remaps` where given (copied once for the chunks that
+    /// share its tables). Returns [`GpuError::Invalid`] where they break the
+    /// kernels' contract.
     pub fn new(
         device: &GpuDevice,
         launcher: Launcher<'a>,
         chunk: &'a ScanChunk<'a>,
         program: &FilterProgram<'_>,
+        remaps: Option<&RemapUploads>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
         let stream = launcher.stream;
@@ -86,10 +91,15 @@ impl<'a> FilterLaunch<'a> {
         let remap_len = u32::try_from(chunk.remap.len()).map_err(|_| {
             GpuError::Invalid("a remap table of 2^32 entries or more".into())
         })?;
-        // One word more: the kernels take an address.
-        let mut remap_bytes = chunk.remap.byte_pieces();
-        remap_bytes.push(&[0; 4]);
-        let remap = upload_byte_pieces(device, stream, &remap_bytes, timer)?;
+        let remap = match remaps {
+            Some(remaps) => remaps.on_device(device, stream, &chunk.remap, timer)?,
+            None => std::sync::Arc::new(chunk.remap.upload(device, stream, timer)?),
+        };
+        // Its words and one more: the kernels take an address.
+        check(
+            2 * remap.len() > chunk.remap.len(),
+            "the remap table on the device is shorter than the chunk's",
+        )?;
         let device_program = upload_program(device, stream, program.instructions, timer)?;
         // The write runs only what the outputs read; the whole program
         // where a register is read before it is written.
@@ -161,7 +171,7 @@ impl<'a> FilterLaunch<'a> {
                 .arg(&self.rows)
                 .arg(&self.program)
                 .arg(&self.instructions)
-                .arg(&self.remap)
+                .arg(self.remap.as_ref())
                 .arg(&self.remap_len)
                 .arg(&self.predicate)
                 .arg(&mut *tile_counts)
@@ -236,7 +246,7 @@ impl<'a> FilterLaunch<'a> {
                 .arg(&self.rows)
                 .arg(&self.output_program)
                 .arg(&self.output_instructions)
-                .arg(&self.remap)
+                .arg(self.remap.as_ref())
                 .arg(&self.remap_len)
                 .arg(kept_bits)
                 .arg(&self.outputs)
