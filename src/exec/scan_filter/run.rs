@@ -383,7 +383,7 @@ fn filter_part(
         &chunk,
         &device_program,
         &strings,
-        Some(remaps),
+        shares_remap_tables(program).then_some(remaps),
         memory_fraction,
         &mut timer,
     )?;
@@ -397,6 +397,17 @@ fn filter_part(
         metrics.baseline.record_output(batch.num_rows());
     }
     Ok(batch)
+}
+
+/// Whether every part's remap table holds the same tables: join key sets
+/// and `LIKE` patterns only, no coded output's or string predicate's table
+/// (made from each part's own dictionary).
+fn shares_remap_tables(program: &FilterProgram) -> bool {
+    program.coded_outputs == 0
+        && program
+            .tests
+            .iter()
+            .all(|test| test.join_keys.is_some() || test.pattern.is_some())
 }
 
 /// The rows kept as a batch of the node's schema.
