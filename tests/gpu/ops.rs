@@ -2511,7 +2511,11 @@ fn chunks_sharing_their_tables_share_one_copy_and_keep_the_same_rows() {
         let expected = reference::filter(
             rows,
             1,
-            |r| a[r] >= smallest && (a[r] - smallest) % 3 == 0 && a[r] <= keys[keys.len() - 1],
+            |r| {
+                a[r] >= smallest
+                    && (a[r] - smallest).is_multiple_of(3)
+                    && a[r] <= keys[keys.len() - 1]
+            },
             |r| vec![(a[r], true)],
         );
         assert_eq!(shared, expected, "part {part}, {rows} rows");
