@@ -18,7 +18,7 @@ mod group_by;
 mod group_order;
 mod join_tasks;
 mod merge_join;
-mod remap_uploads;
+mod remap;
 mod scan_aggregate;
 mod scan_filter;
 pub use launcher::Launcher;
@@ -42,12 +42,12 @@ pub use merge_join::{expand_pairs, merge_path_bounds, ordered_codes, CodeTransfo
 #[cfg(any(test, feature = "test-support"))]
 pub use merge_join::MERGE_TILE;
 pub use scan_aggregate::{
-    scan_aggregate, AccumulatorKind, RemapTable, ScanAggregateOutput, ScanChunk, ScanColumn,
-    ScanOp, ScanProgram, SharedWords, SCAN_MAX_INSTRUCTIONS, SCAN_MAX_SLOTS, SCAN_REGISTERS,
+    scan_aggregate, AccumulatorKind, ScanAggregateOutput, ScanChunk, ScanColumn, ScanOp,
+    ScanProgram, SCAN_MAX_INSTRUCTIONS, SCAN_MAX_SLOTS, SCAN_REGISTERS,
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_aggregate::{accumulator_init, SCAN_MAX_SHARED_BYTES};
-pub use remap_uploads::RemapUploads;
+pub use remap::{RemapTable, RemapUploads, SharedWords};
 pub use scan_filter::{FilterLaunch, FilterProgram, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE};
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_filter::FILTER_TILE;

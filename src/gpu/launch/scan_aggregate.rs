@@ -4,12 +4,9 @@
 //! kernel per chunk. The program is validated here, so the kernel never
 //! indexes outside its registers, columns or remap table.
 
-use std::sync::Arc;
+use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg, SyncOnDrop};
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PushKernelArg, SyncOnDrop};
-use datafusion::arrow::datatypes::ToByteSlice;
-
-use super::{config, grid_stride_blocks, Launcher};
+use super::{config, grid_stride_blocks, Launcher, RemapTable};
 use crate::gpu::{
     alloc_zeroed, download_u64, upload_byte_pieces, upload_u64, DriverResultExt, GpuDevice,
     GpuError, GpuResult, Phase, PhaseTimer,
@@ -275,112 +272,6 @@ pub struct ScanChunk<'a> {
     pub columns: Vec<ScanColumn<'a>>,
     pub remap: RemapTable,
 }
-
-/// 32-bit words a remap table holds, shared rather than copied: a join key
-/// set's bitmap (up to megabytes) is the same table for every chunk of a
-/// scan, and goes to the device from where it lies.
-pub type SharedWords = Arc<dyn AsRef<[u32]> + Send + Sync>;
-
-/// A chunk's remap table: where each key's table starts within it (one word
-/// a key, counted from the table's first word), then the tables, end to
-/// end, held in pieces.
-#[derive(Clone, Default)]
-pub struct RemapTable {
-    pieces: Vec<SharedWords>,
-    len: usize,
-}
-
-impl RemapTable {
-    /// The table of `tables`, key `k`'s table being `tables[k]`.
-    pub fn new(tables: Vec<SharedWords>) -> Self {
-        let mut starts = Vec::with_capacity(tables.len());
-        let mut start = tables.len();
-        for table in &tables {
-            starts.push(start as u32);
-            start += table.as_ref().as_ref().len();
-        }
-        let mut pieces: Vec<SharedWords> = Vec::with_capacity(1 + tables.len());
-        pieces.push(Arc::new(starts));
-        pieces.extend(tables);
-        Self { pieces, len: start }
-    }
-
-    /// A table given word by word, its starts included (as the kernel reads
-    /// it).
-    #[cfg(any(test, feature = "test-support"))]
-    pub fn from_words(words: Vec<u32>) -> Self {
-        let len = words.len();
-        Self {
-            pieces: vec![Arc::new(words)],
-            len,
-        }
-    }
-
-    /// Its words.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether `other` holds the very same tables (the same shared words,
-    /// not only equal ones; the starts follow from their lengths): then one
-    /// copy on the device serves both.
-    pub fn same_tables(&self, other: &RemapTable) -> bool {
-        self.len == other.len
-            && self.pieces.len() == other.pieces.len()
-            && self.pieces.iter().zip(&other.pieces).skip(1).all(|(a, b)| Arc::ptr_eq(a, b))
-    }
-
-    /// Whether every table holds a word: a table of none (a join key set
-    /// not read yet) is made afresh for each chunk.
-    pub(super) fn tables_hold_words(&self) -> bool {
-        self.pieces.iter().skip(1).all(|piece| !piece.as_ref().as_ref().is_empty())
-    }
-
-    /// Its words on the device, and one word more (the kernels take an
-    /// address).
-    pub(super) fn upload(
-        &self,
-        device: &GpuDevice,
-        stream: &Arc<CudaStream>,
-        timer: &mut PhaseTimer,
-    ) -> GpuResult<CudaSlice<u64>> {
-        let mut bytes = self.byte_pieces();
-        bytes.push(&[0; 4]);
-        upload_byte_pieces(device, stream, &bytes, timer)
-    }
-
-    #[cfg(any(test, feature = "test-support"))]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Word `index`, if the table holds it.
-    pub fn word(&self, index: usize) -> Option<u32> {
-        let mut at = index;
-        for piece in &self.pieces {
-            let words = piece.as_ref().as_ref();
-            match words.get(at) {
-                Some(&word) => return Some(word),
-                None => at -= words.len(),
-            }
-        }
-        None
-    }
-
-    /// Its bytes as the kernel reads them (32-bit little-endian words), in
-    /// pieces, none copied.
-    pub fn byte_pieces(&self) -> Vec<&[u8]> {
-        self.pieces
-            .iter()
-            .map(|piece| piece.as_ref().as_ref().to_byte_slice())
-            .collect()
-    }
-}
-
-// The kernels read the remap table's words as little-endian, and the
-// table's pieces go to the device as they lie in host memory.
-#[cfg(target_endian = "big")]
-compile_error!("the device reads host words as little-endian");
 
 /// The program run over every row: `instructions` in order; then the row
 /// counts where there is no `predicate` register or it is valid and
@@ -880,6 +771,8 @@ fn launch_chunks<'a>(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     const SUM_AND_COUNT: [(AccumulatorKind, Option<u32>); 2] = [
@@ -926,23 +819,6 @@ mod tests {
         let p = program(&instructions, &SUM_AND_COUNT, 3);
         assert_eq!(check_program(&p).unwrap(), 6);
         check_operands_against_chunk(&instructions, &[false; 2], &RemapTable::default()).unwrap();
-    }
-
-    #[test]
-    fn tables_are_the_same_only_where_they_are_the_very_same_words() {
-        let keys: SharedWords = Arc::new(vec![1u32, 2, 3]);
-        let pattern: SharedWords = Arc::new(vec![9u32]);
-        let table = RemapTable::new(vec![Arc::clone(&keys), Arc::clone(&pattern)]);
-        let again = RemapTable::new(vec![Arc::clone(&keys), Arc::clone(&pattern)]);
-        assert!(table.same_tables(&again) && table.same_tables(&table.clone()));
-        // Equal words in another allocation, another order, one table fewer.
-        let copied = RemapTable::new(vec![Arc::new(vec![1u32, 2, 3]), Arc::clone(&pattern)]);
-        assert!(!table.same_tables(&copied));
-        assert!(!table.same_tables(&RemapTable::new(vec![Arc::clone(&pattern), Arc::clone(&keys)])));
-        assert!(!table.same_tables(&RemapTable::new(vec![Arc::clone(&keys)])));
-        // A key set not read yet is an empty table, made for each chunk.
-        assert!(table.tables_hold_words());
-        assert!(!RemapTable::new(vec![keys, Arc::new(Vec::<u32>::new())]).tables_hold_words());
     }
 
     #[test]
