@@ -10,8 +10,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion_gpu::gpu::launch::{self, ValueWidth};
 use datafusion_gpu::gpu::{
     download_byte_pieces, download_u64, enqueue_download, upload_byte_pieces,
-    upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces, GpuDevice, PhaseTimer,
-    StagingWindows,
+    upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces, DeviceStream, DeviceVec,
+    GpuDevice, PhaseTimer, StagingWindows,
 };
 use datafusion_gpu::ops::hash_join::{self, DeviceBuildTable, HostKeys, KeyRange};
 use datafusion_gpu::ops::radix::{self, RadixPlan};
@@ -2296,6 +2296,18 @@ fn validity_bits(rows: usize, valid: impl Fn(usize) -> bool) -> Vec<u64> {
         .collect()
 }
 
+/// `words` on the device as a filter's column, and one word more (an empty
+/// column still has an address).
+fn upload_column(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    words: &[u64],
+    timer: &mut PhaseTimer,
+) -> DeviceVec<u64> {
+    let words: Vec<u64> = words.iter().copied().chain([0]).collect();
+    upload_u64(device, stream, &words, timer).unwrap()
+}
+
 #[test]
 fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries() {
     use datafusion_gpu::gpu::launch::{FilterProgram, ScanChunk, ScanColumn, ScanOp, FILTER_TILE};
@@ -2337,27 +2349,9 @@ fn the_filtering_scan_keeps_the_references_rows_in_order_across_tile_boundaries(
         let valid = |r: usize| r % 7 != 3;
         let validity = validity_bits(rows, valid);
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let a_device = upload_u64(
-            &device,
-            stream,
-            &a.iter().copied().chain([0]).collect::<Vec<_>>(),
-            &mut timer,
-        )
-        .unwrap();
-        let b_device = upload_u64(
-            &device,
-            stream,
-            &b.iter().copied().chain([0]).collect::<Vec<_>>(),
-            &mut timer,
-        )
-        .unwrap();
-        let validity_device = upload_u64(
-            &device,
-            stream,
-            &validity.iter().copied().chain([0]).collect::<Vec<_>>(),
-            &mut timer,
-        )
-        .unwrap();
+        let a_device = upload_column(&device, stream, &a, &mut timer);
+        let b_device = upload_column(&device, stream, &b, &mut timer);
+        let validity_device = upload_column(&device, stream, &validity, &mut timer);
         let chunk = ScanChunk {
             rows,
             columns: vec![
@@ -2468,13 +2462,7 @@ fn chunks_sharing_their_tables_share_one_copy_and_keep_the_same_rows() {
     let mut timer = PhaseTimer::new(Arc::clone(stream));
     for (part, rows) in [0usize, 1, 5_000, 100_003, 3].into_iter().enumerate() {
         let a = random_keys(rows, 80_000, part as u64 + 11);
-        let a_device = upload_u64(
-            &device,
-            stream,
-            &a.iter().copied().chain([0]).collect::<Vec<_>>(),
-            &mut timer,
-        )
-        .unwrap();
+        let a_device = upload_column(&device, stream, &a, &mut timer);
         // Each part's chunk holds the same tables, as a scan's parts do.
         let chunk = ScanChunk {
             rows,
@@ -2620,10 +2608,8 @@ fn the_filtering_scan_gathers_the_kept_rows_strings_on_the_device() {
             .collect();
         let validity = validity_bits(rows, valid);
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let upload = |words: &[u64], timer: &mut PhaseTimer| {
-            let words: Vec<u64> = words.iter().copied().chain([0]).collect();
-            upload_u64(&device, stream, &words, timer).unwrap()
-        };
+        let upload =
+            |words: &[u64], timer: &mut PhaseTimer| upload_column(&device, stream, words, timer);
         let a_device = upload(&a, &mut timer);
         let offsets_device = upload(&offset_words, &mut timer);
         let bytes_device = upload(&byte_words, &mut timer);
