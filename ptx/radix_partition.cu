@@ -254,3 +254,24 @@ extern "C" __global__ void partition_bounds(const u64* keys, u64 n, u64 key_mask
         }
     }
 }
+
+// Raises *largest to the most rows one of `partitions` partitions holds:
+// the largest starts[p + 1] - starts[p] for p < partitions (the host zeroes
+// *largest first). What a join asks of a side's partitions before it
+// decides whether to split them into tasks, without copying the starts out.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride loop); starts holds
+// partitions + 1 entries.
+extern "C" __global__ void largest_partition(const u64* starts, u64 partitions, u64* largest) {
+    u64 most = 0;
+    for (u64 p = (u64)blockIdx.x * blockDim.x + threadIdx.x; p < partitions;
+         p += (u64)gridDim.x * blockDim.x) {
+        const u64 from = starts[p], to = starts[p + 1];
+        const u64 rows = to > from ? to - from : 0;
+        most = rows > most ? rows : most;
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+        const u64 other = __shfl_down_sync(0xffffffffu, most, offset);
+        most = other > most ? other : most;
+    }
+    if ((threadIdx.x & 31) == 0 && most > 0) atomicMax(largest, most);
+}

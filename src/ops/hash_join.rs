@@ -14,6 +14,7 @@ use super::join_tasks::{
 };
 pub use super::join_tasks::{exclusive_offsets, output_ranges};
 pub use super::pair_order::{order_by_probe_row, order_device_bytes};
+use super::scan::exclusive_scan;
 use super::radix::{radix_partition, radix_partition_one_word, JoinSide, RadixPlan};
 use crate::gpu::launch::{self, ValueWidth};
 use crate::gpu::{
@@ -61,6 +62,8 @@ pub struct DeviceBuildTable {
     /// The partitions' starts on the host, read back once where a probe
     /// chunk's tasks need them (see [`JoinTaskList`]).
     host_starts: std::sync::OnceLock<Vec<u64>>,
+    /// The most rows one partition holds, found on the device once.
+    largest_partition: std::sync::OnceLock<u64>,
 }
 
 impl DeviceBuildTable {
@@ -101,6 +104,7 @@ impl DeviceBuildTable {
             build,
             carries_values,
             host_starts: std::sync::OnceLock::new(),
+            largest_partition: std::sync::OnceLock::new(),
         })
     }
 
@@ -118,6 +122,21 @@ impl DeviceBuildTable {
         let starts = starts_on_host(device, stream, &self.build, timer)?;
         // Another chunk may have read them meanwhile: the same values.
         Ok(self.host_starts.get_or_init(|| starts))
+    }
+
+    /// The most rows one build partition holds, found on the device the
+    /// first time (one word read back).
+    fn largest_partition(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<DeviceStream>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<u64> {
+        if let Some(&rows) = self.largest_partition.get() {
+            return Ok(rows);
+        }
+        let rows = largest_partition(device, stream, &self.build, self.plan.partitions(), timer)?;
+        Ok(*self.largest_partition.get_or_init(|| rows))
     }
 
     /// Whether the build rows are one word each (see [`KeyRange`]).
@@ -517,11 +536,18 @@ pub fn probe_partitioned(
     }
     let probe = &probe.keys;
     let mut task_list = JoinTaskList::new(device, stream, table, probe, timer)?;
-    let offsets = {
-        let counts = count_pairs(device, stream, table, probe, task_list.tasks(), task_list.count, timer)?;
-        exclusive_offsets(&counts)
-    };
-    let total = *offsets.last().unwrap_or(&0);
+    let max_pairs = max_pairs.max(1) as u64;
+    let offsets = count_pairs(
+        device,
+        stream,
+        table,
+        probe,
+        task_list.tasks(),
+        task_list.count,
+        max_pairs,
+        timer,
+    )?;
+    let total = offsets.total;
     if total == 0 {
         return Ok(0);
     }
@@ -530,7 +556,7 @@ pub fn probe_partitioned(
         stream,
         table,
         probe,
-        max_pairs: max_pairs.max(1) as u64,
+        max_pairs,
         left: pair_limit.unwrap_or(u64::MAX),
         emit: &mut emit,
     };
@@ -538,8 +564,45 @@ pub fn probe_partitioned(
     Ok(total)
 }
 
+/// Where each task's pairs begin in a probe chunk's output: the exclusive
+/// scan of the tasks' match counts, one entry more than tasks (the last
+/// the total). It stays on the device; the host reads the total, and the
+/// rest only where the pairs fill more than one output range and must be
+/// cut into ranges.
+struct TaskOffsets {
+    device: DeviceVec<u64>,
+    total: u64,
+    /// The offsets on the host, read back where `total` exceeds the pairs
+    /// of one output range.
+    host: Option<Vec<u64>>,
+}
+
+impl TaskOffsets {
+    /// The output ranges of at most `max_pairs` pairs the tasks' pairs are
+    /// written in (see [`output_ranges`]): all tasks at once where the
+    /// offsets stayed on the device.
+    fn ranges(&self, tasks: usize, max_pairs: u64) -> Vec<std::ops::Range<usize>> {
+        match &self.host {
+            Some(offsets) => output_ranges(offsets, max_pairs),
+            None if self.total > 0 => std::iter::once(0..tasks).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The first pair of `range`'s tasks and their pairs.
+    fn pairs_of(&self, range: &std::ops::Range<usize>) -> (u64, u64) {
+        match &self.host {
+            Some(offsets) => (offsets[range.start], offsets[range.end] - offsets[range.start]),
+            // One range of every task (see `ranges`).
+            None => (0, self.total),
+        }
+    }
+}
+
 /// Match counts of tasks `0..count` of `tasks` (the partitions without a
-/// list), on the host.
+/// list), scanned into their offsets on the device; the offsets read back
+/// only where their total exceeds `max_pairs` (see [`TaskOffsets`]).
+#[allow(clippy::too_many_arguments)]
 fn count_pairs(
     device: &GpuDevice,
     stream: &Arc<DeviceStream>,
@@ -547,9 +610,12 @@ fn count_pairs(
     probe: &JoinSide,
     tasks: Option<launch::JoinTasks<'_>>,
     count: usize,
+    max_pairs: u64,
     timer: &mut PhaseTimer,
-) -> GpuResult<Vec<u64>> {
-    let mut counts = alloc_zeroed::<u64>(stream, count, "allocating match counts")?;
+) -> GpuResult<TaskOffsets> {
+    // One entry more than tasks, left zero by the count: the exclusive
+    // scan turns it into the total.
+    let mut offsets = alloc_zeroed::<u64>(stream, count + 1, "allocating match counts")?;
     timer.time(Phase::Kernel, || {
         launch::hash_join_count(
             &device.launcher(stream),
@@ -558,11 +624,28 @@ fn count_pairs(
             tasks,
             table.plan.partition_bits(),
             0..count as u64,
-            &mut counts)
+            &mut offsets)?;
+        exclusive_scan(device, stream, &mut offsets, count + 1)
     })?;
-    let mut host_counts = Vec::new();
-    download_u64(device, stream, &counts.as_view(), &mut host_counts, timer)?;
-    Ok(host_counts)
+    let mut total = Vec::new();
+    download_u64(device, stream, &offsets.slice(count..count + 1), &mut total, timer)?;
+    let total = total
+        .first()
+        .copied()
+        .ok_or_else(|| GpuError::Invalid("the match total was not read back".into()))?;
+    let host = match total > max_pairs {
+        true => {
+            let mut host = Vec::new();
+            download_u64(device, stream, &offsets.as_view(), &mut host, timer)?;
+            Some(host)
+        }
+        false => None,
+    };
+    Ok(TaskOffsets {
+        device: offsets,
+        total,
+        host,
+    })
 }
 
 /// Writes a probe chunk's pairs range by range (see [`probe_partitioned`]).
@@ -585,36 +668,35 @@ impl RangeWriter<'_, '_> {
     fn write(
         &mut self,
         tasks: &mut JoinTaskList,
-        offsets: &[u64],
+        offsets: &TaskOffsets,
         whole: bool,
         timer: &mut PhaseTimer,
     ) -> GpuResult<()> {
         let (device, stream) = (self.device, self.stream);
-        let device_offsets = upload_u64(device, stream, &offsets[..tasks.count], timer)?;
-        let ranges = output_ranges(offsets, self.max_pairs);
+        let ranges = offsets.ranges(tasks.count, self.max_pairs);
         let whole_chunk = whole && ranges.len() == 1;
         for range in ranges {
             if self.left == 0 {
                 break;
             }
-            let base = offsets[range.start];
-            let len = offsets[range.end] - base;
+            let (base, len) = offsets.pairs_of(&range);
             if len > self.max_pairs {
                 // One task (see `output_ranges`): split it.
                 let task = tasks.rows(device, stream, self.table, self.probe, range.start, timer)?;
                 let pieces = split_task(task, len, self.max_pairs);
                 if pieces.len() > 1 {
                     let mut pieces = JoinTaskList::of(device, stream, self.table, self.probe, pieces, timer)?;
-                    let counts = count_pairs(
+                    let piece_offsets = count_pairs(
                         device,
                         stream,
                         self.table,
                         self.probe,
                         pieces.tasks(),
                         pieces.count,
+                        self.max_pairs,
                         timer,
                     )?;
-                    self.write(&mut pieces, &exclusive_offsets(&counts), false, timer)?;
+                    self.write(&mut pieces, &piece_offsets, false, timer)?;
                     continue;
                 }
             }
@@ -634,7 +716,7 @@ impl RangeWriter<'_, '_> {
                     tasks.tasks(),
                     self.table.plan.partition_bits(),
                     range.start as u64..range.end as u64,
-                    &device_offsets,
+                    &offsets.device,
                     base,
                     len,
                     &mut out_build,
@@ -677,16 +759,18 @@ impl JoinTaskList {
         probe: &JoinSide,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let build_starts = table.host_starts(device, stream, timer)?;
-        let heavy_build = build_starts
-            .windows(2)
-            .any(|w| w[1].saturating_sub(w[0]) > BUILD_TASK_ROWS);
-        // A chunk of no more rows than a slice against build partitions of
-        // no more than a table has no partition to split: its starts are
-        // not read back.
-        if probe.rows() as u64 <= PROBE_TASK_ROWS && !heavy_build {
+        // Partitions of no more rows than a slice on the probe side and a
+        // table on the build side are not split: neither side's starts
+        // are read back then, only the largest partition's rows (none of
+        // a probe chunk of no more rows than a slice).
+        let heavy_build = table.largest_partition(device, stream, timer)? > BUILD_TASK_ROWS;
+        let heavy_probe = probe.rows() as u64 > PROBE_TASK_ROWS
+            && largest_partition(device, stream, probe, table.plan.partitions(), timer)?
+                > PROBE_TASK_ROWS;
+        if !heavy_build && !heavy_probe {
             return Ok(Self::of_partitions(table));
         }
+        let build_starts = table.host_starts(device, stream, timer)?;
         let probe_starts = starts_on_host(device, stream, probe, timer)?;
         let max_tasks = MAX_TASKS_PER_PARTITION_OR_SLICE
             * (table.plan.partitions() + probe.rows().div_ceil(PROBE_TASK_ROWS as usize));
@@ -766,6 +850,31 @@ impl JoinTaskList {
             build_starts[t + 1],
         ])
     }
+}
+
+/// The most rows one of `side`'s `partitions` partitions holds, found on
+/// the device (one word read back, where the starts are as many words).
+fn largest_partition(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    side: &JoinSide,
+    partitions: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<u64> {
+    let mut largest = alloc_zeroed::<u64>(stream, 1, "allocating the largest partition's rows")?;
+    timer.time(Phase::Kernel, || {
+        launch::largest_partition(
+            &device.launcher(stream),
+            &side.starts,
+            partitions as u64,
+            &mut largest,
+        )
+    })?;
+    let mut word = Vec::new();
+    download_u64(device, stream, &largest.as_view(), &mut word, timer)?;
+    word.first()
+        .copied()
+        .ok_or_else(|| GpuError::Invalid("the largest partition was not read back".into()))
 }
 
 /// A side's partition starts, read back from the device.

@@ -1218,6 +1218,152 @@ fn bounded_output_is_written_in_several_ranges_with_the_same_pairs() {
     assert_eq!(bounded, reference_join(&build, &probe));
 }
 
+/// The most rows one partition holds, found on the device, against the
+/// host over the same starts: no partition, empty ones, the largest first,
+/// last and in between, counts beyond 32 bits, random starts of 2^20
+/// partitions (more than one stride of the grid covers), and the starts of
+/// a partitioning of skewed keys.
+#[test]
+fn the_largest_partition_found_on_the_device_matches_the_host() {
+    let Some(device) = device("the_largest_partition_found_on_the_device_matches_the_host") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let host_largest = |starts: &[u64]| starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let mut skewed = vec![7u64; 300_000];
+    skewed.extend(random_keys(700_000, 1 << 40, 11));
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut running = 0u64;
+    let random_starts: Vec<u64> = (0..(1 << 20) + 1)
+        .map(|_| {
+            let start = running;
+            running += rng.random_range(0..100u64);
+            start
+        })
+        .collect();
+    let mut cases: Vec<(String, Vec<u64>)> = vec![
+        ("no partition".into(), vec![0]),
+        ("empty partitions".into(), vec![5, 5, 5]),
+        ("largest first".into(), vec![0, 90, 95, 99]),
+        ("largest last".into(), vec![0, 1, 2, 300]),
+        ("largest between".into(), vec![0, 10, 10, 4000, 4001, 4001]),
+        (
+            "beyond 32 bits".into(),
+            vec![0, 3, 3 + (1 << 40), (1 << 41) + 3],
+        ),
+        ("random".into(), random_starts),
+    ];
+    // The starts of a partitioning of 300,000 equal keys among a million.
+    let plan = RadixPlan::for_join(1 << 20, 1 << 20);
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let keys = upload_u64(&device, stream, &skewed, &mut timer).unwrap();
+    let ids = upload_u64(
+        &device,
+        stream,
+        &(0..skewed.len() as u64).collect::<Vec<_>>(),
+        &mut timer,
+    )
+    .unwrap();
+    let partitioned = radix::radix_partition(&device, stream, keys, ids, &plan).unwrap();
+    let mut starts = Vec::new();
+    download_u64(
+        &device,
+        stream,
+        &partitioned.starts.as_view(),
+        &mut starts,
+        &mut timer,
+    )
+    .unwrap();
+    assert_eq!(starts.len(), plan.partitions() + 1);
+    assert!(host_largest(&starts) >= 300_000);
+    cases.push(("skewed keys partitioned".into(), starts));
+    for (name, starts) in cases {
+        let partitions = starts.len() as u64 - 1;
+        let device_starts = upload_u64(&device, stream, &starts, &mut timer).unwrap();
+        let mut largest = upload_u64(&device, stream, &[0], &mut timer).unwrap();
+        launch::largest_partition(
+            &device.launcher(stream),
+            &device_starts,
+            partitions,
+            &mut largest,
+        )
+        .unwrap();
+        let mut found = Vec::new();
+        download_u64(&device, stream, &largest.as_view(), &mut found, &mut timer).unwrap();
+        assert_eq!(found, vec![host_largest(&starts)], "{name}");
+        // Starts shorter than the partitions they are said to bound are refused.
+        assert!(launch::largest_partition(
+            &device.launcher(stream),
+            &device_starts,
+            partitions + 1,
+            &mut largest,
+        )
+        .is_err());
+    }
+    timer.finish().unwrap();
+}
+
+/// A probe chunk larger than a slice, of uniform keys, whose pairs fit one
+/// output range: its tasks are the partitions and its pairs one range, and
+/// the host reads back three words of bookkeeping (the largest partition
+/// of each side and the pairs' total), not a side's starts or the
+/// partitions' counts, while the pairs match the reference.
+#[test]
+fn a_join_whose_pairs_fit_one_range_reads_back_no_per_partition_words() {
+    let Some(device) = device("a_join_whose_pairs_fit_one_range_reads_back_no_per_partition_words")
+    else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let build = random_keys(100_000, 150_000, 21);
+    let probe = random_keys(300_000, 150_000, 22);
+    assert!(probe.len() as u64 > hash_join::PROBE_TASK_ROWS);
+    let plan = RadixPlan::for_join(build.len() as u64, probe.len() as u64);
+    assert!(plan.partitions() >= 64);
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let table = DeviceBuildTable::build(
+        &device,
+        stream,
+        host_keys(&[&build], KeyRange::Full),
+        plan,
+        &mut timer,
+    )
+    .unwrap();
+    let pieces: [&[u64]; 1] = [&probe];
+    let mut ranges = Vec::new();
+    let total = hash_join::probe(
+        &device,
+        stream,
+        &table,
+        host_keys(&pieces, KeyRange::Full),
+        1 << 22,
+        &mut timer,
+        |range, _| {
+            ranges.push((range.len, range.whole_chunk));
+            Ok(())
+        },
+    )
+    .unwrap();
+    let times = timer.finish().unwrap();
+    let expected = reference_join(&build, &probe);
+    assert_eq!(total as usize, expected.len());
+    assert_eq!(ranges, vec![(expected.len(), true)]);
+    assert_eq!(times.device_to_host_bytes, 3 * 8, "{times:?}");
+    // The same join's pairs, downloaded, are the reference's.
+    let (pairs, _) = device_join(
+        &device,
+        &build,
+        &probe,
+        RadixPlan::for_join(100_000, 300_000),
+        1 << 22,
+    );
+    assert_eq!(pairs, expected);
+}
+
 #[test]
 fn empty_sides_produce_no_pairs() {
     let Some(device) = device("empty_sides_produce_no_pairs") else {

@@ -91,6 +91,7 @@ pub struct Kernels {
     gather_bits: CudaFunction,
     widen_words: CudaFunction,
     partition_bounds: CudaFunction,
+    largest_partition: CudaFunction,
     hash_join_count: CudaFunction,
     hash_join_write: CudaFunction,
     hash_join_fold: CudaFunction,
@@ -201,6 +202,7 @@ impl Kernels {
             gather_bits: function(&gather, "gather_bits")?,
             widen_words: function(&gather, "widen_words")?,
             partition_bounds: function(&radix, "partition_bounds")?,
+            largest_partition: function(&radix, "largest_partition")?,
             hash_join_count,
             hash_join_write,
             hash_join_fold,
@@ -538,6 +540,31 @@ pub fn partition_bounds(
     // SAFETY: writes starts[..=2^total_bits], length checked; reads keys[..n].
     unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
         .during("launching partition_bounds")?;
+    Ok(())
+}
+
+/// `largest_partition`: raises `largest[0]` to the most rows one of the
+/// `partitions` partitions whose starts are `starts` (`partitions + 1`
+/// entries, never decreasing) holds; the caller zeroes it first.
+pub fn largest_partition(
+    launcher: &Launcher<'_>,
+    starts: &CudaSlice<u64>,
+    partitions: u64,
+    largest: &mut CudaSlice<u64>,
+) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
+    let entries = usize::try_from(partitions)
+        .ok()
+        .and_then(|p| p.checked_add(1))
+        .ok_or_else(|| GpuError::Invalid(format!("{partitions} partitions")))?;
+    check_len(starts, entries, "partition starts")?;
+    check_len(largest, 1, "largest partition")?;
+    let mut launch = stream.launch_builder(&kernels.largest_partition);
+    launch.arg(starts).arg(&partitions).arg(largest);
+    // SAFETY: reads starts[..=partitions] and writes largest[0], both
+    // lengths checked above.
+    unsafe { launch.launch(config(grid_stride_blocks(partitions, sm_count))?) }
+        .during("launching largest_partition")?;
     Ok(())
 }
 
