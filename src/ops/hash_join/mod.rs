@@ -9,10 +9,9 @@ mod pair_ranges;
 mod task_list;
 
 use pair_ranges::{count_pairs, RangeWriter};
-use task_list::{largest_partition, starts_on_host, JoinTaskList, MAX_TASKS_PER_PARTITION_OR_SLICE};
-
-use crate::gpu::alloc_uninit;
-use crate::gpu::DeviceStream;
+use task_list::{
+    largest_partition, starts_on_host, JoinTaskList, MAX_TASKS_PER_PARTITION_OR_SLICE,
+};
 
 use super::join_tasks::MAX_PIECES;
 pub use super::join_tasks::{exclusive_offsets, output_ranges};
@@ -20,8 +19,8 @@ pub use super::pair_order::{order_by_probe_row, order_device_bytes};
 use super::radix::{radix_partition, radix_partition_one_word, JoinSide, RadixPlan};
 use crate::gpu::launch::{self, ValueWidth};
 use crate::gpu::{
-    download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
-    GpuResult, Phase, PhaseTimer,
+    alloc_uninit, download_u64, upload_u64, upload_u64_pieces, DeviceStream, DeviceVec,
+    DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
 
 /// What the caller knows of a side's keys and row ids.
