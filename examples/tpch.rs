@@ -265,8 +265,9 @@ fn answers_agree_every(
 /// Bytes the GPU nodes of an executed plan copied to the host only for
 /// another GPU node to read them: the `d2h_bytes` of each GPU node whose
 /// consumer, through projections, batch coalescing and repartitioning, is
-/// a GPU node. Batches between GPU nodes pass through host memory today;
-/// this is what keeping them on the device would save each way.
+/// a GPU node. A GPU scan filter's rows pass through host memory to a GPU
+/// join above it; a GPU join handing its rows on the device copies down
+/// only its counts.
 fn bytes_down_between_gpu_nodes(plan: &Arc<dyn ExecutionPlan>) -> usize {
     fn walk(node: &Arc<dyn ExecutionPlan>, gpu_above: bool) -> usize {
         let on_gpu = node.name().starts_with("Gpu");
@@ -289,6 +290,15 @@ fn bytes_down_between_gpu_nodes(plan: &Arc<dyn ExecutionPlan>) -> usize {
             .sum::<usize>()
     }
     walk(plan, false)
+}
+
+/// `bytes` in bytes, KB or MB, whichever reads best.
+fn byte_count(bytes: usize) -> String {
+    match bytes {
+        0..1_000 => format!("{bytes} bytes"),
+        1_000..1_000_000 => format!("{:.1} KB", bytes as f64 / 1e3),
+        _ => format!("{:.1} MB", bytes as f64 / 1e6),
+    }
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -817,12 +827,9 @@ fn print_totals(
     if !between.is_empty() {
         let each: Vec<String> = between
             .iter()
-            .map(|(q, bytes)| format!("q{q} {:.1} MB", *bytes as f64 / 1e6))
+            .map(|&(q, bytes)| format!("q{q} {}", byte_count(bytes)))
             .collect();
-        println!(
-            "copied down between GPU nodes, warm (batches pass through the host): {}",
-            each.join(", ")
-        );
+        println!("copied down between GPU nodes, warm: {}", each.join(", "));
     }
     if args.runs > 1 {
         let first_cold: f64 = reports.iter().filter_map(|r| r.first_cold.map(ms)).sum();
