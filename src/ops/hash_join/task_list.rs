@@ -38,12 +38,13 @@ impl JoinTaskList {
         // Partitions of no more rows than a slice on the probe side and a
         // table on the build side are not split: neither side's starts
         // are read back then, only the largest partition's rows (none of
-        // a probe chunk of no more rows than a slice).
-        let heavy_build = table.largest_partition(device, stream, timer)? > BUILD_TASK_ROWS;
-        let heavy_probe = probe.rows() as u64 > PROBE_TASK_ROWS
-            && largest_partition(device, stream, probe, table.plan.partitions(), timer)?
-                > PROBE_TASK_ROWS;
-        if !heavy_build && !heavy_probe {
+        // a probe chunk of no more rows than a slice, or where the build
+        // side already has a partition to split).
+        let heavy = table.largest_partition(device, stream, timer)? > BUILD_TASK_ROWS
+            || (probe.rows() as u64 > PROBE_TASK_ROWS
+                && largest_partition(device, stream, probe, table.plan.partitions(), timer)?
+                    > PROBE_TASK_ROWS);
+        if !heavy {
             return Ok(Self::of_partitions(table));
         }
         let build_starts = table.host_starts(device, stream, timer)?;
@@ -166,6 +167,7 @@ pub(super) fn starts_on_host(
 }
 
 /// Tasks a partition, or a slice of `PROBE_TASK_ROWS` probe rows, becomes at
-/// most where build partitions are split (see [`crate::ops::join_tasks::partition_tasks`]): the
-/// task list stays within a few words a partition.
+/// most where build partitions are split (see
+/// [`crate::ops::join_tasks::partition_tasks`]): the task list stays within
+/// a few words a partition.
 pub(super) const MAX_TASKS_PER_PARTITION_OR_SLICE: usize = 4;
