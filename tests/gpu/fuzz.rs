@@ -21,11 +21,13 @@
 //!   their build keys filter the scans of their probe sides (join key
 //!   filters), and in two of five of those cases the query is one whose
 //!   probe side aggregates by the key or joins again.
-//! * Two joins stacked (a case in five of the others with small tables, from
-//!   a generator of its own), in one partition, their order free: where
-//!   DataFusion makes the lower one the upper one's probe side, it hands its
-//!   output up on the device where its columns allow it, else as host
-//!   batches.
+//! * Two joins stacked (a case in five of the others, from a generator of
+//!   its own, where the tables' keys make at most 2^20 rows of the three-way
+//!   join, counted on them before the case runs), in one partition, their
+//!   order free: where DataFusion makes the lower one the upper one's probe
+//!   side, it hands its output up on the device where its columns allow it,
+//!   else as host batches. With a GPU, a run of 1000 cases or more fails
+//!   where none handed rows on the device.
 //! * Where the tables lie: in memory, or (three cases in ten) in Parquet
 //!   files, one a partition, in row groups of 16 to 4,096 rows, scanned
 //!   with DataFusion's dynamic filters, by row group statistics or (half of
@@ -48,11 +50,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{
-    ArrayRef, BooleanArray, Date32Array, Decimal128Array, DictionaryArray, Float32Array,
+    ArrayRef, AsArray, BooleanArray, Date32Array, Decimal128Array, DictionaryArray, Float32Array,
     Float64Array, Int16Array, Int32Array, Int64Array, Int8Array, LargeStringArray, RecordBatch,
     StringArray, StringViewArray, TimestampMicrosecondArray, UInt32Array, UInt64Array, UInt8Array,
 };
-use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, TimeUnit};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::catalog::TableProvider;
 use datafusion::common::runtime::SpawnedTask;
@@ -401,6 +403,9 @@ struct Case {
     target_partitions: usize,
     settings: Vec<String>,
     sql: String,
+    /// The two stacked joins run in place of `sql`, where the tables' keys
+    /// make few enough rows of them (see [`ChainedJoins::fits`]).
+    chained: Option<&'static ChainedJoins>,
 }
 
 fn random_key(rng: &mut StdRng, key_type: KeyType, rows: usize) -> KeyColumn {
@@ -469,11 +474,18 @@ fn gen_case(seed: u64) -> Case {
         if let Some(query) = query {
             sql = query.into();
         }
-    } else if let Some(query) = chained_joins_for_case(seed, r_rows, s_rows) {
-        // One partition: no repartition comes between the two joins.
-        settings.push("SET datafusion.execution.target_partitions = 1".into());
-        settings.push("SET gpu.preserve_order = false".into());
-        sql = query.into();
+    }
+    let chained = cpu_joins_for_case(seed)
+        .is_none()
+        .then(|| chained_joins_for_case(seed))
+        .flatten();
+    let mut tables = tables;
+    if chained.is_some_and(|joins| joins.reads_x) {
+        // The lower join keeps its output on the device only where its
+        // columns hold no NULLs: its key columns here.
+        for table in &mut tables {
+            table.keys[0].null_rate = 0.0;
+        }
     }
     Case {
         seed,
@@ -483,6 +495,7 @@ fn gen_case(seed: u64) -> Case {
         target_partitions,
         settings,
         sql,
+        chained,
     }
 }
 
@@ -513,26 +526,131 @@ fn cpu_joins_for_case(seed: u64) -> Option<Option<&'static str>> {
     )
 }
 
-/// Two joins, the lower one the upper one's probe side: output columns
-/// that are keys (no NULLs past an equality), a value column with NULLs,
-/// an aggregation above, a filter on the upper join's build side.
-const CHAINED_JOIN_QUERIES: &[&str] = &[
-    "SELECT r.k0, s.k0, x.k0 FROM r JOIN s ON r.k0 = s.k0 JOIN r x ON x.k0 = s.k0",
-    "SELECT s.k0, x.v, COUNT(*) FROM r JOIN s ON r.k0 = s.k0 JOIN s x ON x.k0 = r.k0 \
-     GROUP BY s.k0, x.v",
-    "SELECT r.k0, r.d, s.k0 FROM r JOIN s ON r.k0 = s.k0 JOIN s x ON x.k0 = r.k0 WHERE x.v > 0",
+/// Two joins, the lower one the upper one's probe side, and how many rows
+/// the three-way join makes on given tables.
+#[derive(Debug)]
+struct ChainedJoins {
+    sql: &'static str,
+    /// The rows of the three-way join, from the keys' counts in `r` and
+    /// `s` (NULL keys match nothing).
+    rows_sql: &'static str,
+    /// The query reads a table `x`: the first rows of `r`, half as many as
+    /// the smaller of `r` and `s` hold ([`first_rows`]); the tables' `k0`
+    /// then hold no NULLs, so that the lower join may keep its output on
+    /// the device.
+    reads_x: bool,
+}
+
+/// The rows of a three-way join over `r` and `s` joined on `k0`, from
+/// `$product` of the key's rows in `r` (`a.n`) and in `s` (`b.n`) summed
+/// over the keys both hold.
+macro_rules! three_way_rows {
+    ($product:literal) => {
+        concat!(
+            "SELECT COALESCE(SUM(",
+            $product,
+            "), 0) FROM (SELECT k0, COUNT(*) AS n FROM r GROUP BY k0) a ",
+            "JOIN (SELECT k0, COUNT(*) AS n FROM s GROUP BY k0) b ON a.k0 = b.k0"
+        )
+    };
+}
+
+/// Stacked joins: output columns that are keys (no NULLs past an
+/// equality), a value column with NULLs, an aggregation above, a filter
+/// on the upper join's build side. DataFusion joins the first two tables
+/// first and makes the smaller side by statistics the build side: the
+/// lower join, estimated at about the smaller table's rows, is the upper
+/// one's build side against a whole table (unless NULL keys make its
+/// estimate larger), and its probe side against `x`, a smaller part of
+/// `r` (`x`'s rows are among `r`'s, so `r`'s counts bound the rows).
+const CHAINED_JOIN_QUERIES: &[ChainedJoins] = &[
+    ChainedJoins {
+        sql: "SELECT r.k0, s.k0, x.k0 FROM r JOIN s ON r.k0 = s.k0 JOIN r x ON x.k0 = s.k0",
+        rows_sql: three_way_rows!("a.n * a.n * b.n"),
+        reads_x: false,
+    },
+    ChainedJoins {
+        sql: "SELECT s.k0, x.v, COUNT(*) FROM r JOIN s ON r.k0 = s.k0 JOIN s x ON x.k0 = r.k0 \
+              GROUP BY s.k0, x.v",
+        rows_sql: three_way_rows!("a.n * b.n * b.n"),
+        reads_x: false,
+    },
+    ChainedJoins {
+        sql: "SELECT r.k0, r.d, s.k0 FROM r JOIN s ON r.k0 = s.k0 JOIN s x ON x.k0 = r.k0 \
+              WHERE x.v > 0",
+        rows_sql: three_way_rows!("a.n * b.n * b.n"),
+        reads_x: false,
+    },
+    ChainedJoins {
+        sql: "SELECT r.k0, s.k0, x.k0 FROM r JOIN s ON r.k0 = s.k0 JOIN x ON x.k0 = s.k0",
+        rows_sql: three_way_rows!("a.n * a.n * b.n"),
+        reads_x: true,
+    },
+    ChainedJoins {
+        sql: "SELECT s.k0, x.v, COUNT(*) FROM r JOIN s ON r.k0 = s.k0 JOIN x ON x.k0 = r.k0 \
+              GROUP BY s.k0, x.v",
+        rows_sql: three_way_rows!("a.n * a.n * b.n"),
+        reads_x: true,
+    },
+    ChainedJoins {
+        sql: "SELECT r.k0, s.k0, x.w FROM r JOIN s ON r.k0 = s.k0 JOIN x ON x.k0 = r.k0 \
+              WHERE x.v > 0",
+        rows_sql: three_way_rows!("a.n * a.n * b.n"),
+        reads_x: true,
+    },
 ];
 
-/// The query of two stacked joins case `seed` runs in place of its own,
-/// if any: from a generator of its own, so that every case's tables,
-/// query and settings otherwise stay what they were; only where the three
-/// sides' rows multiplied stay within 2^22 (keys that all match).
-fn chained_joins_for_case(seed: u64, r_rows: usize, s_rows: usize) -> Option<&'static str> {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x0c4a_1d5e);
-    if !rng.random_bool(0.2) || r_rows * s_rows * r_rows.max(s_rows) > 1 << 22 {
-        return None;
+/// The first `rows` rows of `table` (fewer where it holds fewer), in its
+/// partitions' order, as a table of one partition.
+async fn first_rows(table: &MemTable, rows: usize) -> Arc<MemTable> {
+    let mut batches = Vec::new();
+    let mut left = rows;
+    for partition in &table.batches {
+        for batch in partition.read().await.iter() {
+            if left == 0 {
+                break;
+            }
+            let taken = batch.num_rows().min(left);
+            batches.push(batch.slice(0, taken));
+            left -= taken;
+        }
     }
-    Some(*CHAINED_JOIN_QUERIES.choose(&mut rng).unwrap())
+    Arc::new(MemTable::try_new(table.schema(), vec![batches]).unwrap())
+}
+
+/// The most rows of the three-way join a case stacking joins may make.
+const MAX_CHAINED_ROWS: i64 = 1 << 20;
+
+impl ChainedJoins {
+    /// Whether the three-way join makes at most [`MAX_CHAINED_ROWS`] rows
+    /// of tables `r` and `s`, counted by DataFusion alone.
+    async fn fits(&self, r: &Arc<MemTable>, s: &Arc<MemTable>) -> bool {
+        let ctx = SessionContext::new();
+        ctx.register_table("r", Arc::clone(r) as _).unwrap();
+        ctx.register_table("s", Arc::clone(s) as _).unwrap();
+        let batches = ctx
+            .sql(self.rows_sql)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let rows = batches
+            .iter()
+            .find(|b| b.num_rows() > 0)
+            .map_or(0, |b| b.column(0).as_primitive::<Int64Type>().value(0));
+        rows <= MAX_CHAINED_ROWS
+    }
+}
+
+/// The stacked joins case `seed` runs in place of its own query, if any
+/// and if its tables allow ([`ChainedJoins::fits`]): from a generator of
+/// its own, so that every case's tables, query and settings otherwise stay
+/// what they were.
+fn chained_joins_for_case(seed: u64) -> Option<&'static ChainedJoins> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0c4a_1d5e);
+    rng.random_bool(0.2)
+        .then(|| CHAINED_JOIN_QUERIES.choose(&mut rng).unwrap())
 }
 
 /// A join condition on the first `keys` key columns.
@@ -691,6 +809,8 @@ struct Agreed {
     key_filters: bool,
     /// A join kept its output on the device for the join above.
     rows_on_device: bool,
+    /// The case ran two stacked joins in place of its own query.
+    chained: bool,
     /// Both paths failed (the query's own error, such as an overflow).
     error: Option<String>,
     /// DataFusion's own path ran past the time limit: nothing compared.
@@ -715,6 +835,22 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
     if case.parquet.is_some_and(|layout| layout.pushdown_filters) {
         settings.push("SET datafusion.execution.parquet.pushdown_filters = true");
     }
+    let mut sql = case.sql.as_str();
+    let mut x = None;
+    let chained = match case.chained {
+        Some(joins) if joins.fits(&r, &s).await => {
+            // One partition: no repartition comes between the two joins.
+            settings.push("SET datafusion.execution.target_partitions = 1");
+            settings.push("SET gpu.preserve_order = false");
+            sql = joins.sql;
+            if joins.reads_x {
+                let rows = case.tables[0].rows.min(case.tables[1].rows) / 2;
+                x = Some(first_rows(&r, rows).await);
+            }
+            true
+        }
+        _ => false,
+    };
     let gpu = gpu_context(case.mode, case.target_partitions, &settings).await;
     let cpu = cpu_context(case.mode, case.target_partitions, &settings).await;
     let folder = std::env::temp_dir().join(format!(
@@ -738,11 +874,16 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
             ctx.register_table("s", Arc::clone(&s) as _).unwrap();
         }
     }
+    if let Some(x) = &x {
+        for ctx in [&gpu, &cpu] {
+            ctx.register_table("x", Arc::clone(x) as _).unwrap();
+        }
+    }
     let began = Instant::now();
-    let cpu_answer = tokio::time::timeout(CASE_TIME_LIMIT, answer(&cpu, &case.sql)).await;
+    let cpu_answer = tokio::time::timeout(CASE_TIME_LIMIT, answer(&cpu, sql)).await;
     let cpu_took = began.elapsed();
     let gpu_answer = match cpu_answer {
-        Ok(_) => tokio::time::timeout(CASE_TIME_LIMIT, answer(&gpu, &case.sql))
+        Ok(_) => tokio::time::timeout(CASE_TIME_LIMIT, answer(&gpu, sql))
             .await
             .ok(),
         Err(_) => None,
@@ -757,6 +898,7 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
                     gpu_nodes: 0,
                     key_filters: false,
                     rows_on_device: false,
+                    chained,
                     error: None,
                     datafusion_past_limit: true,
                 })
@@ -773,6 +915,7 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
             gpu_nodes,
             key_filters,
             rows_on_device,
+            chained,
             error: None,
             datafusion_past_limit: false,
         }),
@@ -780,6 +923,7 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
             gpu_nodes,
             key_filters,
             rows_on_device,
+            chained,
             error: Some(c.clone()),
             datafusion_past_limit: false,
         }),
@@ -848,8 +992,9 @@ async fn run_cases() {
     let (mut run, mut on_gpu, mut gpu_nodes, mut hangs) = (0usize, 0usize, 0usize, 0usize);
     // Agreeing cases whose joins handed their build keys to their scans.
     let mut key_filtered = 0usize;
-    // Agreeing cases where a join kept its output on the device.
-    let mut rows_on_device = 0usize;
+    // Agreeing cases stacking two joins, and those where a join kept its
+    // output on the device.
+    let (mut chained, mut rows_on_device) = (0usize, 0usize);
     // Cases read from Parquet files, and those of them with GPU nodes.
     let (mut from_parquet, mut from_parquet_on_gpu) = (0usize, 0usize);
     let mut errors: Vec<String> = Vec::new();
@@ -890,6 +1035,7 @@ async fn run_cases() {
                 gpu_nodes += agreed.gpu_nodes;
                 on_gpu += usize::from(agreed.gpu_nodes > 0);
                 key_filtered += usize::from(agreed.key_filters);
+                chained += usize::from(agreed.chained);
                 rows_on_device += usize::from(agreed.rows_on_device);
                 if ParquetLayout::for_case(seed).is_some() {
                     from_parquet += 1;
@@ -920,7 +1066,7 @@ async fn run_cases() {
         std::io::stderr(),
         "fuzz: cases {}..{} ({}): {run} run, {on_gpu} with GPU nodes ({gpu_nodes} nodes), \
          {key_filtered} with join key filters, \
-         {rows_on_device} with rows handed between joins on the device, \
+         {chained} stacking two joins ({rows_on_device} with rows handed between joins on the device), \
          {from_parquet} agreeing from Parquet files ({from_parquet_on_gpu} with GPU nodes), {} mismatches, {hangs} hangs, {} failing alike on both paths, in {:.1} s",
         cases.start,
         cases.end,
@@ -967,6 +1113,14 @@ async fn run_cases() {
         assert!(
             run < 200 || key_filtered > 0,
             "no case of {run} placed join key filters"
+        );
+        // Stacked joins come up in about a case in seven, and hand their
+        // rows on the device in a share of those: the lower join on the
+        // upper one's probe side, its output columns of 4, 8 or 16 bytes
+        // without NULLs, rows that match.
+        assert!(
+            run < 1000 || rows_on_device > 0,
+            "no case of {run} handed rows between joins on the device ({chained} stacking two joins)"
         );
     }
 }
