@@ -146,7 +146,9 @@ pub fn check_task_rows(tasks: &[TaskRows], probe_rows: u64, build_rows: u64) -> 
     Ok(())
 }
 
-/// `offsets[p]` = pairs before partition p; `offsets[counts.len()]` = total.
+/// `offsets[p]` = pairs before partition p; `offsets[counts.len()]` = total
+/// (the device scans the counts so; this is the tests' reference).
+#[cfg(test)]
 pub fn exclusive_offsets(counts: &[u64]) -> Vec<u64> {
     let mut offsets = Vec::with_capacity(counts.len() + 1);
     let mut running = 0u64;

@@ -14,7 +14,6 @@ use task_list::{
 };
 
 use super::join_tasks::MAX_PIECES;
-pub use super::join_tasks::{exclusive_offsets, output_ranges};
 pub use super::pair_order::{order_by_probe_row, order_device_bytes};
 use super::radix::{radix_partition, radix_partition_one_word, JoinSide, RadixPlan};
 use crate::gpu::launch::{self, ValueWidth};
