@@ -466,6 +466,10 @@ impl Stream for GatheringStream {
             Poll::Ready(None) if !self.done => {
                 self.done = true;
                 let values = self.values.take();
+                crate::trace::event(|| {
+                    let keys = values.as_ref().map_or(0, Vec::len);
+                    format!("join keys #{}: a partition read to its end, {keys} keys", self.keys.id())
+                });
                 if self.keys.finish(self.round, values) {
                     self.metrics.sets.add(1);
                 }

@@ -345,6 +345,10 @@ impl ExecutionPlan for GpuScanFilterExec {
             match ran {
                 Ran::Batches(batches) => {
                     metrics.baseline.done();
+                    trace::event(|| {
+                        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+                        format!("scan filter partition {partition}: {rows} rows handed on")
+                    });
                     let schema = fallback.schema();
                     let batches = futures::stream::iter(batches.into_iter().map(Ok));
                     Ok::<_, DataFusionError>(Box::pin(RecordBatchStreamAdapter::new(schema, batches))
