@@ -16,7 +16,8 @@ use datafusion::logical_expr::ColumnarValue;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::arrow::array::RecordBatch;
 
-use super::set::{JoinKeySet, KeyBitmap, MAX_KEPT_SHARE};
+use super::bitmap::KeyBitmap;
+use super::set::{JoinKeySet, MAX_KEPT_SHARE};
 
 /// `key IN (the build side's keys)`, once the build side's every partition
 /// was read (see [`JoinKeySet`]); before, and where no set could be made,

@@ -20,6 +20,7 @@
 //! partition ([`JoinKeyWaitExec`] on the host, the GPU scan itself) or, the
 //! GPU scan, read ahead; where a set is still not there, rows pass untested.
 
+mod bitmap;
 mod collector;
 mod expr;
 mod set;

@@ -2,22 +2,20 @@
 //! is read, as a set the probe side's scan can test each row against.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::channel::oneshot;
 
+use super::bitmap::KeyBitmap;
+#[cfg(test)]
+use super::bitmap::MAX_KEY_SPAN;
+
 /// Distinct build keys a set is made of at most; beyond, the build side is
 /// too large for the filter to pay, and no set is made.
 pub const MAX_KEY_VALUES: usize = 1 << 25;
 
-/// Values from the smallest key to the largest that a set spans at most:
-/// its bitmap (one bit a value, 128 MiB at most) goes to the device with
-/// each part of the probe side's table. TPC-H's order keys at scale factor
-/// 100 span 600 million values: a set of a few thousand of them must still
-/// be made, or every order and line item crosses the joins above on the CPU.
-pub const MAX_KEY_SPAN: u64 = 1 << 30;
 
 /// The largest share of a probe side's rows a join key test may be
 /// estimated to keep for a scan with no filter of its own to read the
@@ -41,94 +39,6 @@ pub const MAX_KEY_WAIT: Duration = Duration::from_secs(10);
 /// partition that no one here executes (another process reads it) ends
 /// the wait then.
 pub const READ_AHEAD_GRACE: Duration = Duration::from_millis(20);
-
-/// A set of integers as the device tests it (`ScanOp::KeyTest`): the
-/// smallest value, then one bit per value from it to the largest.
-#[derive(Debug)]
-pub struct KeyBitmap {
-    /// The smallest value's two 32-bit halves, low first, then the bitmap
-    /// (bit `v - smallest` of word `(v - smallest) / 32`).
-    words: Vec<u32>,
-    /// Which set this is: a number no other set of the process has.
-    id: u64,
-}
-
-static NEXT_BITMAP: AtomicU64 = AtomicU64::new(1);
-
-/// Its words as the device tests them: a scan's parts share them.
-impl AsRef<[u32]> for KeyBitmap {
-    fn as_ref(&self) -> &[u32] {
-        &self.words
-    }
-}
-
-impl KeyBitmap {
-    /// The set of `values`, or `None` where they span more than
-    /// [`MAX_KEY_SPAN`] values. No values make an empty set.
-    pub fn of(values: &[i64]) -> Option<Self> {
-        let (Some(&smallest), Some(&largest)) = (values.iter().min(), values.iter().max()) else {
-            return Some(Self::new(vec![0, 0]));
-        };
-        let span = (largest as i128 - smallest as i128 + 1) as u128;
-        if span > u128::from(MAX_KEY_SPAN) {
-            return None;
-        }
-        let mut words = vec![0u32; 2 + (span as usize).div_ceil(32)];
-        words[0] = smallest as u64 as u32;
-        words[1] = ((smallest as u64) >> 32) as u32;
-        for &v in values {
-            let offset = v.wrapping_sub(smallest) as u64 as usize;
-            words[2 + offset / 32] |= 1 << (offset % 32);
-        }
-        Some(Self::new(words))
-    }
-
-    fn new(words: Vec<u32>) -> Self {
-        Self {
-            words,
-            id: NEXT_BITMAP.fetch_add(1, Ordering::Relaxed),
-        }
-    }
-
-    /// A number no other set of the process has.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The table the device reads.
-    pub fn words(&self) -> &[u32] {
-        &self.words
-    }
-
-    fn smallest(&self) -> i64 {
-        (u64::from(self.words[1]) << 32 | u64::from(self.words[0])) as i64
-    }
-
-    /// Whether `value` is in the set.
-    pub fn contains(&self, value: i64) -> bool {
-        let offset = value.wrapping_sub(self.smallest()) as u64;
-        let bits = &self.words[2..];
-        offset / 32 < bits.len() as u64 && bits[(offset / 32) as usize] >> (offset % 32) & 1 == 1
-    }
-
-    /// The share of the values from `low` to `high` in the set (of the
-    /// values it spans where no range is given): about the share of rows a
-    /// test keeps whose keys spread evenly over that range.
-    pub fn share_of(&self, range: Option<(i64, i64)>) -> f64 {
-        let bits = &self.words[2..];
-        let span = bits.len() as i64 * 32;
-        let smallest = self.smallest();
-        let (low, high) = range.unwrap_or((smallest, smallest.saturating_add(span - 1)));
-        if high < low {
-            return 0.0;
-        }
-        // The range as bit offsets, clamped to the bitmap.
-        let first = (low as i128 - smallest as i128).clamp(0, span as i128) as usize;
-        let last = (high as i128 - smallest as i128 + 1).clamp(0, span as i128) as usize;
-        let held = count_bits(bits, first, last);
-        held as f64 / (high as i128 - low as i128 + 1) as f64
-    }
-}
 
 /// A join's build keys, shared by the node that gathers them
 /// ([`super::JoinKeyCollectorExec`], above the build side) and the scans
@@ -157,7 +67,10 @@ struct Round {
     started: Vec<bool>,
     finished: usize,
     failed: bool,
-    values: Vec<i64>,
+    /// The keys of each partition read to its end, as it gathered them.
+    pieces: Vec<Vec<i64>>,
+    /// How many keys `pieces` hold.
+    keys_read: usize,
     keys: Option<Arc<KeyBitmap>>,
     /// Partitions of this round read to their end by a task of their own
     /// ([`JoinKeySet::read_ahead`]).
@@ -360,12 +273,13 @@ impl JoinKeySet {
             return false;
         }
         match values {
-            Some(values) if round.values.len() + values.len() <= MAX_KEY_VALUES => {
-                round.values.extend(values)
+            Some(values) if round.keys_read + values.len() <= MAX_KEY_VALUES => {
+                round.keys_read += values.len();
+                round.pieces.push(values);
             }
             _ => {
                 round.failed = true;
-                round.values = Vec::new();
+                round.pieces = Vec::new();
                 self.settle(&mut round);
                 return false;
             }
@@ -374,12 +288,16 @@ impl JoinKeySet {
         if round.finished < self.partitions {
             return false;
         }
-        let values = std::mem::take(&mut round.values);
-        // The bitmap (up to 128 MiB) is made with the lock released: scans
-        // testing their batches ask for the set meanwhile.
+        // Each partition's keys stay as they came: copied into one list
+        // under the lock, every partition's keys waited for the copies of
+        // those before. The bitmap (up to 128 MiB) is made from them on
+        // several threads, with the lock released: scans testing their
+        // batches ask for the set meanwhile.
+        let (pieces, keys_read) = (std::mem::take(&mut round.pieces), round.keys_read);
         drop(round);
-        let made = KeyBitmap::of(&values);
-        drop(values);
+        crate::trace::event(|| format!("join keys #{}: round {number}'s {keys_read} keys all read", self.id));
+        let made = KeyBitmap::of_pieces(&pieces);
+        drop(pieces);
         let mut round = self.lock();
         if round.number != number || round.failed {
             // A newer round started (or this one failed) meanwhile.
@@ -430,7 +348,7 @@ impl JoinKeySet {
         let mut round = self.lock();
         if round.number == number {
             round.failed = true;
-            round.values = Vec::new();
+            round.pieces = Vec::new();
             self.settle(&mut round);
         }
     }
@@ -441,45 +359,10 @@ impl JoinKeySet {
     }
 }
 
-/// Set bits of `bits` from bit `first` to before bit `last`.
-fn count_bits(bits: &[u32], first: usize, last: usize) -> u64 {
-    let mut count = 0;
-    let mut at = first;
-    while at < last {
-        let from = at % 32;
-        let base = at - from;
-        let width = (last - base).min(32) - from;
-        let mask = match width {
-            32 => u32::MAX,
-            _ => ((1u32 << width) - 1) << from,
-        };
-        count += u64::from((bits[at / 32] & mask).count_ones());
-        at = base + 32;
-    }
-    count
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_bitmap_holds_its_values_and_no_other() {
-        let values = [5, -3, 40, 5, 70];
-        let keys = KeyBitmap::of(&values).unwrap();
-        for v in -40..120 {
-            assert_eq!(keys.contains(v), values.contains(&v), "{v}");
-        }
-        assert_eq!(keys.words()[..2], [-3i64 as u64 as u32, (-3i64 as u64 >> 32) as u32]);
-        assert!(!keys.contains(i64::MIN) && !keys.contains(i64::MAX));
-        let empty = KeyBitmap::of(&[]).unwrap();
-        assert!(!empty.contains(0) && empty.words().len() == 2);
-        let extremes = KeyBitmap::of(&[i64::MAX]).unwrap();
-        assert!(extremes.contains(i64::MAX) && !extremes.contains(i64::MIN));
-        assert!(KeyBitmap::of(&[0, MAX_KEY_SPAN as i64 - 1]).is_some());
-        assert!(KeyBitmap::of(&[0, MAX_KEY_SPAN as i64]).is_none());
-        assert!(KeyBitmap::of(&[i64::MIN, i64::MAX]).is_none());
-    }
 
     #[test]
     fn a_set_is_given_out_only_once_its_latest_round_is_complete() {
@@ -644,27 +527,6 @@ mod tests {
         assert!(started.elapsed() >= READ_AHEAD_GRACE);
         assert!(resolves_within(set.settled(round, long), Duration::from_secs(1)));
         assert!(set.keys().is_none());
-    }
-
-    #[test]
-    fn a_share_counts_the_keys_within_a_range() {
-        let values: Vec<i64> = (100..200).chain([1000]).collect();
-        let keys = KeyBitmap::of(&values).unwrap();
-        assert_eq!(keys.share_of(Some((100, 199))), 1.0);
-        assert_eq!(keys.share_of(Some((0, 999))), 0.1);
-        assert_eq!(keys.share_of(Some((150, 1049))), 51.0 / 900.0);
-        assert_eq!(keys.share_of(Some((-5000, -1))), 0.0);
-        assert_eq!(keys.share_of(Some((5, 4))), 0.0);
-        // Without a range: of the values spanned (rounded up to whole words).
-        let spanned = keys.words().len() as f64 * 32.0 - 64.0;
-        assert_eq!(keys.share_of(None), 101.0 / spanned);
-        for (first, last) in [(0, 0), (3, 5), (31, 33), (0, 64), (7, 100), (64, 96)] {
-            let bits = [u32::MAX, 0x0F0F_0F0F, 1 << 31, u32::MAX];
-            let expected = (first..last)
-                .filter(|&b: &usize| bits[b / 32] >> (b % 32) & 1 == 1)
-                .count() as u64;
-            assert_eq!(count_bits(&bits, first, last), expected, "{first}..{last}");
-        }
     }
 
     #[test]
