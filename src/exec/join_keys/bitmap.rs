@@ -150,10 +150,12 @@ impl KeyBitmap {
             _ => {
                 let bits: &mut [u32] = &mut words[2..];
                 // SAFETY: `AtomicU32` has `u32`'s size and bit validity and
-                // (asserted beside `MAX_THREADS`) its alignment, so the words' memory is a
-                // valid `[AtomicU32]` of the same length; `bits` is borrowed
-                // mutably for as long as the view lives, so every access to
-                // the words meanwhile goes through the atomics.
+                // (asserted beside `MAX_THREADS`) its alignment, so the
+                // words' memory is a valid `[AtomicU32]` of the same length;
+                // `bits` is borrowed mutably for as long as the view lives,
+                // so every access to the words meanwhile goes through the
+                // atomics. Every offset is below the span the words hold:
+                // each value lies between the smallest and the largest.
                 let atomic: &[AtomicU32] =
                     unsafe { &*(std::ptr::from_mut(bits) as *const [AtomicU32]) };
                 on_threads(&shares, |share| {
