@@ -551,4 +551,32 @@ mod tests {
         set.finish(round, Some(vec![0, MAX_KEY_SPAN as i64 * 2]));
         assert!(set.keys().is_none());
     }
+
+    #[test]
+    fn partitions_finishing_on_many_threads_make_the_set_of_all_their_keys() {
+        // Enough keys that the set is made on several threads, from eight
+        // partitions finishing at once, each with keys of its own and some
+        // of the others'.
+        let partitions = 8;
+        let keys: Vec<Vec<i64>> = (0..partitions)
+            .map(|p| (0..300_000i64).map(|i| (i * 7919 + p * 104_729) % 9_000_000 - 1_000).collect())
+            .collect();
+        let set = Arc::new(JoinKeySet::new(partitions as usize));
+        let round = (0..partitions).map(|p| set.start(p as usize)).max().unwrap();
+        let made: Vec<bool> = std::thread::scope(|scope| {
+            let finishing: Vec<_> = keys
+                .iter()
+                .map(|values| {
+                    let set = Arc::clone(&set);
+                    scope.spawn(move || set.finish(round, Some(values.clone())))
+                })
+                .collect();
+            finishing.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert_eq!(made.iter().filter(|&&m| m).count(), 1, "one partition, the last, made it");
+        let all: Vec<i64> = keys.concat();
+        let expected = KeyBitmap::of(&all).unwrap();
+        assert_eq!(set.keys().unwrap().words(), expected.words());
+        assert!(all.iter().step_by(997).all(|&k| expected.contains(k)));
+    }
 }
