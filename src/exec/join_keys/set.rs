@@ -9,13 +9,10 @@ use std::time::{Duration, Instant};
 use futures::channel::oneshot;
 
 use super::bitmap::KeyBitmap;
-#[cfg(test)]
-use super::bitmap::MAX_KEY_SPAN;
 
 /// Distinct build keys a set is made of at most; beyond, the build side is
 /// too large for the filter to pay, and no set is made.
 pub const MAX_KEY_VALUES: usize = 1 << 25;
-
 
 /// The largest share of a probe side's rows a join key test may be
 /// estimated to keep for a scan with no filter of its own to read the
@@ -362,6 +359,7 @@ impl JoinKeySet {
 
 #[cfg(test)]
 mod tests {
+    use super::super::bitmap::MAX_KEY_SPAN;
     use super::*;
 
     #[test]
