@@ -24,7 +24,7 @@ const _: () = assert!(std::mem::align_of::<AtomicU32>() == std::mem::align_of::<
 
 /// How many threads make a set of `values` values.
 fn threads_for(values: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let cores = crate::host::copy::host_threads();
     (values / KEYS_A_THREAD).clamp(1, cores.clamp(1, MAX_THREADS))
 }
 
