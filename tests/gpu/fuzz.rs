@@ -623,23 +623,25 @@ const MAX_CHAINED_ROWS: i64 = 1 << 20;
 
 impl ChainedJoins {
     /// Whether the three-way join makes at most [`MAX_CHAINED_ROWS`] rows
-    /// of tables `r` and `s`, counted by DataFusion alone.
+    /// of tables `r` and `s`, counted by DataFusion alone; `false` where
+    /// the count fails (the case then runs its own query).
     async fn fits(&self, r: &Arc<MemTable>, s: &Arc<MemTable>) -> bool {
         let ctx = SessionContext::new();
         ctx.register_table("r", Arc::clone(r) as _).unwrap();
         ctx.register_table("s", Arc::clone(s) as _).unwrap();
-        let batches = ctx
-            .sql(self.rows_sql)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        let rows = batches
-            .iter()
-            .find(|b| b.num_rows() > 0)
-            .map_or(0, |b| b.column(0).as_primitive::<Int64Type>().value(0));
-        rows <= MAX_CHAINED_ROWS
+        let batches = match ctx.sql(self.rows_sql).await {
+            Ok(counted) => counted.collect().await,
+            Err(e) => Err(e),
+        };
+        let Ok(batches) = batches else {
+            return false;
+        };
+        let rows = batches.iter().find(|b| b.num_rows() > 0).and_then(|b| {
+            b.column(0)
+                .as_primitive_opt::<Int64Type>()
+                .map(|c| c.value(0))
+        });
+        rows.is_some_and(|rows| rows <= MAX_CHAINED_ROWS)
     }
 }
 
