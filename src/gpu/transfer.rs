@@ -306,6 +306,32 @@ pub fn download_u64(
     Ok(())
 }
 
+/// The one word `device_data` holds (a count, a total, a flag a kernel
+/// wrote), copied to the host through a pinned buffer once the work
+/// enqueued on `stream` before it has run; an error where it holds no word
+/// or more than one.
+pub fn download_word(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    device_data: &CudaView<'_, u64>,
+    what: &str,
+    timer: &mut PhaseTimer,
+) -> GpuResult<u64> {
+    if device_data.len() != 1 {
+        return Err(GpuError::Invalid(format!(
+            "{what}: one word to read back, {} on the device",
+            device_data.len()
+        )));
+    }
+    let staging = download_to_staging(device, stream, device_data, timer)?
+        .ok_or_else(|| GpuError::Invalid(format!("{what} was not read back")))?;
+    staging
+        .as_slice()?
+        .first()
+        .copied()
+        .ok_or_else(|| GpuError::Invalid(format!("{what} was not read back")))
+}
+
 /// Copies `device_data` into a pinned buffer and waits for the copy;
 /// `None` when it is empty.
 fn download_to_staging(

@@ -19,7 +19,7 @@ use crate::gpu::launch::{
     self, AggregateOp, CodeTransform, GroupRows, MergeBound, RadixDigits, RadixGrid, MAX_RADIX_BITS,
 };
 use crate::gpu::{
-    download_u64, upload_u64_pieces, DeviceVec, GpuDevice, GpuError, GpuResult,
+    download_u64, download_word, upload_u64_pieces, DeviceVec, GpuDevice, GpuError, GpuResult,
     Phase, PhaseTimer,
 };
 
@@ -175,11 +175,10 @@ impl SortedSide {
             })?;
             outs.push(out);
         }
-        let mut word = Vec::with_capacity(1);
         for out in &outs {
-            download_u64(device, stream, &out.as_view(), &mut word, timer)?;
+            let word = download_word(device, stream, &out.as_view(), "a side's key bound", timer)?;
             // The reduction's word is in the flipped order's terms.
-            ends.push(word[0] ^ flip);
+            ends.push(word ^ flip);
         }
         Ok(Some((ends[0], ends[1])))
     }
@@ -305,18 +304,19 @@ impl MergeMatches {
         } else {
             None
         };
-        let mut last = Vec::new();
-        if n > 0 {
-            download_u64(device, stream, &counts.slice(n - 1..), &mut last, timer)?;
-        }
+        // The total: the last count, plus its offset once they are
+        // scanned (the scan is exclusive).
+        let last_count = match n {
+            0 => 0,
+            _ => download_word(device, stream, &counts.slice(n - 1..n), "the last probe row's count", timer)?,
+        };
         timer.time(Phase::Kernel, || {
             exclusive_scan(device, stream, &mut counts, n)
         })?;
-        let mut total = last.first().copied().unwrap_or(0);
-        if n > 0 {
-            download_u64(device, stream, &counts.slice(n - 1..), &mut last, timer)?;
-            total += last[0];
-        }
+        let total = match n {
+            0 => 0,
+            _ => last_count + download_word(device, stream, &counts.slice(n - 1..n), "the last probe row's offset", timer)?,
+        };
         Ok(Self {
             lower,
             offsets: counts,

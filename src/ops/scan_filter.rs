@@ -13,7 +13,7 @@ use crate::gpu::launch::{
     FilterLaunch, FilterProgram, RemapUploads, ScanChunk, ScanColumn, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE,
 };
 use crate::gpu::{
-    alloc_zeroed, download_byte_pieces, download_u64, DeviceStream, DeviceVec, DriverResultExt, GpuDevice,
+    alloc_zeroed, download_byte_pieces, download_u64, download_word, DeviceStream, DeviceVec, DriverResultExt, GpuDevice,
     GpuResult, PhaseTimer, ReservationKind,
 };
 use crate::ops::scan::exclusive_scan;
@@ -196,12 +196,8 @@ fn run(
     let mut kept_bits = alloc_zeroed::<u64>(stream, launch.kept_bits_words(), "allocating the filter's row marks")?;
     launch.count(&mut starts, &mut kept_bits, &mut overflow, timer)?;
     exclusive_scan(device, stream, &mut starts, tiles + 1)?;
-    let mut total = Vec::with_capacity(1);
-    download_u64(device, stream, &starts.slice(tiles..tiles + 1), &mut total, timer)?;
-    let mut flag = Vec::with_capacity(1);
-    download_u64(device, stream, &overflow.as_view(), &mut flag, timer)?;
-    let overflowed = flag.first().is_some_and(|&word| word != 0);
-    let rows = total.first().copied().unwrap_or(0) as usize;
+    let rows = download_word(device, stream, &starts.slice(tiles..tiles + 1), "the kept rows' total", timer)? as usize;
+    let overflowed = download_word(device, stream, &overflow.as_view(), "the filter's overflow flag", timer)? != 0;
     if overflowed || rows == 0 || outputs == 0 {
         return Ok(FilteredRows {
             rows,
@@ -290,8 +286,7 @@ fn run(
         };
         output.strings = Some(gather_strings(device, stream, launch, &at, column, wanted.chunk.rows, memory_fraction, timer)?);
     }
-    download_u64(device, stream, &overflow.as_view(), &mut flag, timer)?;
-    let overflowed = flag.first().is_some_and(|&word| word != 0);
+    let overflowed = download_word(device, stream, &overflow.as_view(), "the filter's overflow flag", timer)? != 0;
     Ok(FilteredRows {
         rows,
         outputs: if overflowed { Vec::new() } else { out },
@@ -337,11 +332,8 @@ fn gather_strings(
     let mut bad = alloc_zeroed::<u64>(stream, 1, "allocating the kept strings' flag")?;
     launch.string_lengths(at.values, at.from, at.valid, column, part_rows, rows, &mut starts, &mut bad, timer)?;
     exclusive_scan(device, stream, &mut starts, rows + 1)?;
-    let mut words = Vec::with_capacity(2);
-    download_u64(device, stream, &starts.slice(rows..rows + 1), &mut words, timer)?;
-    let total = words.first().copied().unwrap_or(0) as usize;
-    download_u64(device, stream, &bad.as_view(), &mut words, timer)?;
-    if words.first().is_some_and(|&word| word != 0) {
+    let total = download_word(device, stream, &starts.slice(rows..rows + 1), "the kept strings' bytes", timer)? as usize;
+    if download_word(device, stream, &bad.as_view(), "the kept strings' flag", timer)? != 0 {
         return Ok(Err("a kept row outside its part's strings".into()));
     }
     if total > i32::MAX as usize {

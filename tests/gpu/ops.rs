@@ -9,7 +9,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion_gpu::gpu::launch::{self, ValueWidth};
 use datafusion_gpu::gpu::{
-    download_byte_pieces, download_u64, enqueue_download, upload_byte_pieces,
+    download_byte_pieces, download_u64, download_word, enqueue_download, upload_byte_pieces,
     upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces, DeviceStream, DeviceVec,
     GpuDevice, PhaseTimer, StagingWindows,
 };
@@ -2824,4 +2824,50 @@ fn the_filtering_scan_gathers_the_kept_rows_strings_on_the_device() {
             "{rows} rows"
         );
     }
+}
+
+#[test]
+fn one_word_is_read_back_and_any_other_length_is_an_error() {
+    let Some(device) = device("one_word_is_read_back_and_any_other_length_is_an_error") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let words: Vec<u64> = vec![3, u64::MAX, 1 << 40, 0];
+    let on_device = upload_u64(&device, stream, &words, &mut timer).unwrap();
+    for (i, &word) in words.iter().enumerate() {
+        let read = download_word(
+            &device,
+            stream,
+            &on_device.slice(i..i + 1),
+            "a test word",
+            &mut timer,
+        );
+        assert_eq!(read.unwrap(), word, "word {i}");
+    }
+    assert_eq!(
+        timer.finish().unwrap().device_to_host_bytes,
+        8 * words.len()
+    );
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    for range in [0..0, 0..2, 0..4] {
+        let err = download_word(
+            &device,
+            stream,
+            &on_device.slice(range.clone()),
+            "a test word",
+            &mut timer,
+        )
+        .expect_err("only one word is read back");
+        assert!(
+            err.to_string().contains(&format!(
+                "a test word: one word to read back, {} on the device",
+                range.len()
+            )),
+            "{err}"
+        );
+    }
+    assert_eq!(timer.finish().unwrap().device_to_host_bytes, 0);
 }

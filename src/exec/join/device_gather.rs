@@ -29,7 +29,7 @@ use crate::gpu::launch::{
 };
 use crate::exec::join::device_rows::{DeviceRows, RowsShape};
 use crate::gpu::{
-    download_byte_pieces, download_u64, in_pinned_memory, upload_byte_pieces, DeviceVec,
+    download_byte_pieces, download_u64, download_word, in_pinned_memory, upload_byte_pieces, DeviceVec,
     DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
 use datafusion::arrow::array::RecordBatchOptions;
@@ -843,13 +843,9 @@ pub(crate) fn reduce_pairs(
         outs.push(Some(out));
     }
     let mut words = Vec::with_capacity(reductions.len());
-    let mut word = Vec::with_capacity(1);
     for out in outs {
         match out {
-            Some(out) => {
-                download_u64(device, stream, &out.as_view(), &mut word, timer)?;
-                words.push(word[0]);
-            }
+            Some(out) => words.push(download_word(device, stream, &out.as_view(), "a reduction", timer)?),
             None => words.push(len as u64),
         }
     }

@@ -1,7 +1,7 @@
 //! Pending group numbering finished: group ids read back, tables grown or
 //! numbered again where they overflowed.
 
-use crate::gpu::alloc_uninit;
+use crate::gpu::{alloc_uninit, download_word};
 use super::*;
 
 /// Stage 1, finished.
@@ -81,9 +81,7 @@ impl PendingGroups {
             )?,
             None => false,
         };
-        let mut count = Vec::with_capacity(1);
-        download_u64(device, stream, &group_count.as_view(), &mut count, timer)?;
-        let groups = count[0] as usize;
+        let groups = download_word(device, stream, &group_count.as_view(), "the group count", timer)? as usize;
         if groups == 0 || groups > rows {
             return Err(GpuError::Invalid(format!(
                 "{groups} groups reported for {} rows",

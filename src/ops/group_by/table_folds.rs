@@ -27,7 +27,7 @@ use super::{
 };
 use crate::gpu::launch::{self, AggregateOp, FoldOp, FoldTable, TableFold, MAX_TABLE_FOLDS};
 use crate::gpu::{
-    download_u64, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
+    download_word, upload_u64, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
     PhaseTimer, StagingWindows,
 };
 use crate::trace;
@@ -445,11 +445,9 @@ impl FoldingTable {
         group_count: &DeviceVec<u64>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<(bool, usize)> {
-        let mut word = Vec::with_capacity(1);
-        download_u64(device, stream, &self.overflow.as_view(), &mut word, timer)?;
-        let filled = word.first().is_some_and(|&w| w != 0);
-        download_u64(device, stream, &group_count.as_view(), &mut word, timer)?;
-        Ok((filled, word.first().map_or(0, |&g| g as usize)))
+        let filled = download_word(device, stream, &self.overflow.as_view(), "the table's overflow flag", timer)? != 0;
+        let groups = download_word(device, stream, &group_count.as_view(), "the group count", timer)?;
+        Ok((filled, groups as usize))
     }
 }
 

@@ -9,7 +9,7 @@ use super::task_list::JoinTaskList;
 use super::{DeviceBuildTable, DeviceJoinPairs};
 use crate::gpu::launch;
 use crate::gpu::{
-    alloc_uninit, alloc_zeroed, download_u64, DeviceStream, DeviceVec, GpuDevice, GpuError,
+    alloc_uninit, alloc_zeroed, download_u64, download_word, DeviceStream, DeviceVec, GpuDevice,
     GpuResult, Phase, PhaseTimer,
 };
 use crate::ops::join_tasks::{output_ranges, split_task};
@@ -79,12 +79,7 @@ pub(super) fn count_pairs(
             &mut offsets)?;
         exclusive_scan(device, stream, &mut offsets, count + 1)
     })?;
-    let mut total = Vec::new();
-    download_u64(device, stream, &offsets.slice(count..count + 1), &mut total, timer)?;
-    let total = total
-        .first()
-        .copied()
-        .ok_or_else(|| GpuError::Invalid("the match total was not read back".into()))?;
+    let total = download_word(device, stream, &offsets.slice(count..count + 1), "the match total", timer)?;
     let host = match total > max_pairs {
         true => {
             let mut host = Vec::new();

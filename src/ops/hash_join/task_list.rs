@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::{DeviceBuildTable, PROBE_TASK_ROWS};
 use crate::gpu::launch;
 use crate::gpu::{
-    alloc_zeroed, download_u64, upload_u64, DeviceStream, DeviceVec, GpuDevice, GpuError,
+    alloc_zeroed, download_u64, download_word, upload_u64, DeviceStream, DeviceVec, GpuDevice, GpuError,
     GpuResult, Phase, PhaseTimer,
 };
 use crate::ops::join_tasks::{check_task_rows, partition_tasks, TaskRows, BUILD_TASK_ROWS};
@@ -147,11 +147,7 @@ pub(super) fn largest_partition(
             &mut largest,
         )
     })?;
-    let mut word = Vec::new();
-    download_u64(device, stream, &largest.as_view(), &mut word, timer)?;
-    word.first()
-        .copied()
-        .ok_or_else(|| GpuError::Invalid("the largest partition was not read back".into()))
+    download_word(device, stream, &largest.as_view(), "the largest partition", timer)
 }
 
 /// A side's partition starts, read back from the device.
