@@ -403,8 +403,8 @@ struct Case {
     target_partitions: usize,
     settings: Vec<String>,
     sql: String,
-    /// The two stacked joins run in place of `sql`, where the tables' keys
-    /// make few enough rows of them (see [`ChainedJoins::fits`]).
+    /// The two stacked joins run after `sql`, where the tables' keys make
+    /// few enough rows of them (see [`ChainedJoins::fits`]).
     chained: Option<&'static ChainedJoins>,
 }
 
@@ -645,7 +645,7 @@ impl ChainedJoins {
     }
 }
 
-/// The stacked joins case `seed` runs in place of its own query, if any
+/// The stacked joins case `seed` runs besides its own query, if any
 /// and if its tables allow ([`ChainedJoins::fits`]): from a generator of
 /// its own, so that every case's tables, query and settings otherwise stay
 /// what they were.
@@ -811,12 +811,26 @@ struct Agreed {
     key_filters: bool,
     /// A join kept its output on the device for the join above.
     rows_on_device: bool,
-    /// The case ran two stacked joins in place of its own query.
+    /// The case ran two stacked joins besides its own query.
     chained: bool,
     /// Both paths failed (the query's own error, such as an overflow).
     error: Option<String>,
     /// DataFusion's own path ran past the time limit: nothing compared.
     datafusion_past_limit: bool,
+}
+
+impl Agreed {
+    /// What a case found over its own query and its stacked joins.
+    fn and_stacked(self, stacked: Agreed) -> Agreed {
+        Agreed {
+            gpu_nodes: self.gpu_nodes + stacked.gpu_nodes,
+            key_filters: self.key_filters || stacked.key_filters,
+            rows_on_device: self.rows_on_device || stacked.rows_on_device,
+            chained: true,
+            error: self.error.or(stacked.error),
+            datafusion_past_limit: self.datafusion_past_limit || stacked.datafusion_past_limit,
+        }
+    }
 }
 
 /// How a case failed.
@@ -827,8 +841,19 @@ enum Failure {
     Mismatch(String),
 }
 
-/// What one case found, or how the paths disagreed. DataFusion's own path
-/// runs first: where it runs past the time limit, the GPU path is not run.
+impl Failure {
+    /// The same failure, said to be of the case's query `what`.
+    fn in_query(self, what: &str) -> Failure {
+        match self {
+            Failure::Hang(text) => Failure::Hang(format!("{what}: {text}")),
+            Failure::Mismatch(text) => Failure::Mismatch(format!("{what}: {text}")),
+        }
+    }
+}
+
+/// What one case found, or how the paths disagreed: its own query, then,
+/// where it stacks two joins ([`Case::chained`]) and its tables allow, the
+/// stacked joins too, with settings of their own.
 async fn run_case(case: Case) -> Result<Agreed, Failure> {
     let mut rng = StdRng::seed_from_u64(case.seed ^ 0x7ab1e5);
     let r = make_table(&case.tables[0], &mut rng);
@@ -837,31 +862,48 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
     if case.parquet.is_some_and(|layout| layout.pushdown_filters) {
         settings.push("SET datafusion.execution.parquet.pushdown_filters = true");
     }
-    let mut sql = case.sql.as_str();
-    let mut x = None;
-    let chained = match case.chained {
-        Some(joins) if joins.fits(&r, &s).await => {
-            // One partition: no repartition comes between the two joins.
-            settings.push("SET datafusion.execution.target_partitions = 1");
-            settings.push("SET gpu.preserve_order = false");
-            sql = joins.sql;
-            if joins.reads_x {
-                let rows = case.tables[0].rows.min(case.tables[1].rows) / 2;
-                x = Some(first_rows(&r, rows).await);
-            }
-            true
-        }
-        _ => false,
+    let own = run_query(&case, &r, &s, &settings, &case.sql, None).await?;
+    let Some(joins) = case.chained else {
+        return Ok(own);
     };
-    let gpu = gpu_context(case.mode, case.target_partitions, &settings).await;
-    let cpu = cpu_context(case.mode, case.target_partitions, &settings).await;
+    if !joins.fits(&r, &s).await {
+        return Ok(own);
+    }
+    // One partition: no repartition comes between the two joins.
+    settings.push("SET datafusion.execution.target_partitions = 1");
+    settings.push("SET gpu.preserve_order = false");
+    let x = match joins.reads_x {
+        true => Some(first_rows(&r, case.tables[0].rows.min(case.tables[1].rows) / 2).await),
+        false => None,
+    };
+    let stacked = run_query(&case, &r, &s, &settings, joins.sql, x)
+        .await
+        .map_err(|failure| failure.in_query("the stacked joins"))?;
+    Ok(own.and_stacked(stacked))
+}
+
+/// One query of a case over its tables `r`, `s` (and `x`, where the query
+/// reads it) with `settings`. DataFusion's own path runs first: where it
+/// runs past the time limit, the GPU path is not run.
+async fn run_query(
+    case: &Case,
+    r: &Arc<MemTable>,
+    s: &Arc<MemTable>,
+    settings: &[&str],
+    sql: &str,
+    x: Option<Arc<MemTable>>,
+) -> Result<Agreed, Failure> {
+    // Set by [`Agreed::and_stacked`] where these are the stacked joins.
+    let chained = false;
+    let gpu = gpu_context(case.mode, case.target_partitions, settings).await;
+    let cpu = cpu_context(case.mode, case.target_partitions, settings).await;
     let folder = std::env::temp_dir().join(format!(
         "datafusion-gpu-fuzz-{}-{}",
         std::process::id(),
         case.seed
     ));
     if let Some(layout) = case.parquet {
-        for (name, table) in [("r", &r), ("s", &s)] {
+        for (name, table) in [("r", r), ("s", s)] {
             let dir = folder.join(name);
             layout.write(table, &dir).await;
             for ctx in [&gpu, &cpu] {
@@ -872,8 +914,8 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
         }
     } else {
         for ctx in [&gpu, &cpu] {
-            ctx.register_table("r", Arc::clone(&r) as _).unwrap();
-            ctx.register_table("s", Arc::clone(&s) as _).unwrap();
+            ctx.register_table("r", Arc::clone(r) as _).unwrap();
+            ctx.register_table("s", Arc::clone(s) as _).unwrap();
         }
     }
     if let Some(x) = &x {
@@ -1012,7 +1054,7 @@ async fn run_cases() {
                 let text = format!("{case:?}");
                 let began = Instant::now();
                 // Each path has its own limit; this one is a backstop.
-                let outcome = tokio::time::timeout(3 * CASE_TIME_LIMIT, run_case(case)).await;
+                let outcome = tokio::time::timeout(5 * CASE_TIME_LIMIT, run_case(case)).await;
                 (seed, text, outcome, began.elapsed())
             });
         }
@@ -1059,7 +1101,7 @@ async fn run_cases() {
                 hangs += 1;
                 failures.push(format!(
                     "case {seed}: past {:?}\n  {text}",
-                    3 * CASE_TIME_LIMIT
+                    5 * CASE_TIME_LIMIT
                 ));
             }
         }
