@@ -268,6 +268,10 @@ config_namespace! {
         /// (with `gpu.cache`), read the table's cached columns on the
         /// device. `false` leaves DataFusion's scans and filters there.
         pub cached_gpu_inputs: bool, default = true
+        /// Read a Parquet string column the column cache codes as a
+        /// dictionary (the file's keys into its values, as stored), in place
+        /// of a string a row that the fill then looks up again.
+        pub dictionary_reads: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host
         /// turns one window into batches while the next crosses the bus. A
@@ -301,6 +305,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "scan_filter",
     "join_key_filters",
     "cached_gpu_inputs",
+    "dictionary_reads",
 ];
 
 /// Options that are no longer options, with what to do instead.

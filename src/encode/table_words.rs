@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanBufferBuilder, GenericStringArray, LargeStringArray,
-    OffsetSizeTrait, StringArray, StringViewArray,
+    Array, ArrayRef, AsArray, BooleanBufferBuilder, DictionaryArray, GenericStringArray,
+    LargeStringArray, OffsetSizeTrait, StringArray, StringViewArray,
 };
 use datafusion::arrow::datatypes::{
     DataType, Date32Type, Date64Type, Decimal128Type, Decimal32Type, Decimal64Type, Float64Type, Int16Type, Int32Type, Int64Type,
@@ -416,9 +416,68 @@ fn code_strings(piece: &ArrayRef, dictionary: &mut Dictionary, out: &mut Vec<i32
         }
         DataType::Utf8 => code_offset_strings(piece.as_string::<i32>(), dictionary, out)?,
         DataType::LargeUtf8 => code_offset_strings(piece.as_string::<i64>(), dictionary, out)?,
+        // Strings read through their dictionary (see `read_types`).
+        DataType::Dictionary(key, value)
+            if key.as_ref() == &DataType::Int32 && value.as_ref() == &DataType::Utf8 =>
+        {
+            code_dictionary_strings(piece.as_dictionary::<Int32Type>(), dictionary, out)?
+        }
         _ => return None,
     }
     Some(())
+}
+
+/// [`code_strings`] for strings read through their dictionary: a value of
+/// the array's dictionary is looked up by its bytes when a row first names
+/// it, every other row's code read by its key. Arrays that share their
+/// dictionary (a Parquet column chunk's batches) share those lookups.
+fn code_dictionary_strings(
+    strings: &DictionaryArray<Int32Type>,
+    dictionary: &mut Dictionary,
+    out: &mut Vec<i32>,
+) -> Option<()> {
+    let values = strings.values().as_string_opt::<i32>()?;
+    let mut codes = dictionary.take_codes_of_values(strings.values());
+    let keys = strings.keys();
+    let start = out.len();
+    out.resize(start + keys.len(), 0);
+    let rows = &mut out[start..];
+    let mut code_of_key = |key: i32| -> Option<i32> {
+        let k = usize::try_from(key).ok().filter(|&k| k < values.len())?;
+        if codes.codes[k] < 0 {
+            // A NULL value: its rows are NULL (the column's validity says
+            // so), whatever their code.
+            codes.codes[k] = match values.is_null(k) {
+                true => 0,
+                false => dictionary.code_of(values.value(k))?,
+            };
+        }
+        Some(codes.codes[k])
+    };
+    let coded = match keys.nulls().filter(|n| n.null_count() > 0) {
+        None => rows
+            .iter_mut()
+            .zip(keys.values().iter())
+            .try_for_each(|(row, &key)| {
+                *row = code_of_key(key)?;
+                Some(())
+            }),
+        Some(nulls) => rows
+            .iter_mut()
+            .zip(keys.values().iter())
+            .enumerate()
+            .try_for_each(|(r, (row, &key))| {
+                if nulls.is_valid(r) {
+                    *row = code_of_key(key)?;
+                }
+                Some(())
+            }),
+    };
+    match coded {
+        Some(()) => dictionary.keep_codes_of_values(codes),
+        None => out.truncate(start),
+    }
+    coded
 }
 
 /// [`code_strings`] for strings laid end to end with offsets: each looked
@@ -504,6 +563,8 @@ struct Dictionary {
     /// code is taken: no hashing for the few values a low-cardinality
     /// column repeats.
     by_prefix: Vec<(u64, i32)>,
+    /// The codes of the last dictionary array's values.
+    value_codes: Option<ValueCodes>,
 }
 
 impl Default for Dictionary {
@@ -513,6 +574,7 @@ impl Default for Dictionary {
             by_value: HashMap::new(),
             views: ViewCodes::new(),
             by_prefix: Vec::new(),
+            value_codes: None,
         }
     }
 }
@@ -585,7 +647,46 @@ fn view_key(view: u128) -> u128 {
     view & mask
 }
 
+/// The codes of the values of one dictionary array ([`Dictionary::codes_of_values`]).
+struct ValueCodes {
+    /// The values, held so that their buffers, by which the next array's
+    /// values are recognised as the same, stay theirs.
+    values: ArrayRef,
+    /// Each value's code, or -1 where no row has named it yet.
+    codes: Vec<i32>,
+}
+
+impl ValueCodes {
+    /// Whether `values` are these values: the same buffers, at the same
+    /// offset and length (an Arrow buffer never changes, and these are
+    /// held, so no other array's can be at their address).
+    fn are(&self, values: &ArrayRef) -> bool {
+        let (held, other) = (self.values.as_string::<i32>(), values.as_string::<i32>());
+        held.len() == other.len()
+            && held.offsets().as_ptr() == other.offsets().as_ptr()
+            && held.values().as_ptr() == other.values().as_ptr()
+    }
+}
+
 impl Dictionary {
+    /// The codes of the values of a dictionary array (strings): the last
+    /// array's where its values are the same, else none yet. Given back
+    /// with [`Self::keep_codes_of_values`].
+    fn take_codes_of_values(&mut self, values: &ArrayRef) -> ValueCodes {
+        match self.value_codes.take() {
+            Some(codes) if codes.are(values) => codes,
+            _ => ValueCodes {
+                values: Arc::clone(values),
+                codes: vec![-1; values.len()],
+            },
+        }
+    }
+
+    /// Keeps `codes` for the next array that shares their values.
+    fn keep_codes_of_values(&mut self, codes: ValueCodes) {
+        self.value_codes = Some(codes);
+    }
+
     fn code_of(&mut self, value: &str) -> Option<i32> {
         let key = prefix_key(value);
         let seen = self
@@ -957,5 +1058,94 @@ mod tests {
             (0..=MAX_DICTIONARY_VALUES).map(|i| i.to_string()),
         ));
         assert!(column_words(&[strings], &DataType::Utf8).is_none());
+    }
+
+    /// `keys` into `values` as a dictionary array of `Int32` keys and
+    /// `Utf8` values, as the cache fill reads a Parquet string column.
+    fn dictionary_of(keys: Vec<Option<i32>>, values: &ArrayRef) -> ArrayRef {
+        use datafusion::arrow::array::Int32Array;
+        Arc::new(DictionaryArray::<Int32Type>::try_new(Int32Array::from(keys), Arc::clone(values)).unwrap())
+    }
+
+    /// The strings `dictionary` (a dictionary array) stands for, as a view
+    /// array: as DataFusion's scan reads them, a row whose key or value is
+    /// NULL a NULL (Arrow's cast would make a NULL value an empty string).
+    fn as_views(dictionary: &ArrayRef) -> ArrayRef {
+        let dictionary = dictionary.as_dictionary::<Int32Type>();
+        let values = dictionary.values().as_string::<i32>();
+        let nulls = dictionary.logical_nulls();
+        let strings: StringViewArray = dictionary
+            .keys()
+            .iter()
+            .enumerate()
+            .map(|(row, key)| match nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+                true => None,
+                false => key.map(|k| values.value(k as usize)),
+            })
+            .collect();
+        Arc::new(strings)
+    }
+
+    fn same_words(a: &HostWords, b: &HostWords) -> bool {
+        a.rows == b.rows
+            && a.kind == b.kind
+            && a.values.bytes() == b.values.bytes()
+            && a.validity == b.validity
+            && a.dictionary.as_ref().map(|d| d.to_data()) == b.dictionary.as_ref().map(|d| d.to_data())
+    }
+
+    #[test]
+    fn strings_read_through_their_dictionary_make_the_words_of_their_views() {
+        let table_type = DataType::Utf8View;
+        let values: ArrayRef = Arc::new(StringArray::from(vec![
+            Some("MAIL"),
+            Some("a value longer than twelve bytes"),
+            None,
+            Some("SHIP"),
+            Some("never named"),
+            Some(""),
+        ]));
+        // Pieces sharing one dictionary (a column chunk's batches), then
+        // a new dictionary of the same values in another order (the next
+        // row group's), then one of a single value; NULL keys, a NULL value,
+        // a value no row names, an empty string, an empty piece.
+        let other: ArrayRef = Arc::new(StringArray::from(vec!["SHIP", "", "MAIL", "TRUCK"]));
+        let single: ArrayRef = Arc::new(StringArray::from(vec!["a value longer than twelve bytes"]));
+        let pieces = vec![
+            dictionary_of(vec![Some(3), Some(0), None, Some(1), Some(3)], &values),
+            dictionary_of(vec![], &values),
+            dictionary_of(vec![Some(2), Some(5), Some(0), Some(0)], &values),
+            dictionary_of(vec![Some(3), Some(1), None, Some(0), Some(2)], &other),
+            dictionary_of(vec![Some(0), Some(0)], &single),
+        ];
+        let views: Vec<ArrayRef> = pieces.iter().map(as_views).collect();
+        let read = column_words(&pieces, &table_type).unwrap();
+        let expected = column_words(&views, &table_type).unwrap();
+        assert!(same_words(&read, &expected), "{read:?}\nagainst\n{expected:?}");
+        assert_eq!(read.rows, 16);
+        // Codes in the order rows first name their values; the value no
+        // row names is not coded.
+        let dictionary = read.dictionary.as_ref().unwrap();
+        let named: Vec<&str> = dictionary.as_string_view().iter().map(|v| v.unwrap()).collect();
+        assert_eq!(named, ["SHIP", "MAIL", "a value longer than twelve bytes", "", "TRUCK"]);
+        let WordValues::Narrow(codes) = &read.values else {
+            panic!("codes are 4 bytes");
+        };
+        assert_eq!(&codes[..5], &[0, 1, 0, 2, 0]);
+        assert_eq!(read.validity, expected.validity);
+        assert!(read.validity.is_some(), "NULL keys and the NULL value");
+
+        // Many values in a dictionary, few named: coded, as their views
+        // would be. More named than the device codes: refused, as their
+        // views would be.
+        let many: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..=MAX_DICTIONARY_VALUES).map(|i| format!("value {i}")),
+        ));
+        let few_named = dictionary_of(vec![Some(7), Some(MAX_DICTIONARY_VALUES as i32), Some(7)], &many);
+        let read = column_words(std::slice::from_ref(&few_named), &table_type).unwrap();
+        assert!(same_words(&read, &column_words(&[as_views(&few_named)], &table_type).unwrap()));
+        let all_named = dictionary_of((0..=MAX_DICTIONARY_VALUES as i32).map(Some).collect(), &many);
+        assert!(column_words(std::slice::from_ref(&all_named), &table_type).is_none());
+        assert!(column_words(&[as_views(&all_named)], &table_type).is_none());
     }
 }

@@ -190,6 +190,36 @@ async fn scan_filters_read_parquet_files_and_keep_each_partitions_order() {
         let (plan, _) = check(&gpu, &cpu, sql).await;
         assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
     }
+    // The same files again (other paths, so other cache entries), their
+    // coded strings read a string a row rather than as dictionaries.
+    let strings = temp_dir("scan-filter-strings");
+    for name in ["a.parquet", "b.parquet"] {
+        std::fs::copy(dir.join(name), strings.join(name)).unwrap();
+    }
+    let a_string_a_row = gpu_context(
+        JoinMode::CollectLeft,
+        2,
+        &[
+            "SET gpu.tuning.scan_aggregate = false",
+            "SET gpu.tuning.dictionary_reads = false",
+        ],
+    )
+    .await;
+    for ctx in [&a_string_a_row, &cpu] {
+        let _ = ctx.deregister_table("t");
+        ctx.register_parquet(
+            "t",
+            strings.to_str().unwrap(),
+            ParquetReadOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    for sql in QUERIES {
+        let (plan, _) = check(&a_string_a_row, &cpu, sql).await;
+        assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
+    }
+    let _ = std::fs::remove_dir_all(&strings);
     // One partition, no order asked for: the rows come in the scan's order,
     // as DataFusion's filter passes them.
     let (gpu, cpu) = contexts(1).await;

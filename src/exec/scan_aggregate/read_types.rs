@@ -1,12 +1,20 @@
 //! The types a Parquet part's columns are read as to fill the column cache:
 //! cheaper to decode than the table's own where the device's words come
-//! out the same. A decimal of at most 18 digits is read as a 64-bit
-//! decimal: Parquet stores it as a 32- or 64-bit integer (or a short byte
-//! array), and Arrow's reader would otherwise widen every value to 128 bits,
-//! which the cache then narrows again. Only where the file stores the
-//! column as the table declares it (same precision and scale): a file that
-//! differs is read as DataFusion reads it, its values cast to the table's
-//! type. The words keep the table's type, so the cache keys do not change.
+//! out the same. The words keep the table's type, so the cache keys do not
+//! change.
+//!
+//! - A decimal of at most 18 digits is read as a 64-bit decimal: Parquet
+//!   stores it as a 32- or 64-bit integer (or a short byte array), and
+//!   Arrow's reader would otherwise widen every value to 128 bits, which the
+//!   cache then narrows again. Only where the file stores the column as the
+//!   table declares it (same precision and scale): a file that differs is
+//!   read as DataFusion reads it, its values cast to the table's type.
+//! - A string column the fill codes is read as a dictionary (`Int32` keys
+//!   into `Utf8` values): Parquet stores such a column's few distinct
+//!   values once a column chunk and a key a row, and Arrow's reader then
+//!   hands the keys on as they are, where it would otherwise make a string
+//!   (a view) of every row, which the fill would look up again, row by row.
+//!   Only where the file stores the column as strings.
 
 use std::sync::Arc;
 
@@ -15,64 +23,85 @@ use datafusion::arrow::datatypes::{
 };
 use datafusion::datasource::table_schema::TableSchema;
 
-/// The narrower type a column of `data_type` is read as, if any.
-fn narrow_type(data_type: &DataType) -> Option<DataType> {
+/// The type a string column is read as where the fill codes it.
+pub(crate) fn coded_string_read_type() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+}
+
+fn is_string(data_type: &DataType) -> bool {
+    matches!(data_type, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+/// The narrower type a column of `data_type` is read as, if any; `coded`:
+/// whether the fill codes the column (a string column).
+fn narrow_type(data_type: &DataType, coded: bool) -> Option<DataType> {
     match data_type {
         DataType::Decimal128(precision, scale) if *precision <= DECIMAL64_MAX_PRECISION => {
             Some(DataType::Decimal64(*precision, *scale))
         }
+        data_type if coded && is_string(data_type) => Some(coded_string_read_type()),
         _ => None,
     }
 }
 
-/// Whether any of `table_columns` (indices into the table's columns) is of
-/// a type read narrower: only then is the file's own schema worth fetching.
-pub(crate) fn may_narrow(table: &TableSchema, table_columns: &[usize]) -> bool {
+/// Whether any of `table_columns` (indices into the table's columns), of
+/// which `coded` are string columns the fill codes, is of a type read
+/// narrower: only then is the file's own schema worth fetching.
+pub(crate) fn may_narrow(table: &TableSchema, table_columns: &[usize], coded: &[usize]) -> bool {
     let fields = table.file_schema().fields();
-    table_columns
-        .iter()
-        .filter_map(|&c| fields.get(c))
-        .any(|field| narrow_type(field.data_type()).is_some())
+    table_columns.iter().any(|&c| {
+        fields
+            .get(c)
+            .is_some_and(|field| narrow_type(field.data_type(), coded.contains(&c)).is_some())
+    })
 }
 
 /// The schema of the table and the schema of the file (whose own schema,
 /// as Arrow's reader makes it, is `own`) to read a part of the file by:
 /// each decimal column of at most 18 digits that the file stores as the
 /// table declares it, in both, as a `Decimal64` of the same precision and
-/// scale; `None` where there is no such column.
-pub(crate) fn narrowed_for_file(table: &TableSchema, own: &Schema) -> Option<(TableSchema, SchemaRef)> {
-    let names: Vec<&str> = table
+/// scale, and each string column of `coded` (indices into the table's
+/// columns) that the file stores as strings as a dictionary; `None` where
+/// there is no such column.
+pub(crate) fn narrowed_for_file(
+    table: &TableSchema,
+    own: &Schema,
+    coded: &[usize],
+) -> Option<(TableSchema, SchemaRef)> {
+    let narrowed: Vec<(&str, DataType)> = table
         .file_schema()
         .fields()
         .iter()
-        .filter(|field| narrow_type(field.data_type()).is_some())
-        .filter(|field| {
-            own.field_with_name(field.name())
-                .is_ok_and(|stored| stored.data_type() == field.data_type())
+        .enumerate()
+        .filter_map(|(c, field)| {
+            let narrow = narrow_type(field.data_type(), coded.contains(&c))?;
+            let stored = own.field_with_name(field.name()).ok()?.data_type();
+            let as_declared = match &narrow {
+                DataType::Dictionary(..) => is_string(stored),
+                _ => stored == field.data_type(),
+            };
+            as_declared.then_some((field.name().as_str(), narrow))
         })
-        .map(|field| field.name().as_str())
         .collect();
-    if names.is_empty() {
+    if narrowed.is_empty() {
         return None;
     }
-    let file_schema = narrowed(table.file_schema(), &names);
+    let file_schema = with_types(table.file_schema(), &narrowed);
     let table = TableSchema::builder(file_schema)
         .with_table_partition_cols(table.table_partition_cols().clone())
         .with_virtual_columns(table.virtual_columns().clone())
         .build();
-    Some((table, narrowed(own, &names)))
+    Some((table, with_types(own, &narrowed)))
 }
 
-/// `schema` with the columns `names` of a type read narrower in that type.
-fn narrowed(schema: &Schema, names: &[&str]) -> SchemaRef {
+/// `schema` with the columns `narrowed` names in the types it gives them.
+fn with_types(schema: &Schema, narrowed: &[(&str, DataType)]) -> SchemaRef {
     let fields: Vec<FieldRef> = schema
         .fields()
         .iter()
-        .map(|field| match narrow_type(field.data_type()) {
-            Some(narrow) if names.contains(&field.name().as_str()) => {
-                Arc::new(Field::clone(field).with_data_type(narrow))
-            }
-            _ => Arc::clone(field),
+        .map(|field| match narrowed.iter().find(|(name, _)| name == field.name()) {
+            Some((_, narrow)) => Arc::new(Field::clone(field).with_data_type(narrow.clone())),
+            None => Arc::clone(field),
         })
         .collect();
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
@@ -106,10 +135,10 @@ mod tests {
             Field::new("price", DataType::Decimal128(15, 2), true),
         ]);
         let t = table(declared.clone());
-        assert!(may_narrow(&t, &[0]));
-        assert!(!may_narrow(&t, &[2, 4]), "19 digits and an integer");
-        assert!(!may_narrow(&t, &[99]));
-        let (narrow_table, narrow_file) = narrowed_for_file(&t, &own).unwrap();
+        assert!(may_narrow(&t, &[0], &[]));
+        assert!(!may_narrow(&t, &[2, 4], &[]), "19 digits and an integer");
+        assert!(!may_narrow(&t, &[99], &[99]));
+        let (narrow_table, narrow_file) = narrowed_for_file(&t, &own, &[]).unwrap();
         let types = |s: &Schema| -> Vec<DataType> { s.fields().iter().map(|f| f.data_type().clone()).collect() };
         assert_eq!(
             types(narrow_table.file_schema()),
@@ -139,7 +168,7 @@ mod tests {
         }
         // Nothing stored as declared: nothing narrowed.
         let t = table(vec![Field::new("rescaled", DataType::Decimal128(15, 2), true)]);
-        assert!(narrowed_for_file(&t, &own).is_none());
+        assert!(narrowed_for_file(&t, &own, &[]).is_none());
     }
 
     #[test]
@@ -149,10 +178,62 @@ mod tests {
         let t = TableSchema::builder(Arc::clone(&file))
             .with_table_partition_cols(vec![Arc::clone(&day)])
             .build();
-        assert!(!may_narrow(&t, &[1]), "the partition column is not read from the file");
-        let (narrow, _) = narrowed_for_file(&t, &file).unwrap();
+        assert!(!may_narrow(&t, &[1], &[1]), "the partition column is not read from the file");
+        let (narrow, _) = narrowed_for_file(&t, &file, &[]).unwrap();
         assert_eq!(narrow.file_schema().field(0).data_type(), &DataType::Decimal64(12, 2));
         assert_eq!(narrow.table_partition_cols()[0].as_ref(), day.as_ref());
         assert_eq!(narrow.table_schema().fields().len(), 2);
+    }
+
+    #[test]
+    fn string_columns_the_fill_codes_are_read_as_dictionaries_where_stored_as_strings() {
+        let declared = vec![
+            Field::new("mode", DataType::Utf8View, false),
+            Field::new("comment", DataType::Utf8View, true),
+            Field::new("flag", DataType::Utf8, true),
+            Field::new("blob", DataType::Utf8View, true),
+            Field::new("price", DataType::Decimal128(15, 2), false),
+        ];
+        // The file stores `blob` as binary: read as DataFusion reads it.
+        let own = Schema::new(vec![
+            Field::new("mode", DataType::Utf8, false),
+            Field::new("comment", DataType::Utf8View, true),
+            Field::new("flag", DataType::LargeUtf8, true),
+            Field::new("blob", DataType::Binary, true),
+            Field::new("price", DataType::Decimal128(15, 2), false),
+        ]);
+        let t = table(declared);
+        // Strings the fill keeps as their bytes (`comment`) are not coded.
+        assert!(!may_narrow(&t, &[0, 1], &[]));
+        assert!(may_narrow(&t, &[0, 1], &[0]));
+        let (narrow_table, narrow_file) = narrowed_for_file(&t, &own, &[0, 2, 3]).unwrap();
+        let types = |s: &Schema| -> Vec<DataType> { s.fields().iter().map(|f| f.data_type().clone()).collect() };
+        let dictionary = coded_string_read_type();
+        assert_eq!(
+            types(narrow_table.file_schema()),
+            [
+                dictionary.clone(),
+                DataType::Utf8View,
+                dictionary.clone(),
+                DataType::Utf8View,
+                DataType::Decimal64(15, 2),
+            ]
+        );
+        assert_eq!(
+            types(&narrow_file),
+            [
+                dictionary.clone(),
+                DataType::Utf8View,
+                dictionary,
+                DataType::Binary,
+                DataType::Decimal64(15, 2),
+            ]
+        );
+        for (before, after) in own.fields().iter().zip(narrow_file.fields()) {
+            assert_eq!((before.name(), before.is_nullable()), (after.name(), after.is_nullable()));
+        }
+        // Only strings coded: nothing to narrow where the file holds none.
+        let t = table(vec![Field::new("blob", DataType::Utf8View, true)]);
+        assert!(narrowed_for_file(&t, &own, &[0]).is_none());
     }
 }

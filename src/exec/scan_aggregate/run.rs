@@ -287,7 +287,15 @@ pub(crate) async fn part_columns(
     coded_first.sort_by_key(|&b| !builders[b].codes_strings());
     trace::event(|| format!("cache fill of {}: probed", part.describe()));
     let (mut read_for, mut coded_for) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
-    let mut batches = part.batches(source, &table_columns, context)?;
+    // The string columns coded (not kept as their bytes), read as
+    // dictionaries where the file stores them as strings.
+    let coded_strings: Vec<usize> = missing
+        .iter()
+        .zip(&builders)
+        .filter(|(_, builder)| options.tuning.dictionary_reads && builder.codes_strings())
+        .map(|(&i, _)| fields[i].0)
+        .collect();
+    let mut batches = part.batches(source, &table_columns, &coded_strings, context)?;
     loop {
         let reading = std::time::Instant::now();
         let Some(batch) = batches.next().await else {

@@ -257,15 +257,18 @@ impl Part {
 
     /// Every row of table columns `table_columns` of this part, a batch at
     /// a time (one array per column), to fill the cache: as the scan would
-    /// read them, but for short decimals of a file, read in 64 bits where
-    /// the file stores them as the table declares them ([`read_types`]).
+    /// read them, but for a file's short decimals, read in 64 bits where the
+    /// file stores them as the table declares them, and its string columns
+    /// `coded` (the fill codes them), read as dictionaries where the file
+    /// stores them as strings ([`read_types`]).
     pub fn batches(
         &self,
         source: &TableSource,
         table_columns: &[usize],
+        coded: &[usize],
         context: Arc<TaskContext>,
     ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
-        self.stream(source, table_columns, context, READ_BATCH_ROWS, true)
+        self.stream(source, table_columns, context, READ_BATCH_ROWS, Some(coded))
     }
 
     /// Every row of table columns `table_columns` of this part, of the
@@ -278,7 +281,7 @@ impl Part {
         context: Arc<TaskContext>,
         batch_rows: usize,
     ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
-        self.stream(source, table_columns, context, batch_rows, false)
+        self.stream(source, table_columns, context, batch_rows, None)
     }
 
     fn stream(
@@ -287,7 +290,9 @@ impl Part {
         table_columns: &[usize],
         context: Arc<TaskContext>,
         batch_rows: usize,
-        narrow: bool,
+        // Whether the part is read narrower to fill the cache, and the
+        // string columns that fill codes.
+        narrow: Option<&[usize]>,
     ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
         let (file, url, source) = match (self, source) {
             (Part::Memory(batches), _) => {
@@ -315,9 +320,10 @@ impl Part {
             batch_rows,
         };
         let table = parquet.table_schema().clone();
-        if !narrow || !read_types::may_narrow(&table, table_columns) {
-            return read.rows(table, file.clone(), context);
-        }
+        let coded = match narrow {
+            Some(coded) if read_types::may_narrow(&table, table_columns, coded) => coded.to_vec(),
+            _ => return read.rows(table, file.clone(), context),
+        };
         // The file's own schema (its footer, from DataFusion's metadata
         // cache where the scan or the statistics read it), for the types
         // the reader is asked for: a file that differs from the table, or
@@ -334,7 +340,7 @@ impl Part {
                 .fetch_schema()
                 .await;
             let Some((narrow_table, own_narrow)) =
-                own.ok().and_then(|own| read_types::narrowed_for_file(&table, &own))
+                own.ok().and_then(|own| read_types::narrowed_for_file(&table, &own, &coded))
             else {
                 return read.rows(table, file, context);
             };
@@ -554,7 +560,7 @@ mod tests {
             for (pieces, table_type) in on_host.iter().zip(&table_types) {
                 assert!(pieces.iter().all(|a| a.data_type() == table_type), "{table_type}");
             }
-            let mut batches = part.batches(&source, &table_columns, ctx.task_ctx()).unwrap();
+            let mut batches = part.batches(&source, &table_columns, &[], ctx.task_ctx()).unwrap();
             let mut pieces: Vec<Vec<ArrayRef>> = vec![Vec::new(); table_columns.len()];
             while let Some(batch) = batches.next().await {
                 for (column, array) in pieces.iter_mut().zip(batch.unwrap()) {
@@ -734,5 +740,97 @@ mod tests {
             _ => panic!("memory parts"),
         }
         assert!(source.part_group(3).is_none());
+    }
+
+    #[tokio::test]
+    async fn string_columns_the_fill_codes_are_read_as_dictionaries_and_code_as_their_strings() {
+        use crate::encode::table_words::WordsBuilder;
+        use datafusion::arrow::array::{AsArray, StringArray};
+        use datafusion::parquet::arrow::ArrowWriter;
+        use datafusion::parquet::file::properties::WriterProperties;
+        use datafusion::prelude::{ParquetReadOptions, SessionContext};
+        let dir = empty_dir("coded-strings");
+        let rows = 5_000usize;
+        let mode: ArrayRef = Arc::new(StringArray::from_iter(
+            (0..rows).map(|i| (i % 11 != 3).then(|| ["MAIL", "SHIP", "a mode longer than twelve bytes"][i * 7 % 3])),
+        ));
+        // Distinct in every row: past the dictionary page's limit, so the
+        // writer falls back to plain pages, which the reader still hands
+        // on as a dictionary.
+        let tag: ArrayRef = Arc::new(StringArray::from_iter_values((0..rows).map(|i| format!("tag {}", i % 700))));
+        let qty: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows as i64));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("mode", DataType::Utf8, true),
+            Field::new("tag", DataType::Utf8, false),
+            Field::new("qty", DataType::Int64, false),
+        ]));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![mode, tag, qty]).unwrap();
+        // Row groups of 1,500 rows: four dictionaries a column.
+        let properties = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1_500))
+            .set_dictionary_page_size_limit(512)
+            .build();
+        let file = std::fs::File::create(dir.join("a.parquet")).unwrap();
+        let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), Some(properties)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+
+        let ctx = SessionContext::new();
+        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+        let sql = "SELECT mode, tag, qty FROM t";
+        let scan = scan_of(&ctx, sql).await;
+        let (source, columns) =
+            super::super::table_source(scan.downcast_ref::<DataSourceExec>().unwrap()).unwrap().unwrap();
+        let table_columns: Vec<usize> = columns.iter().map(|c| c.table_index).collect();
+        let table_types: Vec<DataType> = scan.schema().fields().iter().map(|f| f.data_type().clone()).collect();
+        assert_eq!(table_types[0], DataType::Utf8View, "DataFusion reads strings as views");
+        let parts: Vec<Part> = source.part_groups().into_iter().flatten().collect();
+        let read = |coded: Vec<usize>| {
+            let (source, table_columns, ctx) = (source.clone(), table_columns.clone(), ctx.task_ctx());
+            let parts = parts.clone();
+            async move {
+                let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); table_columns.len()];
+                for part in &parts {
+                    let mut batches = part.batches(&source, &table_columns, &coded, Arc::clone(&ctx)).unwrap();
+                    while let Some(batch) = batches.next().await {
+                        for (column, array) in columns.iter_mut().zip(batch.unwrap()) {
+                            column.push(array);
+                        }
+                    }
+                }
+                columns
+            }
+        };
+        let as_read = read(vec![]).await;
+        let as_coded = read(vec![table_columns[0], table_columns[1]]).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        let dictionary = read_types::coded_string_read_type();
+        for (c, table_type) in table_types.iter().enumerate() {
+            assert!(as_read[c].iter().all(|a| a.data_type() == table_type), "{c}: the table's type");
+            let expected = match c {
+                2 => table_type,
+                _ => &dictionary,
+            };
+            assert!(as_coded[c].iter().all(|a| a.data_type() == expected), "{c}: read as {expected}");
+            let rows_read: usize = as_coded[c].iter().map(|a| a.len()).sum();
+            assert_eq!(rows_read, rows);
+        }
+        // The words the fill makes of them are those of the strings.
+        for c in 0..2 {
+            let words = |pieces: &[ArrayRef]| {
+                let mut builder = WordsBuilder::with_rows_hint(&table_types[c], rows).unwrap();
+                assert!(pieces.iter().all(|piece| builder.push(piece)));
+                builder.finish()
+            };
+            let (from_strings, from_dictionaries) = (words(&as_read[c]), words(&as_coded[c]));
+            assert_eq!(from_strings.values.bytes(), from_dictionaries.values.bytes(), "column {c}");
+            assert_eq!(from_strings.validity, from_dictionaries.validity, "column {c}");
+            let values = |w: &crate::encode::table_words::HostWords| {
+                let d = w.dictionary.as_ref().unwrap();
+                d.as_string_view().iter().map(|v| v.map(str::to_owned)).collect::<Vec<_>>()
+            };
+            assert_eq!(values(&from_strings), values(&from_dictionaries), "column {c}");
+            assert_eq!(values(&from_strings).len(), [3, 700][c]);
+        }
     }
 }
