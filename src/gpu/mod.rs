@@ -47,8 +47,7 @@ pub use runtime::GpuRuntime;
 pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{
     download_byte_pieces, download_u64, download_word, enqueue_download, in_pinned_memory,
-    upload_byte_pieces,
-    upload_u64, upload_u64_pieces, StagingWindows,
+    upload_byte_pieces, upload_u64, upload_u64_pieces, StagingWindows,
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use transfer::CopyBandwidth;
