@@ -3,8 +3,8 @@
 //! ([`keys`], floats first as integers: [`float_keys`]), sort keys as order-preserving codes ([`ordered_keys`]), group
 //! keys and the check of hashed ones ([`group_keys`]), and aggregate inputs
 //! and results ([`words`]), table columns as the column cache keeps them
-//! ([`table_words`], strings of many values as their bytes:
-//! [`string_bytes`]). Host work only; the device sees plain words.
+//! ([`table_words`], strings of few values as codes: [`string_codes`], of many as
+//! their bytes: [`string_bytes`]). Host work only; the device sees plain words.
 
 pub(crate) mod concat;
 pub(crate) mod float_keys;
@@ -13,5 +13,6 @@ pub(crate) mod group_keys;
 pub(crate) mod keys;
 pub(crate) mod ordered_keys;
 pub(crate) mod string_bytes;
+pub(crate) mod string_codes;
 pub(crate) mod table_words;
 pub(crate) mod words;

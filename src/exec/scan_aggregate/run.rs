@@ -21,7 +21,8 @@ use super::program::{code_test_table, CodeTest};
 use super::states::{columns_read, compile, partial_states};
 use crate::config::GpuOptions;
 use crate::encode::string_bytes::StringBytesBuilder;
-use crate::encode::table_words::{strings_array, word_kind, HostWords, WordsBuilder};
+use crate::encode::string_codes::strings_array;
+use crate::encode::table_words::{word_kind, HostWords, WordsBuilder};
 use crate::gpu::launch::{
     scan_aggregate, RemapTable, ScanChunk, ScanColumn, ScanProgram, SharedWords,
 };
