@@ -356,7 +356,6 @@ impl JoinKeySet {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::super::bitmap::MAX_KEY_SPAN;

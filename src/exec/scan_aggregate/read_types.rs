@@ -23,13 +23,17 @@ use datafusion::arrow::datatypes::{
 };
 use datafusion::datasource::table_schema::TableSchema;
 
+use crate::encode::table_words::word_kind;
+use crate::gpu::WordKind;
+
 /// The type a string column is read as where the fill codes it.
 pub(crate) fn coded_string_read_type() -> DataType {
     DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
 }
 
+/// Whether columns of `data_type` are strings, as the cache codes them.
 fn is_string(data_type: &DataType) -> bool {
-    matches!(data_type, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+    word_kind(data_type) == Some(WordKind::Code)
 }
 
 /// The narrower type a column of `data_type` is read as, if any; `coded`:
