@@ -811,7 +811,8 @@ struct Agreed {
     key_filters: bool,
     /// A join kept its output on the device for the join above.
     rows_on_device: bool,
-    /// The case ran two stacked joins besides its own query.
+    /// The case ran two stacked joins besides its own query (set by
+    /// [`Agreed::and_stacked`]).
     chained: bool,
     /// Both paths failed (the query's own error, such as an overflow).
     error: Option<String>,
@@ -893,8 +894,6 @@ async fn run_query(
     sql: &str,
     x: Option<Arc<MemTable>>,
 ) -> Result<Agreed, Failure> {
-    // Set by [`Agreed::and_stacked`] where these are the stacked joins.
-    let chained = false;
     let gpu = gpu_context(case.mode, case.target_partitions, settings).await;
     let cpu = cpu_context(case.mode, case.target_partitions, settings).await;
     let folder = std::env::temp_dir().join(format!(
@@ -942,7 +941,7 @@ async fn run_query(
                     gpu_nodes: 0,
                     key_filters: false,
                     rows_on_device: false,
-                    chained,
+                    chained: false,
                     error: None,
                     datafusion_past_limit: true,
                 })
@@ -959,7 +958,7 @@ async fn run_query(
             gpu_nodes,
             key_filters,
             rows_on_device,
-            chained,
+            chained: false,
             error: None,
             datafusion_past_limit: false,
         }),
@@ -967,7 +966,7 @@ async fn run_query(
             gpu_nodes,
             key_filters,
             rows_on_device,
-            chained,
+            chained: false,
             error: Some(c.clone()),
             datafusion_past_limit: false,
         }),
