@@ -90,9 +90,9 @@ pub(crate) fn compile(shape: &ScanFilterShape, byte_columns: &[usize]) -> Compil
         coded_column(expr).filter(|c| byte_columns.contains(c))
     };
     let files = matches!(shape.source, TableSource::Parquet { .. });
-    if let Some(column) = shape.outputs.iter().filter_map(bytes_output).find(|&c| {
-        !files || !matches!(shape.scan_schema.field(c).data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
-    }) {
+    // Output from its bytes only from files (`bytes_output` is a string
+    // column: `coded_column` took it).
+    if let Some(column) = shape.outputs.iter().filter_map(bytes_output).find(|_| !files) {
         return Err(format!(
             "the string column {} holds more distinct values in a part than the device codes, \
              and is output ({} of a {})",
