@@ -358,6 +358,22 @@ fn json_string(s: &str) -> String {
     out
 }
 
+/// The host's processor (its model name, where Linux names it) and the
+/// threads it runs at once.
+fn host_description() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("model name"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, name)| name.trim().to_owned())
+        })
+        .unwrap_or_else(|| "processor not named".into());
+    let threads = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{model}, {threads} threads")
+}
+
 fn report_json(
     args: &Args,
     gpu: &std::result::Result<String, String>,
@@ -397,11 +413,12 @@ fn report_json(
         })
         .collect();
     format!(
-        "{{\"scale_factor\":{},\"format\":\"{}\",\"runs\":{},\"partitions\":{},\"gpu\":{},\"queries\":[{}]}}\n",
+        "{{\"scale_factor\":{},\"format\":\"{}\",\"runs\":{},\"partitions\":{},\"host\":{},\"gpu\":{},\"queries\":[{}]}}\n",
         args.scale_factor,
         args.format.name(),
         args.runs,
         args.partitions(),
+        json_string(&host_description()),
         match gpu {
             Ok(description) => json_string(description),
             Err(reason) => json_string(&format!("unavailable: {reason}")),
@@ -423,6 +440,9 @@ async fn main() -> Result<()> {
         args.format.name(),
         args.runs
     );
+    // Cold ratios move with the host's cores (the Parquet decode both sides
+    // share): a table names the host it was taken on.
+    println!("host: {}", host_description());
     match &gpu {
         Ok(description) => {
             println!("GPU: {description}");
