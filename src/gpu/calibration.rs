@@ -71,19 +71,6 @@ impl std::fmt::Display for DeviceConstants {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::DeviceConstants;
-
-    #[test]
-    fn constants_print_on_one_line_in_gb_per_second() {
-        assert_eq!(
-            DeviceConstants::TYPICAL.to_string(),
-            "pinned up 50.0 GB/s, down 50.0; staged up 20.0, down 12.0; device memory 3000; \
-             launch 5.0 us; measured in 0.0 ms"
-        );
-    }
-}
 
 /// Bytes each bandwidth is measured with: long enough that a copy's fixed
 /// cost is a few percent of it, short enough that the whole measurement
@@ -152,4 +139,18 @@ pub(super) fn measure(device: &Arc<GpuDevice>) -> GpuResult<DeviceConstants> {
         launch,
         measured_in: started.elapsed(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceConstants;
+
+    #[test]
+    fn constants_print_on_one_line_in_gb_per_second() {
+        assert_eq!(
+            DeviceConstants::TYPICAL.to_string(),
+            "pinned up 50.0 GB/s, down 50.0; staged up 20.0, down 12.0; device memory 3000; \
+             launch 5.0 us; measured in 0.0 ms"
+        );
+    }
 }

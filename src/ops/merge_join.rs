@@ -68,7 +68,7 @@ impl SortedSide {
             empty_device_vec::<u64>(stream, "allocating row ids")?
         } else {
             // iota writes every element.
-            alloc_uninit::<u64>(&stream, rows, "allocating row ids")?
+            alloc_uninit::<u64>(stream, rows, "allocating row ids")?
         };
         timer.time(Phase::Kernel, || {
             launch::iota(&device.launcher(stream), &mut row_ids, 0)
@@ -154,7 +154,7 @@ impl SortedSide {
         let mut outs = Vec::with_capacity(2);
         for op in [AggregateOp::Min, AggregateOp::Max] {
             // Filled with the identity right below, before any read.
-            let mut out = alloc_uninit::<u64>(&stream, 1, "allocating a key range")?;
+            let mut out = alloc_uninit::<u64>(stream, 1, "allocating a key range")?;
             timer.time(Phase::Kernel, || {
                 launch::fill_u64(&device.launcher(stream), &mut out, op.identity())?;
                 let rows = GroupRows {
@@ -279,7 +279,7 @@ impl MergeMatches {
                 return empty_device_vec::<u64>(stream, what);
             }
             // merge_path_bounds writes every one of the n elements.
-            alloc_uninit::<u64>(&stream, n, what)
+            alloc_uninit::<u64>(stream, n, what)
         };
         let mut lower = alloc("allocating merge bounds")?;
         let mut counts = alloc("allocating match counts")?;
@@ -391,9 +391,9 @@ impl MergeMatches {
         // Both: expand_pairs writes the first `len` elements, and
         // only those are copied back.
         let mut positions =
-            alloc_uninit::<u64>(&stream, buffer, "allocating output pairs")?;
+            alloc_uninit::<u64>(stream, buffer, "allocating output pairs")?;
         let mut other_ids =
-            alloc_uninit::<u64>(&stream, buffer, "allocating output pairs")?;
+            alloc_uninit::<u64>(stream, buffer, "allocating output pairs")?;
         let mut first = 0u64;
         while first < self.total {
             let len = (self.total - first).min(buffer as u64) as usize;

@@ -37,7 +37,7 @@ pub fn order_by_probe_row(
     let alloc = |what: &'static str| -> GpuResult<DeviceVec<u64>> {
         // Each buffer is written whole (iota, gather_u64 over `len`
         // elements, or the sort) before it is read.
-        alloc_uninit::<u64>(&stream, len, what)
+        alloc_uninit::<u64>(stream, len, what)
     };
     let mut order = alloc("allocating the pair order")?;
     timer.time(Phase::Kernel, || {

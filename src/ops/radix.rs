@@ -248,9 +248,9 @@ fn radix_passes_in_place(
     }
     let grid = RadixGrid::new(rows as u64, device.sm_count());
     // Both: every element is written by the first scatter.
-    let mut keys_out = alloc_uninit::<u64>(&stream, rows, "allocating radix buffers")?;
+    let mut keys_out = alloc_uninit::<u64>(stream, rows, "allocating radix buffers")?;
     let mut ids_out = match row_ids {
-        Some(_) => Some(alloc_uninit::<u64>(&stream, rows, "allocating radix buffers")?),
+        Some(_) => Some(alloc_uninit::<u64>(stream, rows, "allocating radix buffers")?),
         None => None,
     };
     let mut shift = 0;

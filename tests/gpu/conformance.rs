@@ -245,8 +245,10 @@ async fn run_file(relative: &Path, gpu_nodes: Option<Arc<GpuNodeCounts>>) -> Res
             let mut builder =
                 SessionStateBuilder::new_from_existing(test_ctx.session_ctx().state());
             let config = builder.config().get_or_insert_with(SessionConfig::new);
-            let mut options = GpuOptions::default();
-            options.placement = PlacementPolicy::Always;
+            let mut options = GpuOptions {
+                placement: PlacementPolicy::Always,
+                ..GpuOptions::default()
+            };
             // Groups numbered in hash partitions (the newest path; the
             // differential tests cover the one table too).
             options.tuning.min_groups_to_partition = 0;

@@ -1170,7 +1170,7 @@ async fn float_keys_with_many_equal_values_match_the_cpu() {
     let make = |rows: usize, salt: usize| {
         let value = move |i: usize| {
             let i = i.wrapping_mul(7).wrapping_add(salt);
-            (i % 13 != 0).then(|| specials[i % specials.len()])
+            (!i.is_multiple_of(13)).then(|| specials[i % specials.len()])
         };
         table_from_columns(Arc::clone(&schema), rows, 3, 700, move |range| {
             vec![

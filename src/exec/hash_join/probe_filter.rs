@@ -233,7 +233,7 @@ impl BuildKeySummary {
         keep_null_keys: bool,
     ) -> Result<Option<Arc<dyn PhysicalExpr>>> {
         let matching: Option<Arc<dyn PhysicalExpr>> =
-            if self.bounds.iter().any(|b| *b == KeyBounds::NoValue) {
+            if self.bounds.contains(&KeyBounds::NoValue) {
                 Some(lit(false))
             } else {
                 let mut terms = Vec::new();

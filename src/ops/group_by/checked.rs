@@ -90,7 +90,7 @@ pub(super) fn checked_row_groups(
         other => {
             drop(other);
             // The numbering below writes every row's group.
-            alloc_uninit(&stream, numbering.keys.len(), "allocating row groups")?
+            alloc_uninit(stream, numbering.keys.len(), "allocating row groups")?
         }
     };
     number_again_in_global_table(device, stream, numbering, &mut row_groups, timer)?;

@@ -43,7 +43,7 @@ pub(super) fn launch_group_assignment(
     }
     // First rows: entries [0, groups) are written, only those are read.
     let mut first_rows: DeviceVec<u64> =
-        alloc_uninit(&stream, rows, "allocating group rows")?;
+        alloc_uninit(stream, rows, "allocating group rows")?;
     let sized = expected_groups
         .map(sized_table_capacity)
         .filter(|&capacity| capacity < table_capacity(rows));
@@ -78,7 +78,7 @@ pub(super) fn launch_group_assignment(
     // Row groups: group_insert writes one slot per row (unless a
     // table sized from an estimate fills up: then they are numbered again).
     let mut row_groups: DeviceVec<u64> =
-        alloc_uninit(&stream, rows, "allocating row groups")?;
+        alloc_uninit(stream, rows, "allocating row groups")?;
     let row_groups = match sized {
         None => {
             number_in_global_table(
@@ -198,11 +198,11 @@ pub(super) fn insert_into_table(
     let slots = capacity as usize + 1;
     // Table keys: filled with EMPTY_KEY below before any read.
     let mut table_keys: DeviceVec<u64> =
-        alloc_uninit(&stream, slots, "allocating the group hash table")?;
+        alloc_uninit(stream, slots, "allocating the group hash table")?;
     // Table groups: group_insert writes the slots it claims, and
     // only claimed slots are read.
     let mut table_groups: DeviceVec<u64> =
-        alloc_uninit(&stream, slots, "allocating the group hash table")?;
+        alloc_uninit(stream, slots, "allocating the group hash table")?;
     timer.time(Phase::Kernel, || {
         launch::fill_u64(
             &device.launcher(stream),

@@ -25,13 +25,13 @@ pub(super) fn launch_partitioned_group_assignment(
     // writes every position's local id, and [starts[p], starts[p] + its
     // groups) of the positions, the only ones the resolve reads; the
     // resolve writes group_firsts[0..groups), the only ones read later.
-    let mut ids: DeviceVec<u64> = alloc_uninit(&stream, rows, "allocating row ids")?;
+    let mut ids: DeviceVec<u64> = alloc_uninit(stream, rows, "allocating row ids")?;
     let mut local_ids: DeviceVec<u64> =
-        alloc_uninit(&stream, rows, "allocating row groups")?;
+        alloc_uninit(stream, rows, "allocating row groups")?;
     let mut first_positions: DeviceVec<u64> =
-        alloc_uninit(&stream, rows, "allocating group positions")?;
+        alloc_uninit(stream, rows, "allocating group positions")?;
     let mut group_firsts: DeviceVec<u64> =
-        alloc_uninit(&stream, rows, "allocating group positions")?;
+        alloc_uninit(stream, rows, "allocating group positions")?;
     // Zeros: a partition left unnumbered (after an overflow) counts none,
     // and the entry after the last makes the scan's last entry the total.
     let mut group_counts = alloc_zeroed::<u64>(stream, partitions + 1, "allocating partition group counts")?;
@@ -84,7 +84,7 @@ pub(super) fn gathered_bits(
     timer: &mut PhaseTimer,
 ) -> GpuResult<DeviceVec<u64>> {
     // gather_bits writes every word of the result.
-    let mut out: DeviceVec<u64> = alloc_uninit(&stream, positions.len().div_ceil(64).max(1), "allocating a validity bitmap")?;
+    let mut out: DeviceVec<u64> = alloc_uninit(stream, positions.len().div_ceil(64).max(1), "allocating a validity bitmap")?;
     timer.time(Phase::Kernel, || {
         launch::gather_bits(
             &device.launcher(stream),

@@ -31,7 +31,7 @@ impl UploadedInput {
             let rows = positions.len();
             // The gather writes all `rows` words.
             let mut gathered: DeviceVec<u64> =
-                alloc_uninit(&stream, rows, "allocating a gathered input")?;
+                alloc_uninit(stream, rows, "allocating a gathered input")?;
             timer.time(Phase::Kernel, || {
                 launch::gather_u64(
                     &device.launcher(stream),
@@ -84,7 +84,7 @@ pub(super) fn in_key_order(
     };
     // The gather writes all `groups` words.
     let mut ordered: DeviceVec<u64> =
-        alloc_uninit(&stream, groups.max(1), "allocating ordered results")?;
+        alloc_uninit(stream, groups.max(1), "allocating ordered results")?;
     timer.time(Phase::Kernel, || {
         launch::gather_u64(
             &device.launcher(stream),
@@ -142,7 +142,7 @@ impl ReductionOutputs {
         let mut slots = |identity: u64| -> GpuResult<DeviceVec<u64>> {
             // Filled right below, before any read.
             let mut out: DeviceVec<u64> =
-                alloc_uninit(&stream, groups.max(1), "allocating aggregate output")?;
+                alloc_uninit(stream, groups.max(1), "allocating aggregate output")?;
             timer.time(Phase::Kernel, || {
                 launch::fill_u64(
                     &device.launcher(stream),

@@ -22,12 +22,12 @@ pub(super) fn launch_sorted_group_assignment(
     // All four: iota, the heads kernel and sorted_group_ids write
     // every element of the first three; group_firsts[0..groups) is written
     // and only that is read.
-    let mut ids: DeviceVec<u64> = alloc_uninit(&stream, rows, "allocating row ids")?;
-    let mut ranks: DeviceVec<u64> = alloc_uninit(&stream, rows, "allocating run ranks")?;
+    let mut ids: DeviceVec<u64> = alloc_uninit(stream, rows, "allocating row ids")?;
+    let mut ranks: DeviceVec<u64> = alloc_uninit(stream, rows, "allocating run ranks")?;
     let mut row_groups: DeviceVec<u64> =
-        alloc_uninit(&stream, rows, "allocating row groups")?;
+        alloc_uninit(stream, rows, "allocating row groups")?;
     let mut group_firsts: DeviceVec<u64> =
-        alloc_uninit(&stream, rows, "allocating group first positions")?;
+        alloc_uninit(stream, rows, "allocating group first positions")?;
     let mut group_count = alloc_zeroed::<u64>(stream, 1, "allocating the group counter")?;
     let sorted = timer.time(Phase::Kernel, || {
         if let Some(transform) = transform {

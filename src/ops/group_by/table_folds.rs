@@ -153,7 +153,7 @@ impl FoldedChunks {
                 // The chunks, `rows` words in all, are copied over
                 // every element below.
                 let mut column: DeviceVec<u64> =
-                    alloc_uninit(&stream, rows, "allocating an input's column")?;
+                    alloc_uninit(stream, rows, "allocating an input's column")?;
                 let mut at = 0;
                 for chunk in chunks {
                     let len = chunk.len();
@@ -422,7 +422,7 @@ impl FoldingTable {
         let slots = capacity as usize + 1;
         // Filled with u64::MAX below, before any read.
         let mut groups: DeviceVec<u64> =
-            alloc_uninit(&stream, slots, "allocating the group hash table")?;
+            alloc_uninit(stream, slots, "allocating the group hash table")?;
         let overflow = alloc_zeroed::<u64>(stream, 1, "allocating the overflow flag")?;
         let slot_results = alloc_zeroed::<u64>(stream, slots * launch::table_slot_words(folds), "allocating the table's folds")?;
         timer.time(Phase::Kernel, || {
@@ -534,7 +534,7 @@ impl TableFolds {
             .map(|_| {
                 // table_fold_results writes every group's entry:
                 // each group claimed exactly one slot.
-                alloc_uninit::<u64>(&stream, groups.max(1), "allocating aggregate output")
+                alloc_uninit::<u64>(stream, groups.max(1), "allocating aggregate output")
             })
             .collect::<GpuResult<Vec<_>>>()?;
         timer.time(Phase::Kernel, || {

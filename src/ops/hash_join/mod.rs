@@ -257,7 +257,7 @@ fn partition_device_keys(
         (_, Some(carried)) => {
             // pack_carried_words writes every element.
             let mut words =
-                alloc_uninit::<u64>(&stream, rows, "allocating carried words")?;
+                alloc_uninit::<u64>(stream, rows, "allocating carried words")?;
             timer.time(Phase::Kernel, || {
                 launch::pack_carried_words(
                     &device.launcher(stream),
@@ -273,7 +273,7 @@ fn partition_device_keys(
         (Some(ids), None) => upload_u64(device, stream, ids, timer)?,
         (None, None) => {
             // iota writes every element.
-            let mut ids = alloc_uninit::<u64>(&stream, rows, "allocating row ids")?;
+            let mut ids = alloc_uninit::<u64>(stream, rows, "allocating row ids")?;
             timer.time(Phase::Kernel, || {
                 launch::iota(&device.launcher(stream), &mut ids, 0)
             })?;
