@@ -1606,3 +1606,92 @@ async fn a_gpu_join_prunes_its_parquet_probe_side_by_the_build_keys_as_datafusio
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Float keys: a join takes -0.0 and 0.0 as one key. A Parquet probe side
+/// holding both zeros, read with row filters (`pushdown_filters`), so that
+/// the GPU join's dynamic filter is applied to each of its rows, joined to
+/// build sides holding one zero (beside a NaN, the greatest float, or 7.5):
+/// the filter keeps both zeros and the join matches both, as DataFusion's
+/// join does without its own dynamic filter, whose range and list order
+/// floats totally and drop the other zero (DataFusion 55).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn both_float_zeros_pass_the_gpu_joins_filter_and_match_either_zero() {
+    use datafusion::arrow::array::Float64Array;
+    let dir = std::env::temp_dir().join(format!(
+        "datafusion-gpu-float-zero-filter-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("s.parquet");
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Float64, false),
+        Field::new("v", DataType::Int64, false),
+    ]));
+    {
+        let file = std::fs::File::create(&path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
+        let k = Float64Array::from(vec![0.0, 1.5, -0.0, 3.0, 7.5, 9.0]);
+        let v = Int64Array::from(vec![1, 10, 100, 1_000, 10_000, 100_000]);
+        let batch =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(v)]).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    let build = |keys: Vec<f64>| -> Arc<MemTable> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Float64, false),
+            Field::new("w", DataType::Int64, false),
+        ]));
+        let w = Int64Array::from_iter_values(1..=keys.len() as i64);
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Float64Array::from(keys)), Arc::new(w)],
+        )
+        .unwrap();
+        Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap())
+    };
+    let sql = "SELECT count(*), sum(r.w), sum(s.v) FROM r JOIN s ON r.k = s.k";
+    let row_filters = "SET datafusion.execution.parquet.pushdown_filters = true";
+    let no_dynamic_filter = "SET datafusion.optimizer.enable_dynamic_filter_pushdown = false";
+    let gpu_present =
+        require_gpu("both_float_zeros_pass_the_gpu_joins_filter_and_match_either_zero").is_some();
+    // Each build side matches both zeros of the probe side (v 1 and 100),
+    // and 7.5 its own row.
+    let builds = [
+        (vec![-0.0, f64::NAN], vec![Some(2), Some(2), Some(101)]),
+        (vec![0.0, 7.5], vec![Some(3), Some(4), Some(10_101)]),
+        (vec![-0.0], vec![Some(2), Some(2), Some(101)]),
+    ];
+    for (keys, expected) in builds {
+        // DataFusion's join without its dynamic filter: the test's premise.
+        let cpu = cpu_context(JoinMode::CollectLeft, 4, &[row_filters, no_dynamic_filter]).await;
+        cpu.register_table("r", build(keys.clone())).unwrap();
+        cpu.register_parquet("s", path.to_str().unwrap(), Default::default())
+            .await
+            .unwrap();
+        let (cpu_rows, _, _) = run(&cpu, sql).await;
+        assert_eq!(
+            int64_rows(&cpu_rows),
+            vec![expected.clone()],
+            "DataFusion, {keys:?}"
+        );
+        if !gpu_present {
+            continue;
+        }
+        for mode in JoinMode::ALL {
+            let gpu = gpu_context(mode, 4, &[row_filters]).await;
+            gpu.register_table("r", build(keys.clone())).unwrap();
+            gpu.register_parquet("s", path.to_str().unwrap(), Default::default())
+                .await
+                .unwrap();
+            let (got, gpu_nodes, _) = run(&gpu, sql).await;
+            assert!(gpu_nodes >= 1, "{mode:?}: no GPU join");
+            assert_eq!(
+                int64_rows(&got),
+                vec![expected.clone()],
+                "{mode:?}, {keys:?}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

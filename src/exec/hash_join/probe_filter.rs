@@ -245,8 +245,9 @@ impl BuildKeySummary {
                     if min.data_type() != key_type || max.data_type() != key_type {
                         continue;
                     }
-                    let at_least = binary(Arc::clone(key), Operator::GtEq, lit(min.clone()));
-                    let at_most = binary(Arc::clone(key), Operator::LtEq, lit(max.clone()));
+                    let (min, max) = (least_zero(min), greatest_zero(max));
+                    let at_least = binary(Arc::clone(key), Operator::GtEq, lit(min));
+                    let at_most = binary(Arc::clone(key), Operator::LtEq, lit(max));
                     terms.push(binary(at_least, Operator::And, at_most));
                 }
                 if let (Some(values), [key]) = (&self.values, probe_keys) {
@@ -319,7 +320,61 @@ fn single_key_values(pieces: &[ArrayRef], limits: MembershipLimits) -> Option<Ar
         0 => all,
         _ => keep_rows(all.as_ref(), &is_not_null(all.as_ref()).ok()?).ok()?,
     };
+    let values = with_both_zeros(values)?;
     limits.allow(values.as_ref()).then_some(values)
+}
+
+// Float keys: the join takes -0.0 and 0.0 as one key (it hashes and
+// compares a float by its bits, -0.0 read as 0.0), while the filter's
+// comparisons and list order floats totally, -0.0 below 0.0 and apart from
+// it. A range that ends at a zero, or a list that holds one, then covers
+// both zeros, or a probe row of the other zero that the join matches would
+// be dropped before it (DataFusion 55's own join filter drops it so).
+
+/// A half float, as Arrow holds it.
+type F16 = <datafusion::arrow::datatypes::Float16Type as datafusion::arrow::datatypes::ArrowPrimitiveType>::Native;
+
+/// `min`, or -0.0 where it is a float zero.
+fn least_zero(min: &ScalarValue) -> ScalarValue {
+    match min {
+        ScalarValue::Float64(Some(v)) if *v == 0.0 => ScalarValue::Float64(Some(-0.0)),
+        ScalarValue::Float32(Some(v)) if *v == 0.0 => ScalarValue::Float32(Some(-0.0)),
+        ScalarValue::Float16(Some(v)) if f32::from(*v) == 0.0 => {
+            ScalarValue::Float16(Some(F16::from_f32(-0.0)))
+        }
+        other => other.clone(),
+    }
+}
+
+/// `max`, or 0.0 where it is a float zero.
+fn greatest_zero(max: &ScalarValue) -> ScalarValue {
+    match max {
+        ScalarValue::Float64(Some(v)) if *v == 0.0 => ScalarValue::Float64(Some(0.0)),
+        ScalarValue::Float32(Some(v)) if *v == 0.0 => ScalarValue::Float32(Some(0.0)),
+        ScalarValue::Float16(Some(v)) if f32::from(*v) == 0.0 => {
+            ScalarValue::Float16(Some(F16::from_f32(0.0)))
+        }
+        other => other.clone(),
+    }
+}
+
+/// Float `values` with both zeros where they hold either; other values as
+/// they are. `None` where they cannot be extended.
+fn with_both_zeros(values: ArrayRef) -> Option<ArrayRef> {
+    use datafusion::arrow::array::{AsArray, Float32Array, Float64Array};
+    use datafusion::arrow::datatypes::{Float32Type, Float64Type};
+    let zeros: ArrayRef = match values.data_type() {
+        DataType::Float64 if values.as_primitive::<Float64Type>().values().contains(&0.0) => {
+            Arc::new(Float64Array::from(vec![-0.0, 0.0]))
+        }
+        DataType::Float32 if values.as_primitive::<Float32Type>().values().contains(&0.0) => {
+            Arc::new(Float32Array::from(vec![-0.0f32, 0.0]))
+        }
+        // A half-float list is not made (none of the scans reads them).
+        DataType::Float16 => return None,
+        _ => return Some(values),
+    };
+    concat(&[values.as_ref(), zeros.as_ref()]).ok()
 }
 
 /// The GPU hash join's end of a dynamic filter: collects the summaries of
