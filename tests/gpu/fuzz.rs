@@ -1035,38 +1035,23 @@ async fn run_query(
             }
             (Ok((cpu_answer, ..)), Some(gpu)) => (cpu_answer, gpu),
         };
+    let agreed = |error: Option<String>, datafusion_filter_dropped_rows: bool| Agreed {
+        gpu_nodes,
+        key_filters,
+        rows_on_device,
+        chained: false,
+        error,
+        datafusion_past_limit: false,
+        datafusion_filter_dropped_rows,
+    };
     match (&gpu_answer, &cpu_answer) {
-        (Ok(g), Ok(c)) if g == c => Ok(Agreed {
-            gpu_nodes,
-            key_filters,
-            rows_on_device,
-            chained: false,
-            error: None,
-            datafusion_past_limit: false,
-            datafusion_filter_dropped_rows: false,
-        }),
-        (Err(_), Err(c)) => Ok(Agreed {
-            gpu_nodes,
-            key_filters,
-            rows_on_device,
-            chained: false,
-            error: Some(c.clone()),
-            datafusion_past_limit: false,
-            datafusion_filter_dropped_rows: false,
-        }),
-        (Ok(g), Ok(c))
+        (Ok(g), Ok(c)) if g == c => Ok(agreed(None, false)),
+        (Err(_), Err(c)) => Ok(agreed(Some(c.clone()), false)),
+        (Ok(g), Ok(_))
             if datafusion_unfiltered_answer(case, &tables, settings, sql).await
                 == Some(g.clone()) =>
         {
-            Ok(Agreed {
-                gpu_nodes,
-                key_filters,
-                rows_on_device,
-                chained: false,
-                error: None,
-                datafusion_past_limit: false,
-                datafusion_filter_dropped_rows: true,
-            })
+            Ok(agreed(None, true))
         }
         (Ok(g), Ok(c)) => {
             // The first row that differs, or the first that one side has

@@ -47,9 +47,13 @@ fn kept(predicate: &Arc<dyn PhysicalExpr>, columns: &[Vec<Option<i64>>]) -> Vec<
         .iter()
         .map(|values| Arc::new(Int64Array::from(values.clone())) as ArrayRef)
         .collect();
-    let batch = RecordBatch::try_new(schema, arrays).unwrap();
+    kept_rows(predicate, &RecordBatch::try_new(schema, arrays).unwrap())
+}
+
+/// The rows of `batch` that `predicate` keeps.
+fn kept_rows(predicate: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Vec<usize> {
     let keep = predicate
-        .evaluate(&batch)
+        .evaluate(batch)
         .unwrap()
         .into_array(batch.num_rows())
         .unwrap();
@@ -334,15 +338,7 @@ fn kept_floats(build: &[Vec<f64>], probe: &[f64], limits: MembershipLimits) -> V
         vec![Arc::new(Float64Array::from(probe.to_vec())) as ArrayRef],
     )
     .unwrap();
-    let keep = predicate
-        .evaluate(&batch)
-        .unwrap()
-        .into_array(batch.num_rows())
-        .unwrap();
-    let keep = keep.as_boolean();
-    (0..batch.num_rows())
-        .filter(|&row| keep.is_valid(row) && keep.value(row))
-        .collect()
+    kept_rows(&predicate, &batch)
 }
 
 /// The join takes -0.0 and 0.0 as one key; the filter's comparisons and
