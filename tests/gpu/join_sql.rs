@@ -1503,6 +1503,19 @@ fn row_groups_pruned(plan: &Arc<dyn ExecutionPlan>) -> usize {
         .sum::<usize>()
 }
 
+/// `batch` written to a Parquet file at `path`, with `properties` or the
+/// writer's defaults.
+fn write_parquet(
+    path: &std::path::Path,
+    batch: &RecordBatch,
+    properties: Option<WriterProperties>,
+) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), properties).unwrap();
+    writer.write(batch).unwrap();
+    writer.close().unwrap();
+}
+
 /// The probe side of a join read from Parquet, keys sorted, in 64 row
 /// groups of 1,024 rows; build sides of few keys (listed) and of many in a
 /// narrow range. The GPU join publishes the build keys as DataFusion's
@@ -1523,19 +1536,16 @@ async fn a_gpu_join_prunes_its_parquet_probe_side_by_the_build_keys_as_datafusio
         Field::new("k", DataType::Int64, false),
         Field::new("v", DataType::Int64, false),
     ]));
-    {
-        let properties = WriterProperties::builder()
-            .set_max_row_group_row_count(Some(1024))
-            .build();
-        let file = std::fs::File::create(&path).unwrap();
-        let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), Some(properties)).unwrap();
-        let k = Int64Array::from_iter_values(0..1 << 16);
-        let v = Int64Array::from_iter_values((0..1 << 16).map(|i| i * 7));
-        let batch =
-            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(v)]).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-    }
+    let k = Int64Array::from_iter_values(0..1 << 16);
+    let v = Int64Array::from_iter_values((0..1 << 16).map(|i| i * 7));
+    let properties = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(1024))
+        .build();
+    write_parquet(
+        &path,
+        &RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(v)]).unwrap(),
+        Some(properties),
+    );
     let build = |keys: Vec<i64>| -> Arc<MemTable> {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
@@ -1627,16 +1637,13 @@ async fn both_float_zeros_pass_the_gpu_joins_filter_and_match_either_zero() {
         Field::new("k", DataType::Float64, false),
         Field::new("v", DataType::Int64, false),
     ]));
-    {
-        let file = std::fs::File::create(&path).unwrap();
-        let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
-        let k = Float64Array::from(vec![0.0, 1.5, -0.0, 3.0, 7.5, 9.0]);
-        let v = Int64Array::from(vec![1, 10, 100, 1_000, 10_000, 100_000]);
-        let batch =
-            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(v)]).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-    }
+    let k = Float64Array::from(vec![0.0, 1.5, -0.0, 3.0, 7.5, 9.0]);
+    let v = Int64Array::from(vec![1, 10, 100, 1_000, 10_000, 100_000]);
+    write_parquet(
+        &path,
+        &RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(v)]).unwrap(),
+        None,
+    );
     let build = |keys: Vec<f64>| -> Arc<MemTable> {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Float64, false),

@@ -245,7 +245,7 @@ impl BuildKeySummary {
                     if min.data_type() != key_type || max.data_type() != key_type {
                         continue;
                     }
-                    let (min, max) = (least_zero(min), greatest_zero(max));
+                    let (min, max) = (signed_zero(min, true), signed_zero(max, false));
                     let at_least = binary(Arc::clone(key), Operator::GtEq, lit(min));
                     let at_most = binary(Arc::clone(key), Operator::LtEq, lit(max));
                     terms.push(binary(at_least, Operator::And, at_most));
@@ -334,25 +334,15 @@ fn single_key_values(pieces: &[ArrayRef], limits: MembershipLimits) -> Option<Ar
 /// A half float, as Arrow holds it.
 type F16 = <datafusion::arrow::datatypes::Float16Type as datafusion::arrow::datatypes::ArrowPrimitiveType>::Native;
 
-/// `min`, or -0.0 where it is a float zero.
-fn least_zero(min: &ScalarValue) -> ScalarValue {
-    match min {
-        ScalarValue::Float64(Some(v)) if *v == 0.0 => ScalarValue::Float64(Some(-0.0)),
-        ScalarValue::Float32(Some(v)) if *v == 0.0 => ScalarValue::Float32(Some(-0.0)),
+/// `bound`, or the zero of the sign asked for where it is a float zero
+/// (-0.0 to start a range, 0.0 to end one).
+fn signed_zero(bound: &ScalarValue, negative: bool) -> ScalarValue {
+    let zero = if negative { -0.0 } else { 0.0 };
+    match bound {
+        ScalarValue::Float64(Some(v)) if *v == 0.0 => ScalarValue::Float64(Some(zero)),
+        ScalarValue::Float32(Some(v)) if *v == 0.0 => ScalarValue::Float32(Some(zero as f32)),
         ScalarValue::Float16(Some(v)) if f32::from(*v) == 0.0 => {
-            ScalarValue::Float16(Some(F16::from_f32(-0.0)))
-        }
-        other => other.clone(),
-    }
-}
-
-/// `max`, or 0.0 where it is a float zero.
-fn greatest_zero(max: &ScalarValue) -> ScalarValue {
-    match max {
-        ScalarValue::Float64(Some(v)) if *v == 0.0 => ScalarValue::Float64(Some(0.0)),
-        ScalarValue::Float32(Some(v)) if *v == 0.0 => ScalarValue::Float32(Some(0.0)),
-        ScalarValue::Float16(Some(v)) if f32::from(*v) == 0.0 => {
-            ScalarValue::Float16(Some(F16::from_f32(0.0)))
+            ScalarValue::Float16(Some(F16::from_f32(zero as f32)))
         }
         other => other.clone(),
     }

@@ -754,7 +754,7 @@ mod tests {
         let mode: ArrayRef = Arc::new(StringArray::from_iter(
             (0..rows).map(|i| (i % 11 != 3).then(|| ["MAIL", "SHIP", "a mode longer than twelve bytes"][i * 7 % 3])),
         ));
-        // Distinct in every row: past the dictionary page's limit, so the
+        // 700 distinct values: past the dictionary page's limit, so the
         // writer falls back to plain pages, which the reader still hands
         // on as a dictionary.
         let tag: ArrayRef = Arc::new(StringArray::from_iter_values((0..rows).map(|i| format!("tag {}", i % 700))));
