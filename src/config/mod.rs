@@ -272,6 +272,13 @@ config_namespace! {
         /// dictionary (the file's keys into its values, as stored), in place
         /// of a string a row that the fill then looks up again.
         pub dictionary_reads: bool, default = true
+        /// Rows a piece of a Parquet part holds at least where the device
+        /// column cache reads the part: each byte range DataFusion reads as
+        /// one is read in pieces of whole row groups, of at least this many
+        /// rows each (the last may hold fewer), each by a task of its own
+        /// (ranges of about the same bytes hold unequal numbers of row
+        /// groups). 0 reads each range by one task.
+        pub min_part_rows: usize, default = 524_288
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host
         /// turns one window into batches while the next crosses the bus. A
@@ -306,6 +313,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "join_key_filters",
     "cached_gpu_inputs",
     "dictionary_reads",
+    "min_part_rows",
 ];
 
 /// Options that are no longer options, with what to do instead.

@@ -7,11 +7,13 @@
 //! largest (the probe side of the first join) last. A GPU scan's columns
 //! are read whole into the cache, whatever its filter and its join keys,
 //! so nothing but the order of reading makes it wait: a plan's scans are
-//! filled together from the start, a task a partition of each scan (all
-//! spawned at once, the smallest tables' first), beside the joins' own
-//! reading, and each scan finds its parts in the cache (or waits for the
-//! part being filled, see [`crate::exec::scan_aggregate`]'s fill lock)
-//! when its turn comes. Scan aggregations are left out: each reads all of
+//! filled together from the start, as many tasks a scan as the runtime has
+//! threads (all spawned at once, the smallest tables' first), beside the
+//! joins' own reading. Each task takes the scan's next part (the first of
+//! every partition, then the second of every one, as the partitions read
+//! them) and passes over a part another task fills now; each scan finds
+//! its parts in the cache (or waits for the part being filled, see
+//! [`crate::exec::scan_aggregate`]'s fill lock) when its turn comes. Scan aggregations are left out: each reads all of
 //! its parts at once, a task a group, when it first runs. A scan that only
 //! tests join keys leaves its partitions to DataFusion where the keys are
 //! estimated to keep more than a share of its rows
@@ -40,7 +42,7 @@
 //! itself.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::datatypes::Field;
@@ -50,7 +52,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 
 use super::join_keys::{kept_by_join_keys, key_sets_in};
-use super::scan_aggregate::{part_columns, Loaded, Part, TableSource};
+use super::scan_aggregate::{being_filled, part_columns, source_url, Loaded, Part, TableSource};
 use super::GpuScanMetrics;
 use crate::config::GpuOptions;
 use crate::gpu::GpuDevice;
@@ -160,22 +162,29 @@ impl FillAhead {
         order.sort_by_key(|&(_, bytes)| bytes);
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         for (scan, _) in order {
-            for (group, parts) in scan.source.part_groups().into_iter().enumerate() {
-                // The device of the scan's partition `group`, which reads
-                // this group's parts.
-                let Ok(device) = super::partition_device(group, &options) else {
-                    continue;
-                };
+            let groups: Vec<GroupFill> = (0..scan.source.group_count())
+                .map(|group| GroupFill {
+                    // The device of the scan's partition `group`, which
+                    // reads this group's parts.
+                    device: super::partition_device(group, &options).ok(),
+                    filled: MetricBuilder::new(&scan.metrics).counter("parts_filled_ahead", group),
+                    rows_filled: MetricBuilder::new(&scan.metrics).counter("rows_filled_ahead", group),
+                })
+                .collect();
+            let queue = Arc::new(PartQueue {
+                source: scan.source.clone(),
+                groups,
+                parts: PartQueue::in_turn(scan.source.part_groups()),
+                next: AtomicUsize::new(0),
+            });
+            for worker in 0..super::runtime_workers() {
                 let read = PartsRead {
-                    source: scan.source.clone(),
+                    queue: Arc::clone(&queue),
                     fields: scan.fields.clone(),
                     byte_slots: scan.byte_slots.clone(),
                     as_bytes: scan.as_bytes.clone(),
-                    device,
-                    filled: MetricBuilder::new(&scan.metrics).counter("parts_filled_ahead", group),
-                    rows_filled: MetricBuilder::new(&scan.metrics).counter("rows_filled_ahead", group),
                     // Its own metrics: the node's count the scan's reads.
-                    metrics: GpuScanMetrics::new(&ExecutionPlanMetricsSet::new(), group),
+                    metrics: GpuScanMetrics::new(&ExecutionPlanMetricsSet::new(), worker),
                 };
                 let (context, options) = (Arc::clone(context), options.clone());
                 let (key_tests, kept_limit) = (scan.key_tests.clone(), Arc::clone(&scan.kept_limit));
@@ -183,47 +192,96 @@ impl FillAhead {
                     if let Some(key_tests) = &key_tests {
                         if !keys_keep_few_rows(key_tests, &kept_limit).await {
                             trace::event(|| {
-                                format!("fill ahead of {group}: left out, the join keys keep many rows or none came")
+                                format!("fill ahead task {worker}: left out, the join keys keep many rows or none came")
                             });
                             return;
                         }
                     }
-                    read.fill(parts, context, options).await;
+                    read.fill(context, options).await;
                 }));
             }
         }
     }
 }
 
-/// One task of a fill ahead: the parts of one partition of one scan.
-struct PartsRead {
+/// The parts of one scan that its fill tasks take in turn: the first part
+/// of every partition, then the second of every one, and so on, as the
+/// scan's partitions will read them.
+struct PartQueue {
     source: TableSource,
+    groups: Vec<GroupFill>,
+    /// Each part and the partition (group) it is of.
+    parts: Vec<(usize, Part)>,
+    /// The next part a task takes.
+    next: AtomicUsize,
+}
+
+impl PartQueue {
+    /// The parts of `groups` in the order the tasks take them.
+    fn in_turn(groups: Vec<Vec<Part>>) -> Vec<(usize, Part)> {
+        let longest = groups.iter().map(Vec::len).max().unwrap_or(0);
+        let mut order = Vec::new();
+        for at in 0..longest {
+            for (group, parts) in groups.iter().enumerate() {
+                if let Some(part) = parts.get(at) {
+                    order.push((group, part.clone()));
+                }
+            }
+        }
+        order
+    }
+}
+
+/// What filling a part of one partition of a scan needs: the partition's
+/// device (`None` where it has none, and the scan reads the partition
+/// elsewhere), and where its parts and rows filled ahead are counted.
+struct GroupFill {
+    device: Option<Arc<GpuDevice>>,
+    filled: Count,
+    rows_filled: Count,
+}
+
+/// One task of a fill ahead: it takes the next part of its scan's queue
+/// that no other task fills now, until none is left.
+struct PartsRead {
+    queue: Arc<PartQueue>,
     fields: Vec<(usize, Field)>,
     byte_slots: Vec<usize>,
     as_bytes: Option<AsBytes>,
-    device: Arc<GpuDevice>,
-    filled: Count,
-    rows_filled: Count,
     metrics: GpuScanMetrics,
 }
 
 impl PartsRead {
-    /// Reads `parts` into the cache, those the cache lacks, one after
-    /// another; stops at the first the device cannot take (the scan finds
-    /// the same when it reads the part, and says so), but for a string
-    /// column just found too varied to code that the scan reads as its
-    /// bytes instead: the part is read again so, as the scan would.
-    async fn fill(mut self, parts: Vec<Part>, context: Arc<TaskContext>, options: GpuOptions) {
-        for part in parts {
+    /// Reads the queue's parts into the cache, those the cache lacks;
+    /// stops at the first the device cannot take (the scan finds the same
+    /// when it reads the part, and says so), but for a string column just
+    /// found too varied to code that the scan reads as its bytes instead:
+    /// the part is read again so, as the scan would.
+    async fn fill(mut self, context: Arc<TaskContext>, options: GpuOptions) {
+        let queue = Arc::clone(&self.queue);
+        let url = source_url(&queue.source);
+        loop {
+            let at = queue.next.fetch_add(1, Ordering::Relaxed);
+            let Some((group, part)) = queue.parts.get(at) else {
+                return;
+            };
+            let group_fill = &queue.groups[*group];
+            let Some(device) = &group_fill.device else {
+                continue;
+            };
+            // Another task fills it: the scan waits for that fill.
+            if being_filled(&part.fill_key(&url), device.id()) {
+                continue;
+            }
             let mut read_as_bytes = false;
             loop {
                 let (misses_before, rows_before) =
                     (self.metrics.cache_misses.value(), self.metrics.rows_read.value());
                 let loaded = part_columns(
-                    &self.source,
+                    &queue.source,
                     self.fields.clone(),
                     &self.byte_slots,
-                    &self.device,
+                    device,
                     part.clone(),
                     Arc::clone(&context),
                     &options,
@@ -233,8 +291,10 @@ impl PartsRead {
                 match loaded {
                     Ok(Loaded::Device(_)) => {
                         if self.metrics.cache_misses.value() > misses_before {
-                            self.filled.add(1);
-                            self.rows_filled.add(self.metrics.rows_read.value() - rows_before);
+                            group_fill.filled.add(1);
+                            group_fill
+                                .rows_filled
+                                .add(self.metrics.rows_read.value() - rows_before);
                         }
                         break;
                     }

@@ -98,6 +98,9 @@ pub struct GpuScanMetrics {
     /// Table rows read from files or memory to fill the column cache (a
     /// part's rows once, whatever columns were missing).
     pub rows_read: Count,
+    /// Pieces of those parts (runs of whole row groups of a Parquet byte
+    /// range, `gpu.tuning.min_part_rows`) read by tasks of their own.
+    pub pieces_read: Count,
     /// Columns of table parts found in the device column cache.
     pub cache_hits: Count,
     /// Columns of table parts read and copied to the device.
@@ -125,6 +128,7 @@ impl GpuScanMetrics {
             baseline: BaselineMetrics::new(set, partition),
             rows_scanned: builder().counter("rows_scanned", partition),
             rows_read: builder().counter("rows_read", partition),
+            pieces_read: builder().counter("pieces_read", partition),
             cache_hits: builder().counter("cache_hits", partition),
             cache_misses: builder().counter("cache_misses", partition),
             cpu_fallback: builder().counter("cpu_fallback", partition),

@@ -60,6 +60,12 @@ pub(crate) fn in_multi_threaded_runtime() -> bool {
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
+/// Tasks that keep the runtime's threads busy: its worker threads (1 in
+/// a single-threaded runtime or outside one).
+pub(crate) fn runtime_workers() -> usize {
+    tokio::runtime::Handle::try_current().map_or(1, |h| h.metrics().num_workers().max(1))
+}
+
 /// The device for partition `partition` of a join or aggregation with
 /// `partitions` output partitions, which reads no cached columns: a node of
 /// one partition takes the devices `options.devices` names in turn (see

@@ -364,6 +364,9 @@ struct ParquetLayout {
     row_group_rows: usize,
     /// The scan filters rows by its predicate, not only row groups.
     pushdown_filters: bool,
+    /// `gpu.tuning.min_part_rows`: 0 reads DataFusion's byte ranges as
+    /// they are; 1,000 cuts them into parts of a few row groups each.
+    min_part_rows: usize,
 }
 
 impl ParquetLayout {
@@ -374,6 +377,7 @@ impl ParquetLayout {
         rng.random_bool(0.3).then(|| Self {
             row_group_rows: *[16usize, 256, 4096].choose(&mut rng).unwrap(),
             pushdown_filters: rng.random_bool(0.5),
+            min_part_rows: *[0usize, 1000, 524_288].choose(&mut rng).unwrap(),
         })
     }
 
@@ -881,6 +885,10 @@ async fn run_case(case: Case) -> Result<Agreed, Failure> {
     if case.parquet.is_some_and(|layout| layout.pushdown_filters) {
         settings.push("SET datafusion.execution.parquet.pushdown_filters = true");
     }
+    let part_rows = case
+        .parquet
+        .map(|layout| format!("SET gpu.tuning.min_part_rows = {}", layout.min_part_rows));
+    settings.extend(part_rows.as_deref());
     let own = run_query(&case, &r, &s, &settings, &case.sql, None).await?;
     let Some(joins) = case.chained else {
         return Ok(own);

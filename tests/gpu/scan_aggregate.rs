@@ -331,6 +331,24 @@ pub(crate) fn write_parquet(path: &std::path::Path, rows: usize, seed: u64) {
     write_batch(path, &batch);
 }
 
+/// [`write_parquet`]'s rows in row groups of `row_group_rows` rows.
+pub(crate) fn write_parquet_in_row_groups(
+    path: &std::path::Path,
+    rows: usize,
+    seed: u64,
+    row_group_rows: usize,
+) {
+    use datafusion::parquet::file::properties::WriterProperties;
+    let batch = RecordBatch::try_new(schema(), columns(seed)(0..rows)).unwrap();
+    let properties = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(row_group_rows))
+        .build();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+}
+
 /// `batch` written to a Parquet file at `path`.
 pub(crate) fn write_batch(path: &std::path::Path, batch: &RecordBatch) {
     let file = std::fs::File::create(path).unwrap();

@@ -17,7 +17,7 @@ use datafusion::physical_plan::{displayable, ExecutionPlan};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use datafusion_gpu::{gpu_decisions, GpuScanFilterExec};
 
-use crate::scan_aggregate::{table, temp_dir, write_parquet};
+use crate::scan_aggregate::{table, temp_dir, write_parquet, write_parquet_in_row_groups};
 use crate::support::{
     cpu_context, gpu_context, physical_plan, plan_metric, require_gpu, rows_in_order,
     same_rows_as_datafusion, table_from_columns, JoinMode,
@@ -395,6 +395,93 @@ async fn a_part_too_varied_after_parts_that_kept_no_row_leaves_the_partition_to_
         "{sql}"
     );
     assert!(!cpu_batches.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_row_once() {
+    let Some(_) = require_gpu(
+        "parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_row_once",
+    ) else {
+        return;
+    };
+    // Two files of 12 and 5 row groups of 5,000 rows, read by three
+    // partitions in byte ranges, each range read in pieces of one row group
+    // (`gpu.tuning.min_part_rows`), then of two.
+    let dir = temp_dir("row-group-pieces");
+    write_parquet_in_row_groups(&dir.join("a.parquet"), 60_000, 31, 5_000);
+    write_parquet_in_row_groups(&dir.join("b.parquet"), 25_000, 32, 5_000);
+    let rows = 85_000;
+    let ranges = "SET datafusion.optimizer.repartition_file_min_size = 0";
+    let cpu = cpu_context(JoinMode::CollectLeft, 3, &[ranges]).await;
+    cpu.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    // A scan aggregation, in a cache that holds none of these files'
+    // columns: every row read once, in pieces.
+    let gpu = gpu_context(
+        JoinMode::CollectLeft,
+        3,
+        &[ranges, "SET gpu.tuning.min_part_rows = 5000"],
+    )
+    .await;
+    gpu.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    for sql in [
+        "SELECT flag, count(*), sum(d), min(dt), max(i) FROM t WHERE f > 0.0 GROUP BY flag",
+        "SELECT count(*), sum(n) FROM t WHERE b AND status <> 'F'",
+    ] {
+        let plan = physical_plan(&gpu, sql).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(
+            shown.contains("GpuScanAggregateExec"),
+            "{sql}: no scan aggregation\n{shown}"
+        );
+        same_rows_as_datafusion(&gpu, &cpu, sql, &plan).await;
+        if sql.contains("GROUP BY") {
+            let shown = displayable(plan.as_ref()).indent(true).to_string();
+            let (read, pieces) = (
+                plan_metric(&plan, "rows_read"),
+                plan_metric(&plan, "pieces_read"),
+            );
+            match crate::support::alone_on_the_device() {
+                true => assert_eq!(read, rows, "{sql}\n{shown}"),
+                false => assert!(read >= rows, "{sql}: {read} rows read\n{shown}"),
+            }
+            // 17 row groups in at most four ranges: some read in pieces.
+            assert!(pieces >= 2, "{sql}: {pieces} pieces\n{shown}");
+        }
+    }
+    // Scan filters over a copy of the files (other cache keys), in pieces
+    // of two row groups and more: every row read once, by the scan or
+    // ahead of it (twice only where other tests' device memory evicted a
+    // part between the two).
+    let copy = temp_dir("row-group-pieces-copy");
+    for name in ["a.parquet", "b.parquet"] {
+        std::fs::copy(dir.join(name), copy.join(name)).unwrap();
+    }
+    let settings = [
+        "SET gpu.tuning.scan_aggregate = false",
+        ranges,
+        "SET gpu.tuning.min_part_rows = 9000",
+    ];
+    let gpu = gpu_context(JoinMode::CollectLeft, 3, &settings).await;
+    gpu.register_parquet("t", copy.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    for (at, sql) in QUERIES.iter().enumerate() {
+        let (plan, _) = check(&gpu, &cpu, sql).await;
+        assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
+        if at == 0 {
+            let read = plan_metric(&plan, "rows_read") + plan_metric(&plan, "rows_filled_ahead");
+            match crate::support::alone_on_the_device() {
+                true => assert_eq!(read, rows, "{sql}"),
+                false => assert!(read >= rows, "{sql}: {read} rows read"),
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&copy);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

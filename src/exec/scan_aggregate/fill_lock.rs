@@ -38,6 +38,16 @@ pub(crate) async fn fill_guard(part_key: &str, device: u64) -> OwnedMutexGuard<(
     lock.lock_owned().await
 }
 
+/// Whether a task fills the part `part_key` on the device `device` now:
+/// one that need not wait for it (a fill ahead) can go on to another part.
+pub(crate) fn being_filled(part_key: &str, device: u64) -> bool {
+    let fills = FILLS.lock().unwrap_or_else(|p| p.into_inner());
+    fills
+        .get(&format!("{device}|{part_key}"))
+        .and_then(Weak::upgrade)
+        .is_some_and(|lock| lock.try_lock().is_err())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,6 +56,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn fills_of_one_part_on_one_device_take_turns() {
         let first = fill_guard("part a", 0).await;
+        assert!(being_filled("part a", 0));
+        assert!(!being_filled("part a", 1) && !being_filled("part z", 0));
         // The same part on the same device waits for the first fill.
         let same = tokio::spawn(async { fill_guard("part a", 0).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -58,5 +70,7 @@ mod tests {
         drop(first);
         let second = tokio::time::timeout(Duration::from_secs(5), same).await;
         assert!(second.is_ok(), "the waiting fill did not start once the first ended");
+        drop(second);
+        assert!(!being_filled("part a", 0), "no task fills the part any more");
     }
 }

@@ -7,6 +7,7 @@ mod fill_lock;
 mod like;
 mod program;
 mod read_types;
+mod row_groups;
 mod run;
 mod shape;
 mod source;
@@ -16,7 +17,8 @@ mod warm;
 pub use exec::GpuScanAggregateExec;
 pub(crate) use program::{CodeTest, ProgramBuilder, ValueType};
 pub(crate) use run::{learn_uncodable, part_columns, scan_chunk, table_columns, test_tables, Loaded};
-pub(crate) use source::{uncodable_columns, Part};
+pub(crate) use fill_lock::being_filled;
+pub(crate) use source::{source_url, uncodable_columns, Part};
 pub(crate) use shape::{
     coalesced_input, filter_projection, scan_fields, substitute, table_scan_columns, table_source,
     ScanColumn, TableSource,

@@ -16,7 +16,9 @@ use futures::StreamExt;
 
 use crate::exec::GpuScanMetrics;
 use super::shape::{ScanAggregateShape, TableSource};
+use super::row_groups::batches_in_pieces;
 use super::source::{is_uncodable, remember_uncodable, source_url, Part};
+use crate::exec::runtime_workers;
 use super::program::{code_test_table, CodeTest};
 use super::states::{columns_read, compile, partial_states};
 use crate::config::GpuOptions;
@@ -82,10 +84,11 @@ pub(crate) async fn run(
 }
 
 /// Every part's columns `fields` of `source` on `device` ([`part_columns`],
-/// those at `byte_slots` as their bytes), in the parts' order: one task a
-/// group of parts (a partition of the scan: groups hold about the same
-/// bytes), reading its parts in turn, as the scan would. `Err` names why a
-/// part's columns cannot all be on the device.
+/// those at `byte_slots` as their bytes), in the parts' order: a task a
+/// part, as many at once as the runtime has threads, the next part taken
+/// as one ends (parts of unequal rows: a byte range of a file holds whole
+/// row groups).
+/// `Err` names why a part's columns cannot all be on the device.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn table_columns(
     source: &TableSource,
@@ -96,46 +99,26 @@ pub(crate) async fn table_columns(
     options: &GpuOptions,
     metrics: &GpuScanMetrics,
 ) -> Result<Reasoned<Vec<Vec<Arc<CachedColumn>>>>> {
-    let tasks: Vec<_> = source
-        .part_groups()
-        .into_iter()
-        .map(|parts| {
-            let (source, fields, byte_slots) = (source.clone(), fields.clone(), byte_slots.to_vec());
-            let (device, context) = (Arc::clone(device), Arc::clone(context));
-            let (options, metrics) = (options.clone(), metrics.clone());
-            SpawnedTask::spawn(async move {
-                trace::event(|| format!("scan: a task reads {} parts", parts.len()));
-                let mut loaded = Vec::with_capacity(parts.len());
-                for part in parts {
-                    let context = Arc::clone(&context);
-                    let read = part_columns(
-                        &source,
-                        fields.clone(),
-                        &byte_slots,
-                        &device,
-                        part,
-                        context,
-                        &options,
-                        &metrics,
-                    );
-                    match read.await? {
-                        Loaded::Device(columns) => loaded.push(columns),
-                        Loaded::Host(reason) => return Ok(Err(reason)),
-                    }
-                }
-                Ok::<_, DataFusionError>(Ok(loaded))
-            })
-        })
-        .collect();
-    let mut loaded = Vec::with_capacity(source.part_count());
-    for task in tasks {
-        let group = task
-            .join()
-            .await
-            .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))??;
-        match group {
-            Ok(parts) => loaded.extend(parts),
-            Err(reason) => return Ok(Err(reason)),
+    let parts: Vec<Part> = source.part_groups().into_iter().flatten().collect();
+    trace::event(|| format!("scan: {} parts read by {} tasks at most", parts.len(), runtime_workers()));
+    let count = parts.len();
+    let reads = futures::stream::iter(parts.into_iter().map(|part| {
+        let (source, fields, byte_slots) = (source.clone(), fields.clone(), byte_slots.to_vec());
+        let (device, context) = (Arc::clone(device), Arc::clone(context));
+        let (options, metrics) = (options.clone(), metrics.clone());
+        let task = SpawnedTask::spawn(async move {
+            part_columns(&source, fields, &byte_slots, &device, part, context, &options, &metrics).await
+        });
+        task.join()
+    }))
+    .buffered(runtime_workers());
+    futures::pin_mut!(reads);
+    let mut loaded = Vec::with_capacity(count);
+    while let Some(read) = reads.next().await {
+        let read = read.map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))?;
+        match read? {
+            Loaded::Device(columns) => loaded.push(columns),
+            Loaded::Host(reason) => return Ok(Err(reason)),
         }
     }
     Ok(Ok(loaded))
@@ -296,7 +279,10 @@ pub(crate) async fn part_columns(
         .filter(|(_, builder)| options.tuning.dictionary_reads && builder.codes_strings())
         .map(|(&i, _)| fields[i].0)
         .collect();
-    let mut batches = part.batches(source, &table_columns, &coded_strings, context)?;
+    let min_rows = options.tuning.min_part_rows;
+    let mut batches =
+        batches_in_pieces(source, &part, &table_columns, &coded_strings, context, min_rows, &metrics.pieces_read)
+            .await?;
     loop {
         let reading = std::time::Instant::now();
         let Some(batch) = batches.next().await else {

@@ -23,6 +23,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 
 use super::read_types;
+use super::row_groups::RowGroups;
 use super::shape::TableSource;
 use crate::encode::table_words::word_kind;
 use crate::gpu::WordKind;
@@ -32,11 +33,12 @@ use crate::trace;
 /// less work a batch, in the decoder and in the coding into words after it.
 const READ_BATCH_ROWS: usize = 1 << 16;
 
-/// One part of a table: a Parquet file (or byte range of one) or a
-/// `MemTable` partition.
+/// One part of a table: a Parquet file (or byte range of one, with the
+/// row groups it was cut to, see [`super::row_groups`]) or a `MemTable`
+/// partition.
 #[derive(Debug, Clone)]
 pub(crate) enum Part {
-    File(PartitionedFile),
+    File(PartitionedFile, Option<RowGroups>),
     Memory(Arc<Vec<RecordBatch>>),
 }
 
@@ -70,7 +72,7 @@ impl TableSource {
         match self {
             TableSource::Parquet { groups, .. } => groups
                 .iter()
-                .map(|files| files.iter().cloned().map(Part::File).collect())
+                .map(|files| files.iter().map(|file| Part::File(file.clone(), None)).collect())
                 .collect(),
             TableSource::Memory(partitions) => partitions
                 .shared()
@@ -85,7 +87,7 @@ impl TableSource {
         match self {
             TableSource::Parquet { groups, .. } => groups
                 .get(index)
-                .map(|files| files.iter().cloned().map(Part::File).collect()),
+                .map(|files| files.iter().map(|file| Part::File(file.clone(), None)).collect()),
             TableSource::Memory(partitions) => partitions
                 .shared()
                 .get(index)
@@ -125,11 +127,14 @@ impl Part {
     /// a `MemTable` partition's rows.
     pub fn describe(&self) -> String {
         match self {
-            Part::File(file) => {
+            Part::File(file, row_groups) => {
                 let name = file.object_meta.location.filename().unwrap_or_default();
-                match &file.range {
-                    Some(r) => format!("{name}:{}..{}", r.start, r.end),
-                    None => name.to_string(),
+                match (row_groups, &file.range) {
+                    (Some(groups), _) => {
+                        format!("{name} row groups {}..{}", groups.first, groups.first + groups.count)
+                    }
+                    (None, Some(r)) => format!("{name}:{}..{}", r.start, r.end),
+                    (None, None) => name.to_string(),
                 }
             }
             Part::Memory(batches) => {
@@ -148,7 +153,7 @@ impl Part {
     pub fn column_key(&self, url: &str, table_index: usize, field: &Field) -> String {
         let column = format!("{table_index}:{}:{}", field.name(), field.data_type());
         match self {
-            Part::File(_) => format!("{}|{column}", self.fill_key(url)),
+            Part::File(..) => format!("{}|{column}", self.fill_key(url)),
             Part::Memory(batches) => {
                 let mut key = String::from("memory|");
                 for batch in batches.iter() {
@@ -171,18 +176,11 @@ impl Part {
     /// ([`super::fill_lock::fill_guard`]).
     pub fn fill_key(&self, url: &str) -> String {
         match self {
-            Part::File(file) => {
-                let meta = &file.object_meta;
-                format!(
-                    "parquet|{url}|{}|{}|{}|{:?}|{:?}|{:?}",
-                    meta.location,
-                    meta.size,
-                    meta.last_modified.timestamp_nanos_opt().unwrap_or_default(),
-                    meta.e_tag,
-                    meta.version,
-                    file.range.as_ref().map(|r| (r.start, r.end)),
-                )
-            }
+            Part::File(file, _) => format!(
+                "{}|{:?}",
+                file_identity(url, file),
+                file.range.as_ref().map(|r| (r.start, r.end)),
+            ),
             Part::Memory(batches) => {
                 let mut key = String::from("memory|");
                 for batch in batches.iter() {
@@ -208,7 +206,8 @@ impl Part {
     pub fn rows_estimate(&self) -> Option<usize> {
         match self {
             Part::Memory(batches) => Some(batches.iter().map(RecordBatch::num_rows).sum()),
-            Part::File(file) => {
+            Part::File(_, Some(groups)) => Some(groups.rows),
+            Part::File(file, None) => {
                 let rows = file
                     .statistics
                     .as_ref()
@@ -229,7 +228,7 @@ impl Part {
     /// [`Self::column_key`]).
     pub fn keep_alive(&self, table_index: usize) -> Vec<ArrayRef> {
         match self {
-            Part::File(_) => Vec::new(),
+            Part::File(..) => Vec::new(),
             Part::Memory(batches) => batches
                 .iter()
                 .map(|b| Arc::clone(b.column(table_index)))
@@ -302,8 +301,8 @@ impl Part {
                     .collect();
                 return Ok(futures::stream::iter(columns).boxed());
             }
-            (Part::File(file), TableSource::Parquet { url, source, .. }) => (file, url, source),
-            (Part::File(_), TableSource::Memory(_)) => {
+            (Part::File(file, _), TableSource::Parquet { url, source, .. }) => (file, url, source),
+            (Part::File(..), TableSource::Memory(_)) => {
                 return Err(DataFusionError::Internal("a file part of a memory table".into()))
             }
         };
@@ -350,7 +349,7 @@ impl Part {
             // the file, before any row): read as the table's.
             match narrow.next().await {
                 Some(Err(e)) => {
-                    let part = Part::File(file.clone()).describe();
+                    let part = Part::File(file.clone(), None).describe();
                     trace::event(|| format!("{part}: read as the table's types ({e})"));
                     read.rows(table, file, context)
                 }
@@ -397,6 +396,20 @@ impl FileRead {
             .map(|batch| batch.map(|b| b.columns().to_vec()))
             .boxed())
     }
+}
+
+/// What identifies a file's data: its store, path, size, modification
+/// time, e-tag and version.
+fn file_identity(url: &str, file: &PartitionedFile) -> String {
+    let meta = &file.object_meta;
+    format!(
+        "parquet|{url}|{}|{}|{}|{:?}|{:?}",
+        meta.location,
+        meta.size,
+        meta.last_modified.timestamp_nanos_opt().unwrap_or_default(),
+        meta.e_tag,
+        meta.version,
+    )
 }
 
 pub(crate) fn source_url(source: &TableSource) -> String {
@@ -480,17 +493,17 @@ mod tests {
     #[test]
     fn a_parts_rows_are_guessed_from_its_statistics_and_range() {
         // A whole file: its rows and an eighth more.
-        assert_eq!(Part::File(file_of(Some(8_000))).rows_hint(), 9_000);
+        assert_eq!(Part::File(file_of(Some(8_000)), None).rows_hint(), 9_000);
         // A quarter of its bytes: a quarter of its rows, and an eighth more.
         let quarter = file_of(Some(8_000)).with_range(250, 500);
-        assert_eq!(Part::File(quarter).rows_hint(), 2_250);
+        assert_eq!(Part::File(quarter, None).rows_hint(), 2_250);
         // A range past the file's end holds no more than the file.
         let beyond = file_of(Some(8_000)).with_range(0, 4_000);
-        assert_eq!(Part::File(beyond).rows_hint(), 9_000);
+        assert_eq!(Part::File(beyond, None).rows_hint(), 9_000);
         // No statistics: no guess.
-        assert_eq!(Part::File(file_of(None)).rows_hint(), 0);
-        assert_eq!(Part::File(file_of(None)).rows_estimate(), None);
-        assert_eq!(Part::File(file_of(Some(8_000))).rows_estimate(), Some(9_000));
+        assert_eq!(Part::File(file_of(None), None).rows_hint(), 0);
+        assert_eq!(Part::File(file_of(None), None).rows_estimate(), None);
+        assert_eq!(Part::File(file_of(Some(8_000)), None).rows_estimate(), Some(9_000));
         // A MemTable partition's rows exactly.
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
         let batch = |n: i64| {
