@@ -173,7 +173,8 @@ fn bytes_key(key: String) -> String {
 /// cache or read, coded and copied (and cached, with `gpu.cache`); those
 /// at `byte_slots` (string columns) kept as their bytes rather than coded.
 /// The missing columns are read a batch at a time, each batch coded while
-/// it is fresh and then dropped, so a part is never held twice on the host.
+/// it is fresh and then dropped, so a part is not held twice on the host
+/// (but for pieces read ahead of their turn, see [`batches_in_pieces`]).
 /// A string column of more distinct values than the device codes is
 /// remembered as such (see [`super::source::uncodable_columns`]).
 #[allow(clippy::too_many_arguments)]
