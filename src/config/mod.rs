@@ -273,11 +273,13 @@ config_namespace! {
         /// of a string a row that the fill then looks up again.
         pub dictionary_reads: bool, default = true
         /// Rows a piece of a Parquet part holds at least where the device
-        /// column cache reads the part: each byte range DataFusion reads as
-        /// one is read in pieces of whole row groups, of at least this many
-        /// rows each (the last may hold fewer), each by a task of its own
-        /// (ranges of about the same bytes hold unequal numbers of row
-        /// groups). 0 reads each range by one task.
+        /// column cache reads the part with the rest of its table at once (a
+        /// scan aggregation, a GPU aggregation over cached columns,
+        /// `cache_table`): each byte range DataFusion reads as one is read
+        /// in pieces of whole row groups, of at least this many rows each
+        /// (the last may hold fewer), each by a task of its own (ranges of
+        /// about the same bytes hold unequal numbers of row groups). 0 reads
+        /// each range by one task. A scan filter's parts are read whole.
         pub min_part_rows: usize, default = 524_288
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host

@@ -52,7 +52,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 
 use super::join_keys::{kept_by_join_keys, key_sets_in};
-use super::scan_aggregate::{being_filled, part_columns, source_url, Loaded, Part, TableSource};
+use super::scan_aggregate::{being_filled, part_columns, source_url, Loaded, Part, Reading, TableSource};
 use super::GpuScanMetrics;
 use crate::config::GpuOptions;
 use crate::gpu::GpuDevice;
@@ -283,6 +283,7 @@ impl PartsRead {
                     &self.byte_slots,
                     device,
                     part.clone(),
+                    Reading::InTurn,
                     Arc::clone(&context),
                     &options,
                     &self.metrics,

@@ -453,10 +453,10 @@ async fn parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_r
             assert!(pieces >= 2, "{sql}: {pieces} pieces\n{shown}");
         }
     }
-    // Scan filters over a copy of the files (other cache keys), in pieces
-    // of two row groups and more: every row read once, by the scan or
-    // ahead of it (twice only where other tests' device memory evicted a
-    // part between the two).
+    // Scan filters over a copy of the files (other cache keys), which read
+    // their parts whole whatever `min_part_rows`: every row read once, by
+    // the scan or ahead of it (twice only where other tests' device memory
+    // evicted a part between the two), and no piece.
     let copy = temp_dir("row-group-pieces-copy");
     for name in ["a.parquet", "b.parquet"] {
         std::fs::copy(dir.join(name), copy.join(name)).unwrap();
@@ -479,6 +479,7 @@ async fn parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_r
                 true => assert_eq!(read, rows, "{sql}"),
                 false => assert!(read >= rows, "{sql}: {read} rows read"),
             }
+            assert_eq!(plan_metric(&plan, "pieces_read"), 0, "{sql}");
         }
     }
     let _ = std::fs::remove_dir_all(&copy);

@@ -8,11 +8,12 @@
 //! different numbers of them (three in one, five in another), and the
 //! range with the most, read by one task, ends long after the rest: cold,
 //! the last part of a table is read alone on an otherwise idle host. A part
-//! the cache misses is therefore read in pieces of a few row groups each
-//! (at least `gpu.tuning.min_part_rows` rows), every piece by a task of its
-//! own, as many at once in the process as the host has cores, and coded
-//! into the part's words in the part's order as the pieces come: the part
-//! stays what the cache keeps and the scans read, only its reading is
+//! the cache misses where its table is read all at once (see
+//! [`super::run::Reading`]) is therefore read in pieces of a few row groups
+//! each (at least `gpu.tuning.min_part_rows` rows), every piece by a task
+//! of its own, as many at once in the process as the host has cores, and
+//! coded into the part's words in the part's order as the pieces come: the
+//! part stays what the cache keeps and the scans read, only its reading is
 //! shared.
 //!
 //! A piece is read as DataFusion reads a range: the range only narrowed to

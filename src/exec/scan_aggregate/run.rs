@@ -107,7 +107,8 @@ pub(crate) async fn table_columns(
         let (device, context) = (Arc::clone(device), Arc::clone(context));
         let (options, metrics) = (options.clone(), metrics.clone());
         let task = SpawnedTask::spawn(async move {
-            part_columns(&source, fields, &byte_slots, &device, part, context, &options, &metrics).await
+            let reading = Reading::WithItsTable;
+            part_columns(&source, fields, &byte_slots, &device, part, reading, context, &options, &metrics).await
         });
         task.join()
     }))
@@ -184,6 +185,7 @@ pub(crate) async fn part_columns(
     byte_slots: &[usize],
     device: &Arc<GpuDevice>,
     part: Part,
+    reading: Reading,
     context: Arc<TaskContext>,
     options: &GpuOptions,
     metrics: &GpuScanMetrics,
@@ -280,7 +282,10 @@ pub(crate) async fn part_columns(
         .filter(|(_, builder)| options.tuning.dictionary_reads && builder.codes_strings())
         .map(|(&i, _)| fields[i].0)
         .collect();
-    let min_rows = options.tuning.min_part_rows;
+    let min_rows = match reading {
+        Reading::WithItsTable => options.tuning.min_part_rows,
+        Reading::InTurn => 0,
+    };
     let mut batches =
         batches_in_pieces(source, &part, &table_columns, &coded_strings, context, min_rows, &metrics.pieces_read)
             .await?;
@@ -344,6 +349,24 @@ pub(crate) async fn part_columns(
     .join()
     .await
     .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))
+}
+
+/// How a part the cache misses is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reading {
+    /// With the rest of its table at once (a scan aggregation, a GPU
+    /// aggregation over cached columns, `cache_table`): in pieces of whole
+    /// row groups, each by a task of its own (`gpu.tuning.min_part_rows`,
+    /// see [`batches_in_pieces`]), so that the table's reading ends when
+    /// the host's cores together are through it.
+    WithItsTable,
+    /// In turn with its partition's other parts, as a scan filter and the
+    /// fill ahead of its plan read them: one task, batch by batch, each
+    /// batch coded while fresh in the CPU's caches. Read in pieces, a
+    /// partition's parts progress together and all end late, and pieces
+    /// decoded ahead are coded after they left the caches (traced on
+    /// SF 10's q14, `BENCHMARKS.md`).
+    InTurn,
 }
 
 /// Rows of a file part's string columns read first, alone, to find a

@@ -9,7 +9,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::run::{part_columns, Loaded};
+use super::run::{part_columns, Loaded, Reading};
 use super::shape::table_source;
 use crate::config::GpuOptions;
 use crate::encode::table_words::word_kind;
@@ -63,7 +63,7 @@ pub(crate) async fn warm_scan(scan: &DataSourceExec, context: Arc<TaskContext>) 
                 let (options, metrics) = (options.clone(), metrics.clone());
                 let fields = vec![(column.table_index, field.clone())];
                 SpawnedTask::spawn(async move {
-                    part_columns(&source, fields, &[], &device, part, context, &options, &metrics)
+                    part_columns(&source, fields, &[], &device, part, Reading::WithItsTable, context, &options, &metrics)
                         .await
                         .map(|loaded| match loaded {
                             Loaded::Device(_) => Ok(()),

@@ -26,7 +26,8 @@ use super::program::{
 use super::shape::ScanFilterShape;
 use crate::config::GpuOptions;
 use crate::exec::scan_aggregate::{
-    learn_uncodable, part_columns, scan_chunk, test_tables, uncodable_columns, Loaded, Part, TableSource,
+    learn_uncodable, part_columns, scan_chunk, test_tables, uncodable_columns, Loaded, Part, Reading,
+    TableSource,
 };
 use crate::exec::join_keys::{kept_by_join_keys, MAX_KEPT_SHARE, MAX_KEPT_SHARE_OF_STRINGS};
 use crate::exec::GpuScanMetrics;
@@ -176,6 +177,7 @@ async fn load_part(
         &byte_slots,
         device,
         part.clone(),
+        Reading::InTurn,
         Arc::clone(context),
         options,
         metrics,
