@@ -56,8 +56,8 @@ static PIECE_READS: LazyLock<Arc<Semaphore>> = LazyLock::new(|| {
 /// Every row of table columns `table_columns` of `part`, as
 /// [`Part::batches`] reads them (`coded`: the string columns the fill
 /// codes), in the part's order; where the part cuts into pieces of at
-/// least `min_rows` rows ([`cut_at_row_groups`]), each piece read whole by
-/// a task of its own, at most [`PIECE_READS`] at once, and counted in
+/// least `min_rows` rows ([`pieces_of`]), each piece read whole by a task
+/// of its own, at most [`PIECE_READS`] at once, and counted in
 /// `pieces_read`. The tasks end when the stream is dropped.
 pub(crate) async fn batches_in_pieces(
     source: &TableSource,
@@ -68,10 +68,9 @@ pub(crate) async fn batches_in_pieces(
     min_rows: usize,
     pieces_read: &datafusion::physical_plan::metrics::Count,
 ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
-    let pieces = cut_at_row_groups(source, vec![part.clone()], &context, min_rows).await;
-    if pieces.len() < 2 {
+    let Some(pieces) = pieces_of(source, part, &context, min_rows).await else {
         return part.batches(source, table_columns, coded, context);
-    }
+    };
     pieces_read.add(pieces.len());
     let tasks: Vec<SpawnedTask<Result<Vec<Vec<ArrayRef>>>>> = pieces
         .into_iter()
@@ -108,62 +107,50 @@ pub(crate) async fn batches_in_pieces(
         .boxed())
 }
 
-/// `parts` with each Parquet file or byte range of one that holds row
-/// groups enough for two parts of at least `min_rows` rows cut into such
-/// parts (in the order they lie in the file), and every other part as it
-/// is: `MemTable` partitions, parts already cut, files read with an access
-/// plan of their own (DataFusion's `extensions`), files whose footer
-/// cannot be read here (the read reports it), and all parts where
-/// `min_rows` is 0.
-pub(crate) async fn cut_at_row_groups(
+/// The pieces of at least `min_rows` rows a Parquet file or byte range of
+/// one cuts into (in the order they lie in the file), where its row groups
+/// make two or more; `None` for every other part: a `MemTable` partition,
+/// a piece already, a file read with an access plan of its own
+/// (DataFusion's `extensions`), a file whose footer cannot be read here
+/// (the read reports it), and any part where `min_rows` is 0.
+pub(crate) async fn pieces_of(
     source: &TableSource,
-    parts: Vec<Part>,
+    part: &Part,
     context: &TaskContext,
     min_rows: usize,
-) -> Vec<Part> {
+) -> Option<Vec<Part>> {
     let TableSource::Parquet { url, .. } = source else {
-        return parts;
+        return None;
     };
-    if min_rows == 0 {
-        return parts;
-    }
-    let Ok(store) = context.runtime_env().object_store(url) else {
-        return parts;
+    let file = match part {
+        Part::File(file, None) if min_rows > 0 && file.extensions.is_empty() => file,
+        _ => return None,
     };
+    let store = context.runtime_env().object_store(url).ok()?;
     let footers = context.runtime_env().cache_manager.get_file_metadata_cache();
-    let mut cut = Vec::with_capacity(parts.len());
-    for part in parts {
-        let file = match &part {
-            Part::File(file, None) if file.extensions.is_empty() => file,
-            _ => {
-                cut.push(part);
-                continue;
-            }
-        };
-        let metadata = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
-            .with_metadata_size_hint(file.metadata_size_hint)
-            .with_file_metadata_cache(Some(Arc::clone(&footers)))
-            .with_page_index_policy(Some(PageIndexPolicy::Skip))
-            .fetch_metadata()
-            .await;
-        let starts: Vec<RowGroupStart> = match &metadata {
-            Ok(metadata) => metadata.row_groups().iter().map(RowGroupStart::of).collect(),
-            Err(e) => {
-                trace::event(|| format!("{}: not cut at its row groups ({e})", part.describe()));
-                cut.push(part);
-                continue;
-            }
-        };
-        match pieces(&starts, file.range.as_ref(), min_rows) {
-            Some(pieces) => cut.extend(pieces.into_iter().map(|(range, groups)| {
+    let metadata = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
+        .with_metadata_size_hint(file.metadata_size_hint)
+        .with_file_metadata_cache(Some(footers))
+        .with_page_index_policy(Some(PageIndexPolicy::Skip))
+        .fetch_metadata()
+        .await;
+    let starts: Vec<RowGroupStart> = match &metadata {
+        Ok(metadata) => metadata.row_groups().iter().map(RowGroupStart::of).collect(),
+        Err(e) => {
+            trace::event(|| format!("{}: not cut at its row groups ({e})", part.describe()));
+            return None;
+        }
+    };
+    let cut = pieces(&starts, file.range.as_ref(), min_rows)?;
+    Some(
+        cut.into_iter()
+            .map(|(range, groups)| {
                 let mut piece = file.clone();
                 piece.range = Some(range);
                 Part::File(piece, Some(groups))
-            })),
-            None => cut.push(part),
-        }
-    }
-    cut
+            })
+            .collect(),
+    )
 }
 
 /// Where a row group starts in its file (where DataFusion's reader looks
@@ -339,8 +326,11 @@ mod tests {
         let context = ctx.task_ctx();
         for (min_rows, parts_wanted) in [(0, Some(3)), (1, Some(10)), (1000, Some(10)), (2500, None), (100_000, Some(3))] {
             let mut parts = Vec::new();
-            for group in source.part_groups() {
-                parts.extend(cut_at_row_groups(&source, group, &context, min_rows).await);
+            for part in source.part_groups().into_iter().flatten() {
+                match pieces_of(&source, &part, &context, min_rows).await {
+                    Some(pieces) => parts.extend(pieces),
+                    None => parts.push(part),
+                }
             }
             if let Some(wanted) = parts_wanted {
                 assert_eq!(parts.len(), wanted, "at {min_rows} rows a part");

@@ -100,7 +100,8 @@ pub(crate) async fn table_columns(
     metrics: &GpuScanMetrics,
 ) -> Result<Reasoned<Vec<Vec<Arc<CachedColumn>>>>> {
     let parts: Vec<Part> = source.part_groups().into_iter().flatten().collect();
-    trace::event(|| format!("scan: {} parts read by {} tasks at most", parts.len(), runtime_workers()));
+    let tasks = runtime_workers();
+    trace::event(|| format!("scan: {} parts read by {tasks} tasks at most", parts.len()));
     let count = parts.len();
     let reads = futures::stream::iter(parts.into_iter().map(|part| {
         let (source, fields, byte_slots) = (source.clone(), fields.clone(), byte_slots.to_vec());
@@ -112,7 +113,7 @@ pub(crate) async fn table_columns(
         });
         task.join()
     }))
-    .buffered(runtime_workers());
+    .buffered(tasks);
     futures::pin_mut!(reads);
     let mut loaded = Vec::with_capacity(count);
     while let Some(read) = reads.next().await {

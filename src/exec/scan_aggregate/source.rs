@@ -176,11 +176,18 @@ impl Part {
     /// ([`super::fill_lock::fill_guard`]).
     pub fn fill_key(&self, url: &str) -> String {
         match self {
-            Part::File(file, _) => format!(
-                "{}|{:?}",
-                file_identity(url, file),
-                file.range.as_ref().map(|r| (r.start, r.end)),
-            ),
+            Part::File(file, _) => {
+                let meta = &file.object_meta;
+                format!(
+                    "parquet|{url}|{}|{}|{}|{:?}|{:?}|{:?}",
+                    meta.location,
+                    meta.size,
+                    meta.last_modified.timestamp_nanos_opt().unwrap_or_default(),
+                    meta.e_tag,
+                    meta.version,
+                    file.range.as_ref().map(|r| (r.start, r.end)),
+                )
+            }
             Part::Memory(batches) => {
                 let mut key = String::from("memory|");
                 for batch in batches.iter() {
@@ -396,20 +403,6 @@ impl FileRead {
             .map(|batch| batch.map(|b| b.columns().to_vec()))
             .boxed())
     }
-}
-
-/// What identifies a file's data: its store, path, size, modification
-/// time, e-tag and version.
-fn file_identity(url: &str, file: &PartitionedFile) -> String {
-    let meta = &file.object_meta;
-    format!(
-        "parquet|{url}|{}|{}|{}|{:?}|{:?}",
-        meta.location,
-        meta.size,
-        meta.last_modified.timestamp_nanos_opt().unwrap_or_default(),
-        meta.e_tag,
-        meta.version,
-    )
 }
 
 pub(crate) fn source_url(source: &TableSource) -> String {
