@@ -279,8 +279,18 @@ config_namespace! {
         /// in pieces of whole row groups, of at least this many rows each
         /// (the last may hold fewer), each by a task of its own (ranges of
         /// about the same bytes hold unequal numbers of row groups). 0 reads
-        /// each range by one task. A scan filter's parts are read whole.
+        /// each range by one task. A scan filter's parts are read by one
+        /// task each, but for the pieces `gpu.tuning.steal_pieces` hands to
+        /// idle tasks.
         pub min_part_rows: usize, default = 524_288
+        /// Where a task reads a Parquet part the device column cache misses
+        /// in turn with its partition's others (a scan filter, the fill
+        /// ahead of a plan), a fill-ahead task with no part left to take
+        /// reads that part's last unread pieces of whole row groups (of at
+        /// least `gpu.tuning.min_part_rows` rows) for it, so that a scan's
+        /// last parts are not each read by one task on an otherwise idle
+        /// host. `false` leaves each such part to its own task.
+        pub steal_pieces: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host
         /// turns one window into batches while the next crosses the bus. A
@@ -316,6 +326,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "cached_gpu_inputs",
     "dictionary_reads",
     "min_part_rows",
+    "steal_pieces",
 ];
 
 /// Options that are no longer options, with what to do instead.

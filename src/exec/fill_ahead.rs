@@ -11,7 +11,9 @@
 //! threads (all spawned at once, the smallest tables' first), beside the
 //! joins' own reading. Each task takes the scan's next part (the first of
 //! every partition, then the second of every one, as the partitions read
-//! them) and passes over a part another task fills now; each scan finds
+//! them) and passes over a part another task fills now, and with none
+//! left reads the last unread pieces of parts other tasks read in turn
+//! (`gpu.tuning.steal_pieces`, [`help_reads_in_turn`]); each scan finds
 //! its parts in the cache (or waits for the part being filled, see
 //! [`crate::exec::scan_aggregate`]'s fill lock) when its turn comes. Scan aggregations are left out: each reads all of
 //! its parts at once, a task a group, when it first runs. A scan that only
@@ -52,7 +54,9 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 
 use super::join_keys::{kept_by_join_keys, key_sets_in};
-use super::scan_aggregate::{being_filled, part_columns, source_url, Loaded, Part, Reading, TableSource};
+use super::scan_aggregate::{
+    being_filled, help_reads_in_turn, part_columns, source_url, Loaded, Part, Reading, TableSource,
+};
 use super::GpuScanMetrics;
 use crate::config::GpuOptions;
 use crate::gpu::GpuDevice;
@@ -263,6 +267,11 @@ impl PartsRead {
         loop {
             let at = queue.next.fetch_add(1, Ordering::Relaxed);
             let Some((group, part)) = queue.parts.get(at) else {
+                // No part left to take: read the last pieces of parts
+                // others read now.
+                if options.tuning.steal_pieces && options.tuning.min_part_rows > 0 {
+                    help_reads_in_turn().await;
+                }
                 return;
             };
             let group_fill = &queue.groups[*group];

@@ -99,7 +99,9 @@ pub struct GpuScanMetrics {
     /// part's rows once, whatever columns were missing).
     pub rows_read: Count,
     /// Pieces of those parts (runs of whole row groups of a Parquet byte
-    /// range, `gpu.tuning.min_part_rows`) read by tasks of their own.
+    /// range, `gpu.tuning.min_part_rows`) read by tasks of their own: each
+    /// piece of a table read at once, and the last pieces of a part read
+    /// in turn that an idle task read for it (`gpu.tuning.steal_pieces`).
     pub pieces_read: Count,
     /// Columns of table parts found in the device column cache.
     pub cache_hits: Count,

@@ -453,36 +453,45 @@ async fn parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_r
             assert!(pieces >= 2, "{sql}: {pieces} pieces\n{shown}");
         }
     }
-    // Scan filters over a copy of the files (other cache keys), which read
-    // their parts whole whatever `min_part_rows`: every row read once, by
-    // the scan or ahead of it (twice only where other tests' device memory
-    // evicted a part between the two), and no piece.
-    let copy = temp_dir("row-group-pieces-copy");
-    for name in ["a.parquet", "b.parquet"] {
-        std::fs::copy(dir.join(name), copy.join(name)).unwrap();
-    }
-    let settings = [
-        "SET gpu.tuning.scan_aggregate = false",
-        ranges,
-        "SET gpu.tuning.min_part_rows = 9000",
-    ];
-    let gpu = gpu_context(JoinMode::CollectLeft, 3, &settings).await;
-    gpu.register_parquet("t", copy.to_str().unwrap(), ParquetReadOptions::default())
-        .await
-        .unwrap();
-    for (at, sql) in QUERIES.iter().enumerate() {
-        let (plan, _) = check(&gpu, &cpu, sql).await;
-        assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
-        if at == 0 {
-            let read = plan_metric(&plan, "rows_read") + plan_metric(&plan, "rows_filled_ahead");
-            match crate::support::alone_on_the_device() {
-                true => assert_eq!(read, rows, "{sql}"),
-                false => assert!(read >= rows, "{sql}: {read} rows read"),
-            }
-            assert_eq!(plan_metric(&plan, "pieces_read"), 0, "{sql}");
+    // Scan filters over copies of the files (other cache keys), which read
+    // their parts by one task each, but for the last pieces an idle
+    // fill-ahead task reads for it (`gpu.tuning.steal_pieces`): every row
+    // read once, by the scan or ahead of it (twice only where other tests'
+    // device memory evicted a part between the two); without stealing, no
+    // piece.
+    for steal in [false, true] {
+        let copy = temp_dir(&format!("row-group-pieces-copy-{steal}"));
+        for name in ["a.parquet", "b.parquet"] {
+            std::fs::copy(dir.join(name), copy.join(name)).unwrap();
         }
+        let steal_pieces = format!("SET gpu.tuning.steal_pieces = {steal}");
+        let settings = [
+            "SET gpu.tuning.scan_aggregate = false",
+            ranges,
+            "SET gpu.tuning.min_part_rows = 9000",
+            &steal_pieces,
+        ];
+        let gpu = gpu_context(JoinMode::CollectLeft, 3, &settings).await;
+        gpu.register_parquet("t", copy.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+        for (at, sql) in QUERIES.iter().enumerate() {
+            let (plan, _) = check(&gpu, &cpu, sql).await;
+            assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
+            if at == 0 {
+                let read =
+                    plan_metric(&plan, "rows_read") + plan_metric(&plan, "rows_filled_ahead");
+                match crate::support::alone_on_the_device() {
+                    true => assert_eq!(read, rows, "{sql}, {steal_pieces}"),
+                    false => assert!(read >= rows, "{sql}, {steal_pieces}: {read} rows read"),
+                }
+                if !steal {
+                    assert_eq!(plan_metric(&plan, "pieces_read"), 0, "{sql}");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&copy);
     }
-    let _ = std::fs::remove_dir_all(&copy);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -82,11 +82,7 @@ pub(crate) async fn batches_in_pieces(
                     .acquire_owned()
                     .await
                     .map_err(|e| DataFusionError::Internal(format!("the pieces' reads: {e}")))?;
-                let mut batches = piece.batches(&source, &table_columns, &coded, context)?;
-                let mut read = Vec::new();
-                while let Some(batch) = batches.next().await {
-                    read.push(batch?);
-                }
+                let read = read_whole(&piece, &source, &table_columns, &coded, context).await?;
                 trace::event(|| format!("{}: read", piece.describe()));
                 Ok(read)
             })
@@ -105,6 +101,22 @@ pub(crate) async fn batches_in_pieces(
         })
         .flatten()
         .boxed())
+}
+
+/// Every batch of `piece` (as [`Part::batches`] reads them), held.
+pub(super) async fn read_whole(
+    piece: &Part,
+    source: &TableSource,
+    table_columns: &[usize],
+    coded: &[usize],
+    context: Arc<TaskContext>,
+) -> Result<Vec<Vec<ArrayRef>>> {
+    let mut batches = piece.batches(source, table_columns, coded, context)?;
+    let mut read = Vec::new();
+    while let Some(batch) = batches.next().await {
+        read.push(batch?);
+    }
+    Ok(read)
 }
 
 /// The pieces of at least `min_rows` rows a Parquet file or byte range of
@@ -225,7 +237,7 @@ fn pieces(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn starts(rows: &[usize]) -> Vec<RowGroupStart> {
@@ -288,19 +300,20 @@ mod tests {
         assert!(pieces(&[], None, 1).is_none());
     }
 
-    /// A file of ten row groups of 1,000 rows (`v` 0 to 9,999) read by a
-    /// table in three byte ranges: cut at one row group a part and more,
-    /// every row is read once, by parts whose rows are known exactly.
-    #[tokio::test]
-    async fn every_row_of_a_file_cut_into_parts_is_read_once() {
-        use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
-        use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    /// A file of ten row groups of 1,000 rows (`v` 0 to 9,999, in order)
+    /// in a directory of its own named after `name`, as a table that reads
+    /// it in three byte ranges, with a task context to read it in.
+    pub(crate) async fn ranges_of_a_file_of_ten_row_groups(
+        name: &str,
+    ) -> (TableSource, Arc<TaskContext>, std::path::PathBuf) {
+        use datafusion::arrow::array::{Int64Array, RecordBatch};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
         use datafusion::datasource::source::DataSourceExec;
         use datafusion::parquet::arrow::ArrowWriter;
         use datafusion::parquet::file::properties::WriterProperties;
         use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 
-        let dir = std::env::temp_dir().join(format!("datafusion-gpu-row-groups-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("datafusion-gpu-row-groups-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
@@ -323,7 +336,29 @@ mod tests {
         }
         let (source, _) = super::super::table_source(scan.downcast_ref::<DataSourceExec>().unwrap()).unwrap().unwrap();
         assert_eq!(source.part_count(), 3, "three byte ranges of the file");
-        let context = ctx.task_ctx();
+        (source, ctx.task_ctx(), dir)
+    }
+
+    /// The values of the one Int64 column of `batches`, in order.
+    pub(crate) async fn values_of(mut batches: BoxStream<'static, Result<Vec<ArrayRef>>>) -> Vec<i64> {
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::Int64Type;
+        let mut values = Vec::new();
+        while let Some(batch) = batches.next().await {
+            values.extend(batch.unwrap()[0].as_primitive::<Int64Type>().values().iter().copied());
+        }
+        values
+    }
+
+    /// The file of [`ranges_of_a_file_of_ten_row_groups`]: cut at one row
+    /// group a part and more, every row is read once, by parts whose rows
+    /// are known exactly.
+    #[tokio::test]
+    async fn every_row_of_a_file_cut_into_parts_is_read_once() {
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::Int64Type;
+
+        let (source, context, dir) = ranges_of_a_file_of_ten_row_groups("read-once").await;
         for (min_rows, parts_wanted) in [(0, Some(3)), (1, Some(10)), (1000, Some(10)), (2500, None), (100_000, Some(3))] {
             let mut parts = Vec::new();
             for part in source.part_groups().into_iter().flatten() {
@@ -357,16 +392,10 @@ mod tests {
         // read of the whole range gives, in its order.
         let pieces_read = datafusion::physical_plan::metrics::Count::new();
         for part in source.part_groups().into_iter().flatten() {
-            let whole = part.read(&source, &[0], Arc::clone(&context)).await.unwrap();
-            let whole: Vec<i64> =
-                whole[0].iter().flat_map(|a| a.as_primitive::<Int64Type>().values().to_vec()).collect();
-            let mut stream =
+            let whole = values_of(part.batches(&source, &[0], &[], Arc::clone(&context)).unwrap()).await;
+            let in_pieces =
                 batches_in_pieces(&source, &part, &[0], &[], Arc::clone(&context), 1, &pieces_read).await.unwrap();
-            let mut in_pieces = Vec::new();
-            while let Some(batch) = stream.next().await {
-                in_pieces.extend(batch.unwrap()[0].as_primitive::<Int64Type>().values().iter().copied());
-            }
-            assert_eq!(in_pieces, whole, "{}", part.describe());
+            assert_eq!(values_of(in_pieces).await, whole, "{}", part.describe());
         }
         assert_eq!(pieces_read.value(), 10, "every row group a piece");
         let _ = std::fs::remove_dir_all(&dir);

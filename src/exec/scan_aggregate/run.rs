@@ -17,6 +17,7 @@ use futures::StreamExt;
 use crate::exec::GpuScanMetrics;
 use super::shape::{ScanAggregateShape, TableSource};
 use super::row_groups::batches_in_pieces;
+use super::shared_read::batches_read_in_turn;
 use super::source::{is_uncodable, remember_uncodable, source_url, Part};
 use crate::exec::runtime_workers;
 use super::program::{code_test_table, CodeTest};
@@ -176,7 +177,8 @@ fn bytes_key(key: String) -> String {
 /// at `byte_slots` (string columns) kept as their bytes rather than coded.
 /// The missing columns are read a batch at a time, each batch coded while
 /// it is fresh and then dropped, so a part is not held twice on the host
-/// (but for pieces read ahead of their turn, see [`batches_in_pieces`]).
+/// (but for pieces read ahead of their turn, see [`batches_in_pieces`]
+/// and [`batches_read_in_turn`]).
 /// A string column of more distinct values than the device codes is
 /// remembered as such (see [`super::source::uncodable_columns`]).
 #[allow(clippy::too_many_arguments)]
@@ -283,13 +285,17 @@ pub(crate) async fn part_columns(
         .filter(|(_, builder)| options.tuning.dictionary_reads && builder.codes_strings())
         .map(|(&i, _)| fields[i].0)
         .collect();
-    let min_rows = match reading {
-        Reading::WithItsTable => options.tuning.min_part_rows,
-        Reading::InTurn => 0,
+    let (min_rows, pieces_read) = (options.tuning.min_part_rows, &metrics.pieces_read);
+    let mut batches = match reading {
+        Reading::WithItsTable => {
+            batches_in_pieces(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read).await?
+        }
+        Reading::InTurn if options.tuning.steal_pieces => {
+            batches_read_in_turn(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read)
+                .await?
+        }
+        Reading::InTurn => part.batches(source, &table_columns, &coded_strings, context)?,
     };
-    let mut batches =
-        batches_in_pieces(source, &part, &table_columns, &coded_strings, context, min_rows, &metrics.pieces_read)
-            .await?;
     loop {
         let reading = std::time::Instant::now();
         let Some(batch) = batches.next().await else {
@@ -313,6 +319,8 @@ pub(crate) async fn part_columns(
             return Ok(Loaded::Host(cannot_be_words(i)));
         }
     }
+    // Read: a part read in turn no longer counts as reading.
+    drop(batches);
     trace::event(|| {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let (read, coded) = (ms(read_for), ms(coded_for));
@@ -363,10 +371,12 @@ pub(crate) enum Reading {
     WithItsTable,
     /// In turn with its partition's other parts, as a scan filter and the
     /// fill ahead of its plan read them: one task, batch by batch, each
-    /// batch coded while fresh in the CPU's caches. Read in pieces, a
-    /// partition's parts progress together and all end late, and pieces
-    /// decoded ahead are coded after they left the caches (traced on
-    /// SF 10's q14, `BENCHMARKS.md`).
+    /// batch coded while fresh in the CPU's caches, but for the part's last
+    /// pieces of whole row groups that an idle task reads for it
+    /// (`gpu.tuning.steal_pieces`, see [`batches_read_in_turn`]). Read in
+    /// pieces from the start, a partition's parts progress together and
+    /// all end late, and pieces decoded ahead are coded after they left the
+    /// caches (traced on SF 10's q14, `BENCHMARKS.md`).
     InTurn,
 }
 
