@@ -11,7 +11,8 @@
 //! each batch coded as it comes. A task with nothing else to do (a
 //! fill-ahead task whose queue is empty, [`help_reads_in_turn`]) takes the
 //! last unread piece of the part with the most, reads it whole and hands
-//! its batches to the part's task, which codes them when it gets there. It
+//! its batches to the part's task, which codes them when it gets there
+//! (until then they wait as arrays: at most the part's pieces). It
 //! does so only while fewer tasks read parts in turn (their own and
 //! helpers) than the runtime has threads, so that it reads the tail rather
 //! than beside every core. Each piece is read once, by whichever task
@@ -77,15 +78,26 @@ impl SharedRead {
     }
 
     /// Reads piece `at` (claimed by the caller) whole, for the part's task.
+    /// The sender is taken first: where this future is dropped before the
+    /// read ends (its fill-ahead task aborted with its plan), the sender
+    /// goes with it, and the part's task reads the piece itself.
     async fn read_for_owner(&self, at: usize) {
         let piece = &self.pieces[at];
+        let Some(sender) = piece.handed.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
         let read = read_whole(&piece.part, &self.source, &self.table_columns, &self.coded, Arc::clone(&self.context)).await;
         trace::event(|| format!("{}: read by a helper", piece.part.describe()));
-        let sender = piece.handed.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(sender) = sender {
-            // The part's task may have stopped (its query ended): nothing
-            // then waits for the batches.
-            let _ = sender.send(read);
+        // The part's task may have stopped (its query ended): nothing then
+        // waits for the batches.
+        let _ = sender.send(read);
+    }
+
+    /// Claims every piece left: the part's task stopped reading, and no
+    /// helper should read for it.
+    fn close(&self) {
+        for piece in &self.pieces {
+            piece.claimed.store(true, Ordering::Release);
         }
     }
 }
@@ -96,7 +108,8 @@ impl SharedRead {
 pub(crate) struct OpenReads {
     reads: Mutex<Vec<Weak<SharedRead>>>,
     /// Tasks reading such parts now: each part's own (from its first piece
-    /// to its last batch) and each helper.
+    /// to its last batch, waiting for a helper's piece too) and each
+    /// helper.
     reading: AtomicUsize,
     /// Told when a task stops reading, for helpers waiting for a core.
     stopped: Notify,
@@ -131,33 +144,53 @@ impl OpenReads {
     fn claim(&self, slots: usize) -> Claim {
         let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
         reads.retain(|read| read.strong_count() > 0);
-        let most = reads
+        let mut open: Vec<(usize, Arc<SharedRead>)> = reads
             .iter()
             .filter_map(Weak::upgrade)
-            .filter(|read| read.unclaimed() > 0)
-            .max_by_key(|read| read.unclaimed());
-        let Some(read) = most else {
+            .map(|read| (read.unclaimed(), read))
+            .filter(|(unclaimed, _)| *unclaimed > 0)
+            .collect();
+        if open.is_empty() {
             return Claim::Done;
-        };
+        }
         if self.reading.load(Ordering::Acquire) >= slots {
             return Claim::Busy;
         }
-        match read.claim_last() {
-            Some(at) => {
+        // The part with the most unread pieces first; its own task may
+        // have claimed the last one since (then the next part).
+        open.sort_by_key(|(unclaimed, _)| std::cmp::Reverse(*unclaimed));
+        for (_, read) in open {
+            if let Some(at) = read.claim_last() {
                 self.reading.fetch_add(1, Ordering::AcqRel);
-                Claim::Piece(read, at)
+                return Claim::Piece(read, at);
             }
-            None => Claim::Busy,
         }
+        Claim::Done
     }
 }
 
-/// Counts a part's own task as reading until dropped (with its stream).
-struct OwnerReading(&'static OpenReads);
+/// A task counted as reading (see [`OpenReads::reading`]) until dropped:
+/// a part's own task, with its stream, or a helper, with its read (an
+/// aborted helper too).
+struct Reading<'a>(&'a OpenReads);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.stop_reading();
+    }
+}
+
+/// A part's own task reading, until its stream is dropped: then no helper
+/// reads the part's pieces left (for nobody), and the task stops counting
+/// as reading.
+struct OwnerReading {
+    read: Arc<SharedRead>,
+    _reading: Reading<'static>,
+}
 
 impl Drop for OwnerReading {
     fn drop(&mut self) {
-        self.0.stop_reading();
+        self.read.close();
     }
 }
 
@@ -219,7 +252,10 @@ async fn shared_read(
         pieces,
     });
     open.open(&read);
-    let reading = Arc::new(OwnerReading(open));
+    let reading = OwnerReading {
+        read: Arc::clone(&read),
+        _reading: Reading(open),
+    };
     let (owner, pieces_read) = (Arc::clone(&read), pieces_read.clone());
     let batches = futures::stream::iter(receivers.into_iter().enumerate())
         .then(move |(at, receiver)| {
@@ -250,8 +286,8 @@ async fn shared_read(
 /// being read in turn in the process, the part with the most unread
 /// pieces first, while fewer tasks read such parts than the runtime has
 /// threads: what a fill-ahead task with no part left to take does before
-/// it ends. It ends once no piece is left unclaimed (or when dropped,
-/// leaving a claimed piece to its part's task).
+/// it ends. It ends once no piece is left unclaimed (or when dropped: a
+/// piece it was reading is then read by its part's task).
 pub(crate) async fn help_reads_in_turn() {
     help(&OPEN_READS, crate::exec::runtime_workers()).await
 }
@@ -266,8 +302,8 @@ async fn help(open: &OpenReads, slots: usize) {
         stopped.as_mut().enable();
         match open.claim(slots) {
             Claim::Piece(read, at) => {
+                let _reading = Reading(open);
                 read.read_for_owner(at).await;
-                open.stop_reading();
             }
             Claim::Busy => stopped.await,
             Claim::Done => return,
@@ -392,10 +428,61 @@ mod tests {
             panic!("a free slot and unread pieces: no piece claimed");
         };
         assert_eq!(at, pieces - 1);
+        drop(Reading(open));
         read.read_for_owner(at).await;
-        open.stop_reading();
         assert_eq!(values_of(batches).await, values);
         assert_eq!(pieces_read.value(), 1);
+        assert_eq!(open.reading.load(Ordering::Acquire), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A helper dropped while it reads (its fill-ahead task aborted with
+    /// its plan) stops counting as reading, and the part's own task gets
+    /// the piece it had claimed rather than wait for it (read where the
+    /// helper had not handed it over; a sender dropped before anything was
+    /// sent, as in the first test, makes the part's task read it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_helper_dropped_while_it_reads_leaves_its_piece_to_the_part_and_its_slot_free() {
+        let (source, context, dir) = ranges_of_a_file_of_ten_row_groups("dropped-helper").await;
+        let open = open_reads();
+        let part = source.part_groups().into_iter().flatten().next().unwrap();
+        let whole = values_of(part.batches(&source, &[0], &[], Arc::clone(&context)).unwrap()).await;
+        let pieces_read = Count::new();
+        let (batches, _read) =
+            shared_read(open, &source, &part, &[0], &[], Arc::clone(&context), 1, &pieces_read).await.unwrap();
+        let Claim::Piece(read, at) = open.claim(usize::MAX) else {
+            panic!("no piece claimed");
+        };
+        let mut helper = Box::pin(async move {
+            let _reading = Reading(open);
+            read.read_for_owner(at).await;
+        });
+        // One step (the read may end in it, or not), then dropped: the
+        // piece reaches the part's task from the helper or is read there.
+        let done = futures::poll!(helper.as_mut()).is_ready();
+        drop(helper);
+        assert_eq!(open.reading.load(Ordering::Acquire), 1, "only the part's own task reads");
+        let read = tokio::time::timeout(std::time::Duration::from_secs(30), values_of(batches));
+        assert_eq!(read.await.expect("the part's task waited for a dropped helper"), whole);
+        assert_eq!(pieces_read.value(), usize::from(done));
+        assert_eq!(open.reading.load(Ordering::Acquire), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Once a part's own task drops its stream, no helper reads its pieces
+    /// left.
+    #[tokio::test]
+    async fn no_helper_reads_for_a_part_whose_task_stopped() {
+        let (source, context, dir) = ranges_of_a_file_of_ten_row_groups("stopped-owner").await;
+        let open = open_reads();
+        let part = source.part_groups().into_iter().flatten().next().unwrap();
+        let (batches, read) =
+            shared_read(open, &source, &part, &[0], &[], Arc::clone(&context), 1, &Count::new()).await.unwrap();
+        let read = read.unwrap();
+        assert!(read.unclaimed() >= 2);
+        drop(batches);
+        assert_eq!(read.unclaimed(), 0);
+        assert!(matches!(open.claim(usize::MAX), Claim::Done));
         assert_eq!(open.reading.load(Ordering::Acquire), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
