@@ -321,6 +321,41 @@ mod tests {
         Box::leak(Box::default())
     }
 
+    /// The first range of the file of [`ranges_of_a_file_of_ten_row_groups`]
+    /// (in a directory named after `name`), with a registry of its own.
+    struct FirstRange {
+        source: TableSource,
+        context: Arc<TaskContext>,
+        dir: std::path::PathBuf,
+        open: &'static OpenReads,
+        part: Part,
+    }
+
+    impl FirstRange {
+        async fn of(name: &str) -> Self {
+            let (source, context, dir) = ranges_of_a_file_of_ten_row_groups(name).await;
+            let part = source.part_groups().into_iter().flatten().next().unwrap();
+            Self { source, context, dir, open: open_reads(), part }
+        }
+
+        /// The range read in turn in pieces of one row group.
+        async fn read_in_turn(
+            &self,
+            pieces_read: &Count,
+        ) -> (BoxStream<'static, Result<Vec<ArrayRef>>>, Arc<SharedRead>) {
+            let (source, part, context) = (&self.source, &self.part, Arc::clone(&self.context));
+            let (batches, read) =
+                shared_read(self.open, source, part, &[0], &[], context, 1, pieces_read).await.unwrap();
+            (batches, read.expect("the range cuts into pieces"))
+        }
+    }
+
+    impl Drop for FirstRange {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
     /// Each range of a file read in turn, piece by piece, gives the rows a
     /// read of the whole range gives, in its order, whichever of its pieces
     /// a helper read for it (none, the last, all of them, or one whose
@@ -404,14 +439,11 @@ mod tests {
     /// takes the last unread piece.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_helper_reads_only_where_a_slot_is_free() {
-        let (source, context, dir) = ranges_of_a_file_of_ten_row_groups("slots").await;
-        let open = open_reads();
-        let part = source.part_groups().into_iter().flatten().next().unwrap();
-        let pieces = pieces_of(&source, &part, &context, 1).await.unwrap().len();
+        let range = FirstRange::of("slots").await;
+        let open = range.open;
+        let pieces = pieces_of(&range.source, &range.part, &range.context, 1).await.unwrap().len();
         let pieces_read = Count::new();
-        let (batches, read) =
-            shared_read(open, &source, &part, &[0], &[], Arc::clone(&context), 1, &pieces_read).await.unwrap();
-        let read = read.unwrap();
+        let (batches, read) = range.read_in_turn(&pieces_read).await;
         // One slot, taken by the part's own task.
         assert!(matches!(open.claim(1), Claim::Busy));
         let helper = tokio::spawn(help(open, 1));
@@ -422,18 +454,17 @@ mod tests {
         assert_eq!(read.unclaimed(), 0);
         assert!(matches!(open.claim(1), Claim::Done));
         // Two slots: a helper takes the last piece, and reads it.
-        let (batches, _read) =
-            shared_read(open, &source, &part, &[0], &[], Arc::clone(&context), 1, &pieces_read).await.unwrap();
+        let (batches, _read) = range.read_in_turn(&pieces_read).await;
         let Claim::Piece(read, at) = open.claim(2) else {
             panic!("a free slot and unread pieces: no piece claimed");
         };
         assert_eq!(at, pieces - 1);
-        drop(Reading(open));
+        let reading = Reading(open);
         read.read_for_owner(at).await;
+        drop(reading);
         assert_eq!(values_of(batches).await, values);
         assert_eq!(pieces_read.value(), 1);
         assert_eq!(open.reading.load(Ordering::Acquire), 0);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A helper dropped while it reads (its fill-ahead task aborted with
@@ -443,13 +474,11 @@ mod tests {
     /// sent, as in the first test, makes the part's task read it).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_helper_dropped_while_it_reads_leaves_its_piece_to_the_part_and_its_slot_free() {
-        let (source, context, dir) = ranges_of_a_file_of_ten_row_groups("dropped-helper").await;
-        let open = open_reads();
-        let part = source.part_groups().into_iter().flatten().next().unwrap();
-        let whole = values_of(part.batches(&source, &[0], &[], Arc::clone(&context)).unwrap()).await;
+        let range = FirstRange::of("dropped-helper").await;
+        let open = range.open;
+        let whole = values_of(range.part.batches(&range.source, &[0], &[], Arc::clone(&range.context)).unwrap()).await;
         let pieces_read = Count::new();
-        let (batches, _read) =
-            shared_read(open, &source, &part, &[0], &[], Arc::clone(&context), 1, &pieces_read).await.unwrap();
+        let (batches, _read) = range.read_in_turn(&pieces_read).await;
         let Claim::Piece(read, at) = open.claim(usize::MAX) else {
             panic!("no piece claimed");
         };
@@ -466,24 +495,19 @@ mod tests {
         assert_eq!(read.await.expect("the part's task waited for a dropped helper"), whole);
         assert_eq!(pieces_read.value(), usize::from(done));
         assert_eq!(open.reading.load(Ordering::Acquire), 0);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Once a part's own task drops its stream, no helper reads its pieces
     /// left.
     #[tokio::test]
     async fn no_helper_reads_for_a_part_whose_task_stopped() {
-        let (source, context, dir) = ranges_of_a_file_of_ten_row_groups("stopped-owner").await;
-        let open = open_reads();
-        let part = source.part_groups().into_iter().flatten().next().unwrap();
-        let (batches, read) =
-            shared_read(open, &source, &part, &[0], &[], Arc::clone(&context), 1, &Count::new()).await.unwrap();
-        let read = read.unwrap();
+        let range = FirstRange::of("stopped-owner").await;
+        let open = range.open;
+        let (batches, read) = range.read_in_turn(&Count::new()).await;
         assert!(read.unclaimed() >= 2);
         drop(batches);
         assert_eq!(read.unclaimed(), 0);
         assert!(matches!(open.claim(usize::MAX), Claim::Done));
         assert_eq!(open.reading.load(Ordering::Acquire), 0);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
