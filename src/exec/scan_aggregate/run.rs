@@ -290,7 +290,9 @@ pub(crate) async fn part_columns(
         Reading::WithItsTable => {
             batches_in_pieces(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read).await?
         }
-        Reading::InTurn if options.tuning.steal_pieces => {
+        // Helpers are fill-ahead tasks: where none can run (the cache off,
+        // a single-threaded runtime), the part is read whole.
+        Reading::InTurn if options.tuning.steal_pieces && options.cache && crate::exec::in_multi_threaded_runtime() => {
             batches_read_in_turn(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read)
                 .await?
         }
