@@ -261,6 +261,14 @@ config_namespace! {
         /// only the rows whose key the build side holds. `false` leaves the
         /// probe side as placed.
         pub join_key_filters: bool, default = true
+        /// Where a GPU hash join keeps probe rows by whether a build row
+        /// matches (a right semi or anti join: `EXISTS`, `NOT EXISTS`) and
+        /// its build side is a `GpuScanFilterExec`, gather the probe side's
+        /// keys (one integer key) as it is read ahead of the join (at most
+        /// 512 MiB of its batches held), and test the build side's rows
+        /// against them on the device: a build row no probe row matches
+        /// makes no output there. `false` leaves the build side as placed.
+        pub build_key_filters: bool, default = true
         /// Where a GPU join or aggregation reads a filtered Parquet table
         /// scan that keeps too many rows for a `GpuScanFilterExec` of its
         /// own, read it through one all the same (its rows go to the device
@@ -323,6 +331,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "scan_aggregate",
     "scan_filter",
     "join_key_filters",
+    "build_key_filters",
     "cached_gpu_inputs",
     "dictionary_reads",
     "min_part_rows",

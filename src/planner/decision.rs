@@ -500,12 +500,23 @@ fn collect_decisions(
             out,
         );
         let folded = gpu_join.partial_aggregate_node().is_some();
+        let key_filter = match gpu_join
+            .hash_join()
+            .right()
+            .downcast_ref::<JoinKeyCollectorExec>()
+        {
+            Some(collector) => format!(
+                "; its probe keys (#{}) filter the scan of its build side",
+                collector.keys().id()
+            ),
+            None => String::new(),
+        };
         out.push(NodeDecision {
             operator: "HashJoinExec".into(),
             detail: describe_hash_join(gpu_join.hash_join()),
             placement: Placement::Gpu {
                 algorithm: format!(
-                    "{}{}",
+                    "{}{}{key_filter}",
                     if gpu_join.repartition_removed() {
                         format!(
                             "{} over all input partitions (CPU hash repartition removed)",

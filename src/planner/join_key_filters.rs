@@ -7,6 +7,12 @@
 //! input it comes from and, by the equi-join key it is, to the other; and
 //! through aggregations that group by it, whose groups of keys the build
 //! side lacks the join drops whole.
+//!
+//! The other way round, a GPU hash join that keeps probe rows by whether a
+//! build row matches (a right semi or anti join, as DataFusion plans
+//! `EXISTS` and `NOT EXISTS` with the subquery's table as the build side)
+//! gathers its probe side's keys for the scan of its build side on the
+//! device ([`build_side_filtered`]).
 
 use std::sync::Arc;
 
@@ -55,6 +61,14 @@ pub(crate) fn with_join_key_filters(
         return Ok(plan);
     }
     plan.transform_up(|node| {
+        if let Some(gpu_join) = node.downcast_ref::<GpuHashJoinExec>() {
+            return Ok(match build_side_filtered(gpu_join, options) {
+                Some(children) => {
+                    Transformed::yes(replace_children_if_necessary(Arc::clone(&node), children)?)
+                }
+                None => Transformed::no(node),
+            });
+        }
         let Some(join) = node.downcast_ref::<HashJoinExec>() else {
             return Ok(Transformed::no(node));
         };
@@ -120,6 +134,88 @@ fn filtered_sides(
         keys,
     ));
     Some((left, right))
+}
+
+/// `gpu_join`'s children with its probe side under a
+/// [`JoinKeyCollectorExec`] of a set [`JoinKeySet::of_probe_side`] and its
+/// build side's scan on the device testing its rows against that set,
+/// where the join is a right semi or anti join (a build row whose key no
+/// probe row holds makes no output), its probe side is executed with the
+/// join (not read through a merge, which the join starts only once its
+/// build side is read), and its build side is a [`GpuScanFilterExec`]
+/// under merges, repartitions and projections of columns. The join reads
+/// its probe side after its build side, so the scan waits for the set only
+/// where the probe side is read ahead (a multi-threaded runtime), and a
+/// probe side too large to hold
+/// ([`MAX_PROBE_SIDE_HELD`](crate::exec::join_keys::collector::MAX_PROBE_SIDE_HELD)) makes no set: the
+/// scan then reads every row, as it would have.
+fn build_side_filtered(
+    gpu_join: &GpuHashJoinExec,
+    options: &GpuOptions,
+) -> Option<Vec<Arc<dyn ExecutionPlan>>> {
+    let join = gpu_join.hash_join();
+    let keeps_probe_rows = matches!(join.join_type(), JoinType::RightSemi | JoinType::RightAnti);
+    if !options.tuning.build_key_filters
+        || !keeps_probe_rows
+        || join.null_equality() != NullEquality::NullEqualsNothing
+        || join.null_aware
+        || join
+            .right()
+            .downcast_ref::<JoinKeyCollectorExec>()
+            .is_some()
+        || join
+            .right()
+            .downcast_ref::<CoalescePartitionsExec>()
+            .is_some()
+    {
+        return None;
+    }
+    let (build_key, probe_key) = gathered_key(join)?;
+    let partitions = join
+        .right()
+        .properties()
+        .output_partitioning()
+        .partition_count();
+    let keys = Arc::new(JoinKeySet::of_probe_side(partitions));
+    let left = with_scan_test(join.left(), build_key.index(), &keys)?;
+    let right = Arc::new(JoinKeyCollectorExec::new(
+        Arc::clone(join.right()),
+        Arc::new(probe_key),
+        keys,
+    ));
+    Some(vec![left, right])
+}
+
+/// `node` with its rows tested against `keys` by its column `column`, at
+/// the [`GpuScanFilterExec`] it is under merges, repartitions and
+/// projections of columns; `None` where it is none such.
+fn with_scan_test(
+    node: &Arc<dyn ExecutionPlan>,
+    column: usize,
+    keys: &Arc<JoinKeySet>,
+) -> Option<Arc<dyn ExecutionPlan>> {
+    if let Some(scan) = node.downcast_ref::<GpuScanFilterExec>() {
+        let name = node.schema().field(column).name().clone();
+        let filter = Arc::new(JoinKeyFilterExpr::new(
+            Arc::new(Column::new(&name, column)),
+            Arc::clone(keys),
+            value_range(node, column),
+        ));
+        let tested = scan.with_join_filter(filter).ok().flatten()?;
+        return Some(Arc::new(tested));
+    }
+    let (input, below) = if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+        let expr = &projection.expr().get(column)?.expr;
+        (projection.input(), expr.downcast_ref::<Column>()?.index())
+    } else if let Some(repartition) = node.downcast_ref::<RepartitionExec>() {
+        (repartition.input(), column)
+    } else if let Some(merge) = node.downcast_ref::<CoalescePartitionsExec>() {
+        (merge.input(), column)
+    } else {
+        return None;
+    };
+    let tested = with_scan_test(input, below, keys)?;
+    replace_children_if_necessary(Arc::clone(node), vec![tested]).ok()
 }
 
 /// The equi-join key whose build side values a join key set gathers: the

@@ -694,3 +694,175 @@ async fn a_scan_testing_only_join_keys_is_filled_only_where_they_keep_few_rows()
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `b` (the build side of an `EXISTS` join: `k` with duplicates and NULLs
+/// over 0..50,000, `s`, `v` all above 0) and `p` (its probe side: keys over
+/// 0..5,000, a few NULL, each in several rows of each of four `s`: its
+/// groups are far fewer than its rows, which DataFusion takes for their
+/// estimate), `build_rows` and `probe_rows` rows.
+fn exists_tables(build_rows: usize, probe_rows: usize) -> (RecordBatch, RecordBatch) {
+    let schema = |names: &[&str]| {
+        Arc::new(Schema::new(
+            names
+                .iter()
+                .map(|name| Field::new(*name, DataType::Int64, true))
+                .collect::<Vec<_>>(),
+        ))
+    };
+    let b = RecordBatch::try_new(
+        schema(&["k", "s", "v"]),
+        vec![
+            Arc::new(Int64Array::from_iter(
+                (0..build_rows as i64).map(|r| (r % 101 != 0).then_some((r * 7919) % 50_000)),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                (0..build_rows as i64).map(|r| r % 4),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                (0..build_rows as i64).map(|r| 1 + r % 9),
+            )),
+        ],
+    )
+    .unwrap();
+    let p = RecordBatch::try_new(
+        schema(&["k", "s"]),
+        vec![
+            Arc::new(Int64Array::from_iter(
+                (0..probe_rows as i64).map(|r| (r % 97 != 0).then_some((r * 31) % 5_000)),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                (0..probe_rows as i64).map(|r| (r / 3) % 4),
+            )),
+        ],
+    )
+    .unwrap();
+    (b, p)
+}
+
+const EXISTS_QUERIES: &[&str] = &[
+    // As TPC-H q21's `NOT EXISTS`: the subquery's table, estimated the
+    // smaller side (the groups are estimated as many as `p`'s rows), is
+    // the build side.
+    "SELECT o.k, o.s FROM (SELECT k, s FROM p GROUP BY k, s) o WHERE NOT EXISTS \
+     (SELECT 1 FROM b WHERE b.k = o.k AND b.s <> o.s AND b.v > 0)",
+    "SELECT o.k, o.s FROM (SELECT k, s FROM p GROUP BY k, s) o WHERE EXISTS \
+     (SELECT 1 FROM b WHERE b.k = o.k AND b.v > 0)",
+    "SELECT o.k FROM (SELECT k FROM p GROUP BY k) o WHERE NOT EXISTS \
+     (SELECT 1 FROM b WHERE b.k = o.k AND b.v > 5)",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gpu_exists_join_reads_only_build_rows_its_probe_keys_match() {
+    let Some(_) = require_gpu("a_gpu_exists_join_reads_only_build_rows_its_probe_keys_match")
+    else {
+        return;
+    };
+    // `b` in four partitions (four files), as many as the sessions' target
+    // partitions: its scan and filter become a scan filter.
+    let quarters = |batch: &RecordBatch| -> Vec<Vec<RecordBatch>> {
+        let quarter = batch.num_rows() / 4;
+        (0..4)
+            .map(|i| {
+                let rows = if i == 3 {
+                    batch.num_rows() - 3 * quarter
+                } else {
+                    quarter
+                };
+                vec![batch.slice(i * quarter, rows)]
+            })
+            .collect()
+    };
+    for (build_rows, probe_rows) in [(0, 0), (10, 0), (0, 10), (200_000, 300_000)] {
+        let (b, p) = exists_tables(build_rows, probe_rows);
+        let dir = temp_dir(&format!("exists-build-keys-{build_rows}"));
+        for (i, part) in quarters(&b).iter().enumerate() {
+            write_batch(&dir.join(format!("{i}.parquet")), &part[0]);
+        }
+        for parquet in [false, true] {
+            for mode in [JoinMode::CollectLeft, JoinMode::Partitioned] {
+                let gpu = gpu_context(mode, 4, &[]).await;
+                let cpu = cpu_context(mode, 4, &[]).await;
+                for ctx in [&gpu, &cpu] {
+                    let halves = |batch: &RecordBatch| {
+                        let half = batch.num_rows() / 2;
+                        vec![
+                            vec![batch.slice(0, half)],
+                            vec![batch.slice(half, batch.num_rows() - half)],
+                        ]
+                    };
+                    let memory = |batch: &RecordBatch| {
+                        Arc::new(MemTable::try_new(batch.schema(), halves(batch)).unwrap())
+                    };
+                    match parquet {
+                        true => ctx
+                            .register_parquet(
+                                "b",
+                                dir.to_str().unwrap(),
+                                ParquetReadOptions::default(),
+                            )
+                            .await
+                            .unwrap(),
+                        false => {
+                            let table = MemTable::try_new(b.schema(), quarters(&b)).unwrap();
+                            ctx.register_table("b", Arc::new(table)).unwrap();
+                        }
+                    }
+                    ctx.register_table("p", memory(&p)).unwrap();
+                }
+                let with = format!(
+                    "{build_rows} build rows, {probe_rows} probe rows, parquet {parquet}, {mode:?}"
+                );
+                let mut tested = 0;
+                for sql in EXISTS_QUERIES {
+                    let (plan, build) = check(&gpu, &cpu, sql).await;
+                    let text = displayable(plan.as_ref()).indent(true).to_string();
+                    if !text.contains("(for the scan of the build side)") {
+                        continue;
+                    }
+                    tested += 1;
+                    assert_eq!(
+                        nodes_named(&plan, "GpuHashJoinExec").len(),
+                        1,
+                        "{sql}, {with}\n{text}"
+                    );
+                    if build_rows == 0 || probe_rows == 0 {
+                        continue;
+                    }
+                    // The probe side was read ahead and its set made; the
+                    // build side's scan kept only rows whose key it holds.
+                    assert!(
+                        plan_metric(&plan, "probe_side_read_ahead") >= 1,
+                        "{sql}, {with}\n{text}"
+                    );
+                    assert_eq!(
+                        plan_metric(&plan, "probe_side_left_to_join"),
+                        0,
+                        "{sql}, {with}"
+                    );
+                    assert!(
+                        plan_metric(&plan, "join_key_sets") >= 1,
+                        "{sql}, {with}\n{text}"
+                    );
+                    let threshold = if sql.contains("b.v > 5") { 5 } else { 0 };
+                    let unfiltered = (0..build_rows as i64)
+                        .filter(|r| 1 + r % 9 > threshold)
+                        .count();
+                    assert!(build.scanned >= build_rows, "{sql}, {with}: {build:?}");
+                    assert!(
+                        build.kept > 0 && build.kept < unfiltered / 5,
+                        "{sql}, {with}: {} of {unfiltered} build rows kept",
+                        build.kept
+                    );
+                }
+                // Collected once, the join's probe side is its own (not
+                // merged by the rule): the build side is tested.
+                if mode == JoinMode::CollectLeft && build_rows > 0 && probe_rows > 0 {
+                    assert!(
+                        tested >= 2,
+                        "{with}: {tested} joins tested their build side"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -34,6 +34,7 @@ use crate::encode::keys::KeySpec;
 use crate::host::once::OnceFut;
 use crate::exec::join::pair_aggregate::{check_join_emits_pairs, PairAggregate};
 use crate::exec::GpuJoinMetrics;
+use crate::exec::join_keys::JoinKeyCollectorExec;
 use crate::host::copy::host_threads;
 use crate::config::GpuOptions;
 
@@ -627,6 +628,13 @@ impl GpuHashJoinExec {
             ),
             None => (None, None),
         };
+        // A probe side whose keys the build side's scan tests is executed
+        // first: its partitions are read ahead of the join (their keys
+        // gathered) while that scan waits for them.
+        let mut probe_executed = match gathers_keys_for_build_side(join.right()) {
+            true => Some(join.right().execute(partition, Arc::clone(&context))?),
+            false => None,
+        };
         let build = self.build_side(partition, &context, &options, build_gather, &metrics)?;
         // A partition that reads the whole probe side does its host work on
         // every core; many partitions' chunks run at once otherwise.
@@ -652,10 +660,13 @@ impl GpuHashJoinExec {
                     below.execute_rows(partition, &context, Arc::clone(&device))?,
                     1,
                 ),
-                None => (
-                    host_probe_input(join.right().execute(partition, Arc::clone(&context))?),
-                    1,
-                ),
+                None => {
+                    let probe = match probe_executed.take() {
+                        Some(probe) => probe,
+                        None => join.right().execute(partition, Arc::clone(&context))?,
+                    };
+                    (host_probe_input(probe), 1)
+                }
             },
         };
         let spec = ProbeSpec {
@@ -689,6 +700,14 @@ impl GpuHashJoinExec {
         };
         Ok(spec)
     }
+}
+
+/// Whether `probe` (a join's probe side) gathers its keys for the scan of
+/// the join's build side (see [`crate::exec::join_keys`]).
+fn gathers_keys_for_build_side(probe: &Arc<dyn ExecutionPlan>) -> bool {
+    probe
+        .downcast_ref::<JoinKeyCollectorExec>()
+        .is_some_and(|collector| collector.keys().is_of_probe_side())
 }
 
 /// The probe partitions below `merge` (the join's probe input, a

@@ -29,6 +29,13 @@ use futures::{Stream, StreamExt};
 use super::set::{JoinKeySet, MAX_KEY_VALUES};
 use crate::exec::fill_ahead::FillAheadSlot;
 
+/// The most bytes of a probe side's batches that the partitions of a
+/// collector of its keys (a set [`JoinKeySet::of_probe_side`]) hold for
+/// their join, all together: a build side waits for such a set only to
+/// read fewer rows, and a probe side larger than this is left to its join
+/// to stream, with no set (the build side then reads every row).
+pub const MAX_PROBE_SIDE_HELD: usize = 512 << 20;
+
 /// Whether join keys of `data_type` can be gathered into a [`JoinKeySet`]:
 /// integers (unsigned up to 32 bits) and dates, whose device words are their
 /// values.
@@ -143,9 +150,13 @@ impl DisplayAs for JoinKeyCollectorExec {
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
                 f,
-                "JoinKeyCollectorExec: key={}, keys=#{} (for the scan of the probe side)",
+                "JoinKeyCollectorExec: key={}, keys=#{} (for the scan of the {} side)",
                 self.key,
-                self.keys.id()
+                self.keys.id(),
+                match self.keys.is_of_probe_side() {
+                    true => "build",
+                    false => "probe",
+                }
             ),
             DisplayFormatType::TreeRender => write!(f, "keys=#{}", self.keys.id()),
         }
@@ -235,9 +246,13 @@ impl ExecutionPlan for JoinKeyCollectorExec {
             keys: MetricBuilder::new(&self.metrics).counter("join_keys", partition),
             sets: MetricBuilder::new(&self.metrics).counter("join_key_sets", partition),
         };
+        let (read_ahead_name, left_to_join_name) = match self.keys.is_of_probe_side() {
+            true => ("probe_side_read_ahead", "probe_side_left_to_join"),
+            false => ("build_side_read_ahead", "build_side_left_to_join"),
+        };
         let read_ahead_metrics = ReadAheadMetrics {
-            read_ahead: MetricBuilder::new(&self.metrics).counter("build_side_read_ahead", partition),
-            left_to_join: MetricBuilder::new(&self.metrics).counter("build_side_left_to_join", partition),
+            read_ahead: MetricBuilder::new(&self.metrics).counter(read_ahead_name, partition),
+            left_to_join: MetricBuilder::new(&self.metrics).counter(left_to_join_name, partition),
         };
         let gathering = Box::pin(GatheringStream {
             metrics,
@@ -250,7 +265,12 @@ impl ExecutionPlan for JoinKeyCollectorExec {
             values: Some(Vec::new()),
             done: false,
         });
-        let stream = read_ahead(gathering, &self.keys, round, held, read_ahead_metrics);
+        // A probe side's partitions share what they may hold.
+        let held_limit = self.keys.is_of_probe_side().then(|| {
+            let partitions = self.keys.partitions().max(1);
+            MAX_PROBE_SIDE_HELD / partitions
+        });
+        let stream = read_ahead(gathering, &self.keys, round, held, held_limit, read_ahead_metrics);
         Ok(match fills {
             None => stream,
             // The plan's fills go on while the join reads this side.
@@ -289,14 +309,15 @@ enum ReadAhead {
 /// task of its own, where a multi-threaded runtime can run one (see
 /// [`JoinKeyCollectorExec`]); else `stream` as it is, read as the join
 /// reads it. The batches waiting for the join are held in `held`; where the
-/// pool refuses one, the task hands the join that batch and the rest of the
-/// stream, and the join reads them as it would have. The task stops when
-/// the stream it feeds is dropped.
+/// pool refuses one, or `held` would pass `held_limit`, the task hands the
+/// join that batch and the rest of the stream, and the join reads them as
+/// it would have. The task stops when the stream it feeds is dropped.
 fn read_ahead(
     mut stream: SendableRecordBatchStream,
     keys: &Arc<JoinKeySet>,
     round: u64,
     held: MemoryReservation,
+    held_limit: Option<usize>,
     metrics: ReadAheadMetrics,
 ) -> SendableRecordBatchStream {
     if !crate::exec::in_multi_threaded_runtime() {
@@ -314,7 +335,8 @@ fn read_ahead(
         while let Some(item) = stream.next().await {
             let failed = item.is_err();
             let size = item.as_ref().map_or(0, get_record_batch_memory_size);
-            if holding.try_grow(size).is_err() {
+            let over_limit = held_limit.is_some_and(|limit| holding.size() + size > limit);
+            if over_limit || holding.try_grow(size).is_err() {
                 // The join takes this batch and reads the rest itself.
                 let rest = futures::stream::once(async move { item }).chain(stream);
                 let rest = RecordBatchStreamAdapter::new(rest_schema, rest);

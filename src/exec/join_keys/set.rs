@@ -53,6 +53,9 @@ pub const READ_AHEAD_GRACE: Duration = Duration::from_millis(20);
 pub struct JoinKeySet {
     id: usize,
     partitions: usize,
+    /// Gathered over a join's probe side for the scan of its build side
+    /// (see [`Self::of_probe_side`]).
+    of_probe_side: bool,
     round: Mutex<Round>,
     /// Signalled whenever a round settles or a new one starts.
     changed: Condvar,
@@ -103,12 +106,32 @@ impl JoinKeySet {
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             partitions,
+            of_probe_side: false,
             round: Mutex::new(Round {
                 started: vec![false; partitions],
                 ..Round::default()
             }),
             changed: Condvar::new(),
         }
+    }
+
+    /// The keys of a join's probe side of `partitions` partitions, for the
+    /// scan of its build side: a join reads its probe side after its build
+    /// side, so a scan waits for such a set only where the probe side is
+    /// read ahead of its join, however many partitions it has (see
+    /// [`super::waits_for`]), and a partition left to the join ends the
+    /// round at once ([`Self::read_by_join`]).
+    pub fn of_probe_side(partitions: usize) -> Self {
+        Self {
+            of_probe_side: true,
+            ..Self::new(partitions)
+        }
+    }
+
+    /// Whether the set is gathered over a probe side (see
+    /// [`Self::of_probe_side`]).
+    pub fn is_of_probe_side(&self) -> bool {
+        self.of_probe_side
     }
 
     /// A number naming this set in `EXPLAIN`.
@@ -322,8 +345,14 @@ impl JoinKeySet {
 
     /// A partition of round `number` read ahead is left to its join after
     /// all (the memory pool refused to hold more): the waits for the round
-    /// end as soon as [`READ_AHEAD_GRACE`] has passed.
+    /// end as soon as [`READ_AHEAD_GRACE`] has passed; for a set of a probe
+    /// side, which its join reads only once its build side was, the round
+    /// ends now, with no set.
     pub fn read_by_join(&self, number: u64) {
+        if self.of_probe_side {
+            self.fail(number);
+            return;
+        }
         let mut round = self.lock();
         if round.number == number {
             round.read_ahead = round.read_ahead.saturating_sub(1);

@@ -45,11 +45,11 @@ pub(crate) fn key_sets_in<'a>(
 /// of each of `sets` whose build side is read in one partition, taken now
 /// (to be called when the scan is executed, after the joins' build sides
 /// were), and, when first polled, the latest round of each other set read
-/// ahead of its join ([`JoinKeySet::reads_ahead`]). See
-/// [`JoinKeySet::settled`].
+/// ahead of its join ([`JoinKeySet::reads_ahead`]), a set of a probe side
+/// among them whatever its partitions. See [`JoinKeySet::settled`].
 pub(crate) fn waits_for(sets: &[Arc<JoinKeySet>]) -> impl std::future::Future<Output = ()> + Send {
     let (single, others): (Vec<_>, Vec<_>) =
-        sets.iter().cloned().partition(|set| set.partitions() == 1);
+        sets.iter().cloned().partition(|set| set.partitions() == 1 && !set.is_of_probe_side());
     let waits: Vec<_> = single
         .iter()
         .map(|set| set.settled(set.round(), MAX_KEY_WAIT))
@@ -227,5 +227,52 @@ mod tests {
             .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
             .collect();
         assert_eq!(kept, [3, 50, 77]);
+    }
+
+    /// Whether `wait` resolves within `within`, polled on another thread.
+    fn resolves_within(wait: impl std::future::Future<Output = ()> + Send + 'static, within: Duration) -> bool {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            futures::executor::block_on(wait);
+            let _ = done.send(());
+        });
+        finished.recv_timeout(within).is_ok()
+    }
+
+    #[test]
+    fn a_scan_waits_for_a_probe_sides_set_only_where_it_is_read_ahead() {
+        let long = Duration::from_secs(60);
+        // Its join reads a probe side after its build side: a set of one
+        // probe partition not read ahead is not waited for (one of a build
+        // side is, from the moment the scan is executed).
+        let probe = Arc::new(JoinKeySet::of_probe_side(1));
+        let build = Arc::new(JoinKeySet::new(1));
+        assert!(probe.is_of_probe_side() && !build.is_of_probe_side());
+        probe.start(0);
+        build.start(0);
+        assert!(resolves_within(waits_for(std::slice::from_ref(&probe)), long));
+        assert!(!resolves_within(waits_for(&[build]), Duration::from_millis(50)));
+
+        // Read ahead, it is waited for until its set is made.
+        let round = probe.start(0);
+        probe.read_ahead(round);
+        let wait = waits_for(std::slice::from_ref(&probe));
+        assert!(!resolves_within(wait, Duration::from_millis(50)), "no set yet");
+        let wait = waits_for(std::slice::from_ref(&probe));
+        probe.finish(round, Some(vec![4, 9]));
+        assert!(resolves_within(wait, long), "the set made");
+        assert!(probe.keys().is_some_and(|keys| keys.contains(9)));
+
+        // A partition left to its join (too large to hold) ends the round
+        // at once, with no set: the join reads it only after the scan.
+        let round = probe.start(0);
+        probe.read_ahead(round);
+        let wait = waits_for(std::slice::from_ref(&probe));
+        assert!(!resolves_within(wait, Duration::from_millis(50)), "no set yet");
+        let wait = waits_for(std::slice::from_ref(&probe));
+        probe.read_by_join(round);
+        assert!(resolves_within(wait, Duration::from_secs(1)), "no set to come");
+        probe.finish(round, Some(vec![1]));
+        assert!(probe.keys().is_none());
     }
 }

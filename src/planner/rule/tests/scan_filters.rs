@@ -861,3 +861,90 @@ async fn a_plans_scans_and_collectors_share_one_fill_ahead_of_its_filtered_scans
         assert_eq!(slot_of(node.as_ref()).unwrap().scans(), (0, None));
     }
 }
+
+#[tokio::test]
+async fn a_gpu_exists_join_hands_its_probe_keys_to_the_scan_of_its_build_side() {
+    use crate::exec::join_keys::JoinKeyCollectorExec;
+    use crate::exec::GpuHashJoinExec;
+    use datafusion::common::JoinType;
+    let always = || options(true, PlacementPolicy::Always);
+    // `NOT EXISTS` and `EXISTS` over a filtered subquery, the subquery's
+    // smaller table the build side (as DataFusion plans them in
+    // `CollectLeft` mode): a right anti or semi join on the GPU.
+    let config = || collect_left_below(1 << 30);
+    let exists_join = |plan: &Arc<dyn ExecutionPlan>| {
+        nodes_of::<GpuHashJoinExec>(plan).into_iter().find(|node| {
+            let join = node.downcast_ref::<GpuHashJoinExec>().unwrap().hash_join();
+            matches!(join.join_type(), JoinType::RightAnti | JoinType::RightSemi)
+        })
+    };
+    for sql in [
+        "SELECT r.v FROM r WHERE NOT EXISTS \
+         (SELECT 1 FROM t WHERE t.k = r.k AND t.v <> r.v AND t.v > 1)",
+        "SELECT r.v FROM r WHERE EXISTS (SELECT 1 FROM t WHERE t.k = r.k AND t.v > 1)",
+    ] {
+        let plan = rewritten_as_given(config(), sql, always()).await;
+        let text = show(&plan);
+        let Some(node) = exists_join(&plan) else {
+            panic!("{sql}: no right semi or anti join on the GPU\n{text}");
+        };
+        let join = node.downcast_ref::<GpuHashJoinExec>().unwrap().hash_join();
+        let collector = join
+            .right()
+            .downcast_ref::<JoinKeyCollectorExec>()
+            .unwrap_or_else(|| panic!("{sql}: no key collector on the probe side\n{text}"));
+        assert!(collector.keys().is_of_probe_side(), "{sql}\n{text}");
+        let id = collector.keys().id();
+        let tested = nodes_of::<GpuScanFilterExec>(join.left());
+        assert_eq!(tested.len(), 1, "{sql}\n{text}");
+        assert!(
+            show(&tested[0]).contains(&format!("IN join keys #{id}")),
+            "{sql}\n{text}"
+        );
+        assert!(
+            text.contains(&format!("keys=#{id} (for the scan of the build side)")),
+            "{sql}\n{text}"
+        );
+        let decisions = gpu_decisions_of(&plan, always());
+        assert!(
+            decisions.iter().any(|d| d.contains(&format!(
+                "its probe keys (#{id}) filter the scan of its build side"
+            ))),
+            "{sql}: {decisions:?}"
+        );
+        // Nothing else tests the set: the probe side reads every row.
+        assert!(
+            !show(join.right()).contains(&format!("IN join keys #{id}")),
+            "{sql}\n{text}"
+        );
+
+        // The option off: the join's inputs as placed.
+        let mut off = always();
+        off.tuning.build_key_filters = false;
+        let plan = rewritten_as_given(config(), sql, off).await;
+        let text = show(&plan);
+        let node = exists_join(&plan).expect("the same join");
+        let join = node.downcast_ref::<GpuHashJoinExec>().unwrap().hash_join();
+        assert!(
+            join.right()
+                .downcast_ref::<JoinKeyCollectorExec>()
+                .is_none(),
+            "{text}"
+        );
+        assert!(!show(join.left()).contains("IN join keys"), "{text}");
+    }
+    // An inner join, whose build rows all may match: no collector on its
+    // probe side.
+    let sql = "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k WHERE s.v > 1";
+    let plan = rewritten_as_given(config(), sql, always()).await;
+    let text = show(&plan);
+    for node in nodes_of::<GpuHashJoinExec>(&plan) {
+        let join = node.downcast_ref::<GpuHashJoinExec>().unwrap().hash_join();
+        assert!(
+            join.right()
+                .downcast_ref::<JoinKeyCollectorExec>()
+                .is_none(),
+            "{text}"
+        );
+    }
+}
