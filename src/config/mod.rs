@@ -262,12 +262,14 @@ config_namespace! {
         /// probe side as placed.
         pub join_key_filters: bool, default = true
         /// Where a GPU hash join keeps probe rows by whether a build row
-        /// matches (a right semi or anti join: `EXISTS`, `NOT EXISTS`) and
-        /// its build side is a `GpuScanFilterExec`, gather the probe side's
-        /// keys (one integer key) as it is read ahead of the join (at most
-        /// 512 MiB of its batches held), and test the build side's rows
-        /// against them on the device: a build row no probe row matches
-        /// makes no output there. `false` leaves the build side as placed.
+        /// matches (a right semi or anti join: `EXISTS`, `NOT EXISTS`), its
+        /// build side is a `GpuScanFilterExec` and no dynamic filter of the
+        /// join prunes its probe side, gather the probe side's keys (one
+        /// integer key) as it is read ahead of the join (at most 512 MiB of
+        /// its batches held, a quarter of a limited memory pool), and test
+        /// the build side's rows against them on the device: a build row no
+        /// probe row matches makes no output there. `false` leaves the
+        /// build side as placed.
         pub build_key_filters: bool, default = true
         /// Where a GPU join or aggregation reads a filtered Parquet table
         /// scan that keeps too many rows for a `GpuScanFilterExec` of its

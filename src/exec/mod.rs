@@ -22,7 +22,7 @@ pub use aggregate::GpuAggregateExec;
 pub(crate) use aggregate::{can_read_cached_input, describe_aggregate, AggregateSpec};
 pub use hash_join::GpuHashJoinExec;
 pub use join_keys::{JoinKeyCollectorExec, JoinKeyWaitExec};
-pub(crate) use hash_join::with_filter_of;
+pub(crate) use hash_join::{dynamic_filter_of, with_filter_of};
 pub(crate) use join::matches::tracks_build_matches;
 pub(crate) use join::pair_aggregate::folds_pairs_below;
 pub use metrics::{

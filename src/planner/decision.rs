@@ -504,6 +504,7 @@ fn collect_decisions(
             .hash_join()
             .right()
             .downcast_ref::<JoinKeyCollectorExec>()
+            .filter(|collector| collector.keys().is_of_probe_side())
         {
             Some(collector) => format!(
                 "; its probe keys (#{}) filter the scan of its build side",

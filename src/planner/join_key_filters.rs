@@ -12,7 +12,7 @@
 //! build row matches (a right semi or anti join, as DataFusion plans
 //! `EXISTS` and `NOT EXISTS` with the subquery's table as the build side)
 //! gathers its probe side's keys for the scan of its build side on the
-//! device ([`build_side_filtered`]).
+//! device ([`with_build_key_filters`]).
 
 use std::sync::Arc;
 
@@ -37,6 +37,7 @@ use super::shape::{estimated_rows, exact_rows, threads};
 use super::statistics::plan_statistics;
 use crate::config::GpuOptions;
 use crate::cost;
+use crate::exec::dynamic_filter_of;
 use crate::exec::join_keys::{
     gathers_keys_of, JoinKeyCollectorExec, JoinKeyFilterExpr, JoinKeySet, JoinKeyWaitExec,
 };
@@ -61,14 +62,6 @@ pub(crate) fn with_join_key_filters(
         return Ok(plan);
     }
     plan.transform_up(|node| {
-        if let Some(gpu_join) = node.downcast_ref::<GpuHashJoinExec>() {
-            return Ok(match build_side_filtered(gpu_join, options) {
-                Some(children) => {
-                    Transformed::yes(replace_children_if_necessary(Arc::clone(&node), children)?)
-                }
-                None => Transformed::no(node),
-            });
-        }
         let Some(join) = node.downcast_ref::<HashJoinExec>() else {
             return Ok(Transformed::no(node));
         };
@@ -79,6 +72,33 @@ pub(crate) fn with_join_key_filters(
             )?)),
             None => Ok(Transformed::no(node)),
         }
+    })
+    .map(|t| t.data)
+}
+
+/// `plan` with the probe keys of each GPU right semi or anti join it can
+/// serve gathered for the scan of its build side (see
+/// [`build_side_filtered`]). Not for a stage of a distributed plan, whose
+/// task runs only some of a probe side's partitions: no set of them all
+/// would be made.
+pub(crate) fn with_build_key_filters(
+    plan: Arc<dyn ExecutionPlan>,
+    options: &GpuOptions,
+    gpu: std::result::Result<(), &str>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if gpu.is_err() || !options.tuning.build_key_filters {
+        return Ok(plan);
+    }
+    plan.transform_up(|node| {
+        let Some(gpu_join) = node.downcast_ref::<GpuHashJoinExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        Ok(match build_side_filtered(gpu_join) {
+            Some(children) => {
+                Transformed::yes(replace_children_if_necessary(Arc::clone(&node), children)?)
+            }
+            None => Transformed::no(node),
+        })
     })
     .map(|t| t.data)
 }
@@ -140,23 +160,23 @@ fn filtered_sides(
 /// [`JoinKeyCollectorExec`] of a set [`JoinKeySet::of_probe_side`] and its
 /// build side's scan on the device testing its rows against that set,
 /// where the join is a right semi or anti join (a build row whose key no
-/// probe row holds makes no output), its probe side is executed with the
-/// join (not read through a merge, which the join starts only once its
-/// build side is read), and its build side is a [`GpuScanFilterExec`]
-/// under merges, repartitions and projections of columns. The join reads
+/// probe row holds makes no output) without a limit, its probe side is
+/// executed with the join (not read through a merge, which the join starts
+/// only once its build side is read) and not pruned by the join's dynamic
+/// filter (read ahead, it would be read before the filter is there), and
+/// its build side is a [`GpuScanFilterExec`] under merges, repartitions and
+/// projections of columns. The join reads
 /// its probe side after its build side, so the scan waits for the set only
 /// where the probe side is read ahead (a multi-threaded runtime), and a
 /// probe side too large to hold
 /// ([`MAX_PROBE_SIDE_HELD`](crate::exec::join_keys::collector::MAX_PROBE_SIDE_HELD)) makes no set: the
 /// scan then reads every row, as it would have.
-fn build_side_filtered(
-    gpu_join: &GpuHashJoinExec,
-    options: &GpuOptions,
-) -> Option<Vec<Arc<dyn ExecutionPlan>>> {
+fn build_side_filtered(gpu_join: &GpuHashJoinExec) -> Option<Vec<Arc<dyn ExecutionPlan>>> {
     let join = gpu_join.hash_join();
     let keeps_probe_rows = matches!(join.join_type(), JoinType::RightSemi | JoinType::RightAnti);
-    if !options.tuning.build_key_filters
-        || !keeps_probe_rows
+    if !keeps_probe_rows
+        || join.fetch().is_some()
+        || dynamic_filter_of(join).is_some()
         || join.null_equality() != NullEquality::NullEqualsNothing
         || join.null_aware
         || join

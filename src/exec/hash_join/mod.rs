@@ -13,4 +13,4 @@ mod probe_filter;
 mod stream;
 
 pub use exec::GpuHashJoinExec;
-pub(crate) use probe_filter::with_filter_of;
+pub(crate) use probe_filter::{dynamic_filter_of, with_filter_of};

@@ -29,11 +29,13 @@ use futures::{Stream, StreamExt};
 use super::set::{JoinKeySet, MAX_KEY_VALUES};
 use crate::exec::fill_ahead::FillAheadSlot;
 
-/// The most bytes of a probe side's batches that the partitions of a
-/// collector of its keys (a set [`JoinKeySet::of_probe_side`]) hold for
-/// their join, all together: a build side waits for such a set only to
-/// read fewer rows, and a probe side larger than this is left to its join
-/// to stream, with no set (the build side then reads every row).
+/// The most bytes of a probe side's batches (as sliced, not the buffers
+/// they share) that the partitions of a collector of its keys (a set
+/// [`JoinKeySet::of_probe_side`]) hold for their join, all together, an
+/// equal share a partition: a build side waits for such a set only to read
+/// fewer rows, and a probe side larger than this is left to its join to
+/// stream, with no set (the build side then reads every row). Under a
+/// memory pool with a limit, at most a quarter of it.
 pub const MAX_PROBE_SIDE_HELD: usize = 512 << 20;
 
 /// Whether join keys of `data_type` can be gathered into a [`JoinKeySet`]:
@@ -101,6 +103,9 @@ pub struct JoinKeyCollectorExec {
     metrics: ExecutionPlanMetricsSet,
     /// The cache fills of the plan's scans, started when this node runs.
     fill_ahead: FillAheadSlot,
+    /// For a set of a probe side, the most bytes its partitions hold
+    /// ([`MAX_PROBE_SIDE_HELD`]).
+    probe_side_held: usize,
 }
 
 impl JoinKeyCollectorExec {
@@ -117,6 +122,7 @@ impl JoinKeyCollectorExec {
             keys,
             metrics: ExecutionPlanMetricsSet::new(),
             fill_ahead: FillAheadSlot::default(),
+            probe_side_held: MAX_PROBE_SIDE_HELD,
         }
     }
 
@@ -130,7 +136,16 @@ impl JoinKeyCollectorExec {
         &self.keys
     }
 
-    /// The build side.
+    /// This collector with its partitions holding at most `bytes` of a
+    /// probe side's batches in all (in place of [`MAX_PROBE_SIDE_HELD`]).
+    #[cfg(test)]
+    fn with_probe_side_held(mut self, bytes: usize) -> Self {
+        self.probe_side_held = bytes;
+        self
+    }
+
+    /// The side whose keys it gathers (a build side, or a probe side for a
+    /// set [`JoinKeySet::of_probe_side`]).
     pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
         &self.input
     }
@@ -206,6 +221,7 @@ impl ExecutionPlan for JoinKeyCollectorExec {
                 };
                 let mut node = Self::new(input, Arc::clone(&self.key), keys);
                 node.fill_ahead = self.fill_ahead.carried();
+                node.probe_side_held = self.probe_side_held;
                 Ok(Arc::new(node))
             }
             _ => Err(DataFusionError::Internal(
@@ -239,6 +255,10 @@ impl ExecutionPlan for JoinKeyCollectorExec {
             .register(context.memory_pool());
         let held = MemoryConsumer::new(format!("JoinKeyCollectorExec[{partition}] read ahead"))
             .register(context.memory_pool());
+        let context_pool_limit = match context.memory_pool().memory_limit() {
+            datafusion::execution::memory_pool::MemoryLimit::Finite(limit) => Some(limit),
+            _ => None,
+        };
         let fills = self.fill_ahead.start(&context);
         let input = self.input.execute(partition, context)?;
         let round = self.keys.start(partition);
@@ -268,7 +288,11 @@ impl ExecutionPlan for JoinKeyCollectorExec {
         // A probe side's partitions share what they may hold.
         let held_limit = self.keys.is_of_probe_side().then(|| {
             let partitions = self.keys.partitions().max(1);
-            MAX_PROBE_SIDE_HELD / partitions
+            let bound = match context_pool_limit {
+                Some(limit) => self.probe_side_held.min(limit / 4),
+                None => self.probe_side_held,
+            };
+            bound / partitions
         });
         let stream = read_ahead(gathering, &self.keys, round, held, held_limit, read_ahead_metrics);
         Ok(match fills {
@@ -309,9 +333,11 @@ enum ReadAhead {
 /// task of its own, where a multi-threaded runtime can run one (see
 /// [`JoinKeyCollectorExec`]); else `stream` as it is, read as the join
 /// reads it. The batches waiting for the join are held in `held`; where the
-/// pool refuses one, or `held` would pass `held_limit`, the task hands the
-/// join that batch and the rest of the stream, and the join reads them as
-/// it would have. The task stops when the stream it feeds is dropped.
+/// pool refuses one, where the batches held would pass `held_limit` bytes
+/// (as sliced), or where the round of a probe side's set has ended without
+/// one, the task hands the join that batch and the rest of the stream, and
+/// the join reads them as it would have. The task stops when the stream it
+/// feeds is dropped.
 fn read_ahead(
     mut stream: SendableRecordBatchStream,
     keys: &Arc<JoinKeySet>,
@@ -332,11 +358,15 @@ fn read_ahead(
     metrics.read_ahead.add(1);
     let (holding, rest_schema, set) = (Arc::clone(&held), Arc::clone(&schema), Arc::clone(keys));
     let task = SpawnedTask::spawn(async move {
+        let mut sliced_held = 0;
         while let Some(item) = stream.next().await {
             let failed = item.is_err();
             let size = item.as_ref().map_or(0, get_record_batch_memory_size);
-            let over_limit = held_limit.is_some_and(|limit| holding.size() + size > limit);
-            if over_limit || holding.try_grow(size).is_err() {
+            let sliced = item.as_ref().map_or(0, sliced_bytes);
+            let over_limit = held_limit.is_some_and(|limit| sliced_held + sliced > limit);
+            // No set will come: the join may as well stream the rest.
+            let no_set = set.is_of_probe_side() && set.ended_without_set(round);
+            if over_limit || no_set || holding.try_grow(size).is_err() {
                 // The join takes this batch and reads the rest itself.
                 let rest = futures::stream::once(async move { item }).chain(stream);
                 let rest = RecordBatchStreamAdapter::new(rest_schema, rest);
@@ -345,6 +375,7 @@ fn read_ahead(
                 let _ = sender.unbounded_send(ReadAhead::Rest(Box::pin(rest)));
                 return;
             }
+            sliced_held += sliced;
             if sender.unbounded_send(ReadAhead::Batch(item)).is_err() {
                 // The join is gone (a limit, a cancelled query).
                 return;
@@ -405,7 +436,7 @@ impl Stream for ReadAheadStream {
                 None => {
                     self.ended = true;
                     return Poll::Ready(Some(Err(DataFusionError::Execution(
-                        "the task reading a join's build side ahead stopped before its end".into(),
+                        "the task reading a join's input ahead stopped before its end".into(),
                     ))))
                 }
             }
@@ -417,6 +448,21 @@ impl RecordBatchStream for ReadAheadStream {
     fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
     }
+}
+
+/// The bytes `batch`'s columns take as sliced, not the whole buffers they
+/// may share with other batches (an aggregation's output, cut in slices).
+fn sliced_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|column| {
+            column
+                .to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| column.get_array_memory_size())
+        })
+        .sum()
 }
 
 /// What `EXPLAIN ANALYZE` shows of a partition's gathering.
@@ -753,5 +799,57 @@ mod tests {
         assert_eq!(keys_of(&read.concat()), (0..200).collect::<Vec<_>>());
         assert!(set.keys().is_some_and(|keys| keys.contains(0) && keys.contains(199)));
         assert_eq!(metric(&collector, "build_side_read_ahead"), 0);
+    }
+
+    /// [`collector_of_two_partitions`]'s input and key gathered for the
+    /// scan of a build side, its partitions holding at most `held` bytes.
+    fn probe_side_collector(held: usize) -> (JoinKeyCollectorExec, Arc<JoinKeySet>) {
+        let (collector, _, _) = collector_of_two_partitions(1, false);
+        let set = Arc::new(JoinKeySet::of_probe_side(2));
+        let probe_side = JoinKeyCollectorExec::new(
+            Arc::clone(collector.input()),
+            Arc::clone(&collector.key),
+            Arc::clone(&set),
+        )
+        .with_probe_side_held(held);
+        (probe_side, set)
+    }
+
+    #[test]
+    fn a_probe_side_is_read_ahead_within_its_limit_and_left_to_its_join_beyond() {
+        // Within the limit: both partitions read ahead, the set made.
+        let (collector, set) = probe_side_collector(MAX_PROBE_SIDE_HELD);
+        let runtime = multi_threaded();
+        let context = Arc::new(TaskContext::default());
+        let streams = execute_both(&collector, &context, &runtime);
+        let read = runtime.block_on(read_all(streams));
+        assert_eq!(keys_of(&read.concat()), (0..200).collect::<Vec<_>>());
+        assert!(set.keys().is_some_and(|keys| keys.contains(0) && keys.contains(199)));
+        assert_eq!(metric(&collector, "probe_side_read_ahead"), 2);
+        assert_eq!(metric(&collector, "probe_side_left_to_join"), 0);
+        assert_eq!(metric(&collector, "build_side_read_ahead"), 0);
+        assert!(collector_text(&collector).contains("(for the scan of the build side)"));
+
+        // Beyond it (400 bytes, 200 a partition, where each batch of keys
+        // takes 320 to 800): each partition is left to the join, the round
+        // ends with no set at once, and the join still reads every row.
+        let (collector, set) = probe_side_collector(400);
+        let streams = execute_both(&collector, &context, &runtime);
+        let ended = std::time::Instant::now();
+        while !set.ended_without_set(set.round()) {
+            assert!(ended.elapsed() < std::time::Duration::from_secs(30), "the round never ended");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let read = runtime.block_on(read_all(streams));
+        assert_eq!(keys_of(&read[0]), (0..100).collect::<Vec<_>>());
+        assert_eq!(keys_of(&read[1]), (100..200).collect::<Vec<_>>());
+        assert!(set.keys().is_none(), "a set of part of the probe side");
+        assert_eq!(metric(&collector, "probe_side_left_to_join"), 2);
+        assert_eq!(context.memory_pool().reserved(), 0);
+    }
+
+    /// `collector` as `EXPLAIN` shows it.
+    fn collector_text(collector: &JoinKeyCollectorExec) -> String {
+        datafusion::physical_plan::displayable(collector).one_line().to_string()
     }
 }

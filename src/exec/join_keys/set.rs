@@ -360,6 +360,13 @@ impl JoinKeySet {
         }
     }
 
+    /// Whether round `number` is over with no set: it failed, or a newer
+    /// round started.
+    pub fn ended_without_set(&self, number: u64) -> bool {
+        let round = self.lock();
+        round.number != number || round.failed
+    }
+
     /// Whether a partition of the latest round is read to its end by a task
     /// of its own: the plan's other partitions are then read so too, so
     /// that the round settles without the join reading anything, and a scan

@@ -24,7 +24,7 @@ use super::aggregate_filters::with_filters_in_gpu_aggregations;
 use super::cached_inputs::with_cached_gpu_inputs;
 use super::decision::folds_join_below;
 use super::fills_ahead::with_fills_ahead;
-use super::join_key_filters::with_join_key_filters;
+use super::join_key_filters::{with_build_key_filters, with_join_key_filters};
 use super::merge_for_order::{merge_join_for_sort, MergeForOrder};
 use super::partitioning::{
     children_partitioning_free, merge_join_over_unrepartitioned_inputs, over_unrepartitioned_inputs,
@@ -162,6 +162,11 @@ fn rewrite_plan(
         .and_then(|plan| with_scan_filters(plan, options, gpu))
         .and_then(|plan| with_cached_gpu_inputs(plan, options, gpu))
         .and_then(|plan| with_join_key_filters(plan, options, gpu))
+        .and_then(|plan| match root {
+            // A stage's task runs only some of a probe side's partitions.
+            RootPartitions::Merged => with_build_key_filters(plan, options, gpu),
+            RootPartitions::RunApart => Ok(plan),
+        })
         .and_then(|plan| match root {
             // A stage's task runs only its own partitions: it fills only
             // the parts they read.

@@ -868,9 +868,9 @@ async fn a_gpu_exists_join_hands_its_probe_keys_to_the_scan_of_its_build_side() 
     use crate::exec::GpuHashJoinExec;
     use datafusion::common::JoinType;
     let always = || options(true, PlacementPolicy::Always);
-    // `NOT EXISTS` and `EXISTS` over a filtered subquery, the subquery's
-    // smaller table the build side (as DataFusion plans them in
-    // `CollectLeft` mode): a right anti or semi join on the GPU.
+    // `NOT EXISTS` over a filtered subquery, the subquery's smaller table the
+    // build side (as DataFusion plans it in `CollectLeft` mode): a right
+    // anti join on the GPU.
     let config = || collect_left_below(1 << 30);
     let exists_join = |plan: &Arc<dyn ExecutionPlan>| {
         nodes_of::<GpuHashJoinExec>(plan).into_iter().find(|node| {
@@ -878,15 +878,26 @@ async fn a_gpu_exists_join_hands_its_probe_keys_to_the_scan_of_its_build_side() 
             matches!(join.join_type(), JoinType::RightAnti | JoinType::RightSemi)
         })
     };
-    for sql in [
+    // The collectors of a probe side's keys in `plan`.
+    let probe_side_collectors = |plan: &Arc<dyn ExecutionPlan>| {
+        nodes_of::<JoinKeyCollectorExec>(plan)
+            .iter()
+            .filter(|node| {
+                let collector = node.downcast_ref::<JoinKeyCollectorExec>().unwrap();
+                collector.keys().is_of_probe_side()
+            })
+            .count()
+    };
+    let not_exists = [
         "SELECT r.v FROM r WHERE NOT EXISTS \
          (SELECT 1 FROM t WHERE t.k = r.k AND t.v <> r.v AND t.v > 1)",
-        "SELECT r.v FROM r WHERE EXISTS (SELECT 1 FROM t WHERE t.k = r.k AND t.v > 1)",
-    ] {
+        "SELECT r.v FROM r WHERE NOT EXISTS (SELECT 1 FROM t WHERE t.k = r.k AND t.v > 1)",
+    ];
+    for sql in not_exists {
         let plan = rewritten_as_given(config(), sql, always()).await;
         let text = show(&plan);
         let Some(node) = exists_join(&plan) else {
-            panic!("{sql}: no right semi or anti join on the GPU\n{text}");
+            panic!("{sql}: no right anti join on the GPU\n{text}");
         };
         let join = node.downcast_ref::<GpuHashJoinExec>().unwrap().hash_join();
         let collector = join
@@ -933,18 +944,40 @@ async fn a_gpu_exists_join_hands_its_probe_keys_to_the_scan_of_its_build_side() 
         );
         assert!(!show(join.left()).contains("IN join keys"), "{text}");
     }
-    // An inner join, whose build rows all may match: no collector on its
-    // probe side.
-    let sql = "SELECT r.v, s.v FROM r JOIN s ON r.k = s.k WHERE s.v > 1";
-    let plan = rewritten_as_given(config(), sql, always()).await;
-    let text = show(&plan);
-    for node in nodes_of::<GpuHashJoinExec>(&plan) {
-        let join = node.downcast_ref::<GpuHashJoinExec>().unwrap().hash_join();
+
+    // A stage of a distributed plan: its task runs some of the probe
+    // side's partitions, and no set of them all would be made.
+    let ctx = SessionContext::new_with_config(config());
+    ctx.register_table("r", table(4)).unwrap();
+    ctx.register_table("t", table(1)).unwrap();
+    let plan = physical_plan_of(&ctx, not_exists[0]).await;
+    let stage = rewrite_plan(plan, &always(), Ok(()), RootPartitions::RunApart).unwrap();
+    assert!(exists_join(&stage).is_some(), "{}", show(&stage));
+    assert_eq!(probe_side_collectors(&stage), 0, "{}", show(&stage));
+
+    // Not for: an `EXISTS` whose probe side the join's dynamic filter
+    // prunes (read ahead, it would be read before the filter is there); a
+    // `NOT IN`, whose build side's NULLs matter; an inner join, whose build
+    // rows all may match.
+    for sql in [
+        "SELECT r.v FROM r WHERE EXISTS (SELECT 1 FROM t WHERE t.k = r.k AND t.v > 1)",
+        "SELECT r.v FROM r WHERE r.k NOT IN (SELECT k FROM t WHERE v > 1)",
+        "SELECT r.v, t.v FROM r JOIN t ON r.k = t.k WHERE t.v > 1",
+    ] {
+        let plan = rewritten_as_given(config(), sql, always()).await;
+        let text = show(&plan);
         assert!(
-            join.right()
-                .downcast_ref::<JoinKeyCollectorExec>()
-                .is_none(),
-            "{text}"
+            !nodes_of::<GpuHashJoinExec>(&plan).is_empty(),
+            "{sql}\n{text}"
         );
+        assert_eq!(probe_side_collectors(&plan), 0, "{sql}\n{text}");
+        if sql.contains("EXISTS") {
+            let node = exists_join(&plan).expect("a right semi join");
+            let join = node.downcast_ref::<GpuHashJoinExec>().unwrap().hash_join();
+            assert!(
+                crate::exec::dynamic_filter_of(join).is_some(),
+                "{sql}\n{text}"
+            );
+        }
     }
 }
