@@ -262,9 +262,9 @@ config_namespace! {
         /// probe side as placed.
         pub join_key_filters: bool, default = true
         /// Where a GPU hash join keeps probe rows by whether a build row
-        /// matches (a right semi or anti join: `EXISTS`, `NOT EXISTS`), its
-        /// build side is a `GpuScanFilterExec` and no dynamic filter of the
-        /// join prunes its probe side, gather the probe side's keys (one
+        /// matches (a right anti join, `NOT EXISTS`; a right semi join,
+        /// `EXISTS`, only where DataFusion gave it no dynamic filter), its
+        /// build side is a `GpuScanFilterExec` and it has no limit, gather the probe side's keys (one
         /// integer key) as it is read ahead of the join (at most 512 MiB of
         /// its batches held, a quarter of a limited memory pool), and test
         /// the build side's rows against them on the device: a build row no

@@ -313,17 +313,19 @@ impl ExecutionPlan for JoinKeyCollectorExec {
 struct ReadAheadMetrics {
     /// 1 where the partition was read ahead of its join.
     read_ahead: Count,
-    /// 1 where the memory pool refused to hold more, and the join read the
-    /// rest itself.
+    /// 1 where the partition was left to the join to read the rest itself
+    /// (the memory pool refused more, a probe side passed its share, or its
+    /// round ended without a set).
     left_to_join: Count,
 }
 
 /// What the task reading a partition ahead hands the join.
 enum ReadAhead {
-    /// The partition's next batch (or error), held since it was read.
-    Batch(Result<RecordBatch>),
-    /// The rest of the partition, to be read as the join reads it: the
-    /// memory pool refused to hold more.
+    /// The partition's next batch (or error), held since it was read, with
+    /// the bytes reserved for it.
+    Batch(Result<RecordBatch>, usize),
+    /// The rest of the partition, to be read as the join reads it (see
+    /// [`read_ahead`]).
     Rest(SendableRecordBatchStream),
     /// The partition's end.
     End,
@@ -332,12 +334,15 @@ enum ReadAhead {
 /// `stream` (partition of round `round` of `keys`) read to its end by a
 /// task of its own, where a multi-threaded runtime can run one (see
 /// [`JoinKeyCollectorExec`]); else `stream` as it is, read as the join
-/// reads it. The batches waiting for the join are held in `held`; where the
-/// pool refuses one, where the batches held would pass `held_limit` bytes
-/// (as sliced), or where the round of a probe side's set has ended without
-/// one, the task hands the join that batch and the rest of the stream, and
-/// the join reads them as it would have. The task stops when the stream it
-/// feeds is dropped.
+/// reads it. The batches waiting for the join are held in `held` (a probe
+/// side's as sliced, see [`sliced_bytes`]); where the pool refuses one,
+/// where the batches read ahead would pass `held_limit` bytes (as sliced),
+/// or where the round of a probe side's set has ended without one, the task
+/// hands the join that batch and the rest of the stream, and the join reads
+/// them as it would have. (A probe side's join reads nothing before its
+/// build side, which waits for the set: until the set is made or none will
+/// be, the batches read ahead are those held.) The task stops when the
+/// stream it feeds is dropped.
 fn read_ahead(
     mut stream: SendableRecordBatchStream,
     keys: &Arc<JoinKeySet>,
@@ -358,12 +363,15 @@ fn read_ahead(
     metrics.read_ahead.add(1);
     let (holding, rest_schema, set) = (Arc::clone(&held), Arc::clone(&schema), Arc::clone(keys));
     let task = SpawnedTask::spawn(async move {
-        let mut sliced_held = 0;
+        let mut sliced_read = 0;
         while let Some(item) = stream.next().await {
             let failed = item.is_err();
-            let size = item.as_ref().map_or(0, get_record_batch_memory_size);
             let sliced = item.as_ref().map_or(0, sliced_bytes);
-            let over_limit = held_limit.is_some_and(|limit| sliced_held + sliced > limit);
+            let size = match set.is_of_probe_side() {
+                true => sliced,
+                false => item.as_ref().map_or(0, get_record_batch_memory_size),
+            };
+            let over_limit = held_limit.is_some_and(|limit| sliced_read + sliced > limit);
             // No set will come: the join may as well stream the rest.
             let no_set = set.is_of_probe_side() && set.ended_without_set(round);
             if over_limit || no_set || holding.try_grow(size).is_err() {
@@ -375,8 +383,8 @@ fn read_ahead(
                 let _ = sender.unbounded_send(ReadAhead::Rest(Box::pin(rest)));
                 return;
             }
-            sliced_held += sliced;
-            if sender.unbounded_send(ReadAhead::Batch(item)).is_err() {
+            sliced_read += sliced;
+            if sender.unbounded_send(ReadAhead::Batch(item, size)).is_err() {
                 // The join is gone (a limit, a cancelled query).
                 return;
             }
@@ -422,8 +430,7 @@ impl Stream for ReadAheadStream {
                 return Poll::Ready(None);
             }
             match futures::ready!(self.received.poll_next_unpin(cx)) {
-                Some(ReadAhead::Batch(item)) => {
-                    let size = item.as_ref().map_or(0, get_record_batch_memory_size);
+                Some(ReadAhead::Batch(item, size)) => {
                     self.held.shrink(size.min(self.held.size()));
                     return Poll::Ready(Some(item));
                 }
@@ -451,16 +458,19 @@ impl RecordBatchStream for ReadAheadStream {
 }
 
 /// The bytes `batch`'s columns take as sliced, not the whole buffers they
-/// may share with other batches (an aggregation's output, cut in slices).
+/// may share with other batches (an aggregation's output, cut in slices);
+/// string and binary views whole, their values' buffers with them (a
+/// slice's size counts only the views).
 fn sliced_bytes(batch: &RecordBatch) -> usize {
     batch
         .columns()
         .iter()
-        .map(|column| {
-            column
+        .map(|column| match column.data_type() {
+            DataType::Utf8View | DataType::BinaryView => column.get_array_memory_size(),
+            _ => column
                 .to_data()
                 .get_slice_memory_size()
-                .unwrap_or_else(|_| column.get_array_memory_size())
+                .unwrap_or_else(|_| column.get_array_memory_size()),
         })
         .sum()
 }
@@ -851,5 +861,75 @@ mod tests {
     /// `collector` as `EXPLAIN` shows it.
     fn collector_text(collector: &JoinKeyCollectorExec) -> String {
         datafusion::physical_plan::displayable(collector).one_line().to_string()
+    }
+
+    /// A probe side of two partitions whose batches are slices of one
+    /// array of 100,000 keys (as an aggregation hands out its output), three
+    /// of 100 rows each, gathered for the scan of a build side; its
+    /// partitions hold at most `held` bytes in all.
+    fn sliced_probe_side(held: usize) -> (JoinKeyCollectorExec, Arc<JoinKeySet>) {
+        use datafusion::arrow::datatypes::{Field, Schema};
+        use datafusion::physical_expr::expressions::Column;
+        use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+        let schema = Arc::new(Schema::new(vec![Field::new("k0", DataType::Int64, false)]));
+        let whole = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from_iter_values(0..100_000)) as ArrayRef],
+        )
+        .unwrap();
+        let partition = |first: usize| -> Arc<dyn PartitionStream> {
+            Arc::new(GatedPartition {
+                schema: Arc::clone(&schema),
+                batches: (0..3).map(|b| whole.slice(first + 100 * b, 100)).collect(),
+                gate: std::sync::Mutex::new(None),
+            })
+        };
+        let scan = StreamingTableExec::try_new(
+            Arc::clone(&schema),
+            vec![partition(0), partition(300)],
+            None,
+            [],
+            false,
+            None,
+        )
+        .unwrap();
+        let set = Arc::new(JoinKeySet::of_probe_side(2));
+        let key = Arc::new(Column::new("k0", 0));
+        let collector = JoinKeyCollectorExec::new(Arc::new(scan), key, Arc::clone(&set))
+            .with_probe_side_held(held);
+        (collector, set)
+    }
+
+    #[test]
+    fn a_probe_side_counts_its_batches_as_sliced_within_a_quarter_of_a_limited_pool() {
+        use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        let runtime = multi_threaded();
+        // Each partition reads 2,400 bytes as sliced (800 KB of buffers):
+        // within a share of 8 KB, the set is made, and the pool holds the
+        // sliced bytes.
+        let pool = |bytes| {
+            let env = RuntimeEnvBuilder::new().with_memory_limit(bytes, 1.0).build_arc().unwrap();
+            Arc::new(TaskContext::default().with_runtime(env))
+        };
+        let (collector, set) = sliced_probe_side(16 << 10);
+        let context = pool(1 << 20);
+        let streams = execute_both(&collector, &context, &runtime);
+        let read = runtime.block_on(read_all(streams));
+        assert_eq!(keys_of(&read.concat()), (0..600).collect::<Vec<_>>());
+        assert!(set.keys().is_some_and(|keys| keys.contains(0) && keys.contains(599)));
+        assert_eq!(metric(&collector, "probe_side_left_to_join"), 0);
+        assert_eq!(context.memory_pool().reserved(), 0);
+
+        // Under a pool of 8 KB, a quarter of it (1 KB a partition) bounds
+        // what is held: each partition is left to the join after its first
+        // batch, and no set is made.
+        let (collector, set) = sliced_probe_side(16 << 10);
+        let context = pool(8 << 10);
+        let streams = execute_both(&collector, &context, &runtime);
+        let read = runtime.block_on(read_all(streams));
+        assert_eq!(keys_of(&read.concat()), (0..600).collect::<Vec<_>>());
+        assert!(set.keys().is_none(), "a set of part of the probe side");
+        assert_eq!(metric(&collector, "probe_side_left_to_join"), 2);
+        assert_eq!(context.memory_pool().reserved(), 0);
     }
 }
