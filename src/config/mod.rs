@@ -264,12 +264,12 @@ config_namespace! {
         /// Where a GPU hash join keeps probe rows by whether a build row
         /// matches (a right anti join, `NOT EXISTS`; a right semi join,
         /// `EXISTS`, only where DataFusion gave it no dynamic filter), its
-        /// build side is a `GpuScanFilterExec` and it has no limit, gather the probe side's keys (one
-        /// integer key) as it is read ahead of the join (at most 512 MiB of
-        /// its batches held, a quarter of a limited memory pool), and test
-        /// the build side's rows against them on the device: a build row no
-        /// probe row matches makes no output there. `false` leaves the
-        /// build side as placed.
+        /// build side is a `GpuScanFilterExec` and it has no limit, gather the
+        /// probe side's keys (one integer key) as it is read ahead of the join
+        /// (at most 512 MiB of its batches held, a quarter of a limited memory
+        /// pool), and test the build side's rows against them on the device: a
+        /// build row no probe row matches makes no output there. `false` leaves
+        /// the build side as placed.
         pub build_key_filters: bool, default = true
         /// Where a GPU join or aggregation reads a filtered Parquet table
         /// scan that keeps too many rows for a `GpuScanFilterExec` of its

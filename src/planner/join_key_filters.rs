@@ -156,21 +156,19 @@ fn filtered_sides(
     Some((left, right))
 }
 
-/// `gpu_join`'s children with its probe side under a
-/// [`JoinKeyCollectorExec`] of a set [`JoinKeySet::of_probe_side`] and its
-/// build side's scan on the device testing its rows against that set,
-/// where the join is a right semi or anti join (a build row whose key no
-/// probe row holds makes no output) without a limit, its probe side is
-/// executed with the join (not read through a merge, which the join starts
-/// only once its build side is read) and not pruned by the join's dynamic
-/// filter (read ahead, it would be read before the filter is there), and
-/// its build side is a [`GpuScanFilterExec`] under merges, repartitions and
-/// projections of columns. The join reads
-/// its probe side after its build side, so the scan waits for the set only
-/// where the probe side is read ahead (a multi-threaded runtime), and a
-/// probe side too large to hold
-/// ([`MAX_PROBE_SIDE_HELD`](crate::exec::join_keys::collector::MAX_PROBE_SIDE_HELD)) makes no set: the
-/// scan then reads every row, as it would have.
+/// `gpu_join`'s children with its probe side under a [`JoinKeyCollectorExec`]
+/// of a set [`JoinKeySet::of_probe_side`] and its build side's scan on the
+/// device testing its rows against that set, where the join is a right semi or
+/// anti join (a build row whose key no probe row holds makes no output) without
+/// a limit, its probe side is executed with the join (not read through a merge,
+/// which the join starts only once its build side is read) and not pruned by
+/// the join's dynamic filter (read ahead, it would be read before the filter is
+/// there), and its build side is a [`GpuScanFilterExec`] under merges,
+/// repartitions and projections of columns. The join reads its probe side after
+/// its build side, so the scan waits for the set only where the probe side is
+/// read ahead (a multi-threaded runtime), and a probe side too large to hold
+/// ([`MAX_PROBE_SIDE_HELD`](crate::exec::join_keys::collector::MAX_PROBE_SIDE_HELD))
+/// makes no set: the scan then reads every row, as it would have.
 fn build_side_filtered(gpu_join: &GpuHashJoinExec) -> Option<Vec<Arc<dyn ExecutionPlan>>> {
     let join = gpu_join.hash_join();
     let keeps_probe_rows = matches!(join.join_type(), JoinType::RightSemi | JoinType::RightAnti);
