@@ -363,17 +363,20 @@ fn read_ahead(
     metrics.read_ahead.add(1);
     let (holding, rest_schema, set) = (Arc::clone(&held), Arc::clone(&schema), Arc::clone(keys));
     let task = SpawnedTask::spawn(async move {
+        let probe_side = set.is_of_probe_side();
         let mut sliced_read = 0;
         while let Some(item) = stream.next().await {
             let failed = item.is_err();
-            let sliced = item.as_ref().map_or(0, sliced_bytes);
-            let size = match set.is_of_probe_side() {
-                true => sliced,
-                false => item.as_ref().map_or(0, get_record_batch_memory_size),
+            // A build side's batches are reserved whole, as they always
+            // were; only a probe side's are measured as sliced.
+            let size = match (probe_side, &item) {
+                (true, Ok(batch)) => sliced_bytes(batch),
+                (false, Ok(batch)) => get_record_batch_memory_size(batch),
+                (_, Err(_)) => 0,
             };
-            let over_limit = held_limit.is_some_and(|limit| sliced_read + sliced > limit);
+            let over_limit = held_limit.is_some_and(|limit| sliced_read + size > limit);
             // No set will come: the join may as well stream the rest.
-            let no_set = set.is_of_probe_side() && set.ended_without_set(round);
+            let no_set = probe_side && set.ended_without_set(round);
             if over_limit || no_set || holding.try_grow(size).is_err() {
                 // The join takes this batch and reads the rest itself.
                 let rest = futures::stream::once(async move { item }).chain(stream);
@@ -383,7 +386,7 @@ fn read_ahead(
                 let _ = sender.unbounded_send(ReadAhead::Rest(Box::pin(rest)));
                 return;
             }
-            sliced_read += sliced;
+            sliced_read += size;
             if sender.unbounded_send(ReadAhead::Batch(item, size)).is_err() {
                 // The join is gone (a limit, a cancelled query).
                 return;
