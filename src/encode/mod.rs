@@ -14,5 +14,5 @@ pub(crate) mod keys;
 pub(crate) mod ordered_keys;
 pub(crate) mod string_bytes;
 pub(crate) mod string_codes;
-pub(crate) mod table_words;
+pub mod table_words;
 pub(crate) mod words;

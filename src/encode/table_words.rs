@@ -11,8 +11,12 @@ use datafusion::arrow::datatypes::{
     TimestampNanosecondType, TimestampSecondType, UInt16Type, UInt32Type, UInt8Type,
 };
 
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+
 use super::string_codes::{code_strings, strings_array, Dictionary};
-use crate::gpu::{zeroed_for_fill, WordKind};
+use crate::gpu::{zeroed_for_fill, FillingBuffer, PinnedPool, WordKind};
+use crate::trace;
 
 /// Distinct strings a column may hold in one part of a table and still be
 /// coded: beyond, its strings are too many for the device's group tables
@@ -26,6 +30,9 @@ pub const MAX_DICTIONARY_VALUES: usize = 1024;
 pub enum WordValues {
     Wide(Vec<u64>),
     Narrow(Vec<i32>),
+    /// 4-byte integers, as `Narrow`, in page-locked memory the device's
+    /// pool lent: copied to the device without staging.
+    Pinned(Box<PinnedNarrow>),
 }
 
 impl WordValues {
@@ -35,12 +42,73 @@ impl WordValues {
         match self {
             WordValues::Wide(words) => words.to_byte_slice(),
             WordValues::Narrow(values) => values.to_byte_slice(),
+            WordValues::Pinned(values) => values.bytes(),
         }
     }
 
     /// Whether the values are 4-byte integers.
     pub fn narrow(&self) -> bool {
-        matches!(self, WordValues::Narrow(_))
+        matches!(self, WordValues::Narrow(_) | WordValues::Pinned(_))
+    }
+}
+
+/// Rows a column's part has at least for its words to be made in
+/// page-locked memory ([`WordsBuilder::with_pinned_room`]): a smaller
+/// part's staging costs little, and its loan would tie up a buffer.
+pub const MIN_PINNED_ROWS: usize = 1 << 16;
+
+/// 4-byte integers written into a page-locked buffer, as many as it has
+/// room for.
+#[derive(Debug)]
+pub struct PinnedNarrow {
+    buffer: FillingBuffer,
+    /// Values written.
+    len: usize,
+}
+
+impl PinnedNarrow {
+    /// Values the buffer has room for past those written.
+    fn room(&self) -> usize {
+        2 * self.buffer.len() - self.len
+    }
+
+    /// The values written, as bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buffer.as_bytes()[..4 * self.len]
+    }
+
+    /// The values written.
+    pub fn values(&self) -> &[i32] {
+        let bytes = self.bytes();
+        // SAFETY: the bytes of `len` i32 values written by `push`, at the
+        // start of the buffer's page-locked words (aligned to 8 bytes, so
+        // to 4); every bit pattern is a valid i32.
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i32>(), self.len) }
+    }
+
+    /// Appends `piece`'s values as [`narrow_into`] makes them, or returns
+    /// `false` (nothing appended) where one does not fit 4 bytes. The
+    /// caller has checked the room.
+    fn push(&mut self, piece: &ArrayRef) -> bool {
+        let (start, rows) = (self.len, piece.len());
+        assert!(rows <= self.room(), "a piece past a pinned buffer's room");
+        let bytes = &mut self.buffer.as_mut_bytes()[4 * start..4 * (start + rows)];
+        // SAFETY: `bytes` holds exactly `rows` 4-byte slots, aligned to 4
+        // (the buffer's words are aligned to 8 and `start` counts 4-byte
+        // values); MaybeUninit<i32> has i32's layout and accepts any bytes.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<MaybeUninit<i32>>(), rows)
+        };
+        if !narrow_into(piece, out) {
+            return false;
+        }
+        self.len += rows;
+        true
+    }
+
+    /// The buffer and the bytes of the values written, for the copy.
+    pub fn into_buffer(self) -> (FillingBuffer, usize) {
+        (self.buffer, 4 * self.len)
     }
 }
 
@@ -99,17 +167,45 @@ impl WordsBuilder {
     /// refuses the type, with room for about `rows` rows made at once (a
     /// guess: more rows grow the words, fewer leave room unused).
     pub fn with_rows_hint(data_type: &DataType, rows: usize) -> Option<Self> {
+        Self::with_values(data_type, |kind| match kind {
+            WordKind::F64 => WordValues::Wide(empty_for_fill(initial_room(rows))),
+            WordKind::I64 | WordKind::Code | WordKind::Bytes => {
+                WordValues::Narrow(empty_for_fill(initial_room(rows)))
+            }
+        })
+    }
+
+    /// A builder as [`Self::with_rows_hint`] makes, but that writes an
+    /// integer column's 4-byte values straight into page-locked memory
+    /// `pool` lends, with room for `rows` rows, so that they are copied to
+    /// the device without staging: where `rows` is at least
+    /// [`MIN_PINNED_ROWS`] and the pool lends the room. A piece past the
+    /// room, or a value past 4 bytes, moves the values to ordinary memory.
+    pub fn with_pinned_room(data_type: &DataType, rows: usize, pool: &Arc<PinnedPool>) -> Option<Self> {
+        if word_kind(data_type)? != WordKind::I64 || rows < MIN_PINNED_ROWS {
+            return Self::with_rows_hint(data_type, rows);
+        }
+        match pool.take_for_fill(rows.div_ceil(2)) {
+            Ok(Some(buffer)) => Self::with_values(data_type, |_| {
+                WordValues::Pinned(Box::new(PinnedNarrow { buffer, len: 0 }))
+            }),
+            Ok(None) => Self::with_rows_hint(data_type, rows),
+            Err(e) => {
+                trace::event(|| format!("words in ordinary memory: {e}"));
+                Self::with_rows_hint(data_type, rows)
+            }
+        }
+    }
+
+    /// A builder of a column of `data_type` whose values start as
+    /// `values` makes them for the column's kind.
+    fn with_values(data_type: &DataType, values: impl FnOnce(WordKind) -> WordValues) -> Option<Self> {
         let kind = word_kind(data_type)?;
         Some(Self {
             data_type: data_type.clone(),
             kind,
             rows: 0,
-            values: match kind {
-                WordKind::F64 => WordValues::Wide(empty_for_fill(initial_room(rows))),
-                WordKind::I64 | WordKind::Code | WordKind::Bytes => {
-                    WordValues::Narrow(empty_for_fill(initial_room(rows)))
-                }
-            },
+            values: values(kind),
             validity: ValidityBuilder::default(),
             dictionary: (kind == WordKind::Code).then(Dictionary::default),
         })
@@ -123,6 +219,16 @@ impl WordsBuilder {
     /// Appends `piece`'s rows, or returns `false` where the column cannot
     /// be kept as words (the builder is then of no further use).
     pub fn push(&mut self, piece: &ArrayRef) -> bool {
+        if matches!(&self.values, WordValues::Pinned(pinned) if pinned.room() < piece.len()) {
+            // Past the lent room: the values so far to ordinary memory.
+            let values = std::mem::replace(&mut self.values, WordValues::Narrow(Vec::new()));
+            if let WordValues::Pinned(pinned) = values {
+                let written = pinned.values();
+                let mut narrow = empty_for_fill((2 * written.len()).max(written.len() + piece.len()));
+                narrow.extend_from_slice(written);
+                self.values = WordValues::Narrow(narrow);
+            }
+        }
         let appended = match (&mut self.values, &mut self.dictionary) {
             (WordValues::Narrow(codes), Some(dictionary)) => {
                 code_strings(piece, dictionary, codes).is_some()
@@ -134,11 +240,21 @@ impl WordsBuilder {
                 } else {
                     // A value past 32 bits: every word 8 bytes from here on.
                     narrow.truncate(before);
-                    let mut wide: Vec<u64> =
-                        empty_for_fill(narrow.capacity().max(before + piece.len()));
-                    wide.extend(narrow.iter().map(|&v| i64::from(v) as u64));
-                    let appended = plain_words(piece, &mut wide).is_some();
-                    self.values = WordValues::Wide(wide);
+                    let room = narrow.capacity().max(before + piece.len());
+                    let (wide, appended) = widened(narrow, room, piece);
+                    self.values = wide;
+                    appended
+                }
+            }
+            // Never a coded column (`with_pinned_room`).
+            (WordValues::Pinned(pinned), _) => {
+                if pinned.push(piece) {
+                    true
+                } else {
+                    let written = pinned.values();
+                    let room = (2 * pinned.buffer.len()).max(written.len() + piece.len());
+                    let (wide, appended) = widened(written, room, piece);
+                    self.values = wide;
                     appended
                 }
             }
@@ -215,26 +331,50 @@ impl ValidityBuilder {
     }
 }
 
+/// `narrow`'s values as 8-byte words, with room for `room` words, and
+/// `piece`'s appended: the values of a column from its first value past 4
+/// bytes on; with whether `piece` could be appended.
+fn widened(narrow: &[i32], room: usize, piece: &ArrayRef) -> (WordValues, bool) {
+    let mut wide: Vec<u64> = empty_for_fill(room);
+    wide.extend(narrow.iter().map(|&v| i64::from(v) as u64));
+    let appended = plain_words(piece, &mut wide).is_some();
+    (WordValues::Wide(wide), appended)
+}
+
 /// Values checked for fitting a narrower word at once, then copied: few
 /// enough to stay in the CPU's first-level cache between the two loops.
 const FIT_CHUNK: usize = 1024;
 
 /// Appends `array`'s values as 4-byte integers, or returns `false` (with
-/// `out` in any state) where one does not fit (NULL rows included: they
-/// hold whatever the array holds there) or the type is not an integer.
-/// Checked before copied, in loops the compiler vectorizes: this runs over
-/// every row of every column a query first reads.
+/// `out` in any state) where one does not fit (see [`narrow_into`]).
 fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
     room_for(out, array.len());
+    let start = out.len();
+    if !narrow_into(array, &mut out.spare_capacity_mut()[..array.len()]) {
+        return false;
+    }
+    // SAFETY: `narrow_into` returned `true`, so it wrote every one of the
+    // `array.len()` slots past `start`, which `room_for` made room for.
+    unsafe { out.set_len(start + array.len()) };
+    true
+}
+
+/// Writes `array`'s values as 4-byte integers into `out` (one slot a row),
+/// every slot where it returns `true`; returns `false` (with `out` in any
+/// state) where one does not fit (NULL rows included: they hold whatever
+/// the array holds there) or the type is not an integer.
+/// Checked before copied, in loops the compiler vectorizes: this runs over
+/// every row of every column a query first reads.
+fn narrow_into(array: &ArrayRef, out: &mut [MaybeUninit<i32>]) -> bool {
+    debug_assert_eq!(out.len(), array.len());
+    fn put<T: Copy>(out: &mut [MaybeUninit<i32>], values: &[T], narrow: impl Fn(T) -> i32) {
+        for (slot, &value) in out.iter_mut().zip(values) {
+            slot.write(narrow(value));
+        }
+    }
     macro_rules! always {
         ($t:ty) => {{
-            out.extend(
-                array
-                    .as_primitive::<$t>()
-                    .values()
-                    .iter()
-                    .map(|&v| v as i32),
-            );
+            put(out, array.as_primitive::<$t>().values(), |v| v as i32);
             true
         }};
     }
@@ -242,21 +382,19 @@ fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
     // CPU's first-level cache: both loops vectorize (a running minimum and
     // maximum, or a per-value branch, do not).
     macro_rules! if_fits {
-        ($t:ty) => {{
+        ($t:ty, $fits:expr) => {{
             let values = array.as_primitive::<$t>().values();
-            let start = out.len();
-            for chunk in values.chunks(FIT_CHUNK) {
-                let fits = chunk
-                    .iter()
-                    .fold(true, |fits, &v| fits & (v as i64 as i32 as i64 == v as i64));
-                if !fits {
-                    out.truncate(start);
+            for (chunk, slots) in values.chunks(FIT_CHUNK).zip(out.chunks_mut(FIT_CHUNK)) {
+                if !chunk.iter().fold(true, |fits, &v| fits & $fits(v)) {
                     return false;
                 }
-                out.extend(chunk.iter().map(|&v| v as i32));
+                put(slots, chunk, |v| v as i32);
             }
             true
         }};
+        ($t:ty) => {
+            if_fits!($t, |v| v as i64 as i32 as i64 == v as i64)
+        };
     }
     match array.data_type() {
         DataType::Int8 => always!(Int8Type),
@@ -277,24 +415,12 @@ fn narrow_words(array: &ArrayRef, out: &mut Vec<i32>) -> bool {
         DataType::Timestamp(TimeUnit::Microsecond, _) => if_fits!(TimestampMicrosecondType),
         DataType::Timestamp(TimeUnit::Nanosecond, _) => if_fits!(TimestampNanosecondType),
         DataType::Boolean => {
-            out.extend(array.as_boolean().values().iter().map(i32::from));
-            true
-        }
-        DataType::Decimal128(_, _) => {
-            let values = array.as_primitive::<Decimal128Type>().values();
-            let start = out.len();
-            for chunk in values.chunks(FIT_CHUNK) {
-                let fits = chunk
-                    .iter()
-                    .fold(true, |fits, &v| fits & (v as i32 as i128 == v));
-                if !fits {
-                    out.truncate(start);
-                    return false;
-                }
-                out.extend(chunk.iter().map(|&v| v as i32));
+            for (slot, bit) in out.iter_mut().zip(array.as_boolean().values().iter()) {
+                slot.write(i32::from(bit));
             }
             true
         }
+        DataType::Decimal128(_, _) => if_fits!(Decimal128Type, |v: i128| v as i32 as i128 == v),
         _ => false,
     }
 }
@@ -518,7 +644,7 @@ mod tests {
     fn wide_values(words: &HostWords) -> Vec<i64> {
         match &words.values {
             WordValues::Wide(values) => values.iter().map(|&w| w as i64).collect(),
-            WordValues::Narrow(_) => panic!("expected 8-byte words"),
+            WordValues::Narrow(_) | WordValues::Pinned(_) => panic!("expected 8-byte words"),
         }
     }
 

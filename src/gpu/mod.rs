@@ -37,7 +37,7 @@ pub use memory::{
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use pinned::PinnedStats;
-pub use pinned::{LandedBuffer, PinnedBuffer, PinnedPool};
+pub use pinned::{FillingBuffer, LandedBuffer, PinnedBuffer, PinnedPool};
 #[cfg(any(test, feature = "test-support"))]
 pub use pinned::IDLE_LIMIT_BYTES as PINNED_IDLE_LIMIT_BYTES;
 pub(crate) use pinned_region::{region_holding, PinnedRegion};
@@ -47,7 +47,7 @@ pub use runtime::GpuRuntime;
 pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{
     download_byte_pieces, download_u64, download_word, enqueue_download, in_pinned_memory,
-    upload_byte_pieces, upload_u64, upload_u64_pieces, StagingWindows,
+    upload_byte_pieces, upload_filled, upload_u64, upload_u64_pieces, StagingWindows,
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use transfer::CopyBandwidth;

@@ -8,7 +8,8 @@
 //! page-locked memory for the life of the process.
 
 #[cfg(any(test, feature = "test-support"))]
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -25,12 +26,24 @@ const MIN_PINNED_ELEMENTS: usize = 1 << 16;
 /// host's memory.
 pub const IDLE_LIMIT_BYTES: usize = 4 << 30;
 
+/// Elements a buffer lent for a fill is a whole number of: 2 MiB, a huge
+/// page.
+const FILL_ROUNDING_ELEMENTS: usize = (2 << 20) / 8;
+
+/// Bytes a pool lends at once for the host to fill with a table's words
+/// ([`PinnedPool::take_for_fill`]): beyond, words are made in ordinary
+/// memory and staged, so that the fill of a large table does not lock a
+/// large share of the host's memory.
+pub const FILL_LIMIT_BYTES: usize = 4 << 30;
+
 /// Pool of pinned u64 buffers of one device context.
 #[derive(Debug)]
 pub struct PinnedPool {
     ctx: Arc<CudaContext>,
     free: Mutex<Vec<PinnedWords>>,
     idle_limit_bytes: usize,
+    /// Bytes of the buffers lent for fills now ([`FillingBuffer`]).
+    lent_for_fills: Arc<AtomicUsize>,
     /// Whether new buffers are registered huge pages where the kernel
     /// offers them (always, but in the tests of the driver's allocation).
     huge_pages: bool,
@@ -62,6 +75,7 @@ impl PinnedPool {
             ctx,
             free: Mutex::new(Vec::new()),
             idle_limit_bytes: bytes,
+            lent_for_fills: Arc::new(AtomicUsize::new(0)),
             huge_pages: true,
             #[cfg(any(test, feature = "test-support"))]
             allocated: (AtomicU64::new(0), AtomicU64::new(0)),
@@ -132,9 +146,44 @@ impl PinnedPool {
         buffer
     }
 
+    /// A buffer of at least `len` elements for the host to fill before any
+    /// copy reads it, or `None` where [`FILL_LIMIT_BYTES`] are lent for
+    /// fills already.
+    pub fn take_for_fill(self: &Arc<Self>, len: usize) -> GpuResult<Option<FillingBuffer>> {
+        let bytes = 8 * len;
+        let before = self.lent_for_fills.fetch_add(bytes, Ordering::Relaxed);
+        // Given back on every path from here, with the buffer or without.
+        let lent = Lent {
+            counter: Arc::clone(&self.lent_for_fills),
+            bytes,
+        };
+        if before + bytes > FILL_LIMIT_BYTES {
+            return Ok(None);
+        }
+        // Sized to whole huge pages, not to a power of two: a fill's
+        // buffers are many and large, and the parts of a table about alike.
+        let mut buffer = self.take_sized(len, len.max(MIN_PINNED_ELEMENTS).next_multiple_of(FILL_ROUNDING_ELEMENTS))?;
+        // The copies from the buffer's earlier loans, waited for once here:
+        // nothing else enqueues a copy from it until it is filled.
+        let words = buffer.as_mut_slice()?;
+        let (words, len) = (words.as_mut_ptr(), words.len());
+        Ok(Some(FillingBuffer {
+            buffer,
+            words,
+            len,
+            _lent: lent,
+        }))
+    }
+
     /// A buffer of at least `len` elements: the smallest pooled one that fits,
     /// or a new one with a power-of-two size.
     pub fn take(self: &Arc<Self>, len: usize) -> GpuResult<PinnedBuffer> {
+        self.take_sized(len, len.max(MIN_PINNED_ELEMENTS).next_power_of_two())
+    }
+
+    /// A buffer of at least `len` elements: the smallest pooled one that
+    /// fits, or a new one of `new_elements` (at least `len`).
+    fn take_sized(self: &Arc<Self>, len: usize, new_elements: usize) -> GpuResult<PinnedBuffer> {
         let reused = {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
             let best = free
@@ -148,7 +197,7 @@ impl PinnedPool {
         let slice = match reused {
             Some(slice) => slice,
             None => {
-                let elements = len.max(MIN_PINNED_ELEMENTS).next_power_of_two();
+                let elements = new_elements.max(len);
                 // Every user writes the prefix it reads (host writes before
                 // an upload, the device writes before a download) and reads
                 // no further.
@@ -274,6 +323,73 @@ impl LandedBuffer {
 
     /// The buffer again, for the next copies.
     pub fn into_buffer(self) -> PinnedBuffer {
+        self.buffer
+    }
+}
+
+/// Bytes counted as lent for fills until dropped.
+#[derive(Debug)]
+struct Lent {
+    counter: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// A [`PinnedBuffer`] lent for the host to fill ([`PinnedPool::take_for_fill`])
+/// and then copied from ([`super::upload_filled`]): its words are written
+/// without asking the driver about copies, since none is enqueued from it
+/// until it is given up for its copy.
+#[derive(Debug)]
+pub struct FillingBuffer {
+    buffer: PinnedBuffer,
+    /// The first `len` words of `buffer`'s allocation.
+    words: *mut u64,
+    len: usize,
+    _lent: Lent,
+}
+
+// SAFETY: the words are plain host memory owned by `buffer` (moved with
+// it, freed only with it); every earlier copy that used them finished
+// before this was made, and a new one is enqueued only through
+// `into_buffer`, which gives the memory up. Access is through `&self`
+// and `&mut self`, as for a `Vec<u64>`.
+unsafe impl Send for FillingBuffer {}
+// SAFETY: as for `Send`: shared access only reads.
+unsafe impl Sync for FillingBuffer {}
+
+impl FillingBuffer {
+    /// Words lent.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no words are lent.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The words' bytes, for the host to read.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `words` and `len` are the slice the buffer lent when this
+        // was made, in memory `buffer` owns while `self` lives; nothing but
+        // `self` writes it (see the `Send` impl). u8 has alignment 1.
+        unsafe { std::slice::from_raw_parts(self.words.cast::<u8>(), 8 * self.len) }
+    }
+
+    /// The words' bytes, for the host to fill.
+    pub fn as_mut_bytes(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_bytes`, borrowed mutably with `self`; every
+        // bit pattern of the bytes is a valid u64 again.
+        unsafe { std::slice::from_raw_parts_mut(self.words.cast::<u8>(), 8 * self.len) }
+    }
+
+    /// The buffer, for the copy from it.
+    pub(crate) fn into_buffer(self) -> PinnedBuffer {
         self.buffer
     }
 }

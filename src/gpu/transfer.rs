@@ -9,7 +9,8 @@ use datafusion::arrow::datatypes::ToByteSlice;
 use super::pinned_region::region_holding;
 use super::pinned_words::PinnedWords;
 use super::{
-    DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer, PinnedRegion,
+    DriverResultExt, FillingBuffer, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer, PinnedBuffer,
+    PinnedRegion,
 };
 use super::host_pages::zeroed_for_fill;
 use crate::host::copy::{copy_window, host_threads};
@@ -39,6 +40,43 @@ pub fn upload_u64_pieces(
 ) -> GpuResult<CudaSlice<u64>> {
     let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
     upload_byte_pieces(device, stream, &bytes, timer)
+}
+
+/// Copies the first `bytes` bytes of `filled` to a new device vector of
+/// whole words on `stream` (the last word padded with zeros), straight from
+/// its page-locked memory: words the host made there need no staging.
+/// Returns once the copy is enqueued; the buffer goes back to its pool,
+/// which lends it again only after the copy has finished. `bytes` beyond
+/// the buffer are refused.
+pub fn upload_filled(
+    stream: &Arc<CudaStream>,
+    mut filled: FillingBuffer,
+    bytes: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<CudaSlice<u64>> {
+    let len = bytes.div_ceil(8).max(1);
+    if len > filled.len() {
+        return Err(GpuError::Invalid(format!(
+            "{bytes} bytes to copy from a filled buffer of {} words",
+            filled.len()
+        )));
+    }
+    filled.as_mut_bytes()[bytes..8 * len].fill(0);
+    let mut buffer = filled.into_buffer();
+    // SAFETY: every element is written by the copy below before any kernel reads it.
+    let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
+    timer.time_on(stream, Phase::HostToDevice, || {
+        let src = PinnedRange {
+            buffer: buffer.raw_mut(),
+            start: 0,
+            len,
+        };
+        stream
+            .memcpy_htod(&src, &mut dst)
+            .during("copying to the device")
+    })?;
+    timer.add_bytes(Phase::HostToDevice, 8 * len);
+    Ok(dst)
 }
 
 /// Bytes staged for one host-to-device copy. A longer upload goes through

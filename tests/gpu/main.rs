@@ -13,6 +13,7 @@ mod conformance;
 mod device_batch;
 mod device_budget;
 mod device_fault;
+mod fill_words;
 mod fuzz;
 mod join_chain;
 mod join_key_filter;

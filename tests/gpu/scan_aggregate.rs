@@ -170,7 +170,14 @@ async fn scan_aggregations_answer_as_datafusion_does() {
     // Empty, one row, one batch, several batches and partitions.
     // (DataFusion plans one aggregation phase over one partition, which
     // this node does not take: two at least.)
-    for (rows, partitions, seed) in [(0, 2, 1), (1, 2, 2), (3000, 2, 3), (200_000, 4, 4)] {
+    // Parts past `MIN_PINNED_ROWS` rows: their words made in pinned memory.
+    for (rows, partitions, seed) in [
+        (0, 2, 1),
+        (1, 2, 2),
+        (3000, 2, 3),
+        (200_000, 4, 4),
+        (300_000, 2, 5),
+    ] {
         register([&gpu, &cpu], table(rows, partitions, seed));
         for sql in EXACT_QUERIES {
             let plan = check(&gpu, &cpu, sql).await;

@@ -25,12 +25,12 @@ use super::states::{columns_read, compile, partial_states};
 use crate::config::GpuOptions;
 use crate::encode::string_bytes::StringBytesBuilder;
 use crate::encode::string_codes::strings_array;
-use crate::encode::table_words::{word_kind, HostWords, WordsBuilder};
+use crate::encode::table_words::{word_kind, HostWords, WordValues, WordsBuilder};
 use crate::gpu::launch::{
     scan_aggregate, RemapTable, ScanChunk, ScanColumn, ScanProgram, SharedWords,
 };
 use crate::gpu::{
-    upload_byte_pieces, upload_u64, CachedColumn, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
+    upload_byte_pieces, upload_filled, upload_u64, CachedColumn, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
     ReservationKind, WordKind,
 };
 use crate::trace;
@@ -254,7 +254,7 @@ pub(crate) async fn part_columns(
         let data_type = fields[i].1.data_type();
         let builder = match byte_slots.contains(&i) {
             true => StringBytesBuilder::with_rows_hint(data_type, rows_hint).map(ColumnBuilder::Bytes),
-            false => WordsBuilder::with_rows_hint(data_type, rows_hint).map(ColumnBuilder::Words),
+            false => WordsBuilder::with_pinned_room(data_type, rows_hint, device.pinned()).map(ColumnBuilder::Words),
         };
         match builder {
             Some(builder) => builders.push(builder),
@@ -485,10 +485,19 @@ fn upload(
     memory_fraction: f64,
     metrics: &GpuScanMetrics,
 ) -> GpuResult<CachedColumn> {
-    let value_bytes = words.values.bytes();
-    let string_bytes = words.bytes.as_deref();
-    let bytes = value_bytes.len().div_ceil(8).max(1) * 8
-        + 8 * words.validity.as_ref().map_or(0, Vec::len)
+    let HostWords {
+        rows,
+        kind,
+        values,
+        validity,
+        dictionary,
+        bytes: string_bytes,
+    } = words;
+    let narrow = values.narrow();
+    let value_bytes = values.bytes().len();
+    let string_bytes = string_bytes.as_deref();
+    let bytes = value_bytes.div_ceil(8).max(1) * 8
+        + 8 * validity.as_ref().map_or(0, Vec::len)
         + string_bytes.map_or(0, |b| b.len().div_ceil(8).max(1) * 8);
     let reservation = device
         .budget()
@@ -496,14 +505,22 @@ fn upload(
     device.bind_to_thread()?;
     let stream = device.stream()?;
     let mut timer = PhaseTimer::new(Arc::clone(stream.stream()));
-    // One word at least: a part without rows still has a column.
-    let values: &[u8] = match value_bytes.is_empty() {
-        true => &[0; 8],
-        false => value_bytes,
+    let values = match values {
+        // Made in page-locked memory: copied from there.
+        WordValues::Pinned(pinned) if value_bytes > 0 => {
+            let (buffer, bytes) = (*pinned).into_buffer();
+            upload_filled(stream.stream(), buffer, bytes, &mut timer)?
+        }
+        // One word at least: a part without rows still has a column.
+        values => {
+            let values: &[u8] = match value_bytes {
+                0 => &[0; 8],
+                _ => values.bytes(),
+            };
+            upload_byte_pieces(device, stream.stream(), &[values], &mut timer)?
+        }
     };
-    let values = upload_byte_pieces(device, stream.stream(), &[values], &mut timer)?;
-    let validity = words
-        .validity
+    let validity = validity
         .as_ref()
         .filter(|v| !v.is_empty())
         .map(|v| upload_u64(device, stream.stream(), v, &mut timer))
@@ -521,12 +538,12 @@ fn upload(
         .during("waiting for a table column's copy to the device")?;
     metrics.device.record(&timer.finish()?);
     Ok(CachedColumn {
-        rows: words.rows,
-        kind: words.kind,
-        narrow: words.values.narrow(),
+        rows,
+        kind,
+        narrow,
         values,
         validity,
-        dictionary: words.dictionary,
+        dictionary,
         bytes: string_bytes,
         keep_alive,
         reservation,
