@@ -25,8 +25,9 @@ pub struct DeviceMetrics {
     pub kernel_time: Time,
     /// Host time copying into and out of pinned staging buffers.
     pub staging_time: Time,
-    /// Host time getting page-locked staging buffers (locking new memory
-    /// where the pool had none idle: a first query's cost).
+    /// Host time getting page-locked buffers to stage through or to make a
+    /// cache fill's words in (locking new memory where the pool had none
+    /// idle: a first query's cost).
     pub pinned_alloc_time: Time,
     /// Bytes copied to the device straight from tables in pinned host
     /// memory (`pin_batches`), without staging.

@@ -30,11 +30,34 @@ pub const IDLE_LIMIT_BYTES: usize = 4 << 30;
 /// page.
 const FILL_ROUNDING_ELEMENTS: usize = (2 << 20) / 8;
 
-/// Bytes a pool lends at once for the host to fill with a table's words
-/// ([`PinnedPool::take_for_fill`]): beyond, words are made in ordinary
-/// memory and staged, so that the fill of a large table does not lock a
-/// large share of the host's memory.
+/// Bytes a pool lends at most at once for the host to fill with a table's
+/// words ([`PinnedPool::take_for_fill`]), and no more than a sixteenth of
+/// the host's memory: beyond, words are made in ordinary memory and
+/// staged, so that the fill of a large table does not lock a large share
+/// of the host's memory.
 pub const FILL_LIMIT_BYTES: usize = 4 << 30;
+
+/// [`FILL_LIMIT_BYTES`], or a sixteenth of the host's memory where less.
+fn fill_limit_bytes() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        host_memory_bytes().map_or(FILL_LIMIT_BYTES, |bytes| (bytes / 16).min(FILL_LIMIT_BYTES))
+    })
+}
+
+/// The host's physical memory, where the system says.
+#[cfg(unix)]
+fn host_memory_bytes() -> Option<usize> {
+    // SAFETY: `sysconf` only reads system constants; a negative answer
+    // (unknown) is handled below.
+    let (pages, page_bytes) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages > 0 && page_bytes > 0).then(|| (pages as usize).saturating_mul(page_bytes as usize))
+}
+
+#[cfg(not(unix))]
+fn host_memory_bytes() -> Option<usize> {
+    None
+}
 
 /// Pool of pinned u64 buffers of one device context.
 #[derive(Debug)]
@@ -147,8 +170,9 @@ impl PinnedPool {
     }
 
     /// A buffer of at least `len` elements for the host to fill before any
-    /// copy reads it, or `None` where [`FILL_LIMIT_BYTES`] are lent for
-    /// fills already.
+    /// copy reads it, or `None` where it would take the bytes lent for
+    /// fills past [`FILL_LIMIT_BYTES`] (or a sixteenth of the host's
+    /// memory).
     pub fn take_for_fill(self: &Arc<Self>, len: usize) -> GpuResult<Option<FillingBuffer>> {
         let bytes = 8 * len;
         let before = self.lent_for_fills.fetch_add(bytes, Ordering::Relaxed);
@@ -157,7 +181,7 @@ impl PinnedPool {
             counter: Arc::clone(&self.lent_for_fills),
             bytes,
         };
-        if before + bytes > FILL_LIMIT_BYTES {
+        if before + bytes > fill_limit_bytes() {
             return Ok(None);
         }
         // Sized to whole huge pages, not to a power of two: a fill's
@@ -369,6 +393,7 @@ impl FillingBuffer {
     }
 
     /// Whether no words are lent.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
