@@ -65,18 +65,30 @@ pub fn upload_filled(
     let mut buffer = filled.into_buffer();
     // SAFETY: every element is written by the copy below before any kernel reads it.
     let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
+    copy_pinned_words(stream, buffer.raw_mut(), len, &mut dst, timer)?;
+    timer.add_bytes(Phase::HostToDevice, 8 * len);
+    Ok(dst)
+}
+
+/// Enqueues the copy of the first `len` words of `buffer` into `dst` on
+/// `stream`, timed as a host-to-device phase.
+fn copy_pinned_words<Dst: DevicePtrMut<u64>>(
+    stream: &Arc<CudaStream>,
+    buffer: &mut PinnedWords,
+    len: usize,
+    dst: &mut Dst,
+    timer: &mut PhaseTimer,
+) -> GpuResult<()> {
     timer.time_on(stream, Phase::HostToDevice, || {
         let src = PinnedRange {
-            buffer: buffer.raw_mut(),
+            buffer,
             start: 0,
             len,
         };
         stream
-            .memcpy_htod(&src, &mut dst)
+            .memcpy_htod(&src, dst)
             .during("copying to the device")
-    })?;
-    timer.add_bytes(Phase::HostToDevice, 8 * len);
-    Ok(dst)
+    })
 }
 
 /// Bytes staged for one host-to-device copy. A longer upload goes through
@@ -198,17 +210,8 @@ impl<'a> StagingWindows<'a> {
             copy_window(data, pieces, first_byte, host_threads(), BYTES_PER_THREAD);
             padding.fill(0);
             timer.add_host_staging(filling.elapsed());
-            timer.time_on(stream, Phase::HostToDevice, || {
-                let src = PinnedRange {
-                    buffer: staging.raw_mut(),
-                    start: 0,
-                    len: words,
-                };
-                let mut window_of_dst = dst.slice_mut(first_word..first_word + words);
-                stream
-                    .memcpy_htod(&src, &mut window_of_dst)
-                    .during("copying to the device")
-            })?;
+            let mut window_of_dst = dst.slice_mut(first_word..first_word + words);
+            copy_pinned_words(stream, staging.raw_mut(), words, &mut window_of_dst, timer)?;
         }
         timer.add_bytes(Phase::HostToDevice, 8 * len);
         Ok(dst)
@@ -588,16 +591,7 @@ pub(super) fn copy_bandwidth(
     let mut d2d = Vec::new();
     for round in 0..=repeats {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
-        timer.time_on(stream, Phase::HostToDevice, || {
-            let src = PinnedRange {
-                buffer: staging.raw_mut(),
-                start: 0,
-                len: elements,
-            };
-            stream
-                .memcpy_htod(&src, &mut device_buffer)
-                .during("copying to the device")
-        })?;
+        copy_pinned_words(stream, staging.raw_mut(), elements, &mut device_buffer, &mut timer)?;
         timer.time_on(stream, Phase::DeviceToHost, || {
             let mut dst = PinnedRange {
                 buffer: staging.raw_mut(),
