@@ -29,11 +29,13 @@ pub struct DeviceMetrics {
     /// cache fill's words in (locking new memory where the pool had none
     /// idle: a first query's cost).
     pub pinned_alloc_time: Time,
-    /// Bytes copied to the device straight from tables in pinned host
-    /// memory (`pin_batches`), without staging.
+    /// Bytes copied to the device straight from pinned host memory, without
+    /// staging: from tables pinned there (`pin_batches`), and the words a
+    /// cache fill made there.
     pub h2d_direct_bytes: Count,
     /// Copies those bytes took: one per run of batches laid end to end in a
-    /// pinned region (many where batches are read out of their order).
+    /// pinned region (many where batches are read out of their order), and
+    /// one per column of a part a cache fill made in pinned memory.
     pub h2d_direct_copies: Count,
     /// Time spent waiting for the device memory budget.
     pub device_memory_wait: Time,

@@ -21,9 +21,10 @@ use super::{GpuResult, PhaseTimer};
 /// Smallest buffer the pool allocates, in u64 elements (512 KiB).
 const MIN_PINNED_ELEMENTS: usize = 1 << 16;
 
-/// Bytes of idle pinned buffers a pool keeps for reuse: above the staging
-/// windows and download windows that many tasks use at once, far below a
-/// host's memory.
+/// Bytes of idle pinned buffers a pool keeps for reuse, and no more than a
+/// sixteenth of the host's memory: above the staging windows and download
+/// windows that many tasks use at once, far below a host's memory, which
+/// the system cannot page while the pool keeps it.
 pub const IDLE_LIMIT_BYTES: usize = 4 << 30;
 
 /// Elements a buffer lent for a fill is a whole number of: 2 MiB, a huge
@@ -37,12 +38,11 @@ const FILL_ROUNDING_ELEMENTS: usize = (2 << 20) / 8;
 /// of the host's memory.
 pub const FILL_LIMIT_BYTES: usize = 4 << 30;
 
-/// [`FILL_LIMIT_BYTES`], or a sixteenth of the host's memory where less.
-fn fill_limit_bytes() -> usize {
-    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        host_memory_bytes().map_or(FILL_LIMIT_BYTES, |bytes| (bytes / 16).min(FILL_LIMIT_BYTES))
-    })
+/// `limit`, or a sixteenth of the host's memory where less.
+fn within_host_share(limit: usize) -> usize {
+    static HOST_SHARE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let share = *HOST_SHARE.get_or_init(|| host_memory_bytes().map(|bytes| bytes / 16));
+    share.map_or(limit, |share| share.min(limit))
 }
 
 /// The host's physical memory, where the system says.
@@ -67,6 +67,8 @@ pub struct PinnedPool {
     idle_limit_bytes: usize,
     /// Bytes of the buffers lent for fills now ([`FillingBuffer`]).
     lent_for_fills: Arc<AtomicUsize>,
+    /// Bytes the pool lends for fills at most at once.
+    fill_limit_bytes: usize,
     /// Whether new buffers are registered huge pages where the kernel
     /// offers them (always, but in the tests of the driver's allocation).
     huge_pages: bool,
@@ -89,7 +91,7 @@ pub struct PinnedStats {
 impl PinnedPool {
     /// An empty pool for `ctx`.
     pub fn new(ctx: Arc<CudaContext>) -> Arc<Self> {
-        Self::with_idle_limit(ctx, IDLE_LIMIT_BYTES)
+        Self::with_idle_limit(ctx, within_host_share(IDLE_LIMIT_BYTES))
     }
 
     /// An empty pool for `ctx` that keeps at most `bytes` of idle buffers.
@@ -99,6 +101,7 @@ impl PinnedPool {
             free: Mutex::new(Vec::new()),
             idle_limit_bytes: bytes,
             lent_for_fills: Arc::new(AtomicUsize::new(0)),
+            fill_limit_bytes: within_host_share(FILL_LIMIT_BYTES),
             huge_pages: true,
             #[cfg(any(test, feature = "test-support"))]
             allocated: (AtomicU64::new(0), AtomicU64::new(0)),
@@ -110,6 +113,16 @@ impl PinnedPool {
     #[cfg(any(test, feature = "test-support"))]
     pub fn sibling_with_idle_limit(&self, bytes: usize) -> Arc<Self> {
         Self::with_idle_limit(Arc::clone(&self.ctx), bytes)
+    }
+
+    /// A pool of this one's context that lends at most `bytes` for fills
+    /// at once, for the tests of a fill past it.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn sibling_with_fill_limit(&self, bytes: usize) -> Arc<Self> {
+        let pool = Self::with_idle_limit(Arc::clone(&self.ctx), self.idle_limit_bytes);
+        let mut pool = Arc::into_inner(pool).expect("just made");
+        pool.fill_limit_bytes = bytes;
+        Arc::new(pool)
     }
 
     /// A pool of this one's context whose buffers the driver allocates
@@ -171,8 +184,8 @@ impl PinnedPool {
 
     /// A buffer of at least `len` elements for the host to fill before any
     /// copy reads it, or `None` where it would take the bytes lent for
-    /// fills past [`FILL_LIMIT_BYTES`] (or a sixteenth of the host's
-    /// memory).
+    /// fills past the pool's limit ([`FILL_LIMIT_BYTES`], or a sixteenth of
+    /// the host's memory).
     pub fn take_for_fill(self: &Arc<Self>, len: usize) -> GpuResult<Option<FillingBuffer>> {
         let bytes = 8 * len;
         let before = self.lent_for_fills.fetch_add(bytes, Ordering::Relaxed);
@@ -181,7 +194,7 @@ impl PinnedPool {
             counter: Arc::clone(&self.lent_for_fills),
             bytes,
         };
-        if before + bytes > fill_limit_bytes() {
+        if before + bytes > self.fill_limit_bytes {
             return Ok(None);
         }
         // Sized to whole huge pages, not to a power of two: a fill's

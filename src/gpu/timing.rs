@@ -39,10 +39,11 @@ pub struct PhaseTimes {
     /// new memory where none of the size was idle, else next to nothing.
     pub pinned_allocation: Duration,
     /// Of the bytes copied host to device, those copied straight from
-    /// tables in pinned host memory, without staging.
+    /// pinned host memory (pinned tables, a cache fill's words made
+    /// there), without staging.
     pub direct_host_to_device_bytes: usize,
     /// Copies those bytes took: one per run of bytes that lie end to end
-    /// in one pinned region.
+    /// in one pinned region, or per pinned buffer a fill made.
     pub direct_host_to_device_copies: usize,
 }
 

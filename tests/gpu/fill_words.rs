@@ -153,3 +153,49 @@ fn words_made_in_pinned_memory_equal_those_made_in_ordinary_memory() {
     }
     assert_eq!(pinned_seen, 3 * types.len() - 2);
 }
+
+/// A pool lends no more for fills at once than its limit: a builder whose
+/// room would pass it makes its words in ordinary memory (the same words),
+/// and the room comes back when the words that held it are dropped.
+#[test]
+fn a_fill_past_the_pools_limit_makes_its_words_in_ordinary_memory() {
+    let Some(device) = device("a_fill_past_the_pools_limit_makes_its_words_in_ordinary_memory")
+    else {
+        return;
+    };
+    let rows = 4 * MIN_PINNED_ROWS;
+    // A part's room is 4 bytes a row: the limit lends one part's, not two.
+    let pool = device.pinned().sibling_with_fill_limit(6 * rows);
+    let data_type = DataType::Int32;
+    let array = piece(&data_type, rows, 7, false);
+    let make = || {
+        let mut builder = WordsBuilder::with_pinned_room(&data_type, rows, &pool).unwrap();
+        assert!(builder.push(&array));
+        builder.finish()
+    };
+    let first = make();
+    assert!(
+        matches!(first.values, WordValues::Pinned(_)),
+        "within the limit"
+    );
+    let second = make();
+    assert!(
+        matches!(second.values, WordValues::Narrow(_)),
+        "past the limit: ordinary memory"
+    );
+    assert_eq!(values(&second), values(&first));
+    assert_eq!(second.validity, first.validity);
+    assert_eq!(second.rows, rows);
+    let expected = values(&first);
+    drop(first);
+    let third = make();
+    assert!(
+        matches!(third.values, WordValues::Pinned(_)),
+        "the room given back"
+    );
+    assert_eq!(values(&third), expected);
+    drop(third);
+    // One loan alone past the limit.
+    assert!(pool.take_for_fill(rows).unwrap().is_none());
+    assert!(pool.take_for_fill(rows / 2).unwrap().is_some());
+}

@@ -16,6 +16,7 @@ use datafusion::datasource::MemTable;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion_gpu::encode::table_words::MIN_PINNED_ROWS;
 use datafusion_gpu::{gpu_cache_stats, gpu_decisions, GpuScanAggregateExec};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -179,10 +180,24 @@ async fn scan_aggregations_answer_as_datafusion_does() {
         (300_000, 2, 5),
     ] {
         register([&gpu, &cpu], table(rows, partitions, seed));
+        let mut direct_bytes = 0;
         for sql in EXACT_QUERIES {
             let plan = check(&gpu, &cpu, sql).await;
             assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql} ({rows} rows)");
             assert_eq!(plan_metric(&plan, "rows_scanned"), rows, "{sql}");
+            direct_bytes += plan_metric(&plan, "h2d_direct_bytes");
+        }
+        // The table is in ordinary memory: only words a fill made in
+        // pinned memory are copied without staging, and only for parts
+        // (the table's partitions) of the pinned minimum.
+        let part_rows = rows / partitions;
+        if part_rows >= MIN_PINNED_ROWS {
+            assert!(
+                direct_bytes > 0,
+                "{rows} rows: no words made in pinned memory"
+            );
+        } else if rows < MIN_PINNED_ROWS {
+            assert_eq!(direct_bytes, 0, "{rows} rows");
         }
         // Float sums depend on the order of the additions, on the CPU too.
         let sql = "SELECT flag, sum(f), avg(f), sum(f * 2.5 - 1.0), count(f) FROM t \

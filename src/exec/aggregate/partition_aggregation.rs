@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// Rows sampled from the group keys and distinct keys among them (see
+/// [`sampled_distinct_keys`]).
+type KeySample = (usize, usize);
+
 /// Keys the first, quick sample reads: it tells up to 512 groups, each seen
 /// eight times on average.
 const QUICK_SAMPLE_ROWS: usize = 4096;
@@ -151,7 +155,7 @@ impl DeviceAggregation {
         &self,
         batches: &[RecordBatch],
         inputs: &AggregateInputs,
-    ) -> Result<Option<(usize, usize)>> {
+    ) -> Result<Option<KeySample>> {
         if self.spec.keys.is_none() || self.options.placement.always() || batches.is_empty() {
             return Ok(None);
         }
@@ -211,7 +215,7 @@ impl DeviceAggregation {
     fn sample_keys(
         &self,
         key_columns: &[Vec<ArrayRef>],
-    ) -> Result<(Option<(usize, usize)>, Option<GroupKeyWords>)> {
+    ) -> Result<(Option<KeySample>, Option<GroupKeyWords>)> {
         let sampling = self.spec.keys.is_some()
             && (!self.options.placement.always()
                 || self.group_order.is_some()
@@ -238,7 +242,7 @@ impl DeviceAggregation {
     fn group_ids(
         &self,
         key_words: KeyWordsMade,
-        sample: Option<(usize, usize)>,
+        sample: Option<KeySample>,
         rows: usize,
     ) -> Option<(Option<GroupKeyWords>, GroupIds)> {
         Some(match key_words {

@@ -35,7 +35,9 @@ const READ_BATCH_ROWS: usize = 1 << 16;
 
 /// One part of a table: a Parquet file (or byte range of one, with the
 /// row groups it was cut to, see [`super::row_groups`]) or a `MemTable`
-/// partition.
+/// partition. A table has a few parts, one per file or byte range, so the
+/// file's description is kept inline rather than boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub(crate) enum Part {
     File(PartitionedFile, Option<RowGroups>),

@@ -5,6 +5,11 @@ use super::*;
 use crate::exec::check_device_ids;
 use crate::gpu::{Admission, DeviceReservation};
 
+/// The columns a merge join gathers on the device by pair: per column of
+/// the left side and of the right side, whether it is gathered, and the
+/// bytes they take there.
+type GatheredColumns = (Vec<bool>, Vec<bool>, usize);
+
 /// Where the matches' output goes, and what stopped it: a consumer that
 /// has gone (`open` false) or a host error.
 struct MatchEmitter<'a> {
@@ -470,7 +475,7 @@ impl DeviceMergeJoin {
         &self,
         left: &ArrivedBatches,
         right: &ArrivedBatches,
-    ) -> (Option<(Vec<bool>, Vec<bool>, usize)>, usize) {
+    ) -> (Option<GatheredColumns>, usize) {
         let plan = &self.plan;
         let aggregate = plan.aggregate.as_deref();
         let gathered_columns = gathers_by_pair(plan.join_type, plan.filter.is_some())

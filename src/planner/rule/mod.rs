@@ -855,7 +855,8 @@ fn join_order_is_fixed(join: &HashJoinExec) -> bool {
     // The join types whose build side remembers its matches emit build
     // rows alone once every probe row is done.
     let emits_build_rows_alone = tracks_build_matches(*join.join_type());
-    !order_depends_on_arrival(probe) && !(emits_build_rows_alone && order_depends_on_arrival(build))
+    let build_rows_alone_follow_arrival = emits_build_rows_alone && order_depends_on_arrival(build);
+    !(order_depends_on_arrival(probe) || build_rows_alone_follow_arrival)
 }
 
 /// Whether the rows of `plan` come out in an order that depends on when
