@@ -301,6 +301,14 @@ config_namespace! {
         /// last parts are not each read by one task on an otherwise idle
         /// host. `false` leaves each such part to its own task.
         pub steal_pieces: bool, default = true
+        /// Where the device column cache reads a Parquet part with string
+        /// columns whole, by one task (no pieces of whole row groups of it to
+        /// share out: a file of one row group, as small tables are written),
+        /// its columns are read apart, side by side: each string column by a
+        /// task of its own, the others together by one more, so that the
+        /// part takes about as long as its largest column. `false` reads the
+        /// part's columns together.
+        pub read_columns_apart: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host
         /// turns one window into batches while the next crosses the bus. A
@@ -338,6 +346,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "dictionary_reads",
     "min_part_rows",
     "steal_pieces",
+    "read_columns_apart",
 ];
 
 /// Options that are no longer options, with what to do instead.

@@ -173,6 +173,7 @@ impl FillAhead {
                     device: super::partition_device(group, &options).ok(),
                     filled: MetricBuilder::new(&scan.metrics).counter("parts_filled_ahead", group),
                     rows_filled: MetricBuilder::new(&scan.metrics).counter("rows_filled_ahead", group),
+                    read_apart: MetricBuilder::new(&scan.metrics).counter("parts_read_apart", group),
                 })
                 .collect();
             let queue = Arc::new(PartQueue {
@@ -243,6 +244,8 @@ struct GroupFill {
     device: Option<Arc<GpuDevice>>,
     filled: Count,
     rows_filled: Count,
+    /// Of the parts filled, those whose columns were read apart.
+    read_apart: Count,
 }
 
 /// One task of a fill ahead: it takes the next part of its scan's queue
@@ -284,8 +287,11 @@ impl PartsRead {
             }
             let mut read_as_bytes = false;
             loop {
-                let (misses_before, rows_before) =
-                    (self.metrics.cache_misses.value(), self.metrics.rows_read.value());
+                let (misses_before, rows_before, apart_before) = (
+                    self.metrics.cache_misses.value(),
+                    self.metrics.rows_read.value(),
+                    self.metrics.parts_read_apart.value(),
+                );
                 let loaded = part_columns(
                     &queue.source,
                     self.fields.clone(),
@@ -305,6 +311,9 @@ impl PartsRead {
                             group_fill
                                 .rows_filled
                                 .add(self.metrics.rows_read.value() - rows_before);
+                            group_fill
+                                .read_apart
+                                .add(self.metrics.parts_read_apart.value() - apart_before);
                         }
                         break;
                     }

@@ -108,6 +108,10 @@ pub struct GpuScanMetrics {
     /// (`gpu.tuning.steal_pieces`; those read for the fill ahead's parts are
     /// not counted here).
     pub pieces_read: Count,
+    /// Parts the cache missed whose columns were read apart, side by side
+    /// (`gpu.tuning.read_columns_apart`), by the scan or, for the node's
+    /// partition's parts, by the fill ahead of its plan.
+    pub parts_read_apart: Count,
     /// Columns of table parts found in the device column cache.
     pub cache_hits: Count,
     /// Columns of table parts read and copied to the device.
@@ -136,6 +140,7 @@ impl GpuScanMetrics {
             rows_scanned: builder().counter("rows_scanned", partition),
             rows_read: builder().counter("rows_read", partition),
             pieces_read: builder().counter("pieces_read", partition),
+            parts_read_apart: builder().counter("parts_read_apart", partition),
             cache_hits: builder().counter("cache_hits", partition),
             cache_misses: builder().counter("cache_misses", partition),
             cpu_fallback: builder().counter("cpu_fallback", partition),

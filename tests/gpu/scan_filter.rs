@@ -496,6 +496,111 @@ async fn parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_r
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parquet_parts_of_one_row_group_read_their_columns_apart_and_answer_right() {
+    let Some(_) =
+        require_gpu("parquet_parts_of_one_row_group_read_their_columns_apart_and_answer_right")
+    else {
+        return;
+    };
+    // Three files of one row group each, one part a file: each part read
+    // whole by one task, its two coded string columns each by a read of
+    // its own beside one of the other columns (`gpu.tuning.read_columns_apart`),
+    // or every column by one read.
+    let dir = temp_dir("columns-apart");
+    for (at, seed) in [(0, 41), (1, 42), (2, 43)] {
+        write_parquet(&dir.join(format!("p{at}.parquet")), 30_000, seed);
+    }
+    // A string a row, kept as its bytes, beside an integer column: three
+    // files too, so that no round robin lies between filter and scan.
+    let varied = temp_dir("columns-apart-varied");
+    let varied_files = [
+        ("a.parquet", 0),
+        ("b.parquet", 20_000),
+        ("c.parquet", 40_000),
+    ];
+    for (name, start) in varied_files {
+        write_ints_and_strings(
+            &varied.join(name),
+            20_000,
+            |r| (start + r) as i64,
+            |r| varied_string(start + r).unwrap_or_default(),
+        );
+    }
+    let whole_files = "SET datafusion.optimizer.repartition_file_scans = false";
+    let cpu = cpu_context(JoinMode::CollectLeft, 3, &[whole_files]).await;
+    for (name, dir) in [("t", &dir), ("w", &varied)] {
+        cpu.register_parquet(name, dir.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+    }
+    for apart in [true, false] {
+        // Copies of the files: other paths, so parts the cache misses.
+        let (copy, copy_varied) = (
+            temp_dir(&format!("columns-apart-{apart}")),
+            temp_dir(&format!("columns-apart-varied-{apart}")),
+        );
+        for at in 0..3 {
+            let name = format!("p{at}.parquet");
+            std::fs::copy(dir.join(&name), copy.join(&name)).unwrap();
+        }
+        for (name, _) in varied_files {
+            std::fs::copy(varied.join(name), copy_varied.join(name)).unwrap();
+        }
+        let setting = format!("SET gpu.tuning.read_columns_apart = {apart}");
+        let settings = [
+            "SET gpu.tuning.scan_aggregate = false",
+            whole_files,
+            &setting,
+        ];
+        let gpu = gpu_context(JoinMode::CollectLeft, 3, &settings).await;
+        for (name, dir) in [("t", &copy), ("w", &copy_varied)] {
+            gpu.register_parquet(name, dir.to_str().unwrap(), ParquetReadOptions::default())
+                .await
+                .unwrap();
+        }
+        for (at, sql) in QUERIES.iter().enumerate() {
+            let (plan, _) = check(&gpu, &cpu, sql).await;
+            assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}, {setting}");
+            if at == 0 {
+                // Every column of every part missed, read by the scan or
+                // ahead of it: three parts, read apart or not at all so
+                // (more only where other tests' device memory evicted a
+                // part between two reads).
+                let (read, parts_apart) = (
+                    plan_metric(&plan, "rows_read") + plan_metric(&plan, "rows_filled_ahead"),
+                    plan_metric(&plan, "parts_read_apart"),
+                );
+                let shown = displayable(plan.as_ref()).indent(true).to_string();
+                assert!(
+                    read >= 90_000,
+                    "{sql}, {setting}: {read} rows read\n{shown}"
+                );
+                match (apart, crate::support::alone_on_the_device()) {
+                    (true, true) => assert_eq!(parts_apart, 3, "{sql}\n{shown}"),
+                    (true, false) => assert!(parts_apart >= 3, "{sql}: {parts_apart}\n{shown}"),
+                    (false, _) => assert_eq!(parts_apart, 0, "{sql}\n{shown}"),
+                }
+            }
+        }
+        // The strings too varied to code: the first plan finds them so and
+        // reads them as their bytes, the next from the start; matched by
+        // LIKE and output.
+        for sql in [
+            LIKE_QUERIES[0],
+            "SELECT s, i FROM w WHERE s LIKE 'special%'",
+            "SELECT i, s FROM w WHERE i > 20000 OR s LIKE '%requests'",
+        ] {
+            let (plan, _) = check(&gpu, &cpu, sql).await;
+            assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}, {setting}");
+        }
+        let _ = std::fs::remove_dir_all(&copy);
+        let _ = std::fs::remove_dir_all(&copy_varied);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&varied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_left_to_datafusion_reads_only_its_own_files() {
     let Some(_) = require_gpu("a_partition_left_to_datafusion_reads_only_its_own_files") else {
         return;

@@ -5,6 +5,7 @@
 mod exec;
 mod fill_lock;
 mod like;
+mod part_fill;
 mod program;
 mod read_types;
 mod row_groups;

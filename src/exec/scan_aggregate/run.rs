@@ -16,7 +16,8 @@ use futures::StreamExt;
 
 use crate::exec::GpuScanMetrics;
 use super::shape::{ScanAggregateShape, TableSource};
-use super::row_groups::batches_in_pieces;
+use super::part_fill::{fill, fill_apart, groups_apart, ColumnBuilder, PartRead};
+use super::row_groups::{batches_in_pieces, pieces_of};
 use super::shared_read::batches_read_in_turn;
 use super::source::{is_uncodable, remember_uncodable, source_url, Part};
 use crate::exec::runtime_workers;
@@ -137,35 +138,6 @@ pub(crate) enum Loaded {
     Host(String),
 }
 
-/// A column's host form as a part is read: words (codes for strings), or a
-/// string column's bytes.
-enum ColumnBuilder {
-    Words(WordsBuilder),
-    Bytes(StringBytesBuilder),
-}
-
-impl ColumnBuilder {
-    fn push(&mut self, piece: &ArrayRef) -> bool {
-        match self {
-            ColumnBuilder::Words(builder) => builder.push(piece),
-            ColumnBuilder::Bytes(builder) => builder.push(piece),
-        }
-    }
-
-    fn finish(self) -> HostWords {
-        match self {
-            ColumnBuilder::Words(builder) => builder.finish(),
-            ColumnBuilder::Bytes(builder) => builder.finish(),
-        }
-    }
-
-    /// Whether a piece it refuses makes the column uncodable: a string
-    /// column coded.
-    fn codes_strings(&self) -> bool {
-        matches!(self, ColumnBuilder::Words(b) if b.kind() == WordKind::Code)
-    }
-}
-
 /// The cache key of a string column kept as its bytes: another entry than
 /// its codes'.
 fn bytes_key(key: String) -> String {
@@ -274,12 +246,7 @@ pub(crate) async fn part_columns(
         return Ok(Loaded::Host(cannot_be_words(i)));
     }
     let table_columns: Vec<usize> = missing.iter().map(|&i| fields[i].0).collect();
-    // String columns coded first in each batch: one too varied ends the
-    // read before the batch's other columns are coded for nothing.
-    let mut coded_first: Vec<usize> = (0..missing.len()).collect();
-    coded_first.sort_by_key(|&b| !builders[b].codes_strings());
     trace::event(|| format!("cache fill of {}: probed", part.describe()));
-    let (mut read_for, mut coded_for) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     // The string columns coded (not kept as their bytes), read as
     // dictionaries where the file stores them as strings.
     let coded_strings: Vec<usize> = missing
@@ -288,44 +255,62 @@ pub(crate) async fn part_columns(
         .filter(|(_, builder)| options.tuning.dictionary_reads && builder.codes_strings())
         .map(|(&i, _)| fields[i].0)
         .collect();
+    // Which builders a refused piece makes uncodable (read before the
+    // builders go to the reads).
+    let codes_strings: Vec<bool> = builders.iter().map(ColumnBuilder::codes_strings).collect();
     let (min_rows, pieces_read) = (options.tuning.min_part_rows, &metrics.pieces_read);
-    let mut batches = match reading {
-        Reading::WithItsTable => {
-            batches_in_pieces(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read).await?
-        }
-        // Helpers are fill-ahead tasks: where none can run (the cache off,
-        // a single-threaded runtime), the part is read whole.
-        Reading::InTurn if options.tuning.steal_pieces && options.cache && crate::exec::in_multi_threaded_runtime() => {
-            batches_read_in_turn(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read)
-                .await?
-        }
-        Reading::InTurn => part.batches(source, &table_columns, &coded_strings, context)?,
+    // A file part read whole by one task (no pieces of it to share out)
+    // with string columns: its columns read apart, side by side.
+    let apart = match (options.tuning.read_columns_apart, &part) {
+        (true, Part::File(..)) => match groups_apart(&builders) {
+            Some(groups) if pieces_of(source, &part, &context, min_rows).await.is_none() => Some(groups),
+            _ => None,
+        },
+        _ => None,
     };
-    loop {
-        let reading = std::time::Instant::now();
-        let Some(batch) = batches.next().await else {
-            break;
-        };
-        read_for += reading.elapsed();
-        metrics.read_time.add_duration(reading.elapsed());
-        let encoding = std::time::Instant::now();
-        let batch = batch?;
-        let refused = coded_first
-            .iter()
-            .copied()
-            .find(|&b| !builders[b].push(&batch[b]));
-        coded_for += encoding.elapsed();
-        metrics.encode_time.add_duration(encoding.elapsed());
-        if let Some(b) = refused {
-            let i = missing[b];
-            if builders[b].codes_strings() {
-                remember_uncodable(&keys[i]);
-            }
-            return Ok(Loaded::Host(cannot_be_words(i)));
+    let (builders, filled) = match apart {
+        Some(groups) => {
+            trace::event(|| format!("cache fill of {}: {} reads apart", part.describe(), groups.len()));
+            metrics.parts_read_apart.add(1);
+            let read = PartRead {
+                source,
+                part: &part,
+                table_columns: &table_columns,
+                coded_strings: &coded_strings,
+                context: &context,
+                metrics,
+            };
+            fill_apart(read, builders, &groups).await?
         }
+        None => {
+            let batches = match reading {
+                Reading::WithItsTable => {
+                    batches_in_pieces(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read)
+                        .await?
+                }
+                // Helpers are fill-ahead tasks: where none can run (the cache off,
+                // a single-threaded runtime), the part is read whole.
+                Reading::InTurn
+                    if options.tuning.steal_pieces && options.cache && crate::exec::in_multi_threaded_runtime() =>
+                {
+                    batches_read_in_turn(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read)
+                        .await?
+                }
+                Reading::InTurn => part.batches(source, &table_columns, &coded_strings, context)?,
+            };
+            let mut builders = builders;
+            let filled = fill(batches, &mut builders, metrics).await?;
+            (builders, filled)
+        }
+    };
+    let (read_for, coded_for) = (filled.read, filled.coded);
+    if let Some(b) = filled.refused {
+        let i = missing[b];
+        if codes_strings[b] {
+            remember_uncodable(&keys[i]);
+        }
+        return Ok(Loaded::Host(cannot_be_words(i)));
     }
-    // Read: a part read in turn no longer counts as reading.
-    drop(batches);
     trace::event(|| {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let (read, coded) = (ms(read_for), ms(coded_for));

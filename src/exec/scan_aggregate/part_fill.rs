@@ -1,0 +1,369 @@
+//! A part's missing columns pushed from the batches read into their host
+//! form: from one read of every column, or, where the part is read whole
+//! by one task and holds string columns, from reads of its columns apart,
+//! side by side, each string column by a task of its own and the
+//! fixed-width columns together by one more (`gpu.tuning.read_columns_apart`).
+//!
+//! A table of few row groups (a row group a file, as DataFusion's writer
+//! makes TPC-H's `customer`, `part` and `supplier` at SF 10) is read by as
+//! many tasks as it has row groups, whatever the host's cores, and its
+//! string columns take most of a part's reading and coding: names,
+//! addresses and comments of hundreds of thousands of rows. Read apart,
+//! a part takes about as long as its largest column, not all of them, and
+//! a scan waiting for such a table (a join's keys tested against it, its
+//! rows the build side above) waits that much less. Each read is
+//! DataFusion's over the same part with fewer columns, so every builder
+//! gets every row of its column in the part's order, as from one read.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::ArrayRef;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use futures::stream::{BoxStream, FuturesUnordered, StreamExt};
+
+use super::source::Part;
+use super::TableSource;
+use crate::encode::string_bytes::StringBytesBuilder;
+use crate::encode::table_words::{HostWords, WordsBuilder};
+use crate::exec::GpuScanMetrics;
+use crate::gpu::WordKind;
+
+/// A column's host form as a part is read: words (codes for strings), or a
+/// string column's bytes.
+pub(super) enum ColumnBuilder {
+    Words(WordsBuilder),
+    Bytes(StringBytesBuilder),
+}
+
+impl ColumnBuilder {
+    pub(super) fn push(&mut self, piece: &ArrayRef) -> bool {
+        match self {
+            ColumnBuilder::Words(builder) => builder.push(piece),
+            ColumnBuilder::Bytes(builder) => builder.push(piece),
+        }
+    }
+
+    pub(super) fn finish(self) -> HostWords {
+        match self {
+            ColumnBuilder::Words(builder) => builder.finish(),
+            ColumnBuilder::Bytes(builder) => builder.finish(),
+        }
+    }
+
+    /// Whether a piece it refuses makes the column uncodable: a string
+    /// column coded.
+    pub(super) fn codes_strings(&self) -> bool {
+        matches!(self, ColumnBuilder::Words(b) if b.kind() == WordKind::Code)
+    }
+
+    /// Whether it holds a string column, coded or as its bytes.
+    fn holds_strings(&self) -> bool {
+        matches!(self, ColumnBuilder::Bytes(_)) || self.codes_strings()
+    }
+}
+
+/// What filling builders took (summed over the reads side by side), and
+/// the first builder (its index) that refused a piece, where one did: the
+/// reading then stopped.
+#[derive(Debug, Default)]
+pub(super) struct Filled {
+    pub(super) read: Duration,
+    pub(super) coded: Duration,
+    pub(super) refused: Option<usize>,
+}
+
+/// Pushes every batch of `batches` (one array per builder, in order) into
+/// `builders`, string columns coded first in each batch, so that one too
+/// varied to code ends the read before the batch's other columns are
+/// coded for nothing. Reading and coding are counted in `metrics`. The
+/// stream is dropped when this returns (a part read in turn then no
+/// longer counts as reading).
+pub(super) async fn fill(
+    mut batches: BoxStream<'static, Result<Vec<ArrayRef>>>,
+    builders: &mut [ColumnBuilder],
+    metrics: &GpuScanMetrics,
+) -> Result<Filled> {
+    let mut order: Vec<usize> = (0..builders.len()).collect();
+    order.sort_by_key(|&b| !builders[b].codes_strings());
+    let mut filled = Filled::default();
+    loop {
+        let reading = Instant::now();
+        let Some(batch) = batches.next().await else {
+            break;
+        };
+        filled.read += reading.elapsed();
+        metrics.read_time.add_duration(reading.elapsed());
+        let coding = Instant::now();
+        let batch = batch?;
+        if batch.len() != builders.len() {
+            return Err(DataFusionError::Internal(format!(
+                "a part's batch of {} columns for {} builders",
+                batch.len(),
+                builders.len()
+            )));
+        }
+        filled.refused = order.iter().copied().find(|&b| !builders[b].push(&batch[b]));
+        filled.coded += coding.elapsed();
+        metrics.encode_time.add_duration(coding.elapsed());
+        if filled.refused.is_some() {
+            break;
+        }
+    }
+    Ok(filled)
+}
+
+/// The groups (indices into `builders`) a part's columns are read apart
+/// in: each string column alone, the rest together; `None` where that
+/// makes fewer than two groups (one read does).
+pub(super) fn groups_apart(builders: &[ColumnBuilder]) -> Option<Vec<Vec<usize>>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut fixed = Vec::new();
+    for (b, builder) in builders.iter().enumerate() {
+        match builder.holds_strings() {
+            true => groups.push(vec![b]),
+            false => fixed.push(b),
+        }
+    }
+    if !fixed.is_empty() {
+        groups.push(fixed);
+    }
+    (groups.len() >= 2).then_some(groups)
+}
+
+/// What the reads apart of one part share.
+pub(super) struct PartRead<'a> {
+    pub(super) source: &'a TableSource,
+    pub(super) part: &'a Part,
+    /// The table column each builder fills.
+    pub(super) table_columns: &'a [usize],
+    /// The string columns (table column indices) read as dictionaries.
+    pub(super) coded_strings: &'a [usize],
+    pub(super) context: &'a Arc<TaskContext>,
+    pub(super) metrics: &'a GpuScanMetrics,
+}
+
+/// Fills `builders` (one per column of `read.table_columns`) from reads of
+/// the part's columns in `groups` ([`groups_apart`]), each a task of its
+/// own, all at once. Returns the builders in their order and what filling
+/// them took; on the first builder that refuses a piece, the reads left
+/// are stopped (their tasks dropped) and the builders returned are those
+/// the reads ended with (the caller drops them).
+pub(super) async fn fill_apart(
+    read: PartRead<'_>,
+    builders: Vec<ColumnBuilder>,
+    groups: &[Vec<usize>],
+) -> Result<(Vec<ColumnBuilder>, Filled)> {
+    let count = builders.len();
+    let mut slots: Vec<Option<ColumnBuilder>> = builders.into_iter().map(Some).collect();
+    let mut tasks = FuturesUnordered::new();
+    for (g, group) in groups.iter().enumerate() {
+        let columns: Vec<usize> = group.iter().map(|&b| read.table_columns[b]).collect();
+        let coded: Vec<usize> = read
+            .coded_strings
+            .iter()
+            .copied()
+            .filter(|c| columns.contains(c))
+            .collect();
+        let mut own: Vec<ColumnBuilder> = Vec::with_capacity(group.len());
+        for &b in group {
+            let builder = slots[b].take().ok_or_else(|| {
+                DataFusionError::Internal(format!("column {b} of a part read apart twice"))
+            })?;
+            own.push(builder);
+        }
+        let (source, part) = (read.source.clone(), read.part.clone());
+        let (context, metrics) = (Arc::clone(read.context), read.metrics.clone());
+        let task = SpawnedTask::spawn(async move {
+            let batches = part.batches(&source, &columns, &coded, context)?;
+            let filled = fill(batches, &mut own, &metrics).await?;
+            Ok::<_, DataFusionError>((own, filled))
+        });
+        tasks.push(async move { (g, task.join().await) });
+    }
+    let mut filled = Filled::default();
+    while let Some((g, joined)) = tasks.next().await {
+        let (own, group_filled) = joined
+            .map_err(|e| DataFusionError::Execution(format!("a read of a part's columns failed: {e}")))??;
+        filled.read += group_filled.read;
+        filled.coded += group_filled.coded;
+        let group = &groups[g];
+        for (&b, builder) in group.iter().zip(own) {
+            slots[b] = Some(builder);
+        }
+        if let Some(refused) = group_filled.refused {
+            // The reads left stop with their tasks, dropped here.
+            filled.refused = Some(group[refused]);
+            return Ok((slots.into_iter().flatten().collect(), filled));
+        }
+    }
+    let builders: Vec<ColumnBuilder> = slots.into_iter().flatten().collect();
+    if builders.len() != count {
+        return Err(DataFusionError::Internal(
+            "a part's columns read apart came back short".into(),
+        ));
+    }
+    Ok((builders, filled))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Decimal128Array, Int64Array, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+
+    const ROWS: usize = 20_000;
+
+    /// A file of one row group: `i` (Int64, every seventh row NULL),
+    /// `name` (a string a row, every eleventh NULL), `code` (three strings
+    /// and NULLs), `d` (Decimal128(15, 2)), as one part of a table, with the
+    /// table's types of its four columns.
+    async fn a_file_of_one_row_group(name: &str) -> (TableSource, Part, Vec<DataType>, Arc<TaskContext>, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("datafusion-gpu-part-fill-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("i", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+            Field::new("code", DataType::Utf8, true),
+            Field::new("d", DataType::Decimal128(15, 2), false),
+        ]));
+        let i = Int64Array::from_iter((0..ROWS as i64).map(|r| (r % 7 != 0).then_some(r * 31 - 5_000)));
+        let names = StringArray::from_iter((0..ROWS).map(|r| (r % 11 != 0).then(|| format!("customer #{r:09} of many"))));
+        let codes = StringArray::from_iter((0..ROWS).map(|r| ["A", "BB", "", "x"].get(r % 5).copied()));
+        let d = Decimal128Array::from_iter_values((0..ROWS as i128).map(|r| r * 97 - 123_456))
+            .with_precision_and_scale(15, 2)
+            .unwrap();
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(i), Arc::new(names), Arc::new(codes), Arc::new(d)],
+        )
+        .unwrap();
+        let file = std::fs::File::create(dir.join("t.parquet")).unwrap();
+        let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
+        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+        let mut scan = ctx.sql("SELECT * FROM t").await.unwrap().create_physical_plan().await.unwrap();
+        while scan.downcast_ref::<DataSourceExec>().is_none() {
+            scan = Arc::clone(scan.children()[0]);
+        }
+        let types: Vec<DataType> = scan.schema().fields().iter().map(|f| f.data_type().clone()).collect();
+        let (source, _) = super::super::table_source(scan.downcast_ref::<DataSourceExec>().unwrap()).unwrap().unwrap();
+        let parts: Vec<Part> = source.part_groups().into_iter().flatten().collect();
+        assert_eq!(parts.len(), 1, "one part");
+        let part = parts.into_iter().next().unwrap();
+        (source, part, types, ctx.task_ctx(), dir)
+    }
+
+    /// Builders of the four columns: `name` as its bytes or coded, `code`
+    /// coded.
+    fn builders(types: &[DataType], name_as_bytes: bool) -> Vec<ColumnBuilder> {
+        let words = |t: &DataType| ColumnBuilder::Words(WordsBuilder::with_rows_hint(t, ROWS).unwrap());
+        vec![
+            words(&types[0]),
+            match name_as_bytes {
+                true => ColumnBuilder::Bytes(StringBytesBuilder::with_rows_hint(&types[1], ROWS).unwrap()),
+                false => words(&types[1]),
+            },
+            words(&types[2]),
+            words(&types[3]),
+        ]
+    }
+
+    fn same_words(a: &HostWords, b: &HostWords, column: usize) {
+        assert_eq!(a.rows, b.rows, "column {column}");
+        assert_eq!(a.kind, b.kind, "column {column}");
+        assert_eq!(a.values.bytes(), b.values.bytes(), "column {column}");
+        assert_eq!(a.validity, b.validity, "column {column}");
+        assert_eq!(a.bytes, b.bytes, "column {column}");
+        assert_eq!(
+            a.dictionary.as_ref().map(|d| d.to_data()),
+            b.dictionary.as_ref().map(|d| d.to_data()),
+            "column {column}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn columns_read_apart_make_the_words_one_read_makes() {
+        let (source, part, types, context, dir) = a_file_of_one_row_group("apart").await;
+        let metrics = GpuScanMetrics::new(&datafusion::physical_plan::metrics::ExecutionPlanMetricsSet::new(), 0);
+        let table_columns = [0, 1, 2, 3];
+        for dictionary_reads in [false, true] {
+            let coded_strings: Vec<usize> = match dictionary_reads {
+                true => vec![2],
+                false => Vec::new(),
+            };
+            let mut together = builders(&types, true);
+            let batches = part.batches(&source, &table_columns, &coded_strings, Arc::clone(&context)).unwrap();
+            let filled = fill(batches, &mut together, &metrics).await.unwrap();
+            assert_eq!(filled.refused, None);
+
+            let apart = builders(&types, true);
+            let groups = groups_apart(&apart).unwrap();
+            // Each string column alone, the fixed-width ones together.
+            assert_eq!(groups, vec![vec![1], vec![2], vec![0, 3]]);
+            let read = PartRead {
+                source: &source,
+                part: &part,
+                table_columns: &table_columns,
+                coded_strings: &coded_strings,
+                context: &context,
+                metrics: &metrics,
+            };
+            let (apart, filled) = fill_apart(read, apart, &groups).await.unwrap();
+            assert_eq!(filled.refused, None);
+            assert_eq!(apart.len(), 4);
+            for (column, (a, b)) in together.into_iter().zip(apart).enumerate() {
+                let (a, b) = (a.finish(), b.finish());
+                assert_eq!(a.rows, ROWS, "column {column}");
+                same_words(&a, &b, column);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_column_too_varied_to_code_read_apart_is_the_one_refused() {
+        let (source, part, types, context, dir) = a_file_of_one_row_group("refused").await;
+        let metrics = GpuScanMetrics::new(&datafusion::physical_plan::metrics::ExecutionPlanMetricsSet::new(), 0);
+        let table_columns = [0, 1, 2, 3];
+        // `name` coded: a string a row, past the codes a part may hold.
+        let apart = builders(&types, false);
+        assert!(apart[1].codes_strings());
+        let groups = groups_apart(&apart).unwrap();
+        let read = PartRead {
+            source: &source,
+            part: &part,
+            table_columns: &table_columns,
+            coded_strings: &[1, 2],
+            context: &context,
+            metrics: &metrics,
+        };
+        let (_, filled) = fill_apart(read, apart, &groups).await.unwrap();
+        assert_eq!(filled.refused, Some(1));
+        // One read of every column refuses the same builder.
+        let mut together = builders(&types, false);
+        let batches = part.batches(&source, &table_columns, &[1, 2], Arc::clone(&context)).unwrap();
+        assert_eq!(fill(batches, &mut together, &metrics).await.unwrap().refused, Some(1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn fixed_width_columns_alone_are_read_together() {
+        let words = |t: DataType| ColumnBuilder::Words(WordsBuilder::with_rows_hint(&t, 10).unwrap());
+        assert_eq!(groups_apart(&[words(DataType::Int64), words(DataType::Float64)]), None);
+        assert_eq!(groups_apart(&[words(DataType::Utf8View)]), None);
+        assert_eq!(
+            groups_apart(&[words(DataType::Utf8View), words(DataType::Int32)]),
+            Some(vec![vec![0], vec![1]])
+        );
+    }
+}
