@@ -303,11 +303,13 @@ config_namespace! {
         pub steal_pieces: bool, default = true
         /// Where the device column cache reads a Parquet part with string
         /// columns whole, by one task (no pieces of whole row groups of it to
-        /// share out: a file of one row group, as small tables are written),
-        /// its columns are read apart, side by side: each string column by a
-        /// task of its own, the others together by one more, so that the
-        /// part takes about as long as its largest column. `false` reads the
-        /// part's columns together.
+        /// share out: a file or byte range of one row group, as small tables
+        /// are written), its columns are read apart, side by side: each
+        /// string column by a task of its own, the others together by one
+        /// more, so that the part takes about as long as its largest column.
+        /// Not where `gpu.tuning.min_part_rows` is 0 (each part read by one
+        /// task) or the runtime has one thread. `false` reads the part's
+        /// columns together.
         pub read_columns_apart: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an
         /// aggregation's per-group results takes as it comes back: the host

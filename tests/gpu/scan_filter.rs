@@ -504,8 +504,8 @@ async fn parquet_parts_of_one_row_group_read_their_columns_apart_and_answer_righ
     };
     // Three files of one row group each, one part a file: each part read
     // whole by one task, its two coded string columns each by a read of
-    // its own beside one of the other columns (`gpu.tuning.read_columns_apart`),
-    // or every column by one read.
+    // its own and the other columns together by one more
+    // (`gpu.tuning.read_columns_apart`), or every column by one read.
     let dir = temp_dir("columns-apart");
     for (at, seed) in [(0, 41), (1, 42), (2, 43)] {
         write_parquet(&dir.join(format!("p{at}.parquet")), 30_000, seed);

@@ -65,13 +65,14 @@ impl ColumnBuilder {
     }
 }
 
-/// What filling builders took (summed over the reads side by side), and
-/// the first builder (its index) that refused a piece, where one did: the
-/// reading then stopped.
+/// What filling builders took (summed over the reads side by side), the
+/// rows pushed into each builder, and the first builder (its index) that
+/// refused a piece, where one did: the reading then stopped.
 #[derive(Debug, Default)]
 pub(super) struct Filled {
     pub(super) read: Duration,
     pub(super) coded: Duration,
+    pub(super) rows: usize,
     pub(super) refused: Option<usize>,
 }
 
@@ -106,6 +107,7 @@ pub(super) async fn fill(
             )));
         }
         filled.refused = order.iter().copied().find(|&b| !builders[b].push(&batch[b]));
+        filled.rows += batch.first().map_or(0, |column| column.len());
         filled.coded += coding.elapsed();
         metrics.encode_time.add_duration(coding.elapsed());
         if filled.refused.is_some() {
@@ -150,7 +152,9 @@ pub(super) struct PartRead<'a> {
 /// own, all at once. Returns the builders in their order and what filling
 /// them took; on the first builder that refuses a piece, the reads left
 /// are stopped (their tasks dropped) and the builders returned are those
-/// the reads ended with (the caller drops them).
+/// the reads ended with (the caller drops them). Reads that end with
+/// different numbers of rows (a file changed between them) are an error:
+/// their columns would not line up.
 pub(super) async fn fill_apart(
     read: PartRead<'_>,
     builders: Vec<ColumnBuilder>,
@@ -184,12 +188,27 @@ pub(super) async fn fill_apart(
         tasks.push(async move { (g, task.join().await) });
     }
     let mut filled = Filled::default();
+    // The rows of the reads ended so far, alike.
+    let mut rows: Option<usize> = None;
     while let Some((g, joined)) = tasks.next().await {
         let (own, group_filled) = joined
             .map_err(|e| DataFusionError::Execution(format!("a read of a part's columns failed: {e}")))??;
         filled.read += group_filled.read;
         filled.coded += group_filled.coded;
         let group = &groups[g];
+        if group_filled.refused.is_none() {
+            match rows {
+                None => rows = Some(group_filled.rows),
+                Some(rows) if rows != group_filled.rows => {
+                    return Err(DataFusionError::Execution(format!(
+                        "the reads apart of {} gave {rows} and {} rows: was the file changed?",
+                        read.part.describe(),
+                        group_filled.rows
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
         for (&b, builder) in group.iter().zip(own) {
             slots[b] = Some(builder);
         }
@@ -199,6 +218,7 @@ pub(super) async fn fill_apart(
             return Ok((slots.into_iter().flatten().collect(), filled));
         }
     }
+    filled.rows = rows.unwrap_or(0);
     let builders: Vec<ColumnBuilder> = slots.into_iter().flatten().collect();
     if builders.len() != count {
         return Err(DataFusionError::Internal(
@@ -304,7 +324,7 @@ mod tests {
             let mut together = builders(&types, true);
             let batches = part.batches(&source, &table_columns, &coded_strings, Arc::clone(&context)).unwrap();
             let filled = fill(batches, &mut together, &metrics).await.unwrap();
-            assert_eq!(filled.refused, None);
+            assert_eq!((filled.refused, filled.rows), (None, ROWS));
 
             let apart = builders(&types, true);
             let groups = groups_apart(&apart).unwrap();
@@ -319,7 +339,7 @@ mod tests {
                 metrics: &metrics,
             };
             let (apart, filled) = fill_apart(read, apart, &groups).await.unwrap();
-            assert_eq!(filled.refused, None);
+            assert_eq!((filled.refused, filled.rows), (None, ROWS));
             assert_eq!(apart.len(), 4);
             for (column, (a, b)) in together.into_iter().zip(apart).enumerate() {
                 let (a, b) = (a.finish(), b.finish());

@@ -259,9 +259,12 @@ pub(crate) async fn part_columns(
     // builders go to the reads).
     let codes_strings: Vec<bool> = builders.iter().map(ColumnBuilder::codes_strings).collect();
     let (min_rows, pieces_read) = (options.tuning.min_part_rows, &metrics.pieces_read);
-    // A file part read whole by one task (no pieces of it to share out)
-    // with string columns: its columns read apart, side by side.
-    let apart = match (options.tuning.read_columns_apart, &part) {
+    // A file part read whole by one task (no pieces of it to share out,
+    // and `min_part_rows` not 0, which reads each part by one task) with
+    // string columns: its columns read apart, side by side, where a
+    // runtime of several threads runs the reads at once.
+    let apart_allowed = options.tuning.read_columns_apart && min_rows > 0 && crate::exec::in_multi_threaded_runtime();
+    let apart = match (apart_allowed, &part) {
         (true, Part::File(..)) => match groups_apart(&builders) {
             Some(groups) if pieces_of(source, &part, &context, min_rows).await.is_none() => Some(groups),
             _ => None,
@@ -271,7 +274,6 @@ pub(crate) async fn part_columns(
     let (builders, filled) = match apart {
         Some(groups) => {
             trace::event(|| format!("cache fill of {}: {} reads apart", part.describe(), groups.len()));
-            metrics.parts_read_apart.add(1);
             let read = PartRead {
                 source,
                 part: &part,
@@ -280,7 +282,11 @@ pub(crate) async fn part_columns(
                 context: &context,
                 metrics,
             };
-            fill_apart(read, builders, &groups).await?
+            let (builders, filled) = fill_apart(read, builders, &groups).await?;
+            if filled.refused.is_none() {
+                metrics.parts_read_apart.add(1);
+            }
+            (builders, filled)
         }
         None => {
             let batches = match reading {
