@@ -55,20 +55,21 @@ static PIECE_READS: LazyLock<Arc<Semaphore>> = LazyLock::new(|| {
 
 /// Every row of table columns `table_columns` of `part`, as
 /// [`Part::batches`] reads them (`coded`: the string columns the fill
-/// codes), in the part's order; where the part cuts into pieces of at
-/// least `min_rows` rows ([`pieces_of`]), each piece read whole by a task
-/// of its own, at most [`PIECE_READS`] at once, and counted in
+/// codes), in the part's order; where the part cuts into `pieces` (what
+/// [`pieces_of`] found, asked by the caller once), each piece read whole
+/// by a task of its own, at most [`PIECE_READS`] at once, and counted in
 /// `pieces_read`. The tasks end when the stream is dropped.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn batches_in_pieces(
     source: &TableSource,
     part: &Part,
+    pieces: Option<Vec<Part>>,
     table_columns: &[usize],
     coded: &[usize],
     context: Arc<TaskContext>,
-    min_rows: usize,
     pieces_read: &datafusion::physical_plan::metrics::Count,
 ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
-    let Some(pieces) = pieces_of(source, part, &context, min_rows).await else {
+    let Some(pieces) = pieces else {
         return part.batches(source, table_columns, coded, context);
     };
     pieces_read.add(pieces.len());
@@ -393,8 +394,9 @@ pub(super) mod tests {
         let pieces_read = datafusion::physical_plan::metrics::Count::new();
         for part in source.part_groups().into_iter().flatten() {
             let whole = values_of(part.batches(&source, &[0], &[], Arc::clone(&context)).unwrap()).await;
+            let pieces = pieces_of(&source, &part, &context, 1).await;
             let in_pieces =
-                batches_in_pieces(&source, &part, &[0], &[], Arc::clone(&context), 1, &pieces_read).await.unwrap();
+                batches_in_pieces(&source, &part, pieces, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
             assert_eq!(values_of(in_pieces).await, whole, "{}", part.describe());
         }
         assert_eq!(pieces_read.value(), 10, "every row group a piece");

@@ -264,10 +264,18 @@ pub(crate) async fn part_columns(
     // string columns: its columns read apart, side by side, where a
     // runtime of several threads runs the reads at once.
     let apart_allowed = options.tuning.read_columns_apart && min_rows > 0 && crate::exec::in_multi_threaded_runtime();
+    // The part's pieces, asked of its footer once: here where the reads
+    // apart hang on them, else below where the read does.
+    let mut pieces_found = None;
     let apart = match (apart_allowed, &part) {
         (true, Part::File(..)) => match groups_apart(&builders) {
-            Some(groups) if pieces_of(source, &part, &context, min_rows).await.is_none() => Some(groups),
-            _ => None,
+            Some(groups) => {
+                let pieces = pieces_of(source, &part, &context, min_rows).await;
+                let apart = pieces.is_none().then_some(groups);
+                pieces_found = Some(pieces);
+                apart
+            }
+            None => None,
         },
         _ => None,
     };
@@ -289,17 +297,22 @@ pub(crate) async fn part_columns(
             (builders, filled)
         }
         None => {
+            // Helpers are fill-ahead tasks: where none can run (the cache off,
+            // a single-threaded runtime), a part read in turn is read whole.
+            let in_turn_with_helpers =
+                options.tuning.steal_pieces && options.cache && crate::exec::in_multi_threaded_runtime();
+            let pieces = match (&reading, pieces_found) {
+                (Reading::InTurn, _) if !in_turn_with_helpers => None,
+                (_, Some(pieces)) => pieces,
+                (_, None) => pieces_of(source, &part, &context, min_rows).await,
+            };
             let batches = match reading {
                 Reading::WithItsTable => {
-                    batches_in_pieces(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read)
+                    batches_in_pieces(source, &part, pieces, &table_columns, &coded_strings, context, pieces_read)
                         .await?
                 }
-                // Helpers are fill-ahead tasks: where none can run (the cache off,
-                // a single-threaded runtime), the part is read whole.
-                Reading::InTurn
-                    if options.tuning.steal_pieces && options.cache && crate::exec::in_multi_threaded_runtime() =>
-                {
-                    batches_read_in_turn(source, &part, &table_columns, &coded_strings, context, min_rows, pieces_read)
+                Reading::InTurn if in_turn_with_helpers => {
+                    batches_read_in_turn(source, &part, pieces, &table_columns, &coded_strings, context, pieces_read)
                         .await?
                 }
                 Reading::InTurn => part.batches(source, &table_columns, &coded_strings, context)?,

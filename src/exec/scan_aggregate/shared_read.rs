@@ -29,7 +29,7 @@ use datafusion::physical_plan::metrics::Count;
 use futures::stream::{BoxStream, StreamExt};
 use tokio::sync::{oneshot, Notify};
 
-use super::row_groups::{pieces_of, read_whole};
+use super::row_groups::read_whole;
 use super::source::Part;
 use super::TableSource;
 use crate::trace;
@@ -199,20 +199,21 @@ static OPEN_READS: LazyLock<OpenReads> = LazyLock::new(OpenReads::default);
 
 /// Every row of table columns `table_columns` of `part`, as
 /// [`Part::batches`] reads them (`coded`: the string columns the fill
-/// codes), in the part's order: where the part cuts into pieces of at
-/// least `min_rows` rows ([`pieces_of`]), piece after piece, its last
-/// unread pieces open to idle tasks ([`help_reads_in_turn`]); those
+/// codes), in the part's order: where the part cuts into `pieces` (what
+/// [`pieces_of`] found, asked by the caller once), piece after piece, its
+/// last unread pieces open to idle tasks ([`help_reads_in_turn`]); those
 /// pieces are counted in `pieces_read`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn batches_read_in_turn(
     source: &TableSource,
     part: &Part,
+    pieces: Option<Vec<Part>>,
     table_columns: &[usize],
     coded: &[usize],
     context: Arc<TaskContext>,
-    min_rows: usize,
     pieces_read: &Count,
 ) -> Result<BoxStream<'static, Result<Vec<ArrayRef>>>> {
-    let read = shared_read(&OPEN_READS, source, part, table_columns, coded, context, min_rows, pieces_read);
+    let read = shared_read(&OPEN_READS, source, part, pieces, table_columns, coded, context, pieces_read);
     Ok(read.await?.0)
 }
 
@@ -222,13 +223,13 @@ async fn shared_read(
     open: &'static OpenReads,
     source: &TableSource,
     part: &Part,
+    pieces: Option<Vec<Part>>,
     table_columns: &[usize],
     coded: &[usize],
     context: Arc<TaskContext>,
-    min_rows: usize,
     pieces_read: &Count,
 ) -> Result<(BoxStream<'static, Result<Vec<ArrayRef>>>, Option<Arc<SharedRead>>)> {
-    let Some(pieces) = pieces_of(source, part, &context, min_rows).await else {
+    let Some(pieces) = pieces else {
         return Ok((part.batches(source, table_columns, coded, context)?, None));
     };
     let mut receivers = Vec::with_capacity(pieces.len());
@@ -315,6 +316,7 @@ async fn help(open: &OpenReads, slots: usize) {
 mod tests {
     use super::*;
     use crate::exec::scan_aggregate::row_groups::tests::{ranges_of_a_file_of_ten_row_groups, values_of};
+    use crate::exec::scan_aggregate::row_groups::pieces_of;
 
     /// Helpers' own registry, apart from the process's (other tests').
     fn open_reads() -> &'static OpenReads {
@@ -345,7 +347,7 @@ mod tests {
         ) -> (BoxStream<'static, Result<Vec<ArrayRef>>>, Arc<SharedRead>) {
             let (source, part, context) = (&self.source, &self.part, Arc::clone(&self.context));
             let (batches, read) =
-                shared_read(self.open, source, part, &[0], &[], context, 1, pieces_read).await.unwrap();
+                shared_read(self.open, source, part, pieces_of(source, part, &context, 1).await, &[0], &[], context, pieces_read).await.unwrap();
             (batches, read.expect("the range cuts into pieces"))
         }
     }
@@ -371,7 +373,7 @@ mod tests {
             for helped in [0, 1, pieces] {
                 let pieces_read = Count::new();
                 let (batches, read) =
-                    shared_read(open, &source, &part, &[0], &[], Arc::clone(&context), 1, &pieces_read).await.unwrap();
+                    shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
                 let read = read.expect("the range cuts into pieces");
                 for _ in 0..helped {
                     let at = read.claim_last().unwrap();
@@ -385,7 +387,7 @@ mod tests {
             // is read by the part's own task.
             let pieces_read = Count::new();
             let (batches, read) =
-                shared_read(open, &source, &part, &[0], &[], Arc::clone(&context), 1, &pieces_read).await.unwrap();
+                shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
             let read = read.unwrap();
             let at = read.claim_last().unwrap();
             drop(read.pieces[at].handed.lock().unwrap().take());
@@ -398,7 +400,7 @@ mod tests {
         // read as it is, open to no helper.
         let part = source.part_groups().into_iter().flatten().next().unwrap();
         let (_, read) =
-            shared_read(open, &source, &part, &[0], &[], Arc::clone(&context), 0, &Count::new()).await.unwrap();
+            shared_read(open, &source, &part, pieces_of(&source, &part, &context, 0).await, &[0], &[], Arc::clone(&context), &Count::new()).await.unwrap();
         assert!(read.is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -415,7 +417,7 @@ mod tests {
         let mut reads = Vec::new();
         for part in &parts {
             let (batches, read) =
-                shared_read(open, &source, part, &[0], &[], Arc::clone(&context), 1, &pieces_read).await.unwrap();
+                shared_read(open, &source, part, pieces_of(&source, part, &context, 1).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
             assert!(read.is_some());
             reads.push(batches);
         }
