@@ -271,6 +271,18 @@ config_namespace! {
         /// build row no probe row matches makes no output there. `false` leaves
         /// the build side as placed.
         pub build_key_filters: bool, default = true
+        /// While a GPU hash join's build side is collected, read its probe
+        /// side ahead (host batches, at most 512 MiB held in all, counted
+        /// in the session's memory pool; up to the first rows a GPU join
+        /// below keeps on the device), so that the scans and joins below it
+        /// run beside the build side's (`probe_rows_read_ahead`). Not where
+        /// a scan of the probe side reads the files pruned by the join's
+        /// dynamic filter (it would be read before the filter is there),
+        /// under a memory pool with a limit, or for a join with a limit.
+        /// Off by default: where both sides' scans decode files on every
+        /// core, reading them at once saves nothing; it is for build sides
+        /// that wait on their storage rather than the host's cores.
+        pub read_probe_ahead: bool, default = false
         /// Where a GPU join or aggregation reads a filtered Parquet table
         /// scan that keeps too many rows for a `GpuScanFilterExec` of its
         /// own, read it through one all the same (its rows go to the device
@@ -344,6 +356,7 @@ const TUNING_OPTIONS: &[&str] = &[
     "scan_filter",
     "join_key_filters",
     "build_key_filters",
+    "read_probe_ahead",
     "cached_gpu_inputs",
     "dictionary_reads",
     "min_part_rows",

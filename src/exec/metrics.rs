@@ -298,6 +298,9 @@ pub struct GpuJoinMetrics {
     /// Probe rows handed on by the GPU join below on the device and probed
     /// there.
     pub probe_rows_from_device: Count,
+    /// Probe rows read while the build side was collected
+    /// (`gpu.tuning.read_probe_ahead`).
+    pub probe_rows_read_ahead: Count,
     /// Probe rows handed on on the device that this join copied down to
     /// join on the host (a key the device cannot read in place, a chunk
     /// the device lacked memory for); their bytes are in `d2h_bytes`.
@@ -333,6 +336,7 @@ impl GpuJoinMetrics {
             output_rows_kept_on_device: builder()
                 .counter("output_rows_kept_on_device", partition),
             probe_rows_from_device: builder().counter("probe_rows_from_device", partition),
+            probe_rows_read_ahead: builder().counter("probe_rows_read_ahead", partition),
             probe_rows_copied_down: builder().counter("probe_rows_copied_down", partition),
         }
     }

@@ -20,6 +20,7 @@ mod join_key_filter;
 mod join_sql;
 mod join_types;
 mod ops;
+mod probe_read_ahead;
 mod runtime;
 mod scan_aggregate;
 mod scan_filter;

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::NullEquality;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -22,6 +22,7 @@ use datafusion::physical_plan::{
 
 use super::build_side::{BuildGather, BuildSide, FoldedAggregation};
 use super::probe_filter::{dynamic_filter_of, with_filter_of, ProbeFilterPublisher};
+use super::probe_reader::ReadAheadLimit;
 use crate::exec::join::output::OutputAssembler;
 use crate::gpu::GpuDevice;
 use super::stream::{
@@ -635,6 +636,7 @@ impl GpuHashJoinExec {
             true => Some(join.right().execute(partition, Arc::clone(&context))?),
             false => None,
         };
+        let probe_read_by_gatherer = probe_executed.is_some();
         let build = self.build_side(partition, &context, &options, build_gather, &metrics)?;
         // A partition that reads the whole probe side does its host work on
         // every core; many partitions' chunks run at once otherwise.
@@ -669,10 +671,20 @@ impl GpuHashJoinExec {
                 }
             },
         };
+        // A probe side read ahead by its key gatherer, or read through its
+        // merge (started once the build side is in where the build side's
+        // filter prunes it), is not read ahead again.
+        let probe_read_ahead = match probe_read_by_gatherer
+            || self.probe_merge_read_through().is_some()
+        {
+            true => None,
+            false => self.probe_read_ahead(partition, &context, &options, &metrics),
+        };
         let spec = ProbeSpec {
             partition,
             build,
             probe_input,
+            probe_read_ahead,
             probe_schema: join.right().schema(),
             probe_on: join
                 .on()
@@ -699,6 +711,49 @@ impl GpuHashJoinExec {
             device_output: device_output.map(|_| self.schema()),
         };
         Ok(spec)
+    }
+}
+
+/// The most bytes of host batches the partitions of a GPU hash join's
+/// probe side hold in all while its build side is collected
+/// (`gpu.tuning.read_probe_ahead`).
+const MAX_PROBE_READ_AHEAD: usize = 512 << 20;
+
+impl GpuHashJoinExec {
+    /// How far partition `partition` reads its probe input ahead while the
+    /// build side is collected: its share of [`MAX_PROBE_READ_AHEAD`], where
+    /// the session reads ahead and that loses nothing: no scan of the probe
+    /// side prunes by the join's dynamic filter (it would be read before
+    /// the filter is there), the memory pool has no limit (the build side's
+    /// batches are not refused for those read ahead), the join has no limit
+    /// (rows past it would be read for nothing), and a multi-threaded
+    /// runtime runs the reads beside the build side's.
+    fn probe_read_ahead(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+        options: &GpuOptions,
+        metrics: &GpuJoinMetrics,
+    ) -> Option<ReadAheadLimit> {
+        let join = self.hash_join();
+        let pool = context.memory_pool();
+        let reads_ahead = options.tuning.read_probe_ahead
+            && join.fetch().is_none()
+            && crate::exec::in_multi_threaded_runtime()
+            && !matches!(pool.memory_limit(), MemoryLimit::Finite(_))
+            && !self
+                .probe_filter(context)
+                .is_some_and(|filter| filter.prunes_the_probe_side(join.right()));
+        if !reads_ahead {
+            return None;
+        }
+        let partitions = self.properties().output_partitioning().partition_count();
+        Some(ReadAheadLimit {
+            max_bytes: MAX_PROBE_READ_AHEAD / partitions.max(1),
+            reservation: MemoryConsumer::new(format!("GpuHashJoinExec[{partition}] read ahead"))
+                .register(pool),
+            rows: metrics.probe_rows_read_ahead.clone(),
+        })
     }
 }
 

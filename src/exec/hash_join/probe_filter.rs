@@ -28,6 +28,7 @@ use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::ExecutionPlan;
 
+use crate::exec::{GpuScanAggregateExec, GpuScanFilterExec};
 use crate::host::copy::host_threads;
 use crate::host::parallel::on_ranges;
 use crate::trace;
@@ -55,6 +56,15 @@ pub(crate) fn with_filter_of(original: &HashJoinExec, rebuilt: HashJoinExec) -> 
 /// Whether an expression in `plan` (a node or any expression below a node's
 /// expressions) has the identity `id`.
 fn plan_holds_expression(plan: &Arc<dyn ExecutionPlan>, id: u64) -> bool {
+    plan_holds_expression_above(plan, id, &|_| false)
+}
+
+/// [`plan_holds_expression`], not looking below the nodes `ends` picks.
+fn plan_holds_expression_above(
+    plan: &Arc<dyn ExecutionPlan>,
+    id: u64,
+    ends: &dyn Fn(&dyn ExecutionPlan) -> bool,
+) -> bool {
     let mut found = false;
     let walked = plan.apply(|node| {
         node.apply_expressions(&mut |root| {
@@ -68,10 +78,18 @@ fn plan_holds_expression(plan: &Arc<dyn ExecutionPlan>, id: u64) -> bool {
         })?;
         Ok(match found {
             true => TreeNodeRecursion::Stop,
+            false if ends(node.as_ref()) => TreeNodeRecursion::Jump,
             false => TreeNodeRecursion::Continue,
         })
     });
     walked.is_ok() && found
+}
+
+/// Whether `node` is a GPU scan over the device column cache, whose input
+/// (DataFusion's scan) is read only where the GPU scan falls back to it.
+fn reads_the_column_cache(node: &dyn ExecutionPlan) -> bool {
+    node.downcast_ref::<GpuScanFilterExec>().is_some()
+        || node.downcast_ref::<GpuScanAggregateExec>().is_some()
 }
 
 /// How many build key values the filter may list (beside their range), as
@@ -428,6 +446,17 @@ impl ProbeFilterPublisher {
                 summary: None,
             }),
         })
+    }
+
+    /// Whether a scan of `probe` (the join's probe side) prunes what it
+    /// reads by the filter: a node holds it other than below a GPU scan,
+    /// which reads the device column cache (its input, which holds the
+    /// filter, is read only where it falls back). A probe side read before
+    /// the filter is there loses that pruning, and only that.
+    pub(crate) fn prunes_the_probe_side(&self, probe: &Arc<dyn ExecutionPlan>) -> bool {
+        self.filter
+            .expression_id()
+            .is_none_or(|id| plan_holds_expression_above(probe, id, &reads_the_column_cache))
     }
 
     /// How many build key values the filter may list.

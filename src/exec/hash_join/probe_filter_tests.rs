@@ -372,3 +372,85 @@ fn a_float_zero_among_the_build_keys_keeps_both_zeros_of_the_probe_side() {
     // Values without a zero are listed as they are.
     assert_eq!(kept_floats(&[vec![1.0, 2.5]], &probe, WIDE), vec![2, 4]);
 }
+
+/// A probe side whose Parquet scan holds the join's dynamic filter is
+/// pruned by it; the same scan below a GPU scan filter, which reads the
+/// device column cache, is not (its input is read only where it falls
+/// back), and reading it early loses nothing.
+#[tokio::test]
+async fn a_probe_side_is_pruned_by_the_filter_unless_a_gpu_scan_reads_it() {
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+    let dir = std::env::temp_dir().join(format!(
+        "datafusion-gpu-probe-pruned-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..1000)),
+            Arc::new(Int64Array::from_iter_values((0..1000).map(|r| r % 97))),
+        ],
+    )
+    .unwrap();
+    let file = std::fs::File::create(dir.join("t.parquet")).unwrap();
+    let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
+    ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    let sql = "SELECT a.v, b.v FROM t a JOIN t b ON a.k = b.k WHERE a.v = 3 AND b.v >= 5";
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut joins = Vec::new();
+    plan.apply(|node| {
+        if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+            joins.push(join);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(true).to_string();
+    assert_eq!(joins.len(), 1, "{shown}");
+    let join = &joins[0];
+    let config = ConfigOptions::default();
+    let publisher = ProbeFilterPublisher::for_join(join, &config).expect("a filter read");
+    assert!(publisher.prunes_the_probe_side(join.right()), "{shown}");
+    // The probe side's filter and scan read through a GPU scan filter.
+    let scan = GpuScanFilterExec::try_new(Arc::clone(join.right()))
+        .unwrap()
+        .expect("a scan filter");
+    let read_by_gpu_scan: Arc<dyn ExecutionPlan> = Arc::new(scan);
+    assert!(plan_holds_expression(
+        &read_by_gpu_scan,
+        publisher.filter.expression_id().unwrap()
+    ));
+    assert!(!publisher.prunes_the_probe_side(&read_by_gpu_scan), "{shown}");
+    // A scan of batches in memory takes no dynamic filter: none to lose.
+    let memory = datafusion::datasource::MemTable::try_new(schema, vec![vec![batch]]).unwrap();
+    ctx.register_table("m", Arc::new(memory)).unwrap();
+    let sql = "SELECT a.v, b.v FROM m a JOIN m b ON a.k = b.k WHERE a.v = 3";
+    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let mut publishers = Vec::new();
+    plan.apply(|node| {
+        if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+            publishers.push(ProbeFilterPublisher::for_join(join, &config).is_some());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    assert_eq!(publishers, vec![false]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -27,6 +27,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::build_side::{BuildSide, ResidentTable};
+use super::probe_reader::{HeldAhead, ProbeReader, ReadAheadLimit};
 use crate::exec::join::candidates::{confirm_pairs, key_comparator};
 use crate::exec::join::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
@@ -93,6 +94,24 @@ enum ProbeChunk {
 /// GPU join below hands them on so (see [`crate::exec::join::device_rows`]).
 pub(crate) type ProbeInput = BoxStream<'static, Result<JoinedRows>>;
 
+impl HeldAhead for JoinedRows {
+    fn bytes_held(&self) -> Option<usize> {
+        match self {
+            Self::Host(batch) => {
+                Some(rows_bytes(batch).unwrap_or_else(|_| batch.get_array_memory_size()))
+            }
+            Self::Device(_) => None,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        match self {
+            Self::Host(batch) => batch.num_rows(),
+            Self::Device(rows) => rows.num_rows(),
+        }
+    }
+}
+
 /// A record batch stream as a probe input of host batches.
 pub(crate) fn host_probe_input(input: SendableRecordBatchStream) -> ProbeInput {
     Box::pin(input.map_ok(JoinedRows::Host))
@@ -104,6 +123,9 @@ pub(crate) struct ProbeSpec {
     pub(crate) partition: usize,
     pub(crate) build: OnceFut<BuildSide>,
     pub(crate) probe_input: ProbeInput,
+    /// How far the probe input is read ahead while the build side is
+    /// collected; `None`: not at all (see [`super::probe_reader`]).
+    pub(crate) probe_read_ahead: Option<ReadAheadLimit>,
     pub(crate) probe_schema: SchemaRef,
     pub(crate) probe_on: Vec<PhysicalExprRef>,
     pub(crate) semantics: JoinSemantics,
@@ -150,6 +172,9 @@ enum ProbeState {
 
 struct ProbeLoop {
     spec: ProbeSpec,
+    /// The probe input (`spec.probe_input`), read ahead while the build
+    /// side is collected.
+    probe: ProbeReader<JoinedRows>,
     /// The partition's partial aggregation states, with `spec.aggregate`.
     partial: Option<Arc<Mutex<PartialStates>>>,
     state: ProbeState,
@@ -186,12 +211,15 @@ pub(crate) fn probe_stream(
 
 /// The output of one partition as host batches and, where
 /// `spec.device_output` asks for them, rows kept on the device.
-pub(crate) fn probe_rows_stream(spec: ProbeSpec) -> Result<ProbeInput> {
+pub(crate) fn probe_rows_stream(mut spec: ProbeSpec) -> Result<ProbeInput> {
+    let input = std::mem::replace(&mut spec.probe_input, futures::stream::empty().boxed());
+    let probe = ProbeReader::new(input, spec.probe_read_ahead.take());
     let partial = match &spec.aggregate {
         Some(aggregate) => Some(Arc::new(Mutex::new(aggregate.start()?))),
         None => None,
     };
     let state = ProbeLoop {
+        probe,
         partial,
         rows_left: spec.semantics.fetch.unwrap_or(usize::MAX),
         spec,
@@ -232,7 +260,12 @@ pub(crate) fn probe_rows_stream(spec: ProbeSpec) -> Result<ProbeInput> {
             }
             state.state = match std::mem::replace(&mut state.state, ProbeState::Done) {
                 ProbeState::WaitingForBuild => {
-                    let build = state.spec.build.get().await?;
+                    let build = state.probe.read_ahead_until(state.spec.build.get()).await?;
+                    let (partition, rows) =
+                        (state.spec.partition, state.spec.metrics.probe_rows_read_ahead.value());
+                    trace::event(|| {
+                        format!("hash join p{partition}: build side in, {rows} probe rows read ahead")
+                    });
                     state.make_table_in_advance(&build);
                     ProbeState::Probing(build)
                 }
@@ -365,7 +398,7 @@ impl ProbeLoop {
         while rows < chunk_rows && bytes < chunk_bytes {
             let next = match self.pending.take() {
                 Some(batch) => Some(Ok(batch)),
-                None => self.spec.probe_input.next().await,
+                None => self.probe.next().await,
             };
             match next {
                 Some(next) => {
