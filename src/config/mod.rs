@@ -272,16 +272,18 @@ config_namespace! {
         /// the build side as placed.
         pub build_key_filters: bool, default = true
         /// While a GPU hash join's build side is collected, read its probe
-        /// side ahead (host batches, at most 512 MiB held in all, counted
-        /// in the session's memory pool; up to the first rows a GPU join
-        /// below keeps on the device), so that the scans and joins below it
-        /// run beside the build side's (`probe_rows_read_ahead`). Not where
-        /// a scan of the probe side reads the files pruned by the join's
+        /// side ahead (host batches, up to 512 MiB held a join, counted in
+        /// the session's memory pool; up to the first rows a GPU join below
+        /// keeps on the device), so that the scans and joins below it run
+        /// beside the build side's (`probe_rows_read_ahead`). Not where a
+        /// scan of the probe side reads the files pruned by the join's
         /// dynamic filter (it would be read before the filter is there),
-        /// under a memory pool with a limit, or for a join with a limit.
-        /// Off by default: where both sides' scans decode files on every
-        /// core, reading them at once saves nothing; it is for build sides
-        /// that wait on their storage rather than the host's cores.
+        /// under a memory pool that is not unbounded, for a join with a
+        /// limit, in a single-threaded runtime, or where the probe side is
+        /// read ahead already (by its key gatherer) or read through its
+        /// merge. Off by default: where both sides' scans decode files on
+        /// every core, reading them at once is no faster warm and slower
+        /// cold; it is for build sides that wait on their storage.
         pub read_probe_ahead: bool, default = false
         /// Where a GPU join or aggregation reads a filtered Parquet table
         /// scan that keeps too many rows for a `GpuScanFilterExec` of its

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{ArrayRef, Int64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::{MemTable, TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -262,12 +262,16 @@ async fn a_join_reading_ahead_starts_the_gpu_join_below_it() {
         return;
     };
     // The upper join (build `a`, which waits) probes with the lower one's
-    // output (build `c`, probe `b`), kept on the device: reading ahead, it
-    // takes the lower join's first rows on the device, the lower join
-    // driven from the start.
+    // output (build `c`, probe `b`), kept on the device in many chunks:
+    // reading ahead, it takes the lower join's first rows on the device and
+    // stops there, the lower join driven from the start. Rows go on on the
+    // device only without NULLs.
     let sql = "SELECT a.x, b.y, c.z, b.k2 FROM c JOIN b ON c.k2 = b.k2 JOIN a ON a.k1 = b.k1";
-    // Rows go on on the device only without NULLs.
-    let extra = ["SET gpu.preserve_order = false", READ_AHEAD];
+    let extra = [
+        "SET gpu.preserve_order = false",
+        "SET gpu.tuning.probe_chunk_rows = 777",
+        READ_AHEAD,
+    ];
     let gpu = gpu_context(JoinMode::CollectLeft, 4, &extra).await;
     let cpu = cpu_context(JoinMode::CollectLeft, 4, &extra).await;
     register([&gpu, &cpu], false);
@@ -278,11 +282,27 @@ async fn a_join_reading_ahead_starts_the_gpu_join_below_it() {
     let shown = datafusion::physical_plan::displayable(plan.as_ref())
         .indent(true)
         .to_string();
+    // The GPU joins, the upper one first.
+    let mut joins = Vec::new();
+    plan.apply(|node| {
+        if node.name() == "GpuHashJoinExec" {
+            joins.push(Arc::clone(node));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    assert_eq!(joins.len(), 2, "{shown}");
+    let metric = |node: &Arc<dyn ExecutionPlan>, name: &str| {
+        node.metrics()
+            .and_then(|m| m.sum_by_name(name))
+            .map_or(0, |v| v.as_usize())
+    };
+    let kept = metric(&joins[1], "output_rows_kept_on_device");
+    assert!(kept > 0, "{shown}");
+    let read = metric(&joins[0], "probe_rows_read_ahead");
+    // At most one chunk's rows a partition, of many.
     assert!(
-        plan_metric(&plan, "output_rows_kept_on_device") > 0,
-        "{shown}"
+        read > 0 && read < kept,
+        "{read} of {kept} rows read ahead\n{shown}"
     );
-    // At least the upper join's first rows from the lower one.
-    let read = plan_metric(&plan, "probe_rows_read_ahead");
-    assert!(read > 0, "no rows read ahead\n{shown}");
 }

@@ -22,7 +22,7 @@ use datafusion::physical_plan::{
 
 use super::build_side::{BuildGather, BuildSide, FoldedAggregation};
 use super::probe_filter::{dynamic_filter_of, with_filter_of, ProbeFilterPublisher};
-use super::probe_reader::ReadAheadLimit;
+use super::probe_reader::{ProbeReader, ReadAheadLimit};
 use crate::exec::join::output::OutputAssembler;
 use crate::gpu::GpuDevice;
 use super::stream::{
@@ -671,11 +671,10 @@ impl GpuHashJoinExec {
                 }
             },
         };
-        // A probe side read ahead by its key gatherer, or read through its
-        // merge (started once the build side is in where the build side's
-        // filter prunes it), is not read ahead again.
-        let probe_read_ahead = match probe_read_by_gatherer
-            || self.probe_merge_read_through().is_some()
+        // A probe side its key gatherer reads ahead is not read ahead again,
+        // nor one read through its merge (its readers start at once, or
+        // once the build side is in where the join has a dynamic filter).
+        let read_ahead = match probe_read_by_gatherer || self.probe_merge_read_through().is_some()
         {
             true => None,
             false => self.probe_read_ahead(partition, &context, &options, &metrics),
@@ -683,8 +682,7 @@ impl GpuHashJoinExec {
         let spec = ProbeSpec {
             partition,
             build,
-            probe_input,
-            probe_read_ahead,
+            probe: ProbeReader::new(probe_input, read_ahead),
             probe_schema: join.right().schema(),
             probe_on: join
                 .on()
@@ -724,10 +722,11 @@ impl GpuHashJoinExec {
     /// build side is collected: its share of [`MAX_PROBE_READ_AHEAD`], where
     /// the session reads ahead and that loses nothing: no scan of the probe
     /// side prunes by the join's dynamic filter (it would be read before
-    /// the filter is there), the memory pool has no limit (the build side's
-    /// batches are not refused for those read ahead), the join has no limit
-    /// (rows past it would be read for nothing), and a multi-threaded
-    /// runtime runs the reads beside the build side's.
+    /// the filter is there), the memory pool is unbounded (the build side's
+    /// batches are not refused for those read ahead; a pool that does not
+    /// say is taken as bounded), the join has no limit (rows past it would
+    /// be read for nothing), and a multi-threaded runtime runs the reads
+    /// below the probe side beside the build side's.
     fn probe_read_ahead(
         &self,
         partition: usize,
@@ -740,7 +739,7 @@ impl GpuHashJoinExec {
         let reads_ahead = options.tuning.read_probe_ahead
             && join.fetch().is_none()
             && crate::exec::in_multi_threaded_runtime()
-            && !matches!(pool.memory_limit(), MemoryLimit::Finite(_))
+            && matches!(pool.memory_limit(), MemoryLimit::Infinite)
             && !self
                 .probe_filter(context)
                 .is_some_and(|filter| filter.prunes_the_probe_side(join.right()));

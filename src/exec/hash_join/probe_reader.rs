@@ -2,13 +2,15 @@
 //! collected (`gpu.tuning.read_probe_ahead`, off by default). DataFusion's
 //! `HashJoinExec` reads its probe side only once its build side is in, so
 //! the scans, filters and joins below the probe side wait for the build
-//! side's scan; read ahead, they run beside it, and the join probes with
-//! their first batches as soon as its table is made. That pays where the
-//! build side waits on its storage; where both sides decode files on every
-//! core, the two only share the cores. What is read ahead is held in
-//! order, within a bound of host memory counted in the session's memory
-//! pool, and handed on before anything read after it: the join sees the
-//! same batches in the same order either way.
+//! side's scan. Here the join's task polls its probe input while it awaits
+//! the build side: what runs in tasks of its own below the probe side
+//! (DataFusion's repartitions and merges, the column cache's scans) then
+//! runs beside the build side's scan, and the join probes with their first
+//! batches as soon as its table is made. That pays where the build side
+//! waits on its storage; where both sides decode files on every core they
+//! only share the cores. What is read ahead is held in order, counted in
+//! the session's memory pool, and handed on before anything read after it:
+//! the join sees the same batches in the same order either way.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -29,10 +31,11 @@ pub(crate) trait HeldAhead {
 
 /// How far a probe input is read ahead, and where that is counted.
 pub(crate) struct ReadAheadLimit {
-    /// The most bytes held at once.
+    /// Bytes held from which the read ahead stops (the item that reaches
+    /// them is held, and counted).
     pub(crate) max_bytes: usize,
-    /// The bytes held, in the session's memory pool: a refusal stops the
-    /// read ahead, as the bound does.
+    /// The bytes held, in the session's memory pool: an item the pool
+    /// refuses is held uncounted, and the read ahead stops.
     pub(crate) reservation: MemoryReservation,
     /// Rows read ahead (`probe_rows_read_ahead`).
     pub(crate) rows: Count,
@@ -62,10 +65,10 @@ impl<T: HeldAhead> ProbeReader<T> {
     }
 
     /// Awaits `build`, reading the input ahead meanwhile: until the input
-    /// ends or fails, an item holds device memory, the next would take the
-    /// bytes held past the limit or the memory pool refuses them. The read
-    /// ahead then waits; nothing is read ahead once `build` is ready, or
-    /// without a limit.
+    /// ends or fails, an item holds device memory, the bytes held reach the
+    /// limit or the memory pool refuses an item's. The read ahead then
+    /// waits; nothing is read ahead once `build` is ready, or without a
+    /// limit.
     pub(crate) async fn read_ahead_until<F: Future>(&mut self, build: F) -> F::Output {
         let mut build = std::pin::pin!(build);
         let Some(limit) = &self.limit else {
@@ -94,19 +97,14 @@ impl<T: HeldAhead> ProbeReader<T> {
                 Ok(item) => item.bytes_held(),
                 Err(_) => None,
             };
-            let size = held.unwrap_or(0);
-            let within = held.is_some()
-                && bytes + size <= limit.max_bytes
-                && limit.reservation.try_grow(size).is_ok();
             if let Ok(item) = &item {
                 limit.rows.add(item.rows());
             }
-            // An item past the bound is held all the same (it was read),
-            // but nothing after it.
-            let counted = if within { size } else { 0 };
-            bytes += counted;
-            self.held.push_back((item, counted));
-            reading = within;
+            // Every item read is held; one the pool refuses uncounted.
+            let counted = held.filter(|&size| limit.reservation.try_grow(size).is_ok());
+            bytes += counted.unwrap_or(0);
+            self.held.push_back((item, counted.unwrap_or(0)));
+            reading = counted.is_some() && bytes < limit.max_bytes;
         }
     }
 
@@ -122,6 +120,11 @@ impl<T: HeldAhead> ProbeReader<T> {
             return None;
         }
         self.input.next().await
+    }
+
+    /// Whether the input is read ahead while the build side is awaited.
+    pub(crate) fn reads_ahead(&self) -> bool {
+        self.limit.is_some()
     }
 
     /// Items read ahead and not yet taken.
@@ -248,7 +251,7 @@ mod tests {
     async fn the_read_ahead_stops_at_its_bound_the_device_an_error_or_the_pool() {
         let pending_build = || futures::future::pending::<()>();
         let cases: Vec<(&str, Vec<Result<Item>>, usize, usize)> = vec![
-            // 8 + 16 bytes fit 30; the third item (24 more) is held past it.
+            // 8 + 16 bytes stay below 30; the third (24 more) reaches it.
             ("bound", (1..=5).map(|r| Ok(host(r))).collect(), 30, 3),
             (
                 "device",
@@ -303,6 +306,30 @@ mod tests {
         assert_eq!(small.reserved(), 8);
         assert_eq!(drain(&mut reader).await, items);
         assert_eq!(small.reserved(), 0);
+    }
+
+    /// A build side ready while the next item is awaited: that item is not
+    /// lost, and comes first after the build side.
+    #[tokio::test]
+    async fn an_item_awaited_when_the_build_side_is_ready_is_not_lost() {
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        let (send, received) = futures::channel::mpsc::unbounded::<Result<Item>>();
+        let mut reader = ProbeReader::new(received.boxed(), Some(limit(&pool, 1 << 20)));
+        send.unbounded_send(Ok(host(1))).unwrap();
+        let (built, build) = oneshot::channel::<()>();
+        let ready = async {
+            // The reader has taken the first item and waits for the next.
+            tokio::task::yield_now().await;
+            built.send(()).unwrap();
+        };
+        let (result, ()) = futures::join!(reader.read_ahead_until(build), ready);
+        result.unwrap();
+        assert_eq!(reader.held_items(), 1);
+        send.unbounded_send(Ok(host(2))).unwrap();
+        send.unbounded_send(Ok(host(3))).unwrap();
+        drop(send);
+        assert_eq!(drain(&mut reader).await, vec![host(1), host(2), host(3)]);
+        assert_eq!(pool.reserved(), 0);
     }
 
     /// An input that ends while read ahead is not read again.

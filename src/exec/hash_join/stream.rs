@@ -27,7 +27,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::build_side::{BuildSide, ResidentTable};
-use super::probe_reader::{HeldAhead, ProbeReader, ReadAheadLimit};
+use super::probe_reader::{HeldAhead, ProbeReader};
 use crate::exec::join::candidates::{confirm_pairs, key_comparator};
 use crate::exec::join::matches::{emits_pairs, rows_emitted_alone, tracks_probe_matches};
 use super::order::{sort_by_probe_row, with_unmatched_probe_rows};
@@ -122,10 +122,9 @@ pub(crate) struct ProbeSpec {
     /// The DataFusion partition this loop reads.
     pub(crate) partition: usize,
     pub(crate) build: OnceFut<BuildSide>,
-    pub(crate) probe_input: ProbeInput,
-    /// How far the probe input is read ahead while the build side is
-    /// collected; `None`: not at all (see [`super::probe_reader`]).
-    pub(crate) probe_read_ahead: Option<ReadAheadLimit>,
+    /// The probe input, read ahead while the build side is collected
+    /// where that is asked for (see [`super::probe_reader`]).
+    pub(crate) probe: ProbeReader<JoinedRows>,
     pub(crate) probe_schema: SchemaRef,
     pub(crate) probe_on: Vec<PhysicalExprRef>,
     pub(crate) semantics: JoinSemantics,
@@ -172,9 +171,6 @@ enum ProbeState {
 
 struct ProbeLoop {
     spec: ProbeSpec,
-    /// The probe input (`spec.probe_input`), read ahead while the build
-    /// side is collected.
-    probe: ProbeReader<JoinedRows>,
     /// The partition's partial aggregation states, with `spec.aggregate`.
     partial: Option<Arc<Mutex<PartialStates>>>,
     state: ProbeState,
@@ -211,15 +207,12 @@ pub(crate) fn probe_stream(
 
 /// The output of one partition as host batches and, where
 /// `spec.device_output` asks for them, rows kept on the device.
-pub(crate) fn probe_rows_stream(mut spec: ProbeSpec) -> Result<ProbeInput> {
-    let input = std::mem::replace(&mut spec.probe_input, futures::stream::empty().boxed());
-    let probe = ProbeReader::new(input, spec.probe_read_ahead.take());
+pub(crate) fn probe_rows_stream(spec: ProbeSpec) -> Result<ProbeInput> {
     let partial = match &spec.aggregate {
         Some(aggregate) => Some(Arc::new(Mutex::new(aggregate.start()?))),
         None => None,
     };
     let state = ProbeLoop {
-        probe,
         partial,
         rows_left: spec.semantics.fetch.unwrap_or(usize::MAX),
         spec,
@@ -260,12 +253,15 @@ pub(crate) fn probe_rows_stream(mut spec: ProbeSpec) -> Result<ProbeInput> {
             }
             state.state = match std::mem::replace(&mut state.state, ProbeState::Done) {
                 ProbeState::WaitingForBuild => {
-                    let build = state.probe.read_ahead_until(state.spec.build.get()).await?;
-                    let (partition, rows) =
-                        (state.spec.partition, state.spec.metrics.probe_rows_read_ahead.value());
-                    trace::event(|| {
-                        format!("hash join p{partition}: build side in, {rows} probe rows read ahead")
-                    });
+                    let spec = &mut state.spec;
+                    let build = spec.probe.read_ahead_until(spec.build.get()).await?;
+                    if spec.probe.reads_ahead() {
+                        let (partition, rows) =
+                            (spec.partition, spec.metrics.probe_rows_read_ahead.value());
+                        trace::event(|| {
+                            format!("hash join p{partition}: build side in, {rows} probe rows read ahead")
+                        });
+                    }
                     state.make_table_in_advance(&build);
                     ProbeState::Probing(build)
                 }
@@ -398,7 +394,7 @@ impl ProbeLoop {
         while rows < chunk_rows && bytes < chunk_bytes {
             let next = match self.pending.take() {
                 Some(batch) => Some(Ok(batch)),
-                None => self.probe.next().await,
+                None => self.spec.probe.next().await,
             };
             match next {
                 Some(next) => {
