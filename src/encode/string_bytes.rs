@@ -30,10 +30,16 @@ pub struct StringBytesBuilder {
 const MAX_BYTES: usize = i32::MAX as usize;
 
 impl StringBytesBuilder {
+    /// Whether a column of `data_type` can be kept as its strings' bytes:
+    /// a string column.
+    pub fn accepts(data_type: &DataType) -> bool {
+        matches!(data_type, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+    }
+
     /// A builder for a column of `data_type`, or `None` where it is not a
     /// string type, with room for the offsets of about `rows` rows.
     pub fn with_rows_hint(data_type: &DataType, rows: usize) -> Option<Self> {
-        if !matches!(data_type, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
+        if !Self::accepts(data_type) {
             return None;
         }
         let mut offsets = empty_for_fill(initial_room(rows + 1));

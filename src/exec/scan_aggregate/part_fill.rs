@@ -15,6 +15,7 @@
 //! DataFusion's over the same part with fewer columns, so every builder
 //! gets every row of its column in the part's order, as from one read.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,8 @@ use datafusion::arrow::array::ArrayRef;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use futures::stream::{BoxStream, FuturesUnordered, StreamExt};
+use futures::future::Either;
+use futures::stream::{BoxStream, FusedStream, FuturesUnordered, StreamExt};
 
 use super::source::Part;
 use super::TableSource;
@@ -59,10 +61,6 @@ impl ColumnBuilder {
         matches!(self, ColumnBuilder::Words(b) if b.kind() == WordKind::Code)
     }
 
-    /// Whether it holds a string column, coded or as its bytes.
-    fn holds_strings(&self) -> bool {
-        matches!(self, ColumnBuilder::Bytes(_)) || self.codes_strings()
-    }
 }
 
 /// What filling builders took (summed over the reads side by side), the
@@ -117,14 +115,60 @@ pub(super) async fn fill(
     Ok(filled)
 }
 
-/// The groups (indices into `builders`) a part's columns are read apart
-/// in: each string column alone, the rest together; `None` where that
-/// makes fewer than two groups (one read does).
-pub(super) fn groups_apart(builders: &[ColumnBuilder]) -> Option<Vec<Vec<usize>>> {
+/// Bytes of a part's batches read and held, at most (the batch that
+/// reaches it included), while its builders are still being made
+/// ([`fill_as_made`]): a few of the batches a fill reads.
+const MAX_HELD_BYTES: usize = 64 << 20;
+
+/// [`fill`], with the builders still being made (`made`: the page-locked
+/// room of large integer columns, which a process's first fills must lock,
+/// the driver taking the locks in turn): the part's first batches are read
+/// meanwhile and held, up to [`MAX_HELD_BYTES`], and pushed once the
+/// builders come, so that the host's cores read rather than wait. The
+/// builders are handed back with what was filled.
+pub(super) async fn fill_as_made(
+    batches: BoxStream<'static, Result<Vec<ArrayRef>>>,
+    made: impl Future<Output = Result<Vec<ColumnBuilder>>>,
+    metrics: &GpuScanMetrics,
+) -> Result<(Vec<ColumnBuilder>, Filled)> {
+    let mut batches = batches.fuse();
+    let mut made = std::pin::pin!(made);
+    let (mut held, mut held_bytes, mut read) = (Vec::new(), 0, Duration::ZERO);
+    let mut builders = loop {
+        if held_bytes >= MAX_HELD_BYTES || batches.is_terminated() {
+            break made.as_mut().await?;
+        }
+        let reading = Instant::now();
+        // `next` loses nothing where the builders come first and it is
+        // dropped: the stream keeps what it was reading for the next poll.
+        match futures::future::select(made.as_mut(), batches.next()).await {
+            Either::Left((builders, _)) => break builders?,
+            Either::Right((batch, _)) => {
+                read += reading.elapsed();
+                if let Some(batch) = batch {
+                    let batch = batch?;
+                    held_bytes += batch.iter().map(|column| column.get_array_memory_size()).sum::<usize>();
+                    held.push(batch);
+                }
+            }
+        }
+    };
+    metrics.read_time.add_duration(read);
+    let rest = futures::stream::iter(held.into_iter().map(Ok)).chain(batches).boxed();
+    let mut filled = fill(rest, &mut builders, metrics).await?;
+    filled.read += read;
+    Ok((builders, filled))
+}
+
+/// The groups (indices into a part's builders) its columns are read apart
+/// in, where `holds_strings` marks the builders of string columns (coded
+/// or kept as their bytes): each string column alone, the rest together;
+/// `None` where that makes fewer than two groups (one read does).
+pub(super) fn groups_apart(holds_strings: &[bool]) -> Option<Vec<Vec<usize>>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut fixed = Vec::new();
-    for (b, builder) in builders.iter().enumerate() {
-        match builder.holds_strings() {
+    for (b, &strings) in holds_strings.iter().enumerate() {
+        match strings {
             true => groups.push(vec![b]),
             false => fixed.push(b),
         }
@@ -298,6 +342,14 @@ mod tests {
         ]
     }
 
+    /// Which of `builders` hold strings, as [`groups_apart`] takes them.
+    fn holds(builders: &[ColumnBuilder]) -> Vec<bool> {
+        builders
+            .iter()
+            .map(|builder| matches!(builder, ColumnBuilder::Bytes(_)) || builder.codes_strings())
+            .collect()
+    }
+
     fn same_words(a: &HostWords, b: &HostWords, column: usize) {
         assert_eq!(a.rows, b.rows, "column {column}");
         assert_eq!(a.kind, b.kind, "column {column}");
@@ -327,7 +379,7 @@ mod tests {
             assert_eq!((filled.refused, filled.rows), (None, ROWS));
 
             let apart = builders(&types, true);
-            let groups = groups_apart(&apart).unwrap();
+            let groups = groups_apart(&holds(&apart)).unwrap();
             // Each string column alone, the fixed-width ones together.
             assert_eq!(groups, vec![vec![1], vec![2], vec![0, 3]]);
             let read = PartRead {
@@ -358,7 +410,7 @@ mod tests {
         // `name` coded: a string a row, past the codes a part may hold.
         let apart = builders(&types, false);
         assert!(apart[1].codes_strings());
-        let groups = groups_apart(&apart).unwrap();
+        let groups = groups_apart(&holds(&apart)).unwrap();
         let read = PartRead {
             source: &source,
             part: &part,
@@ -376,13 +428,129 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Rows a batch of [`int_batches`] holds: a fill's batch.
+    const BATCH_ROWS: usize = 1 << 16;
+
+    /// `count` batches of two Int64 columns (the second NULL every ninth
+    /// row, values past 4 bytes every fifth batch).
+    fn int_batches(count: usize) -> Vec<Vec<ArrayRef>> {
+        (0..count)
+            .map(|b| {
+                let base = (b * BATCH_ROWS) as i64;
+                let wide = if b % 5 == 4 { 1i64 << 40 } else { 1 };
+                let a: ArrayRef = Arc::new(Int64Array::from_iter_values((0..BATCH_ROWS as i64).map(|r| (base + r) * wide)));
+                let n: ArrayRef =
+                    Arc::new(Int64Array::from_iter((0..BATCH_ROWS as i64).map(|r| (r % 9 != 0).then_some(base - r))));
+                vec![a, n]
+            })
+            .collect()
+    }
+
+    fn int_builders() -> Vec<ColumnBuilder> {
+        (0..2)
+            .map(|_| ColumnBuilder::Words(WordsBuilder::with_rows_hint(&DataType::Int64, BATCH_ROWS).unwrap()))
+            .collect()
+    }
+
+    /// What one plain [`fill`] of `batches` makes.
+    async fn filled_at_once(batches: Vec<Vec<ArrayRef>>, metrics: &GpuScanMetrics) -> Vec<HostWords> {
+        let mut builders = int_builders();
+        let stream = futures::stream::iter(batches.into_iter().map(Ok)).boxed();
+        let filled = fill(stream, &mut builders, metrics).await.unwrap();
+        assert_eq!(filled.refused, None);
+        builders.into_iter().map(ColumnBuilder::finish).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_read_while_the_builders_are_made_are_held_up_to_a_limit_and_none_lost() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let metrics = GpuScanMetrics::new(&datafusion::physical_plan::metrics::ExecutionPlanMetricsSet::new(), 0);
+        let batch_bytes: usize = int_batches(1)[0].iter().map(|column| column.get_array_memory_size()).sum();
+        let held = MAX_HELD_BYTES.div_ceil(batch_bytes);
+        let count = 2 * held + 3;
+        let expected = filled_at_once(int_batches(count), &metrics).await;
+        // Builders that come late, after an instant stream: the batches up
+        // to the limit are read and held meanwhile, no more.
+        let read = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&read);
+        let stream = futures::stream::iter(int_batches(count).into_iter().map(Ok))
+            .inspect(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            })
+            .boxed();
+        let read_at_arrival = Arc::new(AtomicUsize::new(usize::MAX));
+        let (seen, arrival) = (Arc::clone(&read), Arc::clone(&read_at_arrival));
+        let made = async move {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            arrival.store(seen.load(Ordering::SeqCst), Ordering::SeqCst);
+            Ok(int_builders())
+        };
+        let (builders, filled) = fill_as_made(stream, made, &metrics).await.unwrap();
+        assert_eq!(read_at_arrival.load(Ordering::SeqCst), held);
+        assert_eq!((filled.refused, filled.rows), (None, count * BATCH_ROWS));
+        for (column, (got, want)) in builders.into_iter().map(ColumnBuilder::finish).zip(&expected).enumerate() {
+            same_words(&got, want, column);
+        }
+
+        // A slow stream whose reads the builders interrupt (a read dropped
+        // half done), builders at once, and a stream that ends first: the
+        // same words every time.
+        let slow = || {
+            futures::stream::iter(int_batches(7))
+                .then(|batch| async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(4)).await;
+                    Ok(batch)
+                })
+                .boxed()
+        };
+        let expected = filled_at_once(int_batches(7), &metrics).await;
+        let late = async {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            Ok(int_builders())
+        };
+        let at_once = async { Ok(int_builders()) };
+        let after_the_end = async {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            Ok(int_builders())
+        };
+        let runs = [
+            fill_as_made(slow(), late, &metrics).await.unwrap(),
+            fill_as_made(slow(), at_once, &metrics).await.unwrap(),
+            fill_as_made(slow(), after_the_end, &metrics).await.unwrap(),
+        ];
+        for (builders, filled) in runs {
+            assert_eq!((filled.refused, filled.rows), (None, 7 * BATCH_ROWS));
+            for (column, (got, want)) in builders.into_iter().map(ColumnBuilder::finish).zip(&expected).enumerate() {
+                same_words(&got, want, column);
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_error_while_the_builders_are_made_is_the_fills() {
+        let metrics = GpuScanMetrics::new(&datafusion::physical_plan::metrics::ExecutionPlanMetricsSet::new(), 0);
+        let mut batches: Vec<Result<Vec<ArrayRef>>> = int_batches(2).into_iter().map(Ok).collect();
+        batches.push(Err(DataFusionError::Execution("the file went away".into())));
+        let made = async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            Ok(int_builders())
+        };
+        let error = fill_as_made(futures::stream::iter(batches).boxed(), made, &metrics).await.err().expect("the read's error");
+        assert!(error.to_string().contains("the file went away"), "{error}");
+        // The builders' own error, with every batch read.
+        let made = async { Err(DataFusionError::Internal("no builders".into())) };
+        let batches = futures::stream::iter(int_batches(2).into_iter().map(Ok)).boxed();
+        let error = fill_as_made(batches, made, &metrics).await.err().expect("the builders' error");
+        assert!(error.to_string().contains("no builders"), "{error}");
+    }
+
     #[test]
     fn fixed_width_columns_alone_are_read_together() {
         let words = |t: DataType| ColumnBuilder::Words(WordsBuilder::with_rows_hint(&t, 10).unwrap());
-        assert_eq!(groups_apart(&[words(DataType::Int64), words(DataType::Float64)]), None);
-        assert_eq!(groups_apart(&[words(DataType::Utf8View)]), None);
+        assert_eq!(groups_apart(&holds(&[words(DataType::Int64), words(DataType::Float64)])), None);
+        assert_eq!(groups_apart(&holds(&[words(DataType::Utf8View)])), None);
         assert_eq!(
-            groups_apart(&[words(DataType::Utf8View), words(DataType::Int32)]),
+            groups_apart(&holds(&[words(DataType::Utf8View), words(DataType::Int32)])),
             Some(vec![vec![0], vec![1]])
         );
     }

@@ -16,7 +16,7 @@ use futures::StreamExt;
 
 use crate::exec::GpuScanMetrics;
 use super::shape::{ScanAggregateShape, TableSource};
-use super::part_fill::{fill, fill_apart, groups_apart, ColumnBuilder, PartRead};
+use super::part_fill::{fill_apart, fill_as_made, groups_apart, ColumnBuilder, PartRead};
 use super::row_groups::{batches_in_pieces, pieces_of};
 use super::shared_read::batches_read_in_turn;
 use super::source::{is_uncodable, remember_uncodable, source_url, Part};
@@ -220,22 +220,32 @@ pub(crate) async fn part_columns(
         return Ok(Loaded::Device(found.into_iter().flatten().collect()));
     }
     trace::event(|| format!("cache fill of {}: {} columns", part.describe(), missing.len()));
-    let mut builders = Vec::with_capacity(missing.len());
-    let rows_hint = part.rows_hint();
-    // Made at once, their time that of the pinned buffers they take.
-    let taking = std::time::Instant::now();
-    for &i in &missing {
-        let data_type = fields[i].1.data_type();
-        let builder = match byte_slots.contains(&i) {
-            true => StringBytesBuilder::with_rows_hint(data_type, rows_hint).map(ColumnBuilder::Bytes),
-            false => WordsBuilder::with_pinned_room(data_type, rows_hint, device.pinned()).map(ColumnBuilder::Words),
+    // What each builder holds, known before it is made: a string column
+    // kept as its bytes, a column of words, and whether those are codes of
+    // strings.
+    let as_bytes: Vec<bool> = missing.iter().map(|i| byte_slots.contains(i)).collect();
+    let kinds: Vec<Option<WordKind>> = missing.iter().map(|&i| word_kind(fields[i].1.data_type())).collect();
+    for (b, &i) in missing.iter().enumerate() {
+        let refused = match as_bytes[b] {
+            true => !StringBytesBuilder::accepts(fields[i].1.data_type()),
+            false => kinds[b].is_none(),
         };
-        match builder {
-            Some(builder) => builders.push(builder),
-            None => return Ok(Loaded::Host(cannot_be_words(i))),
+        if refused {
+            return Ok(Loaded::Host(cannot_be_words(i)));
         }
     }
-    metrics.device.pinned_alloc_time.add_duration(taking.elapsed());
+    let codes_strings: Vec<bool> = (0..missing.len())
+        .map(|b| !as_bytes[b] && kinds[b] == Some(WordKind::Code))
+        .collect();
+    // Made by a blocking task, their time that of the pinned buffers they
+    // take (see `fill_as_made`), while the part is probed and first read.
+    let made = make_builders(
+        missing.iter().map(|&i| fields[i].1.data_type().clone()).collect(),
+        as_bytes.clone(),
+        part.rows_hint(),
+        device,
+        metrics,
+    );
     let coded: Vec<usize> = missing
         .iter()
         .copied()
@@ -251,13 +261,10 @@ pub(crate) async fn part_columns(
     // dictionaries where the file stores them as strings.
     let coded_strings: Vec<usize> = missing
         .iter()
-        .zip(&builders)
-        .filter(|(_, builder)| options.tuning.dictionary_reads && builder.codes_strings())
+        .zip(&codes_strings)
+        .filter(|(_, &codes)| options.tuning.dictionary_reads && codes)
         .map(|(&i, _)| fields[i].0)
         .collect();
-    // Which builders a refused piece makes uncodable (read before the
-    // builders go to the reads).
-    let codes_strings: Vec<bool> = builders.iter().map(ColumnBuilder::codes_strings).collect();
     let (min_rows, pieces_read) = (options.tuning.min_part_rows, &metrics.pieces_read);
     // A file part read whole by one task (no pieces of it to share out,
     // and `min_part_rows` not 0, which reads each part by one task) with
@@ -268,7 +275,7 @@ pub(crate) async fn part_columns(
     // apart hang on them, else below where the read does.
     let mut pieces_found = None;
     let apart = match (apart_allowed, &part) {
-        (true, Part::File(..)) => match groups_apart(&builders) {
+        (true, Part::File(..)) => match groups_apart(&holds_strings(&as_bytes, &codes_strings)) {
             Some(groups) => {
                 let pieces = pieces_of(source, &part, &context, min_rows).await;
                 let apart = pieces.is_none().then_some(groups);
@@ -290,7 +297,7 @@ pub(crate) async fn part_columns(
                 context: &context,
                 metrics,
             };
-            let (builders, filled) = fill_apart(read, builders, &groups).await?;
+            let (builders, filled) = fill_apart(read, made.await?, &groups).await?;
             if filled.refused.is_none() {
                 metrics.parts_read_apart.add(1);
             }
@@ -317,9 +324,7 @@ pub(crate) async fn part_columns(
                 }
                 Reading::InTurn => part.batches(source, &table_columns, &coded_strings, context)?,
             };
-            let mut builders = builders;
-            let filled = fill(batches, &mut builders, metrics).await?;
-            (builders, filled)
+            fill_as_made(batches, made, metrics).await?
         }
     };
     let (read_for, coded_for) = (filled.read, filled.coded);
@@ -367,6 +372,45 @@ pub(crate) async fn part_columns(
     .join()
     .await
     .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))
+}
+
+/// Whether each of a part's builders holds strings: kept as their bytes
+/// (`as_bytes`) or coded (`codes_strings`).
+fn holds_strings(as_bytes: &[bool], codes_strings: &[bool]) -> Vec<bool> {
+    as_bytes.iter().zip(codes_strings).map(|(&bytes, &codes)| bytes || codes).collect()
+}
+
+/// The builders of a part's missing columns (of `data_types`, those
+/// `as_bytes` marks kept as their bytes), made by a blocking task: a large
+/// integer column's words go to page-locked memory the device's pool
+/// lends, and locking new memory holds a thread for milliseconds a
+/// buffer. The types were checked: a builder refused now is an error.
+fn make_builders(
+    data_types: Vec<DataType>,
+    as_bytes: Vec<bool>,
+    rows_hint: usize,
+    device: &Arc<GpuDevice>,
+    metrics: &GpuScanMetrics,
+) -> impl std::future::Future<Output = Result<Vec<ColumnBuilder>>> {
+    let (pool, taken) = (Arc::clone(device.pinned()), metrics.device.pinned_alloc_time.clone());
+    let making = SpawnedTask::spawn_blocking(move || {
+        let _taking = taken.timer();
+        data_types
+            .iter()
+            .zip(as_bytes)
+            .map(|(data_type, bytes)| match bytes {
+                true => StringBytesBuilder::with_rows_hint(data_type, rows_hint).map(ColumnBuilder::Bytes),
+                false => WordsBuilder::with_pinned_room(data_type, rows_hint, &pool).map(ColumnBuilder::Words),
+            })
+            .collect::<Option<Vec<ColumnBuilder>>>()
+    });
+    async move {
+        making
+            .join()
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("a GPU scan task failed: {e}")))?
+            .ok_or_else(|| DataFusionError::Internal("a part's column builder refused a checked type".into()))
+    }
 }
 
 /// How a part the cache misses is read.
