@@ -97,7 +97,8 @@ struct Args {
     /// Writes the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Every run's time and each query's total on stderr.
+    /// Every run's time (a cold run's with its GPU nodes' fill times) and
+    /// each query's total on stderr, with the plans and their metrics.
     #[arg(long)]
     verbose: bool,
     /// Also times DuckDB on the same Parquet files and queries
@@ -233,19 +234,64 @@ async fn cold_runs(
     ctx: &SessionContext,
     sql: &str,
     runs: u32,
-) -> Result<(Vec<Vec<RecordBatch>>, Vec<Duration>, Arc<dyn ExecutionPlan>)> {
+) -> Result<(Vec<Vec<RecordBatch>>, Vec<ColdRun>, Arc<dyn ExecutionPlan>)> {
     let mut answers = Vec::new();
-    let mut times = Vec::new();
+    let mut colds = Vec::new();
     let mut first_plan = None;
     for _ in 0..runs.max(1) {
         datafusion_gpu::clear_gpu_cache();
         let (answer, time, plan) = run_once(ctx, sql).await?;
         answers.push(answer);
-        times.push(time);
+        colds.push(ColdRun {
+            time,
+            fill: fill_times(&plan),
+        });
         first_plan.get_or_insert(plan);
     }
     let plan = first_plan.ok_or_else(|| DataFusionError::Internal("no cold run".into()))?;
-    Ok((answers, times, plan))
+    Ok((answers, colds, plan))
+}
+
+/// One cold run: its time, and its GPU nodes' fill times ([`fill_times`]).
+struct ColdRun {
+    time: Duration,
+    fill: String,
+}
+
+/// The times the GPU nodes of `plan` spent filling the column cache,
+/// summed over the plan's nodes and partitions: making the words' builders
+/// (`pinned_alloc_time`, which locks new page-locked memory where the pool
+/// has none idle), reading, coding and copying up; and the parts filled
+/// ahead of the nodes, whose times are not in those.
+fn fill_times(plan: &Arc<dyn ExecutionPlan>) -> String {
+    let times = [
+        "pinned_alloc_time",
+        "read_time",
+        "encode_time",
+        "upload_time",
+    ];
+    let mut parts: Vec<String> = times
+        .iter()
+        .map(|name| format!("{name} {:.1} ms", metric_sum(plan, name) as f64 / 1e6))
+        .collect();
+    parts.push(format!(
+        "parts_filled_ahead {}",
+        metric_sum(plan, "parts_filled_ahead")
+    ));
+    parts.join(", ")
+}
+
+/// The metric `name` summed over every node of `plan` and its partitions.
+fn metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let own = plan
+        .metrics()
+        .and_then(|metrics| metrics.sum_by_name(name))
+        .map_or(0, |value| value.as_usize());
+    own + plan
+        .children()
+        .into_iter()
+        .map(|child| metric_sum(child, name))
+        .sum::<usize>()
 }
 
 /// Whether every run's answer agrees with `cpu` ([`answers_agree`]); the
@@ -648,10 +694,11 @@ async fn run_query(
                 );
             }
             // Cold: the device column cache starts empty for each query.
-            let (gpu_answer, colds, gpu_plan) = cold_runs(gpu_ctx, &sql, args.runs).await?;
+            let (gpu_answer, cold, gpu_plan) = cold_runs(gpu_ctx, &sql, args.runs).await?;
+            let colds: Vec<Duration> = cold.iter().map(|run| run.time).collect();
             if args.verbose {
-                for cold in &colds {
-                    eprintln!("q{n}: GPU cold run {:.1} ms", ms(*cold));
+                for run in &cold {
+                    eprintln!("q{n}: GPU cold run {:.1} ms ({})", ms(run.time), run.fill);
                 }
                 eprintln!(
                     "q{n}: GPU plan with the metrics of the cold run\n{}",
@@ -729,7 +776,8 @@ async fn run_query(
             }
         }
         if let Some(one_ctx) = one_ctx {
-            let (one_answers, colds, _) = cold_runs(one_ctx, &sql, args.runs).await?;
+            let (one_answers, cold, _) = cold_runs(one_ctx, &sql, args.runs).await?;
+            let colds = cold.iter().map(|run| run.time).collect();
             let mut warm = Vec::new();
             for _ in 0..args.runs {
                 warm.push(run_once(one_ctx, &sql).await?.1);
