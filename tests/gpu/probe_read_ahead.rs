@@ -3,7 +3,9 @@
 //! waits before its first batch, as a slow file scan would, and the join's
 //! `probe_rows_read_ahead` says how many probe rows were read meanwhile.
 //! Each case is checked against DataFusion, with the read ahead on, off,
-//! and under a memory pool with a limit (where it does not read ahead).
+//! and where it does not read ahead: under a memory pool with a limit, for
+//! a join with a limit, and over a Parquet probe side that the join's
+//! dynamic filter prunes.
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{ArrayRef, Int64Array};
+use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -25,9 +28,10 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
     Statistics, StatisticsArgs,
 };
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::TryStreamExt;
 
+use crate::scan_aggregate::{temp_dir, write_batch};
 use crate::support::*;
 
 /// How long the build side's scan waits before its first batch.
@@ -305,4 +309,86 @@ async fn a_join_reading_ahead_starts_the_gpu_join_below_it() {
         read > 0 && read < kept,
         "{read} of {kept} rows read ahead\n{shown}"
     );
+}
+
+/// Writes `b` (as registered in the first of `ctxs`) as three Parquet files
+/// in `dir` and registers them as `b` in its place in both contexts.
+async fn b_from_parquet(ctxs: [&SessionContext; 2], dir: &std::path::Path) {
+    let batches = ctxs[0].table("b").await.unwrap().collect().await.unwrap();
+    let all = concat_batches(&batches[0].schema(), &batches).unwrap();
+    let third = all.num_rows().div_ceil(3);
+    for (file, start) in (0..all.num_rows()).step_by(third).enumerate() {
+        let rows = third.min(all.num_rows() - start);
+        write_batch(
+            &dir.join(format!("b{file}.parquet")),
+            &all.slice(start, rows),
+        );
+    }
+    for ctx in ctxs {
+        ctx.deregister_table("b").unwrap();
+        ctx.register_parquet("b", dir.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_probe_side_the_joins_dynamic_filter_prunes_is_not_read_ahead() {
+    let Some(_) = require_gpu("a_probe_side_the_joins_dynamic_filter_prunes_is_not_read_ahead")
+    else {
+        return;
+    };
+    let dir = temp_dir("probe-read-ahead-pruned");
+    let gpu = gpu_context(JoinMode::CollectLeft, 4, &[READ_AHEAD]).await;
+    let cpu = cpu_context(JoinMode::CollectLeft, 4, &[]).await;
+    register([&gpu, &cpu], true);
+    b_from_parquet([&gpu, &cpu], &dir).await;
+    // The scan of `b` prunes by the join's dynamic filter, which is there
+    // only once the build side is in: read before, it would read all.
+    let plan = physical_plan(&gpu, JOIN).await;
+    let shown = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    assert!(shown.contains("DynamicFilter"), "{shown}");
+    assert_eq!(rows_read_ahead(&gpu, &cpu, JOIN, 1).await, 0, "{shown}");
+    // Without the filter the files are read ahead, as a table in memory is.
+    gpu.sql("SET datafusion.optimizer.enable_join_dynamic_filter_pushdown = false")
+        .await
+        .unwrap();
+    assert_eq!(rows_read_ahead(&gpu, &cpu, JOIN, 1).await, PROBE_ROWS);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_join_with_a_limit_does_not_read_its_probe_side_ahead() {
+    let Some(_) = require_gpu("a_join_with_a_limit_does_not_read_its_probe_side_ahead") else {
+        return;
+    };
+    let gpu = gpu_context(JoinMode::CollectLeft, 4, &[READ_AHEAD]).await;
+    let cpu = cpu_context(JoinMode::CollectLeft, 4, &[]).await;
+    register([&gpu, &cpu], true);
+    // Rows read ahead past the limit would be read for nothing.
+    let limited = format!("{JOIN} LIMIT 50");
+    let (rows, joins, plan) = run(&gpu, &limited).await;
+    let shown = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    assert_eq!(joins, 1, "{shown}");
+    assert!(
+        shown
+            .lines()
+            .any(|line| line.contains("GpuHashJoinExec") && line.contains("fetch=50")),
+        "{shown}"
+    );
+    assert_eq!(plan_metric(&plan, "probe_rows_read_ahead"), 0, "{shown}");
+    // Any 50 rows of the join: each one of DataFusion's, no more often.
+    let rows = int64_rows(&rows);
+    assert_eq!(rows.len(), 50, "{shown}");
+    let (all, _, _) = run(&cpu, JOIN).await;
+    let mut all = int64_rows(&all);
+    for row in rows {
+        let at = all.iter().position(|r| *r == row);
+        let at = at.unwrap_or_else(|| panic!("{row:?} is not a row of the join\n{shown}"));
+        all.swap_remove(at);
+    }
 }
