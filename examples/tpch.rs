@@ -22,6 +22,8 @@
 //! cargo registry. Without a GPU the CPU column is printed with the reason
 //! the GPU column is empty.
 
+#[path = "../tests/common/plan_metrics.rs"]
+mod plan_metrics;
 #[path = "../tests/common/slt_files.rs"]
 mod slt_files;
 #[path = "common/tpch.rs"]
@@ -42,6 +44,7 @@ use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_gpu::{gpu_decisions, gpu_session_context, gpu_status, Placement};
 use indicatif::{ProgressBar, ProgressStyle};
+use plan_metrics::plan_metric;
 use tpch_data::{
     answers_agree, check_fixed_size, query_sql, tpch_sources, write_parquet_tables, TABLES,
 };
@@ -272,26 +275,13 @@ fn fill_times(plan: &Arc<dyn ExecutionPlan>) -> String {
     ];
     let mut parts: Vec<String> = times
         .iter()
-        .map(|name| format!("{name} {:.1} ms", metric_sum(plan, name) as f64 / 1e6))
+        .map(|name| format!("{name} {:.1} ms", plan_metric(plan, name) as f64 / 1e6))
         .collect();
     parts.push(format!(
         "parts_filled_ahead {}",
-        metric_sum(plan, "parts_filled_ahead")
+        plan_metric(plan, "parts_filled_ahead")
     ));
     parts.join(", ")
-}
-
-/// The metric `name` summed over every node of `plan` and its partitions.
-fn metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let own = plan
-        .metrics()
-        .and_then(|metrics| metrics.sum_by_name(name))
-        .map_or(0, |value| value.as_usize());
-    own + plan
-        .children()
-        .into_iter()
-        .map(|child| metric_sum(child, name))
-        .sum::<usize>()
 }
 
 /// Whether every run's answer agrees with `cpu` ([`answers_agree`]); the

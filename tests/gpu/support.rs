@@ -17,6 +17,10 @@ use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use rand_distr::Zipf;
 
+#[path = "../common/plan_metrics.rs"]
+mod plan_metrics;
+pub use plan_metrics::plan_metric;
+
 /// Environment variable that turns a missing GPU into a test failure.
 pub const REQUIRE_GPU_VAR: &str = "DATAFUSION_GPU_REQUIRE_GPU";
 
@@ -412,17 +416,4 @@ pub async fn pinned_table(table: &MemTable) -> Arc<MemTable> {
         )
         .unwrap(),
     )
-}
-
-/// Metric `name` summed over every node of `plan`.
-pub fn plan_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let here = plan
-        .metrics()
-        .and_then(|m| m.sum_by_name(name))
-        .map_or(0, |v| v.as_usize());
-    here + plan
-        .children()
-        .into_iter()
-        .map(|c| plan_metric(c, name))
-        .sum::<usize>()
 }
