@@ -5,7 +5,8 @@
 //! rows' order within a partition, and the fallbacks to DataFusion's plan
 //! (too many distinct strings, a 64-bit overflow), also where a Parquet
 //! part shows them only in a later batch of its read; LIKE over strings too
-//! varied to code, matched over their bytes.
+//! varied to code, matched over their bytes; byte ranges of a file that
+//! hold no row group passed over.
 
 use std::sync::Arc;
 
@@ -681,6 +682,89 @@ const LIKE_QUERIES: &[&str] = &[
 /// its bytes instead; the next plans read its bytes from the start; a plan
 /// that reads `s` otherwise stays DataFusion's, and says why, but for `s`
 /// output from files (`from_files`), which comes from its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn byte_ranges_that_hold_no_row_group_copy_nothing_to_the_device() {
+    let Some(_) = require_gpu("byte_ranges_that_hold_no_row_group_copy_nothing_to_the_device")
+    else {
+        return;
+    };
+    // One file of one row group, cut into four byte ranges (no least size
+    // for a cut): a range holds the rows of the row groups that start in
+    // it, so three hold none, and their parts are passed over, nothing
+    // set up on the device for them.
+    let dir = temp_dir("scan-filter-empty-ranges");
+    write_ints_and_strings(
+        &dir.join("a.parquet"),
+        50_000,
+        |r| r as i64,
+        |r| format!("s{}", r % 7),
+    );
+    let settings = [
+        "SET gpu.tuning.scan_aggregate = false",
+        "SET datafusion.optimizer.repartition_file_min_size = 0",
+    ];
+    let gpu = gpu_context(JoinMode::CollectLeft, 4, &settings).await;
+    let cpu = cpu_context(JoinMode::CollectLeft, 4, &settings[1..]).await;
+    register_parquet([&gpu, &cpu], "one_group", &dir).await;
+    let sql = "SELECT s, i FROM one_group WHERE i > 100 AND s <> 's2'";
+    // The first run fills the cache; the second reads it.
+    check(&gpu, &cpu, sql).await;
+    let (plan, _) = check(&gpu, &cpu, sql).await;
+    let mut by_partition: Vec<(usize, usize, usize)> = Vec::new();
+    plan.apply(|node| {
+        if node.downcast_ref::<GpuScanFilterExec>().is_some() {
+            let metrics = node.metrics().unwrap();
+            let partitions = node.properties().output_partitioning().partition_count();
+            let of = |name: &str, p: usize| -> usize {
+                metrics
+                    .iter()
+                    .filter(|m| m.partition() == Some(p) && m.value().name() == name)
+                    .map(|m| m.value().as_usize())
+                    .sum()
+            };
+            by_partition = (0..partitions)
+                .map(|p| {
+                    (
+                        of("rows_scanned", p),
+                        of("h2d_bytes", p),
+                        of("d2h_bytes", p),
+                    )
+                })
+                .collect();
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    assert_eq!(
+        by_partition.len(),
+        4,
+        "{sql}: the file is cut into 4 ranges"
+    );
+    let scanned: Vec<usize> = by_partition.iter().map(|&(rows, _, _)| rows).collect();
+    assert_eq!(scanned.iter().sum::<usize>(), 50_000, "{sql}: {scanned:?}");
+    assert_eq!(
+        scanned.iter().filter(|&&rows| rows > 0).count(),
+        1,
+        "{sql}: one range holds the row group: {scanned:?}"
+    );
+    for &(rows, up, down) in &by_partition {
+        if rows == 0 {
+            assert_eq!(
+                (up, down),
+                (0, 0),
+                "{sql}: an empty range's bytes copied: {by_partition:?}"
+            );
+        } else {
+            assert!(
+                up > 0 && down > 0,
+                "{sql}: the range of rows: {by_partition:?}"
+            );
+        }
+    }
+    assert_eq!(plan_metric(&plan, "cpu_fallback"), 0, "{sql}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 async fn like_queries_match_bytes(gpu: &SessionContext, cpu: &SessionContext, from_files: bool) {
     let (plan, _) = check(gpu, cpu, LIKE_QUERIES[0]).await;
     let text = displayable(plan.as_ref()).indent(true).to_string();
