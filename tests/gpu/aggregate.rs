@@ -25,8 +25,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::support::{
-    cpu_context, gen_keys, gpu_context, pinned_table, require_gpu, rows_in_order, run_counting,
-    sanitized_rows, sanitizing, string_rows, table_from_columns, JoinMode, Keys,
+    cpu_context, gen_keys, gpu_context, node_metric, pinned_table, require_gpu, rows_in_order,
+    run_counting, sanitized_rows, sanitizing, string_rows, table_from_columns, JoinMode, Keys,
 };
 
 /// Rows of the test table `t`: keys drawn from `keys`, every value column
@@ -1020,20 +1020,9 @@ async fn float_sums_agree_within_a_relative_tolerance() {
     }
 }
 
-/// The sum of metric `name` over the GPU aggregations of `plan`: one of
-/// this crate's, or DataFusion's own (`output_rows`, `output_bytes`), which
-/// `MetricsSet::sum_by_name` does not find.
+/// The sum of metric `name` over the GPU aggregations of `plan` ([`node_metric`]).
 fn gpu_aggregate_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let here = plan
-        .downcast_ref::<GpuAggregateExec>()
-        .and_then(|agg| agg.metrics())
-        .and_then(|m| m.sum(|metric| metric.value().name() == name))
-        .map_or(0, |v| v.as_usize());
-    here + plan
-        .children()
-        .into_iter()
-        .map(|c| gpu_aggregate_metric(c, name))
-        .sum::<usize>()
+    node_metric::<GpuAggregateExec>(plan, name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -450,16 +450,7 @@ async fn a_fetch_pushed_into_the_join_limits_its_output() {
 
 /// The sum of metric `name` over the GPU joins of `plan`.
 fn gpu_join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let here = plan
-        .downcast_ref::<GpuHashJoinExec>()
-        .and_then(|join| join.metrics())
-        .and_then(|metrics| metrics.sum_by_name(name))
-        .map_or(0, |value| value.as_usize());
-    here + plan
-        .children()
-        .iter()
-        .map(|child| gpu_join_metric(child, name))
-        .sum::<usize>()
+    node_metric::<GpuHashJoinExec>(plan, name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -74,16 +74,7 @@ fn merge_join_types(
 
 /// The sum of metric `name` over the GPU sort-merge joins of `plan`.
 fn merge_join_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let here = plan
-        .downcast_ref::<GpuSortMergeJoinExec>()
-        .and_then(|join| join.metrics())
-        .and_then(|metrics| metrics.sum_by_name(name))
-        .map_or(0, |value| value.as_usize());
-    here + plan
-        .children()
-        .iter()
-        .map(|child| merge_join_metric(child, name))
-        .sum::<usize>()
+    node_metric::<GpuSortMergeJoinExec>(plan, name)
 }
 
 /// The contexts a query runs in: sort-merge joins with the GPU rule, the

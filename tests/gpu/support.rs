@@ -21,6 +21,22 @@ use rand_distr::Zipf;
 mod plan_metrics;
 pub use plan_metrics::plan_metric;
 
+/// Metric `name` summed over the nodes of `plan` of type `T` and their
+/// partitions: one of this crate's, or DataFusion's own (`output_rows`,
+/// `output_bytes`), which `MetricsSet::sum_by_name` does not find.
+pub fn node_metric<T: ExecutionPlan + 'static>(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let here = plan
+        .downcast_ref::<T>()
+        .and_then(|node| node.metrics())
+        .and_then(|m| m.sum(|metric| metric.value().name() == name))
+        .map_or(0, |v| v.as_usize());
+    here + plan
+        .children()
+        .into_iter()
+        .map(|c| node_metric::<T>(c, name))
+        .sum::<usize>()
+}
+
 /// Environment variable that turns a missing GPU into a test failure.
 pub const REQUIRE_GPU_VAR: &str = "DATAFUSION_GPU_REQUIRE_GPU";
 
