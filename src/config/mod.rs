@@ -302,27 +302,30 @@ config_namespace! {
         /// `cache_table`): each byte range DataFusion reads as one is read
         /// in pieces of whole row groups, of at least this many rows each
         /// (the last may hold fewer), each by a task of its own (ranges of
-        /// about the same bytes hold unequal numbers of row groups). 0 reads
-        /// each range by one task. A scan filter's parts are read by one
-        /// task each, but for the pieces `gpu.tuning.steal_pieces` hands to
-        /// idle tasks.
+        /// about the same bytes hold unequal numbers of row groups); a row
+        /// group of at least twice this many rows (and 16,384) is read in
+        /// slices of its rows. 0 reads each range by one task. A scan
+        /// filter's parts are read by one task each, but for the pieces
+        /// `gpu.tuning.steal_pieces` hands to idle tasks (a part of one such
+        /// row group in slices).
         pub min_part_rows: usize, default = 524_288
         /// Where a task reads a Parquet part the device column cache misses
         /// in turn with its partition's others (a scan filter, the fill
         /// ahead of a plan), a fill-ahead task with no part left to take
-        /// reads that part's last unread pieces of whole row groups (of at
-        /// least `gpu.tuning.min_part_rows` rows) for it, so that a scan's
+        /// reads that part's last unread pieces (of at least
+        /// `gpu.tuning.min_part_rows` rows) for it, so that a scan's
         /// last parts are not each read by one task on an otherwise idle
         /// host. `false` leaves each such part to its own task.
         pub steal_pieces: bool, default = true
         /// Where the device column cache reads a Parquet part with string
-        /// columns whole, by one task (no pieces of whole row groups of it to
-        /// share out: a file or byte range of one row group, as small tables
-        /// are written), its columns are read apart, side by side: each
-        /// string column by a task of its own, the others together by one
-        /// more, so that the part takes about as long as its largest column.
-        /// Not where `gpu.tuning.min_part_rows` is 0 (each part read by one
-        /// task) or the runtime has one thread. `false` reads the part's
+        /// columns whole, by one task (no pieces of it to share out: a file
+        /// or byte range of one row group of fewer than twice
+        /// `gpu.tuning.min_part_rows` rows, as small tables are written),
+        /// its columns are read apart, side by side: each string column by a
+        /// task of its own, the others together by one more, so that the
+        /// part takes about as long as its largest column. Not where
+        /// `gpu.tuning.min_part_rows` is 0 (each part read by one task) or
+        /// the runtime has one thread. `false` reads the part's
         /// columns together.
         pub read_columns_apart: bool, default = true
         /// Words (8 bytes each) of pinned host memory that one window of an

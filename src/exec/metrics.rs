@@ -102,9 +102,10 @@ pub struct GpuScanMetrics {
     /// part's rows once, whatever columns were missing).
     pub rows_read: Count,
     /// Pieces of those parts (runs of whole row groups of a Parquet byte
-    /// range, `gpu.tuning.min_part_rows`) read by tasks of their own: each
-    /// piece of a table read at once, and the last pieces of the scan's own
-    /// parts read in turn that an idle task read for it
+    /// range, or slices of a large one, `gpu.tuning.min_part_rows`) read
+    /// by tasks of their own: each piece of a table read at once, and the
+    /// last pieces of the scan's own parts read in turn that an idle task
+    /// read for it
     /// (`gpu.tuning.steal_pieces`; those read for the fill ahead's parts are
     /// not counted here).
     pub pieces_read: Count,

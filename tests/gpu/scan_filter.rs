@@ -399,33 +399,44 @@ async fn a_part_too_varied_after_parts_that_kept_no_row_leaves_the_partition_to_
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_row_once() {
-    let Some(_) = require_gpu(
-        "parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_row_once",
-    ) else {
-        return;
-    };
-    // Two files of 12 and 5 row groups of 5,000 rows, read by three
-    // partitions in byte ranges, each range read in pieces of one row group
-    // (`gpu.tuning.min_part_rows`), then of two.
-    let dir = temp_dir("row-group-pieces");
-    write_parquet_in_row_groups(&dir.join("a.parquet"), 60_000, 31, 5_000);
-    write_parquet_in_row_groups(&dir.join("b.parquet"), 25_000, 32, 5_000);
-    let rows = 85_000;
+/// How a test's Parquet files are written and read in pieces.
+struct PieceLayout {
+    /// Each file's name, rows, seed and rows a row group.
+    files: &'static [(&'static str, usize, u64, usize)],
+    /// `gpu.tuning.min_part_rows` for a scan aggregation, which reads its
+    /// table at once, and for scan filters, which read their parts in turn.
+    aggregate_piece_rows: usize,
+    filter_piece_rows: usize,
+    /// Pieces the scan aggregation reads by tasks of their own: exactly
+    /// (where alone on the device), or at least.
+    pieces_alone: Option<usize>,
+    least_pieces: usize,
+}
+
+/// The files of `layout`, read by three partitions in byte ranges: a scan
+/// aggregation, in a cache that holds none of their columns, reads every
+/// row once, in pieces; scan filters over copies of the files (other cache
+/// keys), which read their parts by one task each, but for the last pieces
+/// an idle fill-ahead task reads for it (`gpu.tuning.steal_pieces`), read
+/// every row once, by the scan or ahead of it (twice only where other
+/// tests' device memory evicted a part between the two), and without
+/// stealing, no piece; every answer DataFusion's.
+async fn parquet_read_in_pieces_answers_right(name: &str, layout: PieceLayout) {
+    let dir = temp_dir(name);
+    for &(file, rows, seed, group_rows) in layout.files {
+        write_parquet_in_row_groups(&dir.join(file), rows, seed, group_rows);
+    }
+    let rows: usize = layout.files.iter().map(|file| file.1).sum();
     let ranges = "SET datafusion.optimizer.repartition_file_min_size = 0";
     let cpu = cpu_context(JoinMode::CollectLeft, 3, &[ranges]).await;
     cpu.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
         .await
         .unwrap();
-    // A scan aggregation, in a cache that holds none of these files'
-    // columns: every row read once, in pieces.
-    let gpu = gpu_context(
-        JoinMode::CollectLeft,
-        3,
-        &[ranges, "SET gpu.tuning.min_part_rows = 5000"],
-    )
-    .await;
+    let aggregate_pieces = format!(
+        "SET gpu.tuning.min_part_rows = {}",
+        layout.aggregate_piece_rows
+    );
+    let gpu = gpu_context(JoinMode::CollectLeft, 3, &[ranges, &aggregate_pieces]).await;
     gpu.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
         .await
         .unwrap();
@@ -450,26 +461,29 @@ async fn parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_r
                 true => assert_eq!(read, rows, "{sql}\n{shown}"),
                 false => assert!(read >= rows, "{sql}: {read} rows read\n{shown}"),
             }
-            // 17 row groups in at most four ranges: some read in pieces.
-            assert!(pieces >= 2, "{sql}: {pieces} pieces\n{shown}");
+            match (crate::support::alone_on_the_device(), layout.pieces_alone) {
+                (true, Some(wanted)) => assert_eq!(pieces, wanted, "{sql}\n{shown}"),
+                _ => assert!(
+                    pieces >= layout.least_pieces,
+                    "{sql}: {pieces} pieces\n{shown}"
+                ),
+            }
         }
     }
-    // Scan filters over copies of the files (other cache keys), which read
-    // their parts by one task each, but for the last pieces an idle
-    // fill-ahead task reads for it (`gpu.tuning.steal_pieces`): every row
-    // read once, by the scan or ahead of it (twice only where other tests'
-    // device memory evicted a part between the two); without stealing, no
-    // piece.
     for steal in [false, true] {
-        let copy = temp_dir(&format!("row-group-pieces-copy-{steal}"));
-        for name in ["a.parquet", "b.parquet"] {
-            std::fs::copy(dir.join(name), copy.join(name)).unwrap();
+        let copy = temp_dir(&format!("{name}-copy-{steal}"));
+        for &(file, ..) in layout.files {
+            std::fs::copy(dir.join(file), copy.join(file)).unwrap();
         }
         let steal_pieces = format!("SET gpu.tuning.steal_pieces = {steal}");
+        let filter_pieces = format!(
+            "SET gpu.tuning.min_part_rows = {}",
+            layout.filter_piece_rows
+        );
         let settings = [
             "SET gpu.tuning.scan_aggregate = false",
             ranges,
-            "SET gpu.tuning.min_part_rows = 9000",
+            &filter_pieces,
             &steal_pieces,
         ];
         let gpu = gpu_context(JoinMode::CollectLeft, 3, &settings).await;
@@ -494,6 +508,49 @@ async fn parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_r
         let _ = std::fs::remove_dir_all(&copy);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_row_once() {
+    let Some(_) = require_gpu(
+        "parquet_parts_read_in_pieces_of_row_groups_answer_right_and_read_each_row_once",
+    ) else {
+        return;
+    };
+    // Two files of 12 and 5 row groups of 5,000 rows, each range read in
+    // pieces of one row group, then of two: 17 row groups in at most four
+    // ranges, some read in pieces.
+    let layout = PieceLayout {
+        files: &[
+            ("a.parquet", 60_000, 31, 5_000),
+            ("b.parquet", 25_000, 32, 5_000),
+        ],
+        aggregate_piece_rows: 5_000,
+        filter_piece_rows: 9_000,
+        pieces_alone: None,
+        least_pieces: 2,
+    };
+    parquet_read_in_pieces_answers_right("row-group-pieces", layout).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_parquet_row_group_read_in_slices_of_its_rows_answers_right_and_reads_each_row_once() {
+    let Some(_) = require_gpu(
+        "a_parquet_row_group_read_in_slices_of_its_rows_answers_right_and_reads_each_row_once",
+    ) else {
+        return;
+    };
+    // One file of one row group of 60,000 rows (two of the three ranges hold
+    // no row group), cut into six slices of 10,000 rows, read by tasks of
+    // their own, or in turn, the last by idle tasks.
+    let layout = PieceLayout {
+        files: &[("a.parquet", 60_000, 33, 60_000)],
+        aggregate_piece_rows: 10_000,
+        filter_piece_rows: 10_000,
+        pieces_alone: Some(6),
+        least_pieces: 6,
+    };
+    parquet_read_in_pieces_answers_right("row-group-slices", layout).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,31 +1,41 @@
-//! A Parquet part read in pieces of whole row groups, each by a task of
-//! its own, so that the reading of a table into the cache is shared out
-//! evenly among the host's cores.
+//! A Parquet part read in pieces, each by a task of its own, so that the
+//! reading of a table into the cache is shared out evenly among the host's
+//! cores: runs of whole row groups, or slices of rows of one large row
+//! group.
 //!
 //! DataFusion splits a table's files into byte ranges, one group of them
 //! a partition, each range holding the row groups that start in it. A
 //! range holds whole row groups, so ranges of about the same bytes hold
-//! different numbers of them (three in one, five in another), and the
-//! range with the most, read by one task, ends long after the rest: cold,
-//! the last part of a table is read alone on an otherwise idle host. A part
+//! different numbers of them (three in one, five in another, none in a
+//! third where a file has fewer row groups than ranges), and the range
+//! with the most, read by one task, ends long after the rest: cold, the
+//! last part of a table is read alone on an otherwise idle host. A part
 //! the cache misses where its table is read all at once (see
-//! [`super::run::Reading`]) is therefore read in pieces of a few row groups
-//! each (at least `gpu.tuning.min_part_rows` rows), every piece by a task
-//! of its own, as many at once in the process as the host has cores, and
-//! coded into the part's words in the part's order as the pieces come: the
-//! part stays what the cache keeps and the scans read, only its reading is
-//! shared.
+//! [`super::run::Reading`]) is therefore read in pieces of at least
+//! `gpu.tuning.min_part_rows` rows each, every piece by a task of its own,
+//! as many at once in the process as the host has cores, and coded into
+//! the part's words in the part's order as the pieces come: the part stays
+//! what the cache keeps and the scans read, only its reading is shared. A
+//! row group of at least twice that many rows (and of [`MIN_SLICE_ROWS`])
+//! is cut into slices of its rows, so that a part of one large row group
+//! (a byte range of a file written in large row groups, or a file written
+//! as one) is not read by one task either.
 //!
 //! A piece is read as DataFusion reads a range: the range only narrowed to
 //! start at its first row group's first page and end right after its last
 //! row group's first page, so that exactly its row groups start in it (the
-//! rule DataFusion's reader keeps a row group by).
+//! rule DataFusion's reader keeps a row group by). A slice is read so too,
+//! with an access plan that selects its rows of its row group; its file's
+//! page index, where written, is read once (and kept with the footer), so
+//! that a slice fetches only the pages that hold its rows.
 
 use std::sync::{Arc, LazyLock};
 
 use datafusion::arrow::array::ArrayRef;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
+use datafusion::datasource::physical_plan::parquet::{ParquetAccessPlan, RowGroupAccess};
+use datafusion::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::datasource::listing::FileRange;
 use datafusion::execution::TaskContext;
@@ -39,12 +49,54 @@ use crate::trace;
 
 /// The row groups a part of a Parquet file was cut to: the file's row
 /// groups `first..first + count` (in the order they lie in the file), of
-/// `rows` rows in all.
+/// `rows` rows in all; or, with `slice_from`, rows `from..from + rows` of
+/// row group `first` alone (`count` 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RowGroups {
     pub first: usize,
     pub count: usize,
     pub rows: usize,
+    pub slice_from: Option<usize>,
+}
+
+impl RowGroups {
+    /// Whole row groups `first..first + count`, of `rows` rows in all.
+    fn whole(first: usize, count: usize, rows: usize) -> Self {
+        Self {
+            first,
+            count,
+            rows,
+            slice_from: None,
+        }
+    }
+
+    /// What the piece holds, for the trace.
+    pub fn describe(&self) -> String {
+        match self.slice_from {
+            Some(from) => format!("row group {} rows {}..{}", self.first, from, from + self.rows),
+            None => format!("row groups {}..{}", self.first, self.first + self.count),
+        }
+    }
+}
+
+/// Rows a slice of one row group holds at least, whatever
+/// `gpu.tuning.min_part_rows` asks for: a slice is read as a file is (its
+/// footer, its pages' headers, a dictionary page a column), worth it only
+/// for many rows.
+pub(crate) const MIN_SLICE_ROWS: usize = 1 << 13;
+
+/// Which row groups of a part are cut into slices of their rows (those of
+/// at least twice a slice's rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slicing {
+    /// Every such row group: the part is read by tasks of their own
+    /// (`Reading::WithItsTable`).
+    EveryRowGroup,
+    /// Only a row group the part holds alone: the part is read in turn by
+    /// its own task, its last pieces by idle tasks (`Reading::InTurn`);
+    /// a part of several row groups has pieces enough for that, and each
+    /// piece more is one more that an idle task may read ahead of its turn.
+    ALoneRowGroup,
 }
 
 /// Pieces read at once in the process: as many as the host has cores.
@@ -131,6 +183,7 @@ pub(crate) async fn pieces_of(
     part: &Part,
     context: &TaskContext,
     min_rows: usize,
+    slicing: Slicing,
 ) -> Option<Vec<Part>> {
     let TableSource::Parquet { url, .. } = source else {
         return None;
@@ -154,16 +207,45 @@ pub(crate) async fn pieces_of(
             return None;
         }
     };
-    let cut = pieces(&starts, file.range.as_ref(), min_rows)?;
+    let cut = pieces(&starts, file.range.as_ref(), min_rows, slicing)?;
+    if cut.iter().any(|(_, groups)| groups.slice_from.is_some()) {
+        // The page index, kept with the footer in DataFusion's cache where
+        // the file has one, tells a slice's read which pages hold its rows.
+        let indexed = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
+            .with_metadata_size_hint(file.metadata_size_hint)
+            .with_file_metadata_cache(Some(context.runtime_env().cache_manager.get_file_metadata_cache()))
+            .with_page_index_policy(Some(PageIndexPolicy::Optional))
+            .fetch_metadata()
+            .await;
+        if let Err(e) = indexed {
+            trace::event(|| format!("{}: page index not read ({e})", part.describe()));
+        }
+    }
     Some(
         cut.into_iter()
             .map(|(range, groups)| {
                 let mut piece = file.clone();
                 piece.range = Some(range);
+                if let Some(from) = groups.slice_from {
+                    piece = piece.with_extension(slice_plan(&starts, groups.first, from, groups.rows));
+                }
                 Part::File(piece, Some(groups))
             })
             .collect(),
     )
+}
+
+/// The access plan that reads rows `from..from + rows` of row group `group`
+/// of a file whose row groups are `starts`, and nothing else.
+fn slice_plan(starts: &[RowGroupStart], group: usize, from: usize, rows: usize) -> ParquetAccessPlan {
+    let mut plan = ParquetAccessPlan::new_none(starts.len());
+    let after = starts[group].rows.saturating_sub(from + rows);
+    let selectors: Vec<RowSelector> = [RowSelector::skip(from), RowSelector::select(rows), RowSelector::skip(after)]
+        .into_iter()
+        .filter(|selector| selector.row_count > 0)
+        .collect();
+    plan.set(group, RowGroupAccess::Selection(RowSelection::from(selectors)));
+    plan
 }
 
 /// Where a row group starts in its file (where DataFusion's reader looks
@@ -191,15 +273,20 @@ impl RowGroupStart {
     }
 }
 
-/// The parts of at least `min_rows` rows (but the last) that the row
-/// groups starting in `range` (the whole file where `None`) make, each
-/// the byte range that exactly its row groups start in; `None` where they
-/// make fewer than two, or the row groups' starts are not all distinct
-/// (a file this cannot cut safely).
+/// The parts of at least `min_rows` rows (but the last, and a run of row
+/// groups right before a sliced one) that the row groups starting in
+/// `range` (the whole file where `None`) make, each the byte range that
+/// exactly its row groups start in: runs of whole row groups, and slices
+/// of at least `min_rows` and [`MIN_SLICE_ROWS`] rows of a row group of
+/// twice as many (with [`Slicing::ALoneRowGroup`], only where it is the
+/// only row group starting in `range`). `None` where they make fewer than
+/// two, or the row groups' starts are not all distinct (a file this cannot
+/// cut safely).
 fn pieces(
     starts: &[RowGroupStart],
     range: Option<&FileRange>,
     min_rows: usize,
+    slicing: Slicing,
 ) -> Option<Vec<(FileRange, RowGroups)>> {
     let mut order: Vec<usize> = (0..starts.len()).collect();
     order.sort_by_key(|&g| starts[g].offset);
@@ -211,27 +298,50 @@ fn pieces(
     }
     let inside = |g: &usize| range.is_none_or(|range| range.contains(starts[*g].offset));
     let kept: Vec<usize> = order.into_iter().filter(inside).collect();
+    let slice_rows = min_rows.max(MIN_SLICE_ROWS);
+    let may_slice = slicing == Slicing::EveryRowGroup || kept.len() == 1;
     let mut pieces: Vec<(FileRange, RowGroups)> = Vec::new();
     let mut run: Vec<usize> = Vec::new();
     let mut rows = 0usize;
+    let end_run = |run: &mut Vec<usize>, rows: &mut usize, pieces: &mut Vec<(FileRange, RowGroups)>| {
+        let (Some(&first), Some(&last)) = (run.first(), run.last()) else {
+            return;
+        };
+        pieces.push((
+            FileRange {
+                start: starts[first].offset,
+                end: starts[last].offset + 1,
+            },
+            RowGroups::whole(*run.iter().min().unwrap_or(&first), run.len(), *rows),
+        ));
+        run.clear();
+        *rows = 0;
+    };
     for (at, &g) in kept.iter().enumerate() {
+        let group_rows = starts[g].rows;
+        if may_slice && group_rows >= slice_rows.saturating_mul(2) {
+            end_run(&mut run, &mut rows, &mut pieces);
+            let count = group_rows / slice_rows;
+            let only_its_start = FileRange {
+                start: starts[g].offset,
+                end: starts[g].offset + 1,
+            };
+            for slice in 0..count {
+                let (from, to) = (group_rows * slice / count, group_rows * (slice + 1) / count);
+                let groups = RowGroups {
+                    first: g,
+                    count: 1,
+                    rows: to - from,
+                    slice_from: Some(from),
+                };
+                pieces.push((only_its_start.clone(), groups));
+            }
+            continue;
+        }
         run.push(g);
-        rows += starts[g].rows;
+        rows += group_rows;
         if rows >= min_rows || at + 1 == kept.len() {
-            let (first, last) = (run[0], run[run.len() - 1]);
-            pieces.push((
-                FileRange {
-                    start: starts[first].offset,
-                    end: starts[last].offset + 1,
-                },
-                RowGroups {
-                    first: *run.iter().min().unwrap_or(&first),
-                    count: run.len(),
-                    rows,
-                },
-            ));
-            run.clear();
-            rows = 0;
+            end_run(&mut run, &mut rows, &mut pieces);
         }
     }
     (pieces.len() >= 2).then_some(pieces)
@@ -263,20 +373,20 @@ pub(super) mod tests {
     fn a_range_is_cut_into_parts_of_at_least_the_rows_asked_for_and_each_row_group_is_read_once() {
         let starts = starts(&[1000, 1000, 1000, 1000, 1000, 500]);
         let whole = FileRange { start: 0, end: 10_000 };
-        let cut = pieces(&starts, Some(&whole), 2000).unwrap();
+        let cut = pieces(&starts, Some(&whole), 2000, Slicing::EveryRowGroup).unwrap();
         let groups: Vec<Vec<usize>> = cut.iter().map(|(range, _)| kept_by_range(&starts, range)).collect();
         assert_eq!(groups, vec![vec![0, 1], vec![2, 3], vec![4, 5]]);
         let described: Vec<RowGroups> = cut.iter().map(|(_, groups)| *groups).collect();
         assert_eq!(
             described,
             vec![
-                RowGroups { first: 0, count: 2, rows: 2000 },
-                RowGroups { first: 2, count: 2, rows: 2000 },
-                RowGroups { first: 4, count: 2, rows: 1500 },
+                RowGroups::whole(0, 2, 2000),
+                RowGroups::whole(2, 2, 2000),
+                RowGroups::whole(4, 2, 1500),
             ]
         );
         // Every row group once, at one row a part.
-        let single = pieces(&starts, None, 1).unwrap();
+        let single = pieces(&starts, None, 1, Slicing::EveryRowGroup).unwrap();
         assert_eq!(single.len(), 6);
         for (g, (range, groups)) in single.iter().enumerate() {
             assert_eq!(kept_by_range(&starts, range), vec![g]);
@@ -289,16 +399,50 @@ pub(super) mod tests {
         let starts = starts(&[1000; 8]);
         // Row groups 2, 3 and 4 start in bytes 204..504.
         let range = FileRange { start: 150, end: 450 };
-        let cut = pieces(&starts, Some(&range), 1000).unwrap();
+        let cut = pieces(&starts, Some(&range), 1000, Slicing::EveryRowGroup).unwrap();
         let groups: Vec<Vec<usize>> = cut.iter().map(|(r, _)| kept_by_range(&starts, r)).collect();
         assert_eq!(groups, vec![vec![2], vec![3], vec![4]]);
         for (piece, _) in &cut {
             assert!(piece.start >= range.start && piece.end <= range.end);
         }
         // One part's worth of rows, or none: left as it is.
-        assert!(pieces(&starts, Some(&range), 3000).is_none());
-        assert!(pieces(&starts, Some(&FileRange { start: 5, end: 100 }), 1).is_none());
-        assert!(pieces(&[], None, 1).is_none());
+        assert!(pieces(&starts, Some(&range), 3000, Slicing::EveryRowGroup).is_none());
+        assert!(pieces(&starts, Some(&FileRange { start: 5, end: 100 }), 1, Slicing::EveryRowGroup).is_none());
+        assert!(pieces(&[], None, 1, Slicing::EveryRowGroup).is_none());
+    }
+
+    /// `batch` written with `properties` to a file `t.parquet` in a fresh
+    /// directory of its own named after `name`, as a table that reads it in
+    /// three byte ranges, with a task context to read it in.
+    async fn a_file_in_three_ranges(
+        name: &str,
+        batch: datafusion::arrow::array::RecordBatch,
+        properties: datafusion::parquet::file::properties::WriterProperties,
+    ) -> (TableSource, Arc<TaskContext>, std::path::PathBuf) {
+        use datafusion::datasource::source::DataSourceExec;
+        use datafusion::parquet::arrow::ArrowWriter;
+        use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+
+        let dir = std::env::temp_dir().join(format!("datafusion-gpu-row-groups-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = std::fs::File::create(dir.join("t.parquet")).unwrap();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+
+        let config = SessionConfig::new()
+            .with_target_partitions(3)
+            .set_usize("datafusion.optimizer.repartition_file_min_size", 0);
+        let ctx = SessionContext::new_with_config(config);
+        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
+        let mut scan = ctx.sql("SELECT * FROM t").await.unwrap().create_physical_plan().await.unwrap();
+        while scan.downcast_ref::<DataSourceExec>().is_none() {
+            scan = Arc::clone(scan.children()[0]);
+        }
+        let (source, _) = super::super::table_source(scan.downcast_ref::<DataSourceExec>().unwrap()).unwrap().unwrap();
+        assert_eq!(source.part_count(), 3, "three byte ranges of the file");
+        (source, ctx.task_ctx(), dir)
     }
 
     /// A file of ten row groups of 1,000 rows (`v` 0 to 9,999, in order)
@@ -309,35 +453,12 @@ pub(super) mod tests {
     ) -> (TableSource, Arc<TaskContext>, std::path::PathBuf) {
         use datafusion::arrow::array::{Int64Array, RecordBatch};
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
-        use datafusion::datasource::source::DataSourceExec;
-        use datafusion::parquet::arrow::ArrowWriter;
         use datafusion::parquet::file::properties::WriterProperties;
-        use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 
-        let dir = std::env::temp_dir().join(format!("datafusion-gpu-row-groups-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
-        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from_iter_values(0..10_000))])
-            .unwrap();
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(0..10_000))]).unwrap();
         let properties = WriterProperties::builder().set_max_row_group_row_count(Some(1000)).build();
-        let file = std::fs::File::create(dir.join("t.parquet")).unwrap();
-        let mut writer = ArrowWriter::try_new(file, schema, Some(properties)).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-
-        let config = SessionConfig::new()
-            .with_target_partitions(3)
-            .set_usize("datafusion.optimizer.repartition_file_min_size", 0);
-        let ctx = SessionContext::new_with_config(config);
-        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default()).await.unwrap();
-        let mut scan = ctx.sql("SELECT v FROM t").await.unwrap().create_physical_plan().await.unwrap();
-        while scan.downcast_ref::<DataSourceExec>().is_none() {
-            scan = Arc::clone(scan.children()[0]);
-        }
-        let (source, _) = super::super::table_source(scan.downcast_ref::<DataSourceExec>().unwrap()).unwrap().unwrap();
-        assert_eq!(source.part_count(), 3, "three byte ranges of the file");
-        (source, ctx.task_ctx(), dir)
+        a_file_in_three_ranges(name, batch, properties).await
     }
 
     /// The values of the one Int64 column of `batches`, in order.
@@ -363,7 +484,7 @@ pub(super) mod tests {
         for (min_rows, parts_wanted) in [(0, Some(3)), (1, Some(10)), (1000, Some(10)), (2500, None), (100_000, Some(3))] {
             let mut parts = Vec::new();
             for part in source.part_groups().into_iter().flatten() {
-                match pieces_of(&source, &part, &context, min_rows).await {
+                match pieces_of(&source, &part, &context, min_rows, Slicing::EveryRowGroup).await {
                     Some(pieces) => parts.extend(pieces),
                     None => parts.push(part),
                 }
@@ -394,7 +515,7 @@ pub(super) mod tests {
         let pieces_read = datafusion::physical_plan::metrics::Count::new();
         for part in source.part_groups().into_iter().flatten() {
             let whole = values_of(part.batches(&source, &[0], &[], Arc::clone(&context)).unwrap()).await;
-            let pieces = pieces_of(&source, &part, &context, 1).await;
+            let pieces = pieces_of(&source, &part, &context, 1, Slicing::EveryRowGroup).await;
             let in_pieces =
                 batches_in_pieces(&source, &part, pieces, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
             assert_eq!(values_of(in_pieces).await, whole, "{}", part.describe());
@@ -404,13 +525,163 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_row_group_of_twice_the_rows_asked_for_is_cut_into_slices_that_cover_its_rows_once() {
+        let starts = starts(&[1000, 40_000, 1000, 1000, 16_383]);
+        let cut = pieces(&starts, None, 10_000, Slicing::EveryRowGroup).unwrap();
+        let described: Vec<RowGroups> = cut.iter().map(|(_, groups)| *groups).collect();
+        let slice = |from: usize| RowGroups {
+            first: 1,
+            count: 1,
+            rows: 10_000,
+            slice_from: Some(from),
+        };
+        assert_eq!(
+            described,
+            vec![
+                // The run before the sliced row group ends there, short.
+                RowGroups::whole(0, 1, 1000),
+                slice(0),
+                slice(10_000),
+                slice(20_000),
+                slice(30_000),
+                // 16,383 rows: fewer than twice the slices' least rows.
+                RowGroups::whole(2, 3, 18_383),
+            ]
+        );
+        for (range, groups) in &cut {
+            let kept = kept_by_range(&starts, range);
+            assert_eq!((kept[0], kept.len()), (groups.first, groups.count), "{}", groups.describe());
+        }
+        // At one row a part, slices of the least rows a slice holds, every
+        // row once, the last slice the longest.
+        let cut = pieces(&starts, None, 1, Slicing::EveryRowGroup).unwrap();
+        let slices: Vec<(usize, usize)> = cut
+            .iter()
+            .filter_map(|(_, groups)| groups.slice_from.map(|from| (from, groups.rows)))
+            .collect();
+        assert_eq!(slices.len(), 40_000 / MIN_SLICE_ROWS);
+        let mut next = 0;
+        for (from, rows) in slices {
+            assert_eq!(from, next);
+            assert!(rows >= MIN_SLICE_ROWS);
+            next = from + rows;
+        }
+        assert_eq!(next, 40_000);
+        // One row group alone in its range is cut too; one of too few rows is not.
+        let alone = FileRange { start: starts[1].offset, end: starts[2].offset };
+        for slicing in [Slicing::EveryRowGroup, Slicing::ALoneRowGroup] {
+            assert_eq!(pieces(&starts, Some(&alone), 20_000, slicing).map(|cut| cut.len()), Some(2));
+            assert!(pieces(&starts, Some(&alone), 20_001, slicing).is_none());
+        }
+        // Read in turn, a part of several row groups is cut at its row
+        // groups alone.
+        let whole: Vec<RowGroups> = pieces(&starts, None, 10_000, Slicing::ALoneRowGroup)
+            .unwrap()
+            .into_iter()
+            .map(|(_, groups)| groups)
+            .collect();
+        assert_eq!(whole, vec![RowGroups::whole(0, 2, 41_000), RowGroups::whole(2, 3, 18_383)]);
+    }
+
+    /// A file of one row group of `rows` rows (`v` 0 to `rows - 1`, in order,
+    /// and `s`, seven strings the writer keeps as a dictionary) as a table
+    /// that reads it in three byte ranges (two hold no row group), with a
+    /// task context to read it in.
+    async fn a_file_of_one_row_group(rows: i64) -> (TableSource, Arc<TaskContext>, std::path::PathBuf) {
+        use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::parquet::file::properties::WriterProperties;
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        let strings = StringArray::from_iter_values((0..rows).map(|v| format!("value {}", v % 7)));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(0..rows)), Arc::new(strings)])
+                .unwrap();
+        // Pages of 1,000 rows, so that a slice's read skips whole pages.
+        let properties = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(rows as usize))
+            .set_data_page_row_count_limit(1000)
+            .set_write_batch_size(1000)
+            .build();
+        a_file_in_three_ranges("slices", batch, properties).await
+    }
+
+    /// The values of `batches`' two columns (`v`, and `s` read as strings
+    /// or as a dictionary of them), in order.
+    async fn pairs_of(mut batches: BoxStream<'static, Result<Vec<ArrayRef>>>) -> Vec<(i64, String)> {
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::compute::cast;
+        use datafusion::arrow::datatypes::{DataType, Int64Type};
+        let mut pairs = Vec::new();
+        while let Some(batch) = batches.next().await {
+            let batch = batch.unwrap();
+            let strings = cast(&batch[1], &DataType::Utf8).unwrap();
+            let values = batch[0].as_primitive::<Int64Type>().values().iter().copied();
+            pairs.extend(values.zip(strings.as_string::<i32>().iter().map(|s| s.unwrap().to_owned())));
+        }
+        pairs
+    }
+
+    /// A file of one row group, cut into slices of its rows: each slice
+    /// reads exactly its rows, and the slices read by tasks of their own, or
+    /// in turn, give every row of the part in its order, a dictionary
+    /// column's strings too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_slices_of_one_row_group_read_each_row_once_in_order() {
+        use super::super::shared_read::batches_read_in_turn;
+        let rows = 50_000;
+        let (source, context, dir) = a_file_of_one_row_group(rows).await;
+        let every: Vec<(i64, String)> = (0..rows).map(|v| (v, format!("value {}", v % 7))).collect();
+        let pieces_read = datafusion::physical_plan::metrics::Count::new();
+        let mut sliced = 0;
+        for part in source.part_groups().into_iter().flatten() {
+            let whole = pairs_of(part.batches(&source, &[0, 1], &[], Arc::clone(&context)).unwrap()).await;
+            let Some(pieces) = pieces_of(&source, &part, &context, 10_000, Slicing::EveryRowGroup).await else {
+                // A range no row group starts in.
+                assert!(whole.is_empty(), "{}", part.describe());
+                continue;
+            };
+            sliced += 1;
+            assert_eq!(whole, every);
+            assert_eq!(pieces.len(), 5, "{}", part.describe());
+            let mut next = 0i64;
+            for piece in &pieces {
+                let read = pairs_of(piece.batches(&source, &[0, 1], &[], Arc::clone(&context)).unwrap()).await;
+                assert_eq!(read.len(), 10_000, "{}", piece.describe());
+                assert_eq!(piece.rows_estimate(), Some(read.len()));
+                assert_eq!(read[..], every[next as usize..next as usize + read.len()], "{}", piece.describe());
+                next += read.len() as i64;
+                // The string column read as a dictionary, as the fill reads
+                // a column it codes.
+                let coded = pairs_of(piece.batches(&source, &[0, 1], &[1], Arc::clone(&context)).unwrap()).await;
+                assert_eq!(coded, read, "{}", piece.describe());
+            }
+            assert_eq!(next, rows);
+            let in_pieces = batches_in_pieces(&source, &part, Some(pieces.clone()), &[0, 1], &[], Arc::clone(&context), &pieces_read)
+                .await
+                .unwrap();
+            assert_eq!(pairs_of(in_pieces).await, every);
+            let in_turn = batches_read_in_turn(&source, &part, Some(pieces), &[0, 1], &[1], Arc::clone(&context), &pieces_read)
+                .await
+                .unwrap();
+            assert_eq!(pairs_of(in_turn).await, every);
+        }
+        assert_eq!(sliced, 1, "the one range the row group starts in");
+        assert_eq!(pieces_read.value(), 5);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn row_groups_that_start_alike_or_nowhere_are_not_cut() {
         let mut same = starts(&[1000, 1000, 1000]);
         same[2].offset = same[1].offset;
-        assert!(pieces(&same, None, 1).is_none());
+        assert!(pieces(&same, None, 1, Slicing::EveryRowGroup).is_none());
         let mut nowhere = starts(&[1000, 1000, 1000]);
         nowhere[0].offset = -1;
-        assert!(pieces(&nowhere, None, 1).is_none());
+        assert!(pieces(&nowhere, None, 1, Slicing::EveryRowGroup).is_none());
     }
 
     #[test]
@@ -420,7 +691,7 @@ pub(super) mod tests {
         starts.swap(0, 1);
         let offsets: Vec<i64> = starts.iter().map(|s| s.offset).collect();
         assert!(offsets[1] < offsets[0]);
-        let cut = pieces(&starts, None, 1).unwrap();
+        let cut = pieces(&starts, None, 1, Slicing::EveryRowGroup).unwrap();
         let groups: Vec<Vec<usize>> = cut.iter().map(|(r, _)| kept_by_range(&starts, r)).collect();
         assert_eq!(groups, vec![vec![1], vec![0], vec![2]]);
     }

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use crate::exec::GpuScanMetrics;
 use super::shape::{ScanAggregateShape, TableSource};
 use super::part_fill::{fill_apart, fill_as_made, groups_apart, ColumnBuilder, PartRead};
-use super::row_groups::{batches_in_pieces, pieces_of};
+use super::row_groups::{batches_in_pieces, pieces_of, Slicing};
 use super::shared_read::batches_read_in_turn;
 use super::source::{is_uncodable, remember_uncodable, source_url, Part};
 use crate::exec::runtime_workers;
@@ -266,6 +266,10 @@ pub(crate) async fn part_columns(
         .map(|(&i, _)| fields[i].0)
         .collect();
     let (min_rows, pieces_read) = (options.tuning.min_part_rows, &metrics.pieces_read);
+    let slicing = match reading {
+        Reading::WithItsTable => Slicing::EveryRowGroup,
+        Reading::InTurn => Slicing::ALoneRowGroup,
+    };
     // A file part read whole by one task (no pieces of it to share out,
     // and `min_part_rows` not 0, which reads each part by one task) with
     // string columns: its columns read apart, side by side, where a
@@ -277,7 +281,7 @@ pub(crate) async fn part_columns(
     let apart = match (apart_allowed, &part) {
         (true, Part::File(..)) => match groups_apart(&holds_strings(&as_bytes, &codes_strings)) {
             Some(groups) => {
-                let pieces = pieces_of(source, &part, &context, min_rows).await;
+                let pieces = pieces_of(source, &part, &context, min_rows, slicing).await;
                 let apart = pieces.is_none().then_some(groups);
                 pieces_found = Some(pieces);
                 apart
@@ -311,7 +315,7 @@ pub(crate) async fn part_columns(
             let pieces = match (&reading, pieces_found) {
                 (Reading::InTurn, _) if !in_turn_with_helpers => None,
                 (_, Some(pieces)) => pieces,
-                (_, None) => pieces_of(source, &part, &context, min_rows).await,
+                (_, None) => pieces_of(source, &part, &context, min_rows, slicing).await,
             };
             let batches = match reading {
                 Reading::WithItsTable => {
@@ -418,14 +422,15 @@ fn make_builders(
 pub(crate) enum Reading {
     /// With the rest of its table at once (a scan aggregation, a GPU
     /// aggregation over cached columns, `cache_table`): in pieces of whole
-    /// row groups, each by a task of its own (`gpu.tuning.min_part_rows`,
-    /// see [`batches_in_pieces`]), so that the table's reading ends when
+    /// row groups or slices of a large one, each by a task of its own
+    /// (`gpu.tuning.min_part_rows`, see [`batches_in_pieces`]), so that the table's reading ends when
     /// the host's cores together are through it.
     WithItsTable,
     /// In turn with its partition's other parts, as a scan filter and the
     /// fill ahead of its plan read them: one task, batch by batch, each
     /// batch coded while fresh in the CPU's caches, but for the part's last
-    /// pieces of whole row groups that an idle task reads for it
+    /// pieces (of whole row groups, or slices of its one row group) that an
+    /// idle task reads for it
     /// (`gpu.tuning.steal_pieces`, see [`batches_read_in_turn`]). Read in
     /// pieces from the start, a partition's parts progress together and
     /// all end late, and pieces decoded ahead are coded after they left the

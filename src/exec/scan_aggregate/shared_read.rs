@@ -1,6 +1,7 @@
 //! A Parquet part read in turn (by a scan filter, or by the fill ahead of a
-//! plan) by one task, piece after piece of whole row groups, whose last
-//! unread pieces an idle task reads for it.
+//! plan) by one task, piece after piece (of whole row groups, or slices of
+//! its one large row group), whose last unread pieces an idle task reads
+//! for it.
 //!
 //! A table's byte ranges hold unequal numbers of row groups, and cold, a
 //! scan's last ranges are each read by one task on an otherwise idle host.
@@ -316,7 +317,7 @@ async fn help(open: &OpenReads, slots: usize) {
 mod tests {
     use super::*;
     use crate::exec::scan_aggregate::row_groups::tests::{ranges_of_a_file_of_ten_row_groups, values_of};
-    use crate::exec::scan_aggregate::row_groups::pieces_of;
+    use crate::exec::scan_aggregate::row_groups::{pieces_of, Slicing};
 
     /// Helpers' own registry, apart from the process's (other tests').
     fn open_reads() -> &'static OpenReads {
@@ -347,7 +348,7 @@ mod tests {
         ) -> (BoxStream<'static, Result<Vec<ArrayRef>>>, Arc<SharedRead>) {
             let (source, part, context) = (&self.source, &self.part, Arc::clone(&self.context));
             let (batches, read) =
-                shared_read(self.open, source, part, pieces_of(source, part, &context, 1).await, &[0], &[], context, pieces_read).await.unwrap();
+                shared_read(self.open, source, part, pieces_of(source, part, &context, 1, Slicing::EveryRowGroup).await, &[0], &[], context, pieces_read).await.unwrap();
             (batches, read.expect("the range cuts into pieces"))
         }
     }
@@ -368,12 +369,12 @@ mod tests {
         let open = open_reads();
         for part in source.part_groups().into_iter().flatten() {
             let whole = values_of(part.batches(&source, &[0], &[], Arc::clone(&context)).unwrap()).await;
-            let pieces = pieces_of(&source, &part, &context, 1).await.map_or(0, |p| p.len());
+            let pieces = pieces_of(&source, &part, &context, 1, Slicing::EveryRowGroup).await.map_or(0, |p| p.len());
             assert!(pieces >= 2, "{}: {pieces} pieces", part.describe());
             for helped in [0, 1, pieces] {
                 let pieces_read = Count::new();
                 let (batches, read) =
-                    shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
+                    shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1, Slicing::EveryRowGroup).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
                 let read = read.expect("the range cuts into pieces");
                 for _ in 0..helped {
                     let at = read.claim_last().unwrap();
@@ -387,7 +388,7 @@ mod tests {
             // is read by the part's own task.
             let pieces_read = Count::new();
             let (batches, read) =
-                shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
+                shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1, Slicing::EveryRowGroup).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
             let read = read.unwrap();
             let at = read.claim_last().unwrap();
             drop(read.pieces[at].handed.lock().unwrap().take());
@@ -400,7 +401,7 @@ mod tests {
         // read as it is, open to no helper.
         let part = source.part_groups().into_iter().flatten().next().unwrap();
         let (_, read) =
-            shared_read(open, &source, &part, pieces_of(&source, &part, &context, 0).await, &[0], &[], Arc::clone(&context), &Count::new()).await.unwrap();
+            shared_read(open, &source, &part, pieces_of(&source, &part, &context, 0, Slicing::EveryRowGroup).await, &[0], &[], Arc::clone(&context), &Count::new()).await.unwrap();
         assert!(read.is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -417,7 +418,7 @@ mod tests {
         let mut reads = Vec::new();
         for part in &parts {
             let (batches, read) =
-                shared_read(open, &source, part, pieces_of(&source, part, &context, 1).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
+                shared_read(open, &source, part, pieces_of(&source, part, &context, 1, Slicing::EveryRowGroup).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
             assert!(read.is_some());
             reads.push(batches);
         }
@@ -443,7 +444,7 @@ mod tests {
     async fn a_helper_reads_only_where_a_slot_is_free() {
         let range = FirstRange::of("slots").await;
         let open = range.open;
-        let pieces = pieces_of(&range.source, &range.part, &range.context, 1).await.unwrap().len();
+        let pieces = pieces_of(&range.source, &range.part, &range.context, 1, Slicing::EveryRowGroup).await.unwrap().len();
         let pieces_read = Count::new();
         let (batches, read) = range.read_in_turn(&pieces_read).await;
         // One slot, taken by the part's own task.

@@ -132,9 +132,7 @@ impl Part {
             Part::File(file, row_groups) => {
                 let name = file.object_meta.location.filename().unwrap_or_default();
                 match (row_groups, &file.range) {
-                    (Some(groups), _) => {
-                        format!("{name} row groups {}..{}", groups.first, groups.first + groups.count)
-                    }
+                    (Some(groups), _) => format!("{name} {}", groups.describe()),
                     (None, Some(r)) => format!("{name}:{}..{}", r.start, r.end),
                     (None, None) => name.to_string(),
                 }
