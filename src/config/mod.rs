@@ -304,7 +304,7 @@ config_namespace! {
         /// (the last may hold fewer), each by a task of its own (ranges of
         /// about the same bytes hold unequal numbers of row groups); a row
         /// group of at least twice this many rows (and 16,384) is read in
-        /// slices of its rows. 0 reads each range by one task. A scan
+        /// slices of its rows (64 at most). 0 reads each range by one task. A scan
         /// filter's parts are read by one task each, but for the pieces
         /// `gpu.tuning.steal_pieces` hands to idle tasks (a part of one such
         /// row group in slices).
@@ -320,7 +320,8 @@ config_namespace! {
         /// Where the device column cache reads a Parquet part with string
         /// columns whole, by one task (no pieces of it to share out: a file
         /// or byte range of one row group of fewer than twice
-        /// `gpu.tuning.min_part_rows` rows, as small tables are written),
+        /// `gpu.tuning.min_part_rows` rows or 16,384, as small tables are
+        /// written, or of any size read in turn where no idle task helps),
         /// its columns are read apart, side by side: each string column by a
         /// task of its own, the others together by one more, so that the
         /// part takes about as long as its largest column. Not where

@@ -26,8 +26,10 @@
 //! row group's first page, so that exactly its row groups start in it (the
 //! rule DataFusion's reader keeps a row group by). A slice is read so too,
 //! with an access plan that selects its rows of its row group; its file's
-//! page index, where written, is read once (and kept with the footer), so
-//! that a slice fetches only the pages that hold its rows.
+//! page index, where written, is read once (and kept with the footer in
+//! DataFusion's cache, which often holds it already), so that a slice read
+//! through DataFusion's default reader fetches only the pages that hold its
+//! rows (where the cache has let the index go, every page, and skips them).
 
 use std::sync::{Arc, LazyLock};
 
@@ -85,18 +87,26 @@ impl RowGroups {
 /// for many rows.
 pub(crate) const MIN_SLICE_ROWS: usize = 1 << 13;
 
+/// Slices a row group is cut into at most (larger slices past that): a
+/// row group's rows come from its file's footer, whatever they claim.
+const MAX_SLICES_A_ROW_GROUP: usize = 64;
+
 /// Which row groups of a part are cut into slices of their rows (those of
 /// at least twice a slice's rows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Slicing {
     /// Every such row group: the part is read by tasks of their own
     /// (`Reading::WithItsTable`).
-    EveryRowGroup,
+    Every,
     /// Only a row group the part holds alone: the part is read in turn by
     /// its own task, its last pieces by idle tasks (`Reading::InTurn`);
     /// a part of several row groups has pieces enough for that, and each
     /// piece more is one more that an idle task may read ahead of its turn.
-    ALoneRowGroup,
+    Alone,
+    /// None: the pieces are not read by tasks of their own (a part read in
+    /// turn where no idle task can help), and a part of one row group is
+    /// left whole, to have its columns read apart.
+    Never,
 }
 
 /// Pieces read at once in the process: as many as the host has cores.
@@ -173,8 +183,9 @@ pub(super) async fn read_whole(
 }
 
 /// The pieces of at least `min_rows` rows a Parquet file or byte range of
-/// one cuts into (in the order they lie in the file), where its row groups
-/// make two or more; `None` for every other part: a `MemTable` partition,
+/// one cuts into (in the order they lie in the file): runs of its row
+/// groups, and slices of a large one as `slicing` allows (see [`pieces`]),
+/// where they make two or more; `None` for every other part: a `MemTable` partition,
 /// a piece already, a file read with an access plan of its own
 /// (DataFusion's `extensions`), a file whose footer cannot be read here
 /// (the read reports it), and any part where `min_rows` is 0.
@@ -278,8 +289,9 @@ impl RowGroupStart {
 /// `range` (the whole file where `None`) make, each the byte range that
 /// exactly its row groups start in: runs of whole row groups, and slices
 /// of at least `min_rows` and [`MIN_SLICE_ROWS`] rows of a row group of
-/// twice as many (with [`Slicing::ALoneRowGroup`], only where it is the
-/// only row group starting in `range`). `None` where they make fewer than
+/// twice as many, [`MAX_SLICES_A_ROW_GROUP`] at most (with
+/// [`Slicing::Alone`], only where it is the only row group starting
+/// in `range`; with [`Slicing::Never`], none). `None` where they make fewer than
 /// two, or the row groups' starts are not all distinct (a file this cannot
 /// cut safely).
 fn pieces(
@@ -299,7 +311,11 @@ fn pieces(
     let inside = |g: &usize| range.is_none_or(|range| range.contains(starts[*g].offset));
     let kept: Vec<usize> = order.into_iter().filter(inside).collect();
     let slice_rows = min_rows.max(MIN_SLICE_ROWS);
-    let may_slice = slicing == Slicing::EveryRowGroup || kept.len() == 1;
+    let may_slice = match slicing {
+        Slicing::Every => true,
+        Slicing::Alone => kept.len() == 1,
+        Slicing::Never => false,
+    };
     let mut pieces: Vec<(FileRange, RowGroups)> = Vec::new();
     let mut run: Vec<usize> = Vec::new();
     let mut rows = 0usize;
@@ -321,13 +337,14 @@ fn pieces(
         let group_rows = starts[g].rows;
         if may_slice && group_rows >= slice_rows.saturating_mul(2) {
             end_run(&mut run, &mut rows, &mut pieces);
-            let count = group_rows / slice_rows;
+            let count = (group_rows / slice_rows).min(MAX_SLICES_A_ROW_GROUP);
             let only_its_start = FileRange {
                 start: starts[g].offset,
                 end: starts[g].offset + 1,
             };
             for slice in 0..count {
-                let (from, to) = (group_rows * slice / count, group_rows * (slice + 1) / count);
+                let at = |slice: usize| (group_rows as u128 * slice as u128 / count as u128) as usize;
+                let (from, to) = (at(slice), at(slice + 1));
                 let groups = RowGroups {
                     first: g,
                     count: 1,
@@ -373,7 +390,7 @@ pub(super) mod tests {
     fn a_range_is_cut_into_parts_of_at_least_the_rows_asked_for_and_each_row_group_is_read_once() {
         let starts = starts(&[1000, 1000, 1000, 1000, 1000, 500]);
         let whole = FileRange { start: 0, end: 10_000 };
-        let cut = pieces(&starts, Some(&whole), 2000, Slicing::EveryRowGroup).unwrap();
+        let cut = pieces(&starts, Some(&whole), 2000, Slicing::Every).unwrap();
         let groups: Vec<Vec<usize>> = cut.iter().map(|(range, _)| kept_by_range(&starts, range)).collect();
         assert_eq!(groups, vec![vec![0, 1], vec![2, 3], vec![4, 5]]);
         let described: Vec<RowGroups> = cut.iter().map(|(_, groups)| *groups).collect();
@@ -386,7 +403,7 @@ pub(super) mod tests {
             ]
         );
         // Every row group once, at one row a part.
-        let single = pieces(&starts, None, 1, Slicing::EveryRowGroup).unwrap();
+        let single = pieces(&starts, None, 1, Slicing::Every).unwrap();
         assert_eq!(single.len(), 6);
         for (g, (range, groups)) in single.iter().enumerate() {
             assert_eq!(kept_by_range(&starts, range), vec![g]);
@@ -399,16 +416,16 @@ pub(super) mod tests {
         let starts = starts(&[1000; 8]);
         // Row groups 2, 3 and 4 start in bytes 204..504.
         let range = FileRange { start: 150, end: 450 };
-        let cut = pieces(&starts, Some(&range), 1000, Slicing::EveryRowGroup).unwrap();
+        let cut = pieces(&starts, Some(&range), 1000, Slicing::Every).unwrap();
         let groups: Vec<Vec<usize>> = cut.iter().map(|(r, _)| kept_by_range(&starts, r)).collect();
         assert_eq!(groups, vec![vec![2], vec![3], vec![4]]);
         for (piece, _) in &cut {
             assert!(piece.start >= range.start && piece.end <= range.end);
         }
         // One part's worth of rows, or none: left as it is.
-        assert!(pieces(&starts, Some(&range), 3000, Slicing::EveryRowGroup).is_none());
-        assert!(pieces(&starts, Some(&FileRange { start: 5, end: 100 }), 1, Slicing::EveryRowGroup).is_none());
-        assert!(pieces(&[], None, 1, Slicing::EveryRowGroup).is_none());
+        assert!(pieces(&starts, Some(&range), 3000, Slicing::Every).is_none());
+        assert!(pieces(&starts, Some(&FileRange { start: 5, end: 100 }), 1, Slicing::Every).is_none());
+        assert!(pieces(&[], None, 1, Slicing::Every).is_none());
     }
 
     /// `batch` written with `properties` to a file `t.parquet` in a fresh
@@ -484,7 +501,7 @@ pub(super) mod tests {
         for (min_rows, parts_wanted) in [(0, Some(3)), (1, Some(10)), (1000, Some(10)), (2500, None), (100_000, Some(3))] {
             let mut parts = Vec::new();
             for part in source.part_groups().into_iter().flatten() {
-                match pieces_of(&source, &part, &context, min_rows, Slicing::EveryRowGroup).await {
+                match pieces_of(&source, &part, &context, min_rows, Slicing::Every).await {
                     Some(pieces) => parts.extend(pieces),
                     None => parts.push(part),
                 }
@@ -515,7 +532,7 @@ pub(super) mod tests {
         let pieces_read = datafusion::physical_plan::metrics::Count::new();
         for part in source.part_groups().into_iter().flatten() {
             let whole = values_of(part.batches(&source, &[0], &[], Arc::clone(&context)).unwrap()).await;
-            let pieces = pieces_of(&source, &part, &context, 1, Slicing::EveryRowGroup).await;
+            let pieces = pieces_of(&source, &part, &context, 1, Slicing::Every).await;
             let in_pieces =
                 batches_in_pieces(&source, &part, pieces, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
             assert_eq!(values_of(in_pieces).await, whole, "{}", part.describe());
@@ -527,7 +544,7 @@ pub(super) mod tests {
     #[test]
     fn a_row_group_of_twice_the_rows_asked_for_is_cut_into_slices_that_cover_its_rows_once() {
         let starts = starts(&[1000, 40_000, 1000, 1000, 16_383]);
-        let cut = pieces(&starts, None, 10_000, Slicing::EveryRowGroup).unwrap();
+        let cut = pieces(&starts, None, 10_000, Slicing::Every).unwrap();
         let described: Vec<RowGroups> = cut.iter().map(|(_, groups)| *groups).collect();
         let slice = |from: usize| RowGroups {
             first: 1,
@@ -554,7 +571,7 @@ pub(super) mod tests {
         }
         // At one row a part, slices of the least rows a slice holds, every
         // row once, the last slice the longest.
-        let cut = pieces(&starts, None, 1, Slicing::EveryRowGroup).unwrap();
+        let cut = pieces(&starts, None, 1, Slicing::Every).unwrap();
         let slices: Vec<(usize, usize)> = cut
             .iter()
             .filter_map(|(_, groups)| groups.slice_from.map(|from| (from, groups.rows)))
@@ -569,18 +586,36 @@ pub(super) mod tests {
         assert_eq!(next, 40_000);
         // One row group alone in its range is cut too; one of too few rows is not.
         let alone = FileRange { start: starts[1].offset, end: starts[2].offset };
-        for slicing in [Slicing::EveryRowGroup, Slicing::ALoneRowGroup] {
+        for slicing in [Slicing::Every, Slicing::Alone] {
             assert_eq!(pieces(&starts, Some(&alone), 20_000, slicing).map(|cut| cut.len()), Some(2));
             assert!(pieces(&starts, Some(&alone), 20_001, slicing).is_none());
         }
         // Read in turn, a part of several row groups is cut at its row
         // groups alone.
-        let whole: Vec<RowGroups> = pieces(&starts, None, 10_000, Slicing::ALoneRowGroup)
+        let whole: Vec<RowGroups> = pieces(&starts, None, 10_000, Slicing::Alone)
             .unwrap()
             .into_iter()
             .map(|(_, groups)| groups)
             .collect();
         assert_eq!(whole, vec![RowGroups::whole(0, 2, 41_000), RowGroups::whole(2, 3, 18_383)]);
+        // Left whole where no task would read the slices.
+        assert!(pieces(&starts, Some(&alone), 20_000, Slicing::Never).is_none());
+    }
+
+    #[test]
+    fn a_row_group_of_more_rows_than_any_file_holds_is_cut_into_a_bounded_number_of_slices() {
+        // A footer may claim any count of rows.
+        for rows in [1usize << 40, usize::MAX / 2] {
+            let starts = [RowGroupStart { offset: 4, rows }];
+            let cut = pieces(&starts, None, 1, Slicing::Every).unwrap();
+            assert_eq!(cut.len(), MAX_SLICES_A_ROW_GROUP);
+            let mut next = 0;
+            for (_, groups) in &cut {
+                assert_eq!(groups.slice_from, Some(next));
+                next += groups.rows;
+            }
+            assert_eq!(next, rows);
+        }
     }
 
     /// A file of one row group of `rows` rows (`v` 0 to `rows - 1`, in order,
@@ -639,7 +674,7 @@ pub(super) mod tests {
         let mut sliced = 0;
         for part in source.part_groups().into_iter().flatten() {
             let whole = pairs_of(part.batches(&source, &[0, 1], &[], Arc::clone(&context)).unwrap()).await;
-            let Some(pieces) = pieces_of(&source, &part, &context, 10_000, Slicing::EveryRowGroup).await else {
+            let Some(pieces) = pieces_of(&source, &part, &context, 10_000, Slicing::Every).await else {
                 // A range no row group starts in.
                 assert!(whole.is_empty(), "{}", part.describe());
                 continue;
@@ -678,10 +713,10 @@ pub(super) mod tests {
     fn row_groups_that_start_alike_or_nowhere_are_not_cut() {
         let mut same = starts(&[1000, 1000, 1000]);
         same[2].offset = same[1].offset;
-        assert!(pieces(&same, None, 1, Slicing::EveryRowGroup).is_none());
+        assert!(pieces(&same, None, 1, Slicing::Every).is_none());
         let mut nowhere = starts(&[1000, 1000, 1000]);
         nowhere[0].offset = -1;
-        assert!(pieces(&nowhere, None, 1, Slicing::EveryRowGroup).is_none());
+        assert!(pieces(&nowhere, None, 1, Slicing::Every).is_none());
     }
 
     #[test]
@@ -691,7 +726,7 @@ pub(super) mod tests {
         starts.swap(0, 1);
         let offsets: Vec<i64> = starts.iter().map(|s| s.offset).collect();
         assert!(offsets[1] < offsets[0]);
-        let cut = pieces(&starts, None, 1, Slicing::EveryRowGroup).unwrap();
+        let cut = pieces(&starts, None, 1, Slicing::Every).unwrap();
         let groups: Vec<Vec<usize>> = cut.iter().map(|(r, _)| kept_by_range(&starts, r)).collect();
         assert_eq!(groups, vec![vec![1], vec![0], vec![2]]);
     }

@@ -266,9 +266,14 @@ pub(crate) async fn part_columns(
         .map(|(&i, _)| fields[i].0)
         .collect();
     let (min_rows, pieces_read) = (options.tuning.min_part_rows, &metrics.pieces_read);
+    // Helpers are fill-ahead tasks: where none can run (the cache off, a
+    // single-threaded runtime), a part read in turn is read whole.
+    let in_turn_with_helpers =
+        options.tuning.steal_pieces && options.cache && crate::exec::in_multi_threaded_runtime();
     let slicing = match reading {
-        Reading::WithItsTable => Slicing::EveryRowGroup,
-        Reading::InTurn => Slicing::ALoneRowGroup,
+        Reading::WithItsTable => Slicing::Every,
+        Reading::InTurn if in_turn_with_helpers => Slicing::Alone,
+        Reading::InTurn => Slicing::Never,
     };
     // A file part read whole by one task (no pieces of it to share out,
     // and `min_part_rows` not 0, which reads each part by one task) with
@@ -308,10 +313,6 @@ pub(crate) async fn part_columns(
             (builders, filled)
         }
         None => {
-            // Helpers are fill-ahead tasks: where none can run (the cache off,
-            // a single-threaded runtime), a part read in turn is read whole.
-            let in_turn_with_helpers =
-                options.tuning.steal_pieces && options.cache && crate::exec::in_multi_threaded_runtime();
             let pieces = match (&reading, pieces_found) {
                 (Reading::InTurn, _) if !in_turn_with_helpers => None,
                 (_, Some(pieces)) => pieces,

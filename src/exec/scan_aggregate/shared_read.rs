@@ -348,7 +348,7 @@ mod tests {
         ) -> (BoxStream<'static, Result<Vec<ArrayRef>>>, Arc<SharedRead>) {
             let (source, part, context) = (&self.source, &self.part, Arc::clone(&self.context));
             let (batches, read) =
-                shared_read(self.open, source, part, pieces_of(source, part, &context, 1, Slicing::EveryRowGroup).await, &[0], &[], context, pieces_read).await.unwrap();
+                shared_read(self.open, source, part, pieces_of(source, part, &context, 1, Slicing::Every).await, &[0], &[], context, pieces_read).await.unwrap();
             (batches, read.expect("the range cuts into pieces"))
         }
     }
@@ -369,12 +369,12 @@ mod tests {
         let open = open_reads();
         for part in source.part_groups().into_iter().flatten() {
             let whole = values_of(part.batches(&source, &[0], &[], Arc::clone(&context)).unwrap()).await;
-            let pieces = pieces_of(&source, &part, &context, 1, Slicing::EveryRowGroup).await.map_or(0, |p| p.len());
+            let pieces = pieces_of(&source, &part, &context, 1, Slicing::Every).await.map_or(0, |p| p.len());
             assert!(pieces >= 2, "{}: {pieces} pieces", part.describe());
             for helped in [0, 1, pieces] {
                 let pieces_read = Count::new();
                 let (batches, read) =
-                    shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1, Slicing::EveryRowGroup).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
+                    shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1, Slicing::Every).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
                 let read = read.expect("the range cuts into pieces");
                 for _ in 0..helped {
                     let at = read.claim_last().unwrap();
@@ -388,7 +388,7 @@ mod tests {
             // is read by the part's own task.
             let pieces_read = Count::new();
             let (batches, read) =
-                shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1, Slicing::EveryRowGroup).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
+                shared_read(open, &source, &part, pieces_of(&source, &part, &context, 1, Slicing::Every).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
             let read = read.unwrap();
             let at = read.claim_last().unwrap();
             drop(read.pieces[at].handed.lock().unwrap().take());
@@ -401,7 +401,7 @@ mod tests {
         // read as it is, open to no helper.
         let part = source.part_groups().into_iter().flatten().next().unwrap();
         let (_, read) =
-            shared_read(open, &source, &part, pieces_of(&source, &part, &context, 0, Slicing::EveryRowGroup).await, &[0], &[], Arc::clone(&context), &Count::new()).await.unwrap();
+            shared_read(open, &source, &part, pieces_of(&source, &part, &context, 0, Slicing::Every).await, &[0], &[], Arc::clone(&context), &Count::new()).await.unwrap();
         assert!(read.is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -418,7 +418,7 @@ mod tests {
         let mut reads = Vec::new();
         for part in &parts {
             let (batches, read) =
-                shared_read(open, &source, part, pieces_of(&source, part, &context, 1, Slicing::EveryRowGroup).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
+                shared_read(open, &source, part, pieces_of(&source, part, &context, 1, Slicing::Every).await, &[0], &[], Arc::clone(&context), &pieces_read).await.unwrap();
             assert!(read.is_some());
             reads.push(batches);
         }
@@ -444,7 +444,7 @@ mod tests {
     async fn a_helper_reads_only_where_a_slot_is_free() {
         let range = FirstRange::of("slots").await;
         let open = range.open;
-        let pieces = pieces_of(&range.source, &range.part, &range.context, 1, Slicing::EveryRowGroup).await.unwrap().len();
+        let pieces = pieces_of(&range.source, &range.part, &range.context, 1, Slicing::Every).await.unwrap().len();
         let pieces_read = Count::new();
         let (batches, read) = range.read_in_turn(&pieces_read).await;
         // One slot, taken by the part's own task.
