@@ -290,10 +290,10 @@ impl RowGroupStart {
 /// exactly its row groups start in: runs of whole row groups, and slices
 /// of at least `min_rows` and [`MIN_SLICE_ROWS`] rows of a row group of
 /// twice as many, [`MAX_SLICES_A_ROW_GROUP`] at most (with
-/// [`Slicing::Alone`], only where it is the only row group starting
-/// in `range`; with [`Slicing::Never`], none). `None` where they make fewer than
-/// two, or the row groups' starts are not all distinct (a file this cannot
-/// cut safely).
+/// [`Slicing::Alone`], only where it is the only row group starting in
+/// `range`; with [`Slicing::Never`], none). `None` where they make fewer
+/// than two, or the row groups' starts are not all distinct or not in the
+/// footer's order (a file this cannot cut safely).
 fn pieces(
     starts: &[RowGroupStart],
     range: Option<&FileRange>,
@@ -310,6 +310,11 @@ fn pieces(
     }
     let inside = |g: &usize| range.is_none_or(|range| range.contains(starts[*g].offset));
     let kept: Vec<usize> = order.into_iter().filter(inside).collect();
+    // DataFusion reads a part's row groups in the footer's order: pieces
+    // in file order must give its rows in that order too.
+    if kept.windows(2).any(|w| w[0] > w[1]) {
+        return None;
+    }
     let slice_rows = min_rows.max(MIN_SLICE_ROWS);
     let may_slice = match slicing {
         Slicing::Every => true,
@@ -720,14 +725,20 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn row_groups_out_of_file_order_are_cut_by_where_they_start() {
+    fn row_groups_out_of_file_order_are_left_whole_and_a_range_of_them_in_order_is_cut() {
         // Row group 1 lies before row group 0 in the file.
         let mut starts = starts(&[1000, 1000, 1000]);
         starts.swap(0, 1);
         let offsets: Vec<i64> = starts.iter().map(|s| s.offset).collect();
         assert!(offsets[1] < offsets[0]);
-        let cut = pieces(&starts, None, 1, Slicing::Every).unwrap();
+        // Read whole, DataFusion gives row group 0's rows first; cut where
+        // they start, row group 1's would come first, and a column of the
+        // part filled one way would not line up with one filled the other.
+        assert!(pieces(&starts, None, 1, Slicing::Every).is_none());
+        // A range holding row groups 0 and 2 alone holds them in order.
+        let range = FileRange { start: offsets[0], end: offsets[2] + 1 };
+        let cut = pieces(&starts, Some(&range), 1, Slicing::Every).unwrap();
         let groups: Vec<Vec<usize>> = cut.iter().map(|(r, _)| kept_by_range(&starts, r)).collect();
-        assert_eq!(groups, vec![vec![1], vec![0], vec![2]]);
+        assert_eq!(groups, vec![vec![0], vec![2]]);
     }
 }

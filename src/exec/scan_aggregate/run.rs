@@ -424,8 +424,8 @@ pub(crate) enum Reading {
     /// With the rest of its table at once (a scan aggregation, a GPU
     /// aggregation over cached columns, `cache_table`): in pieces of whole
     /// row groups or slices of a large one, each by a task of its own
-    /// (`gpu.tuning.min_part_rows`, see [`batches_in_pieces`]), so that the table's reading ends when
-    /// the host's cores together are through it.
+    /// (`gpu.tuning.min_part_rows`, see [`batches_in_pieces`]), so that the
+    /// table's reading ends when the host's cores together are through it.
     WithItsTable,
     /// In turn with its partition's other parts, as a scan filter and the
     /// fill ahead of its plan read them: one task, batch by batch, each
