@@ -624,10 +624,14 @@ pub(super) mod tests {
     }
 
     /// A file of one row group of `rows` rows (`v` 0 to `rows - 1`, in order,
-    /// and `s`, seven strings the writer keeps as a dictionary) as a table
-    /// that reads it in three byte ranges (two hold no row group), with a
-    /// task context to read it in.
-    async fn a_file_of_one_row_group(rows: i64) -> (TableSource, Arc<TaskContext>, std::path::PathBuf) {
+    /// and `s`, seven strings the writer keeps as a dictionary) in a
+    /// directory of its own named after `name`, as a table that reads it in
+    /// three byte ranges (two hold no row group), with a task context to
+    /// read it in.
+    pub(crate) async fn a_file_of_one_large_row_group(
+        name: &str,
+        rows: i64,
+    ) -> (TableSource, Arc<TaskContext>, std::path::PathBuf) {
         use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
         use datafusion::parquet::file::properties::WriterProperties;
@@ -646,12 +650,12 @@ pub(super) mod tests {
             .set_data_page_row_count_limit(1000)
             .set_write_batch_size(1000)
             .build();
-        a_file_in_three_ranges("slices", batch, properties).await
+        a_file_in_three_ranges(name, batch, properties).await
     }
 
     /// The values of `batches`' two columns (`v`, and `s` read as strings
     /// or as a dictionary of them), in order.
-    async fn pairs_of(mut batches: BoxStream<'static, Result<Vec<ArrayRef>>>) -> Vec<(i64, String)> {
+    pub(crate) async fn pairs_of(mut batches: BoxStream<'static, Result<Vec<ArrayRef>>>) -> Vec<(i64, String)> {
         use datafusion::arrow::array::AsArray;
         use datafusion::arrow::compute::cast;
         use datafusion::arrow::datatypes::{DataType, Int64Type};
@@ -673,7 +677,7 @@ pub(super) mod tests {
     async fn the_slices_of_one_row_group_read_each_row_once_in_order() {
         use super::super::shared_read::batches_read_in_turn;
         let rows = 50_000;
-        let (source, context, dir) = a_file_of_one_row_group(rows).await;
+        let (source, context, dir) = a_file_of_one_large_row_group("slices", rows).await;
         let every: Vec<(i64, String)> = (0..rows).map(|v| (v, format!("value {}", v % 7))).collect();
         let pieces_read = datafusion::physical_plan::metrics::Count::new();
         let mut sliced = 0;

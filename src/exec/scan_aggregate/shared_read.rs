@@ -316,7 +316,9 @@ async fn help(open: &OpenReads, slots: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::scan_aggregate::row_groups::tests::{ranges_of_a_file_of_ten_row_groups, values_of};
+    use crate::exec::scan_aggregate::row_groups::tests::{
+        a_file_of_one_large_row_group, pairs_of, ranges_of_a_file_of_ten_row_groups, values_of,
+    };
     use crate::exec::scan_aggregate::row_groups::{pieces_of, Slicing};
 
     /// Helpers' own registry, apart from the process's (other tests').
@@ -403,6 +405,44 @@ mod tests {
         let (_, read) =
             shared_read(open, &source, &part, pieces_of(&source, &part, &context, 0, Slicing::Every).await, &[0], &[], Arc::clone(&context), &Count::new()).await.unwrap();
         assert!(read.is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A part of one row group read in turn in slices of its rows gives
+    /// every row in order, a dictionary column's strings too, whichever of
+    /// its slices a helper read for it (none, the last, all of them).
+    #[tokio::test]
+    async fn a_row_group_read_in_turn_in_slices_gives_its_rows_in_order_whichever_slices_a_helper_read() {
+        let rows = 50_000;
+        let (source, context, dir) = a_file_of_one_large_row_group("slices-in-turn", rows).await;
+        let every: Vec<(i64, String)> = (0..rows).map(|v| (v, format!("value {}", v % 7))).collect();
+        let open = open_reads();
+        let mut sliced = 0;
+        for part in source.part_groups().into_iter().flatten() {
+            if pieces_of(&source, &part, &context, 10_000, Slicing::Alone).await.is_none() {
+                continue;
+            }
+            sliced += 1;
+            for helped in [0, 1, 5] {
+                let pieces_read = Count::new();
+                let pieces = pieces_of(&source, &part, &context, 10_000, Slicing::Alone).await;
+                assert_eq!(pieces.as_ref().map(Vec::len), Some(5), "{}", part.describe());
+                let (batches, read) =
+                    shared_read(open, &source, &part, pieces, &[0, 1], &[1], Arc::clone(&context), &pieces_read)
+                        .await
+                        .unwrap();
+                let read = read.expect("the part cuts into slices");
+                for _ in 0..helped {
+                    let at = read.claim_last().unwrap();
+                    read.read_for_owner(at).await;
+                }
+                assert_eq!(pairs_of(batches).await, every, "{helped} helped");
+                assert_eq!(pieces_read.value(), helped);
+                assert_eq!(read.unclaimed(), 0);
+            }
+        }
+        assert_eq!(sliced, 1, "the one range the row group starts in");
+        assert_eq!(open.reading.load(Ordering::Acquire), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
