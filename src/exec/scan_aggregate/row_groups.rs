@@ -185,8 +185,8 @@ pub(super) async fn read_whole(
 /// The pieces of at least `min_rows` rows a Parquet file or byte range of
 /// one cuts into (in the order they lie in the file): runs of its row
 /// groups, and slices of a large one as `slicing` allows (see [`pieces`]),
-/// where they make two or more; `None` for every other part: a `MemTable` partition,
-/// a piece already, a file read with an access plan of its own
+/// where they make two or more; `None` for every other part: a `MemTable`
+/// partition, a piece already, a file read with an access plan of its own
 /// (DataFusion's `extensions`), a file whose footer cannot be read here
 /// (the read reports it), and any part where `min_rows` is 0.
 pub(crate) async fn pieces_of(
@@ -203,15 +203,18 @@ pub(crate) async fn pieces_of(
         Part::File(file, None) if min_rows > 0 && file.extensions.is_empty() => file,
         _ => return None,
     };
-    let store = context.runtime_env().object_store(url).ok()?;
-    let footers = context.runtime_env().cache_manager.get_file_metadata_cache();
-    let metadata = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
-        .with_metadata_size_hint(file.metadata_size_hint)
-        .with_file_metadata_cache(Some(footers))
-        .with_page_index_policy(Some(PageIndexPolicy::Skip))
-        .fetch_metadata()
-        .await;
-    let starts: Vec<RowGroupStart> = match &metadata {
+    let object_store = context.runtime_env().object_store(url).ok()?;
+    let store = object_store.as_ref();
+    // The footer, from DataFusion's cache where it holds it.
+    let footer = |page_index: PageIndexPolicy| async move {
+        DFParquetMetadata::new(store, &file.object_meta)
+            .with_metadata_size_hint(file.metadata_size_hint)
+            .with_file_metadata_cache(Some(context.runtime_env().cache_manager.get_file_metadata_cache()))
+            .with_page_index_policy(Some(page_index))
+            .fetch_metadata()
+            .await
+    };
+    let starts: Vec<RowGroupStart> = match &footer(PageIndexPolicy::Skip).await {
         Ok(metadata) => metadata.row_groups().iter().map(RowGroupStart::of).collect(),
         Err(e) => {
             trace::event(|| format!("{}: not cut at its row groups ({e})", part.describe()));
@@ -222,13 +225,7 @@ pub(crate) async fn pieces_of(
     if cut.iter().any(|(_, groups)| groups.slice_from.is_some()) {
         // The page index, kept with the footer in DataFusion's cache where
         // the file has one, tells a slice's read which pages hold its rows.
-        let indexed = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
-            .with_metadata_size_hint(file.metadata_size_hint)
-            .with_file_metadata_cache(Some(context.runtime_env().cache_manager.get_file_metadata_cache()))
-            .with_page_index_policy(Some(PageIndexPolicy::Optional))
-            .fetch_metadata()
-            .await;
-        if let Err(e) = indexed {
+        if let Err(e) = footer(PageIndexPolicy::Optional).await {
             trace::event(|| format!("{}: page index not read ({e})", part.describe()));
         }
     }
@@ -333,7 +330,7 @@ fn pieces(
                 start: starts[first].offset,
                 end: starts[last].offset + 1,
             },
-            RowGroups::whole(*run.iter().min().unwrap_or(&first), run.len(), *rows),
+            RowGroups::whole(first, run.len(), *rows),
         ));
         run.clear();
         *rows = 0;
