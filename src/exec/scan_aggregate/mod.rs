@@ -20,6 +20,7 @@ pub use exec::GpuScanAggregateExec;
 pub(crate) use program::{CodeTest, ProgramBuilder, ValueType};
 pub(crate) use run::{learn_uncodable, part_columns, scan_chunk, table_columns, test_tables, Loaded, Reading};
 pub(crate) use fill_lock::being_filled;
+pub(crate) use row_groups::holds_no_row_group;
 pub(crate) use shared_read::help_reads_in_turn;
 pub(crate) use source::{source_url, uncodable_columns, Part};
 pub(crate) use shape::{

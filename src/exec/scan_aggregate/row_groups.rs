@@ -39,9 +39,10 @@ use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::datasource::physical_plan::parquet::{ParquetAccessPlan, RowGroupAccess};
 use datafusion::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::datasource::listing::FileRange;
+use datafusion::datasource::listing::{FileRange, PartitionedFile};
+use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::TaskContext;
-use datafusion::parquet::file::metadata::{PageIndexPolicy, RowGroupMetaData};
+use datafusion::parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, RowGroupMetaData};
 use futures::stream::{BoxStream, StreamExt};
 use tokio::sync::Semaphore;
 
@@ -203,19 +204,8 @@ pub(crate) async fn pieces_of(
         Part::File(file, None) if min_rows > 0 && file.extensions.is_empty() => file,
         _ => return None,
     };
-    let object_store = context.runtime_env().object_store(url).ok()?;
-    let store = object_store.as_ref();
-    // The footer, from DataFusion's cache where it holds it.
-    let footer = |page_index: PageIndexPolicy| async move {
-        DFParquetMetadata::new(store, &file.object_meta)
-            .with_metadata_size_hint(file.metadata_size_hint)
-            .with_file_metadata_cache(Some(context.runtime_env().cache_manager.get_file_metadata_cache()))
-            .with_page_index_policy(Some(page_index))
-            .fetch_metadata()
-            .await
-    };
-    let starts: Vec<RowGroupStart> = match &footer(PageIndexPolicy::Skip).await {
-        Ok(metadata) => metadata.row_groups().iter().map(RowGroupStart::of).collect(),
+    let starts = match row_group_starts(url, file, context).await {
+        Ok(starts) => starts,
         Err(e) => {
             trace::event(|| format!("{}: not cut at its row groups ({e})", part.describe()));
             return None;
@@ -225,7 +215,7 @@ pub(crate) async fn pieces_of(
     if cut.iter().any(|(_, groups)| groups.slice_from.is_some()) {
         // The page index, kept with the footer in DataFusion's cache where
         // the file has one, tells a slice's read which pages hold its rows.
-        if let Err(e) = footer(PageIndexPolicy::Optional).await {
+        if let Err(e) = footer(url, file, context, PageIndexPolicy::Optional).await {
             trace::event(|| format!("{}: page index not read ({e})", part.describe()));
         }
     }
@@ -241,6 +231,55 @@ pub(crate) async fn pieces_of(
             })
             .collect(),
     )
+}
+
+/// Whether `part` is a byte range of a Parquet file that no row group
+/// starts in, so that DataFusion's reader reads no row of it: told by the
+/// file's footer (from DataFusion's cache where it holds it). `false`
+/// where it cannot be told so: another kind of part, a piece, a file read
+/// with an access plan of its own, a footer that cannot be read here.
+pub(crate) async fn holds_no_row_group(source: &TableSource, part: &Part, context: &TaskContext) -> bool {
+    let TableSource::Parquet { url, .. } = source else {
+        return false;
+    };
+    let (file, range) = match part {
+        Part::File(file, None) if file.extensions.is_empty() => match &file.range {
+            Some(range) => (file, range),
+            None => return false,
+        },
+        _ => return false,
+    };
+    match row_group_starts(url, file, context).await {
+        Ok(starts) => !starts.iter().any(|start| range.contains(start.offset)),
+        Err(_) => false,
+    }
+}
+
+/// Where each row group of `file` starts, and its rows, from its footer.
+async fn row_group_starts(
+    url: &ObjectStoreUrl,
+    file: &PartitionedFile,
+    context: &TaskContext,
+) -> Result<Vec<RowGroupStart>> {
+    let metadata = footer(url, file, context, PageIndexPolicy::Skip).await?;
+    Ok(metadata.row_groups().iter().map(RowGroupStart::of).collect())
+}
+
+/// `file`'s footer, with its page index as `page_index` asks, from
+/// DataFusion's cache where it holds it (and kept there).
+async fn footer(
+    url: &ObjectStoreUrl,
+    file: &PartitionedFile,
+    context: &TaskContext,
+    page_index: PageIndexPolicy,
+) -> Result<Arc<ParquetMetaData>> {
+    let store = context.runtime_env().object_store(url)?;
+    DFParquetMetadata::new(store.as_ref(), &file.object_meta)
+        .with_metadata_size_hint(file.metadata_size_hint)
+        .with_file_metadata_cache(Some(context.runtime_env().cache_manager.get_file_metadata_cache()))
+        .with_page_index_policy(Some(page_index))
+        .fetch_metadata()
+        .await
 }
 
 /// The access plan that reads rows `from..from + rows` of row group `group`
@@ -664,6 +703,39 @@ pub(super) mod tests {
             pairs.extend(values.zip(strings.as_string::<i32>().iter().map(|s| s.unwrap().to_owned())));
         }
         pairs
+    }
+
+    /// A byte range is told to hold no row group exactly where DataFusion's
+    /// read of it gives no row; a whole file, a piece, and ranges that each
+    /// hold row groups are not.
+    #[tokio::test]
+    async fn a_range_that_no_row_group_starts_in_is_told_from_the_footer() {
+        let (source, context, dir) = a_file_of_one_large_row_group("no-row-group", 50_000).await;
+        let mut empty = 0;
+        for part in source.part_groups().into_iter().flatten() {
+            let read = pairs_of(part.batches(&source, &[0, 1], &[], Arc::clone(&context)).unwrap()).await;
+            let told = holds_no_row_group(&source, &part, &context).await;
+            assert_eq!(told, read.is_empty(), "{}: {} rows read", part.describe(), read.len());
+            empty += usize::from(told);
+            if let Part::File(file, None) = &part {
+                let whole = Part::File(datafusion::datasource::listing::PartitionedFile::new(
+                    file.object_meta.location.to_string(),
+                    file.object_meta.size,
+                ), None);
+                assert!(!holds_no_row_group(&source, &whole, &context).await, "the whole file");
+            }
+        }
+        assert_eq!(empty, 2, "two of the three ranges hold no row group");
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let (source, context, dir) = ranges_of_a_file_of_ten_row_groups("each-holds-row-groups").await;
+        for part in source.part_groups().into_iter().flatten() {
+            assert!(!holds_no_row_group(&source, &part, &context).await, "{}", part.describe());
+            for piece in pieces_of(&source, &part, &context, 1, Slicing::Every).await.unwrap_or_default() {
+                assert!(!holds_no_row_group(&source, &piece, &context).await, "{}", piece.describe());
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A file of one row group, cut into slices of its rows: each slice

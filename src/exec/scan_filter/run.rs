@@ -26,7 +26,7 @@ use super::program::{
 use super::shape::ScanFilterShape;
 use crate::config::GpuOptions;
 use crate::exec::scan_aggregate::{
-    learn_uncodable, part_columns, scan_chunk, test_tables, uncodable_columns, Loaded, Part, Reading,
+    holds_no_row_group, learn_uncodable, part_columns, scan_chunk, test_tables, uncodable_columns, Loaded, Part, Reading,
     TableSource,
 };
 use crate::exec::join_keys::{kept_by_join_keys, MAX_KEPT_SHARE, MAX_KEPT_SHARE_OF_STRINGS};
@@ -104,6 +104,12 @@ pub(crate) async fn run(
     let batch_size = context.session_config().batch_size().max(1);
     let mut batches = Vec::new();
     for part in parts {
+        // A byte range of a file that no row group starts in: no row to
+        // filter, so nothing to read, copy or launch for it, cached or not.
+        if holds_no_row_group(&shape.source, &part, &context).await {
+            trace::event(|| format!("scan filter of {}: no row group", part.describe()));
+            continue;
+        }
         trace::event(|| format!("scan filter of {}: partition {partition} reads it", part.describe()));
         let mut loaded = load_part(&shape, &program, &device, &part, &context, &options, &metrics).await?;
         trace::event(|| format!("scan filter of {}: its columns on the device", part.describe()));
@@ -117,8 +123,8 @@ pub(crate) async fn run(
             }
         }
         let reason = match loaded {
-            // A byte range of a file that no row group starts in: no row
-            // to filter, so no launch to set up and no task to wait for.
+            // A part without rows (an empty partition of a table in
+            // memory): no launch to set up and no task to wait for.
             Loaded::Device(loaded) if holds_no_rows(&loaded) => {
                 trace::event(|| format!("scan filter of {}: no rows", part.describe()));
                 continue;
