@@ -124,7 +124,8 @@ pub(crate) async fn run(
         }
         let reason = match loaded {
             // A part without rows (an empty partition of a table in
-            // memory): no launch to set up and no task to wait for.
+            // memory, a file of no row): no launch to set up and no task to
+            // wait for.
             Loaded::Device(loaded) if holds_no_rows(&loaded) => {
                 trace::event(|| format!("scan filter of {}: no rows", part.describe()));
                 continue;
