@@ -40,7 +40,9 @@
 //! tables, query and settings. Each path of a case runs under a time
 //! limit, DataFusion's own first: the GPU path past it is a hang; a case
 //! whose DataFusion path is past it is listed and not compared (at most
-//! one in a hundred). Without a GPU the rule leaves every plan to
+//! one in a hundred). DataFusion's own path runs on two threads of its
+//! own, so that a query spinning past the limit there leaves the cases
+//! beside it their threads. Without a GPU the rule leaves every plan to
 //! DataFusion, and the run checks that path; with one, at least one node of
 //! the run must have run on the GPU.
 
@@ -954,6 +956,50 @@ impl Drop for RemovedOnDrop {
     }
 }
 
+/// Threads of the runtime each query of DataFusion's own path runs on.
+const APART_THREADS: usize = 2;
+
+/// [`answer`] on DataFusion's own path, under `CASE_TIME_LIMIT`, on a
+/// runtime of its own in a thread of its own; `None` past the limit. Its
+/// sort-merge join can spin inside an operator on some inputs, where no
+/// abort reaches it, on as many threads as the plan has partitions: on the
+/// runtime the cases share, that took every thread and the cases beside it
+/// stopped too. Apart, it keeps its own two threads, which are left to it
+/// past the limit.
+async fn datafusion_answer(ctx: &SessionContext, sql: &str) -> Option<Answer> {
+    let (ctx, sql) = (ctx.clone(), sql.to_string());
+    let (sender, receiver) = futures::channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name("fuzz-datafusion".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(APART_THREADS)
+                .enable_all()
+                .build();
+            let answered = match runtime {
+                Ok(runtime) => {
+                    // A panic in planning (execution's is caught in
+                    // `answer`) is an answer to compare, as there.
+                    let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        runtime.block_on(answer(&ctx, &sql)).0
+                    }))
+                    .unwrap_or_else(|_| Err("panic while planning".into()));
+                    runtime.shutdown_background();
+                    answered
+                }
+                Err(e) => Err(format!("no runtime for DataFusion's own path: {e}")),
+            };
+            // The receiver is gone past the time limit: nothing to tell.
+            let _ = sender.send(answered);
+        })
+        .expect("a thread for DataFusion's own path");
+    match tokio::time::timeout(CASE_TIME_LIMIT, receiver).await {
+        Ok(Ok(answered)) => Some(answered),
+        // The limit passed (the thread is left to the query).
+        Ok(Err(_)) | Err(_) => None,
+    }
+}
+
 /// DataFusion's own answer with its dynamic filters off, asked where the
 /// GPU path's answer differs from DataFusion's with them. DataFusion 55's
 /// hash join pushes into its probe side's scan a range and a list of its
@@ -974,10 +1020,7 @@ async fn datafusion_unfiltered_answer(
     settings.push("SET datafusion.optimizer.enable_dynamic_filter_pushdown = false");
     let plain = cpu_context(case.mode, case.target_partitions, &settings).await;
     tables.register(&plain).await;
-    let (answer, ..) = tokio::time::timeout(CASE_TIME_LIMIT, answer(&plain, sql))
-        .await
-        .ok()?;
-    answer.ok()
+    datafusion_answer(&plain, sql).await?.ok()
 }
 
 /// One query of a case over its tables `r`, `s` (and `x`, where the query
@@ -1015,17 +1058,17 @@ async fn run_query(
         tables.register(ctx).await;
     }
     let began = Instant::now();
-    let cpu_answer = tokio::time::timeout(CASE_TIME_LIMIT, answer(&cpu, sql)).await;
+    let cpu_answer = datafusion_answer(&cpu, sql).await;
     let cpu_took = began.elapsed();
     let gpu_answer = match cpu_answer {
-        Ok(_) => tokio::time::timeout(CASE_TIME_LIMIT, answer(&gpu, sql))
+        Some(_) => tokio::time::timeout(CASE_TIME_LIMIT, answer(&gpu, sql))
             .await
             .ok(),
-        Err(_) => None,
+        None => None,
     };
     let (cpu_answer, (gpu_answer, gpu_nodes, key_filters, rows_on_device, gpu_plan)) =
         match (cpu_answer, gpu_answer) {
-            (Err(_), _) => {
+            (None, _) => {
                 return Ok(Agreed {
                     gpu_nodes: 0,
                     key_filters: false,
@@ -1036,12 +1079,12 @@ async fn run_query(
                     datafusion_filter_dropped_rows: false,
                 })
             }
-            (Ok(_), None) => {
+            (Some(_), None) => {
                 return Err(Failure::Hang(format!(
                     "the GPU path past {CASE_TIME_LIMIT:?}, DataFusion's own in {cpu_took:.1?}"
                 )))
             }
-            (Ok((cpu_answer, ..)), Some(gpu)) => (cpu_answer, gpu),
+            (Some(cpu_answer), Some(gpu)) => (cpu_answer, gpu),
         };
     let agreed = |error: Option<String>, datafusion_filter_dropped_rows: bool| Agreed {
         gpu_nodes,
