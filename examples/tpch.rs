@@ -328,6 +328,22 @@ fn bytes_down_between_gpu_nodes(plan: &Arc<dyn ExecutionPlan>) -> usize {
     walk(plan, false)
 }
 
+/// Bytes every GPU node of an executed plan copied over the bus: to the
+/// device (`h2d_bytes`) and to the host (`d2h_bytes`), whoever reads them.
+fn bytes_over_the_bus(plan: &Arc<dyn ExecutionPlan>) -> (usize, usize) {
+    let own = |name: &str| match plan.name().starts_with("Gpu") {
+        true => plan
+            .metrics()
+            .and_then(|m| m.sum_by_name(name))
+            .map_or(0, |bytes| bytes.as_usize()),
+        false => 0,
+    };
+    plan.children().into_iter().map(bytes_over_the_bus).fold(
+        (own("h2d_bytes"), own("d2h_bytes")),
+        |(up, down), (u, d)| (up + u, down + d),
+    )
+}
+
 /// `bytes` in bytes, KB or MB, whichever reads best.
 fn byte_count(bytes: usize) -> String {
     match bytes {
@@ -363,6 +379,9 @@ struct QueryReport {
     /// ([`bytes_down_between_gpu_nodes`]), in the first cold run and the
     /// last warm one.
     between_gpu_nodes: Option<(usize, usize)>,
+    /// Bytes every GPU node copied up and down in the last warm run
+    /// ([`bytes_over_the_bus`]).
+    warm_over_the_bus: Option<(usize, usize)>,
     /// Cold and warm on the first device alone (`--one-device`).
     one_device: Option<(Duration, Duration)>,
     /// DuckDB's warm median in milliseconds (`--duckdb`).
@@ -431,12 +450,15 @@ fn report_json(
             let (between_cold, between_warm) = r
                 .between_gpu_nodes
                 .map_or(("null".into(), "null".into()), |(c, w)| (c.to_string(), w.to_string()));
+            let (warm_up, warm_down) = r
+                .warm_over_the_bus
+                .map_or(("null".into(), "null".into()), |(u, d)| (u.to_string(), d.to_string()));
             let (one_cold, one_warm) = match r.one_device {
                 Some((cold, warm)) => (format!("{:.3}", ms(cold)), format!("{:.3}", ms(warm))),
                 None => ("null".into(), "null".into()),
             };
             format!(
-                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_first_cold_ms\":{first_cold},\"cold_bytes_down_between_gpu_nodes\":{between_cold},\"warm_bytes_down_between_gpu_nodes\":{between_warm},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"one_gpu_cold_ms\":{one_cold},\"one_gpu_warm_ms\":{one_warm},\"duckdb_warm_ms\":{duckdb},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"scan_filters_on_gpu\":{},\"first_cpu_reason\":{}}}",
+                "{{\"query\":{},\"cpu_ms\":{:.3},\"gpu_cold_ms\":{cold},\"gpu_first_cold_ms\":{first_cold},\"cold_bytes_down_between_gpu_nodes\":{between_cold},\"warm_bytes_down_between_gpu_nodes\":{between_warm},\"warm_bytes_up\":{warm_up},\"warm_bytes_down\":{warm_down},\"gpu_warm_ms\":{warm},\"speedup\":{speedup},\"one_gpu_cold_ms\":{one_cold},\"one_gpu_warm_ms\":{one_warm},\"duckdb_warm_ms\":{duckdb},\"joins_on_gpu\":{},\"joins\":{},\"aggregations_on_gpu\":{},\"aggregations\":{},\"scan_filters_on_gpu\":{},\"first_cpu_reason\":{}}}",
                 r.query,
                 ms(r.cpu),
                 r.joins_on_gpu,
@@ -664,6 +686,7 @@ async fn run_query(
             gpu: None,
             first_cold: None,
             between_gpu_nodes: None,
+            warm_over_the_bus: None,
             one_device: None,
             duckdb: None,
             joins_on_gpu: 0,
@@ -716,6 +739,11 @@ async fn run_query(
                 );
             }
             report.between_gpu_nodes = Some((cold_between, warm_between));
+            let (warm_up, warm_down) = bytes_over_the_bus(&last_gpu_plan);
+            if args.verbose {
+                eprintln!("q{n}: bytes over the bus, warm: up {warm_up}, down {warm_down}");
+            }
+            report.warm_over_the_bus = Some((warm_up, warm_down));
             report.gpu = Some((median(colds), median(warm)));
             if args.verbose {
                 // The last warm run's metrics: the cold run's include
@@ -888,6 +916,18 @@ fn print_totals(
             .map(|&(q, bytes)| format!("q{q} {}", byte_count(bytes)))
             .collect();
         println!("copied down between GPU nodes, warm: {}", each.join(", "));
+    }
+    let over_the_bus: Vec<String> = reports
+        .iter()
+        .filter_map(|r| r.warm_over_the_bus.map(|bytes| (r.query, bytes)))
+        .filter(|&(_, (up, down))| up + down > 0)
+        .map(|(q, (up, down))| format!("q{q} {} up, {} down", byte_count(up), byte_count(down)))
+        .collect();
+    if !over_the_bus.is_empty() {
+        println!(
+            "over the bus, warm, every GPU node: {}",
+            over_the_bus.join("; ")
+        );
     }
     if args.runs > 1 {
         let first_cold: f64 = reports.iter().filter_map(|r| r.first_cold.map(ms)).sum();
