@@ -307,11 +307,8 @@ fn answers_agree_every(
 fn bytes_down_between_gpu_nodes(plan: &Arc<dyn ExecutionPlan>) -> usize {
     fn walk(node: &Arc<dyn ExecutionPlan>, gpu_above: bool) -> usize {
         let on_gpu = node.name().starts_with("Gpu");
-        let own = match on_gpu && gpu_above {
-            true => node
-                .metrics()
-                .and_then(|m| m.sum_by_name("d2h_bytes"))
-                .map_or(0, |bytes| bytes.as_usize()),
+        let own = match gpu_above {
+            true => gpu_node_bytes(node, "d2h_bytes"),
             false => 0,
         };
         let passes_through = matches!(
@@ -331,17 +328,25 @@ fn bytes_down_between_gpu_nodes(plan: &Arc<dyn ExecutionPlan>) -> usize {
 /// Bytes every GPU node of an executed plan copied over the bus: to the
 /// device (`h2d_bytes`) and to the host (`d2h_bytes`), whoever reads them.
 fn bytes_over_the_bus(plan: &Arc<dyn ExecutionPlan>) -> (usize, usize) {
-    let own = |name: &str| match plan.name().starts_with("Gpu") {
-        true => plan
-            .metrics()
-            .and_then(|m| m.sum_by_name(name))
-            .map_or(0, |bytes| bytes.as_usize()),
-        false => 0,
-    };
     plan.children().into_iter().map(bytes_over_the_bus).fold(
-        (own("h2d_bytes"), own("d2h_bytes")),
+        (
+            gpu_node_bytes(plan, "h2d_bytes"),
+            gpu_node_bytes(plan, "d2h_bytes"),
+        ),
         |(up, down), (u, d)| (up + u, down + d),
     )
+}
+
+/// `node`'s byte count `metric` (summed over its partitions) where it is a
+/// GPU node; 0 for any other node.
+fn gpu_node_bytes(node: &Arc<dyn ExecutionPlan>, metric: &str) -> usize {
+    match node.name().starts_with("Gpu") {
+        true => node
+            .metrics()
+            .and_then(|m| m.sum_by_name(metric))
+            .map_or(0, |bytes| bytes.as_usize()),
+        false => 0,
+    }
 }
 
 /// `bytes` in bytes, KB or MB, whichever reads best.
