@@ -973,3 +973,51 @@ extern "C" __global__ void f64_sum_fixed(const u64* row_groups, const u64* value
         add_i128(&out_lo[0], &out_hi[0], own_lo, own_hi);
     }
 }
+
+// A filter of the groups (a HAVING) run before they come back, so that only
+// the groups it may keep cross the bus; the host runs the whole filter
+// again over those. `group_keep_compare` sets keep[g] (with `and_into`,
+// clears it) where group g's value does not compare with the constant as
+// `op` says: 0 =, 1 <>, 2 <, 3 <=, 4 >, 5 >=, as signed 128-bit integers.
+// The value is high[g] * 2^64 + low[g] where `high` is not null, else
+// low[g] ^ flip read as a signed 64-bit integer (`flip` undoes the sign-bit
+// flip of MIN and MAX words). The constant is constant_high * 2^64 +
+// constant_low.
+// Launch: any grid, block = BLOCK_THREADS.
+extern "C" __global__ void group_keep_compare(const u64* low, const u64* high, u64 flip, u64 n,
+                                              u32 op, u64 constant_low, u64 constant_high,
+                                              u32 and_into, u64* keep) {
+    for (u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x; g < n; g += (u64)gridDim.x * blockDim.x) {
+        const u64 lo = low[g] ^ flip;
+        const u64 hi = high != nullptr ? high[g] : (u64)((long long)lo >> 63);
+        int order;
+        if ((long long)hi != (long long)constant_high) {
+            order = (long long)hi < (long long)constant_high ? -1 : 1;
+        } else {
+            order = lo < constant_low ? -1 : (lo > constant_low ? 1 : 0);
+        }
+        const bool holds = op == 0   ? order == 0
+                           : op == 1 ? order != 0
+                           : op == 2 ? order < 0
+                           : op == 3 ? order <= 0
+                           : op == 4 ? order > 0
+                                     : order >= 0;
+        if (!and_into) {
+            keep[g] = holds ? 1ULL : 0ULL;
+        } else if (!holds) {
+            keep[g] = 0ULL;
+        }
+    }
+}
+
+// The kept groups' ids, in group order: `places` is the exclusive prefix sum
+// of the keep flags over n + 1 words (the last flag 0), so places[n] is the
+// kept count and group g is kept where places[g + 1] != places[g]; it goes
+// to ids[places[g]] (where that is below ids_len).
+// Launch: any grid, block = BLOCK_THREADS.
+extern "C" __global__ void group_keep_ids(const u64* places, u64 n, u64* ids, u64 ids_len) {
+    for (u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x; g < n; g += (u64)gridDim.x * blockDim.x) {
+        const u64 place = places[g];
+        if (places[g + 1] != place && place < ids_len) ids[place] = g;
+    }
+}

@@ -491,6 +491,9 @@ pub struct GpuAggregateMetrics {
     /// the device still made later aggregates' results (reductions made
     /// one after the other, each once its input crossed the bus).
     pub aggregates_brought_back_early: Count,
+    /// Groups a filter of the groups (a `HAVING`) dropped on the device,
+    /// before they came back (see `GpuAggregateExec::with_output_filter`).
+    pub groups_dropped_on_device: Count,
     /// Partitions aggregated by DataFusion's CPU operator at run time
     /// (device out of memory, hashed keys that collided, few groups, an
     /// input the memory pool could not hold, or a device error).
@@ -566,6 +569,7 @@ impl GpuAggregateMetrics {
                 .counter("output_buffers_mapped_ahead", partition),
             aggregates_brought_back_early: builder()
                 .counter("aggregates_brought_back_early", partition),
+            groups_dropped_on_device: builder().counter("groups_dropped_on_device", partition),
             device: DeviceMetrics::new(set, partition),
             cpu_fallback_partitions: builder().counter("cpu_fallback_partitions", partition),
             memory_pool_fallback_partitions: builder()

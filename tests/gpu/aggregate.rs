@@ -502,18 +502,57 @@ async fn filtered_aggregates_match_the_cpu() {
 /// none, every one, or few, with its projection above, output in windows
 /// of one batch each, in every placement of the phases; and, where a
 /// device error hands the partition to DataFusion's aggregation, that
-/// filters its groups too. The same rows as DataFusion's.
+/// filters its groups too. The same rows as DataFusion's. Where a term of
+/// the filter compares an integer or decimal aggregate with a constant
+/// (SUM and COUNT, MIN and MAX of signed integers and dates; `<`, `<=`,
+/// `>`, `>=`, `<>`, the constant on either side, negative, at 128 bits;
+/// an `=` makes its column constant, and its filter stays a `FilterExec`),
+/// the groups it drops are dropped on the device, before they come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn having_filters_the_groups_inside_the_gpu_aggregation() {
     let Some(_) = require_gpu("having_filters_the_groups_inside_the_gpu_aggregation") else {
         return;
     };
+    // Each query, and whether the device drops some of its groups.
     let queries = [
-        "SELECT k, count(*), sum(v) FROM t GROUP BY k HAVING sum(v) > 0",
-        "SELECT k FROM t GROUP BY k HAVING count(*) > 4 AND max(d) IS NOT NULL",
-        "SELECT k2, avg(f) FROM t GROUP BY k2 HAVING count(*) < 0",
-        "SELECT k, min(dt) FROM t GROUP BY k HAVING count(*) > 0",
-        "SELECT sum(v), count(*) FROM t HAVING sum(v) > 0",
+        (
+            "SELECT k, count(*), sum(v) FROM t GROUP BY k HAVING sum(v) > 0",
+            true,
+        ),
+        (
+            "SELECT k FROM t GROUP BY k HAVING count(*) > 4 AND max(d) IS NOT NULL",
+            true,
+        ),
+        (
+            "SELECT k2, avg(f) FROM t GROUP BY k2 HAVING count(*) < 0",
+            true,
+        ),
+        (
+            "SELECT k, min(dt) FROM t GROUP BY k HAVING count(*) > 0",
+            false,
+        ),
+        ("SELECT sum(v), count(*) FROM t HAVING sum(v) > 0", false),
+        (
+            "SELECT k, sum(d) FROM t GROUP BY k HAVING sum(d) <= -1000.00",
+            true,
+        ),
+        (
+            "SELECT k, sum(big) FROM t GROUP BY k HAVING 0 < sum(big) AND count(*) <> 3",
+            true,
+        ),
+        (
+            "SELECT k, min(v), max(v) FROM t GROUP BY k \
+             HAVING min(v) >= -500000000 AND -5 <> max(v)",
+            true,
+        ),
+        (
+            "SELECT k, max(dt) FROM t GROUP BY k HAVING max(dt) <= DATE '1970-01-10'",
+            true,
+        ),
+        (
+            "SELECT k, sum(v) FROM t GROUP BY k HAVING sum(v) > 0 OR count(*) = 1",
+            false,
+        ),
     ];
     for (partitions, phases) in PLANS {
         let mut settings = SMALL_RESULT_WINDOWS.to_vec();
@@ -523,13 +562,19 @@ async fn having_filters_the_groups_inside_the_gpu_aggregation() {
             [&gpu, &cpu],
             table(30_000, Keys::Uniform { domain: 9_000 }, partitions, 5),
         );
-        for sql in queries {
+        for (sql, drops_on_device) in queries {
             let plan = check(&gpu, &cpu, sql).await;
             let text = datafusion::physical_plan::displayable(plan.as_ref())
                 .indent(true)
                 .to_string();
             assert!(text.contains(", filter=["), "{phases}: {sql}\n{text}");
             assert!(!text.contains("FilterExec"), "{phases}: {sql}\n{text}");
+            let dropped = gpu_aggregate_metric(&plan, "groups_dropped_on_device");
+            assert_eq!(
+                dropped > 0,
+                drops_on_device,
+                "{phases}: {sql}: {dropped} dropped"
+            );
         }
         let (gpu, cpu) = contexts(
             partitions,
@@ -544,7 +589,7 @@ async fn having_filters_the_groups_inside_the_gpu_aggregation() {
             [&gpu, &cpu],
             table(30_000, Keys::Uniform { domain: 9_000 }, partitions, 6),
         );
-        let plan = check(&gpu, &cpu, queries[1]).await;
+        let plan = check(&gpu, &cpu, queries[1].0).await;
         assert!(gpu_aggregate_metric(&plan, "device_error_fallback_partitions") > 0);
     }
 }

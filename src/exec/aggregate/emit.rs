@@ -4,6 +4,7 @@
 //! reductions one after another.
 
 use super::*;
+use crate::exec::aggregate::group_filter::device_comparisons;
 
 impl DeviceAggregation {
     /// The output batches of the groups on the device, one per
@@ -28,6 +29,15 @@ impl DeviceAggregation {
         reduced: impl FnOnce() + Send,
     ) -> Result<Emitted> {
         let emit_timer = self.metrics.emit_time.timer();
+        let all_groups = grouped.groups;
+        // Where the output filter drops groups on the device, the rest come
+        // back as the groups; where that cannot be had, all of them do.
+        let kept = match self.kept_on_device(grouped, work, timer) {
+            Ok(kept) => kept,
+            Err(e) if e.is_out_of_device_memory() => None,
+            Err(e) => return Ok(Emitted::DeviceFailed(e)),
+        };
+        let grouped = kept.as_ref().unwrap_or(grouped);
         let hashed = sources.keys.is_some_and(|k| k.hashed());
         let key_chunks = self.keys_back(grouped, &sources, keys_stream, memory, timer);
         trace::event(|| "aggregation: group keys made".into());
@@ -137,7 +147,40 @@ impl DeviceAggregation {
         self.metrics
             .aggregates_brought_back_early
             .add(early.aggregates);
-        Ok(Emitted::Batches(grouped.groups, output))
+        Ok(Emitted::Batches(all_groups, output))
+    }
+
+    /// The groups the output filter may keep, gathered on the device where
+    /// it compares some aggregate with a constant there (see
+    /// [`device_comparisons`]); `None` where it does not.
+    fn kept_on_device(
+        &self,
+        grouped: &DeviceGrouped,
+        work: &DeviceWork,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Option<DeviceGrouped>> {
+        let Some(filter) = &self.output_filter else {
+            return Ok(None);
+        };
+        if !self.final_output || self.spec.keys.is_none() {
+            return Ok(None);
+        }
+        let comparisons = device_comparisons(
+            filter.predicate(),
+            &self.output_schema,
+            &self.spec.aggregates,
+            work,
+        );
+        if comparisons.is_empty() {
+            return Ok(None);
+        }
+        let kept = grouped.keep_where(&self.device, &comparisons, timer)?;
+        if let Some(kept) = &kept {
+            let dropped = grouped.groups.saturating_sub(kept.groups);
+            self.metrics.groups_dropped_on_device.add(dropped);
+            trace::event(|| format!("aggregation: {dropped} groups dropped on the device"));
+        }
+        Ok(kept)
     }
 
     /// Filtered output batches (with their sizes) gathered into batches of

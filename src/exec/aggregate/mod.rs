@@ -6,6 +6,7 @@
 
 mod cpu_phases;
 mod exec;
+mod group_filter;
 mod reductions;
 mod result_passes;
 mod spec;

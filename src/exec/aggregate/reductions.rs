@@ -81,6 +81,23 @@ impl DeviceWork {
             && self.states.len() == shape.states.len()
     }
 
+    /// The reduction whose results are aggregate `aggregate`'s one state
+    /// as a signed integer (128-bit where the reduction has high words),
+    /// with the word the results are XORed with to read it so: a COUNT, or
+    /// a SUM of signed integers or decimals (as they are), or a MIN or MAX
+    /// of signed integers (their words ordered: the sign bit flipped).
+    /// `None` for any other state, and for an aggregate of several.
+    pub(crate) fn integer_state(&self, aggregate: usize) -> Option<(usize, u64)> {
+        let [state] = self.states.get(aggregate)?.as_slice() else {
+            return None;
+        };
+        match (state.kind, state.ordered) {
+            (ValueKind::Signed | ValueKind::Decimal128, false) => Some((state.reduced, 0)),
+            (ValueKind::Signed, true) => Some((state.reduced, SIGN)),
+            _ => None,
+        }
+    }
+
     fn sum_reduction(&self, kind: ValueKind) -> Reduction {
         match kind {
             ValueKind::Float64 if self.deterministic_float_sums => Reduction::SumF64Fixed,

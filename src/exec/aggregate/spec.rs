@@ -161,7 +161,7 @@ pub(crate) fn aggregate_kind(expr: &AggregateFunctionExpr) -> Option<AggregateKi
     }
 }
 
-fn gpu_aggregate(
+pub(super) fn gpu_aggregate(
     expr: &Arc<AggregateFunctionExpr>,
     merges_states: bool,
     input_schema: &SchemaRef,

@@ -16,6 +16,7 @@ mod hash_seed;
 mod launcher;
 mod group_by;
 mod group_order;
+mod kept_groups;
 mod join_tasks;
 mod merge_join;
 mod radix;
@@ -24,6 +25,7 @@ mod scan_aggregate;
 mod scan_filter;
 pub use launcher::Launcher;
 pub use group_order::{group_min_rows, table_group_min_rows};
+pub use kept_groups::{group_keep_compare, group_keep_ids, CompareOp, GroupValues};
 #[cfg(any(test, feature = "test-support"))]
 pub use hash_seed::hash_seed;
 use hash_seed::set_hash_seed;
@@ -102,6 +104,8 @@ pub struct Kernels {
     pack_carried_words: CudaFunction,
     pack_key_words: CudaFunction,
     fill_u64: CudaFunction,
+    group_keep_compare: CudaFunction,
+    group_keep_ids: CudaFunction,
     group_insert: CudaFunction,
     /// One per fold count, 1 to [`MAX_TABLE_FOLDS`].
     group_insert_fold: [CudaFunction; MAX_TABLE_FOLDS],
@@ -213,6 +217,8 @@ impl Kernels {
             pack_carried_words: function(&join, "pack_carried_words")?,
             pack_key_words: function(&join, "pack_key_words")?,
             fill_u64: function(&group_by, "fill_u64")?,
+            group_keep_compare: function(&group_by, "group_keep_compare")?,
+            group_keep_ids: function(&group_by, "group_keep_ids")?,
             group_insert: function(&group_by, "group_insert")?,
             group_insert_fold: [
                 function(&group_by, "group_insert_fold_1")?,

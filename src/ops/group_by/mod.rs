@@ -42,6 +42,7 @@ mod first_seen;
 mod grouping;
 mod fixed_point;
 mod hash_table;
+mod kept;
 mod landing_chunks;
 mod partitioned;
 mod pending;
@@ -65,6 +66,7 @@ pub use sizing::*;
 use sorted::*;
 
 pub use device_words::{sample as sample_device_words, DeviceWordPiece};
+pub use kept::GroupComparison;
 pub use landing_chunks::InputChunks;
 use landing_chunks::{reduce_chunks, reduces_in_one_pass, upload_in_chunks, RowsInRowOrder};
 use results::DeviceReduced;
