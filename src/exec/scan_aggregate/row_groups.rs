@@ -717,24 +717,31 @@ pub(super) mod tests {
             let told = holds_no_row_group(&source, &part, &context).await;
             assert_eq!(told, read.is_empty(), "{}: {} rows read", part.describe(), read.len());
             empty += usize::from(told);
-            if let Part::File(file, None) = &part {
-                let whole = Part::File(datafusion::datasource::listing::PartitionedFile::new(
-                    file.object_meta.location.to_string(),
-                    file.object_meta.size,
-                ), None);
-                assert!(!holds_no_row_group(&source, &whole, &context).await, "the whole file");
-            }
+            let Part::File(file, None) = &part else {
+                panic!("{}: a range of a file was expected", part.describe());
+            };
+            let whole = Part::File(datafusion::datasource::listing::PartitionedFile::new(
+                file.object_meta.location.to_string(),
+                file.object_meta.size,
+            ), None);
+            assert!(!holds_no_row_group(&source, &whole, &context).await, "the whole file");
         }
         assert_eq!(empty, 2, "two of the three ranges hold no row group");
         let _ = std::fs::remove_dir_all(&dir);
 
         let (source, context, dir) = ranges_of_a_file_of_ten_row_groups("each-holds-row-groups").await;
+        let mut pieces_seen = 0;
         for part in source.part_groups().into_iter().flatten() {
             assert!(!holds_no_row_group(&source, &part, &context).await, "{}", part.describe());
-            for piece in pieces_of(&source, &part, &context, 1, Slicing::Every).await.unwrap_or_default() {
+            let pieces = pieces_of(&source, &part, &context, 1, Slicing::Every).await;
+            let pieces = pieces.unwrap_or_else(|| panic!("{} is not cut into pieces", part.describe()));
+            assert!(!pieces.is_empty(), "{}: no piece", part.describe());
+            for piece in pieces {
                 assert!(!holds_no_row_group(&source, &piece, &context).await, "{}", piece.describe());
+                pieces_seen += 1;
             }
         }
+        assert!(pieces_seen >= 10, "every row group in a piece: {pieces_seen} pieces");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
