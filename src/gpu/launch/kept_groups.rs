@@ -30,7 +30,6 @@ impl CompareOp {
             CompareOp::GtEq => CompareOp::LtEq,
         }
     }
-
 }
 
 /// One value per group on the device: `high[g] * 2^64 + low[g]` with
