@@ -86,3 +86,19 @@ extern "C" __global__ void widen_words(const void* src, u32 narrow, u32 sign_onl
         out[offset + i] = sign_only ? (u64)(value >> 63) : (u64)value;
     }
 }
+
+// A remap table's mostly zero table (a join key set of few keys over a wide
+// span of values) made on the device from where its bits are set, so that
+// only those positions cross the bus: sets bit positions[i] % 32 of
+// words[first_word + positions[i] / 32] for i < n, the words zeroed before.
+// A position past `words_len` words sets nothing.
+// Launch: any grid, block = BLOCK_THREADS (grid-stride).
+extern "C" __global__ void set_table_bits(u32* words, u64 first_word, u64 words_len,
+                                          const u32* positions, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u32 position = positions[i];
+        const u64 word = first_word + position / 32;
+        if (word < words_len) atomicOr(&words[word], 1u << (position % 32));
+    }
+}

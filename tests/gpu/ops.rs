@@ -2664,7 +2664,7 @@ fn chunks_sharing_their_tables_share_one_copy_and_keep_the_same_rows() {
         .on_device(&device, stream, &table.clone(), &mut timer)
         .unwrap();
     assert!(Arc::ptr_eq(&first, &again));
-    let equal = RemapTable::new(vec![Arc::new(set.as_ref().as_ref().to_vec()) as SharedWords]);
+    let equal = RemapTable::new(vec![Arc::new(set.words().to_vec()) as SharedWords]);
     let other = remaps
         .on_device(&device, stream, &equal, &mut timer)
         .unwrap();
@@ -2678,6 +2678,171 @@ fn chunks_sharing_their_tables_share_one_copy_and_keep_the_same_rows() {
         .on_device(&device, stream, &unread, &mut timer)
         .unwrap();
     assert!(!Arc::ptr_eq(&once, &twice));
+    timer.finish().unwrap();
+}
+
+/// A remap table whose tables go to the device as their words and as the
+/// positions of their set bits (sets of few values over wide spans, laid
+/// out after the others, made on the device in zeroed words) holds there
+/// the words it holds on the host: one sharing a `u64` with the words
+/// copied before it, positions given twice, a table of no bit set, a
+/// table of bits alone; and a scan testing two key sets, the sparse one
+/// first or last, keeps the rows the host's sets keep.
+#[test]
+fn tables_sent_as_their_set_bits_are_the_same_words_on_the_device() {
+    use datafusion_gpu::gpu::launch::{
+        FilterProgram, RemapTable, RemapUploads, ScanChunk, ScanColumn, ScanOp, SharedWords,
+        TableWords,
+    };
+    use datafusion_gpu::ops::scan_filter::{filter_chunk, reference};
+    struct Bits(Vec<u32>, Vec<u32>);
+    impl TableWords for Bits {
+        fn words(&self) -> &[u32] {
+            &self.0
+        }
+        fn set_bits(&self) -> Option<&[u32]> {
+            Some(&self.1)
+        }
+    }
+    let Some(device) = device("tables_sent_as_their_set_bits_are_the_same_words_on_the_device")
+    else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    // `count` positions at random among `len` words' bits, the first twice.
+    let bits = |len: usize, count: usize, seed: u64| -> SharedWords {
+        let mut positions: Vec<u32> = random_keys(count, 32 * len as u64, seed)
+            .into_iter()
+            .map(|p| p as u32)
+            .collect();
+        positions.extend(positions.first().copied());
+        let mut words = vec![0u32; len];
+        for &p in &positions {
+            words[p as usize / 32] |= 1 << (p % 32);
+        }
+        Arc::new(Bits(words, positions))
+    };
+    let words = |w: &[u32]| -> SharedWords { Arc::new(w.to_vec()) };
+    for (case, tables) in [
+        vec![bits(1_000_003, 5_000, 1), words(&[1, 2, 3]), bits(5, 3, 2)],
+        vec![bits(64, 10, 3)],
+        vec![words(&[9]), bits(3, 0, 4), words(&[u32::MAX; 4])],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let table = RemapTable::new(tables);
+        let uploads = RemapUploads::default();
+        let on_device = uploads
+            .on_device(&device, stream, &table, &mut timer)
+            .unwrap();
+        let mut got = Vec::new();
+        download_u64(&device, stream, &on_device.as_view(), &mut got, &mut timer).unwrap();
+        let got: Vec<u32> = got
+            .iter()
+            .flat_map(|&w| [w as u32, (w >> 32) as u32])
+            .take(table.len())
+            .collect();
+        let expected: Vec<u32> = (0..table.len()).map(|i| table.word(i).unwrap()).collect();
+        assert_eq!(got.len(), expected.len(), "case {case}");
+        assert!(got == expected, "case {case}: the words differ");
+    }
+    // Rows filtered by two key sets, a sparse one before a dense one and
+    // the other way round (a table's end is the next one's start): those
+    // in both, as on the host.
+    let key_set = |values: &[u64]| -> (SharedWords, Vec<u32>) {
+        let smallest = *values.iter().min().unwrap();
+        let span = (values.iter().max().unwrap() - smallest + 1) as usize;
+        let mut words = vec![smallest as u32, (smallest >> 32) as u32];
+        words.extend(std::iter::repeat_n(0u32, span.div_ceil(32)));
+        let mut positions: Vec<u32> = (0..64).filter(|b| (smallest >> b) & 1 == 1).collect();
+        for &v in values {
+            let bit = (v - smallest) as usize;
+            words[2 + bit / 32] |= 1 << (bit % 32);
+            positions.push(64 + bit as u32);
+        }
+        (Arc::new(Bits(words.clone(), positions)), words)
+    };
+    let few: Vec<u64> = (0..40).map(|i| 7 + i * 1_999).collect();
+    let many: Vec<u64> = (0..40_000).filter(|v| v % 2 == 1).collect();
+    let (sparse, sparse_words) = key_set(&few);
+    let dense: SharedWords = Arc::new(key_set(&many).1);
+    let instructions = [
+        [ScanOp::LoadI64 as i64, 0, 0, 0, 0],
+        [ScanOp::KeyTest as i64, 1, 0, 0, 0],
+        [ScanOp::KeyTest as i64, 2, 0, 1, 0],
+        [ScanOp::And as i64, 3, 1, 2, 0],
+    ];
+    let program = FilterProgram {
+        instructions: &instructions,
+        predicate: Some(3),
+        outputs: &[0],
+    };
+    let rows = 200_000;
+    let a = random_keys(rows, 80_000, 29);
+    let a_device = upload_column(&device, stream, &a, &mut timer);
+    let in_few = |v: u64| v >= 7 && (v - 7) % 1_999 == 0 && v <= 7 + 39 * 1_999;
+    let expected = reference::filter(
+        rows,
+        1,
+        |r| in_few(a[r]) && a[r] % 2 == 1 && a[r] < 40_000,
+        |r| vec![(a[r], true)],
+    );
+    for tables in [
+        vec![Arc::clone(&sparse), Arc::clone(&dense)],
+        vec![Arc::clone(&dense), Arc::clone(&sparse)],
+        vec![
+            Arc::clone(&dense),
+            Arc::new(sparse_words.clone()) as SharedWords,
+        ],
+    ] {
+        let swapped = Arc::ptr_eq(&tables[0], &dense);
+        let instructions = match swapped {
+            // Key 0 is the dense set now: test the sparse one as key 1.
+            true => [
+                instructions[0],
+                [ScanOp::KeyTest as i64, 1, 0, 1, 0],
+                [ScanOp::KeyTest as i64, 2, 0, 0, 0],
+                instructions[3],
+            ],
+            false => instructions,
+        };
+        let program = FilterProgram {
+            instructions: &instructions,
+            ..program
+        };
+        let chunk = ScanChunk {
+            rows,
+            columns: vec![ScanColumn {
+                values: &a_device,
+                validity: None,
+                narrow: false,
+                bytes: None,
+            }],
+            remap: RemapTable::new(tables),
+        };
+        let remaps = RemapUploads::default();
+        let got = filter_chunk(
+            &device,
+            stream,
+            &chunk,
+            &program,
+            &[],
+            Some(&remaps),
+            0.5,
+            &mut timer,
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            expected,
+            "the sparse set {}",
+            if swapped { "last" } else { "first" }
+        );
+    }
     timer.finish().unwrap();
 }
 

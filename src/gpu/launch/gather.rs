@@ -242,3 +242,35 @@ mod tests {
         assert_eq!(ValueWidth::Sixteen.words(0), 0);
     }
 }
+
+/// `set_table_bits`: sets, in the 32-bit words `words` holds (two a `u64`),
+/// bit `p % 32` of word `first_word + p / 32` for each of the first
+/// `positions` 32-bit positions of `packed_positions` (two a `u64`).
+pub fn set_table_bits(
+    launcher: &Launcher<'_>,
+    words: &mut CudaSlice<u64>,
+    first_word: usize,
+    packed_positions: &CudaSlice<u64>,
+    positions: usize,
+) -> GpuResult<()> {
+    let Launcher { kernels, stream, sm_count } = *launcher;
+    check_len(packed_positions, positions.div_ceil(2), "a table's bit positions")?;
+    if positions == 0 {
+        return Ok(());
+    }
+    let (first, words_len, n) = (first_word as u64, 2 * words.len() as u64, positions as u64);
+    let mut launch = stream.launch_builder(&kernels.set_table_bits);
+    launch
+        .arg(&mut *words)
+        .arg(&first)
+        .arg(&words_len)
+        .arg(packed_positions)
+        .arg(&n);
+    // SAFETY: the kernel reads the first `positions` 32-bit values of
+    // packed_positions, which holds at least that many (checked above),
+    // and writes only 32-bit words below words_len, the 32-bit words
+    // `words` holds.
+    unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
+        .during("launching set_table_bits")?;
+    Ok(())
+}

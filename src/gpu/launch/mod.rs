@@ -29,7 +29,9 @@ pub use kept_groups::{group_keep_compare, group_keep_ids, CompareOp, GroupValues
 #[cfg(any(test, feature = "test-support"))]
 pub use hash_seed::hash_seed;
 use hash_seed::set_hash_seed;
-pub use gather::{gather_bits, gather_u64, gather_values, scatter_u64, widen_words, ValueWidth};
+pub use gather::{
+    gather_bits, gather_u64, gather_values, scatter_u64, set_table_bits, widen_words, ValueWidth,
+};
 pub use group_by::{
     aggregate_f64_sum, aggregate_gathered, aggregate_i128_sum, aggregate_u64, f64_sum_fixed,
     f64_sum_scale, fill_u64, group_insert, group_insert_fold, group_resolve,
@@ -53,7 +55,7 @@ pub use scan_aggregate::{
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_aggregate::{accumulator_init, SCAN_MAX_SHARED_BYTES};
-pub use remap::{RemapTable, RemapUploads, SharedWords};
+pub use remap::{RemapTable, RemapUploads, SharedWords, TableWords};
 pub use scan_filter::{FilterLaunch, FilterProgram, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE};
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_filter::FILTER_TILE;
@@ -94,6 +96,7 @@ pub struct Kernels {
     gather_u64: CudaFunction,
     gather_u128: CudaFunction,
     scatter_u64: CudaFunction,
+    set_table_bits: CudaFunction,
     gather_bits: CudaFunction,
     widen_words: CudaFunction,
     partition_bounds: CudaFunction,
@@ -207,6 +210,7 @@ impl Kernels {
             gather_u64: function(&gather, "gather_u64")?,
             gather_u128: function(&gather, "gather_u128")?,
             scatter_u64: function(&gather, "scatter_u64")?,
+            set_table_bits: function(&gather, "set_table_bits")?,
             gather_bits: function(&gather, "gather_bits")?,
             widen_words: function(&gather, "widen_words")?,
             partition_bounds: function(&radix, "partition_bounds")?,

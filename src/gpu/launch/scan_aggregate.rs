@@ -720,7 +720,7 @@ fn launch_chunks<'a>(
     for chunk in chunks.iter().filter(|chunk| chunk.rows > 0) {
         let addresses = column_addresses(chunk, stream, guards)?;
         let columns = upload_u64(device, stream, &addresses, timer)?;
-        let remap = upload_byte_pieces(device, stream, &chunk.remap.byte_pieces(), timer)?;
+        let remap = chunk.remap.upload(device, stream, timer)?;
         // check_chunks bounds the remap table below 2^32 entries.
         let remap_len = chunk.remap.len() as u32;
         let rows = chunk.rows as u64;
