@@ -2739,14 +2739,7 @@ fn tables_sent_as_their_set_bits_are_the_same_words_on_the_device() {
         let on_device = uploads
             .on_device(&device, stream, &table, &mut timer)
             .unwrap();
-        let mut got = Vec::new();
-        download_u64(&device, stream, &on_device.as_view(), &mut got, &mut timer).unwrap();
-        let got: Vec<u32> = got
-            .iter()
-            .flat_map(|&w| [w as u32, (w >> 32) as u32])
-            .take(table.len())
-            .collect();
-        let expected: Vec<u32> = (0..table.len()).map(|i| table.word(i).unwrap()).collect();
+        let (got, expected) = remap_words(&device, stream, &on_device, &table, &mut timer);
         assert_eq!(got.len(), expected.len(), "case {case}");
         assert!(got == expected, "case {case}: the words differ");
     }
@@ -2784,7 +2777,7 @@ fn tables_sent_as_their_set_bits_are_the_same_words_on_the_device() {
     let rows = 200_000;
     let a = random_keys(rows, 80_000, 29);
     let a_device = upload_column(&device, stream, &a, &mut timer);
-    let in_few = |v: u64| v >= 7 && (v - 7) % 1_999 == 0 && v <= 7 + 39 * 1_999;
+    let in_few = |v: u64| v >= 7 && (v - 7).is_multiple_of(1_999) && v <= 7 + 39 * 1_999;
     let expected = reference::filter(
         rows,
         1,
@@ -2844,6 +2837,93 @@ fn tables_sent_as_their_set_bits_are_the_same_words_on_the_device() {
         );
     }
     timer.finish().unwrap();
+    shared_tables_cross_the_bus_once(&device, stream);
+}
+
+/// A remap table's words as the device holds them (`on_device`), and as
+/// the host does.
+fn remap_words(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    on_device: &DeviceVec<u64>,
+    table: &datafusion_gpu::gpu::launch::RemapTable,
+    timer: &mut PhaseTimer,
+) -> (Vec<u32>, Vec<u32>) {
+    let mut got = Vec::new();
+    download_u64(device, stream, &on_device.as_view(), &mut got, timer).unwrap();
+    let got: Vec<u32> = got
+        .iter()
+        .flat_map(|&w| [w as u32, (w >> 32) as u32])
+        .take(table.len())
+        .collect();
+    let expected: Vec<u32> = (0..table.len()).map(|i| table.word(i).unwrap()).collect();
+    (got, expected)
+}
+
+/// Chunks sharing two large key sets (one sent as its words, one as its set
+/// bits) beside tables of their own and a small shared one: the large sets
+/// cross the bus once for all the chunks of one `RemapUploads`, and every
+/// chunk's table on the device holds the words it holds on the host.
+fn shared_tables_cross_the_bus_once(device: &GpuDevice, stream: &Arc<DeviceStream>) {
+    use datafusion_gpu::gpu::launch::{
+        RemapTable, RemapUploads, SharedWords, TableWords, SHARED_TABLE_MIN_WORDS,
+    };
+    struct Shared(Vec<u32>, Option<Vec<u32>>);
+    impl TableWords for Shared {
+        fn words(&self) -> &[u32] {
+            &self.0
+        }
+        fn set_bits(&self) -> Option<&[u32]> {
+            self.1.as_deref()
+        }
+        fn shared_by_chunks(&self) -> bool {
+            true
+        }
+    }
+    // An odd length: the table after each set starts inside a 64-bit word.
+    let len = SHARED_TABLE_MIN_WORDS + 5;
+    let dense_words: Vec<u32> = (0..len as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let positions: Vec<u32> = random_keys(300, 32 * len as u64, 31)
+        .into_iter()
+        .map(|p| p as u32)
+        .collect();
+    let mut sparse_words = vec![0u32; len];
+    for &p in &positions {
+        sparse_words[p as usize / 32] |= 1 << (p % 32);
+    }
+    let dense: SharedWords = Arc::new(Shared(dense_words, None));
+    let sparse: SharedWords = Arc::new(Shared(sparse_words, Some(positions.clone())));
+    let small: SharedWords = Arc::new(Shared(vec![5, 6, 7], None));
+    let uploads = RemapUploads::default();
+    for chunk in 0..4u32 {
+        let own: SharedWords = Arc::new(vec![chunk + 1; 1 + chunk as usize]);
+        let table = RemapTable::new(vec![
+            Arc::clone(&own),
+            Arc::clone(&dense),
+            Arc::new(vec![chunk]) as SharedWords,
+            Arc::clone(&sparse),
+            Arc::clone(&small),
+            own,
+        ])
+        .with_tables_of_its_own();
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let on_device = uploads
+            .on_device(device, stream, &table, &mut timer)
+            .unwrap();
+        let (got, expected) = remap_words(device, stream, &on_device, &table, &mut timer);
+        let up = timer.finish().unwrap().host_to_device_bytes;
+        assert!(got == expected, "chunk {chunk}: the words differ");
+        let shared_bytes = 4 * (len + positions.len());
+        match chunk {
+            0 => assert!(up >= shared_bytes, "chunk 0 sent {up} bytes"),
+            _ => assert!(
+                up < 1024,
+                "chunk {chunk} sent {up} bytes: the shared sets again"
+            ),
+        }
+    }
 }
 
 #[test]

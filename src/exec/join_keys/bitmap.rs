@@ -126,6 +126,10 @@ impl TableWords for KeyBitmap {
     fn set_bits(&self) -> Option<&[u32]> {
         self.set_bits.as_deref()
     }
+
+    fn shared_by_chunks(&self) -> bool {
+        true
+    }
 }
 
 impl KeyBitmap {

@@ -378,7 +378,11 @@ fn filter_part(
         Ok(tests) => tables.extend(tests),
         Err(reason) => return Ok(Err(reason)),
     }
-    let chunk = scan_chunk(loaded, RemapTable::new(tables));
+    let remap = match shares_remap_tables(program) {
+        true => RemapTable::new(tables),
+        false => RemapTable::new(tables).with_tables_of_its_own(),
+    };
+    let chunk = scan_chunk(loaded, remap);
     let registers: Vec<u32> = program.outputs.iter().map(|&(r, _)| r).collect();
     let device_program = DeviceFilterProgram {
         instructions: &program.instructions,
@@ -404,7 +408,7 @@ fn filter_part(
         &chunk,
         &device_program,
         &strings,
-        shares_remap_tables(program).then_some(remaps),
+        Some(remaps),
         memory_fraction,
         &mut timer,
     )?;
@@ -434,7 +438,8 @@ fn filter_part(
 
 /// Whether every part's remap table holds the same tables: join key sets
 /// and `LIKE` patterns only, no coded output's or string predicate's table
-/// (made from each part's own dictionary).
+/// (made from each part's own dictionary). Where it does not, the parts
+/// still share their large join key sets' copies on the device.
 fn shares_remap_tables(program: &FilterProgram) -> bool {
     program.coded_outputs == 0
         && program

@@ -226,23 +226,6 @@ pub fn widen_words(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn widths_pack_values_into_whole_words() {
-        assert_eq!(ValueWidth::of_bytes(4), Some(ValueWidth::Four));
-        assert_eq!(ValueWidth::of_bytes(2), None);
-        assert_eq!(ValueWidth::of_bytes(32), None);
-        assert_eq!(ValueWidth::Four.words(3), 2);
-        assert_eq!(ValueWidth::Four.words(4), 2);
-        assert_eq!(ValueWidth::Eight.words(3), 3);
-        assert_eq!(ValueWidth::Sixteen.words(3), 6);
-        assert_eq!(ValueWidth::Sixteen.words(0), 0);
-    }
-}
-
 /// `set_table_bits`: sets, in the 32-bit words `words` holds (two a `u64`),
 /// bit `p % 32` of word `first_word + p / 32` for each of the first
 /// `positions` 32-bit positions of `packed_positions` (two a `u64`).
@@ -273,4 +256,21 @@ pub fn set_table_bits(
     unsafe { launch.launch(config(grid_stride_blocks(n, sm_count))?) }
         .during("launching set_table_bits")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widths_pack_values_into_whole_words() {
+        assert_eq!(ValueWidth::of_bytes(4), Some(ValueWidth::Four));
+        assert_eq!(ValueWidth::of_bytes(2), None);
+        assert_eq!(ValueWidth::of_bytes(32), None);
+        assert_eq!(ValueWidth::Four.words(3), 2);
+        assert_eq!(ValueWidth::Four.words(4), 2);
+        assert_eq!(ValueWidth::Eight.words(3), 3);
+        assert_eq!(ValueWidth::Sixteen.words(3), 6);
+        assert_eq!(ValueWidth::Sixteen.words(0), 0);
+    }
 }

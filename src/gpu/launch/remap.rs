@@ -5,7 +5,10 @@
 //! LIKE patterns; not a part's own dictionary tests) would copy them again
 //! for each part: a key set over a wide span of keys is megabytes. A table
 //! mostly of zeros (a key set of few keys over a wide span) crosses the bus
-//! as the positions of its set bits, and is made on the device.
+//! as the positions of its set bits, and is made on the device; a large
+//! table the chunks share goes to each device once, and each chunk's table
+//! is put together there (the shared tables copied into place, the
+//! chunk's own tables, such as its dictionary tests, sent beside them).
 
 use std::sync::{Arc, Mutex};
 
@@ -13,7 +16,9 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use datafusion::arrow::datatypes::ToByteSlice;
 
 use super::set_table_bits;
-use crate::gpu::{alloc_zeroed, upload_byte_pieces, DriverResultExt, GpuDevice, GpuResult, PhaseTimer};
+use crate::gpu::{
+    alloc_zeroed, upload_byte_pieces, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
+};
 
 /// The 32-bit words of one table of a remap table.
 pub trait TableWords: Send + Sync {
@@ -26,6 +31,13 @@ pub trait TableWords: Send + Sync {
     /// words.
     fn set_bits(&self) -> Option<&[u32]> {
         None
+    }
+
+    /// Whether every chunk of a scan shares this very table (a join key
+    /// set; not a chunk's own dictionary test): a large one then goes to
+    /// each device once (see [`RemapUploads`]).
+    fn shared_by_chunks(&self) -> bool {
+        false
     }
 }
 
@@ -42,21 +54,20 @@ pub type SharedWords = Arc<dyn TableWords>;
 
 /// A chunk's remap table: where each key's table starts within it (one word
 /// a key, counted from the table's first word), then the tables, end to
-/// end, held in pieces: the last ones may be sent as their set bits (see
+/// end, in key order (the kernels find a table's end at the next one's
+/// start), held in pieces: a piece may be sent as its set bits (see
 /// [`TableWords::set_bits`]).
 #[derive(Clone, Default)]
 pub struct RemapTable {
     pieces: Vec<SharedWords>,
-    /// How many of `pieces` (the starts included) are sent as their words.
-    sent_as_words: usize,
     len: usize,
+    /// Whether it holds tables of its chunk's own (a dictionary's tests):
+    /// no other chunk has the same tables, so it is not kept whole.
+    tables_of_its_own: bool,
 }
 
 impl RemapTable {
-    /// The table of `tables`, key `k`'s table being `tables[k]`. The
-    /// kernels find a table's end at the next one's start, so the tables
-    /// lie in key order; those after the last one sent as its words are
-    /// sent as their set bits where they give them.
+    /// The table of `tables`, key `k`'s table being `tables[k]`.
     pub fn new(tables: Vec<SharedWords>) -> Self {
         let mut starts = Vec::with_capacity(tables.len());
         let mut start = tables.len();
@@ -64,15 +75,23 @@ impl RemapTable {
             starts.push(start as u32);
             start += table.words().len();
         }
-        let as_bits = tables.iter().rev().take_while(|table| table.set_bits().is_some()).count();
-        let sent_as_words = 1 + tables.len() - as_bits;
         let mut pieces: Vec<SharedWords> = Vec::with_capacity(1 + tables.len());
         pieces.push(Arc::new(starts));
         pieces.extend(tables);
         Self {
             pieces,
-            sent_as_words,
             len: start,
+            tables_of_its_own: false,
+        }
+    }
+
+    /// This table, which holds tables of its chunk's own (made from the
+    /// chunk's dictionaries): only the large tables it shares with other
+    /// chunks are kept on a device for them (see [`RemapUploads`]).
+    pub fn with_tables_of_its_own(self) -> Self {
+        Self {
+            tables_of_its_own: true,
+            ..self
         }
     }
 
@@ -83,8 +102,8 @@ impl RemapTable {
         let len = words.len();
         Self {
             pieces: vec![Arc::new(words)],
-            sent_as_words: 1,
             len,
+            tables_of_its_own: false,
         }
     }
 
@@ -98,7 +117,6 @@ impl RemapTable {
     /// copy on the device serves both.
     pub fn same_tables(&self, other: &RemapTable) -> bool {
         self.len == other.len
-            && self.sent_as_words == other.sent_as_words
             && self.pieces.len() == other.pieces.len()
             && self.pieces.iter().zip(&other.pieces).skip(1).all(|(a, b)| Arc::ptr_eq(a, b))
     }
@@ -110,39 +128,64 @@ impl RemapTable {
     }
 
     /// Its words on the device, and one word more (the kernels take an
-    /// address): the tables sent as their words copied, the others made
-    /// there from their set bits in zeroed words.
+    /// address), made afresh: see [`Self::assemble`].
     pub(super) fn upload(
         &self,
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<CudaSlice<u64>> {
-        let (as_words, as_bits) = self.pieces.split_at(self.sent_as_words);
-        let mut bytes: Vec<&[u8]> = as_words.iter().map(|p| p.words().to_byte_slice()).collect();
-        if as_bits.is_empty() {
+        self.assemble(device, stream, &mut |_, _| Ok(None), timer)
+    }
+
+    /// Its words on the device, and one word more (the kernels take an
+    /// address). A piece `kept` gives a device copy of (its words, at least
+    /// as many as the piece holds) is copied into place on the device, a
+    /// piece sent as its set bits is made there, and the runs of pieces
+    /// between them are sent as their words; where there are neither, the
+    /// whole table is sent as one upload.
+    fn assemble(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        kept: &mut KeptPieceOf<'_>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<CudaSlice<u64>> {
+        let mut placed = Vec::with_capacity(self.pieces.len());
+        for piece in &self.pieces {
+            placed.push(match kept(piece, timer)? {
+                Some(copy) => Placement::Copied(copy),
+                None if piece.set_bits().is_some() => Placement::Made,
+                None => Placement::Sent,
+            });
+        }
+        if placed.iter().all(|placement| matches!(placement, Placement::Sent)) {
+            let mut bytes = self.byte_pieces();
             bytes.push(&[0; 4]);
             return upload_byte_pieces(device, stream, &bytes, timer);
         }
-        let copied = upload_byte_pieces(device, stream, &bytes, timer)?;
         let mut table =
             alloc_zeroed::<u64>(stream, (self.len + 1).div_ceil(2), "allocating a remap table")?;
-        if !copied.is_empty() {
-            // The copied words' last u64 may hold a zero past them, over
-            // the first word of a table made below (zero until then).
-            let mut head = table.slice_mut(0..copied.len());
-            stream
-                .memcpy_dtod(&copied, &mut head)
-                .during("copying a remap table's words into place")?;
+        // The run of pieces sent as their words not yet sent, from `run_at`.
+        let mut run: Vec<&[u8]> = Vec::new();
+        let (mut run_at, mut at) = (0, 0);
+        for (piece, placement) in self.pieces.iter().zip(&placed) {
+            let words = piece.words().len();
+            if !matches!(placement, Placement::Sent) {
+                send_run(device, stream, &mut run, &mut table, run_at, timer)?;
+                run_at = at + words;
+            }
+            match placement {
+                Placement::Sent => run.push(piece.words().to_byte_slice()),
+                Placement::Copied(copy) => copy_words(stream, copy, &mut table, at, words)?,
+                Placement::Made => {
+                    let positions = piece.set_bits().unwrap_or_default();
+                    made_from_bits(device, stream, &mut table, at, positions, timer)?;
+                }
+            }
+            at += words;
         }
-        let mut first_word: usize = as_words.iter().map(|p| p.words().len()).sum();
-        for piece in as_bits {
-            let positions = piece.set_bits().unwrap_or_default();
-            let sent = upload_byte_pieces(device, stream, &[positions.to_byte_slice()], timer)?;
-            let launcher = device.launcher(stream);
-            set_table_bits(&launcher, &mut table, first_word, &sent, positions.len())?;
-            first_word += piece.words().len();
-        }
+        send_run(device, stream, &mut run, &mut table, run_at, timer)?;
         Ok(table)
     }
 
@@ -174,6 +217,107 @@ impl RemapTable {
     }
 }
 
+/// Where a piece of a remap table comes from on the device.
+enum Placement {
+    /// Sent as its words, with the pieces beside it that are too.
+    Sent,
+    /// Made there from its set bits.
+    Made,
+    /// Copied from a copy of its words already there.
+    Copied(Arc<CudaSlice<u64>>),
+}
+
+/// The device copy kept of a table of a remap table, if one is (see
+/// [`RemapUploads`]).
+type KeptPieceOf<'a> =
+    dyn FnMut(&SharedWords, &mut PhaseTimer) -> GpuResult<Option<Arc<CudaSlice<u64>>>> + 'a;
+
+/// Sends the pieces of `run` (whole 32-bit words) to the device as one
+/// upload and copies them into `table` from its 32-bit word `at`; empties
+/// `run`.
+fn send_run(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    run: &mut Vec<&[u8]>,
+    table: &mut CudaSlice<u64>,
+    at: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<()> {
+    let words: usize = run.iter().map(|bytes| bytes.len() / 4).sum();
+    if words > 0 {
+        let sent = upload_byte_pieces(device, stream, run, timer)?;
+        copy_words(stream, &sent, table, at, words)?;
+    }
+    run.clear();
+    Ok(())
+}
+
+/// Copies the first `words` 32-bit words of `source` into `table` from its
+/// 32-bit word `at`, on `stream`.
+fn copy_words(
+    stream: &Arc<CudaStream>,
+    source: &CudaSlice<u64>,
+    table: &mut CudaSlice<u64>,
+    at: usize,
+    words: usize,
+) -> GpuResult<()> {
+    if words == 0 {
+        return Ok(());
+    }
+    let table_words = 2 * table.len();
+    // SAFETY: both are views of 64-bit device words as twice as many 32-bit
+    // words, and every bit pattern is a `u32`; `transmute` and
+    // `transmute_mut` return `None` where the memory does not hold the
+    // words asked for.
+    let source = unsafe { source.transmute::<u32>(words) };
+    let mut target = unsafe { table.transmute_mut::<u32>(table_words) };
+    let into = target.as_mut().and_then(|target| target.try_slice_mut(at..at + words));
+    let (Some(source), Some(mut into)) = (source, into) else {
+        return Err(GpuError::Invalid(format!(
+            "copying {words} words into a remap table of {table_words} at {at}"
+        )));
+    };
+    stream
+        .memcpy_dtod(&source, &mut into)
+        .during("copying a table into a remap table")
+}
+
+/// Sets, in `table`'s zeroed words from its 32-bit word `at`, the bits at
+/// `positions` (bit `p % 32` of word `at + p / 32`).
+fn made_from_bits(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    table: &mut CudaSlice<u64>,
+    at: usize,
+    positions: &[u32],
+    timer: &mut PhaseTimer,
+) -> GpuResult<()> {
+    if positions.is_empty() {
+        return Ok(());
+    }
+    let sent = upload_byte_pieces(device, stream, &[positions.to_byte_slice()], timer)?;
+    set_table_bits(&device.launcher(stream), table, at, &sent, positions.len())
+}
+
+/// A table's words alone on the device (made there from its set bits where
+/// it is sent so), for chunks to copy into their remap tables.
+fn piece_on_device(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    piece: &SharedWords,
+    timer: &mut PhaseTimer,
+) -> GpuResult<CudaSlice<u64>> {
+    match piece.set_bits() {
+        Some(positions) => {
+            let words = piece.words().len().div_ceil(2).max(1);
+            let mut table = alloc_zeroed::<u64>(stream, words, "allocating a shared table")?;
+            made_from_bits(device, stream, &mut table, 0, positions, timer)?;
+            Ok(table)
+        }
+        None => upload_byte_pieces(device, stream, &[piece.words().to_byte_slice()], timer),
+    }
+}
+
 // The kernels read the remap table's words as little-endian, and the
 // table's pieces go to the device as they lie in host memory.
 #[cfg(target_endian = "big")]
@@ -184,11 +328,30 @@ compile_error!("the device reads host words as little-endian");
 /// for each chunk again (a scan holds one set of tables, or a few).
 const MAX_KEPT: usize = 8;
 
-/// Remap tables on their devices, kept for the chunks that share them; the
-/// copies are freed when it is dropped (with the plan node that holds it).
+/// A table the chunks share goes to each device once where it holds at
+/// least this many 32-bit words (64 KiB): a join key set over a wide span
+/// of keys, which a chunk's own tables would otherwise send again.
+pub const SHARED_TABLE_MIN_WORDS: usize = 1 << 14;
+
+/// Shared tables kept on the devices at most.
+const MAX_KEPT_TABLES: usize = 16;
+
+/// Remap tables on their devices, kept for the chunks that share them, and
+/// the large tables the chunks share, kept for chunks whose other tables
+/// differ (see [`TableWords::shared_by_chunks`]); the copies are freed
+/// when it is dropped (with the plan node that holds it).
 #[derive(Default)]
 pub struct RemapUploads {
     kept: Mutex<Vec<KeptRemap>>,
+    tables: Mutex<Vec<KeptTable>>,
+}
+
+/// A shared table's words on a device.
+struct KeptTable {
+    device: u64,
+    /// The table, held so that its words stay the ones copied.
+    table: SharedWords,
+    words: Arc<CudaSlice<u64>>,
 }
 
 struct KeptRemap {
@@ -208,7 +371,9 @@ impl std::fmt::Debug for RemapUploads {
 impl RemapUploads {
     /// `table` on `device`: the copy made for a chunk with the same tables
     /// before (see [`RemapTable::same_tables`]), or a new one, copied on
-    /// `stream` and kept where every table holds words.
+    /// `stream` and kept where every table holds words and none is the
+    /// chunk's own; a new one's large shared tables are copied from their
+    /// copies on the device, made for the first chunk that held them.
     pub fn on_device(
         &self,
         device: &GpuDevice,
@@ -226,8 +391,31 @@ impl RemapUploads {
         if let Some(entry) = kept.iter().find(same) {
             return Ok(Arc::clone(&entry.words));
         }
-        let words = Arc::new(table.upload(device, stream, timer)?);
-        if kept.len() < MAX_KEPT && table.tables_hold_words() {
+        let mut tables = match self.tables.lock() {
+            Ok(tables) => tables,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut kept_table = |piece: &SharedWords, timer: &mut PhaseTimer| {
+            if !piece.shared_by_chunks() || piece.words().len() < SHARED_TABLE_MIN_WORDS {
+                return Ok(None);
+            }
+            let same = |entry: &&KeptTable| entry.device == device.id() && Arc::ptr_eq(&entry.table, piece);
+            if let Some(entry) = tables.iter().find(same) {
+                return Ok(Some(Arc::clone(&entry.words)));
+            }
+            if tables.len() >= MAX_KEPT_TABLES {
+                return Ok(None);
+            }
+            let words = Arc::new(piece_on_device(device, stream, piece, timer)?);
+            tables.push(KeptTable {
+                device: device.id(),
+                table: Arc::clone(piece),
+                words: Arc::clone(&words),
+            });
+            Ok(Some(words))
+        };
+        let words = Arc::new(table.assemble(device, stream, &mut kept_table, timer)?);
+        if kept.len() < MAX_KEPT && table.tables_hold_words() && !table.tables_of_its_own {
             kept.push(KeptRemap {
                 device: device.id(),
                 table: table.clone(),
@@ -273,19 +461,18 @@ mod tests {
     }
 
     #[test]
-    fn only_the_last_tables_are_sent_as_their_set_bits_in_key_order() {
+    fn tables_sent_as_their_set_bits_keep_their_place_in_key_order() {
         let bits: SharedWords = Arc::new(Bits(vec![0, 4], vec![34]));
         let words: SharedWords = Arc::new(vec![7u32, 8]);
-        // A table sent as bits before one sent as words goes as its words:
-        // the kernels find a table's end at the next one's start.
+        // The kernels find a table's end at the next one's start: a table
+        // sent as its bits lies where its words would.
         let first = RemapTable::new(vec![Arc::clone(&bits), Arc::clone(&words)]);
         let all: Vec<u32> = (0..7).map_while(|i| first.word(i)).collect();
         assert_eq!(all, [2, 4, 0, 4, 7, 8]);
-        assert_eq!(first.sent_as_words, 3);
         let last = RemapTable::new(vec![Arc::clone(&words), Arc::clone(&bits), Arc::clone(&bits)]);
-        let all: Vec<u32> = (0..9).map_while(|i| last.word(i)).collect();
+        let all: Vec<u32> = (0..10).map_while(|i| last.word(i)).collect();
         assert_eq!(all, [3, 5, 7, 7, 8, 0, 4, 0, 4]);
-        assert_eq!((last.sent_as_words, last.len()), (2, 9));
+        assert_eq!(last.len(), 9);
         assert!(!first.same_tables(&RemapTable::new(vec![words, bits])));
     }
 }
