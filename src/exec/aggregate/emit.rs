@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::exec::aggregate::group_filter::device_comparisons;
+use crate::gpu::DeviceReservation;
 
 impl DeviceAggregation {
     /// The output batches of the groups on the device, one per
@@ -37,7 +38,7 @@ impl DeviceAggregation {
             Err(e) if e.is_out_of_device_memory() => None,
             Err(e) => return Ok(Emitted::DeviceFailed(e)),
         };
-        let grouped = kept.as_ref().unwrap_or(grouped);
+        let grouped = kept.as_ref().map_or(grouped, |(kept, _memory)| kept);
         let hashed = sources.keys.is_some_and(|k| k.hashed());
         let key_chunks = self.keys_back(grouped, &sources, keys_stream, memory, timer);
         trace::event(|| "aggregation: group keys made".into());
@@ -158,7 +159,7 @@ impl DeviceAggregation {
         grouped: &DeviceGrouped,
         work: &DeviceWork,
         timer: &mut PhaseTimer,
-    ) -> GpuResult<Option<DeviceGrouped>> {
+    ) -> GpuResult<Option<(DeviceGrouped, DeviceReservation)>> {
         let Some(filter) = &self.output_filter else {
             return Ok(None);
         };
@@ -174,13 +175,21 @@ impl DeviceAggregation {
         if comparisons.is_empty() {
             return Ok(None);
         }
-        let kept = grouped.keep_where(&self.device, &comparisons, timer)?;
-        if let Some(kept) = &kept {
-            let dropped = grouped.groups.saturating_sub(kept.groups);
-            self.metrics.groups_dropped_on_device.add(dropped);
-            trace::event(|| format!("aggregation: {dropped} groups dropped on the device"));
-        }
-        Ok(kept)
+        // Held while the kept groups are: their flags, ids and results are
+        // device memory beside the aggregation's own. Where it does not
+        // fit, every group comes back (the caller's fallback).
+        let memory = self.device.budget().reserve(
+            grouped.keep_where_bytes(),
+            self.options.memory_fraction,
+            ReservationKind::Transient,
+        )?;
+        let Some(kept) = grouped.keep_where(&self.device, &comparisons, timer)? else {
+            return Ok(None);
+        };
+        let dropped = grouped.groups.saturating_sub(kept.groups);
+        self.metrics.groups_dropped_on_device.add(dropped);
+        trace::event(|| format!("aggregation: {dropped} groups dropped on the device"));
+        Ok(Some((kept, memory)))
     }
 
     /// Filtered output batches (with their sizes) gathered into batches of

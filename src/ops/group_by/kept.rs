@@ -31,11 +31,29 @@ pub struct GroupComparison {
 }
 
 impl DeviceGrouped {
+    /// Device bytes [`Self::keep_where`] allocates at most: a flag and an id
+    /// a group (and one flag more), and each result vector and the
+    /// identities gathered again, were every group kept.
+    pub fn keep_where_bytes(&self) -> usize {
+        let vectors: usize = self
+            .reduced
+            .iter()
+            .map(|reduced| match reduced {
+                DeviceReduced::Identity { .. } => 0,
+                DeviceReduced::Words { high, .. } => 1 + usize::from(high.is_some()),
+                DeviceReduced::FixedF64 { .. } => 4,
+            })
+            .sum();
+        let words = (self.groups + 1) + self.groups * (1 + vectors + 1);
+        words.saturating_mul(std::mem::size_of::<u64>())
+    }
+
     /// The groups that satisfy every one of `comparisons` the device can
     /// test (over reductions whose results are words, of groups told apart
     /// by their key words), gathered in group order into new results on
     /// the same stream; `None` where it can test none of them. Reads back
-    /// one word, the count kept.
+    /// one word, the count kept. The caller reserves
+    /// [`Self::keep_where_bytes`] of device memory for it.
     pub fn keep_where(
         &self,
         device: &GpuDevice,
