@@ -175,15 +175,10 @@ impl DeviceAggregation {
         if comparisons.is_empty() {
             return Ok(None);
         }
-        // Held while the kept groups are: their flags, ids and results are
-        // device memory beside the aggregation's own. Where it does not
-        // fit, every group comes back (the caller's fallback).
-        let memory = self.device.budget().reserve(
-            grouped.keep_where_bytes(),
-            self.options.memory_fraction,
-            ReservationKind::Transient,
-        )?;
-        let Some(kept) = grouped.keep_where(&self.device, &comparisons, timer)? else {
+        // The kept groups' memory is held while they are; where it does not
+        // fit the budget, every group comes back (the caller's fallback).
+        let kept = grouped.keep_where(&self.device, &comparisons, self.options.memory_fraction, timer)?;
+        let Some((kept, memory)) = kept else {
             return Ok(None);
         };
         let dropped = grouped.groups.saturating_sub(kept.groups);

@@ -12,8 +12,8 @@ use super::results::DeviceReduced;
 use super::{DeviceGrouped, GroupsBack};
 use crate::gpu::launch::{self, CompareOp, GroupValues};
 use crate::gpu::{
-    alloc_uninit, alloc_zeroed, download_word, DeviceStream, DeviceVec, GpuDevice, GpuResult,
-    Phase, PhaseTimer,
+    alloc_uninit, alloc_zeroed, download_word, DeviceReservation, DeviceStream, DeviceVec,
+    GpuDevice, GpuResult, Phase, PhaseTimer, ReservationKind,
 };
 use crate::ops::gather::gather_u64;
 use crate::ops::scan::exclusive_scan;
@@ -31,10 +31,9 @@ pub struct GroupComparison {
 }
 
 impl DeviceGrouped {
-    /// Device bytes [`Self::keep_where`] allocates at most: a flag and an id
-    /// a group (and one flag more), and each result vector and the
-    /// identities gathered again, were every group kept.
-    pub fn keep_where_bytes(&self) -> usize {
+    /// 8-byte words each kept group takes in the new results: its id, its
+    /// identity and a word of every result vector.
+    fn words_per_kept_group(&self) -> usize {
         let vectors: usize = self
             .reduced
             .iter()
@@ -44,22 +43,24 @@ impl DeviceGrouped {
                 DeviceReduced::FixedF64 { .. } => 4,
             })
             .sum();
-        let words = (self.groups + 1) + self.groups * (1 + vectors + 1);
-        words.saturating_mul(std::mem::size_of::<u64>())
+        2 + vectors
     }
 
     /// The groups that satisfy every one of `comparisons` the device can
     /// test (over reductions whose results are words, of groups told apart
     /// by their key words), gathered in group order into new results on
     /// the same stream; `None` where it can test none of them. Reads back
-    /// one word, the count kept. The caller reserves
-    /// [`Self::keep_where_bytes`] of device memory for it.
+    /// one word, the count kept. Its device memory is reserved in the
+    /// budget (within `memory_fraction`): the flags while they are used,
+    /// the kept groups' in the returned reservation, to be held as long as
+    /// they are.
     pub fn keep_where(
         &self,
         device: &GpuDevice,
         comparisons: &[GroupComparison],
+        memory_fraction: f64,
         timer: &mut PhaseTimer,
-    ) -> GpuResult<Option<DeviceGrouped>> {
+    ) -> GpuResult<Option<(DeviceGrouped, DeviceReservation)>> {
         let Some(identities) = &self.identities else {
             return Ok(None);
         };
@@ -91,6 +92,10 @@ impl DeviceGrouped {
         let launcher = device.launcher(stream);
         // One flag per group and a last one left 0, scanned in place into
         // each group's place among the kept ones and, last, their count.
+        let word = std::mem::size_of::<u64>();
+        let budget = device.budget();
+        let _flags_memory =
+            budget.reserve((groups + 1) * word, memory_fraction, ReservationKind::Transient)?;
         let mut places =
             alloc_zeroed::<u64>(stream, groups + 1, "allocating the kept groups' flags")?;
         timer.time_on(stream, Phase::Kernel, || -> GpuResult<()> {
@@ -114,6 +119,8 @@ impl DeviceGrouped {
             "the kept groups' count",
             timer,
         )? as usize;
+        let kept_bytes = kept.max(1) * self.words_per_kept_group() * word;
+        let memory = budget.reserve(kept_bytes, memory_fraction, ReservationKind::Transient)?;
         // `gather_u64` writes every one of the `kept` ids' words.
         let mut ids = alloc_uninit::<u64>(stream, kept, "allocating the kept groups' ids")?;
         timer.time_on(stream, Phase::Kernel, || -> GpuResult<()> {
@@ -149,7 +156,7 @@ impl DeviceGrouped {
                 .collect()
         })?;
         let identities = timer.time_on(stream, Phase::Kernel, || gather(identities))?;
-        Ok(Some(DeviceGrouped {
+        let kept = DeviceGrouped {
             groups: kept,
             identities: Some(identities),
             back: self.back,
@@ -164,7 +171,8 @@ impl DeviceGrouped {
             identities_made: None,
             reductions_made: Vec::new(),
             inputs_reduced_as_they_landed: self.inputs_reduced_as_they_landed,
-        }))
+        };
+        Ok(Some((kept, memory)))
     }
 }
 
