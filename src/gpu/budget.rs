@@ -218,15 +218,34 @@ impl DeviceBudget {
                 return None;
             }
         }
+        Some(self.held_without_waiters(&mut state, bytes))
+    }
+
+    /// Reserves `bytes` at once where they fit beside what is reserved now,
+    /// else `None`: it neither waits nor evicts. For memory that only saves
+    /// work (a copy kept for later chunks, which could be made again for
+    /// each): cached columns are not evicted for it.
+    pub fn reserve_if_free(self: &Arc<Self>, bytes: usize, fraction: f64) -> Option<DeviceReservation> {
+        let limit = self.limit_for(fraction);
+        let mut state = self.lock();
+        if state.in_use.saturating_add(bytes) > limit {
+            return None;
+        }
+        Some(self.held_without_waiters(&mut state, bytes))
+    }
+
+    /// `bytes` added to `state` as a reservation made without waiting and
+    /// that no one waits for (resident, no holder).
+    fn held_without_waiters(self: &Arc<Self>, state: &mut BudgetState, bytes: usize) -> DeviceReservation {
         state.in_use += bytes;
-        Some(DeviceReservation {
+        DeviceReservation {
             budget: Arc::clone(self),
             bytes,
             // Not counted among the holders worth waiting for.
             kind: ReservationKind::Resident,
             holder: None,
             waited: Duration::ZERO,
-        })
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BudgetState> {
@@ -326,6 +345,28 @@ mod tests {
         // Nothing left to evict: the request fails as before.
         assert!(budget.reserve(300, 1.0, ReservationKind::Resident).is_err());
         drop((big, small));
+    }
+
+    #[test]
+    fn memory_that_only_saves_work_is_taken_where_free_and_evicts_nothing() {
+        let budget = DeviceBudget::new(1000);
+        let holder = Arc::new(Holder::default());
+        let held = budget.reserve(600, 1.0, ReservationKind::Resident).unwrap();
+        holder.0.lock().unwrap().push(held);
+        let weak: Weak<dyn Evict> = Arc::downgrade(&(Arc::clone(&holder) as Arc<dyn Evict>));
+        budget.set_evictor(weak);
+        // 400 bytes are free: 500 are refused, and the cached 600 stay.
+        assert!(budget.reserve_if_free(500, 1.0).is_none());
+        assert_eq!(holder.0.lock().unwrap().len(), 1, "nothing evicted");
+        assert_eq!(budget.in_use(), 600);
+        // Within the session's fraction only: 400 of a limit of 900 do not fit.
+        assert!(budget.reserve_if_free(400, 0.9).is_none());
+        let kept = budget.reserve_if_free(400, 1.0).expect("400 bytes are free");
+        assert_eq!((kept.bytes(), budget.in_use()), (400, 1000));
+        assert!(budget.reserve_if_free(1, 1.0).is_none());
+        drop(kept);
+        assert_eq!(budget.in_use(), 600);
+        assert_eq!(holder.0.lock().unwrap().len(), 1);
     }
 
     #[test]

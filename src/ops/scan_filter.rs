@@ -139,7 +139,8 @@ impl PartialEq for FilteredRows {
 /// `o` holds each kept row's place in the chunk, and the kept rows' strings
 /// of that column come back too, gathered on the device
 /// ([`FilterOutput::strings`]). The chunk's remap table is copied through
-/// `remaps` where given: once for all the chunks that share its tables.
+/// `remaps` where given: once for all the chunks that share its tables,
+/// where that copy fits within `memory_fraction` too.
 #[allow(clippy::too_many_arguments)]
 pub fn filter_chunk(
     device: &GpuDevice,
@@ -151,7 +152,15 @@ pub fn filter_chunk(
     memory_fraction: f64,
     timer: &mut PhaseTimer,
 ) -> GpuResult<FilteredRows> {
-    let launch = FilterLaunch::new(device, device.launcher(stream), chunk, program, remaps, timer)?;
+    let launch = FilterLaunch::new(
+        device,
+        device.launcher(stream),
+        chunk,
+        program,
+        remaps,
+        memory_fraction,
+        timer,
+    )?;
     let outputs = Outputs {
         count: program.outputs.len(),
         strings,

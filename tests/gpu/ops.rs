@@ -2658,24 +2658,24 @@ fn chunks_sharing_their_tables_share_one_copy_and_keep_the_same_rows() {
     // One copy for every part: the same words on the device again, another
     // copy for equal words held apart or for another device's chunk.
     let first = remaps
-        .on_device(&device, stream, &table, &mut timer)
+        .on_device(&device, stream, &table, 1.0, &mut timer)
         .unwrap();
     let again = remaps
-        .on_device(&device, stream, &table.clone(), &mut timer)
+        .on_device(&device, stream, &table.clone(), 1.0, &mut timer)
         .unwrap();
     assert!(Arc::ptr_eq(&first, &again));
     let equal = RemapTable::new(vec![Arc::new(set.words().to_vec()) as SharedWords]);
     let other = remaps
-        .on_device(&device, stream, &equal, &mut timer)
+        .on_device(&device, stream, &equal, 1.0, &mut timer)
         .unwrap();
     assert!(!Arc::ptr_eq(&first, &other));
     // A table without words (a key set not read yet) is not kept.
     let unread = RemapTable::new(vec![Arc::new(Vec::<u32>::new()) as SharedWords]);
     let once = remaps
-        .on_device(&device, stream, &unread, &mut timer)
+        .on_device(&device, stream, &unread, 1.0, &mut timer)
         .unwrap();
     let twice = remaps
-        .on_device(&device, stream, &unread, &mut timer)
+        .on_device(&device, stream, &unread, 1.0, &mut timer)
         .unwrap();
     assert!(!Arc::ptr_eq(&once, &twice));
     timer.finish().unwrap();
@@ -2737,7 +2737,7 @@ fn tables_sent_as_their_set_bits_are_the_same_words_on_the_device() {
         let table = RemapTable::new(tables);
         let uploads = RemapUploads::default();
         let on_device = uploads
-            .on_device(&device, stream, &table, &mut timer)
+            .on_device(&device, stream, &table, 1.0, &mut timer)
             .unwrap();
         let (got, expected) = remap_words(&device, stream, &on_device, &table, &mut timer);
         assert_eq!(got.len(), expected.len(), "case {case}");
@@ -2863,7 +2863,10 @@ fn remap_words(
 /// Chunks sharing two large key sets (one sent as its words, one as its set
 /// bits) beside tables of their own and a small shared one: the large sets
 /// cross the bus once for all the chunks of one `RemapUploads`, and every
-/// chunk's table on the device holds the words it holds on the host.
+/// chunk's table on the device holds the words it holds on the host. The
+/// copies kept hold their bytes in the device's budget; where the budget
+/// has no room for them, none is kept and every chunk sends the sets again,
+/// its words as right.
 fn shared_tables_cross_the_bus_once(device: &GpuDevice, stream: &Arc<DeviceStream>) {
     use datafusion_gpu::gpu::launch::{
         RemapTable, RemapUploads, SharedWords, TableWords, SHARED_TABLE_MIN_WORDS,
@@ -2896,34 +2899,71 @@ fn shared_tables_cross_the_bus_once(device: &GpuDevice, stream: &Arc<DeviceStrea
     let dense: SharedWords = Arc::new(Shared(dense_words, None));
     let sparse: SharedWords = Arc::new(Shared(sparse_words, Some(positions.clone())));
     let small: SharedWords = Arc::new(Shared(vec![5, 6, 7], None));
+    let shared_bytes = 4 * (len + positions.len());
+    // The whole budget, then none of it.
+    for memory_fraction in [1.0, 0.0] {
+        let uploads = RemapUploads::default();
+        for chunk in 0..4u32 {
+            let own: SharedWords = Arc::new(vec![chunk + 1; 1 + chunk as usize]);
+            let table = RemapTable::new(vec![
+                Arc::clone(&own),
+                Arc::clone(&dense),
+                Arc::new(vec![chunk]) as SharedWords,
+                Arc::clone(&sparse),
+                Arc::clone(&small),
+                own,
+            ])
+            .with_tables_of_its_own();
+            let mut timer = PhaseTimer::new(Arc::clone(stream));
+            let on_device = uploads
+                .on_device(device, stream, &table, memory_fraction, &mut timer)
+                .unwrap();
+            let (got, expected) = remap_words(device, stream, &on_device, &table, &mut timer);
+            let up = timer.finish().unwrap().host_to_device_bytes;
+            assert!(
+                got == expected,
+                "chunk {chunk} at {memory_fraction}: the words differ"
+            );
+            match (chunk, memory_fraction > 0.0) {
+                (_, false) | (0, true) => {
+                    assert!(up >= shared_bytes, "chunk {chunk} sent {up} bytes")
+                }
+                _ => assert!(
+                    up < 1024,
+                    "chunk {chunk} sent {up} bytes: the shared sets again"
+                ),
+            }
+        }
+        // The two large sets, 8 bytes a pair of their words; none where no
+        // byte of the budget is free.
+        let kept = match memory_fraction > 0.0 {
+            true => 2 * 8 * len.div_ceil(2),
+            false => 0,
+        };
+        assert_eq!(uploads.reserved_bytes(), kept, "at {memory_fraction}");
+    }
+    // A table of shared tables alone is kept whole, its bytes reserved
+    // beside its large set's, and a second chunk sends nothing.
     let uploads = RemapUploads::default();
-    for chunk in 0..4u32 {
-        let own: SharedWords = Arc::new(vec![chunk + 1; 1 + chunk as usize]);
-        let table = RemapTable::new(vec![
-            Arc::clone(&own),
-            Arc::clone(&dense),
-            Arc::new(vec![chunk]) as SharedWords,
-            Arc::clone(&sparse),
-            Arc::clone(&small),
-            own,
-        ])
-        .with_tables_of_its_own();
+    let table = RemapTable::new(vec![Arc::clone(&dense), Arc::clone(&small)]);
+    for chunk in 0..2 {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
         let on_device = uploads
-            .on_device(device, stream, &table, &mut timer)
+            .on_device(device, stream, &table, 1.0, &mut timer)
             .unwrap();
         let (got, expected) = remap_words(device, stream, &on_device, &table, &mut timer);
         let up = timer.finish().unwrap().host_to_device_bytes;
-        assert!(got == expected, "chunk {chunk}: the words differ");
-        let shared_bytes = 4 * (len + positions.len());
-        match chunk {
-            0 => assert!(up >= shared_bytes, "chunk 0 sent {up} bytes"),
-            _ => assert!(
-                up < 1024,
-                "chunk {chunk} sent {up} bytes: the shared sets again"
-            ),
-        }
+        assert!(
+            got == expected,
+            "whole table, chunk {chunk}: the words differ"
+        );
+        assert!(
+            chunk == 0 || up == 0,
+            "whole table, chunk {chunk} sent {up} bytes"
+        );
     }
+    let whole = 8 * (table.len() + 1).div_ceil(2);
+    assert_eq!(uploads.reserved_bytes(), 8 * len.div_ceil(2) + whole);
 }
 
 #[test]

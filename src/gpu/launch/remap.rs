@@ -17,7 +17,8 @@ use datafusion::arrow::datatypes::ToByteSlice;
 
 use super::set_table_bits;
 use crate::gpu::{
-    alloc_zeroed, upload_byte_pieces, DriverResultExt, GpuDevice, GpuError, GpuResult, PhaseTimer,
+    alloc_zeroed, upload_byte_pieces, DeviceReservation, DriverResultExt, GpuDevice, GpuError,
+    GpuResult, PhaseTimer,
 };
 
 /// The 32-bit words of one table of a remap table.
@@ -339,7 +340,10 @@ const MAX_KEPT_TABLES: usize = 16;
 /// Remap tables on their devices, kept for the chunks that share them, and
 /// the large tables the chunks share, kept for chunks whose other tables
 /// differ (see [`TableWords::shared_by_chunks`]); the copies are freed
-/// when it is dropped (with the plan node that holds it).
+/// when it is dropped (with the plan node that holds it). A copy is kept
+/// only where its bytes are free in the device's budget, and holds them
+/// there while it lives; where they are not, each chunk makes its own
+/// copy, freed with the chunk, and nothing cached is evicted for it.
 #[derive(Default)]
 pub struct RemapUploads {
     kept: Mutex<Vec<KeptRemap>>,
@@ -352,6 +356,7 @@ struct KeptTable {
     /// The table, held so that its words stay the ones copied.
     table: SharedWords,
     words: Arc<CudaSlice<u64>>,
+    _memory: DeviceReservation,
 }
 
 struct KeptRemap {
@@ -359,6 +364,12 @@ struct KeptRemap {
     /// The tables, held so that their words stay the ones copied.
     table: RemapTable,
     words: Arc<CudaSlice<u64>>,
+    _memory: DeviceReservation,
+}
+
+/// The device bytes of `words`' copy.
+fn copy_bytes(words: &CudaSlice<u64>) -> usize {
+    8 * words.len()
 }
 
 impl std::fmt::Debug for RemapUploads {
@@ -369,16 +380,29 @@ impl std::fmt::Debug for RemapUploads {
 }
 
 impl RemapUploads {
+    /// Device bytes its kept copies hold in their devices' budgets.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn reserved_bytes(&self) -> usize {
+        // In `on_device`'s order.
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let tables = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        tables.iter().map(|t| t._memory.bytes()).sum::<usize>()
+            + kept.iter().map(|k| k._memory.bytes()).sum::<usize>()
+    }
+
     /// `table` on `device`: the copy made for a chunk with the same tables
     /// before (see [`RemapTable::same_tables`]), or a new one, copied on
     /// `stream` and kept where every table holds words and none is the
     /// chunk's own; a new one's large shared tables are copied from their
     /// copies on the device, made for the first chunk that held them.
+    /// A copy is kept where its bytes are free within `memory_fraction` of
+    /// the device's budget.
     pub fn on_device(
         &self,
         device: &GpuDevice,
         stream: &Arc<CudaStream>,
         table: &RemapTable,
+        memory_fraction: f64,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Arc<CudaSlice<u64>>> {
         // Held while copying: the partitions of a scan starting together
@@ -406,21 +430,30 @@ impl RemapUploads {
             if tables.len() >= MAX_KEPT_TABLES {
                 return Ok(None);
             }
+            // The words `piece_on_device` allocates: two of the table's a word.
+            let bytes = 8 * piece.words().len().div_ceil(2).max(1);
+            let Some(memory) = device.budget().reserve_if_free(bytes, memory_fraction) else {
+                return Ok(None);
+            };
             let words = Arc::new(piece_on_device(device, stream, piece, timer)?);
             tables.push(KeptTable {
                 device: device.id(),
                 table: Arc::clone(piece),
                 words: Arc::clone(&words),
+                _memory: memory,
             });
             Ok(Some(words))
         };
         let words = Arc::new(table.assemble(device, stream, &mut kept_table, timer)?);
         if kept.len() < MAX_KEPT && table.tables_hold_words() && !table.tables_of_its_own {
-            kept.push(KeptRemap {
-                device: device.id(),
-                table: table.clone(),
-                words: Arc::clone(&words),
-            });
+            if let Some(memory) = device.budget().reserve_if_free(copy_bytes(&words), memory_fraction) {
+                kept.push(KeptRemap {
+                    device: device.id(),
+                    table: table.clone(),
+                    words: Arc::clone(&words),
+                    _memory: memory,
+                });
+            }
         }
         Ok(words)
     }

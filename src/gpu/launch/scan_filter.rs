@@ -64,7 +64,8 @@ impl<'a> FilterLaunch<'a> {
     /// Checks `program` against `chunk` (opcodes, register, column and key
     /// operands, the columns' lengths) and uploads both; the chunk's remap
     /// table through `remaps` where given (copied once for the chunks that
-    /// share its tables). Returns [`GpuError::Invalid`] where they break the
+    /// share its tables, where the copy fits within `memory_fraction` of
+    /// the device's budget). Returns [`GpuError::Invalid`] where they break the
     /// kernels' contract.
     pub fn new(
         device: &GpuDevice,
@@ -72,6 +73,7 @@ impl<'a> FilterLaunch<'a> {
         chunk: &'a ScanChunk<'a>,
         program: &FilterProgram<'_>,
         remaps: Option<&RemapUploads>,
+        memory_fraction: f64,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
         let stream = launcher.stream;
@@ -92,7 +94,7 @@ impl<'a> FilterLaunch<'a> {
             GpuError::Invalid("a remap table of 2^32 entries or more".into())
         })?;
         let remap = match remaps {
-            Some(remaps) => remaps.on_device(device, stream, &chunk.remap, timer)?,
+            Some(remaps) => remaps.on_device(device, stream, &chunk.remap, memory_fraction, timer)?,
             None => std::sync::Arc::new(chunk.remap.upload(device, stream, timer)?),
         };
         // Its words and one more: the kernels take an address.
