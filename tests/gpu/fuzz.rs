@@ -9,7 +9,9 @@
 //!   low bits), floats with both zeros, NaNs and infinities, strings short,
 //!   long and past the 12 bytes a view holds inline; 0 to 30,000 rows in
 //!   1 to 4 partitions of batches from 1 to 8192 rows, so that empty and
-//!   one-row partitions come up.
+//!   one-row partitions come up; a dictionary column's batches slices of
+//!   one dictionary, or each a dictionary of its own where merging them
+//!   would take too much memory.
 //! * Queries: joins of every type on one to three keys, with NULLs equal
 //!   or not, with and without a residual filter; aggregations (COUNT, SUM,
 //!   MIN, MAX, AVG over decimals, COUNT(DISTINCT), FILTER) by zero to two
@@ -346,21 +348,32 @@ fn make_table(recipe: &TableRecipe, rng: &mut StdRng) -> Arc<MemTable> {
         Arc::new(d),
         Arc::new(t),
     ]);
-    // A dictionary column's batches hold dictionaries of their own values:
-    // slices of one table-wide dictionary each carry all of it, and arrow
-    // merges such dictionaries when it concatenates them (DataFusion's
-    // sort-merge join at small batch sizes does, batch after batch), in
-    // memory that grows as batches times the dictionary's values: seed
-    // 53557 (30,000 rows in batches of 8) asked for gigabytes on
-    // DataFusion's own path and ended the whole run.
+    // A dictionary column's batches are slices of one table-wide
+    // dictionary, each carrying all of it, unless there are so many that
+    // merging them would take too much memory: arrow merges such
+    // dictionaries when it concatenates them (DataFusion's sort-merge join
+    // at small batch sizes does, batch after batch), in memory that grows
+    // as batches times the dictionary's values. Seed 53557 (30,000 values
+    // in batches of 8 rows) asked for gigabytes on DataFusion's own path
+    // and ended the whole run; past the limit each batch holds a
+    // dictionary of its own values.
+    let batches = rows.div_ceil(recipe.batch_rows.max(1)) + recipe.partitions;
+    let own_dictionaries: Vec<bool> = columns
+        .iter()
+        .map(|c| {
+            c.as_any_dictionary_opt()
+                .is_some_and(|d| batches * d.values().len() > MAX_MERGED_DICTIONARY_VALUES)
+        })
+        .collect();
     let slice = |range: Range<usize>| -> Vec<ArrayRef> {
         columns
             .iter()
-            .map(|c| {
+            .zip(&own_dictionaries)
+            .map(|(c, &own)| {
                 let sliced = c.slice(range.start, range.len());
-                match c.data_type() {
-                    DataType::Dictionary(..) => dictionary_of_its_own(&sliced),
-                    _ => sliced,
+                match own {
+                    true => dictionary_of_its_own(&sliced),
+                    false => sliced,
                 }
             })
             .collect()
@@ -372,6 +385,10 @@ fn make_table(recipe: &TableRecipe, rng: &mut StdRng) -> Arc<MemTable> {
     }
     table_from_columns(schema, rows, recipe.partitions, recipe.batch_rows, slice)
 }
+
+/// Batches times dictionary values past which a table's dictionary column
+/// gives each batch a dictionary of its own (see [`make_table`]).
+const MAX_MERGED_DICTIONARY_VALUES: usize = 1 << 22;
 
 /// `dictionary` (of `Int32` keys and `Utf8` values) with a dictionary of
 /// the values its keys use alone, in the order first used.
