@@ -55,7 +55,9 @@ pub use scan_aggregate::{
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_aggregate::{accumulator_init, SCAN_MAX_SHARED_BYTES};
-pub use remap::{RemapTable, RemapUploads, SharedWords, TableWords, SHARED_TABLE_MIN_WORDS};
+pub use remap::{RemapTable, RemapUploads, SharedWords, TableWords};
+#[cfg(any(test, feature = "test-support"))]
+pub use remap::SHARED_TABLE_MIN_WORDS;
 pub use scan_filter::{FilterLaunch, FilterProgram, OUTPUT_HAS_NULL, OUTPUT_IS_WIDE};
 #[cfg(any(test, feature = "test-support"))]
 pub use scan_filter::FILTER_TILE;
