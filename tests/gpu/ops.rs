@@ -2860,6 +2860,27 @@ fn remap_words(
     (got, expected)
 }
 
+/// `table` on the device through `uploads` (a copy kept where it fits
+/// within `memory_fraction`), asserted to hold the host's words; the bytes
+/// sent to the device for it.
+fn sent_for_table(
+    device: &GpuDevice,
+    stream: &Arc<DeviceStream>,
+    uploads: &datafusion_gpu::gpu::launch::RemapUploads,
+    table: &datafusion_gpu::gpu::launch::RemapTable,
+    memory_fraction: f64,
+    what: &str,
+) -> usize {
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let on_device = uploads
+        .on_device(device, stream, table, memory_fraction, &mut timer)
+        .unwrap();
+    let (got, expected) = remap_words(device, stream, &on_device, table, &mut timer);
+    let up = timer.finish().unwrap().host_to_device_bytes;
+    assert!(got == expected, "{what}: the words differ");
+    up
+}
+
 /// Chunks sharing two large key sets (one sent as its words, one as its set
 /// bits) beside tables of their own and a small shared one: the large sets
 /// cross the bus once for all the chunks of one `RemapUploads`, and every
@@ -2914,16 +2935,8 @@ fn shared_tables_cross_the_bus_once(device: &GpuDevice, stream: &Arc<DeviceStrea
                 own,
             ])
             .with_tables_of_its_own();
-            let mut timer = PhaseTimer::new(Arc::clone(stream));
-            let on_device = uploads
-                .on_device(device, stream, &table, memory_fraction, &mut timer)
-                .unwrap();
-            let (got, expected) = remap_words(device, stream, &on_device, &table, &mut timer);
-            let up = timer.finish().unwrap().host_to_device_bytes;
-            assert!(
-                got == expected,
-                "chunk {chunk} at {memory_fraction}: the words differ"
-            );
+            let what = format!("chunk {chunk} at {memory_fraction}");
+            let up = sent_for_table(device, stream, &uploads, &table, memory_fraction, &what);
             match (chunk, memory_fraction > 0.0) {
                 (_, false) | (0, true) => {
                     assert!(up >= shared_bytes, "chunk {chunk} sent {up} bytes")
@@ -2947,16 +2960,8 @@ fn shared_tables_cross_the_bus_once(device: &GpuDevice, stream: &Arc<DeviceStrea
     let uploads = RemapUploads::default();
     let table = RemapTable::new(vec![Arc::clone(&dense), Arc::clone(&small)]);
     for chunk in 0..2 {
-        let mut timer = PhaseTimer::new(Arc::clone(stream));
-        let on_device = uploads
-            .on_device(device, stream, &table, 1.0, &mut timer)
-            .unwrap();
-        let (got, expected) = remap_words(device, stream, &on_device, &table, &mut timer);
-        let up = timer.finish().unwrap().host_to_device_bytes;
-        assert!(
-            got == expected,
-            "whole table, chunk {chunk}: the words differ"
-        );
+        let what = format!("whole table, chunk {chunk}");
+        let up = sent_for_table(device, stream, &uploads, &table, 1.0, &what);
         assert!(
             chunk == 0 || up == 0,
             "whole table, chunk {chunk} sent {up} bytes"
