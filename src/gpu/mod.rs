@@ -46,8 +46,9 @@ pub use runtime::{gpu_availability, gpu_runtime};
 pub use runtime::GpuRuntime;
 pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{
-    download_byte_pieces, download_u64, download_word, enqueue_download, in_pinned_memory,
-    upload_byte_pieces, upload_filled, upload_u64, upload_u64_pieces, StagingWindows,
+    download_byte_pieces, download_u64, download_widened_pieces, download_word, enqueue_download,
+    in_pinned_memory, upload_byte_pieces, upload_filled, upload_u64, upload_u64_pieces,
+    StagingWindows,
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use transfer::CopyBandwidth;

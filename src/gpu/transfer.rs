@@ -13,7 +13,7 @@ use super::{
     PinnedRegion,
 };
 use super::host_pages::zeroed_for_fill;
-use crate::host::copy::{copy_window, host_threads};
+use crate::host::copy::{copy_window, fill_window, host_threads, narrow_to_words, widen_words};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
 /// buffer so that the copy runs at full bus speed. Returns once the copy is
@@ -173,8 +173,6 @@ impl<'a> StagingWindows<'a> {
         pieces: &[&[u8]],
         timer: &mut PhaseTimer,
     ) -> GpuResult<CudaSlice<u64>> {
-        /// Bytes one staging thread copies at least.
-        const BYTES_PER_THREAD: usize = 1 << 22;
         let bytes: usize = pieces.iter().map(|p| p.len()).sum();
         let len = bytes.div_ceil(8);
         if len == 0 {
@@ -182,14 +180,85 @@ impl<'a> StagingWindows<'a> {
                 .null::<u64>()
                 .during("allocating an empty device vector");
         }
-        // SAFETY: every element is written by the copies below before any kernel reads it.
-        let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
         if let Some(runs) = pinned_runs(pieces) {
+            // SAFETY: every element is written by the copies below before
+            // any kernel reads it.
+            let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
             copy_pinned_runs(stream, &runs, bytes, &mut dst, timer)?;
             return Ok(dst);
         }
-        // Two buffers in turn: filling one waits (in `as_mut_bytes`) only for
-        // the copy enqueued from it two windows earlier.
+        let uploaded = self.upload_windows(
+            stream,
+            len,
+            |staging, first_word, words| {
+                let target = &mut staging.as_mut_bytes()?[..8 * words];
+                let first_byte = 8 * first_word;
+                let data_bytes = (bytes - first_byte).min(8 * words);
+                let (data, padding) = target.split_at_mut(data_bytes);
+                copy_window(data, pieces, first_byte, host_threads(), BYTES_PER_THREAD);
+                padding.fill(0);
+                Ok(true)
+            },
+            timer,
+        )?;
+        uploaded.ok_or_else(|| GpuError::Invalid("a copied window was refused".into()))
+    }
+
+    /// `values` (16-byte little-endian signed integers laid end to end over
+    /// `pieces`) copied to one new device vector as 8-byte words, each
+    /// narrowed on the host as it is staged: half the bus bytes of the
+    /// values themselves. `None` (nothing kept on the device) where a value
+    /// does not fit 64 bits; the caller then sends them whole.
+    pub fn upload_narrowed(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pieces: &[&[[u8; 16]]],
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Option<CudaSlice<u64>>> {
+        let len: usize = pieces.iter().map(|p| p.len()).sum();
+        if len == 0 {
+            return stream
+                .null::<u64>()
+                .during("allocating an empty device vector")
+                .map(Some);
+        }
+        self.upload_windows(
+            stream,
+            len,
+            |staging, first_word, words| {
+                let target = &mut staging.as_mut_slice()?[..words];
+                Ok(fill_window(
+                    target,
+                    pieces,
+                    first_word,
+                    host_threads(),
+                    BYTES_PER_THREAD / 16,
+                    narrow_to_words,
+                ))
+            },
+            timer,
+        )
+    }
+
+    /// A new device vector of `len` words, each window of it filled on the
+    /// host by `fill` (given the staging buffer, the window's first word
+    /// and its words) and copied up while the next is filled. `None` where
+    /// `fill` refused a window: the vector is dropped (freed in stream
+    /// order, after the copies already enqueued).
+    fn upload_windows(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        len: usize,
+        mut fill: impl FnMut(&mut PinnedBuffer, usize, usize) -> GpuResult<bool>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Option<CudaSlice<u64>>> {
+        // SAFETY: every element is written by the copies below before any
+        // kernel reads it; a vector whose window was refused is dropped
+        // unread.
+        let mut dst = unsafe { stream.alloc::<u64>(len) }.during("allocating device memory")?;
+        // Two buffers in turn: filling one waits (in `as_mut_bytes` or
+        // `as_mut_slice`) only for the copy enqueued from it two windows
+        // earlier.
         for first_word in (0..len).step_by(self.window_words) {
             let words = self.window_words.min(len - first_word);
             let slot = &mut self.buffers[self.windows % 2];
@@ -203,21 +272,27 @@ impl<'a> StagingWindows<'a> {
                 Some(buffer) => buffer,
                 empty => empty.insert(self.device.pinned().take_timed(words, timer)?),
             };
-            let target = &mut staging.as_mut_bytes()?[..8 * words];
+            // Waits for the copy still reading the buffer before the
+            // filling is timed (`fill`'s own wait is then for a finished one).
+            staging.as_mut_slice()?;
             let filling = std::time::Instant::now();
-            let first_byte = 8 * first_word;
-            let data_bytes = (bytes - first_byte).min(8 * words);
-            let (data, padding) = target.split_at_mut(data_bytes);
-            copy_window(data, pieces, first_byte, host_threads(), BYTES_PER_THREAD);
-            padding.fill(0);
+            let filled = fill(staging, first_word, words)?;
             timer.add_host_staging(filling.elapsed());
+            if !filled {
+                return Ok(None);
+            }
             let mut window_of_dst = dst.slice_mut(first_word..first_word + words);
             copy_pinned_words(stream, staging.raw_mut(), words, &mut window_of_dst, timer)?;
+            // Counted window by window: a refused upload's earlier windows
+            // crossed the bus too.
+            timer.add_bytes(Phase::HostToDevice, 8 * words);
         }
-        timer.add_bytes(Phase::HostToDevice, 8 * len);
-        Ok(dst)
+        Ok(Some(dst))
     }
 }
+
+/// Bytes one staging thread copies at least.
+const BYTES_PER_THREAD: usize = 1 << 22;
 
 /// Bytes that lie end to end in one pinned region, and where they go among
 /// the uploaded bytes.
@@ -444,6 +519,54 @@ pub fn download_byte_pieces(
     threads: usize,
     timer: &mut PhaseTimer,
 ) -> GpuResult<Vec<Buffer>> {
+    download_pieces_as(
+        device,
+        stream,
+        device_data,
+        (bytes, piece_bytes.max(1)),
+        threads,
+        |piece| Buffer::from_slice_ref(piece),
+        timer,
+    )
+}
+
+/// The first `values` words of `device_data` (8-byte signed integers)
+/// copied to the host as 16-byte integers, each sign-extended as it leaves
+/// pinned memory (see [`widen_words`]), in buffers of `piece_values`
+/// values each (the last may be shorter); otherwise as
+/// [`download_byte_pieces`]. The way back of [`StagingWindows::upload_narrowed`].
+pub fn download_widened_pieces(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    device_data: &CudaView<'_, u64>,
+    values: usize,
+    piece_values: usize,
+    threads: usize,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Vec<Buffer>> {
+    download_pieces_as(
+        device,
+        stream,
+        device_data,
+        (8 * values, 8 * piece_values.max(1)),
+        threads,
+        widen_words,
+        timer,
+    )
+}
+
+/// The first `bytes` bytes of `device_data`, copied down through a pinned
+/// buffer and made into one buffer per `piece_bytes` by `make`, on up to
+/// `threads` threads.
+fn download_pieces_as(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    device_data: &CudaView<'_, u64>,
+    (bytes, piece_bytes): (usize, usize),
+    threads: usize,
+    make: impl Fn(&[u8]) -> Buffer + Sync,
+    timer: &mut PhaseTimer,
+) -> GpuResult<Vec<Buffer>> {
     if bytes > 8 * device_data.len() {
         return Err(GpuError::Invalid(format!(
             "{bytes} bytes asked of {} device words",
@@ -455,20 +578,24 @@ pub fn download_byte_pieces(
         return Ok(Vec::new());
     };
     let pieces: Vec<&[u8]> = staging.as_slice()?.to_byte_slice()[..bytes]
-        .chunks(piece_bytes.max(1))
+        .chunks(piece_bytes)
         .collect();
     let copying = std::time::Instant::now();
-    let buffers = copy_out_in_parallel(&pieces, threads);
+    let buffers = copy_out_in_parallel(&pieces, threads, &make);
     timer.add_host_staging(copying.elapsed());
     buffers
 }
 
-/// Each of `pieces` copied into a buffer of its own, on up to `threads`
-/// threads when they are large: a join over all its input partitions
-/// brings back gigabytes of gathered columns through one stream, and one
-/// thread copying them out of pinned memory (touching every fresh page)
-/// takes longer than the bus.
-fn copy_out_in_parallel(pieces: &[&[u8]], threads: usize) -> GpuResult<Vec<Buffer>> {
+/// Each of `pieces` made into a buffer of its own by `make`, on up to
+/// `threads` threads when they are large: a join over all its input
+/// partitions brings back gigabytes of gathered columns through one
+/// stream, and one thread copying them out of pinned memory (touching
+/// every fresh page) takes longer than the bus.
+fn copy_out_in_parallel(
+    pieces: &[&[u8]],
+    threads: usize,
+    make: &(impl Fn(&[u8]) -> Buffer + Sync),
+) -> GpuResult<Vec<Buffer>> {
     /// Bytes one copying thread takes at least.
     const BYTES_PER_THREAD: usize = 1 << 22;
     let bytes: usize = pieces.iter().map(|p| p.len()).sum();
@@ -477,20 +604,13 @@ fn copy_out_in_parallel(pieces: &[&[u8]], threads: usize) -> GpuResult<Vec<Buffe
         .min(pieces.len())
         .max(1);
     if threads <= 1 {
-        return Ok(pieces.iter().map(|p| Buffer::from_slice_ref(*p)).collect());
+        return Ok(pieces.iter().map(|p| make(p)).collect());
     }
     let per_thread = pieces.len().div_ceil(threads);
     std::thread::scope(|scope| {
         let handles: Vec<_> = pieces
             .chunks(per_thread)
-            .map(|group| {
-                scope.spawn(move || {
-                    group
-                        .iter()
-                        .map(|p| Buffer::from_slice_ref(*p))
-                        .collect::<Vec<_>>()
-                })
-            })
+            .map(|group| scope.spawn(move || group.iter().map(|p| make(p)).collect::<Vec<_>>()))
             .collect();
         let mut buffers = Vec::with_capacity(pieces.len());
         for handle in handles {
@@ -639,13 +759,35 @@ mod tests {
         // threads of 4 MB each.
         let data: Vec<u8> = (0..24_000_003u32).map(|i| (i % 251) as u8).collect();
         let pieces: Vec<&[u8]> = data.chunks(1_000_003).collect();
+        let copy = |piece: &[u8]| Buffer::from_slice_ref(piece);
         for threads in [1, 3, 16] {
-            let buffers = copy_out_in_parallel(&pieces, threads).unwrap();
+            let buffers = copy_out_in_parallel(&pieces, threads, &copy).unwrap();
             assert_eq!(buffers.len(), pieces.len(), "{threads} threads");
             for (buffer, piece) in buffers.iter().zip(&pieces) {
                 assert_eq!(buffer.as_slice(), *piece, "{threads} threads");
             }
         }
-        assert!(copy_out_in_parallel(&[], 8).unwrap().is_empty());
+        assert!(copy_out_in_parallel(&[], 8, &copy).unwrap().is_empty());
+    }
+
+    #[test]
+    fn words_widened_on_several_threads_keep_their_order_and_sign() {
+        // 3 M words in pieces of 100,000 (the last short), 24 MB: several
+        // threads' worth.
+        let words: Vec<i64> = (0..3_000_001i64)
+            .map(|i| (i - 1_500_000) * 6_148_914_691_236)
+            .collect();
+        let bytes = words.as_slice().to_byte_slice();
+        let pieces: Vec<&[u8]> = bytes.chunks(8 * 100_000).collect();
+        for threads in [1, 4] {
+            let buffers = copy_out_in_parallel(&pieces, threads, &widen_words).unwrap();
+            let wide: Vec<i128> = buffers
+                .iter()
+                .flat_map(|b| b.typed_data::<i128>().to_vec())
+                .collect();
+            let expected: Vec<i128> = words.iter().map(|&w| i128::from(w)).collect();
+            assert_eq!(wide, expected, "{threads} threads");
+            assert_eq!(buffers.len(), 31, "{threads} threads");
+        }
     }
 }

@@ -9,9 +9,9 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion_gpu::gpu::launch::{self, ValueWidth};
 use datafusion_gpu::gpu::{
-    download_byte_pieces, download_u64, download_word, enqueue_download, upload_byte_pieces,
-    upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces, DeviceStream, DeviceVec,
-    GpuDevice, PhaseTimer, StagingWindows,
+    download_byte_pieces, download_u64, download_widened_pieces, download_word, enqueue_download,
+    upload_byte_pieces, upload_byte_pieces_in_windows, upload_u64, upload_u64_pieces, DeviceStream,
+    DeviceVec, GpuDevice, PhaseTimer, StagingWindows,
 };
 use datafusion_gpu::ops::hash_join::{self, DeviceBuildTable, HostKeys, KeyRange};
 use datafusion_gpu::ops::radix::{self, RadixPlan};
@@ -1611,6 +1611,101 @@ fn uploads_sharing_staging_windows_each_arrive_whole() {
             );
         }
         timer.finish().unwrap();
+    }
+}
+
+#[test]
+fn decimals_narrowed_on_the_way_up_come_back_whole() {
+    let Some(device) = device("decimals_narrowed_on_the_way_up_come_back_whole") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // 16-byte values within 64 bits, the bounds among them, in pieces of
+    // uneven sizes (one empty), through windows smaller and larger than a
+    // piece: each comes back as its 8-byte word, and widened, as itself.
+    let rows = if sanitizing() { 5_003 } else { 200_003 };
+    let words = random_keys(rows, u64::MAX, 91);
+    let mut values: Vec<i128> = words.iter().map(|&w| i128::from(w as i64)).collect();
+    values[0] = i64::MIN.into();
+    values[1] = i64::MAX.into();
+    values[rows - 1] = (-1i64).into();
+    let bytes: Vec<[u8; 16]> = values.iter().map(|v| v.to_le_bytes()).collect();
+    let cut = rows / 3;
+    let pieces: Vec<&[[u8; 16]]> = vec![
+        &bytes[..cut],
+        &[],
+        &bytes[cut..rows - 5],
+        &bytes[rows - 5..],
+    ];
+    // (Windows of one word each only over the first values: a copy per
+    // word, queued behind every other test's copies.)
+    let short = 2_003.min(cut);
+    for (window, pieces, rows) in [
+        (8, vec![&bytes[..short]], short),
+        (4_096, pieces.clone(), rows),
+        (1 << 26, pieces, rows),
+    ] {
+        let values = &values[..rows];
+        let mut staging = StagingWindows::new(&device, window);
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let uploaded = staging
+            .upload_narrowed(stream, &pieces, &mut timer)
+            .unwrap()
+            .expect("every value fits 64 bits");
+        assert_eq!(uploaded.len(), rows, "one word a value");
+        let mut back = Vec::new();
+        download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
+        let narrowed: Vec<u64> = values.iter().map(|&v| v as i64 as u64).collect();
+        assert!(back == narrowed, "windows of {window} bytes");
+        for piece_values in [1, 1_000, rows] {
+            let widened = download_widened_pieces(
+                &device,
+                stream,
+                &uploaded.as_view(),
+                rows - 1,
+                piece_values,
+                4,
+                &mut timer,
+            )
+            .unwrap();
+            assert_eq!(widened.len(), (rows - 1).div_ceil(piece_values));
+            let wide: Vec<i128> = widened
+                .iter()
+                .flat_map(|b| b.typed_data::<i128>().to_vec())
+                .collect();
+            assert!(
+                wide == values[..rows - 1],
+                "windows of {window}, pieces of {piece_values}"
+            );
+        }
+        timer.finish().unwrap();
+    }
+    // One value past 64 bits, in the first window or the last: nothing is
+    // kept, and the same windows then carry the next upload whole.
+    for at in [0, rows / 2, rows - 1] {
+        for outside in [i128::from(i64::MAX) + 1, i128::from(i64::MIN) - 1] {
+            let mut with_outside = bytes.clone();
+            with_outside[at] = outside.to_le_bytes();
+            let mut staging = StagingWindows::new(&device, 4_096);
+            let mut timer = PhaseTimer::new(Arc::clone(stream));
+            let refused = staging
+                .upload_narrowed(stream, &[&with_outside[..]], &mut timer)
+                .unwrap();
+            assert!(refused.is_none(), "{outside} at row {at}");
+            let uploaded = staging
+                .upload_narrowed(stream, &[&bytes[..]], &mut timer)
+                .unwrap()
+                .unwrap();
+            let mut back = Vec::new();
+            download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
+            assert!(back
+                .iter()
+                .zip(&values)
+                .all(|(&w, &v)| w as i64 as i128 == v));
+            timer.finish().unwrap();
+        }
     }
 }
 

@@ -5,7 +5,11 @@
 //! row ids, and copied back whole, instead of being gathered row by row on
 //! the host, where random reads from a large side cost about what the CPU
 //! join itself does. Other columns (NULLs, booleans, other widths, variable
-//! width) are taken on the host from the same pairs.
+//! width) are taken on the host from the same pairs. A `Decimal128` column
+//! whose values fit 64 bits (every decimal of up to 18 digits, TPC-H's
+//! money) lies on the device as 8-byte words: narrowed on the host as it is
+//! staged, gathered at 8 bytes, widened again as it comes down, so it
+//! crosses the bus both ways and fills the device in half its bytes.
 //!
 //! Shared by the hash join and the sort-merge join; the two sides are called
 //! build and probe as in [`OutputAssembler`] (the sort-merge join's left and
@@ -29,9 +33,11 @@ use crate::gpu::launch::{
 };
 use crate::exec::join::device_rows::{DeviceRows, RowsShape};
 use crate::gpu::{
-    download_byte_pieces, download_u64, download_word, in_pinned_memory, upload_byte_pieces, DeviceVec,
-    DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
+    download_byte_pieces, download_u64, download_widened_pieces, download_word, in_pinned_memory,
+    upload_byte_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
+    PhaseTimer, StagingWindows,
 };
+use cudarc::driver::CudaView;
 use datafusion::arrow::array::RecordBatchOptions;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use crate::ops::gather;
@@ -64,6 +70,13 @@ fn device_width(rows: &dyn RowSource, column: usize) -> Option<ValueWidth> {
         .then_some(width)
 }
 
+/// Whether column `column` of `rows` is tried at 8 bytes a value on the
+/// device: a `Decimal128` one (16-byte integers, kept as 8-byte words where
+/// every value fits; see [`StagingWindows::upload_narrowed`]).
+fn narrowable(rows: &dyn RowSource, column: usize, width: ValueWidth) -> bool {
+    width == ValueWidth::Sixteen && matches!(rows.data_type(column), DataType::Decimal128(..))
+}
+
 /// An array of `data_type`, without NULLs, whose values are `buffer`'s
 /// bytes, `width` bytes each.
 fn values_array(data_type: &DataType, buffer: Buffer, width: ValueWidth) -> Result<ArrayRef> {
@@ -84,7 +97,61 @@ fn value_bytes(column: &ArrayRef, width: ValueWidth) -> Buffer {
 #[derive(Debug)]
 struct ResidentColumn {
     words: DeviceVec<u64>,
+    /// The width of the values on the device.
     width: ValueWidth,
+    /// 16-byte integers held as the 8-byte words they fit (`width` is
+    /// `Eight`): gathered as such, widened as they come down, and never
+    /// read as the column's own values (keys, folds, carried words).
+    narrowed: bool,
+}
+
+impl ResidentColumn {
+    /// The column, where its words are its values at their own width (not
+    /// narrowed): what reads the values themselves on the device asks for.
+    fn own_values(&self) -> Option<&Self> {
+        (!self.narrowed).then_some(self)
+    }
+
+    /// The first `len` values of `words` (this column's, or gathered from
+    /// it) copied down as arrays of `data_type` of `piece_len` values each
+    /// (the last may be shorter). Device failures are the outer error, host
+    /// ones the inner.
+    #[allow(clippy::too_many_arguments)]
+    fn download(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<DeviceStream>,
+        words: &CudaView<'_, u64>,
+        len: usize,
+        piece_len: usize,
+        data_type: &DataType,
+        host_threads: usize,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Result<Vec<ArrayRef>>> {
+        let (buffers, width) = match self.narrowed {
+            true => (
+                download_widened_pieces(device, stream, words, len, piece_len, host_threads, timer)?,
+                ValueWidth::Sixteen,
+            ),
+            false => {
+                let bytes = self.width.bytes();
+                let buffers = download_byte_pieces(
+                    device,
+                    stream,
+                    words,
+                    len * bytes,
+                    piece_len * bytes,
+                    host_threads,
+                    timer,
+                )?;
+                (buffers, self.width)
+            }
+        };
+        Ok(buffers
+            .into_iter()
+            .map(|buffer| values_array(data_type, buffer, width))
+            .collect())
+    }
 }
 
 /// The columns of one side's batch that are gathered on the device,
@@ -157,13 +224,7 @@ impl ResidentColumns {
         let mut columns = Vec::with_capacity(bytes.columns.len());
         for column in &bytes.columns {
             columns.push(match column {
-                Some((buffers, width)) => {
-                    let pieces: Vec<&[u8]> = buffers.iter().map(Buffer::as_slice).collect();
-                    Some(ResidentColumn {
-                        words: upload_byte_pieces(device, stream, &pieces, timer)?,
-                        width: *width,
-                    })
-                }
+                Some(column) => Some(column.upload(device, stream, timer)?),
                 None => None,
             });
         }
@@ -183,6 +244,7 @@ impl ResidentColumns {
     /// value: the keys themselves, where it is a raw probe key.
     pub(crate) fn words_of(&self, column: usize) -> Option<&DeviceVec<u64>> {
         self.get(column)
+            .and_then(ResidentColumn::own_values)
             .filter(|values| values.width == ValueWidth::Eight)
             .map(|values| &values.words)
     }
@@ -209,25 +271,27 @@ impl ResidentColumns {
                     "column {i} of rows on the device is not there"
                 ))));
             };
-            let bytes = rows * values.width.bytes();
-            let mut buffers = download_byte_pieces(
+            let words = values.words.as_view();
+            let downloaded = values.download(
                 device,
                 stream,
-                &values.words.as_view(),
-                bytes,
-                bytes,
+                &words,
+                rows,
+                rows,
+                field.data_type(),
                 host_threads,
                 timer,
             )?;
-            let (Some(buffer), true) = (buffers.pop(), buffers.is_empty()) else {
+            let mut pieces = match downloaded {
+                Ok(pieces) => pieces,
+                Err(e) => return Ok(Err(e)),
+            };
+            let (Some(array), true) = (pieces.pop(), pieces.is_empty()) else {
                 return Ok(Err(DataFusionError::Internal(format!(
                     "column {i} of rows on the device came down in pieces"
                 ))));
             };
-            match values_array(field.data_type(), buffer, values.width) {
-                Ok(array) => arrays.push(array),
-                Err(e) => return Ok(Err(e)),
-            }
+            arrays.push(array);
         }
         let options = RecordBatchOptions::new().with_row_count(Some(rows));
         Ok(RecordBatch::try_new_with_options(Arc::clone(&shape.schema), arrays, &options)
@@ -331,6 +395,7 @@ pub(crate) fn gather_device_rows(
         columns.push(Some(ResidentColumn {
             words,
             width: values.width,
+            narrowed: values.narrowed,
         }));
     }
     stream
@@ -349,9 +414,48 @@ pub(crate) fn gather_device_rows(
 
 /// The bytes of the columns of one batch that [`ResidentColumns::upload`]
 /// copies, piece by piece, taken from the batch once: per column of the
-/// batch, its pieces' value bytes and width, or `None` (left on the host).
+/// batch, its pieces' value bytes, or `None` (left on the host).
 pub(crate) struct ColumnBytes {
-    columns: Vec<Option<(Vec<Buffer>, ValueWidth)>>,
+    columns: Vec<Option<PieceBytes>>,
+}
+
+/// One column's value bytes, piece by piece.
+struct PieceBytes {
+    buffers: Vec<Buffer>,
+    width: ValueWidth,
+    /// Tried at 8 bytes a value on the device ([`narrowable`]).
+    narrowable: bool,
+}
+
+impl PieceBytes {
+    /// The column on the device: narrowed where it may be and every value
+    /// fits 64 bits, unless it lies in pinned memory (copied straight from
+    /// there at the bus's full speed, without staging on the host).
+    fn upload(
+        &self,
+        device: &GpuDevice,
+        stream: &Arc<DeviceStream>,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<ResidentColumn> {
+        let pieces: Vec<&[u8]> = self.buffers.iter().map(Buffer::as_slice).collect();
+        if self.narrowable && !in_pinned_memory(&pieces) {
+            let values: Vec<&[[u8; 16]]> = pieces.iter().map(|p| p.as_chunks::<16>().0).collect();
+            if let Some(words) =
+                StagingWindows::standard(device).upload_narrowed(stream, &values, timer)?
+            {
+                return Ok(ResidentColumn {
+                    words,
+                    width: ValueWidth::Eight,
+                    narrowed: true,
+                });
+            }
+        }
+        Ok(ResidentColumn {
+            words: upload_byte_pieces(device, stream, &pieces, timer)?,
+            width: self.width,
+            narrowed: false,
+        })
+    }
 }
 
 impl ColumnBytes {
@@ -363,7 +467,11 @@ impl ColumnBytes {
                 width.map(|width| {
                     let pieces = batch.pieces(i);
                     let buffers = pieces.iter().map(|piece| value_bytes(piece, width));
-                    (buffers.collect(), width)
+                    PieceBytes {
+                        buffers: buffers.collect(),
+                        width,
+                        narrowable: narrowable(batch, i, width),
+                    }
                 })
             })
             .collect();
@@ -373,8 +481,8 @@ impl ColumnBytes {
     /// Whether every column lies in pinned host memory: copied straight
     /// from it, then, without staging on the host.
     pub(crate) fn in_pinned_memory(&self) -> bool {
-        self.columns.iter().flatten().all(|(buffers, _)| {
-            let pieces: Vec<&[u8]> = buffers.iter().map(Buffer::as_slice).collect();
+        self.columns.iter().flatten().all(|column| {
+            let pieces: Vec<&[u8]> = column.buffers.iter().map(Buffer::as_slice).collect();
             in_pinned_memory(&pieces)
         })
     }
@@ -470,21 +578,20 @@ pub(crate) fn gather_batches(
             )
             .map(|target| target.slice(..))
         })?;
-        let buffers = download_byte_pieces(
+        let data_type = side.batch.data_type(column);
+        let downloaded = values.download(
             device,
             stream,
             &target,
-            len * width.bytes(),
-            batch_size * width.bytes(),
+            len,
+            batch_size,
+            data_type,
             host_threads,
             timer,
         )?;
-        let data_type = side.batch.data_type(column);
-        for buffer in buffers {
-            match values_array(data_type, buffer, width) {
-                Ok(array) => columns[position].push(array),
-                Err(e) => return Ok(Err(e)),
-            }
+        match downloaded {
+            Ok(pieces) => columns[position].extend(pieces),
+            Err(e) => return Ok(Err(e)),
         }
     }
     // The other columns are taken on the host, each side's together, with
@@ -547,6 +654,7 @@ fn reduction_columns<'a>(
             };
             let values = resident
                 .get(index)
+                .and_then(ResidentColumn::own_values)
                 .filter(|v| v.width == reduction_width(reduction))?;
             Some(Some((side, values)))
         })
@@ -619,7 +727,10 @@ impl SideCarry {
                 continue;
             }
             let width = reduction_width(reduction);
-            resident.get(index).filter(|v| v.width == width)?;
+            resident
+                .get(index)
+                .and_then(ResidentColumn::own_values)
+                .filter(|v| v.width == width)?;
             if !counted && !columns.contains(&(index, width)) {
                 columns.push((index, width));
             }
@@ -655,7 +766,10 @@ impl SideCarry {
     ) -> Option<CarriedValues<'a>> {
         let column = |slot: CarriedSlot| {
             let &(index, _) = self.slots.iter().find(|&&(_, s)| s == slot)?;
-            resident.get(index).filter(|v| v.width == slot.width())
+            resident
+                .get(index)
+                .and_then(ResidentColumn::own_values)
+                .filter(|v| v.width == slot.width())
         };
         let low = column(CarriedSlot::Whole).or_else(|| column(CarriedSlot::Low))?;
         let high = match self.slot_taken(CarriedSlot::High) {

@@ -54,6 +54,39 @@ fn fixed_width_columns_of_4_8_16_bytes_without_nulls_go_to_the_device() {
 }
 
 #[test]
+fn only_decimal_columns_are_tried_at_eight_bytes_on_the_device() {
+    let decimal = |precision: u8| {
+        arr(Decimal128Array::from(vec![1i128, -2])
+            .with_precision_and_scale(precision, 2)
+            .unwrap())
+    };
+    let interval = arr(
+        datafusion::arrow::array::IntervalMonthDayNanoArray::from(vec![
+            datafusion::arrow::datatypes::IntervalMonthDayNano::new(1, 2, 3),
+        ]),
+    );
+    let batch = RecordBatch::try_from_iter([
+        ("money", decimal(15)),
+        ("wide", decimal(38)),
+        ("count", arr(Int64Array::from(vec![1, 2]))),
+    ])
+    .unwrap();
+    let bytes = ColumnBytes::of(&batch, &[true, true, true]);
+    let tried: Vec<bool> = bytes
+        .columns
+        .iter()
+        .map(|column| column.as_ref().unwrap().narrowable)
+        .collect();
+    // Any decimal is tried (its values decide, as they are staged); an
+    // 8-byte column is at its width already.
+    assert_eq!(tried, vec![true, true, false]);
+    // A 16-byte value that is not one integer is never narrowed.
+    let intervals = RecordBatch::try_from_iter([("i", interval)]).unwrap();
+    assert_eq!(device_width(&intervals, 0), Some(ValueWidth::Sixteen));
+    assert!(!narrowable(&intervals, 0, ValueWidth::Sixteen));
+}
+
+#[test]
 fn the_probe_side_is_copied_only_where_most_of_its_rows_match() {
     assert!(probe_side_pays(1_000, true, 1_000));
     assert!(probe_side_pays(500, true, 1_000));
@@ -119,9 +152,11 @@ fn a_column_in_pieces_goes_to_the_device_only_where_no_piece_has_nulls() {
     // piece by piece; ordinary memory, so not copied straight from it.
     let bytes = ColumnBytes::of(&pieces, &[true, true]);
     assert!(bytes.columns[0].is_none());
-    let (buffers, width) = bytes.columns[1].as_ref().unwrap();
-    assert_eq!(*width, ValueWidth::Four);
-    let values: Vec<Vec<i32>> = buffers
+    let column = bytes.columns[1].as_ref().unwrap();
+    assert_eq!(column.width, ValueWidth::Four);
+    assert!(!column.narrowable, "only 16-byte decimals are narrowed");
+    let values: Vec<Vec<i32>> = column
+        .buffers
         .iter()
         .map(|b| b.typed_data::<i32>().to_vec())
         .collect();
