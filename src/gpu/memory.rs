@@ -19,6 +19,9 @@ pub type DeviceEvent = cudarc::driver::CudaEvent;
 /// dropped.
 pub type DeviceVec<T> = cudarc::driver::CudaSlice<T>;
 
+/// A borrowed range of a [`DeviceVec`] (its `slice(..)` or `as_view()`).
+pub type DeviceView<'a, T> = cudarc::driver::CudaView<'a, T>;
+
 /// Plain values a kernel writes: every bit pattern is one of them.
 pub trait DeviceWord: DeviceRepr + ValidAsZeroBits + Copy {}
 

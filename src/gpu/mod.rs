@@ -33,7 +33,7 @@ pub use device::PooledStream;
 pub use error::{DriverResultExt, GpuError, GpuResult, GpuUnavailable};
 pub use host_pages::zeroed_for_fill;
 pub use memory::{
-    alloc_uninit, alloc_zeroed, empty_device_vec, DeviceEvent, DeviceStream, DeviceVec,
+    alloc_uninit, alloc_zeroed, empty_device_vec, DeviceEvent, DeviceStream, DeviceVec, DeviceView,
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use pinned::PinnedStats;

@@ -34,10 +34,9 @@ use crate::gpu::launch::{
 use crate::exec::join::device_rows::{DeviceRows, RowsShape};
 use crate::gpu::{
     download_byte_pieces, download_u64, download_widened_pieces, download_word, in_pinned_memory,
-    upload_byte_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
+    upload_byte_pieces, DeviceVec, DeviceView, DriverResultExt, GpuDevice, GpuError, GpuResult, Phase,
     PhaseTimer, StagingWindows,
 };
-use cudarc::driver::CudaView;
 use datafusion::arrow::array::RecordBatchOptions;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use crate::ops::gather;
@@ -121,7 +120,7 @@ impl ResidentColumn {
         &self,
         device: &GpuDevice,
         stream: &Arc<DeviceStream>,
-        words: &CudaView<'_, u64>,
+        words: &DeviceView<'_, u64>,
         len: usize,
         piece_len: usize,
         data_type: &DataType,
