@@ -13,7 +13,7 @@ use super::{
     PinnedRegion,
 };
 use super::host_pages::zeroed_for_fill;
-use crate::host::copy::{copy_window, fill_window, host_threads, narrow_to_words, widen_words};
+use crate::host::copy::{copy_window, fill_window, host_threads, narrow_to_words, sign_extend_words};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
 /// buffer so that the copy runs at full bus speed. Returns once the copy is
@@ -532,7 +532,7 @@ pub fn download_byte_pieces(
 
 /// The first `values` words of `device_data` (8-byte signed integers)
 /// copied to the host as 16-byte integers, each sign-extended as it leaves
-/// pinned memory (see [`widen_words`]), in buffers of `piece_values`
+/// pinned memory (see [`sign_extend_words`]), in buffers of `piece_values`
 /// values each (the last may be shorter); otherwise as
 /// [`download_byte_pieces`]. The way back of [`StagingWindows::upload_narrowed`].
 pub fn download_widened_pieces(
@@ -550,7 +550,7 @@ pub fn download_widened_pieces(
         device_data,
         (8 * values, 8 * piece_values.max(1)),
         threads,
-        widen_words,
+        sign_extend_words,
         timer,
     )
 }
@@ -780,7 +780,7 @@ mod tests {
         let bytes = words.as_slice().to_byte_slice();
         let pieces: Vec<&[u8]> = bytes.chunks(8 * 100_000).collect();
         for threads in [1, 4] {
-            let buffers = copy_out_in_parallel(&pieces, threads, &widen_words).unwrap();
+            let buffers = copy_out_in_parallel(&pieces, threads, &sign_extend_words).unwrap();
             let wide: Vec<i128> = buffers
                 .iter()
                 .flat_map(|b| b.typed_data::<i128>().to_vec())

@@ -3,7 +3,7 @@
 //! a join's build side both move hundreds of megabytes, which one thread
 //! copies at a fraction of the memory bandwidth. Decimals of up to 18
 //! digits are narrowed to 8-byte words on their way up and widened back
-//! on their way down ([`narrow_to_words`], [`widen_words`]).
+//! on their way down ([`narrow_to_words`], [`sign_extend_words`]).
 
 /// Copies the `target.len()` elements that begin at element `start` of
 /// `pieces` laid end to end into `target`, on up to `max_threads` threads
@@ -110,7 +110,7 @@ pub(crate) fn narrow_to_words(values: &[[u8; 16]], words: &mut [u64]) -> bool {
 /// `words` (8-byte little-endian signed integers) as 16-byte ones, each
 /// sign-extended: the inverse of [`narrow_to_words`], in a buffer of its
 /// own aligned for 16-byte values.
-pub(crate) fn widen_words(words: &[u8]) -> datafusion::arrow::buffer::Buffer {
+pub(crate) fn sign_extend_words(words: &[u8]) -> datafusion::arrow::buffer::Buffer {
     let (words, _) = words.as_chunks::<8>();
     let wide: Vec<i128> = words
         .iter()
@@ -154,7 +154,7 @@ mod tests {
         assert!(narrow_to_words(&bytes, &mut words));
         let expected: Vec<u64> = values.iter().map(|&v| v as i64 as u64).collect();
         assert_eq!(words, expected);
-        let back = widen_words(words.as_slice().to_byte_slice());
+        let back = sign_extend_words(words.as_slice().to_byte_slice());
         assert_eq!(back.typed_data::<i128>(), values.as_slice());
     }
 
