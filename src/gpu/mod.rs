@@ -48,9 +48,11 @@ pub use timing::{Phase, PhaseTimer, PhaseTimes};
 pub use transfer::{
     download_byte_pieces, download_u64, download_widened_pieces, download_word, enqueue_download,
     in_pinned_memory, upload_byte_pieces, upload_filled, upload_u64, upload_u64_pieces,
-    StagingWindows,
+    upload_words_narrowed, StagingWindows,
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use transfer::CopyBandwidth;
 #[cfg(any(test, feature = "test-support"))]
-pub use transfer::{measure_copy_bandwidth, upload_byte_pieces_in_windows};
+pub use transfer::{
+    measure_copy_bandwidth, upload_byte_pieces_in_windows,
+};

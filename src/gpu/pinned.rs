@@ -284,6 +284,19 @@ impl PinnedBuffer {
         Ok(unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), bytes) })
     }
 
+    /// The first `len` elements as twice as many 4-byte halves (the low
+    /// half of each word first, as the device reads them), for the host to
+    /// fill with 4-byte values (waits for pending copies).
+    pub fn as_mut_halves(&mut self) -> GpuResult<&mut [u32]> {
+        let words = self.as_mut_slice()?;
+        let halves = 2 * words.len();
+        // SAFETY: the words' memory, borrowed mutably for the returned
+        // lifetime, viewed as u32s: u32's alignment (4) divides u64's, the
+        // length covers exactly the same bytes, and every bit pattern of
+        // them is a valid u64 again.
+        Ok(unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u32>(), halves) })
+    }
+
     /// The first `len` elements, for the host to read (waits for pending copies).
     pub fn as_slice(&self) -> GpuResult<&[u64]> {
         let slice = self.slice.as_ref().expect("present until drop");

@@ -13,7 +13,9 @@ use super::{
     PinnedRegion,
 };
 use super::host_pages::zeroed_for_fill;
-use crate::host::copy::{copy_window, fill_window, host_threads, narrow_to_words, sign_extend_words};
+use crate::host::copy::{
+    copy_window, fill_window, host_threads, narrow_to_halves, narrow_to_words, sign_extend_words,
+};
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
 /// buffer so that the copy runs at full bus speed. Returns once the copy is
@@ -40,6 +42,18 @@ pub fn upload_u64_pieces(
 ) -> GpuResult<CudaSlice<u64>> {
     let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
     upload_byte_pieces(device, stream, &bytes, timer)
+}
+
+/// [`upload_u64_pieces`] of words that are 8-byte signed integers (join
+/// keys), through [`StagingWindows::upload_words_narrowed`]: at 4 bytes
+/// each where every one of them fits 32 bits.
+pub fn upload_words_narrowed(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    pieces: &[&[u64]],
+    timer: &mut PhaseTimer,
+) -> GpuResult<CudaSlice<u64>> {
+    StagingWindows::standard(device).upload_words_narrowed(stream, pieces, timer)
 }
 
 /// Copies the first `bytes` bytes of `filled` to a new device vector of
@@ -216,12 +230,6 @@ impl<'a> StagingWindows<'a> {
         timer: &mut PhaseTimer,
     ) -> GpuResult<Option<CudaSlice<u64>>> {
         let len: usize = pieces.iter().map(|p| p.len()).sum();
-        if len == 0 {
-            return stream
-                .null::<u64>()
-                .during("allocating an empty device vector")
-                .map(Some);
-        }
         self.upload_windows(
             stream,
             len,
@@ -240,11 +248,84 @@ impl<'a> StagingWindows<'a> {
         )
     }
 
+    /// [`upload_u64_pieces`] of words that are 8-byte signed integers (join
+    /// keys), sent at 4 bytes each where every one of them fits 32 bits and
+    /// widened back on the device: half the bus bytes. The narrowing is
+    /// tried as the words are staged; where one does not fit, the vector is
+    /// sent again whole (after the windows already sent, which are lost: at
+    /// most half the words' bytes more). Words already in pinned memory are
+    /// sent whole from where they lie.
+    pub fn upload_words_narrowed(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pieces: &[&[u64]],
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<CudaSlice<u64>> {
+        let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
+        if in_pinned_memory(&bytes) {
+            return self.upload_bytes(stream, &bytes, timer);
+        }
+        let values: usize = pieces.iter().map(|p| p.len()).sum();
+        let Some(halves) = self.upload_halved(stream, pieces, timer)? else {
+            return self.upload_bytes(stream, &bytes, timer);
+        };
+        // widen_words writes every element.
+        let mut words = super::alloc_uninit::<u64>(stream, values, "allocating widened words")?;
+        timer.time(Phase::Kernel, || {
+            super::launch::widen_words(
+                &self.device.launcher(stream),
+                &halves,
+                values,
+                true,
+                false,
+                &mut words,
+                0,
+            )
+        })?;
+        // Freed in stream order, after the kernel has read it.
+        drop(halves);
+        Ok(words)
+    }
+
+    /// `words` (8-byte signed integers laid end to end over `pieces`)
+    /// copied to one new device vector as 4-byte values, two to a word (the
+    /// last word's high half zero), each narrowed on the host as it is
+    /// staged. `None` (nothing kept on the device) where a word does not
+    /// fit 32 bits. The device widens them with `widen_words`.
+    pub fn upload_halved(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pieces: &[&[u64]],
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Option<CudaSlice<u64>>> {
+        let values: usize = pieces.iter().map(|p| p.len()).sum();
+        self.upload_windows(
+            stream,
+            values.div_ceil(2),
+            |staging, first_word, words| {
+                let first = 2 * first_word;
+                let count = (values - first).min(2 * words);
+                let (target, padding) = staging.as_mut_halves()?[..2 * words].split_at_mut(count);
+                padding.fill(0);
+                Ok(fill_window(
+                    target,
+                    pieces,
+                    first,
+                    host_threads(),
+                    BYTES_PER_THREAD / 8,
+                    narrow_to_halves,
+                ))
+            },
+            timer,
+        )
+    }
+
     /// A new device vector of `len` words, each window of it filled on the
     /// host by `fill` (given the staging buffer, the window's first word
     /// and its words) and copied up while the next is filled. `None` where
     /// `fill` refused a window: the vector is dropped (freed in stream
-    /// order, after the copies already enqueued).
+    /// order, after the copies already enqueued). An empty vector where
+    /// `len` is 0.
     fn upload_windows(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -252,6 +333,12 @@ impl<'a> StagingWindows<'a> {
         mut fill: impl FnMut(&mut PinnedBuffer, usize, usize) -> GpuResult<bool>,
         timer: &mut PhaseTimer,
     ) -> GpuResult<Option<CudaSlice<u64>>> {
+        if len == 0 {
+            return stream
+                .null::<u64>()
+                .during("allocating an empty device vector")
+                .map(Some);
+        }
         // SAFETY: every element is written by the copies below before any
         // kernel reads it; a vector whose window was refused is dropped
         // unread.

@@ -3,7 +3,8 @@
 //! a join's build side both move hundreds of megabytes, which one thread
 //! copies at a fraction of the memory bandwidth. Decimals of up to 18
 //! digits are narrowed to 8-byte words on their way up and widened back
-//! on their way down ([`narrow_to_words`], [`sign_extend_words`]).
+//! on their way down ([`narrow_to_words`], [`sign_extend_words`]); join
+//! keys that fit 32 bits go up at 4 bytes ([`narrow_to_halves`]).
 
 /// Copies the `target.len()` elements that begin at element `start` of
 /// `pieces` laid end to end into `target`, on up to `max_threads` threads
@@ -107,6 +108,25 @@ pub(crate) fn narrow_to_words(values: &[[u8; 16]], words: &mut [u64]) -> bool {
     fits
 }
 
+/// Writes each of `words` (read as 8-byte signed integers) into `halves`
+/// as the 4-byte signed integer it equals: true where every word fits 32
+/// bits, false (with `halves` partly written) where one does not, found at
+/// the first such word. Sign-extending the halves gives back the words'
+/// own bits, so any word within `i32`'s range survives the trip, including
+/// the all-ones word of -1. How join keys that fit 32 bits (packed codes of
+/// narrow domains, or small raw integers) cross the bus in half their
+/// bytes; a hashed key fails at once.
+pub(crate) fn narrow_to_halves(words: &[u64], halves: &mut [u32]) -> bool {
+    for (word, half) in words.iter().zip(halves.iter_mut()) {
+        let value = *word as i64;
+        let Ok(narrow) = i32::try_from(value) else {
+            return false;
+        };
+        *half = narrow as u32;
+    }
+    true
+}
+
 /// `words` (8-byte little-endian signed integers) as 16-byte ones, each
 /// sign-extended: the inverse of [`narrow_to_words`], in a buffer of its
 /// own aligned for 16-byte values.
@@ -172,6 +192,36 @@ mod tests {
                 values[at] = wide(outside);
                 let mut words = vec![0u64; 7];
                 assert!(!narrow_to_words(&values, &mut words), "{outside} at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn words_within_32_bits_narrow_to_halves_that_sign_extend_to_themselves() {
+        let values: Vec<i64> = vec![0, 1, -1, 7, i32::MAX as i64, i32::MIN as i64, -5, 1 << 30];
+        let words: Vec<u64> = values.iter().map(|&v| v as u64).collect();
+        let mut halves = vec![0u32; words.len()];
+        assert!(narrow_to_halves(&words, &mut halves));
+        let back: Vec<u64> = halves.iter().map(|&h| h as i32 as i64 as u64).collect();
+        assert_eq!(back, words);
+        assert_eq!(halves[2], u32::MAX, "-1 is all ones in 4 bytes too");
+    }
+
+    #[test]
+    fn a_word_past_32_bits_fails_the_narrowing_wherever_it_lies() {
+        for outside in [
+            i32::MAX as i64 + 1,
+            i32::MIN as i64 - 1,
+            u32::MAX as i64,
+            1 << 40,
+            i64::MIN,
+            i64::MAX,
+        ] {
+            for at in [0, 3, 6] {
+                let mut words = vec![7u64; 7];
+                words[at] = outside as u64;
+                let mut halves = vec![0u32; 7];
+                assert!(!narrow_to_halves(&words, &mut halves), "{outside} at {at}");
             }
         }
     }

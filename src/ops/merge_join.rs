@@ -19,7 +19,7 @@ use crate::gpu::launch::{
     self, AggregateOp, CodeTransform, GroupRows, MergeBound, RadixDigits, RadixGrid, MAX_RADIX_BITS,
 };
 use crate::gpu::{
-    download_u64, download_word, upload_u64_pieces, DeviceVec, GpuDevice, GpuError, GpuResult,
+    download_u64, download_word, upload_words_narrowed, DeviceVec, GpuDevice, GpuError, GpuResult,
     Phase, PhaseTimer,
 };
 
@@ -61,7 +61,8 @@ impl SortedSide {
         keys: &[&[u64]],
         timer: &mut PhaseTimer,
     ) -> GpuResult<Self> {
-        let keys = upload_u64_pieces(device, copy_stream, keys, timer)?;
+        // Keys that fit 32 bits cross the bus at 4 bytes.
+        let keys = upload_words_narrowed(device, copy_stream, keys, timer)?;
         // One row id per key, over all pieces.
         let rows = keys.len();
         let mut row_ids = if rows == 0 {

@@ -1710,6 +1710,116 @@ fn decimals_narrowed_on_the_way_up_come_back_whole() {
 }
 
 #[test]
+fn join_keys_within_32_bits_cross_at_4_bytes_and_come_back_whole() {
+    let Some(device) = device("join_keys_within_32_bits_cross_at_4_bytes_and_come_back_whole")
+    else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // Uploads the words through windows of `window` bytes; returns them
+    // as the device holds them and the bytes sent up.
+    let upload = |pieces: &[&[u64]], window: usize| -> (Vec<u64>, usize) {
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let uploaded = StagingWindows::new(&device, window)
+            .upload_words_narrowed(stream, pieces, &mut timer)
+            .unwrap();
+        let mut back = Vec::new();
+        download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
+        (back, timer.finish().unwrap().host_to_device_bytes)
+    };
+    // Words within i32's range (the bounds and -1 among them), an odd
+    // count, in pieces of uneven sizes (one empty), through windows
+    // smaller and larger than a piece: each comes back as itself, sent at
+    // 4 bytes.
+    let rows = if sanitizing() { 5_003 } else { 200_003 };
+    let mut words: Vec<u64> = random_keys(rows, 1 << 32, 93)
+        .into_iter()
+        .map(|w| w as u32 as i32 as i64 as u64)
+        .collect();
+    words[0] = i32::MIN as i64 as u64;
+    words[1] = i32::MAX as u64;
+    words[rows - 1] = u64::MAX;
+    let cut = rows / 3;
+    let pieces: Vec<&[u64]> = vec![
+        &words[..cut],
+        &[],
+        &words[cut..rows - 5],
+        &words[rows - 5..],
+    ];
+    // (Windows of one word each only over the first words: a copy per
+    // word, queued behind every other test's copies.)
+    let short = 2_003.min(cut);
+    for (window, pieces, rows) in [
+        (8, vec![&words[..short]], short),
+        (4_096, pieces.clone(), rows),
+        (1 << 26, pieces, rows),
+    ] {
+        let (back, up) = upload(&pieces, window);
+        assert!(back == words[..rows], "windows of {window} bytes");
+        assert_eq!(up, 8 * rows.div_ceil(2), "windows of {window} bytes");
+    }
+    let (back, up) = upload(&[&[], &[]], 4_096);
+    assert!(back.is_empty() && up == 0, "{back:?}, {up} bytes");
+    // One word past 32 bits, in the first window or a later one: the
+    // words arrive whole, after the 4-byte windows sent before the one
+    // that holds it (1,024 words a window of 4,096 bytes).
+    for at in [0, rows / 2, rows - 1] {
+        for outside in [i32::MAX as u64 + 1, (i32::MIN as i64 - 1) as u64, 1 << 40] {
+            let mut with_outside = words.clone();
+            with_outside[at] = outside;
+            let (back, up) = upload(&[&with_outside], 4_096);
+            assert!(back == with_outside, "{outside} at {at}");
+            assert_eq!(up, 8 * rows + 4_096 * (at / 1_024), "{outside} at {at}");
+        }
+    }
+    // Words in pinned memory go whole, straight from where they lie.
+    let column: ArrayRef = Arc::new(datafusion::arrow::array::UInt64Array::from(words.clone()));
+    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::UInt64, false)]));
+    let batch = RecordBatch::try_new(schema, vec![column]).unwrap();
+    let pinned = datafusion_gpu::pin_batches(&[batch]).unwrap();
+    let pinned_words = pinned[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+        .unwrap()
+        .values();
+    let mut timer = PhaseTimer::new(Arc::clone(stream));
+    let uploaded = StagingWindows::new(&device, 4_096)
+        .upload_words_narrowed(stream, &[pinned_words], &mut timer)
+        .unwrap();
+    let mut back = Vec::new();
+    download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
+    let times = timer.finish().unwrap();
+    assert!(back == words, "from pinned memory");
+    assert_eq!(times.host_to_device_bytes, 8 * rows);
+    assert_eq!(times.direct_host_to_device_bytes, 8 * rows);
+    // A build table of keys within 32 bits sends 4 bytes a key fewer than
+    // one of keys past them, and joins alike (see `device_join`).
+    let keys = random_keys(10_000, 1 << 20, 95);
+    let wide: Vec<u64> = keys.iter().map(|&k| k | 1 << 40).collect();
+    let plan = RadixPlan::for_join(keys.len() as u64, keys.len() as u64);
+    let sent: Vec<usize> = [&keys, &wide]
+        .into_iter()
+        .map(|keys| {
+            let mut timer = PhaseTimer::new(Arc::clone(stream));
+            let table = DeviceBuildTable::build(
+                &device,
+                stream,
+                host_keys(&[keys], KeyRange::Full),
+                plan.clone(),
+                &mut timer,
+            )
+            .unwrap();
+            assert_eq!(table.rows(), keys.len());
+            timer.finish().unwrap().host_to_device_bytes
+        })
+        .collect();
+    assert_eq!(sent[0] + 4 * keys.len(), sent[1], "bytes up: {sent:?}");
+}
+
+#[test]
 fn gathers_of_4_8_and_16_byte_values_match_the_host() {
     let Some(device) = device("gathers_of_4_8_and_16_byte_values_match_the_host") else {
         return;

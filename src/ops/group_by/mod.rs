@@ -30,7 +30,7 @@ use crate::gpu::launch::{
     self, AggregateOp, CodeTransform, GroupRows, PartitionGroupIds, RadixGrid, SortedGroupIds,
 };
 use crate::gpu::{
-    download_u64, upload_u64, upload_u64_pieces, DeviceVec, DriverResultExt, GpuDevice, GpuError,
+    download_u64, upload_u64, upload_words_narrowed, DeviceVec, DriverResultExt, GpuDevice, GpuError,
     GpuResult, Phase, PhaseTimer, StagingWindows,
 };
 use crate::trace;
@@ -462,7 +462,8 @@ pub fn upload_group_keys(
         Some(keys) if rows > 0 => {
             let uploaded = match keys.lie_on_device() {
                 true => device_words::lay_out(device, stream, keys, timer)?,
-                false => upload_u64_pieces(device, stream, &keys.pieces(), timer)?,
+                // Group codes that fit 32 bits cross the bus at 4 bytes.
+                false => upload_words_narrowed(device, stream, &keys.pieces(), timer)?,
             };
             if !Arc::ptr_eq(stream, copy_stream) {
                 let keys_copied = stream

@@ -1,7 +1,7 @@
 //! Each aggregate's input uploaded and reduced by the rows' group ids into
 //! per-group slots.
 
-use crate::gpu::alloc_uninit;
+use crate::gpu::{alloc_uninit, upload_u64_pieces};
 use super::*;
 
 /// One input on its way to the device: its whole column, reduced once it

@@ -18,7 +18,7 @@ pub use super::pair_order::{order_by_probe_row, order_device_bytes};
 use super::radix::{radix_partition, radix_partition_one_word, JoinSide, RadixPlan};
 use crate::gpu::launch::{self, ValueWidth};
 use crate::gpu::{
-    alloc_uninit, download_u64, upload_u64, upload_u64_pieces, DeviceStream, DeviceVec,
+    alloc_uninit, download_u64, upload_u64, upload_words_narrowed, DeviceStream, DeviceVec,
     DriverResultExt, GpuDevice, GpuError, GpuResult, Phase, PhaseTimer,
 };
 
@@ -191,7 +191,10 @@ fn upload_and_partition<'v>(
             )));
         }
     }
-    let device_keys = upload_u64_pieces(device, stream, keys.pieces, timer)?;
+    // Keys (raw integers or packed codes) that fit 32 bits cross the bus
+    // at 4 bytes; the transient narrow copy is freed before the
+    // partitioning allocates its buffers.
+    let device_keys = upload_words_narrowed(device, stream, keys.pieces, timer)?;
     let carried = carried(timer)?;
     partition_device_keys(
         device,
@@ -235,7 +238,7 @@ fn partition_device_keys(
     // Dropped (stream-ordered) once the words are packed, before the
     // partitioning allocates its buffers.
     let uploaded_ids = match (one_word || carried.is_some(), row_ids) {
-        (true, Some(ids)) => Some(upload_u64(device, stream, ids, timer)?),
+        (true, Some(ids)) => Some(upload_words_narrowed(device, stream, &[ids], timer)?),
         _ => None,
     };
     if one_word {
@@ -270,7 +273,7 @@ fn partition_device_keys(
             drop(uploaded_ids);
             words
         }
-        (Some(ids), None) => upload_u64(device, stream, ids, timer)?,
+        (Some(ids), None) => upload_words_narrowed(device, stream, &[ids], timer)?,
         (None, None) => {
             // iota writes every element.
             let mut ids = alloc_uninit::<u64>(stream, rows, "allocating row ids")?;
