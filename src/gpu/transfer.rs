@@ -53,7 +53,8 @@ pub fn upload_words_narrowed(
     pieces: &[&[u64]],
     timer: &mut PhaseTimer,
 ) -> GpuResult<CudaSlice<u64>> {
-    StagingWindows::standard(device).upload_words_narrowed(stream, pieces, timer)
+    let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
+    StagingWindows::standard(device).upload_words_narrowed(stream, &bytes, timer)
 }
 
 /// Copies the first `bytes` bytes of `filled` to a new device vector of
@@ -153,6 +154,12 @@ pub struct StagingWindows<'a> {
     windows: usize,
 }
 
+/// 4-byte values on the device, two to a word ([`StagingWindows::upload_halved`]).
+struct Halves {
+    words: CudaSlice<u64>,
+    values: usize,
+}
+
 impl<'a> StagingWindows<'a> {
     /// Windows of `window_bytes` (rounded down to whole words, at least one).
     pub fn new(device: &'a GpuDevice, window_bytes: usize) -> Self {
@@ -248,58 +255,63 @@ impl<'a> StagingWindows<'a> {
         )
     }
 
-    /// [`upload_u64_pieces`] of words that are 8-byte signed integers (join
-    /// keys), sent at 4 bytes each where every one of them fits 32 bits and
-    /// widened back on the device: half the bus bytes. The narrowing is
-    /// tried as the words are staged; where one does not fit, the vector is
-    /// sent again whole (after the windows already sent, which are lost: at
-    /// most half the words' bytes more). Words already in pinned memory are
-    /// sent whole from where they lie.
+    /// 8-byte little-endian signed integers (join keys, or an 8-byte
+    /// column's values; `pieces` of whole values laid end to end) copied to
+    /// one new device vector of a word each, sent at 4 bytes a value where
+    /// every one of them fits 32 bits and sign-extended on the device: half
+    /// the bus bytes. The narrowing is tried as the values are staged;
+    /// where one does not fit, they are sent again whole (after the windows
+    /// already sent, which are lost: at most half their bytes more). Values
+    /// already in pinned memory are sent whole from where they lie, as are
+    /// pieces that are not whole values.
     pub fn upload_words_narrowed(
         &mut self,
         stream: &Arc<CudaStream>,
-        pieces: &[&[u64]],
+        pieces: &[&[u8]],
         timer: &mut PhaseTimer,
     ) -> GpuResult<CudaSlice<u64>> {
-        let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
-        if in_pinned_memory(&bytes) {
-            return self.upload_bytes(stream, &bytes, timer);
+        if in_pinned_memory(pieces) || pieces.iter().any(|p| p.len() % 8 != 0) {
+            return self.upload_bytes(stream, pieces, timer);
         }
-        let values: usize = pieces.iter().map(|p| p.len()).sum();
-        let Some(halves) = self.upload_halved(stream, pieces, timer)? else {
-            return self.upload_bytes(stream, &bytes, timer);
-        };
-        // widen_words writes every element.
-        let mut words = super::alloc_uninit::<u64>(stream, values, "allocating widened words")?;
-        timer.time(Phase::Kernel, || {
-            super::launch::widen_words(
-                &self.device.launcher(stream),
-                &halves,
-                values,
-                true,
-                false,
-                &mut words,
-                0,
-            )
-        })?;
-        // Freed in stream order, after the kernel has read it.
-        drop(halves);
-        Ok(words)
+        let values: Vec<&[[u8; 8]]> = pieces.iter().map(|p| p.as_chunks::<8>().0).collect();
+        match self.upload_halved(stream, &values, timer)? {
+            Some(halves) => self.widen_halves(stream, halves, timer),
+            None => self.upload_bytes(stream, pieces, timer),
+        }
     }
 
-    /// `words` (8-byte signed integers laid end to end over `pieces`)
-    /// copied to one new device vector as 4-byte values, two to a word (the
-    /// last word's high half zero), each narrowed on the host as it is
-    /// staged. `None` (nothing kept on the device) where a word does not
-    /// fit 32 bits. The device widens them with `widen_words`.
-    pub fn upload_halved(
+    /// `values` (16-byte little-endian signed integers, decimals) copied to
+    /// one new device vector as 8-byte words, each the value it equals:
+    /// sent at 4 bytes where every value fits 32 bits (widened on the
+    /// device), else at 8 where every one fits 64 bits
+    /// ([`Self::upload_narrowed`]). `None` where one does not; the caller
+    /// then sends them whole. A refusal loses the windows already sent.
+    pub fn upload_decimals_narrowed(
         &mut self,
         stream: &Arc<CudaStream>,
-        pieces: &[&[u64]],
+        pieces: &[&[[u8; 16]]],
         timer: &mut PhaseTimer,
     ) -> GpuResult<Option<CudaSlice<u64>>> {
+        match self.upload_halved(stream, pieces, timer)? {
+            Some(halves) => self.widen_halves(stream, halves, timer).map(Some),
+            None => self.upload_narrowed(stream, pieces, timer),
+        }
+    }
+
+    /// Signed little-endian integers of `N` bytes laid end to end over
+    /// `pieces`, copied to one new device vector as 4-byte values, two to a
+    /// word (the last word's high half zero), each narrowed on the host as
+    /// it is staged ([`narrow_to_halves`]). `None` (nothing kept on the
+    /// device) where a value does not fit 32 bits. [`Self::widen_halves`]
+    /// makes them words again.
+    fn upload_halved<const N: usize>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pieces: &[&[[u8; N]]],
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<Option<Halves>> {
         let values: usize = pieces.iter().map(|p| p.len()).sum();
-        self.upload_windows(
+        let halves = self.upload_windows(
             stream,
             values.div_ceil(2),
             |staging, first_word, words| {
@@ -312,12 +324,42 @@ impl<'a> StagingWindows<'a> {
                     pieces,
                     first,
                     host_threads(),
-                    BYTES_PER_THREAD / 8,
-                    narrow_to_halves,
+                    BYTES_PER_THREAD / N,
+                    narrow_to_halves::<N>,
                 ))
             },
             timer,
-        )
+        )?;
+        Ok(halves.map(|words| Halves { words, values }))
+    }
+
+    /// The values of `halves` as one word each, sign-extended on the
+    /// device (`widen_words`); the halves are freed in stream order once
+    /// read.
+    fn widen_halves(
+        &self,
+        stream: &Arc<CudaStream>,
+        halves: Halves,
+        timer: &mut PhaseTimer,
+    ) -> GpuResult<CudaSlice<u64>> {
+        let Halves { words: narrow, values } = halves;
+        if values == 0 {
+            return Ok(narrow);
+        }
+        // widen_words writes every element.
+        let mut words = super::alloc_uninit::<u64>(stream, values, "allocating widened words")?;
+        timer.time(Phase::Kernel, || {
+            super::launch::widen_words(
+                &self.device.launcher(stream),
+                &narrow,
+                values,
+                true,
+                false,
+                &mut words,
+                0,
+            )
+        })?;
+        Ok(words)
     }
 
     /// A new device vector of `len` words, each window of it filled on the

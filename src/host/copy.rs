@@ -3,8 +3,8 @@
 //! a join's build side both move hundreds of megabytes, which one thread
 //! copies at a fraction of the memory bandwidth. Decimals of up to 18
 //! digits are narrowed to 8-byte words on their way up and widened back
-//! on their way down ([`narrow_to_words`], [`sign_extend_words`]); join
-//! keys that fit 32 bits go up at 4 bytes ([`narrow_to_halves`]).
+//! on their way down ([`narrow_to_words`], [`sign_extend_words`]); keys
+//! and values that fit 32 bits go up at 4 bytes ([`narrow_to_halves`]).
 
 /// Copies the `target.len()` elements that begin at element `start` of
 /// `pieces` laid end to end into `target`, on up to `max_threads` threads
@@ -108,23 +108,32 @@ pub(crate) fn narrow_to_words(values: &[[u8; 16]], words: &mut [u64]) -> bool {
     fits
 }
 
-/// Writes each of `words` (read as 8-byte signed integers) into `halves`
-/// as the 4-byte signed integer it equals: true where every word fits 32
-/// bits, false (with `halves` partly written) where one does not, found at
-/// the first such word. Sign-extending the halves gives back the words'
-/// own bits, so any word within `i32`'s range survives the trip, including
-/// the all-ones word of -1. How join keys that fit 32 bits (packed codes of
-/// narrow domains, or small raw integers) cross the bus in half their
-/// bytes; a hashed key fails at once.
-pub(crate) fn narrow_to_halves(words: &[u64], halves: &mut [u32]) -> bool {
-    for (word, half) in words.iter().zip(halves.iter_mut()) {
-        let value = *word as i64;
-        let Ok(narrow) = i32::try_from(value) else {
+/// Writes each of `values` (little-endian signed integers of `N` bytes: 8
+/// for join keys and 8-byte columns, 16 for decimals) into `halves` as the
+/// 4-byte signed integer it equals: true where every value fits 32 bits,
+/// false (with `halves` partly written) where one does not, found at the
+/// first such value. Sign-extending the halves gives back the values' own
+/// bits, so any value within `i32`'s range survives the trip, including
+/// the all-ones word of -1. How keys and columns of small values (order
+/// keys, packed codes of narrow domains, money in cents) cross the bus in
+/// a half or a quarter of their bytes; a hashed key fails at once.
+pub(crate) fn narrow_to_halves<const N: usize>(values: &[[u8; N]], halves: &mut [u32]) -> bool {
+    for (value, half) in values.iter().zip(halves.iter_mut()) {
+        let Ok(narrow) = i32::try_from(signed_value(value)) else {
             return false;
         };
         *half = narrow as u32;
     }
     true
+}
+
+/// The little-endian signed integer of `N` bytes (1 to 16), sign-extended.
+fn signed_value<const N: usize>(bytes: &[u8; N]) -> i128 {
+    const { assert!(N >= 1 && N <= 16) };
+    let fill = if bytes[N - 1] & 0x80 != 0 { 0xff } else { 0 };
+    let mut wide = [fill; 16];
+    wide[..N].copy_from_slice(bytes);
+    i128::from_le_bytes(wide)
 }
 
 /// `words` (8-byte little-endian signed integers) as 16-byte ones, each
@@ -197,18 +206,25 @@ mod tests {
     }
 
     #[test]
-    fn words_within_32_bits_narrow_to_halves_that_sign_extend_to_themselves() {
+    fn values_within_32_bits_narrow_to_halves_that_sign_extend_to_themselves() {
         let values: Vec<i64> = vec![0, 1, -1, 7, i32::MAX as i64, i32::MIN as i64, -5, 1 << 30];
-        let words: Vec<u64> = values.iter().map(|&v| v as u64).collect();
-        let mut halves = vec![0u32; words.len()];
+        let words: Vec<[u8; 8]> = values.iter().map(|v| v.to_le_bytes()).collect();
+        let wide: Vec<[u8; 16]> = values
+            .iter()
+            .map(|&v| i128::from(v).to_le_bytes())
+            .collect();
+        let mut halves = vec![0u32; values.len()];
         assert!(narrow_to_halves(&words, &mut halves));
-        let back: Vec<u64> = halves.iter().map(|&h| h as i32 as i64 as u64).collect();
-        assert_eq!(back, words);
+        let back: Vec<i64> = halves.iter().map(|&h| i64::from(h as i32)).collect();
+        assert_eq!(back, values);
         assert_eq!(halves[2], u32::MAX, "-1 is all ones in 4 bytes too");
+        let mut from_wide = vec![0u32; values.len()];
+        assert!(narrow_to_halves(&wide, &mut from_wide));
+        assert_eq!(from_wide, halves);
     }
 
     #[test]
-    fn a_word_past_32_bits_fails_the_narrowing_wherever_it_lies() {
+    fn a_value_past_32_bits_fails_the_narrowing_wherever_it_lies() {
         for outside in [
             i32::MAX as i64 + 1,
             i32::MIN as i64 - 1,
@@ -218,10 +234,24 @@ mod tests {
             i64::MAX,
         ] {
             for at in [0, 3, 6] {
-                let mut words = vec![7u64; 7];
-                words[at] = outside as u64;
+                let mut words = vec![7i64.to_le_bytes(); 7];
+                words[at] = outside.to_le_bytes();
                 let mut halves = vec![0u32; 7];
                 assert!(!narrow_to_halves(&words, &mut halves), "{outside} at {at}");
+            }
+        }
+        // 16-byte values past 32 bits, past 64 bits among them.
+        for outside in [
+            i128::from(i32::MAX) + 1,
+            i128::from(i64::MIN),
+            1 << 100,
+            -(1 << 64),
+        ] {
+            for at in [0, 3, 6] {
+                let mut values = vec![(-7i128).to_le_bytes(); 7];
+                values[at] = outside.to_le_bytes();
+                let mut halves = vec![0u32; 7];
+                assert!(!narrow_to_halves(&values, &mut halves), "{outside} at {at}");
             }
         }
     }

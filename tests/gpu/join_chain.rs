@@ -220,14 +220,24 @@ async fn output_with_nulls_empty_sides_and_aggregates_above_match_datafusion() {
     }
 }
 
+/// How far the decimals of [`register_decimals`] reach.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Reach {
+    /// Up to 9 digits, both signs: every value fits 32 bits.
+    Within32,
+    /// Up to 15 digits, both signs, and the bounds of 64 bits.
+    Within64,
+    /// As `Within64`, the first row of each table 30 digits instead.
+    Past64,
+}
+
 /// Registers a (k1, x), b (k1, k2, y) and c (k2, z) with the keys of
-/// [`register`] and `Decimal128(38, 2)` values of up to 15 digits, both
-/// signs, and the bounds of 64 bits; where `past_64_bits`, the first row of
-/// each table holds a value of 30 digits instead.
-fn register_decimals(ctxs: [&SessionContext; 2], past_64_bits: bool) {
+/// [`register`] and `Decimal128(38, 2)` values as far as `reach`.
+fn register_decimals(ctxs: [&SessionContext; 2], reach: Reach) {
     let money = |i: usize| -> i128 {
-        match (i, past_64_bits) {
-            (0, true) => 10i128.pow(30) + 7,
+        match (i, reach) {
+            (_, Reach::Within32) => (i as i128 * 0x9E37_79B9) % 10i128.pow(9) * 2 - 10i128.pow(9),
+            (0, Reach::Past64) => 10i128.pow(30) + 7,
             (1, _) => i64::MAX.into(),
             (2, _) => i64::MIN.into(),
             _ => (i as i128 * 0x9E37_79B9) % 10i128.pow(15) - 5 * 10i128.pow(14),
@@ -265,52 +275,53 @@ fn register_decimals(ctxs: [&SessionContext; 2], past_64_bits: bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn decimals_cross_the_bus_in_eight_bytes_where_they_fit() {
-    let Some(_) = require_gpu("decimals_cross_the_bus_in_eight_bytes_where_they_fit") else {
+async fn decimals_cross_the_bus_in_four_or_eight_bytes_where_they_fit() {
+    let Some(_) = require_gpu("decimals_cross_the_bus_in_four_or_eight_bytes_where_they_fit")
+    else {
         return;
     };
-    // The same joins over decimals that fit 64 bits and over decimals one
-    // of which per table does not: the answers are DataFusion's either
-    // way, the rows are handed on on the device either way, and the first
-    // sends at least 8 bytes fewer per build row (a's 2,000 and c's 1,200,
-    // each side copied whole; a column with a value past 64 bits is sent
-    // whole).
+    // The same joins over decimals that fit 32 bits, 64 bits, and over
+    // decimals one of which per table does not fit 64: the answers are
+    // DataFusion's each time, the rows are handed on on the device each
+    // time, and each sends at least 4 (then 8) bytes fewer per build row
+    // than the next (a's 2,000 and c's 1,200, each side copied whole: 4
+    // bytes a value, 8, or 16 for a column with a value past 64 bits).
+    let reaches = [Reach::Within32, Reach::Within64, Reach::Past64];
     let mut sent = Vec::new();
-    for past_64_bits in [false, true] {
+    for reach in reaches {
         let gpu = gpu_context(JoinMode::CollectLeft, 4, &[ORDER_FREE]).await;
         let cpu = cpu_context(JoinMode::CollectLeft, 4, &[]).await;
-        register_decimals([&gpu, &cpu], past_64_bits);
+        register_decimals([&gpu, &cpu], reach);
         let (gpu_rows, gpu_joins, plan) = run(&gpu, CHAIN).await;
         let (cpu_rows, _, _) = run(&cpu, CHAIN).await;
         assert!(gpu_joins >= 2, "{gpu_joins} GPU joins");
         let rows = string_rows(&gpu_rows);
         assert!(rows.len() > 10_000, "{} rows", rows.len());
-        assert_eq!(rows, string_rows(&cpu_rows), "past 64 bits: {past_64_bits}");
+        assert_eq!(rows, string_rows(&cpu_rows), "{reach:?}");
         assert!(
             plan_metric(&plan, "output_rows_kept_on_device") > 0,
-            "past 64 bits: {past_64_bits}: no rows kept on the device\n{}",
+            "{reach:?}: no rows kept on the device\n{}",
             with_metrics(&plan)
         );
         assert_eq!(plan_metric(&plan, "probe_rows_copied_down"), 0);
         sent.push(plan_metric(&plan, "h2d_bytes"));
     }
-    let (narrow, whole) = (sent[0], sent[1]);
     assert!(
-        whole >= narrow + 8 * (2_000 + 1_200),
-        "bytes up: {narrow} fitting 64 bits, {whole} not"
+        sent[1] >= sent[0] + 4 * (2_000 + 1_200) && sent[2] >= sent[1] + 8 * (2_000 + 1_200),
+        "bytes up within 32 bits, 64 bits, past them: {sent:?}"
     );
     // The sort-merge join gathers the same way: the same answers.
     let sort_merge = ["SET datafusion.optimizer.prefer_hash_join = false"];
-    for past_64_bits in [false, true] {
+    for reach in reaches {
         let gpu = gpu_context(JoinMode::Partitioned, 4, &sort_merge).await;
         let cpu = cpu_context(JoinMode::Partitioned, 4, &sort_merge).await;
-        register_decimals([&gpu, &cpu], past_64_bits);
+        register_decimals([&gpu, &cpu], reach);
         let (gpu_rows, _, plan) = run_counting(&gpu, CHAIN, "SortMergeJoinExec").await;
         let (cpu_rows, _, _) = run(&cpu, CHAIN).await;
         assert_eq!(
             string_rows(&gpu_rows),
             string_rows(&cpu_rows),
-            "sort-merge, past 64 bits: {past_64_bits}"
+            "sort-merge, {reach:?}"
         );
         assert!(
             node_metric::<datafusion_gpu::GpuSortMergeJoinExec>(&plan, "h2d_bytes") > 0,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     Array, ArrayData, ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray,
 };
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, ToByteSlice};
 use datafusion_gpu::gpu::launch::{self, ValueWidth};
 use datafusion_gpu::gpu::{
     download_byte_pieces, download_u64, download_widened_pieces, download_word, enqueue_download,
@@ -1722,8 +1722,9 @@ fn join_keys_within_32_bits_cross_at_4_bytes_and_come_back_whole() {
     // as the device holds them and the bytes sent up.
     let upload = |pieces: &[&[u64]], window: usize| -> (Vec<u64>, usize) {
         let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let bytes: Vec<&[u8]> = pieces.iter().map(|p| p.to_byte_slice()).collect();
         let uploaded = StagingWindows::new(&device, window)
-            .upload_words_narrowed(stream, pieces, &mut timer)
+            .upload_words_narrowed(stream, &bytes, &mut timer)
             .unwrap();
         let mut back = Vec::new();
         download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
@@ -1787,7 +1788,7 @@ fn join_keys_within_32_bits_cross_at_4_bytes_and_come_back_whole() {
         .values();
     let mut timer = PhaseTimer::new(Arc::clone(stream));
     let uploaded = StagingWindows::new(&device, 4_096)
-        .upload_words_narrowed(stream, &[pinned_words], &mut timer)
+        .upload_words_narrowed(stream, &[pinned_words.to_byte_slice()], &mut timer)
         .unwrap();
     let mut back = Vec::new();
     download_u64(&device, stream, &uploaded.as_view(), &mut back, &mut timer).unwrap();
@@ -1817,6 +1818,64 @@ fn join_keys_within_32_bits_cross_at_4_bytes_and_come_back_whole() {
         })
         .collect();
     assert_eq!(sent[0] + 4 * keys.len(), sent[1], "bytes up: {sent:?}");
+}
+
+#[test]
+fn decimals_within_32_bits_cross_at_4_bytes() {
+    let Some(device) = device("decimals_within_32_bits_cross_at_4_bytes") else {
+        return;
+    };
+    device.bind_to_thread().unwrap();
+    let stream = device.stream().unwrap();
+    let stream = stream.stream();
+    // Uploads 16-byte values through windows of 4,096 bytes (512 words,
+    // 1,024 values at 4 bytes); returns the words the device holds, or
+    // `None`, and the bytes sent up.
+    let upload = |values: &[[u8; 16]]| -> (Option<Vec<u64>>, usize) {
+        let mut timer = PhaseTimer::new(Arc::clone(stream));
+        let cut = values.len() / 3;
+        let pieces: Vec<&[[u8; 16]]> = vec![&values[..cut], &[], &values[cut..]];
+        let uploaded = StagingWindows::new(&device, 4_096)
+            .upload_decimals_narrowed(stream, &pieces, &mut timer)
+            .unwrap();
+        let back = uploaded.map(|words| {
+            let mut back = Vec::new();
+            download_u64(&device, stream, &words.as_view(), &mut back, &mut timer).unwrap();
+            back
+        });
+        (back, timer.finish().unwrap().host_to_device_bytes)
+    };
+    let rows = if sanitizing() { 5_001 } else { 100_001 };
+    let mut values: Vec<i128> = random_keys(rows, 1 << 32, 97)
+        .into_iter()
+        .map(|w| i128::from(w as u32 as i32))
+        .collect();
+    values[0] = i32::MIN.into();
+    values[1] = i32::MAX.into();
+    values[rows - 1] = -1;
+    let bytes =
+        |values: &[i128]| -> Vec<[u8; 16]> { values.iter().map(|v| v.to_le_bytes()).collect() };
+    let words = |values: &[i128]| -> Vec<u64> { values.iter().map(|&v| v as i64 as u64).collect() };
+    // Every value within 32 bits: 4 bytes a value, the 8-byte words back.
+    let (back, up) = upload(&bytes(&values));
+    assert!(back == Some(words(&values)), "within 32 bits");
+    assert_eq!(up, 8 * rows.div_ceil(2));
+    // One past 32 bits but within 64: the 4-byte windows before it lost,
+    // then 8 bytes a value.
+    for at in [0, rows / 2, rows - 1] {
+        for outside in [i128::from(i32::MAX) + 1, i128::from(i64::MIN)] {
+            let mut with_outside = values.clone();
+            with_outside[at] = outside;
+            let (back, up) = upload(&bytes(&with_outside));
+            assert!(back == Some(words(&with_outside)), "{outside} at {at}");
+            assert_eq!(up, 4_096 * (at / 1_024) + 8 * rows, "{outside} at {at}");
+        }
+    }
+    // One past 64 bits: nothing kept.
+    let mut past = values.clone();
+    past[rows / 2] = 1 << 64;
+    assert_eq!(upload(&bytes(&past)).0, None);
+    assert_eq!(upload(&[]), (Some(Vec::new()), 0));
 }
 
 #[test]

@@ -9,7 +9,9 @@
 //! whose values fit 64 bits (every decimal of up to 18 digits, TPC-H's
 //! money) lies on the device as 8-byte words: narrowed on the host as it is
 //! staged, gathered at 8 bytes, widened again as it comes down, so it
-//! crosses the bus both ways and fills the device in half its bytes.
+//! crosses the bus both ways and fills the device in half its bytes. An
+//! 8-byte column (such a decimal too) whose values fit 32 bits goes up at
+//! 4 bytes a value and is sign-extended on the device.
 //!
 //! Shared by the hash join and the sort-merge join; the two sides are called
 //! build and probe as in [`OutputAssembler`] (the sort-merge join's left and
@@ -71,7 +73,7 @@ fn device_width(rows: &dyn RowSource, column: usize) -> Option<ValueWidth> {
 
 /// Whether column `column` of `rows` is tried at 8 bytes a value on the
 /// device: a `Decimal128` one (16-byte integers, kept as 8-byte words where
-/// every value fits; see [`StagingWindows::upload_narrowed`]).
+/// every value fits; see [`StagingWindows::upload_decimals_narrowed`]).
 fn narrowable(rows: &dyn RowSource, column: usize, width: ValueWidth) -> bool {
     width == ValueWidth::Sixteen && matches!(rows.data_type(column), DataType::Decimal128(..))
 }
@@ -427,9 +429,11 @@ struct PieceBytes {
 }
 
 impl PieceBytes {
-    /// The column on the device: narrowed where it may be and every value
-    /// fits 64 bits, unless it lies in pinned memory (copied straight from
-    /// there at the bus's full speed, without staging on the host).
+    /// The column on the device: a decimal narrowed to 8-byte words where
+    /// every value fits 64 bits, and 8-byte values (decimals so narrowed
+    /// among them) sent at 4 bytes where every one fits 32 bits, unless it
+    /// lies in pinned memory (copied straight from there at the bus's full
+    /// speed, without staging on the host).
     fn upload(
         &self,
         device: &GpuDevice,
@@ -437,15 +441,25 @@ impl PieceBytes {
         timer: &mut PhaseTimer,
     ) -> GpuResult<ResidentColumn> {
         let pieces: Vec<&[u8]> = self.buffers.iter().map(Buffer::as_slice).collect();
-        if self.narrowable && !in_pinned_memory(&pieces) {
-            let values: Vec<&[[u8; 16]]> = pieces.iter().map(|p| p.as_chunks::<16>().0).collect();
-            if let Some(words) =
-                StagingWindows::standard(device).upload_narrowed(stream, &values, timer)?
-            {
+        if !in_pinned_memory(&pieces) {
+            let mut windows = StagingWindows::standard(device);
+            if self.narrowable {
+                let values: Vec<&[[u8; 16]]> =
+                    pieces.iter().map(|p| p.as_chunks::<16>().0).collect();
+                if let Some(words) = windows.upload_decimals_narrowed(stream, &values, timer)? {
+                    return Ok(ResidentColumn {
+                        words,
+                        width: ValueWidth::Eight,
+                        narrowed: true,
+                    });
+                }
+            } else if self.width == ValueWidth::Eight {
+                // The same words on the device, sent at 4 bytes where every
+                // value fits 32 bits: the column's own values still.
                 return Ok(ResidentColumn {
-                    words,
+                    words: windows.upload_words_narrowed(stream, &pieces, timer)?,
                     width: ValueWidth::Eight,
-                    narrowed: true,
+                    narrowed: false,
                 });
             }
         }
