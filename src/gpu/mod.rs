@@ -53,6 +53,4 @@ pub use transfer::{
 #[cfg(any(test, feature = "test-support"))]
 pub use transfer::CopyBandwidth;
 #[cfg(any(test, feature = "test-support"))]
-pub use transfer::{
-    measure_copy_bandwidth, upload_byte_pieces_in_windows,
-};
+pub use transfer::{measure_copy_bandwidth, upload_byte_pieces_in_windows};

@@ -15,6 +15,7 @@ use super::{
 use super::host_pages::zeroed_for_fill;
 use crate::host::copy::{
     copy_window, fill_window, host_threads, narrow_to_halves, narrow_to_words, sign_extend_words,
+    SignedBytes,
 };
 
 /// Copies `host` to a new device vector on `stream`, staged through a pinned
@@ -45,8 +46,8 @@ pub fn upload_u64_pieces(
 }
 
 /// [`upload_u64_pieces`] of words that are 8-byte signed integers (join
-/// keys), through [`StagingWindows::upload_words_narrowed`]: at 4 bytes
-/// each where every one of them fits 32 bits.
+/// keys, group codes), through [`StagingWindows::upload_words_narrowed`]:
+/// at 4 bytes each where every one of them fits 32 bits.
 pub fn upload_words_narrowed(
     device: &GpuDevice,
     stream: &Arc<CudaStream>,
@@ -298,16 +299,16 @@ impl<'a> StagingWindows<'a> {
         }
     }
 
-    /// Signed little-endian integers of `N` bytes laid end to end over
+    /// Signed little-endian integers (of 8 or 16 bytes) laid end to end over
     /// `pieces`, copied to one new device vector as 4-byte values, two to a
     /// word (the last word's high half zero), each narrowed on the host as
     /// it is staged ([`narrow_to_halves`]). `None` (nothing kept on the
     /// device) where a value does not fit 32 bits. [`Self::widen_halves`]
     /// makes them words again.
-    fn upload_halved<const N: usize>(
+    fn upload_halved<V: SignedBytes>(
         &mut self,
         stream: &Arc<CudaStream>,
-        pieces: &[&[[u8; N]]],
+        pieces: &[&[V]],
         timer: &mut PhaseTimer,
     ) -> GpuResult<Option<Halves>> {
         let values: usize = pieces.iter().map(|p| p.len()).sum();
@@ -324,8 +325,8 @@ impl<'a> StagingWindows<'a> {
                     pieces,
                     first,
                     host_threads(),
-                    BYTES_PER_THREAD / N,
-                    narrow_to_halves::<N>,
+                    BYTES_PER_THREAD / std::mem::size_of::<V>(),
+                    narrow_to_halves::<V>,
                 ))
             },
             timer,

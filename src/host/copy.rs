@@ -108,8 +108,8 @@ pub(crate) fn narrow_to_words(values: &[[u8; 16]], words: &mut [u64]) -> bool {
     fits
 }
 
-/// Writes each of `values` (little-endian signed integers of `N` bytes: 8
-/// for join keys and 8-byte columns, 16 for decimals) into `halves` as the
+/// Writes each of `values` (little-endian signed integers: 8 bytes for
+/// join keys and 8-byte columns, 16 for decimals) into `halves` as the
 /// 4-byte signed integer it equals: true where every value fits 32 bits,
 /// false (with `halves` partly written) where one does not, found at the
 /// first such value. Sign-extending the halves gives back the values' own
@@ -117,9 +117,9 @@ pub(crate) fn narrow_to_words(values: &[[u8; 16]], words: &mut [u64]) -> bool {
 /// the all-ones word of -1. How keys and columns of small values (order
 /// keys, packed codes of narrow domains, money in cents) cross the bus in
 /// a half or a quarter of their bytes; a hashed key fails at once.
-pub(crate) fn narrow_to_halves<const N: usize>(values: &[[u8; N]], halves: &mut [u32]) -> bool {
+pub(crate) fn narrow_to_halves<V: SignedBytes>(values: &[V], halves: &mut [u32]) -> bool {
     for (value, half) in values.iter().zip(halves.iter_mut()) {
-        let Ok(narrow) = i32::try_from(signed_value(value)) else {
+        let Some(narrow) = value.as_i32() else {
             return false;
         };
         *half = narrow as u32;
@@ -127,13 +127,23 @@ pub(crate) fn narrow_to_halves<const N: usize>(values: &[[u8; N]], halves: &mut 
     true
 }
 
-/// The little-endian signed integer of `N` bytes (1 to 16), sign-extended.
-fn signed_value<const N: usize>(bytes: &[u8; N]) -> i128 {
-    const { assert!(N >= 1 && N <= 16) };
-    let fill = if bytes[N - 1] & 0x80 != 0 { 0xff } else { 0 };
-    let mut wide = [fill; 16];
-    wide[..N].copy_from_slice(bytes);
-    i128::from_le_bytes(wide)
+/// A little-endian signed integer held as its bytes, as a column's buffer
+/// holds it.
+pub(crate) trait SignedBytes: Sync {
+    /// The value, where it fits 32 bits.
+    fn as_i32(&self) -> Option<i32>;
+}
+
+impl SignedBytes for [u8; 8] {
+    fn as_i32(&self) -> Option<i32> {
+        i32::try_from(i64::from_le_bytes(*self)).ok()
+    }
+}
+
+impl SignedBytes for [u8; 16] {
+    fn as_i32(&self) -> Option<i32> {
+        i32::try_from(i128::from_le_bytes(*self)).ok()
+    }
 }
 
 /// `words` (8-byte little-endian signed integers) as 16-byte ones, each
